@@ -1,0 +1,45 @@
+"""ram_live: merge RL-trained agents with RAM (Reinforced Agent Merging), in process, tensor by tensor.
+
+>>> from ram_live import ram_merge, merge, probe
+>>> generalist = ram_merge([coder, tool_agent, memory_agent], base=base_model)   # doctest: +SKIP
+"""
+
+from .api import merge, ram_merge
+from .engine import MergeInfo
+from .errors import (
+    ConfigError,
+    InputMismatchError,
+    MethodExistsError,
+    MissingBaseError,
+    NoAgentsError,
+    NonFiniteError,
+    RamLiveError,
+    UnknownMethodError,
+    UnsupportedInputError,
+)
+from .methods import (
+    Activity,
+    DareLinearConfig,
+    DareTiesConfig,
+    LinearConfig,
+    RamConfig,
+    RamPlusConfig,
+    RamPlusSoftConfig,
+    TaskArithmeticConfig,
+    TiesConfig,
+    available_methods,
+    get_method,
+    register_method,
+)
+from .probe import ProbeReport, probe
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "merge", "ram_merge", "probe", "ProbeReport", "MergeInfo",
+    "register_method", "get_method", "available_methods", "Activity",
+    "LinearConfig", "TaskArithmeticConfig", "TiesConfig", "DareLinearConfig", "DareTiesConfig",
+    "RamConfig", "RamPlusConfig", "RamPlusSoftConfig",
+    "RamLiveError", "InputMismatchError", "NonFiniteError", "NoAgentsError", "ConfigError",
+    "UnknownMethodError", "MethodExistsError", "MissingBaseError", "UnsupportedInputError",
+]

@@ -1,0 +1,128 @@
+"""The front door: :func:`merge` for every method, :func:`ram_merge` for RAM and its variants."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .engine import DEFAULT_CHUNK_NUMEL, MergeInfo, run_merge
+from .errors import ConfigError, MissingBaseError, NoAgentsError
+from .methods import get_method, make_config
+from .sinks import ModuleSink, SafetensorsSink, StateDictSink
+from .sources import SafetensorsSource, TensorSource, as_source, check_agent_names, iter_named
+
+__all__ = ["merge", "ram_merge"]
+
+Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike | TensorSource
+Models = Sequence[Model] | Mapping[str, Model]
+
+
+def _sources(models: Models, base: Model | None) -> tuple[list[TensorSource], TensorSource]:
+    named = list(iter_named(models))
+    if not named:
+        raise NoAgentsError("no agents to merge: `models` is empty")
+    if base is None:
+        raise MissingBaseError(
+            "these agents do not carry their base model: pass it as `base=` (the model they were all trained "
+            "from: an nn.Module, a state dict, or a checkpoint path)"
+        )
+    check_agent_names([n for n, _ in named])
+    return [as_source(m, n) for n, m in named], as_source(base, "base")
+
+
+def merge(
+    models: Models,
+    base: Model | None = None,
+    method: str = "ram_plus",
+    *,
+    inplace: bool = False,
+    out: str | os.PathLike[str] | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    chunk_numel: int = DEFAULT_CHUNK_NUMEL,
+    return_info: bool = False,
+    config: Any = None,
+    **options: Any,
+) -> Any:
+    """Merge ``models`` (agents fine-tuned from ``base``) with ``method``; ``options`` go to its config.
+
+    Returns what ``base`` is: a new ``nn.Module`` of the base's structure (inputs untouched), the base itself
+    with ``inplace=True``, or a state dict (also for a path base); with ``out=`` writes safetensors (a file
+    ``*.safetensors`` or a Hugging Face folder) and returns its path. Parameters are merged; buffers and
+    non-float tensors come from the base. ``return_info=True`` returns ``(result, MergeInfo)``.
+
+    >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
+    >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP
+    """
+    method_obj = get_method(method)
+    cfg = make_config(method, config, **options)
+    agents, base_src = _sources(models, base)
+    if inplace and not isinstance(base, nn.Module):
+        raise ConfigError("inplace=True needs the base to be an nn.Module")
+    if inplace and out is not None:
+        raise ConfigError("pass either inplace=True or out=, not both")
+    if dtype is not None and (inplace or (out is None and isinstance(base, nn.Module))):
+        raise ConfigError("dtype= applies to state-dict and file outputs only")
+    dev = torch.device(device) if device is not None else None
+    if out is not None:
+        copy_from = Path(base) if isinstance(base, (str, os.PathLike)) and Path(base).is_dir() else None
+        sink: Any = SafetensorsSink(out, copy_from=copy_from, dtype=dtype)
+    elif isinstance(base, nn.Module):
+        sink = ModuleSink(base, inplace=inplace)
+    else:
+        sink = StateDictSink(device=dev if isinstance(base_src, SafetensorsSource) or dev else None, dtype=dtype)
+    try:
+        info: MergeInfo = run_merge(
+            base_src, agents, method_obj, cfg, sink, device=dev, chunk_numel=chunk_numel, validate_first=inplace
+        )
+        result = sink.finish()
+    except BaseException:
+        sink.abort()
+        raise
+    return (result, info) if return_info else result
+
+
+def ram_merge(
+    models: Models,
+    base: Model | None = None,
+    *,
+    variant: str = "ram_plus",
+    r: float = 0.1,
+    alpha: float = 2.0,
+    eps: float = 1e-5,
+    activity: str = "abs",
+    rho_scope: str = "global",
+    inplace: bool = False,
+    out: str | os.PathLike[str] | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    chunk_numel: int = DEFAULT_CHUNK_NUMEL,
+    return_info: bool = False,
+) -> Any:
+    """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``.
+
+    ``variant``: ``"ram"`` (λ = 1), ``"ram_plus"`` (λ_t = 1 + r·clip(ρ_t, 0, alpha); paper defaults r=0.1,
+    alpha=2), ``"ram_plus_soft"`` (λ_t = 1 + r·ρ_t/(1+ρ_t)). ``rho_scope``: ``"global"`` (one ρ per agent over
+    the whole model, the paper) or ``"tensor"`` (mergekit's ``ramplus_tl``). ``activity``: ``"abs"`` (|τ| > eps,
+    the paper) or ``"changed"`` (the stored value differs). The authors' script: ``r=0.2, alpha=1.0``;
+    mergekit ``ramplus_tl``: ``r=0.1, alpha=0.2, rho_scope="tensor"``. See :func:`merge` for inputs and outputs.
+
+    >>> generalist = ram_merge([coder, tool_agent, memory_agent], base=base_model)          # doctest: +SKIP
+    >>> generalist, info = ram_merge(agents, base=base_model, return_info=True)
+    ... info.lambdas                                                                          # doctest: +SKIP
+    """
+    if variant not in ("ram", "ram_plus", "ram_plus_soft"):
+        raise ConfigError(f"variant must be 'ram', 'ram_plus' or 'ram_plus_soft', got {variant!r}")
+    options: dict[str, Any] = {"eps": eps, "activity": activity}
+    if variant != "ram":
+        options.update(r=r, rho_scope=rho_scope)
+        if variant == "ram_plus":
+            options["alpha"] = alpha
+    return merge(
+        models, base, variant, inplace=inplace, out=out, device=device, dtype=dtype, chunk_numel=chunk_numel,
+        return_info=return_info, **options,
+    )

@@ -1,0 +1,354 @@
+"""The streaming executor: validate, (pass 1) gather statistics, (pass 2) merge tensor by tensor, chunk by chunk.
+
+For each tensor the engine reads the base and each agent (views of live tensors, or one memory-mapped tensor
+from disk), and walks it in chunks: the agents' deltas of one chunk fill a float32 scratch ``[K, C]`` with
+``K × C`` fixed, so extra memory depends neither on the model's size nor on the number of agents. The method's
+stateless ``combine`` turns the chunk into τ*, which is added to the base and written in the base's dtype.
+Entries with τ* = 0 keep the base's exact bits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from . import functional as F
+from .errors import InputMismatchError, NoAgentsError, NonFiniteError
+from .methods import Activity, MergeMethod, RamStatistics, RunContext, TensorContext
+from .sinks import Sink
+from .sources import TensorSource
+
+__all__ = ["Plan", "build_plan", "DeltaStream", "MergeInfo", "run_merge", "DEFAULT_CHUNK_NUMEL"]
+
+#: Elements of the ``[K, C]`` float32 scratch (4 MiB); C = DEFAULT_CHUNK_NUMEL // K.
+DEFAULT_CHUNK_NUMEL = 1 << 20
+
+
+# ----------------------------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What happens to each key: ``merge`` (floating parameters), ``copy`` (buffers and non-float tensors,
+    taken from the base), ``alias`` (tied to an earlier key)."""
+
+    merge: tuple[str, ...]
+    copy: tuple[str, ...]
+    alias: dict[str, str]
+    check_equal: tuple[str, ...]  # non-float, non-buffer keys: must equal the base in every agent
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.merge + self.copy + tuple(self.alias)
+
+
+def build_plan(base: TensorSource, agents: Sequence[TensorSource]) -> Plan:
+    """Check key sets, shapes and dtypes (nothing is read) and decide what happens to each key."""
+    if not agents:
+        raise NoAgentsError("no agents to merge: pass at least one model in `models`")
+    base_keys = base.keys()
+    base_set = set(base_keys)
+    for agent in agents:
+        agent_set = set(agent.keys())
+        missing = [k for k in base_keys if k not in agent_set]
+        extra = sorted(agent_set - base_set)
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing {len(missing)} key(s) of the base, e.g. {missing[:5]}")
+            if extra:
+                parts.append(f"{len(extra)} key(s) the base lacks, e.g. {extra[:5]}")
+            raise InputMismatchError(
+                f"agent {agent.name!r} does not match the base {base.name!r}: {'; '.join(parts)} "
+                "(is the base of another architecture?)",
+                key=(missing or extra)[0],
+                agent=agent.name,
+            )
+    aliases = base.aliases()
+    buffers = {k for k in base_keys if base.spec(k).is_buffer}
+    for agent in agents:
+        buffers |= {k for k in base_keys if agent.spec(k).is_buffer}
+    merge, copy, check = [], [], []
+    for key in base_keys:
+        b = base.spec(key)
+        for agent in agents:
+            a = agent.spec(key)
+            if a.shape != b.shape:
+                raise InputMismatchError(
+                    f"tensor {key!r}: agent {agent.name!r} has shape {list(a.shape)}, the base {list(b.shape)}",
+                    key=key, agent=agent.name,
+                )
+            if a.dtype.is_floating_point != b.dtype.is_floating_point or (
+                not b.dtype.is_floating_point and a.dtype != b.dtype
+            ):
+                raise InputMismatchError(
+                    f"tensor {key!r}: agent {agent.name!r} has dtype {a.dtype}, the base {b.dtype}",
+                    key=key, agent=agent.name,
+                )
+        if key in aliases:
+            continue
+        if key in buffers or not b.dtype.is_floating_point:
+            copy.append(key)
+            if key not in buffers:
+                check.append(key)
+        else:
+            merge.append(key)
+    return Plan(tuple(merge), tuple(copy), {k: v for k, v in aliases.items()}, tuple(check))
+
+
+# ----------------------------------------------------------------------------------------------- deltas
+
+
+def _compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+def _narrower(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    return a if torch.finfo(a).bits < torch.finfo(b).bits or (
+        torch.finfo(a).bits == torch.finfo(b).bits and torch.finfo(a).eps > torch.finfo(b).eps
+    ) else b
+
+
+class DeltaStream:
+    """One tensor's task vectors, chunk by chunk: ``for start, base_f, deltas in stream: ...``.
+
+    ``base_f`` is the base chunk in the compute dtype, ``deltas`` the ``[K, C]`` scratch with τ_t in row t
+    (thresholded when ``activity`` is given). Both are reused between chunks: consume before advancing.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        base: Tensor,
+        agents: Sequence[Tensor],
+        agent_names: tuple[str, ...],
+        device: torch.device,
+        chunk_numel: int,
+        activity: Activity | None = None,
+        workspace: dict[Any, Tensor] | None = None,
+        raw_hook: Callable[[Tensor], None] | None = None,
+    ) -> None:
+        self.key = key
+        self.base = base.reshape(-1)
+        self.agents = [a.reshape(-1) for a in agents]
+        self.agent_names = agent_names
+        self.device = device
+        self.numel = self.base.numel()
+        self.dtype = _compute_dtype(base.dtype, *(a.dtype for a in agents))
+        k = len(agents)
+        self.chunk = max(1, min(self.numel, chunk_numel // max(k, 1)))
+        ws = workspace if workspace is not None else {}
+        slot = (device, self.dtype, k)
+        need = self.chunk
+        if slot not in ws or ws[slot].shape[1] < need:
+            ws[slot] = torch.empty(k + 1, max(need, 1), dtype=self.dtype, device=device)
+        self._scratch = ws[slot]
+        self.activity = activity
+        self.raw_hook = raw_hook
+
+    def __iter__(self) -> Iterator[tuple[int, Tensor, Tensor]]:
+        k = len(self.agents)
+        for start in range(0, self.numel, self.chunk):
+            end = min(self.numel, start + self.chunk)
+            n = end - start
+            base_f = self._scratch[k, :n]
+            base_chunk = self.base[start:end]
+            base_f.copy_(base_chunk)
+            deltas = self._scratch[:k, :n]
+            agent_chunks = [a[start:end] for a in self.agents]
+            F.task_deltas_(deltas, base_f, agent_chunks)
+            if not bool(torch.isfinite(deltas.sum())):
+                self._raise_nonfinite(start, end)
+            if self.raw_hook is not None:
+                self.raw_hook(deltas)
+            if self.activity is not None:
+                self._apply_activity(deltas, base_chunk, agent_chunks)
+            yield start, base_f, deltas
+
+    def _apply_activity(self, deltas: Tensor, base_chunk: Tensor, agent_chunks: list[Tensor]) -> None:
+        assert self.activity is not None
+        if self.activity.rule == "abs":
+            F.apply_activity_(deltas, self.activity.eps)
+            return
+        # "changed": on exact deltas of same-dtype inputs, τ ≠ 0 iff the stored value changed; across dtypes,
+        # compare in the narrower one (what a checkpoint stored in it would show).
+        for row, agent in zip(deltas, agent_chunks):
+            if agent.dtype != base_chunk.dtype:
+                narrow = _narrower(agent.dtype, base_chunk.dtype)
+                same = agent.to(device=row.device, dtype=narrow) == base_chunk.to(device=row.device, dtype=narrow)
+                row.masked_fill_(same, 0.0)
+
+    def _raise_nonfinite(self, start: int, end: int) -> None:
+        candidates = [("the base", self.base)] + [(f"agent {n!r}", a) for n, a in zip(self.agent_names, self.agents)]
+        for who, tensor in candidates:
+            chunk = tensor[start:end]
+            bad = ~torch.isfinite(chunk)
+            if bool(bad.any()):
+                index = start + int(bad.nonzero()[0, 0])
+                raise NonFiniteError(
+                    f"tensor {self.key!r} of {who} holds {chunk[index - start].item()} at flat index {index}",
+                    key=self.key, agent=who,
+                )
+        raise NonFiniteError(
+            f"tensor {self.key!r}: a task vector overflows {self.dtype} (values too large to subtract)",
+            key=self.key,
+        )
+
+    def delta(self, index: int) -> Tensor:
+        """Agent ``index``'s whole flat task vector (a new tensor)."""
+        out = self.agents[index].to(device=self.device, dtype=self.dtype, copy=True)
+        return out.sub_(self.base.to(device=self.device))
+
+    def statistics(self, activity: Activity) -> RamStatistics:
+        stream = DeltaStream(self.key, self.base, self.agents, self.agent_names, self.device,
+                             self.chunk * len(self.agents), activity, {})
+        return _accumulate_statistics(stream, len(self.agents))
+
+
+def _accumulate_statistics(stream: DeltaStream, k: int) -> RamStatistics:
+    active = torch.zeros(k, dtype=torch.int64, device=stream.device)
+    unique = torch.zeros_like(active)
+    histogram = torch.zeros(k + 1, dtype=torch.int64, device=stream.device)
+    for _, _, deltas in stream:
+        a, u, h = F.ram_statistics(deltas)
+        active += a
+        unique += u
+        histogram += h
+    return RamStatistics(active.cpu(), unique.cpu(), histogram.cpu())
+
+
+# ----------------------------------------------------------------------------------------------- running
+
+
+@dataclass
+class MergeInfo:
+    """What a merge did: the method and config, λ and ρ per agent where the method has them, the statistics
+    pass's counts, and timings."""
+
+    method: str
+    config: Any
+    agents: tuple[str, ...]
+    lambdas: dict[str, float] | None = None
+    rho: dict[str, float] | None = None
+    statistics: RamStatistics | None = None
+    passes: int = 1
+    seconds: float = 0.0
+    tensors: int = 0
+    parameters: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Reader:
+    """Reads one key from the base and every agent, on the compute device."""
+
+    def __init__(self, base: TensorSource, agents: Sequence[TensorSource], device: torch.device | None) -> None:
+        self.base = base
+        self.agents = list(agents)
+        self.names = tuple(a.name for a in agents)
+        self.device = device
+
+    def read(self, key: str) -> tuple[Tensor, list[Tensor], torch.device]:
+        base = self.base.get(key)
+        device = self.device or base.device
+        if base.device != device:
+            base = base.to(device)
+        return base, [a.get(key) for a in self.agents], device
+
+
+def _check_equal(reader: _Reader, key: str) -> None:
+    base, agents, _ = reader.read(key)
+    for name, agent in zip(reader.names, agents):
+        if not torch.equal(agent.to(base.device), base):
+            raise InputMismatchError(
+                f"non-floating tensor {key!r} of agent {name!r} differs from the base's "
+                "(integer tensors cannot be merged; they must be equal)",
+                key=key, agent=name,
+            )
+
+
+def statistics_pass(
+    reader: _Reader, plan: Plan, activity: Activity, chunk_numel: int, workspace: dict[Any, Tensor]
+) -> RamStatistics:
+    """Pass 1: RAM counts over every merged tensor (also checks that every input is finite)."""
+    k = len(reader.agents)
+    active = torch.zeros(k, dtype=torch.int64)
+    unique = torch.zeros_like(active)
+    histogram = torch.zeros(k + 1, dtype=torch.int64)
+    for key in plan.merge:
+        base, agents, device = reader.read(key)
+        stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace)
+        stats = _accumulate_statistics(stream, k)
+        active += stats.active
+        unique += stats.unique
+        histogram += stats.histogram
+    for key in plan.check_equal:
+        _check_equal(reader, key)
+    return RamStatistics(active, unique, histogram)
+
+
+def run_merge(
+    base: TensorSource,
+    agents: Sequence[TensorSource],
+    method: MergeMethod,
+    config: Any,
+    sink: Sink,
+    *,
+    device: torch.device | None = None,
+    chunk_numel: int = DEFAULT_CHUNK_NUMEL,
+    validate_first: bool = False,
+) -> MergeInfo:
+    """Merge ``agents`` onto ``base`` with ``method`` into ``sink``; see :func:`ram_live.merge`."""
+    t0 = time.perf_counter()
+    plan = build_plan(base, agents)
+    reader = _Reader(base, agents, device)
+    names = reader.names
+    activity = method.activity(config)
+    workspace: dict[Any, Tensor] = {}
+    info = MergeInfo(method=method.name, config=config, agents=names)
+
+    statistics = None
+    if method.needs_statistics(config) or validate_first:
+        statistics = statistics_pass(reader, plan, activity or Activity(), chunk_numel, workspace)
+        info.passes = 2
+        info.statistics = statistics
+    run_device = device or (base.spec(plan.merge[0]).device if plan.merge else torch.device("cpu"))
+    run_state = method.setup(config, RunContext(names, statistics, run_device)) if method.setup else None
+    if isinstance(run_state, Tensor) and statistics is not None and run_state.numel() == len(names):
+        info.lambdas = dict(zip(names, map(float, run_state.tolist())))
+        info.rho = {
+            n: F.rho(float(u), float(a))
+            for n, a, u in zip(names, statistics.active.tolist(), statistics.unique.tolist())
+        }
+
+    for key in plan.check_equal:
+        if not validate_first:
+            _check_equal(reader, key)
+    sink.begin(plan)
+    for key in plan.merge:
+        base_t, agent_ts, dev = reader.read(key)
+        stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace)
+        state = method.prepare(config, stream, run_state) if method.prepare else None
+        dest = sink.destination(key, base.spec(key))
+        flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,
+                                                                       device=dest.device)
+        for start, base_f, deltas in stream:
+            ctx = TensorContext(key=key, agents=names, start=start, run_state=run_state, state=state)
+            tau = method.combine(deltas, ctx, config)
+            changed = tau != 0
+            merged = tau.add_(base_f)
+            flat[start : start + base_f.numel()].copy_(torch.where(changed, merged, base_f))
+        if flat.data_ptr() != dest.data_ptr():
+            dest.copy_(flat.view(dest.shape))
+        sink.commit(key)
+        info.tensors += 1
+        info.parameters += stream.numel
+    for key in plan.copy:
+        sink.copy_from_base(key, base.get(key))
+    for alias, canonical in plan.alias.items():
+        sink.alias(alias, canonical)
+    info.seconds = time.perf_counter() - t0
+    return info

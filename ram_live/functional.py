@@ -1,0 +1,193 @@
+"""Stateless tensor kernels.
+
+Every merge kernel takes ``deltas``, a float32 tensor of shape ``[K, C]``: row ``t`` holds agent ``t``'s task
+vector τ_t = θ_t − θ₀ over one chunk of ``C`` elements of one tensor. Kernels return the merged task vector τ*
+of shape ``[C]``; the engine adds it to the base. They never see whole models, so memory does not grow with
+the model, and the engine sizes ``C`` so that ``K × C`` stays constant.
+
+>>> d = torch.tensor([[0.5, 0.0, 0.2], [0.0, 0.0, 0.4]])
+>>> ram_combine(d, torch.tensor([1.0, 1.0]))
+tensor([0.5000, 0.0000, 0.3000])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Literal, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "task_deltas_",
+    "apply_activity_",
+    "activity_mask",
+    "overlap_counts",
+    "ram_combine",
+    "ram_statistics",
+    "rho",
+    "ram_lambda",
+    "task_arithmetic_combine",
+    "magnitude_threshold",
+    "trim_",
+    "ties_combine",
+    "dare_drop_",
+    "stable_seed",
+]
+
+
+def task_deltas_(out: Tensor, base: Tensor, agents: Sequence[Tensor]) -> Tensor:
+    """Write ``agents[t] − base`` into ``out[t]`` in float32 (exact for bf16/fp16 inputs up to f32 rounding)."""
+    for row, agent in zip(out, agents):
+        if agent.device == row.device:
+            torch.sub(agent, base, out=row)
+        else:
+            row.copy_(agent)
+            row.sub_(base)
+    return out
+
+
+def apply_activity_(deltas: Tensor, eps: float) -> Tensor:
+    """Zero every entry with ``|τ| <= eps`` in place (the paper's strict rule ``|τ| > eps``); ``eps=0`` keeps
+    every non-zero entry, which on exactly computed deltas is "the stored value changed"."""
+    return torch.hardshrink(deltas, eps, out=deltas) if eps > 0 else deltas
+
+
+def activity_mask(deltas: Tensor) -> Tensor:
+    """Activity mask of deltas on which :func:`apply_activity_` already ran: ``m = τ ≠ 0``."""
+    return deltas != 0
+
+
+def overlap_counts(deltas: Tensor) -> Tensor:
+    """c_i = Σ_t m_t,i as float32 (deltas already thresholded)."""
+    return torch.count_nonzero(deltas, dim=0).to(torch.float32)
+
+
+def ram_combine(deltas: Tensor, lambdas: Tensor | None = None) -> Tensor:
+    """Paper Eq. 7 on thresholded deltas: 0 where no agent is active, λ_t·τ_t where only agent t is, and the
+    mean over the active agents where two or more are. ``lambdas=None`` is plain RAM (λ = 1)."""
+    counts = overlap_counts(deltas)
+    total = deltas.sum(dim=0)
+    mean = total.div_(counts.clamp(min=1.0))
+    if lambdas is None:
+        return mean
+    scaled = lambdas.to(deltas.dtype) @ deltas
+    return torch.where(counts == 1, scaled, mean)
+
+
+def ram_statistics(deltas: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per agent, the number of active and of unique entries, and the histogram of c = 0..K (all int64).
+
+    ``deltas`` must already be thresholded.
+    """
+    k = deltas.shape[0]
+    mask = deltas != 0
+    counts = mask.sum(dim=0)
+    active = mask.sum(dim=1)
+    unique = (mask & (counts == 1)).sum(dim=1)
+    histogram = torch.bincount(counts, minlength=k + 1)
+    return active, unique, histogram
+
+
+def rho(unique: float, active: float) -> float:
+    """Overlap-unique ratio ρ = shared / unique; +inf when the agent has no unique entry, 0 when it has no
+    active entry at all."""
+    shared = active - unique
+    if unique > 0:
+        return shared / unique
+    return math.inf if shared > 0 else 0.0
+
+
+def ram_lambda(rho_value: float, variant: str, r: float, alpha: float) -> float:
+    """λ_t for ``variant`` in {"ram", "ram_plus", "ram_plus_soft"} (see the spec)."""
+    if variant == "ram":
+        return 1.0
+    if variant == "ram_plus":
+        return 1.0 + r * min(max(rho_value, 0.0), alpha)
+    if variant == "ram_plus_soft":
+        share = 1.0 if math.isinf(rho_value) else rho_value / (1.0 + rho_value)
+        return 1.0 + r * share
+    raise ValueError(f"unknown RAM variant {variant!r}")
+
+
+def task_arithmetic_combine(deltas: Tensor, weights: Tensor) -> Tensor:
+    """Σ_t w_t τ_t (PEFT's ``task_arithmetic``)."""
+    return (deltas * weights.view(-1, 1)).sum(dim=0)
+
+
+def magnitude_threshold(delta: Tensor, density: float) -> float | None:
+    """The smallest |τ| that a top-``density`` trim keeps over one whole tensor, or ``None`` for "keep all".
+
+    k = int(density · numel) as in PEFT; ``-1.0`` (keep nothing) when k = 0. Entries tied with the k-th
+    magnitude are all kept (PEFT's ``topk`` keeps an unspecified subset of them).
+    """
+    if density >= 1.0:
+        return None
+    numel = delta.numel()
+    k = int(density * numel)
+    if k <= 0:
+        return math.inf
+    return float(torch.kthvalue(delta.reshape(-1).abs(), numel - k + 1).values)
+
+
+def trim_(deltas: Tensor, thresholds: Sequence[float | None]) -> Tensor:
+    """Zero, per agent row, the entries below that agent's magnitude threshold (see :func:`magnitude_threshold`)."""
+    for row, threshold in zip(deltas, thresholds):
+        if threshold is not None:
+            row.masked_fill_(row.abs() < threshold, 0.0)
+    return deltas
+
+
+def ties_combine(
+    deltas: Tensor,
+    weights: Tensor,
+    *,
+    majority_sign: Literal["total", "frequency"] = "total",
+    elect_on: Literal["unweighted", "weighted"] = "unweighted",
+    divide_by: Literal["count", "weights"] = "count",
+) -> Tensor:
+    """TIES sign election and disjoint merge on trimmed deltas.
+
+    Defaults reproduce ``peft.utils.merge_utils.ties``/``dare_ties``: elect the sign of Σ_t τ_t over the
+    unweighted trimmed deltas (ties go to +), average the agreeing weighted entries dividing by their count.
+    ``elect_on="weighted", divide_by="weights"`` is mergekit's convention.
+    """
+    weighted = deltas * weights.view(-1, 1)
+    elected_from = weighted if elect_on == "weighted" else deltas
+    sign = deltas.sign()
+    if majority_sign == "total":
+        magnitude = elected_from.sum(dim=0)
+    elif majority_sign == "frequency":
+        magnitude = elected_from.sign().sum(dim=0)
+    else:
+        raise ValueError(f"majority_sign must be 'total' or 'frequency', got {majority_sign!r}")
+    majority = torch.where(magnitude >= 0, 1.0, -1.0)
+    agree = sign == majority
+    mixed = (weighted * agree).sum(dim=0)
+    if divide_by == "count":
+        return mixed / torch.clamp(agree.sum(dim=0), min=1.0)
+    norm = (agree * weights.view(-1, 1)).sum(dim=0)
+    return torch.where(norm != 0, mixed / torch.where(norm != 0, norm, 1.0), 0.0)
+
+
+def dare_drop_(deltas: Tensor, density: float, generators: Sequence[torch.Generator], keep: Tensor) -> Tensor:
+    """DARE: keep each entry with probability ``density`` and rescale survivors by 1/density, in place.
+
+    Row t draws from ``generators[t]`` with ``torch.bernoulli`` exactly as PEFT's ``random_pruning`` does with
+    the global generator, so seeding that generator identically gives PEFT's mask. ``keep`` is scratch of
+    shape ``[C]``.
+    """
+    if density >= 1.0:
+        return deltas
+    probabilities = torch.full_like(keep, density)
+    for row, generator in zip(deltas, generators):
+        torch.bernoulli(probabilities, generator=generator, out=keep)
+        row.mul_(keep).div_(density)
+    return deltas
+
+
+def stable_seed(*parts: object) -> int:
+    """A 63-bit seed from its parts, stable across processes and Python versions (unlike ``hash``)."""
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)

@@ -1,0 +1,471 @@
+"""Merge methods: one small config dataclass each, and a registry keyed by name.
+
+A method is a stateless ``combine(deltas[K, C], ctx, config) -> τ*[C]`` plus optional hooks the engine calls:
+``setup`` once per merge (e.g. RAM+'s global λ from the statistics pass), ``prepare`` once per tensor (TIES
+thresholds, DARE generators, tensor-local λ). Register your own:
+
+>>> @register_method("median", MedianConfig)                     # doctest: +SKIP
+... def median(deltas, ctx, config):
+...     return deltas.median(dim=0).values
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Protocol, Sequence
+
+import torch
+from torch import Tensor
+
+from . import functional as F
+from .errors import ConfigError, MethodExistsError, UnknownMethodError
+
+__all__ = [
+    "Activity",
+    "RunContext",
+    "TensorContext",
+    "TensorView",
+    "MergeMethod",
+    "register_method",
+    "get_method",
+    "available_methods",
+    "make_config",
+    "LinearConfig",
+    "TaskArithmeticConfig",
+    "TiesConfig",
+    "DareLinearConfig",
+    "DareTiesConfig",
+    "RamConfig",
+    "RamPlusConfig",
+    "RamPlusSoftConfig",
+]
+
+
+# ----------------------------------------------------------------------------------------------- contexts
+
+
+@dataclass(frozen=True)
+class Activity:
+    """Which entries of a task vector count as "updated".
+
+    ``"abs"``: |τ| > eps (the paper, eps = 1e-5). ``"changed"``: the stored value differs, compared in the
+    narrower dtype of agent and base (for bf16 checkpoints this is |Δ| > ~1e-3·|w|); ``eps`` is unused.
+    """
+
+    rule: Literal["abs", "changed"] = "abs"
+    eps: float = 1e-5
+
+
+@dataclass(frozen=True)
+class RamStatistics:
+    """Counts of the statistics pass, per agent: active entries, unique ones, and the histogram of c."""
+
+    active: Tensor
+    unique: Tensor
+    histogram: Tensor
+
+    @property
+    def shared(self) -> Tensor:
+        return self.active - self.unique
+
+
+@dataclass(frozen=True)
+class RunContext:
+    agents: tuple[str, ...]
+    statistics: RamStatistics | None
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class TensorContext:
+    """What a ``combine`` call knows besides the deltas: which tensor, which agents, and the hooks' states."""
+
+    key: str
+    agents: tuple[str, ...]
+    start: int
+    run_state: Any = None
+    state: Any = None
+
+
+class TensorView(Protocol):
+    """The engine's view of one tensor across agents, for ``prepare`` hooks."""
+
+    key: str
+    numel: int
+    agents: tuple[str, ...]
+    device: torch.device
+
+    def delta(self, index: int) -> Tensor:
+        """Agent ``index``'s whole task vector for this tensor, flat, float32."""
+
+    def statistics(self, activity: Activity) -> RamStatistics:
+        """RAM counts over this tensor only."""
+
+
+Combine = Callable[[Tensor, TensorContext, Any], Tensor]
+
+
+@dataclass(frozen=True)
+class MergeMethod:
+    name: str
+    config_cls: type
+    combine: Combine
+    setup: Callable[[Any, RunContext], Any] | None = None
+    prepare: Callable[[Any, TensorView, Any], Any] | None = None
+    activity: Callable[[Any], Activity | None] = lambda config: None
+    needs_statistics: Callable[[Any], bool] = lambda config: False
+    description: str = ""
+
+
+_REGISTRY: dict[str, MergeMethod] = {}
+
+
+def register_method(
+    name: str,
+    config_cls: type,
+    combine: Combine | None = None,
+    **hooks: Any,
+) -> Any:
+    """Register a merge method under ``name``; usable as a decorator on ``combine``.
+
+    Raises :class:`MethodExistsError` when the name is taken.
+    """
+
+    def _register(fn: Combine) -> Combine:
+        if name in _REGISTRY:
+            raise MethodExistsError(f"a merge method named {name!r} is already registered")
+        if not dataclasses.is_dataclass(config_cls):
+            raise ConfigError(f"config_cls of {name!r} must be a dataclass, got {config_cls!r}")
+        _REGISTRY[name] = MergeMethod(name=name, config_cls=config_cls, combine=fn, **hooks)
+        return fn
+
+    return _register(combine) if combine is not None else _register
+
+
+def get_method(name: str) -> MergeMethod:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownMethodError(
+            f"unknown merge method {name!r}; available: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+
+
+def available_methods() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_config(name: str, config: Any = None, **options: Any) -> Any:
+    """Build ``name``'s config from keyword options, naming any unknown option."""
+    method = get_method(name)
+    if config is not None:
+        if not isinstance(config, method.config_cls):
+            raise ConfigError(f"method {name!r} takes a {method.config_cls.__name__}, got {type(config).__name__}")
+        return dataclasses.replace(config, **options) if options else config
+    known = {f.name for f in dataclasses.fields(method.config_cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for method {name!r}; "
+            f"its options are: {', '.join(sorted(known))}"
+        )
+    try:
+        return method.config_cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid options for method {name!r}: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def _check_range(name: str, value: float, low: float, high: float = math.inf) -> None:
+    if not (isinstance(value, (int, float)) and low <= value <= high):
+        raise ConfigError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+
+
+def _weights(weights: Sequence[float] | None, ctx: RunContext) -> Tensor:
+    k = len(ctx.agents)
+    if weights is None:
+        return torch.ones(k, device=ctx.device)
+    if len(weights) != k:
+        raise ConfigError(f"weights has {len(weights)} entries for {k} agents ({', '.join(ctx.agents)})")
+    return torch.tensor([float(w) for w in weights], device=ctx.device)
+
+
+def _scaled(tau: Tensor, scale: float) -> Tensor:
+    return tau if scale == 1.0 else tau.mul_(scale)
+
+
+# ----------------------------------------------------------------------------------------------- linear / TA
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """θ* = Σ_t w_t θ_t / Σ_t w_t (``normalize=True``) or Σ_t w_t θ_t; computed as θ₀ + Σ_t w̃_t τ_t."""
+
+    weights: Sequence[float] | None = None
+    normalize: bool = True
+
+
+def _linear_setup(config: LinearConfig, ctx: RunContext) -> Tensor:
+    weights = _weights(config.weights, ctx)
+    if config.normalize:
+        total = float(weights.sum())
+        if total == 0:
+            raise ConfigError("linear: the weights sum to 0 and normalize=True")
+        weights = weights / total
+    return weights
+
+
+register_method(
+    "linear",
+    LinearConfig,
+    lambda deltas, ctx, config: F.task_arithmetic_combine(deltas, ctx.run_state),
+    setup=_linear_setup,
+    description="weighted average of the models",
+)
+
+
+@dataclass(frozen=True)
+class TaskArithmeticConfig:
+    """θ* = θ₀ + scale · Σ_t w_t τ_t. With ``scale=1`` equals ``peft.utils.merge_utils.task_arithmetic``."""
+
+    weights: Sequence[float] | None = None
+    scale: float = 1.0
+
+
+register_method(
+    "task_arithmetic",
+    TaskArithmeticConfig,
+    lambda deltas, ctx, config: _scaled(F.task_arithmetic_combine(deltas, ctx.run_state), config.scale),
+    setup=lambda config, ctx: _weights(config.weights, ctx),
+    description="base + scale × weighted sum of task vectors",
+)
+
+
+# ----------------------------------------------------------------------------------------------- TIES / DARE
+
+
+@dataclass(frozen=True)
+class TiesConfig:
+    """Trim each τ_t to its top-``density`` magnitudes (per tensor), elect signs, average agreeing entries.
+
+    Defaults equal ``peft.utils.merge_utils.ties`` (then × ``scale``); ``elect_on="weighted",
+    divide_by="weights"`` is mergekit's convention.
+    """
+
+    density: float = 0.2
+    weights: Sequence[float] | None = None
+    scale: float = 1.0
+    majority_sign: Literal["total", "frequency"] = "total"
+    elect_on: Literal["unweighted", "weighted"] = "unweighted"
+    divide_by: Literal["count", "weights"] = "count"
+
+    def __post_init__(self) -> None:
+        _check_range("density", self.density, 0.0, 1.0)
+        _check_choice("majority_sign", self.majority_sign, ("total", "frequency"))
+        _check_choice("elect_on", self.elect_on, ("unweighted", "weighted"))
+        _check_choice("divide_by", self.divide_by, ("count", "weights"))
+
+
+def _ties_prepare(config: TiesConfig, view: TensorView, weights: Tensor) -> list[float | None]:
+    return [F.magnitude_threshold(view.delta(t), config.density) for t in range(len(view.agents))]
+
+
+def _ties_elect(deltas: Tensor, weights: Tensor, config: Any) -> Tensor:
+    tau = F.ties_combine(
+        deltas, weights, majority_sign=config.majority_sign, elect_on=config.elect_on, divide_by=config.divide_by
+    )
+    return _scaled(tau, config.scale)
+
+
+register_method(
+    "ties",
+    TiesConfig,
+    lambda deltas, ctx, config: _ties_elect(F.trim_(deltas, ctx.state), ctx.run_state, config),
+    setup=lambda config, ctx: _weights(config.weights, ctx),
+    prepare=_ties_prepare,
+    description="TIES: trim, elect sign, disjoint mean",
+)
+
+
+@dataclass(frozen=True)
+class DareLinearConfig:
+    """Drop each entry of τ_t with probability 1 − ``density``, rescale survivors by 1/density, then task
+    arithmetic. Equals ``peft.utils.merge_utils.dare_linear`` for the same masks (× ``scale``). The mask of
+    (agent, tensor) is drawn from a generator seeded with ``stable_seed(seed, agent, key)``."""
+
+    density: float = 0.5
+    weights: Sequence[float] | None = None
+    scale: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_range("density", self.density, 0.0, 1.0)
+        if self.density == 0:
+            raise ConfigError("density must be > 0 for DARE (survivors are rescaled by 1/density)")
+
+
+@dataclass(frozen=True)
+class DareTiesConfig(DareLinearConfig):
+    """DARE's random drop, then TIES' sign election and disjoint mean (PEFT's ``dare_ties`` by default)."""
+
+    majority_sign: Literal["total", "frequency"] = "total"
+    elect_on: Literal["unweighted", "weighted"] = "unweighted"
+    divide_by: Literal["count", "weights"] = "count"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_choice("majority_sign", self.majority_sign, ("total", "frequency"))
+        _check_choice("elect_on", self.elect_on, ("unweighted", "weighted"))
+        _check_choice("divide_by", self.divide_by, ("count", "weights"))
+
+
+def dare_generator(seed: int, agent: str, key: str, device: torch.device) -> torch.Generator:
+    """The generator DARE draws agent ``agent``'s mask of tensor ``key`` from."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(F.stable_seed("dare", seed, agent, key))
+    return generator
+
+
+@dataclass
+class _DareState:
+    generators: list[torch.Generator]
+    keep: Tensor | None = None
+
+
+def _dare_prepare(config: DareLinearConfig, view: TensorView, weights: Tensor) -> _DareState:
+    return _DareState([dare_generator(config.seed, a, view.key, view.device) for a in view.agents])
+
+
+def _dare_drop(deltas: Tensor, ctx: TensorContext, config: DareLinearConfig) -> Tensor:
+    state: _DareState = ctx.state
+    if state.keep is None or state.keep.numel() < deltas.shape[1]:
+        state.keep = torch.empty(deltas.shape[1], dtype=deltas.dtype, device=deltas.device)
+    return F.dare_drop_(deltas, config.density, state.generators, state.keep[: deltas.shape[1]])
+
+
+register_method(
+    "dare_linear",
+    DareLinearConfig,
+    lambda deltas, ctx, config: _scaled(
+        F.task_arithmetic_combine(_dare_drop(deltas, ctx, config), ctx.run_state), config.scale
+    ),
+    setup=lambda config, ctx: _weights(config.weights, ctx),
+    prepare=_dare_prepare,
+    description="DARE drop-and-rescale, then task arithmetic",
+)
+
+register_method(
+    "dare_ties",
+    DareTiesConfig,
+    lambda deltas, ctx, config: _ties_elect(_dare_drop(deltas, ctx, config), ctx.run_state, config),
+    setup=lambda config, ctx: _weights(config.weights, ctx),
+    prepare=_dare_prepare,
+    description="DARE drop-and-rescale, then TIES election",
+)
+
+
+# ----------------------------------------------------------------------------------------------- RAM
+
+
+@dataclass(frozen=True)
+class RamConfig:
+    """RAM (paper Eq. 7, λ = 1): mean over the active agents where ≥ 2 updated, the one agent's τ where one
+    did, the base where none did. ``activity``/``eps``: see :class:`Activity`."""
+
+    eps: float = 1e-5
+    activity: Literal["abs", "changed"] = "abs"
+
+    def __post_init__(self) -> None:
+        _check_range("eps", self.eps, 0.0)
+        _check_choice("activity", self.activity, ("abs", "changed"))
+
+    variant = "ram"
+
+
+@dataclass(frozen=True)
+class RamPlusConfig(RamConfig):
+    """RAM+: unique entries of agent t scaled by λ_t = 1 + r · clip(ρ_t, 0, alpha) (paper: r=0.1, α=2).
+
+    The authors' script is ``r=0.2, alpha=1.0``; mergekit's ``ramplus_tl`` is ``r=0.1, alpha=0.2,
+    rho_scope="tensor"``."""
+
+    r: float = 0.1
+    alpha: float = 2.0
+    rho_scope: Literal["global", "tensor"] = "global"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_range("r", self.r, 0.0)
+        _check_range("alpha", self.alpha, 0.0)
+        _check_choice("rho_scope", self.rho_scope, ("global", "tensor"))
+
+    variant = "ram_plus"
+
+
+@dataclass(frozen=True)
+class RamPlusSoftConfig(RamPlusConfig):
+    """RAM+s: λ_t = 1 + r · ρ_t / (1 + ρ_t) = 1 + r · shared_t / active_t (``alpha`` is unused)."""
+
+    variant = "ram_plus_soft"
+
+
+def lambdas_from_counts(config: RamConfig, active: Tensor, unique: Tensor) -> list[float]:
+    """λ_t per agent from per-agent counts, for ``config``'s variant."""
+    r = getattr(config, "r", 0.0)
+    alpha = getattr(config, "alpha", math.inf)
+    return [
+        F.ram_lambda(F.rho(float(u), float(a)), config.variant, r, alpha)
+        for a, u in zip(active.tolist(), unique.tolist())
+    ]
+
+
+def _ram_setup(config: RamConfig, ctx: RunContext) -> Tensor | None:
+    if config.variant == "ram" or getattr(config, "rho_scope", "global") == "tensor":
+        return None
+    assert ctx.statistics is not None
+    return torch.tensor(
+        lambdas_from_counts(config, ctx.statistics.active, ctx.statistics.unique), dtype=torch.float64, device=ctx.device
+    )
+
+
+def _ram_prepare(config: RamConfig, view: TensorView, run_lambdas: Tensor | None) -> Tensor | None:
+    if config.variant == "ram":
+        return None
+    if config.rho_scope == "global":
+        return run_lambdas
+    stats = view.statistics(_ram_activity(config))
+    return torch.tensor(lambdas_from_counts(config, stats.active, stats.unique), dtype=torch.float64, device=view.device)
+
+
+def _ram_activity(config: RamConfig) -> Activity:
+    return Activity(rule=config.activity, eps=config.eps)
+
+
+def _ram_needs_statistics(config: RamConfig) -> bool:
+    return config.variant != "ram" and config.rho_scope == "global"
+
+
+for _name, _cls, _desc in (
+    ("ram", RamConfig, "RAM: disjoint mean over active agents, unique entries kept"),
+    ("ram_plus", RamPlusConfig, "RAM+: RAM with unique entries rescaled by λ_t = 1 + r·clip(ρ_t, 0, α)"),
+    ("ram_plus_soft", RamPlusSoftConfig, "RAM+s: λ_t = 1 + r·ρ_t/(1 + ρ_t)"),
+):
+    register_method(
+        _name,
+        _cls,
+        lambda deltas, ctx, config: F.ram_combine(deltas, ctx.state),
+        setup=_ram_setup,
+        prepare=_ram_prepare,
+        activity=_ram_activity,
+        needs_statistics=_ram_needs_statistics,
+        description=_desc,
+    )

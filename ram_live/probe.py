@@ -1,0 +1,262 @@
+"""How the agents' task vectors look: density, shared and unique entries, ρ and λ, overlap, similarity.
+
+It is the merge's statistics pass plus pairwise Gram matrices, per agent and per tensor.
+
+>>> report = probe([coder, tool_agent, memory_agent], base=base_model)     # doctest: +SKIP
+>>> print(report.table()); report.plot("probe.png"); report.to_dict()      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import functional as F
+from .api import Model, Models, _sources
+from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, _Reader, build_plan
+from .errors import ConfigError
+from .methods import Activity
+
+__all__ = ["probe", "ProbeReport", "AgentStats"]
+
+_VARIANTS = ("ram", "ram_plus", "ram_plus_soft")
+
+
+@dataclass
+class AgentStats:
+    """Counts of one agent over a set of entries (the whole model, or one tensor)."""
+
+    total: int
+    active: int
+    unique: int
+    lambdas: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def shared(self) -> int:
+        return self.active - self.unique
+
+    @property
+    def density(self) -> float:
+        return self.active / self.total if self.total else 0.0
+
+    @property
+    def unique_share(self) -> float:
+        """Of this agent's active entries, the share no other agent touched."""
+        return self.unique / self.active if self.active else 0.0
+
+    @property
+    def shared_share(self) -> float:
+        return self.shared / self.active if self.active else 0.0
+
+    @property
+    def rho(self) -> float:
+        return F.rho(self.unique, self.active)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "active": self.active,
+            "density": self.density,
+            "unique": self.unique,
+            "shared": self.shared,
+            "unique_share": self.unique_share,
+            "shared_share": self.shared_share,
+            "rho": _json_float(self.rho),
+            "lambda": {k: _json_float(v) for k, v in self.lambdas.items()},
+        }
+
+
+def _json_float(x: float) -> float | str | None:
+    if math.isnan(x):
+        return None
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def layer_of(key: str) -> str:
+    """The layer a tensor belongs to: up to its first numeric path component, else its module path."""
+    match = re.match(r"^(.*?\.\d+)\.", key)
+    if match:
+        return match.group(1)
+    return key.rsplit(".", 1)[0] if "." in key else key
+
+
+@dataclass
+class ProbeReport:
+    """Per agent (``agents``), per tensor (``tensors``), pairwise (``jaccard``, ``expected_jaccard``,
+    ``cosine``) statistics of the task vectors, and the histogram of the overlap count c = 0..K."""
+
+    agent_names: tuple[str, ...]
+    agents: dict[str, AgentStats]
+    tensors: dict[str, dict[str, AgentStats]]
+    jaccard: list[list[float]]
+    expected_jaccard: list[list[float]]
+    cosine: list[list[float]]
+    histogram: list[int]
+    activity: Activity
+    r: float
+    alpha: float
+
+    def layers(self) -> dict[str, dict[str, AgentStats]]:
+        """Per-tensor stats summed by layer (see :func:`layer_of`), in model order."""
+        out: dict[str, dict[str, AgentStats]] = {}
+        for key, per_agent in self.tensors.items():
+            layer = out.setdefault(layer_of(key), {})
+            for name, s in per_agent.items():
+                acc = layer.setdefault(name, AgentStats(0, 0, 0))
+                acc.total += s.total
+                acc.active += s.active
+                acc.unique += s.unique
+        return out
+
+    def table(self) -> str:
+        """A text table: per agent, then pairwise overlap and the histogram of c."""
+        head = (f"{'agent':<16}{'active':>12}{'density':>9}{'unique':>12}{'shared':>12}{'uniq%':>7}"
+                f"{'rho':>8}{'λ ram+':>8}{'λ ram+s':>8}")
+        lines = [head, "-" * len(head)]
+        for name in self.agent_names:
+            s = self.agents[name]
+            lines.append(
+                f"{name[:15]:<16}{s.active:>12,}{s.density:>9.2%}{s.unique:>12,}{s.shared:>12,}"
+                f"{s.unique_share:>7.1%}{s.rho:>8.3f}{s.lambdas['ram_plus']:>8.4f}{s.lambdas['ram_plus_soft']:>8.4f}"
+            )
+        lines.append("")
+        lines.append("pairwise: jaccard (independent masks would give) / cosine")
+        for i, a in enumerate(self.agent_names):
+            for j in range(i + 1, len(self.agent_names)):
+                b = self.agent_names[j]
+                lines.append(
+                    f"  {a} ~ {b}: jaccard {self.jaccard[i][j]:.4f} ({self.expected_jaccard[i][j]:.4f})"
+                    f"  cosine {self.cosine[i][j]:+.4f}"
+                )
+        total = sum(self.histogram)
+        lines.append("entries by number of agents that updated them (c):")
+        lines.append("  " + "  ".join(f"c={c}: {n:,} ({n / total:.1%})" for c, n in enumerate(self.histogram)))
+        lines.append(f"activity rule: {self.activity.rule}"
+                     + (f" (eps={self.activity.eps:g})" if self.activity.rule == "abs" else "")
+                     + f"; RAM+ r={self.r:g} alpha={self.alpha:g}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (``json.dumps(..., allow_nan=False)`` works; ρ = +inf is the string ``"inf"``)."""
+        return {
+            "agents": {n: self.agents[n].to_dict() for n in self.agent_names},
+            "tensors": {k: {n: s.to_dict() for n, s in v.items()} for k, v in self.tensors.items()},
+            "layers": {k: {n: s.to_dict() for n, s in v.items()} for k, v in self.layers().items()},
+            "pairwise": {
+                "agents": list(self.agent_names),
+                "jaccard": self.jaccard,
+                "expected_jaccard": self.expected_jaccard,
+                "cosine": self.cosine,
+            },
+            "histogram": self.histogram,
+            "activity": {"rule": self.activity.rule, "eps": self.activity.eps},
+            "r": self.r,
+            "alpha": self.alpha,
+        }
+
+    def plot(self, path: str) -> str:
+        """Heatmaps of per-layer density and unique share per agent, saved to ``path`` (needs ``ram-live[plot]``)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError("report.plot needs matplotlib: pip install 'ram-live[plot]'") from exc
+        layers = self.layers()
+        names = list(layers)
+        density = [[layers[l][a].density for l in names] for a in self.agent_names]
+        unique = [[layers[l][a].unique_share for l in names] for a in self.agent_names]
+        width = max(6.0, 0.25 * len(names) + 2)
+        fig, axes = plt.subplots(2, 1, figsize=(width, 1.2 * len(self.agent_names) * 2 + 2.5), constrained_layout=True)
+        for ax, data, title in ((axes[0], density, "density (share of entries updated)"),
+                                (axes[1], unique, "unique share (of the agent's updated entries)")):
+            image = ax.imshow(data, aspect="auto", vmin=0.0, vmax=1.0, cmap="viridis")
+            ax.set_title(title)
+            ax.set_yticks(range(len(self.agent_names)), labels=list(self.agent_names))
+            ax.set_xticks(range(len(names)), labels=names, rotation=90, fontsize=7)
+            fig.colorbar(image, ax=ax)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+
+def _lambdas(active: int, unique: int, r: float, alpha: float) -> dict[str, float]:
+    value = F.rho(unique, active)
+    return {v: F.ram_lambda(value, v, r, alpha) for v in _VARIANTS}
+
+
+def probe(
+    models: Models,
+    base: Model | None = None,
+    *,
+    eps: float = 1e-5,
+    activity: str = "abs",
+    r: float = 0.1,
+    alpha: float = 2.0,
+    device: str | torch.device | None = None,
+    chunk_numel: int = DEFAULT_CHUNK_NUMEL,
+) -> ProbeReport:
+    """Statistics of the agents' task vectors against ``base`` (same inputs as :func:`ram_live.ram_merge`).
+
+    >>> report = probe({"coder": coder, "tools": tool_agent}, base=base_model)   # doctest: +SKIP
+    >>> report.agents["coder"].rho, report.agents["coder"].lambdas["ram_plus"]    # doctest: +SKIP
+    """
+    if activity not in ("abs", "changed"):
+        raise ConfigError(f"activity must be 'abs' or 'changed', got {activity!r}")
+    rule = Activity(activity, eps)  # type: ignore[arg-type]
+    agents, base_src = _sources(models, base)
+    plan = build_plan(base_src, agents)
+    reader = _Reader(base_src, agents, torch.device(device) if device is not None else None)
+    k = len(agents)
+    names = reader.names
+    inter = torch.zeros(k, k, dtype=torch.float64)
+    dots = torch.zeros(k, k, dtype=torch.float64)
+    histogram = torch.zeros(k + 1, dtype=torch.int64)
+    tensors: dict[str, dict[str, AgentStats]] = {}
+    workspace: dict[Any, torch.Tensor] = {}
+    for key in plan.merge:
+        base_t, agent_ts, dev = reader.read(key)
+        gram = torch.zeros(k, k, dtype=torch.float64, device=dev)
+        stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, rule, workspace,
+                             raw_hook=lambda d: gram.add_(d @ d.T))
+        active = torch.zeros(k, dtype=torch.int64)
+        unique = torch.zeros(k, dtype=torch.int64)
+        for _, _, deltas in stream:
+            mask = (deltas != 0).to(deltas.dtype)
+            inter += (mask @ mask.T).double().cpu()
+            a, u, h = F.ram_statistics(deltas)
+            active += a.cpu()
+            unique += u.cpu()
+            histogram += h.cpu()
+        dots += gram.cpu()
+        tensors[key] = {
+            n: AgentStats(stream.numel, int(a), int(u), _lambdas(int(a), int(u), r, alpha))
+            for n, a, u in zip(names, active.tolist(), unique.tolist())
+        }
+    total = sum(next(iter(v.values())).total for v in tensors.values()) if tensors else 0
+    per_agent: dict[str, AgentStats] = {}
+    for i, n in enumerate(names):
+        a = sum(t[n].active for t in tensors.values())
+        u = sum(t[n].unique for t in tensors.values())
+        per_agent[n] = AgentStats(total, a, u, _lambdas(a, u, r, alpha))
+    densities = [per_agent[n].density for n in names]
+    jaccard = [[0.0] * k for _ in range(k)]
+    expected = [[0.0] * k for _ in range(k)]
+    cosine = [[0.0] * k for _ in range(k)]
+    for i in range(k):
+        for j in range(k):
+            union = float(inter[i, i] + inter[j, j] - inter[i, j])
+            jaccard[i][j] = float(inter[i, j]) / union if union else 0.0
+            pi, pj = densities[i], densities[j]
+            denominator = pi + pj - pi * pj
+            expected[i][j] = (pi * pj / denominator if denominator else 0.0) if i != j else (1.0 if pi else 0.0)
+            norm = math.sqrt(float(dots[i, i]) * float(dots[j, j]))
+            cosine[i][j] = float(dots[i, j]) / norm if norm else 0.0
+    return ProbeReport(names, per_agent, tensors, jaccard, expected, cosine, histogram.tolist(), rule, r, alpha)

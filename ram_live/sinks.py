@@ -1,0 +1,227 @@
+"""Where a merge goes: a new module, the base module in place, a state dict, or safetensors on disk.
+
+The engine asks a sink for the destination tensor of each merged key (allocated in the base's dtype, on the
+base's device) and writes into it chunk by chunk; buffers and non-float tensors are copied from the base;
+tied keys are aliased. File sinks write to a temporary name and rename on success, so a failed merge leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from .sources import TensorSpec
+
+if TYPE_CHECKING:
+    from .engine import Plan
+
+__all__ = ["Sink", "ModuleSink", "StateDictSink", "SafetensorsSink"]
+
+
+class Sink(Protocol):
+    def begin(self, plan: "Plan") -> None: ...
+
+    def destination(self, key: str, spec: TensorSpec) -> Tensor: ...
+
+    def commit(self, key: str) -> None: ...
+
+    def copy_from_base(self, key: str, tensor: Tensor) -> None: ...
+
+    def alias(self, alias: str, canonical: str) -> None: ...
+
+    def finish(self) -> Any: ...
+
+    def abort(self) -> None: ...
+
+
+class ModuleSink:
+    """A module of the base's structure. ``inplace=True`` writes into the base's own parameters; otherwise a
+    structural copy is made whose parameters are fresh, uninitialised tensors (no copy of the base's weights)
+    and whose buffers are copies of the base's."""
+
+    def __init__(self, base: nn.Module, inplace: bool = False) -> None:
+        self.base = base
+        self.inplace = inplace
+        self.module: nn.Module | None = None
+        self._tensors: dict[str, Tensor] = {}
+
+    def begin(self, plan: "Plan") -> None:
+        if self.inplace:
+            self.module = self.base
+        else:
+            memo: dict[int, Any] = {}
+            for p in self.base.parameters(recurse=True):
+                memo[id(p)] = nn.Parameter(torch.empty_like(p), requires_grad=p.requires_grad)
+            self.module = copy.deepcopy(self.base, memo)
+        self._tensors = self.module.state_dict(keep_vars=True)
+
+    def destination(self, key: str, spec: TensorSpec) -> Tensor:
+        return self._tensors[key].data
+
+    def commit(self, key: str) -> None:
+        pass
+
+    def copy_from_base(self, key: str, tensor: Tensor) -> None:
+        target = self._tensors[key]
+        if not self.inplace and target.data_ptr() != tensor.data_ptr():
+            target.data.copy_(tensor)
+
+    def alias(self, alias: str, canonical: str) -> None:
+        pass  # the copy preserves ties: both names are one Parameter
+
+    def finish(self) -> nn.Module:
+        assert self.module is not None
+        return self.module
+
+    def abort(self) -> None:
+        self.module = None
+
+
+class StateDictSink:
+    """A new state dict with the base's keys, dtypes and devices (or ``device``/``dtype`` when given)."""
+
+    def __init__(self, device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.out: dict[str, Tensor] = {}
+
+    def begin(self, plan: "Plan") -> None:
+        self.order = plan.keys
+
+    def _dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return self.dtype if self.dtype is not None and dtype.is_floating_point else dtype
+
+    def destination(self, key: str, spec: TensorSpec) -> Tensor:
+        t = torch.empty(spec.shape, dtype=self._dtype(spec.dtype), device=self.device or spec.device)
+        self.out[key] = t
+        return t
+
+    def commit(self, key: str) -> None:
+        pass
+
+    def copy_from_base(self, key: str, tensor: Tensor) -> None:
+        self.out[key] = tensor.to(device=self.device or tensor.device, dtype=self._dtype(tensor.dtype), copy=True)
+
+    def alias(self, alias: str, canonical: str) -> None:
+        self.out[alias] = self.out[canonical]
+
+    def finish(self) -> dict[str, Tensor]:
+        return {k: self.out[k] for k in self.order}
+
+    def abort(self) -> None:
+        self.out.clear()
+
+
+class SafetensorsSink:
+    """Safetensors on disk: a single file when ``path`` ends in ``.safetensors``, else a folder of shards of at
+    most ``max_shard_bytes`` with a ``model.safetensors.index.json`` (Hugging Face layout), plus the base
+    folder's non-weight files (config, tokenizer) when ``copy_from`` is given. Tied aliases are not stored
+    (as ``save_pretrained`` does). Written to a temporary path and renamed on success."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_shard_bytes: int = 5 * 2**30,
+        copy_from: Path | None = None,
+        dtype: torch.dtype | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.single = self.path.suffix == ".safetensors"
+        if self.path.exists() and not self.single and any(self.path.iterdir()):
+            from .errors import ConfigError
+
+            raise ConfigError(f"output folder {self.path} exists and is not empty")
+        self.max_shard_bytes = max_shard_bytes
+        self.copy_from = copy_from
+        self.dtype = dtype
+        self.metadata = {"format": "pt", **(metadata or {})}
+        self._shard: dict[str, Tensor] = {}
+        self._shard_bytes = 0
+        self._shards: list[tuple[Path, list[str]]] = []
+        self._pending: dict[str, Tensor] = {}
+        self._tmp: Path | None = None
+        self._total = 0
+
+    def begin(self, plan: "Plan") -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
+
+    def _dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return self.dtype if self.dtype is not None and dtype.is_floating_point else dtype
+
+    def destination(self, key: str, spec: TensorSpec) -> Tensor:
+        t = torch.empty(spec.shape, dtype=self._dtype(spec.dtype), device=spec.device)
+        self._pending[key] = t
+        return t
+
+    def commit(self, key: str) -> None:
+        self._add(key, self._pending.pop(key))
+
+    def copy_from_base(self, key: str, tensor: Tensor) -> None:
+        self._add(key, tensor.to(dtype=self._dtype(tensor.dtype)))
+
+    def alias(self, alias: str, canonical: str) -> None:
+        pass
+
+    def _add(self, key: str, tensor: Tensor) -> None:
+        tensor = tensor.detach().to("cpu").contiguous()
+        size = tensor.numel() * tensor.element_size()
+        if self._shard and not self.single and self._shard_bytes + size > self.max_shard_bytes:
+            self._flush()
+        self._shard[key] = tensor
+        self._shard_bytes += size
+        self._total += size
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        assert self._tmp is not None
+        if not self._shard:
+            return
+        name = self._tmp / f"shard-{len(self._shards):05d}.safetensors"
+        save_file(self._shard, str(name), metadata=self.metadata)
+        self._shards.append((name, list(self._shard)))
+        self._shard, self._shard_bytes = {}, 0
+
+    def finish(self) -> Path:
+        assert self._tmp is not None
+        self._flush()
+        try:
+            if self.single:
+                os.replace(self._shards[0][0], self.path)
+                return self.path
+            n = len(self._shards)
+            weight_map: dict[str, str] = {}
+            for i, (file, keys) in enumerate(self._shards):
+                final = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+                file.rename(self._tmp / final)
+                weight_map.update({k: final for k in keys})
+            if n > 1:
+                index = {"metadata": {"total_size": self._total}, "weight_map": dict(sorted(weight_map.items()))}
+                (self._tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+            if self.copy_from is not None and self.copy_from.is_dir():
+                for f in self.copy_from.iterdir():
+                    if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".pt")):
+                        shutil.copy2(f, self._tmp / f.name)
+            if self.path.exists():
+                self.path.rmdir()
+            os.replace(self._tmp, self.path)
+            return self.path
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        if self._tmp is not None and self._tmp.exists():
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        self._tmp = None

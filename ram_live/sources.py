@@ -1,0 +1,218 @@
+"""Where tensors come from: live modules, state dicts, safetensors files and Hugging Face folders.
+
+A source answers, by name, a tensor's shape and dtype without reading it, and reads one tensor at a time.
+Module and state-dict sources hand out views of the live tensors (no copy); file sources memory-map.
+
+>>> src = as_source(model, "coder")                             # doctest: +SKIP
+>>> src.keys()[:2], src.spec("lm_head.weight")                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+from .errors import InputMismatchError, UnsupportedInputError
+
+__all__ = ["TensorSpec", "TensorSource", "ModuleSource", "StateDictSource", "SafetensorsSource", "as_source"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    is_buffer: bool = False
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@runtime_checkable
+class TensorSource(Protocol):
+    """What the engine needs from an input."""
+
+    name: str
+
+    def keys(self) -> list[str]:
+        """Every tensor name, in a stable order."""
+
+    def spec(self, key: str) -> TensorSpec:
+        """Shape, dtype, device of ``key`` without reading it."""
+
+    def get(self, key: str) -> Tensor:
+        """The tensor ``key`` (a view where possible; never to be written)."""
+
+    def aliases(self) -> dict[str, str]:
+        """Tied names: alias → the canonical name it shares storage with."""
+
+
+class _InMemorySource:
+    """A source over tensors already in memory (state dicts and modules)."""
+
+    def __init__(self, name: str, tensors: Mapping[str, Tensor], buffers: frozenset[str] = frozenset()) -> None:
+        self.name = name
+        self._tensors = dict(tensors)
+        self._buffers = buffers
+        self._aliases = _find_aliases(self._tensors)
+
+    def keys(self) -> list[str]:
+        return list(self._tensors)
+
+    def spec(self, key: str) -> TensorSpec:
+        t = self._tensors[key]
+        return TensorSpec(tuple(t.shape), t.dtype, t.device, key in self._buffers)
+
+    def get(self, key: str) -> Tensor:
+        return self._tensors[key].detach()
+
+    def aliases(self) -> dict[str, str]:
+        return self._aliases
+
+
+def _find_aliases(tensors: Mapping[str, Tensor]) -> dict[str, str]:
+    """Names that are the same tensor as an earlier name (tied weights)."""
+    seen: dict[tuple[Any, ...], str] = {}
+    aliases: dict[str, str] = {}
+    for key, t in tensors.items():
+        if t.device.type == "meta" or t.numel() == 0:
+            continue
+        ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if ident in seen:
+            aliases[key] = seen[ident]
+        else:
+            seen[ident] = key
+    return aliases
+
+
+class StateDictSource(_InMemorySource):
+    """A ``{name: Tensor}`` mapping."""
+
+    def __init__(self, state_dict: Mapping[str, Tensor], name: str = "state_dict") -> None:
+        for key, value in state_dict.items():
+            if not isinstance(value, Tensor):
+                raise UnsupportedInputError(f"{name}: value of {key!r} is a {type(value).__name__}, not a Tensor")
+        super().__init__(name, state_dict)
+
+
+class ModuleSource(_InMemorySource):
+    """A live ``nn.Module``: its ``state_dict`` names; buffers are marked (they are taken from the base)."""
+
+    def __init__(self, module: nn.Module, name: str = "module") -> None:
+        self.module = module
+        tensors = module.state_dict(keep_vars=True)
+        params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+        super().__init__(name, tensors, frozenset(k for k in tensors if k not in params))
+
+
+class SafetensorsSource:
+    """A ``.safetensors`` file, or a folder with ``model.safetensors`` or a sharded ``*.safetensors.index.json``.
+
+    Files are memory-mapped; ``get`` reads one tensor.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], name: str | None = None, device: str | torch.device = "cpu"):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        self.name = name or self.path.name
+        self.device = torch.device(device)
+        files = self._files(self.path)
+        self._handles = {f: safe_open(str(f), framework="pt", device=str(self.device)) for f in set(files.values())}
+        self._where = files
+        self._specs: dict[str, TensorSpec] = {}
+        for key, f in files.items():
+            s = self._handles[f].get_slice(key)
+            self._specs[key] = TensorSpec(tuple(s.get_shape()), _dtype(s.get_dtype(), key, self.name), self.device)
+
+    @staticmethod
+    def _files(path: Path) -> dict[str, Path]:
+        from safetensors import safe_open
+
+        if path.is_file():
+            shards = [path]
+        elif path.is_dir():
+            index = sorted(path.glob("*.safetensors.index.json"))
+            if index:
+                weight_map = json.loads(index[0].read_text())["weight_map"]
+                return {k: path / v for k, v in weight_map.items()}
+            shards = sorted(path.glob("*.safetensors"))
+            if not shards:
+                raise UnsupportedInputError(f"{path}: no *.safetensors file or *.safetensors.index.json in folder")
+        else:
+            raise UnsupportedInputError(f"{path}: no such file or folder")
+        files: dict[str, Path] = {}
+        for shard in shards:
+            with safe_open(str(shard), framework="pt") as f:
+                for key in f.keys():
+                    files[key] = shard
+        return files
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def spec(self, key: str) -> TensorSpec:
+        return self._specs[key]
+
+    def get(self, key: str) -> Tensor:
+        return self._handles[self._where[key]].get_tensor(key)
+
+    def aliases(self) -> dict[str, str]:
+        return {}
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def _dtype(name: str, key: str, source: str) -> torch.dtype:
+    try:
+        return _SAFETENSORS_DTYPES[name]
+    except KeyError:
+        raise UnsupportedInputError(f"{source}: tensor {key!r} has dtype {name}, which ram_live does not read") from None
+
+
+def as_source(obj: Any, name: str) -> TensorSource:
+    """Wrap a module, state dict, path, or source as a :class:`TensorSource` named ``name``."""
+    if isinstance(obj, nn.Module):
+        return ModuleSource(obj, name)
+    if isinstance(obj, (str, os.PathLike)):
+        return SafetensorsSource(obj, name)
+    if isinstance(obj, Mapping):
+        return StateDictSource(obj, name)
+    if isinstance(obj, TensorSource):
+        return obj
+    raise UnsupportedInputError(
+        f"{name}: cannot merge a {type(obj).__name__}; pass an nn.Module, a state dict, a .safetensors file or a "
+        "Hugging Face model folder"
+    )
+
+
+def iter_named(models: Any) -> Iterator[tuple[str, Any]]:
+    """(name, model) pairs from a sequence or a mapping name → model."""
+    if isinstance(models, Mapping) and (not models or not all(isinstance(v, Tensor) for v in models.values())):
+        for name, model in models.items():
+            yield str(name), model
+        return
+    if isinstance(models, (nn.Module, str, os.PathLike, Mapping)):
+        raise UnsupportedInputError("models must be a sequence or a mapping name → model, not a single model")
+    for i, model in enumerate(models):
+        yield f"agent_{i}", model
+
+
+def check_agent_names(names: list[str]) -> None:
+    if len(set(names)) != len(names):
+        raise InputMismatchError(f"agent names are not unique: {names}")
