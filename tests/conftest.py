@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+
+def make_agents(base: dict[str, torch.Tensor], densities, scale=0.01, seed=0, dtype=None):
+    """Agents = base + sparse random deltas with the given densities (independent masks)."""
+    g = torch.Generator().manual_seed(seed)
+    agents = []
+    for density in densities:
+        agent = {}
+        for key, value in base.items():
+            mask = torch.rand(value.shape, generator=g) < density
+            delta = torch.randn(value.shape, generator=g) * scale * mask
+            agent[key] = (value.float() + delta).to(dtype or value.dtype)
+        agents.append(agent)
+    return agents
+
+
+def snapshot(obj):
+    """A deep, bit-exact copy of a state dict or module's state dict, to compare against later."""
+    sd = obj.state_dict() if isinstance(obj, torch.nn.Module) else obj
+    return {k: v.detach().clone() for k, v in sd.items()}
+
+
+def assert_bit_identical(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype, k
+        assert torch.equal(a[k].view(torch.uint8) if a[k].dtype.is_floating_point else a[k],
+                           b[k].view(torch.uint8) if b[k].dtype.is_floating_point else b[k]), k
+
+
+@pytest.fixture
+def base_sd():
+    g = torch.Generator().manual_seed(1)
+    return {
+        "embed.weight": torch.randn(32, 16, generator=g),
+        "layers.0.w": torch.randn(16, 16, generator=g),
+        "layers.0.b": torch.randn(16, generator=g),
+        "layers.1.w": torch.randn(24, 16, generator=g),
+        "head.weight": torch.randn(8, 24, generator=g),
+    }

@@ -1,0 +1,44 @@
+"""A second, deliberately naive implementation of RAM (dense stacking, float64) to test the engine against."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def ref_ram(base, agents, variant="ram_plus", r=0.1, alpha=2.0, eps=1e-5, scope="global"):
+    keys = [k for k in base if base[k].dtype.is_floating_point]
+    taus = {k: torch.stack([a[k].float() - base[k].float() for a in agents]) for k in keys}
+    masks = {k: taus[k].abs() > eps for k in keys}
+
+    def lambdas(ks):
+        lam = []
+        for t in range(len(agents)):
+            active = sum(int(masks[k][t].sum()) for k in ks)
+            unique = sum(int((masks[k][t] & (masks[k].sum(0) == 1)).sum()) for k in ks)
+            shared = active - unique
+            rho = shared / unique if unique else (math.inf if shared else 0.0)
+            if variant == "ram":
+                lam.append(1.0)
+            elif variant == "ram_plus":
+                lam.append(1 + r * min(max(rho, 0.0), alpha))
+            else:
+                lam.append(1 + r * (1.0 if math.isinf(rho) else rho / (1 + rho)))
+        return lam
+
+    global_lam = lambdas(keys)
+    out = {}
+    for k in base:
+        if k not in keys:
+            out[k] = base[k].clone()
+            continue
+        lam = global_lam if scope == "global" else lambdas([k])
+        tau = taus[k].double() * masks[k]
+        c = masks[k].sum(0)
+        mean = tau.sum(0) / c.clamp(min=1)
+        scaled = (torch.tensor(lam, dtype=torch.float64).view(-1, *[1] * (tau.dim() - 1)) * tau).sum(0)
+        merged = torch.where(c == 1, scaled, mean)
+        out[k] = torch.where(c > 0, base[k].double() + merged, base[k].double()).to(base[k].dtype)
+        out[k] = torch.where(c > 0, out[k], base[k])
+    return out, global_lam

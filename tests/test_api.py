@@ -1,0 +1,219 @@
+"""ram_merge / merge: semantics of RAM and its variants, input kinds, output kinds, inputs untouched."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from ram_live import ram_merge, merge
+from tests.conftest import assert_bit_identical, make_agents, snapshot
+from tests.reference import ref_ram
+
+
+@pytest.mark.parametrize("variant", ["ram", "ram_plus", "ram_plus_soft"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scope", ["global", "tensor"])
+def test_matches_reference(base_sd, variant, dtype, scope):
+    base = {k: v.to(dtype) for k, v in base_sd.items()}
+    agents = make_agents(base, [0.05, 0.4, 0.6], scale=0.05)
+    kwargs = {} if variant == "ram" else {"rho_scope": scope}
+    merged, info = ram_merge(agents, base=base, variant=variant, return_info=True, **kwargs)
+    expected, lam = ref_ram(base, agents, variant=variant, scope=scope)
+    for k in base:
+        assert merged[k].dtype == dtype
+        torch.testing.assert_close(merged[k], expected[k])
+    if variant != "ram" and scope == "global":
+        assert list(info.lambdas.values()) == pytest.approx(lam)
+        assert len(set(info.lambdas.values())) == 3  # heterogeneous agents: different λ
+
+
+def test_chunking_does_not_change_bits(base_sd):
+    agents = make_agents(base_sd, [0.1, 0.5, 0.7])
+    a = ram_merge(agents, base=base_sd, rho_scope="tensor")
+    b = ram_merge(agents, base=base_sd, rho_scope="tensor", chunk_numel=7)
+    assert_bit_identical(a, b)
+
+
+def test_disjoint_agents_give_base_plus_sum(base_sd):
+    g = torch.Generator().manual_seed(3)
+    owner = {k: torch.randint(0, 4, v.shape, generator=g) for k, v in base_sd.items()}  # 3 = nobody
+    agents = [{k: v + (owner[k] == t) * 0.1 for k, v in base_sd.items()} for t in range(3)]
+    for variant in ("ram", "ram_plus", "ram_plus_soft"):
+        merged, info = ram_merge(agents, base=base_sd, variant=variant, return_info=True)
+        for k in base_sd:
+            expected = base_sd[k] + sum(a[k] - base_sd[k] for a in agents)
+            torch.testing.assert_close(merged[k], expected, rtol=0, atol=1e-6)
+        if variant != "ram":
+            assert all(v == 1.0 for v in info.lambdas.values())  # ρ = 0: nothing shared
+
+
+def test_identical_agents_give_that_agent(base_sd):
+    (agent,) = make_agents(base_sd, [0.3])
+    for variant in ("ram", "ram_plus"):
+        merged, info = ram_merge([agent, agent, agent], base=base_sd, variant=variant, return_info=True)
+        for k in base_sd:
+            expected = torch.where((agent[k] - base_sd[k]).abs() > 1e-5, agent[k], base_sd[k])  # sub-eps: dropped
+            torch.testing.assert_close(merged[k], expected, rtol=0, atol=1e-6)
+        if variant == "ram_plus":
+            assert all(math.isinf(r) for r in info.rho.values())  # no unique entry: ρ = +inf, no crash
+            assert all(v == pytest.approx(1.2) for v in info.lambdas.values())
+
+
+def test_lambda_touches_unique_entries_only(base_sd):
+    agents = make_agents(base_sd, [0.2, 0.5, 0.5])
+    plain = ram_merge(agents, base=base_sd, variant="ram")
+    plus = ram_merge(agents, base=base_sd, variant="ram_plus")
+    for k in base_sd:
+        count = sum(((a[k] - base_sd[k]).abs() > 1e-5).int() for a in agents)
+        differs = plain[k] != plus[k]
+        assert differs.any()
+        assert (count[differs] == 1).all()
+
+
+def test_untouched_entries_keep_base_bits_including_negative_zero(base_sd):
+    base = {k: v.to(torch.bfloat16) for k, v in base_sd.items()}
+    base["layers.0.b"][:4] = -0.0
+    agents = make_agents(base, [0.1, 0.1])
+    for a in agents:
+        a["layers.0.b"][:4] = -0.0
+        a["layers.0.b"][4] = base["layers.0.b"][4] + 4e-6  # below eps: dropped
+    merged = ram_merge(agents, base=base, variant="ram_plus")
+    touched = sum(((a["layers.0.b"].float() - base["layers.0.b"].float()).abs() > 1e-5) for a in agents) > 0
+    bits = merged["layers.0.b"].view(torch.int16)
+    assert torch.equal(bits[~touched], base["layers.0.b"].view(torch.int16)[~touched])
+    assert (bits[:4] == torch.tensor(-0.0, dtype=torch.bfloat16).view(torch.int16)).all()
+
+
+def test_eps_boundary_is_strict():
+    base = {"w": torch.zeros(4)}
+    eps32 = torch.tensor(1e-5).item()
+    above = torch.nextafter(torch.tensor(1e-5), torch.tensor(1.0)).item()
+    agent = {"w": torch.tensor([eps32, above, -eps32, -above])}
+    merged = ram_merge([agent, {"w": torch.zeros(4)}], base=base, variant="ram")
+    assert merged["w"].tolist() == [0.0, pytest.approx(above), 0.0, pytest.approx(-above)]
+
+
+def test_activity_changed_rule_on_bf16():
+    base = {"w": torch.tensor([1.0, 1.0, 2.0**-12, 0.5], dtype=torch.bfloat16)}
+    # + one bf16 ULP of 1.0 (7.8e-3) and a change of a tiny weight by 2**-19 (~1.9e-6 < eps)
+    agent = {"w": torch.tensor([1.0078125, 1.0, 2.0**-12 + 2.0**-19, 0.5], dtype=torch.bfloat16)}
+    abs_rule = ram_merge([agent, base], base=base, variant="ram_plus", return_info=True)[1]
+    changed = ram_merge([agent, base], base=base, variant="ram_plus", activity="changed", return_info=True)[1]
+    assert abs_rule.statistics.active.tolist() == [1, 0]
+    assert changed.statistics.active.tolist() == [2, 0]
+
+
+def test_activity_changed_compares_in_narrower_dtype():
+    base = {"w": torch.tensor([1.0, 1.0], dtype=torch.bfloat16)}
+    agent = {"w": torch.tensor([1.0 + 1e-4, 1.0 + 1e-2], dtype=torch.float32)}  # first is below one bf16 ULP
+    info = ram_merge([agent], base=base, variant="ram_plus", activity="changed", return_info=True)[1]
+    assert info.statistics.active.tolist() == [1]
+
+
+def test_global_vs_tensor_rho():
+    base = {"a": torch.zeros(4), "b": torch.zeros(4)}
+    x = {"a": torch.tensor([1.0, 1.0, 1.0, 0.0]), "b": torch.tensor([1.0, 0.0, 0.0, 0.0])}
+    y = {"a": torch.tensor([1.0, 0.0, 0.0, 0.0]), "b": torch.tensor([1.0, 1.0, 0.0, 0.0])}
+    g = ram_merge([x, y], base=base, variant="ram_plus", r=0.1, alpha=2.0)
+    t = ram_merge([x, y], base=base, variant="ram_plus", r=0.1, alpha=2.0, rho_scope="tensor")
+    # global: x active 4 (2 unique, 2 shared) -> rho 1 -> λ 1.1; y active 3 (1 unique) -> rho 2 -> λ 1.2
+    assert g["a"].tolist() == pytest.approx([1.0, 1.1, 1.1, 0.0])
+    assert g["b"].tolist() == pytest.approx([1.0, 1.2, 0.0, 0.0])
+    # tensor "a": x has 2 unique 1 shared -> rho .5 -> 1.05; tensor "b": y has 1 unique 1 shared -> 1.1
+    assert t["a"].tolist() == pytest.approx([1.0, 1.05, 1.05, 0.0])
+    assert t["b"].tolist() == pytest.approx([1.0, 1.1, 0.0, 0.0])
+
+
+def test_authors_script_and_mergekit_settings(base_sd):
+    agents = make_agents(base_sd, [0.05, 0.5, 0.6])
+    _, info = ram_merge(agents, base=base_sd, r=0.2, alpha=1.0, return_info=True)
+    assert all(v == pytest.approx(1.2) for v in info.lambdas.values())  # ρ > 1 for all three: λ = 1.2
+    _, info = ram_merge(agents, base=base_sd, r=0.1, alpha=0.2, rho_scope="tensor", return_info=True)
+    assert info.lambdas is None  # per-tensor λ, at most 1.02
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.lin = nn.Linear(8, 8)
+        self.norm = nn.BatchNorm1d(8)
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+    def forward(self, ids):
+        return self.head(self.norm(self.lin(self.embed(ids))))
+
+
+def _agents_from(base: nn.Module, densities):
+    agents = []
+    for i, d in enumerate(densities):
+        m = Tiny()
+        m.load_state_dict(base.state_dict())
+        g = torch.Generator().manual_seed(10 + i)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_((torch.rand(p.shape, generator=g) < d) * 0.05)
+            m.norm.running_mean.add_(1.0 + i)  # buffers differ: taken from the base
+            m.norm.num_batches_tracked += 5
+        agents.append(m)
+    return agents
+
+
+def test_live_modules_new_module_inputs_untouched():
+    torch.manual_seed(0)
+    base = Tiny().eval()
+    agents = [a.eval() for a in _agents_from(base, [0.1, 0.5, 0.6])]
+    before = [snapshot(m) for m in [base, *agents]]
+    merged = ram_merge(agents, base=base)
+    for m, s in zip([base, *agents], before):
+        assert_bit_identical(snapshot(m), s)
+    assert isinstance(merged, Tiny) and merged is not base
+    assert merged.head.weight is merged.embed.weight  # still tied
+    assert torch.equal(merged.norm.running_mean, base.norm.running_mean)
+    assert merged.norm.num_batches_tracked == base.norm.num_batches_tracked
+    params = [{k: v.detach().clone() for k, v in m.named_parameters()} for m in [base, *agents]]
+    sd = ram_merge(params[1:], base=params[0])
+    merged_sd = snapshot(merged)
+    assert_bit_identical({k: merged_sd[k] for k in sd}, sd)
+    reloaded = Tiny().eval()
+    reloaded.load_state_dict(merged_sd)
+    assert_bit_identical(snapshot(reloaded), merged_sd)
+    ids = torch.arange(16).view(2, 8)
+    assert torch.equal(merged(ids), reloaded(ids))
+    assert not torch.equal(merged(ids), base(ids))
+
+
+def test_inplace_returns_the_base():
+    torch.manual_seed(0)
+    base = Tiny()
+    agents = _agents_from(base, [0.1, 0.5])
+    expected = ram_merge(agents, base=base)
+    out = ram_merge(agents, base=base, inplace=True)
+    assert out is base
+    assert_bit_identical(snapshot(base), snapshot(expected))
+
+
+def test_mapping_names_agents(base_sd):
+    agents = make_agents(base_sd, [0.1, 0.5])
+    _, info = ram_merge({"coder": agents[0], "tools": agents[1]}, base=base_sd, return_info=True)
+    assert set(info.lambdas) == {"coder", "tools"}
+
+
+def test_merge_front_door_ram_equals_ram_merge(base_sd):
+    agents = make_agents(base_sd, [0.1, 0.5])
+    assert_bit_identical(merge(agents, base=base_sd, method="ram_plus_soft", r=0.2),
+                         ram_merge(agents, base=base_sd, variant="ram_plus_soft", r=0.2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_module_merges_on_cuda():
+    torch.manual_seed(0)
+    base = Tiny()
+    agents = _agents_from(base, [0.1, 0.5, 0.6])
+    cpu = ram_merge(agents, base=base)
+    gpu = ram_merge([a.cuda() for a in agents], base=base.cuda())
+    assert next(gpu.parameters()).is_cuda
+    for k, v in snapshot(cpu).items():
+        torch.testing.assert_close(snapshot(gpu)[k].cpu(), v)
