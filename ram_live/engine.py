@@ -134,8 +134,8 @@ class DeltaStream:
     ) -> None:
         self.key = key
         self.base = base.reshape(-1)
-        self.agents = [a.reshape(-1) for a in agents]
-        self.agent_names = agent_names
+        self.tensors = [a.reshape(-1) for a in agents]
+        self.agents = agent_names
         self.device = device
         self.numel = self.base.numel()
         self.dtype = _compute_dtype(base.dtype, *(a.dtype for a in agents))
@@ -151,7 +151,7 @@ class DeltaStream:
         self.raw_hook = raw_hook
 
     def __iter__(self) -> Iterator[tuple[int, Tensor, Tensor]]:
-        k = len(self.agents)
+        k = len(self.tensors)
         for start in range(0, self.numel, self.chunk):
             end = min(self.numel, start + self.chunk)
             n = end - start
@@ -159,7 +159,7 @@ class DeltaStream:
             base_chunk = self.base[start:end]
             base_f.copy_(base_chunk)
             deltas = self._scratch[:k, :n]
-            agent_chunks = [a[start:end] for a in self.agents]
+            agent_chunks = [a[start:end] for a in self.tensors]
             F.task_deltas_(deltas, base_f, agent_chunks)
             if not bool(torch.isfinite(deltas.sum())):
                 self._raise_nonfinite(start, end)
@@ -183,7 +183,7 @@ class DeltaStream:
                 row.masked_fill_(same, 0.0)
 
     def _raise_nonfinite(self, start: int, end: int) -> None:
-        candidates = [("the base", self.base)] + [(f"agent {n!r}", a) for n, a in zip(self.agent_names, self.agents)]
+        candidates = [("the base", self.base)] + [(f"agent {n!r}", a) for n, a in zip(self.agents, self.tensors)]
         for who, tensor in candidates:
             chunk = tensor[start:end]
             bad = ~torch.isfinite(chunk)
@@ -200,13 +200,13 @@ class DeltaStream:
 
     def delta(self, index: int) -> Tensor:
         """Agent ``index``'s whole flat task vector (a new tensor)."""
-        out = self.agents[index].to(device=self.device, dtype=self.dtype, copy=True)
+        out = self.tensors[index].to(device=self.device, dtype=self.dtype, copy=True)
         return out.sub_(self.base.to(device=self.device))
 
     def statistics(self, activity: Activity) -> RamStatistics:
-        stream = DeltaStream(self.key, self.base, self.agents, self.agent_names, self.device,
-                             self.chunk * len(self.agents), activity, {})
-        return _accumulate_statistics(stream, len(self.agents))
+        stream = DeltaStream(self.key, self.base, self.tensors, self.agents, self.device,
+                             self.chunk * len(self.tensors), activity, {})
+        return _accumulate_statistics(stream, len(self.tensors))
 
 
 def _accumulate_statistics(stream: DeltaStream, k: int) -> RamStatistics:

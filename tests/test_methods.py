@@ -1,0 +1,144 @@
+"""The registry and the baselines: hand cases, PEFT parity, determinism."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from peft.utils import merge_utils as pmu
+
+import ram_live
+from ram_live import ConfigError, MethodExistsError, UnknownMethodError, merge, register_method
+from ram_live.methods import _REGISTRY, dare_generator
+from tests.conftest import assert_bit_identical, make_agents
+
+
+def _taus(base, agents, key):
+    return [a[key] - base[key] for a in agents]
+
+
+def test_registry_lists_every_method():
+    assert set(ram_live.available_methods()) >= {
+        "linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "ram", "ram_plus", "ram_plus_soft"
+    }
+
+
+def test_register_user_method_and_taken_name(base_sd):
+    @dataclass(frozen=True)
+    class MaxConfig:
+        pass
+
+    try:
+        @register_method("abs_max_test", MaxConfig)
+        def abs_max(deltas, ctx, config):
+            return deltas.gather(0, deltas.abs().argmax(0, keepdim=True)).squeeze(0)
+
+        agents = make_agents(base_sd, [0.5, 0.5])
+        out = merge(agents, base=base_sd, method="abs_max_test")
+        t = torch.stack(_taus(base_sd, agents, "layers.0.w"))
+        expected = base_sd["layers.0.w"] + t.gather(0, t.abs().argmax(0, keepdim=True)).squeeze(0)
+        torch.testing.assert_close(out["layers.0.w"], expected)
+        with pytest.raises(MethodExistsError):
+            register_method("abs_max_test", MaxConfig, abs_max)
+        with pytest.raises(MethodExistsError):
+            register_method("ram", MaxConfig, abs_max)
+    finally:
+        _REGISTRY.pop("abs_max_test", None)
+
+
+def test_unknown_method_and_option(base_sd):
+    agents = make_agents(base_sd, [0.5])
+    with pytest.raises(UnknownMethodError, match="available"):
+        merge(agents, base=base_sd, method="slerp")
+    with pytest.raises(ConfigError, match="'densty'.*density"):
+        merge(agents, base=base_sd, method="ties", densty=0.2)
+    with pytest.raises(ConfigError, match="density"):
+        merge(agents, base=base_sd, method="ties", density=1.5)
+    with pytest.raises(ConfigError, match="weights has 3 entries for 1 agents"):
+        merge(agents, base=base_sd, method="task_arithmetic", weights=[1, 2, 3])
+
+
+def test_linear_and_task_arithmetic_hand_case():
+    base = {"w": torch.tensor([1.0, 1.0])}
+    a, b = {"w": torch.tensor([2.0, 1.0])}, {"w": torch.tensor([1.0, 4.0])}
+    assert merge([a, b], base=base, method="linear")["w"].tolist() == [1.5, 2.5]
+    assert merge([a, b], base=base, method="linear", weights=[3, 1])["w"].tolist() == [1.75, 1.75]
+    assert merge([a, b], base=base, method="task_arithmetic", scale=0.5)["w"].tolist() == [1.5, 2.5]
+    assert merge([a, b], base=base, method="task_arithmetic")["w"].tolist() == [2.0, 4.0]
+
+
+def test_ties_hand_case():
+    base = {"w": torch.zeros(4)}
+    a = {"w": torch.tensor([0.4, -0.2, 0.0, 0.01])}
+    b = {"w": torch.tensor([-0.1, -0.3, 0.5, 0.02])}
+    out = merge([a, b], base=base, method="ties", density=0.5)["w"]
+    # trim to top-2: a -> [.4, -.2, 0, 0], b -> [0, -.3, .5, 0]; signs: +, -, +, (0 -> +)
+    assert out.tolist() == pytest.approx([0.4, -0.25, 0.5, 0.0])
+
+
+WEIGHTS = [0.7, 1.3, 0.5]
+
+
+@pytest.mark.parametrize("majority", ["total", "frequency"])
+def test_ties_equals_peft(base_sd, majority):
+    agents = make_agents(base_sd, [1.0, 1.0, 1.0], scale=0.1)
+    out = merge(agents, base=base_sd, method="ties", density=0.3, weights=WEIGHTS, majority_sign=majority)
+    for k in base_sd:
+        expected = pmu.ties(_taus(base_sd, agents, k), torch.tensor(WEIGHTS), 0.3, majority)
+        torch.testing.assert_close(out[k], base_sd[k] + expected, rtol=1.3e-6, atol=1e-6)
+
+
+def test_task_arithmetic_equals_peft(base_sd):
+    agents = make_agents(base_sd, [1.0, 0.3, 0.6], scale=0.1)
+    out = merge(agents, base=base_sd, method="task_arithmetic", weights=WEIGHTS)
+    for k in base_sd:
+        expected = pmu.task_arithmetic(_taus(base_sd, agents, k), torch.tensor(WEIGHTS))
+        torch.testing.assert_close(out[k], base_sd[k] + expected, rtol=1.3e-6, atol=1e-6)
+
+
+def _peft_dare_pruned(base, agents, key, density, seed):
+    """PEFT's own random pruning, with the global generator seeded as ram_live seeds agent t's generator."""
+    pruned = []
+    for t, tau in enumerate(_taus(base, agents, key)):
+        torch.manual_seed(dare_generator(seed, f"agent_{t}", key, torch.device("cpu")).initial_seed())
+        pruned.append(pmu.prune(tau, density, method="random", rescale=True))
+    return pruned
+
+
+def test_dare_linear_equals_peft_with_the_same_masks(base_sd):
+    agents = make_agents(base_sd, [1.0, 1.0, 1.0], scale=0.1)
+    out = merge(agents, base=base_sd, method="dare_linear", density=0.4, weights=WEIGHTS, seed=7, chunk_numel=60)
+    for k in base_sd:
+        pruned = _peft_dare_pruned(base_sd, agents, k, 0.4, 7)
+        expected = pmu.task_arithmetic(pruned, torch.tensor(WEIGHTS))
+        torch.testing.assert_close(out[k], base_sd[k] + expected, rtol=1.3e-6, atol=1e-6)
+
+
+def test_dare_ties_equals_peft_with_the_same_masks(base_sd):
+    agents = make_agents(base_sd, [1.0, 1.0, 1.0], scale=0.1)
+    out = merge(agents, base=base_sd, method="dare_ties", density=0.4, weights=WEIGHTS, seed=3)
+    for k in base_sd:
+        pruned = torch.stack(_peft_dare_pruned(base_sd, agents, k, 0.4, 3))
+        sign = pmu.calculate_majority_sign_mask(pruned, method="total")
+        w = pmu.reshape_weight_task_tensors(pruned, torch.tensor(WEIGHTS))
+        expected = pmu.disjoint_merge(pruned * w, sign)
+        torch.testing.assert_close(out[k], base_sd[k] + expected, rtol=1.3e-6, atol=1e-6)
+
+
+def test_dare_is_deterministic_and_seeded(base_sd):
+    agents = make_agents(base_sd, [1.0, 1.0], scale=0.1)
+    a = merge(agents, base=base_sd, method="dare_ties", density=0.5, seed=1)
+    b = merge(agents, base=base_sd, method="dare_ties", density=0.5, seed=1)
+    c = merge(agents, base=base_sd, method="dare_ties", density=0.5, seed=2)
+    assert_bit_identical(a, b)
+    assert not torch.equal(a["layers.0.w"], c["layers.0.w"])
+
+
+def test_mergekit_ties_convention_divides_by_weights():
+    base = {"w": torch.zeros(2)}
+    a, b = {"w": torch.tensor([1.0, 1.0])}, {"w": torch.tensor([3.0, -1.0])}
+    peft_style = merge([a, b], base=base, method="ties", density=1.0, weights=[1.0, 3.0])["w"]
+    mk_style = merge([a, b], base=base, method="ties", density=1.0, weights=[1.0, 3.0],
+                     elect_on="weighted", divide_by="weights")["w"]
+    # column 1: unweighted sum 0 -> "+" elected (PEFT) keeps a; weighted sum -2 -> "-" elected keeps b
+    assert peft_style.tolist() == pytest.approx([(1 + 9) / 2, 1.0])
+    assert mk_style.tolist() == pytest.approx([(1 + 9) / 4, -1.0])
