@@ -44,6 +44,7 @@ def merge(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     chunk_numel: int = DEFAULT_CHUNK_NUMEL,
+    max_shard_bytes: int = 5 * 2**30,
     return_info: bool = False,
     config: Any = None,
     **options: Any,
@@ -52,7 +53,8 @@ def merge(
 
     Returns what ``base`` is: a new ``nn.Module`` of the base's structure (inputs untouched), the base itself
     with ``inplace=True``, or a state dict (also for a path base); with ``out=`` writes safetensors (a file
-    ``*.safetensors`` or a Hugging Face folder) and returns its path. Parameters are merged; buffers and
+    ``*.safetensors`` or a Hugging Face folder, sharded at ``max_shard_bytes``, with the base folder's config and
+    tokenizer files) and returns its path. Parameters are merged; buffers and
     non-float tensors come from the base. ``return_info=True`` returns ``(result, MergeInfo)``.
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
@@ -70,7 +72,7 @@ def merge(
     dev = torch.device(device) if device is not None else None
     if out is not None:
         copy_from = Path(base) if isinstance(base, (str, os.PathLike)) and Path(base).is_dir() else None
-        sink: Any = SafetensorsSink(out, copy_from=copy_from, dtype=dtype)
+        sink: Any = SafetensorsSink(out, copy_from=copy_from, dtype=dtype, max_shard_bytes=max_shard_bytes)
     elif isinstance(base, nn.Module):
         sink = ModuleSink(base, inplace=inplace)
     else:
@@ -101,6 +103,7 @@ def ram_merge(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     chunk_numel: int = DEFAULT_CHUNK_NUMEL,
+    max_shard_bytes: int = 5 * 2**30,
     return_info: bool = False,
 ) -> Any:
     """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``.
@@ -124,5 +127,5 @@ def ram_merge(
             options["alpha"] = alpha
     return merge(
         models, base, variant, inplace=inplace, out=out, device=device, dtype=dtype, chunk_numel=chunk_numel,
-        return_info=return_info, **options,
+        max_shard_bytes=max_shard_bytes, return_info=return_info, **options,
     )

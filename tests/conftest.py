@@ -27,7 +27,7 @@ def snapshot(obj):
 
 
 def assert_bit_identical(a: dict, b: dict) -> None:
-    assert list(a) == list(b)
+    assert sorted(a) == sorted(b)
     for k in a:
         assert a[k].dtype == b[k].dtype, k
         assert torch.equal(a[k].view(torch.uint8) if a[k].dtype.is_floating_point else a[k],

@@ -1,0 +1,131 @@
+"""Bad input: clear errors from the library's hierarchy, raised before anything is written; inputs untouched."""
+
+import pytest
+import torch
+from torch import nn
+
+from ram_live import (
+    InputMismatchError,
+    MissingBaseError,
+    NoAgentsError,
+    NonFiniteError,
+    RamLiveError,
+    UnsupportedInputError,
+    merge,
+    ram_merge,
+)
+from ram_live.engine import build_plan
+from ram_live.sources import as_source
+from tests.conftest import assert_bit_identical, make_agents, snapshot
+
+
+def _expect(exc, match, agents, base, **kw):
+    before = [snapshot(a) for a in agents] + [snapshot(base)]
+    with pytest.raises(exc, match=match) as info:
+        ram_merge(agents, base=base, **kw)
+    for obj, s in zip([*agents, base], before):
+        assert_bit_identical(snapshot(obj), s)
+    assert isinstance(info.value, RamLiveError)
+    return info.value
+
+
+def test_missing_and_extra_keys_name_agent_and_key(base_sd):
+    agents = make_agents(base_sd, [0.5, 0.5])
+    del agents[1]["layers.1.w"]
+    err = _expect(InputMismatchError, r"agent 'agent_1'.*missing 1 key.*layers\.1\.w", agents, base_sd)
+    assert err.agent == "agent_1" and err.key == "layers.1.w"
+    agents = make_agents(base_sd, [0.5])
+    agents[0]["extra"] = torch.zeros(2)
+    _expect(InputMismatchError, r"1 key\(s\) the base lacks.*extra", agents, base_sd)
+
+
+def test_shape_mismatch(base_sd):
+    agents = make_agents(base_sd, [0.5, 0.5])
+    agents[0]["layers.0.b"] = torch.zeros(17)
+    err = _expect(InputMismatchError, r"'layers\.0\.b'.*agent_0.*\[17\].*\[16\]", agents, base_sd)
+    assert isinstance(err, ValueError)
+
+
+def test_non_float_tensors_must_match(base_sd):
+    base = dict(base_sd, ids=torch.arange(4))
+    agents = make_agents(base, [0.5, 0.5])
+    agents[1]["ids"] = torch.arange(4).flip(0)
+    _expect(InputMismatchError, r"non-floating tensor 'ids' of agent 'agent_1'", agents, base)
+    agents[1]["ids"] = torch.arange(4, dtype=torch.int32)
+    _expect(InputMismatchError, r"'ids'.*int32.*int64", agents, base)
+    agents[1]["ids"] = torch.arange(4.0)
+    _expect(InputMismatchError, r"'ids'.*float32", agents, base)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("who", ["agent", "base"])
+def test_non_finite_inputs(base_sd, bad, who):
+    agents = make_agents(base_sd, [0.5, 0.5])
+    target = agents[1] if who == "agent" else base_sd
+    target["layers.1.w"][3, 4] = bad
+    name = "agent 'agent_1'" if who == "agent" else "the base"
+    _expect(NonFiniteError, rf"'layers\.1\.w' of {name} holds .* at flat index 52", agents, base_sd)
+
+
+def test_inplace_failure_leaves_base_untouched():
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    agents = [nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)) for _ in range(2)]
+    with torch.no_grad():
+        agents[1][1].weight[0, 0] = float("nan")  # in the last tensor: the first ones would be merged already
+    _expect(NonFiniteError, "agent_1", agents, base, inplace=True)
+
+
+def test_no_agents_and_missing_base(base_sd):
+    with pytest.raises(NoAgentsError):
+        ram_merge([], base=base_sd)
+    with pytest.raises(NoAgentsError):
+        ram_merge({}, base=base_sd)
+    with pytest.raises(MissingBaseError, match="base="):
+        ram_merge(make_agents(base_sd, [0.5]))
+
+
+def test_unsupported_inputs(base_sd):
+    with pytest.raises(UnsupportedInputError, match="agent_0: cannot merge a int"):
+        ram_merge([3], base=base_sd)
+    with pytest.raises(UnsupportedInputError, match="single model"):
+        ram_merge(base_sd, base=base_sd)
+    with pytest.raises(UnsupportedInputError, match="no such file"):
+        ram_merge(["/nonexistent/model"], base=base_sd)
+
+
+def test_base_of_another_architecture():
+    base = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    other = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
+    with pytest.raises(InputMismatchError, match=r"'0\.weight'.*\[6, 4\].*\[8, 4\]"):
+        ram_merge([other], base=base)
+
+
+def test_bad_options(base_sd):
+    agents = make_agents(base_sd, [0.5])
+    for kwargs, match in [({"variant": "ram++"}, "variant"), ({"activity": "rel"}, "activity"),
+                          ({"rho_scope": "layer"}, "rho_scope"), ({"eps": -1.0}, "eps"), ({"r": -0.1}, "r must")]:
+        with pytest.raises(RamLiveError, match=match):
+            ram_merge(agents, base=base_sd, **kwargs)
+    with pytest.raises(RamLiveError, match="inplace"):
+        ram_merge(agents, base=base_sd, inplace=True)
+
+
+def test_plan_buffers_aliases_and_non_float():
+    m = nn.Sequential(nn.Embedding(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 4, bias=False))
+    m[2].weight = m[0].weight
+    plan = build_plan(as_source(m, "base"), [as_source(m, "a")])
+    assert plan.merge == ("0.weight", "1.weight", "1.bias")
+    assert set(plan.copy) == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+    assert plan.alias == {"2.weight": "0.weight"} and plan.check_equal == ()
+
+
+def test_failed_merge_of_every_method_leaves_inputs_untouched(base_sd):
+    agents = make_agents(base_sd, [0.5, 0.5])
+    agents[0]["head.weight"][0, 0] = float("nan")
+    before = [snapshot(a) for a in agents] + [snapshot(base_sd)]
+    for method in ("linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "ram", "ram_plus"):
+        with pytest.raises(NonFiniteError):
+            merge(agents, base=base_sd, method=method)
+    for obj, s in zip([*agents, base_sd], before):
+        assert_bit_identical(snapshot(obj), s)
