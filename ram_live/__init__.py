@@ -4,7 +4,7 @@
 >>> generalist = ram_merge([coder, tool_agent, memory_agent], base=base_model)   # doctest: +SKIP
 """
 
-from .api import merge, ram_merge
+from .api import merge, merge_task_vectors, ram_merge
 from .engine import MergeInfo
 from .errors import (
     ConfigError,
@@ -36,7 +36,7 @@ from .probe import ProbeReport, probe
 __version__ = "0.1.0"
 
 __all__ = [
-    "merge", "ram_merge", "probe", "ProbeReport", "MergeInfo",
+    "merge", "ram_merge", "merge_task_vectors", "probe", "ProbeReport", "MergeInfo",
     "register_method", "get_method", "available_methods", "Activity",
     "LinearConfig", "TaskArithmeticConfig", "TiesConfig", "DareLinearConfig", "DareTiesConfig",
     "RamConfig", "RamPlusConfig", "RamPlusSoftConfig",

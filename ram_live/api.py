@@ -13,9 +13,9 @@ from .engine import DEFAULT_CHUNK_NUMEL, MergeInfo, run_merge
 from .errors import ConfigError, MissingBaseError, NoAgentsError
 from .methods import get_method, make_config
 from .sinks import ModuleSink, SafetensorsSink, StateDictSink
-from .sources import SafetensorsSource, TensorSource, as_source, check_agent_names, iter_named
+from .sources import SafetensorsSource, TensorSource, ZerosSource, as_source, check_agent_names, iter_named
 
-__all__ = ["merge", "ram_merge"]
+__all__ = ["merge", "ram_merge", "merge_task_vectors"]
 
 Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike | TensorSource
 Models = Sequence[Model] | Mapping[str, Model]
@@ -25,13 +25,49 @@ def _sources(models: Models, base: Model | None) -> tuple[list[TensorSource], Te
     named = list(iter_named(models))
     if not named:
         raise NoAgentsError("no agents to merge: `models` is empty")
-    if base is None:
-        raise MissingBaseError(
-            "these agents do not carry their base model: pass it as `base=` (the model they were all trained "
-            "from: an nn.Module, a state dict, or a checkpoint path)"
-        )
     check_agent_names([n for n, _ in named])
-    return [as_source(m, n) for n, m in named], as_source(base, "base")
+    agents = [as_source(m, n) for n, m in named]
+    if base is not None:
+        return agents, as_source(base, "base")
+    return agents, _carried_base(agents)
+
+
+def _carried_base(agents: list[TensorSource]) -> TensorSource:
+    """The base that agents carry themselves (task-vector snapshots, adapters): ``source.base_source()``."""
+    bases = [a.base_source() if callable(getattr(a, "base_source", None)) else None for a in agents]
+    if any(b is None for b in bases):
+        missing = [a.name for a, b in zip(agents, bases) if b is None]
+        raise MissingBaseError(
+            f"agent(s) {', '.join(map(repr, missing))} do not carry their base model: pass it as `base=` (the model "
+            "they were all trained from: an nn.Module, a state dict, or a checkpoint path)"
+        )
+    prints = {getattr(b, "fingerprint", id(b)) for b in bases}
+    if len(prints) > 1:
+        raise MissingBaseError("the agents carry different base models; pass the common base as `base=`")
+    return bases[0]  # type: ignore[return-value]
+
+
+def merge_task_vectors(
+    task_vectors: Sequence[Mapping[str, Tensor]] | Mapping[str, Mapping[str, Tensor]],
+    method: str = "ram_plus",
+    *,
+    return_info: bool = False,
+    chunk_numel: int = DEFAULT_CHUNK_NUMEL,
+    **options: Any,
+) -> Any:
+    """Merge task vectors τ_t given directly (``{key: τ}`` per agent, e.g. LoRA ΔW) into τ* ``{key: τ*}``.
+
+    Same methods and options as :func:`merge`; equivalent to merging ``θ₀ + τ_t`` onto a base θ₀ = 0.
+
+    >>> tau = merge_task_vectors([{"w": d1}, {"w": d2}], method="ram", eps=0.0)      # doctest: +SKIP
+    """
+    named = list(iter_named(task_vectors))
+    if not named:
+        raise NoAgentsError("no task vectors to merge")
+    check_agent_names([n for n, _ in named])
+    agents = [as_source(tv, n) for n, tv in named]
+    return merge(agents, base=ZerosSource(agents[0], "zero base"), method=method, chunk_numel=chunk_numel,
+                 return_info=return_info, **options)
 
 
 def merge(

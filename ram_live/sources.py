@@ -20,7 +20,9 @@ from torch import Tensor, nn
 
 from .errors import InputMismatchError, UnsupportedInputError
 
-__all__ = ["TensorSpec", "TensorSource", "ModuleSource", "StateDictSource", "SafetensorsSource", "as_source"]
+__all__ = [
+    "TensorSpec", "TensorSource", "ModuleSource", "StateDictSource", "SafetensorsSource", "ZerosSource", "as_source",
+]
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,28 @@ def _dtype(name: str, key: str, source: str) -> torch.dtype:
         return _SAFETENSORS_DTYPES[name]
     except KeyError:
         raise UnsupportedInputError(f"{source}: tensor {key!r} has dtype {name}, which ram_live does not read") from None
+
+
+class ZerosSource:
+    """A base of zeros shaped like ``like`` (for merging task vectors given directly)."""
+
+    def __init__(self, like: TensorSource, name: str = "zeros") -> None:
+        self.name = name
+        self._like = like
+
+    def keys(self) -> list[str]:
+        return self._like.keys()
+
+    def spec(self, key: str) -> TensorSpec:
+        s = self._like.spec(key)
+        return TensorSpec(s.shape, s.dtype, s.device, False)
+
+    def get(self, key: str) -> Tensor:
+        s = self.spec(key)
+        return torch.zeros(s.shape, dtype=s.dtype, device=s.device)
+
+    def aliases(self) -> dict[str, str]:
+        return {}
 
 
 def as_source(obj: Any, name: str) -> TensorSource:

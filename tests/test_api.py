@@ -217,3 +217,31 @@ def test_cuda_module_merges_on_cuda():
     assert next(gpu.parameters()).is_cuda
     for k, v in snapshot(cpu).items():
         torch.testing.assert_close(snapshot(gpu)[k].cpu(), v)
+
+
+def test_merge_task_vectors_equals_merging_onto_a_base(base_sd):
+    from ram_live import merge_task_vectors
+
+    agents = make_agents(base_sd, [0.1, 0.5, 0.6])
+    taus = [{k: a[k] - base_sd[k] for k in base_sd} for a in agents]
+    tau_star = merge_task_vectors(taus, method="ram", eps=0.0)
+    expected = ram_merge([{k: base_sd[k] + t[k] for k in t} for t in taus], base=base_sd, variant="ram", eps=0.0)
+    for k in base_sd:
+        torch.testing.assert_close(base_sd[k] + tau_star[k], expected[k])
+
+
+def test_agents_carrying_their_base(base_sd):
+    from ram_live.sources import StateDictSource
+
+    class Snapshot(StateDictSource):
+        def __init__(self, sd, name, base):
+            super().__init__(sd, name)
+            self._base = base
+
+        def base_source(self):
+            return self._base
+
+    base = StateDictSource(base_sd, "base")
+    agents = make_agents(base_sd, [0.1, 0.5])
+    carried = ram_merge([Snapshot(a, f"s{i}", base) for i, a in enumerate(agents)])
+    assert_bit_identical(carried, ram_merge(agents, base=base_sd))
