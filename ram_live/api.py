@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from .engine import DEFAULT_CHUNK_NUMEL, MergeInfo, run_merge
 from .errors import ConfigError, MissingBaseError, NoAgentsError
 from .methods import get_method, make_config
+from .progress import ProgressHook, TerminalProgress
 from .sinks import ModuleSink, SafetensorsSink, StateDictSink
 from .sources import SafetensorsSource, TensorSource, ZerosSource, as_source, check_agent_names, iter_named
 
@@ -82,6 +83,7 @@ def merge(
     chunk_numel: int = DEFAULT_CHUNK_NUMEL,
     max_shard_bytes: int = 5 * 2**30,
     return_info: bool = False,
+    progress: ProgressHook | bool | None = None,
     config: Any = None,
     **options: Any,
 ) -> Any:
@@ -91,7 +93,8 @@ def merge(
     with ``inplace=True``, or a state dict (also for a path base); with ``out=`` writes safetensors (a file
     ``*.safetensors`` or a Hugging Face folder, sharded at ``max_shard_bytes``, with the base folder's config and
     tokenizer files) and returns its path. Parameters are merged; buffers and
-    non-float tensors come from the base. ``return_info=True`` returns ``(result, MergeInfo)``.
+    non-float tensors come from the base. ``return_info=True`` returns ``(result, MergeInfo)``;
+    ``progress=True`` draws a progress bar on stderr (or pass a :class:`~ram_live.progress.ProgressHook`).
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP
@@ -115,7 +118,8 @@ def merge(
         sink = StateDictSink(device=dev if isinstance(base_src, SafetensorsSource) or dev else None, dtype=dtype)
     try:
         info: MergeInfo = run_merge(
-            base_src, agents, method_obj, cfg, sink, device=dev, chunk_numel=chunk_numel, validate_first=inplace
+            base_src, agents, method_obj, cfg, sink, device=dev, chunk_numel=chunk_numel, validate_first=inplace,
+            progress=TerminalProgress() if progress is True else (progress or None),
         )
         result = sink.finish()
     except BaseException:
@@ -141,6 +145,7 @@ def ram_merge(
     chunk_numel: int = DEFAULT_CHUNK_NUMEL,
     max_shard_bytes: int = 5 * 2**30,
     return_info: bool = False,
+    progress: ProgressHook | bool | None = None,
 ) -> Any:
     """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``.
 
@@ -163,5 +168,5 @@ def ram_merge(
             options["alpha"] = alpha
     return merge(
         models, base, variant, inplace=inplace, out=out, device=device, dtype=dtype, chunk_numel=chunk_numel,
-        max_shard_bytes=max_shard_bytes, return_info=return_info, **options,
+        max_shard_bytes=max_shard_bytes, return_info=return_info, progress=progress, **options,
     )

@@ -19,6 +19,7 @@ from torch import Tensor
 from . import functional as F
 from .errors import InputMismatchError, NoAgentsError, NonFiniteError
 from .methods import Activity, MergeMethod, RamStatistics, RunContext, TensorContext
+from .progress import ProgressHook
 from .sinks import Sink
 from .sources import TensorSource
 
@@ -258,6 +259,10 @@ class _Reader:
             base = base.to(device)
         return base, [a.get(key) for a in self.agents], device
 
+    def nbytes(self, key: str) -> int:
+        """Bytes of ``key`` over the base and every agent."""
+        return sum(s.numel * s.dtype.itemsize for s in (src.spec(key) for src in (self.base, *self.agents)))
+
 
 def _check_equal(reader: _Reader, key: str) -> None:
     base, agents, _ = reader.read(key)
@@ -271,13 +276,20 @@ def _check_equal(reader: _Reader, key: str) -> None:
 
 
 def statistics_pass(
-    reader: _Reader, plan: Plan, activity: Activity, chunk_numel: int, workspace: dict[Any, Tensor]
+    reader: _Reader,
+    plan: Plan,
+    activity: Activity,
+    chunk_numel: int,
+    workspace: dict[Any, Tensor],
+    progress: ProgressHook | None = None,
 ) -> RamStatistics:
     """Pass 1: RAM counts over every merged tensor (also checks that every input is finite)."""
     k = len(reader.agents)
     active = torch.zeros(k, dtype=torch.int64)
     unique = torch.zeros_like(active)
     histogram = torch.zeros(k + 1, dtype=torch.int64)
+    if progress:
+        progress.start("statistics", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
         base, agents, device = reader.read(key)
         stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace)
@@ -285,8 +297,12 @@ def statistics_pass(
         active += stats.active
         unique += stats.unique
         histogram += stats.histogram
+        if progress:
+            progress.update(key, reader.nbytes(key))
     for key in plan.check_equal:
         _check_equal(reader, key)
+    if progress:
+        progress.close()
     return RamStatistics(active, unique, histogram)
 
 
@@ -300,6 +316,7 @@ def run_merge(
     device: torch.device | None = None,
     chunk_numel: int = DEFAULT_CHUNK_NUMEL,
     validate_first: bool = False,
+    progress: ProgressHook | None = None,
 ) -> MergeInfo:
     """Merge ``agents`` onto ``base`` with ``method`` into ``sink``; see :func:`ram_live.merge`."""
     t0 = time.perf_counter()
@@ -312,7 +329,7 @@ def run_merge(
 
     statistics = None
     if method.needs_statistics(config) or validate_first:
-        statistics = statistics_pass(reader, plan, activity or Activity(), chunk_numel, workspace)
+        statistics = statistics_pass(reader, plan, activity or Activity(), chunk_numel, workspace, progress)
         info.passes = 2
         info.statistics = statistics
     run_device = device or (base.spec(plan.merge[0]).device if plan.merge else torch.device("cpu"))
@@ -328,6 +345,8 @@ def run_merge(
         if not validate_first:
             _check_equal(reader, key)
     sink.begin(plan)
+    if progress:
+        progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
         base_t, agent_ts, dev = reader.read(key)
         stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace)
@@ -346,6 +365,10 @@ def run_merge(
         sink.commit(key)
         info.tensors += 1
         info.parameters += stream.numel
+        if progress:
+            progress.update(key, reader.nbytes(key))
+    if progress:
+        progress.close()
     for key in plan.copy:
         sink.copy_from_base(key, base.get(key))
     for alias, canonical in plan.alias.items():

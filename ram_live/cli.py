@@ -1,0 +1,131 @@
+"""``ram-live``: probe and merge checkpoints from the command line.
+
+    ram-live probe coder=ckpt/coder tools=ckpt/tools --base ckpt/base [--json report.json] [--plot probe.png]
+    ram-live merge coder=ckpt/coder tools=ckpt/tools --base ckpt/base --out merged/ [--method ties -O density=0.2]
+
+Agents are safetensors files or Hugging Face folders, optionally named ``name=path``. Errors print one line and
+exit non-zero (2 for bad input, 1 otherwise); ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .errors import ConfigError, RamLiveError
+
+__all__ = ["main"]
+
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+           "fp32": torch.float32, "float32": torch.float32}
+
+
+def _agents(specs: Sequence[str]) -> dict[str, str]:
+    agents: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            name, path = Path(spec.rstrip("/")).stem, spec
+        if name in agents:
+            raise ConfigError(f"two agents are named {name!r}: name them explicitly as name=path")
+        agents[name] = path
+    return agents
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"-O takes key=value, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key, value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ram-live", description="Merge RL-trained agents with RAM.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("agents", nargs="+", help="agent checkpoints: file.safetensors or HF folder, or name=path")
+        p.add_argument("--base", required=True, help="the base checkpoint every agent was trained from")
+        p.add_argument("--device", default=None, help="compute device (default: cpu)")
+        p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+
+    p = sub.add_parser("probe", help="density, shared/unique entries, rho and lambda per agent")
+    common(p)
+    p.add_argument("--eps", type=float, default=1e-5)
+    p.add_argument("--activity", choices=("abs", "changed"), default="abs")
+    p.add_argument("--r", type=float, default=0.1)
+    p.add_argument("--alpha", type=float, default=2.0)
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
+    p.add_argument("--plot", metavar="PNG", help="save per-layer heatmaps (needs ram-live[plot])")
+
+    m = sub.add_parser("merge", help="merge agents into a new checkpoint")
+    common(m)
+    m.add_argument("--out", required=True, help="output folder (HF layout) or file.safetensors")
+    m.add_argument("--method", default="ram_plus", help="merge method (default: ram_plus)")
+    m.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="method option, e.g. -O density=0.2 -O weights=[1,2]; repeatable")
+    m.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="output dtype (default: the base's)")
+    m.add_argument("--max-shard-size", type=float, default=5.0, metavar="GB", help="shard size in GB (default 5)")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from . import merge, probe
+    from .progress import TerminalProgress
+
+    agents = _agents(args.agents)
+    if args.command == "probe":
+        report = probe(agents, base=args.base, eps=args.eps, activity=args.activity, r=args.r, alpha=args.alpha,
+                       device=args.device)
+        if args.json == "-":
+            print(json.dumps(report.to_dict(), indent=2, allow_nan=False))
+        else:
+            print(report.table())
+            if args.json:
+                Path(args.json).write_text(json.dumps(report.to_dict(), indent=2, allow_nan=False))
+        if args.plot:
+            report.plot(args.plot)
+        return 0
+    options = dict(_option(o) for o in args.option)
+    _, info = merge(
+        agents, base=args.base, method=args.method, out=args.out, device=args.device,
+        dtype=_DTYPES[args.dtype] if args.dtype else None, max_shard_bytes=int(args.max_shard_size * 1e9),
+        progress=None if args.quiet else TerminalProgress(), return_info=True, **options,
+    )
+    if not args.quiet:
+        print(f"merged {len(info.agents)} agents ({info.tensors} tensors, {info.parameters:,} parameters) with "
+              f"{info.method} in {info.seconds:.1f} s -> {args.out}")
+        if info.lambdas:
+            print("lambda: " + ", ".join(f"{n}={v:.4f}" for n, v in info.lambdas.items()))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except RamLiveError as exc:
+        if args.debug:
+            raise
+        print(f"ram-live: error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ImportError, RuntimeError) as exc:
+        if args.debug:
+            raise
+        print(f"ram-live: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

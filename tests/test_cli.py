@@ -1,0 +1,64 @@
+"""The ram-live command line: probe and merge from files, one-line errors with exit codes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ram_live import merge
+from ram_live.cli import main
+from tests.conftest import assert_bit_identical, make_agents
+
+
+@pytest.fixture
+def files(tmp_path, base_sd):
+    agents = make_agents(base_sd, [0.05, 0.5, 0.6])
+    save_file(base_sd, tmp_path / "base.safetensors")
+    paths = []
+    for name, a in zip(["coder", "tools", "memory"], agents):
+        save_file(a, tmp_path / f"{name}.safetensors")
+        paths.append(str(tmp_path / f"{name}.safetensors"))
+    return tmp_path, base_sd, agents, paths
+
+
+def test_probe_json_and_table(files, capsys):
+    tmp, base, agents, paths = files
+    assert main(["probe", *paths, "--base", str(tmp / "base.safetensors"), "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert list(data["agents"]) == ["coder", "tools", "memory"]
+    assert main(["probe", *paths, "--base", str(tmp / "base.safetensors")]) == 0
+    assert "rho" in capsys.readouterr().out
+
+
+def test_merge_with_method_options(files, capsys):
+    tmp, base, agents, paths = files
+    out = tmp / "ties.safetensors"
+    code = main(["merge", *paths, "--base", str(tmp / "base.safetensors"), "--out", str(out), "--method", "ties",
+                 "-O", "density=0.3", "-O", "weights=[1, 2, 0.5]", "--dtype", "bf16", "--quiet"])
+    assert code == 0
+    expected = merge(agents, base=base, method="ties", density=0.3, weights=[1, 2, 0.5], dtype=torch.bfloat16)
+    assert_bit_identical(load_file(out), expected)
+
+
+def test_errors_are_one_line_with_exit_code(files, capsys):
+    tmp, base, agents, paths = files
+    code = main(["merge", *paths, "--base", str(tmp / "base.safetensors"), "--out", str(tmp / "o"),
+                 "--method", "slerp"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "unknown merge method 'slerp'" in err
+    code = main(["merge", paths[0], "--base", str(tmp / "missing"), "--out", str(tmp / "o")])
+    assert code == 2 and "no such file" in capsys.readouterr().err
+    with pytest.raises(Exception):
+        main(["--debug", "merge", paths[0], "--base", str(tmp / "missing"), "--out", str(tmp / "o")])
+
+
+def test_console_entry_point(files):
+    tmp, base, agents, paths = files
+    result = subprocess.run([sys.executable, "-m", "ram_live", "merge", *paths, "--base",
+                             str(tmp / "base.safetensors"), "--out", str(tmp / "m")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "[merge] 5/5 tensors" in result.stderr and "lambda: coder=" in result.stdout
+    assert (tmp / "m" / "model.safetensors").exists()
