@@ -259,6 +259,13 @@ class _Reader:
             base = base.to(device)
         return base, [a.get(key) for a in self.agents], device
 
+    def release(self, key: str) -> None:
+        """Let sources that map files drop ``key``'s pages."""
+        for src in (self.base, *self.agents):
+            release = getattr(src, "release", None)
+            if release is not None:
+                release(key)
+
     def nbytes(self, key: str) -> int:
         """Bytes of ``key`` over the base and every agent."""
         return sum(s.numel * s.dtype.itemsize for s in (src.spec(key) for src in (self.base, *self.agents)))
@@ -297,6 +304,7 @@ def statistics_pass(
         active += stats.active
         unique += stats.unique
         histogram += stats.histogram
+        reader.release(key)
         if progress:
             progress.update(key, reader.nbytes(key))
     for key in plan.check_equal:
@@ -344,7 +352,7 @@ def run_merge(
     for key in plan.check_equal:
         if not validate_first:
             _check_equal(reader, key)
-    sink.begin(plan)
+    sink.begin(plan, {key: base.spec(key) for key in plan.keys})
     if progress:
         progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
@@ -363,6 +371,7 @@ def run_merge(
         if flat.data_ptr() != dest.data_ptr():
             dest.copy_(flat.view(dest.shape))
         sink.commit(key)
+        reader.release(key)
         info.tensors += 1
         info.parameters += stream.numel
         if progress:

@@ -14,11 +14,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import torch
 from torch import Tensor, nn
 
+from .safetensors_io import SafetensorsWriter
 from .sources import TensorSpec
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ __all__ = ["Sink", "ModuleSink", "StateDictSink", "SafetensorsSink"]
 
 
 class Sink(Protocol):
-    def begin(self, plan: "Plan") -> None: ...
+    def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None: ...
 
     def destination(self, key: str, spec: TensorSpec) -> Tensor: ...
 
@@ -54,7 +55,7 @@ class ModuleSink:
         self.module: nn.Module | None = None
         self._tensors: dict[str, Tensor] = {}
 
-    def begin(self, plan: "Plan") -> None:
+    def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None:
         if self.inplace:
             self.module = self.base
         else:
@@ -94,7 +95,7 @@ class StateDictSink:
         self.dtype = dtype
         self.out: dict[str, Tensor] = {}
 
-    def begin(self, plan: "Plan") -> None:
+    def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None:
         self.order = plan.keys
 
     def _dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -125,7 +126,9 @@ class SafetensorsSink:
     """Safetensors on disk: a single file when ``path`` ends in ``.safetensors``, else a folder of shards of at
     most ``max_shard_bytes`` with a ``model.safetensors.index.json`` (Hugging Face layout), plus the base
     folder's non-weight files (config, tokenizer) when ``copy_from`` is given. Tied aliases are not stored
-    (as ``save_pretrained`` does). Written to a temporary path and renamed on success."""
+    (as ``save_pretrained`` does). Headers are laid out first and tensors are written straight into the
+    memory-mapped files, whose pages are released after each tensor; everything goes to a temporary path that is
+    renamed on success."""
 
     def __init__(
         self,
@@ -138,77 +141,69 @@ class SafetensorsSink:
     ) -> None:
         self.path = Path(path)
         self.single = self.path.suffix == ".safetensors"
-        if self.path.exists() and not self.single and any(self.path.iterdir()):
+        if self.path.exists() and (self.single or any(self.path.iterdir())):
             from .errors import ConfigError
 
-            raise ConfigError(f"output folder {self.path} exists and is not empty")
+            raise ConfigError(f"output {self.path} exists" + ("" if self.single else " and is not empty"))
         self.max_shard_bytes = max_shard_bytes
         self.copy_from = copy_from
         self.dtype = dtype
         self.metadata = {"format": "pt", **(metadata or {})}
-        self._shard: dict[str, Tensor] = {}
-        self._shard_bytes = 0
-        self._shards: list[tuple[Path, list[str]]] = []
-        self._pending: dict[str, Tensor] = {}
         self._tmp: Path | None = None
-        self._total = 0
-
-    def begin(self, plan: "Plan") -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
+        self._writers: list[SafetensorsWriter] = []
+        self._writer_of: dict[str, SafetensorsWriter] = {}
+        self._files: list[str] = []
 
     def _dtype(self, dtype: torch.dtype) -> torch.dtype:
         return self.dtype if self.dtype is not None and dtype.is_floating_point else dtype
 
+    def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
+        shards: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [{}]
+        size = 0
+        for key in plan.merge + plan.copy:
+            dtype = self._dtype(specs[key].dtype)
+            nbytes = specs[key].numel * dtype.itemsize
+            if shards[-1] and not self.single and size + nbytes > self.max_shard_bytes:
+                shards.append({})
+                size = 0
+            shards[-1][key] = (dtype, specs[key].shape)
+            size += nbytes
+        n = len(shards)
+        for i, shard in enumerate(shards):
+            name = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            writer = SafetensorsWriter(self._tmp / name, shard, self.metadata)
+            self._writers.append(writer)
+            self._files.append(name)
+            self._writer_of.update(dict.fromkeys(shard, writer))
+
     def destination(self, key: str, spec: TensorSpec) -> Tensor:
-        t = torch.empty(spec.shape, dtype=self._dtype(spec.dtype), device=spec.device)
-        self._pending[key] = t
-        return t
+        return self._writer_of[key].view(key)
 
     def commit(self, key: str) -> None:
-        self._add(key, self._pending.pop(key))
+        self._writer_of[key].done(key)
 
     def copy_from_base(self, key: str, tensor: Tensor) -> None:
-        self._add(key, tensor.to(dtype=self._dtype(tensor.dtype)))
+        self._writer_of[key].view(key).copy_(tensor)
+        self.commit(key)
 
     def alias(self, alias: str, canonical: str) -> None:
         pass
 
-    def _add(self, key: str, tensor: Tensor) -> None:
-        tensor = tensor.detach().to("cpu").contiguous()
-        size = tensor.numel() * tensor.element_size()
-        if self._shard and not self.single and self._shard_bytes + size > self.max_shard_bytes:
-            self._flush()
-        self._shard[key] = tensor
-        self._shard_bytes += size
-        self._total += size
-
-    def _flush(self) -> None:
-        from safetensors.torch import save_file
-
-        assert self._tmp is not None
-        if not self._shard:
-            return
-        name = self._tmp / f"shard-{len(self._shards):05d}.safetensors"
-        save_file(self._shard, str(name), metadata=self.metadata)
-        self._shards.append((name, list(self._shard)))
-        self._shard, self._shard_bytes = {}, 0
-
     def finish(self) -> Path:
         assert self._tmp is not None
-        self._flush()
         try:
+            total = 0
+            for writer in self._writers:
+                writer.close()
+                total += sum(e - b for b, e in writer.offsets.values())
             if self.single:
-                os.replace(self._shards[0][0], self.path)
+                os.replace(self._tmp / self._files[0], self.path)
                 return self.path
-            n = len(self._shards)
-            weight_map: dict[str, str] = {}
-            for i, (file, keys) in enumerate(self._shards):
-                final = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-                file.rename(self._tmp / final)
-                weight_map.update({k: final for k in keys})
-            if n > 1:
-                index = {"metadata": {"total_size": self._total}, "weight_map": dict(sorted(weight_map.items()))}
+            if len(self._files) > 1:
+                weight_map = {k: w.path.name for k, w in self._writer_of.items()}
+                index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
                 (self._tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
             if self.copy_from is not None and self.copy_from.is_dir():
                 for f in self.copy_from.iterdir():
@@ -222,6 +217,9 @@ class SafetensorsSink:
             self.abort()
 
     def abort(self) -> None:
+        for writer in self._writers:
+            writer.close()
+        self._writers.clear()
         if self._tmp is not None and self._tmp.exists():
             shutil.rmtree(self._tmp, ignore_errors=True)
         self._tmp = None

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import InputMismatchError, UnsupportedInputError
+from .safetensors_io import MappedSafetensors
 
 __all__ = [
     "TensorSpec", "TensorSource", "ModuleSource", "StateDictSource", "SafetensorsSource", "ZerosSource", "as_source",
@@ -120,71 +121,65 @@ class ModuleSource(_InMemorySource):
 class SafetensorsSource:
     """A ``.safetensors`` file, or a folder with ``model.safetensors`` or a sharded ``*.safetensors.index.json``.
 
-    Files are memory-mapped; ``get`` reads one tensor.
+    Files are memory-mapped: ``get`` returns a view of the file's pages (no copy), ``release`` drops them from
+    resident memory once the engine is done with a tensor, so merging a folder needs memory for the tensors being
+    merged, not for the model.
     """
 
     def __init__(self, path: str | os.PathLike[str], name: str | None = None, device: str | torch.device = "cpu"):
-        from safetensors import safe_open
-
         self.path = Path(path)
         self.name = name or self.path.name
         self.device = torch.device(device)
-        files = self._files(self.path)
-        self._handles = {f: safe_open(str(f), framework="pt", device=str(self.device)) for f in set(files.values())}
-        self._where = files
-        self._specs: dict[str, TensorSpec] = {}
-        for key, f in files.items():
-            s = self._handles[f].get_slice(key)
-            self._specs[key] = TensorSpec(tuple(s.get_shape()), _dtype(s.get_dtype(), key, self.name), self.device)
+        self._files: dict[Path, MappedSafetensors] = {}
+        self._where: dict[str, MappedSafetensors] = {}
+        for key, file in self._layout(self.path).items():
+            if file not in self._files:
+                if not file.is_file():
+                    raise UnsupportedInputError(f"{self.path}: the index names {file.name}, which is missing")
+                self._files[file] = MappedSafetensors(file)
+            mapped = self._files[file]
+            if key not in mapped.entries:
+                raise UnsupportedInputError(f"{self.path}: the index puts {key!r} in {file.name}, which lacks it")
+            self._where[key] = mapped
+        self.fingerprint = tuple(sorted((str(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in self._files))
 
     @staticmethod
-    def _files(path: Path) -> dict[str, Path]:
-        from safetensors import safe_open
-
+    def _layout(path: Path) -> dict[str, Path]:
         if path.is_file():
-            shards = [path]
-        elif path.is_dir():
-            index = sorted(path.glob("*.safetensors.index.json"))
-            if index:
-                weight_map = json.loads(index[0].read_text())["weight_map"]
-                return {k: path / v for k, v in weight_map.items()}
-            shards = sorted(path.glob("*.safetensors"))
-            if not shards:
-                raise UnsupportedInputError(f"{path}: no *.safetensors file or *.safetensors.index.json in folder")
-        else:
+            return dict.fromkeys(MappedSafetensors(path).keys(), path)
+        if not path.is_dir():
             raise UnsupportedInputError(f"{path}: no such file or folder")
-        files: dict[str, Path] = {}
+        index = sorted(path.glob("*.safetensors.index.json"))
+        if index:
+            try:
+                weight_map = json.loads(index[0].read_text())["weight_map"]
+            except (ValueError, KeyError) as exc:
+                raise UnsupportedInputError(f"{index[0]}: not a safetensors index ({exc})") from None
+            return {k: path / v for k, v in weight_map.items()}
+        shards = sorted(path.glob("*.safetensors"))
+        if not shards:
+            raise UnsupportedInputError(f"{path}: no *.safetensors file or *.safetensors.index.json in folder")
+        layout: dict[str, Path] = {}
         for shard in shards:
-            with safe_open(str(shard), framework="pt") as f:
-                for key in f.keys():
-                    files[key] = shard
-        return files
+            layout.update(dict.fromkeys(MappedSafetensors(shard).keys(), shard))
+        return layout
 
     def keys(self) -> list[str]:
         return list(self._where)
 
     def spec(self, key: str) -> TensorSpec:
-        return self._specs[key]
+        dtype, shape, _, _ = self._where[key].entries[key]
+        return TensorSpec(shape, dtype, self.device)
 
     def get(self, key: str) -> Tensor:
-        return self._handles[self._where[key]].get_tensor(key)
+        t = self._where[key].tensor(key)
+        return t if self.device.type == "cpu" else t.to(self.device)
+
+    def release(self, key: str) -> None:
+        self._where[key].release(key)
 
     def aliases(self) -> dict[str, str]:
         return {}
-
-
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
-
-def _dtype(name: str, key: str, source: str) -> torch.dtype:
-    try:
-        return _SAFETENSORS_DTYPES[name]
-    except KeyError:
-        raise UnsupportedInputError(f"{source}: tensor {key!r} has dtype {name}, which ram_live does not read") from None
 
 
 class ZerosSource:
