@@ -25,8 +25,11 @@ from .sources import TensorSource
 
 __all__ = ["Plan", "build_plan", "DeltaStream", "MergeInfo", "run_merge", "DEFAULT_CHUNK_NUMEL"]
 
-#: Elements of the ``[K, C]`` float32 scratch (4 MiB); C = DEFAULT_CHUNK_NUMEL // K.
+#: Elements of the ``[K, C]`` float32 scratch of stacking methods (4 MiB); C = DEFAULT_CHUNK_NUMEL // K.
 DEFAULT_CHUNK_NUMEL = 1 << 20
+#: Chunk length of the streaming (one agent at a time) path: small enough to stay in L2 and for torch to run
+#: each op on one thread, where 2-core machines lose most to thread hand-offs.
+STREAM_CHUNK = 1 << 15
 
 
 # ----------------------------------------------------------------------------------------------- the plan
@@ -142,17 +145,17 @@ class DeltaStream:
         self.dtype = _compute_dtype(base.dtype, *(a.dtype for a in agents))
         k = len(agents)
         self.chunk = max(1, min(self.numel, chunk_numel // max(k, 1)))
-        ws = workspace if workspace is not None else {}
-        slot = (device, self.dtype, k)
-        need = self.chunk
-        if slot not in ws or ws[slot].shape[1] < need:
-            ws[slot] = torch.empty(k + 1, max(need, 1), dtype=self.dtype, device=device)
-        self._scratch = ws[slot]
+        self.stream_chunk = max(1, min(self.numel, chunk_numel, STREAM_CHUNK))
+        self._ws = workspace if workspace is not None else {}
         self.activity = activity
         self.raw_hook = raw_hook
 
     def __iter__(self) -> Iterator[tuple[int, Tensor, Tensor]]:
         k = len(self.tensors)
+        slot = ("stacked", self.device, self.dtype, k)
+        if slot not in self._ws or self._ws[slot].shape[1] < self.chunk:
+            self._ws[slot] = torch.empty(k + 1, self.chunk, dtype=self.dtype, device=self.device)
+        self._scratch = self._ws[slot]
         for start in range(0, self.numel, self.chunk):
             end = min(self.numel, start + self.chunk)
             n = end - start
@@ -169,6 +172,32 @@ class DeltaStream:
             if self.activity is not None:
                 self._apply_activity(deltas, base_chunk, agent_chunks)
             yield start, base_f, deltas
+
+    def streamed(self) -> Iterator[tuple[int, Tensor, Iterator[tuple[int, Tensor]]]]:
+        """Chunks of ``stream_chunk`` elements as ``(start, base_f, agents)``, where ``agents`` yields
+        ``(t, τ_t)`` one agent at a time through one reused buffer (thresholded when ``activity`` is set).
+        NaN/Inf are not checked here: callers check what they accumulate."""
+        chunk = self.stream_chunk
+        slot = ("streamed", self.device, self.dtype)
+        if slot not in self._ws or self._ws[slot].shape[1] < chunk:
+            self._ws[slot] = torch.empty(2, chunk, dtype=self.dtype, device=self.device)
+        buffers = self._ws[slot]
+        for start in range(0, self.numel, chunk):
+            end = min(self.numel, start + chunk)
+            base_f = buffers[0, : end - start]
+            base_chunk = self.base[start:end]
+            base_f.copy_(base_chunk)
+            yield start, base_f, self._agent_deltas(start, end, base_f, base_chunk, buffers[1, : end - start])
+
+    def _agent_deltas(self, start: int, end: int, base_f: Tensor, base_chunk: Tensor,
+                      row: Tensor) -> Iterator[tuple[int, Tensor]]:
+        for t, agent in enumerate(self.tensors):
+            chunk = agent[start:end]
+            row.copy_(chunk)
+            row.sub_(base_f)
+            if self.activity is not None:
+                self._apply_activity(row.unsqueeze(0), base_chunk, [chunk])
+            yield t, row
 
     def _apply_activity(self, deltas: Tensor, base_chunk: Tensor, agent_chunks: list[Tensor]) -> None:
         assert self.activity is not None
@@ -211,15 +240,15 @@ class DeltaStream:
 
 
 def _accumulate_statistics(stream: DeltaStream, k: int) -> RamStatistics:
-    active = torch.zeros(k, dtype=torch.int64, device=stream.device)
-    unique = torch.zeros_like(active)
-    histogram = torch.zeros(k + 1, dtype=torch.int64, device=stream.device)
-    for _, _, deltas in stream:
-        a, u, h = F.ram_statistics(deltas)
-        active += a
-        unique += u
-        histogram += h
-    return RamStatistics(active.cpu(), unique.cpu(), histogram.cpu())
+    counter = F.RamCounter(stream.stream_chunk, k, stream.device, stream.dtype)
+    for _, base_f, agents in stream.streamed():
+        counter.begin(base_f.numel())
+        for t, delta in agents:
+            counter.add(t, delta)
+        counter.end()
+    if not counter.finite():
+        stream._raise_nonfinite(0, stream.numel)
+    return RamStatistics(*counter.result())
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -314,6 +343,21 @@ def statistics_pass(
     return RamStatistics(active, unique, histogram)
 
 
+def _merge_streaming(stream: DeltaStream, accumulator: Any, flat: Tensor) -> None:
+    """One agent at a time per chunk into ``accumulator`` (see :class:`ram_live.functional.RamAccumulator`)."""
+    check = torch.zeros((), dtype=stream.dtype, device=stream.device)
+    for start, base_f, agents in stream.streamed():
+        n = base_f.numel()
+        accumulator.begin(n)
+        for t, delta in agents:
+            accumulator.add(t, delta)
+        merged = accumulator.merged(base_f)
+        check += merged.sum()  # NaN/Inf in any input reaches the merged sum; one sync per tensor, not per chunk
+        flat[start : start + n].copy_(merged)
+    if not bool(torch.isfinite(check)):
+        stream._raise_nonfinite(0, stream.numel)
+
+
 def run_merge(
     base: TensorSource,
     agents: Sequence[TensorSource],
@@ -362,12 +406,17 @@ def run_merge(
         dest = sink.destination(key, base.spec(key))
         flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,
                                                                        device=dest.device)
-        for start, base_f, deltas in stream:
-            ctx = TensorContext(key=key, agents=names, start=start, run_state=run_state, state=state)
-            tau = method.combine(deltas, ctx, config)
-            changed = tau != 0
-            merged = tau.add_(base_f)
-            flat[start : start + base_f.numel()].copy_(torch.where(changed, merged, base_f))
+        if method.accumulator is not None:
+            _merge_streaming(
+                stream, method.accumulator(config, state, stream.stream_chunk, len(names), dev, stream.dtype), flat
+            )
+        else:
+            for start, base_f, deltas in stream:
+                ctx = TensorContext(key=key, agents=names, start=start, run_state=run_state, state=state)
+                tau = method.combine(deltas, ctx, config)
+                changed = tau != 0
+                merged = tau.add_(base_f)
+                flat[start : start + base_f.numel()].copy_(torch.where(changed, merged, base_f))
         if flat.data_ptr() != dest.data_ptr():
             dest.copy_(flat.view(dest.shape))
         sink.commit(key)

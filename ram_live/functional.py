@@ -34,6 +34,8 @@ __all__ = [
     "ties_combine",
     "dare_drop_",
     "stable_seed",
+    "RamAccumulator",
+    "RamCounter",
 ]
 
 
@@ -191,3 +193,94 @@ def stable_seed(*parts: object) -> int:
     """A 63-bit seed from its parts, stable across processes and Python versions (unlike ``hash``)."""
     digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+class RamAccumulator:
+    """Streaming RAM over one chunk: agents' thresholded deltas are added one at a time (no ``[K, C]`` stack of
+    deltas, only of their 0/1 activity masks), then :meth:`merged` returns θ₀ + τ*.
+
+    The sum is kept negated (Σ −τ starts at +0 and stays +0 where no agent is active), so θ₀ − (Σ −τ)/c leaves
+    every untouched entry with the base's exact bits, −0.0 included, without a ``where``.
+
+    >>> acc = RamAccumulator(4, 2, torch.device("cpu"))
+    >>> acc.begin(2); acc.add(0, torch.tensor([0.5, 0.0])); acc.add(1, torch.tensor([0.25, 0.0]))
+    >>> acc.merged(torch.tensor([1.0, -0.0]))
+    tensor([ 1.3750, -0.0000])
+    """
+
+    def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
+                 lambdas: Sequence[float] | None = None) -> None:
+        capacity = max(capacity, 1)
+        self._masks = torch.empty(k, capacity, dtype=dtype, device=device)
+        self._buf = torch.empty(4, capacity, dtype=dtype, device=device)
+        self.lambdas = None if lambdas is None else torch.tensor(list(lambdas), dtype=dtype, device=device)
+
+    def begin(self, n: int) -> None:
+        self.masks = self._masks[:, :n]
+        self.neg_sum, self.count, self.tmp, self.weight = (row[:n] for row in self._buf)
+        self.neg_sum.zero_()
+
+    def add(self, t: int, delta: Tensor) -> None:
+        torch.ne(delta, 0, out=self.masks[t])
+        self.neg_sum.sub_(delta)
+
+    def merged(self, base: Tensor) -> Tensor:
+        """θ₀ + τ* for this chunk (a view of internal scratch: copy it out before the next chunk)."""
+        torch.sum(self.masks, dim=0, out=self.count)
+        if self.lambdas is None:
+            torch.clamp(self.count, min=1.0, out=self.tmp)
+            self.neg_sum.div_(self.tmp)
+        else:
+            # λ of the one active agent where c = 1 (a GEMV over the masks), the mean where c ≥ 2; torch.lerp
+            # with weight exactly 1 or 0 returns its end or its start exactly
+            unique_scaled = torch.mv(self.masks.T, self.lambdas, out=self.tmp).mul_(self.neg_sum)
+            torch.eq(self.count, 1.0, out=self.weight)
+            mean = self.neg_sum.div_(self.count.clamp_(min=1.0))
+            torch.lerp(mean, unique_scaled, self.weight, out=self.neg_sum)
+        return torch.sub(base, self.neg_sum, out=self.tmp)
+
+
+class RamCounter:
+    """Streaming RAM statistics: per agent the active and unique entries (and, optionally, the histogram of c).
+
+    Also sums Σ −τ so that :meth:`finite` can tell whether any input was NaN/Inf.
+    """
+
+    def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
+                 histogram: bool = False) -> None:
+        capacity = max(capacity, 1)
+        self._masks = torch.empty(k, capacity, dtype=dtype, device=device)
+        self._buf = torch.empty(3, capacity, dtype=dtype, device=device)
+        self.k = k
+        self.unique = torch.zeros(k, dtype=torch.float64, device=device)
+        self.active = torch.zeros(k, dtype=torch.float64, device=device)
+        self.histogram = torch.zeros(k + 1, dtype=torch.int64, device=device) if histogram else None
+        self.check = torch.zeros((), dtype=dtype, device=device)
+
+    def begin(self, n: int) -> None:
+        self.n = n
+        self.masks = self._masks[:, :n]
+        self.neg_sum, self.count, self.is_one = (row[:n] for row in self._buf)
+        self.neg_sum.zero_()
+
+    def add(self, t: int, delta: Tensor) -> None:
+        torch.ne(delta, 0, out=self.masks[t])
+        self.neg_sum.sub_(delta)
+
+    def end(self) -> None:
+        """Fold the chunk: unique = masks @ [c == 1] (a GEMV), active = row sums of the masks."""
+        torch.sum(self.masks, dim=0, out=self.count)
+        torch.eq(self.count, 1.0, out=self.is_one)
+        self.unique += torch.mv(self.masks, self.is_one).double()
+        self.active += self.masks.sum(dim=1).double()
+        if self.histogram is not None:
+            self.histogram += torch.bincount(self.count.to(torch.int64), minlength=self.k + 1)
+        self.check += self.neg_sum.sum()
+
+    def finite(self) -> bool:
+        """Whether every delta added so far was finite (NaN/Inf propagate into Σ −τ)."""
+        return bool(torch.isfinite(self.check))
+
+    def result(self) -> tuple[Tensor, Tensor, Tensor]:
+        histogram = self.histogram.cpu() if self.histogram is not None else torch.zeros(self.k + 1, dtype=torch.int64)
+        return (self.active.round().to(torch.int64).cpu(), self.unique.round().to(torch.int64).cpu(), histogram)

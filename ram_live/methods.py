@@ -116,6 +116,10 @@ class MergeMethod:
     prepare: Callable[[Any, TensorView, Any], Any] | None = None
     activity: Callable[[Any], Activity | None] = lambda config: None
     needs_statistics: Callable[[Any], bool] = lambda config: False
+    #: Optional fast path: ``accumulator(config, state, capacity, k, device, dtype)`` returns an object with
+    #: ``begin(n)``, ``add(t, delta)`` (one agent at a time) and ``merged(base_f) -> θ₀ + τ*``; it must compute
+    #: exactly what ``combine`` computes (tests check both).
+    accumulator: Callable[..., Any] | None = None
     description: str = ""
 
 
@@ -454,6 +458,11 @@ def _ram_needs_statistics(config: RamConfig) -> bool:
     return config.variant != "ram" and config.rho_scope == "global"
 
 
+def _ram_accumulator(config: RamConfig, lambdas: Tensor | None, capacity: int, k: int, device: torch.device,
+                     dtype: torch.dtype) -> F.RamAccumulator:
+    return F.RamAccumulator(capacity, k, device, dtype, None if lambdas is None else lambdas.tolist())
+
+
 for _name, _cls, _desc in (
     ("ram", RamConfig, "RAM: disjoint mean over active agents, unique entries kept"),
     ("ram_plus", RamPlusConfig, "RAM+: RAM with unique entries rescaled by λ_t = 1 + r·clip(ρ_t, 0, α)"),
@@ -467,5 +476,6 @@ for _name, _cls, _desc in (
         prepare=_ram_prepare,
         activity=_ram_activity,
         needs_statistics=_ram_needs_statistics,
+        accumulator=_ram_accumulator,
         description=_desc,
     )

@@ -142,3 +142,19 @@ def test_mergekit_ties_convention_divides_by_weights():
     # column 1: unweighted sum 0 -> "+" elected (PEFT) keeps a; weighted sum -2 -> "-" elected keeps b
     assert peft_style.tolist() == pytest.approx([(1 + 9) / 2, 1.0])
     assert mk_style.tolist() == pytest.approx([(1 + 9) / 4, -1.0])
+
+
+@pytest.mark.parametrize("name", ["ram", "ram_plus", "ram_plus_soft"])
+def test_streaming_path_equals_stacked_combine(base_sd, name):
+    import dataclasses
+
+    stacked = dataclasses.replace(ram_live.get_method(name), name=f"{name}_stacked_test", accumulator=None)
+    _REGISTRY[stacked.name] = stacked
+    try:
+        agents = make_agents(base_sd, [0.1, 0.5, 0.7], scale=0.05)
+        a = merge(agents, base=base_sd, method=name, chunk_numel=50)
+        b = merge(agents, base=base_sd, method=stacked.name, chunk_numel=50)
+        for k in base_sd:
+            torch.testing.assert_close(a[k], b[k], rtol=2e-7, atol=1e-7)
+    finally:
+        _REGISTRY.pop(stacked.name)

@@ -1,0 +1,459 @@
+"""Snapshot every n steps, merge every m, evaluate the generalist: the logic of the training callbacks, without a
+framework. A plain PyTorch loop uses it directly; ``ram_live.integrations.lightning.RAMCallback`` is a thin
+adapter on top.
+
+>>> schedule = RAMSchedule("runs/ram", agent="coder", snapshot_every=50, merge_every=200,
+...                        evaluate=lambda model: {"acc": accuracy(model)})          # doctest: +SKIP
+>>> schedule.attach(model)              # at train start: the base is the model as it is now (or base=...)
+>>> for step in range(1, steps + 1):
+...     train_one_step(model)
+...     metrics = schedule.on_step(model, step)      # snapshot / merge + evaluate when due; None otherwise
+...     if metrics: log(metrics)                     # {"ram/acc": ..., "ram/coder/lambda": ..., ...}
+
+With ``torch.distributed`` initialised, every rank calls every method. Replicated models (DDP): rank 0 writes
+the snapshots, every rank merges the same snapshots (rank 0 picks them). Sharded models (DTensor parameters):
+every rank writes and merges its own shards; RAM+'s ρ comes from the counts of all ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from .api import ram_merge
+from .engine import DEFAULT_CHUNK_NUMEL
+from . import functional as F
+from .errors import ConfigError
+from .methods import Activity
+from .store import (
+    BaseMismatchError,
+    Collective,
+    LocalCollective,
+    LocalModel,
+    LocalTensor,
+    Snapshot,
+    SnapshotNotFoundError,
+    SnapshotStore,
+    SnapshotWriter,
+    StoreError,
+    default_collective,
+    fingerprint,
+    merge_shards,
+    ram_statistics,
+)
+
+__all__ = ["RAMSchedule", "MergeResult", "every"]
+
+STATE_VERSION = 1
+
+
+def every(n: int | None, step: int) -> bool:
+    """True on steps n, 2n, 3n, … (never for n = None or 0)."""
+    return bool(n) and step > 0 and step % int(n) == 0  # type: ignore[operator]
+
+
+@dataclass
+class MergeResult:
+    """A generalist merged from the latest snapshot of every agent: its tensors (local shards when sharded), the
+    snapshot step used per agent, and the probe numbers of the merge."""
+
+    step: int
+    tensors: dict[str, Tensor]
+    agents: dict[str, int]
+    lambdas: dict[str, float]
+    rho: dict[str, float]
+    density: dict[str, float]
+    seconds: float
+    variant: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def metrics(self, prefix: str = "ram/") -> dict[str, float]:
+        """The probe numbers as flat ``{name: float}``: per agent density, ρ, λ and snapshot step."""
+        out: dict[str, float] = {f"{prefix}agents": float(len(self.agents)), f"{prefix}merge_seconds": self.seconds}
+        for name, step in self.agents.items():
+            out[f"{prefix}{name}/snapshot_step"] = float(step)
+            if name in self.density:
+                out[f"{prefix}{name}/density"] = self.density[name]
+            if name in self.rho:
+                out[f"{prefix}{name}/rho"] = self.rho[name]
+            if name in self.lambdas:
+                out[f"{prefix}{name}/lambda"] = self.lambdas[name]
+        return out
+
+
+class RAMSchedule:
+    """Snapshots of one agent into a shared :class:`~ram_live.store.SnapshotStore`, and periodic RAM merges of the
+    latest snapshot of every agent there.
+
+    ``snapshot_every`` / ``merge_every``: in steps (None: never; override :meth:`should_snapshot` /
+    :meth:`should_merge` for other rules). ``variant``, ``r``, ``alpha``, ``eps``, ``activity``, ``rho_scope``:
+    as :func:`ram_live.ram_merge`. ``snapshot_activity``: ``"changed"`` (lossless, default) or ``"abs"`` (keep
+    |τ| > ``snapshot_eps`` only). ``keep``: prune this agent's snapshots to the newest ``keep``. ``agents``: merge
+    only these agents (default: every agent in the store). ``evaluate(model) -> dict``: called with the merged
+    weights swapped into the model (restored exactly afterwards).
+    """
+
+    def __init__(
+        self,
+        store: SnapshotStore | str | os.PathLike[str],
+        agent: str,
+        *,
+        snapshot_every: int | None = None,
+        merge_every: int | None = None,
+        evaluate: Callable[[Any], Mapping[str, Any]] | None = None,
+        variant: str = "ram_plus",
+        r: float = 0.1,
+        alpha: float = 2.0,
+        eps: float = 1e-5,
+        activity: str = "abs",
+        rho_scope: str = "global",
+        snapshot_activity: str = "changed",
+        snapshot_eps: float = 0.0,
+        keep: int | None = None,
+        agents: Sequence[str] | None = None,
+        snapshot_before_merge: bool = True,
+        durable: bool = True,
+        chunk_numel: int = DEFAULT_CHUNK_NUMEL,
+    ) -> None:
+        for name, value in (("snapshot_every", snapshot_every), ("merge_every", merge_every), ("keep", keep)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ConfigError(f"{name} must be a non-negative int or None, got {value!r}")
+        if variant not in ("ram", "ram_plus", "ram_plus_soft"):
+            raise ConfigError(f"variant must be 'ram', 'ram_plus' or 'ram_plus_soft', got {variant!r}")
+        if activity not in ("abs", "changed"):
+            raise ConfigError(f"activity must be 'abs' or 'changed', got {activity!r}")
+        if rho_scope not in ("global", "tensor"):
+            raise ConfigError(f"rho_scope must be 'global' or 'tensor', got {rho_scope!r}")
+        if snapshot_activity not in ("changed", "abs"):
+            raise ConfigError(f"snapshot_activity must be 'changed' or 'abs', got {snapshot_activity!r}")
+        SnapshotStore.check_agent(agent)
+        self._store_arg = store
+        self._store: SnapshotStore | None = store if isinstance(store, SnapshotStore) else None
+        self.durable = durable
+        self.agent = agent
+        self.snapshot_every = snapshot_every
+        self.merge_every = merge_every
+        self.evaluate = evaluate
+        self.variant = variant
+        self.r, self.alpha, self.eps, self.activity, self.rho_scope = r, alpha, eps, activity, rho_scope
+        self.snapshot_activity, self.snapshot_eps = snapshot_activity, snapshot_eps
+        self.keep = keep
+        self.agents = list(agents) if agents is not None else None
+        self.snapshot_before_merge = snapshot_before_merge
+        self.chunk_numel = chunk_numel
+        # counters (state_dict)
+        self.last_snapshot_step = -1
+        self.last_merge_step = -1
+        self.snapshots = 0
+        self.merges = 0
+        self.base_fingerprint: str | None = None
+        # set by attach()
+        self.collective: Collective = LocalCollective()
+        self.base: LocalModel | None = None
+        self.writer: SnapshotWriter | None = None
+        self.sharded = False
+        self.history: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------------------------------- set-up
+
+    @property
+    def store(self) -> SnapshotStore:
+        if self._store is None:
+            self._store = SnapshotStore(self._store_arg, durable=self.durable)  # type: ignore[arg-type]
+        return self._store
+
+    @property
+    def attached(self) -> bool:
+        return self.base is not None
+
+    def attach(self, model: Any, base: Any = None, *, collective: Collective | None = None) -> str:
+        """Take (``base=None`` on a fresh run: the model as it is now), load (a resumed run, or ``base="store"``) or
+        use the given base; persist it in the store or check it against the store's. Returns its fingerprint."""
+        self.collective = collective or default_collective()
+        c = self.collective
+        live = LocalModel.from_obj(model, name=self.agent)
+        self.sharded = live.sharded or any(not t.owner for t in live.tensors.values())
+        if self.sharded or c.rank == 0:
+            self.store  # noqa: B018 - create the store folder before others look at it
+        c.barrier()
+        resumed = self.base_fingerprint
+        trusted: str | None = None
+        if base is None and resumed is not None or isinstance(base, str) and base == "store":
+            if not self.store.has_base():
+                raise StoreError(f"{self.store.root}: no base in the store to resume from (was the store moved?)")
+            store_fp = self.store.base_fingerprint
+            if resumed is not None and store_fp != resumed:
+                raise BaseMismatchError(
+                    f"this run was trained against base {resumed}, but the store {self.store.root} holds base {store_fp}"
+                )
+            local = _load_base(self.store, live)
+            trusted = store_fp
+        elif base is None:
+            local = live.clone("base")
+        else:
+            given = LocalModel.from_obj(base, name="base")
+            local = _like(given, live)
+        local.check_like(live, self.agent)
+        self.base = local
+        if self.sharded:
+            self.writer = SnapshotWriter(self.store, self.agent, local, activity=self.snapshot_activity,
+                                         eps=self.snapshot_eps, collective=c, clone_base=False)
+            fp = self.writer.fingerprint
+        else:
+            fp = None
+            if c.rank == 0:
+                self.writer = SnapshotWriter(self.store, self.agent, local, activity=self.snapshot_activity,
+                                             eps=self.snapshot_eps, collective=LocalCollective(), clone_base=False)
+                fp = self.writer.fingerprint
+            c.barrier()
+            if c.rank != 0:
+                fp = trusted or fingerprint(local)
+                if fp != self.store.base_fingerprint:
+                    raise BaseMismatchError(f"rank {c.rank}: this rank's base differs from the store's base")
+        if resumed is not None and fp != resumed:
+            raise BaseMismatchError(f"the base ({fp}) is not the one this run was trained against ({resumed})")
+        self.base_fingerprint = fp
+        return fp  # type: ignore[return-value]
+
+    def _require(self) -> LocalModel:
+        if self.base is None:
+            raise StoreError("RAMSchedule.attach(model) must be called first (at train start)")
+        return self.base
+
+    # ------------------------------------------------------------------------------------------- decisions
+
+    def should_snapshot(self, step: int, epoch: int | None = None) -> bool:
+        """Whether to snapshot after optimizer step ``step`` (1-based count of steps taken)."""
+        return every(self.snapshot_every, step)
+
+    def should_merge(self, step: int, epoch: int | None = None) -> bool:
+        """Whether to merge the generalist after step ``step``."""
+        return every(self.merge_every, step)
+
+    def on_step(self, model: Any, step: int, epoch: int | None = None,
+                evaluate: Callable[[Any], Mapping[str, Any]] | None = None) -> dict[str, float] | None:
+        """Snapshot and/or merge + evaluate when due; returns the metrics to log (``ram/...``) after a merge."""
+        if step > self.last_snapshot_step and self.should_snapshot(step, epoch):
+            self.snapshot(model, step, epoch)
+        if step > self.last_merge_step and self.should_merge(step, epoch):
+            return self.merge_and_evaluate(model, step, epoch, evaluate)
+        return None
+
+    # ------------------------------------------------------------------------------------------- actions
+
+    def snapshot(self, model: Any, step: int, epoch: int | None = None,
+                 extra: Mapping[str, Any] | None = None) -> Snapshot | None:
+        """Write this agent's snapshot at ``step`` (every rank calls; rank 0 gets the :class:`Snapshot`)."""
+        self._require()
+        c = self.collective
+        snap = None
+        if self.sharded:
+            assert self.writer is not None
+            snap = self.writer.snapshot(model, step, epoch=epoch, extra=extra)
+        else:
+            if c.rank == 0:
+                assert self.writer is not None
+                snap = self.writer.snapshot(model, step, epoch=epoch, extra=extra)
+            c.barrier()
+        if self.keep is not None and c.rank == 0:
+            self.store.prune(self.keep, self.agent)
+        self.last_snapshot_step = step
+        self.snapshots += 1
+        return snap
+
+    def _pick(self) -> dict[str, int]:
+        """Rank 0 names the snapshot of every agent to merge; every rank gets the same names."""
+        c = self.collective
+        picks = None
+        if c.rank == 0:
+            names = self.agents if self.agents is not None else self.store.agents()
+            picks = {}
+            for name in names:
+                steps = self.store.steps(name)
+                if steps:
+                    picks[name] = steps[-1]
+        return c.broadcast_json(picks) if c.world_size > 1 else picks  # type: ignore[return-value]
+
+    def _open(self, live: LocalModel, step: int) -> tuple[dict[str, int], dict[str, Any]]:
+        c = self.collective
+        for _ in range(5):
+            picks = self._pick()
+            sources: dict[str, Any] = {}
+            ok = 1
+            try:
+                for name, snap_step in picks.items():
+                    if (name == self.agent and snap_step == step == self.last_snapshot_step
+                            and self.snapshot_activity == "changed"):
+                        sources[name] = live  # the snapshot just written holds exactly these weights
+                    else:
+                        sources[name] = self.store.open(name, snap_step)
+            except SnapshotNotFoundError:  # pruned between the pick and the open: pick again
+                ok = 0
+            if c.world_size > 1:
+                ok = int(c.all_reduce_sum_(torch.tensor([1 - ok], dtype=torch.int64)).item() == 0)
+            if ok:
+                if not picks:
+                    raise SnapshotNotFoundError(f"{self.store.root}: no snapshot of any agent to merge")
+                return picks, sources
+        raise SnapshotNotFoundError(f"{self.store.root}: snapshots kept disappearing while opening them")
+
+    def merge(self, model: Any, step: int, epoch: int | None = None) -> MergeResult:
+        """Merge the latest snapshot of every agent in the store (this run's included; taken now if
+        ``snapshot_before_merge`` and this run's is older) onto the base, as tensors shaped like this process's
+        part of ``model``."""
+        base = self._require()
+        if self.snapshot_before_merge and self.last_snapshot_step < step:
+            self.snapshot(model, step, epoch)
+        t0 = time.perf_counter()
+        live = LocalModel.from_obj(model, name=self.agent)
+        live.check_like(base, self.agent)
+        picks, sources = self._open(live, step)
+        names = list(picks)
+        density: dict[str, float] = {}
+        rho: dict[str, float] = {}
+        lambdas: dict[str, float] = {}
+        if self.sharded:
+            boxes = base.boxes()
+            agents = [s if isinstance(s, LocalModel) else s.restrict(boxes, name) for name, s in sources.items()]
+            for a, name in zip(agents, names):
+                a.name = name
+            tensors, stats = merge_shards(
+                base, agents, variant=self.variant, r=self.r, alpha=self.alpha, eps=self.eps, activity=self.activity,
+                rho_scope=self.rho_scope, owned=lambda key: base.tensors[key].owner, collective=self.collective,
+                chunk_numel=self.chunk_numel,
+            )
+            lambdas = dict(zip(names, map(float, stats["lambdas"].tolist())))
+            active, unique, total = stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
+        else:
+            agents = []
+            for name, s in sources.items():
+                if isinstance(s, LocalModel):
+                    s = LocalModel(s.tensors, s.aliases(), s.keys(), name)
+                agents.append(s)
+            tensors, info = ram_merge(
+                {a.name: a for a in agents}, base=base, variant=self.variant, r=self.r, alpha=self.alpha,
+                eps=self.eps, activity=self.activity, rho_scope=self.rho_scope, chunk_numel=self.chunk_numel,
+                return_info=True,
+            )
+            if info.statistics is not None:
+                active, unique = info.statistics.active.tolist(), info.statistics.unique.tolist()
+                total = info.parameters
+            else:  # plain RAM needs no statistics pass; the probe numbers do
+                stats = ram_statistics(base, agents, Activity(self.activity, self.eps),  # type: ignore[arg-type]
+                                       chunk_numel=self.chunk_numel)
+                active, unique, total = stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
+            if info.lambdas is not None and self.rho_scope == "global":
+                lambdas = dict(info.lambdas)
+        for name, a, u in zip(names, active, unique):
+            density[name] = a / total if total else 0.0
+            rho[name] = F.rho(float(u), float(a))
+            if self.variant == "ram":
+                lambdas[name] = 1.0
+            elif self.rho_scope == "global" and name not in lambdas:
+                lambdas[name] = F.ram_lambda(rho[name], self.variant, self.r, self.alpha)
+        self.last_merge_step = step
+        self.merges += 1
+        return MergeResult(step, tensors, picks, lambdas, rho, density, time.perf_counter() - t0, self.variant)
+
+    @contextlib.contextmanager
+    def swapped(self, model: Any, result: MergeResult) -> Iterator[Any]:
+        """Within the block the model holds the merged weights (parameters and buffers); afterwards its own,
+        bit-exactly (values are swapped through copies, tensor objects and storages stay the same)."""
+        live = LocalModel.from_obj(model, name=self.agent)
+        _swap(live, result.tensors)
+        try:
+            yield model
+        finally:
+            _swap(live, result.tensors)
+
+    def merge_and_evaluate(self, model: Any, step: int, epoch: int | None = None,
+                           evaluate: Callable[[Any], Mapping[str, Any]] | None = None) -> dict[str, float]:
+        """:meth:`merge`, then ``evaluate(model)`` with the merged weights swapped in; the metrics, ``ram/``-prefixed."""
+        result = self.merge(model, step, epoch)
+        metrics = result.metrics()
+        fn = evaluate or self.evaluate
+        if fn is not None:
+            with self.swapped(model, result):
+                scores = fn(model)
+            for key, value in (scores or {}).items():
+                metrics[key if key.startswith("ram/") else f"ram/{key}"] = _to_float(value)
+        self.history.append({"step": float(step), **metrics})
+        return metrics
+
+    # ------------------------------------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION, "agent": self.agent, "store": str(self.store.root) if self._store or
+            not isinstance(self._store_arg, SnapshotStore) else None,
+            "base_fingerprint": self.base_fingerprint, "last_snapshot_step": self.last_snapshot_step,
+            "last_merge_step": self.last_merge_step, "snapshots": self.snapshots, "merges": self.merges,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("agent") not in (None, self.agent):
+            raise ConfigError(f"state of agent {state.get('agent')!r} loaded into the schedule of {self.agent!r}")
+        self.base_fingerprint = state.get("base_fingerprint")
+        self.last_snapshot_step = int(state.get("last_snapshot_step", -1))
+        self.last_merge_step = int(state.get("last_merge_step", -1))
+        self.snapshots = int(state.get("snapshots", 0))
+        self.merges = int(state.get("merges", 0))
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, Tensor):
+        return float(value.detach().float().mean().item())
+    return float(value)
+
+
+def _load_base(store: SnapshotStore, live: LocalModel) -> LocalModel:
+    """The store's base, cut into this process's boxes of ``live`` and put on its devices."""
+    source = store.base_source()
+    tensors = {}
+    for key, t in live.tensors.items():
+        data = source.get_box(key, t.offsets, tuple(t.tensor.shape)).to(t.tensor.device)
+        if data.dtype != t.tensor.dtype:
+            raise BaseMismatchError(f"tensor {key!r}: the store's base is {data.dtype}, the model {t.tensor.dtype}")
+        tensors[key] = LocalTensor(data, t.global_shape, t.offsets, t.owner, t.is_buffer)
+    return LocalModel(tensors, live.aliases(), live.keys(), "base")
+
+
+def _like(given: LocalModel, live: LocalModel) -> LocalModel:
+    """A given base (whole tensors, or shards like the model's) as copies in the model's boxes and devices."""
+    tensors = {}
+    for key, t in live.tensors.items():
+        g = given.tensors.get(key)
+        if g is None:
+            raise BaseMismatchError(f"the given base has no tensor {key!r}")
+        if g.global_shape != t.global_shape:
+            raise BaseMismatchError(f"tensor {key!r}: the given base has shape {g.global_shape}, the model {t.global_shape}")
+        if g.box == t.box:
+            data = g.tensor
+        elif g.full:
+            data = g.tensor[tuple(slice(o, o + n) for o, n in zip(t.offsets, t.tensor.shape))]
+        else:
+            raise BaseMismatchError(f"tensor {key!r}: the given base is sharded differently from the model")
+        data = data.to(t.tensor.device).clone(memory_format=torch.contiguous_format)
+        tensors[key] = LocalTensor(data, t.global_shape, t.offsets, t.owner, t.is_buffer)
+    return LocalModel(tensors, live.aliases(), live.keys(), "base")
+
+
+def _swap(live: LocalModel, tensors: dict[str, Tensor]) -> None:
+    with torch.no_grad():
+        for key, t in live.tensors.items():
+            other = tensors[key]
+            if other.shape != t.tensor.shape or other.dtype != t.tensor.dtype:
+                raise StoreError(f"merged tensor {key!r} does not fit the model ({other.shape} vs {t.tensor.shape})")
+            tmp = t.tensor.clone()
+            t.tensor.copy_(other)
+            other.copy_(tmp)
