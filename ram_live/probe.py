@@ -172,7 +172,9 @@ class ProbeReport:
         layers = self.layers()
         names = list(layers)
         density = [[layers[l][a].density for l in names] for a in self.agent_names]
-        unique = [[layers[l][a].unique_share for l in names] for a in self.agent_names]
+        # a layer the agent did not touch has no unique share: blank, not 0 (which would read "all shared")
+        unique = [[layers[l][a].unique_share if layers[l][a].active else math.nan for l in names]
+                  for a in self.agent_names]
         width = max(6.0, 0.25 * len(names) + 2)
         fig, axes = plt.subplots(2, 1, figsize=(width, 1.2 * len(self.agent_names) * 2 + 2.5), constrained_layout=True)
         for ax, data, title in ((axes[0], density, "density (share of entries updated)"),
