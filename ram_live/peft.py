@@ -219,6 +219,7 @@ class _AdapterSet:
     factors: dict[str, dict[str, _Factor]]  # adapter -> module -> factor
     order: list[str]
     configs: dict[str, Any]
+    saved_weights: dict[str, dict[str, Tensor]] = field(default_factory=dict)  # adapter -> base key -> tensor
 
     def module(self, name: str) -> _Factor:
         return next(self.factors[a][name] for a in self.names if name in self.factors[a])
@@ -386,7 +387,10 @@ def _pattern_value(patterns: Mapping[str, Any], module: str, default: Any) -> An
     return default
 
 
-def _read_folder(path: Path, adapter: str, device: str | torch.device = "cpu") -> tuple[dict[str, _Factor], list[str], dict]:
+def _read_folder(
+    path: Path, adapter: str, device: str | torch.device = "cpu"
+) -> tuple[dict[str, _Factor], list[str], dict, dict[str, Tensor]]:
+    """(factors by module, module order, config, full base-layer weights PEFT saved alongside)."""
     from safetensors import safe_open
 
     config_file = path / "adapter_config.json"
@@ -402,9 +406,15 @@ def _read_folder(path: Path, adapter: str, device: str | torch.device = "cpu") -
     parts: dict[str, dict[str, Tensor]] = {}
     kinds: dict[str, str] = {}
     order: list[str] = []
+    saved: dict[str, Tensor] = {}
     with safe_open(str(weights_file), framework="pt", device=str(device)) as fh:
         for key in fh.keys():
             name = key[len(_PREFIX):] if key.startswith(_PREFIX) else key
+            if name.endswith(".base_layer.weight"):
+                # PEFT's save_embedding_layers: a full copy of a targeted embedding's base weight, not a delta;
+                # checked against the base when one is given (into_base), otherwise not part of the merge
+                saved[name[: -len(".base_layer.weight")] + ".weight"] = fh.get_tensor(key)
+                continue
             for suffix, (kind, which) in _SUFFIXES.items():
                 if name.endswith(suffix):
                     module = name[: -len(suffix)]
@@ -449,7 +459,7 @@ def _read_folder(path: Path, adapter: str, device: str | torch.device = "cpu") -
         factors[module] = _Factor(p["A"], p["B"], scaling, kind, transpose)  # type: ignore[arg-type]
     if not factors:
         raise UnsupportedAdapterError(f"adapter {adapter!r}: {weights_file} holds no LoRA factor", adapter=adapter)
-    return factors, order, cfg
+    return factors, order, cfg, saved
 
 
 def _read_folders(adapters: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike],
@@ -467,13 +477,14 @@ def _read_folders(adapters: Sequence[str | os.PathLike] | Mapping[str, str | os.
         raise ConfigError("no adapters to merge")
     if len({n for n, _ in named}) != len(named):
         raise ConfigError(f"adapter names are not unique: {[n for n, _ in named]}")
-    factors, configs, order = {}, {}, []
+    factors, configs, order, saved = {}, {}, [], {}
     for name, path in named:
-        f, o, cfg = _read_folder(path, name, device)
+        f, o, cfg, full = _read_folder(path, name, device)
         factors[name] = f
         configs[name] = cfg
+        saved[name] = full
         order += [m for m in o if m not in order]
-    return _AdapterSet(tuple(n for n, _ in named), factors, order, configs), dict(named)
+    return _AdapterSet(tuple(n for n, _ in named), factors, order, configs, saved), dict(named)
 
 
 def lora_deltas(
@@ -488,7 +499,7 @@ def lora_deltas(
     model, e.g. ``model.layers.0.self_attn.q_proj``).
     """
     if isinstance(source, (str, os.PathLike)):
-        factors, _, _ = _read_folder(Path(source), adapter or Path(source).name)
+        factors, _, _, _ = _read_folder(Path(source), adapter or Path(source).name)
     else:
         name = adapter if adapter is not None else peft_active_adapter(source)
         factors = _read_live(source, [name]).factors[name]
@@ -1155,6 +1166,15 @@ def _check_base(adapters: _AdapterSet, base: Any) -> None:
                 f"module {m!r}: the base's {key!r} has shape {list(source.spec(key).shape)}, adapter {owner!r}'s "
                 f"ΔW {list(expected)}", key=key, agent=owner,
             )
+    for adapter, saved in adapters.saved_weights.items():
+        for key, tensor in saved.items():
+            if key not in keys or tuple(source.spec(key).shape) != tuple(tensor.shape) or not torch.equal(
+                    source.get(key).to(device=tensor.device, dtype=tensor.dtype), tensor):
+                raise UnsupportedAdapterError(
+                    f"adapter {adapter!r} stores its own {key!r} (PEFT's save_embedding_layers), which differs from "
+                    "the base's: a resized or retrained embedding is not a LoRA delta and cannot be merged",
+                    adapter=adapter, module=key,
+                )
 
 
 def _write_adapter_folder(out: Path, adapters: _AdapterSet, factors: Mapping[str, Refactored],
