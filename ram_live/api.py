@@ -84,6 +84,7 @@ def merge(
     max_shard_bytes: int = 5 * 2**30,
     return_info: bool = False,
     progress: ProgressHook | bool | None = None,
+    workers: int | None = None,
     config: Any = None,
     **options: Any,
 ) -> Any:
@@ -94,7 +95,8 @@ def merge(
     ``*.safetensors`` or a Hugging Face folder, sharded at ``max_shard_bytes``, with the base folder's config and
     tokenizer files) and returns its path. Parameters are merged; buffers and
     non-float tensors come from the base. ``return_info=True`` returns ``(result, MergeInfo)``;
-    ``progress=True`` draws a progress bar on stderr (or pass a :class:`~ram_live.progress.ProgressHook`).
+    ``progress=True`` draws a progress bar on stderr (or pass a :class:`~ram_live.progress.ProgressHook`);
+    ``workers``: CPU threads that share each tensor's chunks (default: torch's thread count, at most 8).
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP
@@ -119,7 +121,7 @@ def merge(
     try:
         info: MergeInfo = run_merge(
             base_src, agents, method_obj, cfg, sink, device=dev, chunk_numel=chunk_numel, validate_first=inplace,
-            progress=TerminalProgress() if progress is True else (progress or None),
+            progress=TerminalProgress() if progress is True else (progress or None), workers=workers,
         )
         result = sink.finish()
     except BaseException:
@@ -146,6 +148,7 @@ def ram_merge(
     max_shard_bytes: int = 5 * 2**30,
     return_info: bool = False,
     progress: ProgressHook | bool | None = None,
+    workers: int | None = None,
 ) -> Any:
     """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``.
 
@@ -168,5 +171,6 @@ def ram_merge(
             options["alpha"] = alpha
     return merge(
         models, base, variant, inplace=inplace, out=out, device=device, dtype=dtype, chunk_numel=chunk_numel,
-        max_shard_bytes=max_shard_bytes, return_info=return_info, progress=progress, **options,
+        max_shard_bytes=max_shard_bytes, return_info=return_info, progress=progress, workers=workers,
+        **options,
     )

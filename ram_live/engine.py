@@ -10,6 +10,7 @@ Entries with τ* = 0 keep the base's exact bits.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -27,9 +28,9 @@ __all__ = ["Plan", "build_plan", "DeltaStream", "MergeInfo", "run_merge", "DEFAU
 
 #: Elements of the ``[K, C]`` float32 scratch of stacking methods (4 MiB); C = DEFAULT_CHUNK_NUMEL // K.
 DEFAULT_CHUNK_NUMEL = 1 << 20
-#: Chunk length of the streaming (one agent at a time) path: small enough to stay in L2 and for torch to run
-#: each op on one thread, where 2-core machines lose most to thread hand-offs.
-STREAM_CHUNK = 1 << 15
+#: Chunk length of the streaming (one agent at a time) path: small enough to stay in L2, and below torch's
+#: intra-op grain (32768) so each op runs inline on its thread; chunks are shared by a few Python threads.
+STREAM_CHUNK = 31 * 1024
 
 
 # ----------------------------------------------------------------------------------------------- the plan
@@ -173,16 +174,17 @@ class DeltaStream:
                 self._apply_activity(deltas, base_chunk, agent_chunks)
             yield start, base_f, deltas
 
-    def streamed(self) -> Iterator[tuple[int, Tensor, Iterator[tuple[int, Tensor]]]]:
+    def streamed(self, worker: int = 0, workers: int = 1) -> Iterator[tuple[int, Tensor, Iterator[tuple[int, Tensor]]]]:
         """Chunks of ``stream_chunk`` elements as ``(start, base_f, agents)``, where ``agents`` yields
         ``(t, τ_t)`` one agent at a time through one reused buffer (thresholded when ``activity`` is set).
+        ``worker``/``workers``: this worker's share of the chunks (every ``workers``-th), with its own buffers.
         NaN/Inf are not checked here: callers check what they accumulate."""
         chunk = self.stream_chunk
-        slot = ("streamed", self.device, self.dtype)
+        slot = ("streamed", self.device, self.dtype, worker)
         if slot not in self._ws or self._ws[slot].shape[1] < chunk:
             self._ws[slot] = torch.empty(2, chunk, dtype=self.dtype, device=self.device)
         buffers = self._ws[slot]
-        for start in range(0, self.numel, chunk):
+        for start in range(worker * chunk, self.numel, chunk * workers):
             end = min(self.numel, start + chunk)
             base_f = buffers[0, : end - start]
             base_chunk = self.base[start:end]
@@ -239,16 +241,36 @@ class DeltaStream:
         return _accumulate_statistics(stream, len(self.tensors))
 
 
-def _accumulate_statistics(stream: DeltaStream, k: int) -> RamStatistics:
-    counter = F.RamCounter(stream.stream_chunk, k, stream.device, stream.dtype)
-    for _, base_f, agents in stream.streamed():
-        counter.begin(base_f.numel())
-        for t, delta in agents:
-            counter.add(t, delta)
-        counter.end()
-    if not counter.finite():
+def default_workers(device: torch.device) -> int:
+    """Threads that share a tensor's chunks: on CPU as many as torch's intra-op threads (at most 8), since each
+    cache-sized op then runs on one core without OpenMP hand-offs; one on accelerators (one stream)."""
+    return min(torch.get_num_threads(), 8) if device.type == "cpu" else 1
+
+
+def _in_workers(stream: DeltaStream, workers: int, job: Callable[[int, int], Any]) -> list[Any]:
+    """``job(worker, workers)`` for each worker, in threads when there is more than one chunk to share."""
+    workers = max(1, min(workers, -(-stream.numel // stream.stream_chunk)))
+    if workers == 1:
+        return [job(0, 1)]
+    with ThreadPoolExecutor(workers, thread_name_prefix="ram-live") as pool:
+        return list(pool.map(lambda w: job(w, workers), range(workers)))
+
+
+def _accumulate_statistics(stream: DeltaStream, k: int, workers: int = 1) -> RamStatistics:
+    def job(worker: int, n_workers: int) -> F.RamCounter:
+        counter = F.RamCounter(stream.stream_chunk, k, stream.device, stream.dtype)
+        for _, base_f, agents in stream.streamed(worker, n_workers):
+            counter.begin(base_f.numel())
+            for t, delta in agents:
+                counter.add(t, delta)
+            counter.end()
+        return counter
+
+    counters = _in_workers(stream, workers, job)
+    if not all(c.finite() for c in counters):
         stream._raise_nonfinite(0, stream.numel)
-    return RamStatistics(*counter.result())
+    results = [c.result() for c in counters]
+    return RamStatistics(*(sum(r[i] for r in results) for i in range(3)))  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -318,6 +340,7 @@ def statistics_pass(
     chunk_numel: int,
     workspace: dict[Any, Tensor],
     progress: ProgressHook | None = None,
+    workers: int | None = None,
 ) -> RamStatistics:
     """Pass 1: RAM counts over every merged tensor (also checks that every input is finite)."""
     k = len(reader.agents)
@@ -329,7 +352,7 @@ def statistics_pass(
     for key in plan.merge:
         base, agents, device = reader.read(key)
         stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace)
-        stats = _accumulate_statistics(stream, k)
+        stats = _accumulate_statistics(stream, k, workers if workers is not None else default_workers(device))
         active += stats.active
         unique += stats.unique
         histogram += stats.histogram
@@ -343,18 +366,23 @@ def statistics_pass(
     return RamStatistics(active, unique, histogram)
 
 
-def _merge_streaming(stream: DeltaStream, accumulator: Any, flat: Tensor) -> None:
-    """One agent at a time per chunk into ``accumulator`` (see :class:`ram_live.functional.RamAccumulator`)."""
-    check = torch.zeros((), dtype=stream.dtype, device=stream.device)
-    for start, base_f, agents in stream.streamed():
-        n = base_f.numel()
-        accumulator.begin(n)
-        for t, delta in agents:
-            accumulator.add(t, delta)
-        merged = accumulator.merged(base_f)
-        check += merged.sum()  # NaN/Inf in any input reaches the merged sum; one sync per tensor, not per chunk
-        flat[start : start + n].copy_(merged)
-    if not bool(torch.isfinite(check)):
+def _merge_streaming(stream: DeltaStream, make_accumulator: Callable[[], Any], flat: Tensor, workers: int) -> None:
+    """One agent at a time per chunk into an accumulator (see :class:`ram_live.functional.RamAccumulator`)."""
+
+    def job(worker: int, n_workers: int) -> Tensor:
+        accumulator = make_accumulator()
+        check = torch.zeros((), dtype=stream.dtype, device=stream.device)
+        for start, base_f, agents in stream.streamed(worker, n_workers):
+            n = base_f.numel()
+            accumulator.begin(n)
+            for t, delta in agents:
+                accumulator.add(t, delta)
+            merged = accumulator.merged(base_f)
+            check += merged.sum()  # NaN/Inf in any input reaches the merged sum; one sync per tensor
+            flat[start : start + n].copy_(merged)
+        return check
+
+    if not all(bool(torch.isfinite(c)) for c in _in_workers(stream, workers, job)):
         stream._raise_nonfinite(0, stream.numel)
 
 
@@ -369,6 +397,7 @@ def run_merge(
     chunk_numel: int = DEFAULT_CHUNK_NUMEL,
     validate_first: bool = False,
     progress: ProgressHook | None = None,
+    workers: int | None = None,
 ) -> MergeInfo:
     """Merge ``agents`` onto ``base`` with ``method`` into ``sink``; see :func:`ram_live.merge`."""
     t0 = time.perf_counter()
@@ -381,7 +410,7 @@ def run_merge(
 
     statistics = None
     if method.needs_statistics(config) or validate_first:
-        statistics = statistics_pass(reader, plan, activity or Activity(), chunk_numel, workspace, progress)
+        statistics = statistics_pass(reader, plan, activity or Activity(), chunk_numel, workspace, progress, workers)
         info.passes = 2
         info.statistics = statistics
     run_device = device or (base.spec(plan.merge[0]).device if plan.merge else torch.device("cpu"))
@@ -408,7 +437,10 @@ def run_merge(
                                                                        device=dest.device)
         if method.accumulator is not None:
             _merge_streaming(
-                stream, method.accumulator(config, state, stream.stream_chunk, len(names), dev, stream.dtype), flat
+                stream,
+                lambda: method.accumulator(config, state, stream.stream_chunk, len(names), dev, stream.dtype),
+                flat,
+                workers if workers is not None else default_workers(dev),
             )
         else:
             for start, base_f, deltas in stream:

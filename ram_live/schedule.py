@@ -391,8 +391,8 @@ class RAMSchedule:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "version": STATE_VERSION, "agent": self.agent, "store": str(self.store.root) if self._store or
-            not isinstance(self._store_arg, SnapshotStore) else None,
+            "version": STATE_VERSION, "agent": self.agent,
+            "store": str(self._store.root if self._store is not None else self._store_arg),
             "base_fingerprint": self.base_fingerprint, "last_snapshot_step": self.last_snapshot_step,
             "last_merge_step": self.last_merge_step, "snapshots": self.snapshots, "merges": self.merges,
         }
