@@ -13,7 +13,8 @@ from .engine import DEFAULT_CHUNK_NUMEL, MergeInfo, run_merge
 from .errors import ConfigError, MissingBaseError, NoAgentsError
 from .methods import get_method, make_config
 from .progress import ProgressHook, TerminalProgress
-from .sinks import ModuleSink, SafetensorsSink, StateDictSink
+from .distributed import Distributed
+from .sinks import DistributedSafetensorsSink, ModuleSink, SafetensorsSink, StateDictSink
 from .sources import SafetensorsSource, TensorSource, ZerosSource, as_source, check_agent_names, iter_named
 
 __all__ = ["merge", "ram_merge", "merge_task_vectors"]
@@ -85,6 +86,7 @@ def merge(
     return_info: bool = False,
     progress: ProgressHook | bool | None = None,
     workers: int | None = None,
+    process_group: Any = None,
     config: Any = None,
     **options: Any,
 ) -> Any:
@@ -97,6 +99,9 @@ def merge(
     non-float tensors come from the base. ``return_info=True`` returns ``(result, MergeInfo)``;
     ``progress=True`` draws a progress bar on stderr (or pass a :class:`~ram_live.progress.ProgressHook`);
     ``workers``: CPU threads that share each tensor's chunks (default: torch's thread count, at most 8).
+    ``process_group``: merge across the ranks of an initialised torch.distributed group (``True``: the default
+    group): checkpoints are split tensor by tensor (each rank writes its shards of ``out=``; without ``out=``
+    each rank returns a state dict of its own tensors), DTensor-sharded modules merge their local shards.
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP
@@ -111,9 +116,19 @@ def merge(
     if dtype is not None and (inplace or (out is None and isinstance(base, nn.Module))):
         raise ConfigError("dtype= applies to state-dict and file outputs only")
     dev = torch.device(device) if device is not None else None
+    dist = None
+    if process_group is not None and process_group is not False:
+        dist = Distributed(None if process_group is True else process_group,
+                           sharded=bool(getattr(base_src, "sharded", False)))
+        if not dist.sharded and isinstance(base, nn.Module) and out is None:
+            raise ConfigError("process_group with modules whose parameters are not DTensors: pass out= (each rank "
+                              "writes its shards), or shard the modules (FSDP2/DTensor) to merge them in place")
     if out is not None:
         copy_from = Path(base) if isinstance(base, (str, os.PathLike)) and Path(base).is_dir() else None
-        sink: Any = SafetensorsSink(out, copy_from=copy_from, dtype=dtype, max_shard_bytes=max_shard_bytes)
+        split = dist is not None and not dist.sharded
+        sink: Any = (DistributedSafetensorsSink if split else SafetensorsSink)(
+            out, copy_from=copy_from, dtype=dtype, max_shard_bytes=max_shard_bytes
+        )
     elif isinstance(base, nn.Module):
         sink = ModuleSink(base, inplace=inplace)
     else:
@@ -121,7 +136,7 @@ def merge(
     try:
         info: MergeInfo = run_merge(
             base_src, agents, method_obj, cfg, sink, device=dev, chunk_numel=chunk_numel, validate_first=inplace,
-            progress=TerminalProgress() if progress is True else (progress or None), workers=workers,
+            progress=TerminalProgress() if progress is True else (progress or None), workers=workers, dist=dist,
         )
         result = sink.finish()
     except BaseException:
@@ -149,6 +164,7 @@ def ram_merge(
     return_info: bool = False,
     progress: ProgressHook | bool | None = None,
     workers: int | None = None,
+    process_group: Any = None,
 ) -> Any:
     """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``.
 
@@ -172,5 +188,5 @@ def ram_merge(
     return merge(
         models, base, variant, inplace=inplace, out=out, device=device, dtype=dtype, chunk_numel=chunk_numel,
         max_shard_bytes=max_shard_bytes, return_info=return_info, progress=progress, workers=workers,
-        **options,
+        process_group=process_group, **options,
     )

@@ -20,9 +20,10 @@ from torch import Tensor
 from . import functional as F
 from .errors import InputMismatchError, NoAgentsError, NonFiniteError
 from .methods import Activity, MergeMethod, RamStatistics, RunContext, TensorContext
+from .distributed import Distributed, RemoteRankError
 from .progress import ProgressHook
 from .sinks import Sink
-from .sources import TensorSource
+from .sources import TensorSource, TensorSpec
 
 __all__ = ["Plan", "build_plan", "DeltaStream", "MergeInfo", "run_merge", "DEFAULT_CHUNK_NUMEL"]
 
@@ -353,9 +354,10 @@ def statistics_pass(
         base, agents, device = reader.read(key)
         stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace)
         stats = _accumulate_statistics(stream, k, workers if workers is not None else default_workers(device))
-        active += stats.active
-        unique += stats.unique
-        histogram += stats.histogram
+        if reader.base.spec(key).counted:
+            active += stats.active
+            unique += stats.unique
+            histogram += stats.histogram
         reader.release(key)
         if progress:
             progress.update(key, reader.nbytes(key))
@@ -398,10 +400,17 @@ def run_merge(
     validate_first: bool = False,
     progress: ProgressHook | None = None,
     workers: int | None = None,
+    dist: Distributed | None = None,
 ) -> MergeInfo:
     """Merge ``agents`` onto ``base`` with ``method`` into ``sink``; see :func:`ram_live.merge`."""
     t0 = time.perf_counter()
     plan = build_plan(base, agents)
+    specs = {key: base.spec(key) for key in plan.keys}
+    if dist is not None and not dist.sharded:
+        owner = dist.owners(plan, specs)
+        if hasattr(sink, "distribute"):
+            sink.distribute(dist, plan, owner, specs)
+        plan = dist.local_plan(plan, owner)
     reader = _Reader(base, agents, device)
     names = reader.names
     activity = method.activity(config)
@@ -410,7 +419,18 @@ def run_merge(
 
     statistics = None
     if method.needs_statistics(config) or validate_first:
-        statistics = statistics_pass(reader, plan, activity or Activity(), chunk_numel, workspace, progress, workers)
+        try:
+            statistics = statistics_pass(reader, plan, activity or Activity(), chunk_numel, workspace, progress,
+                                         workers)
+        except BaseException:
+            if dist is not None:  # every rank reaches the collective, failed or not; this rank's error wins
+                try:
+                    dist.reduce_statistics(None, len(names))
+                except RemoteRankError:
+                    pass
+            raise
+        if dist is not None:
+            statistics = dist.reduce_statistics(statistics, len(names))
         info.passes = 2
         info.statistics = statistics
     run_device = device or (base.spec(plan.merge[0]).device if plan.merge else torch.device("cpu"))
@@ -422,10 +442,41 @@ def run_merge(
             for n, a, u in zip(names, statistics.active.tolist(), statistics.unique.tolist())
         }
 
+    try:
+        _merge_pass(reader, plan, specs, method, config, sink, run_state, activity, info, chunk_numel,
+                    workspace, progress, workers, validate_first)
+    except BaseException:
+        if dist is not None:
+            dist.all_ok(False)
+        raise
+    if dist is not None and not dist.all_ok(True):
+        raise RemoteRankError(f"rank {dist.rank}: another rank failed while merging (see its error)")
+    info.seconds = time.perf_counter() - t0
+    return info
+
+
+def _merge_pass(
+    reader: _Reader,
+    plan: Plan,
+    specs: dict[str, TensorSpec],
+    method: MergeMethod,
+    config: Any,
+    sink: Sink,
+    run_state: Any,
+    activity: Activity | None,
+    info: MergeInfo,
+    chunk_numel: int,
+    workspace: dict[Any, Tensor],
+    progress: ProgressHook | None,
+    workers: int | None,
+    validate_first: bool,
+) -> None:
+    base = reader.base
+    names = reader.names
     for key in plan.check_equal:
         if not validate_first:
             _check_equal(reader, key)
-    sink.begin(plan, {key: base.spec(key) for key in plan.keys})
+    sink.begin(plan, specs)
     if progress:
         progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
@@ -463,5 +514,3 @@ def run_merge(
         sink.copy_from_base(key, base.get(key))
     for alias, canonical in plan.alias.items():
         sink.alias(alias, canonical)
-    info.seconds = time.perf_counter() - t0
-    return info

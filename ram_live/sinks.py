@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 import torch
 from torch import Tensor, nn
 
+from .distributed import local_tensor
 from .safetensors_io import SafetensorsWriter
 from .sources import TensorSpec
 
@@ -66,15 +67,15 @@ class ModuleSink:
         self._tensors = self.module.state_dict(keep_vars=True)
 
     def destination(self, key: str, spec: TensorSpec) -> Tensor:
-        return self._tensors[key].data
+        return local_tensor(self._tensors[key].detach())
 
     def commit(self, key: str) -> None:
         pass
 
     def copy_from_base(self, key: str, tensor: Tensor) -> None:
-        target = self._tensors[key]
+        target = local_tensor(self._tensors[key].detach())
         if not self.inplace and target.data_ptr() != tensor.data_ptr():
-            target.data.copy_(tensor)
+            target.copy_(tensor)
 
     def alias(self, alias: str, canonical: str) -> None:
         pass  # the copy preserves ties: both names are one Parameter
@@ -205,16 +206,21 @@ class SafetensorsSink:
                 weight_map = {k: w.path.name for k, w in self._writer_of.items()}
                 index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
                 (self._tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-            if self.copy_from is not None and self.copy_from.is_dir():
-                for f in self.copy_from.iterdir():
-                    if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".pt")):
-                        shutil.copy2(f, self._tmp / f.name)
+            self._copy_side_files()
             if self.path.exists():
                 self.path.rmdir()
             os.replace(self._tmp, self.path)
             return self.path
         finally:
             self.abort()
+
+    def _copy_side_files(self) -> None:
+        """Config, tokenizer and other non-weight files of the base folder."""
+        assert self._tmp is not None
+        if self.copy_from is not None and self.copy_from.is_dir():
+            for f in self.copy_from.iterdir():
+                if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".pt")):
+                    shutil.copy2(f, self._tmp / f.name)
 
     def abort(self) -> None:
         for writer in self._writers:
@@ -223,3 +229,79 @@ class SafetensorsSink:
         if self._tmp is not None and self._tmp.exists():
             shutil.rmtree(self._tmp, ignore_errors=True)
         self._tmp = None
+
+
+class DistributedSafetensorsSink(SafetensorsSink):
+    """:class:`SafetensorsSink` for a merge split over ranks: every rank computes the same global shard layout,
+    writes its own shards into one temporary folder, and rank 0 writes the index and renames the folder."""
+
+    def distribute(self, dist: Any, plan: "Plan", owner: Mapping[str, int], specs: Mapping[str, TensorSpec]) -> None:
+        if self.single:
+            from .errors import ConfigError
+
+            raise ConfigError("a merge split over ranks writes a folder: pass out= a folder, not a .safetensors file")
+        self.dist = dist
+        shards: list[tuple[int, dict[str, tuple[torch.dtype, tuple[int, ...]]]]] = []
+        for rank in range(dist.world):
+            size, current = 0, {}
+            for key in (k for k in plan.merge + plan.copy if owner[k] == rank):
+                dtype = self._dtype(specs[key].dtype)
+                nbytes = specs[key].numel * dtype.itemsize
+                if current and size + nbytes > self.max_shard_bytes:
+                    shards.append((rank, current))
+                    size, current = 0, {}
+                current[key] = (dtype, specs[key].shape)
+                size += nbytes
+            if current:
+                shards.append((rank, current))
+        n = len(shards)
+        self._layout = [(rank, f"model-{i + 1:05d}-of-{n:05d}.safetensors", shard) for i, (rank, shard) in
+                        enumerate(shards)]
+        self._tmp = self.path.parent / f".{self.path.name}.tmp-{dist.shared_token()}"
+        if dist.rank == 0:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._tmp.mkdir()
+        dist.barrier()
+
+    def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None:
+        for rank, name, shard in self._layout:
+            if rank == self.dist.rank:
+                writer = SafetensorsWriter(self._tmp / name, shard, self.metadata)
+                self._writers.append(writer)
+                self._writer_of.update(dict.fromkeys(shard, writer))
+
+    def finish(self) -> Path:
+        assert self._tmp is not None
+        for writer in self._writers:
+            writer.close()
+        self.dist.barrier()
+        try:
+            if self.dist.rank == 0:
+                weight_map = {k: name for _, name, shard in self._layout for k in shard}
+                total = sum(_nbytes(dtype, shape) for _, _, shard in self._layout for dtype, shape in shard.values())
+                index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+                (self._tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+                self._copy_side_files()
+                if self.path.exists():
+                    self.path.rmdir()
+                os.replace(self._tmp, self.path)
+        finally:
+            self._writers.clear()
+            self._tmp = None
+        self.dist.barrier()
+        return self.path
+
+    def abort(self) -> None:
+        for writer in self._writers:
+            writer.close()
+        self._writers.clear()
+        if getattr(self, "dist", None) is not None and self.dist.rank == 0 and self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        self._tmp = None
+
+
+def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    n = dtype.itemsize
+    for s in shape:
+        n *= s
+    return n

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import InputMismatchError, UnsupportedInputError
+from .distributed import counts_here, is_dtensor, local_tensor
 from .safetensors_io import MappedSafetensors
 
 __all__ = [
@@ -32,6 +33,7 @@ class TensorSpec:
     dtype: torch.dtype
     device: torch.device
     is_buffer: bool = False
+    counted: bool = True  # False for DTensor shards replicated elsewhere: global statistics count them once
 
     @property
     def numel(self) -> int:
@@ -65,7 +67,10 @@ class _InMemorySource:
 
     def __init__(self, name: str, tensors: Mapping[str, Tensor], buffers: frozenset[str] = frozenset()) -> None:
         self.name = name
-        self._tensors = dict(tensors)
+        # DTensor (e.g. FSDP2) parameters: the engine works on this rank's local shard
+        self._uncounted = frozenset(k for k, t in tensors.items() if not counts_here(t))
+        self.sharded = any(is_dtensor(t) for t in tensors.values())
+        self._tensors = {k: local_tensor(t) for k, t in tensors.items()}
         self._buffers = buffers
         self._aliases = _find_aliases(self._tensors)
 
@@ -74,7 +79,7 @@ class _InMemorySource:
 
     def spec(self, key: str) -> TensorSpec:
         t = self._tensors[key]
-        return TensorSpec(tuple(t.shape), t.dtype, t.device, key in self._buffers)
+        return TensorSpec(tuple(t.shape), t.dtype, t.device, key in self._buffers, key not in self._uncounted)
 
     def get(self, key: str) -> Tensor:
         return self._tensors[key].detach()

@@ -35,6 +35,7 @@ import json
 import math
 import os
 import re
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -249,11 +250,8 @@ class LocalTensor:
 
 
 def _is_dtensor(t: Any) -> bool:
-    if not torch.distributed.is_available():
-        return False
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
+    module = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before it is imported
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def _dtensor_local(key: str, t: Any) -> tuple[Tensor, tuple[int, ...], bool]:

@@ -1,0 +1,106 @@
+"""torch.distributed on CPU with gloo and 2 processes: split merges of checkpoints, DTensor shards in place."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import save_file
+
+from ram_live import ram_merge, merge
+from tests.conftest import assert_bit_identical, make_agents
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(rank: int, world: int, port: int, fn, args) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn, *args, world: int = 2) -> None:
+    mp.start_processes(_run, args=(world, _free_port(), fn, args), nprocs=world, start_method="spawn")
+
+
+def _split_merge(rank, tmp, method, options):
+    paths = [str(tmp / f"a{i}.safetensors") for i in range(3)]
+    merge(paths, base=str(tmp / "base.safetensors"), method=method, out=tmp / f"dist-{method}",
+          process_group=True, max_shard_bytes=600, **options)
+
+
+@pytest.mark.parametrize("method,options", [("ram_plus", {}), ("dare_ties", {"density": 0.5})])
+def test_split_merge_equals_single_process(tmp_path, base_sd, method, options):
+    base = {k: v.to(torch.bfloat16) for k, v in base_sd.items()}
+    agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)
+    save_file(base, tmp_path / "base.safetensors")
+    for i, a in enumerate(agents):
+        save_file(a, tmp_path / f"a{i}.safetensors")
+    spawn(_split_merge, tmp_path, method, options)
+    out = tmp_path / f"dist-{method}"
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(shards) > 2 and (out / "model.safetensors.index.json").exists()
+    from ram_live.sources import SafetensorsSource
+
+    src = SafetensorsSource(out)
+    got = {k: src.get(k).clone() for k in src.keys()}
+    assert_bit_identical(got, merge(agents, base=base, method=method, **options))
+    assert not list(tmp_path.glob(".dist-*"))
+
+
+def _failing_merge(rank, tmp):
+    from ram_live import NonFiniteError, RamLiveError
+
+    paths = [str(tmp / f"a{i}.safetensors") for i in range(2)]
+    with pytest.raises(RamLiveError) as info:
+        ram_merge(paths, base=str(tmp / "base.safetensors"), out=tmp / "out", process_group=True)
+    assert isinstance(info.value, NonFiniteError) or "another rank failed" in str(info.value)
+
+
+def test_a_failure_on_one_rank_reaches_every_rank(tmp_path, base_sd):
+    agents = make_agents(base_sd, [0.5, 0.5])
+    agents[1]["embed.weight"][0, 0] = float("nan")  # the largest tensor: merged by one rank only
+    save_file(base_sd, tmp_path / "base.safetensors")
+    for i, a in enumerate(agents):
+        save_file(a, tmp_path / f"a{i}.safetensors")
+    spawn(_failing_merge, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a0.safetensors", "a1.safetensors", "base.safetensors"]
+
+
+def _dtensor_merge(rank, tmp):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    sds = torch.load(tmp / "inputs.pt", weights_only=True)
+    mesh = init_device_mesh("cpu", (2,))
+
+    def sharded(sd):
+        module = torch.nn.Module()
+        for k, v in sd.items():
+            module.register_parameter(k.replace(".", "_"), torch.nn.Parameter(distribute_tensor(v, mesh, [Shard(0)])))
+        return module
+
+    base, agents = sharded(sds["base"]), [sharded(a) for a in sds["agents"]]
+    merged = ram_merge(agents, base=base, inplace=True, process_group=True)
+    assert merged is base
+    full = {k: p.full_tensor() for k, p in base.named_parameters()}
+    if rank == 0:
+        torch.save(full, tmp / "merged.pt")
+
+
+def test_dtensor_shards_merge_in_place_without_gathering(tmp_path, base_sd):
+    agents = make_agents(base_sd, [0.05, 0.5, 0.6])
+    torch.save({"base": base_sd, "agents": agents}, tmp_path / "inputs.pt")
+    spawn(_dtensor_merge, tmp_path)
+    got = torch.load(tmp_path / "merged.pt", weights_only=True)
+    expected = ram_merge(agents, base=base_sd)
+    assert_bit_identical(got, {k.replace(".", "_"): v for k, v in expected.items()})
