@@ -1,0 +1,287 @@
+"""Lightning callback: snapshot this run's task vector every n steps into a store shared by several agents' runs,
+and every m steps merge the latest snapshot of every agent there with RAM into a generalist, evaluate it, log.
+
+>>> from ram_live.integrations.lightning import RAMCallback                               # doctest: +SKIP
+>>> trainer = L.Trainer(callbacks=[RAMCallback(store="runs/ram", agent="coder", snapshot_every=50,
+...                                            merge_every=200)])
+>>> trainer.fit(model)      # logs ram/<validation metric>, ram/<agent>/density|rho|lambda, ...
+
+Follows ``lightning.pytorch.callbacks.WeightAveraging``'s conventions: overridable ``should_snapshot(step, epoch)``
+and ``should_merge(step, epoch)`` are asked after every optimizer step (``step`` = optimizer steps taken, so
+``snapshot_every=50`` snapshots after steps 50, 100, ...); the merged weights are swapped into the module for the
+evaluation and swapped back (bit-exact); the counters are the callback's ``state_dict`` so a resumed run continues
+where it stopped. Strategies: single device, DDP (rank zero writes, every rank merges the same snapshots) and
+``ModelParallelStrategy`` (DTensor parameters: every rank writes and merges its own shards). Others raise at setup.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+    from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+except ImportError:  # pragma: no cover - depends on the environment
+    try:
+        import pytorch_lightning as pl  # type: ignore[no-redef]
+        from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+        from pytorch_lightning.utilities.model_helpers import is_overridden  # type: ignore[no-redef]
+        from pytorch_lightning.utilities.rank_zero import rank_zero_warn  # type: ignore[no-redef]
+    except ImportError as exc:
+        raise ImportError(
+            "ram_live.integrations.lightning needs Lightning: pip install 'ram-live[lightning]'"
+        ) from exc
+
+from ..errors import RamLiveError
+from ..schedule import MergeResult, RAMSchedule
+from ..store import SnapshotStore, TorchCollective, LocalCollective
+
+__all__ = ["RAMCallback", "UnsupportedStrategyError"]
+
+
+class UnsupportedStrategyError(RamLiveError, TypeError):
+    """The trainer's strategy is one RAMCallback does not support."""
+
+
+def _strategy_check(strategy: Any) -> str:
+    """'single', 'ddp' or 'model_parallel'; raises for anything else."""
+    S = pl.strategies
+
+    unsupported = tuple(getattr(S, n) for n in ("DeepSpeedStrategy", "XLAStrategy", "SingleDeviceXLAStrategy",
+                                                  "FSDPStrategy", "XLAFSDPStrategy") if hasattr(S, n))
+    if not isinstance(strategy, unsupported):
+        if isinstance(strategy, S.ModelParallelStrategy):
+            return "model_parallel"
+        if isinstance(strategy, S.DDPStrategy):
+            return "ddp"
+        if isinstance(strategy, S.SingleDeviceStrategy):
+            return "single"
+    raise UnsupportedStrategyError(
+        f"RAMCallback supports the single-device, DDP and ModelParallel strategies; the trainer uses "
+        f"{type(strategy).__name__}. (FSDP1 flattens parameters and DeepSpeed shards them its own way: use "
+        "ModelParallelStrategy with FSDP2/tensor parallelism instead.)"
+    )
+
+
+class RAMCallback(Callback):
+    r"""Snapshots of this run's agent into a shared :class:`~ram_live.store.SnapshotStore`; periodic RAM merges of
+    the latest snapshot of every agent in it, evaluated and logged under ``ram/``.
+
+    Args:
+        store: the store folder (created if needed) or a :class:`SnapshotStore`; shared by the agents' runs.
+        agent: this run's agent name (a folder of the store).
+        base: the model every agent was trained from. ``None``: the module's weights at train start on a fresh
+            run (reloaded from the store on resume); ``"store"``: the store's base; or an ``nn.Module``, a state
+            dict or a checkpoint path. It must equal the store's base if the store has one.
+        snapshot_every: snapshot after every this many optimizer steps (None: only at train end).
+        merge_every: merge the generalist after every this many steps (None: never).
+        evaluate: ``evaluate(module) -> dict`` called with the merged weights swapped in; ``None`` runs the
+            module's ``validation_step`` over the validation dataloaders instead (when it has them); ``False``
+            only logs the probe numbers.
+        variant, r, alpha, eps, activity, rho_scope: RAM's options, as in :func:`ram_live.ram_merge`.
+        snapshot_activity, snapshot_eps: ``"changed"`` (lossless, default) or ``"abs"`` (keep |τ| > snapshot_eps).
+        keep: keep only this run's newest ``keep`` snapshots.
+        agents: merge only these agents (default: every agent of the store).
+        snapshot_on_train_end: take a last snapshot when training ends.
+        val_batches: at most this many batches per validation dataloader for the merged model's validation
+            (default: the trainer's ``limit_val_batches``).
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | SnapshotStore,
+        agent: str,
+        base: Any = None,
+        snapshot_every: int | None = None,
+        merge_every: int | None = None,
+        evaluate: Callable[[Any], Mapping[str, Any]] | bool | None = None,
+        variant: str = "ram_plus",
+        r: float = 0.1,
+        alpha: float = 2.0,
+        eps: float = 1e-5,
+        activity: str = "abs",
+        rho_scope: str = "global",
+        snapshot_activity: str = "changed",
+        snapshot_eps: float = 0.0,
+        keep: int | None = None,
+        agents: Sequence[str] | None = None,
+        snapshot_on_train_end: bool = True,
+        val_batches: int | None = None,
+        durable: bool = True,
+    ) -> None:
+        if evaluate is True:
+            raise RamLiveError("evaluate must be a callable, None (validation) or False")
+        self.schedule = RAMSchedule(
+            store, agent, snapshot_every=snapshot_every, merge_every=merge_every, variant=variant, r=r, alpha=alpha,
+            eps=eps, activity=activity, rho_scope=rho_scope, snapshot_activity=snapshot_activity,
+            snapshot_eps=snapshot_eps, keep=keep, agents=agents, durable=durable,
+        )
+        self.agent = agent
+        self._store_name = str(store.root if isinstance(store, SnapshotStore) else store)
+        self._base = base
+        self._evaluate = evaluate
+        self.snapshot_on_train_end = snapshot_on_train_end
+        self.val_batches = val_batches
+        self.mode: str | None = None
+        self._loaded_state = False
+        self.last_result: MergeResult | None = None
+
+    # ------------------------------------------------------------------------------------------- conventions
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(agent=self.agent, store=self._store_name)
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """Every merge's logged metrics, with its ``step``."""
+        return self.schedule.history
+
+    @property
+    def store(self) -> SnapshotStore:
+        return self.schedule.store
+
+    def should_snapshot(self, step: int, epoch: int) -> bool:
+        """Called after every optimizer step (``step`` = steps taken, 1-based): snapshot now?"""
+        return self.schedule.should_snapshot(step, epoch)
+
+    def should_merge(self, step: int, epoch: int) -> bool:
+        """Called after every optimizer step: merge (and evaluate) the generalist now?"""
+        return self.schedule.should_merge(step, epoch)
+
+    # ------------------------------------------------------------------------------------------- hooks
+
+    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+        if stage == "fit":
+            self.mode = _strategy_check(trainer.strategy)
+
+    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        base = self._base
+        if base is None and self.schedule.base_fingerprint is None and trainer.ckpt_path is not None:
+            if not self.schedule.store.has_base():
+                raise RamLiveError(
+                    f"RAMCallback({self.agent!r}): resuming from {trainer.ckpt_path}, which holds no RAMCallback state, "
+                    "and the store has no base: the module's weights are no longer the base; pass base=..."
+                )
+            rank_zero_warn(f"RAMCallback({self.agent!r}): resuming without RAM state; using the store's base")
+            base = "store"
+        collective = TorchCollective() if trainer.world_size > 1 else LocalCollective()
+        self.schedule.attach(pl_module, base=base, collective=collective)
+
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step, epoch = trainer.global_step, trainer.current_epoch
+        s = self.schedule
+        if step > s.last_snapshot_step and self.should_snapshot(step, epoch):
+            s.snapshot(pl_module, step, epoch)
+        if step > s.last_merge_step and self.should_merge(step, epoch):
+            self.merge_now(trainer, pl_module)
+
+    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        step = trainer.global_step
+        if self.snapshot_on_train_end and step > 0 and self.schedule.last_snapshot_step < step:
+            self.schedule.snapshot(pl_module, step, trainer.current_epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.schedule.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.schedule.load_state_dict(state_dict)
+        self._loaded_state = True
+
+    # ------------------------------------------------------------------------------------------- merging
+
+    def merge_now(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> dict[str, float]:
+        """Merge the latest snapshot of every agent now, evaluate, log; returns the logged metrics."""
+        step = trainer.global_step
+        result = self.schedule.merge(pl_module, step, trainer.current_epoch)
+        self.last_result = result
+        metrics = result.metrics()
+        evaluate = self._evaluate
+        if evaluate is None and is_overridden("validation_step", pl_module):
+            evaluate = lambda module: self._validate(trainer, module)  # noqa: E731
+        if callable(evaluate):
+            with self.schedule.swapped(pl_module, result):
+                scores = evaluate(pl_module)
+            for key, value in (scores or {}).items():
+                metrics[key if key.startswith("ram/") else f"ram/{key}"] = _float(value)
+        self.schedule.history.append({"step": float(step), **metrics})
+        self._log(trainer, metrics)
+        return metrics
+
+    def _log(self, trainer: "pl.Trainer", metrics: dict[str, float]) -> None:
+        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _validate(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> dict[str, float]:
+        """The module's ``validation_step`` over the validation dataloaders, its ``self.log`` calls collected (mean
+        over batches, weighted by ``batch_size`` when given; averaged over ranks), outside Lightning's validation
+        loop: no other callback sees it, nothing is checkpointed."""
+        loop = trainer.fit_loop.epoch_loop.val_loop
+        if trainer.val_dataloaders is None:
+            loop.setup_data()
+        loaders = trainer.val_dataloaders
+        if loaders is None:
+            return {}
+        if isinstance(loaders, Mapping):
+            loaders = list(loaders.values())
+        elif not isinstance(loaders, (list, tuple)):
+            loaders = [loaders]
+        limits = list(getattr(trainer, "num_val_batches", []) or [])
+        sums: dict[str, list[float]] = {}
+
+        def log(name: str, value: Any, *args: Any, batch_size: int | None = None, **kwargs: Any) -> None:
+            if not isinstance(value, (int, float, torch.Tensor)):
+                return  # torchmetrics objects and the like: not collected
+            w = float(batch_size) if batch_size else 1.0
+            acc = sums.setdefault(name, [0.0, 0.0])
+            acc[0] += _float(value) * w
+            acc[1] += w
+
+        def log_dict(values: Mapping[str, Any], *args: Any, batch_size: int | None = None, **kwargs: Any) -> None:
+            for name, value in values.items():
+                log(name, value, batch_size=batch_size)
+
+        modes = {m: m.training for m in pl_module.modules()}
+        pl_module.eval()
+        pl_module.log = log  # type: ignore[method-assign]
+        pl_module.log_dict = log_dict  # type: ignore[method-assign]
+        try:
+            with torch.no_grad():
+                for i, loader in enumerate(loaders):
+                    limit = self.val_batches if self.val_batches is not None else (
+                        limits[i] if i < len(limits) else float("inf"))
+                    for b, batch in enumerate(loader):
+                        if b >= limit:
+                            break
+                        batch = trainer.strategy.batch_to_device(batch, dataloader_idx=i)
+                        if len(loaders) > 1:
+                            pl_module.validation_step(batch, b, i)
+                        else:
+                            pl_module.validation_step(batch, b)
+        finally:
+            del pl_module.log
+            del pl_module.log_dict
+            for m, training in modes.items():
+                m.train(training)
+        c = self.schedule.collective
+        if c.world_size > 1:
+            names = c.broadcast_json(sorted(sums))
+            flat = torch.tensor([x for n in names for x in sums.get(n, [0.0, 0.0])], dtype=torch.float64)
+            c.all_reduce_sum_(flat)
+            return {n: float(flat[2 * i] / flat[2 * i + 1]) if flat[2 * i + 1] else float("nan")
+                    for i, n in enumerate(names)}
+        return {n: s / w for n, (s, w) in sums.items() if w}
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().float().mean().item())
+    return float(value)
