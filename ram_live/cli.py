@@ -2,6 +2,7 @@
 
     ram-live probe coder=ckpt/coder tools=ckpt/tools --base ckpt/base [--json report.json] [--plot probe.png]
     ram-live merge coder=ckpt/coder tools=ckpt/tools --base ckpt/base --out merged/ [--method ties -O density=0.2]
+    torchrun --nproc-per-node 8 -m ram_live merge ... --out merged/ --distributed --device cuda
 
 Agents are safetensors files or Hugging Face folders, optionally named ``name=path``. Errors print one line and
 exit non-zero (2 for bad input, 1 otherwise); ``--debug`` shows the traceback.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -77,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="method option, e.g. -O density=0.2 -O weights=[1,2]; repeatable")
     m.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="output dtype (default: the base's)")
     m.add_argument("--max-shard-size", type=float, default=5.0, metavar="GB", help="shard size in GB (default 5)")
+    m.add_argument("--distributed", action="store_true",
+                   help="under torchrun: split the tensors over the ranks (gloo on CPU, nccl with --device cuda)")
     return parser
 
 
@@ -98,17 +102,35 @@ def _run(args: argparse.Namespace) -> int:
             report.plot(args.plot)
         return 0
     options = dict(_option(o) for o in args.option)
+    if args.distributed:
+        _init_distributed(args)
+        args.quiet = args.quiet or torch.distributed.get_rank() != 0  # rank 0 reports for all
     _, info = merge(
         agents, base=args.base, method=args.method, out=args.out, device=args.device,
         dtype=_DTYPES[args.dtype] if args.dtype else None, max_shard_bytes=int(args.max_shard_size * 1e9),
-        progress=None if args.quiet else TerminalProgress(), return_info=True, **options,
+        progress=None if args.quiet else TerminalProgress(), return_info=True,
+        process_group=True if args.distributed else None, **options,
     )
     if not args.quiet:
-        print(f"merged {len(info.agents)} agents ({info.tensors} tensors, {info.parameters:,} parameters) with "
+        print(f"merged {len(info.agents)} agents ({info.tensors} tensors, {info.parameters:,} parameters"
+              f"{' on rank 0' if args.distributed else ''}) with "
               f"{info.method} in {info.seconds:.1f} s -> {args.out}")
         if info.lambdas:
             print("lambda: " + ", ".join(f"{n}={v:.4f}" for n, v in info.lambdas.items()))
     return 0
+
+
+def _init_distributed(args: argparse.Namespace) -> None:
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:
+        raise ConfigError("--distributed needs torchrun (RANK, WORLD_SIZE, MASTER_ADDR are not set)")
+    cuda = args.device is not None and str(args.device).startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        args.device = f"cuda:{torch.cuda.current_device()}"
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,3 +62,16 @@ def test_console_entry_point(files):
     assert result.returncode == 0, result.stderr
     assert "[merge] 5/5 tensors" in result.stderr and "lambda: coder=" in result.stdout
     assert (tmp / "m" / "model.safetensors").exists()
+
+
+def test_torchrun_distributed_merge(files):
+    tmp, base, agents, paths = files
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+           "ram_live", "merge", *paths, "--base", str(tmp / "base.safetensors"), "--out", str(tmp / "d"),
+           "--distributed", "--max-shard-size", "0.000001", "--quiet"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    from ram_live.sources import SafetensorsSource
+
+    src = SafetensorsSource(tmp / "d")
+    assert_bit_identical({k: src.get(k).clone() for k in src.keys()}, merge(agents, base=base))
