@@ -104,3 +104,38 @@ def test_dtensor_shards_merge_in_place_without_gathering(tmp_path, base_sd):
     got = torch.load(tmp_path / "merged.pt", weights_only=True)
     expected = ram_merge(agents, base=base_sd)
     assert_bit_identical(got, {k.replace(".", "_"): v for k, v in expected.items()})
+
+
+def _fsdp2_merge(rank, tmp):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    sds = torch.load(tmp / "inputs.pt", weights_only=True)
+    mesh = init_device_mesh("cpu", (2,))
+
+    def model(sd):
+        m = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.GELU(), torch.nn.Linear(24, 5))
+        m.load_state_dict(sd)
+        fully_shard(m, mesh=mesh)
+        return m
+
+    base, agents = model(sds["base"]), [model(a) for a in sds["agents"]]
+    local_before = [p.to_local().clone() for p in agents[0].parameters()]
+    merged, info = ram_merge(agents, base=base, inplace=True, process_group=True, return_info=True)
+    assert all(torch.equal(p.to_local(), q) for p, q in zip(agents[0].parameters(), local_before))
+    full = {k: v.full_tensor() for k, v in merged.state_dict().items()}
+    if rank == 0:
+        torch.save({"merged": full, "lambdas": info.lambdas}, tmp / "merged.pt")
+
+
+def test_fsdp2_fully_sharded_models_merge_in_place(tmp_path):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.GELU(), torch.nn.Linear(24, 5))
+    base = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    agents = make_agents(base, [0.05, 0.5, 0.6])
+    torch.save({"base": base, "agents": agents}, tmp_path / "inputs.pt")
+    spawn(_fsdp2_merge, tmp_path)
+    got = torch.load(tmp_path / "merged.pt", weights_only=True)
+    expected, info = ram_merge(agents, base=base, return_info=True)
+    assert_bit_identical(got["merged"], expected)
+    assert got["lambdas"] == info.lambdas  # counts all-reduced: the global λ, not a per-rank one
