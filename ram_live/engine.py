@@ -9,6 +9,7 @@ Entries with τ* = 0 keep the base's exact bits.
 
 from __future__ import annotations
 
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -489,7 +490,9 @@ def _merge_pass(
         if method.accumulator is not None:
             _merge_streaming(
                 stream,
-                lambda: method.accumulator(config, state, stream.stream_chunk, len(names), dev, stream.dtype),
+                functools.partial(
+                    method.accumulator, config, state, stream.stream_chunk, len(names), dev, stream.dtype
+                ),
                 flat,
                 workers if workers is not None else default_workers(dev),
             )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol, Sequence
 
 import torch
@@ -437,7 +437,9 @@ def _ram_setup(config: RamConfig, ctx: RunContext) -> Tensor | None:
         return None
     assert ctx.statistics is not None
     return torch.tensor(
-        lambdas_from_counts(config, ctx.statistics.active, ctx.statistics.unique), dtype=torch.float64, device=ctx.device
+        lambdas_from_counts(config, ctx.statistics.active, ctx.statistics.unique),
+        dtype=torch.float64,
+        device=ctx.device,
     )
 
 
@@ -447,7 +449,8 @@ def _ram_prepare(config: RamConfig, view: TensorView, run_lambdas: Tensor | None
     if config.rho_scope == "global":
         return run_lambdas
     stats = view.statistics(_ram_activity(config))
-    return torch.tensor(lambdas_from_counts(config, stats.active, stats.unique), dtype=torch.float64, device=view.device)
+    lambdas = lambdas_from_counts(config, stats.active, stats.unique)
+    return torch.tensor(lambdas, dtype=torch.float64, device=view.device)
 
 
 def _ram_activity(config: RamConfig) -> Activity:

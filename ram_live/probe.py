@@ -8,6 +8,7 @@ It is the merge's statistics pass plus pairwise Gram matrices, per agent and per
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -171,9 +172,9 @@ class ProbeReport:
             raise ImportError("report.plot needs matplotlib: pip install 'ram-live[plot]'") from exc
         layers = self.layers()
         names = list(layers)
-        density = [[layers[l][a].density for l in names] for a in self.agent_names]
+        density = [[layers[layer][a].density for layer in names] for a in self.agent_names]
         # a layer the agent did not touch has no unique share: blank, not 0 (which would read "all shared")
-        unique = [[layers[l][a].unique_share if layers[l][a].active else math.nan for l in names]
+        unique = [[layers[layer][a].unique_share if layers[layer][a].active else math.nan for layer in names]
                   for a in self.agent_names]
         width = max(6.0, 0.25 * len(names) + 2)
         fig, axes = plt.subplots(2, 1, figsize=(width, 1.2 * len(self.agent_names) * 2 + 2.5), constrained_layout=True)
@@ -192,6 +193,10 @@ class ProbeReport:
 def _lambdas(active: int, unique: int, r: float, alpha: float) -> dict[str, float]:
     value = F.rho(unique, active)
     return {v: F.ram_lambda(value, v, r, alpha) for v in _VARIANTS}
+
+
+def _add_gram(gram: torch.Tensor, deltas: torch.Tensor) -> None:
+    gram.add_(deltas @ deltas.T)
 
 
 def probe(
@@ -227,7 +232,7 @@ def probe(
         base_t, agent_ts, dev = reader.read(key)
         gram = torch.zeros(k, k, dtype=torch.float64, device=dev)
         stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, rule, workspace,
-                             raw_hook=lambda d: gram.add_(d @ d.T))
+                             raw_hook=functools.partial(_add_gram, gram))
         active = torch.zeros(k, dtype=torch.int64)
         unique = torch.zeros(k, dtype=torch.int64)
         for _, _, deltas in stream:
@@ -244,7 +249,7 @@ def probe(
         }
     total = sum(next(iter(v.values())).total for v in tensors.values()) if tensors else 0
     per_agent: dict[str, AgentStats] = {}
-    for i, n in enumerate(names):
+    for n in names:
         a = sum(t[n].active for t in tensors.values())
         u = sum(t[n].unique for t in tensors.values())
         per_agent[n] = AgentStats(total, a, u, _lambdas(a, u, r, alpha))

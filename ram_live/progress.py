@@ -57,6 +57,7 @@ class TerminalProgress:
     def close(self) -> None:
         elapsed = time.perf_counter() - self.t0
         rate = self.bytes / max(elapsed, 1e-9)
-        self.stream.write(("\r" if self.live else "") + f"[{self.stage}] {self.done}/{self.total} tensors, "
-                          f"{_human(self.bytes)} in {elapsed:.1f} s ({_human(rate)}/s)" + ("\x1b[K" if self.live else "") + "\n")
+        line = (f"[{self.stage}] {self.done}/{self.total} tensors, {_human(self.bytes)} in {elapsed:.1f} s "
+                f"({_human(rate)}/s)")
+        self.stream.write(("\r" + line + "\x1b[K" if self.live else line) + "\n")
         self.stream.flush()

@@ -45,7 +45,6 @@ from .store import (
     StoreError,
     default_collective,
     fingerprint,
-    merge_shards,
     ram_statistics,
 )
 
@@ -179,7 +178,7 @@ class RAMSchedule:
         self.collective = collective or default_collective()
         c = self.collective
         live = LocalModel.from_obj(model, name=self.agent)
-        self.sharded = live.sharded or any(not t.owner for t in live.tensors.values())
+        self.sharded = live.sharded
         if self.sharded or c.rank == 0:
             self.store  # noqa: B018 - create the store folder before others look at it
         c.barrier()
@@ -319,38 +318,31 @@ class RAMSchedule:
         density: dict[str, float] = {}
         rho: dict[str, float] = {}
         lambdas: dict[str, float] = {}
-        if self.sharded:
-            boxes = base.boxes()
-            agents = [s if isinstance(s, LocalModel) else s.restrict(boxes, name) for name, s in sources.items()]
-            for a, name in zip(agents, names):
-                a.name = name
-            tensors, stats = merge_shards(
-                base, agents, variant=self.variant, r=self.r, alpha=self.alpha, eps=self.eps, activity=self.activity,
-                rho_scope=self.rho_scope, owned=lambda key: base.tensors[key].owner, collective=self.collective,
-                chunk_numel=self.chunk_numel,
-            )
-            lambdas = dict(zip(names, map(float, stats["lambdas"].tolist())))
-            active, unique, total = stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
-        else:
-            agents = []
-            for name, s in sources.items():
-                if isinstance(s, LocalModel):
-                    s = LocalModel(s.tensors, s.aliases(), s.keys(), name)
+        agents = []
+        for name, s in sources.items():
+            if isinstance(s, LocalModel):
+                agents.append(s.renamed(name))
+            elif self.sharded:
+                agents.append(s.restrict(base.boxes(), name))  # this rank's boxes of every snapshot
+            else:
                 agents.append(s)
-            tensors, info = ram_merge(
-                {a.name: a for a in agents}, base=base, variant=self.variant, r=self.r, alpha=self.alpha,
-                eps=self.eps, activity=self.activity, rho_scope=self.rho_scope, chunk_numel=self.chunk_numel,
-                return_info=True,
-            )
-            if info.statistics is not None:
-                active, unique = info.statistics.active.tolist(), info.statistics.unique.tolist()
-                total = info.parameters
-            else:  # plain RAM needs no statistics pass; the probe numbers do
-                stats = ram_statistics(base, agents, Activity(self.activity, self.eps),  # type: ignore[arg-type]
-                                       chunk_numel=self.chunk_numel)
-                active, unique, total = stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
-            if info.lambdas is not None and self.rho_scope == "global":
-                lambdas = dict(info.lambdas)
+        distributed = self.sharded and self.collective.world_size > 1
+        tensors, info = ram_merge(
+            {a.name: a for a in agents}, base=base, variant=self.variant, r=self.r, alpha=self.alpha,
+            eps=self.eps, activity=self.activity, rho_scope=self.rho_scope, chunk_numel=self.chunk_numel,
+            return_info=True, **({"process_group": True} if distributed else {}),
+        )
+        if info.statistics is not None and self.rho_scope == "global":
+            active, unique = info.statistics.active.tolist(), info.statistics.unique.tolist()
+            total = _global_numel(base, agents, self.collective if distributed else LocalCollective())
+        else:  # plain RAM (or per-tensor ρ) needs no global statistics pass; the probe numbers do
+            stats = ram_statistics(base, agents, Activity(self.activity, self.eps),  # type: ignore[arg-type]
+                                   owned=lambda key: base.tensors[base.aliases().get(key, key)].owner,
+                                   collective=self.collective if distributed else None,
+                                   chunk_numel=self.chunk_numel)
+            active, unique, total = stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
+        if info.lambdas is not None and self.rho_scope == "global":
+            lambdas = dict(info.lambdas)
         for name, a, u in zip(names, active, unique):
             density[name] = a / total if total else 0.0
             rho[name] = F.rho(float(u), float(a))
@@ -380,10 +372,10 @@ class RAMSchedule:
         metrics = result.metrics()
         fn = evaluate or self.evaluate
         if fn is not None:
-            with self.swapped(model, result):
-                scores = fn(model)
-            for key, value in (scores or {}).items():
-                metrics[key if key.startswith("ram/") else f"ram/{key}"] = _to_float(value)
+            with self.swapped(model, result):  # floats taken inside: a score may be a view of the weights
+                scores = {k: _to_float(v) for k, v in (fn(model) or {}).items()}
+            for key, value in scores.items():
+                metrics[key if key.startswith("ram/") else f"ram/{key}"] = value
         self.history.append({"step": float(step), **metrics})
         return metrics
 
@@ -416,6 +408,15 @@ def _to_float(value: Any) -> float:
     return float(value)
 
 
+def _global_numel(base: LocalModel, agents: Sequence[Any], collective: Collective) -> int:
+    """Entries the merge merges, over all ranks (each box counted once)."""
+    from .engine import build_plan
+
+    plan = build_plan(base, agents)
+    mine = sum(base.tensors[k].tensor.numel() for k in plan.merge if base.tensors[k].owner)
+    return int(collective.all_reduce_sum_(torch.tensor([mine], dtype=torch.int64)).item())
+
+
 def _load_base(store: SnapshotStore, live: LocalModel) -> LocalModel:
     """The store's base, cut into this process's boxes of ``live`` and put on its devices."""
     source = store.base_source()
@@ -425,7 +426,7 @@ def _load_base(store: SnapshotStore, live: LocalModel) -> LocalModel:
         if data.dtype != t.tensor.dtype:
             raise BaseMismatchError(f"tensor {key!r}: the store's base is {data.dtype}, the model {t.tensor.dtype}")
         tensors[key] = LocalTensor(data, t.global_shape, t.offsets, t.owner, t.is_buffer)
-    return LocalModel(tensors, live.aliases(), live.keys(), "base")
+    return LocalModel(tensors, live.aliases(), live.keys(), "base", live.distributed)
 
 
 def _like(given: LocalModel, live: LocalModel) -> LocalModel:
@@ -445,7 +446,7 @@ def _like(given: LocalModel, live: LocalModel) -> LocalModel:
             raise BaseMismatchError(f"tensor {key!r}: the given base is sharded differently from the model")
         data = data.to(t.tensor.device).clone(memory_format=torch.contiguous_format)
         tensors[key] = LocalTensor(data, t.global_shape, t.offsets, t.owner, t.is_buffer)
-    return LocalModel(tensors, live.aliases(), live.keys(), "base")
+    return LocalModel(tensors, live.aliases(), live.keys(), "base", live.distributed)
 
 
 def _swap(live: LocalModel, tensors: dict[str, Tensor]) -> None:

@@ -25,7 +25,7 @@ Snapshots are :class:`~ram_live.sources.TensorSource` s that carry their base, s
 Sharded models (DTensor parameters, e.g. Lightning's ``ModelParallelStrategy``) are stored as pieces: every rank
 writes the boxes of the tensors it holds (replicas once), rank 0 writes the manifest. A reader assembles full
 tensors from pieces of any layout, or reads only one box (:meth:`Snapshot.restrict`) to merge shard-wise
-(:func:`merge_shards`).
+(``ram_merge(..., process_group=True)`` on those boxes).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from . import functional as F
 from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, build_plan
 from .errors import ConfigError, InputMismatchError, RamLiveError, UnsupportedInputError
-from .methods import Activity, lambdas_from_counts, make_config
+from .methods import Activity
 from .sources import TensorSource, TensorSpec
 
 __all__ = [
@@ -62,7 +62,6 @@ __all__ = [
     "Collective",
     "LocalCollective",
     "TorchCollective",
-    "merge_shards",
     "ram_statistics",
     "fingerprint",
     "StoreError",
@@ -295,11 +294,12 @@ class LocalModel:
     """
 
     def __init__(self, tensors: dict[str, LocalTensor], aliases: dict[str, str], keys: list[str],
-                 name: str = "local") -> None:
+                 name: str = "local", distributed: bool = False) -> None:
         self.name = name
         self.tensors = tensors
         self._aliases = aliases
         self._keys = keys
+        self.distributed = distributed  # made from DTensors: each rank holds (and merges) its own part
 
     # -- construction
 
@@ -348,11 +348,13 @@ class LocalModel:
                 else:
                     seen_storage[ident] = key
         tensors: dict[str, LocalTensor] = {}
+        distributed = False
         for key, value in state.items():
             if key in aliases:
                 continue
             value = value.detach()
             if _is_dtensor(value):
+                distributed = True
                 local, offsets, owner = _dtensor_local(key, value)
                 global_shape = tuple(value.shape)
             else:
@@ -362,7 +364,7 @@ class LocalModel:
             if clone:
                 local = local.clone(memory_format=torch.contiguous_format)
             tensors[key] = LocalTensor(local, global_shape, offsets, owner, key in buffers)
-        return cls(tensors, aliases, list(state), name)
+        return cls(tensors, aliases, list(state), name, distributed)
 
     def clone(self, name: str | None = None) -> "LocalModel":
         tensors = {
@@ -370,12 +372,15 @@ class LocalModel:
                            v.owner, v.is_buffer)
             for k, v in self.tensors.items()
         }
-        return LocalModel(tensors, dict(self._aliases), list(self._keys), name or self.name)
+        return LocalModel(tensors, dict(self._aliases), list(self._keys), name or self.name, self.distributed)
+
+    def renamed(self, name: str) -> "LocalModel":
+        return LocalModel(self.tensors, self._aliases, self._keys, name, self.distributed)
 
     @property
     def sharded(self) -> bool:
-        """True when some tensor is only a part of its global tensor (DTensor shards)."""
-        return any(not t.full for t in self.tensors.values())
+        """True for DTensor models (each rank holds its part) and whenever a tensor is only part of its whole."""
+        return self.distributed or any(not t.full for t in self.tensors.values())
 
     def boxes(self) -> dict[str, Box]:
         return {k: t.box for k, t in self.tensors.items()}
@@ -414,13 +419,21 @@ class LocalModel:
 
     def spec(self, key: str) -> TensorSpec:
         t = self.tensors[self._aliases.get(key, key)]
-        return TensorSpec(tuple(t.tensor.shape), t.tensor.dtype, t.tensor.device, t.is_buffer)
+        return _spec(tuple(t.tensor.shape), t.tensor.dtype, t.tensor.device, t.is_buffer, t.owner)
 
     def get(self, key: str) -> Tensor:
         return self.tensors[self._aliases.get(key, key)].tensor
 
     def aliases(self) -> dict[str, str]:
         return dict(self._aliases)
+
+
+def _spec(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, is_buffer: bool,
+          counted: bool = True) -> TensorSpec:
+    """A TensorSpec; ``counted`` (whether this rank's box counts in global statistics) where the core has it."""
+    if "counted" in getattr(TensorSpec, "__dataclass_fields__", {}):
+        return TensorSpec(shape, dtype, device, is_buffer, counted)  # type: ignore[call-arg]
+    return TensorSpec(shape, dtype, device, is_buffer)
 
 
 # ----------------------------------------------------------------------------------------------- fingerprint
@@ -1445,56 +1458,3 @@ def ram_statistics(base: TensorSource, agents: Sequence[TensorSource], activity:
     if per_key:
         out["per_key"] = {key: (counts[i, 0], counts[i, 1]) for i, key in enumerate(keys)}
     return out
-
-
-def merge_shards(base: TensorSource, agents: Sequence[TensorSource], *, variant: str = "ram_plus", r: float = 0.1,
-                 alpha: float = 2.0, eps: float = 1e-5, activity: str = "abs", rho_scope: str = "global",
-                 owned: Callable[[str], bool] = lambda key: True, collective: Collective | None = None,
-                 device: torch.device | None = None, chunk_numel: int = DEFAULT_CHUNK_NUMEL,
-                 ) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """RAM / RAM+ / RAM+s of local shards: every rank merges its own box of every tensor (``base`` and
-    ``agents`` return boxes, e.g. a :class:`LocalModel` and :meth:`Snapshot.restrict`), with ρ and λ from the
-    statistics of all ranks (each counts the boxes it ``owned``). Same kernels and result as
-    :func:`ram_live.ram_merge` on the whole tensors. Returns ``({key: merged box}, statistics)``."""
-    if variant not in ("ram", "ram_plus", "ram_plus_soft"):
-        raise ConfigError(f"variant must be 'ram', 'ram_plus' or 'ram_plus_soft', got {variant!r}")
-    options: dict[str, Any] = {"eps": eps, "activity": activity}
-    if variant != "ram":
-        options.update(r=r, rho_scope=rho_scope)
-        if variant == "ram_plus":
-            options["alpha"] = alpha
-    config = make_config(variant, **options)
-    rule = Activity(config.activity, config.eps)
-    stats = ram_statistics(base, agents, rule, owned=owned, collective=collective, device=device,
-                           chunk_numel=chunk_numel, per_key=True)
-    global_lambdas = torch.tensor(lambdas_from_counts(config, stats["active"], stats["unique"]), dtype=torch.float64)
-    stats["lambdas"] = global_lambdas
-    plan = build_plan(base, agents)
-    names = tuple(a.name for a in agents)
-    out: dict[str, Tensor] = {}
-    workspace: dict[Any, Tensor] = {}
-    with torch.no_grad():
-        for key in plan.merge:
-            b = base.get(key)
-            dev = device or b.device
-            b = b.to(dev)
-            if variant == "ram":
-                lambdas = None
-            elif rho_scope == "tensor":
-                active, unique = stats["per_key"][key]
-                lambdas = torch.tensor(lambdas_from_counts(config, active, unique), dtype=torch.float64, device=dev)
-            else:
-                lambdas = global_lambdas.to(dev)
-            stream = DeltaStream(key, b, [a.get(key) for a in agents], names, dev, chunk_numel, rule, workspace)
-            result = torch.empty(b.numel(), dtype=b.dtype, device=dev)
-            for start, base_f, deltas in stream:
-                tau = F.ram_combine(deltas, lambdas)
-                changed = tau != 0
-                merged = tau.add_(base_f)
-                result[start : start + base_f.numel()].copy_(torch.where(changed, merged, base_f))
-            out[key] = result.view(b.shape)
-        for key in plan.copy:
-            out[key] = base.get(key).to(device) if device is not None else base.get(key).clone()
-        for alias, canonical in plan.alias.items():
-            out[alias] = out[canonical]
-    return out, stats

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ram_live import merge
+from ram_live import UnsupportedInputError, merge
 from ram_live.cli import main
 from tests.conftest import assert_bit_identical, make_agents
 
@@ -51,7 +51,7 @@ def test_errors_are_one_line_with_exit_code(files, capsys):
     assert code == 2 and err.count("\n") == 1 and "unknown merge method 'slerp'" in err
     code = main(["merge", paths[0], "--base", str(tmp / "missing"), "--out", str(tmp / "o")])
     assert code == 2 and "no such file" in capsys.readouterr().err
-    with pytest.raises(Exception):
+    with pytest.raises(UnsupportedInputError):
         main(["--debug", "merge", paths[0], "--base", str(tmp / "missing"), "--out", str(tmp / "o")])
 
 
