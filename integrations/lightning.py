@@ -206,10 +206,10 @@ class RAMCallback(Callback):
         if evaluate is None and is_overridden("validation_step", pl_module):
             evaluate = lambda module: self._validate(trainer, module)  # noqa: E731
         if callable(evaluate):
-            with self.schedule.swapped(pl_module, result):
-                scores = evaluate(pl_module)
-            for key, value in (scores or {}).items():
-                metrics[key if key.startswith("ram/") else f"ram/{key}"] = _float(value)
+            with self.schedule.swapped(pl_module, result):  # floats taken inside: scores may view the weights
+                scores = {k: _float(v) for k, v in (evaluate(pl_module) or {}).items()}
+            for key, value in scores.items():
+                metrics[key if key.startswith("ram/") else f"ram/{key}"] = value
         self.schedule.history.append({"step": float(step), **metrics})
         self._log(trainer, metrics)
         return metrics

@@ -24,7 +24,6 @@ from ram_live.store import (
     SnapshotNotFoundError,
     SnapshotStore,
     fingerprint,
-    merge_shards,
     pack_bits,
     unpack_bits,
 )
@@ -346,7 +345,7 @@ def test_store_snapshot_streams_the_base_from_disk(store):
         assert _bits_equal(snap.get(k), agent[k])
 
 
-def test_boxes_restrict_and_merge_shards(store):
+def test_pieces_boxes_and_restricted_merges(store):
     """A sharded snapshot written as pieces (as two ranks would), read whole, by other boxes, and merged
     shard-wise: equals the merge of the whole tensors."""
     from ram_live.store import _Totals, _encode, _piece_entry, _activity
@@ -385,8 +384,13 @@ def test_boxes_restrict_and_merge_shards(store):
             box = ((1, 2), (sd[k].shape[0] - 2, 3))
             assert _bits_equal(snaps[name].get_box(k, *box), sd[k][1:-1, 2:5])
     ref, info = ram_merge(agents, base=base, return_info=True)
-    # the whole model as one box: shard-wise kernels == ram_merge exactly (two ranks: tests/test_store_dist.py)
-    full_sources = [s.restrict(whole.boxes(), n) for n, s in snaps.items()]
-    merged, stats = merge_shards(whole, full_sources)
+    # restricted sources (what each rank of a sharded merge reads), here with the whole model as one box
+    full_sources = {n: s.restrict(whole.boxes(), n) for n, s in snaps.items()}
+    merged, info2 = ram_merge(full_sources, base=whole, return_info=True)
     _assert_same(merged, ref)
-    assert stats["lambdas"].tolist() == [info.lambdas["a"], info.lambdas["b"]]
+    assert info2.lambdas == info.lambdas
+    half = {k: ((0, 0), (v.shape[0] // 2, v.shape[1])) for k, v in base.items()}
+    merged_half = ram_merge({n: s.restrict(half, n) for n, s in snaps.items()}, variant="ram")
+    ref_ram = ram_merge(agents, base=base, variant="ram")
+    for k, v in merged_half.items():
+        assert _bits_equal(v, ref_ram[k][: v.shape[0]])

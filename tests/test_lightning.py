@@ -1,0 +1,252 @@
+"""RAMCallback on one device with the real Lightning Trainer (CPU), and RAMSchedule in a plain PyTorch loop."""
+
+from __future__ import annotations
+
+import csv
+import types
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+L = pytest.importorskip("lightning")
+
+from ram_live import probe, ram_merge  # noqa: E402
+from ram_live.integrations.lightning import RAMCallback, UnsupportedStrategyError  # noqa: E402
+from ram_live.schedule import RAMSchedule  # noqa: E402
+from ram_live.store import BaseMismatchError, SnapshotStore  # noqa: E402
+
+warnings.filterwarnings("ignore", ".*does not have many workers.*")
+warnings.filterwarnings("ignore", ".*LeafSpec.*")
+
+
+class Net(L.LightningModule):
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.norm = nn.BatchNorm1d(4)  # buffers: taken from the base by the merge
+
+    def forward(self, x):
+        return self.norm(self.net(x))
+
+    def training_step(self, batch, i):
+        x, y = batch
+        return nn.functional.mse_loss(self(x), y)
+
+    def validation_step(self, batch, i):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y), batch_size=len(x))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def _data(agent: str, n: int = 64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    w = torch.randn(8, 4, generator=torch.Generator().manual_seed(100 + ord(agent)))
+    return torch.utils.data.TensorDataset(x, x @ w)
+
+
+VAL = _data("v", 24, 1)
+
+
+def _loader(ds, batch=8):
+    return torch.utils.data.DataLoader(ds, batch_size=batch)
+
+
+def _trainer(callbacks, steps, tmp_path=None, name="logs", **kw):
+    logger = L.pytorch.loggers.CSVLogger(tmp_path, name=name, version=0) if tmp_path is not None else False
+    return L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=logger, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                     callbacks=callbacks, **kw)
+
+
+def _copy(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _module(state):
+    m = Net()
+    m.load_state_dict(state)
+    return m
+
+
+def _same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
+                                                                     b.reshape(-1).view(torch.uint8))
+
+
+class Around(L.Callback):
+    """Weights before (listed before RAMCallback) / after (listed after) each on_train_batch_end, per step."""
+
+    def __init__(self):
+        self.at: dict[int, dict] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        self.at[trainer.global_step] = _copy(pl_module)
+
+
+def test_merge_equals_ram_merge_of_live_models_and_validation_swap_restores(tmp_path):
+    store = tmp_path / "store"
+    base = _copy(Net())
+    model_a = Net()
+    _trainer([RAMCallback(store, "a", snapshot_every=2, durable=False)], 6).fit(model_a, _loader(_data("a")))
+    before, after = Around(), Around()
+    ram = RAMCallback(store, "b", snapshot_every=2, merge_every=4, durable=False)
+    model_b = Net()
+    trainer = _trainer([before, ram, after], 6, tmp_path, "b")
+    trainer.fit(model_b, _loader(_data("b")), _loader(VAL))
+    # the merge at step 4 used a's latest snapshot (6) and b's snapshot of step 4
+    s = SnapshotStore(store)
+    assert s.steps("a") == [2, 4, 6] and s.steps("b") == [2, 4, 6]
+    result = ram.last_result
+    assert result.step == 4 and result.agents == {"a": 6, "b": 4}
+    live = {"a": model_a, "b": _module(after.at[4])}  # modules: buffers marked (taken from the base)
+    ref, info = ram_merge(live, base=_module(base), return_info=True)
+    ref = _copy(ref)
+    for k in ref:
+        assert _same(result.tensors[k], ref[k]), k
+    # buffers come from the base
+    assert _same(result.tensors["norm.running_mean"], base["norm.running_mean"])
+    # the validation ran with the merged weights swapped in, and the weights came back bit-exactly
+    for k, v in before.at[4].items():
+        assert _same(after.at[4][k], v), k
+    merged = Net()
+    merged.load_state_dict(ref)
+    merged.eval()
+    with torch.no_grad():
+        xs, ys = VAL.tensors
+        expected = nn.functional.mse_loss(merged(xs), ys).item()
+    h = ram.history[0]
+    assert h["ram/val_loss"] == pytest.approx(expected, rel=1e-6)
+    assert h["ram/a/lambda"] == pytest.approx(info.lambdas["a"]) and h["ram/b/lambda"] == pytest.approx(
+        info.lambdas["b"])
+    total = info.parameters
+    assert h["ram/a/density"] == pytest.approx(info.statistics.active[0].item() / total)
+    assert h["ram/b/rho"] == pytest.approx(info.rho["b"])
+    assert float(trainer.callback_metrics["ram/val_loss"]) == pytest.approx(expected, rel=1e-6)
+    rows = [r for r in csv.DictReader(open(tmp_path / "b" / "version_0" / "metrics.csv")) if r.get("ram/val_loss")]
+    assert len(rows) == 1 and int(rows[0]["step"]) == 4
+    assert float(rows[0]["ram/val_loss"]) == pytest.approx(expected, rel=1e-6)
+    assert {"ram/a/density", "ram/a/rho", "ram/a/lambda", "ram/b/snapshot_step", "ram/merge_seconds"} <= set(rows[0])
+    # the model still trains after the merge: its final weights are its own snapshot of step 6
+    final = s.open("b", 6)
+    for k, v in _copy(model_b).items():
+        assert _same(final.get(k), v), k
+
+
+def test_evaluate_callable_sees_the_merged_weights_and_probe_numbers_match(tmp_path):
+    store = tmp_path / "store"
+    base = _copy(Net())
+    model_a = Net()
+    _trainer([RAMCallback(store, "a", snapshot_every=3, durable=False)], 3).fit(model_a, _loader(_data("a")))
+    seen = {}
+
+    def evaluate(module):
+        seen.update(_copy(module))
+        return {"score": torch.tensor(0.75), "ram/custom": 2}
+
+    ram = RAMCallback(store, "b", snapshot_every=3, merge_every=3, evaluate=evaluate, variant="ram",
+                      durable=False)
+    model_b = Net()
+    _trainer([ram], 3).fit(model_b, _loader(_data("b")))
+    live = {"a": model_a, "b": model_b}
+    ref = _copy(ram_merge(live, base=_module(base), variant="ram"))
+    for k in ref:
+        assert _same(seen[k], ref[k]), k
+    h = ram.history[0]
+    assert h["ram/score"] == 0.75 and h["ram/custom"] == 2.0
+    report = probe(live, base=_module(base))
+    for name in ("a", "b"):
+        assert h[f"ram/{name}/density"] == pytest.approx(report.agents[name].density)
+        assert h[f"ram/{name}/rho"] == pytest.approx(report.agents[name].rho)
+        assert h[f"ram/{name}/lambda"] == 1.0
+
+
+def test_resume_continues_counters_and_reloads_the_base(tmp_path):
+    store = tmp_path / "store"
+    initial = _copy(Net())
+    model = Net()
+    ram = RAMCallback(store, "a", snapshot_every=2, merge_every=4, evaluate=False, durable=False)
+    trainer = _trainer([ram], 4)
+    trainer.fit(model, _loader(_data("a")))
+    ckpt = tmp_path / "a.ckpt"
+    trainer.save_checkpoint(ckpt)
+    assert ram.state_dict()["snapshots"] == 2 and ram.state_dict()["merges"] == 1
+    fingerprint = ram.state_dict()["base_fingerprint"]
+
+    ram2 = RAMCallback(store, "a", snapshot_every=2, merge_every=4, evaluate=False, durable=False)
+    model2 = Net(seed=7)  # not the base: its weights are replaced by the checkpoint's, the base comes from the store
+    trainer2 = _trainer([ram2], 8)
+    trainer2.fit(model2, _loader(_data("a")), ckpt_path=ckpt)
+    state = ram2.state_dict()
+    assert state["snapshots"] == 4 and state["merges"] == 2
+    assert state["last_snapshot_step"] == 8 and state["last_merge_step"] == 8
+    assert state["base_fingerprint"] == fingerprint == SnapshotStore(store).base_fingerprint
+    assert [h["step"] for h in ram2.history] == [8.0]
+    for k, t in ram2.schedule.base.tensors.items():
+        assert _same(t.tensor, initial[k]), k
+    s = SnapshotStore(store)
+    assert s.steps("a") == [2, 4, 6, 8]
+    for k, v in _copy(model2).items():
+        assert _same(s.open("a", 8).get(k), v), k
+
+
+def test_a_run_from_another_base_is_refused(tmp_path):
+    store = tmp_path / "store"
+    _trainer([RAMCallback(store, "a", snapshot_every=2, durable=False)], 2).fit(Net(), _loader(_data("a")))
+    with pytest.raises(BaseMismatchError, match="same base"):
+        _trainer([RAMCallback(store, "c", snapshot_every=2, durable=False)], 2).fit(Net(seed=3), _loader(_data("c")))
+    # the right base given explicitly works although the module starts elsewhere
+    ram = RAMCallback(store, "c", base=SnapshotStore(store).base_source(), snapshot_every=2, keep=1, durable=False)
+    _trainer([ram], 4).fit(Net(seed=3), _loader(_data("c")))
+    assert SnapshotStore(store).steps("c") == [4]  # keep=1 pruned step 2
+
+
+def test_unsupported_strategies_raise_at_setup():
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    ram = RAMCallback("unused", "a")
+    with pytest.raises(UnsupportedStrategyError, match="FSDPStrategy"):
+        ram.setup(types.SimpleNamespace(strategy=FSDPStrategy()), Net(), "fit")
+    assert issubclass(UnsupportedStrategyError, TypeError)
+
+
+def test_should_snapshot_override_and_state_key(tmp_path):
+    class Odd(RAMCallback):
+        def should_snapshot(self, step, epoch):
+            return step in (1, 3)
+
+    ram = Odd(tmp_path / "store", "a", snapshot_on_train_end=False, durable=False)
+    _trainer([ram], 5).fit(Net(), _loader(_data("a")))
+    assert SnapshotStore(tmp_path / "store").steps("a") == [1, 3]
+    assert ram.state_key != RAMCallback(tmp_path / "store", "b").state_key
+
+
+def test_schedule_in_a_plain_loop(tmp_path):
+    """Framework-free: a hand-written loop with RAMSchedule."""
+    store = SnapshotStore(tmp_path / "store", durable=False)
+    base = nn.Linear(6, 3)
+    models = {name: nn.Linear(6, 3) for name in ("x", "y")}
+    scores = []
+    for name, model in models.items():
+        model.load_state_dict(base.state_dict())
+        schedule = RAMSchedule(store, name, snapshot_every=2, merge_every=4,
+                               evaluate=lambda m: {"w0": m.weight[0, 0]})
+        schedule.attach(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(ord(name))
+        for step in range(1, 5):
+            opt.zero_grad()
+            model(torch.randn(4, 6, generator=g)).pow(2).sum().backward()
+            opt.step()
+            metrics = schedule.on_step(model, step)
+            if metrics:
+                scores.append(metrics)
+    assert len(scores) == 2 and scores[1]["ram/agents"] == 2.0
+    ref = ram_merge({n: m for n, m in models.items()}, base=base)
+    assert scores[1]["ram/w0"] == pytest.approx(float(ref.weight[0, 0]))
+    assert scores[1]["ram/y/snapshot_step"] == 4.0
