@@ -85,12 +85,20 @@ def test_pack_bits_is_numpy_little_packbits(n):
     assert torch.equal(unpack_bits(packed, n), mask)
 
 
+@pytest.mark.parametrize("path", ["numpy", "torch"])
 @pytest.mark.parametrize("density,encoding", [(0.0, "none"), (0.01, "indices"), (0.2, "bitmask"),
                                               (0.6, "bitmask"), (1.0, "dense")])
-def test_encoding_is_the_smallest_and_reconstruction_bit_exact(store, density, encoding):
+def test_encoding_is_the_smallest_and_reconstruction_bit_exact(store, density, encoding, path, monkeypatch):
+    """Both selection paths: numpy's on CPU tensors, torch's (any device; here the CPU without numpy)."""
+    import ram_live.store as store_module
+
+    if path == "torch":
+        monkeypatch.setattr(store_module, "_NUMPY", None)
     g = torch.Generator().manual_seed(3)
-    base = {"w": torch.randn(200, 100, generator=g).bfloat16()}
-    agent = {"w": base["w"].clone()}
+    base = {"w": torch.randn(200, 100, generator=g).bfloat16(), "big": torch.randn(300_001, generator=g).half()}
+    agent = {"w": base["w"].clone(), "big": base["big"].clone()}
+    big_idx = torch.randperm(300_001, generator=g)[: int(density * 300_001)]
+    agent["big"][big_idx] += 1.0  # spans two steps of the CPU path (2^18 elements each)
     n = 20000
     count = int(round(density * n))
     idx = torch.randperm(n, generator=g)[:count]
@@ -100,13 +108,17 @@ def test_encoding_is_the_smallest_and_reconstruction_bit_exact(store, density, e
     snap = store.writer("a", base).snapshot(agent, 1)
     piece = snap.manifest["tensors"]["w"]["pieces"][0]
     assert piece["encoding"] == encoding and piece["count"] == count
-    assert _bits_equal(snap.get("w"), agent["w"])
+    assert _bits_equal(snap.get("w"), agent["w"]) and _bits_equal(snap.get("big"), agent["big"])
+    assert snap.manifest["tensors"]["big"]["pieces"][0]["count"] == big_idx.numel()
     # sizes: values (2 bytes each) + positions, vs a dense copy of 40 000 bytes
     payload = {"none": 0, "indices": count * (2 + 4), "bitmask": count * 2 + n // 8, "dense": n * 2}[encoding]
-    assert snap.dense_bytes == 2 * n
+    big = snap.manifest["tensors"]["big"]["pieces"][0]
+    nb, cb = 300_001, big["count"]
+    payload += {"none": 0, "indices": cb * (2 + 4), "bitmask": cb * 2 + (nb + 7) // 8, "dense": nb * 2}[big["encoding"]]
+    assert snap.dense_bytes == 2 * n + 2 * nb
     header = snap.bytes - payload
     assert 0 <= header < 512, (snap.bytes, payload)
-    assert snap.changed == count and snap.density == pytest.approx(density)
+    assert snap.changed == count + cb
 
 
 def test_every_dtype_and_odd_values_round_trip_bit_exactly(store):

@@ -1,0 +1,215 @@
+"""How cheap a task-vector snapshot of a live ~134 M-parameter bf16 model is, and how big.
+
+    python benchmarks/bench_snapshot.py                    # full size (134,254,592 parameters), CPU
+    python benchmarks/bench_snapshot.py --quick            # 4.3 M parameters (seconds)
+    python benchmarks/bench_snapshot.py --device cuda      # weights and base on the GPU
+    python benchmarks/bench_snapshot.py --json out.json    # also write every number as JSON
+
+Model: embeddings, one Llama-style block (biased q/k/v), final norm and untied head, bf16 (the shapes of
+``benchmarks/bench_merge.py``). The agent differs from the base at a random ``density`` of the entries of every
+tensor (3 % and 50 %, plus 0.5 % and 100 % for the encodings' ends), each changed entry by at least one bf16 ULP.
+
+Measured, best of ``--reps`` (each in the same run, same tensors):
+
+* ``copy_``: ``dst.copy_(src)`` over every tensor into a pre-touched destination: one dense copy of the model.
+* capture: :meth:`SnapshotWriter.capture` — the bit-exact diff against the base held on the weights' device,
+  the selection of changed values and positions (indices or bitmask) there, and the transfer of only those to the
+  CPU. Target: <= 2 x ``copy_``.
+* write: safetensors + manifest (temporary names, renames), without and with fsync (``durable``).
+* snapshot = capture + write (``durable=False``), the call a training loop makes.
+* bytes on disk (data files) vs dense bytes (numel x 2), and the reconstruction of all tensors (read + apply).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ram_live.store import SnapshotStore, fingerprint  # noqa: E402
+
+SIZES = {"full": (4096, 8192, 1024, 2048), "quick": (512, 2048, 128, 1024)}
+DENSITIES = (0.005, 0.03, 0.5, 1.0)
+TARGET = 2.0
+
+
+def model_specs(size: str) -> list[tuple[str, tuple[int, ...]]]:
+    h, v, kv, inter = SIZES[size]
+    layer = "model.layers.0."
+    return [
+        ("model.embed_tokens.weight", (v, h)),
+        (layer + "input_layernorm.weight", (h,)),
+        (layer + "self_attn.q_proj.weight", (h, h)),
+        (layer + "self_attn.q_proj.bias", (h,)),
+        (layer + "self_attn.k_proj.weight", (kv, h)),
+        (layer + "self_attn.k_proj.bias", (kv,)),
+        (layer + "self_attn.v_proj.weight", (kv, h)),
+        (layer + "self_attn.v_proj.bias", (kv,)),
+        (layer + "self_attn.o_proj.weight", (h, h)),
+        (layer + "post_attention_layernorm.weight", (h,)),
+        (layer + "mlp.gate_proj.weight", (inter, h)),
+        (layer + "mlp.up_proj.weight", (inter, h)),
+        (layer + "mlp.down_proj.weight", (h, inter)),
+        ("model.norm.weight", (h,)),
+        ("lm_head.weight", (v, h)),
+    ]
+
+
+def build(size: str, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
+    base = {}
+    for i, (name, shape) in enumerate(model_specs(size)):
+        g = torch.Generator().manual_seed(seed * 1000 + i)
+        base[name] = (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16).to(device)
+    return base
+
+
+def moved(base: dict[str, torch.Tensor], density: float, seed: int = 1) -> dict[str, torch.Tensor]:
+    """The agent: base changed at a random ``density`` of every tensor (by >= 1 bf16 ULP: bits always differ)."""
+    out = {}
+    for i, (name, w) in enumerate(base.items()):
+        g = torch.Generator(device=w.device).manual_seed(seed * 7919 + i)
+        mask = torch.rand(w.shape, generator=g, device=w.device) < density
+        step = w.float().abs().mul(1 / 64).clamp_(min=1e-4)
+        out[name] = torch.where(mask, (w.float() + step).to(torch.bfloat16), w)
+    return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best(fn, reps: int, device: torch.device) -> float:
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--densities", type=float, nargs="*", default=list(DENSITIES))
+    p.add_argument("--dir", help="store folder (default: a temporary folder, removed at the end)")
+    p.add_argument("--json")
+    a = p.parse_args()
+    device = torch.device(a.device)
+    size = "quick" if a.quick else "full"
+    base = build(size, device)
+    numel = sum(t.numel() for t in base.values())
+    dense_bytes = numel * 2
+    tmp = Path(a.dir or tempfile.mkdtemp(prefix="ram-bench-snap-"))
+    results: dict = {
+        "size": size, "parameters": numel, "dense_bytes": dense_bytes, "device": str(device),
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+        "load_avg": os.getloadavg()[0], "densities": {},
+    }
+    print(f"model: {numel:,} bf16 parameters ({dense_bytes / 2**20:.0f} MiB dense), device {device}, "
+          f"{torch.get_num_threads()} threads, load {results['load_avg']:.1f}")
+
+    dst = {k: torch.empty_like(v) for k, v in base.items()}
+    for k in dst:
+        dst[k].copy_(base[k])  # touch
+
+    def copy_all() -> None:
+        for k, v in base.items():
+            dst[k].copy_(v)
+
+    t_copy = best(copy_all, a.reps + 2, device)
+    results["copy_s"] = t_copy
+    print(f"copy_ of the model: {t_copy * 1e3:.1f} ms ({2 * dense_bytes / t_copy / 1e9:.1f} GB/s read+write)")
+    t0 = time.perf_counter()
+    fingerprint(base)
+    sync(device)
+    results["fingerprint_s"] = time.perf_counter() - t0
+    store = SnapshotStore(tmp / "store", durable=False)
+    t0 = time.perf_counter()
+    writer = store.writer("agent", base, clone_base=False)
+    results["writer_setup_s"] = time.perf_counter() - t0  # fingerprint + writing the base once
+    del dst
+    print(f"writer set-up (fingerprint {results['fingerprint_s']:.2f} s + base written once): "
+          f"{results['writer_setup_s']:.2f} s")
+    head = f"{'density':>8} {'capture':>9} {'x copy_':>8} {'write':>8} {'fsync':>8} {'snapshot':>9} {'x copy_':>8} " \
+           f"{'MiB':>8} {'x dense':>8} {'rebuild':>8}"
+    print(head)
+    print("-" * len(head))
+    step = 0
+    for density in a.densities:
+        agent = moved(base, density)
+        sync(device)
+        capture = None
+
+        def do_capture() -> None:
+            nonlocal capture
+            capture = writer.capture(agent)
+
+        t_capture = best(do_capture, a.reps, device)
+        assert capture is not None
+        writes, durable_writes = [], []
+        snap = None
+        for _ in range(a.reps):
+            step += 1
+            t0 = time.perf_counter()
+            snap = writer.write(capture, step)
+            writes.append(time.perf_counter() - t0)
+        store.durable = True
+        for _ in range(max(1, a.reps - 1)):
+            step += 1
+            t0 = time.perf_counter()
+            writer.write(capture, step)
+            durable_writes.append(time.perf_counter() - t0)
+        store.durable = False
+        assert snap is not None
+        t_write, t_fsync = min(writes), min(durable_writes)
+        encodings: dict[str, int] = {}
+        for entry in snap.manifest["tensors"].values():
+            for piece in entry["pieces"]:
+                encodings[piece["encoding"]] = encodings.get(piece["encoding"], 0) + 1
+        t0 = time.perf_counter()
+        rebuilt = {k: snap.get(k) for k in snap.keys()}
+        t_rebuild = time.perf_counter() - t0
+        exact = all(torch.equal(rebuilt[k].view(torch.int16), agent[k].cpu().view(torch.int16)) for k in agent)
+        snapshot_s = t_capture + t_write
+        row = {
+            "capture_s": t_capture, "capture_x_copy": t_capture / t_copy, "write_s": t_write,
+            "write_fsync_s": t_fsync, "snapshot_s": snapshot_s, "snapshot_x_copy": snapshot_s / t_copy,
+            "bytes": snap.bytes, "bytes_x_dense": snap.bytes / dense_bytes, "changed": snap.changed,
+            "captured_bytes": capture.nbytes, "rebuild_s": t_rebuild, "bit_exact": exact, "encodings": encodings,
+            "capture_pass": t_capture / t_copy <= TARGET,
+        }
+        results["densities"][str(density)] = row
+        print(f"{density:>8.1%} {t_capture * 1e3:>7.0f}ms {row['capture_x_copy']:>7.2f}x {t_write * 1e3:>6.0f}ms "
+              f"{t_fsync * 1e3:>6.0f}ms {snapshot_s * 1e3:>7.0f}ms {row['snapshot_x_copy']:>7.2f}x "
+              f"{snap.bytes / 2**20:>8.1f} {row['bytes_x_dense']:>8.3f} {t_rebuild * 1e3:>6.0f}ms"
+              f"  {'exact' if exact else 'NOT EXACT'} {encodings}")
+        del agent, rebuilt, capture, snap
+        store.prune(0, "agent")
+    print(f"target: capture <= {TARGET:.0f}x copy_: " + ", ".join(
+        f"{d}: {'PASS' if r['capture_pass'] else 'FAIL'} ({r['capture_x_copy']:.2f}x)"
+        for d, r in results["densities"].items()))
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    if not a.dir:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
