@@ -622,37 +622,91 @@ def _encode(cur: Tensor, base: Tensor, activity: Activity, to_cpu: bool = True) 
     return _Encoded(encoding, count, values, positions)
 
 
-def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> _Encoded:
-    """The CPU path: one pass in cache-sized steps (compare, count, compress, pack), then the encoding."""
-    cn = _bits(cur).reshape(-1).numpy()
-    bn = _bits(base).reshape(-1).numpy()
-    n = cn.size
-    out = np.empty(n, dtype=cn.dtype)  # only the part written is ever touched
-    packed = np.empty((n + 7) // 8, dtype=np.uint8)
-    mask = np.empty(min(n, _CPU_CHUNK), dtype=np.bool_)
+_POOL: Any = None
+
+
+def _pool() -> Any:
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ram_live_store")
+    return _POOL
+
+
+def _scan(np: Any, cn: Any, bn: Any, start: int, end: int) -> tuple[Any, int, list[tuple[str, Any]]]:
+    """Compare ``cn`` and ``bn`` over [start, end) in cache-sized steps. Returns the changed values (in order),
+    their count, and per step its positions: ``("idx", indices)`` for sparse steps (changed in < 1/32),
+    ``("bits", packed bitmask)`` for the others."""
+    out = np.empty(end - start, dtype=cn.dtype)  # only the part written is ever touched
+    mask = np.empty(min(end - start, _CPU_CHUNK), dtype=np.bool_)
     count = 0
-    for s in range(0, n, _CPU_CHUNK):
-        e = min(n, s + _CPU_CHUNK)
+    steps: list[tuple[str, Any]] = []
+    for s in range(start, end, _CPU_CHUNK):
+        e = min(end, s + _CPU_CHUNK)
         m = mask[: e - s]
         np.not_equal(cn[s:e], bn[s:e], out=m)
         c = int(np.count_nonzero(m))
-        if c:
-            np.compress(m, cn[s:e], out=out[count : count + c])
-            packed[s // 8 : (e + 7) // 8] = np.packbits(m, bitorder="little")
-            count += c
+        if 32 * c < e - s:
+            idx = np.flatnonzero(m)
+            np.take(cn[s:e], idx, out=out[count : count + c])
+            steps.append(("idx", idx))
         else:
-            packed[s // 8 : (e + 7) // 8] = 0
+            if c == e - s:
+                out[count : count + c] = cn[s:e]
+            else:
+                np.compress(m, cn[s:e], out=out[count : count + c])
+            steps.append(("bits", np.packbits(m, bitorder="little")))
+        count += c
+    return out, count, steps
+
+
+def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> _Encoded:
+    """The CPU path: compare, count and select in cache-sized steps, over a few threads (numpy releases the
+    GIL), then the encoding: indices or bitmask assembled from the steps' own positions."""
+    cn = _bits(cur).reshape(-1).numpy()
+    bn = _bits(base).reshape(-1).numpy()
+    n = cn.size
+    n_steps = (n + _CPU_CHUNK - 1) // _CPU_CHUNK
+    workers = max(1, min(torch.get_num_threads(), 8, n_steps // 2))
+    if workers == 1:
+        parts = [_scan(np, cn, bn, 0, n)]
+    else:
+        per = (n_steps + workers - 1) // workers * _CPU_CHUNK
+        futures = [_pool().submit(_scan, np, cn, bn, s, min(n, s + per)) for s in range(0, n, per)]
+        parts = [f.result() for f in futures]
+    count = sum(p[1] for p in parts)
     encoding = _choose(n, count, cn.itemsize)
     if encoding == "none":
         return _Encoded("none", 0)
-    dtype = cur.dtype
-    if encoding == "dense":
+    if encoding == "dense" and count < n:
         return _Encoded("dense", count, cur.reshape(-1).clone())
-    values = torch.from_numpy(out[:count]).view(dtype)
+    values_np = parts[0][0][:count] if len(parts) == 1 else np.concatenate([o[:c] for o, c, _ in parts])
+    values = torch.from_numpy(values_np).view(cur.dtype)
+    if encoding == "dense":
+        return _Encoded("dense", count, values)
+    steps = [step for _, _, part in parts for step in part]
     if encoding == "bitmask":
+        packed = np.empty((n + 7) // 8, dtype=np.uint8)
+        for i, (kind, data) in enumerate(steps):
+            s = i * _CPU_CHUNK
+            e = min(n, s + _CPU_CHUNK)
+            if kind == "idx":
+                m = np.zeros(e - s, dtype=np.bool_)
+                m[data] = True
+                data = np.packbits(m, bitorder="little")
+            packed[s // 8 : (e + 7) // 8] = data
         return _Encoded("bitmask", count, values, torch.from_numpy(packed))
-    idx = np.flatnonzero(np.unpackbits(packed, count=n, bitorder="little"))
-    return _Encoded("indices", count, values, torch.from_numpy(idx.astype(np.int32 if n < 2**31 else np.int64)))
+    chunks = []
+    for i, (kind, data) in enumerate(steps):
+        s = i * _CPU_CHUNK
+        if kind == "bits":  # a dense step of a sparse tensor
+            e = min(n, s + _CPU_CHUNK)
+            data = np.flatnonzero(np.unpackbits(data, count=e - s, bitorder="little").view(np.bool_))
+        chunks.append(data + s if s else data)
+    index_dtype = np.int32 if n < 2**31 else np.int64
+    idx_all = np.concatenate(chunks).astype(index_dtype, copy=False)
+    return _Encoded("indices", count, values, torch.from_numpy(idx_all))
 
 
 def _apply(flat: Tensor, encoding: str, values: Tensor | None, positions: Tensor | None) -> Tensor:

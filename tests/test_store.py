@@ -406,3 +406,24 @@ def test_pieces_boxes_and_restricted_merges(store):
     ref_ram = ram_merge(agents, base=base, variant="ram")
     for k, v in merged_half.items():
         assert _bits_equal(v, ref_ram[k][: v.shape[0]])
+
+
+@pytest.mark.parametrize("density", [0.01, 0.2, 0.97, 1.0])
+def test_cpu_path_in_many_small_steps_and_threads(store, monkeypatch, density):
+    """Steps of 64 elements over several threads: sparse and dense steps mixed in one tensor, each encoding."""
+    import ram_live.store as store_module
+
+    monkeypatch.setattr(store_module, "_CPU_CHUNK", 64)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    g = torch.Generator().manual_seed(5)
+    base = {"w": torch.randn(10_000, generator=g).bfloat16(), "v": torch.randn(333, generator=g)}
+    agent = {k: v.clone() for k, v in base.items()}
+    for v in agent.values():
+        v[torch.rand(v.shape, generator=g) < density] += 1.0
+        v[:64] += 1.0  # one whole step changed: dense steps inside a sparse tensor
+    snap = store.writer("a", base).snapshot(agent, 1)
+    for k in base:
+        assert _bits_equal(snap.get(k), agent[k]), k
+        assert snap.manifest["tensors"][k]["pieces"][0]["count"] == int((agent[k] != base[k]).sum())
+    expected = {0.01: "indices", 0.2: "bitmask", 0.97: "dense", 1.0: "dense"}[density]
+    assert snap.manifest["tensors"]["w"]["pieces"][0]["encoding"] == expected
