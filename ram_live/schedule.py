@@ -203,13 +203,15 @@ class RAMSchedule:
         self.base = local
         if self.sharded:
             self.writer = SnapshotWriter(self.store, self.agent, local, activity=self.snapshot_activity,
-                                         eps=self.snapshot_eps, collective=c, clone_base=False)
+                                         eps=self.snapshot_eps, collective=c, clone_base=False,
+                                         trusted_fingerprint=trusted)
             fp = self.writer.fingerprint
         else:
             fp = None
             if c.rank == 0:
                 self.writer = SnapshotWriter(self.store, self.agent, local, activity=self.snapshot_activity,
-                                             eps=self.snapshot_eps, collective=LocalCollective(), clone_base=False)
+                                             eps=self.snapshot_eps, collective=LocalCollective(), clone_base=False,
+                                             trusted_fingerprint=trusted)
                 fp = self.writer.fingerprint
             c.barrier()
             if c.rank != 0:

@@ -993,6 +993,8 @@ class Snapshot:
         return dict(self._aliases)
 
     def get(self, key: str) -> Tensor:
+        """The agent's tensor ``key``, bit-exact (a new tensor, or a read-only view of the file when every value
+        of it is stored: never to be written)."""
         key = self._aliases.get(key, key)
         shape = tuple(self._tensors[key]["shape"])
         return self.get_box(key, (0,) * len(shape), shape)
@@ -1001,8 +1003,13 @@ class Snapshot:
         """The box ``offsets`` + ``shape`` of the agent's tensor ``key`` (base + this snapshot's changes)."""
         key = self._aliases.get(key, key)
         want: Box = (tuple(offsets), tuple(shape))
+        pieces = self._tensors[key]["pieces"]
+        if len(pieces) == 1 and pieces[0]["encoding"] == "dense" and _box(pieces[0]) == want:
+            values = self._files.tensor(pieces[0]["file"], pieces[0]["values"])  # every value is stored
+            assert values is not None
+            return values.view(want[1]).to(self.device)
         out = self._base.get_box(key, *want)
-        for p in self._tensors[key]["pieces"]:
+        for p in pieces:
             if p["encoding"] == "none":
                 continue
             inter = _intersect(want, _box(p))
@@ -1452,20 +1459,26 @@ class SnapshotWriter:
     bit on the weights' device, selects the changed values there, and moves only those (and their positions) to
     the CPU; nothing else of the model is copied.
 
+    ``trusted_fingerprint``: the fingerprint of a base read from this very store (skips hashing it again).
+
     ``activity="changed"`` (default) is lossless. ``activity="abs"`` keeps only entries with |τ| > ``eps``: the
     reconstruction is then the base elsewhere, which RAM (whose rule drops those entries anyway) merges identically
     when its own ``eps`` is at least the snapshot's.
     """
 
     def __init__(self, store: SnapshotStore, agent: str, base: Any, *, activity: str = "changed", eps: float = 0.0,
-                 collective: Collective | None = None, clone_base: bool = True, writer: bool = True) -> None:
+                 collective: Collective | None = None, clone_base: bool = True, writer: bool = True,
+                 trusted_fingerprint: str | None = None) -> None:
         self.store = store
         self.agent = store.check_agent(agent)
         self.rule = _activity(activity, eps)
         self.collective = collective or LocalCollective()
         self.writes = writer
         self.base = LocalModel.from_obj(base, clone=clone_base, name="base")
-        self.fingerprint = store.set_base(self.base, collective=self.collective, writer=writer)
+        if trusted_fingerprint is not None and trusted_fingerprint == store.base_fingerprint:
+            self.fingerprint = trusted_fingerprint  # the base was read from this store: no need to hash it again
+        else:
+            self.fingerprint = store.set_base(self.base, collective=self.collective, writer=writer)
 
     def snapshot(self, model: Any, step: int, *, epoch: int | None = None,
                  extra: Mapping[str, Any] | None = None) -> Snapshot | None:
