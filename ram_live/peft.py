@@ -143,7 +143,7 @@ SparsifyRule = TopK | RelativeThreshold
 
 #: The rule ``sparsify="auto"`` uses for the RAM family; chosen by ``examples/lora_activity_experiment.py``
 #: (see the README section "LoRA / PEFT adapters").
-RECOMMENDED_SPARSIFY: SparsifyRule = TopK(0.2)
+RECOMMENDED_SPARSIFY: SparsifyRule = TopK(0.5)
 
 
 def _sparsify_rule(sparsify: Any, method: str) -> SparsifyRule | None:
@@ -256,11 +256,11 @@ def _check_consistent(adapters: _AdapterSet) -> None:
 # --- live PeftModel
 
 
-_VARIANT_FIELDS = (
-    "use_dora", "lora_bias", "alora_invocation_tokens", "arrow_config", "use_bdlora", "velora_config",
-    "monteclora_config", "kasa_config", "mica", "use_qalora", "corda_config", "eva_config", "loftq_config",
-)
-_RESIDUAL_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga", "eva", "mica", "orthogonal")
+#: LoRA variants whose ΔW is not s·BA (fields of LoraConfig that switch a variant on)
+_VARIANT_FIELDS = ("use_dora", "lora_bias", "alora_invocation_tokens", "arrow_config", "use_bdlora",
+                   "velora_config", "monteclora_config", "kasa_config", "use_qalora")
+#: initialisations that rewrite the base weight (W_res = W − s·B₀A₀), so s·BA is not the delta to the base
+_RESIDUAL_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
 
 
 def _check_config(cfg: Mapping[str, Any], adapter: str) -> None:
@@ -270,8 +270,7 @@ def _check_config(cfg: Mapping[str, Any], adapter: str) -> None:
         raise UnsupportedAdapterError(
             f"adapter {adapter!r} is a {peft_type} adapter; only LoRA adapters can be merged", adapter=adapter
         )
-    for name in ("use_dora", "lora_bias", "alora_invocation_tokens", "arrow_config", "use_bdlora",
-                 "velora_config", "monteclora_config", "kasa_config", "mica", "use_qalora"):
+    for name in _VARIANT_FIELDS:
         if cfg.get(name):
             what = {"use_dora": "DoRA (its ΔW depends on the base weight's norm, not s·BA)",
                     "lora_bias": "lora_bias=True (a bias delta a re-factored adapter cannot carry)"}.get(
