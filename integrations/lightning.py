@@ -90,6 +90,9 @@ class RAMCallback(Callback):
         snapshot_on_train_end: take a last snapshot when training ends.
         val_batches: at most this many batches per validation dataloader for the merged model's validation
             (default: the trainer's ``limit_val_batches``).
+        async_write: write snapshot files in a background thread (the changed values are captured at the step;
+            single device and DDP); waited for before the next snapshot, a merge, a checkpoint and at train end.
+        durable: fsync snapshot files before their manifest (survives power loss, not only killed processes).
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class RAMCallback(Callback):
         agents: Sequence[str] | None = None,
         snapshot_on_train_end: bool = True,
         val_batches: int | None = None,
+        async_write: bool = False,
         durable: bool = True,
     ) -> None:
         if evaluate is True:
@@ -119,7 +123,7 @@ class RAMCallback(Callback):
         self.schedule = RAMSchedule(
             store, agent, snapshot_every=snapshot_every, merge_every=merge_every, variant=variant, r=r, alpha=alpha,
             eps=eps, activity=activity, rho_scope=rho_scope, snapshot_activity=snapshot_activity,
-            snapshot_eps=snapshot_eps, keep=keep, agents=agents, durable=durable,
+            snapshot_eps=snapshot_eps, keep=keep, agents=agents, async_write=async_write, durable=durable,
         )
         self.agent = agent
         self._store_name = str(store.root if isinstance(store, SnapshotStore) else store)
@@ -186,6 +190,7 @@ class RAMCallback(Callback):
         step = trainer.global_step
         if self.snapshot_on_train_end and step > 0 and self.schedule.last_snapshot_step < step:
             self.schedule.snapshot(pl_module, step, trainer.current_epoch)
+        self.schedule.flush()
 
     def state_dict(self) -> dict[str, Any]:
         return self.schedule.state_dict()

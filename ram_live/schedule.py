@@ -96,7 +96,8 @@ class RAMSchedule:
     as :func:`ram_live.ram_merge`. ``snapshot_activity``: ``"changed"`` (lossless, default) or ``"abs"`` (keep
     |τ| > ``snapshot_eps`` only). ``keep``: prune this agent's snapshots to the newest ``keep``. ``agents``: merge
     only these agents (default: every agent in the store). ``evaluate(model) -> dict``: called with the merged
-    weights swapped into the model (restored exactly afterwards).
+    weights swapped into the model (restored exactly afterwards). ``async_write``: capture the changed values at
+    the step, write the files in a background thread (replicated models; sharded ones write in step).
     """
 
     def __init__(
@@ -118,6 +119,7 @@ class RAMSchedule:
         keep: int | None = None,
         agents: Sequence[str] | None = None,
         snapshot_before_merge: bool = True,
+        async_write: bool = False,
         durable: bool = True,
         chunk_numel: int = DEFAULT_CHUNK_NUMEL,
     ) -> None:
@@ -146,6 +148,9 @@ class RAMSchedule:
         self.keep = keep
         self.agents = list(agents) if agents is not None else None
         self.snapshot_before_merge = snapshot_before_merge
+        self.async_write = async_write
+        self._pending: Any = None  # the background write in flight (async_write)
+        self._executor: Any = None
         self.chunk_numel = chunk_numel
         # counters (state_dict)
         self.last_snapshot_step = -1
@@ -251,23 +256,53 @@ class RAMSchedule:
 
     def snapshot(self, model: Any, step: int, epoch: int | None = None,
                  extra: Mapping[str, Any] | None = None) -> Snapshot | None:
-        """Write this agent's snapshot at ``step`` (every rank calls; rank 0 gets the :class:`Snapshot`)."""
+        """Write this agent's snapshot at ``step`` (every rank calls; rank 0 gets the :class:`Snapshot`).
+
+        With ``async_write`` (replicated models) the changed values are captured now and written to disk by a
+        background thread while training goes on; returns None then (:meth:`flush` waits for the write)."""
         self._require()
         c = self.collective
         snap = None
+        self.flush()
         if self.sharded:
             assert self.writer is not None
             snap = self.writer.snapshot(model, step, epoch=epoch, extra=extra)
+            self._prune()
         else:
             if c.rank == 0:
                 assert self.writer is not None
-                snap = self.writer.snapshot(model, step, epoch=epoch, extra=extra)
+                writer = self.writer
+                local = LocalModel.from_obj(model, name=self.agent)
+                local.check_like(writer.base, self.agent)
+                capture = writer.capture(local)
+                if self.async_write:
+                    if self._executor is None:
+                        from concurrent.futures import ThreadPoolExecutor
+
+                        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ram_live_write")
+                    self._pending = self._executor.submit(self._write, capture, step, epoch, extra)
+                else:
+                    snap = self._write(capture, step, epoch, extra)
             c.barrier()
-        if self.keep is not None and c.rank == 0:
-            self.store.prune(self.keep, self.agent)
         self.last_snapshot_step = step
         self.snapshots += 1
         return snap
+
+    def _write(self, capture: Any, step: int, epoch: int | None, extra: Mapping[str, Any] | None) -> Snapshot | None:
+        assert self.writer is not None
+        snap = self.writer.write(capture, step, epoch=epoch, extra=extra)
+        self._prune()
+        return snap
+
+    def _prune(self) -> None:
+        if self.keep is not None and self.collective.rank == 0:
+            self.store.prune(self.keep, self.agent)
+
+    def flush(self) -> None:
+        """Wait for a background write (``async_write``); raises its error, if any."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     def _pick(self) -> dict[str, int]:
         """Rank 0 names the snapshot of every agent to merge; every rank gets the same names."""
@@ -312,6 +347,9 @@ class RAMSchedule:
         base = self._require()
         if self.snapshot_before_merge and self.last_snapshot_step < step:
             self.snapshot(model, step, epoch)
+        if self.async_write:
+            self.flush()  # this agent's latest snapshot is on disk before anyone picks it
+            self.collective.barrier()
         t0 = time.perf_counter()
         live = LocalModel.from_obj(model, name=self.agent)
         live.check_like(base, self.agent)
@@ -384,6 +422,7 @@ class RAMSchedule:
     # ------------------------------------------------------------------------------------------- state
 
     def state_dict(self) -> dict[str, Any]:
+        self.flush()  # a checkpoint never counts a snapshot that is not on disk
         return {
             "version": STATE_VERSION, "agent": self.agent,
             "store": str(self._store.root if self._store is not None else self._store_arg),

@@ -142,7 +142,9 @@ def test_evaluate_callable_sees_the_merged_weights_and_probe_numbers_match(tmp_p
     store = tmp_path / "store"
     base = _copy(Net())
     model_a = Net()
-    _trainer([RAMCallback(store, "a", snapshot_every=3, durable=False)], 3).fit(model_a, _loader(_data("a")))
+    writes_behind = RAMCallback(store, "a", snapshot_every=1, async_write=True, durable=False)
+    _trainer([writes_behind], 3).fit(model_a, _loader(_data("a")))
+    assert SnapshotStore(store).steps("a") == [1, 2, 3]  # written in the background, all on disk at train end
     seen = {}
 
     def evaluate(module):
@@ -150,7 +152,7 @@ def test_evaluate_callable_sees_the_merged_weights_and_probe_numbers_match(tmp_p
         return {"score": torch.tensor(0.75), "ram/custom": 2}
 
     ram = RAMCallback(store, "b", snapshot_every=3, merge_every=3, evaluate=evaluate, variant="ram",
-                      durable=False)
+                      async_write=True, durable=False)
     model_b = Net()
     _trainer([ram], 3).fit(model_b, _loader(_data("b")))
     live = {"a": model_a, "b": model_b}
