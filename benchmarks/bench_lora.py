@@ -40,11 +40,10 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from ram_live.peft import lora_deltas, ram_merge_adapters  # noqa: E402
 
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 NAMES = ["code", "tool", "memory"]
 
 
-def build(hidden: int, layers: int, rank: int, seed: int = 0):
+def build(hidden: int, layers: int, rank: int, targets: list[str], seed: int = 0):
     torch.manual_seed(seed)
     heads = max(1, hidden // 128)
     config = LlamaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=256, num_hidden_layers=layers,
@@ -55,7 +54,7 @@ def build(hidden: int, layers: int, rank: int, seed: int = 0):
     with torch.no_grad():
         for p in base.parameters():
             p.normal_(0, 0.02)
-    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS, init_lora_weights=False)
+    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False)
     model = get_peft_model(base, cfg, adapter_name=NAMES[0])
     for name in NAMES[1:]:
         model.add_adapter(name, cfg)
@@ -96,14 +95,16 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj", help="comma-separated")
     parser.add_argument("--oversample", type=int, default=None)
     parser.add_argument("--niter", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1, help="best of N timings")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     t_start = time.perf_counter()
-    model = build(args.hidden, args.layers, args.rank)
-    n_modules = len(TARGETS) * args.layers
+    targets = args.targets.split(",")
+    model = build(args.hidden, args.layers, args.rank, targets)
+    n_modules = len(targets) * args.layers
     print(f"{n_modules} target modules of {args.hidden}x{args.hidden}, 3 adapters of rank {args.rank} -> rank "
           f"{args.rank}; torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)

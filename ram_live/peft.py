@@ -500,13 +500,13 @@ def lora_deltas(
     if isinstance(source, (str, os.PathLike)):
         factors, _, _, _ = _read_folder(Path(source), adapter or Path(source).name)
     else:
-        name = adapter if adapter is not None else peft_active_adapter(source)
+        name = adapter if adapter is not None else _active_adapter(source)
         factors = _read_live(source, [name]).factors[name]
     with torch.no_grad():
         return {module: f.delta(layout=layout) for module, f in factors.items()}
 
 
-def peft_active_adapter(peft_model: Any) -> str:
+def _active_adapter(peft_model: Any) -> str:
     active = getattr(peft_model, "active_adapter", None)
     if isinstance(active, (list, tuple)):
         active = active[0]

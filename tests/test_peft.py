@@ -496,3 +496,23 @@ def test_importing_ram_live_peft_imports_no_peft():
     code = ("import sys, ram_live, ram_live.peft\n"
             "assert 'peft' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_merge_stays_on_the_device(base, tmp_path):
+    model = peft_model(base, {"code": lora(), "tool": lora(r=8)}).to("cuda")
+    _, report = ram_merge_adapters(model, ["code", "tool"], "merged", return_info=True)
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert layer.lora_A["merged"].weight.is_cuda
+    plain = ram_merge_adapters(model, ["code", "tool"], into_base=True)
+    assert all(p.is_cuda for p in plain.parameters())
+    cpu = peft_model(base, {"code": lora(), "tool": lora(r=8)})
+    cpu_plain = ram_merge_adapters(cpu, ["code", "tool"], into_base=True)
+    for n, p in plain.named_parameters():
+        assert torch.allclose(p.cpu(), cpu_plain.get_parameter(n), atol=1e-6), n
+    m = torch.randn(512, 384, device="cuda")
+    state = torch.cuda.get_rng_state()
+    a = refactor(m, 8, svd="randomized")
+    assert torch.equal(torch.cuda.get_rng_state(), state)
+    assert torch.equal(refactor(m, 8, svd="randomized").A, a.A) and a.A.is_cuda
