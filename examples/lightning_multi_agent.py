@@ -23,13 +23,12 @@ import time
 import warnings
 from pathlib import Path
 
+import lightning as L
 import torch
+from ram_live.integrations.lightning import RAMCallback
 from torch import nn
 
-import lightning as L
-
 from ram_live import merge, probe, ram_merge
-from ram_live.integrations.lightning import RAMCallback
 from ram_live.store import SnapshotStore
 
 TASKS = ("task0", "task1", "task2")
@@ -149,7 +148,7 @@ def main() -> None:
     snaps = ", ".join(f"{n}@{s.step}: {s.bytes / 1024:.1f} KiB ({s.bytes / s.dense_bytes:.0%} of dense)"
                       for n, s in latest.items())
     print(f"\nsnapshots merged: {snaps}")
-    print(f"λ (RAM+): " + ", ".join(f"{n} {v:.3f}" for n, v in (info.lambdas or {}).items()))
+    print("λ (RAM+): " + ", ".join(f"{n} {v:.3f}" for n, v in (info.lambdas or {}).items()))
     print(f"store: {store_dir}   logs: {root}   ({time.time() - t0:.0f} s)")
 
 

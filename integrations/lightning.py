@@ -17,7 +17,8 @@ where it stopped. Strategies: single device, DDP (rank zero writes, every rank m
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 from ..errors import RamLiveError
 from ..schedule import MergeResult, RAMSchedule
-from ..store import SnapshotStore, TorchCollective, LocalCollective
+from ..store import LocalCollective, SnapshotStore, TorchCollective
 
 __all__ = ["RAMCallback", "UnsupportedStrategyError"]
 
@@ -160,11 +161,11 @@ class RAMCallback(Callback):
 
     # ------------------------------------------------------------------------------------------- hooks
 
-    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self.mode = _strategy_check(trainer.strategy)
 
-    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         base = self._base
         if base is None and self.schedule.base_fingerprint is None and trainer.ckpt_path is not None:
             if not self.schedule.store.has_base():
@@ -177,7 +178,7 @@ class RAMCallback(Callback):
         collective = TorchCollective() if trainer.world_size > 1 else LocalCollective()
         self.schedule.attach(pl_module, base=base, collective=collective)
 
-    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any, batch: Any,
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         step, epoch = trainer.global_step, trainer.current_epoch
         s = self.schedule
@@ -186,7 +187,7 @@ class RAMCallback(Callback):
         if step > s.last_merge_step and self.should_merge(step, epoch):
             self.merge_now(trainer, pl_module)
 
-    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         step = trainer.global_step
         if self.snapshot_on_train_end and step > 0 and self.schedule.last_snapshot_step < step:
             self.schedule.snapshot(pl_module, step, trainer.current_epoch)
@@ -201,7 +202,7 @@ class RAMCallback(Callback):
 
     # ------------------------------------------------------------------------------------------- merging
 
-    def merge_now(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> dict[str, float]:
+    def merge_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
         """Merge the latest snapshot of every agent now, evaluate, log; returns the logged metrics."""
         step = trainer.global_step
         result = self.schedule.merge(pl_module, step, trainer.current_epoch)
@@ -209,7 +210,7 @@ class RAMCallback(Callback):
         metrics = result.metrics()
         evaluate = self._evaluate
         if evaluate is None and is_overridden("validation_step", pl_module):
-            evaluate = lambda module: self._validate(trainer, module)  # noqa: E731
+            evaluate = lambda module: self._validate(trainer, module)
         if callable(evaluate):
             with self.schedule.swapped(pl_module, result):  # floats taken inside: scores may view the weights
                 scores = {k: _float(v) for k, v in (evaluate(pl_module) or {}).items()}
@@ -219,13 +220,13 @@ class RAMCallback(Callback):
         self._log(trainer, metrics)
         return metrics
 
-    def _log(self, trainer: "pl.Trainer", metrics: dict[str, float]) -> None:
+    def _log(self, trainer: pl.Trainer, metrics: dict[str, float]) -> None:
         trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
 
-    def _validate(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> dict[str, float]:
+    def _validate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
         """The module's ``validation_step`` over the validation dataloaders, its ``self.log`` calls collected (mean
         over batches, weighted by ``batch_size`` when given; averaged over ranks), outside Lightning's validation
         loop: no other callback sees it, nothing is checkpointed."""

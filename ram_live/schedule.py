@@ -18,18 +18,18 @@ every rank writes and merges its own shards; RAM+'s ρ comes from the counts of 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from . import functional as F
 from .api import ram_merge
 from .engine import DEFAULT_CHUNK_NUMEL
-from . import functional as F
 from .errors import ConfigError
 from .methods import Activity
 from .store import (
@@ -48,7 +48,7 @@ from .store import (
     ram_statistics,
 )
 
-__all__ = ["RAMSchedule", "MergeResult", "every"]
+__all__ = ["MergeResult", "RAMSchedule", "every"]
 
 STATE_VERSION = 1
 

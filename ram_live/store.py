@@ -38,9 +38,10 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -52,22 +53,22 @@ from .methods import Activity
 from .sources import TensorSource, TensorSpec
 
 __all__ = [
-    "SnapshotStore",
-    "Snapshot",
-    "SnapshotInfo",
-    "StoreBase",
-    "SnapshotWriter",
+    "BaseMismatchError",
+    "Collective",
+    "CorruptSnapshotError",
+    "LocalCollective",
     "LocalModel",
     "LocalTensor",
-    "Collective",
-    "LocalCollective",
-    "TorchCollective",
-    "ram_statistics",
-    "fingerprint",
-    "StoreError",
-    "BaseMismatchError",
+    "Snapshot",
+    "SnapshotInfo",
     "SnapshotNotFoundError",
-    "CorruptSnapshotError",
+    "SnapshotStore",
+    "SnapshotWriter",
+    "StoreBase",
+    "StoreError",
+    "TorchCollective",
+    "fingerprint",
+    "ram_statistics",
 ]
 
 STORE_FORMAT = "ram_live.store"
@@ -304,7 +305,7 @@ class LocalModel:
     # -- construction
 
     @classmethod
-    def from_obj(cls, obj: Any, *, clone: bool = False, name: str = "local") -> "LocalModel":
+    def from_obj(cls, obj: Any, *, clone: bool = False, name: str = "local") -> LocalModel:
         """From an ``nn.Module`` (its ``state_dict`` keys, buffers marked, DTensors as local shards), a state dict,
         a :class:`TensorSource`, or a path (safetensors file / HF folder). ``clone=True`` copies every tensor
         (a frozen base of a module that keeps training)."""
@@ -366,7 +367,7 @@ class LocalModel:
             tensors[key] = LocalTensor(local, global_shape, offsets, owner, key in buffers)
         return cls(tensors, aliases, list(state), name, distributed)
 
-    def clone(self, name: str | None = None) -> "LocalModel":
+    def clone(self, name: str | None = None) -> LocalModel:
         tensors = {
             k: LocalTensor(v.tensor.clone(memory_format=torch.contiguous_format), v.global_shape, v.offsets,
                            v.owner, v.is_buffer)
@@ -374,7 +375,7 @@ class LocalModel:
         }
         return LocalModel(tensors, dict(self._aliases), list(self._keys), name or self.name, self.distributed)
 
-    def renamed(self, name: str) -> "LocalModel":
+    def renamed(self, name: str) -> LocalModel:
         return LocalModel(self.tensors, self._aliases, self._keys, name, self.distributed)
 
     @property
@@ -388,7 +389,7 @@ class LocalModel:
     def numel(self) -> int:
         return sum(t.tensor.numel() for t in self.tensors.values())
 
-    def check_like(self, other: "LocalModel", who: str) -> None:
+    def check_like(self, other: LocalModel, who: str) -> None:
         """Same keys, boxes and dtypes as ``other`` (raises :class:`InputMismatchError` naming the key)."""
         if set(self._keys) != set(other._keys):
             missing = sorted(set(other._keys) - set(self._keys))
@@ -924,7 +925,7 @@ class Snapshot:
     """One agent's snapshot, read lazily: a :class:`TensorSource` whose ``get`` returns base + changes, bit-exact
     in the stored dtype, and whose ``base_source()`` is the store's base."""
 
-    def __init__(self, store: "SnapshotStore", agent: str, step: int, manifest: Mapping[str, Any],
+    def __init__(self, store: SnapshotStore, agent: str, step: int, manifest: Mapping[str, Any],
                  device: torch.device | str = "cpu", name: str | None = None) -> None:
         self.store = store
         self.agent = agent
@@ -1026,7 +1027,7 @@ class Snapshot:
                 out[tuple(mine)] = piece[tuple(theirs)]
         return out.to(self.device)
 
-    def restrict(self, boxes: Mapping[str, Box], name: str | None = None) -> "BoxSource":
+    def restrict(self, boxes: Mapping[str, Box], name: str | None = None) -> BoxSource:
         """This snapshot seen through ``boxes`` (key → (offsets, shape)): a source of local shards."""
         return BoxSource(self, boxes, name or self.name)
 
@@ -1074,7 +1075,7 @@ class BoxSource:
 class SnapshotInfo:
     """A snapshot as listed (its manifest is read on :meth:`open` / :attr:`manifest`)."""
 
-    store: "SnapshotStore" = field(repr=False)
+    store: SnapshotStore = field(repr=False)
     agent: str
     step: int
 
@@ -1342,7 +1343,7 @@ class SnapshotStore:
     # -- writing
 
     def writer(self, agent: str, base: Any, *, activity: str = "changed", eps: float = 0.0,
-               collective: Collective | None = None, clone_base: bool = True, writer: bool = True) -> "SnapshotWriter":
+               collective: Collective | None = None, clone_base: bool = True, writer: bool = True) -> SnapshotWriter:
         """A :class:`SnapshotWriter` for ``agent`` holding ``base`` (see there)."""
         return SnapshotWriter(self, agent, base, activity=activity, eps=eps, collective=collective,
                               clone_base=clone_base, writer=writer)
@@ -1379,7 +1380,7 @@ class SnapshotStore:
         return {"file": {"name": name, "bytes": size}, "pieces": pieces}
 
     def _commit(self, agent: str, step: int, parts: Sequence[Mapping[str, Any]], local: LocalModel, fp: str,
-                rule: Activity, totals: "_Totals", epoch: int | None, extra: Mapping[str, Any] | None) -> Snapshot:
+                rule: Activity, totals: _Totals, epoch: int | None, extra: Mapping[str, Any] | None) -> Snapshot:
         now = time.time()
         head = {
             "format": SNAPSHOT_FORMAT, "version": VERSION, "agent": agent, "step": int(step),
@@ -1488,7 +1489,7 @@ class SnapshotWriter:
         local.check_like(self.base, self.agent)
         return self.write(self.capture(local), step, epoch=epoch, extra=extra)
 
-    def capture(self, model: Any) -> "Capture":
+    def capture(self, model: Any) -> Capture:
         """The changed values of every owned tensor, on the CPU (the part of a snapshot a rank writes)."""
         local = model if isinstance(model, LocalModel) else LocalModel.from_obj(model, name=self.agent)
         tensors: dict[str, Tensor] = {}
@@ -1505,7 +1506,7 @@ class SnapshotWriter:
                 totals.add(t, enc)
         return Capture(local, tensors, pieces, totals)
 
-    def write(self, capture: "Capture", step: int, *, epoch: int | None = None,
+    def write(self, capture: Capture, step: int, *, epoch: int | None = None,
               extra: Mapping[str, Any] | None = None) -> Snapshot | None:
         """Write a :meth:`capture` (possibly in another thread): part files, then rank 0's manifest."""
         c = self.collective

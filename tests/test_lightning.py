@@ -12,10 +12,11 @@ from torch import nn
 
 L = pytest.importorskip("lightning")
 
-from ram_live import probe, ram_merge  # noqa: E402
-from ram_live.integrations.lightning import RAMCallback, UnsupportedStrategyError  # noqa: E402
-from ram_live.schedule import RAMSchedule  # noqa: E402
-from ram_live.store import BaseMismatchError, SnapshotStore  # noqa: E402
+from ram_live.integrations.lightning import RAMCallback, UnsupportedStrategyError
+
+from ram_live import probe, ram_merge
+from ram_live.schedule import RAMSchedule
+from ram_live.store import BaseMismatchError, SnapshotStore
 
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
 warnings.filterwarnings("ignore", ".*LeafSpec.*")
@@ -128,7 +129,8 @@ def test_merge_equals_ram_merge_of_live_models_and_validation_swap_restores(tmp_
     assert h["ram/a/density"] == pytest.approx(info.statistics.active[0].item() / total)
     assert h["ram/b/rho"] == pytest.approx(info.rho["b"])
     assert float(trainer.callback_metrics["ram/val_loss"]) == pytest.approx(expected, rel=1e-6)
-    rows = [r for r in csv.DictReader(open(tmp_path / "b" / "version_0" / "metrics.csv")) if r.get("ram/val_loss")]
+    with open(tmp_path / "b" / "version_0" / "metrics.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r.get("ram/val_loss")]
     assert len(rows) == 1 and int(rows[0]["step"]) == 4
     assert float(rows[0]["ram/val_loss"]) == pytest.approx(expected, rel=1e-6)
     assert {"ram/a/density", "ram/a/rho", "ram/a/lambda", "ram/b/snapshot_step", "ram/merge_seconds"} <= set(rows[0])

@@ -13,14 +13,13 @@ import pytest
 import torch
 from torch import nn
 
-from ram_live import ram_merge, probe
+from ram_live import probe, ram_merge
 from ram_live.errors import ConfigError, InputMismatchError, RamLiveError
 from ram_live.store import (
     BaseMismatchError,
     CorruptSnapshotError,
     LocalModel,
     LocalTensor,
-    Snapshot,
     SnapshotNotFoundError,
     SnapshotStore,
     fingerprint,
@@ -100,7 +99,7 @@ def test_encoding_is_the_smallest_and_reconstruction_bit_exact(store, density, e
     big_idx = torch.randperm(300_001, generator=g)[: int(density * 300_001)]
     agent["big"][big_idx] += 1.0  # spans two steps of the CPU path (2^18 elements each)
     n = 20000
-    count = int(round(density * n))
+    count = round(density * n)
     idx = torch.randperm(n, generator=g)[:count]
     agent["w"].view(-1)[idx] += 1.0  # every chosen entry changes (|w| + 1 is representable apart from w)
     changed = int((agent["w"].view(torch.int16) != base["w"].view(torch.int16)).sum())
@@ -360,7 +359,7 @@ def test_store_snapshot_streams_the_base_from_disk(store):
 def test_pieces_boxes_and_restricted_merges(store):
     """A sharded snapshot written as pieces (as two ranks would), read whole, by other boxes, and merged
     shard-wise: equals the merge of the whole tensors."""
-    from ram_live.store import _Totals, _encode, _piece_entry, _activity
+    from ram_live.store import _activity, _encode, _piece_entry, _Totals
 
     base = {k: v for k, v in _base().items() if v.dtype.is_floating_point and v.dim() == 2 and v.numel()}
     agents = {"a": _moved(base, 0.1, 1), "b": _moved(base, 0.4, 2)}
@@ -422,8 +421,8 @@ def test_cpu_path_in_many_small_steps_and_threads(store, monkeypatch, density):
         v[torch.rand(v.shape, generator=g) < density] += 1.0
         v[:64] += 1.0  # one whole step changed: dense steps inside a sparse tensor
     snap = store.writer("a", base).snapshot(agent, 1)
-    for k in base:
+    for k, value in base.items():
         assert _bits_equal(snap.get(k), agent[k]), k
-        assert snap.manifest["tensors"][k]["pieces"][0]["count"] == int((agent[k] != base[k]).sum())
+        assert snap.manifest["tensors"][k]["pieces"][0]["count"] == int((agent[k] != value).sum())
     expected = {0.01: "indices", 0.2: "bitmask", 0.97: "dense", 1.0: "dense"}[density]
     assert snap.manifest["tensors"]["w"]["pieces"][0]["encoding"] == expected

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-import crash_trials  # noqa: E402
+import crash_trials
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 
