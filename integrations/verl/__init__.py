@@ -1,0 +1,37 @@
+"""RAM for verl: task-vector snapshots from verl's own checkpoints, and merged generalists, by configuration alone.
+
+verl ≥ 0.9 (v1 trainer)::
+
+    python -m verl.trainer.main_ppo ... trainer.save_freq=20 \\
+        trainer.checkpoint_callback_class=ram_live.integrations.verl.RAMCheckpointCallback \\
+        +ram.store=/shared/ram_store +ram.agent=coder +ram.merge_every=2
+
+Every checkpoint save becomes a snapshot of the actor in the shared store (read from the FSDP shard files one
+rank at a time, never gathered); every ``merge_every`` saves the latest snapshot of every agent is merged with
+RAM into a Hugging Face folder, and ``ram/*`` metrics go to verl's logger. Trainers without
+``checkpoint_callback_class``: :class:`RAMTrainerMixin`. Checkpoints of any verl version, offline:
+``ram-live verl-snapshot`` (:func:`main`).
+
+Importing this package does not import verl (``RAMCheckpointCallback`` subclasses verl's class on first use).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .checkpoint import ActorCheckpoint, find_checkpoints
+from .cli import main
+from .config import RAMVerlOptions, options_from_mapping, options_from_verl
+from .core import RAMVerl, VerlIntegrationError
+from .callback import RAMTrainerMixin, RAMVerlHooks, callback_class
+
+__all__ = [
+    "RAMCheckpointCallback", "RAMTrainerMixin", "RAMVerlHooks", "RAMVerl", "RAMVerlOptions", "ActorCheckpoint",
+    "find_checkpoints", "options_from_verl", "options_from_mapping", "VerlIntegrationError", "main",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RAMCheckpointCallback":
+        return callback_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,237 @@
+"""The ``ram`` config group of a verl run: every option of the integration, validated at start-up.
+
+On verl's command line (Hydra, struct mode) new keys take a ``+``::
+
+    +ram.store=/shared/ram_store +ram.agent=coder +ram.merge_every=2
+
+:func:`options_from_verl` reads the group from the trainer's config, fills what verl already knows (the base
+model's path, the checkpoint folder) and checks the verl settings the integration relies on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Sequence
+
+from ram_live.errors import ConfigError
+
+__all__ = ["RAMVerlOptions", "options_from_verl", "options_from_mapping", "WEIGHTS", "DTYPES"]
+
+WEIGHTS = ("master", "bf16", "fp16", "fp32")
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+
+
+@dataclass
+class RAMVerlOptions:
+    """Options of the verl integration (the ``ram`` config group; the keys are the field names).
+
+    Snapshots:
+        store: the snapshot store folder shared by every agent's run (required).
+        agent: this run's agent name, a folder of the store (required).
+        base: the base model every agent was trained from, a Hugging Face folder. Default: verl's
+            ``actor_rollout_ref.model.path``.
+        weights: what a snapshot records. ``"master"``: the actor's weights as checkpointed (fp32 master weights
+            under verl's default ``model_dtype: fp32``); ``"bf16"`` / ``"fp16"`` / ``"fp32"``: their cast to that
+            dtype (``bf16``: what a released bf16 checkpoint of this step would hold). The store's base is kept in
+            the same dtype, so one store holds one setting. Recorded in each manifest (``extra.verl.weights``).
+        snapshot_every: snapshot every this many checkpoint saves (default 1: every save).
+        snapshot_activity, snapshot_eps: ``"changed"`` (lossless, default) or ``"abs"`` (keep |τ| > snapshot_eps).
+        keep: keep only this agent's newest ``keep`` snapshots in the store.
+        lora: ``"auto"`` (LoRA checkpoints are detected by their ``lora_A``/``lora_B`` tensors), ``True`` or
+            ``False``. A LoRA snapshot holds base + ΔW (ΔW = s·B·A per target module, in float32).
+        lora_rank, lora_alpha: override what ``lora_train_meta.json`` / verl's ``actor_rollout_ref.model`` say.
+        max_part_bytes: a snapshot's changed values are written in part files of about this size (the most
+            memory the encoding holds at once, besides one rank's memory-mapped shard file).
+    Merging:
+        merge_every: merge the latest snapshot of every agent in the store every this many saves (None: never),
+            and at the last training step.
+        merged_dir: where merged models go, one Hugging Face folder per merge (``global_step_<N>``). Default:
+            ``<trainer.default_local_dir>/ram_merged``.
+        keep_merged: keep only the newest ``keep_merged`` merged folders (None: all).
+        merged_dtype: dtype of the merged weights: ``"auto"`` (the base model's), ``"bf16"``, ``"fp16"``, ``"fp32"``.
+        agents: merge only these agents (default: every agent of the store).
+        variant, r, alpha, eps, activity, rho_scope: RAM's options, as in :func:`ram_live.ram_merge`.
+        evaluate: dotted path of ``fn(merged_dir: str, step: int) -> dict[str, float]`` (``pkg.mod.fn`` or
+            ``pkg.mod:fn``), called after each merge; its scores are logged as ``ram/<name>``.
+        durable: fsync snapshot files before their manifest.
+    """
+
+    store: str = ""
+    agent: str = ""
+    base: str | None = None
+    weights: str = "master"
+    snapshot_every: int = 1
+    snapshot_activity: str = "changed"
+    snapshot_eps: float = 0.0
+    keep: int | None = None
+    lora: Any = "auto"
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    max_part_bytes: int = 1 << 30
+    merge_every: int | None = None
+    merged_dir: str | None = None
+    keep_merged: int | None = None
+    merged_dtype: str = "auto"
+    agents: list[str] | None = None
+    variant: str = "ram_plus"
+    r: float = 0.1
+    alpha: float = 2.0
+    eps: float = 1e-5
+    activity: str = "abs"
+    rho_scope: str = "global"
+    evaluate: str | None = None
+    durable: bool = True
+    # filled from verl's config (not ram.* keys a user sets)
+    save_freq: int | None = field(default=None, repr=False)
+    checkpoint_root: str | None = field(default=None, repr=False)
+
+    def validate(self) -> "RAMVerlOptions":
+        """Raise :class:`~ram_live.errors.ConfigError` naming the key at fault."""
+        from ram_live.store import SnapshotStore
+
+        if not self.store or not isinstance(self.store, (str, os.PathLike)):
+            raise ConfigError("ram.store is required: the snapshot store folder shared by the agents' runs "
+                              "(e.g. +ram.store=/shared/ram_store)")
+        self.store = os.fspath(self.store)
+        if not self.agent:
+            raise ConfigError("ram.agent is required: this run's agent name (e.g. +ram.agent=coder)")
+        try:
+            SnapshotStore.check_agent(str(self.agent))
+        except ConfigError as exc:
+            raise ConfigError(f"ram.agent: {exc}") from None
+        self.agent = str(self.agent)
+        _choice("weights", self.weights, WEIGHTS)
+        _choice("merged_dtype", self.merged_dtype, DTYPES)
+        _choice("snapshot_activity", self.snapshot_activity, ("changed", "abs"))
+        _choice("variant", self.variant, ("ram", "ram_plus", "ram_plus_soft"))
+        _choice("activity", self.activity, ("abs", "changed"))
+        _choice("rho_scope", self.rho_scope, ("global", "tensor"))
+        for name in ("snapshot_every", "max_part_bytes"):
+            _int(name, getattr(self, name), minimum=1)
+        for name in ("keep", "keep_merged", "merge_every", "lora_rank"):
+            if getattr(self, name) is not None:
+                _int(name, getattr(self, name), minimum=1)
+        for name in ("snapshot_eps", "r", "alpha", "eps"):
+            _float(name, getattr(self, name))
+        if self.lora_alpha is not None:
+            _float("lora_alpha", self.lora_alpha)
+        if self.lora not in ("auto", True, False):
+            raise ConfigError(f"ram.lora must be 'auto', true or false, got {self.lora!r}")
+        if self.agents is not None:
+            if isinstance(self.agents, str) or not isinstance(self.agents, Sequence):
+                raise ConfigError(f"ram.agents must be a list of agent names, got {self.agents!r}")
+            self.agents = [SnapshotStore.check_agent(str(a)) for a in self.agents]
+        if self.evaluate is not None:
+            if not isinstance(self.evaluate, str) or "." not in self.evaluate.replace(":", "."):
+                raise ConfigError(f"ram.evaluate must be a dotted path 'package.module.function', got {self.evaluate!r}")
+        if self.base is not None:
+            self.base = os.fspath(self.base)
+        return self
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.repr]
+
+
+def _choice(name: str, value: Any, allowed: Sequence[Any]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"ram.{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+
+
+def _int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"ram.{name} must be an integer >= {minimum} (or null where optional); got {value!r}")
+
+
+def _float(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"ram.{name} must be a finite number >= 0; got {value!r}")
+
+
+def options_from_mapping(values: Mapping[str, Any] | None, **defaults: Any) -> RAMVerlOptions:
+    """Options from a plain mapping (the ``ram`` group as a dict); unknown keys raise, naming the valid ones."""
+    values = dict(values or {})
+    allowed = RAMVerlOptions.keys()
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown ram option(s) {', '.join('ram.' + u for u in unknown)}; the options are: "
+                          f"{', '.join(allowed)}")
+    merged = {**{k: v for k, v in defaults.items() if v is not None}, **values}
+    return RAMVerlOptions(**merged).validate()
+
+
+def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        try:
+            node = node.get(part, None) if hasattr(node, "get") else getattr(node, part, None)
+        except Exception:  # an OmegaConf interpolation that does not resolve
+            return default
+    return default if node is None else node
+
+
+def _plain(node: Any) -> Any:
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - verl always brings omegaconf
+        return node
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def options_from_verl(config: Any) -> RAMVerlOptions:
+    """The ``ram`` group of a verl trainer config (``DictConfig``), validated, with verl's own settings checked:
+    checkpoints are saved (``trainer.save_freq > 0``) with the model (``checkpoint.save_contents``), by the
+    FSDP/FSDP2 actor (Megatron's distributed checkpoints are another format), synchronously."""
+    group = _get(config, "ram")
+    if group is None:
+        raise ConfigError("the verl config has no `ram` group: add +ram.store=<folder> +ram.agent=<name> to the "
+                          "command line (see the README's verl section)")
+    values = _plain(group)
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"the `ram` config group must be a mapping, got {type(values).__name__}")
+    model_path = _get(config, "actor_rollout_ref.model.path")
+    opts = options_from_mapping(
+        values,
+        base=str(model_path) if model_path is not None and values.get("base") is None else None,
+        lora_rank=None,
+    )
+    save_freq = _get(config, "trainer.save_freq")
+    if save_freq is not None:
+        save_freq = int(save_freq)
+        if save_freq <= 0:
+            raise ConfigError(f"ram: trainer.save_freq is {save_freq}, so verl saves no checkpoint and no snapshot "
+                              "would be taken; set trainer.save_freq=<steps>")
+    opts.save_freq = save_freq
+    strategy = _get(config, "actor_rollout_ref.actor.strategy")
+    if strategy is not None and str(strategy) not in ("fsdp", "fsdp2"):
+        raise ConfigError(f"ram: actor_rollout_ref.actor.strategy={strategy!r}; the integration reads FSDP/FSDP2 "
+                          "checkpoints (model_world_size_W_rank_R.pt) only")
+    contents = _plain(_get(config, "actor_rollout_ref.actor.checkpoint.save_contents"))
+    if contents is not None and "model" not in list(contents):
+        raise ConfigError(f"ram: actor_rollout_ref.actor.checkpoint.save_contents={list(contents)} does not save "
+                          "the model; add 'model'")
+    if bool(_get(config, "actor_rollout_ref.actor.checkpoint.async_save", False)):
+        raise ConfigError("ram: actor_rollout_ref.actor.checkpoint.async_save=true: the checkpoint files are not "
+                          "complete when the callback runs; disable async_save")
+    root = _get(config, "trainer.default_local_dir")
+    opts.checkpoint_root = str(root) if root is not None else None
+    if opts.merged_dir is None and opts.merge_every is not None:
+        if opts.checkpoint_root is None:
+            raise ConfigError("ram.merged_dir is required when trainer.default_local_dir is not set")
+        opts.merged_dir = os.path.join(opts.checkpoint_root, "ram_merged")
+    if opts.lora_rank is None:
+        rank = _get(config, "actor_rollout_ref.model.lora_rank")
+        if rank:
+            opts.lora_rank = int(rank)
+            alpha = _get(config, "actor_rollout_ref.model.lora_alpha")
+            if opts.lora_alpha is None and alpha is not None:
+                opts.lora_alpha = float(alpha)
+    if opts.base is None:
+        raise ConfigError("ram.base is not set and the config has no actor_rollout_ref.model.path")
+    return opts
