@@ -32,7 +32,7 @@ from torch import Tensor
 from ram_live.errors import UnsupportedInputError
 from ram_live.store import LocalTensor
 
-__all__ = ["ActorCheckpoint", "RankShards", "find_checkpoints", "hf_key", "LORA_RE"]
+__all__ = ["ActorCheckpoint", "RankShards", "find_checkpoints", "hf_key", "shard_box", "LORA_RE"]
 
 _MODEL_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 _STEP_RE = re.compile(r"^global_step_(\d+)$")
@@ -199,23 +199,31 @@ def _box(key: str, t: Tensor, rank: int, world_size: int) -> tuple[Tensor, tuple
                 f"tensor {key!r} is a {type(t).__name__}; verl checkpoints of FSDP/FSDP2 hold DTensors or tensors")
         # FSDP leaves what it does not shard whole on every rank (buffers, unwrapped parameters): rank 0 owns it
         return t, tuple(t.shape), (0,) * t.dim(), rank == 0
-    local = t._local_tensor
-    mesh = t.device_mesh
-    ids = mesh.mesh
-    where = (ids == rank).nonzero()
+    offsets, owner = shard_box(key, tuple(t.shape), t.device_mesh.mesh, tuple(t.placements), rank,
+                               tuple(t._local_tensor.shape))
+    return t._local_tensor, tuple(t.shape), offsets, owner
+
+
+def shard_box(key: str, global_shape: tuple[int, ...], mesh: Tensor, placements: tuple[Any, ...], rank: int,
+              local_shape: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
+    """(offsets, owner) of rank ``rank``'s shard of a DTensor of ``global_shape`` on a device mesh of global ranks
+    ``mesh`` with ``placements``: ``Shard(d)`` cuts dim d as ``torch.chunk`` does (nested shards cut the previous
+    box), ``Replicate`` makes the rank at coordinate 0 of that mesh dim the owner (FSDP: ``[Shard(0)]``; HSDP:
+    ``[Replicate(), Shard(0)]``). Checks the result against the shard's ``local_shape``."""
+    where = (mesh == rank).nonzero()
     if where.shape[0] != 1:
-        raise UnsupportedInputError(f"tensor {key!r}: rank {rank} is not in its device mesh {ids.tolist()}")
+        raise UnsupportedInputError(f"tensor {key!r}: rank {rank} is not in its device mesh {mesh.tolist()}")
     coordinate = where[0].tolist()
-    shape = list(t.shape)
+    shape = list(global_shape)
     offsets = [0] * len(shape)
     owner = True
-    for dim, placement in enumerate(t.placements):
+    for dim, placement in enumerate(placements):
         kind = type(placement).__name__
         if kind == "Replicate":
             owner = owner and coordinate[dim] == 0
         elif kind == "Shard":
-            d = placement.dim  # type: ignore[attr-defined]
-            n = ids.shape[dim]
+            d = placement.dim
+            n = mesh.shape[dim]
             chunk = math.ceil(shape[d] / n) if shape[d] else 0
             start = min(coordinate[dim] * chunk, shape[d])
             length = max(0, min(chunk, shape[d] - start))
@@ -225,8 +233,8 @@ def _box(key: str, t: Tensor, rank: int, world_size: int) -> tuple[Tensor, tuple
             raise UnsupportedInputError(
                 f"tensor {key!r} has placement {placement!r}; verl checkpoints of FSDP/FSDP2 (with or without HSDP) "
                 "use Shard and Replicate only (FSDP2 + tensor parallel's strided shards are not supported)")
-    if list(local.shape) != shape:
+    if list(local_shape) != shape:
         raise UnsupportedInputError(
-            f"tensor {key!r}: rank {rank}'s shard has shape {list(local.shape)}, its placements {t.placements} on "
-            f"mesh {ids.tolist()} give {shape}")
-    return local, tuple(t.shape), tuple(offsets), owner
+            f"tensor {key!r}: rank {rank}'s shard has shape {list(local_shape)}, its placements {placements} on mesh "
+            f"{mesh.tolist()} give {shape}")
+    return tuple(offsets), owner

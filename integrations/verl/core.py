@@ -55,12 +55,26 @@ def resolve_base(path: str) -> Path:
     p = Path(os.path.expanduser(path))
     if p.is_dir():
         return p
-    if "://" not in path and path.count("/") == 1:
+    if "://" in path:  # hdfs://... : verl's own copy (the same cache its workers use)
+        try:
+            from verl.utils.fs import copy_to_local
+
+            local = Path(copy_to_local(path))
+            if local.is_dir():
+                return local
+        except Exception:  # noqa: BLE001 - the message below says what to do
+            pass
+    elif path.count("/") == 1 and not p.exists():  # a hub id, as verl's model.path may be: cached, else fetched
         try:
             from huggingface_hub import snapshot_download
 
-            return Path(snapshot_download(path, local_files_only=True))
-        except Exception:  # noqa: BLE001 - not cached, no hub client: the message below says what to do
+            patterns = ["*.safetensors", "*.safetensors.index.json", "*.json", "*.txt", "*.model", "*.tiktoken",
+                        "*.jinja"]
+            try:
+                return Path(snapshot_download(path, local_files_only=True, allow_patterns=patterns))
+            except Exception:  # noqa: BLE001 - not cached yet
+                return Path(snapshot_download(path, allow_patterns=patterns))
+        except Exception:  # noqa: BLE001 - no hub client or no network: the message below says what to do
             pass
     raise ConfigError(f"ram.base: {path!r} is not a local Hugging Face model folder (nor a cached hub model); set "
                       "+ram.base=<local folder of the base model>")
@@ -169,6 +183,7 @@ class RAMVerl:
         first = ckpt.shards(0)
         lora = self._is_lora(first)
         dtype = self._snapshot_dtype(first, lora)
+        del first  # each rank's file is mapped while it is read, then let go
         fp = self.prepare(dtype)
         base = self.store.base_source()
         specs = {k: (tuple(base.spec(k).shape), base.spec(k).dtype) for k in base.keys()}
@@ -177,9 +192,9 @@ class RAMVerl:
         counts = {"numel": 0, "active": 0}
         try:
             if lora:
-                info = self._snapshot_lora(ckpt, first, writer, base, specs, counts)
+                info = self._snapshot_lora(ckpt, writer, base, specs, counts)
             else:
-                info = self._snapshot_full(ckpt, first, writer, base, specs, counts)
+                info = self._snapshot_full(ckpt, writer, base, specs, counts)
             meta = {"verl": {"weights": self.opts.weights, "dtype": str(dtype).replace("torch.", ""),
                              "checkpoint": str(ckpt.path), "global_step": int(step),
                              "world_size": ckpt.world_size, **info}}
@@ -243,13 +258,13 @@ class RAMVerl:
                 counts["active"] += int(torch.count_nonzero(data != b))
         return (LocalTensor(data, t.global_shape, t.offsets, True), LocalTensor(b, t.global_shape, t.offsets, True))
 
-    def _snapshot_full(self, ckpt: ActorCheckpoint, first: Any, writer: PieceWriter, base: Any,
+    def _snapshot_full(self, ckpt: ActorCheckpoint, writer: PieceWriter, base: Any,
                        specs: Mapping[str, Any], counts: dict[str, int]) -> dict[str, Any]:
         group: dict[str, LocalTensor] = {}
         base_group: dict[str, LocalTensor] = {}
         size = 0
         for rank in range(ckpt.world_size):
-            shards = first if rank == 0 else ckpt.shards(rank)
+            shards = ckpt.shards(rank)
             names = {}
             for key in shards.boxes:
                 name = hf_key(key)
@@ -274,11 +289,10 @@ class RAMVerl:
                     size = 0
             self._add(writer, group, base_group)  # one rank's boxes never share a part with the next rank's
             size = 0
-            del shards
-            first = None  # type: ignore[assignment]  # let the rank's memory map go
+            del shards  # let the rank's memory map go
         return {"lora": False}
 
-    def _snapshot_lora(self, ckpt: ActorCheckpoint, first: Any, writer: PieceWriter, base: Any,
+    def _snapshot_lora(self, ckpt: ActorCheckpoint, writer: PieceWriter, base: Any,
                        specs: Mapping[str, Any], counts: dict[str, int]) -> dict[str, Any]:
         from safetensors.torch import save_file
 
@@ -286,7 +300,7 @@ class RAMVerl:
 
         factors: dict[str, Tensor] = {}
         for rank in range(ckpt.world_size):
-            shards = first if rank == 0 else ckpt.shards(rank)
+            shards = ckpt.shards(rank)
             for key, t in shards.boxes.items():
                 m = LORA_RE.match(key)
                 if m is None or not t.owner:
@@ -298,7 +312,6 @@ class RAMVerl:
                     full = factors[name] = torch.zeros(t.global_shape, dtype=torch.float32)
                 full[tuple(slice(o, o + n) for o, n in zip(t.offsets, t.tensor.shape))] = t.tensor.float()
             del shards
-            first = None  # type: ignore[assignment]
         meta = dict(ckpt.lora_meta or {})
         r = int(meta.get("r") or self.opts.lora_rank or 0)
         alpha = meta.get("lora_alpha", self.opts.lora_alpha)

@@ -320,3 +320,21 @@ def test_import_is_lazy():
             "from verl.utils.import_utils import load_class_from_fqn\n"
             f"assert load_class_from_fqn({CALLBACK!r}, 'CheckpointCallback') is cls\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_shard_boxes_of_fsdp_and_hsdp_meshes():
+    """The box of each rank's shard: torch.chunk of dim 0 over the fsdp mesh dim; HSDP replicas owned once."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    from ram_live.integrations.verl.checkpoint import shard_box
+
+    hsdp = torch.arange(4).view(2, 2)  # ("ddp", "fsdp"): 2 replicas of 2 shards
+    got = {r: shard_box("w", (5, 3), hsdp, (Replicate(), Shard(0)), r, (3 if r % 2 == 0 else 2, 3)) for r in range(4)}
+    assert got == {0: ((0, 0), True), 1: ((3, 0), True), 2: ((0, 0), False), 3: ((3, 0), False)}
+    fsdp = torch.arange(3)
+    assert [shard_box("b", (2, 4), fsdp, (Shard(0),), r, (n, 4)) for r, n in enumerate((1, 1, 0))] == [
+        ((0, 0), True), ((1, 0), True), ((2, 0), True)]
+    with pytest.raises(UnsupportedInputError, match="give"):
+        shard_box("w", (5, 3), hsdp, (Replicate(), Shard(0)), 1, (3, 3))
+    with pytest.raises(UnsupportedInputError, match="not in its device mesh"):
+        shard_box("w", (5, 3), hsdp, (Replicate(), Shard(0)), 7, (3, 3))
