@@ -31,12 +31,16 @@ from .methods import (
     get_method,
     register_method,
 )
+from .peft import ram_merge_adapter_files, ram_merge_adapters
 from .probe import ProbeReport, probe
+from .schedule import RAMSchedule
+from .store import Snapshot, SnapshotStore
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "merge", "ram_merge", "merge_task_vectors", "probe", "ProbeReport", "MergeInfo",
+    "merge", "ram_merge", "merge_task_vectors", "probe", "ram_merge_adapters", "ram_merge_adapter_files",
+    "SnapshotStore", "Snapshot", "RAMSchedule", "ProbeReport", "MergeInfo",
     "register_method", "get_method", "available_methods", "Activity",
     "LinearConfig", "TaskArithmeticConfig", "TiesConfig", "DareLinearConfig", "DareTiesConfig",
     "RamConfig", "RamPlusConfig", "RamPlusSoftConfig",

@@ -56,8 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("agents", nargs="+", help="agent checkpoints: file.safetensors or HF folder, or name=path")
-        p.add_argument("--base", required=True, help="the base checkpoint every agent was trained from")
+        p.add_argument("agents", nargs="*", help="agent checkpoints: file.safetensors or HF folder, or name=path")
+        p.add_argument("--base", help="the base checkpoint every agent was trained from (not with --store)")
+        p.add_argument("--store", help="a snapshot store: the latest snapshot of every agent (or of the named "
+                                       "agents), with the store's base")
         p.add_argument("--device", default=None, help="compute device (default: cpu)")
         p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
@@ -81,6 +83,14 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--max-shard-size", type=float, default=5.0, metavar="GB", help="shard size in GB (default 5)")
     m.add_argument("--distributed", action="store_true",
                    help="under torchrun: split the tensors over the ranks (gloo on CPU, nccl with --device cuda)")
+
+    st = sub.add_parser("stores", help="what a snapshot store holds")
+    st.add_argument("store", help="the snapshot store folder")
+    st.add_argument("--json", action="store_true", help="print JSON")
+    st.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+
+    v = sub.add_parser("verl-snapshot", add_help=False, help="turn verl checkpoints into snapshots (see --help)")
+    v.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -88,9 +98,11 @@ def _run(args: argparse.Namespace) -> int:
     from . import merge, probe
     from .progress import TerminalProgress
 
-    agents = _agents(args.agents)
+    if args.command == "stores":
+        return _stores(args)
+    agents, base = _inputs(args)
     if args.command == "probe":
-        report = probe(agents, base=args.base, eps=args.eps, activity=args.activity, r=args.r, alpha=args.alpha,
+        report = probe(agents, base=base, eps=args.eps, activity=args.activity, r=args.r, alpha=args.alpha,
                        device=args.device)
         if args.json == "-":
             print(json.dumps(report.to_dict(), indent=2, allow_nan=False))
@@ -106,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
         _init_distributed(args)
         args.quiet = args.quiet or torch.distributed.get_rank() != 0  # rank 0 reports for all
     _, info = merge(
-        agents, base=args.base, method=args.method, out=args.out, device=args.device,
+        agents, base=base, method=args.method, out=args.out, device=args.device,
         dtype=_DTYPES[args.dtype] if args.dtype else None, max_shard_bytes=int(args.max_shard_size * 1e9),
         progress=None if args.quiet else TerminalProgress(), return_info=True,
         process_group=True if args.distributed else None, **options,
@@ -117,6 +129,43 @@ def _run(args: argparse.Namespace) -> int:
               f"{info.method} in {info.seconds:.1f} s -> {args.out}")
         if info.lambdas:
             print("lambda: " + ", ".join(f"{n}={v:.4f}" for n, v in info.lambdas.items()))
+    return 0
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(agents, base) from paths and --base, or from --store (optionally restricted to the named agents)."""
+    if args.store:
+        from .store import SnapshotStore
+
+        if args.base:
+            raise ConfigError("pass either --store (which holds the base) or --base, not both")
+        store = SnapshotStore(args.store, create=False)
+        snapshots = store.latest_all(args.agents or None)
+        if not snapshots:
+            raise ConfigError(f"snapshot store {args.store} holds no snapshot")
+        return snapshots, None
+    if not args.agents or not args.base:
+        raise ConfigError("name the agents' checkpoints and --base (or pass --store)")
+    return _agents(args.agents), args.base
+
+
+def _stores(args: argparse.Namespace) -> int:
+    from .store import SnapshotStore
+
+    store = SnapshotStore(args.store, create=False)
+    rows = []
+    for info in store.list():
+        snap = info.open()
+        rows.append({"agent": info.agent, "step": info.step, "changed": snap.changed, "numel": snap.numel,
+                     "density": snap.density, "bytes": snap.bytes, "dense_bytes": snap.dense_bytes})
+    if args.json:
+        print(json.dumps({"store": str(store.root), "base": store.base_fingerprint, "snapshots": rows}, indent=2))
+        return 0
+    print(f"store {store.root}  base {store.base_fingerprint or '(none)'}")
+    print(f"{'agent':<16}{'step':>10}{'density':>10}{'changed':>14}{'on disk':>12}{'dense':>12}")
+    for r in rows:
+        print(f"{r['agent'][:15]:<16}{r['step']:>10}{r['density']:>10.2%}{r['changed']:>14,}"
+              f"{r['bytes'] / 1e6:>10.1f}MB{r['dense_bytes'] / 1e6:>10.1f}MB")
     return 0
 
 
@@ -134,6 +183,11 @@ def _init_distributed(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "verl-snapshot" in argv[:2]:
+        from ram_live.integrations.verl.cli import main as verl_main
+
+        return verl_main(argv[argv.index("verl-snapshot") + 1:])
     args = _parser().parse_args(argv)
     try:
         return _run(args)

@@ -75,3 +75,24 @@ def test_torchrun_distributed_merge(files):
 
     src = SafetensorsSource(tmp / "d")
     assert_bit_identical({k: src.get(k).clone() for k in src.keys()}, merge(agents, base=base))
+
+
+def test_stores_and_merge_from_a_store(tmp_path, base_sd, capsys):
+    from ram_live import SnapshotStore, ram_merge
+
+    store = SnapshotStore(tmp_path / "store", durable=False)
+    agents = dict(zip(["coder", "tools"], make_agents(base_sd, [0.05, 0.5])))
+    for step, (name, sd) in enumerate(agents.items(), start=1):
+        store.writer(name, base_sd).snapshot(sd, step * 10)
+    assert main(["stores", str(tmp_path / "store")]) == 0
+    table = capsys.readouterr().out
+    assert "coder" in table and "tools" in table and "%" in table
+    assert main(["stores", str(tmp_path / "store"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["snapshots"]
+    assert {(r["agent"], r["step"]) for r in rows} == {("coder", 10), ("tools", 20)}
+    assert main(["merge", "--store", str(tmp_path / "store"), "--out", str(tmp_path / "m.safetensors"),
+                 "--quiet"]) == 0
+    expected = ram_merge({n: agents[n] for n in sorted(agents)}, base=base_sd)
+    assert_bit_identical(load_file(tmp_path / "m.safetensors"), expected)
+    assert main(["merge", "--store", str(tmp_path / "store"), "--base", "x", "--out", str(tmp_path / "o")]) == 2
+    assert "not both" in capsys.readouterr().err
