@@ -24,4 +24,4 @@ if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ] || [ "$0" -nt "$
   touch "$stamp"
 fi
 cd "$root"
-exec python -m pytest -q tests/verl "$@"
+exec python -m pytest -q -p no:asyncio tests/verl "$@"

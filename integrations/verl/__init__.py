@@ -19,15 +19,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from .callback import RAMTrainerMixin, RAMVerlHooks, callback_class
 from .checkpoint import ActorCheckpoint, find_checkpoints
 from .cli import main
 from .config import RAMVerlOptions, options_from_mapping, options_from_verl
 from .core import RAMVerl, VerlIntegrationError
-from .callback import RAMTrainerMixin, RAMVerlHooks, callback_class
 
 __all__ = [
-    "RAMCheckpointCallback", "RAMTrainerMixin", "RAMVerlHooks", "RAMVerl", "RAMVerlOptions", "ActorCheckpoint",
-    "find_checkpoints", "options_from_verl", "options_from_mapping", "VerlIntegrationError", "main",
+    "ActorCheckpoint",
+    "RAMCheckpointCallback",
+    "RAMTrainerMixin",
+    "RAMVerl",
+    "RAMVerlHooks",
+    "RAMVerlOptions",
+    "VerlIntegrationError",
+    "find_checkpoints",
+    "main",
+    "options_from_mapping",
+    "options_from_verl",
 ]
 
 

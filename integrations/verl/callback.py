@@ -20,7 +20,7 @@ import torch
 from .config import options_from_verl
 from .core import _VERL_DTYPES, RAMVerl, VerlIntegrationError
 
-__all__ = ["RAMVerlHooks", "RAMCheckpointCallback", "RAMTrainerMixin", "callback_class"]
+__all__ = ["RAMTrainerMixin", "RAMVerlHooks", "callback_class"]  # RAMCheckpointCallback: module __getattr__
 
 log = logging.getLogger("ram_live.verl")
 

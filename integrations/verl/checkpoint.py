@@ -32,7 +32,7 @@ from torch import Tensor
 from ram_live.errors import UnsupportedInputError
 from ram_live.store import LocalTensor
 
-__all__ = ["ActorCheckpoint", "RankShards", "find_checkpoints", "hf_key", "shard_box", "LORA_RE"]
+__all__ = ["LORA_RE", "ActorCheckpoint", "RankShards", "find_checkpoints", "hf_key", "shard_box"]
 
 _MODEL_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 _STEP_RE = re.compile(r"^global_step_(\d+)$")
@@ -44,8 +44,7 @@ LORA_RE = re.compile(r"^(?P<module>.+)\.(?P<kind>lora_A|lora_B|lora_embedding_A|
 
 def hf_key(key: str) -> str:
     """A checkpoint key as the base model's Hugging Face folder names it (PEFT's wrapper prefixes removed)."""
-    if key.startswith(PEFT_PREFIX):
-        key = key[len(PEFT_PREFIX):]
+    key = key.removeprefix(PEFT_PREFIX)
     return key.replace(".base_layer.", ".")
 
 

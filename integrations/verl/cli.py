@@ -16,12 +16,13 @@ import json
 import sys
 from typing import Any, Sequence
 
-__all__ = ["main", "build_parser"]
+__all__ = ["build_parser", "main"]
 
 
 def build_parser(prog: str = "ram-live verl-snapshot") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Snapshot verl checkpoints into a ram_live store.")
-    p.add_argument("--ckpt-root", required=True, help="trainer.default_local_dir, a global_step_N folder, or its actor/")
+    p.add_argument("--ckpt-root", required=True,
+                   help="trainer.default_local_dir, a global_step_N folder, or its actor/")
     p.add_argument("--agent", required=True, help="the agent's name in the store")
     p.add_argument("--store", required=True, help="the snapshot store folder")
     p.add_argument("--base", default=None, help="the base model's Hugging Face folder (default: the store's base)")
@@ -57,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"ram-live verl-snapshot: error: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # noqa: BLE001 - one line unless --debug
+    except Exception as exc:
         if args.debug:
             raise
         print(f"ram-live verl-snapshot: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from ram_live.errors import ConfigError
 
-__all__ = ["RAMVerlOptions", "options_from_verl", "options_from_mapping", "WEIGHTS", "DTYPES"]
+__all__ = ["DTYPES", "WEIGHTS", "RAMVerlOptions", "options_from_mapping", "options_from_verl"]
 
 WEIGHTS = ("master", "bf16", "fp16", "fp32")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -87,7 +87,7 @@ class RAMVerlOptions:
     save_freq: int | None = field(default=None, repr=False)
     checkpoint_root: str | None = field(default=None, repr=False)
 
-    def validate(self) -> "RAMVerlOptions":
+    def validate(self) -> RAMVerlOptions:
         """Raise :class:`~ram_live.errors.ConfigError` naming the key at fault."""
         from ram_live.store import SnapshotStore
 
@@ -125,7 +125,8 @@ class RAMVerlOptions:
             self.agents = [SnapshotStore.check_agent(str(a)) for a in self.agents]
         if self.evaluate is not None:
             if not isinstance(self.evaluate, str) or "." not in self.evaluate.replace(":", "."):
-                raise ConfigError(f"ram.evaluate must be a dotted path 'package.module.function', got {self.evaluate!r}")
+                raise ConfigError(
+                    f"ram.evaluate must be a dotted path 'package.module.function', got {self.evaluate!r}")
         if self.base is not None:
             self.base = os.fspath(self.base)
         return self

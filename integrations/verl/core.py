@@ -2,9 +2,10 @@
 
 :class:`RAMVerl` is what the checkpoint callback, the ``RayPPOTrainer`` mixin and the offline command share:
 
->>> ram = RAMVerl(options_from_mapping({"store": "runs/ram", "agent": "coder", "base": "Qwen2.5-0.5B"}))  # doctest: +SKIP
+>>> opts = options_from_mapping({"store": "runs/ram", "agent": "coder", "base": "Qwen2.5-0.5B"})  # doctest: +SKIP
+>>> ram = RAMVerl(opts)                                                                      # doctest: +SKIP
 >>> ram.snapshot("checkpoints/p/e/global_step_20", step=20)      # one rank's shard file at a time     # doctest: +SKIP
->>> ram.merge(step=20)                                             # -> merged_dir/global_step_20        # doctest: +SKIP
+>>> ram.merge(step=20)                                  # -> merged_dir/global_step_20      # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from ram_live import functional as F
 from ram_live.api import ram_merge
-from ram_live.errors import ConfigError, RamLiveError, UnsupportedInputError
+from ram_live.errors import ConfigError, RamLiveError
 from ram_live.methods import Activity
 from ram_live.sources import SafetensorsSource
 from ram_live.store import LocalTensor, SnapshotStore, ram_statistics
@@ -35,7 +36,7 @@ from .checkpoint import LORA_RE, ActorCheckpoint, hf_key
 from .config import RAMVerlOptions
 from .pieces import BaseWriter, PieceWriter
 
-__all__ = ["RAMVerl", "VerlIntegrationError", "resolve_base", "load_evaluate", "DTYPE_OF"]
+__all__ = ["DTYPE_OF", "RAMVerl", "VerlIntegrationError", "load_evaluate", "resolve_base"]
 
 log = logging.getLogger("ram_live.verl")
 
@@ -62,7 +63,7 @@ def resolve_base(path: str) -> Path:
             local = Path(copy_to_local(path))
             if local.is_dir():
                 return local
-        except Exception:  # noqa: BLE001 - the message below says what to do
+        except Exception:
             pass
     elif path.count("/") == 1 and not p.exists():  # a hub id, as verl's model.path may be: cached, else fetched
         try:
@@ -72,9 +73,9 @@ def resolve_base(path: str) -> Path:
                         "*.jinja"]
             try:
                 return Path(snapshot_download(path, local_files_only=True, allow_patterns=patterns))
-            except Exception:  # noqa: BLE001 - not cached yet
+            except Exception:
                 return Path(snapshot_download(path, allow_patterns=patterns))
-        except Exception:  # noqa: BLE001 - no hub client or no network: the message below says what to do
+        except Exception:
             pass
     raise ConfigError(f"ram.base: {path!r} is not a local Hugging Face model folder (nor a cached hub model); set "
                       "+ram.base=<local folder of the base model>")

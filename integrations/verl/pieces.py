@@ -34,7 +34,7 @@ from ram_live.store import (
     fingerprint,
 )
 
-__all__ = ["PieceWriter", "BaseWriter", "stream_fingerprint", "meta_model", "group_model"]
+__all__ = ["BaseWriter", "PieceWriter", "group_model", "meta_model", "stream_fingerprint"]
 
 
 def meta_model(specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]], name: str = "model") -> LocalModel:

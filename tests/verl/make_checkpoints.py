@@ -36,7 +36,6 @@ def main(base: str, root: str, store: str, ref: str) -> None:
     from safetensors.torch import save_file
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
     from verl.utils.fsdp_utils import MixedPrecisionPolicy, apply_fsdp2
 
@@ -63,9 +62,8 @@ def main(base: str, root: str, store: str, ref: str) -> None:
         callback = None
         if spec.get("callback") and rank == 0:  # the driver builds it at start-up, from the run's config
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            from verl_helpers import compose, run_overrides
-
             from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
+            from verl_helpers import compose, run_overrides
 
             config = compose(run_overrides(base, os.path.join(root, agent), store, agent,
                                            "trainer.max_actor_ckpt_to_keep=1"))

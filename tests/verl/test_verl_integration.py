@@ -18,13 +18,19 @@ verl = pytest.importorskip("verl.trainer", reason="verl is not installed: bash s
 pytestmark = [pytest.mark.filterwarnings(r"ignore:.*engine is not available"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-import torch  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+import torch
+from safetensors.torch import load_file
+from verl_helpers import CALLBACK, compose, run_overrides
 
-from ram_live import ram_merge  # noqa: E402
-from ram_live.errors import ConfigError, UnsupportedInputError  # noqa: E402
-from ram_live.store import BaseMismatchError, LocalModel, LocalTensor, SnapshotStore, fingerprint  # noqa: E402
-from verl_helpers import CALLBACK, compose, run_overrides  # noqa: E402
+from ram_live import ram_merge
+from ram_live.errors import ConfigError, UnsupportedInputError
+from ram_live.store import (
+    BaseMismatchError,
+    LocalModel,
+    LocalTensor,
+    SnapshotStore,
+    fingerprint,
+)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -136,12 +142,16 @@ def test_checkpoint_callback_built_by_verl_snapshots_merges_and_logs(verl_run, c
     and calls on_save after each save: snapshot at every save, merge every 2 saves into a loadable HF folder equal
     to RAM+ of the all-gathered weights, ram/* metrics through verl's Tracking logger."""
     from transformers import AutoModelForCausalLM
-    from verl.trainer.ppo.checkpoint_callback import CheckpointCallback, build_checkpoint_callback
+    from verl.trainer.ppo.checkpoint_callback import (
+        CheckpointCallback,
+        build_checkpoint_callback,
+    )
     from verl.utils.tracking import Tracking
 
     root = verl_run.root / "tools"
     config = compose(run_overrides(str(verl_run.base), str(root), str(verl_run.store), "tools",
-                                   "+ram.merge_every=2", "+ram.keep_merged=1", "trainer.logger=[console]"))
+                                   "+ram.merge_every=2", "+ram.keep_merged=1", "trainer.logger=[console]",
+                                   "+ram.evaluate=verl_helpers.score"))
     callback = build_checkpoint_callback(config)
     assert type(callback).__name__ == "RAMCheckpointCallback" and isinstance(callback, CheckpointCallback)
     trainer = SimpleNamespace(logger=Tracking("p", "e", default_backend=["console"]), total_training_steps=2)
@@ -169,6 +179,8 @@ def test_checkpoint_callback_built_by_verl_snapshots_merges_and_logs(verl_run, c
     out = model(input_ids=torch.tensor([[1, 2, 3]])).logits
     assert torch.isfinite(out).all()
     assert callback.history[-1]["ram/agents"] == 2.0
+    assert callback.history[-1]["ram/eval_step"] == 2.0 and callback.history[-1]["ram/loss"] > 0
+    assert "ram/loss" in printed
 
 
 def test_startup_validation_names_the_setting(verl_run, tmp_path):
@@ -206,9 +218,8 @@ def test_startup_validation_names_the_setting(verl_run, tmp_path):
 
 
 def test_mixin_for_trainers_without_callback_class(verl_run, tmp_path):
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-
     from ram_live.integrations.verl import RAMTrainerMixin
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     class RAMRayPPOTrainer(RAMTrainerMixin, RayPPOTrainer):
         pass
@@ -246,6 +257,7 @@ def test_lora_checkpoint_gives_delta_w_task_vectors(verl_run, tmp_path):
     """A LoRA run's checkpoint (PEFT factors as DTensor shards, lora_train_meta.json): the snapshot is base + ΔW,
     ΔW = (alpha/r)·B·A of the all-gathered factors; it agrees with the adapter verl's merger extracts (bf16)."""
     from ram_live.integrations.verl import RAMVerl, options_from_mapping
+
     from ram_live.peft import lora_deltas
 
     ram = RAMVerl(options_from_mapping({"store": str(tmp_path / "s"), "agent": "lora", "base": str(verl_run.base)}))
@@ -297,7 +309,11 @@ def test_streamed_fingerprint_equals_the_stores(verl_run):
 
 
 def test_incomplete_checkpoint_is_refused(verl_run, tmp_path):
-    from ram_live.integrations.verl import ActorCheckpoint, RAMVerl, options_from_mapping
+    from ram_live.integrations.verl import (
+        ActorCheckpoint,
+        RAMVerl,
+        options_from_mapping,
+    )
 
     actor = tmp_path / "global_step_2" / "actor"
     shutil.copytree(verl_run.root / "tools" / "global_step_2" / "actor", actor)
@@ -324,9 +340,8 @@ def test_import_is_lazy():
 
 def test_shard_boxes_of_fsdp_and_hsdp_meshes():
     """The box of each rank's shard: torch.chunk of dim 0 over the fsdp mesh dim; HSDP replicas owned once."""
-    from torch.distributed.tensor import Replicate, Shard
-
     from ram_live.integrations.verl.checkpoint import shard_box
+    from torch.distributed.tensor import Replicate, Shard
 
     hsdp = torch.arange(4).view(2, 2)  # ("ddp", "fsdp"): 2 replicas of 2 shards
     got = {r: shard_box("w", (5, 3), hsdp, (Replicate(), Shard(0)), r, (3 if r % 2 == 0 else 2, 3)) for r in range(4)}
@@ -338,3 +353,23 @@ def test_shard_boxes_of_fsdp_and_hsdp_meshes():
         shard_box("w", (5, 3), hsdp, (Replicate(), Shard(0)), 1, (3, 3))
     with pytest.raises(UnsupportedInputError, match="not in its device mesh"):
         shard_box("w", (5, 3), hsdp, (Replicate(), Shard(0)), 7, (3, 3))
+
+
+def test_readme_command_line_composes(verl_run, tmp_path):
+    """The README's verl command line is a valid verl 0.9 config whose ram group validates (paths swapped)."""
+    import re
+    import shlex
+
+    from ram_live.integrations.verl import options_from_verl
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("\n## verl"):]
+    command = re.search(r"```bash\n(python3 -m verl\.trainer\.main_ppo.*?)```", section, re.S).group(1)
+    words = shlex.split(command.replace("\\\n", " "))
+    assert words[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+    swap = {"actor_rollout_ref.model.path": str(verl_run.base), "+ram.store": str(tmp_path / "store")}
+    overrides = [f"{w.split('=')[0]}={swap[w.split('=')[0]]}" if w.split("=")[0] in swap else w for w in words[3:]]
+    config = compose(overrides)
+    assert config.trainer.checkpoint_callback_class == CALLBACK
+    opts = options_from_verl(config)
+    assert (opts.agent, opts.merge_every, opts.keep_merged, opts.save_freq) == ("coder", 5, 2, 20)

@@ -58,3 +58,16 @@ def run_overrides(base: str, root: str, store: str, agent: str, *extra: str) -> 
         f"+ram.agent={agent}",
         *extra,
     ]
+
+
+def score(merged_dir: str, step: int) -> dict[str, float]:
+    """An evaluation hook for the tests (``+ram.evaluate=verl_helpers.score``): the merged model's mean loss on a
+    fixed batch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(merged_dir)
+    ids = torch.arange(2, 50).view(2, 24)
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=ids).loss
+    return {"loss": float(loss), "eval_step": float(step)}
