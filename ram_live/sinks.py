@@ -202,17 +202,22 @@ class SafetensorsSink:
             if self.single:
                 os.replace(self._tmp / self._files[0], self.path)
                 return self.path
-            if len(self._files) > 1:
-                weight_map = {k: w.path.name for k, w in self._writer_of.items()}
-                index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-                (self._tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-            self._copy_side_files()
-            if self.path.exists():
-                self.path.rmdir()
-            os.replace(self._tmp, self.path)
+            self._publish({k: w.path.name for k, w in self._writer_of.items()}, total)
             return self.path
         finally:
             self.abort()
+
+    def _publish(self, weight_map: Mapping[str, str], total: int) -> None:
+        """Index (unless the folder is one ``model.safetensors``), config/tokenizer files, then the atomic rename
+        of the temporary folder."""
+        assert self._tmp is not None
+        if set(weight_map.values()) != {"model.safetensors"}:
+            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            (self._tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        self._copy_side_files()
+        if self.path.exists():
+            self.path.rmdir()
+        os.replace(self._tmp, self.path)
 
     def _copy_side_files(self) -> None:
         """Config, tokenizer and other non-weight files of the base folder."""
@@ -279,12 +284,7 @@ class DistributedSafetensorsSink(SafetensorsSink):
             if self.dist.rank == 0:
                 weight_map = {k: name for _, name, shard in self._layout for k in shard}
                 total = sum(_nbytes(dtype, shape) for _, _, shard in self._layout for dtype, shape in shard.values())
-                index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-                (self._tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-                self._copy_side_files()
-                if self.path.exists():
-                    self.path.rmdir()
-                os.replace(self._tmp, self.path)
+                self._publish(weight_map, total)
         finally:
             self._writers.clear()
             self._tmp = None
