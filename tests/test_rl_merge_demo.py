@@ -1,0 +1,73 @@
+"""End to end: examples/rl_merge_demo.py --quick (base SFT, GRPO specialists through the snapshot store, probe,
+every merge method scored). Checks structure and sanity, not a particular winner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ram_live
+from ram_live.store import SnapshotStore
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ("shift", "rev", "sort")
+METHODS = ("TA (1/N)", "TA (tuned)", "TIES", "DARE+TA", "DARE+TIES", "RAM", "RAM+", "RAM+s")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("rl_demo")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_files_and_every_method_scored(run: tuple[Path, dict]) -> None:
+    out, res = run
+    for name in ("results.json", "results.png", "probe.png", "base.safetensors", "merged_ram.safetensors"):
+        assert (out / name).stat().st_size > 0, name
+    acc = res["accuracy"]
+    expected = {"base", *(f"specialist {t}" for t in TASKS), *METHODS}
+    assert set(acc) == expected
+    for name, row in acc.items():
+        assert set(row) == {*TASKS, "mean"}, name
+        assert all(0.0 <= v <= 1.0 for v in row.values()), (name, row)
+        assert row["mean"] == pytest.approx(sum(row[t] for t in TASKS) / len(TASKS))
+    for m in METHODS:
+        assert res["merge_seconds"][m] is not None and res["merge_seconds"][m] >= 0
+    assert set(res["lambdas"]["RAM+"]) == set(TASKS)
+    assert all(1.0 <= v <= 1.2 + 1e-9 for v in res["lambdas"]["RAM+"].values())
+    assert 100_000 < res["parameters"] < 1_000_000
+
+
+def test_specialists_beat_the_base_on_their_own_task(run: tuple[Path, dict]) -> None:
+    acc = run[1]["accuracy"]
+    for t in TASKS:
+        assert acc[f"specialist {t}"][t] > acc["base"][t], (t, acc[f"specialist {t}"][t], acc["base"][t])
+
+
+def test_task_vectors_are_partial_and_differ_in_density(run: tuple[Path, dict]) -> None:
+    dens = run[1]["density"]
+    assert all(0.0 < d < 1.0 for d in dens.values()), dens
+    assert max(dens.values()) - min(dens.values()) > 0.05, dens
+
+
+def test_ram_output_equals_the_engine_merge_of_the_saved_agents(run: tuple[Path, dict]) -> None:
+    out, _ = run
+    store = SnapshotStore(out / "store", create=False)
+    agents = store.latest_all(TASKS)
+    base = load_file(str(out / "base.safetensors"))
+    for variant in ("ram", "ram_plus"):
+        saved = load_file(str(out / f"merged_{variant}.safetensors"))
+        mine = ram_live.ram_merge(agents, base=base, variant=variant)
+        assert set(mine) == set(saved)
+        for k, v in saved.items():
+            assert mine[k].dtype == v.dtype == torch.bfloat16, k
+            assert torch.equal(mine[k].view(torch.int16), v.view(torch.int16)), (variant, k)
