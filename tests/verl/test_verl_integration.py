@@ -129,6 +129,14 @@ def test_offline_command_bf16_weights_equal_verl_merger(verl_run, tmp_path, caps
     assert "in the store already" in capsys.readouterr().err
     assert main(args + ["--steps", "7"]) == 2
     assert "no checkpoint of step(s) [7]" in capsys.readouterr().err
+    assert main(args + ["-O", "kep=1"]) == 2
+    assert "unknown ram option(s) ram.kep" in capsys.readouterr().err
+    pruned = ["--ckpt-root", str(verl_run.root / "tools"), "--agent", "tools", "--store", str(tmp_path / "k"),
+              "--base", str(verl_run.base), "-O", "keep=1", "-O", "snapshot_activity=abs", "-O", "snapshot_eps=1e-4"]
+    assert main(pruned) == 0
+    kept = SnapshotStore(tmp_path / "k")
+    assert kept.steps("tools") == [2]
+    assert kept.open("tools", 2).manifest["activity"] == {"rule": "abs", "eps": 1e-4}
     master = ["--ckpt-root", str(verl_run.root / "tools"), "--agent", "tools2", "--store", str(store)]
     assert main(master) == 2  # fp32 master weights into a bf16 store: refused, with the reason
     assert "bfloat16" in capsys.readouterr().err
