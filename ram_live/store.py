@@ -188,7 +188,10 @@ class TorchCollective:
             self.device = torch.device("cpu")
 
     def barrier(self) -> None:
-        self._dist.barrier(group=self.group)
+        if self.device.type == "cuda":
+            self._dist.barrier(group=self.group, device_ids=[self.device.index])
+        else:
+            self._dist.barrier(group=self.group)
 
     def all_gather_int64(self, values: Sequence[int]) -> list[list[int]]:
         local = torch.tensor(list(values), dtype=torch.int64, device=self.device)
@@ -477,6 +480,9 @@ def _box_hash(t: Tensor, offsets: Sequence[int], global_shape: Sequence[int]) ->
     inner = inner.reshape(-1)
     wide = t.element_size() == 8
     flat = t.reshape(rows, -1) if dims else t.reshape(1, 1)
+    np = _numpy() if device.type == "cpu" and t.dtype != torch.bool else None
+    if np is not None:  # the same integers with numpy (single-threaded: no thread hand-offs on a busy CPU)
+        return _box_hash_numpy(np, _bits(flat).numpy(), inner.numpy(), offsets, strides, rows, rows_per_chunk, wide)
     for r0 in range(0, rows, rows_per_chunk):
         r1 = min(rows, r0 + rows_per_chunk)
         if dims:
@@ -497,6 +503,42 @@ def _box_hash(t: Tensor, offsets: Sequence[int], global_shape: Sequence[int]) ->
             x.bitwise_xor_(x >> 32).bitwise_and_(_M32)
         s1 += int(x.sum())
         s2 += int(x.mul_(_K_LANE2).bitwise_right_shift_(15).bitwise_and_(_M32).sum())
+    return s1 % (1 << 64), s2 % (1 << 64)
+
+
+def _box_hash_numpy(np: Any, flat: Any, inner: Any, offsets: Sequence[int], strides: Sequence[int], rows: int,
+                    rows_per_chunk: int, wide: bool) -> tuple[int, int]:
+    """:func:`_box_hash` on a CPU array of the tensor's bits, ``[rows, row]`` (same operations, same result)."""
+    s1 = s2 = 0
+    dims = len(strides)
+    for r0 in range(0, rows, rows_per_chunk):
+        r1 = min(rows, r0 + rows_per_chunk)
+        if dims:
+            row_idx = (np.arange(r0, r1, dtype=np.int64) + offsets[0]) * strides[0]
+            g = (row_idx.reshape(-1, 1) + inner.reshape(1, -1)).reshape(-1)
+        else:
+            g = np.zeros(1, dtype=np.int64)
+        if int(g[-1]) > _M32:
+            a = ((g & _M32) * _K_INDEX) ^ ((g >> 32) * _K_HIGH)
+        else:
+            a = g * _K_INDEX
+        a ^= a >> 29
+        a &= _M32
+        bits = flat[r0:r1].reshape(-1).astype(np.int64)
+        a ^= bits & _M32
+        a *= _K_VALUE
+        a ^= a >> 32
+        a &= _M32
+        if wide:
+            a ^= (bits >> 32) & _M32
+            a *= _K_WIDE
+            a ^= a >> 32
+            a &= _M32
+        s1 += int(a.sum())
+        a *= _K_LANE2
+        a >>= 15
+        a &= _M32
+        s2 += int(a.sum())
     return s1 % (1 << 64), s2 % (1 << 64)
 
 
