@@ -87,6 +87,7 @@ def merge(
     progress: ProgressHook | bool | None = None,
     workers: int | None = None,
     process_group: Any = None,
+    compile: bool = False,
     config: Any = None,
     **options: Any,
 ) -> Any:
@@ -102,6 +103,8 @@ def merge(
     ``process_group``: merge across the ranks of an initialised torch.distributed group (``True``: the default
     group): checkpoints are split tensor by tensor (each rank writes its shards of ``out=``; without ``out=``
     each rank returns a state dict of its own tensors), DTensor-sharded modules merge their local shards.
+    ``compile=True`` (RAM family): one ``torch.compile``-fused pass per chunk instead of eager ops — same bits,
+    ~5× faster on CPU, but the first call compiles for tens of seconds (needs a C++ compiler on CPU).
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP
@@ -137,6 +140,7 @@ def merge(
         info: MergeInfo = run_merge(
             base_src, agents, method_obj, cfg, sink, device=dev, chunk_numel=chunk_numel, validate_first=inplace,
             progress=TerminalProgress() if progress is True else (progress or None), workers=workers, dist=dist,
+            compile=compile,
         )
         result = sink.finish()
     except BaseException:
@@ -165,6 +169,7 @@ def ram_merge(
     progress: ProgressHook | bool | None = None,
     workers: int | None = None,
     process_group: Any = None,
+    compile: bool = False,
 ) -> Any:
     """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``.
 
@@ -188,5 +193,5 @@ def ram_merge(
     return merge(
         models, base, variant, inplace=inplace, out=out, device=device, dtype=dtype, chunk_numel=chunk_numel,
         max_shard_bytes=max_shard_bytes, return_info=return_info, progress=progress, workers=workers,
-        process_group=process_group, **options,
+        process_group=process_group, compile=compile, **options,
     )

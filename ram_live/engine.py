@@ -389,6 +389,33 @@ def _merge_streaming(stream: DeltaStream, make_accumulator: Callable[[], Any], f
         stream._raise_nonfinite(0, stream.numel)
 
 
+def _fused_kernel(method: MergeMethod, config: Any, state: Any, stream: DeltaStream, agents: Sequence[Tensor],
+                  base: Tensor) -> Callable[[Tensor, list[Tensor]], Tensor] | None:
+    """The compiled one-pass RAM kernel where it applies (RAM family; the "changed" rule only on same-dtype inputs,
+    where it is |τ| > 0), else None: the eager streaming path runs."""
+    if method.accumulator is None or getattr(config, "variant", None) not in ("ram", "ram_plus", "ram_plus_soft"):
+        return None
+    if config.activity == "changed" and any(a.dtype != base.dtype for a in agents):
+        return None
+    eps = config.eps if config.activity == "abs" else 0.0
+    lambdas = None if state is None else state.to(device=stream.device, dtype=stream.dtype)
+    kernel = F.compiled_ram_fused()
+    return lambda base_chunk, agent_chunks: kernel(base_chunk, agent_chunks, lambdas, eps)
+
+
+def _merge_fused(stream: DeltaStream, kernel: Callable[[Tensor, list[Tensor]], Tensor], flat: Tensor,
+                 chunk_numel: int) -> None:
+    check = torch.zeros((), dtype=stream.dtype, device=stream.device)
+    chunk = max(1, min(stream.numel, chunk_numel))
+    for start in range(0, stream.numel, chunk):
+        end = min(stream.numel, start + chunk)
+        merged = kernel(stream.base[start:end], [a[start:end] for a in stream.tensors])
+        check += merged.sum()
+        flat[start:end].copy_(merged)
+    if not bool(torch.isfinite(check)):
+        stream._raise_nonfinite(0, stream.numel)
+
+
 def run_merge(
     base: TensorSource,
     agents: Sequence[TensorSource],
@@ -402,6 +429,7 @@ def run_merge(
     progress: ProgressHook | None = None,
     workers: int | None = None,
     dist: Distributed | None = None,
+    compile: bool = False,
 ) -> MergeInfo:
     """Merge ``agents`` onto ``base`` with ``method`` into ``sink``; see :func:`ram_live.merge`."""
     t0 = time.perf_counter()
@@ -445,7 +473,7 @@ def run_merge(
 
     try:
         _merge_pass(reader, plan, specs, method, config, sink, run_state, activity, info, chunk_numel,
-                    workspace, progress, workers, validate_first)
+                    workspace, progress, workers, validate_first, compile)
     except BaseException:
         if dist is not None:
             dist.all_ok(False)
@@ -471,6 +499,7 @@ def _merge_pass(
     progress: ProgressHook | None,
     workers: int | None,
     validate_first: bool,
+    compile: bool = False,
 ) -> None:
     base = reader.base
     names = reader.names
@@ -487,7 +516,10 @@ def _merge_pass(
         dest = sink.destination(key, base.spec(key))
         flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,
                                                                        device=dest.device)
-        if method.accumulator is not None:
+        fused = _fused_kernel(method, config, state, stream, agent_ts, base_t) if compile else None
+        if fused is not None:
+            _merge_fused(stream, fused, flat, chunk_numel)
+        elif method.accumulator is not None:
             _merge_streaming(
                 stream,
                 functools.partial(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -36,6 +36,7 @@ __all__ = [
     "stable_seed",
     "RamAccumulator",
     "RamCounter",
+    "ram_fused",
 ]
 
 
@@ -284,3 +285,36 @@ class RamCounter:
     def result(self) -> tuple[Tensor, Tensor, Tensor]:
         histogram = self.histogram.cpu() if self.histogram is not None else torch.zeros(self.k + 1, dtype=torch.int64)
         return (self.active.round().to(torch.int64).cpu(), self.unique.round().to(torch.int64).cpu(), histogram)
+
+
+def ram_fused(base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, eps: float) -> Tensor:
+    """θ₀ + τ* of one chunk in one expression, for ``torch.compile`` to fuse into a single pass over the K + 1
+    inputs (``merge(..., compile=True)``). Computes exactly what :class:`RamAccumulator` computes (same order of
+    float32 operations), so both give the same bits; the engine checks the inputs are finite."""
+    base_f = base.float()
+    neg_sum = torch.zeros_like(base_f)
+    count = torch.zeros_like(base_f)
+    lam = torch.zeros_like(base_f)
+    for t, agent in enumerate(agents):
+        delta = agent.float() - base_f
+        if eps > 0:
+            delta = torch.where(delta.abs() > eps, delta, 0.0)
+        mask = (delta != 0).float()
+        neg_sum = neg_sum - delta
+        count = count + mask
+        if lambdas is not None:
+            lam = lam + mask * lambdas[t]
+    mean = neg_sum / count.clamp(min=1.0)
+    if lambdas is not None:
+        mean = torch.where(count == 1.0, neg_sum * lam, mean)
+    return base_f - mean
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def compiled_ram_fused() -> Any:
+    """:func:`ram_fused` compiled once per process (dynamic shapes; recompiles per number of agents)."""
+    if "ram" not in _COMPILED:
+        _COMPILED["ram"] = torch.compile(ram_fused, dynamic=True)
+    return _COMPILED["ram"]

@@ -245,3 +245,13 @@ def test_agents_carrying_their_base(base_sd):
     agents = make_agents(base_sd, [0.1, 0.5])
     carried = ram_merge([Snapshot(a, f"s{i}", base) for i, a in enumerate(agents)])
     assert_bit_identical(carried, ram_merge(agents, base=base_sd))
+
+
+def test_compiled_fused_kernel_gives_the_same_bits(base_sd):
+    base = {k: v.to(torch.bfloat16) for k, v in base_sd.items()}
+    base["layers.0.b"][:3] = -0.0
+    agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)
+    for variant in ("ram", "ram_plus"):
+        eager = ram_merge(agents, base=base, variant=variant, chunk_numel=100)
+        fused = ram_merge(agents, base=base, variant=variant, chunk_numel=100, compile=True)
+        assert_bit_identical(fused, eager)
