@@ -773,7 +773,8 @@ def _apply(flat: Tensor, encoding: str, values: Tensor | None, positions: Tensor
             done = 0
             for s in range(0, fn.size, _CPU_CHUNK):
                 e = min(fn.size, s + _CPU_CHUNK)
-                idx = np.flatnonzero(np.unpackbits(pn[s // 8 : (e + 7) // 8], count=e - s, bitorder="little"))
+                bits = np.unpackbits(pn[s // 8 : (e + 7) // 8], count=e - s, bitorder="little").view(np.bool_)
+                idx = np.flatnonzero(bits)
                 fn[s:e][idx] = vn[done : done + idx.size]
                 done += idx.size
         else:
