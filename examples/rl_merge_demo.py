@@ -134,14 +134,14 @@ class Settings:
 # vector), Adam moves nearly every entry with a gradient by ~lr per step (dense), AdamW in between here.
 DEFAULT = Settings(
     sft_steps=400, sft_batch=32, sft_lr=3e-3,
-    recipes={"shift": Recipe("sgd", 0.05, 60), "rev": Recipe("adam", 1e-4, 40),
-             "sort": Recipe("adamw", 3e-5, 60, weight_decay=0.01)},
+    recipes={"shift": Recipe("sgd", 0.001, 60), "rev": Recipe("adam", 1e-4, 40),
+             "sort": Recipe("adamw", 1e-5, 80, weight_decay=0.01)},
     prompts_per_step=16, group=8, snapshot_every=20, n_eval=500, n_val=200,
 )
 QUICK = Settings(
     sft_steps=400, sft_batch=32, sft_lr=3e-3,
-    recipes={"shift": Recipe("sgd", 0.005, 30), "rev": Recipe("adam", 1e-4, 20),
-             "sort": Recipe("adamw", 3e-5, 30, weight_decay=0.01)},
+    recipes={"shift": Recipe("sgd", 0.002, 30), "rev": Recipe("adam", 1e-4, 20),
+             "sort": Recipe("adamw", 2e-5, 30, weight_decay=0.01)},
     prompts_per_step=16, group=8, snapshot_every=10, n_eval=300, n_val=100,
 )
 
@@ -220,7 +220,8 @@ def make_optimizer(recipe: Recipe, params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
 
 
-def grpo(base: nn.Module, task: str, recipe: Recipe, s: Settings, seed: int, store: SnapshotStore) -> dict[str, Any]:
+def grpo(base: nn.Module, task: str, recipe: Recipe, s: Settings, seed: int, store: SnapshotStore,
+         return_model: bool = False) -> Any:
     """On-policy GRPO from the bf16 base with float32 master weights; bf16 snapshots into ``store``."""
     model = copy.deepcopy(base).float().train()
     writer = store.writer(task, base=base)
@@ -247,8 +248,33 @@ def grpo(base: nn.Module, task: str, recipe: Recipe, s: Settings, seed: int, sto
         if step % s.snapshot_every == 0 or step == recipe.steps:
             writer.snapshot(bf16_state(model), step=step, extra={"reward": rewards[-1]})
         stage(f"RL {task}", step, recipe.steps, t0, f"reward {sum(rewards[-5:]) / len(rewards[-5:]):.2f}")
+    if return_model:
+        return model
     return {"steps": recipe.steps, "reward_first5": sum(rewards[:5]) / 5, "reward_last5": sum(rewards[-5:]) / 5,
             "seconds": time.perf_counter() - t0}
+
+
+def density_study(base: nn.Module, s: Settings, seed: int, out: Path) -> list[dict[str, Any]]:
+    """What controls the density of a task vector here: the same RL task (``sort``, 30 steps) from the same base
+    under several optimisers and learning rates; density of τ with the master weights kept in float32
+    (|τ| > 1e-5, the paper's rule) and after storage in bf16 (the value changed), and the reward gained."""
+    grid = [Recipe("sgd", 0.001, 30), Recipe("sgd", 0.005, 30), Recipe("sgd", 0.02, 30),
+            Recipe("adam", 3e-6, 30), Recipe("adam", 1e-5, 30), Recipe("adam", 3e-5, 30), Recipe("adam", 1e-4, 30),
+            Recipe("adamw", 1e-5, 30, weight_decay=0.01)]
+    rows = []
+    base32 = {k: v.float() for k, v in base.state_dict().items()}
+    numel = sum(v.numel() for v in base32.values())
+    val = {"sort": make_prompts("sort", torch.Generator().manual_seed(30_000 + seed), s.n_val)}
+    for j, recipe in enumerate(grid):
+        store = SnapshotStore(out / "density_store" / str(j), durable=False)
+        model = grpo(base, "sort", recipe, s, seed=seed * 100 + 7, store=store, return_model=True)
+        sd = model.state_dict()
+        fp32 = sum(int(((sd[k] - b).abs() > 1e-5).sum()) for k, b in base32.items()) / numel
+        bf16 = sum(int((sd[k].to(torch.bfloat16) != base.state_dict()[k]).sum()) for k in base32) / numel
+        rows.append({"optimizer": recipe.optimizer, "lr": recipe.lr, "steps": recipe.steps,
+                     "weight_decay": recipe.weight_decay, "density_fp32": fp32, "density_bf16": bf16,
+                     "sort_acc_bf16": accuracy(model.to(torch.bfloat16), val)["sort"]})
+    return rows
 
 
 def bf16_state(model: nn.Module) -> dict[str, Tensor]:
@@ -310,6 +336,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="CI setting (≤ 2 min on 2 cores)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 was faster on a busy 2-core box)")
+    parser.add_argument("--density-study", action="store_true",
+                        help="also: density of one task's vector vs optimiser / lr, fp32 vs bf16 storage")
     parser.add_argument("--rsweep", action="store_true", help="also RAM+ at r in 0, 0.05, 0.1, 0.15, 0.2")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -347,6 +375,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rl[task] = grpo(base, task, s.recipes[task], s, seed=args.seed * 100 + i + 1, store=store)
     timings["rl"] = time.perf_counter() - t0
     agents = store.latest_all(TASKS)
+
+    study: list[dict[str, Any]] = []
+    if args.density_study:
+        study = density_study(base, s, args.seed, out)
+        print("\ndensity of the sort agent's task vector (30 GRPO steps) vs recipe:")
+        print(f"{'optimizer':<10}{'lr':>8}{'fp32 |τ|>1e-5':>15}{'bf16 changed':>14}{'sort acc':>10}")
+        for row in study:
+            print(f"{row['optimizer']:<10}{row['lr']:>8g}{row['density_fp32']:>15.1%}{row['density_bf16']:>14.1%}"
+                  f"{row['sort_acc_bf16']:>10.3f}")
 
     # 3. probe
     report = probe(agents, base=base)
@@ -432,7 +469,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ta_validation": {str(k): v for k, v in val_scores.items()}, "ta_tuned_scale": best_scale,
         "probe": {"agents": report.to_dict()["agents"], "histogram": report.histogram},
         "density": {t: agents[t].density for t in TASKS},
-        "sign_agreement": signs, "r_sweep": sweep, "timings": timings,
+        "sign_agreement": signs, "r_sweep": sweep, "density_study": study, "timings": timings,
     }
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
     plot_results(out / "results.png", rows)
