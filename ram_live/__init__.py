@@ -33,14 +33,23 @@ from .methods import (
 )
 from .peft import ram_merge_adapter_files, ram_merge_adapters
 from .probe import ProbeReport, probe
-from .schedule import RAMSchedule
-from .store import Snapshot, SnapshotStore
+from .schedule import MergeResult, RAMSchedule
+from .store import (
+    BaseMismatchError,
+    CorruptSnapshotError,
+    Snapshot,
+    SnapshotNotFoundError,
+    SnapshotStore,
+    SnapshotWriter,
+    StoreError,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "merge", "ram_merge", "merge_task_vectors", "probe", "ram_merge_adapters", "ram_merge_adapter_files",
-    "SnapshotStore", "Snapshot", "RAMSchedule", "ProbeReport", "MergeInfo",
+    "SnapshotStore", "Snapshot", "SnapshotWriter", "RAMSchedule", "MergeResult",
+    "StoreError", "BaseMismatchError", "SnapshotNotFoundError", "CorruptSnapshotError", "ProbeReport", "MergeInfo",
     "register_method", "get_method", "available_methods", "Activity",
     "LinearConfig", "TaskArithmeticConfig", "TiesConfig", "DareLinearConfig", "DareTiesConfig",
     "RamConfig", "RamPlusConfig", "RamPlusSoftConfig",
