@@ -161,6 +161,7 @@ METHODS: list[tuple[str, str, dict[str, Any]]] = [
     ("RAM+s", "ram_plus_soft", {}),
 ]
 SFT_TARGET = 0.4
+EPS_SWEEP = (1e-5, 1e-4, 3e-4, 1e-3, 3e-3)
 TA_GRID = (0.3, 0.5, 0.7, 1.0)
 R_SWEEP = (0.0, 0.05, 0.1, 0.15, 0.2)
 
@@ -310,6 +311,23 @@ def sign_agreement(agents: dict[str, Any], base: nn.Module) -> dict[str, float]:
     return {"shared_entries": shared, "sign_agree_share": agree / shared if shared else float("nan")}
 
 
+def eps_sweep(agents: dict[str, Any], base: nn.Module, test: dict[str, tuple[Tensor, Tensor]]) -> dict[str, Any]:
+    """RAM and RAM+ with larger activity thresholds ε: an entry counts as updated by an agent only if |τ| > ε, so
+    an agent's tiny incidental change no longer halves another agent's large update there (nor counts as shared)."""
+    rows: dict[str, Any] = {}
+    for eps in EPS_SWEEP:
+        row = {}
+        for variant in ("ram", "ram_plus"):
+            merged, info = merge(agents, base=base, method=variant, eps=eps, return_info=True)
+            acc = accuracy(merged, test)
+            acc["mean"] = sum(acc[t] for t in TASKS) / N
+            row[variant] = acc
+            if info.lambdas:
+                row["lambdas"] = dict(info.lambdas)
+        rows[str(eps)] = row
+    return rows
+
+
 def plot_results(path: Path, table: dict[str, dict[str, float]]) -> None:
     import matplotlib
 
@@ -343,6 +361,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="also: density of one task's vector vs optimiser / lr, fp32 vs bf16 storage")
     parser.add_argument("--recipes", choices=("mixed", "sgd"), default="mixed",
                         help="mixed: SGD / Adam / AdamW per task (default); sgd: SGD lr 1e-3 for every agent")
+    parser.add_argument("--eps-sweep", action="store_true", help="also RAM/RAM+ at activity thresholds ε > 1e-5")
     parser.add_argument("--rsweep", action="store_true", help="also RAM+ at r in 0, 0.05, 0.1, 0.15, 0.2")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -448,6 +467,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             acc["mean"] = sum(acc[t] for t in TASKS) / N
             sweep[str(r)] = {"acc": acc, "lambdas": dict(info.lambdas or {})}
             stage("merge+score", j, n_methods, t0, f"RAM+ r={r}")
+    eps_rows = eps_sweep(agents, base, test) if args.eps_sweep else {}
+    if eps_rows:
+        print("RAM / RAM+ mean accuracy vs activity threshold ε: " + ", ".join(
+            f"ε={e}: {v['ram']['mean']:.3f} / {v['ram_plus']['mean']:.3f}" for e, v in eps_rows.items()))
     timings["merge_and_score"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
 
@@ -477,7 +500,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ta_validation": {str(k): v for k, v in val_scores.items()}, "ta_tuned_scale": best_scale,
         "probe": {"agents": report.to_dict()["agents"], "histogram": report.histogram},
         "density": {t: agents[t].density for t in TASKS},
-        "sign_agreement": signs, "r_sweep": sweep, "density_study": study, "timings": timings,
+        "sign_agreement": signs, "r_sweep": sweep, "eps_sweep": eps_rows, "density_study": study, "timings": timings,
     }
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
     plot_results(out / "results.png", rows)
