@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs what the demo needs (first run only) and runs the quickstart: a tiny Llama built from a config,
-# three agents with sparse, heterogeneous updates, the probe, and every merge method.
+# The main job. Installs what it needs (first run only), then: SFT a tiny base on three verifiable token tasks,
+# RL-train one specialist per task (GRPO), snapshot them into a store, probe them, merge them with every method
+# and score every merge (examples/rl_merge_demo.py; a few minutes on 2 CPU cores, --quick for ~1 minute).
+# The 10-second API tour is `python examples/quickstart.py`.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
-python examples/quickstart.py "$@"
+python examples/rl_merge_demo.py "$@"
