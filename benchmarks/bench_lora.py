@@ -99,8 +99,11 @@ def main() -> None:
     parser.add_argument("--oversample", type=int, default=None)
     parser.add_argument("--niter", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1, help="best of N timings")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     targets = args.targets.split(",")
     model = build(args.hidden, args.layers, args.rank, targets)
