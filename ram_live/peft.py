@@ -688,7 +688,7 @@ def _finish_report(prep: _Prepared, info: MergeInfo, report: "AdapterMergeReport
                 f"RAM on dense LoRA deltas: {shown} of the ΔW entries exceed eps={eps:g}, so nearly every entry is "
                 "shared and RAM reduces to a plain mean of the adapters. Pass a sparsifying activity rule, e.g. "
                 f"sparsify={RECOMMENDED_SPARSIFY!r} (the recommended one, which sparsify='auto' uses).",
-                DenseDeltaWarning, stacklevel=4,
+                DenseDeltaWarning, stacklevel=3,
             )
 
 
