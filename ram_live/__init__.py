@@ -31,7 +31,18 @@ from .methods import (
     get_method,
     register_method,
 )
-from .peft import ram_merge_adapter_files, ram_merge_adapters
+from .peft import (
+    RECOMMENDED_SPARSIFY,
+    AdapterMergeReport,
+    DenseDeltaWarning,
+    RelativeThreshold,
+    TopK,
+    UnsupportedAdapterError,
+    lora_deltas,
+    ram_merge_adapter_files,
+    ram_merge_adapters,
+    refactor,
+)
 from .probe import ProbeReport, probe
 from .schedule import MergeResult, RAMSchedule
 from .store import (
@@ -48,6 +59,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "merge", "ram_merge", "merge_task_vectors", "probe", "ram_merge_adapters", "ram_merge_adapter_files",
+    "lora_deltas", "refactor", "TopK", "RelativeThreshold", "RECOMMENDED_SPARSIFY", "AdapterMergeReport",
+    "UnsupportedAdapterError", "DenseDeltaWarning",
     "SnapshotStore", "Snapshot", "SnapshotWriter", "RAMSchedule", "MergeResult",
     "StoreError", "BaseMismatchError", "SnapshotNotFoundError", "CorruptSnapshotError", "ProbeReport", "MergeInfo",
     "register_method", "get_method", "available_methods", "Activity",
