@@ -220,14 +220,16 @@ class RamAccumulator:
         self.masks = self._masks[:, :n]
         self.neg_sum, self.count, self.tmp, self.weight = (row[:n] for row in self._buf)
         self.neg_sum.zero_()
+        self.count.zero_()
 
     def add(self, t: int, delta: Tensor) -> None:
+        # counted row by row: a sum over the [K, C] masks would exceed torch's grain and hop threads
         torch.ne(delta, 0, out=self.masks[t])
+        self.count.add_(self.masks[t])
         self.neg_sum.sub_(delta)
 
     def merged(self, base: Tensor) -> Tensor:
         """θ₀ + τ* for this chunk (a view of internal scratch: copy it out before the next chunk)."""
-        torch.sum(self.masks, dim=0, out=self.count)
         if self.lambdas is None:
             torch.clamp(self.count, min=1.0, out=self.tmp)
             self.neg_sum.div_(self.tmp)
@@ -263,14 +265,15 @@ class RamCounter:
         self.masks = self._masks[:, :n]
         self.neg_sum, self.count, self.is_one = (row[:n] for row in self._buf)
         self.neg_sum.zero_()
+        self.count.zero_()
 
     def add(self, t: int, delta: Tensor) -> None:
         torch.ne(delta, 0, out=self.masks[t])
+        self.count.add_(self.masks[t])
         self.neg_sum.sub_(delta)
 
     def end(self) -> None:
         """Fold the chunk: unique = masks @ [c == 1] (a GEMV), active = row sums of the masks."""
-        torch.sum(self.masks, dim=0, out=self.count)
         torch.eq(self.count, 1.0, out=self.is_one)
         self.unique += torch.mv(self.masks, self.is_one).double()
         self.active += self.masks.sum(dim=1).double()
