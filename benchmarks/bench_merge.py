@@ -4,6 +4,7 @@
     bash scripts/bench.sh --quick                # small sizes, K = 2, 3, no mergekit (< 1 min on idle cores)
     bash scripts/bench.sh --json out.json        # also write every number as JSON
     bash scripts/bench.sh --device cuda          # GPU run: floor = HBM copy bandwidth, peak = CUDA allocator
+    bash scripts/bench.sh --compile              # also RAM / RAM+ with compile=True (torch.compile-fused)
     bash scripts/bench.sh --profile 3 8          # only: cProfile + torch.profiler of one RAM merge per K
     bash scripts/bench.sh --profile 3 8 --profile-variant ram_plus
 
@@ -376,13 +377,14 @@ def cpu_name() -> str:
 # --------------------------------------------------------------------------------------------- methods
 
 
-def run_method(method: str, agents: list[dict[str, torch.Tensor]], base: dict[str, torch.Tensor]) -> Any:
+def run_method(method: str, agents: list[dict[str, torch.Tensor]], base: dict[str, torch.Tensor],
+               **options: Any) -> Any:
     import ram_live
 
     if method == "ram":
-        return ram_live.ram_merge(agents, base=base, variant="ram", return_info=True)
+        return ram_live.ram_merge(agents, base=base, variant="ram", return_info=True, **options)
     if method == "ram_plus":
-        return ram_live.ram_merge(agents, base=base, variant="ram_plus", return_info=True)
+        return ram_live.ram_merge(agents, base=base, variant="ram_plus", return_info=True, **options)
     if method == "probe":
         return ram_live.probe(agents, base=base)
     raise ValueError(method)
@@ -637,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run mergekit with --dtype float32 only (skip its default bf16 compute)")
     ap.add_argument("--mergekit-reps", type=int, default=1, help="mergekit passes per run, best kept (default 1)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time ram_merge(..., compile=True) for RAM and RAM+ (first call reported apart)")
     ap.add_argument("--idle-wait", type=float,
                     help=f"before each timed run wait up to this many seconds for other processes to leave the "
                          f"CPUs (< {CONTENDED:.0%} busy); at most {IDLE_BUDGET:g} s in all (quick: 20 s); 0: never "
@@ -742,6 +746,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  measured densities {', '.join(f'{d:.2%}' for d in row['densities'].values())}; "
                   f"entries by c=0..K: {', '.join(f'{c / n_params:.1%}' for c in row['histogram'])}", flush=True)
 
+            if args.compile:
+                for method in ("ram", "ram_plus"):
+                    t1 = time.perf_counter()
+                    run_method(method, subset, base, compile=True)  # compiles (or loads the compile cache)
+                    row[f"{method}_compile_first"] = time.perf_counter() - t1
+                    times, _, busy = timed(lambda subset=subset, method=method: run_method(
+                        method, subset, base, compile=True), reps, device)
+                    row[f"{method}_compile"], row[f"{method}_compile_all"] = min(times), times
+                    row[f"{method}_compile_others_cpu"] = busy
+                    print(f"  {method}, compile=True: {min(times):.3f} s (first call "
+                          f"{row[f'{method}_compile_first']:.1f} s; others' CPU {busy:.0%})", flush=True)
+
             if use_mergekit and k <= mk_max_k:
                 assert tmp is not None
                 from safetensors.torch import load_file
@@ -829,6 +845,19 @@ def main(argv: list[str] | None = None) -> int:
               f"({r['ram_x_floor']:.1f}x) | {r['ram_plus']:.2f} ({r['ram_plus_x_floor']:.1f}x, "
               f"{r['ram_plus_x_ram']:.2f}x) | {r['probe']:.2f} ({r['probe_x_floor']:.1f}x) | {mk32} | {mk16} | "
               f"{check} | {r['ram_others_cpu']:.0%}/{r['ram_plus_others_cpu']:.0%}/{r['probe_others_cpu']:.0%} |")
+
+    if args.compile:
+        print("\n## With compile=True (torch.compile-fused kernels; seconds, best of the runs after the first)\n")
+        print("| K | RAM s (x floor) | RAM+ s (x RAM compiled) | first calls RAM / RAM+ s | vs eager RAM / RAM+ | "
+              "RAM speedup vs mergekit f32 | others' CPU % |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            mk = f"{r['mergekit_f32'] / r['ram_compile']:.1f}x" if "mergekit_f32" in r else "n/a"
+            print(f"| {r['k']} | {r['ram_compile']:.3f} ({r['ram_compile'] / r['floor']:.1f}x) | "
+                  f"{r['ram_plus_compile']:.3f} ({r['ram_plus_compile'] / r['ram_compile']:.2f}x) | "
+                  f"{r['ram_compile_first']:.1f} / {r['ram_plus_compile_first']:.1f} | "
+                  f"{r['ram'] / r['ram_compile']:.1f}x / {r['ram_plus'] / r['ram_plus_compile']:.1f}x faster | {mk} | "
+                  f"{r['ram_compile_others_cpu']:.0%}/{r['ram_plus_compile_others_cpu']:.0%} |")
 
     if memory:
         print(f"\n## Extra peak memory over the inputs (MiB; fresh process per row; "
