@@ -40,31 +40,11 @@ sys.path.insert(0, str(ROOT))
 
 from ram_live.store import SnapshotStore, fingerprint
 
-SIZES = {"full": (4096, 8192, 1024, 2048), "quick": (512, 2048, 128, 1024)}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_merge import model_specs  # noqa: E402  (the same model shapes as the merge benchmark)
+
 DENSITIES = (0.005, 0.03, 0.5, 1.0)
 TARGET = 2.0
-
-
-def model_specs(size: str) -> list[tuple[str, tuple[int, ...]]]:
-    h, v, kv, inter = SIZES[size]
-    layer = "model.layers.0."
-    return [
-        ("model.embed_tokens.weight", (v, h)),
-        (layer + "input_layernorm.weight", (h,)),
-        (layer + "self_attn.q_proj.weight", (h, h)),
-        (layer + "self_attn.q_proj.bias", (h,)),
-        (layer + "self_attn.k_proj.weight", (kv, h)),
-        (layer + "self_attn.k_proj.bias", (kv,)),
-        (layer + "self_attn.v_proj.weight", (kv, h)),
-        (layer + "self_attn.v_proj.bias", (kv,)),
-        (layer + "self_attn.o_proj.weight", (h, h)),
-        (layer + "post_attention_layernorm.weight", (h,)),
-        (layer + "mlp.gate_proj.weight", (inter, h)),
-        (layer + "mlp.up_proj.weight", (inter, h)),
-        (layer + "mlp.down_proj.weight", (h, inter)),
-        ("model.norm.weight", (h,)),
-        ("lm_head.weight", (v, h)),
-    ]
 
 
 def build(size: str, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
