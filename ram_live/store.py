@@ -30,6 +30,7 @@ tensors from pieces of any layout, or reads only one box (:meth:`Snapshot.restri
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import math
@@ -643,6 +644,9 @@ def _encode(cur: Tensor, base: Tensor, activity: Activity, to_cpu: bool = True) 
         return _Encoded("none", 0)
     np = _numpy() if cur.device.type == "cpu" and activity.rule == "changed" else None
     if np is not None and cur.is_contiguous() and base.is_contiguous() and cur.dtype != torch.bool:
+        native = _native() if cur.element_size() in (2, 4) and n < 2**31 else None
+        if native is not None:
+            return _encode_native(np, native, cur, base)
         return _encode_numpy(np, cur, base)
     changed = _changed_mask(cur, base, activity)
     count = int(torch.count_nonzero(changed))
@@ -750,6 +754,68 @@ def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> _Encoded:
     index_dtype = np.int32 if n < 2**31 else np.int64
     idx_all = np.concatenate(chunks).astype(index_dtype, copy=False)
     return _Encoded("indices", count, values, torch.from_numpy(idx_all))
+
+
+def _native() -> Any:
+    """The compiled AVX-512 selection kernels (:mod:`ram_live._select`), or None: the numpy path."""
+    from ._select import kernels
+
+    return kernels()
+
+
+_NATIVE_MIN_SPLIT = 1 << 20  # entries: tensors at least this big are split over threads
+
+
+def _ranges(n: int, workers: int, align: int) -> list[tuple[int, int]]:
+    """[0, n) in ``workers`` nearly equal ranges starting at multiples of ``align`` (whole bitmask bytes)."""
+    per = -(-n // workers // align) * align
+    return [(s, min(n, s + per)) for s in range(0, n, per)] if per else [(0, n)]
+
+
+def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor) -> _Encoded:
+    """The CPU path with :mod:`ram_live._select`'s kernels: one pass per range of the tensor (ranges over
+    threads) writes the bitmask, the changed values and (while they may still be the smaller encoding) the int32
+    indices, each range at its own offset; the ranges' values and indices are then moved together."""
+    from ._select import ALIGN
+
+    cn = _bits(cur).reshape(-1).numpy()
+    bn = _bits(base).reshape(-1).numpy()
+    n, size = cn.size, cn.itemsize
+    # int32 indices are the smaller encoding iff 4 * count <= ceil(n / 8) (see _choose; n < 2^31 here): while
+    # they may be, a range writes them
+    cap = (n + 7) // 8 // 4
+    workers = max(1, min(torch.get_num_threads(), 8, n // _NATIVE_MIN_SPLIT))
+    ranges = _ranges(n, workers, ALIGN)
+    bits = np.empty((n + 7) // 8, dtype=np.uint8)
+    vals = np.empty(n, dtype=cn.dtype)  # only the part written is ever touched
+    idx = np.empty(len(ranges) * (cap + 32), dtype=np.int32)
+    a, b, pb, pv, pi = cn.ctypes.data, bn.ctypes.data, bits.ctypes.data, vals.ctypes.data, idx.ctypes.data
+
+    def run(r: int) -> int:
+        s, e = ranges[r]
+        return native.select(a + s * size, b + s * size, e - s, pb + s // 8, pv + s * size, size,
+                             pi + 4 * r * (cap + 32), cap, s)
+
+    counts = [run(0)] if len(ranges) == 1 else list(_pool().map(run, range(len(ranges))))
+    count = sum(counts)
+    encoding = _choose(n, count, size)
+    if encoding == "none":
+        return _Encoded("none", 0)
+    if encoding == "dense" and count < n:
+        return _Encoded("dense", count, cur.reshape(-1).clone())
+    done = counts[0]
+    for r in range(1, len(ranges)):  # move each range's values (and indices) after the previous ones
+        c, s = counts[r], ranges[r][0]
+        ctypes.memmove(pv + done * size, pv + s * size, c * size)
+        if encoding == "indices":
+            ctypes.memmove(pi + 4 * done, pi + 4 * r * (cap + 32), 4 * c)
+        done += c
+    values = torch.from_numpy(vals[:count]).view(cur.dtype)
+    if encoding == "dense":
+        return _Encoded("dense", count, values)
+    if encoding == "bitmask":
+        return _Encoded("bitmask", count, values, torch.from_numpy(bits))
+    return _Encoded("indices", count, values, torch.from_numpy(idx[:count]))
 
 
 def _apply(flat: Tensor, encoding: str, values: Tensor | None, positions: Tensor | None) -> Tensor:

@@ -1,0 +1,121 @@
+"""The native (AVX-512) capture kernels give exactly what the numpy path gives: same encoding, count, values, positions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ram_live._select as select_module
+import ram_live.store as store_module
+from ram_live.store import _encode_native, _encode_numpy, _Encoded
+
+KERNELS = select_module.kernels()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason="no C compiler or no AVX-512 (BW, VBMI2) on this CPU")
+
+
+def _bits_of(t: torch.Tensor | None) -> np.ndarray | None:
+    if t is None:
+        return None
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]).numpy()
+
+
+def _same(a: _Encoded, b: _Encoded) -> None:
+    assert (a.encoding, a.count) == (b.encoding, b.count)
+    for x, y in ((a.values, b.values), (a.positions, b.positions)):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert x.dtype == y.dtype
+            np.testing.assert_array_equal(_bits_of(x), _bits_of(y))
+
+
+def _pair(n: int, dtype: torch.dtype, changed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(n)
+    base = torch.randn(n, generator=g).to(dtype)
+    cur = base.clone()
+    ints = cur.view({2: torch.int16, 4: torch.int32}[cur.element_size()])
+    ints[changed] ^= 1  # flip the lowest bit: a change of one ULP (or a NaN payload), always bits that differ
+    return cur, base
+
+
+def _check(cur: torch.Tensor, base: torch.Tensor) -> _Encoded:
+    native = _encode_native(np, KERNELS, cur, base)
+    _same(native, _encode_numpy(np, cur, base))
+    return native
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("n", [1, 7, 8, 15, 16, 17, 31, 32, 33, 255, 256, 257, 1000, 4099, 100_003])
+@pytest.mark.parametrize("density", [0.0, 0.002, 0.03, 0.2, 0.5, 0.97, 1.0])
+def test_native_matches_numpy(dtype, n, density):
+    g = torch.Generator().manual_seed(n * 7 + int(density * 1000))
+    changed = torch.rand(n, generator=g) < density
+    cur, base = _pair(n, dtype, changed)
+    enc = _check(cur, base)
+    assert enc.count == int(changed.sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("density", [0.001, 0.03, 0.5, 1.0])
+def test_native_over_threads_and_range_edges(monkeypatch, dtype, density):
+    """Ranges of a few thousand entries over 3 threads; changes at every range's first and last entries."""
+    monkeypatch.setattr(store_module, "_NATIVE_MIN_SPLIT", 1000)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    n = 10_007
+    g = torch.Generator().manual_seed(11)
+    changed = torch.rand(n, generator=g) < density
+    for start, end in store_module._ranges(n, 3, select_module.ALIGN):
+        changed[start] = changed[end - 1] = True
+    assert len(store_module._ranges(n, 3, select_module.ALIGN)) == 3
+    cur, base = _pair(n, dtype, changed)
+    _check(cur, base)
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_native_indices_up_to_their_limit(monkeypatch, extra):
+    """Around the count where int32 indices stop being smaller than the bitmask (the kernels stop writing them)."""
+    monkeypatch.setattr(store_module, "_NATIVE_MIN_SPLIT", 1000)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    n = 64_000
+    limit = (n + 7) // 8 // 4
+    changed = torch.zeros(n, dtype=torch.bool)
+    changed[torch.randperm(n, generator=torch.Generator().manual_seed(2))[: limit + extra]] = True
+    cur, base = _pair(n, torch.bfloat16, changed)
+    enc = _check(cur, base)
+    assert enc.encoding == ("indices" if extra <= 0 else "bitmask")
+
+
+def test_native_every_change_in_one_range(monkeypatch):
+    """All the indices in the last range (beyond its share of the limit, within the tensor's)."""
+    monkeypatch.setattr(store_module, "_NATIVE_MIN_SPLIT", 1000)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    n = 40_000
+    changed = torch.zeros(n, dtype=torch.bool)
+    changed[-1200:] = True
+    cur, base = _pair(n, torch.float16, changed)
+    assert _check(cur, base).encoding == "indices"
+
+
+def test_encode_uses_native_and_round_trips(tmp_path):
+    from ram_live.store import SnapshotStore
+
+    g = torch.Generator().manual_seed(4)
+    base = {"w": torch.randn(3000, 77, generator=g).bfloat16(), "f": torch.randn(5001, generator=g),
+            "d": torch.randn(99, generator=g).double()}  # 8-byte entries: the numpy path
+    agent = {k: v.clone() for k, v in base.items()}
+    for v in agent.values():
+        v[torch.rand(v.shape, generator=g) < 0.1] += 1.0
+    snap = SnapshotStore(tmp_path / "s", durable=False).writer("a", base).snapshot(agent, 1)
+    for k, v in agent.items():
+        assert torch.equal(snap.get(k).view(torch.uint8), v.view(torch.uint8)), k
+
+
+def test_native_off_by_environment(monkeypatch):
+    monkeypatch.setenv("RAM_LIVE_NATIVE", "0")
+    assert select_module._load() is None
+
+
+def test_native_without_compiler(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAM_LIVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler-ram-live")
+    assert select_module._load() is None
