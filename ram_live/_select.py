@@ -67,10 +67,9 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi2,popcnt")))
 int64_t ram_select16(const int16_t *a, const int16_t *b, int64_t n, uint8_t *bits, int16_t *vals,
                      int32_t *pos, int64_t cap, int64_t offset) {
     int64_t i = 0, j = 0;
-    const __m512i sixteen = _mm512_set1_epi32(16);
-    __m512i at = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                  _mm512_set1_epi32((int32_t)offset));
-    for (; i + 32 <= n; i += 32, at = _mm512_add_epi32(at, _mm512_add_epi32(sixteen, sixteen))) {
+    const __m512i lane16 = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                            15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    for (; i + 32 <= n; i += 32) {
         __m512i x = _mm512_loadu_si512(a + i);
         __mmask32 k = _mm512_cmpneq_epi16_mask(x, _mm512_loadu_si512(b + i));
         uint32_t w = (uint32_t)k;
@@ -78,11 +77,14 @@ int64_t ram_select16(const int16_t *a, const int16_t *b, int64_t n, uint8_t *bit
         int c = __builtin_popcount(w);  /* no branch on w: at a few % changed it would be unpredictable */
         _mm512_mask_storeu_epi16(vals + j, (__mmask32)(c == 32 ? 0xFFFFFFFFu : (1u << c) - 1),
                                  _mm512_maskz_compress_epi16(k, x));
-        if (j < cap) {
-            int lo = __builtin_popcount(w & 0xFFFFu);
-            _mm512_mask_storeu_epi32(pos + j, low16(lo), _mm512_maskz_compress_epi32((__mmask16)w, at));
-            _mm512_mask_storeu_epi32(pos + j + lo, low16(c - lo),
-                                     _mm512_maskz_compress_epi32((__mmask16)(w >> 16), _mm512_add_epi32(at, sixteen)));
+        if (j < cap) {  /* the lanes' numbers compressed as 16-bit, widened to 32 and offset: positions */
+            __m512i lanes = _mm512_maskz_compress_epi16(k, lane16);
+            __m512i base = _mm512_set1_epi32((int32_t)(offset + i));
+            _mm512_mask_storeu_epi32(pos + j, low16(c < 16 ? c : 16),
+                                     _mm512_add_epi32(base, _mm512_cvtepu16_epi32(_mm512_castsi512_si256(lanes))));
+            if (c > 16)  /* rare where indices are the smaller encoding (< 1/32 changed) */
+                _mm512_mask_storeu_epi32(pos + j + 16, low16(c - 16), _mm512_add_epi32(
+                    base, _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(lanes, 1))));
         }
         j += c;
     }

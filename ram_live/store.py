@@ -637,16 +637,16 @@ def _choose(n: int, count: int, size: int) -> str:
     return min(costs, key=lambda k: (costs[k], k != "dense"))
 
 
-def _encode(cur: Tensor, base: Tensor, activity: Activity, to_cpu: bool = True) -> _Encoded:
-    """The changed values of ``cur`` against ``base`` (flat, same dtype), selected on their device."""
+def _encode(cur: Tensor, base: Tensor, activity: Activity, to_cpu: bool = True, split: bool = True) -> _Encoded:
+    """The changed values of ``cur`` against ``base`` (flat, same dtype), selected on their device. ``split``:
+    the CPU paths may spread one tensor over threads."""
     n = cur.numel()
     if n == 0:
         return _Encoded("none", 0)
     np = _numpy() if cur.device.type == "cpu" and activity.rule == "changed" else None
     if np is not None and cur.is_contiguous() and base.is_contiguous() and cur.dtype != torch.bool:
-        native = _native() if cur.element_size() in (2, 4) and n < 2**31 else None
-        if native is not None:
-            return _encode_native(np, native, cur, base)
+        if _native_path(cur, base, activity):
+            return _encode_native(np, _native(), cur, base, split)
         return _encode_numpy(np, cur, base)
     changed = _changed_mask(cur, base, activity)
     count = int(torch.count_nonzero(changed))
@@ -763,6 +763,42 @@ def _native() -> Any:
     return kernels()
 
 
+def _native_path(cur: Tensor, base: Tensor, activity: Activity) -> bool:
+    """Whether :func:`_encode` takes :func:`_encode_native` for this pair."""
+    return (cur.device.type == "cpu" and activity.rule == "changed" and cur.dtype != torch.bool
+            and cur.element_size() in (2, 4) and 0 < cur.numel() < 2**31 and cur.is_contiguous()
+            and base.is_contiguous() and _numpy() is not None and _native() is not None)
+
+
+def _encode_many(pairs: Sequence[tuple[Tensor, Tensor]], activity: Activity) -> list[_Encoded]:
+    """:func:`_encode` of every pair. Pairs on the native CPU path run side by side, one thread per pair (no
+    ranges to move together afterwards), balanced over the threads largest first; a pair bigger than a thread's
+    share, and every other pair, is encoded alone (spread over the threads where its path does)."""
+    workers = max(1, min(torch.get_num_threads(), 8))
+    total = sum(cur.numel() for cur, _ in pairs)
+    side = [i for i, (cur, base) in enumerate(pairs)
+            if workers > 1 and cur.numel() * workers <= total and _native_path(cur, base, activity)]
+    out: list[_Encoded | None] = [None] * len(pairs)
+    chosen = set(side)
+    for i, (cur, base) in enumerate(pairs):
+        if i not in chosen:
+            out[i] = _encode(cur, base, activity)
+    queues: list[list[int]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for i in sorted(side, key=lambda i: -pairs[i][0].numel()):
+        w = loads.index(min(loads))
+        queues[w].append(i)
+        loads[w] += pairs[i][0].numel()
+
+    def run(queue: list[int]) -> None:
+        for i in queue:
+            out[i] = _encode(*pairs[i], activity, split=False)
+
+    for _ in _pool().map(run, [q for q in queues if q]):
+        pass
+    return [enc for enc in out if enc is not None]
+
+
 _NATIVE_MIN_SPLIT = 1 << 20  # entries: tensors at least this big are split over threads
 
 
@@ -772,7 +808,7 @@ def _ranges(n: int, workers: int, align: int) -> list[tuple[int, int]]:
     return [(s, min(n, s + per)) for s in range(0, n, per)] if per else [(0, n)]
 
 
-def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor) -> _Encoded:
+def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor, split: bool = True) -> _Encoded:
     """The CPU path with :mod:`ram_live._select`'s kernels: one pass per range of the tensor (ranges over
     threads) writes the bitmask, the changed values and (while they may still be the smaller encoding) the int32
     indices, each range at its own offset; the ranges' values and indices are then moved together."""
@@ -784,7 +820,7 @@ def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor) -> _Encoded:
     # int32 indices are the smaller encoding iff 4 * count <= ceil(n / 8) (see _choose; n < 2^31 here): while
     # they may be, a range writes them
     cap = (n + 7) // 8 // 4
-    workers = max(1, min(torch.get_num_threads(), 8, n // _NATIVE_MIN_SPLIT))
+    workers = max(1, min(torch.get_num_threads(), 8, n // _NATIVE_MIN_SPLIT)) if split else 1
     ranges = _ranges(n, workers, ALIGN)
     bits = np.empty((n + 7) // 8, dtype=np.uint8)
     vals = np.empty(n, dtype=cn.dtype)  # only the part written is ever touched
@@ -1606,11 +1642,10 @@ class SnapshotWriter:
         totals = _Totals()
         rank = self.collective.rank
         with torch.no_grad():
-            for key, t in local.tensors.items():
-                if not (t.owner and self.writes):
-                    continue
-                b = self.base.tensors[key].tensor
-                enc = _encode(t.tensor.reshape(-1), b.reshape(-1), self.rule)
+            keys = [key for key, t in local.tensors.items() if t.owner and self.writes]
+            pairs = [(local.tensors[key].tensor.reshape(-1), self.base.tensors[key].tensor.reshape(-1)) for key in keys]
+            for key, enc in zip(keys, _encode_many(pairs, self.rule)):
+                t = local.tensors[key]
                 pieces[key] = [_piece_entry(key, rank, t, enc, tensors)]
                 totals.add(t, enc)
         return Capture(local, tensors, pieces, totals)

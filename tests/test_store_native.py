@@ -119,3 +119,22 @@ def test_native_without_compiler(monkeypatch, tmp_path):
     monkeypatch.setenv("RAM_LIVE_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-compiler-ram-live")
     assert select_module._load() is None
+
+
+def test_encode_many_side_by_side_equals_one_by_one(monkeypatch):
+    """Pairs spread over threads (largest first), a pair too big for one thread's share, other dtypes and paths."""
+    from ram_live.store import _activity, _encode, _encode_many
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    monkeypatch.setattr(store_module, "_NATIVE_MIN_SPLIT", 1000)
+    g = torch.Generator().manual_seed(8)
+    pairs = []
+    for n, dtype in [(30_000, torch.bfloat16), (5, torch.float16), (7_001, torch.float32), (999, torch.float64),
+                     (12_345, torch.bfloat16), (0, torch.bfloat16), (4_000, torch.uint8), (2_500, torch.float16)]:
+        base = torch.randn(n, generator=g).to(dtype)
+        cur = base.clone()
+        cur[torch.rand(n, generator=g) < 0.1] += 1
+        pairs.append((cur, base))
+    rule = _activity("changed", 0.0)
+    for many, one in zip(_encode_many(pairs, rule), [_encode(c, b, rule) for c, b in pairs], strict=True):
+        _same(many, one)
