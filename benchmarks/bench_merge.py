@@ -643,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time ram_merge(..., compile=True) for RAM and RAM+ (first call reported apart)")
     ap.add_argument("--idle-wait", type=float,
                     help=f"before each timed run wait up to this many seconds for other processes to leave the "
-                         f"CPUs (< {CONTENDED:.0%} busy); at most {IDLE_BUDGET:g} s in all (quick: 20 s); 0: never "
+                         f"CPUs (< {CONTENDED * 100:.0f}%% busy); at most {IDLE_BUDGET:g} s in all (quick: 20 s); 0: never "
                          f"wait (default {IDLE_WAIT:g}; quick: 2)")
     ap.add_argument("--json", help="write all results to this JSON file")
     ap.add_argument("--profile", type=int, nargs="+", metavar="K",

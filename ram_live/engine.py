@@ -10,7 +10,11 @@ Entries with τ* = 0 keep the base's exact bits.
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
+import shutil
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -19,7 +23,7 @@ import torch
 from torch import Tensor
 
 from . import functional as F
-from .errors import InputMismatchError, NoAgentsError, NonFiniteError
+from .errors import ConfigError, InputMismatchError, NoAgentsError, NonFiniteError
 from .methods import Activity, MergeMethod, RamStatistics, RunContext, TensorContext
 from .distributed import Distributed, RemoteRankError
 from .progress import ProgressHook
@@ -33,6 +37,11 @@ DEFAULT_CHUNK_NUMEL = 1 << 20
 #: Chunk length of the streaming (one agent at a time) path: small enough to stay in L2, and below torch's
 #: intra-op grain (32768) so each op runs inline on its thread; chunks are shared by a few Python threads.
 STREAM_CHUNK = 31 * 1024
+#: ``compile="auto"`` compiles merges of at least this many agent-entries (Σ numel × K): compiling costs
+#: seconds (a warm cache) to tens of seconds (cold) once per process, the eager path ~2 ns per agent-entry on CPU.
+COMPILE_AUTO_MIN = 4 << 30
+#: Longest chunk of the compiled kernels: their float32 counts are exact below 2^24 entries per chunk.
+FUSED_CHUNK_MAX = 1 << 23
 
 
 # ----------------------------------------------------------------------------------------------- the plan
@@ -138,6 +147,7 @@ class DeltaStream:
         activity: Activity | None = None,
         workspace: dict[Any, Tensor] | None = None,
         raw_hook: Callable[[Tensor], None] | None = None,
+        compile: bool = False,
     ) -> None:
         self.key = key
         self.base = base.reshape(-1)
@@ -148,10 +158,15 @@ class DeltaStream:
         self.dtype = _compute_dtype(base.dtype, *(a.dtype for a in agents))
         k = len(agents)
         self.chunk = max(1, min(self.numel, chunk_numel // max(k, 1)))
-        self.stream_chunk = max(1, min(self.numel, chunk_numel, STREAM_CHUNK))
+        # CPU: cache-sized chunks shared by threads; accelerators: one stream, where small chunks are launch-bound
+        self.stream_chunk = max(1, min(self.numel, chunk_numel, STREAM_CHUNK if device.type == "cpu" else chunk_numel))
         self._ws = workspace if workspace is not None else {}
         self.activity = activity
         self.raw_hook = raw_hook
+        self.compile = compile
+        self.chunk_numel = chunk_numel
+        # the compiled kernels need no scratch: on accelerators, long chunks amortise each launch
+        self.fused_chunk = max(1, min(chunk_numel if device.type == "cpu" else FUSED_CHUNK_MAX, FUSED_CHUNK_MAX))
 
     def __iter__(self) -> Iterator[tuple[int, Tensor, Tensor]]:
         k = len(self.tensors)
@@ -232,6 +247,27 @@ class DeltaStream:
             key=self.key,
         )
 
+    def fused_eps(self, activity: Activity) -> float | None:
+        """The threshold for the compiled kernels (0 for "changed" on same-dtype inputs, where it is τ ≠ 0), or
+        None where they do not apply: not compiling, float64 compute, inputs on another device, or "changed"
+        across dtypes."""
+        if not self.compile or self.dtype != torch.float32 or any(t.device != self.base.device for t in self.tensors):
+            return None
+        if activity.rule == "abs":
+            return activity.eps
+        return None if any(t.dtype != self.base.dtype for t in self.tensors) else 0.0
+
+    def fused_chunks(self, kernel: Callable[..., Any], key: Any = None
+                     ) -> Iterator[tuple[int, int, Any, Tensor, list[Tensor]]]:
+        """``(start, end, compiled kernel, base chunk, agent chunks)`` over chunks of ``fused_chunk`` elements
+        (views of the inputs); full chunks get the build of ``kernel`` specialised on their length."""
+        chunk = self.fused_chunk
+        key = (len(self.tensors), key)
+        for start in range(0, self.numel, chunk):
+            end = min(self.numel, start + chunk)
+            yield (start, end, F.compiled(kernel, static=end - start == chunk, key=key), self.base[start:end],
+                   [t[start:end] for t in self.tensors])
+
     def delta(self, index: int) -> Tensor:
         """Agent ``index``'s whole flat task vector (a new tensor)."""
         out = self.tensors[index].to(device=self.device, dtype=self.dtype, copy=True)
@@ -239,7 +275,7 @@ class DeltaStream:
 
     def statistics(self, activity: Activity) -> RamStatistics:
         stream = DeltaStream(self.key, self.base, self.tensors, self.agents, self.device,
-                             self.chunk * len(self.tensors), activity, {})
+                             self.chunk_numel, activity, {}, compile=self.compile)
         return _accumulate_statistics(stream, len(self.tensors))
 
 
@@ -259,6 +295,11 @@ def _in_workers(stream: DeltaStream, workers: int, job: Callable[[int, int], Any
 
 
 def _accumulate_statistics(stream: DeltaStream, k: int, workers: int = 1) -> RamStatistics:
+    assert stream.activity is not None
+    eps = stream.fused_eps(stream.activity)
+    if eps is not None:
+        return _fused_statistics(stream, k, eps)
+
     def job(worker: int, n_workers: int) -> F.RamCounter:
         counter = F.RamCounter(stream.stream_chunk, k, stream.device, stream.dtype)
         for _, base_f, agents in stream.streamed(worker, n_workers):
@@ -273,6 +314,59 @@ def _accumulate_statistics(stream: DeltaStream, k: int, workers: int = 1) -> Ram
         stream._raise_nonfinite(0, stream.numel)
     results = [c.result() for c in counters]
     return RamStatistics(*(sum(r[i] for r in results) for i in range(3)))  # type: ignore[arg-type]
+
+
+def _fused_statistics(stream: DeltaStream, k: int, eps: float) -> RamStatistics:
+    """The counts of :func:`_accumulate_statistics` by the compiled :func:`ram_live.functional.ram_counts_fused`."""
+    active = torch.zeros(k, dtype=torch.float64, device=stream.device)
+    unique = torch.zeros_like(active)
+    check = torch.zeros((), dtype=torch.float32, device=stream.device)
+    for _, _, kernel, base, agents in stream.fused_chunks(F.ram_counts_fused):
+        a, u, c = kernel(base, agents, eps)
+        active += a
+        unique += u
+        check += c
+    if not bool(torch.isfinite(check)):
+        stream._raise_nonfinite(0, stream.numel)
+    return RamStatistics(active.cpu().round().long(), unique.cpu().round().long(), torch.zeros(k + 1, dtype=torch.int64))
+
+
+# ----------------------------------------------------------------------------------------------- compiling
+
+
+@functools.cache
+def compiler_available(device_type: str) -> bool:
+    """Whether ``torch.compile`` can build kernels for this device type here: a C++ compiler on CPU, Triton on
+    CUDA/XPU; never elsewhere."""
+    if device_type == "cpu":
+        return any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if c)
+    if device_type in ("cuda", "xpu"):
+        return importlib.util.find_spec("triton") is not None
+    return False
+
+
+def resolve_compile(compile: bool | str, device: torch.device, agent_entries: int) -> bool:
+    """``compile`` of :func:`ram_live.merge` as a decision: ``"auto"`` compiles merges of at least
+    :data:`COMPILE_AUTO_MIN` agent-entries where a toolchain is available."""
+    if isinstance(compile, bool):
+        return compile
+    if compile != "auto":
+        raise ConfigError(f"compile must be True, False or 'auto', got {compile!r}")
+    return agent_entries >= COMPILE_AUTO_MIN and compiler_available(device.type)
+
+
+def _compiler_works(device: torch.device, k: int, weighted: bool) -> bool:
+    """Build (or load from the cache) the dynamic-shape RAM kernel on a tiny input, so that a missing or broken
+    toolchain falls back to the eager path with a warning before anything is written."""
+    try:
+        zeros = torch.zeros(3, device=device)
+        lambdas = torch.ones(k, device=device) if weighted else None
+        F.compiled(F.ram_fused_, key=(k, not weighted))(zeros.clone(), zeros, [zeros] * k, lambdas, 0.0)
+        return True
+    except Exception as exc:  # noqa: BLE001 - any failure of the toolchain means "merge eagerly"
+        warnings.warn(f"torch.compile failed on {device} ({type(exc).__name__}: {str(exc)[:200]}); merging with "
+                      "the eager kernels instead (same results, slower)", RuntimeWarning, stacklevel=3)
+        return False
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -343,6 +437,7 @@ def statistics_pass(
     workspace: dict[Any, Tensor],
     progress: ProgressHook | None = None,
     workers: int | None = None,
+    compile: bool = False,
 ) -> RamStatistics:
     """Pass 1: RAM counts over every merged tensor (also checks that every input is finite)."""
     k = len(reader.agents)
@@ -353,7 +448,8 @@ def statistics_pass(
         progress.start("statistics", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
         base, agents, device = reader.read(key)
-        stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace)
+        stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace,
+                             compile=compile)
         stats = _accumulate_statistics(stream, k, workers if workers is not None else default_workers(device))
         if reader.base.spec(key).counted:
             active += stats.active
@@ -389,29 +485,31 @@ def _merge_streaming(stream: DeltaStream, make_accumulator: Callable[[], Any], f
         stream._raise_nonfinite(0, stream.numel)
 
 
-def _fused_kernel(method: MergeMethod, config: Any, state: Any, stream: DeltaStream, agents: Sequence[Tensor],
-                  base: Tensor) -> Callable[[Tensor, list[Tensor]], Tensor] | None:
-    """The compiled one-pass RAM kernel where it applies (RAM family; the "changed" rule only on same-dtype inputs,
-    where it is |τ| > 0), else None: the eager streaming path runs."""
+def _fused_kernel(method: MergeMethod, config: Any, state: Any, stream: DeltaStream
+                  ) -> Callable[[DeltaStream, Tensor], None] | None:
+    """The compiled one-pass RAM merge ``(stream, flat output) -> None`` where it applies (RAM family, see
+    :meth:`DeltaStream.fused_eps`), else None: the eager streaming path runs."""
     if method.accumulator is None or getattr(config, "variant", None) not in ("ram", "ram_plus", "ram_plus_soft"):
         return None
-    if config.activity == "changed" and any(a.dtype != base.dtype for a in agents):
+    eps = stream.fused_eps(method.activity(config))
+    if eps is None:
         return None
-    eps = config.eps if config.activity == "abs" else 0.0
     lambdas = None if state is None else state.to(device=stream.device, dtype=stream.dtype)
-    kernel = F.compiled_ram_fused()
-    return lambda base_chunk, agent_chunks: kernel(base_chunk, agent_chunks, lambdas, eps)
+    return functools.partial(_merge_fused, lambdas=lambdas, eps=eps)
 
 
-def _merge_fused(stream: DeltaStream, kernel: Callable[[Tensor, list[Tensor]], Tensor], flat: Tensor,
-                 chunk_numel: int) -> None:
+def _merge_fused(stream: DeltaStream, flat: Tensor, lambdas: Tensor | None, eps: float) -> None:
+    """Each chunk merged by the compiled :func:`ram_live.functional.ram_fused_` straight into ``flat`` (through
+    a scratch chunk when ``flat`` lives on another device)."""
     check = torch.zeros((), dtype=stream.dtype, device=stream.device)
-    chunk = max(1, min(stream.numel, chunk_numel))
-    for start in range(0, stream.numel, chunk):
-        end = min(stream.numel, start + chunk)
-        merged = kernel(stream.base[start:end], [a[start:end] for a in stream.tensors])
-        check += merged.sum()
-        flat[start:end].copy_(merged)
+    scratch = None if flat.device == stream.device else torch.empty(
+        min(stream.numel, stream.fused_chunk), dtype=flat.dtype, device=stream.device)
+    for start, end, kernel, base, agents in stream.fused_chunks(F.ram_fused_, lambdas is None):
+        if scratch is None:
+            check += kernel(flat[start:end], base, agents, lambdas, eps)
+        else:
+            check += kernel(scratch[: end - start], base, agents, lambdas, eps)
+            flat[start:end].copy_(scratch[: end - start])
     if not bool(torch.isfinite(check)):
         stream._raise_nonfinite(0, stream.numel)
 
@@ -429,7 +527,7 @@ def run_merge(
     progress: ProgressHook | None = None,
     workers: int | None = None,
     dist: Distributed | None = None,
-    compile: bool = False,
+    compile: bool | str = "auto",
 ) -> MergeInfo:
     """Merge ``agents`` onto ``base`` with ``method`` into ``sink``; see :func:`ram_live.merge`."""
     t0 = time.perf_counter()
@@ -445,12 +543,17 @@ def run_merge(
     activity = method.activity(config)
     workspace: dict[Any, Tensor] = {}
     info = MergeInfo(method=method.name, config=config, agents=names)
+    run_device = device or (base.spec(plan.merge[0]).device if plan.merge else torch.device("cpu"))
+    compile = resolve_compile(compile, run_device, sum(specs[key].numel for key in plan.merge) * len(names))
+    if compile:
+        compile = _compiler_works(run_device, len(names), _ram_weighted(config))
+    info.extra["compiled"] = compile
 
     statistics = None
     if method.needs_statistics(config) or validate_first:
         try:
             statistics = statistics_pass(reader, plan, activity or Activity(), chunk_numel, workspace, progress,
-                                         workers)
+                                         workers, compile)
         except BaseException:
             if dist is not None:  # every rank reaches the collective, failed or not; this rank's error wins
                 try:
@@ -462,7 +565,6 @@ def run_merge(
             statistics = dist.reduce_statistics(statistics, len(names))
         info.passes = 2
         info.statistics = statistics
-    run_device = device or (base.spec(plan.merge[0]).device if plan.merge else torch.device("cpu"))
     run_state = method.setup(config, RunContext(names, statistics, run_device)) if method.setup else None
     if isinstance(run_state, Tensor) and statistics is not None and run_state.numel() == len(names):
         info.lambdas = dict(zip(names, map(float, run_state.tolist())))
@@ -482,6 +584,11 @@ def run_merge(
         raise RemoteRankError(f"rank {dist.rank}: another rank failed while merging (see its error)")
     info.seconds = time.perf_counter() - t0
     return info
+
+
+def _ram_weighted(config: Any) -> bool:
+    """Whether the RAM kernel gets λ (RAM+ variants) — the build the compile check warms up."""
+    return getattr(config, "variant", "ram") != "ram"
 
 
 def _merge_pass(
@@ -511,14 +618,14 @@ def _merge_pass(
         progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
         base_t, agent_ts, dev = reader.read(key)
-        stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace)
+        stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace, compile=compile)
         state = method.prepare(config, stream, run_state) if method.prepare else None
         dest = sink.destination(key, base.spec(key))
         flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,
                                                                        device=dest.device)
-        fused = _fused_kernel(method, config, state, stream, agent_ts, base_t) if compile else None
+        fused = _fused_kernel(method, config, state, stream)
         if fused is not None:
-            _merge_fused(stream, fused, flat, chunk_numel)
+            fused(stream, flat)
         elif method.accumulator is not None:
             _merge_streaming(
                 stream,

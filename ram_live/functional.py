@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import types
 from typing import Any, Literal, Sequence
 
 import torch
@@ -36,7 +37,9 @@ __all__ = [
     "stable_seed",
     "RamAccumulator",
     "RamCounter",
-    "ram_fused",
+    "ram_fused_",
+    "ram_counts_fused",
+    "compiled",
 ]
 
 
@@ -290,18 +293,25 @@ class RamCounter:
         return (self.active.round().to(torch.int64).cpu(), self.unique.round().to(torch.int64).cpu(), histogram)
 
 
-def ram_fused(base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, eps: float) -> Tensor:
-    """θ₀ + τ* of one chunk in one expression, for ``torch.compile`` to fuse into a single pass over the K + 1
-    inputs (``merge(..., compile=True)``). Computes exactly what :class:`RamAccumulator` computes (same order of
-    float32 operations), so both give the same bits; the engine checks the inputs are finite."""
+def _active_delta(agent: Tensor, base_f: Tensor, eps: float) -> Tensor:
+    """τ with sub-threshold entries zeroed, NaN kept (like ``hardshrink``: a NaN must reach the finite check)."""
+    delta = agent.float() - base_f
+    if eps > 0:
+        delta = torch.where((delta >= -eps) & (delta <= eps), 0.0, delta)
+    return delta
+
+
+def ram_fused_(out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, eps: float) -> Tensor:
+    """Write θ₀ + τ* of one chunk into ``out`` (in ``out``'s dtype) and return Σ θ* (NaN/Inf in any input show
+    there). One expression for ``torch.compile`` to fuse into a single pass over the K + 1 inputs and the output
+    (``merge(..., compile=True)``). Same float operations in the same order as :class:`RamAccumulator`, so both
+    give the same bits (tested). Float32 compute: the engine runs float64 inputs eagerly."""
     base_f = base.float()
     neg_sum = torch.zeros_like(base_f)
     count = torch.zeros_like(base_f)
     lam = torch.zeros_like(base_f)
     for t, agent in enumerate(agents):
-        delta = agent.float() - base_f
-        if eps > 0:
-            delta = torch.where(delta.abs() > eps, delta, 0.0)
+        delta = _active_delta(agent, base_f, eps)
         mask = (delta != 0).float()
         neg_sum = neg_sum - delta
         count = count + mask
@@ -310,14 +320,46 @@ def ram_fused(base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, ep
     mean = neg_sum / count.clamp(min=1.0)
     if lambdas is not None:
         mean = torch.where(count == 1.0, neg_sum * lam, mean)
-    return base_f - mean
+    merged = base_f - mean
+    out.copy_(merged)
+    return merged.sum()
+
+
+def ram_counts_fused(base: Tensor, agents: Sequence[Tensor], eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """RAM statistics of one chunk in one expression (for ``torch.compile``): per agent the active and unique
+    entries (float32, exact for chunks of fewer than 2^24 entries), and Σ τ over every agent (NaN/Inf in any input show there). Same rule as
+    :class:`RamCounter`."""
+    base_f = base.float()
+    count = torch.zeros_like(base_f)
+    check = torch.zeros_like(base_f)
+    masks = []
+    for agent in agents:
+        delta = _active_delta(agent, base_f, eps)
+        mask = (delta != 0).float()  # float sums vectorise (bool sums do not); exact below 2^24 per chunk
+        masks.append(mask)
+        count = count + mask
+        check = check + delta
+    one = (count == 1.0).float()
+    active = torch.stack([m.sum() for m in masks])
+    unique = torch.stack([(m * one).sum() for m in masks])
+    return active, unique, check.sum()
 
 
 _COMPILED: dict[str, Any] = {}
 
 
-def compiled_ram_fused() -> Any:
-    """:func:`ram_fused` compiled once per process (dynamic shapes; recompiles per number of agents)."""
-    if "ram" not in _COMPILED:
-        _COMPILED["ram"] = torch.compile(ram_fused, dynamic=True)
-    return _COMPILED["ram"]
+def compiled(kernel: Any, static: bool = False, key: Any = None) -> Any:
+    """``kernel`` (:func:`ram_fused_` or :func:`ram_counts_fused`) compiled once per process and per ``key``.
+
+    ``static=True`` specialises on the chunk's length (the engine's full chunks: reductions then run several
+    times faster); the dynamic-shape build takes each tensor's last, shorter chunk. The engine keys builds by
+    the number of agents and whether λ is given. Each build compiles a private copy of the function: Dynamo
+    caches graphs per code object, so builds of one function would share, evict and (past its recompile limit)
+    silently drop each other's graphs.
+    """
+    name = (kernel.__name__, static, key)
+    if name not in _COMPILED:
+        private = types.FunctionType(kernel.__code__.replace(), kernel.__globals__, kernel.__name__,
+                                     kernel.__defaults__, kernel.__closure__)
+        _COMPILED[name] = torch.compile(private, dynamic=not static)
+    return _COMPILED[name]

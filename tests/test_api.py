@@ -247,11 +247,43 @@ def test_agents_carrying_their_base(base_sd):
     assert_bit_identical(carried, ram_merge(agents, base=base_sd))
 
 
-def test_compiled_fused_kernel_gives_the_same_bits(base_sd):
-    base = {k: v.to(torch.bfloat16) for k, v in base_sd.items()}
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_compiled_kernels_give_the_same_bits_and_counts(base_sd, dtype):
+    base = {k: v.to(dtype) for k, v in base_sd.items()}
     base["layers.0.b"][:3] = -0.0
     agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)
-    for variant in ("ram", "ram_plus"):
-        eager = ram_merge(agents, base=base, variant=variant, chunk_numel=100)
-        fused = ram_merge(agents, base=base, variant=variant, chunk_numel=100, compile=True)
+    agents[0]["layers.0.b"][0] = 0.0  # +0 against the base's -0: unchanged under "changed", τ = 0
+    cases = [dict(variant="ram"), dict(variant="ram_plus"), dict(variant="ram_plus_soft", r=0.3),
+             dict(variant="ram_plus", rho_scope="tensor", alpha=0.2), dict(variant="ram_plus", activity="changed"),
+             dict(variant="ram_plus", eps=0.02)]
+    for case in cases:
+        eager, e_info = ram_merge(agents, base=base, chunk_numel=100, return_info=True, compile=False, **case)
+        fused, f_info = ram_merge(agents, base=base, chunk_numel=100, return_info=True, compile=True, **case)
         assert_bit_identical(fused, eager)
+        assert f_info.lambdas == e_info.lambdas, case
+        if e_info.statistics is not None:
+            assert torch.equal(f_info.statistics.active, e_info.statistics.active), case
+            assert torch.equal(f_info.statistics.unique, e_info.statistics.unique), case
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("variant", ["ram", "ram_plus"])
+def test_compiled_kernels_reject_non_finite_inputs(base_sd, bad, variant):
+    from ram_live.errors import NonFiniteError
+
+    agents = make_agents(base_sd, [0.3, 0.3])
+    agents[1]["layers.1.w"][2, 3] = bad
+    before = snapshot(agents[1])
+    with pytest.raises(NonFiniteError, match=r"'layers\.1\.w' of agent 'agent_1' holds (nan|inf) at flat index 35"):
+        ram_merge(agents, base=base_sd, variant=variant, compile=True, chunk_numel=64)
+    assert_bit_identical(agents[1], before)
+
+
+def test_compiled_path_falls_back_for_float64_and_mixed_dtypes(base_sd):
+    wide = {k: v.double() for k, v in base_sd.items()}
+    agents = make_agents(wide, [0.2, 0.4])
+    assert_bit_identical(ram_merge(agents, base=wide, compile=True), ram_merge(agents, base=wide))
+    mixed = make_agents(base_sd, [0.2, 0.4], dtype=torch.bfloat16)
+    for activity in ("abs", "changed"):
+        assert_bit_identical(ram_merge(mixed, base=base_sd, compile=True, activity=activity),
+                             ram_merge(mixed, base=base_sd, activity=activity))
