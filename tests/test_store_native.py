@@ -138,3 +138,28 @@ def test_encode_many_side_by_side_equals_one_by_one(monkeypatch):
     rule = _activity("changed", 0.0)
     for many, one in zip(_encode_many(pairs, rule), [_encode(c, b, rule) for c, b in pairs], strict=True):
         _same(many, one)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("density", [0.01, 0.5, 1.0])
+def test_kernel_writes_values_at_any_alignment(dtype, density):
+    """The values are streamed in whole 64-byte lines after a plainly written head: every start in a line."""
+    n = 5_000
+    g = torch.Generator().manual_seed(6)
+    changed = torch.rand(n, generator=g) < density
+    cur, base = _pair(n, dtype, changed)
+    ints = torch.int16 if cur.element_size() == 2 else torch.int32
+    cn, bn = cur.view(ints).numpy(), base.view(ints).numpy()
+    want = cn[changed.numpy()]
+    size = cn.itemsize
+    for shift in range(64 // size + 1):
+        bits = np.zeros((n + 7) // 8, dtype=np.uint8)
+        room = np.zeros(n + 64, dtype=cn.dtype)
+        vals = room[shift:]
+        pos = np.zeros(n // 32 + 64, dtype=np.int32)
+        count = KERNELS.select(cn.ctypes.data, bn.ctypes.data, n, bits.ctypes.data, vals.ctypes.data, size,
+                               pos.ctypes.data, 0, 0)
+        assert count == want.size
+        np.testing.assert_array_equal(vals[:count], want)
+        assert not room[:shift].any() and not vals[count:].any()  # nothing written outside the values
+        np.testing.assert_array_equal(bits, np.packbits(changed.numpy(), bitorder="little"))
