@@ -424,10 +424,11 @@ def child_ram(spec: dict[str, Any]) -> dict[str, Any]:
     base_rss = proc_status().get("VmRSS")
     t0 = time.time()
     _, info = ram_live.ram_merge(spec["agents"], base=spec["base"], out=spec["out"], variant=spec["variant"],
-                                 max_shard_bytes=spec["shard_bytes"], return_info=True)
+                                 max_shard_bytes=spec["shard_bytes"], return_info=True,
+                                 compile=spec.get("compile", "auto"))
     t1 = time.time()
     return {"t_start": t0, "t_end": t1, "base_rss": base_rss, "lambdas": info.lambdas, "rho": info.rho,
-            "passes": info.passes, "engine_seconds": info.seconds}
+            "passes": info.passes, "engine_seconds": info.seconds, "compiled": info.extra.get("compiled")}
 
 
 MERGEKIT_WRAPPER = r"""
@@ -535,9 +536,12 @@ def child_verify(spec: dict[str, Any]) -> dict[str, Any]:
         for label, out in spec["outputs"].items():
             got = read(Path(out), key)
             res: dict[str, Any] = {}
-            if label in expect:
-                res["equal_by_hand"] = float((got == expect[label]).float().mean())
-                res["max_abs_diff_by_hand"] = float((got.float() - expect[label].float()).abs().max())
+            eager_label = label.removesuffix(" compiled")
+            if eager_label in expect:
+                res["equal_by_hand"] = float((got == expect[eager_label]).float().mean())
+                res["max_abs_diff_by_hand"] = float((got.float() - expect[eager_label].float()).abs().max())
+            if eager_label != label and eager_label in spec["outputs"]:
+                res["bitwise_equal_to_eager"] = bool(torch.equal(got, read(Path(spec["outputs"][eager_label]), key)))
             if label == "ram_live RAM":
                 got_ram = got
                 res["bitwise_equal_in_memory_ram_merge"] = bool(torch.equal(got, mem))
@@ -669,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work folder (inputs and outputs)")
     ap.add_argument("--workdir", help="work folder (default: a new folder under /tmp)")
     ap.add_argument("--no-mergekit", action="store_true", help="skip mergekit-yaml")
+    ap.add_argument("--compile", action="store_true",
+                    help="also run RAM and RAM+ with compile=True (each call in a fresh process: compile included)")
     ap.add_argument("--no-floor-read", action="store_true", help="skip the readinto() floor (skipped with --quick)")
     ap.add_argument("--cold", choices=("fadvise", "drop_caches", "none"), default="fadvise",
                     help="how to make the inputs cold: evict this benchmark's files (default), drop every cache "
@@ -751,6 +757,9 @@ def _bench(args: argparse.Namespace, config: dict[str, Any], shard_bytes: int, b
         plan.append(("floor (read)", {"kind": "floor", "io": "read"}))
     plan += [("ram_live RAM", {"kind": "ram", "variant": "ram"}),
              ("ram_live RAM+", {"kind": "ram", "variant": "ram_plus"})]
+    if args.compile:  # a fresh process per run: the call includes compiling (or loading inductor's cache)
+        plan += [("ram_live RAM compiled", {"kind": "ram", "variant": "ram", "compile": True}),
+                 ("ram_live RAM+ compiled", {"kind": "ram", "variant": "ram_plus", "compile": True})]
     if use_mergekit:
         plan.append(("mergekit ram", None))
     if not args.quick:  # order effects: the floor brackets the runs
@@ -914,6 +923,8 @@ def render(runs: list[dict[str, Any]], gen: dict[str, Any], largest: int, rss_ta
             if not isinstance(res, dict):
                 continue
             bits = []
+            if "bitwise_equal_to_eager" in res:
+                bits.append(f"= eager output bit for bit: {res['bitwise_equal_to_eager']}")
             if "bitwise_equal_in_memory_ram_merge" in res:
                 bits.append(f"= in-memory ram_merge: {res['bitwise_equal_in_memory_ram_merge']}")
             if "equal_by_hand" in res:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
+from . import _ram_native
 from . import functional as F
 from .errors import ConfigError, InputMismatchError, NoAgentsError, NonFiniteError
 from .methods import Activity, MergeMethod, RamStatistics, RunContext, TensorContext
@@ -40,6 +41,8 @@ STREAM_CHUNK = 31 * 1024
 #: ``compile="auto"`` compiles merges of at least this many agent-entries (Σ numel × K): compiling costs
 #: seconds (a warm cache) to tens of seconds (cold) once per process, the eager path ~2 ns per agent-entry on CPU.
 COMPILE_AUTO_MIN = 4 << 30
+#: Entries per call of the native CPU kernels (threads take every ``workers``-th range of a tensor).
+NATIVE_CHUNK = 1 << 18
 #: Longest chunk of the compiled kernels: their float32 counts are exact below 2^24 entries per chunk.
 FUSED_CHUNK_MAX = 1 << 23
 
@@ -285,17 +288,62 @@ def default_workers(device: torch.device) -> int:
     return min(torch.get_num_threads(), 8) if device.type == "cpu" else 1
 
 
-def _in_workers(stream: DeltaStream, workers: int, job: Callable[[int, int], Any]) -> list[Any]:
-    """``job(worker, workers)`` for each worker, in threads when there is more than one chunk to share."""
-    workers = max(1, min(workers, -(-stream.numel // stream.stream_chunk)))
+def _in_workers(stream: DeltaStream, workers: int, job: Callable[[int, int], Any], chunk: int | None = None
+                ) -> list[Any]:
+    """``job(worker, workers)`` for each worker, in threads when there is more than one chunk (of ``chunk``
+    entries, default the stream's) to share."""
+    workers = max(1, min(workers, -(-stream.numel // (chunk or stream.stream_chunk))))
     if workers == 1:
         return [job(0, 1)]
     with ThreadPoolExecutor(workers, thread_name_prefix="ram-live") as pool:
         return list(pool.map(lambda w: job(w, workers), range(workers)))
 
 
+def _native(stream: DeltaStream, activity: Activity, out: Tensor | None = None) -> tuple[Any, float] | None:
+    """The native CPU kernels and their threshold where they apply (see :mod:`ram_live._ram_native`; not when
+    ``compile=True`` asks for the torch.compile kernels), else None."""
+    if stream.compile or stream.device.type != "cpu" or stream.dtype != torch.float32:
+        return None
+    kernels = _ram_native.kernels()
+    if kernels is None or not _ram_native.supports(out, stream.base, stream.tensors):
+        return None
+    return kernels, (activity.eps if activity.rule == "abs" else 0.0)  # "changed" on one dtype: τ ≠ 0
+
+
+def _native_ranges(stream: DeltaStream, worker: int, workers: int) -> Iterator[tuple[int, int]]:
+    for start in range(worker * NATIVE_CHUNK, stream.numel, NATIVE_CHUNK * workers):
+        yield start, min(stream.numel, start + NATIVE_CHUNK)
+
+
+def _native_statistics(stream: DeltaStream, k: int, kernels: Any, eps: float, workers: int) -> RamStatistics:
+    def job(worker: int, n_workers: int) -> tuple[Tensor, Tensor, int]:
+        active, unique = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64)
+        bad = sum(kernels.counts(stream.base, stream.tensors, eps, start, end, active, unique)
+                  for start, end in _native_ranges(stream, worker, n_workers))
+        return active, unique, bad
+
+    results = _in_workers(stream, workers, job, NATIVE_CHUNK)
+    if any(bad for _, _, bad in results):
+        stream._raise_nonfinite(0, stream.numel)
+    return RamStatistics(sum(r[0] for r in results), sum(r[1] for r in results),  # type: ignore[arg-type]
+                         torch.zeros(k + 1, dtype=torch.int64))
+
+
+def _merge_native(stream: DeltaStream, flat: Tensor, kernels: Any, lambdas: Tensor | None, eps: float,
+                  workers: int) -> None:
+    def job(worker: int, n_workers: int) -> int:
+        return sum(kernels.merge(flat, stream.base, stream.tensors, lambdas, eps, start, end)
+                   for start, end in _native_ranges(stream, worker, n_workers))
+
+    if any(_in_workers(stream, workers, job, NATIVE_CHUNK)):
+        stream._raise_nonfinite(0, stream.numel)
+
+
 def _accumulate_statistics(stream: DeltaStream, k: int, workers: int = 1) -> RamStatistics:
     assert stream.activity is not None
+    native = _native(stream, stream.activity)
+    if native is not None:
+        return _native_statistics(stream, k, *native, workers)
     eps = stream.fused_eps(stream.activity)
     if eps is not None:
         return _fused_statistics(stream, k, eps)
@@ -352,6 +400,8 @@ def resolve_compile(compile: bool | str, device: torch.device, agent_entries: in
         return compile
     if compile != "auto":
         raise ConfigError(f"compile must be True, False or 'auto', got {compile!r}")
+    if device.type == "cpu" and _ram_native.kernels() is not None:
+        return False  # the native kernels are faster still, and need no compiling per process
     return agent_entries >= COMPILE_AUTO_MIN and compiler_available(device.type)
 
 
@@ -485,16 +535,20 @@ def _merge_streaming(stream: DeltaStream, make_accumulator: Callable[[], Any], f
         stream._raise_nonfinite(0, stream.numel)
 
 
-def _fused_kernel(method: MergeMethod, config: Any, state: Any, stream: DeltaStream
-                  ) -> Callable[[DeltaStream, Tensor], None] | None:
-    """The compiled one-pass RAM merge ``(stream, flat output) -> None`` where it applies (RAM family, see
-    :meth:`DeltaStream.fused_eps`), else None: the eager streaming path runs."""
+def _fused_kernel(method: MergeMethod, config: Any, state: Any, stream: DeltaStream, flat: Tensor,
+                  workers: int) -> Callable[[DeltaStream, Tensor], None] | None:
+    """A one-pass RAM merge ``(stream, flat output) -> None`` where one applies (RAM family): the native CPU
+    kernels, else the compiled ones (see :meth:`DeltaStream.fused_eps`); None: the eager streaming path runs."""
     if method.accumulator is None or getattr(config, "variant", None) not in ("ram", "ram_plus", "ram_plus_soft"):
         return None
-    eps = stream.fused_eps(method.activity(config))
+    activity = method.activity(config)
+    lambdas = None if state is None else state.to(device=stream.device, dtype=stream.dtype)
+    native = _native(stream, activity, flat)
+    if native is not None:
+        return functools.partial(_merge_native, kernels=native[0], lambdas=lambdas, eps=native[1], workers=workers)
+    eps = stream.fused_eps(activity)
     if eps is None:
         return None
-    lambdas = None if state is None else state.to(device=stream.device, dtype=stream.dtype)
     return functools.partial(_merge_fused, lambdas=lambdas, eps=eps)
 
 
@@ -623,7 +677,8 @@ def _merge_pass(
         dest = sink.destination(key, base.spec(key))
         flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,
                                                                        device=dest.device)
-        fused = _fused_kernel(method, config, state, stream)
+        n_workers = workers if workers is not None else default_workers(dev)
+        fused = _fused_kernel(method, config, state, stream, flat, n_workers)
         if fused is not None:
             fused(stream, flat)
         elif method.accumulator is not None:
@@ -633,7 +688,7 @@ def _merge_pass(
                     method.accumulator, config, state, stream.stream_chunk, len(names), dev, stream.dtype
                 ),
                 flat,
-                workers if workers is not None else default_workers(dev),
+                n_workers,
             )
         else:
             for start, base_f, deltas in stream:

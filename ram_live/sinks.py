@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .distributed import local_tensor
+from .memory import advise_hugepages, empty
 from .safetensors_io import SafetensorsWriter
 from .sources import TensorSpec
 
@@ -62,7 +63,7 @@ class ModuleSink:
         else:
             memo: dict[int, Any] = {}
             for p in self.base.parameters(recurse=True):
-                memo[id(p)] = nn.Parameter(torch.empty_like(p), requires_grad=p.requires_grad)
+                memo[id(p)] = nn.Parameter(advise_hugepages(torch.empty_like(p)), requires_grad=p.requires_grad)
             self.module = copy.deepcopy(self.base, memo)
         self._tensors = self.module.state_dict(keep_vars=True)
 
@@ -103,7 +104,7 @@ class StateDictSink:
         return self.dtype if self.dtype is not None and dtype.is_floating_point else dtype
 
     def destination(self, key: str, spec: TensorSpec) -> Tensor:
-        t = torch.empty(spec.shape, dtype=self._dtype(spec.dtype), device=self.device or spec.device)
+        t = empty(spec.shape, dtype=self._dtype(spec.dtype), device=self.device or spec.device)
         self.out[key] = t
         return t
 

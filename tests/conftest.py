@@ -44,3 +44,11 @@ def base_sd():
         "layers.1.w": torch.randn(24, 16, generator=g),
         "head.weight": torch.randn(8, 24, generator=g),
     }
+
+
+@pytest.fixture
+def no_native(monkeypatch):
+    """Run the torch paths: the native CPU kernels switched off for the test."""
+    import ram_live._ram_native as native
+
+    monkeypatch.setattr(native, "_KERNELS", None)

@@ -248,7 +248,7 @@ def test_agents_carrying_their_base(base_sd):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_compiled_kernels_give_the_same_bits_and_counts(base_sd, dtype):
+def test_compiled_kernels_give_the_same_bits_and_counts(base_sd, dtype, no_native):
     base = {k: v.to(dtype) for k, v in base_sd.items()}
     base["layers.0.b"][:3] = -0.0
     agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)
@@ -268,7 +268,7 @@ def test_compiled_kernels_give_the_same_bits_and_counts(base_sd, dtype):
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 @pytest.mark.parametrize("variant", ["ram", "ram_plus"])
-def test_compiled_kernels_reject_non_finite_inputs(base_sd, bad, variant):
+def test_compiled_kernels_reject_non_finite_inputs(base_sd, bad, variant, no_native):
     from ram_live.errors import NonFiniteError
 
     agents = make_agents(base_sd, [0.3, 0.3])
