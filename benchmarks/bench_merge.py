@@ -639,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run mergekit with --dtype float32 only (skip its default bf16 compute)")
     ap.add_argument("--mergekit-reps", type=int, default=1, help="mergekit passes per run, best kept (default 1)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    ap.add_argument("--eager", action="store_true",
+                    help="also time RAM and RAM+ on the torch eager path (native kernels off)")
     ap.add_argument("--compile", action="store_true",
                     help="also time ram_merge(..., compile=True) for RAM and RAM+ (first call reported apart)")
     ap.add_argument("--idle-wait", type=float,
@@ -723,9 +725,10 @@ def main(argv: list[str] | None = None) -> int:
             times, result, busy = timed(lambda subset=subset: run_method("ram", subset, base), reps, device, keep_last=True)
             row["ram"], row["ram_all"], row["ram_others_cpu"] = min(times), times, busy
             ram_out = result[0]
+            row["kernels"] = result[1].extra.get("kernels")
             result = None
             print(f"  ram       {row['ram']:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in times)}; "
-                  f"others' CPU share in the best run {busy:.0%})", flush=True)
+                  f"others' CPU share in the best run {busy:.0%}; tensors per kernel {row['kernels']})", flush=True)
 
             times, result, busy = timed(lambda subset=subset: run_method("ram_plus", subset, base), reps, device, keep_last=True)
             row["ram_plus"], row["ram_plus_all"], row["ram_plus_others_cpu"] = min(times), times, busy
@@ -745,6 +748,19 @@ def main(argv: list[str] | None = None) -> int:
                   f"others' CPU {busy:.0%})", flush=True)
             print(f"  measured densities {', '.join(f'{d:.2%}' for d in row['densities'].values())}; "
                   f"entries by c=0..K: {', '.join(f'{c / n_params:.1%}' for c in row['histogram'])}", flush=True)
+
+            if args.eager:  # the torch-ops path, as where no C compiler is found
+                import ram_live._ram_native as native
+
+                saved_kernels, native._KERNELS = native._KERNELS, None
+                try:
+                    for method in ("ram", "ram_plus"):
+                        times, _, busy = timed(lambda subset=subset, method=method: run_method(
+                            method, subset, base), reps, device)
+                        row[f"{method}_eager"], row[f"{method}_eager_all"] = min(times), times
+                        print(f"  {method}, torch eager path: {min(times):.3f} s (others' CPU {busy:.0%})", flush=True)
+                finally:
+                    native._KERNELS = saved_kernels
 
             if args.compile:
                 for method in ("ram", "ram_plus"):
@@ -846,9 +862,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ram_plus_x_ram']:.2f}x) | {r['probe']:.2f} ({r['probe_x_floor']:.1f}x) | {mk32} | {mk16} | "
               f"{check} | {r['ram_others_cpu']:.0%}/{r['ram_plus_others_cpu']:.0%}/{r['probe_others_cpu']:.0%} |")
 
+    if args.eager:
+        print("\n## The torch eager path (native kernels off, as without a C compiler; seconds, best of the runs)\n")
+        print("| K | RAM s (x floor) | RAM+ s (x RAM eager) | default path faster by RAM / RAM+ |")
+        print("|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['k']} | {r['ram_eager']:.3f} ({r['ram_eager'] / r['floor']:.1f}x) | "
+                  f"{r['ram_plus_eager']:.3f} ({r['ram_plus_eager'] / r['ram_eager']:.2f}x) | "
+                  f"{r['ram_eager'] / r['ram']:.1f}x / {r['ram_plus_eager'] / r['ram_plus']:.1f}x |")
+
     if args.compile:
         print("\n## With compile=True (torch.compile-fused kernels; seconds, best of the runs after the first)\n")
-        print("| K | RAM s (x floor) | RAM+ s (x RAM compiled) | first calls RAM / RAM+ s | vs eager RAM / RAM+ | "
+        print("| K | RAM s (x floor) | RAM+ s (x RAM compiled) | first calls RAM / RAM+ s | vs default RAM / RAM+ | "
               "RAM speedup vs mergekit f32 | others' CPU % |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:

@@ -425,7 +425,8 @@ def _compiler_works(device: torch.device, k: int, weighted: bool) -> bool:
 @dataclass
 class MergeInfo:
     """What a merge did: the method and config, λ and ρ per agent where the method has them, the statistics
-    pass's counts, and timings."""
+    pass's counts, and timings. ``extra["kernels"]``: how many tensors each kind of kernel merged ("native" CPU,
+    "compiled" torch.compile, "eager" torch ops); ``extra["compiled"]``: what ``compile`` resolved to."""
 
     method: str
     config: Any
@@ -536,7 +537,7 @@ def _merge_streaming(stream: DeltaStream, make_accumulator: Callable[[], Any], f
 
 
 def _fused_kernel(method: MergeMethod, config: Any, state: Any, stream: DeltaStream, flat: Tensor,
-                  workers: int) -> Callable[[DeltaStream, Tensor], None] | None:
+                  workers: int) -> functools.partial[None] | None:
     """A one-pass RAM merge ``(stream, flat output) -> None`` where one applies (RAM family): the native CPU
     kernels, else the compiled ones (see :meth:`DeltaStream.fused_eps`); None: the eager streaming path runs."""
     if method.accumulator is None or getattr(config, "variant", None) not in ("ram", "ram_plus", "ram_plus_soft"):
@@ -679,6 +680,9 @@ def _merge_pass(
                                                                        device=dest.device)
         n_workers = workers if workers is not None else default_workers(dev)
         fused = _fused_kernel(method, config, state, stream, flat, n_workers)
+        kernels = info.extra.setdefault("kernels", {})
+        kind = "eager" if fused is None else ("native" if fused.func is _merge_native else "compiled")
+        kernels[kind] = kernels.get(kind, 0) + 1
         if fused is not None:
             fused(stream, flat)
         elif method.accumulator is not None:
