@@ -1,9 +1,11 @@
 """How cheap a task-vector snapshot of a live ~134 M-parameter bf16 model is, and how big.
 
-    python benchmarks/bench_snapshot.py                    # full size (134,254,592 parameters), CPU
+    python benchmarks/bench_snapshot.py                    # full size (134,236,160 parameters), CPU
     python benchmarks/bench_snapshot.py --quick            # 4.3 M parameters (seconds)
     python benchmarks/bench_snapshot.py --device cuda      # weights and base on the GPU
     python benchmarks/bench_snapshot.py --json out.json    # also write every number as JSON
+    python benchmarks/bench_snapshot.py --threads 1        # copy_ and capture on one core (a busy shared machine)
+    RAM_LIVE_NATIVE=0 python benchmarks/bench_snapshot.py  # the CPU capture's numpy path, not the AVX-512 kernel
 
 Model: embeddings, one Llama-style block (biased q/k/v), final norm and untied head, bf16 (the shapes of
 ``benchmarks/bench_merge.py``). The agent differs from the base at a random ``density`` of the entries of every
@@ -12,7 +14,8 @@ tensor (3 % and 50 %, plus 0.5 % and 100 % for the encodings' ends), each change
 Measured, best of ``--reps`` (each in the same run, same tensors):
 
 * ``copy_``: ``dst.copy_(src)`` over every tensor into a pre-touched destination: one dense copy of the model
-  (measured alternately with the capture, best of all runs: the two see the same machine).
+  (measured alternately with the capture, best of all runs: the two see the same machine). The load average
+  is printed at the start and the end: on a shared machine compare only numbers of the same run.
 * capture: :meth:`SnapshotWriter.capture` — the bit-exact diff against the base held on the weights' device,
   the selection of changed values and positions (indices or bitmask) there, and the transfer of only those to the
   CPU. Target: <= 2 x ``copy_``.
@@ -38,10 +41,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ram_live._select import kernels
 from ram_live.store import SnapshotStore, fingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_merge import model_specs  # noqa: E402  (the same model shapes as the merge benchmark)
+from bench_merge import model_specs
 
 DENSITIES = (0.005, 0.03, 0.5, 1.0)
 TARGET = 2.0
@@ -89,8 +93,11 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--densities", type=float, nargs="*", default=list(DENSITIES))
     p.add_argument("--dir", help="store folder (default: a temporary folder, removed at the end)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (copy_ and the CPU capture use as many)")
     p.add_argument("--json")
     a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     device = torch.device(a.device)
     size = "quick" if a.quick else "full"
     base = build(size, device)
@@ -101,9 +108,10 @@ def main() -> None:
         "size": size, "parameters": numel, "dense_bytes": dense_bytes, "device": str(device),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
         "load_avg": os.getloadavg()[0], "densities": {},
+        "cpu_capture": "avx512 kernel" if kernels() is not None else "numpy",
     }
     print(f"model: {numel:,} bf16 parameters ({dense_bytes / 2**20:.0f} MiB dense), device {device}, "
-          f"{torch.get_num_threads()} threads, load {results['load_avg']:.1f}")
+          f"{torch.get_num_threads()} threads, load {results['load_avg']:.1f}, CPU capture: {results['cpu_capture']}")
 
     dst = {k: v.clone() for k, v in base.items()}  # pre-touched destination
 
@@ -184,6 +192,8 @@ def main() -> None:
     print(f"target: capture <= {TARGET:.0f}x copy_: " + ", ".join(
         f"{d}: {'PASS' if r['capture_pass'] else 'FAIL'} ({r['capture_x_copy']:.2f}x)"
         for d, r in results["densities"].items()))
+    results["load_avg_end"] = os.getloadavg()[0]
+    print(f"load average at the end: {results['load_avg_end']:.1f}")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     if not a.dir:

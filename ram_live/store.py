@@ -773,11 +773,12 @@ def _native_path(cur: Tensor, base: Tensor, activity: Activity) -> bool:
 def _encode_many(pairs: Sequence[tuple[Tensor, Tensor]], activity: Activity) -> list[_Encoded]:
     """:func:`_encode` of every pair. Pairs on the native CPU path run side by side, one thread per pair (no
     ranges to move together afterwards), balanced over the threads largest first; a pair bigger than a thread's
-    share, and every other pair, is encoded alone (spread over the threads where its path does)."""
+    share, a small one, and every other pair, is encoded alone (spread over the threads where its path does)."""
     workers = max(1, min(torch.get_num_threads(), 8))
     total = sum(cur.numel() for cur, _ in pairs)
-    side = [i for i, (cur, base) in enumerate(pairs)
-            if workers > 1 and cur.numel() * workers <= total and _native_path(cur, base, activity)]
+    side = [i for i, (cur, base) in enumerate(pairs)  # small pairs: a thread costs more than it gives
+            if workers > 1 and _NATIVE_MIN_SPLIT <= cur.numel() <= total // workers
+            and _native_path(cur, base, activity)]
     out: list[_Encoded | None] = [None] * len(pairs)
     chosen = set(side)
     for i, (cur, base) in enumerate(pairs):
