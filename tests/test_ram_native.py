@@ -10,7 +10,7 @@ from ram_live import engine, ram_merge
 from ram_live.errors import NonFiniteError
 from tests.conftest import assert_bit_identical, make_agents, snapshot
 
-pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no C compiler: native kernels unavailable")
+needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no C compiler: native kernels unavailable")
 
 CASES = [dict(variant="ram"), dict(variant="ram_plus"), dict(variant="ram_plus_soft", r=0.3),
          dict(variant="ram_plus", rho_scope="tensor", alpha=0.2), dict(variant="ram_plus", activity="changed"),
@@ -25,6 +25,7 @@ def _eager(monkeypatch, **kw):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("out_dtype", [None, torch.float32, torch.bfloat16])
+@needs_kernels
 def test_native_equals_eager_bits_and_counts(monkeypatch, base_sd, dtype, out_dtype):
     monkeypatch.setattr(engine, "NATIVE_CHUNK", 64)  # several ranges per tensor, shared by two threads
     calls = []
@@ -47,6 +48,7 @@ def test_native_equals_eager_bits_and_counts(monkeypatch, base_sd, dtype, out_dt
             assert torch.equal(f_info.statistics.unique, s_info.statistics.unique), case
 
 
+@needs_kernels
 def test_native_kernel_against_a_hand_computation():
     kernels = native.kernels()
     base = torch.tensor([1.0, 2.0, -0.0, 4.0, 5.0])
@@ -61,6 +63,7 @@ def test_native_kernel_against_a_hand_computation():
     assert active.tolist() == [2, 2] and unique.tolist() == [1, 1]
 
 
+@needs_kernels
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 @pytest.mark.parametrize("variant", ["ram", "ram_plus"])
 def test_native_names_non_finite_inputs(base_sd, bad, variant):
@@ -72,6 +75,7 @@ def test_native_names_non_finite_inputs(base_sd, bad, variant):
     assert_bit_identical(agents[1], before)
 
 
+@needs_kernels
 def test_overflowing_task_vectors_are_reported(base_sd):
     base = {k: torch.full_like(v, -3e38) for k, v in base_sd.items()}
     agents = [{k: torch.full_like(v, 3e38) for k, v in base_sd.items()}]
@@ -95,3 +99,13 @@ def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("RAM_LIVE_NATIVE", "0")
     assert not _cc.native_enabled()
     assert _cc.load_library("int f(void) { return 1; }", "probe", ["-O2"]) is None
+
+
+def test_the_kernels_build_wherever_a_c_compiler_is_found():
+    import os
+    import shutil
+
+    from ram_live import _cc
+
+    if _cc.native_enabled() and shutil.which(os.environ.get("CC", "cc")):
+        assert native.kernels() is not None  # a source that stopped compiling must not pass as "no compiler"
