@@ -7,25 +7,18 @@ long as few enough changed for int32 indices to be the smaller encoding, their p
 and the output is only what changed; numpy needs several passes and a branchy selection (~0.7 ns per entry at 50 %
 changed, several times this kernel).
 
-The C source below is compiled once with the system C compiler (``$CC``, else ``cc``) into
-``$RAM_LIVE_CACHE`` (default ``~/.cache/ram_live``), named by a hash of the source. :func:`kernels` is None
-when there is no compiler, the CPU lacks AVX-512 (BW, VBMI2), or ``RAM_LIVE_NATIVE=0``: the numpy path then.
+The C source below is compiled once per machine by :func:`ram_live._cc.load_library` (the system C compiler,
+cached in ``$RAM_LIVE_CACHE``, default ``~/.cache/ram_live``). :func:`kernels` is None when there is no
+compiler, the CPU lacks AVX-512 (BW, VBMI2), or ``RAM_LIVE_NATIVE=0``: the numpy path then.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
-import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from ._cc import load_library
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -193,43 +186,9 @@ def kernels() -> Kernels | None:
     return _KERNELS
 
 
-def _cache_dir() -> Path:
-    if os.environ.get("RAM_LIVE_CACHE"):
-        return Path(os.environ["RAM_LIVE_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ram_live"
-
-
-def _build() -> Path | None:
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        return None
-    flags = ["-O2", "-shared", "-fPIC"]
-    tag = hashlib.sha256(_SOURCE.encode() + " ".join(flags).encode() + platform.machine().encode()).hexdigest()[:16]
-    target = _cache_dir() / f"select-{tag}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="ram_live_build_") as tmp:
-        src = Path(tmp) / "select.c"
-        src.write_text(_SOURCE)
-        out = Path(tmp) / "select.so"
-        subprocess.run([compiler, *flags, "-o", str(out), str(src)], check=True, capture_output=True, timeout=120)
-        staged = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
-        shutil.copyfile(out, staged)
-        os.replace(staged, target)  # atomic: concurrent processes build the same file
-    return target
-
-
 def _load() -> Kernels | None:
-    if os.environ.get("RAM_LIVE_NATIVE", "1") == "0" or not sys.platform.startswith("linux") \
-            or platform.machine() != "x86_64":
-        return None
-    try:
-        path = _build()
-        if path is None:
-            return None
-        lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError):
+    lib = load_library(_SOURCE, "select", ["-O2"])
+    if lib is None:
         return None
     lib.ram_supported.restype = ctypes.c_int
     if not lib.ram_supported():
