@@ -22,7 +22,6 @@ Run: ``python benchmarks/bench_lora.py [--hidden 2048] [--layers 1] [--repeat 1]
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import math

@@ -103,12 +103,12 @@ def merge(
     ``process_group``: merge across the ranks of an initialised torch.distributed group (``True``: the default
     group): checkpoints are split tensor by tensor (each rank writes its shards of ``out=``; without ``out=``
     each rank returns a state dict of its own tensors), DTensor-sharded modules merge their local shards.
-    ``compile`` (RAM family): ``True`` merges each chunk with one ``torch.compile``-fused kernel (statistics
-    pass too) instead of eager ops, same bits (tested); ~5× faster on CPU, but each process compiles once per
-    number of agents (seconds with a warm inductor cache, tens of seconds cold; a C++ compiler on CPU, Triton on
-    GPU). ``"auto"`` (default) compiles merges of at least 4 G agent-entries (Σ numel × K, e.g. 3 agents of
-    1.4 B parameters) where a toolchain is present; ``False`` never. A toolchain that fails falls back to the
-    eager path with a warning before anything is written. Float64 inputs and "changed" across dtypes run eagerly.
+    Kernels (RAM family; all give the same bits): on CPU, native C kernels for float32/bfloat16 inputs (built once
+    per machine with ``cc``; ``RAM_LIVE_NATIVE=0`` turns them off); ``compile=True`` uses ``torch.compile``-fused
+    kernels instead (each process compiles once per number of agents: seconds with a warm inductor cache, tens
+    of seconds cold); ``compile="auto"`` (default) compiles on accelerators for merges of at least 4 G
+    agent-entries (Σ numel × K) when Triton is present; ``False`` never compiles. A toolchain that fails falls
+    back to torch ops with a warning before anything is written; so do float16/float64 and mixed dtypes.
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP

@@ -395,7 +395,8 @@ def compiler_available(device_type: str) -> bool:
 
 def resolve_compile(compile: bool | str, device: torch.device, agent_entries: int) -> bool:
     """``compile`` of :func:`ram_live.merge` as a decision: ``"auto"`` compiles merges of at least
-    :data:`COMPILE_AUTO_MIN` agent-entries where a toolchain is available."""
+    :data:`COMPILE_AUTO_MIN` agent-entries where a toolchain is available, except on CPU when the native
+    kernels are there (faster, and nothing to compile per process)."""
     if isinstance(compile, bool):
         return compile
     if compile != "auto":

@@ -36,7 +36,6 @@ import json
 import math
 import os
 import re
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -48,6 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as F
+from .distributed import is_dtensor
 from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, build_plan
 from .errors import ConfigError, InputMismatchError, RamLiveError, UnsupportedInputError
 from .methods import Activity
@@ -253,11 +253,6 @@ class LocalTensor:
         return tuple(self.tensor.shape) == self.global_shape
 
 
-def _is_dtensor(t: Any) -> bool:
-    module = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before it is imported
-    return module is not None and isinstance(t, module.DTensor)
-
-
 def _dtensor_local(key: str, t: Any) -> tuple[Tensor, tuple[int, ...], bool]:
     """Local tensor, global offsets and ownership of a DTensor (owner: coordinate 0 on every replicated mesh dim)."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -286,7 +281,7 @@ def _dtensor_local(key: str, t: Any) -> tuple[Tensor, tuple[int, ...], bool]:
 
 
 def _storage_id(t: Tensor) -> tuple[Any, ...] | None:
-    if t.device.type == "meta" or t.numel() == 0 or _is_dtensor(t):
+    if t.device.type == "meta" or t.numel() == 0 or is_dtensor(t):
         return None
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
@@ -358,7 +353,7 @@ class LocalModel:
             if key in aliases:
                 continue
             value = value.detach()
-            if _is_dtensor(value):
+            if is_dtensor(value):
                 distributed = True
                 local, offsets, owner = _dtensor_local(key, value)
                 global_shape = tuple(value.shape)

@@ -219,7 +219,7 @@ def test_rslora_scaled_once(base):
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
     assert layer.scaling["sum"] == 1.0
     for name in ("code", "tool"):
-        a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+        a = layer.lora_A[name].weight
         assert layer.scaling[name] == pytest.approx(8 / math.sqrt(a.shape[0]))
     expected = sum(layer.lora_B[n].weight @ layer.lora_A[n].weight * 8 / math.sqrt(layer.r[n]) for n in ("code", "tool"))
     assert_close(layer.get_delta_weight("sum"), expected.detach(), rtol=1e-5)

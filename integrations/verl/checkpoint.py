@@ -29,6 +29,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
+from ram_live.distributed import is_dtensor
 from ram_live.errors import UnsupportedInputError
 from ram_live.store import LocalTensor
 
@@ -182,17 +183,9 @@ class ActorCheckpoint:
             yield self.shards(r)
 
 
-def _is_dtensor(t: Any) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(t, DTensor)
-
-
 def _box(key: str, t: Tensor, rank: int, world_size: int) -> tuple[Tensor, tuple[int, ...], tuple[int, ...], bool]:
     """(local tensor, global shape, offsets, owner) of a checkpoint entry of rank ``rank``."""
-    if not _is_dtensor(t):
+    if not is_dtensor(t):
         if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
             raise UnsupportedInputError(
                 f"tensor {key!r} is a {type(t).__name__}; verl checkpoints of FSDP/FSDP2 hold DTensors or tensors")
