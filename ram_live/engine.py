@@ -168,6 +168,9 @@ class DeltaStream:
         self.raw_hook = raw_hook
         self.compile = compile
         self.chunk_numel = chunk_numel
+        #: called with ``(start, stop)`` once the native kernels are done with those flat entries (set by the
+        #: engine to release mapped pages range by range)
+        self.range_done: Callable[[int, int], None] | None = None
         # the compiled kernels need no scratch: on accelerators, long chunks amortise each launch
         self.fused_chunk = max(1, min(chunk_numel if device.type == "cpu" else FUSED_CHUNK_MAX, FUSED_CHUNK_MAX))
 
@@ -318,8 +321,11 @@ def _native_ranges(stream: DeltaStream, worker: int, workers: int) -> Iterator[t
 def _native_statistics(stream: DeltaStream, k: int, kernels: Any, eps: float, workers: int) -> RamStatistics:
     def job(worker: int, n_workers: int) -> tuple[Tensor, Tensor, int]:
         active, unique = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64)
-        bad = sum(kernels.counts(stream.base, stream.tensors, eps, start, end, active, unique)
-                  for start, end in _native_ranges(stream, worker, n_workers))
+        bad = 0
+        for start, end in _native_ranges(stream, worker, n_workers):
+            bad += kernels.counts(stream.base, stream.tensors, eps, start, end, active, unique)
+            if stream.range_done is not None:
+                stream.range_done(start, end)
         return active, unique, bad
 
     results = _in_workers(stream, workers, job, NATIVE_CHUNK)
@@ -332,8 +338,12 @@ def _native_statistics(stream: DeltaStream, k: int, kernels: Any, eps: float, wo
 def _merge_native(stream: DeltaStream, flat: Tensor, kernels: Any, lambdas: Tensor | None, eps: float,
                   workers: int) -> None:
     def job(worker: int, n_workers: int) -> int:
-        return sum(kernels.merge(flat, stream.base, stream.tensors, lambdas, eps, start, end)
-                   for start, end in _native_ranges(stream, worker, n_workers))
+        bad = 0
+        for start, end in _native_ranges(stream, worker, n_workers):
+            bad += kernels.merge(flat, stream.base, stream.tensors, lambdas, eps, start, end)
+            if stream.range_done is not None:
+                stream.range_done(start, end)
+        return bad
 
     if any(_in_workers(stream, workers, job, NATIVE_CHUNK)):
         stream._raise_nonfinite(0, stream.numel)
@@ -465,6 +475,23 @@ class _Reader:
             if release is not None:
                 release(key)
 
+    def range_releaser(self, key: str, sink: Any = None) -> Callable[[int, int], None] | None:
+        """A callback that drops the mapped pages of flat entries ``[start, stop)`` of ``key`` from the inputs
+        (and from ``sink``'s output) once a range is merged, so that resident memory holds a few ranges rather than
+        K + 2 whole tensors; None when no input maps files."""
+        sources = [src for src in (self.base, *self.agents) if getattr(src, "releases_ranges", False)]
+        out = getattr(sink, "release_range", None)
+        if not sources and out is None:
+            return None
+
+        def release(start: int, stop: int) -> None:
+            for src in sources:
+                src.release(key, start, stop)
+            if out is not None:
+                out(key, start, stop)
+
+        return release
+
     def nbytes(self, key: str) -> int:
         """Bytes of ``key`` over the base and every agent."""
         return sum(s.numel * s.dtype.itemsize for s in (src.spec(key) for src in (self.base, *self.agents)))
@@ -502,6 +529,7 @@ def statistics_pass(
         base, agents, device = reader.read(key)
         stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace,
                              compile=compile)
+        stream.range_done = reader.range_releaser(key)
         stats = _accumulate_statistics(stream, k, workers if workers is not None else default_workers(device))
         if reader.base.spec(key).counted:
             active += stats.active
@@ -675,6 +703,7 @@ def _merge_pass(
     for key in plan.merge:
         base_t, agent_ts, dev = reader.read(key)
         stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace, compile=compile)
+        stream.range_done = reader.range_releaser(key, sink)
         state = method.prepare(config, stream, run_state) if method.prepare else None
         dest = sink.destination(key, base.spec(key))
         flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,

@@ -81,15 +81,27 @@ class MappedSafetensors:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(self._mm, dtype=dtype, count=_numel(shape), offset=self._start + begin).view(shape)
 
-    def release(self, key: str) -> None:
-        """Drop ``key``'s pages from this process's resident memory (they stay in the page cache)."""
-        _, _, begin, end = self.entries[key]
-        _dontneed(self._mm, self._start + begin, self._start + end)
+    def release(self, key: str, start: int = 0, stop: int | None = None) -> None:
+        """Drop ``key``'s pages (or those wholly inside its flat entries ``[start, stop)``) from this process's
+        resident memory; they stay in the page cache, and a later read maps them again."""
+        dtype, _, begin, end = self.entries[key]
+        _dontneed(self._mm, *_byte_range(self._start + begin, self._start + end, dtype.itemsize, start, stop))
 
 
-def _dontneed(mm: mmap.mmap, start: int, end: int) -> None:
-    lo = (start // _PAGE) * _PAGE
-    hi = min(len(mm), -(-end // _PAGE) * _PAGE)
+def _byte_range(begin: int, end: int, itemsize: int, start: int, stop: int | None) -> tuple[int, int, bool]:
+    """Bytes of flat entries ``[start, stop)`` of a tensor at ``[begin, end)``, and whether that is all of it."""
+    if start == 0 and stop is None:
+        return begin, end, True
+    return begin + start * itemsize, min(end, begin + (stop if stop is not None else end) * itemsize), False
+
+
+def _dontneed(mm: mmap.mmap, start: int, end: int, whole: bool = True) -> None:
+    """MADV_DONTNEED over ``[start, end)``: every page it touches when ``whole`` (a whole tensor), else only the
+    pages inside it (a range of a tensor whose neighbours other threads may still be using: dropping theirs
+    would only cost a fault again, but nothing is gained)."""
+    lo, hi = (start // _PAGE * _PAGE, -(-end // _PAGE) * _PAGE) if whole else (-(-start // _PAGE) * _PAGE,
+                                                                                end // _PAGE * _PAGE)
+    hi = min(len(mm), hi)
     if hi > lo and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
         mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
@@ -126,11 +138,13 @@ class SafetensorsWriter:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(self._mm, dtype=dtype, count=_numel(shape), offset=self._start + begin).view(shape)
 
-    def done(self, key: str) -> None:
-        """``key`` is written: let its pages leave resident memory (the kernel writes them back)."""
+    def done(self, key: str, start: int = 0, stop: int | None = None) -> None:
+        """``key`` (or its flat entries ``[start, stop)``) is written: let those pages leave resident memory (the
+        page cache keeps them and the kernel writes them back)."""
         if self._mm is not None:
             begin, end = self.offsets[key]
-            _dontneed(self._mm, self._start + begin, self._start + end)
+            _dontneed(self._mm, *_byte_range(self._start + begin, self._start + end, self.specs[key][0].itemsize,
+                                             start, stop))
 
     def close(self) -> None:
         if self._mm is not None:

@@ -186,6 +186,10 @@ class SafetensorsSink:
     def commit(self, key: str) -> None:
         self._writer_of[key].done(key)
 
+    def release_range(self, key: str, start: int, stop: int) -> None:
+        """Flat entries ``[start, stop)`` of ``key`` are written: their pages may leave resident memory."""
+        self._writer_of[key].done(key, start, stop)
+
     def copy_from_base(self, key: str, tensor: Tensor) -> None:
         self._writer_of[key].view(key).copy_(tensor)
         self.commit(key)

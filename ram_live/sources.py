@@ -180,8 +180,11 @@ class SafetensorsSource:
         t = self._where[key].tensor(key)
         return t if self.device.type == "cpu" else t.to(self.device)
 
-    def release(self, key: str) -> None:
-        self._where[key].release(key)
+    def release(self, key: str, start: int = 0, stop: int | None = None) -> None:
+        """Drop the mapped pages of ``key`` (or of its flat entries ``[start, stop)``) from resident memory."""
+        self._where[key].release(key, start, stop)
+
+    releases_ranges = True
 
     def aliases(self) -> dict[str, str]:
         return {}
