@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from . import functional as F
 from .distributed import is_dtensor
+from .memory import advise_hugepages
 from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, build_plan
 from .errors import ConfigError, InputMismatchError, RamLiveError, UnsupportedInputError
 from .methods import Activity
@@ -820,6 +821,8 @@ def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor, split: bool 
     ranges = _ranges(n, workers, ALIGN)
     bits = np.empty((n + 7) // 8, dtype=np.uint8)
     vals = np.empty(n, dtype=cn.dtype)  # only the part written is ever touched
+    for fresh in (bits, vals):  # first-touch faults of fresh output cost as much as the pass itself here
+        advise_hugepages(torch.from_numpy(fresh))
     idx = np.empty(len(ranges) * (cap + 32), dtype=np.int32)
     a, b, pb, pv, pi = cn.ctypes.data, bn.ctypes.data, bits.ctypes.data, vals.ctypes.data, idx.ctypes.data
 
