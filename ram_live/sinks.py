@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Sink", "ModuleSink", "StateDictSink", "SafetensorsSink"]
 
+#: Huge-page advice on merge outputs unless ``RAM_LIVE_HUGEPAGES=1``: it did not speed up the median merge and
+#: made some 2–4 × slower (memory compaction; see :mod:`ram_live.memory`).
+MERGE_HUGEPAGES = False
+
 
 class Sink(Protocol):
     def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None: ...
@@ -63,7 +67,7 @@ class ModuleSink:
         else:
             memo: dict[int, Any] = {}
             for p in self.base.parameters(recurse=True):
-                memo[id(p)] = nn.Parameter(advise_hugepages(torch.empty_like(p)), requires_grad=p.requires_grad)
+                memo[id(p)] = nn.Parameter(advise_hugepages(torch.empty_like(p), MERGE_HUGEPAGES), requires_grad=p.requires_grad)
             self.module = copy.deepcopy(self.base, memo)
         self._tensors = self.module.state_dict(keep_vars=True)
 
@@ -104,7 +108,8 @@ class StateDictSink:
         return self.dtype if self.dtype is not None and dtype.is_floating_point else dtype
 
     def destination(self, key: str, spec: TensorSpec) -> Tensor:
-        t = empty(spec.shape, dtype=self._dtype(spec.dtype), device=self.device or spec.device)
+        t = empty(spec.shape, dtype=self._dtype(spec.dtype), device=self.device or spec.device,
+                  hugepages=MERGE_HUGEPAGES)
         self.out[key] = t
         return t
 

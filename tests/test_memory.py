@@ -16,6 +16,11 @@ def test_empty_gives_a_usable_tensor_of_the_asked_kind(monkeypatch):
     assert advice == 14 and start % (1 << 21) == 0 and length % (1 << 21) == 0
     assert big.data_ptr() <= start and start + length <= big.data_ptr() + big.numel() * 4
     memory.empty((16,), dtype=torch.bfloat16, device="cpu")  # small: no advice
+    memory.empty((3, 1 << 20), dtype=torch.float32, device="cpu", hugepages=False)  # the call site's default
+    assert len(calls) == 1
+    monkeypatch.setenv("RAM_LIVE_HUGEPAGES", "1")
+    memory.empty((3, 1 << 20), dtype=torch.float32, device="cpu", hugepages=False)
+    assert len(calls) == 2
     monkeypatch.setenv("RAM_LIVE_HUGEPAGES", "0")
     memory.empty((3, 1 << 20), dtype=torch.float32, device="cpu")
-    assert len(calls) == 1
+    assert len(calls) == 2
