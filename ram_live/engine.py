@@ -313,19 +313,23 @@ def _native(stream: DeltaStream, activity: Activity, out: Tensor | None = None) 
     return kernels, (activity.eps if activity.rule == "abs" else 0.0)  # "changed" on one dtype: τ ≠ 0
 
 
-def _native_ranges(stream: DeltaStream, worker: int, workers: int) -> Iterator[tuple[int, int]]:
+def _native_walk(stream: DeltaStream, worker: int, workers: int, call: Callable[[int, int], int]) -> int:
+    """``call(start, end)`` on this worker's share of the ranges (every ``workers``-th), each range's pages
+    released after it; returns the sum of what the calls return (their counts of non-finite entries)."""
+    bad = 0
     for start in range(worker * NATIVE_CHUNK, stream.numel, NATIVE_CHUNK * workers):
-        yield start, min(stream.numel, start + NATIVE_CHUNK)
+        end = min(stream.numel, start + NATIVE_CHUNK)
+        bad += call(start, end)
+        if stream.range_done is not None:
+            stream.range_done(start, end)
+    return bad
 
 
 def _native_statistics(stream: DeltaStream, k: int, kernels: Any, eps: float, workers: int) -> RamStatistics:
     def job(worker: int, n_workers: int) -> tuple[Tensor, Tensor, int]:
         active, unique = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64)
-        bad = 0
-        for start, end in _native_ranges(stream, worker, n_workers):
-            bad += kernels.counts(stream.base, stream.tensors, eps, start, end, active, unique)
-            if stream.range_done is not None:
-                stream.range_done(start, end)
+        bad = _native_walk(stream, worker, n_workers, lambda start, end: kernels.counts(
+            stream.base, stream.tensors, eps, start, end, active, unique))
         return active, unique, bad
 
     results = _in_workers(stream, workers, job, NATIVE_CHUNK)
@@ -338,12 +342,8 @@ def _native_statistics(stream: DeltaStream, k: int, kernels: Any, eps: float, wo
 def _merge_native(stream: DeltaStream, flat: Tensor, kernels: Any, lambdas: Tensor | None, eps: float,
                   workers: int) -> None:
     def job(worker: int, n_workers: int) -> int:
-        bad = 0
-        for start, end in _native_ranges(stream, worker, n_workers):
-            bad += kernels.merge(flat, stream.base, stream.tensors, lambdas, eps, start, end)
-            if stream.range_done is not None:
-                stream.range_done(start, end)
-        return bad
+        return _native_walk(stream, worker, n_workers, lambda start, end: kernels.merge(
+            flat, stream.base, stream.tensors, lambdas, eps, start, end))
 
     if any(_in_workers(stream, workers, job, NATIVE_CHUNK)):
         stream._raise_nonfinite(0, stream.numel)
@@ -411,9 +411,11 @@ def resolve_compile(compile: bool | str, device: torch.device, agent_entries: in
         return compile
     if compile != "auto":
         raise ConfigError(f"compile must be True, False or 'auto', got {compile!r}")
+    if agent_entries < COMPILE_AUTO_MIN:
+        return False
     if device.type == "cpu" and _ram_native.kernels() is not None:
         return False  # the native kernels are faster still, and need no compiling per process
-    return agent_entries >= COMPILE_AUTO_MIN and compiler_available(device.type)
+    return compiler_available(device.type)
 
 
 def _compiler_works(device: torch.device, k: int, weighted: bool) -> bool:

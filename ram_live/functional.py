@@ -327,8 +327,8 @@ def ram_fused_(out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Ten
 
 def ram_counts_fused(base: Tensor, agents: Sequence[Tensor], eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """RAM statistics of one chunk in one expression (for ``torch.compile``): per agent the active and unique
-    entries (float32, exact for chunks of fewer than 2^24 entries), and Σ τ over every agent (NaN/Inf in any input show there). Same rule as
-    :class:`RamCounter`."""
+    entries (float32, exact for chunks of fewer than 2^24 entries), and Σ τ over every agent (NaN/Inf in any
+    input show there). Same rule as :class:`RamCounter`."""
     base_f = base.float()
     count = torch.zeros_like(base_f)
     check = torch.zeros_like(base_f)
@@ -345,7 +345,7 @@ def ram_counts_fused(base: Tensor, agents: Sequence[Tensor], eps: float) -> tupl
     return active, unique, check.sum()
 
 
-_COMPILED: dict[str, Any] = {}
+_COMPILED: dict[tuple[str, bool, Any], Any] = {}
 
 
 def compiled(kernel: Any, static: bool = False, key: Any = None) -> Any:

@@ -10,7 +10,8 @@ from ram_live import NonFiniteError, ram_merge, merge
 from tests.conftest import assert_bit_identical, make_agents, snapshot
 
 
-def test_safetensors_files_in_state_dict_out(tmp_path, base_sd):
+def _bf16_files(tmp_path, base_sd):
+    """A bf16 base and three sparse agents, in memory and as safetensors files (base, agent paths)."""
     base = {k: v.to(torch.bfloat16) for k, v in base_sd.items()}
     agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)
     save_file(base, tmp_path / "base.safetensors")
@@ -18,6 +19,11 @@ def test_safetensors_files_in_state_dict_out(tmp_path, base_sd):
     for i, a in enumerate(agents):
         save_file(a, tmp_path / f"a{i}.safetensors")
         paths.append(str(tmp_path / f"a{i}.safetensors"))
+    return base, agents, paths
+
+
+def test_safetensors_files_in_state_dict_out(tmp_path, base_sd):
+    base, agents, paths = _bf16_files(tmp_path, base_sd)
     from_disk = ram_merge(paths, base=tmp_path / "base.safetensors")
     assert_bit_identical(from_disk, ram_merge(agents, base=base))
     out = ram_merge(paths, base=tmp_path / "base.safetensors", out=tmp_path / "merged.safetensors")
@@ -93,13 +99,7 @@ def test_streaming_releases_mapped_pages_range_by_range(tmp_path, base_sd, monke
 
     if native.kernels() is None:
         pytest.skip("no C compiler: native kernels unavailable")
-    base = {k: v.to(torch.bfloat16) for k, v in base_sd.items()}
-    agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)
-    save_file(base, tmp_path / "base.safetensors")
-    paths = []
-    for i, a in enumerate(agents):
-        save_file(a, tmp_path / f"a{i}.safetensors")
-        paths.append(str(tmp_path / f"a{i}.safetensors"))
+    base, agents, paths = _bf16_files(tmp_path, base_sd)
     read, written = [], []
     release, done = MappedSafetensors.release, SafetensorsWriter.done
     monkeypatch.setattr(MappedSafetensors, "release",
