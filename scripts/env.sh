@@ -3,20 +3,8 @@
 # its test extras. Sourced by demo.sh, test.sh and bench.sh; safe to re-run.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="${RAM_LIVE_VENV:-$root/.venv}"
-python="${PYTHON:-python3.11}"
-command -v "$python" >/dev/null 2>&1 || python=python3
-if [ ! -x "$venv/bin/python" ]; then
-  "$python" -m venv "$venv"
-fi
-# shellcheck disable=SC1091
-. "$venv/bin/activate"
-stamp="$venv/.ram-live-installed"
-if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
-  python -m pip install -q --upgrade pip
-  # The pinned CPU build lies on this machine's disk; an unpinned torch would pull a multi-GB CUDA build.
-  python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -e "$root[test]"
-  touch "$stamp"
-fi
+# shellcheck source=scripts/_venv.sh
+. "$root/scripts/_venv.sh"
+_ram_live_install() { python -m pip install -q -e "$root[test]"; }
+ram_live_venv "${RAM_LIVE_VENV:-$root/.venv}" .ram-live-installed _ram_live_install
 cd "$root"

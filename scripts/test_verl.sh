@@ -6,22 +6,13 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${RAM_LIVE_VERL_VENV:-$root/.venv-verl}"
-python="${PYTHON:-python3.11}"
-command -v "$python" >/dev/null 2>&1 || python=python3
-if [ ! -x "$venv/bin/python" ]; then
-  "$python" -m venv "$venv"
-fi
-# shellcheck disable=SC1091
-. "$venv/bin/activate"
-stamp="$venv/.ram-live-verl-installed"
-if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ] || [ "$0" -nt "$stamp" ]; then
-  python -m pip install -q --upgrade pip
-  # The pinned CPU build lies on this machine's disk; an unpinned torch would pull a multi-GB CUDA build.
-  python -m pip install -q "torch==2.13.0"
-  constraints="$venv/torch-constraints.txt"
+# shellcheck source=scripts/_venv.sh
+. "$root/scripts/_venv.sh"
+_verl_install() {
+  local constraints="$venv/torch-constraints.txt"
   echo "torch==2.13.0" > "$constraints"
   python -m pip install -q -c "$constraints" -e "$root" "verl[verl-core]>=0.9.1,<0.10" "pytest>=8"
-  touch "$stamp"
-fi
+}
+ram_live_venv "$venv" .ram-live-verl-installed _verl_install "$0"
 cd "$root"
 exec python -m pytest -q -p no:asyncio tests/verl "$@"
