@@ -4,10 +4,12 @@
 The same float32 operations in the same order as :class:`ram_live.functional.RamAccumulator` and
 :class:`~ram_live.functional.RamCounter` (τ = θ_t − θ₀; ``hardshrink``'s rule; Σ −τ; the mean over active agents
 or λ·τ where one agent is active; θ₀ − that), compiled without contraction into FMAs, so both give the same bits
-(tested); bfloat16 outputs round to nearest even as torch does. Blocks of 512 entries stay in L1, so each input
-is read from memory once and the loops vectorise (``-O3 -march=native``). The engine runs ranges of a tensor in
-threads (the calls release the GIL). Float32 and bfloat16 only, all inputs of one dtype, at most 32 agents; the
-torch paths take everything else. :func:`kernels` is None without a C compiler or with ``RAM_LIVE_NATIVE=0``.
+(tested); bfloat16 outputs round to nearest even as torch does. Built with ``-O3 -march=native``: on CPUs with
+AVX-512 (F, BW, DQ) 32 entries of every input sit in registers at once (activity is one compare into a mask,
+the counts are popcounts), so both passes run at about memory bandwidth; elsewhere portable loops over blocks of
+512 entries in L1 that the compiler vectorises. The engine runs ranges of a tensor in threads (the calls release
+the GIL). Float32 and bfloat16 only, all inputs of one dtype, at most 32 agents; the torch paths take everything
+else. :func:`kernels` is None without a C compiler or with ``RAM_LIVE_NATIVE=0``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,107 @@ static inline uint16_t to_bf16(float x) {
     return ((u & 0x7FFFFFFFu) > 0x7F800000u) ? (uint16_t)0x7FC0u : (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define FAST 1
+#include <immintrin.h>
+/* 32 entries as two float32 vectors. bf16: the pairs in 32-bit lanes, << 16 the even entry and & 0xFFFF0000 the
+   odd one, so the lanes hold a fixed permutation of the entries, the same for every input, which counting does
+   not see. Masked-off lanes of a tail load 0 in the base and the agents alike: tau = 0, inactive. */
+static inline void load32(int dtype, const void *p, int64_t s, int n, __m512 *lo, __m512 *hi) {
+    if (dtype == 1) {
+        const uint16_t *h = (const uint16_t *)p + s;
+        __m512i x = n >= 32 ? _mm512_loadu_si512(h) : _mm512_maskz_loadu_epi16((__mmask32)((1u << n) - 1u), h);
+        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+        *hi = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u)));
+    } else {
+        const float *f = (const float *)p + s;
+        if (n >= 32) { *lo = _mm512_loadu_ps(f); *hi = _mm512_loadu_ps(f + 16); return; }
+        *lo = _mm512_maskz_loadu_ps((__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u), f);
+        *hi = _mm512_maskz_loadu_ps((__mmask16)(n > 16 ? (1u << (n - 16)) - 1u : 0u), f + 16);
+    }
+}
+/* Bit j: |tau_j| > eps or tau_j is NaN, in one compare (hardshrink's rule, then tau != 0). */
+static inline uint32_t active32(__m512 ae, __m512 ao, __m512 be, __m512 bo, __m512 eps) {
+    return (uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(ae, be)), eps, _CMP_NLE_UQ)
+         | ((uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(ao, bo)), eps, _CMP_NLE_UQ) << 16);
+}
+
+/* Agent t's share of 16 entries: where active, ns -= tau, cnt += 1 and lam = lambda_t (masked, which gives the bits
+   of the portable loops below: an inactive tau is 0 there and ns is never -0). */
+static inline __attribute__((always_inline)) void agent16(__m512 a, __m512 b, __m512 eps, __m512 lt, int plus,
+                                                          __m512 *ns, __m512 *cnt, __m512 *lam) {
+    __m512 d = _mm512_sub_ps(a, b);
+    __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(d), eps, _CMP_NLE_UQ);
+    *ns = _mm512_mask_sub_ps(*ns, m, *ns, d);
+    *cnt = _mm512_mask_add_ps(*cnt, m, *cnt, _mm512_set1_ps(1.0f));
+    if (plus) *lam = _mm512_mask_mov_ps(*lam, m, lt);
+}
+/* theta* = b - (cnt == 1 ? ns * lam : ns / max(cnt, 1)) (RAM: always the mean) */
+static inline __attribute__((always_inline)) __m512 theta16(__m512 b, __m512 ns, __m512 cnt, __m512 lam, int plus) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 r = _mm512_div_ps(ns, _mm512_mask_mov_ps(cnt, _mm512_cmp_ps_mask(cnt, one, _CMP_LT_OQ), one));
+    if (plus) r = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(cnt, one, _CMP_EQ_OQ), ns, lam);
+    return _mm512_sub_ps(b, r);
+}
+/* float32 bits -> bfloat16 in the low half of each lane: round to nearest even, NaN -> 0x7FC0 */
+static inline __m512i bf16x16(__m512 r) {
+    __m512i u = _mm512_castps_si512(r);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i v = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                            _mm512_set1_epi32(0x7F800000));
+    return _mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7FC0));
+}
+/* Store the n <= 32 results lo/hi (in load32's lane order) at out + s; returns how many are not finite. */
+static inline __attribute__((always_inline)) int store32(int in_dtype, int out_dtype, void *out, int64_t s, int n,
+                                                         __m512 lo, __m512 hi) {
+    const __mmask32 all = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1u;
+    const __mmask16 m_lo = (__mmask16)all, m_hi = (__mmask16)(all >> 16);
+    int bad = __builtin_popcount((uint32_t)_mm512_fpclass_ps_mask(lo, 0x99))
+            + __builtin_popcount((uint32_t)_mm512_fpclass_ps_mask(hi, 0x99));
+    if (in_dtype == 1 && out_dtype == 1) {  /* even entries in the low halves, odd ones in the high halves */
+        __m512i v = _mm512_or_si512(bf16x16(lo), _mm512_slli_epi32(bf16x16(hi), 16));
+        _mm512_mask_storeu_epi16((uint16_t *)out + s, all, v);
+    } else if (out_dtype == 1) {
+        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(bf16x16(lo))),
+                                       _mm512_cvtepi32_epi16(bf16x16(hi)), 1);
+        _mm512_mask_storeu_epi16((uint16_t *)out + s, all, v);
+    } else {
+        if (in_dtype == 1) {  /* back to entry order: interleave the even and odd lanes */
+            const __m512i i_lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+            const __m512i i_hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+            __m512 e = lo;
+            lo = _mm512_permutex2var_ps(e, i_lo, hi);
+            hi = _mm512_permutex2var_ps(e, i_hi, hi);
+        }
+        _mm512_mask_storeu_ps((float *)out + s, m_lo, lo);
+        _mm512_mask_storeu_ps((float *)out + s + 16, m_hi, hi);
+    }
+    return bad;
+}
+static inline __attribute__((always_inline)) int64_t merge_range(
+        int in_dtype, int out_dtype, int plus, const void *base, const void *const *agents, int k,
+        const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
+    const __m512 ve = _mm512_set1_ps(eps), zero = _mm512_setzero_ps();
+    int64_t bad = 0;
+    for (int64_t s = start; s < end; s += 32) {
+        int n = (int)(end - s < 32 ? end - s : 32);
+        __m512 be, bo, ae, ao, ns_e = zero, ns_o = zero, c_e = zero, c_o = zero, l_e = zero, l_o = zero;
+        load32(in_dtype, base, s, n, &be, &bo);
+        for (int t = 0; t < k; t++) {
+            const __m512 lt = plus ? _mm512_set1_ps(lambdas[t]) : zero;
+            load32(in_dtype, agents[t], s, n, &ae, &ao);
+            agent16(ae, be, ve, lt, plus, &ns_e, &c_e, &l_e);
+            agent16(ao, bo, ve, lt, plus, &ns_o, &c_o, &l_o);
+        }
+        bad += store32(in_dtype, out_dtype, out, s, n, theta16(be, ns_e, c_e, l_e, plus),
+                       theta16(bo, ns_o, c_o, l_o, plus));
+    }
+    return bad;
+}
+#define MERGE_RANGE(I, O, P) merge_range(I, O, P, base, agents, k, lambdas, eps, out, start, end)
+#else
 /* tau = a - b with hardshrink's rule when eps > 0: (d >= -eps && d <= eps) ? 0 : d (NaN kept) */
 #define DELTA(d, av, bv, EPS) float d = (av) - (bv); if (EPS) d = (d >= -eps && d <= eps) ? 0.0f : d;
 
@@ -66,10 +169,56 @@ MERGE_BLOCK(block_f32_eps, float, from_f32, 1)
 MERGE_BLOCK(block_bf16, uint16_t, from_bf16, 0)
 MERGE_BLOCK(block_bf16_eps, uint16_t, from_bf16, 1)
 
+/* Statistics of one block: agent t's activity is bit t of code[i]; active[t] counted on the way; an entry is
+   unique to t when its code is exactly bit t. */
+#define COUNT_BLOCK(NAME, T, FROM, EPS)                                                                          \
+static void NAME(const T *base, const T *const *agents, int k, float eps, int64_t s, int n,                  \
+                    float *restrict b, uint32_t *restrict code, int64_t *active, int64_t *unique) {              \
+    for (int i = 0; i < n; i++) { b[i] = FROM(base[s + i]); code[i] = 0; }                                     \
+    for (int t = 0; t < k; t++) {                                                                              \
+        const T *restrict a = agents[t] + s;                                                                   \
+        int32_t act = 0;                                                                                       \
+        for (int i = 0; i < n; i++) {                                                                          \
+            DELTA(d, FROM(a[i]), b[i], EPS)                                                                       \
+            int m = d != 0.0f;                                                                                 \
+            act += m;                                                                                          \
+            code[i] |= (uint32_t)m << t;                                                                       \
+        }                                                                                                      \
+        active[t] += act;                                                                                      \
+    }                                                                                                          \
+    for (int t = 0; t < k; t++) {                                                                              \
+        const uint32_t only = 1u << t;                                                                \
+        int32_t uni = 0;                                                                                       \
+        for (int i = 0; i < n; i++) uni += code[i] == only;                                                    \
+        unique[t] += uni;                                                                                      \
+    }                                                                                                          \
+}
+COUNT_BLOCK(count_f32, float, from_f32, 0)
+COUNT_BLOCK(count_f32_eps, float, from_f32, 1)
+COUNT_BLOCK(count_bf16, uint16_t, from_bf16, 0)
+COUNT_BLOCK(count_bf16_eps, uint16_t, from_bf16, 1)
+#endif
+
+/* 512 where the AVX-512 kernels were compiled in, 0 for the portable loops */
+int ram_simd_bits(void) {
+#ifdef FAST
+    return 512;
+#else
+    return 0;
+#endif
+}
+
 /* theta* over [start, end) into out; lambdas NULL: RAM. Returns the number of non-finite results.
    dtype codes: 0 float32, 1 bfloat16. */
 int64_t ram_merge(int in_dtype, int out_dtype, const void *base, const void *const *agents, int k,
                   const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
+#ifdef FAST
+    if (in_dtype == 1)
+        return out_dtype == 1 ? (lambdas ? MERGE_RANGE(1, 1, 1) : MERGE_RANGE(1, 1, 0))
+                              : (lambdas ? MERGE_RANGE(1, 0, 1) : MERGE_RANGE(1, 0, 0));
+    return out_dtype == 1 ? (lambdas ? MERGE_RANGE(0, 1, 1) : MERGE_RANGE(0, 1, 0))
+                          : (lambdas ? MERGE_RANGE(0, 0, 1) : MERGE_RANGE(0, 0, 0));
+#else
     float b[BLOCK] __attribute__((aligned(64))), ns[BLOCK] __attribute__((aligned(64)));
     float cnt[BLOCK] __attribute__((aligned(64))), lam[BLOCK] __attribute__((aligned(64)));
     float r[BLOCK] __attribute__((aligned(64)));
@@ -103,66 +252,63 @@ int64_t ram_merge(int in_dtype, int out_dtype, const void *base, const void *con
         }
     }
     return bad;
+#endif
 }
 
-/* Statistics of one block: agent t's activity is bit t of code[i]; active[t] counted on the way; an entry is
-   unique to t when its code is exactly bit t. Returns the number of non-finite task-vector entries. */
-#define COUNT_BLOCK(NAME, T, FROM, EPS)                                                                          \
-static int64_t NAME(const T *base, const T *const *agents, int k, float eps, int64_t s, int n,                  \
-                    float *restrict b, uint32_t *restrict code, int64_t *active, int64_t *unique) {              \
-    int32_t bad = 0;                                                                                           \
-    for (int i = 0; i < n; i++) { b[i] = FROM(base[s + i]); code[i] = 0; }                                     \
-    for (int t = 0; t < k; t++) {                                                                              \
-        const T *restrict a = agents[t] + s;                                                                   \
-        int32_t act = 0;                                                                                       \
-        for (int i = 0; i < n; i++) {                                                                          \
-            DELTA(d, FROM(a[i]), b[i], EPS)                                                                       \
-            int m = d != 0.0f;                                                                                 \
-            bad += nonfinite(d);                                                                               \
-            act += m;                                                                                          \
-            code[i] |= (uint32_t)m << t;                                                                       \
-        }                                                                                                      \
-        active[t] += act;                                                                                      \
-    }                                                                                                          \
-    for (int t = 0; t < k; t++) {                                                                              \
-        const uint32_t only = 1u << t;                                                                \
-        int32_t uni = 0;                                                                                       \
-        for (int i = 0; i < n; i++) uni += code[i] == only;                                                    \
-        unique[t] += uni;                                                                                      \
-    }                                                                                                          \
-    return bad;                                                                                                \
-}
-COUNT_BLOCK(count_f32, float, from_f32, 0)
-COUNT_BLOCK(count_f32_eps, float, from_f32, 1)
-COUNT_BLOCK(count_bf16, uint16_t, from_bf16, 0)
-COUNT_BLOCK(count_bf16_eps, uint16_t, from_bf16, 1)
-
-/* Per agent, active and unique entries over [start, end), added to active[] and unique[]. Returns the number
-   of non-finite task-vector entries. */
-int64_t ram_counts(int dtype, const void *base, const void *const *agents, int k, float eps, int64_t start,
-                   int64_t end, int64_t *active, int64_t *unique) {
+/* Per agent, active and unique entries over [start, end), added to active[] and unique[]. Non-finite task-vector
+   entries count as active; the merge pass reports them. */
+void ram_counts(int dtype, const void *base, const void *const *agents, int k, float eps, int64_t start,
+                int64_t end, int64_t *active, int64_t *unique) {
+#ifdef FAST
+    /* An entry is unique to t when t's bit is set and no other agent's is: "multi" marks entries active in two or
+       more agents. */
+    int64_t act[MAX_AGENTS] = {0}, uni[MAX_AGENTS] = {0};
+    const __m512 ve = _mm512_set1_ps(eps);
+    for (int64_t s = start; s < end; s += 32) {
+        int n = (int)(end - s < 32 ? end - s : 32);
+        __m512 be, bo, ae, ao;
+        uint32_t m[MAX_AGENTS], once = 0, multi = 0;
+        load32(dtype, base, s, n, &be, &bo);
+        for (int t = 0; t < k; t++) {
+            load32(dtype, agents[t], s, n, &ae, &ao);
+            m[t] = active32(ae, ao, be, bo, ve);
+            multi |= once & m[t];
+            once |= m[t];
+        }
+        for (int t = 0; t < k; t++) {
+            act[t] += __builtin_popcount(m[t]);
+            uni[t] += __builtin_popcount(m[t] & ~multi);
+        }
+    }
+    for (int t = 0; t < k; t++) { active[t] += act[t]; unique[t] += uni[t]; }
+#else
     float b[BLOCK] __attribute__((aligned(64)));
     uint32_t code[BLOCK] __attribute__((aligned(64)));
-    int64_t bad = 0;
     for (int64_t s = start; s < end; s += BLOCK) {
         int n = (int)(end - s < BLOCK ? end - s : BLOCK);
         if (dtype == 1)
-            bad += (eps > 0.0f ? count_bf16_eps : count_bf16)((const uint16_t *)base, (const uint16_t *const *)agents,
+            (eps > 0.0f ? count_bf16_eps : count_bf16)((const uint16_t *)base, (const uint16_t *const *)agents,
                                                               k, eps, s, n, b, code, active, unique);
         else
-            bad += (eps > 0.0f ? count_f32_eps : count_f32)((const float *)base, (const float *const *)agents, k,
+            (eps > 0.0f ? count_f32_eps : count_f32)((const float *)base, (const float *const *)agents, k,
                                                             eps, s, n, b, code, active, unique);
     }
-    return bad;
+#endif
 }
 """
 
-_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-strict-aliasing", "-fno-math-errno"]
+#: ``-march=native``: AVX-512 (F, BW, DQ) where the CPU has it, the portable loops elsewhere.
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-strict-aliasing", "-fno-math-errno")
 
 
 @dataclass
 class Kernels:
     lib: Any
+
+    @property
+    def simd_bits(self) -> int:
+        """512 where the AVX-512 (F, BW, DQ) kernels run, 0 where the portable loops do."""
+        return int(self.lib.ram_simd_bits())
 
     def merge(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, eps: float,
               start: int, end: int) -> int:
@@ -174,12 +320,12 @@ class Kernels:
                                       lam, eps, out.data_ptr(), start, end))
 
     def counts(self, base: Tensor, agents: Sequence[Tensor], eps: float, start: int, end: int, active: Tensor,
-               unique: Tensor) -> int:
+               unique: Tensor) -> None:
         """Add the active/unique counts of ``[start, end)`` to ``active``/``unique`` (int64, one per agent).
-        Returns how many task-vector entries are not finite."""
+        A non-finite τ counts as active: the merge pass that follows reports it."""
         ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
-        return int(self.lib.ram_counts(DTYPES[base.dtype], base.data_ptr(), ptrs, len(agents), eps, start, end,
-                                       active.data_ptr(), unique.data_ptr()))
+        self.lib.ram_counts(DTYPES[base.dtype], base.data_ptr(), ptrs, len(agents), eps, start, end,
+                            active.data_ptr(), unique.data_ptr())
 
 
 def supports(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> bool:
@@ -194,16 +340,23 @@ def supports(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> bool
 _KERNELS: Kernels | None | bool = False
 
 
+def build(flags: Sequence[str] = FLAGS) -> Kernels | None:
+    """The kernels compiled with ``flags`` (cached per machine), or None where they cannot be built."""
+    lib = load_library(_SOURCE, "ram", list(flags))
+    if lib is None:
+        return None
+    ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    lib.ram_merge.argtypes = [i32, i32, ptr, ptr, i32, ptr, f32, ptr, i64, i64]
+    lib.ram_merge.restype = i64
+    lib.ram_counts.argtypes = [i32, ptr, ptr, i32, f32, i64, i64, ptr, ptr]
+    lib.ram_counts.restype = None
+    lib.ram_simd_bits.restype = i32
+    return Kernels(lib)
+
+
 def kernels() -> Kernels | None:
     """The compiled kernels, built on first use (once per machine); None where they cannot be."""
     global _KERNELS
     if _KERNELS is False:
-        lib = load_library(_SOURCE, "ram", _FLAGS)
-        if lib is not None:
-            ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-            lib.ram_merge.argtypes = [i32, i32, ptr, ptr, i32, ptr, f32, ptr, i64, i64]
-            lib.ram_merge.restype = i64
-            lib.ram_counts.argtypes = [i32, ptr, ptr, i32, f32, i64, i64, ptr, ptr]
-            lib.ram_counts.restype = i64
-        _KERNELS = None if lib is None else Kernels(lib)
+        _KERNELS = build()
     return _KERNELS

@@ -59,8 +59,67 @@ def test_native_kernel_against_a_hand_computation():
     # unique to 0: 1 + 2·0.5; unique to 1: 2 + 3·1; untouched (-0 kept); sub-eps; shared: 5 + (2 + 1)/2
     assert out.tolist() == [2.0, 5.0, 0.0, 4.0, 6.5] and math.copysign(1, out[2].item()) == -1
     active, unique = torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
-    assert kernels.counts(base, agents, 1e-5, 0, 5, active, unique) == 0
+    kernels.counts(base, agents, 1e-5, 0, 5, active, unique)
     assert active.tolist() == [2, 2] and unique.tolist() == [1, 1]
+
+
+def _reference(base, agents, lambdas, eps, out_dtype):
+    """Eq. 7 in float32, agent by agent in the kernels' order: θ₀ − (c = 1 ? λ·Σ−τ : Σ−τ / max(c, 1))."""
+    b = base.float()
+    ns, cnt, lam = torch.zeros_like(b), torch.zeros_like(b), torch.zeros_like(b)
+    active, unique = [], []
+    for t, a in enumerate(agents):
+        d = a.float() - b
+        m = ~(d.abs() <= eps)
+        active.append(m)
+        ns = ns - torch.where(m, d, 0.0)
+        cnt = cnt + m.float()
+        lam = torch.where(m, float(lambdas[t]), lam) if lambdas is not None else lam
+    mean = ns / torch.clamp(cnt, min=1.0)
+    r = b - (torch.where(cnt == 1, ns * lam, mean) if lambdas is not None else mean)
+    for m in active:
+        unique.append(int((m & (cnt == 1)).sum()))
+    return r.to(out_dtype), [int(m.sum()) for m in active], unique
+
+
+@needs_kernels
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("plus", [False, True])
+def test_vector_and_portable_builds_give_the_reference_bits(in_dtype, out_dtype, plus):
+    """The AVX-512 kernels (where the CPU has it) and the portable loops (built without AVX-512) against Eq. 7
+    in torch, on ranges with odd starts and tails, -0, sub-eps, eps-boundary and shared entries."""
+    builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
+    assert builds["portable"] is not None and builds["portable"].simd_bits == 0
+    flags = open("/proc/cpuinfo").read()
+    assert builds["native"].simd_bits == (512 if all(f" {f} " in flags for f in ("avx512f", "avx512bw", "avx512dq"))
+                                          else 0)
+    g = torch.Generator().manual_seed(7)
+    n = 1237
+    base = torch.randn(n, generator=g).to(in_dtype)
+    base[:40:3] = -0.0
+    agents = []
+    for t, density in enumerate([0.05, 0.5, 0.6, 0.3, 0.9]):
+        a = base.clone()
+        m = torch.rand(n, generator=g) < density
+        a[m] = (base[m].float() + torch.randn(int(m.sum()), generator=g) * 0.1).to(in_dtype)
+        a[t * 7: t * 7 + 3] = base[t * 7: t * 7 + 3].float() + 1e-6  # sub-eps moves (f32) or no move (bf16)
+        agents.append(a)
+    agents[1][:40:6] = 0.0  # +0 against the base's -0: inactive
+    lambdas = torch.tensor([1.7, 0.5, 2.0, 1.25, 3.0]) if plus else None
+    want, active, unique = _reference(base, agents, lambdas, 1e-5, out_dtype)
+    for name, kernels in builds.items():
+        for start, end in [(0, n), (3, 999), (1000, 1031), (5, 6), (17, 49)]:
+            out = torch.full((n,), 7.0, dtype=out_dtype)
+            assert kernels.merge(out, base, agents, lambdas, 1e-5, start, end) == 0
+            assert torch.equal(out[start:end].view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32),
+                               want[start:end].view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32)), \
+                (name, start, end)
+            assert (out[:start] == 7).all() and (out[end:] == 7).all(), (name, "wrote outside its range")
+        act, uni = torch.zeros(5, dtype=torch.int64), torch.zeros(5, dtype=torch.int64)
+        kernels.counts(base, agents, 1e-5, 0, 600, act, uni)
+        kernels.counts(base, agents, 1e-5, 600, n, act, uni)
+        assert act.tolist() == active and uni.tolist() == unique, name
 
 
 @needs_kernels
