@@ -63,12 +63,13 @@ static inline void load32(int dtype, const void *p, int64_t s, int n, __m512 *lo
         *hi = _mm512_maskz_loadu_ps((__mmask16)(n > 16 ? (1u << (n - 16)) - 1u : 0u), f + 16);
     }
 }
-/* Bit j: |tau_j| > eps or tau_j is NaN, in one compare (hardshrink's rule, then tau != 0). */
-static inline uint32_t active32(__m512 ae, __m512 ao, __m512 be, __m512 bo, __m512 eps) {
-    return (uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(ae, be)), eps, _CMP_NLE_UQ)
-         | ((uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(ao, bo)), eps, _CMP_NLE_UQ) << 16);
+/* Bit j: |tau_j| > eps or tau_j is NaN, in one compare (hardshrink's rule, then tau != 0). *big keeps the largest
+   |tau| bits per lane: at or above 0x7F800000 (inf; NaN is above) some tau was not finite. */
+static inline uint32_t active32(__m512 ae, __m512 ao, __m512 be, __m512 bo, __m512 eps, __m512i *big) {
+    __m512 ue = _mm512_abs_ps(_mm512_sub_ps(ae, be)), uo = _mm512_abs_ps(_mm512_sub_ps(ao, bo));
+    *big = _mm512_max_epu32(*big, _mm512_max_epu32(_mm512_castps_si512(ue), _mm512_castps_si512(uo)));
+    return (uint32_t)_mm512_cmp_ps_mask(ue, eps, _CMP_NLE_UQ) | ((uint32_t)_mm512_cmp_ps_mask(uo, eps, _CMP_NLE_UQ) << 16);
 }
-
 /* Agent t's share of 16 entries: where active, ns -= tau, cnt += 1 and lam = lambda_t (masked, which gives the bits
    of the portable loops below: an inactive tau is 0 there and ns is never -0). */
 static inline __attribute__((always_inline)) void agent16(__m512 a, __m512 b, __m512 eps, __m512 lt, int plus,
@@ -172,8 +173,9 @@ MERGE_BLOCK(block_bf16_eps, uint16_t, from_bf16, 1)
 /* Statistics of one block: agent t's activity is bit t of code[i]; active[t] counted on the way; an entry is
    unique to t when its code is exactly bit t. */
 #define COUNT_BLOCK(NAME, T, FROM, EPS)                                                                          \
-static void NAME(const T *base, const T *const *agents, int k, float eps, int64_t s, int n,                  \
+static int64_t NAME(const T *base, const T *const *agents, int k, float eps, int64_t s, int n,                  \
                     float *restrict b, uint32_t *restrict code, int64_t *active, int64_t *unique) {              \
+    int32_t bad = 0;                                                                                           \
     for (int i = 0; i < n; i++) { b[i] = FROM(base[s + i]); code[i] = 0; }                                     \
     for (int t = 0; t < k; t++) {                                                                              \
         const T *restrict a = agents[t] + s;                                                                   \
@@ -181,6 +183,7 @@ static void NAME(const T *base, const T *const *agents, int k, float eps, int64_
         for (int i = 0; i < n; i++) {                                                                          \
             DELTA(d, FROM(a[i]), b[i], EPS)                                                                       \
             int m = d != 0.0f;                                                                                 \
+            bad += nonfinite(d);                                                                               \
             act += m;                                                                                          \
             code[i] |= (uint32_t)m << t;                                                                       \
         }                                                                                                      \
@@ -192,6 +195,7 @@ static void NAME(const T *base, const T *const *agents, int k, float eps, int64_
         for (int i = 0; i < n; i++) uni += code[i] == only;                                                    \
         unique[t] += uni;                                                                                      \
     }                                                                                                          \
+    return bad;                                                                                                \
 }
 COUNT_BLOCK(count_f32, float, from_f32, 0)
 COUNT_BLOCK(count_f32_eps, float, from_f32, 1)
@@ -255,15 +259,16 @@ int64_t ram_merge(int in_dtype, int out_dtype, const void *base, const void *con
 #endif
 }
 
-/* Per agent, active and unique entries over [start, end), added to active[] and unique[]. Non-finite task-vector
-   entries count as active; the merge pass reports them. */
-void ram_counts(int dtype, const void *base, const void *const *agents, int k, float eps, int64_t start,
+/* Per agent, active and unique entries over [start, end), added to active[] and unique[]. Returns nonzero when a
+   task-vector entry is not finite (the number of them, or with AVX-512 1). */
+int64_t ram_counts(int dtype, const void *base, const void *const *agents, int k, float eps, int64_t start,
                 int64_t end, int64_t *active, int64_t *unique) {
 #ifdef FAST
     /* An entry is unique to t when t's bit is set and no other agent's is: "multi" marks entries active in two or
        more agents. */
     int64_t act[MAX_AGENTS] = {0}, uni[MAX_AGENTS] = {0};
     const __m512 ve = _mm512_set1_ps(eps);
+    __m512i big = _mm512_setzero_si512();
     for (int64_t s = start; s < end; s += 32) {
         int n = (int)(end - s < 32 ? end - s : 32);
         __m512 be, bo, ae, ao;
@@ -271,7 +276,7 @@ void ram_counts(int dtype, const void *base, const void *const *agents, int k, f
         load32(dtype, base, s, n, &be, &bo);
         for (int t = 0; t < k; t++) {
             load32(dtype, agents[t], s, n, &ae, &ao);
-            m[t] = active32(ae, ao, be, bo, ve);
+            m[t] = active32(ae, ao, be, bo, ve, &big);
             multi |= once & m[t];
             once |= m[t];
         }
@@ -281,18 +286,21 @@ void ram_counts(int dtype, const void *base, const void *const *agents, int k, f
         }
     }
     for (int t = 0; t < k; t++) { active[t] += act[t]; unique[t] += uni[t]; }
+    return _mm512_cmpge_epu32_mask(big, _mm512_set1_epi32(0x7F800000)) != 0;
 #else
     float b[BLOCK] __attribute__((aligned(64)));
     uint32_t code[BLOCK] __attribute__((aligned(64)));
+    int64_t bad = 0;
     for (int64_t s = start; s < end; s += BLOCK) {
         int n = (int)(end - s < BLOCK ? end - s : BLOCK);
         if (dtype == 1)
-            (eps > 0.0f ? count_bf16_eps : count_bf16)((const uint16_t *)base, (const uint16_t *const *)agents,
+            bad += (eps > 0.0f ? count_bf16_eps : count_bf16)((const uint16_t *)base, (const uint16_t *const *)agents,
                                                               k, eps, s, n, b, code, active, unique);
         else
-            (eps > 0.0f ? count_f32_eps : count_f32)((const float *)base, (const float *const *)agents, k,
+            bad += (eps > 0.0f ? count_f32_eps : count_f32)((const float *)base, (const float *const *)agents, k,
                                                             eps, s, n, b, code, active, unique);
     }
+    return bad;
 #endif
 }
 """
@@ -320,12 +328,12 @@ class Kernels:
                                       lam, eps, out.data_ptr(), start, end))
 
     def counts(self, base: Tensor, agents: Sequence[Tensor], eps: float, start: int, end: int, active: Tensor,
-               unique: Tensor) -> None:
+               unique: Tensor) -> bool:
         """Add the active/unique counts of ``[start, end)`` to ``active``/``unique`` (int64, one per agent).
-        A non-finite τ counts as active: the merge pass that follows reports it."""
+        Returns whether some task-vector entry is not finite."""
         ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
-        self.lib.ram_counts(DTYPES[base.dtype], base.data_ptr(), ptrs, len(agents), eps, start, end,
-                            active.data_ptr(), unique.data_ptr())
+        return bool(self.lib.ram_counts(DTYPES[base.dtype], base.data_ptr(), ptrs, len(agents), eps, start, end,
+                                        active.data_ptr(), unique.data_ptr()))
 
 
 def supports(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> bool:
@@ -349,7 +357,7 @@ def build(flags: Sequence[str] = FLAGS) -> Kernels | None:
     lib.ram_merge.argtypes = [i32, i32, ptr, ptr, i32, ptr, f32, ptr, i64, i64]
     lib.ram_merge.restype = i64
     lib.ram_counts.argtypes = [i32, ptr, ptr, i32, f32, i64, i64, ptr, ptr]
-    lib.ram_counts.restype = None
+    lib.ram_counts.restype = i64
     lib.ram_simd_bits.restype = i32
     return Kernels(lib)
 

@@ -59,7 +59,7 @@ def test_native_kernel_against_a_hand_computation():
     # unique to 0: 1 + 2·0.5; unique to 1: 2 + 3·1; untouched (-0 kept); sub-eps; shared: 5 + (2 + 1)/2
     assert out.tolist() == [2.0, 5.0, 0.0, 4.0, 6.5] and math.copysign(1, out[2].item()) == -1
     active, unique = torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
-    kernels.counts(base, agents, 1e-5, 0, 5, active, unique)
+    assert not kernels.counts(base, agents, 1e-5, 0, 5, active, unique)
     assert active.tolist() == [2, 2] and unique.tolist() == [1, 1]
 
 
@@ -117,9 +117,15 @@ def test_vector_and_portable_builds_give_the_reference_bits(in_dtype, out_dtype,
                 (name, start, end)
             assert (out[:start] == 7).all() and (out[end:] == 7).all(), (name, "wrote outside its range")
         act, uni = torch.zeros(5, dtype=torch.int64), torch.zeros(5, dtype=torch.int64)
-        kernels.counts(base, agents, 1e-5, 0, 600, act, uni)
-        kernels.counts(base, agents, 1e-5, 600, n, act, uni)
+        assert not kernels.counts(base, agents, 1e-5, 0, 600, act, uni)
+        assert not kernels.counts(base, agents, 1e-5, 600, n, act, uni)
         assert act.tolist() == active and uni.tolist() == unique, name
+        for bad in (math.inf, -math.inf, math.nan):
+            broken = agents[2].clone()
+            broken[1100] = bad
+            assert kernels.counts(base, [agents[0], broken], 1e-5, 1090, 1237, act, uni), (name, bad)
+            assert kernels.merge(torch.empty(n, dtype=out_dtype), base, [agents[0], broken], lambdas, 1e-5,
+                                 1090, 1237) == 1, (name, bad)
 
 
 @needs_kernels
