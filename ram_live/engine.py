@@ -315,7 +315,7 @@ def _native(stream: DeltaStream, activity: Activity, out: Tensor | None = None) 
 
 def _native_walk(stream: DeltaStream, worker: int, workers: int, call: Callable[[int, int], int]) -> int:
     """``call(start, end)`` on this worker's share of the ranges (every ``workers``-th), each range's pages
-    released after it; returns the sum of what the calls return (the merge's counts of non-finite results)."""
+    released after it; returns the sum of what the calls return (their counts of non-finite entries)."""
     bad = 0
     for start in range(worker * NATIVE_CHUNK, stream.numel, NATIVE_CHUNK * workers):
         end = min(stream.numel, start + NATIVE_CHUNK)
@@ -326,14 +326,15 @@ def _native_walk(stream: DeltaStream, worker: int, workers: int, call: Callable[
 
 
 def _native_statistics(stream: DeltaStream, k: int, kernels: Any, eps: float, workers: int) -> RamStatistics:
-    """Counts only: a non-finite τ counts as active here and is reported by the merge pass that follows."""
-    def job(worker: int, n_workers: int) -> tuple[Tensor, Tensor]:
+    def job(worker: int, n_workers: int) -> tuple[Tensor, Tensor, int]:
         active, unique = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64)
-        _native_walk(stream, worker, n_workers, lambda start, end: kernels.counts(
-            stream.base, stream.tensors, eps, start, end, active, unique) or 0)  # returns None
-        return active, unique
+        bad = _native_walk(stream, worker, n_workers, lambda start, end: kernels.counts(
+            stream.base, stream.tensors, eps, start, end, active, unique))
+        return active, unique, bad
 
     results = _in_workers(stream, workers, job, NATIVE_CHUNK)
+    if any(bad for _, _, bad in results):
+        stream._raise_nonfinite(0, stream.numel)
     return RamStatistics(sum(r[0] for r in results), sum(r[1] for r in results),  # type: ignore[arg-type]
                          torch.zeros(k + 1, dtype=torch.int64))
 
@@ -519,8 +520,7 @@ def statistics_pass(
     workers: int | None = None,
     compile: bool = False,
 ) -> RamStatistics:
-    """Pass 1: RAM counts over every merged tensor (the merge pass, pass 2, reports non-finite inputs; the torch
-    paths also stop here at the first one)."""
+    """Pass 1: RAM counts over every merged tensor (also checks that every input is finite)."""
     k = len(reader.agents)
     active = torch.zeros(k, dtype=torch.int64)
     unique = torch.zeros_like(active)
