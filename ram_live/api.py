@@ -22,6 +22,14 @@ __all__ = ["merge", "ram_merge", "merge_task_vectors"]
 Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike | TensorSource
 Models = Sequence[Model] | Mapping[str, Model]
 
+RAM_VARIANTS = ("ram", "ram_plus", "ram_plus_soft")
+
+
+def check_ram_variant(variant: str) -> None:
+    """Raise :class:`~ram_live.errors.ConfigError` unless ``variant`` is one of :data:`RAM_VARIANTS`."""
+    if variant not in RAM_VARIANTS:
+        raise ConfigError(f"variant must be 'ram', 'ram_plus' or 'ram_plus_soft', got {variant!r}")
+
 
 def _sources(models: Models, base: Model | None) -> tuple[list[TensorSource], TensorSource]:
     named = list(iter_named(models))
@@ -187,8 +195,7 @@ def ram_merge(
     >>> generalist, info = ram_merge(agents, base=base_model, return_info=True)
     ... info.lambdas                                                                          # doctest: +SKIP
     """
-    if variant not in ("ram", "ram_plus", "ram_plus_soft"):
-        raise ConfigError(f"variant must be 'ram', 'ram_plus' or 'ram_plus_soft', got {variant!r}")
+    check_ram_variant(variant)
     options: dict[str, Any] = {"eps": eps, "activity": activity}
     if variant != "ram":
         options.update(r=r, rho_scope=rho_scope)

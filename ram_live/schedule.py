@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from . import functional as F
-from .api import ram_merge
+from .api import check_ram_variant, ram_merge
 from .engine import DEFAULT_CHUNK_NUMEL
 from .errors import ConfigError
 from .methods import Activity
@@ -126,8 +126,7 @@ class RAMSchedule:
         for name, value in (("snapshot_every", snapshot_every), ("merge_every", merge_every), ("keep", keep)):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ConfigError(f"{name} must be a non-negative int or None, got {value!r}")
-        if variant not in ("ram", "ram_plus", "ram_plus_soft"):
-            raise ConfigError(f"variant must be 'ram', 'ram_plus' or 'ram_plus_soft', got {variant!r}")
+        check_ram_variant(variant)
         if activity not in ("abs", "changed"):
             raise ConfigError(f"activity must be 'abs' or 'changed', got {activity!r}")
         if rho_scope not in ("global", "tensor"):

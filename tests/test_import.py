@@ -15,3 +15,20 @@ def test_import_imports_no_extra():
         f"assert not [m for m in {EXTRAS!r} if m in sys.modules]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject lists packages by hand (``integrations/`` installs as ``ram_live.integrations``): a sub-package
+    missing there would be left out of the wheel while the editable install used by the tests still finds it."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = {"ram_live": root / "ram_live", **{k: root / v for k, v in setup.get("package-dir", {}).items()}}
+    found = set()
+    for name, folder in dirs.items():
+        for init in folder.rglob("__init__.py"):
+            rel = init.parent.relative_to(folder).parts
+            found.add(".".join((name, *rel)))
+    assert found == set(setup["packages"])

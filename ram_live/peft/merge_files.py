@@ -1,0 +1,159 @@
+"""Merging PEFT adapter folders without a live model: into a new adapter folder, or into a base model."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from ..engine import DEFAULT_CHUNK_NUMEL
+from ..errors import ConfigError, InputMismatchError
+from ..sources import as_source
+from .configs import _fan_in_fan_out, _new_config_fields
+from .errors import UnsupportedAdapterError
+from .factors import _AdapterSet, _weight_key
+from .folders import _PREFIX, _read_folders
+from .merging import _check_options, _finish_report, _merge_in_delta_space, _merge_into_base, _prepare
+from .refactoring import Refactored, _refactorer
+from .report import AdapterMergeReport
+
+
+def ram_merge_adapter_files(
+    adapters: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike],
+    out: str | os.PathLike | None = None,
+    method: str = "ram_plus",
+    *,
+    base: Any = None,
+    into_base: bool = False,
+    inplace: bool = False,
+    rank: int | None = None,
+    energy: float | None = None,
+    svd: Literal["auto", "exact", "randomized"] = "auto",
+    oversample: int | None = None,
+    niter: int = 4,
+    seed: int = 0,
+    sparsify: Any = "auto",
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = 5 * 2**30,
+    chunk_numel: int = DEFAULT_CHUNK_NUMEL,
+    warn_dense: bool = True,
+    return_info: bool = False,
+    **options: Any,
+) -> Any:
+    """Merge PEFT LoRA adapter folders (``adapter_model.safetensors`` + ``adapter_config.json``) without a live
+    model: the same ΔW-space merge as :func:`ram_merge_adapters` (same options).
+
+    ``adapters``: a list of folders (adapters named after their folders) or a mapping name → folder.
+    Default: ΔW* is re-factored into a new adapter folder ``out`` (loadable with ``PeftModel.from_pretrained``;
+    the first adapter's config with the new r/alpha/patterns/targets; factors in the inputs' dtype or
+    ``dtype``; written to a temporary name and renamed) and its path is returned. No base is needed.
+    ``into_base=True``: ΔW* is folded into ``base`` — an ``nn.Module`` (a new one; the base itself with
+    ``inplace=True``), a state dict, a ``.safetensors`` file or a Hugging Face folder — through
+    :func:`ram_live.merge`, so the result is what ``merge`` returns for that base (with ``out=``, safetensors
+    written atomically, sharded at ``max_shard_bytes``, in ``dtype``). The base's key of module ``m`` is
+    ``m + ".weight"`` (PEFT's ``base_model.model.`` prefix stripped).
+    """
+    t0 = time.perf_counter()
+    _check_options(rank, energy, svd, inplace, into_base)
+    dev = torch.device(device) if device is not None else None
+    adapter_set, _ = _read_folders(adapters, dev or "cpu")
+    prep = _prepare(adapter_set, method, options, sparsify)
+    report = AdapterMergeReport(adapter_set.names, "base weights" if into_base else f"adapter folder {out}")
+    with torch.no_grad():
+        if into_base:
+            if base is None:
+                raise ConfigError("into_base=True needs base= (the model the adapters were trained on)")
+            _check_base(adapter_set, base)
+            result, info = _merge_into_base(base, prep, inplace=inplace, out=out, device=dev, dtype=dtype,
+                                            max_shard_bytes=max_shard_bytes, chunk_numel=chunk_numel)
+        else:
+            if out is None:
+                raise ConfigError("pass out= (the folder to write the merged adapter to), or into_base=True")
+            if base is not None:
+                raise ConfigError("base= is used with into_base=True only (a merged adapter needs no base)")
+            _check_out(Path(out))
+            refactorer = _refactorer(adapter_set, report, rank, energy, svd, oversample, niter, seed)
+            info = _merge_in_delta_space(adapter_set, prep, refactorer, device=dev, chunk_numel=chunk_numel)
+            result = _write_adapter_folder(Path(out), adapter_set, refactorer.factors, dtype)
+        _finish_report(prep, info, report, warn_dense)
+    report.seconds = time.perf_counter() - t0
+    return (result, report) if return_info else result
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"output folder {out} exists and is not empty")
+
+
+def _check_base(adapters: _AdapterSet, base: Any) -> None:
+    source = as_source(base, "base")
+    keys = set(source.keys())
+    for m in adapters.order:
+        key = _weight_key(m)
+        owner = adapters.targeting(m)[0]
+        if key not in keys:
+            raise InputMismatchError(
+                f"adapter {owner!r} targets module {m!r} but the base has no tensor {key!r} (another architecture?)",
+                key=key, agent=owner,
+            )
+        expected = adapters.module(m).weight_shape
+        if tuple(source.spec(key).shape) != tuple(expected):
+            raise InputMismatchError(
+                f"module {m!r}: the base's {key!r} has shape {list(source.spec(key).shape)}, adapter {owner!r}'s "
+                f"ΔW {list(expected)}", key=key, agent=owner,
+            )
+    for adapter, saved in adapters.saved_weights.items():
+        for key, tensor in saved.items():
+            if key not in keys or tuple(source.spec(key).shape) != tuple(tensor.shape) or not torch.equal(
+                    source.get(key).to(device=tensor.device, dtype=tensor.dtype), tensor):
+                raise UnsupportedAdapterError(
+                    f"adapter {adapter!r} stores its own {key!r} (PEFT's save_embedding_layers), which differs from "
+                    "the base's: a resized or retrained embedding is not a LoRA delta and cannot be merged",
+                    adapter=adapter, module=key,
+                )
+
+
+def _write_adapter_folder(out: Path, adapters: _AdapterSet, factors: Mapping[str, Refactored],
+                          dtype: torch.dtype | None) -> Path:
+    from safetensors.torch import save_file
+
+    _check_out(out)
+    if dtype is None:
+        dtypes = {f.A.dtype for per in adapters.factors.values() for f in per.values()}
+        dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    tensors: dict[str, Tensor] = {}
+    for module, f in factors.items():
+        if adapters.module(module).kind == "linear":
+            a_key, b_key = "lora_A.weight", "lora_B.weight"
+        else:
+            a_key, b_key = "lora_embedding_A", "lora_embedding_B"
+        tensors[f"{_PREFIX}{module}.{a_key}"] = f.A.to(device="cpu", dtype=dtype).contiguous()
+        tensors[f"{_PREFIX}{module}.{b_key}"] = f.B.to(device="cpu", dtype=dtype).contiguous()
+    config = dict(adapters.configs[adapters.names[0]])
+    config.update(_new_config_fields(factors))
+    config["fan_in_fan_out"] = _fan_in_fan_out(adapters, factors)
+    config.update(peft_type="LORA", use_dora=False, lora_bias=False, bias="none", init_lora_weights=True)
+    for key in ("modules_to_save", "layers_to_transform", "layers_pattern", "exclude_modules", "target_parameters",
+                "trainable_token_indices"):
+        if key in config:
+            config[key] = None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

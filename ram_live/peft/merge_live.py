@@ -1,0 +1,129 @@
+"""Merging the LoRA adapters of a live ``PeftModel``: into a new adapter on it, or into its base weights."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Literal, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from ..engine import DEFAULT_CHUNK_NUMEL
+from ..errors import ConfigError
+from .configs import _fan_in_fan_out, _new_config_fields
+from .factors import _AdapterSet
+from .live import _read_live, _tuner
+from .merging import _check_options, _finish_report, _merge_in_delta_space, _merge_into_base, _prepare, _Prepared
+from .refactoring import Refactored, _refactorer
+from .report import AdapterMergeReport
+
+
+def ram_merge_adapters(
+    peft_model: Any,
+    adapters: Sequence[str] | None = None,
+    new_adapter: str = "merged",
+    method: str = "ram_plus",
+    *,
+    rank: int | None = None,
+    energy: float | None = None,
+    svd: Literal["auto", "exact", "randomized"] = "auto",
+    oversample: int | None = None,
+    niter: int = 4,
+    seed: int = 0,
+    sparsify: Any = "auto",
+    into_base: bool = False,
+    inplace: bool = False,
+    chunk_numel: int = DEFAULT_CHUNK_NUMEL,
+    warn_dense: bool = True,
+    return_info: bool = False,
+    **options: Any,
+) -> Any:
+    """Merge LoRA ``adapters`` (default: all) of a live ``PeftModel`` in ΔW space with ``method`` (any method
+    of the registry; ``options`` go to its config: ``r``/``alpha``/``rho_scope`` of RAM+, ``weights``,
+    ``density``, ...).
+
+    For each target module ΔW_t = s_t · B_t A_t with that adapter's exact scaling (the layer's own
+    ``scaling``: rsLoRA, ``rank_pattern``, ``alpha_pattern``); a module an adapter does not target is ΔW = 0
+    for it. ``sparsify``: the activity rule for dense ΔW — ``"auto"`` (:data:`RECOMMENDED_SPARSIFY` for the
+    RAM family, none for other methods), ``None`` (the paper's |Δ| > eps; warns on dense deltas),
+    :class:`TopK`, :class:`RelativeThreshold`, ``"topk"``, ``("topk", 0.1)``, ``("relative", 1.0)``.
+
+    Default: ΔW* is re-factored (:func:`refactor`; ``rank`` defaults to the largest input rank, ``energy``
+    picks a rank per module) into a new adapter ``new_adapter`` on ``peft_model`` (not activated: call
+    ``peft_model.set_adapter``; saved by ``save_pretrained``), and ``peft_model`` is returned.
+    ``into_base=True``: ΔW* is folded into the base weights of a copy of the model without any adapter,
+    returned as a plain model on the model's device; with ``inplace=True`` into ``peft_model``'s own base,
+    whose adapters are then removed (``unload``) — the returned model is that base.
+    ``return_info=True`` returns ``(result, AdapterMergeReport)``.
+    """
+    t0 = time.perf_counter()
+    _check_options(rank, energy, svd, inplace, into_base)
+    adapter_set = _read_live(peft_model, adapters)
+    prep = _prepare(adapter_set, method, options, sparsify)
+    report = AdapterMergeReport(adapter_set.names, "base weights" if into_base else f"adapter {new_adapter!r}")
+    _, root = _tuner(peft_model)
+    with torch.no_grad():
+        if into_base:
+            result = _live_into_base(peft_model, root, adapter_set, prep, inplace, chunk_numel, report, warn_dense)
+        else:
+            if new_adapter in peft_model.peft_config:
+                raise ConfigError(f"the model already has an adapter named {new_adapter!r}")
+            refactorer = _refactorer(adapter_set, report, rank, energy, svd, oversample, niter, seed)
+            info = _merge_in_delta_space(adapter_set, prep, refactorer, device=None, chunk_numel=chunk_numel)
+            report.merge_seconds = info.seconds
+            _add_live_adapter(peft_model, root, adapter_set, new_adapter, refactorer.factors)
+            result = peft_model
+            _finish_report(prep, info, report, warn_dense)
+    report.seconds = time.perf_counter() - t0
+    return (result, report) if return_info else result
+
+
+def _add_live_adapter(peft_model: Any, root: nn.Module, adapters: _AdapterSet, new_adapter: str,
+                      factors: Mapping[str, Refactored]) -> None:
+    from peft import LoraConfig
+
+    first = adapters.configs[adapters.names[0]]
+    config = LoraConfig(
+        **_new_config_fields(factors),
+        fan_in_fan_out=_fan_in_fan_out(adapters, factors),
+        lora_dropout=getattr(first, "lora_dropout", 0.0),
+        bias="none",
+        task_type=getattr(first, "task_type", None),
+        base_model_name_or_path=getattr(first, "base_model_name_or_path", None),
+        revision=getattr(first, "revision", None),
+        inference_mode=getattr(first, "inference_mode", False),
+    )
+    peft_model.add_adapter(new_adapter, config)
+    for module_name, out in factors.items():
+        layer = root.get_submodule(module_name)
+        scaling = float(layer.scaling[new_adapter])
+        if adapters.module(module_name).kind == "embedding":
+            a_param, b_param = layer.lora_embedding_A[new_adapter], layer.lora_embedding_B[new_adapter]
+        else:
+            a_param, b_param = layer.lora_A[new_adapter].weight, layer.lora_B[new_adapter].weight
+        if tuple(a_param.shape) != tuple(out.A.shape) or tuple(b_param.shape) != tuple(out.B.shape):
+            raise AssertionError(  # pragma: no cover - a change of PEFT's contract
+                f"{module_name}: new adapter shapes {tuple(a_param.shape)}/{tuple(b_param.shape)} != "
+                f"{tuple(out.A.shape)}/{tuple(out.B.shape)}"
+            )
+        a_param.data.copy_(out.A.to(a_param.device))
+        b_param.data.copy_((out.B / scaling).to(b_param.device))
+
+
+def _live_into_base(peft_model: Any, root: nn.Module, adapters: _AdapterSet, prep: _Prepared, inplace: bool,
+                    chunk_numel: int, report: "AdapterMergeReport", warn_dense: bool) -> nn.Module:
+    for module_name in adapters.order:
+        layer = root.get_submodule(module_name)
+        if getattr(layer, "merged_adapters", None):
+            raise ConfigError(
+                f"module {module_name!r} has adapters {layer.merged_adapters} merged into its base weight; "
+                "unmerge them (peft_model.unmerge_adapter()) before into_base=True"
+            )
+    # The factors are read from the source model, so the copy may drop its adapters before the merge.
+    plain = (peft_model if inplace else copy.deepcopy(peft_model)).unload()
+    result, info = _merge_into_base(plain, prep, inplace=True, out=None, device=None, dtype=None,
+                                    max_shard_bytes=0, chunk_numel=chunk_numel)
+    report.merge_seconds = info.seconds
+    _finish_report(prep, info, report, warn_dense)
+    return result

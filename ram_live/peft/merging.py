@@ -1,0 +1,102 @@
+"""The merge of the adapters' ΔW with the engine: in ΔW space (zero base), or into a base model."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from ..engine import MergeInfo, run_merge
+from ..errors import ConfigError
+from ..methods import get_method, make_config
+from ..sources import TensorSpec, as_source
+from .deltas import _BasePlusDeltaSource, _CallbackSink, _Deltas, _DeltaSource, _ZeroBase
+from .errors import DenseDeltaWarning
+from .factors import _AdapterSet, _check_consistent, _weight_key
+from .report import AdapterMergeReport
+from .sparsify import RAM_FAMILY, RECOMMENDED_SPARSIFY, SparsifyRule, _sparsify_rule
+
+
+@dataclass
+class _Prepared:
+    method: str
+    rule: SparsifyRule | None
+    options: dict[str, Any]
+    deltas: list[_Deltas]
+
+
+def _prepare(adapters: _AdapterSet, method: str, options: Mapping[str, Any], sparsify: Any) -> _Prepared:
+    """Check options and inputs (nothing is computed) and set up each adapter's ΔW reader."""
+    rule = _sparsify_rule(sparsify, method)
+    get_method(method)
+    opts = dict(options)
+    if rule is not None and method in RAM_FAMILY:
+        opts.setdefault("eps", 0.0)  # the rule decides what is active; every kept entry counts
+    make_config(method, None, **opts)
+    _check_consistent(adapters)
+    measure_eps = float(options.get("eps", 1e-5))
+    deltas = [_Deltas(a, adapters.factors[a], rule, measure_eps) for a in adapters.names]
+    return _Prepared(method, rule, opts, deltas)
+
+
+def _finish_report(prep: _Prepared, info: MergeInfo, report: "AdapterMergeReport", warn_dense: bool) -> None:
+    report.method = prep.method
+    report.config = info.config
+    report.sparsify = str(prep.rule) if prep.rule is not None else None
+    report.lambdas = info.lambdas
+    report.rho = info.rho
+    report.merge_seconds = info.seconds
+    for d in prep.deltas:
+        report.density[d.name], report.active[d.name] = d.density()
+    if warn_dense and prep.rule is None and prep.method in RAM_FAMILY:
+        dense = {a: x for a, x in report.density.items() if x > 0.5}
+        if dense:
+            shown = ", ".join(f"{a!r} {100 * x:.1f} %" for a, x in dense.items())
+            eps = prep.deltas[0].eps
+            warnings.warn(
+                f"RAM on dense LoRA deltas: {shown} of the ΔW entries exceed eps={eps:g}, so nearly every entry is "
+                "shared and RAM reduces to a plain mean of the adapters. Pass a sparsifying activity rule, e.g. "
+                f"sparsify={RECOMMENDED_SPARSIFY!r} (the recommended one, which sparsify='auto' uses).",
+                DenseDeltaWarning, stacklevel=3,
+            )
+
+
+def _merge_in_delta_space(adapters: _AdapterSet, prep: _Prepared, on_module: Callable[[str, Tensor], None], *,
+                          device: torch.device | None, chunk_numel: int) -> MergeInfo:
+    """Merge the ΔW_t (zero base) with the engine, module by module; ``on_module`` gets each ΔW*."""
+    specs = {}
+    for m in adapters.order:
+        f = adapters.module(m)
+        specs[_weight_key(m)] = TensorSpec(f.weight_shape, torch.float32, device or f.B.device)
+    sources = [_DeltaSource(d, specs) for d in prep.deltas]
+    cfg = make_config(prep.method, None, **prep.options)
+    return run_merge(_ZeroBase(specs), sources, get_method(prep.method), cfg, _CallbackSink(on_module),
+                     device=device, chunk_numel=chunk_numel)
+
+
+def _merge_into_base(base: Any, prep: _Prepared, *, inplace: bool, out: Any, device: Any, dtype: Any,
+                     max_shard_bytes: int, chunk_numel: int) -> tuple[Any, MergeInfo]:
+    """θ* = θ₀ + merged ΔW through :func:`ram_live.merge`, with agents "base + ΔW_t" read lazily."""
+    from ..api import merge
+
+    base_source = as_source(base, "base")
+    agents = {d.name: _BasePlusDeltaSource(base_source, d) for d in prep.deltas}
+    kwargs: dict[str, Any] = {}
+    if out is not None:
+        kwargs["max_shard_bytes"] = max_shard_bytes
+    return merge(agents, base=base, method=prep.method, inplace=inplace, out=out, device=device, dtype=dtype,
+                 chunk_numel=chunk_numel, return_info=True, **kwargs, **prep.options)
+
+
+def _check_options(rank: Any, energy: Any, svd: Any, inplace: bool, into_base: bool) -> None:
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
+        raise ConfigError(f"rank must be a positive int or None (the largest input rank), got {rank!r}")
+    if energy is not None and not (isinstance(energy, (int, float)) and 0.0 < energy <= 1.0):
+        raise ConfigError(f"energy must be in (0, 1], got {energy!r}")
+    if svd not in ("auto", "exact", "randomized"):
+        raise ConfigError(f"svd must be 'auto', 'exact' or 'randomized', got {svd!r}")
+    if inplace and not into_base:
+        raise ConfigError("inplace=True applies to into_base=True only")

@@ -1,0 +1,132 @@
+"""Re-factorisation of a merged ΔW* into LoRA factors B A by truncated SVD."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .. import functional as F
+from ..errors import ConfigError
+from .factors import _AdapterSet, _module_of
+from .report import AdapterMergeReport, ModuleReport
+
+
+@dataclass
+class Refactored:
+    """ΔW ≈ B @ A with ``rank`` columns/rows; ``error`` = ‖ΔW − BA‖_F / ‖ΔW‖_F (0 for ΔW = 0)."""
+
+    A: Tensor
+    B: Tensor
+    rank: int
+    error: float
+    svd: str
+    seconds: float
+
+
+def _energy_rank(s: Tensor, total: float, energy: float, cap: int) -> int:
+    if total <= 0:
+        return 1
+    captured = torch.cumsum(s.double().pow(2), 0) / total
+    reached = torch.nonzero(captured >= energy - 1e-12)
+    k = int(reached[0, 0]) + 1 if reached.numel() else int(s.numel())
+    return max(1, min(k, cap))
+
+
+def refactor(
+    delta: Tensor,
+    rank: int | None = None,
+    *,
+    energy: float | None = None,
+    svd: Literal["auto", "exact", "randomized"] = "auto",
+    oversample: int | None = None,
+    niter: int = 4,
+    seed: int = 0,
+) -> Refactored:
+    """Truncated SVD of ``delta`` ([out, in], B·A layout) into ``B`` [out, k] and ``A`` [k, in], split as
+    B = U√S, A = √S Vᵀ.
+
+    ``rank``: k (capped at min(out, in)); ``energy``: the smallest k whose singular values capture that fraction
+    of ‖ΔW‖²_F, at most ``rank`` (or min(out, in)). ``svd="exact"``: ``torch.linalg.svd(full_matrices=False)``;
+    ``"randomized"``: ``torch.svd_lowrank`` with q = k + ``oversample`` (default max(k, 16)) columns and
+    ``niter`` power iterations, drawn from a generator seeded with ``seed`` (the global RNG is left as it was);
+    ``"auto"``: randomized when q ≤ min(out, in) / 4, else exact. The error is measured, not estimated.
+    """
+    t0 = time.perf_counter()
+    if svd not in ("auto", "exact", "randomized"):
+        raise ConfigError(f"svd must be 'auto', 'exact' or 'randomized', got {svd!r}")
+    if energy is not None and not (0.0 < energy <= 1.0):
+        raise ConfigError(f"energy must be in (0, 1], got {energy!r}")
+    if rank is not None and (not isinstance(rank, int) or rank < 1):
+        raise ConfigError(f"rank must be a positive int, got {rank!r}")
+    m = delta.float()
+    rows, cols = m.shape
+    full = min(rows, cols)
+    cap = min(rank, full) if rank is not None else full
+    if rank is None and energy is None:
+        raise ConfigError("pass rank= or energy=")
+    extra = oversample if oversample is not None else max(cap, 16)
+    q = min(full, cap + extra)
+    kind = svd
+    if kind == "auto":
+        kind = "randomized" if 4 * q <= full else "exact"
+    total = float(m.double().pow(2).sum())
+    if kind == "exact":
+        u, s, vh = torch.linalg.svd(m, full_matrices=False)
+    else:
+        devices = [m.device] if m.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            if m.device.type == "cuda":
+                with torch.cuda.device(m.device):
+                    torch.cuda.manual_seed(seed)
+            torch.random.default_generator.manual_seed(seed)
+            u, s, v = torch.svd_lowrank(m, q=q, niter=niter)
+        vh = v.T
+    k = _energy_rank(s, total, energy, cap) if energy is not None else min(cap, int(s.numel()))
+    root = s[:k].clamp(min=0).sqrt()
+    b = u[:, :k] * root
+    a = root[:, None] * vh[:k]
+    if total > 0:
+        error = float(torch.linalg.matrix_norm(m - b @ a).double() / math.sqrt(total))
+    else:
+        error = 0.0
+    return Refactored(a.contiguous(), b.contiguous(), k, error, kind, time.perf_counter() - t0)
+
+
+@dataclass
+class _Refactorer:
+    """on_module callback: re-factor each merged ΔW* and keep its (small) factors, by module name."""
+
+    adapters: _AdapterSet
+    report: "AdapterMergeReport"
+    rank: int | None
+    energy: float | None
+    svd: str
+    oversample: int | None
+    niter: int
+    seed: int
+    factors: dict[str, Refactored] = field(default_factory=dict)
+
+    def __call__(self, key: str, delta: Tensor) -> None:
+        module = _module_of(key)
+        f = self.adapters.module(module)
+        lora_layout = delta.T if f.transpose else delta
+        out = refactor(lora_layout, self.rank, energy=self.energy, svd=self.svd,  # type: ignore[arg-type]
+                       oversample=self.oversample, niter=self.niter, seed=F.stable_seed("refactor", self.seed, module))
+        self.factors[module] = out
+        self.report.modules[module] = ModuleReport(
+            shape=f.shape, kind=f.kind, adapters=self.adapters.targeting(module), rank=out.rank, error=out.error,
+            svd=out.svd, seconds=out.seconds, norm=float(torch.linalg.matrix_norm(delta)),
+        )
+        self.report.refactor_seconds += out.seconds
+
+
+def _refactorer(adapters: _AdapterSet, report: "AdapterMergeReport", rank: int | None, energy: float | None,
+                svd: str, oversample: int | None, niter: int, seed: int) -> _Refactorer:
+    if rank is None and energy is None:
+        rank = adapters.max_rank()
+    return _Refactorer(adapters, report, rank, energy, svd, oversample, niter, seed)
