@@ -461,8 +461,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         stage("merge+score", j, n_methods, t0, label)
     sweep: dict[str, Any] = {}
     if args.rsweep:
+        counts = None  # the first RAM+ merge counts ρ's inputs; the others reuse them (one pass each)
         for j, r in enumerate(R_SWEEP, len(METHODS) + 1):
-            merged, info = merge(agents, base=base, method="ram_plus", r=r, return_info=True)
+            merged, info = merge(agents, base=base, method="ram_plus", r=r, return_info=True, statistics=counts)
+            counts = info.statistics
             acc = accuracy(merged, test)
             acc["mean"] = sum(acc[t] for t in TASKS) / N
             sweep[str(r)] = {"acc": acc, "lambdas": dict(info.lambdas or {})}

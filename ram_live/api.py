@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from .engine import DEFAULT_CHUNK_NUMEL, MergeInfo, run_merge
 from .errors import ConfigError, MissingBaseError, NoAgentsError
-from .methods import get_method, make_config
+from .methods import RamStatistics, get_method, make_config
 from .progress import ProgressHook, TerminalProgress
 from .distributed import Distributed
 from .sinks import DistributedSafetensorsSink, ModuleSink, SafetensorsSink, StateDictSink
@@ -96,6 +96,7 @@ def merge(
     workers: int | None = None,
     process_group: Any = None,
     compile: bool | str = "auto",
+    statistics: RamStatistics | None = None,
     config: Any = None,
     **options: Any,
 ) -> Any:
@@ -117,6 +118,11 @@ def merge(
     of seconds cold); ``compile="auto"`` (default) compiles on accelerators for merges of at least 4 G
     agent-entries (Σ numel × K) when Triton is present; ``False`` never compiles. A toolchain that fails falls
     back to torch ops with a warning before anything is written; so do float16/float64 and mixed dtypes.
+    ``statistics``: RAM+ with global ρ counts every agent's active and unique entries in a first pass; pass the
+    counts of an earlier merge or probe of the same inputs (``info.statistics``, ``report.statistics()``) to
+    skip it, e.g. in a sweep over ``r`` or ``alpha``. They must come from the same agents (names, order), the
+    same activity rule and the same tensors (checked; the values cannot be, so change no weight in between);
+    methods that need no global counts ignore them, and ``inplace=True`` counts again (its first pass validates).
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP
@@ -152,7 +158,7 @@ def merge(
         info: MergeInfo = run_merge(
             base_src, agents, method_obj, cfg, sink, device=dev, chunk_numel=chunk_numel, validate_first=inplace,
             progress=TerminalProgress() if progress is True else (progress or None), workers=workers, dist=dist,
-            compile=compile,
+            compile=compile, statistics=statistics,
         )
         result = sink.finish()
     except BaseException:
@@ -182,6 +188,7 @@ def ram_merge(
     workers: int | None = None,
     process_group: Any = None,
     compile: bool | str = "auto",
+    statistics: RamStatistics | None = None,
 ) -> Any:
     """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``.
 
@@ -194,6 +201,8 @@ def ram_merge(
     >>> generalist = ram_merge([coder, tool_agent, memory_agent], base=base_model)          # doctest: +SKIP
     >>> generalist, info = ram_merge(agents, base=base_model, return_info=True)
     ... info.lambdas                                                                          # doctest: +SKIP
+    >>> sweep = [ram_merge(agents, base=base_model, r=r, statistics=info.statistics)        # doctest: +SKIP
+    ...          for r in (0.05, 0.1, 0.2)]                       # one pass each: the counts are reused
     """
     check_ram_variant(variant)
     options: dict[str, Any] = {"eps": eps, "activity": activity}
@@ -204,5 +213,5 @@ def ram_merge(
     return merge(
         models, base, variant, inplace=inplace, out=out, device=device, dtype=dtype, chunk_numel=chunk_numel,
         max_shard_bytes=max_shard_bytes, return_info=return_info, progress=progress, workers=workers,
-        process_group=process_group, compile=compile, **options,
+        process_group=process_group, compile=compile, statistics=statistics, **options,
     )

@@ -16,7 +16,7 @@ import shutil
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -614,11 +614,15 @@ def run_merge(
     workers: int | None = None,
     dist: Distributed | None = None,
     compile: bool | str = "auto",
+    statistics: RamStatistics | None = None,
 ) -> MergeInfo:
-    """Merge ``agents`` onto ``base`` with ``method`` into ``sink``; see :func:`ram_live.merge`."""
+    """Merge ``agents`` onto ``base`` with ``method`` into ``sink``; see :func:`ram_live.merge`. ``statistics``:
+    counts of an earlier pass over the same inputs, used instead of pass 1 (checked against the agents, the
+    activity rule and the number of entries; not with ``validate_first``, whose pass 1 validates)."""
     t0 = time.perf_counter()
     plan = build_plan(base, agents)
     specs = {key: base.spec(key) for key in plan.keys}
+    counted = sum(specs[key].numel for key in plan.merge if specs[key].counted)
     if dist is not None and not dist.sharded:
         owner = dist.owners(plan, specs)
         if hasattr(sink, "distribute"):
@@ -635,8 +639,11 @@ def run_merge(
         compile = _compiler_works(run_device, len(names), _ram_weighted(config))
     info.extra["compiled"] = compile
 
-    statistics = None
-    if method.needs_statistics(config) or validate_first:
+    reuse, statistics = statistics, None
+    if reuse is not None and method.needs_statistics(config) and not validate_first:
+        statistics = _check_reusable(reuse, names, activity or Activity(), counted)
+        info.statistics = statistics
+    elif method.needs_statistics(config) or validate_first:
         try:
             statistics = statistics_pass(reader, plan, activity or Activity(), chunk_numel, workspace, progress,
                                          workers, compile)
@@ -649,6 +656,7 @@ def run_merge(
             raise
         if dist is not None:
             statistics = dist.reduce_statistics(statistics, len(names))
+        statistics = replace(statistics, agents=names, activity=activity or Activity(), numel=counted)
         info.passes = 2
         info.statistics = statistics
     run_state = method.setup(config, RunContext(names, statistics, run_device)) if method.setup else None
@@ -670,6 +678,23 @@ def run_merge(
         raise RemoteRankError(f"rank {dist.rank}: another rank failed while merging (see its error)")
     info.seconds = time.perf_counter() - t0
     return info
+
+
+def _check_reusable(statistics: RamStatistics, names: tuple[str, ...], activity: Activity,
+                    numel: int) -> RamStatistics:
+    """``statistics`` if they were counted over these agents, with this activity rule, over ``numel`` entries."""
+    if not isinstance(statistics, RamStatistics):
+        raise ConfigError(f"statistics= takes RamStatistics (MergeInfo.statistics or ProbeReport.statistics()), "
+                          f"got {type(statistics).__name__}")
+    if statistics.agents != names:
+        raise ConfigError(f"statistics= were counted for agents {list(statistics.agents)}, this merge has "
+                          f"{list(names)}")
+    if statistics.activity != activity:
+        raise ConfigError(f"statistics= were counted with {statistics.activity}, this merge uses {activity}")
+    if statistics.numel != numel:
+        raise ConfigError(f"statistics= were counted over {statistics.numel:,} entries, this merge has {numel:,} "
+                          "(another model, or other tensors)")
+    return statistics
 
 
 def _ram_weighted(config: Any) -> bool:

@@ -60,11 +60,18 @@ class Activity:
 
 @dataclass(frozen=True)
 class RamStatistics:
-    """Counts of the statistics pass, per agent: active entries, unique ones, and the histogram of c."""
+    """Counts of the statistics pass, per agent: active entries, unique ones, and the histogram of c.
+
+    A merge stamps what they were counted over: the ``agents``, the ``activity`` rule and the ``numel`` entries
+    (on this process), so that a later merge of the same inputs can take them (``statistics=``) instead of
+    counting again."""
 
     active: Tensor
     unique: Tensor
     histogram: Tensor
+    agents: tuple[str, ...] = ()
+    activity: Activity | None = None
+    numel: int = 0
 
     @property
     def shared(self) -> Tensor:

@@ -20,7 +20,7 @@ from . import functional as F
 from .api import Model, Models, _sources
 from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, _Reader, build_plan
 from .errors import ConfigError
-from .methods import Activity
+from .methods import Activity, RamStatistics
 
 __all__ = ["probe", "ProbeReport", "AgentStats"]
 
@@ -102,6 +102,17 @@ class ProbeReport:
     activity: Activity
     r: float
     alpha: float
+
+    def statistics(self) -> RamStatistics:
+        """The per-agent counts as RAM+ needs them: ``ram_merge(..., statistics=report.statistics())`` on the same
+        inputs with the same activity rule skips the merge's own statistics pass (RAM+ in one pass)."""
+        return RamStatistics(
+            torch.tensor([self.agents[n].active for n in self.agent_names], dtype=torch.int64),
+            torch.tensor([self.agents[n].unique for n in self.agent_names], dtype=torch.int64),
+            torch.tensor(self.histogram, dtype=torch.int64),
+            agents=tuple(self.agent_names), activity=self.activity,
+            numel=next(iter(self.agents.values())).total if self.agents else 0,
+        )
 
     def layers(self) -> dict[str, dict[str, AgentStats]]:
         """Per-tensor stats summed by layer (see :func:`layer_of`), in model order."""

@@ -287,3 +287,44 @@ def test_compiled_path_falls_back_for_float64_and_mixed_dtypes(base_sd):
     for activity in ("abs", "changed"):
         assert_bit_identical(ram_merge(mixed, base=base_sd, compile=True, activity=activity),
                              ram_merge(mixed, base=base_sd, activity=activity))
+
+def test_reused_statistics_give_the_bits_of_a_fresh_merge_in_one_pass(base_sd):
+    from ram_live import probe
+
+    agents = make_agents(base_sd, [0.05, 0.5, 0.6])
+    _, first = ram_merge(agents, base=base_sd, return_info=True)
+    assert first.passes == 2 and first.statistics.numel == sum(t.numel() for t in base_sd.values())
+    report = probe(agents, base=base_sd)
+    assert torch.equal(report.statistics().active, first.statistics.active)
+    assert torch.equal(report.statistics().unique, first.statistics.unique)
+    for variant, r in [("ram_plus", 0.2), ("ram_plus_soft", 0.05)]:
+        fresh, f_info = ram_merge(agents, base=base_sd, variant=variant, r=r, return_info=True)
+        for stats in (first.statistics, report.statistics()):
+            reused, r_info = ram_merge(agents, base=base_sd, variant=variant, r=r, return_info=True,
+                                       statistics=stats)
+            assert_bit_identical(reused, fresh)
+            assert r_info.passes == 1 and r_info.lambdas == f_info.lambdas
+    # ignored where no global counts are needed
+    assert_bit_identical(ram_merge(agents, base=base_sd, variant="ram", statistics=first.statistics),
+                         ram_merge(agents, base=base_sd, variant="ram"))
+
+
+def test_statistics_of_other_inputs_are_refused(base_sd):
+    from ram_live.errors import ConfigError
+
+    agents = make_agents(base_sd, [0.05, 0.5])
+    _, info = ram_merge(agents, base=base_sd, return_info=True)
+    smaller = {k: v for k, v in base_sd.items() if k != "layers.1.w"}
+    cases = [
+        (dict(models={"agent_1": agents[1], "agent_0": agents[0]}),
+         r"agents \['agent_0', 'agent_1'\], this merge has \['agent_1', 'agent_0'\]"),
+        (dict(models=agents[:1]), r"this merge has \['agent_0'\]"),
+        (dict(models=agents, eps=1e-3), "counted with Activity"),
+        (dict(models=agents, activity="changed"), "counted with Activity"),
+        (dict(models=[{k: a[k] for k in smaller} for a in agents], base=smaller), "entries, this merge has"),
+        (dict(models=agents, statistics=info), "takes RamStatistics"),
+    ]
+    for kw, match in cases:
+        kw = {"base": base_sd, "statistics": info.statistics, **kw}
+        with pytest.raises(ConfigError, match=match):
+            ram_merge(**kw)
