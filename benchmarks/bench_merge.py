@@ -23,7 +23,9 @@ changed entry is "active" for the paper's rule and every other entry has delta e
   dict pays too, and which the floor leaves out).
 * RAM (``ram_merge(..., variant="ram")``), RAM+ (``variant="ram_plus"``, global rho: two passes) and
   ``probe``: wall time of the call from state dicts to the returned state dict / report, best of ``--reps``;
-  each as a multiple of the floor.
+  each as a multiple of the floor. Also RAM+ with ``statistics=`` the counts of its own run (the merge pass
+  alone, as in a sweep over r), and (2K+3)/(K+2): RAM+ / RAM when both passes run at memory bandwidth (the
+  statistics pass reads the K + 1 inputs once more).
 * mergekit 0.1.5's ``ram`` called per tensor (``benchmarks/mergekit_ram_worker.py`` in
   ``benchmarks/.venv-mergekit``, a subprocess; only its merge calls are timed) on the same tensors, written
   to a temporary folder: with ``--dtype float32`` (float32 compute, as ram_live) and mergekit's default
@@ -735,9 +737,17 @@ def main(argv: list[str] | None = None) -> int:
             info = result[1]
             row["lambdas"] = info.lambdas
             row["rho"] = {n: (v if math.isfinite(v) else str(v)) for n, v in (info.rho or {}).items()}
+            counts = info.statistics
             result = info = None
             print(f"  ram_plus  {row['ram_plus']:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in times)}; "
                   f"others' CPU {busy:.0%})", flush=True)
+            # RAM+ with the counts of the run above (statistics=): the merge pass alone, as in a sweep over r
+            times, _, busy = timed(lambda subset=subset: run_method("ram_plus", subset, base, statistics=counts),
+                                   reps, device)
+            row["ram_plus_reused"], row["ram_plus_reused_all"] = min(times), times
+            counts = None
+            print(f"  ram_plus with reused counts {row['ram_plus_reused']:.3f} s  (runs: "
+                  f"{', '.join(f'{t:.3f}' for t in times)}; others' CPU {busy:.0%})", flush=True)
 
             times, report, busy = timed(lambda subset=subset: run_method("probe", subset, base), reps, device, keep_last=True)
             row["probe"], row["probe_all"], row["probe_others_cpu"] = min(times), times, busy
@@ -837,6 +847,9 @@ def main(argv: list[str] | None = None) -> int:
         row["ram_x_floor"] = row["ram"] / row["floor"]
         row["ram_plus_x_floor"] = row["ram_plus"] / row["floor"]
         row["ram_plus_x_ram"] = row["ram_plus"] / row["ram"]
+        row["ram_plus_reused_x_ram"] = row["ram_plus_reused"] / row["ram"]
+        # both passes at memory speed: (K + 1 reads) + (K + 1 reads + 1 write) over (K + 1 reads + 1 write)
+        row["two_pass_bound"] = (2 * row["k"] + 3) / (row["k"] + 2)
         row["probe_x_floor"] = row["probe"] / row["floor"]
         row["pass_floor"] = row["ram_x_floor"] <= TARGET_FLOOR
         row["pass_ramplus"] = row["ram_plus_x_ram"] <= TARGET_RAMPLUS
@@ -848,7 +861,7 @@ def main(argv: list[str] | None = None) -> int:
     dev_label = "HBM" if device.type == "cuda" else "RAM"
     print(f"\n## Results ({device}, {n_params / 1e6:.1f} M bf16 params, seconds, best of {reps})\n")
     head = ["K", f"copy_ GB/s ({dev_label})", "floor s", "RAM s (x floor)", "RAM+ s (x floor, x RAM)",
-            "probe s (x floor)", "mergekit f32 s (RAM speedup)", "mergekit bf16 s (RAM speedup)",
+            "RAM+ reused counts s (x RAM)", "(2K+3)/(K+2)", "probe s (x floor)", "mergekit f32 s (RAM speedup)", "mergekit bf16 s (RAM speedup)",
             "max|RAM - mk f32|", "others' CPU % (RAM/RAM+/probe)"]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---:" for _ in head) + "|")
@@ -857,9 +870,10 @@ def main(argv: list[str] | None = None) -> int:
         mk16 = f"{r['mergekit_bf16']:.2f} ({r['speedup_bf16']:.1f}x)" if "mergekit_bf16" in r else "n/a"
         check = (f"{r['check_f32']['max_abs_diff']:.2g} (bf16 out: {r['check_bf16']['max_abs_diff']:.2g}, "
                  f"{r['check_bf16']['differ_after_rounding']} differ)") if "check_f32" in r else "n/a"
-        print(f"| {r['k']} | {r['copy_bandwidth'] / 1e9:.1f} | {r['floor']:.4f} | {r['ram']:.2f} "
-              f"({r['ram_x_floor']:.1f}x) | {r['ram_plus']:.2f} ({r['ram_plus_x_floor']:.1f}x, "
-              f"{r['ram_plus_x_ram']:.2f}x) | {r['probe']:.2f} ({r['probe_x_floor']:.1f}x) | {mk32} | {mk16} | "
+        print(f"| {r['k']} | {r['copy_bandwidth'] / 1e9:.1f} | {r['floor']:.4f} | {r['ram']:.3f} "
+              f"({r['ram_x_floor']:.1f}x) | {r['ram_plus']:.3f} ({r['ram_plus_x_floor']:.1f}x, "
+              f"{r['ram_plus_x_ram']:.2f}x) | {r['ram_plus_reused']:.3f} ({r['ram_plus_reused_x_ram']:.2f}x) | "
+              f"{r['two_pass_bound']:.2f} | {r['probe']:.2f} ({r['probe_x_floor']:.1f}x) | {mk32} | {mk16} | "
               f"{check} | {r['ram_others_cpu']:.0%}/{r['ram_plus_others_cpu']:.0%}/{r['probe_others_cpu']:.0%} |")
 
     if args.eager:
