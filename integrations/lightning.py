@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - depends on the environment
         ) from exc
 
 from ..errors import RamLiveError
-from ..schedule import MergeResult, RAMSchedule
+from ..schedule import MergeResult, RAMSchedule, _to_float
 from ..store import LocalCollective, SnapshotStore, TorchCollective
 
 __all__ = ["RAMCallback", "UnsupportedStrategyError"]
@@ -204,19 +204,12 @@ class RAMCallback(Callback):
 
     def merge_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
         """Merge the latest snapshot of every agent now, evaluate, log; returns the logged metrics."""
-        step = trainer.global_step
-        result = self.schedule.merge(pl_module, step, trainer.current_epoch)
-        self.last_result = result
-        metrics = result.metrics()
         evaluate = self._evaluate
         if evaluate is None and is_overridden("validation_step", pl_module):
             evaluate = lambda module: self._validate(trainer, module)
-        if callable(evaluate):
-            with self.schedule.swapped(pl_module, result):  # floats taken inside: scores may view the weights
-                scores = {k: _float(v) for k, v in (evaluate(pl_module) or {}).items()}
-            for key, value in scores.items():
-                metrics[key if key.startswith("ram/") else f"ram/{key}"] = value
-        self.schedule.history.append({"step": float(step), **metrics})
+        metrics = self.schedule.merge_and_evaluate(pl_module, trainer.global_step, trainer.current_epoch,
+                                                   evaluate if callable(evaluate) else None)
+        self.last_result = self.schedule.last_result
         self._log(trainer, metrics)
         return metrics
 
@@ -248,7 +241,7 @@ class RAMCallback(Callback):
                 return  # torchmetrics objects and the like: not collected
             w = float(batch_size) if batch_size else 1.0
             acc = sums.setdefault(name, [0.0, 0.0])
-            acc[0] += _float(value) * w
+            acc[0] += _to_float(value) * w
             acc[1] += w
 
         def log_dict(values: Mapping[str, Any], *args: Any, batch_size: int | None = None, **kwargs: Any) -> None:
@@ -287,7 +280,3 @@ class RAMCallback(Callback):
         return {n: s / w for n, (s, w) in sums.items() if w}
 
 
-def _float(value: Any) -> float:
-    if isinstance(value, torch.Tensor):
-        return float(value.detach().float().mean().item())
-    return float(value)

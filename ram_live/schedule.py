@@ -141,6 +141,7 @@ class RAMSchedule:
         self.snapshot_every = snapshot_every
         self.merge_every = merge_every
         self.evaluate = evaluate
+        self.last_result: MergeResult | None = None  # of the latest merge_and_evaluate
         self.variant = variant
         self.r, self.alpha, self.eps, self.activity, self.rho_scope = r, alpha, eps, activity, rho_scope
         self.snapshot_activity, self.snapshot_eps = snapshot_activity, snapshot_eps
@@ -407,7 +408,7 @@ class RAMSchedule:
     def merge_and_evaluate(self, model: Any, step: int, epoch: int | None = None,
                            evaluate: Callable[[Any], Mapping[str, Any]] | None = None) -> dict[str, float]:
         """:meth:`merge`, then ``evaluate(model)`` with the merged weights swapped in; the metrics, ``ram/``-prefixed."""
-        result = self.merge(model, step, epoch)
+        result = self.last_result = self.merge(model, step, epoch)
         metrics = result.metrics()
         fn = evaluate or self.evaluate
         if fn is not None:
