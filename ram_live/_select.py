@@ -1,4 +1,4 @@
-"""Native CPU kernels for snapshot capture (:func:`ram_live.store._encode` on CPU tensors of 2- or 4-byte entries).
+"""Native CPU kernels for snapshot capture (:func:`ram_live.store.encoding._encode` on CPU tensors of 2- or 4-byte entries).
 
 One pass over a range of the model and its base, 32 (16) entries per step with AVX-512: compare the bits, store
 the step's mask as the bitmask (entry ``i`` is bit ``i % 8`` of byte ``i // 8``: numpy's ``bitorder="little"``, the

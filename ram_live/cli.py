@@ -15,13 +15,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from .errors import ConfigError, RamLiveError
 
-__all__ = ["main"]
+__all__ = ["main", "run_command"]
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
            "fp32": torch.float32, "float32": torch.float32}
@@ -189,17 +189,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return verl_main(argv[argv.index("verl-snapshot") + 1:])
     args = _parser().parse_args(argv)
+    return run_command(lambda: _run(args), "ram-live", args.debug)
+
+
+def run_command(run: Callable[[], int], prog: str, debug: bool,
+                unexpected: tuple[type[Exception], ...] = (OSError, ImportError, RuntimeError)) -> int:
+    """``run()``'s exit status, its errors reported in one line on stderr: a :class:`RamLiveError` (bad input or
+    settings) as ``<prog>: error: <message>``, status 2; one of ``unexpected`` as ``<prog>: error: <Type>:
+    <message>``, status 1. ``debug`` re-raises them instead (the traceback)."""
     try:
-        return _run(args)
+        return run()
     except RamLiveError as exc:
-        if args.debug:
+        if debug:
             raise
-        print(f"ram-live: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except (OSError, ImportError, RuntimeError) as exc:
-        if args.debug:
+    except unexpected as exc:
+        if debug:
             raise
-        print(f"ram-live: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 
 

@@ -89,7 +89,7 @@ def test_pack_bits_is_numpy_little_packbits(n):
                                               (0.6, "bitmask"), (1.0, "dense")])
 def test_encoding_is_the_smallest_and_reconstruction_bit_exact(store, density, encoding, path, monkeypatch):
     """Both selection paths: numpy's on CPU tensors, torch's (any device; here the CPU without numpy)."""
-    import ram_live.store as store_module
+    import ram_live.store.encoding as store_module
 
     if path == "torch":
         monkeypatch.setattr(store_module, "_NUMPY", None)
@@ -207,8 +207,8 @@ def test_fingerprint_sees_one_bit_and_not_the_sharding():
     renamed = {("x" if k == "w" else k): v for k, v in base.items()}
     assert fingerprint(renamed) != fp
     # the same tensors cut into boxes (as ranks of a sharded model hold them) add up to the same sums
-    import ram_live.store as store_module
-    from ram_live.store import _box_hash
+    import ram_live.store.encoding as store_module
+    from ram_live.store.hashing import _box_hash
 
     # numpy's CPU path and torch's (other devices) compute the same integers
     for key, value in base.items():
@@ -370,7 +370,8 @@ def test_store_snapshot_streams_the_base_from_disk(store):
 def test_pieces_boxes_and_restricted_merges(store):
     """A sharded snapshot written as pieces (as two ranks would), read whole, by other boxes, and merged
     shard-wise: equals the merge of the whole tensors."""
-    from ram_live.store import _activity, _encode, _piece_entry, _Totals
+    from ram_live.store.encoding import _encode
+    from ram_live.store.writer import _activity, _piece_entry, _Totals
 
     base = {k: v for k, v in _base().items() if v.dtype.is_floating_point and v.dim() == 2 and v.numel()}
     agents = {"a": _moved(base, 0.1, 1), "b": _moved(base, 0.4, 2)}
@@ -395,8 +396,8 @@ def test_pieces_boxes_and_restricted_merges(store):
                 enc = _encode(t.tensor.reshape(-1), local_base.tensors[k].tensor.reshape(-1), _activity("changed", 0))
                 pieces[k] = [_piece_entry(k, rank, t, enc, tensors)]
                 totals.add(t, enc)
-            parts.append(store._write_part(name, 1, f"n{rank}", rank, tensors, pieces))
-        store._commit(name, 1, parts, whole, fp, _activity("changed", 0), totals, None, None)
+            parts.append(store.write_part(name, 1, f"n{rank}", rank, tensors, pieces))
+        store.commit_snapshot(name, 1, parts, whole, fp, _activity("changed", 0), totals, None, None)
     snaps = store.latest_all()
     assert len(snaps["a"].manifest["files"]) == 2
     for name, sd in agents.items():
@@ -421,7 +422,7 @@ def test_pieces_boxes_and_restricted_merges(store):
 @pytest.mark.parametrize("density", [0.01, 0.2, 0.97, 1.0])
 def test_cpu_path_in_many_small_steps_and_threads(store, monkeypatch, density):
     """Steps of 64 elements over several threads: sparse and dense steps mixed in one tensor, each encoding."""
-    import ram_live.store as store_module
+    import ram_live.store.encoding as store_module
 
     monkeypatch.setattr(store_module, "_CPU_CHUNK", 64)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)

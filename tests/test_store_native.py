@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import ram_live._select as select_module
-import ram_live.store as store_module
-from ram_live.store import _encode_native, _encode_numpy, _Encoded
+import ram_live.store.encoding as store_module
+from ram_live.store.encoding import _encode_native, _encode_numpy, _Encoded
 
 KERNELS = select_module.kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="no C compiler or no AVX-512 (BW, VBMI2) on this CPU")
@@ -123,7 +123,8 @@ def test_native_without_compiler(monkeypatch, tmp_path):
 
 def test_encode_many_side_by_side_equals_one_by_one(monkeypatch):
     """Pairs spread over threads (largest first), a pair too big for one thread's share, other dtypes and paths."""
-    from ram_live.store import _activity, _encode, _encode_many
+    from ram_live.store.encoding import _encode, _encode_many
+    from ram_live.store.writer import _activity
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     monkeypatch.setattr(store_module, "_NATIVE_MIN_SPLIT", 1000)

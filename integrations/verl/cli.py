@@ -49,20 +49,9 @@ def _value(text: str) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (0; 2 for bad input or settings; 1 otherwise)."""
     args = build_parser().parse_args(argv)
-    from ram_live.errors import RamLiveError
+    from ram_live.cli import run_command
 
-    try:
-        return _run(args)
-    except RamLiveError as exc:
-        if args.debug:
-            raise
-        print(f"ram-live verl-snapshot: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        if args.debug:
-            raise
-        print(f"ram-live verl-snapshot: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+    return run_command(lambda: _run(args), "ram-live verl-snapshot", args.debug, unexpected=(Exception,))
 
 
 def _run(args: argparse.Namespace) -> int:

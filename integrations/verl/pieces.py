@@ -8,9 +8,10 @@ snapshot (pieces with offsets), then commits one manifest. :func:`stream_fingerp
 content fingerprint from the same groups (it is independent of how the model is cut, so it equals
 :func:`ram_live.store.fingerprint` of the whole model).
 
-This module leans on a few private helpers of ``ram_live.store`` (``_write_part``, ``_commit``,
-``_write_base_part``, ``_compose``, ``_write_json``); they are used here and nowhere else in the integration, so
-that moving this class into the store is a copy.
+This module writes through the store's part-level API (:meth:`SnapshotStore.write_part`,
+:meth:`~SnapshotStore.commit_snapshot`, :meth:`~SnapshotStore.write_base_part`,
+:meth:`~SnapshotStore.compose_manifest`, :func:`ram_live.store.files.write_json`); nothing else in the
+integration does, so that moving these classes into the store is a copy.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ram_live import store as _store
 from ram_live.errors import UnsupportedInputError
 from ram_live.methods import Activity
 from ram_live.store import (
+    BASE_DIR,
+    BASE_FORMAT,
+    VERSION,
     BaseMismatchError,
     LocalModel,
     LocalTensor,
@@ -33,6 +36,7 @@ from ram_live.store import (
     SnapshotWriter,
     fingerprint,
 )
+from ram_live.store.files import write_json
 
 __all__ = ["BaseWriter", "PieceWriter", "group_model", "meta_model", "stream_fingerprint"]
 
@@ -120,7 +124,7 @@ class _Rank:
 
 
 class _Totals:
-    """The counters a manifest records (duck-typed like the store's own)."""
+    """The counters a manifest records (a :class:`ram_live.store.writer.SnapshotTotals`, like the store's own)."""
 
     def __init__(self) -> None:
         self.numel = 0
@@ -188,7 +192,7 @@ class PieceWriter:
                                 collective=_Rank(index), clone_base=False,  # type: ignore[arg-type]
                                 trusted_fingerprint=self.fingerprint)
         capture = writer.capture(model)
-        part = self.store._write_part(self.agent, self.step, self.nonce, index, capture.tensors, capture.pieces)
+        part = self.store.write_part(self.agent, self.step, self.nonce, index, capture.tensors, capture.pieces)
         self.parts.append(part)
         dtype = next(iter(boxes.values())).tensor.dtype if boxes else torch.float32
         self.totals.add(capture.totals, dtype)
@@ -211,7 +215,7 @@ class PieceWriter:
             self.totals.add(_Count(n, 0, n * dtype.itemsize), dtype)
         if pieces:
             index = len(self.parts)
-            self.parts.append(self.store._write_part(self.agent, self.step, self.nonce, index, {}, pieces))
+            self.parts.append(self.store.write_part(self.agent, self.step, self.nonce, index, {}, pieces))
 
     def commit(self, *, epoch: int | None = None, extra: Mapping[str, Any] | None = None) -> Any:
         import math
@@ -222,8 +226,8 @@ class PieceWriter:
                     f"{self.agent}: tensor {key!r}: the checkpoint's shards cover {self._covered.get(key, 0)} of "
                     f"{math.prod(shape)} elements")
         like = meta_model(self.specs, self.agent)
-        return self.store._commit(self.agent, self.step, self.parts, like, self.fingerprint, self.rule, self.totals,
-                                  epoch, extra)
+        return self.store.commit_snapshot(self.agent, self.step, self.parts, like, self.fingerprint, self.rule,
+                                          self.totals, epoch, extra)
 
     def abort(self) -> None:
         """Remove the part files written so far (no manifest references them)."""
@@ -248,7 +252,7 @@ class BaseWriter:
         self.write = not store.has_base()
         self.nonce = uuid.uuid4().hex[:12]
         self.parts: list[dict[str, Any]] = []
-        self.folder = store.root / _store.BASE_DIR
+        self.folder = store.root / BASE_DIR
 
     def add(self, boxes: Mapping[str, LocalTensor]) -> None:
         self.acc.add(boxes)
@@ -256,14 +260,14 @@ class BaseWriter:
             self.folder.mkdir(parents=True, exist_ok=True)
             local = LocalModel(dict(boxes), {}, list(boxes), "base", distributed=True)
             index = len(self.parts)
-            self.parts.append(self.store._write_base_part(self.folder, self.nonce, index, local, dict(boxes)))
+            self.parts.append(self.store.write_base_part(self.folder, self.nonce, index, local, dict(boxes)))
 
     def finish(self) -> str:
         fp = self.acc.value()
         if self.write:
-            manifest = self.store._compose(self.parts, meta_model(self.specs, "base"), extra={
-                "format": _store.BASE_FORMAT, "version": _store.VERSION, "fingerprint": fp, "time": time.time()})
-            won = _store._write_json(self.store.base_path, manifest, self.store.durable, exclusive=True)
+            manifest = self.store.compose_manifest(self.parts, meta_model(self.specs, "base"), extra={
+                "format": BASE_FORMAT, "version": VERSION, "fingerprint": fp, "time": time.time()})
+            won = write_json(self.store.base_path, manifest, self.store.durable, exclusive=True)
             if not won:
                 for f in manifest["files"]:
                     (self.folder / f["name"]).unlink(missing_ok=True)

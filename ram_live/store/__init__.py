@@ -1,0 +1,76 @@
+"""Task-vector snapshots of agents during training: a store on a (shared) file system, one folder per agent.
+
+A snapshot keeps, per tensor, the agent's values at the positions where they differ from the base plus those
+positions (int32 indices or a packed bitmask, whichever is smaller; all values when nearly everything changed),
+in safetensors. Base + snapshot reconstructs the agent bit-exactly in its own dtype, and the size on disk is
+proportional to what changed. Each snapshot has a JSON manifest, written last and atomically (temporary name,
+then rename): readers trust only manifests, so a writer killed at any moment leaves no half snapshot visible.
+Nothing is pickled: tensors are safetensors, everything else JSON.
+
+Layout of a store folder::
+
+    store.json                              {"format": "ram_live.store", "version": 1}
+    _base/base.json                         the base's manifest (fingerprint, tensors, pieces)
+    _base/base-<nonce>.p<rank>.safetensors  the base's tensors (dense)
+    <agent>/<step:012d>.json                one manifest per snapshot
+    <agent>/<step:012d>-<nonce>.p<rank>.safetensors
+
+Snapshots are :class:`~ram_live.sources.TensorSource` s that carry their base, so they merge straight away:
+
+>>> store = SnapshotStore("runs/ram")                                       # doctest: +SKIP
+>>> writer = store.writer("coder", base=model)        # at train start: persists (or checks) the base
+>>> writer.snapshot(model, step=50)                    # every n steps: diff on the weights' device
+>>> generalist = ram_merge(store.latest_all())         # any process: every agent's latest snapshot
+
+Sharded models (DTensor parameters, e.g. Lightning's ``ModelParallelStrategy``) are stored as pieces: every rank
+writes the boxes of the tensors it holds (replicas once), rank 0 writes the manifest. A reader assembles full
+tensors from pieces of any layout, or reads only one box (:meth:`Snapshot.restrict`) to merge shard-wise
+(``ram_merge(..., process_group=True)`` on those boxes).
+
+The package, a module per job: :mod:`.format` (the on-disk format), :mod:`.files` (atomic writes, manifests),
+:mod:`.collective` (collectives), :mod:`.local` (a process's part of a model), :mod:`.hashing` (fingerprints),
+:mod:`.encoding` (change encodings), :mod:`.writer` (capture), :mod:`.reading` (the base and snapshots read
+back), :mod:`.snapshot_store` (the store folder), :mod:`.shardwise` (shard-wise statistics), :mod:`.errors`.
+Names imported as ``X as X`` are public but, as before the split, outside ``__all__``.
+"""
+
+from __future__ import annotations
+
+from .collective import Collective, LocalCollective, TorchCollective
+from .collective import default_collective as default_collective
+from .encoding import pack_bits as pack_bits
+from .encoding import unpack_bits as unpack_bits
+from .errors import BaseMismatchError, CorruptSnapshotError, SnapshotNotFoundError, StoreError
+from .format import BASE_DIR as BASE_DIR
+from .format import BASE_FORMAT as BASE_FORMAT
+from .format import SNAPSHOT_FORMAT as SNAPSHOT_FORMAT
+from .format import STORE_FORMAT as STORE_FORMAT
+from .format import VERSION as VERSION
+from .format import Box as Box
+from .hashing import fingerprint
+from .local import LocalModel, LocalTensor
+from .reading import BoxSource as BoxSource
+from .reading import Snapshot, SnapshotInfo, StoreBase
+from .shardwise import ram_statistics
+from .snapshot_store import SnapshotStore
+from .writer import Capture as Capture
+from .writer import SnapshotWriter
+
+__all__ = [
+    "BaseMismatchError",
+    "Collective",
+    "CorruptSnapshotError",
+    "LocalCollective",
+    "LocalModel",
+    "LocalTensor",
+    "Snapshot",
+    "SnapshotInfo",
+    "SnapshotNotFoundError",
+    "SnapshotStore",
+    "SnapshotWriter",
+    "StoreBase",
+    "StoreError",
+    "TorchCollective",
+    "fingerprint",
+    "ram_statistics",
+]

@@ -1,0 +1,339 @@
+"""Encoding a tensor's changes against the base (none, indices, bitmask or dense), selected on the weights'
+device or with the CPU paths (numpy, native kernels), and applying them back."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..memory import advise_hugepages
+from ..methods import Activity
+from .errors import CorruptSnapshotError
+from .format import _bits
+
+
+def pack_bits(mask: Tensor) -> Tensor:
+    """bool ``[n]`` → uint8 ``[ceil(n/8)]``; element ``8b + j`` is bit ``j`` of byte ``b`` (numpy ``bitorder="little"``).
+    On the mask's device."""
+    n = mask.numel()
+    m = mask.reshape(-1).view(torch.uint8)
+    pad = (-n) % 8
+    if pad:
+        m = torch.cat([m, m.new_zeros(pad)])
+    elif m.storage_offset() % 8:
+        m = m.clone()
+    # each byte is 0 or 1: one multiply gathers the 8 bits of a word into its top byte (no carries; mod 2^64)
+    return ((m.view(torch.int64) * 0x0102040810204080) >> 56).to(torch.uint8)
+
+
+def unpack_bits(packed: Tensor, n: int) -> Tensor:
+    """Inverse of :func:`pack_bits`: uint8 ``[ceil(n/8)]`` → bool ``[n]``."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    return ((packed.view(-1, 1) >> shifts) & 1).view(-1)[:n].to(torch.bool)
+
+
+@dataclass
+class _Encoded:
+    encoding: str  # "none" | "indices" | "bitmask" | "dense"
+    count: int
+    values: Tensor | None = None
+    positions: Tensor | None = None
+
+
+def _changed_mask(cur: Tensor, base: Tensor, activity: Activity) -> Tensor:
+    if activity.rule == "changed":
+        return _bits(cur) != _bits(base)
+    # lossy: keep |τ| > eps (and every non-finite value); computed in float32 (float64 for float64), in chunks
+    out = torch.empty(cur.shape, dtype=torch.bool, device=cur.device)
+    wide = torch.float64 if cur.dtype == torch.float64 else torch.float32
+    step = 1 << 22
+    for s in range(0, cur.numel(), step):
+        d = cur[s : s + step].to(wide) - base[s : s + step].to(wide)
+        torch.logical_not(d.abs_() <= activity.eps, out=out[s : s + step])
+    return out
+
+
+_NUMPY: Any = False  # numpy module once looked up (None when not installed)
+_CPU_CHUNK = 1 << 18  # elements per step of the CPU path (a multiple of 8: bitmask bytes line up)
+
+
+def _numpy() -> Any:
+    """numpy if installed (optional: the CPU path's selection is ~10x faster than torch's masked_select)."""
+    global _NUMPY
+    if _NUMPY is False:
+        try:
+            import numpy
+        except ImportError:  # pragma: no cover - numpy ships with nearly every torch install
+            numpy = None
+        _NUMPY = numpy
+    return _NUMPY
+
+
+def _choose(n: int, count: int, size: int) -> str:
+    if count == 0:
+        return "none"
+    index_size = 4 if n < 2**31 else 8
+    costs = {"indices": count * (index_size + size), "bitmask": (n + 7) // 8 + count * size, "dense": n * size}
+    return min(costs, key=lambda k: (costs[k], k != "dense"))
+
+
+def _encode(cur: Tensor, base: Tensor, activity: Activity, to_cpu: bool = True, split: bool = True) -> _Encoded:
+    """The changed values of ``cur`` against ``base`` (flat, same dtype), selected on their device. ``split``:
+    the CPU paths may spread one tensor over threads."""
+    n = cur.numel()
+    if n == 0:
+        return _Encoded("none", 0)
+    np = _numpy() if cur.device.type == "cpu" and activity.rule == "changed" else None
+    if np is not None and cur.is_contiguous() and base.is_contiguous() and cur.dtype != torch.bool:
+        if _native_path(cur, base, activity):
+            return _encode_native(np, _native(), cur, base, split)
+        return _encode_numpy(np, cur, base)
+    changed = _changed_mask(cur, base, activity)
+    count = int(torch.count_nonzero(changed))
+    encoding = _choose(n, count, cur.element_size())
+    if encoding == "none":
+        return _Encoded("none", 0)
+    if encoding == "dense":
+        values = cur.clone() if (cur.device.type == "cpu" or not to_cpu) else cur
+        positions = None
+    elif encoding == "indices":
+        idx = changed.nonzero().view(-1)
+        values = cur[idx]
+        positions = idx.to(torch.int32 if n < 2**31 else torch.int64)
+    else:
+        values = cur[changed]
+        positions = pack_bits(changed)
+    if to_cpu:
+        values = values.cpu()
+        positions = positions.cpu() if positions is not None else None
+    return _Encoded(encoding, count, values, positions)
+
+
+_POOL: Any = None
+
+
+def _pool() -> Any:
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ram_live_store")
+    return _POOL
+
+
+def _scan(np: Any, cn: Any, bn: Any, start: int, end: int) -> tuple[Any, int, list[tuple[str, Any]]]:
+    """Compare ``cn`` and ``bn`` over [start, end) in cache-sized steps. Returns the changed values (in order),
+    their count, and per step its positions: ``("idx", indices)`` for sparse steps (changed in < 1/32),
+    ``("bits", packed bitmask)`` for the others."""
+    out = np.empty(end - start, dtype=cn.dtype)  # only the part written is ever touched
+    mask = np.empty(min(end - start, _CPU_CHUNK), dtype=np.bool_)
+    count = 0
+    steps: list[tuple[str, Any]] = []
+    for s in range(start, end, _CPU_CHUNK):
+        e = min(end, s + _CPU_CHUNK)
+        m = mask[: e - s]
+        np.not_equal(cn[s:e], bn[s:e], out=m)
+        c = int(np.count_nonzero(m))
+        if 32 * c < e - s:
+            idx = np.flatnonzero(m)
+            np.take(cn[s:e], idx, out=out[count : count + c])
+            steps.append(("idx", idx))
+        else:
+            if c == e - s:
+                out[count : count + c] = cn[s:e]
+            else:
+                np.compress(m, cn[s:e], out=out[count : count + c])
+            steps.append(("bits", np.packbits(m, bitorder="little")))
+        count += c
+    return out, count, steps
+
+
+def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> _Encoded:
+    """The CPU path: compare, count and select in cache-sized steps, over a few threads (numpy releases the
+    GIL), then the encoding: indices or bitmask assembled from the steps' own positions."""
+    cn = _bits(cur).reshape(-1).numpy()
+    bn = _bits(base).reshape(-1).numpy()
+    n = cn.size
+    n_steps = (n + _CPU_CHUNK - 1) // _CPU_CHUNK
+    workers = max(1, min(torch.get_num_threads(), 8, n_steps // 2))
+    if workers == 1:
+        parts = [_scan(np, cn, bn, 0, n)]
+    else:
+        per = (n_steps + workers - 1) // workers * _CPU_CHUNK
+        futures = [_pool().submit(_scan, np, cn, bn, s, min(n, s + per)) for s in range(0, n, per)]
+        parts = [f.result() for f in futures]
+    count = sum(p[1] for p in parts)
+    encoding = _choose(n, count, cn.itemsize)
+    if encoding == "none":
+        return _Encoded("none", 0)
+    if encoding == "dense" and count < n:
+        return _Encoded("dense", count, cur.reshape(-1).clone())
+    values_np = parts[0][0][:count] if len(parts) == 1 else np.concatenate([o[:c] for o, c, _ in parts])
+    values = torch.from_numpy(values_np).view(cur.dtype)
+    if encoding == "dense":
+        return _Encoded("dense", count, values)
+    steps = [step for _, _, part in parts for step in part]
+    if encoding == "bitmask":
+        packed = np.empty((n + 7) // 8, dtype=np.uint8)
+        for i, (kind, data) in enumerate(steps):
+            s = i * _CPU_CHUNK
+            e = min(n, s + _CPU_CHUNK)
+            if kind == "idx":
+                m = np.zeros(e - s, dtype=np.bool_)
+                m[data] = True
+                data = np.packbits(m, bitorder="little")
+            packed[s // 8 : (e + 7) // 8] = data
+        return _Encoded("bitmask", count, values, torch.from_numpy(packed))
+    chunks = []
+    for i, (kind, data) in enumerate(steps):
+        s = i * _CPU_CHUNK
+        if kind == "bits":  # a dense step of a sparse tensor
+            e = min(n, s + _CPU_CHUNK)
+            data = np.flatnonzero(np.unpackbits(data, count=e - s, bitorder="little").view(np.bool_))
+        chunks.append(data + s if s else data)
+    index_dtype = np.int32 if n < 2**31 else np.int64
+    idx_all = np.concatenate(chunks).astype(index_dtype, copy=False)
+    return _Encoded("indices", count, values, torch.from_numpy(idx_all))
+
+
+def _native() -> Any:
+    """The compiled AVX-512 selection kernels (:mod:`ram_live._select`), or None: the numpy path."""
+    from .._select import kernels
+
+    return kernels()
+
+
+def _native_path(cur: Tensor, base: Tensor, activity: Activity) -> bool:
+    """Whether :func:`_encode` takes :func:`_encode_native` for this pair."""
+    return (cur.device.type == "cpu" and activity.rule == "changed" and cur.dtype != torch.bool
+            and cur.element_size() in (2, 4) and 0 < cur.numel() < 2**31 and cur.is_contiguous()
+            and base.is_contiguous() and _numpy() is not None and _native() is not None)
+
+
+def _encode_many(pairs: Sequence[tuple[Tensor, Tensor]], activity: Activity) -> list[_Encoded]:
+    """:func:`_encode` of every pair. Pairs on the native CPU path run side by side, one thread per pair (no
+    ranges to move together afterwards), balanced over the threads largest first; a pair bigger than a thread's
+    share, a small one, and every other pair, is encoded alone (spread over the threads where its path does)."""
+    workers = max(1, min(torch.get_num_threads(), 8))
+    total = sum(cur.numel() for cur, _ in pairs)
+    side = [i for i, (cur, base) in enumerate(pairs)  # small pairs: a thread costs more than it gives
+            if workers > 1 and _NATIVE_MIN_SPLIT <= cur.numel() <= total // workers
+            and _native_path(cur, base, activity)]
+    out: list[_Encoded | None] = [None] * len(pairs)
+    chosen = set(side)
+    for i, (cur, base) in enumerate(pairs):
+        if i not in chosen:
+            out[i] = _encode(cur, base, activity)
+    queues: list[list[int]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for i in sorted(side, key=lambda i: -pairs[i][0].numel()):
+        w = loads.index(min(loads))
+        queues[w].append(i)
+        loads[w] += pairs[i][0].numel()
+
+    def run(queue: list[int]) -> None:
+        for i in queue:
+            out[i] = _encode(*pairs[i], activity, split=False)
+
+    for _ in _pool().map(run, [q for q in queues if q]):
+        pass
+    return [enc for enc in out if enc is not None]
+
+
+_NATIVE_MIN_SPLIT = 1 << 20  # entries: tensors at least this big are split over threads
+
+
+def _ranges(n: int, workers: int, align: int) -> list[tuple[int, int]]:
+    """[0, n) in ``workers`` nearly equal ranges starting at multiples of ``align`` (whole bitmask bytes)."""
+    per = -(-n // workers // align) * align
+    return [(s, min(n, s + per)) for s in range(0, n, per)] if per else [(0, n)]
+
+
+def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor, split: bool = True) -> _Encoded:
+    """The CPU path with :mod:`ram_live._select`'s kernels: one pass per range of the tensor (ranges over
+    threads) writes the bitmask, the changed values and (while they may still be the smaller encoding) the int32
+    indices, each range at its own offset; the ranges' values and indices are then moved together."""
+    from .._select import ALIGN
+
+    cn = _bits(cur).reshape(-1).numpy()
+    bn = _bits(base).reshape(-1).numpy()
+    n, size = cn.size, cn.itemsize
+    # int32 indices are the smaller encoding iff 4 * count <= ceil(n / 8) (see _choose; n < 2^31 here): while
+    # they may be, a range writes them
+    cap = (n + 7) // 8 // 4
+    workers = max(1, min(torch.get_num_threads(), 8, n // _NATIVE_MIN_SPLIT)) if split else 1
+    ranges = _ranges(n, workers, ALIGN)
+    bits = np.empty((n + 7) // 8, dtype=np.uint8)
+    vals = np.empty(n, dtype=cn.dtype)  # only the part written is ever touched
+    for fresh in (bits, vals):  # first-touch faults of fresh output cost as much as the pass itself here
+        advise_hugepages(torch.from_numpy(fresh))
+    idx = np.empty(len(ranges) * (cap + 32), dtype=np.int32)
+    a, b, pb, pv, pi = cn.ctypes.data, bn.ctypes.data, bits.ctypes.data, vals.ctypes.data, idx.ctypes.data
+
+    def run(r: int) -> int:
+        s, e = ranges[r]
+        return native.select(a + s * size, b + s * size, e - s, pb + s // 8, pv + s * size, size,
+                             pi + 4 * r * (cap + 32), cap, s)
+
+    counts = [run(0)] if len(ranges) == 1 else list(_pool().map(run, range(len(ranges))))
+    count = sum(counts)
+    encoding = _choose(n, count, size)
+    if encoding == "none":
+        return _Encoded("none", 0)
+    if encoding == "dense" and count < n:
+        return _Encoded("dense", count, cur.reshape(-1).clone())
+    done = counts[0]
+    for r in range(1, len(ranges)):  # move each range's values (and indices) after the previous ones
+        c, s = counts[r], ranges[r][0]
+        ctypes.memmove(pv + done * size, pv + s * size, c * size)
+        if encoding == "indices":
+            ctypes.memmove(pi + 4 * done, pi + 4 * r * (cap + 32), 4 * c)
+        done += c
+    values = torch.from_numpy(vals[:count]).view(cur.dtype)
+    if encoding == "dense":
+        return _Encoded("dense", count, values)
+    if encoding == "bitmask":
+        return _Encoded("bitmask", count, values, torch.from_numpy(bits))
+    return _Encoded("indices", count, values, torch.from_numpy(idx[:count]))
+
+
+def _apply(flat: Tensor, encoding: str, values: Tensor | None, positions: Tensor | None) -> Tensor:
+    """Write a piece's changed values into ``flat`` (the base's values of that piece, flat), in place."""
+    if encoding == "none":
+        return flat
+    assert values is not None
+    values = values.to(flat.device)
+    if encoding == "dense":
+        return flat.copy_(values)
+    assert positions is not None
+    positions = positions.to(flat.device)
+    np = _numpy() if flat.device.type == "cpu" and flat.dtype != torch.bool and flat.is_contiguous() else None
+    if np is not None:  # CPU: numpy's scatter is several times faster than masked_scatter_
+        fn = _bits(flat).numpy()
+        vn = _bits(values.contiguous()).numpy()
+        if encoding == "indices":
+            fn[positions.numpy()] = vn
+        elif encoding == "bitmask":
+            pn = positions.numpy()
+            done = 0
+            for s in range(0, fn.size, _CPU_CHUNK):
+                e = min(fn.size, s + _CPU_CHUNK)
+                bits = np.unpackbits(pn[s // 8 : (e + 7) // 8], count=e - s, bitorder="little").view(np.bool_)
+                idx = np.flatnonzero(bits)
+                fn[s:e][idx] = vn[done : done + idx.size]
+                done += idx.size
+        else:
+            raise CorruptSnapshotError(f"unknown encoding {encoding!r}")
+        return flat
+    if encoding == "indices":
+        flat[positions.to(torch.int64)] = values
+    elif encoding == "bitmask":
+        flat.masked_scatter_(unpack_bits(positions, flat.numel()), values)
+    else:
+        raise CorruptSnapshotError(f"unknown encoding {encoding!r}")
+    return flat

@@ -1,0 +1,273 @@
+"""Reading a store: its base (:class:`StoreBase`) and snapshots (:class:`Snapshot`, :class:`BoxSource`), rebuilt
+from their manifests' pieces."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ..sources import TensorSpec
+from .encoding import _apply
+from .errors import BaseMismatchError, CorruptSnapshotError, SnapshotNotFoundError
+from .files import _read_json
+from .format import Box, _box, _dtype, _intersect
+
+if TYPE_CHECKING:
+    from .snapshot_store import SnapshotStore
+
+
+class _Files:
+    """Open safetensors handles of one manifest's files (memory-mapped; survive a later unlink)."""
+
+    def __init__(self, folder: Path, files: Sequence[Mapping[str, Any]], device: torch.device) -> None:
+        from safetensors import safe_open
+
+        self.handles = []
+        for f in files:
+            path = folder / f["name"]
+            try:
+                size = path.stat().st_size
+                handle = safe_open(str(path), framework="pt", device="cpu")
+            except FileNotFoundError:
+                raise SnapshotNotFoundError(f"{path}: data file missing (snapshot pruned while opening?)") from None
+            if size != f["bytes"]:
+                raise CorruptSnapshotError(f"{path}: {size} bytes, the manifest says {f['bytes']}")
+            self.handles.append(handle)
+        self.device = device
+
+    def tensor(self, file: int, name: str | None) -> Tensor | None:
+        return None if name is None else self.handles[file].get_tensor(name)
+
+    def slice(self, file: int, name: str, slices: Sequence[slice]) -> Tensor:
+        return self.handles[file].get_slice(name)[tuple(slices)]
+
+
+class _ManifestTable:
+    """The :class:`TensorSource` methods a manifest's table of tensors answers: keys, specs and tied names."""
+
+    device: torch.device
+
+    def _read_table(self, manifest: Mapping[str, Any]) -> None:
+        self._tensors: dict[str, Any] = manifest["tensors"]
+        self._aliases: dict[str, str] = manifest.get("aliases", {})
+        self._keys: list[str] = manifest.get("keys") or list(self._tensors) + list(self._aliases)
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def spec(self, key: str) -> TensorSpec:
+        e = self._tensors[self._aliases.get(key, key)]
+        return TensorSpec(tuple(e["shape"]), _dtype(e["dtype"]), self.device, bool(e.get("buffer")))
+
+    def aliases(self) -> dict[str, str]:
+        return dict(self._aliases)
+
+
+class StoreBase(_ManifestTable):
+    """The store's base model as a :class:`TensorSource` (dense; assembled from pieces), with its ``fingerprint``."""
+
+    def __init__(self, folder: Path, manifest: Mapping[str, Any], device: torch.device | str = "cpu") -> None:
+        self.name = "base"
+        self.folder = folder
+        self.manifest = manifest
+        self.fingerprint: str = manifest["fingerprint"]
+        self.device = torch.device(device)
+        self._read_table(manifest)
+        self._files = _Files(folder, manifest["files"], self.device)
+
+    def get(self, key: str) -> Tensor:
+        key = self._aliases.get(key, key)
+        shape = tuple(self._tensors[key]["shape"])
+        return self.get_box(key, (0,) * len(shape), shape, copy=False).to(self.device)
+
+    def get_box(self, key: str, offsets: Sequence[int], shape: Sequence[int], copy: bool = True) -> Tensor:
+        """The box ``offsets`` + ``shape`` of the base's tensor ``key`` on the CPU: a new tensor, or with
+        ``copy=False`` possibly a view of the memory-mapped file (never to be written)."""
+        key = self._aliases.get(key, key)
+        entry = self._tensors[key]
+        want: Box = (tuple(offsets), tuple(shape))
+        pieces = entry["pieces"]
+        for p in pieces:
+            if _box(p) == want:
+                t = self._files.tensor(p["file"], p["values"])
+                assert t is not None
+                return t.clone() if copy else t
+        out = torch.empty(want[1], dtype=_dtype(entry["dtype"]))
+        covered = 0
+        for p in pieces:
+            inter = _intersect(want, _box(p))
+            if inter is None:
+                continue
+            mine, theirs = inter
+            part = self._files.slice(p["file"], p["values"], theirs)
+            out[tuple(mine)] = part
+            covered += part.numel()
+        if covered != out.numel():
+            raise CorruptSnapshotError(f"base tensor {key!r}: its pieces do not cover the box {want}")
+        return out
+
+
+class Snapshot(_ManifestTable):
+    """One agent's snapshot, read lazily: a :class:`TensorSource` whose ``get`` returns base + changes, bit-exact
+    in the stored dtype, and whose ``base_source()`` is the store's base."""
+
+    def __init__(self, store: SnapshotStore, agent: str, step: int, manifest: Mapping[str, Any],
+                 device: torch.device | str = "cpu", name: str | None = None) -> None:
+        self.store = store
+        self.agent = agent
+        self.step = step
+        self.name = name or agent
+        self.manifest = manifest
+        self.device = torch.device(device)
+        self._read_table(manifest)
+        self._base = store.base_source(device)
+        if manifest["base_fingerprint"] != self._base.fingerprint:
+            raise BaseMismatchError(
+                f"snapshot {agent!r} step {step} was taken against base {manifest['base_fingerprint']}, but the store's "
+                f"base is {self._base.fingerprint}"
+            )
+        self._files = _Files(store.root / agent, manifest["files"], self.device)
+
+    def __repr__(self) -> str:
+        return (f"Snapshot(agent={self.agent!r}, step={self.step}, changed={self.changed:,}/{self.numel:,}, "
+                f"bytes={self.bytes:,})")
+
+    # -- facts
+    @property
+    def numel(self) -> int:
+        return int(self.manifest["stats"]["numel"])
+
+    @property
+    def changed(self) -> int:
+        return int(self.manifest["stats"]["changed"])
+
+    @property
+    def density(self) -> float:
+        return self.changed / self.numel if self.numel else 0.0
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of this snapshot's data files on disk."""
+        return sum(int(f["bytes"]) for f in self.manifest["files"])
+
+    @property
+    def dense_bytes(self) -> int:
+        """Bytes of a dense copy of the model in its dtypes."""
+        return int(self.manifest["stats"]["dense_bytes"])
+
+    @property
+    def lossless(self) -> bool:
+        return self.manifest["activity"]["rule"] == "changed"
+
+    @property
+    def fingerprint(self) -> str:
+        return self._base.fingerprint
+
+    def base_source(self) -> StoreBase:
+        return self._base
+
+    # -- TensorSource (keys, spec, aliases: _ManifestTable)
+    def get(self, key: str) -> Tensor:
+        """The agent's tensor ``key``, bit-exact (a new tensor, or a read-only view of the file when every value
+        of it is stored: never to be written)."""
+        key = self._aliases.get(key, key)
+        shape = tuple(self._tensors[key]["shape"])
+        return self.get_box(key, (0,) * len(shape), shape)
+
+    def get_box(self, key: str, offsets: Sequence[int], shape: Sequence[int]) -> Tensor:
+        """The box ``offsets`` + ``shape`` of the agent's tensor ``key`` (base + this snapshot's changes)."""
+        key = self._aliases.get(key, key)
+        want: Box = (tuple(offsets), tuple(shape))
+        pieces = self._tensors[key]["pieces"]
+        if len(pieces) == 1 and pieces[0]["encoding"] == "dense" and _box(pieces[0]) == want:
+            values = self._files.tensor(pieces[0]["file"], pieces[0]["values"])  # every value is stored
+            assert values is not None
+            return values.view(want[1]).to(self.device)
+        out = self._base.get_box(key, *want)
+        for p in pieces:
+            if p["encoding"] == "none":
+                continue
+            inter = _intersect(want, _box(p))
+            if inter is None:
+                continue
+            values = self._files.tensor(p["file"], p["values"])
+            positions = self._files.tensor(p["file"], p.get("positions"))
+            if _box(p) == want:
+                _apply(out.view(-1), p["encoding"], values, positions)
+            else:
+                piece = self._base.get_box(key, *_box(p))
+                _apply(piece.view(-1), p["encoding"], values, positions)
+                mine, theirs = inter
+                out[tuple(mine)] = piece[tuple(theirs)]
+        return out.to(self.device)
+
+    def restrict(self, boxes: Mapping[str, Box], name: str | None = None) -> BoxSource:
+        """This snapshot seen through ``boxes`` (key → (offsets, shape)): a source of local shards."""
+        return BoxSource(self, boxes, name or self.name)
+
+    def to_state_dict(self) -> dict[str, Tensor]:
+        """Every tensor, reconstructed (tied names share one tensor)."""
+        out: dict[str, Tensor] = {}
+        for key in self._keys:
+            canonical = self._aliases.get(key, key)
+            out[key] = out[canonical] if canonical in out else self.get(canonical)
+        return out
+
+
+class BoxSource:
+    """A source that returns one box per key of an underlying source with ``get_box`` (a local shard)."""
+
+    def __init__(self, source: Any, boxes: Mapping[str, Box], name: str) -> None:
+        self.source = source
+        self.boxes = dict(boxes)
+        self.name = name
+        fp = getattr(source, "fingerprint", None)
+        layout = hashlib.sha256(json.dumps(sorted(self.boxes.items())).encode()).hexdigest()[:16]
+        self.fingerprint = f"{fp}:{layout}" if fp is not None else None
+
+    def keys(self) -> list[str]:
+        return self.source.keys()
+
+    def spec(self, key: str) -> TensorSpec:
+        s = self.source.spec(key)
+        canonical = self.source.aliases().get(key, key)
+        return TensorSpec(tuple(self.boxes[canonical][1]), s.dtype, s.device, s.is_buffer)
+
+    def get(self, key: str) -> Tensor:
+        canonical = self.source.aliases().get(key, key)
+        return self.source.get_box(canonical, *self.boxes[canonical])
+
+    def aliases(self) -> dict[str, str]:
+        return self.source.aliases()
+
+    def base_source(self) -> Any:
+        base = self.source.base_source()
+        return BoxSource(base, self.boxes, "base")
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A snapshot as listed (its manifest is read on :meth:`open` / :attr:`manifest`)."""
+
+    store: SnapshotStore = field(repr=False)
+    agent: str
+    step: int
+
+    @property
+    def path(self) -> Path:
+        return self.store.root / self.agent / f"{self.step:012d}.json"
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return _read_json(self.path)
+
+    def open(self, device: torch.device | str = "cpu") -> Snapshot:
+        return self.store.open(self.agent, self.step, device=device)
+

@@ -1,0 +1,362 @@
+"""The store folder (:class:`SnapshotStore`): its base, agents and snapshots; parts and manifests written."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError, InputMismatchError, UnsupportedInputError
+from ..methods import Activity
+from .collective import Collective, LocalCollective
+from .encoding import _encode
+from .errors import BaseMismatchError, CorruptSnapshotError, SnapshotNotFoundError, StoreError
+from .files import _read_json, _write_safetensors, write_json
+from .format import (
+    _AGENT_RE,
+    _MANIFEST_RE,
+    BASE_DIR,
+    BASE_FORMAT,
+    SNAPSHOT_FORMAT,
+    STORE_FORMAT,
+    VERSION,
+    _dtype_name,
+)
+from .hashing import fingerprint
+from .local import LocalModel, LocalTensor
+from .reading import Snapshot, SnapshotInfo, StoreBase
+from .writer import SnapshotTotals, SnapshotWriter, _activity, _piece_entry, _Totals
+
+
+class SnapshotStore:
+    """A folder of task-vector snapshots of several agents trained from one base.
+
+    Any number of processes may write (one writer per agent, or one per rank of a sharded agent) and read at
+    the same time; readers see only complete snapshots. ``durable=True`` fsyncs data files before their manifest
+    (survives power loss, not only killed processes).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = True, durable: bool = True) -> None:
+        self.root = Path(root)
+        self.durable = durable
+        self._base_cache: dict[tuple[str, str], StoreBase] = {}
+        marker = self.root / "store.json"
+        if not marker.exists():
+            if not create:
+                raise SnapshotNotFoundError(f"{self.root}: not a snapshot store (no store.json)")
+            self.root.mkdir(parents=True, exist_ok=True)
+            write_json(marker, {"format": STORE_FORMAT, "version": VERSION}, durable=False, exclusive=True)
+        info = _read_json(marker)
+        if info.get("format") != STORE_FORMAT:
+            raise CorruptSnapshotError(f"{marker}: not a ram_live snapshot store")
+        if int(info.get("version", 0)) > VERSION:
+            raise StoreError(f"{self.root}: store format version {info['version']} is newer than this ram_live's")
+
+    def __repr__(self) -> str:
+        return f"SnapshotStore({str(self.root)!r})"
+
+    # -- base
+
+    @property
+    def base_path(self) -> Path:
+        return self.root / BASE_DIR / "base.json"
+
+    def has_base(self) -> bool:
+        return self.base_path.exists()
+
+    @property
+    def base_fingerprint(self) -> str | None:
+        if not self.has_base():
+            return None
+        return _read_json(self.base_path)["fingerprint"]
+
+    def base_source(self, device: torch.device | str = "cpu") -> StoreBase:
+        """The base every snapshot of this store is a diff against (raises if none was set)."""
+        if not self.has_base():
+            raise SnapshotNotFoundError(f"{self.root}: the store has no base yet (a writer sets it)")
+        manifest = _read_json(self.base_path)
+        cache_key = (manifest["fingerprint"], str(torch.device(device)))
+        if cache_key not in self._base_cache:
+            self._base_cache[cache_key] = StoreBase(self.root / BASE_DIR, manifest, device)
+        return self._base_cache[cache_key]
+
+    def set_base(self, base: Any, *, collective: Collective | None = None, writer: bool = True) -> str:
+        """Persist ``base`` as the store's base, or check that it equals the one there (:class:`BaseMismatchError`
+        otherwise). Returns its fingerprint. All ranks call it; with a sharded base every rank writes its boxes;
+        ``writer=False`` on ranks that hold a replica and must not write (DDP ranks > 0)."""
+        local = base if isinstance(base, LocalModel) else LocalModel.from_obj(base)
+        collective = collective or LocalCollective()
+        fp = fingerprint(local, collective)
+        existing = collective.broadcast_json(self.base_fingerprint) if collective.world_size > 1 \
+            else self.base_fingerprint
+        if existing is None:
+            folder = self.root / BASE_DIR
+            folder.mkdir(parents=True, exist_ok=True)
+            nonce = collective.broadcast_json(uuid.uuid4().hex[:12])
+            part = None
+            if writer:
+                tensors = {k: t for k, t in local.tensors.items() if t.owner}
+                part = self.write_base_part(folder, nonce, collective.rank, local, tensors)
+            parts = self._exchange_parts(folder, f"base-{nonce}", part, collective)
+            if collective.rank == 0:
+                manifest = self.compose_manifest(parts, local, extra={"format": BASE_FORMAT, "version": VERSION,
+                                                                      "fingerprint": fp, "time": time.time()})
+                won = write_json(self.base_path, manifest, self.durable, exclusive=True)
+                if not won:  # another writer set it first: keep theirs
+                    for f in manifest["files"]:
+                        (folder / f["name"]).unlink(missing_ok=True)
+            collective.barrier()
+            existing = self.base_fingerprint
+        if existing != fp:
+            raise BaseMismatchError(
+                f"{self.root}: the store's base has fingerprint {existing}, this model's base {fp}: the agents of one "
+                "store must all be trained from the same base (start a new store, or pass the right base=)"
+            )
+        return fp
+
+    def write_base_part(self, folder: Path, nonce: str, rank: int, local: LocalModel,
+                        tensors: Mapping[str, LocalTensor]) -> dict[str, Any]:
+        """Write ``tensors`` (this writer's boxes of the base, dense) as the part file ``rank`` of the base in
+        ``folder`` (the store's ``_base``); returns the part (``{"file", "pieces"}``) for :meth:`compose_manifest`."""
+        name = f"base-{nonce}.p{rank}.safetensors"
+        data = {f"{k}@{rank}": t.tensor.detach().cpu() for k, t in tensors.items()}
+        size = _write_safetensors(folder / name, data, {"format": BASE_FORMAT}, self.durable)
+        pieces = {
+            k: [{"offsets": list(t.offsets), "shape": list(t.tensor.shape), "values": f"{k}@{rank}"}]
+            for k, t in tensors.items()
+        }
+        return {"file": {"name": name, "bytes": size}, "pieces": pieces}
+
+    def _exchange_parts(self, folder: Path, stem: str, part: dict[str, Any] | None,
+                        collective: Collective) -> list[dict[str, Any]]:
+        """Rank 0 learns every rank's part (sidecar JSON files on the shared folder, then a barrier)."""
+        if collective.world_size == 1:
+            return [part] if part is not None else []
+        sidecar = folder / f".{stem}.p{collective.rank}.part.json"
+        write_json(sidecar, part, durable=False)
+        collective.barrier()
+        parts = []
+        if collective.rank == 0:
+            for r in range(collective.world_size):
+                path = folder / f".{stem}.p{r}.part.json"
+                p = _read_json(path)
+                if p is not None:
+                    parts.append(p)
+        collective.barrier()
+        sidecar.unlink(missing_ok=True)
+        return parts
+
+    @staticmethod
+    def compose_manifest(parts: Sequence[Mapping[str, Any]], local: LocalModel,
+                         extra: dict[str, Any]) -> dict[str, Any]:
+        """One manifest from the parts of every rank: files, and the pieces of every tensor (``local`` gives the
+        keys, global shapes and dtypes; ``extra`` the head). Raises :class:`StoreError` unless the pieces cover
+        every tensor."""
+        files: list[dict[str, Any]] = []
+        tensors: dict[str, Any] = {
+            k: {"shape": list(t.global_shape), "dtype": _dtype_name(t.tensor.dtype, k), "buffer": t.is_buffer,
+                "pieces": []}
+            for k, t in local.tensors.items()
+        }
+        for part in parts:
+            index = len(files)
+            files.append(part["file"])
+            for key, pieces in part["pieces"].items():
+                for p in pieces:
+                    tensors[key]["pieces"].append({**p, "file": index})
+        for key, entry in tensors.items():
+            covered = sum(math.prod(p["shape"]) for p in entry["pieces"])
+            if covered != math.prod(entry["shape"]):
+                raise StoreError(f"tensor {key!r}: the ranks' pieces cover {covered} of {math.prod(entry['shape'])} "
+                                 "elements (is every rank writing?)")
+        return {**extra, "keys": local.keys(), "aliases": local.aliases(), "files": files, "tensors": tensors}
+
+    # -- agents and snapshots
+
+    @staticmethod
+    def check_agent(agent: str) -> str:
+        if not isinstance(agent, str) or not _AGENT_RE.match(agent):
+            raise ConfigError(
+                f"agent name {agent!r} is not a valid store name: letters, digits, '.', '_', '-', starting with a "
+                "letter or digit, at most 128 characters"
+            )
+        return agent
+
+    def agents(self) -> list[str]:
+        """Agents with at least one snapshot, sorted."""
+        if not self.root.exists():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and _AGENT_RE.match(p.name) and self.steps(p.name))
+
+    def steps(self, agent: str) -> list[int]:
+        """Steps of ``agent``'s complete snapshots, ascending."""
+        folder = self.root / agent
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for m in map(_MANIFEST_RE.match, names) if m)
+
+    def list(self, agent: str | None = None) -> list[SnapshotInfo]:
+        """Complete snapshots of ``agent`` (or of every agent), by agent then step."""
+        agents = [self.check_agent(agent)] if agent is not None else self.agents()
+        return [SnapshotInfo(self, a, s) for a in agents for s in self.steps(a)]
+
+    def open(self, agent: str, step: int, *, device: torch.device | str = "cpu") -> Snapshot:
+        self.check_agent(agent)
+        manifest = _read_json(self.root / agent / f"{step:012d}.json")
+        if manifest.get("format") != SNAPSHOT_FORMAT:
+            raise CorruptSnapshotError(f"{agent!r} step {step}: not a ram_live snapshot manifest")
+        return Snapshot(self, agent, step, manifest, device)
+
+    def latest(self, agent: str, *, device: torch.device | str = "cpu", retries: int = 5) -> Snapshot:
+        """``agent``'s newest complete snapshot (:class:`SnapshotNotFoundError` if it has none)."""
+        self.check_agent(agent)
+        for _ in range(retries + 1):
+            steps = self.steps(agent)
+            if not steps:
+                raise SnapshotNotFoundError(f"{self.root}: agent {agent!r} has no snapshot")
+            try:
+                return self.open(agent, steps[-1], device=device)
+            except SnapshotNotFoundError:  # pruned or replaced between listing and opening: list again
+                continue
+        raise SnapshotNotFoundError(f"{self.root}: could not open a snapshot of {agent!r} (pruned concurrently)")
+
+    def latest_all(self, agents: Iterable[str] | None = None, *,
+                   device: torch.device | str = "cpu") -> dict[str, Snapshot]:
+        """Every agent's (or the named agents') newest snapshot, name → :class:`Snapshot`: pass it straight to
+        ``ram_merge`` / ``probe``."""
+        names = list(agents) if agents is not None else self.agents()
+        return {a: self.latest(a, device=device) for a in names}
+
+    def prune(self, keep: int, agent: str | None = None) -> list[SnapshotInfo]:
+        """Delete all but the newest ``keep`` snapshots of ``agent`` (or of every agent); returns what went.
+        The manifest goes first, so readers never see a snapshot without its files; readers that opened it
+        already keep reading (files are memory-mapped)."""
+        if keep < 0:
+            raise ConfigError(f"keep must be >= 0, got {keep}")
+        removed = []
+        for a in ([self.check_agent(agent)] if agent else self.agents()):
+            steps = self.steps(a)
+            for step in steps[: max(0, len(steps) - keep)]:
+                self._remove(a, step)
+                removed.append(SnapshotInfo(self, a, step))
+        return removed
+
+    def _remove(self, agent: str, step: int) -> None:
+        path = self.root / agent / f"{step:012d}.json"
+        try:
+            manifest = _read_json(path)
+        except (SnapshotNotFoundError, CorruptSnapshotError):
+            manifest = {"files": []}
+        path.unlink(missing_ok=True)
+        for f in manifest.get("files", []):
+            (self.root / agent / f["name"]).unlink(missing_ok=True)
+
+    def gc(self, grace_s: float = 3600.0) -> list[Path]:
+        """Delete files no manifest references (left by killed writers) older than ``grace_s`` seconds; a younger
+        one may belong to a snapshot being written right now."""
+        now = time.time()
+        removed = []
+        folders = [self.root / BASE_DIR] + [p for p in self.root.iterdir() if p.is_dir() and p.name != BASE_DIR]
+        for folder in folders:
+            referenced = set()
+            for name in os.listdir(folder):
+                if _MANIFEST_RE.match(name) or name == "base.json":
+                    try:
+                        referenced |= {f["name"] for f in _read_json(folder / name).get("files", [])}
+                    except StoreError:
+                        continue
+            for name in os.listdir(folder):
+                path = folder / name
+                if _MANIFEST_RE.match(name) or name == "base.json" or name in referenced:
+                    continue
+                try:
+                    if now - path.stat().st_mtime >= grace_s and path.is_file():
+                        path.unlink()
+                        removed.append(path)
+                except FileNotFoundError:
+                    continue
+        return removed
+
+    # -- writing
+
+    def writer(self, agent: str, base: Any, *, activity: str = "changed", eps: float = 0.0,
+               collective: Collective | None = None, clone_base: bool = True, writer: bool = True) -> SnapshotWriter:
+        """A :class:`SnapshotWriter` for ``agent`` holding ``base`` (see there)."""
+        return SnapshotWriter(self, agent, base, activity=activity, eps=eps, collective=collective,
+                              clone_base=clone_base, writer=writer)
+
+    def snapshot(self, agent: str, model: Any, step: int, *, epoch: int | None = None,
+                 extra: Mapping[str, Any] | None = None, activity: str = "changed", eps: float = 0.0) -> Snapshot:
+        """Snapshot ``model`` against the store's base read from disk tensor by tensor (one process, no DTensors;
+        a training loop should hold a :meth:`writer`, which keeps the base on the weights' device)."""
+        base = self.base_source()
+        local = LocalModel.from_obj(model)
+        rule = _activity(activity, eps)
+        parts, total = [], _Totals()
+        pieces: dict[str, list[dict[str, Any]]] = {}
+        tensors: dict[str, Tensor] = {}
+        for key, t in local.tensors.items():
+            if local.sharded:
+                raise UnsupportedInputError("store.snapshot takes whole tensors; use a writer for sharded models")
+            b = base.get(key).to(t.tensor.device)
+            if b.dtype != t.tensor.dtype or tuple(b.shape) != tuple(t.tensor.shape):
+                raise InputMismatchError(f"tensor {key!r} does not match the store's base", key=key, agent=agent)
+            enc = _encode(t.tensor.reshape(-1), b.reshape(-1), rule)
+            pieces[key] = [_piece_entry(key, 0, t, enc, tensors)]
+            total.add(t, enc)
+        nonce = uuid.uuid4().hex[:12]
+        parts.append(self.write_part(agent, step, nonce, 0, tensors, pieces))
+        return self.commit_snapshot(agent, step, parts, local, base.fingerprint, rule, total, epoch, extra)
+
+    def write_part(self, agent: str, step: int, nonce: str, rank: int, tensors: dict[str, Tensor],
+                   pieces: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+        """Write the part file ``rank`` of ``agent``'s snapshot at ``step`` (``nonce``: shared by the parts of one
+        snapshot): ``tensors`` are the changed values and positions that ``pieces`` (key → piece entries) name.
+        Returns the part (``{"file", "pieces"}``) for :meth:`commit_snapshot`; no reader sees it before then."""
+        folder = self.root / agent
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"{step:012d}-{nonce}.p{rank}.safetensors"
+        size = _write_safetensors(folder / name, tensors, {"format": SNAPSHOT_FORMAT}, self.durable)
+        return {"file": {"name": name, "bytes": size}, "pieces": pieces}
+
+    def commit_snapshot(self, agent: str, step: int, parts: Sequence[Mapping[str, Any]], local: LocalModel,
+                        fp: str, rule: Activity, totals: SnapshotTotals, epoch: int | None,
+                        extra: Mapping[str, Any] | None) -> Snapshot:
+        """Write the manifest of ``agent``'s snapshot at ``step`` from the ``parts`` of every writer (last and
+        atomically: the snapshot becomes visible whole). ``local`` gives the keys, shapes and dtypes, ``fp`` the
+        base's fingerprint, ``rule`` the activity it was taken with, ``totals`` its counts. A step taken again
+        replaces the old snapshot (whose files no longer referenced are removed)."""
+        now = time.time()
+        head = {
+            "format": SNAPSHOT_FORMAT, "version": VERSION, "agent": agent, "step": int(step),
+            "epoch": None if epoch is None else int(epoch), "time": now,
+            "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+            "base_fingerprint": fp, "dtype": totals.dtype(),
+            "activity": {"rule": rule.rule} if rule.rule == "changed" else {"rule": rule.rule, "eps": rule.eps},
+            "parts": len(parts), "extra": dict(extra or {}),
+        }
+        manifest = self.compose_manifest(parts, local, head)
+        files_bytes = sum(int(f["bytes"]) for f in manifest["files"])
+        manifest["stats"] = {"numel": totals.numel, "changed": totals.changed, "bytes": files_bytes,
+                             "dense_bytes": totals.dense_bytes}
+        path = self.root / agent / f"{step:012d}.json"
+        try:
+            old = _read_json(path)
+        except SnapshotNotFoundError:
+            old = None
+        write_json(path, manifest, self.durable)
+        if old is not None:  # a re-taken step (resumed run): its old files are no longer referenced
+            keep = {f["name"] for f in manifest["files"]}
+            for f in old.get("files", []):
+                if f["name"] not in keep:
+                    (self.root / agent / f["name"]).unlink(missing_ok=True)
+        return Snapshot(self, agent, step, manifest)

@@ -1,0 +1,165 @@
+"""Capturing snapshots on the weights' device (:class:`SnapshotWriter`) and the piece tables they write."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError
+from ..methods import Activity
+from .collective import Collective, LocalCollective
+from .encoding import _Encoded, _encode_many
+from .format import _dtype_name
+from .local import LocalModel, LocalTensor
+
+if TYPE_CHECKING:
+    from .reading import Snapshot
+    from .snapshot_store import SnapshotStore
+
+
+def _activity(rule: str, eps: float) -> Activity:
+    if rule not in ("changed", "abs"):
+        raise ConfigError(f"snapshot activity must be 'changed' (lossless) or 'abs' (|τ| > eps), got {rule!r}")
+    if rule == "abs" and not eps >= 0:
+        raise ConfigError(f"eps must be >= 0, got {eps!r}")
+    return Activity(rule, float(eps))  # type: ignore[arg-type]
+
+
+class SnapshotTotals(Protocol):
+    """The counts a snapshot's manifest records (:meth:`SnapshotStore.commit_snapshot` reads them)."""
+
+    numel: int
+    changed: int
+    dense_bytes: int
+
+    def dtype(self) -> str | None:
+        """The dtype holding most of the elements (the manifest's ``dtype``), or None when there are none."""
+        ...
+
+
+class _Totals:
+    def __init__(self) -> None:
+        self.numel = 0
+        self.changed = 0
+        self.dense_bytes = 0
+        self._by_dtype: dict[str, int] = {}
+
+    def add(self, t: LocalTensor, enc: _Encoded) -> None:
+        n = t.tensor.numel()
+        self.numel += n
+        self.changed += enc.count
+        self.dense_bytes += n * t.tensor.element_size()
+        name = _dtype_name(t.tensor.dtype)
+        self._by_dtype[name] = self._by_dtype.get(name, 0) + n
+
+    def merge(self, other: Sequence[int]) -> None:
+        self.numel, self.changed, self.dense_bytes = (int(x) for x in other)
+
+    def dtype(self) -> str | None:
+        return max(self._by_dtype, key=self._by_dtype.__getitem__) if self._by_dtype else None
+
+
+def _piece_entry(key: str, rank: int, t: LocalTensor, enc: _Encoded, tensors: dict[str, Tensor]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"offsets": list(t.offsets), "shape": list(t.tensor.shape), "encoding": enc.encoding,
+                             "count": enc.count}
+    if enc.values is not None:
+        name = f"{key}@{rank}/values"
+        tensors[name] = enc.values
+        entry["values"] = name
+    if enc.positions is not None:
+        name = f"{key}@{rank}/{enc.encoding}"
+        tensors[name] = enc.positions
+        entry["positions"] = name
+    return entry
+
+
+class SnapshotWriter:
+    """Takes snapshots of one agent against a base it holds on the weights' device.
+
+    At creation the base is copied (``clone_base``), fingerprinted and persisted in the store, or checked against
+    the store's (:class:`BaseMismatchError` when they differ). :meth:`snapshot` compares the model with it bit by
+    bit on the weights' device, selects the changed values there, and moves only those (and their positions) to
+    the CPU; nothing else of the model is copied.
+
+    ``trusted_fingerprint``: the fingerprint of a base read from this very store (skips hashing it again).
+
+    ``activity="changed"`` (default) is lossless. ``activity="abs"`` keeps only entries with |τ| > ``eps``: the
+    reconstruction is then the base elsewhere, which RAM (whose rule drops those entries anyway) merges identically
+    when its own ``eps`` is at least the snapshot's.
+    """
+
+    def __init__(self, store: SnapshotStore, agent: str, base: Any, *, activity: str = "changed", eps: float = 0.0,
+                 collective: Collective | None = None, clone_base: bool = True, writer: bool = True,
+                 trusted_fingerprint: str | None = None) -> None:
+        self.store = store
+        self.agent = store.check_agent(agent)
+        self.rule = _activity(activity, eps)
+        self.collective = collective or LocalCollective()
+        self.writes = writer
+        self.base = LocalModel.from_obj(base, clone=clone_base, name="base")
+        if trusted_fingerprint is not None and trusted_fingerprint == store.base_fingerprint:
+            self.fingerprint = trusted_fingerprint  # the base was read from this store: no need to hash it again
+        else:
+            self.fingerprint = store.set_base(self.base, collective=self.collective, writer=writer)
+
+    def snapshot(self, model: Any, step: int, *, epoch: int | None = None,
+                 extra: Mapping[str, Any] | None = None) -> Snapshot | None:
+        """Write ``model``'s snapshot at ``step`` (all ranks call it when sharded; rank 0 returns the
+        :class:`Snapshot`, the others None)."""
+        local = LocalModel.from_obj(model, name=self.agent)
+        local.check_like(self.base, self.agent)
+        return self.write(self.capture(local), step, epoch=epoch, extra=extra)
+
+    def capture(self, model: Any) -> Capture:
+        """The changed values of every owned tensor, on the CPU (the part of a snapshot a rank writes)."""
+        local = model if isinstance(model, LocalModel) else LocalModel.from_obj(model, name=self.agent)
+        tensors: dict[str, Tensor] = {}
+        pieces: dict[str, list[dict[str, Any]]] = {}
+        totals = _Totals()
+        rank = self.collective.rank
+        with torch.no_grad():
+            keys = [key for key, t in local.tensors.items() if t.owner and self.writes]
+            pairs = [(local.tensors[key].tensor.reshape(-1), self.base.tensors[key].tensor.reshape(-1)) for key in keys]
+            for key, enc in zip(keys, _encode_many(pairs, self.rule)):
+                t = local.tensors[key]
+                pieces[key] = [_piece_entry(key, rank, t, enc, tensors)]
+                totals.add(t, enc)
+        return Capture(local, tensors, pieces, totals)
+
+    def write(self, capture: Capture, step: int, *, epoch: int | None = None,
+              extra: Mapping[str, Any] | None = None) -> Snapshot | None:
+        """Write a :meth:`capture` (possibly in another thread): part files, then rank 0's manifest."""
+        c = self.collective
+        nonce = c.broadcast_json(uuid.uuid4().hex[:12]) if c.world_size > 1 else uuid.uuid4().hex[:12]
+        part = self.store.write_part(self.agent, step, nonce, c.rank, capture.tensors, capture.pieces) \
+            if self.writes else None
+        parts = self.store._exchange_parts(self.store.root / self.agent, f"{step:012d}-{nonce}", part, c)
+        totals = capture.totals
+        if c.world_size > 1:
+            mine = [totals.numel, totals.changed, totals.dense_bytes]
+            totals.merge([sum(col) for col in zip(*c.all_gather_int64(mine))])
+        snap = None
+        if c.rank == 0:
+            snap = self.store.commit_snapshot(self.agent, step, parts, capture.local, self.fingerprint, self.rule,
+                                              totals, epoch, extra)
+        c.barrier()
+        return snap
+
+
+@dataclass
+class Capture:
+    """What :meth:`SnapshotWriter.capture` took: CPU tensors and the piece table, ready to write."""
+
+    local: LocalModel
+    tensors: dict[str, Tensor]
+    pieces: dict[str, list[dict[str, Any]]]
+    totals: _Totals
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
