@@ -16,9 +16,11 @@ from typing import Any
 
 import torch
 
+from . import _probe_native, engine
 from . import functional as F
+from ._probe_native import ProbeCounts
 from .api import Model, Models, _sources
-from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, _Reader, build_plan
+from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, _in_workers, _native_walk, _Reader, build_plan, default_workers
 from .errors import ConfigError
 from .methods import Activity, RamStatistics
 
@@ -206,8 +208,42 @@ def _lambdas(active: int, unique: int, r: float, alpha: float) -> dict[str, floa
     return {v: F.ram_lambda(value, v, r, alpha) for v in _VARIANTS}
 
 
-def _add_gram(gram: torch.Tensor, deltas: torch.Tensor) -> None:
-    gram.add_(deltas @ deltas.T)
+def _torch_counts(stream: DeltaStream, k: int) -> ProbeCounts:
+    """One tensor's counts by torch ops, chunk by chunk (the Gram matrix from the raw task vectors)."""
+    counts = ProbeCounts.zeros(k)
+    gram = torch.zeros(k, k, dtype=torch.float64, device=stream.device)
+    stream.raw_hook = lambda deltas: gram.add_(deltas @ deltas.T)
+    for _, _, deltas in stream:
+        mask = (deltas != 0).to(deltas.dtype)
+        counts.inter += (mask @ mask.T).cpu().long()  # float32 counts: exact below 2^24 entries a chunk
+        a, u, h = F.ram_statistics(deltas)
+        counts.active += a.cpu()
+        counts.unique += u.cpu()
+        counts.histogram += h.cpu()
+    counts.gram += gram.cpu()
+    return counts
+
+
+def _native_counts(stream: DeltaStream, k: int, activity: Activity, workers: int) -> ProbeCounts | None:
+    """One tensor's counts by the native kernel (see :mod:`ram_live._probe_native`), its ranges shared by
+    ``workers`` threads; None where the kernel does not apply (the torch path runs)."""
+    kernel = _probe_native.kernel()
+    if kernel is None or not _probe_native.supports(stream.base, stream.tensors):
+        return None
+    eps = max(activity.eps, 0.0) if activity.rule == "abs" else 0.0  # "changed" on one dtype: τ ≠ 0
+
+    def job(worker: int, n_workers: int) -> tuple[ProbeCounts, int]:
+        counts = ProbeCounts.zeros(k)
+        bad = _native_walk(stream, worker, n_workers, lambda start, end: kernel.probe(
+            stream.base, stream.tensors, eps, start, end, counts))
+        return counts, bad
+
+    results = _in_workers(stream, workers, job, engine.NATIVE_CHUNK)
+    if any(bad for _, bad in results):
+        for _ in stream:  # the torch path's check names the chunk's first non-finite input, as without the kernel
+            pass
+        stream._raise_nonfinite(0, stream.numel)
+    return functools.reduce(ProbeCounts.add_, (counts for counts, _ in results))
 
 
 def probe(
@@ -220,8 +256,11 @@ def probe(
     alpha: float = 2.0,
     device: str | torch.device | None = None,
     chunk_numel: int = DEFAULT_CHUNK_NUMEL,
+    workers: int | None = None,
 ) -> ProbeReport:
     """Statistics of the agents' task vectors against ``base`` (same inputs as :func:`ram_live.ram_merge`).
+    On CPU, float32/bfloat16 inputs go through a native kernel (``workers`` threads, default as the merge's),
+    other inputs through torch ops; both give the same counts.
 
     >>> report = probe({"coder": coder, "tools": tool_agent}, base=base_model)   # doctest: +SKIP
     >>> report.agents["coder"].rho, report.agents["coder"].lambdas["ram_plus"]    # doctest: +SKIP
@@ -234,29 +273,19 @@ def probe(
     reader = _Reader(base_src, agents, torch.device(device) if device is not None else None)
     k = len(agents)
     names = reader.names
-    inter = torch.zeros(k, k, dtype=torch.float64)
-    dots = torch.zeros(k, k, dtype=torch.float64)
-    histogram = torch.zeros(k + 1, dtype=torch.int64)
+    totals = ProbeCounts.zeros(k)
     tensors: dict[str, dict[str, AgentStats]] = {}
     workspace: dict[Any, torch.Tensor] = {}
     for key in plan.merge:
         base_t, agent_ts, dev = reader.read(key)
-        gram = torch.zeros(k, k, dtype=torch.float64, device=dev)
-        stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, rule, workspace,
-                             raw_hook=functools.partial(_add_gram, gram))
-        active = torch.zeros(k, dtype=torch.int64)
-        unique = torch.zeros(k, dtype=torch.int64)
-        for _, _, deltas in stream:
-            mask = (deltas != 0).to(deltas.dtype)
-            inter += (mask @ mask.T).double().cpu()
-            a, u, h = F.ram_statistics(deltas)
-            active += a.cpu()
-            unique += u.cpu()
-            histogram += h.cpu()
-        dots += gram.cpu()
+        stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, rule, workspace)
+        counts = _native_counts(stream, k, rule, workers if workers is not None else default_workers(dev))
+        if counts is None:
+            counts = _torch_counts(stream, k)
+        totals.add_(counts)
         tensors[key] = {
             n: AgentStats(stream.numel, int(a), int(u), _lambdas(int(a), int(u), r, alpha))
-            for n, a, u in zip(names, active.tolist(), unique.tolist())
+            for n, a, u in zip(names, counts.active.tolist(), counts.unique.tolist())
         }
     total = sum(next(iter(v.values())).total for v in tensors.values()) if tensors else 0
     per_agent: dict[str, AgentStats] = {}
@@ -268,6 +297,7 @@ def probe(
     jaccard = [[0.0] * k for _ in range(k)]
     expected = [[0.0] * k for _ in range(k)]
     cosine = [[0.0] * k for _ in range(k)]
+    inter, dots = totals.inter, totals.gram
     for i in range(k):
         for j in range(k):
             union = float(inter[i, i] + inter[j, j] - inter[i, j])
@@ -277,4 +307,5 @@ def probe(
             expected[i][j] = (pi * pj / denominator if denominator else 0.0) if i != j else (1.0 if pi else 0.0)
             norm = math.sqrt(float(dots[i, i]) * float(dots[j, j]))
             cosine[i][j] = float(dots[i, j]) / norm if norm else 0.0
-    return ProbeReport(names, per_agent, tensors, jaccard, expected, cosine, histogram.tolist(), rule, r, alpha)
+    return ProbeReport(names, per_agent, tensors, jaccard, expected, cosine, totals.histogram.tolist(), rule, r,
+                       alpha)
