@@ -45,22 +45,7 @@ typedef struct {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define FAST 1
 #include <immintrin.h>
-/* n <= 32 entries at p + s as two float32 vectors (n <= 0: zeros). bf16: the even entries in lo, the odd ones in
-   hi (a fixed permutation, the same for every input, which neither counts nor dot products see). */
-static inline void load32(int dtype, const void *p, int64_t s, int n, __m512 *lo, __m512 *hi) {
-    if (n <= 0) { *lo = *hi = _mm512_setzero_ps(); return; }
-    if (dtype == 1) {
-        const uint16_t *h = (const uint16_t *)p + s;
-        __m512i x = n >= 32 ? _mm512_loadu_si512(h) : _mm512_maskz_loadu_epi16((__mmask32)((1u << n) - 1u), h);
-        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-        *hi = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u)));
-    } else {
-        const float *f = (const float *)p + s;
-        if (n >= 32) { *lo = _mm512_loadu_ps(f); *hi = _mm512_loadu_ps(f + 16); return; }
-        *lo = _mm512_maskz_loadu_ps((__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u), f);
-        *hi = _mm512_maskz_loadu_ps((__mmask16)(n > 16 ? (1u << (n - 16)) - 1u : 0u), f + 16);
-    }
-}
+@LOAD32@
 /* tau of 32 entries stored at out; bit j: |tau_j| > eps or NaN. *big keeps the largest |tau| bits per lane. */
 static inline uint32_t tau32(__m512 ae, __m512 ao, __m512 be, __m512 bo, __m512 eps, __m512i *big, float *out) {
     __m512 de = _mm512_sub_ps(ae, be), dd = _mm512_sub_ps(ao, bo);
@@ -261,7 +246,7 @@ int64_t ram_probe(int dtype, const void *base, const void *const *agents, int k,
     for (int c = 0; c <= k; c++) hist[c] += y.hist[c];
     return bad;
 }
-"""
+""".replace("@LOAD32@", _ram_native.C_LOAD32.strip("\n"))
 
 
 @dataclass

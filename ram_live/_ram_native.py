@@ -26,6 +26,28 @@ from ._cc import load_library
 MAX_AGENTS = 32
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
+#: The AVX-512 loader both native sources use (:mod:`ram_live._probe_native` too).
+C_LOAD32 = r"""
+/* n <= 32 entries at p + s as two float32 vectors (n <= 0: zeros). bf16: the pairs in 32-bit lanes, << 16 the even
+   entry and & 0xFFFF0000 the odd one, so the lanes hold a fixed permutation of the entries, the same for every
+   input, which counts, sums and dot products do not see. Masked-off lanes of a tail load 0 in the base and the
+   agents alike: tau = 0, inactive. */
+static inline void load32(int dtype, const void *p, int64_t s, int n, __m512 *lo, __m512 *hi) {
+    if (n <= 0) { *lo = *hi = _mm512_setzero_ps(); return; }
+    if (dtype == 1) {
+        const uint16_t *h = (const uint16_t *)p + s;
+        __m512i x = n >= 32 ? _mm512_loadu_si512(h) : _mm512_maskz_loadu_epi16((__mmask32)((1u << n) - 1u), h);
+        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+        *hi = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u)));
+    } else {
+        const float *f = (const float *)p + s;
+        if (n >= 32) { *lo = _mm512_loadu_ps(f); *hi = _mm512_loadu_ps(f + 16); return; }
+        *lo = _mm512_maskz_loadu_ps((__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u), f);
+        *hi = _mm512_maskz_loadu_ps((__mmask16)(n > 16 ? (1u << (n - 16)) - 1u : 0u), f + 16);
+    }
+}
+"""
+
 _SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
@@ -47,22 +69,7 @@ static inline uint16_t to_bf16(float x) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define FAST 1
 #include <immintrin.h>
-/* 32 entries as two float32 vectors. bf16: the pairs in 32-bit lanes, << 16 the even entry and & 0xFFFF0000 the
-   odd one, so the lanes hold a fixed permutation of the entries, the same for every input, which counting does
-   not see. Masked-off lanes of a tail load 0 in the base and the agents alike: tau = 0, inactive. */
-static inline void load32(int dtype, const void *p, int64_t s, int n, __m512 *lo, __m512 *hi) {
-    if (dtype == 1) {
-        const uint16_t *h = (const uint16_t *)p + s;
-        __m512i x = n >= 32 ? _mm512_loadu_si512(h) : _mm512_maskz_loadu_epi16((__mmask32)((1u << n) - 1u), h);
-        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-        *hi = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u)));
-    } else {
-        const float *f = (const float *)p + s;
-        if (n >= 32) { *lo = _mm512_loadu_ps(f); *hi = _mm512_loadu_ps(f + 16); return; }
-        *lo = _mm512_maskz_loadu_ps((__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u), f);
-        *hi = _mm512_maskz_loadu_ps((__mmask16)(n > 16 ? (1u << (n - 16)) - 1u : 0u), f + 16);
-    }
-}
+@LOAD32@
 /* Bit j: |tau_j| > eps or tau_j is NaN, in one compare (hardshrink's rule, then tau != 0). *big keeps the largest
    |tau| bits per lane: at or above 0x7F800000 (inf; NaN is above) some tau was not finite. */
 static inline uint32_t active32(__m512 ae, __m512 ao, __m512 be, __m512 bo, __m512 eps, __m512i *big) {
@@ -303,7 +310,7 @@ int64_t ram_counts(int dtype, const void *base, const void *const *agents, int k
     return bad;
 #endif
 }
-"""
+""".replace("@LOAD32@", C_LOAD32.strip("\n"))
 
 #: ``-march=native``: AVX-512 (F, BW, DQ) where the CPU has it, the portable loops elsewhere.
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-strict-aliasing", "-fno-math-errno")
