@@ -121,7 +121,8 @@ def merge(
     ``statistics``: RAM+ with global ρ counts every agent's active and unique entries in a first pass; pass the
     counts of an earlier merge or probe of the same inputs (``info.statistics``, ``report.statistics()``) to
     skip it, e.g. in a sweep over ``r`` or ``alpha``. They must come from the same agents (names, order), the
-    same activity rule and the same tensors (checked; the values cannot be, so change no weight in between);
+    same activity rule and the same tensors (checked, and a digest of every tensor's first and last 64 entries:
+    swapped or further-trained checkpoints are refused, a change only in the middle of tensors is not seen);
     methods that need no global counts ignore them, and ``inplace=True`` counts again (its first pass validates).
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP

@@ -10,6 +10,7 @@ Entries with τ* = 0 keep the base's exact bits.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -519,8 +520,10 @@ def statistics_pass(
     progress: ProgressHook | None = None,
     workers: int | None = None,
     compile: bool = False,
+    digest: Any = None,
 ) -> RamStatistics:
-    """Pass 1: RAM counts over every merged tensor (also checks that every input is finite)."""
+    """Pass 1: RAM counts over every merged tensor (also checks that every input is finite); ``digest``: fed
+    by :func:`digest_update` for every tensor."""
     k = len(reader.agents)
     active = torch.zeros(k, dtype=torch.int64)
     unique = torch.zeros_like(active)
@@ -531,6 +534,8 @@ def statistics_pass(
         base, agents, device = reader.read(key)
         stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace,
                              compile=compile)
+        if digest is not None:
+            digest_update(digest, stream)
         stream.range_done = reader.range_releaser(key)
         stats = _accumulate_statistics(stream, k, workers if workers is not None else default_workers(device))
         if reader.base.spec(key).counted:
@@ -618,7 +623,8 @@ def run_merge(
 ) -> MergeInfo:
     """Merge ``agents`` onto ``base`` with ``method`` into ``sink``; see :func:`ram_live.merge`. ``statistics``:
     counts of an earlier pass over the same inputs, used instead of pass 1 (checked against the agents, the
-    activity rule and the number of entries; not with ``validate_first``, whose pass 1 validates)."""
+    activity rule and the number of entries before the merge, and against the digest of the inputs' first and
+    last entries after it, before the sink finishes; not with ``validate_first``, whose pass 1 validates)."""
     t0 = time.perf_counter()
     plan = build_plan(base, agents)
     specs = {key: base.spec(key) for key in plan.keys}
@@ -644,9 +650,10 @@ def run_merge(
         statistics = _check_reusable(reuse, names, activity or Activity(), counted)
         info.statistics = statistics
     elif method.needs_statistics(config) or validate_first:
+        digest = inputs_digest()
         try:
             statistics = statistics_pass(reader, plan, activity or Activity(), chunk_numel, workspace, progress,
-                                         workers, compile)
+                                         workers, compile, digest)
         except BaseException:
             if dist is not None:  # every rank reaches the collective, failed or not; this rank's error wins
                 try:
@@ -656,7 +663,8 @@ def run_merge(
             raise
         if dist is not None:
             statistics = dist.reduce_statistics(statistics, len(names))
-        statistics = replace(statistics, agents=names, activity=activity or Activity(), numel=counted)
+        statistics = replace(statistics, agents=names, activity=activity or Activity(), numel=counted,
+                             fingerprint=digest.hexdigest())
         info.passes = 2
         info.statistics = statistics
     run_state = method.setup(config, RunContext(names, statistics, run_device)) if method.setup else None
@@ -667,9 +675,13 @@ def run_merge(
             for n, a, u in zip(names, statistics.active.tolist(), statistics.unique.tolist())
         }
 
+    check = inputs_digest() if reuse is not None and statistics is reuse and reuse.fingerprint else None
     try:
         _merge_pass(reader, plan, specs, method, config, sink, run_state, activity, info, chunk_numel,
-                    workspace, progress, workers, validate_first, compile)
+                    workspace, progress, workers, validate_first, compile, check)
+        if check is not None and check.hexdigest() != reuse.fingerprint:  # before the sink's finish()
+            raise ConfigError("statistics= were counted over other weights (the first and last entries of some "
+                              "tensor differ): count them again, or pass the checkpoints they came from")
     except BaseException:
         if dist is not None:
             dist.all_ok(False)
@@ -697,6 +709,20 @@ def _check_reusable(statistics: RamStatistics, names: tuple[str, ...], activity:
     return statistics
 
 
+def inputs_digest() -> Any:
+    """A fresh digest for :func:`digest_update` (what a :class:`RamStatistics` ``fingerprint`` is)."""
+    return hashlib.blake2b(digest_size=16)
+
+
+def digest_update(digest: Any, stream: DeltaStream) -> None:
+    """Feed the first and last 64 stored entries of the base's and every agent's flat tensor to ``digest``: two
+    pages per input and tensor, read while the passes read them anyway, so that reused statistics are checked
+    against the inputs they were counted over (a changed or swapped checkpoint changes some of them)."""
+    for t in (stream.base, *stream.tensors):
+        for part in (t[:64], t[-64:]):
+            digest.update(bytes(part.contiguous().view(torch.uint8).cpu().tolist()))
+
+
 def _ram_weighted(config: Any) -> bool:
     """Whether the RAM kernel gets λ (RAM+ variants) — the build the compile check warms up."""
     return getattr(config, "variant", "ram") != "ram"
@@ -718,6 +744,7 @@ def _merge_pass(
     workers: int | None,
     validate_first: bool,
     compile: bool = False,
+    digest: Any = None,
 ) -> None:
     base = reader.base
     names = reader.names
@@ -730,6 +757,8 @@ def _merge_pass(
     for key in plan.merge:
         base_t, agent_ts, dev = reader.read(key)
         stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace, compile=compile)
+        if digest is not None:
+            digest_update(digest, stream)
         stream.range_done = reader.range_releaser(key, sink)
         state = method.prepare(config, stream, run_state) if method.prepare else None
         dest = sink.destination(key, base.spec(key))

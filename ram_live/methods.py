@@ -62,9 +62,9 @@ class Activity:
 class RamStatistics:
     """Counts of the statistics pass, per agent: active entries, unique ones, and the histogram of c.
 
-    A merge stamps what they were counted over: the ``agents``, the ``activity`` rule and the ``numel`` entries
-    (on this process), so that a later merge of the same inputs can take them (``statistics=``) instead of
-    counting again."""
+    A merge stamps what they were counted over: the ``agents``, the ``activity`` rule, the ``numel`` entries (on
+    this process) and a ``fingerprint`` of the inputs (a digest of every tensor's first and last 64 entries), so
+    that a later merge of the same inputs can take them (``statistics=``) instead of counting again."""
 
     active: Tensor
     unique: Tensor
@@ -72,6 +72,7 @@ class RamStatistics:
     agents: tuple[str, ...] = ()
     activity: Activity | None = None
     numel: int = 0
+    fingerprint: str = ""
 
     @property
     def shared(self) -> Tensor:

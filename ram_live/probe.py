@@ -20,7 +20,8 @@ from . import _probe_native, engine
 from . import functional as F
 from ._probe_native import ProbeCounts
 from .api import Model, Models, _sources
-from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, _in_workers, _native_walk, _Reader, build_plan, default_workers
+from .engine import (DEFAULT_CHUNK_NUMEL, DeltaStream, _in_workers, _native_walk, _Reader, build_plan,
+                     default_workers, digest_update, inputs_digest)
 from .errors import ConfigError
 from .methods import Activity, RamStatistics
 
@@ -104,6 +105,7 @@ class ProbeReport:
     activity: Activity
     r: float
     alpha: float
+    fingerprint: str = ""  # of the inputs, as RamStatistics.fingerprint
 
     def statistics(self) -> RamStatistics:
         """The per-agent counts as RAM+ needs them: ``ram_merge(..., statistics=report.statistics())`` on the same
@@ -113,7 +115,7 @@ class ProbeReport:
             torch.tensor([self.agents[n].unique for n in self.agent_names], dtype=torch.int64),
             torch.tensor(self.histogram, dtype=torch.int64),
             agents=tuple(self.agent_names), activity=self.activity,
-            numel=next(iter(self.agents.values())).total if self.agents else 0,
+            numel=next(iter(self.agents.values())).total if self.agents else 0, fingerprint=self.fingerprint,
         )
 
     def layers(self) -> dict[str, dict[str, AgentStats]]:
@@ -274,11 +276,13 @@ def probe(
     k = len(agents)
     names = reader.names
     totals = ProbeCounts.zeros(k)
+    digest = inputs_digest()
     tensors: dict[str, dict[str, AgentStats]] = {}
     workspace: dict[Any, torch.Tensor] = {}
     for key in plan.merge:
         base_t, agent_ts, dev = reader.read(key)
         stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, rule, workspace)
+        digest_update(digest, stream)
         counts = _native_counts(stream, k, rule, workers if workers is not None else default_workers(dev))
         if counts is None:
             counts = _torch_counts(stream, k)
@@ -308,4 +312,4 @@ def probe(
             norm = math.sqrt(float(dots[i, i]) * float(dots[j, j]))
             cosine[i][j] = float(dots[i, j]) / norm if norm else 0.0
     return ProbeReport(names, per_agent, tensors, jaccard, expected, cosine, totals.histogram.tolist(), rule, r,
-                       alpha)
+                       alpha, digest.hexdigest())

@@ -328,3 +328,20 @@ def test_statistics_of_other_inputs_are_refused(base_sd):
         kw = {"base": base_sd, "statistics": info.statistics, **kw}
         with pytest.raises(ConfigError, match=match):
             ram_merge(**kw)
+
+
+def test_reused_statistics_of_changed_or_swapped_weights_are_refused_before_output(base_sd, tmp_path):
+    from ram_live import probe
+    from ram_live.errors import ConfigError
+
+    agents = make_agents(base_sd, [0.05, 0.5])
+    _, info = ram_merge(agents, base=base_sd, return_info=True)
+    assert len(info.statistics.fingerprint) == 32 and probe(agents, base=base_sd).statistics().fingerprint == \
+        info.statistics.fingerprint
+    trained = {k: v.clone() for k, v in agents[1].items()}
+    trained["layers.1.w"].view(-1)[-1] += 0.5  # the agent trained on: same names, same shapes
+    out = tmp_path / "merged.safetensors"
+    for models in ([agents[0], trained], agents[::-1]):
+        with pytest.raises(ConfigError, match="counted over other weights"):
+            ram_merge(models, base=base_sd, statistics=info.statistics, out=out)
+        assert not out.exists()  # nothing written
