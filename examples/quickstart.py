@@ -14,7 +14,8 @@ What it shows, step by step:
 5. Every method of ``ram_live.available_methods()``, timed, and scored on each agent's own task by the share
    of that specialist's loss improvement over the base the merged model keeps (100 % = as good as the
    specialist, 0 % = no better than the base), once as returned (a module in the base's dtype, bf16) and once
-   merged into a float32 state dict (``dtype=torch.float32``). These are toy tasks on a toy model: the numbers
+   merged into a float32 state dict (``dtype=torch.float32``; that second merge reuses the probe's counts,
+   ``statistics=report.statistics()``, so RAM+ skips its counting pass). These are toy tasks on a toy model: the numbers
    show how the methods behave on sparse, overlapping updates, not which method is best.
 
 Run: ``bash scripts/demo.sh [--out DIR] [--seed N]`` (writes ``probe.png`` and ``results.json`` to DIR).
@@ -163,7 +164,9 @@ def main() -> None:
         merged, info = merge(agents, base=base, method=method, return_info=True, **options)
         seconds = time.perf_counter() - t0
         merged32 = copy.deepcopy(base).float()
-        merged32.load_state_dict(merge(agents, base=base.state_dict(), method=method, dtype=torch.float32, **options))
+        # the same inputs again: RAM+ takes the probe's counts instead of counting (statistics=; others ignore it)
+        merged32.load_state_dict(merge(agents, base=base.state_dict(), method=method, dtype=torch.float32,
+                                       statistics=report.statistics(), **options))
         share, share32 = kept(merged), kept(merged32)
         mean, mean32 = sum(share.values()) / N, sum(share32.values()) / N
         shown = ", ".join(f"{k}={v:.3g}" for k, v in options.items()) or "defaults"
