@@ -260,9 +260,9 @@ class DeltaStream:
         across dtypes."""
         if not self.compile or self.dtype != torch.float32 or any(t.device != self.base.device for t in self.tensors):
             return None
-        if activity.rule == "abs":
-            return activity.eps
-        return None if any(t.dtype != self.base.dtype for t in self.tensors) else 0.0
+        if activity.rule == "changed" and any(t.dtype != self.base.dtype for t in self.tensors):
+            return None
+        return activity.threshold
 
     def fused_chunks(self, kernel: Callable[..., Any], key: Any = None
                      ) -> Iterator[tuple[int, int, Any, Tensor, list[Tensor]]]:
@@ -311,7 +311,7 @@ def _native(stream: DeltaStream, activity: Activity, out: Tensor | None = None) 
     kernels = _ram_native.kernels()
     if kernels is None or not _ram_native.supports(out, stream.base, stream.tensors):
         return None
-    return kernels, (activity.eps if activity.rule == "abs" else 0.0)  # "changed" on one dtype: τ ≠ 0
+    return kernels, activity.threshold
 
 
 def _native_walk(stream: DeltaStream, worker: int, workers: int, call: Callable[[int, int], int]) -> int:

@@ -57,6 +57,13 @@ class Activity:
     rule: Literal["abs", "changed"] = "abs"
     eps: float = 1e-5
 
+    @property
+    def threshold(self) -> float:
+        """The rule as ``|τ| > threshold`` for the kernels that take inputs of one dtype: ``eps`` for "abs" (as
+        :func:`~ram_live.functional.apply_activity_`, ``eps <= 0`` keeps every τ ≠ 0), 0 for "changed" (on one
+        dtype, τ ≠ 0 exactly where the stored value changed)."""
+        return max(self.eps, 0.0) if self.rule == "abs" else 0.0
+
 
 @dataclass(frozen=True)
 class RamStatistics:

@@ -232,7 +232,7 @@ def _native_counts(stream: DeltaStream, k: int, activity: Activity, workers: int
     kernel = _probe_native.kernel()
     if kernel is None or not _probe_native.supports(stream.base, stream.tensors):
         return None
-    eps = max(activity.eps, 0.0) if activity.rule == "abs" else 0.0  # "changed" on one dtype: τ ≠ 0
+    eps = activity.threshold
 
     def job(worker: int, n_workers: int) -> tuple[ProbeCounts, int]:
         counts = ProbeCounts.zeros(k)
