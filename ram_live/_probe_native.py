@@ -141,9 +141,7 @@ static void gram_block(const float *tau, int k, int used, float *acc) {
     switch (k - i) { case 3: TILE(3, 3, 1); break; case 2: TILE(2, 2, 1); break; case 1: TILE(1, 1, 1); break; }
 }
 #else
-static inline float from_f32(float x) { return x; }
-static inline float from_bf16(uint16_t x) { uint32_t u = (uint32_t)x << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline int nonfinite(float x) { uint32_t u; memcpy(&u, &x, 4); return (u & 0x7F800000u) == 0x7F800000u; }
+@SCALAR@
 
 /* One block for input type T: tau rows (zeros up to a multiple of 64), agent t's activity in bit t of code[i],
    then per entry its c, whether it is unique, and its pairs. */
@@ -246,7 +244,7 @@ int64_t ram_probe(int dtype, const void *base, const void *const *agents, int k,
     for (int c = 0; c <= k; c++) hist[c] += y.hist[c];
     return bad;
 }
-""".replace("@LOAD32@", _ram_native.C_LOAD32.strip("\n"))
+"""
 
 
 @dataclass
@@ -300,7 +298,7 @@ def supports(base: Tensor, agents: Sequence[Tensor]) -> bool:
 
 def build(flags: Sequence[str] = FLAGS) -> Kernel | None:
     """The kernel compiled with ``flags`` (cached on disk per machine), or None where it cannot be built."""
-    lib = load_library(_SOURCE, "ram_probe", list(flags))
+    lib = load_library(_ram_native.with_shared_c(_SOURCE), "ram_probe", list(flags))
     if lib is None:
         return None
     ptr = ctypes.c_void_p

@@ -26,7 +26,15 @@ from ._cc import load_library
 MAX_AGENTS = 32
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
-#: The AVX-512 loader both native sources use (:mod:`ram_live._probe_native` too).
+#: C helpers both native sources use (:mod:`ram_live._probe_native` too), put in by :func:`with_shared_c`:
+#: scalar float32/bfloat16 reads for the portable loops, and the AVX-512 loader.
+C_SCALAR = r"""
+static inline float from_f32(float x) { return x; }
+static inline float from_bf16(uint16_t x) { uint32_t u = (uint32_t)x << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static inline int nonfinite(float x) { return (bits(x) & 0x7F800000u) == 0x7F800000u; }
+"""
+
 C_LOAD32 = r"""
 /* n <= 32 entries at p + s as two float32 vectors (n <= 0: zeros). bf16: the pairs in 32-bit lanes, << 16 the even
    entry and & 0xFFFF0000 the odd one, so the lanes hold a fixed permutation of the entries, the same for every
@@ -55,10 +63,7 @@ _SOURCE = r"""
 #define BLOCK 512
 #define MAX_AGENTS 32
 
-static inline float from_f32(float x) { return x; }
-static inline float from_bf16(uint16_t x) { uint32_t u = (uint32_t)x << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-static inline int nonfinite(float x) { return (bits(x) & 0x7F800000u) == 0x7F800000u; }
+@SCALAR@
 /* float32 -> bfloat16, round to nearest even; NaN -> 0x7FC0 (c10's round_to_nearest_even) */
 static inline uint16_t to_bf16(float x) {
     uint32_t u = bits(x);
@@ -310,7 +315,12 @@ int64_t ram_counts(int dtype, const void *base, const void *const *agents, int k
     return bad;
 #endif
 }
-""".replace("@LOAD32@", C_LOAD32.strip("\n"))
+"""
+
+
+def with_shared_c(source: str) -> str:
+    """``source`` with ``@SCALAR@`` and ``@LOAD32@`` replaced by :data:`C_SCALAR` and :data:`C_LOAD32`."""
+    return source.replace("@SCALAR@", C_SCALAR.strip("\n")).replace("@LOAD32@", C_LOAD32.strip("\n"))
 
 #: ``-march=native``: AVX-512 (F, BW, DQ) where the CPU has it, the portable loops elsewhere.
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-strict-aliasing", "-fno-math-errno")
@@ -357,7 +367,7 @@ _KERNELS: Kernels | None | bool = False
 
 def build(flags: Sequence[str] = FLAGS) -> Kernels | None:
     """The kernels compiled with ``flags`` (cached per machine), or None where they cannot be built."""
-    lib = load_library(_SOURCE, "ram", list(flags))
+    lib = load_library(with_shared_c(_SOURCE), "ram", list(flags))
     if lib is None:
         return None
     ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
