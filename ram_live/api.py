@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from .engine import DEFAULT_CHUNK_NUMEL, MergeInfo, run_merge
 from .errors import ConfigError, MissingBaseError, NoAgentsError
-from .methods import RamStatistics, get_method, make_config
+from .methods import RAM_VARIANTS, RamStatistics, get_method, make_config
 from .progress import ProgressHook, TerminalProgress
 from .distributed import Distributed
 from .sinks import DistributedSafetensorsSink, ModuleSink, SafetensorsSink, StateDictSink
@@ -21,8 +21,6 @@ __all__ = ["merge", "ram_merge", "merge_task_vectors"]
 
 Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike | TensorSource
 Models = Sequence[Model] | Mapping[str, Model]
-
-RAM_VARIANTS = ("ram", "ram_plus", "ram_plus_soft")
 
 
 def check_ram_variant(variant: str) -> None:

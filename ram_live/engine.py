@@ -26,7 +26,7 @@ from torch import Tensor
 from . import _ram_native
 from . import functional as F
 from .errors import ConfigError, InputMismatchError, NoAgentsError, NonFiniteError
-from .methods import Activity, MergeMethod, RamStatistics, RunContext, TensorContext
+from .methods import RAM_VARIANTS, Activity, MergeMethod, RamStatistics, RunContext, TensorContext
 from .distributed import Distributed, RemoteRankError
 from .progress import ProgressHook
 from .sinks import Sink
@@ -576,7 +576,7 @@ def _fused_kernel(method: MergeMethod, config: Any, state: Any, stream: DeltaStr
                   workers: int) -> functools.partial[None] | None:
     """A one-pass RAM merge ``(stream, flat output) -> None`` where one applies (RAM family): the native CPU
     kernels, else the compiled ones (see :meth:`DeltaStream.fused_eps`); None: the eager streaming path runs."""
-    if method.accumulator is None or getattr(config, "variant", None) not in ("ram", "ram_plus", "ram_plus_soft"):
+    if method.accumulator is None or getattr(config, "variant", None) not in RAM_VARIANTS:
         return None
     activity = method.activity(config)
     lambdas = None if state is None else state.to(device=stream.device, dtype=stream.dtype)

@@ -394,6 +394,9 @@ register_method(
 
 # ----------------------------------------------------------------------------------------------- RAM
 
+#: The RAM family's method names (``ram_merge``'s ``variant``).
+RAM_VARIANTS = ("ram", "ram_plus", "ram_plus_soft")
+
 
 @dataclass(frozen=True)
 class RamConfig:

@@ -10,8 +10,7 @@ from torch import Tensor
 
 from .. import functional as F
 from ..errors import ConfigError
-
-RAM_FAMILY = ("ram", "ram_plus", "ram_plus_soft")
+from ..methods import RAM_VARIANTS as RAM_FAMILY
 
 
 @dataclass(frozen=True)
