@@ -24,6 +24,8 @@ from torch import Tensor
 from ._cc import load_library
 
 MAX_AGENTS = 32
+#: Most agents :meth:`Kernels.merge_unscaled` takes (owner + 1 in at most 5 planes).
+MAX_UNSCALED_AGENTS = 31
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 #: C helpers both native sources use (:mod:`ram_live._probe_native` too), put in by :func:`with_shared_c`:
@@ -82,14 +84,20 @@ static inline uint32_t active32(__m512 ae, __m512 ao, __m512 be, __m512 bo, __m5
     *big = _mm512_max_epu32(*big, _mm512_max_epu32(_mm512_castps_si512(ue), _mm512_castps_si512(uo)));
     return (uint32_t)_mm512_cmp_ps_mask(ue, eps, _CMP_NLE_UQ) | ((uint32_t)_mm512_cmp_ps_mask(uo, eps, _CMP_NLE_UQ) << 16);
 }
-/* Agent t's share of 16 entries: where active, ns -= tau, cnt += 1 and lam = lambda_t (masked, which gives the bits
-   of the portable loops below: an inactive tau is 0 there and ns is never -0). */
-static inline __attribute__((always_inline)) void agent16(__m512 a, __m512 b, __m512 eps, __m512 lt, int plus,
-                                                          __m512 *ns, __m512 *cnt, __m512 *lam) {
+/* Agent t's share of 16 entries: where active, ns -= tau and cnt += 1 (masked, which gives the bits of the portable
+   loops below: an inactive tau is 0 there and ns is never -0); returns where. */
+static inline __attribute__((always_inline)) __mmask16 agent16m(__m512 a, __m512 b, __m512 eps, __m512 *ns,
+                                                                __m512 *cnt) {
     __m512 d = _mm512_sub_ps(a, b);
     __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(d), eps, _CMP_NLE_UQ);
     *ns = _mm512_mask_sub_ps(*ns, m, *ns, d);
     *cnt = _mm512_mask_add_ps(*cnt, m, *cnt, _mm512_set1_ps(1.0f));
+    return m;
+}
+/* ... and, where active, lam = lambda_t */
+static inline __attribute__((always_inline)) void agent16(__m512 a, __m512 b, __m512 eps, __m512 lt, int plus,
+                                                          __m512 *ns, __m512 *cnt, __m512 *lam) {
+    __mmask16 m = agent16m(a, b, eps, ns, cnt);
     if (plus) *lam = _mm512_mask_mov_ps(*lam, m, lt);
 }
 /* theta* = b - (cnt == 1 ? ns * lam : ns / max(cnt, 1)) (RAM: always the mean) */
@@ -156,6 +164,98 @@ static inline __attribute__((always_inline)) int64_t merge_range(
     return bad;
 }
 #define MERGE_RANGE(I, O, P) merge_range(I, O, P, base, agents, k, lambdas, eps, out, start, end)
+/* RAM+ in one read of the inputs, part 1: the RAM result where c != 1, and where agent t alone is active its own
+   value (out has the inputs' dtype, so that is exact) and t + 1 in the owner planes: word j of a 32-entry group
+   holds bit j of (owner + 1) for each entry, in load32's lane order. Adds the active and unique counts (as
+   ram_counts). start is a multiple of 32. Per lane, x adds 1 + 64 (t + 1) for each active agent t: its low six
+   bits are c, and where c = 1 the rest is t + 1. The per-agent counts are popcounts of the masks, 16 agents a
+   vector. */
+static inline __attribute__((always_inline)) int64_t unscaled_range(
+        int dtype, const void *base, const void *const *agents, int k, float eps, void *out, int64_t start,
+        int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique) {
+    const __m512 ve = _mm512_set1_ps(eps), zero = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi32(63), one = _mm512_set1_epi32(1);
+    uint32_t m[MAX_AGENTS] __attribute__((aligned(64))) = {0};
+    __m512i act[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}, uni[2] = {act[0], act[0]};
+    int64_t bad = 0;
+    for (int64_t s = start; s < end; s += 32) {
+        int n = (int)(end - s < 32 ? end - s : 32);
+        __m512 be, bo, ae, ao, ns_e = zero, ns_o = zero, v_e = zero, v_o = zero;
+        __m512i x_e = _mm512_setzero_si512(), x_o = x_e;
+        load32(dtype, base, s, n, &be, &bo);
+        for (int t = 0; t < k; t++) {
+            const __m512i code = _mm512_set1_epi32(1 + ((t + 1) << 6));
+            load32(dtype, agents[t], s, n, &ae, &ao);
+            const __m512 de = _mm512_sub_ps(ae, be), d_o = _mm512_sub_ps(ao, bo);
+            const __mmask16 me = _mm512_cmp_ps_mask(_mm512_abs_ps(de), ve, _CMP_NLE_UQ);
+            const __mmask16 mo = _mm512_cmp_ps_mask(_mm512_abs_ps(d_o), ve, _CMP_NLE_UQ);
+            ns_e = _mm512_mask_sub_ps(ns_e, me, ns_e, de);
+            ns_o = _mm512_mask_sub_ps(ns_o, mo, ns_o, d_o);
+            x_e = _mm512_mask_add_epi32(x_e, me, x_e, code);
+            x_o = _mm512_mask_add_epi32(x_o, mo, x_o, code);
+            v_e = _mm512_mask_mov_ps(v_e, me, ae);
+            v_o = _mm512_mask_mov_ps(v_o, mo, ao);
+            m[t] = _cvtmask32_u32(_mm512_kunpackw(mo, me));
+        }
+        const __m512i ce = _mm512_and_si512(x_e, low), co = _mm512_and_si512(x_o, low);
+        const __mmask16 ue = _mm512_cmpeq_epi32_mask(ce, one), uo = _mm512_cmpeq_epi32_mask(co, one);
+        const __m512i u = _mm512_set1_epi32((int)_cvtmask32_u32(_mm512_kunpackw(uo, ue)));
+        for (int r = 0; r < (k + 15) / 16; r++) {
+            const __m512i w = _mm512_load_si512(m + 16 * r);
+            act[r] = _mm512_add_epi32(act[r], _mm512_popcnt_epi32(w));
+            uni[r] = _mm512_add_epi32(uni[r], _mm512_popcnt_epi32(_mm512_and_si512(w, u)));
+        }
+        const __m512i oe = _mm512_srli_epi32(x_e, 6), oo = _mm512_srli_epi32(x_o, 6);
+        uint32_t *w = planes + (s >> 5) * p;
+        for (int j = 0; j < p; j++) {
+            const __m512i bit = _mm512_set1_epi32(1 << j);
+            w[j] = _cvtmask32_u32(_mm512_kunpackw(_mm512_mask_test_epi32_mask(uo, oo, bit),
+                                                 _mm512_mask_test_epi32_mask(ue, oe, bit)));
+        }
+        __m512 re = _mm512_mask_mov_ps(theta16(be, ns_e, _mm512_cvtepi32_ps(ce), zero, 0), ue, v_e);
+        __m512 ro = _mm512_mask_mov_ps(theta16(bo, ns_o, _mm512_cvtepi32_ps(co), zero, 0), uo, v_o);
+        bad += store32(dtype, dtype, out, s, n, re, ro);
+    }
+    int32_t a[32] __attribute__((aligned(64))), q[32] __attribute__((aligned(64)));
+    for (int r = 0; r < 2; r++) { _mm512_store_si512(a + 16 * r, act[r]); _mm512_store_si512(q + 16 * r, uni[r]); }
+    for (int t = 0; t < k; t++) { active[t] += a[t]; unique[t] += q[t]; }
+    return bad;
+}
+/* Part 2: where the planes name an owner t, out = base - (-(out - base)) * lambda_t, the ops and order of the
+   merge's c = 1 case, so the bits are those of the two-pass RAM+. Groups without an owner are not read. */
+static inline __attribute__((always_inline)) int64_t rescale_range(
+        int dtype, const void *base, void *out, const uint32_t *planes, int p, const float *lambdas, int k,
+        int64_t start, int64_t end) {
+    float tab[32] __attribute__((aligned(64)));
+    for (int i = 0; i < 32; i++) tab[i] = (i >= 1 && i <= k) ? lambdas[i - 1] : 1.0f;
+    const __m512 t_lo = _mm512_load_ps(tab), t_hi = _mm512_load_ps(tab + 16), zero = _mm512_setzero_ps();
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i lane16 = _mm512_add_epi32(lane, _mm512_set1_epi32(16)), one = _mm512_set1_epi32(1);
+    int64_t bad = 0;
+    for (int64_t s = start; s < end; s += 32) {
+        const uint32_t *w = planes + (s >> 5) * p;
+        uint32_t u = 0;
+        for (int j = 0; j < p; j++) u |= w[j];
+        if (!u) continue;
+        int n = (int)(end - s < 32 ? end - s : 32);
+        __m512i ie = _mm512_setzero_si512(), io = _mm512_setzero_si512();
+        for (int j = 0; j < p; j++) {
+            const __m512i x = _mm512_set1_epi32((int)w[j]);
+            ie = _mm512_or_si512(ie, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(x, lane), one), j));
+            io = _mm512_or_si512(io, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(x, lane16), one), j));
+        }
+        __m512 be, bo, oe, oo;
+        load32(dtype, base, s, n, &be, &bo);
+        load32(dtype, out, s, n, &oe, &oo);
+        __m512 re = _mm512_sub_ps(be, _mm512_mul_ps(_mm512_sub_ps(zero, _mm512_sub_ps(oe, be)),
+                                                    _mm512_permutex2var_ps(t_lo, ie, t_hi)));
+        __m512 ro = _mm512_sub_ps(bo, _mm512_mul_ps(_mm512_sub_ps(zero, _mm512_sub_ps(oo, bo)),
+                                                    _mm512_permutex2var_ps(t_lo, io, t_hi)));
+        bad += store32(dtype, dtype, out, s, n, _mm512_mask_mov_ps(oe, (__mmask16)u, re),
+                       _mm512_mask_mov_ps(oo, (__mmask16)(u >> 16), ro));
+    }
+    return bad;
+}
 #else
 /* tau = a - b with hardshrink's rule when eps > 0: (d >= -eps && d <= eps) ? 0 : d (NaN kept) */
 #define DELTA(d, av, bv, EPS) float d = (av) - (bv); if (EPS) d = (d >= -eps && d <= eps) ? 0.0f : d;
@@ -213,6 +313,26 @@ COUNT_BLOCK(count_f32, float, from_f32, 0)
 COUNT_BLOCK(count_f32_eps, float, from_f32, 1)
 COUNT_BLOCK(count_bf16, uint16_t, from_bf16, 0)
 COUNT_BLOCK(count_bf16_eps, uint16_t, from_bf16, 1)
+
+/* The owner planes of a block of n entries from s (a multiple of 32): an entry whose code is the one bit t gets
+   owner t + 1 (entry order within a group here). */
+static void planes_block(const uint32_t *code, int64_t s, int n, uint32_t *planes, int p) {
+    for (int64_t g = s >> 5; g < (s + n + 31) >> 5; g++)
+        for (int j = 0; j < p; j++) planes[g * p + j] = 0;
+    for (int i = 0; i < n; i++) {
+        const uint32_t c = code[i];
+        if (!c || (c & (c - 1u))) continue;
+        const uint32_t owner = (uint32_t)__builtin_ctz(c) + 1u;
+        uint32_t *w = planes + ((s + i) >> 5) * p;
+        for (int j = 0; j < p; j++) w[j] |= ((owner >> j) & 1u) << ((s + i) & 31);
+    }
+}
+static inline float load_at(int dtype, const void *p, int64_t i) {
+    return dtype == 1 ? from_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+static inline void store_at(int dtype, void *p, int64_t i, float x) {
+    if (dtype == 1) ((uint16_t *)p)[i] = to_bf16(x); else ((float *)p)[i] = x;
+}
 #endif
 
 /* 512 where the AVX-512 kernels were compiled in, 0 for the portable loops */
@@ -315,6 +435,62 @@ int64_t ram_counts(int dtype, const void *base, const void *const *agents, int k
     return bad;
 #endif
 }
+
+/* RAM+ in one read of the inputs (see unscaled_range and rescale_range; out has the inputs' dtype). */
+int64_t ram_merge_unscaled(int dtype, const void *base, const void *const *agents, int k, float eps, void *out,
+                           int64_t start, int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique) {
+#ifdef FAST
+    return dtype == 1 ? unscaled_range(1, base, agents, k, eps, out, start, end, planes, p, active, unique)
+                      : unscaled_range(0, base, agents, k, eps, out, start, end, planes, p, active, unique);
+#else
+    float b[BLOCK] __attribute__((aligned(64))), ns[BLOCK] __attribute__((aligned(64)));
+    float cnt[BLOCK] __attribute__((aligned(64))), lam[BLOCK] __attribute__((aligned(64)));
+    uint32_t code[BLOCK] __attribute__((aligned(64)));
+    int64_t bad = 0;
+    for (int64_t s = start; s < end; s += BLOCK) {
+        int n = (int)(end - s < BLOCK ? end - s : BLOCK);
+        if (dtype == 1) {
+            const uint16_t *bb = (const uint16_t *)base; const uint16_t *const *aa = (const uint16_t *const *)agents;
+            (eps > 0.0f ? block_bf16_eps : block_bf16)(bb, aa, k, NULL, eps, s, n, b, ns, cnt, lam);
+            bad += (eps > 0.0f ? count_bf16_eps : count_bf16)(bb, aa, k, eps, s, n, b, code, active, unique);
+        } else {
+            const float *bb = (const float *)base; const float *const *aa = (const float *const *)agents;
+            (eps > 0.0f ? block_f32_eps : block_f32)(bb, aa, k, NULL, eps, s, n, b, ns, cnt, lam);
+            bad += (eps > 0.0f ? count_f32_eps : count_f32)(bb, aa, k, eps, s, n, b, code, active, unique);
+        }
+        planes_block(code, s, n, planes, p);
+        for (int i = 0; i < n; i++) {
+            const uint32_t c = code[i];
+            const float r = (c && !(c & (c - 1u))) ? load_at(dtype, agents[__builtin_ctz(c)], s + i)
+                                                    : b[i] - ns[i] / (cnt[i] < 1.0f ? 1.0f : cnt[i]);
+            bad += nonfinite(r);
+            store_at(dtype, out, s + i, r);
+        }
+    }
+    return bad;
+#endif
+}
+
+int64_t ram_rescale(int dtype, const void *base, void *out, const uint32_t *planes, int p, const float *lambdas,
+                    int k, int64_t start, int64_t end) {
+#ifdef FAST
+    return dtype == 1 ? rescale_range(1, base, out, planes, p, lambdas, k, start, end)
+                      : rescale_range(0, base, out, planes, p, lambdas, k, start, end);
+#else
+    int64_t bad = 0;
+    for (int64_t i = start; i < end; i++) {
+        const uint32_t *w = planes + (i >> 5) * p;
+        uint32_t owner = 0;
+        for (int j = 0; j < p; j++) owner |= ((w[j] >> (i & 31)) & 1u) << j;
+        if (!owner || (int)owner > k) continue;
+        const float bv = load_at(dtype, base, i), ov = load_at(dtype, out, i);
+        const float ns = 0.0f - (ov - bv), r = bv - ns * lambdas[owner - 1];
+        bad += nonfinite(r);
+        store_at(dtype, out, i, r);
+    }
+    return bad;
+#endif
+}
 """
 
 
@@ -344,6 +520,28 @@ class Kernels:
         return int(self.lib.ram_merge(DTYPES[base.dtype], DTYPES[out.dtype], base.data_ptr(), ptrs, len(agents),
                                       lam, eps, out.data_ptr(), start, end))
 
+    def merge_unscaled(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], eps: float, start: int, end: int,
+                       planes: Tensor, active: Tensor, unique: Tensor) -> int:
+        """RAM+'s merge before λ, in the same read as its counts: the RAM result of ``[start, end)`` where two or
+        more agents are active, an agent's own value where it alone is (``out`` has the inputs' dtype), its
+        index + 1 in the owner ``planes`` (int32, :func:`plane_count` words per 32 entries; ``start`` a multiple
+        of 32), and the active/unique counts added as :meth:`counts` does. Returns how many results are not
+        finite. :meth:`rescale` then applies λ."""
+        _check_range(start, end)
+        ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
+        return int(self.lib.ram_merge_unscaled(DTYPES[base.dtype], base.data_ptr(), ptrs, len(agents), eps,
+                                               out.data_ptr(), start, end, planes.data_ptr(), plane_count(len(agents)),
+                                               active.data_ptr(), unique.data_ptr()))
+
+    def rescale(self, out: Tensor, base: Tensor, planes: Tensor, lambdas: Tensor, start: int, end: int) -> int:
+        """θ₀ + λ_t·τ where ``planes`` (of :meth:`merge_unscaled`) name agent t the only active one, in ``out``
+        over ``[start, end)`` (``start`` a multiple of 32): the bits of :meth:`merge` with these λ. Returns how
+        many results are not finite."""
+        _check_range(start, end)
+        k = lambdas.numel()
+        return int(self.lib.ram_rescale(DTYPES[base.dtype], base.data_ptr(), out.data_ptr(), planes.data_ptr(),
+                                        plane_count(k), lambdas.data_ptr(), k, start, end))
+
     def counts(self, base: Tensor, agents: Sequence[Tensor], eps: float, start: int, end: int, active: Tensor,
                unique: Tensor) -> bool:
         """Add the active/unique counts of ``[start, end)`` to ``active``/``unique`` (int64, one per agent).
@@ -351,6 +549,23 @@ class Kernels:
         ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
         return bool(self.lib.ram_counts(DTYPES[base.dtype], base.data_ptr(), ptrs, len(agents), eps, start, end,
                                         active.data_ptr(), unique.data_ptr()))
+
+
+def _check_range(start: int, end: int) -> None:
+    # a group of 32 entries shares its plane words; the kernels count in int32 per range
+    if start % 32 or not 0 <= end - start < 1 << 31:
+        raise ValueError(f"range [{start}, {end}): the start must be a multiple of 32 and the length below 2^31")
+
+
+def plane_count(k: int) -> int:
+    """Owner planes of :meth:`Kernels.merge_unscaled` for ``k`` agents: the bits of k + 1 (32-bit words per 32
+    entries, so ``plane_count(k) / 8`` bytes per entry: 0.25 for 2–3 agents, 0.5 for 8–15)."""
+    return k.bit_length()
+
+
+def planes_numel(numel: int, k: int) -> int:
+    """int32 words of the owner planes of a tensor of ``numel`` entries."""
+    return -(-numel // 32) * plane_count(k)
 
 
 def supports(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> bool:
@@ -375,6 +590,10 @@ def build(flags: Sequence[str] = FLAGS) -> Kernels | None:
     lib.ram_merge.restype = i64
     lib.ram_counts.argtypes = [i32, ptr, ptr, i32, f32, i64, i64, ptr, ptr]
     lib.ram_counts.restype = i64
+    lib.ram_merge_unscaled.argtypes = [i32, ptr, ptr, i32, f32, ptr, i64, i64, ptr, i32, ptr, ptr]
+    lib.ram_merge_unscaled.restype = i64
+    lib.ram_rescale.argtypes = [i32, ptr, ptr, ptr, i32, ptr, i32, i64, i64]
+    lib.ram_rescale.restype = i64
     lib.ram_simd_bits.restype = i32
     return Kernels(lib)
 

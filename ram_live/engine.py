@@ -327,10 +327,17 @@ def _native_walk(stream: DeltaStream, worker: int, workers: int, call: Callable[
 
 
 def _native_statistics(stream: DeltaStream, k: int, kernels: Any, eps: float, workers: int) -> RamStatistics:
+    return _native_counts(stream, k, workers, lambda start, end, active, unique: int(kernels.counts(
+        stream.base, stream.tensors, eps, start, end, active, unique)))
+
+
+def _native_counts(stream: DeltaStream, k: int, workers: int,
+                   count: Callable[[int, int, Tensor, Tensor], int]) -> RamStatistics:
+    """``count(start, end, active, unique)`` over the stream's ranges in threads (it adds to the int64 counts and
+    returns its number of non-finite entries); the summed counts, or the :class:`NonFiniteError` naming one."""
     def job(worker: int, n_workers: int) -> tuple[Tensor, Tensor, int]:
         active, unique = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64)
-        bad = _native_walk(stream, worker, n_workers, lambda start, end: kernels.counts(
-            stream.base, stream.tensors, eps, start, end, active, unique))
+        bad = _native_walk(stream, worker, n_workers, lambda start, end: count(start, end, active, unique))
         return active, unique, bad
 
     results = _in_workers(stream, workers, job, NATIVE_CHUNK)
@@ -439,8 +446,11 @@ def _compiler_works(device: torch.device, k: int, weighted: bool) -> bool:
 @dataclass
 class MergeInfo:
     """What a merge did: the method and config, λ and ρ per agent where the method has them, the statistics
-    pass's counts, and timings. ``extra["kernels"]``: how many tensors each kind of kernel merged ("native" CPU,
-    "compiled" torch.compile, "eager" torch ops); ``extra["compiled"]``: what ``compile`` resolved to."""
+    pass's counts, and timings. ``passes``: how many times the agents' weights were read (RAM+ with global ρ: 1
+    when the output stays in memory and the native kernels take every tensor, else 2). ``extra["kernels"]``: how
+    many tensors each kind of kernel merged ("native" CPU, "compiled" torch.compile, "eager" torch ops);
+    ``extra["single_read"]``: how many tensors RAM+ merged in one read; ``extra["compiled"]``: what ``compile``
+    resolved to."""
 
     method: str
     config: Any
@@ -646,6 +656,16 @@ def run_merge(
     info.extra["compiled"] = compile
 
     reuse, statistics = statistics, None
+    if reuse is None and not validate_first and dist is None and not compile and _single_read(
+            method, config, sink, len(names)):
+        digest = inputs_digest()
+        statistics, run_state = _single_read_pass(reader, plan, specs, method, config, sink, activity or Activity(),
+                                                  info, chunk_numel, workspace, progress, workers, run_device, digest)
+        info.statistics = replace(statistics, agents=names, activity=activity or Activity(), numel=counted,
+                                  fingerprint=digest.hexdigest())
+        _record_lambdas(info, run_state)
+        info.seconds = time.perf_counter() - t0
+        return info
     if reuse is not None and method.needs_statistics(config) and not validate_first:
         statistics = _check_reusable(reuse, names, activity or Activity(), counted)
         info.statistics = statistics
@@ -668,12 +688,7 @@ def run_merge(
         info.passes = 2
         info.statistics = statistics
     run_state = method.setup(config, RunContext(names, statistics, run_device)) if method.setup else None
-    if isinstance(run_state, Tensor) and statistics is not None and run_state.numel() == len(names):
-        info.lambdas = dict(zip(names, map(float, run_state.tolist())))
-        info.rho = {
-            n: F.rho(float(u), float(a))
-            for n, a, u in zip(names, statistics.active.tolist(), statistics.unique.tolist())
-        }
+    _record_lambdas(info, run_state)
 
     check = inputs_digest() if reuse is not None and statistics is reuse and reuse.fingerprint else None
     try:
@@ -690,6 +705,17 @@ def run_merge(
         raise RemoteRankError(f"rank {dist.rank}: another rank failed while merging (see its error)")
     info.seconds = time.perf_counter() - t0
     return info
+
+
+def _record_lambdas(info: MergeInfo, run_state: Any) -> None:
+    """λ and ρ per agent in ``info`` where the run state is one λ per agent computed from counts."""
+    statistics, names = info.statistics, info.agents
+    if isinstance(run_state, Tensor) and statistics is not None and run_state.numel() == len(names):
+        info.lambdas = dict(zip(names, map(float, run_state.tolist())))
+        info.rho = {
+            n: F.rho(float(u), float(a))
+            for n, a, u in zip(names, statistics.active.tolist(), statistics.unique.tolist())
+        }
 
 
 def _check_reusable(statistics: RamStatistics, names: tuple[str, ...], activity: Activity,
@@ -746,8 +772,6 @@ def _merge_pass(
     compile: bool = False,
     digest: Any = None,
 ) -> None:
-    base = reader.base
-    names = reader.names
     for key in plan.check_equal:
         if not validate_first:
             _check_equal(reader, key)
@@ -755,49 +779,176 @@ def _merge_pass(
     if progress:
         progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
-        base_t, agent_ts, dev = reader.read(key)
-        stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace, compile=compile)
-        if digest is not None:
-            digest_update(digest, stream)
-        stream.range_done = reader.range_releaser(key, sink)
-        state = method.prepare(config, stream, run_state) if method.prepare else None
-        dest = sink.destination(key, base.spec(key))
-        flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,
-                                                                       device=dest.device)
-        n_workers = workers if workers is not None else default_workers(dev)
-        fused = _fused_kernel(method, config, state, stream, flat, n_workers)
-        kernels = info.extra.setdefault("kernels", {})
-        kind = "eager" if fused is None else ("native" if fused.func is _merge_native else "compiled")
-        kernels[kind] = kernels.get(kind, 0) + 1
-        if fused is not None:
-            fused(stream, flat)
-        elif method.accumulator is not None:
-            _merge_streaming(
-                stream,
-                functools.partial(
-                    method.accumulator, config, state, stream.stream_chunk, len(names), dev, stream.dtype
-                ),
-                flat,
-                n_workers,
-            )
-        else:
-            for start, base_f, deltas in stream:
-                ctx = TensorContext(key=key, agents=names, start=start, run_state=run_state, state=state)
-                tau = method.combine(deltas, ctx, config)
-                changed = tau != 0
-                merged = tau.add_(base_f)
-                flat[start : start + base_f.numel()].copy_(torch.where(changed, merged, base_f))
-        if flat.data_ptr() != dest.data_ptr():
-            dest.copy_(flat.view(dest.shape))
-        sink.commit(key)
-        reader.release(key)
-        info.tensors += 1
-        info.parameters += stream.numel
+        _merge_tensor(reader, key, method, config, sink, run_state, activity, info, chunk_numel, workspace,
+                      workers, compile, digest)
         if progress:
             progress.update(key, reader.nbytes(key))
     if progress:
         progress.close()
+    _finish_pass(reader, plan, sink)
+
+
+def _merge_tensor(
+    reader: _Reader,
+    key: str,
+    method: MergeMethod,
+    config: Any,
+    sink: Sink,
+    run_state: Any,
+    activity: Activity | None,
+    info: MergeInfo,
+    chunk_numel: int,
+    workspace: dict[Any, Tensor],
+    workers: int | None,
+    compile: bool,
+    digest: Any = None,
+) -> None:
+    """Merge ``key`` into the sink's destination and commit it."""
+    names = reader.names
+    base_t, agent_ts, dev = reader.read(key)
+    stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace, compile=compile)
+    if digest is not None:
+        digest_update(digest, stream)
+    stream.range_done = reader.range_releaser(key, sink)
+    state = method.prepare(config, stream, run_state) if method.prepare else None
+    dest = sink.destination(key, reader.base.spec(key))
+    flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,
+                                                                   device=dest.device)
+    n_workers = workers if workers is not None else default_workers(dev)
+    fused = _fused_kernel(method, config, state, stream, flat, n_workers)
+    _count_kernel(info, "eager" if fused is None else ("native" if fused.func is _merge_native else "compiled"))
+    if fused is not None:
+        fused(stream, flat)
+    elif method.accumulator is not None:
+        _merge_streaming(
+            stream,
+            functools.partial(method.accumulator, config, state, stream.stream_chunk, len(names), dev, stream.dtype),
+            flat,
+            n_workers,
+        )
+    else:
+        for start, base_f, deltas in stream:
+            ctx = TensorContext(key=key, agents=names, start=start, run_state=run_state, state=state)
+            tau = method.combine(deltas, ctx, config)
+            changed = tau != 0
+            merged = tau.add_(base_f)
+            flat[start : start + base_f.numel()].copy_(torch.where(changed, merged, base_f))
+    if flat.data_ptr() != dest.data_ptr():
+        dest.copy_(flat.view(dest.shape))
+    sink.commit(key)
+    reader.release(key)
+    info.tensors += 1
+    info.parameters += stream.numel
+
+
+def _count_kernel(info: MergeInfo, kind: str) -> None:
+    kernels = info.extra.setdefault("kernels", {})
+    kernels[kind] = kernels.get(kind, 0) + 1
+
+
+def _finish_pass(reader: _Reader, plan: Plan, sink: Sink) -> None:
+    """The unmerged tensors (copied from the base) and the tied names."""
     for key in plan.copy:
-        sink.copy_from_base(key, base.get(key))
+        sink.copy_from_base(key, reader.base.get(key))
     for alias, canonical in plan.alias.items():
         sink.alias(alias, canonical)
+
+
+# ------------------------------------------------------------------------------ RAM+ in one read of the inputs
+
+
+def _single_read(method: MergeMethod, config: Any, sink: Sink, k: int) -> bool:
+    """Whether a global-ρ RAM+ merge can read its inputs once (:func:`_single_read_pass`): a RAM-family method that
+    needs the counts, a sink whose fresh destinations stay in memory, and the native kernels for this many agents.
+    (The caller rules out ``validate_first``, reused counts, ``dist`` and ``compile``.)"""
+    return (method.accumulator is not None and getattr(config, "variant", None) in RAM_VARIANTS
+            and method.needs_statistics(config) and bool(getattr(sink, "revisable", False))
+            and k <= _ram_native.MAX_UNSCALED_AGENTS and _ram_native.kernels() is not None)
+
+
+def _single_read_pass(
+    reader: _Reader,
+    plan: Plan,
+    specs: dict[str, TensorSpec],
+    method: MergeMethod,
+    config: Any,
+    sink: Sink,
+    activity: Activity,
+    info: MergeInfo,
+    chunk_numel: int,
+    workspace: dict[Any, Tensor],
+    progress: ProgressHook | None,
+    workers: int | None,
+    run_device: torch.device,
+    digest: Any,
+) -> tuple[RamStatistics, Any]:
+    """RAM+ with global ρ reading the agents once: λ scales only the entries one agent alone changed, so each
+    tensor is merged as RAM (those entries keep the agent's own value) while the same read counts, and an owner map
+    (:func:`ram_live._ram_native.plane_count` bits per entry) records who changed them alone; once every count is
+    in, λ is applied there from the base and the output. The bits equal the two-pass merge's (same float32 ops in
+    the same order). Tensors the native kernels do not take are counted in the first loop and merged after it.
+    Returns the statistics and the method's run state (λ)."""
+    kernels = _ram_native.kernels()
+    names = reader.names
+    k = len(names)
+    for key in plan.check_equal:
+        _check_equal(reader, key)
+    sink.begin(plan, specs)
+    active = torch.zeros(k, dtype=torch.int64)
+    unique = torch.zeros_like(active)
+    deferred: list[tuple[str, Tensor, Tensor]] = []
+    rest: list[str] = []
+    if progress:
+        progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
+    for key in plan.merge:
+        base_t, agent_ts, dev = reader.read(key)
+        stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace)
+        digest_update(digest, stream)
+        stream.range_done = reader.range_releaser(key)
+        n_workers = workers if workers is not None else default_workers(dev)
+        dest = sink.destination(key, reader.base.spec(key))
+        flat = dest.view(-1) if dest.is_contiguous() and dest.dtype == stream.base.dtype else None
+        native = None if flat is None else _native(stream, activity, flat)
+        if native is None:
+            stats = _accumulate_statistics(stream, k, n_workers)
+            rest.append(key)
+        else:
+            assert flat is not None
+            planes = torch.empty(_ram_native.planes_numel(stream.numel, k), dtype=torch.int32)
+            stats = _native_counts(stream, k, n_workers, lambda start, end, a, u, s=stream, f=flat, pl=planes: (
+                native[0].merge_unscaled(f, s.base, s.tensors, native[1], start, end, pl, a, u)))
+            deferred.append((key, flat, planes))
+            sink.commit(key)
+        if reader.base.spec(key).counted:
+            active += stats.active
+            unique += stats.unique
+        reader.release(key)
+        if progress:
+            progress.update(key, reader.nbytes(key))
+    if progress:
+        progress.close()
+    statistics = RamStatistics(active, unique, torch.zeros(k + 1, dtype=torch.int64))
+    run_state = method.setup(config, RunContext(names, statistics, run_device)) if method.setup else None
+    while deferred:
+        key, flat, planes = deferred.pop(0)
+        base_t, agent_ts, dev = reader.read(key)
+        stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace)
+        stream.range_done = reader.range_releaser(key)
+        n_workers = workers if workers is not None else default_workers(dev)
+        state = method.prepare(config, stream, run_state) if method.prepare else run_state
+        lambdas = state.to(dtype=torch.float32).contiguous()
+        bad = _in_workers(stream, n_workers, lambda w, n, s=stream, f=flat, pl=planes, lam=lambdas: _native_walk(
+            s, w, n, lambda start, end: kernels.rescale(f, s.base, pl, lam, start, end)), NATIVE_CHUNK)
+        if any(bad):
+            stream._raise_nonfinite(0, stream.numel)
+        reader.release(key)
+        _count_kernel(info, "native")
+        info.tensors += 1
+        info.parameters += stream.numel
+    for key in rest:
+        _merge_tensor(reader, key, method, config, sink, run_state, activity, info, chunk_numel, workspace,
+                      workers, False)
+    _finish_pass(reader, plan, sink)
+    info.passes = 2 if rest else 1
+    info.extra["single_read"] = len(plan.merge) - len(rest)
+    return statistics, run_state

@@ -35,6 +35,10 @@ MERGE_HUGEPAGES = False
 
 
 class Sink(Protocol):
+    """Where merged tensors go. A sink may set ``revisable = True`` when its destinations are fresh tensors that
+    stay in memory until :meth:`finish` and may be written again: then RAM+ reads its inputs once (see
+    :func:`ram_live.engine.run_merge`)."""
+
     def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None: ...
 
     def destination(self, key: str, spec: TensorSpec) -> Tensor: ...
@@ -71,6 +75,10 @@ class ModuleSink:
             self.module = copy.deepcopy(self.base, memo)
         self._tensors = self.module.state_dict(keep_vars=True)
 
+    @property
+    def revisable(self) -> bool:
+        return not self.inplace
+
     def destination(self, key: str, spec: TensorSpec) -> Tensor:
         return local_tensor(self._tensors[key].detach())
 
@@ -95,6 +103,8 @@ class ModuleSink:
 
 class StateDictSink:
     """A new state dict with the base's keys, dtypes and devices (or ``device``/``dtype`` when given)."""
+
+    revisable = True
 
     def __init__(self, device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
         self.device = device

@@ -1,9 +1,11 @@
 """The native CPU RAM kernels give the eager torch path's bits and counts, and fall back where they do not apply."""
 
+import copy
 import math
 
 import pytest
 import torch
+from torch import nn
 
 import ram_live._ram_native as native
 from ram_live import engine, ram_merge
@@ -28,9 +30,11 @@ def _eager(monkeypatch, **kw):
 @needs_kernels
 def test_native_equals_eager_bits_and_counts(monkeypatch, base_sd, dtype, out_dtype):
     monkeypatch.setattr(engine, "NATIVE_CHUNK", 64)  # several ranges per tensor, shared by two threads
-    calls = []
-    merge = native.Kernels.merge
-    monkeypatch.setattr(native.Kernels, "merge", lambda self, *a: calls.append(a[-2]) or merge(self, *a))
+    calls = []  # the start of each range either merge kernel took (RAM+ in memory: merge_unscaled)
+    for name, start in (("merge", -2), ("merge_unscaled", 4)):
+        kernel = getattr(native.Kernels, name)
+        monkeypatch.setattr(native.Kernels, name,
+                            lambda self, *a, k=kernel, i=start: calls.append(a[i]) or k(self, *a))
     base = {k: v.to(dtype) for k, v in base_sd.items()}
     base["layers.0.b"][:3] = -0.0
     agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)
@@ -174,3 +178,124 @@ def test_the_kernels_build_wherever_a_c_compiler_is_found():
 
     if _cc.native_enabled() and shutil.which(os.environ.get("CC", "cc")):
         assert native.kernels() is not None  # a source that stopped compiling must not pass as "no compiler"
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [1, 2, 5, 31])
+def test_single_read_kernels_give_the_two_pass_bits(dtype, k):
+    """merge_unscaled then rescale (both builds) equal Eq. 7 with λ, count as ram_counts does, and catch NaN/Inf
+    in an agent (first kernel) or in the base (the second kernel where one agent alone then counts as moved)."""
+    builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
+    g = torch.Generator().manual_seed(k)
+    n = 1000 + k
+    base = torch.randn(n, generator=g).to(dtype)
+    base[:40:3] = -0.0
+    base[100:110] = 3e4  # an agent moves these to ~1e-3: its task vector is not exact in float32
+    agents = []
+    for t in range(k):
+        a = base.clone()
+        m = torch.rand(n, generator=g) < [0.05, 0.5, 0.6, 0.3, 0.9][t % 5]
+        a[m] = (base[m].float() + torch.randn(int(m.sum()), generator=g) * 0.1).to(dtype)
+        agents.append(a)
+    agents[0][100:110] = 1.2345e-3 + torch.arange(10) * 1e-4
+    for a in agents[1:]:
+        a[100:110] = base[100:110]
+    lambdas = 1.0 + torch.rand(k, generator=g)
+    want, active, unique = _reference(base, agents, lambdas, 1e-5, dtype)
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    assert native.plane_count(k) == k.bit_length()
+    for name, kernels in builds.items():
+        out = torch.full((n,), 7.0, dtype=dtype)
+        planes = torch.empty(native.planes_numel(n, k), dtype=torch.int32)
+        act, uni = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64)
+        for start, end in [(0, 64), (64, 96), (96, 640), (640, n)]:
+            assert kernels.merge_unscaled(out, base, agents, 1e-5, start, end, planes, act, uni) == 0
+        assert act.tolist() == active and uni.tolist() == unique, name
+        assert torch.equal(out[100:110], agents[0][100:110]), "an entry one agent alone moved keeps its value"
+        with pytest.raises(ValueError, match="multiple of 32"):
+            kernels.rescale(out, base, planes, lambdas, 333, n)
+        for start, end in [(0, 352), (352, n)]:
+            assert kernels.rescale(out, base, planes, lambdas, start, end) == 0
+        assert torch.equal(out.view(bits), want.view(bits)), name
+        broken = [a.clone() for a in agents]
+        broken[-1][500] = math.nan
+        assert kernels.merge_unscaled(torch.empty_like(out), base, broken, 1e-5, 480, 520, planes, act, uni), name
+        alone = int(((torch.stack([(a.float() - base.float()).abs() > 1e-5 for a in agents])).sum(0) == 1)
+                    .nonzero()[0, 0])
+        nan_base = base.clone()
+        nan_base[alone] = math.nan
+        planes.zero_()
+        out = torch.empty_like(out)
+        s = alone // 32 * 32
+        # a NaN base makes every agent active; with one agent the entry is that agent's alone, which the AVX-512
+        # merge stores as the agent's (finite) value and the rescale catches
+        first = kernels.merge_unscaled(out, nan_base, agents, 1e-5, s, s + 32, planes, act, uni)
+        second = kernels.rescale(out, nan_base, planes, lambdas, s, s + 32)
+        assert first + second >= 1, (name, first, second)
+
+
+def _two_pass(monkeypatch, **kw):
+    with monkeypatch.context() as m:
+        m.setattr(engine, "_single_read", lambda *a: False)
+        return ram_merge(**kw)
+
+
+@needs_kernels
+@pytest.mark.parametrize("variant", ["ram_plus", "ram_plus_soft"])
+def test_in_memory_ram_plus_reads_the_inputs_once_with_the_two_pass_bits(monkeypatch, base_sd, variant):
+    monkeypatch.setattr(engine, "NATIVE_CHUNK", 64)
+    base = {k: v.bfloat16() for k, v in base_sd.items()}
+    agents = make_agents(base, [0.05, 0.5, 0.6, 0.3], scale=0.05)
+    before = [snapshot(a) for a in (*agents, base)]
+    one, one_info = ram_merge(agents, base=base, variant=variant, r=0.3, return_info=True, workers=2)
+    two, two_info = _two_pass(monkeypatch, models=agents, base=base, variant=variant, r=0.3, return_info=True)
+    assert_bit_identical(one, two)
+    assert (one_info.passes, two_info.passes) == (1, 2) and one_info.extra["single_read"] == len(base)
+    assert one_info.lambdas == two_info.lambdas and one_info.statistics.fingerprint == two_info.statistics.fingerprint
+    assert torch.equal(one_info.statistics.active, two_info.statistics.active)
+    assert torch.equal(one_info.statistics.unique, two_info.statistics.unique)
+    for obj, snap in zip((*agents, base), before):
+        assert_bit_identical(obj, snap)
+
+
+@needs_kernels
+def test_single_read_merges_what_the_kernels_do_not_take_after_the_counts(monkeypatch, base_sd):
+    base = dict(base_sd)
+    base["layers.0.b"] = base["layers.0.b"].half()  # float16: the torch path, after λ is known
+    agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)
+    one, info = ram_merge(agents, base=base, return_info=True)
+    assert_bit_identical(one, _two_pass(monkeypatch, models=agents, base=base))
+    assert info.passes == 2 and info.extra["single_read"] == len(base) - 1
+    assert info.extra["kernels"] == {"native": len(base) - 1, "eager": 1}
+
+
+@needs_kernels
+def test_single_read_on_live_modules_and_not_in_place(monkeypatch):
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    agents = []
+    for density in (0.1, 0.5, 0.7):
+        agent = copy.deepcopy(base)
+        with torch.no_grad():
+            for p in agent.parameters():
+                p.add_(torch.randn_like(p) * (torch.rand_like(p) < density))
+        agents.append(agent)
+    merged, info = ram_merge(agents, base=base, return_info=True)
+    assert info.passes == 1 and info.extra["single_read"] == 4
+    two = _two_pass(monkeypatch, models=agents, base=base)
+    assert_bit_identical(merged.state_dict(), two.state_dict())
+    target = copy.deepcopy(base)
+    _, in_place = ram_merge(agents, base=target, inplace=True, return_info=True)  # its first pass validates
+    assert in_place.passes == 2 and "single_read" not in in_place.extra
+    assert_bit_identical(target.state_dict(), two.state_dict())
+
+
+@needs_kernels
+def test_single_read_names_a_non_finite_base_under_an_entry_one_agent_moved(base_sd):
+    agents = make_agents(base_sd, [0.5])
+    moved = int((agents[0]["layers.1.w"] != base_sd["layers.1.w"]).flatten().nonzero()[0, 0])
+    base = {k: v.clone() for k, v in base_sd.items()}
+    base["layers.1.w"].view(-1)[moved] = math.nan
+    with pytest.raises(NonFiniteError, match=rf"'layers\.1\.w' of the base holds nan at flat index {moved}"):
+        ram_merge(agents, base=base)
