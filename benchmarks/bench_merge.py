@@ -21,11 +21,12 @@ changed entry is "active" for the paper's rule and every other entry has delta e
   measured in the same run over the same tensors into a pre-touched destination (best of 3). Also printed: the
   time to write one *new* output (allocation + first-touch page faults, which a merge returning a fresh state
   dict pays too, and which the floor leaves out).
-* RAM (``ram_merge(..., variant="ram")``), RAM+ (``variant="ram_plus"``, global rho: two passes) and
-  ``probe``: wall time of the call from state dicts to the returned state dict / report, best of ``--reps``;
-  each as a multiple of the floor. Also RAM+ with ``statistics=`` the counts of its own run (the merge pass
-  alone, as in a sweep over r), and (2K+3)/(K+2): RAM+ / RAM when both passes run at memory bandwidth (the
-  statistics pass reads the K + 1 inputs once more).
+* RAM (``ram_merge(..., variant="ram")``), RAM+ (``variant="ram_plus"``, global rho; into a state dict it
+  reads the inputs once: the merge counts and records who alone changed what, then lambda is applied from the
+  base and the output) and ``probe``: wall time of the call from state dicts to the returned state dict /
+  report, best of ``--reps``; each as a multiple of the floor. Also RAM+ with ``statistics=`` the counts of its
+  own run (the merge pass alone, as in a sweep over r), and (2K+3)/(K+2): RAM+ / RAM for a statistics pass and
+  a merge pass both at memory bandwidth (what the two-pass RAM+ of files and in-place merges approaches).
 * mergekit 0.1.5's ``ram`` called per tensor (``benchmarks/mergekit_ram_worker.py`` in
   ``benchmarks/.venv-mergekit``, a subprocess; only its merge calls are timed) on the same tensors, written
   to a temporary folder: with ``--dtype float32`` (float32 compute, as ram_live) and mergekit's default

@@ -175,8 +175,8 @@ static inline __attribute__((always_inline)) int64_t unscaled_range(
         int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique) {
     const __m512 ve = _mm512_set1_ps(eps), zero = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi32(63), one = _mm512_set1_epi32(1);
-    uint32_t m[MAX_AGENTS] __attribute__((aligned(64))) = {0};
-    __m512i act[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}, uni[2] = {act[0], act[0]};
+    int64_t act[MAX_AGENTS] = {0}, uni[MAX_AGENTS] = {0};
+    uint32_t m[MAX_AGENTS];
     int64_t bad = 0;
     for (int64_t s = start; s < end; s += 32) {
         int n = (int)(end - s < 32 ? end - s : 32);
@@ -195,16 +195,13 @@ static inline __attribute__((always_inline)) int64_t unscaled_range(
             x_o = _mm512_mask_add_epi32(x_o, mo, x_o, code);
             v_e = _mm512_mask_mov_ps(v_e, me, ae);
             v_o = _mm512_mask_mov_ps(v_o, mo, ao);
-            m[t] = _cvtmask32_u32(_mm512_kunpackw(mo, me));
+            m[t] = (uint32_t)_cvtmask16_u32(me) | ((uint32_t)_cvtmask16_u32(mo) << 16);
+            act[t] += __builtin_popcount(m[t]);
         }
         const __m512i ce = _mm512_and_si512(x_e, low), co = _mm512_and_si512(x_o, low);
         const __mmask16 ue = _mm512_cmpeq_epi32_mask(ce, one), uo = _mm512_cmpeq_epi32_mask(co, one);
-        const __m512i u = _mm512_set1_epi32((int)_cvtmask32_u32(_mm512_kunpackw(uo, ue)));
-        for (int r = 0; r < (k + 15) / 16; r++) {
-            const __m512i w = _mm512_load_si512(m + 16 * r);
-            act[r] = _mm512_add_epi32(act[r], _mm512_popcnt_epi32(w));
-            uni[r] = _mm512_add_epi32(uni[r], _mm512_popcnt_epi32(_mm512_and_si512(w, u)));
-        }
+        const uint32_t uu = _cvtmask32_u32(_mm512_kunpackw(uo, ue));
+        for (int t = 0; t < k; t++) uni[t] += __builtin_popcount(m[t] & uu);
         const __m512i oe = _mm512_srli_epi32(x_e, 6), oo = _mm512_srli_epi32(x_o, 6);
         uint32_t *w = planes + (s >> 5) * p;
         for (int j = 0; j < p; j++) {
@@ -216,9 +213,7 @@ static inline __attribute__((always_inline)) int64_t unscaled_range(
         __m512 ro = _mm512_mask_mov_ps(theta16(bo, ns_o, _mm512_cvtepi32_ps(co), zero, 0), uo, v_o);
         bad += store32(dtype, dtype, out, s, n, re, ro);
     }
-    int32_t a[32] __attribute__((aligned(64))), q[32] __attribute__((aligned(64)));
-    for (int r = 0; r < 2; r++) { _mm512_store_si512(a + 16 * r, act[r]); _mm512_store_si512(q + 16 * r, uni[r]); }
-    for (int t = 0; t < k; t++) { active[t] += a[t]; unique[t] += q[t]; }
+    for (int t = 0; t < k; t++) { active[t] += act[t]; unique[t] += uni[t]; }
     return bad;
 }
 /* Part 2: where the planes name an owner t, out = base - (-(out - base)) * lambda_t, the ops and order of the

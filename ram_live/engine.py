@@ -1,4 +1,5 @@
-"""The streaming executor: validate, (pass 1) gather statistics, (pass 2) merge tensor by tensor, chunk by chunk.
+"""The streaming executor: validate, (pass 1) gather statistics, (pass 2) merge tensor by tensor, chunk by chunk;
+RAM+ with global ρ into memory reads the inputs once instead (:func:`_single_read_pass`).
 
 For each tensor the engine reads the base and each agent (views of live tensors, or one memory-mapped tensor
 from disk), and walks it in chunks: the agents' deltas of one chunk fill a float32 scratch ``[K, C]`` with
