@@ -168,8 +168,7 @@ static inline __attribute__((always_inline)) int64_t merge_range(
    value (out has the inputs' dtype, so that is exact) and t + 1 in the owner planes: word j of a 32-entry group
    holds bit j of (owner + 1) for each entry, in load32's lane order. Adds the active and unique counts (as
    ram_counts). start is a multiple of 32. Per lane, x adds 1 + 64 (t + 1) for each active agent t: its low six
-   bits are c, and where c = 1 the rest is t + 1. The per-agent counts are popcounts of the masks, 16 agents a
-   vector. */
+   bits are c, and where c = 1 the rest is t + 1. The per-agent counts are popcounts of the masks. */
 static inline __attribute__((always_inline)) int64_t unscaled_range(
         int dtype, const void *base, const void *const *agents, int k, float eps, void *out, int64_t start,
         int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique) {
@@ -547,9 +546,8 @@ class Kernels:
 
 
 def _check_range(start: int, end: int) -> None:
-    # a group of 32 entries shares its plane words; the kernels count in int32 per range
-    if start % 32 or not 0 <= end - start < 1 << 31:
-        raise ValueError(f"range [{start}, {end}): the start must be a multiple of 32 and the length below 2^31")
+    if start % 32:  # a group of 32 entries shares its plane words
+        raise ValueError(f"range [{start}, {end}): the start must be a multiple of 32")
 
 
 def plane_count(k: int) -> int:
