@@ -1,5 +1,7 @@
 """Native CPU kernels for RAM: the merge (θ* of a range, written in the output's dtype) and the statistics
-(per-agent active and unique counts), one pass over the K + 1 inputs each.
+(per-agent active and unique counts), one pass over the K + 1 inputs each; and RAM+ in one read
+(:meth:`Kernels.merge_unscaled`, which merges as RAM while counting and records who alone changed what, then
+:meth:`Kernels.rescale`, which applies λ there once the counts are in).
 
 The same float32 operations in the same order as :class:`ram_live.functional.RamAccumulator` and
 :class:`~ram_live.functional.RamCounter` (τ = θ_t − θ₀; ``hardshrink``'s rule; Σ −τ; the mean over active agents

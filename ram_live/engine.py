@@ -655,13 +655,13 @@ def run_merge(
     if compile:
         compile = _compiler_works(run_device, len(names), _ram_weighted(config))
     info.extra["compiled"] = compile
+    job = _Job(reader, method, config, sink, activity, info, chunk_numel, workers, compile, workspace)
 
     reuse, statistics = statistics, None
     if reuse is None and not validate_first and dist is None and not compile and _single_read(
             method, config, sink, len(names)):
         digest = inputs_digest()
-        statistics, run_state = _single_read_pass(reader, plan, specs, method, config, sink, activity or Activity(),
-                                                  info, chunk_numel, workspace, progress, workers, run_device, digest)
+        statistics, run_state = _single_read_pass(job, plan, specs, progress, run_device, digest)
         info.statistics = replace(statistics, agents=names, activity=activity or Activity(), numel=counted,
                                   fingerprint=digest.hexdigest())
         _record_lambdas(info, run_state)
@@ -693,8 +693,7 @@ def run_merge(
 
     check = inputs_digest() if reuse is not None and statistics is reuse and reuse.fingerprint else None
     try:
-        _merge_pass(reader, plan, specs, method, config, sink, run_state, activity, info, chunk_numel,
-                    workspace, progress, workers, validate_first, compile, check)
+        _merge_pass(job, plan, specs, run_state, progress, validate_first, check)
         if check is not None and check.hexdigest() != reuse.fingerprint:  # before the sink's finish()
             raise ConfigError("statistics= were counted over other weights (the first and last entries of some "
                               "tensor differ): count them again, or pass the checkpoints they came from")
@@ -755,24 +754,25 @@ def _ram_weighted(config: Any) -> bool:
     return getattr(config, "variant", "ram") != "ram"
 
 
-def _merge_pass(
-    reader: _Reader,
-    plan: Plan,
-    specs: dict[str, TensorSpec],
-    method: MergeMethod,
-    config: Any,
-    sink: Sink,
-    run_state: Any,
-    activity: Activity | None,
-    info: MergeInfo,
-    chunk_numel: int,
-    workspace: dict[Any, Tensor],
-    progress: ProgressHook | None,
-    workers: int | None,
-    validate_first: bool,
-    compile: bool = False,
-    digest: Any = None,
-) -> None:
+@dataclass
+class _Job:
+    """What every tensor of one merge shares."""
+
+    reader: _Reader
+    method: MergeMethod
+    config: Any
+    sink: Sink
+    activity: Activity | None
+    info: MergeInfo
+    chunk_numel: int
+    workers: int | None
+    compile: bool = False
+    workspace: dict[Any, Tensor] = field(default_factory=dict)
+
+
+def _merge_pass(job: _Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any, progress: ProgressHook | None,
+                validate_first: bool, digest: Any = None) -> None:
+    reader, sink = job.reader, job.sink
     for key in plan.check_equal:
         if not validate_first:
             _check_equal(reader, key)
@@ -780,8 +780,7 @@ def _merge_pass(
     if progress:
         progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
-        _merge_tensor(reader, key, method, config, sink, run_state, activity, info, chunk_numel, workspace,
-                      workers, compile, digest)
+        _merge_tensor(job, key, run_state, digest)
         if progress:
             progress.update(key, reader.nbytes(key))
     if progress:
@@ -789,25 +788,13 @@ def _merge_pass(
     _finish_pass(reader, plan, sink)
 
 
-def _merge_tensor(
-    reader: _Reader,
-    key: str,
-    method: MergeMethod,
-    config: Any,
-    sink: Sink,
-    run_state: Any,
-    activity: Activity | None,
-    info: MergeInfo,
-    chunk_numel: int,
-    workspace: dict[Any, Tensor],
-    workers: int | None,
-    compile: bool,
-    digest: Any = None,
-) -> None:
+def _merge_tensor(job: _Job, key: str, run_state: Any, digest: Any = None) -> None:
     """Merge ``key`` into the sink's destination and commit it."""
-    names = reader.names
+    reader, method, config, sink, activity, info = job.reader, job.method, job.config, job.sink, job.activity, job.info
+    names, workers = reader.names, job.workers
     base_t, agent_ts, dev = reader.read(key)
-    stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace, compile=compile)
+    stream = DeltaStream(key, base_t, agent_ts, names, dev, job.chunk_numel, activity, job.workspace,
+                         compile=job.compile)
     if digest is not None:
         digest_update(digest, stream)
     stream.range_done = reader.range_releaser(key, sink)
@@ -867,22 +854,8 @@ def _single_read(method: MergeMethod, config: Any, sink: Sink, k: int) -> bool:
             and k <= _ram_native.MAX_UNSCALED_AGENTS and _ram_native.kernels() is not None)
 
 
-def _single_read_pass(
-    reader: _Reader,
-    plan: Plan,
-    specs: dict[str, TensorSpec],
-    method: MergeMethod,
-    config: Any,
-    sink: Sink,
-    activity: Activity,
-    info: MergeInfo,
-    chunk_numel: int,
-    workspace: dict[Any, Tensor],
-    progress: ProgressHook | None,
-    workers: int | None,
-    run_device: torch.device,
-    digest: Any,
-) -> tuple[RamStatistics, Any]:
+def _single_read_pass(job: _Job, plan: Plan, specs: dict[str, TensorSpec], progress: ProgressHook | None,
+                      run_device: torch.device, digest: Any) -> tuple[RamStatistics, Any]:
     """RAM+ with global ρ reading the agents once: λ scales only the entries one agent alone changed, so each
     tensor is merged as RAM (those entries keep the agent's own value) while the same read counts, and an owner map
     (:func:`ram_live._ram_native.plane_count` bits per entry) records who changed them alone; once every count is
@@ -890,6 +863,8 @@ def _single_read_pass(
     the same order). Tensors the native kernels do not take are counted in the first loop and merged after it.
     Returns the statistics and the method's run state (λ)."""
     kernels = _ram_native.kernels()
+    reader, method, config, sink, info, workers = job.reader, job.method, job.config, job.sink, job.info, job.workers
+    activity, chunk_numel, workspace = job.activity or Activity(), job.chunk_numel, job.workspace
     names = reader.names
     k = len(names)
     for key in plan.check_equal:
@@ -916,8 +891,9 @@ def _single_read_pass(
         else:
             assert flat is not None
             planes = torch.empty(_ram_native.planes_numel(stream.numel, k), dtype=torch.int32)
-            stats = _native_counts(stream, k, n_workers, lambda start, end, a, u, s=stream, f=flat, pl=planes: (
-                native[0].merge_unscaled(f, s.base, s.tensors, native[1], start, end, pl, a, u)))
+            eps = native[1]
+            stats = _native_counts(stream, k, n_workers, lambda start, end, a, u, s=stream, f=flat, pl=planes, e=eps: (
+                kernels.merge_unscaled(f, s.base, s.tensors, e, start, end, pl, a, u)))
             deferred.append((key, flat, planes))
             sink.commit(key)
         if reader.base.spec(key).counted:
@@ -947,8 +923,7 @@ def _single_read_pass(
         info.tensors += 1
         info.parameters += stream.numel
     for key in rest:
-        _merge_tensor(reader, key, method, config, sink, run_state, activity, info, chunk_numel, workspace,
-                      workers, False)
+        _merge_tensor(job, key, run_state)
     _finish_pass(reader, plan, sink)
     info.passes = 2 if rest else 1
     info.extra["single_read"] = len(plan.merge) - len(rest)
