@@ -129,3 +129,30 @@ def test_failed_merge_of_every_method_leaves_inputs_untouched(base_sd):
             merge(agents, base=base_sd, method=method)
     for obj, s in zip([*agents, base_sd], before):
         assert_bit_identical(snapshot(obj), s)
+
+
+def _merge_in_child(queue):
+    from tests.conftest import make_agents as _make
+
+    torch.set_num_threads(1)  # torch's own OpenMP threads are not fork-safe; ours are what is tested
+    g = torch.Generator().manual_seed(3)
+    base = {"w": torch.randn(300_000, generator=g)}
+    merged = ram_merge(_make(base, [0.3, 0.5]), base=base, workers=2)
+    queue.put(int(merged["w"].view(torch.int32).long().sum()))  # a checksum of the bits
+
+
+def test_a_forked_child_merges_after_the_parent_did(base_sd):
+    """The engine's shared thread pool is forgotten in a forked child (its threads do not exist there)."""
+    import multiprocessing as mp
+
+    g = torch.Generator().manual_seed(3)
+    base = {"w": torch.randn(300_000, generator=g)}
+    merged = ram_merge(make_agents(base, [0.3, 0.5]), base=base, workers=2)  # the shared pool exists now
+    want = int(merged["w"].view(torch.int32).long().sum())
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_merge_in_child, args=(queue,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, "the child hung or failed"
+    assert queue.get(timeout=5) == want

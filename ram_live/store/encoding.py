@@ -4,6 +4,7 @@ device or with the CPU paths (numpy, native kernels), and applying them back."""
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +125,14 @@ def _pool() -> Any:
 
         _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ram_live_store")
     return _POOL
+
+
+def _forget_pool() -> None:
+    global _POOL
+    _POOL = None  # a forked child has the pool object but none of its threads
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _scan(np: Any, cn: Any, bn: Any, start: int, end: int) -> tuple[Any, int, list[tuple[str, Any]]]:
