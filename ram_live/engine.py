@@ -687,7 +687,7 @@ def run_merge(
 
     reuse, statistics = statistics, None
     if reuse is None and not validate_first and dist is None and not compile and _single_read(
-            method, config, sink, len(names)):
+            method, config, sink, len(names), plan, specs):
         digest = inputs_digest()
         statistics, run_state = _single_read_pass(job, plan, specs, progress, run_device, digest)
         info.statistics = replace(statistics, agents=names, activity=activity or Activity(), numel=counted,
@@ -873,13 +873,22 @@ def _finish_pass(reader: _Reader, plan: Plan, sink: Sink) -> None:
 # ------------------------------------------------------------------------------ RAM+ in one read of the inputs
 
 
-def _single_read(method: MergeMethod, config: Any, sink: Sink, k: int) -> bool:
-    """Whether a global-ρ RAM+ merge can read its inputs once (:func:`_single_read_pass`): a RAM-family method that
-    needs the counts, a sink whose fresh destinations stay in memory, and the native kernels for this many agents.
-    (The caller rules out ``validate_first``, reused counts, ``dist`` and ``compile``.)"""
-    return (method.accumulator is not None and getattr(config, "variant", None) in RAM_VARIANTS
+def _single_read(method: MergeMethod, config: Any, sink: Sink, k: int, plan: Plan,
+                 specs: dict[str, TensorSpec]) -> bool:
+    """Whether a global-ρ RAM+ merge reads its inputs once (:func:`_single_read_pass`): a RAM-family method that
+    needs the counts, a sink whose fresh destinations stay in memory, the native kernels for this many agents, and
+    an owner map within twice the largest tensor (so that extra memory stays ≤ output + 2 × largest tensor, as for
+    the two passes; ``RAM_LIVE_SINGLE_READ=1`` lifts that bound, ``=0`` always counts first). The caller rules out
+    ``validate_first``, reused counts, ``dist`` and ``compile``."""
+    choice = os.environ.get("RAM_LIVE_SINGLE_READ", "auto")
+    if choice == "0" or not (
+            method.accumulator is not None and getattr(config, "variant", None) in RAM_VARIANTS
             and method.needs_statistics(config) and bool(getattr(sink, "revisable", False))
-            and k <= _ram_native.MAX_UNSCALED_AGENTS and _ram_native.kernels() is not None)
+            and k <= _ram_native.MAX_UNSCALED_AGENTS and _ram_native.kernels() is not None):
+        return False
+    owner_map = sum(_ram_native.planes_numel(specs[key].numel, k) * 4 for key in plan.merge)
+    largest = max((specs[key].numel * specs[key].dtype.itemsize for key in plan.merge), default=0)
+    return choice == "1" or owner_map <= 2 * largest
 
 
 def _single_read_pass(job: _Job, plan: Plan, specs: dict[str, TensorSpec], progress: ProgressHook | None,

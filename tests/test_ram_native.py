@@ -299,3 +299,21 @@ def test_single_read_names_a_non_finite_base_under_an_entry_one_agent_moved(base
     base["layers.1.w"].view(-1)[moved] = math.nan
     with pytest.raises(NonFiniteError, match=rf"'layers\.1\.w' of the base holds nan at flat index {moved}"):
         ram_merge(agents, base=base)
+
+
+@needs_kernels
+def test_single_read_only_where_its_owner_map_fits_the_memory_bound(monkeypatch, base_sd):
+    """The owner map (⌈log2(K+1)⌉ bits per entry) must stay within 2 × the largest tensor, the bound the two-pass
+    merge keeps; RAM_LIVE_SINGLE_READ=1 / 0 forces either way, with the same bits."""
+    g = torch.Generator().manual_seed(5)
+    many = {f"layers.{i}.w": torch.randn(64, generator=g).bfloat16() for i in range(40)}  # 40 small tensors
+    agents = make_agents(many, [0.05, 0.3, 0.5, 0.5, 0.6, 0.2, 0.4, 0.7], scale=0.1)
+    two, info = ram_merge(agents, base=many, return_info=True)
+    assert info.passes == 2 and "single_read" not in info.extra  # map 1,280 B > 2 × 128 B
+    monkeypatch.setenv("RAM_LIVE_SINGLE_READ", "1")
+    one, info = ram_merge(agents, base=many, return_info=True)
+    assert info.passes == 1 and info.extra["single_read"] == 40
+    assert_bit_identical(one, two)
+    monkeypatch.setenv("RAM_LIVE_SINGLE_READ", "0")
+    _, info = ram_merge(make_agents(base_sd, [0.1, 0.5]), base=base_sd, return_info=True)
+    assert info.passes == 2 and "single_read" not in info.extra
