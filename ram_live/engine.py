@@ -816,8 +816,8 @@ def _merge_pass(job: _Job, plan: Plan, specs: dict[str, TensorSpec], run_state: 
     _finish_pass(reader, plan, sink)
 
 
-def _merge_tensor(job: _Job, key: str, run_state: Any, digest: Any = None) -> None:
-    """Merge ``key`` into the sink's destination and commit it."""
+def _merge_tensor(job: _Job, key: str, run_state: Any, digest: Any = None, dest: Tensor | None = None) -> None:
+    """Merge ``key`` into the sink's destination (``dest`` when it was already taken) and commit it."""
     reader, method, config, sink, activity, info = job.reader, job.method, job.config, job.sink, job.activity, job.info
     names, workers = reader.names, job.workers
     base_t, agent_ts, dev = reader.read(key)
@@ -827,7 +827,8 @@ def _merge_tensor(job: _Job, key: str, run_state: Any, digest: Any = None) -> No
         digest_update(digest, stream)
     stream.range_done = reader.range_releaser(key, sink)
     state = method.prepare(config, stream, run_state) if method.prepare else None
-    dest = sink.destination(key, reader.base.spec(key))
+    if dest is None:
+        dest = sink.destination(key, reader.base.spec(key))
     flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,
                                                                    device=dest.device)
     n_workers = workers if workers is not None else default_workers(dev)
@@ -899,69 +900,85 @@ def _single_read_pass(job: _Job, plan: Plan, specs: dict[str, TensorSpec], progr
     in, λ is applied there from the base and the output. The bits equal the two-pass merge's (same float32 ops in
     the same order). Tensors the native kernels do not take are counted in the first loop and merged after it.
     Returns the statistics and the method's run state (λ)."""
-    kernels = _ram_native.kernels()
-    reader, method, config, sink, info, workers = job.reader, job.method, job.config, job.sink, job.info, job.workers
-    activity, chunk_numel, workspace = job.activity or Activity(), job.chunk_numel, job.workspace
-    names = reader.names
-    k = len(names)
+    reader, sink, k = job.reader, job.sink, len(job.reader.names)
     for key in plan.check_equal:
         _check_equal(reader, key)
     sink.begin(plan, specs)
     active = torch.zeros(k, dtype=torch.int64)
     unique = torch.zeros_like(active)
-    deferred: list[tuple[str, Tensor, Tensor]] = []
-    rest: list[str] = []
+    deferred: list[tuple[str, Tensor, Tensor]] = []  # (key, flat output, owner map), λ still to apply
+    rest: list[tuple[str, Tensor]] = []  # (key, destination), merged once λ is known
     if progress:
         progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
-        base_t, agent_ts, dev = reader.read(key)
-        stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace)
-        digest_update(digest, stream)
-        stream.range_done = reader.range_releaser(key)
-        n_workers = workers if workers is not None else default_workers(dev)
-        dest = sink.destination(key, reader.base.spec(key))
-        flat = dest.view(-1) if dest.is_contiguous() and dest.dtype == stream.base.dtype else None
-        native = None if flat is None else _native(stream, activity, flat)
-        if native is None:
-            stats = _accumulate_statistics(stream, k, n_workers)
-            rest.append(key)
+        stats, dest, flat, planes = _merge_unscaled(job, key, digest)
+        if flat is None or planes is None:
+            rest.append((key, dest))
         else:
-            assert flat is not None
-            planes = torch.empty(_ram_native.planes_numel(stream.numel, k), dtype=torch.int32)
-            eps = native[1]
-            stats = _native_counts(stream, k, n_workers, lambda start, end, a, u, s=stream, f=flat, pl=planes, e=eps: (
-                kernels.merge_unscaled(f, s.base, s.tensors, e, start, end, pl, a, u)))
             deferred.append((key, flat, planes))
-            sink.commit(key)
         if reader.base.spec(key).counted:
             active += stats.active
             unique += stats.unique
-        reader.release(key)
         if progress:
             progress.update(key, reader.nbytes(key))
     if progress:
         progress.close()
     statistics = RamStatistics(active, unique, torch.zeros(k + 1, dtype=torch.int64))
-    run_state = method.setup(config, RunContext(names, statistics, run_device)) if method.setup else None
+    run_state = job.method.setup(job.config, RunContext(reader.names, statistics, run_device)) \
+        if job.method.setup else None
     while deferred:  # last merged first: some of its lines are still in the cache
-        key, flat, planes = deferred.pop()
-        base_t, agent_ts, dev = reader.read(key)
-        stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, activity, workspace)
-        stream.range_done = reader.range_releaser(key)
-        n_workers = workers if workers is not None else default_workers(dev)
-        state = method.prepare(config, stream, run_state) if method.prepare else run_state
-        lambdas = state.to(dtype=torch.float32).contiguous()
-        bad = _in_workers(stream, n_workers, lambda w, n, s=stream, f=flat, pl=planes, lam=lambdas: _native_walk(
-            s, w, n, lambda start, end: kernels.rescale(f, s.base, pl, lam, start, end)), NATIVE_CHUNK)
-        if any(bad):
-            stream._raise_nonfinite(0, stream.numel)
-        reader.release(key)
-        _count_kernel(info, "native")
-        info.tensors += 1
-        info.parameters += stream.numel
-    for key in rest:
-        _merge_tensor(job, key, run_state)
+        _rescale(job, *deferred.pop(), run_state)
+    for key, dest in rest:
+        _merge_tensor(job, key, run_state, dest=dest)
     _finish_pass(reader, plan, sink)
-    info.passes = 2 if rest else 1
-    info.extra["single_read"] = len(plan.merge) - len(rest)
+    job.info.passes = 2 if rest else 1
+    job.info.extra["single_read"] = len(plan.merge) - len(rest)
     return statistics, run_state
+
+
+def _merge_unscaled(job: _Job, key: str, digest: Any
+                    ) -> tuple[RamStatistics, Tensor, Tensor | None, Tensor | None]:
+    """Pass 1 of :func:`_single_read_pass` on ``key``: its counts and destination, and where the native kernels
+    take it, the flat destination merged but for λ and the owner map (else None, None: only counted)."""
+    reader, k = job.reader, len(job.reader.names)
+    base_t, agent_ts, dev = reader.read(key)
+    stream = DeltaStream(key, base_t, agent_ts, reader.names, dev, job.chunk_numel, job.activity or Activity(),
+                         job.workspace)
+    digest_update(digest, stream)
+    stream.range_done = reader.range_releaser(key)
+    workers = job.workers if job.workers is not None else default_workers(dev)
+    dest = job.sink.destination(key, reader.base.spec(key))
+    flat = dest.view(-1) if dest.is_contiguous() and dest.dtype == stream.base.dtype else None
+    native = None if flat is None else _native(stream, job.activity or Activity(), flat)
+    if native is None or flat is None:
+        stats, planes = _accumulate_statistics(stream, k, workers), None
+    else:
+        kernels, eps = native
+        out, owners = flat, torch.empty(_ram_native.planes_numel(stream.numel, k), dtype=torch.int32)
+        stats = _native_counts(stream, k, workers, lambda start, end, a, u: kernels.merge_unscaled(
+            out, stream.base, stream.tensors, eps, start, end, owners, a, u))
+        job.sink.commit(key)
+        planes = owners
+    reader.release(key)
+    return stats, dest, flat, planes
+
+
+def _rescale(job: _Job, key: str, flat: Tensor, planes: Tensor, run_state: Any) -> None:
+    """Pass 2 of :func:`_single_read_pass` on ``key``: λ applied where the owner map names an agent."""
+    reader = job.reader
+    base_t, agent_ts, dev = reader.read(key)
+    stream = DeltaStream(key, base_t, agent_ts, reader.names, dev, job.chunk_numel, job.activity, job.workspace)
+    stream.range_done = reader.range_releaser(key)
+    state = job.method.prepare(job.config, stream, run_state) if job.method.prepare else run_state
+    lambdas = state.to(dtype=torch.float32).contiguous()
+    kernels = _ram_native.kernels()
+    workers = job.workers if job.workers is not None else default_workers(dev)
+    bad = _in_workers(stream, workers, lambda w, n: _native_walk(
+        stream, w, n, lambda start, end: kernels.rescale(flat, stream.base, planes, lambdas, start, end)),
+        NATIVE_CHUNK)
+    if any(bad):
+        stream._raise_nonfinite(0, stream.numel)
+    reader.release(key)
+    _count_kernel(job.info, "native")
+    job.info.tensors += 1
+    job.info.parameters += stream.numel

@@ -264,7 +264,14 @@ def test_single_read_merges_what_the_kernels_do_not_take_after_the_counts(monkey
     base = dict(base_sd)
     base["layers.0.b"] = base["layers.0.b"].half()  # float16: the torch path, after λ is known
     agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)
+    from ram_live.sinks import StateDictSink
+
+    taken = []
+    destination = StateDictSink.destination
+    monkeypatch.setattr(StateDictSink, "destination", lambda self, key, spec: taken.append(key)
+                        or destination(self, key, spec))
     one, info = ram_merge(agents, base=base, return_info=True)
+    assert sorted(taken) == sorted(base), "each destination is taken once"
     assert_bit_identical(one, _two_pass(monkeypatch, models=agents, base=base))
     assert info.passes == 2 and info.extra["single_read"] == len(base) - 1
     assert info.extra["kernels"] == {"native": len(base) - 1, "eager": 1}
