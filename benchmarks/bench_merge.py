@@ -27,6 +27,9 @@ changed entry is "active" for the paper's rule and every other entry has delta e
   report, best of ``--reps``; each as a multiple of the floor. Also RAM+ with ``statistics=`` the counts of its
   own run (the merge pass alone, as in a sweep over r), and (2K+3)/(K+2): RAM+ / RAM for a statistics pass and
   a merge pass both at memory bandwidth (what the two-pass RAM+ of files and in-place merges approaches).
+  Then ``--reps`` interleaved RAM / RAM+ pairs (order alternating, each output freed before the next call): the
+  median of RAM+ / RAM over the pairs and of RAM+ - RAM, steadier than the ratio of the two best times, since
+  RAM's own time swings with the new output's page faults.
 * mergekit 0.1.5's ``ram`` called per tensor (``benchmarks/mergekit_ram_worker.py`` in
   ``benchmarks/.venv-mergekit``, a subprocess; only its merge calls are timed) on the same tensors, written
   to a temporary folder: with ``--dtype float32`` (float32 compute, as ram_live) and mergekit's default
@@ -60,6 +63,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -267,6 +271,26 @@ def copy_bandwidth(srcs: list[dict[str, torch.Tensor]], dst: dict[str, torch.Ten
         sync(device)
         best = min(best, time.perf_counter() - t0)
     return moved / best, best
+
+
+def paired(first: Callable[[], Any], second: Callable[[], Any], reps: int, device: torch.device
+           ) -> tuple[list[float], list[float]]:
+    """``reps`` pairs of runs, the order alternating and each output freed before the next run, so that both
+    calls of a pair meet the same allocator and page-fault state: their ratio and difference are steadier than
+    the ratio of two separate best-of series."""
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(reps):
+        for fn, times in ((first, a), (second, b)) if i % 2 == 0 else ((second, b), (first, a)):
+            gc.collect()
+            sync(device)
+            wait_for_idle()
+            t0 = time.perf_counter()
+            out = fn()
+            sync(device)
+            times.append(time.perf_counter() - t0)
+            out = None  # noqa: F841
+    return a, b
 
 
 def fresh_output_seconds(base: dict[str, torch.Tensor], device: torch.device, reps: int = 3) -> float:
@@ -750,6 +774,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  ram_plus with reused counts {row['ram_plus_reused']:.3f} s  (runs: "
                   f"{', '.join(f'{t:.3f}' for t in times)}; others' CPU {busy:.0%})", flush=True)
 
+            ram_pair, plus_pair = paired(lambda subset=subset: run_method("ram", subset, base),
+                                         lambda subset=subset: run_method("ram_plus", subset, base), reps, device)
+            row["pair_ram_all"], row["pair_ram_plus_all"] = ram_pair, plus_pair
+            row["pair_ratio"] = statistics.median(p / r for p, r in zip(plus_pair, ram_pair))
+            row["pair_extra"] = statistics.median(p - r for p, r in zip(plus_pair, ram_pair))
+            print(f"  interleaved RAM / RAM+ pairs: RAM+ / RAM median {row['pair_ratio']:.2f}x, RAM+ - RAM median "
+                  f"{row['pair_extra'] * 1e3:.0f} ms (RAM {', '.join(f'{t:.3f}' for t in ram_pair)}; RAM+ "
+                  f"{', '.join(f'{t:.3f}' for t in plus_pair)})", flush=True)
+
             times, report, busy = timed(lambda subset=subset: run_method("probe", subset, base), reps, device, keep_last=True)
             row["probe"], row["probe_all"], row["probe_others_cpu"] = min(times), times, busy
             row["densities"] = {n: report.agents[n].density for n in report.agent_names}
@@ -862,7 +895,8 @@ def main(argv: list[str] | None = None) -> int:
     dev_label = "HBM" if device.type == "cuda" else "RAM"
     print(f"\n## Results ({device}, {n_params / 1e6:.1f} M bf16 params, seconds, best of {reps})\n")
     head = ["K", f"copy_ GB/s ({dev_label})", "floor s", "RAM s (x floor)", "RAM+ s (x floor, x RAM)",
-            "RAM+ reused counts s (x RAM)", "(2K+3)/(K+2)", "probe s (x floor)", "mergekit f32 s (RAM speedup)", "mergekit bf16 s (RAM speedup)",
+            "RAM+ reused counts s (x RAM)", "RAM+ / RAM interleaved pairs (median; RAM+ - RAM)", "(2K+3)/(K+2)",
+            "probe s (x floor)", "mergekit f32 s (RAM speedup)", "mergekit bf16 s (RAM speedup)",
             "max|RAM - mk f32|", "others' CPU % (RAM/RAM+/probe)"]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---:" for _ in head) + "|")
@@ -874,7 +908,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['k']} | {r['copy_bandwidth'] / 1e9:.1f} | {r['floor']:.4f} | {r['ram']:.3f} "
               f"({r['ram_x_floor']:.1f}x) | {r['ram_plus']:.3f} ({r['ram_plus_x_floor']:.1f}x, "
               f"{r['ram_plus_x_ram']:.2f}x) | {r['ram_plus_reused']:.3f} ({r['ram_plus_reused_x_ram']:.2f}x) | "
-              f"{r['two_pass_bound']:.2f} | {r['probe']:.2f} ({r['probe_x_floor']:.1f}x) | {mk32} | {mk16} | "
+              f"{r['pair_ratio']:.2f}x; {r['pair_extra'] * 1e3:+.0f} ms | {r['two_pass_bound']:.2f} | {r['probe']:.2f} ({r['probe_x_floor']:.1f}x) | {mk32} | {mk16} | "
               f"{check} | {r['ram_others_cpu']:.0%}/{r['ram_plus_others_cpu']:.0%}/{r['probe_others_cpu']:.0%} |")
 
     if args.eager:
