@@ -225,8 +225,6 @@ static inline __attribute__((always_inline)) int64_t rescale_range(
     float tab[32] __attribute__((aligned(64)));
     for (int i = 0; i < 32; i++) tab[i] = (i >= 1 && i <= k) ? lambdas[i - 1] : 1.0f;
     const __m512 t_lo = _mm512_load_ps(tab), t_hi = _mm512_load_ps(tab + 16), zero = _mm512_setzero_ps();
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i lane16 = _mm512_add_epi32(lane, _mm512_set1_epi32(16)), one = _mm512_set1_epi32(1);
     int64_t bad = 0;
     for (int64_t s = start; s < end; s += 32) {
         const uint32_t *w = planes + (s >> 5) * p;
@@ -235,10 +233,10 @@ static inline __attribute__((always_inline)) int64_t rescale_range(
         if (!u) continue;
         int n = (int)(end - s < 32 ? end - s : 32);
         __m512i ie = _mm512_setzero_si512(), io = _mm512_setzero_si512();
-        for (int j = 0; j < p; j++) {
-            const __m512i x = _mm512_set1_epi32((int)w[j]);
-            ie = _mm512_or_si512(ie, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(x, lane), one), j));
-            io = _mm512_or_si512(io, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(x, lane16), one), j));
+        for (int j = 0; j < p; j++) {  /* plane j's bits are the lanes that add 1 << j to the owner index */
+            const __m512i bit = _mm512_set1_epi32(1 << j);
+            ie = _mm512_mask_or_epi32(ie, _cvtu32_mask16(w[j] & 0xFFFFu), ie, bit);
+            io = _mm512_mask_or_epi32(io, _cvtu32_mask16(w[j] >> 16), io, bit);
         }
         __m512 be, bo, oe, oo;
         load32(dtype, base, s, n, &be, &bo);
