@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import math
 import os
 import shutil
 import threading
@@ -476,7 +477,8 @@ def _compiler_works(device: torch.device, k: int, weighted: bool) -> bool:
 class MergeInfo:
     """What a merge did: the method and config, λ and ρ per agent where the method has them, the statistics
     pass's counts, and timings. ``passes``: how many times the agents' weights were read (RAM+ with global ρ: 1
-    when the output stays in memory and the native kernels take every tensor, else 2). ``extra["kernels"]``: how
+    when the output stays in memory and every tensor went through the native kernels within the owner-map budget,
+    else 2). ``extra["kernels"]``: how
     many tensors each kind of kernel merged ("native" CPU, "compiled" torch.compile, "eager" torch ops);
     ``extra["single_read"]``: how many tensors RAM+ merged in one read; ``extra["compiled"]``: what ``compile``
     resolved to."""
@@ -687,7 +689,7 @@ def run_merge(
 
     reuse, statistics = statistics, None
     if reuse is None and not validate_first and dist is None and not compile and _single_read(
-            method, config, sink, len(names), plan, specs):
+            method, config, sink, len(names)):
         digest = inputs_digest()
         statistics, run_state = _single_read_pass(job, plan, specs, progress, run_device, digest)
         info.statistics = replace(statistics, agents=names, activity=activity or Activity(), numel=counted,
@@ -874,22 +876,23 @@ def _finish_pass(reader: _Reader, plan: Plan, sink: Sink) -> None:
 # ------------------------------------------------------------------------------ RAM+ in one read of the inputs
 
 
-def _single_read(method: MergeMethod, config: Any, sink: Sink, k: int, plan: Plan,
-                 specs: dict[str, TensorSpec]) -> bool:
-    """Whether a global-ρ RAM+ merge reads its inputs once (:func:`_single_read_pass`): a RAM-family method that
-    needs the counts, a sink whose fresh destinations stay in memory, the native kernels for this many agents, and
-    an owner map within twice the largest tensor (so that extra memory stays ≤ output + 2 × largest tensor, as for
-    the two passes; ``RAM_LIVE_SINGLE_READ=1`` lifts that bound, ``=0`` always counts first). The caller rules out
-    ``validate_first``, reused counts, ``dist`` and ``compile``."""
-    choice = os.environ.get("RAM_LIVE_SINGLE_READ", "auto")
-    if choice == "0" or not (
-            method.accumulator is not None and getattr(config, "variant", None) in RAM_VARIANTS
+def _single_read(method: MergeMethod, config: Any, sink: Sink, k: int) -> bool:
+    """Whether a global-ρ RAM+ merge reads its inputs once where it can (:func:`_single_read_pass`): a RAM-family
+    method that needs the counts, a sink whose fresh destinations stay in memory, and the native kernels for this
+    many agents (``RAM_LIVE_SINGLE_READ=0``: never). The caller rules out ``validate_first``, reused counts,
+    ``dist`` and ``compile``."""
+    return (os.environ.get("RAM_LIVE_SINGLE_READ", "auto") != "0"
+            and method.accumulator is not None and getattr(config, "variant", None) in RAM_VARIANTS
             and method.needs_statistics(config) and bool(getattr(sink, "revisable", False))
-            and k <= _ram_native.MAX_UNSCALED_AGENTS and _ram_native.kernels() is not None):
-        return False
-    owner_map = sum(_ram_native.planes_numel(specs[key].numel, k) * 4 for key in plan.merge)
-    largest = max((specs[key].numel * specs[key].dtype.itemsize for key in plan.merge), default=0)
-    return choice == "1" or owner_map <= 2 * largest
+            and k <= _ram_native.MAX_UNSCALED_AGENTS and _ram_native.kernels() is not None)
+
+
+def _owner_map_budget(plan: Plan, specs: dict[str, TensorSpec]) -> float:
+    """Bytes the owner maps of a single-read merge may hold: twice the largest tensor, so that extra memory stays
+    ≤ output + 2 × largest tensor as with two passes (``RAM_LIVE_SINGLE_READ=1``: unbounded)."""
+    if os.environ.get("RAM_LIVE_SINGLE_READ") == "1":
+        return math.inf
+    return 2 * max((specs[key].numel * specs[key].dtype.itemsize for key in plan.merge), default=0)
 
 
 def _single_read_pass(job: _Job, plan: Plan, specs: dict[str, TensorSpec], progress: ProgressHook | None,
@@ -898,7 +901,8 @@ def _single_read_pass(job: _Job, plan: Plan, specs: dict[str, TensorSpec], progr
     tensor is merged as RAM (those entries keep the agent's own value) while the same read counts, and an owner map
     (:func:`ram_live._ram_native.plane_count` bits per entry) records who changed them alone; once every count is
     in, λ is applied there from the base and the output. The bits equal the two-pass merge's (same float32 ops in
-    the same order). Tensors the native kernels do not take are counted in the first loop and merged after it.
+    the same order). Tensors the native kernels do not take, and those whose owner map would pass
+    :func:`_owner_map_budget`, are counted in the first loop and merged after it (read twice).
     Returns the statistics and the method's run state (λ)."""
     reader, sink, k = job.reader, job.sink, len(job.reader.names)
     for key in plan.check_equal:
@@ -908,14 +912,17 @@ def _single_read_pass(job: _Job, plan: Plan, specs: dict[str, TensorSpec], progr
     unique = torch.zeros_like(active)
     deferred: list[tuple[str, Tensor, Tensor]] = []  # (key, flat output, owner map), λ still to apply
     rest: list[tuple[str, Tensor]] = []  # (key, destination), merged once λ is known
+    budget = _owner_map_budget(plan, specs)
     if progress:
         progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
-        stats, dest, flat, planes = _merge_unscaled(job, key, digest)
+        map_bytes = _ram_native.planes_numel(specs[key].numel, k) * 4
+        stats, dest, flat, planes = _merge_unscaled(job, key, digest, map_bytes <= budget)
         if flat is None or planes is None:
             rest.append((key, dest))
         else:
             deferred.append((key, flat, planes))
+            budget -= map_bytes
         if reader.base.spec(key).counted:
             active += stats.active
             unique += stats.unique
@@ -936,10 +943,10 @@ def _single_read_pass(job: _Job, plan: Plan, specs: dict[str, TensorSpec], progr
     return statistics, run_state
 
 
-def _merge_unscaled(job: _Job, key: str, digest: Any
+def _merge_unscaled(job: _Job, key: str, digest: Any, merge: bool
                     ) -> tuple[RamStatistics, Tensor, Tensor | None, Tensor | None]:
-    """Pass 1 of :func:`_single_read_pass` on ``key``: its counts and destination, and where the native kernels
-    take it, the flat destination merged but for λ and the owner map (else None, None: only counted)."""
+    """Pass 1 of :func:`_single_read_pass` on ``key``: its counts and destination, and where ``merge`` and the
+    native kernels take it, the flat destination merged but for λ and the owner map (else None, None: counted)."""
     reader, k = job.reader, len(job.reader.names)
     base_t, agent_ts, dev = reader.read(key)
     stream = DeltaStream(key, base_t, agent_ts, reader.names, dev, job.chunk_numel, job.activity or Activity(),
@@ -948,7 +955,7 @@ def _merge_unscaled(job: _Job, key: str, digest: Any
     stream.range_done = reader.range_releaser(key)
     workers = job.workers if job.workers is not None else default_workers(dev)
     dest = job.sink.destination(key, reader.base.spec(key))
-    flat = dest.view(-1) if dest.is_contiguous() and dest.dtype == stream.base.dtype else None
+    flat = dest.view(-1) if merge and dest.is_contiguous() and dest.dtype == stream.base.dtype else None
     native = None if flat is None else _native(stream, job.activity or Activity(), flat)
     if native is None or flat is None:
         stats, planes = _accumulate_statistics(stream, k, workers), None
