@@ -295,6 +295,11 @@ def default_workers(device: torch.device) -> int:
     return min(torch.get_num_threads(), 8) if device.type == "cpu" else 1
 
 
+def _threads(workers: int | None, device: torch.device) -> int:
+    """``workers`` as given, else :func:`default_workers` for ``device``."""
+    return workers if workers is not None else default_workers(device)
+
+
 def _in_workers(stream: DeltaStream, workers: int, job: Callable[[int, int], Any], chunk: int | None = None
                 ) -> list[Any]:
     """``job(worker, workers)`` for each worker, in threads when there is more than one chunk (of ``chunk``
@@ -577,7 +582,7 @@ def statistics_pass(
         if digest is not None:
             digest_update(digest, stream)
         stream.range_done = reader.range_releaser(key)
-        stats = _accumulate_statistics(stream, k, workers if workers is not None else default_workers(device))
+        stats = _accumulate_statistics(stream, k, _threads(workers, device))
         if reader.base.spec(key).counted:
             active += stats.active
             unique += stats.unique
@@ -832,7 +837,7 @@ def _merge_tensor(job: _Job, key: str, run_state: Any, digest: Any = None, dest:
         dest = sink.destination(key, reader.base.spec(key))
     flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,
                                                                    device=dest.device)
-    n_workers = workers if workers is not None else default_workers(dev)
+    n_workers = _threads(workers, dev)
     fused = _fused_kernel(method, config, state, stream, flat, n_workers)
     _count_kernel(info, "eager" if fused is None else ("native" if fused.func is _merge_native else "compiled"))
     if fused is not None:
@@ -916,11 +921,11 @@ def _single_read_pass(job: _Job, plan: Plan, specs: dict[str, TensorSpec], progr
         progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
         map_bytes = _ram_native.planes_numel(specs[key].numel, k) * 4
-        stats, dest, flat, planes = _merge_unscaled(job, key, digest, map_bytes <= budget)
-        if flat is None or planes is None:
+        stats, dest, planes = _merge_unscaled(job, key, digest, map_bytes <= budget)
+        if planes is None:
             rest.append((key, dest))
         else:
-            deferred.append((key, flat, planes))
+            deferred.append((key, dest.view(-1), planes))
             budget -= map_bytes
         if reader.base.spec(key).counted:
             active += stats.active
@@ -942,22 +947,22 @@ def _single_read_pass(job: _Job, plan: Plan, specs: dict[str, TensorSpec], progr
     return statistics, run_state
 
 
-def _merge_unscaled(job: _Job, key: str, digest: Any, merge: bool
-                    ) -> tuple[RamStatistics, Tensor, Tensor | None, Tensor | None]:
+def _merge_unscaled(job: _Job, key: str, digest: Any, merge: bool) -> tuple[RamStatistics, Tensor, Tensor | None]:
     """Pass 1 of :func:`_single_read_pass` on ``key``: its counts and destination, and where ``merge`` and the
-    native kernels take it, the flat destination merged but for λ and the owner map (else None, None: counted)."""
+    native kernels take it, the owner map of the destination, merged but for λ (else None: only counted)."""
     reader, k = job.reader, len(job.reader.names)
+    activity = job.activity or Activity()
     base_t, agent_ts, dev = reader.read(key)
-    stream = DeltaStream(key, base_t, agent_ts, reader.names, dev, job.chunk_numel, job.activity or Activity(),
-                         job.workspace)
+    stream = DeltaStream(key, base_t, agent_ts, reader.names, dev, job.chunk_numel, activity, job.workspace)
     digest_update(digest, stream)
     stream.range_done = reader.range_releaser(key)
-    workers = job.workers if job.workers is not None else default_workers(dev)
+    workers = _threads(job.workers, dev)
     dest = job.sink.destination(key, reader.base.spec(key))
     flat = dest.view(-1) if merge and dest.is_contiguous() and dest.dtype == stream.base.dtype else None
-    native = None if flat is None else _native(stream, job.activity or Activity(), flat)
-    if native is None or flat is None:
-        stats, planes = _accumulate_statistics(stream, k, workers), None
+    native = None if flat is None else _native(stream, activity, flat)
+    planes = None
+    if flat is None or native is None:
+        stats = _accumulate_statistics(stream, k, workers)
     else:
         kernels, eps = native
         out, owners = flat, torch.empty(_ram_native.planes_numel(stream.numel, k), dtype=torch.int32)
@@ -966,7 +971,7 @@ def _merge_unscaled(job: _Job, key: str, digest: Any, merge: bool
         job.sink.commit(key)
         planes = owners
     reader.release(key)
-    return stats, dest, flat, planes
+    return stats, dest, planes
 
 
 def _rescale(job: _Job, key: str, flat: Tensor, planes: Tensor, run_state: Any) -> None:
@@ -978,7 +983,7 @@ def _rescale(job: _Job, key: str, flat: Tensor, planes: Tensor, run_state: Any) 
     state = job.method.prepare(job.config, stream, run_state) if job.method.prepare else run_state
     lambdas = state.to(dtype=torch.float32).contiguous()
     kernels = _ram_native.kernels()
-    workers = job.workers if job.workers is not None else default_workers(dev)
+    workers = _threads(job.workers, dev)
     bad = _in_workers(stream, workers, lambda w, n: _native_walk(
         stream, w, n, lambda start, end: kernels.rescale(flat, stream.base, planes, lambdas, start, end)),
         NATIVE_CHUNK)

@@ -20,8 +20,8 @@ from . import _probe_native, engine
 from . import functional as F
 from ._probe_native import ProbeCounts
 from .api import Model, Models, _sources
-from .engine import (DEFAULT_CHUNK_NUMEL, DeltaStream, _in_workers, _native_walk, _Reader, build_plan,
-                     default_workers, digest_update, inputs_digest)
+from .engine import (DEFAULT_CHUNK_NUMEL, DeltaStream, _in_workers, _native_walk, _Reader, _threads, build_plan,
+                     digest_update, inputs_digest)
 from .errors import ConfigError
 from .methods import Activity, RamStatistics
 
@@ -283,7 +283,7 @@ def probe(
         base_t, agent_ts, dev = reader.read(key)
         stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, rule, workspace)
         digest_update(digest, stream)
-        counts = _native_counts(stream, k, rule, workers if workers is not None else default_workers(dev))
+        counts = _native_counts(stream, k, rule, _threads(workers, dev))
         if counts is None:
             counts = _torch_counts(stream, k)
         totals.add_(counts)
