@@ -240,19 +240,26 @@ def timed(fn: Callable[[], Any], reps: int, device: torch.device, keep_last: boo
     while r < reps or (r < reps + _idle["retries"] and time.perf_counter() - start < RETRY_SECONDS
                        and shares[times.index(min(times))] > CONTENDED):
         out = None
-        gc.collect()
-        sync(device)
-        wait_for_idle()
-        with Contention() as c:
-            t0 = time.perf_counter()
-            out = fn()
-            sync(device)
-            times.append(time.perf_counter() - t0)
-        shares.append(c.share)
+        seconds, out, share = timed_once(fn, device)
+        times.append(seconds)
+        shares.append(share)
         r += 1
         if not keep_last:
             out = None
     return times, out, shares[times.index(min(times))]
+
+
+def timed_once(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any, float]:
+    """One call of ``fn`` on a collected heap and an idle machine: (wall seconds, its output, others' CPU share)."""
+    gc.collect()
+    sync(device)
+    wait_for_idle()
+    with Contention() as c:
+        t0 = time.perf_counter()
+        out = fn()
+        sync(device)
+        seconds = time.perf_counter() - t0
+    return seconds, out, c.share
 
 
 def copy_bandwidth(srcs: list[dict[str, torch.Tensor]], dst: dict[str, torch.Tensor], device: torch.device,
@@ -282,14 +289,7 @@ def paired(first: Callable[[], Any], second: Callable[[], Any], reps: int, devic
     b: list[float] = []
     for i in range(reps):
         for fn, times in ((first, a), (second, b)) if i % 2 == 0 else ((second, b), (first, a)):
-            gc.collect()
-            sync(device)
-            wait_for_idle()
-            t0 = time.perf_counter()
-            out = fn()
-            sync(device)
-            times.append(time.perf_counter() - t0)
-            out = None  # noqa: F841
+            times.append(timed_once(fn, device)[0])  # the output is dropped before the next call
     return a, b
 
 
