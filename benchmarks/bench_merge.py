@@ -590,15 +590,7 @@ def profile(ks: list[int], quick: bool, device: torch.device, variant: str, top:
             return ram_live.ram_merge(subset, base=base, variant=variant, **kw)
 
         fn()  # warm-up
-        gc.collect()
-        wait_for_idle()
-        with Contention() as c:
-            t0 = time.perf_counter()
-            out = fn()
-            sync(device)
-            plain = time.perf_counter() - t0
-        del out
-        share_plain = c.share
+        plain, _, share_plain = timed_once(fn, device)
 
         # cProfile in the calling thread and in every thread started while it runs.
         threads: list[cProfile.Profile] = []
