@@ -133,6 +133,34 @@ def test_vector_and_portable_builds_give_the_reference_bits(in_dtype, out_dtype,
 
 
 @needs_kernels
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12])
+def test_every_agent_count_the_kernels_are_compiled_for(k):
+    """The AVX-512 loops are compiled once per agent count up to 8 and once for any k: each against Eq. 7 (RAM
+    and RAM+, same and other output dtype) and the counts."""
+    kernels = native.kernels()
+    g = torch.Generator().manual_seed(100 + k)
+    n = 777
+    for dtype in (torch.bfloat16, torch.float32):
+        base = torch.randn(n, generator=g).to(dtype)
+        agents = []
+        for t in range(k):
+            a = base.clone()
+            m = torch.rand(n, generator=g) < 0.1 + 0.8 * t / k
+            a[m] = (base[m].float() + torch.randn(int(m.sum()), generator=g) * 0.1).to(dtype)
+            agents.append(a)
+        for lambdas in (None, 1.0 + torch.rand(k, generator=g)):
+            for out_dtype in (dtype, torch.float32 if dtype == torch.bfloat16 else torch.bfloat16):
+                want, active, unique = _reference(base, agents, lambdas, 1e-5, out_dtype)
+                out = torch.empty(n, dtype=out_dtype)
+                assert kernels.merge(out, base, agents, lambdas, 1e-5, 0, n) == 0
+                bits = torch.int16 if out_dtype == torch.bfloat16 else torch.int32
+                assert torch.equal(out.view(bits), want.view(bits)), (dtype, out_dtype, lambdas is not None)
+        act, uni = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64)
+        assert not kernels.counts(base, agents, 1e-5, 0, n, act, uni)
+        assert act.tolist() == active and uni.tolist() == unique, dtype
+
+
+@needs_kernels
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 @pytest.mark.parametrize("variant", ["ram", "ram_plus"])
 def test_native_names_non_finite_inputs(base_sd, bad, variant):
@@ -182,7 +210,7 @@ def test_the_kernels_build_wherever_a_c_compiler_is_found():
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("k", [1, 2, 5, 31])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7, 8, 9, 31])
 def test_single_read_kernels_give_the_two_pass_bits(dtype, k):
     """merge_unscaled then rescale (both builds) equal Eq. 7 with λ, count as ram_counts does, and catch NaN/Inf
     in an agent (first kernel) or in the base (the second kernel where one agent alone then counts as moved)."""
