@@ -252,6 +252,49 @@ static inline __attribute__((always_inline)) int64_t unscaled_range(
     }
     return bad;
 }
+/* unscaled_range for up to SMALL_K agents, the same results: who is active alone ("once" minus "multi"), the
+   counts and the planes are bit operations on the 32-bit masks in general-purpose registers, beside the vector
+   units (for more agents that scalar work costs more than unscaled_range's vector codes: measured) */
+#define SMALL_K 4
+static inline __attribute__((always_inline)) int64_t unscaled_small(
+        int dtype, const void *base, const void *const *agents, int k, float eps, void *out, int64_t start,
+        int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique) {
+    const __m512 ve = _mm512_set1_ps(eps), zero = _mm512_setzero_ps();
+    int64_t act[MAX_AGENTS] = {0}, uni[MAX_AGENTS] = {0};
+    uint32_t m[MAX_AGENTS];
+    int64_t bad = 0;
+    for (int64_t s = start; s < end; s += 32) {
+        int n = (int)(end - s < 32 ? end - s : 32);
+        __m512 be, bo, ae, ao, ns_e = zero, ns_o = zero, c_e = zero, c_o = zero, v_e = zero, v_o = zero;
+        uint32_t once = 0, multi = 0;
+        load32(dtype, base, s, n, &be, &bo);
+        for (int t = 0; t < k; t++) {
+            load32(dtype, agents[t], s, n, &ae, &ao);
+            const __mmask16 me = agent16m(ae, be, ve, &ns_e, &c_e), mo = agent16m(ao, bo, ve, &ns_o, &c_o);
+            v_e = _mm512_mask_mov_ps(v_e, me, ae);
+            v_o = _mm512_mask_mov_ps(v_o, mo, ao);
+            m[t] = (uint32_t)_cvtmask16_u32(me) | ((uint32_t)_cvtmask16_u32(mo) << 16);
+            multi |= once & m[t];
+            once |= m[t];
+        }
+        const uint32_t uu = once & ~multi;
+        uint32_t w[5] = {0, 0, 0, 0, 0};
+        for (int t = 0; t < k; t++) {
+            const uint32_t alone = m[t] & uu;
+            act[t] += __builtin_popcount(m[t]);
+            uni[t] += __builtin_popcount(alone);
+            for (int j = 0; j < p; j++)
+                if ((t + 1) >> j & 1) w[j] |= alone;
+        }
+        for (int j = 0; j < p; j++) planes[(s >> 5) * p + j] = w[j];
+        const __mmask16 ue = _cvtu32_mask16(uu & 0xFFFFu), uo = _cvtu32_mask16(uu >> 16);
+        __m512 re = _mm512_mask_mov_ps(theta16(be, ns_e, c_e, zero, 0), ue, v_e);
+        __m512 ro = _mm512_mask_mov_ps(theta16(bo, ns_o, c_o, zero, 0), uo, v_o);
+        bad += store32(dtype, dtype, out, s, n, re, ro);
+    }
+    for (int t = 0; t < k; t++) { active[t] += act[t]; unique[t] += uni[t]; }
+    return bad;
+}
 /* ram_counts' AVX-512 loop. An entry is unique to t when t's bit is set and no other agent's is: "multi" marks
    entries active in two or more agents. */
 static inline __attribute__((always_inline)) int64_t counts_range(
@@ -481,7 +524,8 @@ int64_t ram_counts(int dtype, const void *base, const void *const *agents, int k
 int64_t ram_merge_unscaled(int dtype, const void *base, const void *const *agents, int k, float eps, void *out,
                            int64_t start, int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique) {
 #ifdef FAST
-#define F(K) unscaled_range(D, base, agents, K, eps, out, start, end, planes, 32 - __builtin_clz(K), active, unique)
+#define F(K) ((K) <= SMALL_K ? unscaled_small : unscaled_range)(D, base, agents, K, eps, out, start, end, planes, \
+                                                               32 - __builtin_clz(K), active, unique)
 #define D 1
     if (dtype == 1) { BY_K(F) }
 #undef D
