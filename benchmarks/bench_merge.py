@@ -24,7 +24,8 @@ changed entry is "active" for the paper's rule and every other entry has delta e
 * RAM (``ram_merge(..., variant="ram")``), RAM+ (``variant="ram_plus"``, global rho; into a state dict it
   reads the inputs once: the merge counts and records who alone changed what, then lambda is applied from the
   base and the output) and ``probe``: wall time of the call from state dicts to the returned state dict /
-  report, best of ``--reps``; each as a multiple of the floor. Also RAM+ with ``statistics=`` the counts of its
+  report, best of ``--reps``, each call on a collected heap trimmed by ``malloc_trim(0)`` (so that it faults
+  its new output in, as a merge in a fresh process does); each as a multiple of the floor. Also RAM+ with ``statistics=`` the counts of its
   own run (the merge pass alone, as in a sweep over r), and (2K+3)/(K+2): RAM+ / RAM for a statistics pass and
   a merge pass both at memory bandwidth (what the two-pass RAM+ of files and in-place merges approaches).
   Then ``--reps`` interleaved RAM / RAM+ pairs (order alternating, each output freed before the next call): the
@@ -250,8 +251,14 @@ def timed(fn: Callable[[], Any], reps: int, device: torch.device, keep_last: boo
 
 
 def timed_once(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any, float]:
-    """One call of ``fn`` on a collected heap and an idle machine: (wall seconds, its output, others' CPU share)."""
+    """One call of ``fn`` on a collected and trimmed heap and an idle machine: (wall seconds, its output, others'
+    CPU share). ``malloc_trim`` hands freed heap pages back to the kernel, so every call faults its new output in
+    as a merge in a fresh process does; without it a call now and then got pages an earlier output had already
+    faulted in and ran up to ~40 ms faster at 134 M parameters (RAM's best-of-4 then came out below RAM+ with
+    reused counts, which does the same work plus λ)."""
     gc.collect()
+    if device.type == "cpu":
+        malloc_trim()
     sync(device)
     wait_for_idle()
     with Contention() as c:
