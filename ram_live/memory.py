@@ -7,8 +7,9 @@ only be set before torch starts) the same took 25–40 ms — but the kernel may
 pages, which made whole merges 2–4 × slower now and then. Measured on merges (6 runs, 134 M × 3): with the advice
 0.08–0.36 s, without 0.15–0.18 s, the same median; on snapshot captures (best of 11) the advice kept 50 % density
 at 1.71–1.75 × copy_ against 1.75–2.21 × without. So the advice is a per-call-site default: on for the capture's
-buffers and RAM+'s owner maps (33 MiB: 3.3 ms to fill instead of 10.9 ms), off for merge outputs. ``RAM_LIVE_HUGEPAGES=1`` / ``=0`` forces it on / off everywhere. It only matters
-where transparent huge pages are in "madvise" (or "always") mode.
+buffers and RAM+'s owner maps (33 MiB: 3.3 ms to fill instead of 10.9 ms), off for merge outputs.
+``RAM_LIVE_HUGEPAGES=1`` / ``=0`` forces it on / off everywhere. It only matters where transparent huge pages are
+in "madvise" (or "always") mode.
 """
 
 from __future__ import annotations
