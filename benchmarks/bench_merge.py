@@ -25,9 +25,10 @@ changed entry is "active" for the paper's rule and every other entry has delta e
   reads the inputs once: the merge counts and records who alone changed what, then lambda is applied from the
   base and the output) and ``probe``: wall time of the call from state dicts to the returned state dict /
   report, best of ``--reps``, each call on a collected heap trimmed by ``malloc_trim(0)`` (so that it faults
-  its new output in, as a merge in a fresh process does); each as a multiple of the floor. Also RAM+ with ``statistics=`` the counts of its
-  own run (the merge pass alone, as in a sweep over r), and (2K+3)/(K+2): RAM+ / RAM for a statistics pass and
-  a merge pass both at memory bandwidth (what the two-pass RAM+ of files and in-place merges approaches).
+  its new output in, as a merge in a fresh process does); each as a multiple of the floor. Also RAM+ with
+  ``statistics=`` the counts of its own run (the merge pass alone, as in a sweep over r), and (2K+3)/(K+2): RAM+ /
+  RAM for a statistics pass and a merge pass both at memory bandwidth (what the two-pass RAM+ of files and
+  in-place merges approaches).
   Then ``--reps`` interleaved RAM / RAM+ pairs (order alternating, each output freed before the next call): the
   median of RAM+ / RAM over the pairs and of RAM+ - RAM, steadier than the ratio of the two best times, since
   RAM's own time swings with the new output's page faults.

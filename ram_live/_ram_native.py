@@ -167,16 +167,19 @@ static inline __attribute__((always_inline)) int64_t merge_range(
     }
     return bad;
 }
-/* return F(K) with K the constant k for 1 to 8 agents (the loops over agents unroll and their masks stay in
-   registers: RAM+'s one-read merge took 1.6 x as long with k a variable), F(k) beyond */
-#define BY_K(F) switch (k) { case 1: return F(1); case 2: return F(2); case 3: return F(3); case 4: return F(4);   \
-                             case 5: return F(5); case 6: return F(6); case 7: return F(7); case 8: return F(8);   \
-                             default: return F(k); }
+/* return F(D, K) with K the constant k for 1 to 8 agents (the loops over agents unroll and their masks stay in
+   registers: RAM+'s one-read merge took 1.6 x as long with k a variable), F(D, k) beyond */
+#define BY_K(F, D) switch (k) {                                                                                 \
+        case 1: return F(D, 1); case 2: return F(D, 2); case 3: return F(D, 3); case 4: return F(D, 4);       \
+        case 5: return F(D, 5); case 6: return F(D, 6); case 7: return F(D, 7); case 8: return F(D, 8);       \
+        default: return F(D, k); }
+/* ... and with D the constant input dtype code (SWITCH: BY_K, or BY_P below) */
+#define BY_DTYPE(SWITCH, F) if (dtype == 1) { SWITCH(F, 1) } SWITCH(F, 0)
 static inline __attribute__((always_inline)) int64_t merge_by_k(
         int in_dtype, int out_dtype, int plus, const void *base, const void *const *agents, int k,
         const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
-#define F(K) merge_range(in_dtype, out_dtype, plus, base, agents, K, lambdas, eps, out, start, end)
-    BY_K(F)
+#define F(UNUSED, K) merge_range(in_dtype, out_dtype, plus, base, agents, K, lambdas, eps, out, start, end)
+    BY_K(F, 0)
 #undef F
 }
 #define MERGE_RANGE(I, O, P) merge_by_k(I, O, P, base, agents, k, lambdas, eps, out, start, end)
@@ -495,13 +498,8 @@ int64_t ram_merge(int in_dtype, int out_dtype, const void *base, const void *con
 int64_t ram_counts(int dtype, const void *base, const void *const *agents, int k, float eps, int64_t start,
                 int64_t end, int64_t *active, int64_t *unique) {
 #ifdef FAST
-#define F(K) counts_range(D, base, agents, K, eps, start, end, active, unique)
-#define D 1
-    if (dtype == 1) { BY_K(F) }
-#undef D
-#define D 0
-    BY_K(F)
-#undef D
+#define F(D, K) counts_range(D, base, agents, K, eps, start, end, active, unique)
+    BY_DTYPE(BY_K, F)
 #undef F
 #else
     float b[BLOCK] __attribute__((aligned(64)));
@@ -524,14 +522,9 @@ int64_t ram_counts(int dtype, const void *base, const void *const *agents, int k
 int64_t ram_merge_unscaled(int dtype, const void *base, const void *const *agents, int k, float eps, void *out,
                            int64_t start, int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique) {
 #ifdef FAST
-#define F(K) ((K) <= SMALL_K ? unscaled_small : unscaled_range)(D, base, agents, K, eps, out, start, end, planes, \
-                                                               32 - __builtin_clz(K), active, unique)
-#define D 1
-    if (dtype == 1) { BY_K(F) }
-#undef D
-#define D 0
-    BY_K(F)
-#undef D
+#define F(D, K) ((K) <= SMALL_K ? unscaled_small : unscaled_range)(D, base, agents, K, eps, out, start, end, \
+                                                                  planes, 32 - __builtin_clz(K), active, unique)
+    BY_DTYPE(BY_K, F)
 #undef F
 #else
     float b[BLOCK] __attribute__((aligned(64))), ns[BLOCK] __attribute__((aligned(64)));
@@ -566,17 +559,12 @@ int64_t ram_rescale(int dtype, const void *base, void *out, const uint32_t *plan
                     int k, int64_t start, int64_t end) {
 #ifdef FAST
     /* p a constant, as k above */
-#define F(P) rescale_range(D, base, out, planes, P, lambdas, k, start, end)
-#define BY_P switch (p) { case 1: return F(1); case 2: return F(2); case 3: return F(3); case 4: return F(4); \
-                          default: return F(p); }
-#define D 1
-    if (dtype == 1) { BY_P }
-#undef D
-#define D 0
-    BY_P
-#undef D
-#undef BY_P
+#define BY_P(F, D) switch (p) { case 1: return F(D, 1); case 2: return F(D, 2); case 3: return F(D, 3);       \
+                                case 4: return F(D, 4); default: return F(D, p); }
+#define F(D, P) rescale_range(D, base, out, planes, P, lambdas, k, start, end)
+    BY_DTYPE(BY_P, F)
 #undef F
+#undef BY_P
 #else
     int64_t bad = 0;
     for (int64_t i = start; i < end; i++) {
