@@ -184,23 +184,26 @@ static inline __attribute__((always_inline)) int64_t merge_by_k(
 }
 #define MERGE_RANGE(I, O, P) merge_by_k(I, O, P, base, agents, k, lambdas, eps, out, start, end)
 #define MERGE_ANY_K(I, O, P) merge_range(I, O, P, base, agents, k, lambdas, eps, out, start, end)
-/* the set bits of 16 words */
-static inline int64_t popcount16(__m512i v) {
+/* the set bits of each of 16 words (the nibble-table count where the CPU lacks VPOPCNTDQ) */
 #ifdef __AVX512VPOPCNTDQ__
-    return _mm512_reduce_add_epi32(_mm512_popcnt_epi32(v));
+#define POPCNT16(v) _mm512_popcnt_epi32(v)
 #else
-    uint64_t w[8] __attribute__((aligned(64)));
-    _mm512_store_si512(w, v);
-    int64_t c = 0;
-    for (int i = 0; i < 8; i++) c += __builtin_popcountll(w[i]);
-    return c;
-#endif
+static inline __m512i popcnt16_sw(__m512i v) {
+    const __m512i lut = _mm512_set_epi8(4,3,3,2,3,2,2,1,3,2,2,1,2,1,1,0, 4,3,3,2,3,2,2,1,3,2,2,1,2,1,1,0,
+                                        4,3,3,2,3,2,2,1,3,2,2,1,2,1,1,0, 4,3,3,2,3,2,2,1,3,2,2,1,2,1,1,0);
+    const __m512i lowm = _mm512_set1_epi8(0x0F);
+    __m512i c = _mm512_add_epi8(_mm512_shuffle_epi8(lut, _mm512_and_si512(v, lowm)),
+                                _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), lowm)));
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(c, _mm512_set1_epi8(1)), _mm512_set1_epi16(1));
 }
+#define POPCNT16(v) popcnt16_sw(v)
+#endif
 /* RAM+ in one read of the inputs, part 1: the RAM result where c != 1, and where agent t alone is active its own
    value (out has the inputs' dtype, so that is exact) and t + 1 in the owner planes: word j of a 32-entry group
    holds bit j of (owner + 1) for each entry, in load32's lane order. Adds the active and unique counts (as
    ram_counts). start is a multiple of 32. Per lane, x adds 1 + 64 (t + 1) for each active agent t: its low six
-   bits are c, and where c = 1 the rest is t + 1. The per-agent counts are popcounts of the masks. */
+   bits are c, and where c = 1 the rest is t + 1. The per-agent counts are popcounts of the masks, summed per
+   lane and added up once per call (a lane gains at most 32 per 512 entries: no overflow below 2^36 entries). */
 static inline __attribute__((always_inline)) int64_t unscaled_range(
         int dtype, const void *base, const void *const *agents, int k, float eps, void *out, int64_t start,
         int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique) {
@@ -208,6 +211,8 @@ static inline __attribute__((always_inline)) int64_t unscaled_range(
     const __m512i low = _mm512_set1_epi32(63), one = _mm512_set1_epi32(1);
     /* the masks of 16 groups (agent t's in m[t][.], the alone-active lanes in u[.]), counted 16 groups at a time */
     uint32_t m[MAX_AGENTS][16] __attribute__((aligned(64))), u[16] __attribute__((aligned(64)));
+    __m512i acc_a[MAX_AGENTS], acc_u[MAX_AGENTS];
+    for (int t = 0; t < k; t++) acc_a[t] = acc_u[t] = _mm512_setzero_si512();
     int64_t bad = 0;
     int g = 0;
     for (int64_t s = start; s < end; s += 32) {
@@ -247,11 +252,15 @@ static inline __attribute__((always_inline)) int64_t unscaled_range(
             const __m512i uv = _mm512_maskz_load_epi32(live, u);
             for (int t = 0; t < k; t++) {
                 const __m512i mv = _mm512_maskz_load_epi32(live, m[t]);
-                active[t] += popcount16(mv);
-                unique[t] += popcount16(_mm512_and_si512(mv, uv));
+                acc_a[t] = _mm512_add_epi32(acc_a[t], POPCNT16(mv));
+                acc_u[t] = _mm512_add_epi32(acc_u[t], POPCNT16(_mm512_and_si512(mv, uv)));
             }
             g = 0;
         }
+    }
+    for (int t = 0; t < k; t++) {
+        active[t] += _mm512_reduce_add_epi32(acc_a[t]);
+        unique[t] += _mm512_reduce_add_epi32(acc_u[t]);
     }
     return bad;
 }
