@@ -198,12 +198,18 @@ static inline __m512i popcnt16_sw(__m512i v) {
 }
 #define POPCNT16(v) popcnt16_sw(v)
 #endif
+/* the sum of 16 unsigned 32-bit lanes, in 64 bits */
+static inline int64_t sum16_u32(__m512i v) {
+    return _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(v)),
+                                                    _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(v, 1))));
+}
 /* RAM+ in one read of the inputs, part 1: the RAM result where c != 1, and where agent t alone is active its own
    value (out has the inputs' dtype, so that is exact) and t + 1 in the owner planes: word j of a 32-entry group
    holds bit j of (owner + 1) for each entry, in load32's lane order. Adds the active and unique counts (as
    ram_counts). start is a multiple of 32. Per lane, x adds 1 + 64 (t + 1) for each active agent t: its low six
    bits are c, and where c = 1 the rest is t + 1. The per-agent counts are popcounts of the masks, summed per
-   lane and added up once per call (a lane gains at most 32 per 512 entries: no overflow below 2^36 entries). */
+   lane and added up in 64 bits once per call (a lane gains at most 32 per 512 entries: its unsigned 32 bits
+   hold any range below 2^36 entries). */
 static inline __attribute__((always_inline)) int64_t unscaled_range(
         int dtype, const void *base, const void *const *agents, int k, float eps, void *out, int64_t start,
         int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique) {
@@ -259,8 +265,8 @@ static inline __attribute__((always_inline)) int64_t unscaled_range(
         }
     }
     for (int t = 0; t < k; t++) {
-        active[t] += _mm512_reduce_add_epi32(acc_a[t]);
-        unique[t] += _mm512_reduce_add_epi32(acc_u[t]);
+        active[t] += sum16_u32(acc_a[t]);
+        unique[t] += sum16_u32(acc_u[t]);
     }
     return bad;
 }
