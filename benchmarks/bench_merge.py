@@ -26,8 +26,8 @@ changed entry is "active" for the paper's rule and every other entry has delta e
   base and the output) and ``probe``: wall time of the call from state dicts to the returned state dict /
   report, best of ``--reps``, each call on a collected heap trimmed by ``malloc_trim(0)`` (so that it faults
   its new output in, as a merge in a fresh process does); each as a multiple of the floor. Also RAM+ with
-  ``statistics=`` the counts of its own run (the merge pass alone, as in a sweep over r), and RAM+ / RAM were
-  both at the floor (:func:`ramplus_bounds`: no exact global-rho RAM+ of either design gets under 1.35 x there).
+  ``statistics=`` the counts of its own run (the merge pass alone, as in a sweep over r), and RAM+ / RAM if both
+  ran at the floor (:func:`ramplus_bounds`: neither exact global-rho design gets under 1.35 x there).
   Then ``--reps`` interleaved RAM / RAM+ pairs (order alternating, each output freed before the next call): the
   median of RAM+ / RAM over the pairs and of RAM+ - RAM, steadier than the ratio of the two best times, since
   RAM's own time swings with the new output's page faults.
@@ -431,13 +431,15 @@ def ramplus_bounds(k: int) -> tuple[float, float]:
     """RAM+ / RAM if every pass ran at memory bandwidth, in bytes per bf16 parameter, for global rho's two designs.
     RAM reads K + 1 inputs and writes the output: 2K + 4. lambda is known only after the last entry is read, so
     RAM+ adds either a second read of the inputs (two passes: 2K + 2) or, reading once, the owner map written and
-    read back (2 x bit_length(K) / 8) plus a pass that reads the base and the output and writes the output (6).
+    read back (2 x plane_count(K) / 8) plus a pass that reads the base and the output and writes the output (6).
 
     >>> [round(b, 2) for b in ramplus_bounds(2)], [round(b, 2) for b in ramplus_bounds(8)]
     ([1.75, 1.81], [1.9, 1.35])
     """
+    from ram_live._ram_native import plane_count
+
     ram = 2 * k + 4
-    return (ram + 2 * k + 2) / ram, (ram + 6 + k.bit_length() / 4) / ram
+    return (ram + 2 * k + 2) / ram, (ram + 6 + plane_count(k) / 4) / ram
 
 
 # --------------------------------------------------------------------------------------------- memory child
