@@ -31,6 +31,9 @@ changed entry is "active" for the paper's rule and every other entry has delta e
   Then ``--reps`` interleaved RAM / RAM+ pairs (order alternating, each output freed before the next call): the
   median of RAM+ / RAM over the pairs and of RAM+ - RAM, steadier than the ratio of the two best times, since
   RAM's own time swings with the new output's page faults.
+* in place: ``--reps`` interleaved RAM / RAM+ pairs with ``inplace=True`` into a module holding a copy of the
+  base (copied back before each call, untimed). No new output is faulted in, and RAM reads the inputs twice too
+  (bad input must be found before the base is touched), so RAM+ takes its counts from that same first pass.
 * mergekit 0.1.5's ``ram`` called per tensor (``benchmarks/mergekit_ram_worker.py`` in
   ``benchmarks/.venv-mergekit``, a subprocess; only its merge calls are timed) on the same tensors, written
   to a temporary folder: with ``--dtype float32`` (float32 compute, as ram_live) and mergekit's default
@@ -287,17 +290,38 @@ def copy_bandwidth(srcs: list[dict[str, torch.Tensor]], dst: dict[str, torch.Ten
     return moved / best, best
 
 
-def paired(first: Callable[[], Any], second: Callable[[], Any], reps: int, device: torch.device
-           ) -> tuple[list[float], list[float]]:
+def paired(first: Callable[[], Any], second: Callable[[], Any], reps: int, device: torch.device,
+           before: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
     """``reps`` pairs of runs, the order alternating and each output freed before the next run, so that both
     calls of a pair meet the same allocator and page-fault state: their ratio and difference are steadier than
-    the ratio of two separate best-of series."""
+    the ratio of two separate best-of series. ``before``: called (untimed) before every run."""
     a: list[float] = []
     b: list[float] = []
     for i in range(reps):
         for fn, times in ((first, a), (second, b)) if i % 2 == 0 else ((second, b), (first, a)):
+            if before is not None:
+                before()
             times.append(timed_once(fn, device)[0])  # the output is dropped before the next call
     return a, b
+
+
+def inplace_target(base: dict[str, torch.Tensor], agents: list[dict[str, torch.Tensor]]
+                   ) -> tuple[torch.nn.Module, list[dict[str, torch.Tensor]], Callable[[], None]]:
+    """A module holding a copy of ``base`` (its keys under ``p.``, dots as ``_``), the agents keyed to match, and
+    a function that copies the base back into the module: for merges with ``inplace=True``, which write into
+    memory that is already there (no new output to fault in)."""
+    name = {key: key.replace(".", "_") for key in base}
+    module = torch.nn.Module()
+    module.p = torch.nn.ParameterDict(
+        {name[key]: torch.nn.Parameter(t.clone(), requires_grad=False) for key, t in base.items()})
+    named = [{f"p.{name[key]}": t for key, t in agent.items()} for agent in agents]
+
+    def restore() -> None:
+        with torch.no_grad():
+            for key, t in base.items():
+                module.p[name[key]].copy_(t)
+
+    return module, named, restore
 
 
 def fresh_output_seconds(base: dict[str, torch.Tensor], device: torch.device, reps: int = 3) -> float:
@@ -797,6 +821,19 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['pair_extra'] * 1e3:.0f} ms (RAM {', '.join(f'{t:.3f}' for t in ram_pair)}; RAM+ "
                   f"{', '.join(f'{t:.3f}' for t in plus_pair)})", flush=True)
 
+            # In place (inplace=True into a module): no new output to fault in, and RAM reads the inputs twice too
+            # (bad input must be found before the base is touched), so RAM+ reuses that pass's counts.
+            module, named, restore = inplace_target(base, subset)
+            ram_pair, plus_pair = paired(lambda: run_method("ram", named, module, inplace=True),
+                                         lambda: run_method("ram_plus", named, module, inplace=True), reps, device,
+                                         before=restore)
+            module = named = restore = None
+            row["inplace_ram"], row["inplace_ram_plus"] = min(ram_pair), min(plus_pair)
+            row["inplace_ram_all"], row["inplace_ram_plus_all"] = ram_pair, plus_pair
+            row["inplace_pair_ratio"] = statistics.median(p / r for p, r in zip(plus_pair, ram_pair))
+            print(f"  in place, interleaved pairs: RAM {row['inplace_ram']:.3f} s, RAM+ {row['inplace_ram_plus']:.3f} s "
+                  f"(best); RAM+ / RAM median {row['inplace_pair_ratio']:.2f}x", flush=True)
+
             times, report, busy = timed(lambda subset=subset: run_method("probe", subset, base), reps, device, keep_last=True)
             row["probe"], row["probe_all"], row["probe_others_cpu"] = min(times), times, busy
             row["densities"] = {n: report.agents[n].density for n in report.agent_names}
@@ -909,7 +946,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n## Results ({device}, {n_params / 1e6:.1f} M bf16 params, seconds, best of {reps})\n")
     head = ["K", f"copy_ GB/s ({dev_label})", "floor s", "RAM s (x floor)", "RAM+ s (x floor, x RAM)",
             "RAM+ reused counts s (x RAM)", "RAM+ / RAM interleaved pairs (median; RAM+ - RAM)",
-            "RAM+ / RAM at the floor: two passes, one read",
+            "RAM+ / RAM at the floor: two passes, one read", "in place: RAM s, RAM+ s (pairs: RAM+ / RAM)",
             "probe s (x floor)", "mergekit f32 s (RAM speedup)", "mergekit bf16 s (RAM speedup)",
             "max|RAM - mk f32|", "others' CPU % (RAM/RAM+/probe)"]
     print("| " + " | ".join(head) + " |")
@@ -922,7 +959,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['k']} | {r['copy_bandwidth'] / 1e9:.1f} | {r['floor']:.4f} | {r['ram']:.3f} "
               f"({r['ram_x_floor']:.1f}x) | {r['ram_plus']:.3f} ({r['ram_plus_x_floor']:.1f}x, "
               f"{r['ram_plus_x_ram']:.2f}x) | {r['ram_plus_reused']:.3f} ({r['ram_plus_reused_x_ram']:.2f}x) | "
-              f"{r['pair_ratio']:.2f}x; {r['pair_extra'] * 1e3:+.0f} ms | {r['two_pass_bound']:.2f}, {r['one_read_bound']:.2f} | {r['probe']:.2f} ({r['probe_x_floor']:.1f}x) | {mk32} | {mk16} | "
+              f"{r['pair_ratio']:.2f}x; {r['pair_extra'] * 1e3:+.0f} ms | {r['two_pass_bound']:.2f}, {r['one_read_bound']:.2f} | "
+              f"{r['inplace_ram']:.3f}, {r['inplace_ram_plus']:.3f} ({r['inplace_pair_ratio']:.2f}x) | {r['probe']:.2f} ({r['probe_x_floor']:.1f}x) | {mk32} | {mk16} | "
               f"{check} | {r['ram_others_cpu']:.0%}/{r['ram_plus_others_cpu']:.0%}/{r['probe_others_cpu']:.0%} |")
 
     if args.eager:
@@ -987,6 +1025,8 @@ def main(argv: list[str] | None = None) -> int:
             worst = max(memory, key=lambda m: m["extra"] / m["target"])
             detail = f"  (worst: {worst['method']} K={worst['k']}, {fmt_mb(worst['extra'])} of {fmt_mb(worst['target'])} MiB)"
         print(f"- {verdict(ok)}: {name}{detail}")
+    print("- (not a target) RAM+ / RAM in place, pairs: " + ", ".join(
+        f"K={r['k']}: {r['inplace_pair_ratio']:.2f}x" for r in rows))
     if args.quick:
         print("- --quick is a smoke test: the targets are meant for the full size (fixed overheads of a few MiB "
               "and cache-resident inputs make its ratios meaningless)")
