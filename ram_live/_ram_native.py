@@ -39,6 +39,10 @@ static inline float from_f32(float x) { return x; }
 static inline float from_bf16(uint16_t x) { uint32_t u = (uint32_t)x << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 static inline int nonfinite(float x) { return (bits(x) & 0x7F800000u) == 0x7F800000u; }
+/* x is NaN/Inf once stored in dtype 1 (bfloat16: from 0x7F7F8000 up, round to nearest even gives Inf) or 0 */
+static inline int nonfinite_as(int dtype, float x) {
+    return (bits(x) & 0x7FFFFFFFu) >= (dtype == 1 ? 0x7F7F8000u : 0x7F800000u);
+}
 """
 
 C_LOAD32 = r"""
@@ -120,13 +124,15 @@ static inline __m512i bf16x16(__m512 r) {
                                             _mm512_set1_epi32(0x7F800000));
     return _mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7FC0));
 }
-/* Store the n <= 32 results lo/hi (in load32's lane order) at out + s; returns how many are not finite. */
+/* Store the n <= 32 results lo/hi (in load32's lane order) at out + s; returns how many are not finite as stored
+   (bfloat16: |x| from 0x7F7F8000 up rounds to Inf; unordered, NaN, counts too). */
 static inline __attribute__((always_inline)) int store32(int in_dtype, int out_dtype, void *out, int64_t s, int n,
                                                          __m512 lo, __m512 hi) {
     const __mmask32 all = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1u;
     const __mmask16 m_lo = (__mmask16)all, m_hi = (__mmask16)(all >> 16);
-    int bad = __builtin_popcount((uint32_t)_mm512_fpclass_ps_mask(lo, 0x99))
-            + __builtin_popcount((uint32_t)_mm512_fpclass_ps_mask(hi, 0x99));
+    const __m512 top = _mm512_castsi512_ps(_mm512_set1_epi32(out_dtype == 1 ? 0x7F7F8000 : 0x7F800000));
+    int bad = __builtin_popcount((uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(lo), top, _CMP_NLT_UQ))
+            + __builtin_popcount((uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(hi), top, _CMP_NLT_UQ));
     if (in_dtype == 1 && out_dtype == 1) {  /* even entries in the low halves, odd ones in the high halves */
         __m512i v = _mm512_or_si512(bf16x16(lo), _mm512_slli_epi32(bf16x16(hi), 16));
         _mm512_mask_storeu_epi16((uint16_t *)out + s, all, v);
@@ -489,12 +495,12 @@ int64_t ram_merge(int in_dtype, int out_dtype, const void *base, const void *con
             for (int i = 0; i < n; i++) {
                 float mean = ns[i] / (cnt[i] < 1.0f ? 1.0f : cnt[i]);
                 r[i] = b[i] - (cnt[i] == 1.0f ? ns[i] * lam[i] : mean);
-                nb += nonfinite(r[i]);
+                nb += nonfinite_as(out_dtype, r[i]);
             }
         else
             for (int i = 0; i < n; i++) {
                 r[i] = b[i] - ns[i] / (cnt[i] < 1.0f ? 1.0f : cnt[i]);
-                nb += nonfinite(r[i]);
+                nb += nonfinite_as(out_dtype, r[i]);
             }
         bad += nb;
         if (out_dtype == 1) {
@@ -562,7 +568,7 @@ int64_t ram_merge_unscaled(int dtype, const void *base, const void *const *agent
             const uint32_t c = code[i];
             const float r = (c && !(c & (c - 1u))) ? load_at(dtype, agents[__builtin_ctz(c)], s + i)
                                                     : b[i] - ns[i] / (cnt[i] < 1.0f ? 1.0f : cnt[i]);
-            bad += nonfinite(r);
+            bad += nonfinite_as(dtype, r);
             store_at(dtype, out, s + i, r);
         }
     }
@@ -589,7 +595,7 @@ int64_t ram_rescale(int dtype, const void *base, void *out, const uint32_t *plan
         if (!owner || (int)owner > k) continue;
         const float bv = load_at(dtype, base, i), ov = load_at(dtype, out, i);
         const float ns = 0.0f - (ov - bv), r = bv - ns * lambdas[owner - 1];
-        bad += nonfinite(r);
+        bad += nonfinite_as(dtype, r);
         store_at(dtype, out, i, r);
     }
     return bad;

@@ -241,19 +241,38 @@ class DeltaStream:
                 same = agent.to(device=row.device, dtype=narrow) == base_chunk.to(device=row.device, dtype=narrow)
                 row.masked_fill_(same, 0.0)
 
-    def _raise_nonfinite(self, start: int, end: int) -> None:
-        candidates = [("the base", self.base)] + [(f"agent {n!r}", a) for n, a in zip(self.agents, self.tensors)]
-        for who, tensor in candidates:
+    def _raise_nonfinite(self, start: int, end: int, out: Tensor | None = None) -> None:
+        """Raise :class:`NonFiniteError` naming the first input of ``[start, end)`` that holds NaN/Inf, else the
+        first task vector that overflows the compute dtype, else the first merged value in ``out`` (flat) that
+        does not fit its dtype."""
+        candidates = [("base", "the base", self.base)]
+        candidates += [(n, f"agent {n!r}", a) for n, a in zip(self.agents, self.tensors)]
+        for name, who, tensor in candidates:
             chunk = tensor[start:end]
             bad = ~torch.isfinite(chunk)
             if bool(bad.any()):
                 index = start + int(bad.nonzero()[0, 0])
                 raise NonFiniteError(
                     f"tensor {self.key!r} of {who} holds {chunk[index - start].item()} at flat index {index}",
-                    key=self.key, agent=who,
+                    key=self.key, agent=name,
                 )
+        base_f = self.base[start:end].to(self.dtype)
+        for name, tensor in zip(self.agents, self.tensors):
+            bad = ~torch.isfinite(tensor[start:end].to(self.dtype) - base_f)
+            if bool(bad.any()):
+                index = start + int(bad.nonzero()[0, 0])
+                raise NonFiniteError(
+                    f"tensor {self.key!r}: the task vector of agent {name!r} overflows {self.dtype} at flat index "
+                    f"{index} (agent and base values too far apart to subtract)", key=self.key, agent=name,
+                )
+        where = ""
+        if out is not None:
+            bad = ~torch.isfinite(out[start:end])
+            if bool(bad.any()):
+                where = f" at flat index {start + int(bad.nonzero()[0, 0])}"
         raise NonFiniteError(
-            f"tensor {self.key!r}: a task vector overflows {self.dtype} (values too large to subtract)",
+            f"tensor {self.key!r}: the merged value{where} overflows {out.dtype if out is not None else self.dtype} "
+            "(every input and task vector is finite: the method's scaling or sum leaves the dtype's range)",
             key=self.key,
         )
 
@@ -367,9 +386,10 @@ def _native_statistics(stream: DeltaStream, k: int, kernels: Any, eps: float, wo
 
 
 def _native_counts(stream: DeltaStream, k: int, workers: int,
-                   count: Callable[[int, int, Tensor, Tensor], int]) -> RamStatistics:
+                   count: Callable[[int, int, Tensor, Tensor], int], out: Tensor | None = None) -> RamStatistics:
     """``count(start, end, active, unique)`` over the stream's ranges in threads (it adds to the int64 counts and
-    returns its number of non-finite entries); the summed counts, or the :class:`NonFiniteError` naming one."""
+    returns its number of non-finite entries); the summed counts, or the :class:`NonFiniteError` naming one
+    (``out``: what ``count`` writes, if anything)."""
     def job(worker: int, n_workers: int) -> tuple[Tensor, Tensor, int]:
         active, unique = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64)
         bad = _native_walk(stream, worker, n_workers, lambda start, end: count(start, end, active, unique))
@@ -377,7 +397,7 @@ def _native_counts(stream: DeltaStream, k: int, workers: int,
 
     results = _in_workers(stream, workers, job, NATIVE_CHUNK)
     if any(bad for _, _, bad in results):
-        stream._raise_nonfinite(0, stream.numel)
+        stream._raise_nonfinite(0, stream.numel, out)
     return RamStatistics(sum(r[0] for r in results), sum(r[1] for r in results),  # type: ignore[arg-type]
                          torch.zeros(k + 1, dtype=torch.int64))
 
@@ -389,7 +409,7 @@ def _merge_native(stream: DeltaStream, flat: Tensor, kernels: Any, lambdas: Tens
             flat, stream.base, stream.tensors, lambdas, eps, start, end))
 
     if any(_in_workers(stream, workers, job, NATIVE_CHUNK)):
-        stream._raise_nonfinite(0, stream.numel)
+        stream._raise_nonfinite(0, stream.numel, flat)
 
 
 def _accumulate_statistics(stream: DeltaStream, k: int, workers: int = 1) -> RamStatistics:
@@ -483,7 +503,7 @@ class MergeInfo:
     """What a merge did: the method and config, λ and ρ per agent where the method has them, the statistics
     pass's counts, and timings. ``passes``: how many times the agents' weights were read (RAM+ with global ρ: 1
     when the output stays in memory and every tensor went through the native kernels within the owner-map budget,
-    else 2). ``extra["kernels"]``: how many tensors each kind of kernel merged ("native" CPU, "compiled"
+    else 2; in place 3: validation, a dry run that checks every merged value fits, the write). ``extra["kernels"]``: how many tensors each kind of kernel merged ("native" CPU, "compiled"
     torch.compile, "eager" torch ops); ``extra["single_read"]``: how many tensors RAM+ merged in one read;
     ``extra["compiled"]``: what ``compile`` resolved to."""
 
@@ -602,19 +622,24 @@ def _merge_streaming(stream: DeltaStream, make_accumulator: Callable[[], Any], f
 
     def job(worker: int, n_workers: int) -> Tensor:
         accumulator = make_accumulator()
-        check = torch.zeros((), dtype=stream.dtype, device=stream.device)
+        bad = torch.zeros((), dtype=torch.int64, device=flat.device)
         for start, base_f, agents in stream.streamed(worker, n_workers):
             n = base_f.numel()
             accumulator.begin(n)
             for t, delta in agents:
                 accumulator.add(t, delta)
-            merged = accumulator.merged(base_f)
-            check += merged.sum()  # NaN/Inf in any input reaches the merged sum; one sync per tensor
-            flat[start : start + n].copy_(merged)
-        return check
+            flat[start : start + n].copy_(accumulator.merged(base_f))
+            bad += _nonfinite(flat[start : start + n])  # NaN/Inf in any input reaches the output; one sync per tensor
+        return bad
 
-    if not all(bool(torch.isfinite(c)) for c in _in_workers(stream, workers, job)):
-        stream._raise_nonfinite(0, stream.numel)
+    if any(bool(b) for b in _in_workers(stream, workers, job)):
+        stream._raise_nonfinite(0, stream.numel, flat)
+
+
+def _nonfinite(stored: Tensor) -> Tensor:
+    """How many entries of ``stored`` are NaN/Inf, as a tensor (no sync): checked on the values as written, so
+    that a float32 result beyond a narrower output dtype's range (float16: 65504) counts too."""
+    return (~torch.isfinite(stored)).sum()
 
 
 def _fused_kernel(method: MergeMethod, config: Any, state: Any, stream: DeltaStream, flat: Tensor,
@@ -637,17 +662,17 @@ def _fused_kernel(method: MergeMethod, config: Any, state: Any, stream: DeltaStr
 def _merge_fused(stream: DeltaStream, flat: Tensor, lambdas: Tensor | None, eps: float) -> None:
     """Each chunk merged by the compiled :func:`ram_live.functional.ram_fused_` straight into ``flat`` (through
     a scratch chunk when ``flat`` lives on another device)."""
-    check = torch.zeros((), dtype=stream.dtype, device=stream.device)
+    bad = torch.zeros((), dtype=torch.int64, device=stream.device)
     scratch = None if flat.device == stream.device else torch.empty(
         min(stream.numel, stream.fused_chunk), dtype=flat.dtype, device=stream.device)
     for start, end, kernel, base, agents in stream.fused_chunks(F.ram_fused_, lambdas is None):
-        if scratch is None:
-            check += kernel(flat[start:end], base, agents, lambdas, eps)
-        else:
-            check += kernel(scratch[: end - start], base, agents, lambdas, eps)
-            flat[start:end].copy_(scratch[: end - start])
-    if not bool(torch.isfinite(check)):
-        stream._raise_nonfinite(0, stream.numel)
+        written = flat[start:end] if scratch is None else scratch[: end - start]
+        kernel(written, base, agents, lambdas, eps)
+        bad += _nonfinite(written)
+        if scratch is not None:
+            flat[start:end].copy_(written)
+    if bool(bad):
+        stream._raise_nonfinite(0, stream.numel, flat)
 
 
 def run_merge(
@@ -724,6 +749,16 @@ def run_merge(
         info.statistics = statistics
     run_state = method.setup(config, RunContext(names, statistics, run_device)) if method.setup else None
     _record_lambdas(info, run_state)
+
+    if validate_first:  # in place: nothing is written until every merged value is known to fit
+        ok = False
+        try:
+            _dry_run(job, plan, specs, run_state)
+            ok = True
+        finally:
+            if dist is not None and not dist.all_ok(ok) and ok:
+                raise RemoteRankError(f"rank {dist.rank}: another rank's merged values do not fit (see its error)")
+        info.passes += 1
 
     check = inputs_digest() if reuse is not None and statistics is reuse and reuse.fingerprint else None
     try:
@@ -804,6 +839,31 @@ class _Job:
     workspace: dict[Any, Tensor] = field(default_factory=dict)
 
 
+class _ScratchSink:
+    """Where :func:`_dry_run` merges to: destinations are given, nothing is kept."""
+
+    def commit(self, key: str) -> None:
+        pass
+
+
+def _dry_run(job: _Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any) -> None:
+    """Merge every tensor into one scratch buffer (per device, as large as the largest tensor) and drop it: the
+    merges raise :class:`NonFiniteError` where a merged value does not fit its dtype (float16 past 65504, a
+    scale that overflows), which an in-place merge must find before it writes into the base. The same kernels
+    run again to write, so they give the same bits."""
+    dry = replace(job, sink=_ScratchSink(), info=MergeInfo(method=job.info.method, config=job.config,
+                                                             agents=job.info.agents))
+    need: dict[torch.device, int] = {}
+    for key in plan.merge:
+        spec = specs[key]
+        need[spec.device] = max(need.get(spec.device, 0), spec.numel * spec.dtype.itemsize)
+    scratch = {device: torch.empty(n, dtype=torch.uint8, device=device) for device, n in need.items()}
+    for key in plan.merge:
+        spec = specs[key]
+        buffer = scratch[spec.device][: spec.numel * spec.dtype.itemsize]
+        _merge_tensor(dry, key, run_state, dest=buffer.view(spec.dtype).view(spec.shape))
+
+
 def _merge_pass(job: _Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any, progress: ProgressHook | None,
                 validate_first: bool, digest: Any = None) -> None:
     reader, sink = job.reader, job.sink
@@ -850,12 +910,17 @@ def _merge_tensor(job: _Job, key: str, run_state: Any, digest: Any = None, dest:
             n_workers,
         )
     else:
+        bad = torch.zeros((), dtype=torch.int64, device=flat.device)
         for start, base_f, deltas in stream:
             ctx = TensorContext(key=key, agents=names, start=start, run_state=run_state, state=state)
             tau = method.combine(deltas, ctx, config)
             changed = tau != 0
             merged = tau.add_(base_f)
-            flat[start : start + base_f.numel()].copy_(torch.where(changed, merged, base_f))
+            written = flat[start : start + base_f.numel()]
+            written.copy_(torch.where(changed, merged, base_f))
+            bad += _nonfinite(written)
+        if bool(bad):
+            stream._raise_nonfinite(0, stream.numel, flat)
     if flat.data_ptr() != dest.data_ptr():
         dest.copy_(flat.view(dest.shape))
     sink.commit(key)
@@ -979,7 +1044,7 @@ def _merge_unscaled(job: _Job, key: str, digest: Any, planes: Tensor | None
         kernels, eps = native
         out, owners = flat, planes
         stats = _native_counts(stream, k, workers, lambda start, end, a, u: kernels.merge_unscaled(
-            out, stream.base, stream.tensors, eps, start, end, owners, a, u))
+            out, stream.base, stream.tensors, eps, start, end, owners, a, u), out)
         job.sink.commit(key)
     reader.release(key)
     return stats, dest, planes
@@ -999,7 +1064,7 @@ def _rescale(job: _Job, key: str, flat: Tensor, planes: Tensor, run_state: Any) 
         stream, w, n, lambda start, end: kernels.rescale(flat, stream.base, planes, lambdas, start, end)),
         NATIVE_CHUNK)
     if any(bad):
-        stream._raise_nonfinite(0, stream.numel)
+        stream._raise_nonfinite(0, stream.numel, flat)
     reader.release(key)
     _count_kernel(job.info, "native")
     job.info.tensors += 1

@@ -173,9 +173,9 @@ def test_non_finite_inputs_raise_as_the_torch_path(monkeypatch, kernel, base_sd,
             run(agents, base=base, workers=2, chunk_numel=128)
         errors.append((str(info.value), info.value.key, info.value.agent))
     assert errors[0] == errors[1]
-    want = {"agent": ("layers.1.w", "agent 'agent_1'", "flat index 35"),
-            "base": ("layers.1.w", "the base", "flat index 353"), "both": ("layers.1.w", "agent 'agent_1'", "35"),
-            "overflow": ("embed.weight", None, "overflows")}[who]
+    want = {"agent": ("layers.1.w", "agent_1", "flat index 35"),
+            "base": ("layers.1.w", "base", "flat index 353"), "both": ("layers.1.w", "agent_1", "35"),
+            "overflow": ("embed.weight", "agent_0", "task vector of agent 'agent_0' overflows")}[who]
     assert errors[0][1:] == want[:2] and want[2] in errors[0][0], errors[0]
 
 

@@ -321,8 +321,8 @@ def test_single_read_on_live_modules_and_not_in_place(monkeypatch):
     two = _two_pass(monkeypatch, models=agents, base=base)
     assert_bit_identical(merged.state_dict(), two.state_dict())
     target = copy.deepcopy(base)
-    _, in_place = ram_merge(agents, base=target, inplace=True, return_info=True)  # its first pass validates
-    assert in_place.passes == 2 and "single_read" not in in_place.extra
+    _, in_place = ram_merge(agents, base=target, inplace=True, return_info=True)  # validates, dry-runs, writes
+    assert in_place.passes == 3 and "single_read" not in in_place.extra
     assert_bit_identical(target.state_dict(), two.state_dict())
 
 
