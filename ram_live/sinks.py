@@ -145,7 +145,8 @@ class SafetensorsSink:
     folder's non-weight files (config, tokenizer) when ``copy_from`` is given. Tied aliases are not stored
     (as ``save_pretrained`` does). Headers are laid out first and tensors are written straight into the
     memory-mapped files, whose pages are released after each tensor; everything goes to a temporary path that is
-    renamed on success."""
+    renamed on success. A symlink as ``path`` is followed: the output is written where it points. A failed merge
+    also removes the folders the sink created for the output (empty ones only)."""
 
     def __init__(
         self,
@@ -158,10 +159,7 @@ class SafetensorsSink:
     ) -> None:
         self.path = Path(path)
         self.single = self.path.suffix == ".safetensors"
-        if self.path.exists() and (self.single or any(self.path.iterdir())):
-            from .errors import ConfigError
-
-            raise ConfigError(f"output {self.path} exists" + ("" if self.single else " and is not empty"))
+        self._target = _output_target(self.path, self.single)
         self.max_shard_bytes = max_shard_bytes
         self.copy_from = copy_from
         self.dtype = dtype
@@ -170,13 +168,14 @@ class SafetensorsSink:
         self._writers: list[SafetensorsWriter] = []
         self._writer_of: dict[str, SafetensorsWriter] = {}
         self._files: list[str] = []
+        self._created: list[Path] = []
 
     def _dtype(self, dtype: torch.dtype) -> torch.dtype:
         return self.dtype if self.dtype is not None and dtype.is_floating_point else dtype
 
     def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
+        self._created = _make_folders(self._target.parent)
+        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self._target.name}.tmp-", dir=self._target.parent))
         shards: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [{}]
         size = 0
         for key in plan.merge + plan.copy:
@@ -220,9 +219,10 @@ class SafetensorsSink:
                 writer.close()
                 total += sum(e - b for b, e in writer.offsets.values())
             if self.single:
-                os.replace(self._tmp / self._files[0], self.path)
-                return self.path
-            self._publish({k: w.path.name for k, w in self._writer_of.items()}, total)
+                os.replace(self._tmp / self._files[0], self._target)
+            else:
+                self._publish({k: w.path.name for k, w in self._writer_of.items()}, total)
+            self._created = []  # they hold the output now
             return self.path
         finally:
             self.abort()
@@ -235,9 +235,9 @@ class SafetensorsSink:
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
             (self._tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         self._copy_side_files()
-        if self.path.exists():
-            self.path.rmdir()
-        os.replace(self._tmp, self.path)
+        if self._target.exists():
+            self._target.rmdir()
+        os.replace(self._tmp, self._target)
 
     def _copy_side_files(self) -> None:
         """Config, tokenizer and other non-weight files of the base folder."""
@@ -254,6 +254,16 @@ class SafetensorsSink:
         if self._tmp is not None and self._tmp.exists():
             shutil.rmtree(self._tmp, ignore_errors=True)
         self._tmp = None
+        self._remove_created()
+
+    def _remove_created(self) -> None:
+        """Remove the folders :meth:`begin` created for the output, deepest first, while they are empty."""
+        for folder in self._created:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        self._created = []
 
 
 class DistributedSafetensorsSink(SafetensorsSink):
@@ -282,9 +292,9 @@ class DistributedSafetensorsSink(SafetensorsSink):
         n = len(shards)
         self._layout = [(rank, f"model-{i + 1:05d}-of-{n:05d}.safetensors", shard) for i, (rank, shard) in
                         enumerate(shards)]
-        self._tmp = self.path.parent / f".{self.path.name}.tmp-{dist.shared_token()}"
+        self._tmp = self._target.parent / f".{self._target.name}.tmp-{dist.shared_token()}"
         if dist.rank == 0:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._created = _make_folders(self._target.parent)
             self._tmp.mkdir()
         dist.barrier()
 
@@ -300,14 +310,13 @@ class DistributedSafetensorsSink(SafetensorsSink):
         for writer in self._writers:
             writer.close()
         self.dist.barrier()
-        try:
-            if self.dist.rank == 0:
-                weight_map = {k: name for _, name, shard in self._layout for k in shard}
-                total = sum(_nbytes(dtype, shape) for _, _, shard in self._layout for dtype, shape in shard.values())
-                self._publish(weight_map, total)
-        finally:
-            self._writers.clear()
-            self._tmp = None
+        if self.dist.rank == 0:
+            weight_map = {k: name for _, name, shard in self._layout for k in shard}
+            total = sum(_nbytes(dtype, shape) for _, _, shard in self._layout for dtype, shape in shard.values())
+            self._publish(weight_map, total)  # on failure abort() removes the temporary folder
+        self._writers.clear()
+        self._tmp = None
+        self._created = []
         self.dist.barrier()
         return self.path
 
@@ -318,6 +327,46 @@ class DistributedSafetensorsSink(SafetensorsSink):
         if getattr(self, "dist", None) is not None and self.dist.rank == 0 and self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
         self._tmp = None
+        self._remove_created()
+
+
+def _output_target(path: Path, single: bool) -> Path:
+    """Where the output ``path`` is written (symlinks followed), checked before anything is merged: its nearest
+    existing ancestor must be a folder; a file output must not exist, a folder output must not exist or be empty."""
+    from .errors import ConfigError
+
+    target = Path(os.path.realpath(path))
+    ancestor = target.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"cannot write output {path}: its parent {ancestor} is a file, not a folder")
+    if target.exists():
+        if single:
+            raise ConfigError(f"output {path} exists")
+        if not target.is_dir():
+            raise ConfigError(f"output {path} exists and is not a folder")
+        if any(target.iterdir()):
+            raise ConfigError(f"output {path} exists and is not empty")
+    return target
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """``mkdir -p folder``; returns the folders this call created, deepest first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    created = []
+    for f in reversed(missing):
+        try:
+            f.mkdir()
+        except FileExistsError:  # made meanwhile by someone else: not ours to remove
+            if not f.is_dir():
+                raise
+            continue
+        created.append(f)
+    return created[::-1]
 
 
 def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
