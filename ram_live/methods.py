@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol, Sequence
 
@@ -177,12 +179,10 @@ def available_methods() -> list[str]:
 
 
 def make_config(name: str, config: Any = None, **options: Any) -> Any:
-    """Build ``name``'s config from keyword options, naming any unknown option."""
+    """Build ``name``'s config from keyword options (over ``config``'s where given), naming any unknown option."""
     method = get_method(name)
-    if config is not None:
-        if not isinstance(config, method.config_cls):
-            raise ConfigError(f"method {name!r} takes a {method.config_cls.__name__}, got {type(config).__name__}")
-        return dataclasses.replace(config, **options) if options else config
+    if config is not None and not isinstance(config, method.config_cls):
+        raise ConfigError(f"method {name!r} takes a {method.config_cls.__name__}, got {type(config).__name__}")
     known = {f.name for f in dataclasses.fields(method.config_cls)}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -190,8 +190,10 @@ def make_config(name: str, config: Any = None, **options: Any) -> Any:
             f"unknown option(s) {', '.join(map(repr, unknown))} for method {name!r}; "
             f"its options are: {', '.join(sorted(known))}"
         )
+    if config is not None and not options:
+        return config
     try:
-        return method.config_cls(**options)
+        return dataclasses.replace(config, **options) if config is not None else method.config_cls(**options)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid options for method {name!r}: {exc}") from exc
 
@@ -204,9 +206,31 @@ def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
         raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
+#: Options are applied to float32 task vectors: a value beyond float32's range is as useless as ±Inf.
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _check_finite(name: str, value: Any) -> None:
+    if not (isinstance(value, numbers.Real) and abs(value) <= _FLOAT32_MAX):
+        raise ConfigError(f"{name} must be a finite number (|x| <= {_FLOAT32_MAX:.4g}), got {value!r}")
+
+
 def _check_range(name: str, value: float, low: float, high: float = math.inf) -> None:
-    if not (isinstance(value, (int, float)) and low <= value <= high):
-        raise ConfigError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+    _check_finite(name, value)
+    if not low <= value <= high:
+        bounds = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
+        raise ConfigError(f"{name} must be {bounds}, got {value!r}")
+
+
+def _check_weights(weights: Sequence[float] | None) -> None:
+    if weights is None:
+        return
+    if isinstance(weights, (Mapping, str, bytes)) or not isinstance(weights, Collection):
+        raise ConfigError(
+            f"weights must be a sequence of numbers, one per agent in the agents' order, got {type(weights).__name__}"
+        )
+    for i, w in enumerate(weights.tolist() if isinstance(weights, Tensor) else weights):
+        _check_finite(f"weights[{i}]", w)
 
 
 def _weights(weights: Sequence[float] | None, ctx: RunContext) -> Tensor:
@@ -231,6 +255,9 @@ class LinearConfig:
 
     weights: Sequence[float] | None = None
     normalize: bool = True
+
+    def __post_init__(self) -> None:
+        _check_weights(self.weights)
 
 
 def _linear_setup(config: LinearConfig, ctx: RunContext) -> Tensor:
@@ -258,6 +285,10 @@ class TaskArithmeticConfig:
 
     weights: Sequence[float] | None = None
     scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_weights(self.weights)
+        _check_finite("scale", self.scale)
 
 
 register_method(
@@ -289,6 +320,8 @@ class TiesConfig:
 
     def __post_init__(self) -> None:
         _check_range("density", self.density, 0.0, 1.0)
+        _check_weights(self.weights)
+        _check_finite("scale", self.scale)
         _check_choice("majority_sign", self.majority_sign, ("total", "frequency"))
         _check_choice("elect_on", self.elect_on, ("unweighted", "weighted"))
         _check_choice("divide_by", self.divide_by, ("count", "weights"))
@@ -330,6 +363,8 @@ class DareLinearConfig:
         _check_range("density", self.density, 0.0, 1.0)
         if self.density == 0:
             raise ConfigError("density must be > 0 for DARE (survivors are rescaled by 1/density)")
+        _check_weights(self.weights)
+        _check_finite("scale", self.scale)
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,9 @@ from ._probe_native import ProbeCounts
 from .api import Model, Models, _sources
 from .engine import (DEFAULT_CHUNK_NUMEL, DeltaStream, _in_workers, _native_walk, _Reader, _threads, build_plan,
                      digest_update, inputs_digest)
-from .errors import ConfigError
-from .methods import Activity, RamStatistics
+from .methods import RAM_VARIANTS, Activity, RamPlusConfig, RamStatistics, _ram_activity
 
 __all__ = ["probe", "ProbeReport", "AgentStats"]
-
-_VARIANTS = ("ram", "ram_plus", "ram_plus_soft")
 
 
 @dataclass
@@ -207,7 +204,7 @@ class ProbeReport:
 
 def _lambdas(active: int, unique: int, r: float, alpha: float) -> dict[str, float]:
     value = F.rho(unique, active)
-    return {v: F.ram_lambda(value, v, r, alpha) for v in _VARIANTS}
+    return {v: F.ram_lambda(value, v, r, alpha) for v in RAM_VARIANTS}
 
 
 def _torch_counts(stream: DeltaStream, k: int) -> ProbeCounts:
@@ -267,9 +264,8 @@ def probe(
     >>> report = probe({"coder": coder, "tools": tool_agent}, base=base_model)   # doctest: +SKIP
     >>> report.agents["coder"].rho, report.agents["coder"].lambdas["ram_plus"]    # doctest: +SKIP
     """
-    if activity not in ("abs", "changed"):
-        raise ConfigError(f"activity must be 'abs' or 'changed', got {activity!r}")
-    rule = Activity(activity, eps)  # type: ignore[arg-type]
+    config = RamPlusConfig(eps=eps, activity=activity, r=r, alpha=alpha)  # type: ignore[arg-type]
+    rule = _ram_activity(config)
     agents, base_src = _sources(models, base)
     plan = build_plan(base_src, agents)
     reader = _Reader(base_src, agents, torch.device(device) if device is not None else None)

@@ -1,5 +1,6 @@
 """The registry and the baselines: hand cases, PEFT parity, determinism."""
 
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -158,3 +159,77 @@ def test_streaming_path_equals_stacked_combine(base_sd, name):
             torch.testing.assert_close(a[k], b[k], rtol=2e-7, atol=1e-7)
     finally:
         _REGISTRY.pop(stacked.name)
+
+
+NON_FINITE = [float("nan"), float("inf"), -float("inf"), 1e39, pytest.param(10**400, id="10**400")]
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+@pytest.mark.parametrize("method, option", [
+    ("linear", "weights"), ("task_arithmetic", "weights"), ("task_arithmetic", "scale"), ("ties", "weights"),
+    ("ties", "scale"), ("ties", "density"), ("dare_linear", "weights"), ("dare_linear", "scale"),
+    ("dare_ties", "density"), ("ram", "eps"), ("ram_plus", "r"), ("ram_plus", "alpha"), ("ram_plus_soft", "r"),
+])
+def test_non_finite_options_are_refused(method, option, value):
+    base = {"w": torch.zeros(4, 4)}
+    agents = [{"w": torch.ones(4, 4)}, {"w": 2 * torch.ones(4, 4)}]
+    given = [value, 1.0] if option == "weights" else value
+    name = "weights[0]" if option == "weights" else option
+    with pytest.raises(ConfigError, match=rf"{re.escape(name)} must be a finite number.*got {re.escape(repr(value))}"):
+        merge(agents, base=base, method=method, **{option: given})
+
+
+@pytest.mark.parametrize("option", ["r", "alpha", "eps"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e39])
+def test_ram_merge_refuses_non_finite_options(option, value):
+    base = {"w": torch.zeros(4, 4)}
+    agents = [{"w": torch.ones(4, 4)}, {"w": 2 * torch.ones(4, 4)}]
+    with pytest.raises(ConfigError, match=rf"method 'ram_plus': {option} must be a finite number"):
+        ram_live.ram_merge(agents, base=base, **{option: value})
+    with pytest.raises(ConfigError, match=rf"^{option} must be a finite number"):
+        ram_live.RamPlusConfig(**{option: value})
+
+
+def test_range_checks_still_apply():
+    with pytest.raises(ConfigError, match=r"^r must be >= 0.0, got -1$"):
+        ram_live.RamPlusConfig(r=-1)
+    with pytest.raises(ConfigError, match=r"^density must be in \[0.0, 1.0\], got 1.5$"):
+        ram_live.TiesConfig(density=1.5)
+    with pytest.raises(ConfigError, match=r"^scale must be a finite number.*got '2'$"):
+        ram_live.TaskArithmeticConfig(scale="2")
+    assert ram_live.TaskArithmeticConfig(weights=(1, 2.5), scale=-2).scale == -2
+    with pytest.raises(ConfigError, match=r"^weights\[1\] must be a finite number.*got inf$"):
+        ram_live.LinearConfig(weights=torch.tensor([1.0, float("inf")]))
+
+
+def test_weights_of_tensors_and_numpy():
+    np = pytest.importorskip("numpy")
+    base = {"w": torch.zeros(2)}
+    agents = [{"w": torch.ones(2)}, {"w": 2 * torch.ones(2)}]
+    for weights in ([1, 3], torch.tensor([1.0, 3.0]), np.array([1.0, 3.0], dtype=np.float32)):
+        assert merge(agents, base=base, method="linear", weights=weights)["w"].tolist() == [1.75, 1.75]
+
+
+@pytest.mark.parametrize("weights", [{"agent_0": 1.0, "agent_1": 1.0}, "12", 1.0])
+def test_weights_must_be_a_sequence(weights):
+    base = {"w": torch.zeros(4, 4)}
+    agents = [{"w": torch.ones(4, 4)}, {"w": 2 * torch.ones(4, 4)}]
+    with pytest.raises(ConfigError, match="weights must be a sequence of numbers, one per agent"):
+        merge(agents, base=base, method="linear", weights=weights)
+
+
+def test_weights_entries_must_be_numbers():
+    with pytest.raises(ConfigError, match=r"^weights\[1\] must be a finite number.*got 'x'$"):
+        ram_live.LinearConfig(weights=[1.0, "x"])
+
+
+def test_unknown_option_with_a_config_object():
+    base = {"w": torch.zeros(4, 4)}
+    agents = [{"w": torch.ones(4, 4)}, {"w": 2 * torch.ones(4, 4)}]
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) 'zz' for method 'ram_plus'; its options are: .*alpha"):
+        merge(agents, base=base, method="ram_plus", config=ram_live.RamPlusConfig(), zz=1)
+    with pytest.raises(ConfigError, match=r"^invalid options for method 'ram_plus': r must be a finite number"):
+        merge(agents, base=base, method="ram_plus", config=ram_live.RamPlusConfig(), r=float("nan"))
+    out = merge(agents, base=base, method="task_arithmetic", config=ram_live.TaskArithmeticConfig(scale=2.0),
+                weights=[1.0, 0.5])
+    assert out["w"].unique().tolist() == [4.0]

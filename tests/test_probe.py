@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from ram_live import probe, ram_merge
+from ram_live import ConfigError, probe, ram_merge
 from tests.conftest import make_agents
 
 
@@ -57,3 +57,18 @@ def test_rho_inf_is_json_string():
     a = {"w": torch.tensor([1.0, 0.0, 0.0])}
     data = probe([a, a], base=base).to_dict()
     assert data["agents"]["agent_0"]["rho"] == "inf"
+
+
+@pytest.mark.parametrize("options, name", [
+    ({"eps": float("nan")}, "eps"), ({"eps": -1}, "eps"), ({"eps": float("inf")}, "eps"), ({"r": -1}, "r"),
+    ({"r": float("inf")}, "r"), ({"r": 1e39}, "r"), ({"alpha": float("nan")}, "alpha"), ({"alpha": -0.5}, "alpha"),
+    ({"activity": "exact"}, "activity"),
+])
+def test_probe_validates_its_options_as_the_merge(options, name):
+    base = {"w": torch.zeros(4, 4)}
+    agents = [{"w": torch.ones(4, 4)}, {"w": 2 * torch.ones(4, 4)}]
+    with pytest.raises(ConfigError, match=rf"^{name} must be") as probed:
+        probe(agents, base=base, **options)
+    with pytest.raises(ConfigError, match=rf"{name} must be") as merged:
+        ram_merge(agents, base=base, **options)
+    assert str(merged.value).endswith(str(probed.value))
