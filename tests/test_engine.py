@@ -1,5 +1,7 @@
 """Bad input: clear errors from the library's hierarchy, raised before anything is written; inputs untouched."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -156,3 +158,49 @@ def test_a_forked_child_merges_after_the_parent_did(base_sd):
     child.join(60)
     assert child.exitcode == 0, "the child hung or failed"
     assert queue.get(timeout=5) == want
+
+
+def _overflowing(dtype):
+    """A two-layer module and two agents whose inputs are finite but whose RAM+ merge (λ_agent_0 = 1.2 on the
+    entry it alone moved, 0.9 × the dtype's largest value away from a base near it) does not fit ``dtype``."""
+    big = torch.finfo(dtype).max
+    base = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)).to(dtype)
+    with torch.no_grad():
+        for p in base.parameters():
+            p.zero_()
+        base[1].weight[0, 0] = 0.9 * big
+    agents = [copy.deepcopy(base), copy.deepcopy(base)]
+    with torch.no_grad():
+        agents[0][1].weight[0, 0] = big  # alone: λ = 1 + 0.1 · min(ρ, 2) = 1.2
+        for a, step in zip(agents, (1.0, 2.0)):
+            a[0].weight.add_(step)  # shared: ρ_agent_0 = 16
+    return base, agents
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_in_place_merge_that_overflows_leaves_the_base_untouched(dtype):
+    """Finite inputs whose merged value leaves the dtype's range: NonFiniteError naming the tensor, before the first
+    write into the base (the first layer, merged first, fits: it must not be written either)."""
+    base, agents = _overflowing(dtype)
+    err = _expect(NonFiniteError, r"tensor '1\.weight': the merged value at flat index 0 overflows", agents, base,
+                  inplace=True)
+    assert err.key == "1.weight"
+    _expect(NonFiniteError, "merged value at flat index 0 overflows", agents, base)  # a new module
+    merged = ram_merge(agents, base=base, inplace=True, variant="ram")  # λ = 1: fits, written in place
+    assert merged is base and float(base[1].weight[0, 0].detach()) == torch.finfo(dtype).max
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "linear", "ties", "dare_linear"])
+def test_other_methods_check_what_they_write(base_sd, method):
+    """A float16 output past 65504 raises, on the torch path of every method (it used to be written as Inf)."""
+    base = {k: v.half() for k, v in base_sd.items()}
+    agents = make_agents(base, [1.0, 1.0], scale=0.05)
+    for a in agents:
+        a["layers.1.w"][0, 0] = 6e4
+    options = {"task_arithmetic": dict(scale=2.0), "linear": dict(weights=[1.5, 1.5], normalize=False),
+               "ties": dict(density=1.0, scale=2.0), "dare_linear": dict(density=0.999, scale=2.0)}[method]
+    before = [snapshot(a) for a in (*agents, base)]
+    with pytest.raises(NonFiniteError, match=r"tensor 'layers\.1\.w': the merged value at flat index 0 overflows"):
+        merge(agents, base=base, method=method, **options)
+    for obj, snap in zip((*agents, base), before):
+        assert_bit_identical(obj, snap)

@@ -356,3 +356,23 @@ def test_single_read_keeps_its_owner_maps_within_the_memory_bound(monkeypatch, b
     monkeypatch.setenv("RAM_LIVE_SINGLE_READ", "0")
     _, info = ram_merge(make_agents(base_sd, [0.1, 0.5]), base=base_sd, return_info=True)
     assert info.passes == 2 and "single_read" not in info.extra
+
+
+@needs_kernels
+def test_a_result_that_rounds_to_inf_in_bfloat16_counts_as_not_finite():
+    """θ* finite in float32 but past bfloat16's largest value + half a ULP: stored as Inf, so counted (both builds;
+    the float32 output of the same merge is finite)."""
+    base = torch.full((40,), 3.3e38).bfloat16()
+    agents = [torch.full((40,), torch.finfo(torch.bfloat16).max, dtype=torch.bfloat16)]
+    lambdas = torch.tensor([1.1])
+    r = base.float() - (0.0 - (agents[0].float() - base.float())) * 1.1
+    assert torch.isfinite(r).all() and not torch.isfinite(r.bfloat16()).any()
+    builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
+    for name, kernels in builds.items():
+        assert kernels.merge(torch.empty(40, dtype=torch.bfloat16), base, agents, lambdas, 1e-5, 0, 40) == 40, name
+        assert kernels.merge(torch.empty(40), base, agents, lambdas, 1e-5, 0, 40) == 0, name
+        planes = torch.empty(native.planes_numel(40, 1), dtype=torch.int32)
+        out = torch.empty(40, dtype=torch.bfloat16)
+        act, uni = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+        assert kernels.merge_unscaled(out, base, agents, 1e-5, 0, 40, planes, act, uni) == 0, name
+        assert kernels.rescale(out, base, planes, lambdas, 0, 40) == 40, name
