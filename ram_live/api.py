@@ -17,6 +17,9 @@ from .distributed import Distributed
 from .sinks import DistributedSafetensorsSink, ModuleSink, SafetensorsSink, StateDictSink
 from .sources import SafetensorsSource, TensorSource, ZerosSource, as_source, check_agent_names, iter_named
 
+#: What ``dtype=`` may ask merged tensors to be stored as.
+OUTPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
 __all__ = ["merge", "ram_merge", "merge_task_vectors"]
 
 Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike | TensorSource
@@ -135,7 +138,14 @@ def merge(
         raise ConfigError("pass either inplace=True or out=, not both")
     if dtype is not None and (inplace or (out is None and isinstance(base, nn.Module))):
         raise ConfigError("dtype= applies to state-dict and file outputs only")
-    dev = torch.device(device) if device is not None else None
+    if dtype is not None and dtype not in OUTPUT_DTYPES:
+        raise ConfigError(f"dtype= must be one of {', '.join(map(str, OUTPUT_DTYPES))}, got {dtype!r}")
+    try:
+        dev = torch.device(device) if device is not None else None
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"device={device!r}: {exc}") from None
+    if dev is not None and dev.type == "meta":
+        raise ConfigError("device='meta' holds no values: merge on the device the weights are on, or cpu/cuda")
     dist = None
     if process_group is not None and process_group is not False:
         dist = Distributed(None if process_group is True else process_group,

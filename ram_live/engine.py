@@ -75,10 +75,13 @@ def build_plan(base: TensorSource, agents: Sequence[TensorSource]) -> Plan:
         raise NoAgentsError("no agents to merge: pass at least one model in `models`")
     base_keys = base.keys()
     base_set = set(base_keys)
+    aliases = base.aliases()
     for agent in agents:
         agent_set = set(agent.keys())
-        missing = [k for k in base_keys if k not in agent_set]
-        extra = sorted(agent_set - base_set)
+        tied = agent.aliases()
+        # a tied name one side leaves out (save_pretrained does) is the tensor it is tied to
+        missing = [k for k in base_keys if k not in agent_set and aliases.get(k) not in agent_set]
+        extra = sorted(k for k in agent_set - base_set if tied.get(k) not in base_set)
         if missing or extra:
             parts = []
             if missing:
@@ -91,12 +94,13 @@ def build_plan(base: TensorSource, agents: Sequence[TensorSource]) -> Plan:
                 key=(missing or extra)[0],
                 agent=agent.name,
             )
-    aliases = base.aliases()
     buffers = {k for k in base_keys if base.spec(k).is_buffer}
     for agent in agents:
-        buffers |= {k for k in base_keys if agent.spec(k).is_buffer}
+        buffers |= {k for k in base_keys if k not in aliases and agent.spec(k).is_buffer}
     merge, copy, check = [], [], []
     for key in base_keys:
+        if key in aliases:
+            continue
         b = base.spec(key)
         for agent in agents:
             a = agent.spec(key)
@@ -112,8 +116,6 @@ def build_plan(base: TensorSource, agents: Sequence[TensorSource]) -> Plan:
                     f"tensor {key!r}: agent {agent.name!r} has dtype {a.dtype}, the base {b.dtype}",
                     key=key, agent=agent.name,
                 )
-        if key in aliases:
-            continue
         if key in buffers or not b.dtype.is_floating_point:
             copy.append(key)
             if key not in buffers:
@@ -576,6 +578,31 @@ def _check_equal(reader: _Reader, key: str) -> None:
             )
 
 
+def _check_ties_and_copies(reader: _Reader, plan: Plan) -> None:
+    """Before anything is written: an agent that does not tie a name the base ties, and holds other values under
+    it, would lose them to the base's tie (the merge keeps one tensor); a floating tensor taken from the base
+    as is (a buffer) must be finite, as every merged input must."""
+    for name, agent in zip(reader.names, reader.agents):
+        keys, tied = set(agent.keys()), agent.aliases()
+        for alias, canonical in plan.alias.items():
+            if alias not in keys or tied.get(alias) == canonical:
+                continue
+            mine, theirs = agent.get(alias), agent.get(canonical)
+            if not torch.equal(mine, theirs.to(mine.device)):
+                raise InputMismatchError(
+                    f"tensor {alias!r}: agent {name!r} holds other values there than under {canonical!r}, which "
+                    "the base ties it to; the merge keeps the base's tie, so they would be lost (tie them in the "
+                    "agent, or untie them in the base)", key=alias, agent=name,
+                )
+    for key in plan.copy:
+        t = reader.base.get(key)
+        if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
+            flat = t.reshape(-1)
+            index = int((~torch.isfinite(flat)).nonzero()[0, 0])
+            raise NonFiniteError(f"tensor {key!r} of the base (a buffer: taken from the base as is) holds "
+                                 f"{flat[index].item()} at flat index {index}", key=key, agent="base")
+
+
 def statistics_pass(
     reader: _Reader,
     plan: Plan,
@@ -705,6 +732,7 @@ def run_merge(
             sink.distribute(dist, plan, owner, specs)
         plan = dist.local_plan(plan, owner)
     reader = _Reader(base, agents, device)
+    _check_ties_and_copies(reader, plan)
     names = reader.names
     activity = method.activity(config)
     workspace: dict[Any, Tensor] = {}

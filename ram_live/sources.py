@@ -67,6 +67,10 @@ class _InMemorySource:
 
     def __init__(self, name: str, tensors: Mapping[str, Tensor], buffers: frozenset[str] = frozenset()) -> None:
         self.name = name
+        for key, t in tensors.items():
+            if t.device.type == "meta":
+                raise UnsupportedInputError(f"{name}: tensor {key!r} is on the meta device (it holds no values): "
+                                            "load or materialise the weights before merging")
         # DTensor (e.g. FSDP2) parameters: the engine works on this rank's local shard
         self._uncounted = frozenset(k for k, t in tensors.items() if not counts_here(t))
         self.sharded = any(is_dtensor(t) for t in tensors.values())
@@ -118,7 +122,8 @@ class ModuleSource(_InMemorySource):
 
     def __init__(self, module: nn.Module, name: str = "module") -> None:
         self.module = module
-        tensors = module.state_dict(keep_vars=True)
+        # extra state (get_extra_state) is not a tensor: a new module gets the base's with the deep copy
+        tensors = {k: v for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, Tensor)}
         params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
         super().__init__(name, tensors, frozenset(k for k in tensors if k not in params))
 
@@ -158,8 +163,11 @@ class SafetensorsSource:
         if index:
             try:
                 weight_map = json.loads(index[0].read_text())["weight_map"]
-            except (ValueError, KeyError) as exc:
+            except (ValueError, KeyError, TypeError) as exc:
                 raise UnsupportedInputError(f"{index[0]}: not a safetensors index ({exc})") from None
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise UnsupportedInputError(f"{index[0]}: not a safetensors index (its weight_map is not a mapping "
+                                            "of tensor names to file names)")
             return {k: path / v for k, v in weight_map.items()}
         shards = sorted(path.glob("*.safetensors"))
         if not shards:

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ram_live import (
+    ConfigError,
     InputMismatchError,
     MissingBaseError,
     NoAgentsError,
@@ -204,3 +205,107 @@ def test_other_methods_check_what_they_write(base_sd, method):
         merge(agents, base=base, method=method, **options)
     for obj, snap in zip((*agents, base), before):
         assert_bit_identical(obj, snap)
+
+
+def test_meta_tensors_device_and_dtype_options_are_library_errors(base_sd):
+    agents = make_agents(base_sd, [0.5])
+    with torch.device("meta"):
+        meta = nn.Linear(4, 4)
+    with pytest.raises(UnsupportedInputError, match=r"'weight' is on the meta device"):
+        ram_merge([meta], base=meta)
+    for device in ("nope", "meta"):
+        with pytest.raises(ConfigError, match="device="):
+            ram_merge(agents, base=base_sd, device=device)
+    for dtype in (torch.int32, torch.bool, torch.complex64, "bfloat16"):
+        with pytest.raises(ConfigError, match="dtype= must be one of"):
+            ram_merge(agents, base=base_sd, dtype=dtype)
+
+
+class _WithExtraState(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.note = {"steps": 3}
+
+    def get_extra_state(self):
+        return self.note
+
+    def set_extra_state(self, state) -> None:
+        self.note = state
+
+
+def test_a_module_with_extra_state_merges_and_keeps_the_bases():
+    torch.manual_seed(0)
+    base = _WithExtraState()
+    agent = copy.deepcopy(base)
+    agent.note = {"steps": 9}
+    with torch.no_grad():
+        agent.lin.weight.add_(1.0)
+    merged = ram_merge([agent], base=base, variant="ram")
+    assert merged.note == {"steps": 3} and torch.equal(merged.lin.weight, agent.lin.weight)
+
+
+def test_an_agent_that_unties_what_the_base_ties_is_an_error():
+    """The merge keeps the base's tie (one tensor): an agent whose head differs from its embedding would lose its
+    head silently; one that holds the same values under both names merges."""
+    base = nn.Sequential(nn.Embedding(4, 3), nn.Linear(3, 4, bias=False))
+    base[1].weight = base[0].weight
+    agent = copy.deepcopy(base)
+    agent[1].weight = nn.Parameter(agent[0].weight.detach() + 1.0)
+    err = _expect(InputMismatchError, r"tensor '1\.weight': agent 'agent_0' holds other values there than under "
+                  r"'0\.weight'", [agent], base)
+    assert err.agent == "agent_0" and err.key == "1.weight"
+    same = {k: v.clone() for k, v in agent.state_dict().items()}  # untied copies, equal values: fine
+    same["1.weight"] = same["0.weight"].clone()
+    merged = ram_merge([same], base=base, variant="ram")
+    assert merged[1].weight is merged[0].weight and torch.equal(merged[0].weight, same["0.weight"])
+
+
+def test_a_non_finite_buffer_of_the_base_is_an_error():
+    base = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    agent = copy.deepcopy(base)
+    with torch.no_grad():
+        base[1].running_mean[2] = float("nan")
+    err = _expect(NonFiniteError, r"tensor '1\.running_mean' of the base \(a buffer.*nan at flat index 2", [agent],
+                  base)
+    assert err.agent == "base"
+
+
+def test_tied_module_with_folders_that_leave_the_tied_name_out(tmp_path):
+    """save_pretrained leaves a tied head out of the folder: a tied module base with folder agents, and a folder
+    base with tied module agents, merge as the modules do."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM(config)
+    agents = []
+    for i in range(2):
+        agent = copy.deepcopy(base)
+        with torch.no_grad():
+            for p in agent.parameters():
+                p.add_((torch.rand_like(p) < 0.3) * 0.01)
+        agent.save_pretrained(tmp_path / f"a{i}")
+        agents.append(agent)
+    base.save_pretrained(tmp_path / "base")
+    assert "lm_head.weight" not in load_keys(tmp_path / "a0")
+    want = ram_merge(agents, base=base)
+    got = ram_merge([tmp_path / "a0", tmp_path / "a1"], base=base)
+    assert got.lm_head.weight is got.model.embed_tokens.weight
+    assert_bit_identical(got.state_dict(), want.state_dict())
+    from_folder = ram_merge(agents, base=tmp_path / "base")
+    assert "lm_head.weight" not in from_folder
+    assert torch.equal(from_folder["model.embed_tokens.weight"], want.model.embed_tokens.weight)
+
+
+def load_keys(folder):
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return set(f.keys())
+
+
+def test_an_index_whose_weight_map_is_not_a_mapping(tmp_path, base_sd):
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": ["model.safetensors"]}')
+    with pytest.raises(UnsupportedInputError, match="weight_map is not a mapping"):
+        ram_merge([tmp_path], base=base_sd)
