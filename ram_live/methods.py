@@ -264,8 +264,8 @@ def _linear_setup(config: LinearConfig, ctx: RunContext) -> Tensor:
     weights = _weights(config.weights, ctx)
     if config.normalize:
         total = float(weights.sum())
-        if total == 0:
-            raise ConfigError("linear: the weights sum to 0 and normalize=True")
+        if total == 0 or not math.isfinite(total):
+            raise ConfigError(f"linear: the weights sum to {total} and normalize=True")
         weights = weights / total
     return weights
 

@@ -175,7 +175,7 @@ class SafetensorsSink:
 
     def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None:
         self._created = _make_folders(self._target.parent)
-        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self._target.name}.tmp-", dir=self._target.parent))
+        self._tmp = temp_folder(self._target.parent, self._target.name)
         shards: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [{}]
         size = 0
         for key in plan.merge + plan.copy:
@@ -349,6 +349,27 @@ def _output_target(path: Path, single: bool) -> Path:
         if any(target.iterdir()):
             raise ConfigError(f"output {path} exists and is not empty")
     return target
+
+
+def temp_folder(parent: Path, name: str) -> Path:
+    """A new hidden folder in ``parent`` to write ``name`` into before it is renamed into place, with the mode a
+    plain ``mkdir`` would give (``mkdtemp`` makes it 0700, which the renamed output folder would keep)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent))
+    tmp.chmod(0o777 & ~_umask())
+    return tmp
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask must set one to read it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
 
 
 def _make_folders(folder: Path) -> list[Path]:

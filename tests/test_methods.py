@@ -233,3 +233,10 @@ def test_unknown_option_with_a_config_object():
     out = merge(agents, base=base, method="task_arithmetic", config=ram_live.TaskArithmeticConfig(scale=2.0),
                 weights=[1.0, 0.5])
     assert out["w"].unique().tolist() == [4.0]
+
+
+def test_linear_weights_that_sum_to_zero_or_overflow(base_sd):
+    agents = make_agents(base_sd, [0.5, 0.5])
+    for weights, total in (([1.0, -1.0], "0.0"), ([3e38, 3e38], "inf")):
+        with pytest.raises(ConfigError, match=f"weights sum to {total} and normalize=True"):
+            merge(agents, base=base_sd, method="linear", weights=weights)

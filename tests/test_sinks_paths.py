@@ -119,3 +119,13 @@ def test_failed_split_merge_removes_the_folders_it_created(tmp_path, base_sd):
         save_file(a, tmp_path / f"a{i}.safetensors")
     spawn(_failing_split_merge, tmp_path)
     assert _tree(tmp_path) == ["a0.safetensors", "a1.safetensors", "base.safetensors"]
+
+
+def test_folder_outputs_get_the_mode_of_a_plain_mkdir(tmp_path, base_sd):
+    """mkdtemp makes its folder 0700; the renamed output folder must be readable as any folder made here is."""
+    from ram_live import ram_merge
+
+    agents = make_agents(base_sd, [0.5])
+    out = ram_merge(agents, base=base_sd, out=tmp_path / "merged")
+    (tmp_path / "plain").mkdir()
+    assert out.stat().st_mode & 0o777 == (tmp_path / "plain").stat().st_mode & 0o777

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
@@ -15,6 +14,7 @@ from torch import Tensor
 
 from ..engine import DEFAULT_CHUNK_NUMEL
 from ..errors import ConfigError, InputMismatchError
+from ..sinks import temp_folder
 from ..sources import as_source
 from .configs import _fan_in_fan_out, _new_config_fields
 from .errors import UnsupportedAdapterError
@@ -146,7 +146,7 @@ def _write_adapter_folder(out: Path, adapters: _AdapterSet, factors: Mapping[str
         if key in config:
             config[key] = None
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = temp_folder(out.parent, out.name)
     try:
         save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
         (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
