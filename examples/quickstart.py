@@ -18,7 +18,8 @@ What it shows, step by step:
    ``statistics=report.statistics()``, so RAM+ skips its counting pass). These are toy tasks on a toy model: the numbers
    show how the methods behave on sparse, overlapping updates, not which method is best.
 
-Run: ``bash scripts/demo.sh [--out DIR] [--seed N]`` (writes ``probe.png`` and ``results.json`` to DIR).
+Run: ``python examples/quickstart.py [--out DIR] [--seed N]`` (in ``.venv``; writes ``probe.png`` and
+``results.json`` to DIR, by default the current folder).
 """
 
 from __future__ import annotations

@@ -323,15 +323,18 @@ static inline __attribute__((always_inline)) int64_t unscaled_small(
    entries active in two or more agents. */
 static inline __attribute__((always_inline)) int64_t counts_range(
         int dtype, const void *base, const void *const *agents, int k, float eps, int64_t start, int64_t end,
-        int64_t *active, int64_t *unique) {
+        int64_t *active, int64_t *unique, uint32_t *amax) {
     int64_t act[MAX_AGENTS] = {0}, uni[MAX_AGENTS] = {0};
     const __m512 ve = _mm512_set1_ps(eps);
-    __m512i big = _mm512_setzero_si512();
+    const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512i big = _mm512_setzero_si512(), bigb = big;
     for (int64_t s = start; s < end; s += 32) {
         int n = (int)(end - s < 32 ? end - s : 32);
         __m512 be, bo, ae, ao;
         uint32_t m[MAX_AGENTS], once = 0, multi = 0;
         load32(dtype, base, s, n, &be, &bo);
+        bigb = _mm512_max_epu32(bigb, _mm512_and_si512(_mm512_max_epu32(_mm512_castps_si512(be),
+                                                                        _mm512_castps_si512(bo)), magnitude));
         for (int t = 0; t < k; t++) {
             load32(dtype, agents[t], s, n, &ae, &ao);
             m[t] = active32(ae, ao, be, bo, ve, &big);
@@ -344,6 +347,11 @@ static inline __attribute__((always_inline)) int64_t counts_range(
         }
     }
     for (int t = 0; t < k; t++) { active[t] += act[t]; unique[t] += uni[t]; }
+    if (amax) {  /* the float bits of max |tau| and max |base| (magnitudes order as unsigned integers) */
+        const uint32_t mt = _mm512_reduce_max_epu32(big), mb = _mm512_reduce_max_epu32(bigb);
+        if (mt > amax[0]) amax[0] = mt;
+        if (mb > amax[1]) amax[1] = mb;
+    }
     return _mm512_cmpge_epu32_mask(big, _mm512_set1_epi32(0x7F800000)) != 0;
 }
 /* Part 2: where the planes name an owner t, out = base - (-(out - base)) * lambda_t, the ops and order of the
@@ -514,12 +522,13 @@ int64_t ram_merge(int in_dtype, int out_dtype, const void *base, const void *con
 #endif
 }
 
-/* Per agent, active and unique entries over [start, end), added to active[] and unique[]. Returns nonzero when a
-   task-vector entry is not finite (the number of them, or with AVX-512 1). */
+/* Per agent, active and unique entries over [start, end), added to active[] and unique[]; amax (or NULL): raised
+   to the float32 bits of max |tau| (amax[0]) and max |base| (amax[1]). Returns nonzero when a task-vector entry
+   is not finite (the number of them, or with AVX-512 1). */
 int64_t ram_counts(int dtype, const void *base, const void *const *agents, int k, float eps, int64_t start,
-                int64_t end, int64_t *active, int64_t *unique) {
+                int64_t end, int64_t *active, int64_t *unique, uint32_t *amax) {
 #ifdef FAST
-#define F(D, K) counts_range(D, base, agents, K, eps, start, end, active, unique)
+#define F(D, K) counts_range(D, base, agents, K, eps, start, end, active, unique, amax)
     BY_DTYPE(BY_K, F)
 #undef F
 #else
@@ -534,6 +543,15 @@ int64_t ram_counts(int dtype, const void *base, const void *const *agents, int k
         else
             bad += (eps > 0.0f ? count_f32_eps : count_f32)((const float *)base, (const float *const *)agents, k,
                                                             eps, s, n, b, code, active, unique);
+        if (amax)
+            for (int i = 0; i < n; i++) {
+                const uint32_t mb = bits(b[i]) & 0x7FFFFFFFu;
+                if (mb > amax[1]) amax[1] = mb;
+                for (int t = 0; t < k; t++) {
+                    const uint32_t mt = bits(load_at(dtype, agents[t], s + i) - b[i]) & 0x7FFFFFFFu;
+                    if (mt > amax[0]) amax[0] = mt;
+                }
+            }
     }
     return bad;
 #endif
@@ -653,12 +671,14 @@ class Kernels:
                                         plane_count(k), lambdas.data_ptr(), k, start, end))
 
     def counts(self, base: Tensor, agents: Sequence[Tensor], eps: float, start: int, end: int, active: Tensor,
-               unique: Tensor) -> bool:
-        """Add the active/unique counts of ``[start, end)`` to ``active``/``unique`` (int64, one per agent).
-        Returns whether some task-vector entry is not finite."""
+               unique: Tensor, amax: Tensor | None = None) -> bool:
+        """Add the active/unique counts of ``[start, end)`` to ``active``/``unique`` (int64, one per agent);
+        ``amax`` (float32, 2 entries, or None): raised to max |τ| and max |base| there. Returns whether some
+        task-vector entry is not finite."""
         ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
         return bool(self.lib.ram_counts(DTYPES[base.dtype], base.data_ptr(), ptrs, len(agents), eps, start, end,
-                                        active.data_ptr(), unique.data_ptr()))
+                                        active.data_ptr(), unique.data_ptr(),
+                                        None if amax is None else amax.data_ptr()))
 
 
 def _check_range(start: int, end: int) -> None:
@@ -697,7 +717,7 @@ def build(flags: Sequence[str] = FLAGS) -> Kernels | None:
     ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.ram_merge.argtypes = [i32, i32, ptr, ptr, i32, ptr, f32, ptr, i64, i64]
     lib.ram_merge.restype = i64
-    lib.ram_counts.argtypes = [i32, ptr, ptr, i32, f32, i64, i64, ptr, ptr]
+    lib.ram_counts.argtypes = [i32, ptr, ptr, i32, f32, i64, i64, ptr, ptr, ptr]
     lib.ram_counts.restype = i64
     lib.ram_merge_unscaled.argtypes = [i32, ptr, ptr, i32, f32, ptr, i64, i64, ptr, i32, ptr, ptr]
     lib.ram_merge_unscaled.restype = i64

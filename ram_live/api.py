@@ -116,8 +116,9 @@ def merge(
     Kernels (RAM family; all give the same bits): on CPU, native C kernels for float32/bfloat16 inputs (built once
     per machine with ``cc``; ``RAM_LIVE_NATIVE=0`` turns them off); ``compile=True`` uses ``torch.compile``-fused
     kernels instead (each process compiles once per number of agents: seconds with a warm inductor cache, tens
-    of seconds cold); ``compile="auto"`` (default) compiles on accelerators for merges of at least 4 G
-    agent-entries (Σ numel × K) when Triton is present; ``False`` never compiles. A toolchain that fails falls
+    of seconds cold); ``compile="auto"`` (default) compiles merges of at least 4 G agent-entries (Σ numel × K)
+    where a toolchain is there (Triton on CUDA/XPU, a C++ compiler on CPU), except on CPU when the native kernels
+    are available (they are faster); ``False`` never compiles. A toolchain that fails falls
     back to torch ops with a warning before anything is written; so do float16/float64 and mixed dtypes.
     ``statistics``: RAM+ with global ρ counts every agent's active and unique entries in a first pass; pass the
     counts of an earlier merge or probe of the same inputs (``info.statistics``, ``report.statistics()``) to

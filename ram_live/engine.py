@@ -382,9 +382,19 @@ def _native_walk(stream: DeltaStream, worker: int, workers: int, call: Callable[
     return bad
 
 
-def _native_statistics(stream: DeltaStream, k: int, kernels: Any, eps: float, workers: int) -> RamStatistics:
-    return _native_counts(stream, k, workers, lambda start, end, active, unique: int(kernels.counts(
-        stream.base, stream.tensors, eps, start, end, active, unique)))
+def _native_statistics(stream: DeltaStream, k: int, kernels: Any, eps: float, workers: int,
+                       amax: list[tuple[float, float]] | None = None) -> RamStatistics:
+    tops: dict[int, Tensor] = {}  # per worker (keyed by its counts tensor): max |τ|, max |θ₀|
+
+    def count(start: int, end: int, active: Tensor, unique: Tensor) -> int:
+        top = None if amax is None else tops.setdefault(id(active), torch.zeros(2))
+        return int(kernels.counts(stream.base, stream.tensors, eps, start, end, active, unique, top))
+
+    stats = _native_counts(stream, k, workers, count)
+    if amax is not None and tops:
+        top = torch.stack(list(tops.values())).amax(0)
+        amax.append((float(top[0]), float(top[1])))
+    return stats
 
 
 def _native_counts(stream: DeltaStream, k: int, workers: int,
@@ -414,27 +424,39 @@ def _merge_native(stream: DeltaStream, flat: Tensor, kernels: Any, lambdas: Tens
         stream._raise_nonfinite(0, stream.numel, flat)
 
 
-def _accumulate_statistics(stream: DeltaStream, k: int, workers: int = 1) -> RamStatistics:
+def _accumulate_statistics(stream: DeltaStream, k: int, workers: int = 1,
+                           amax: list[tuple[float, float]] | None = None) -> RamStatistics:
+    """The counts of ``stream``; ``amax``: gets (max |τ|, max |θ₀|) appended where the kernels track them (native
+    and torch paths; not the compiled one)."""
     assert stream.activity is not None
     native = _native(stream, stream.activity)
     if native is not None:
-        return _native_statistics(stream, k, *native, workers)
+        return _native_statistics(stream, k, *native, workers, amax)
     eps = stream.fused_eps(stream.activity)
     if eps is not None:
         return _fused_statistics(stream, k, eps)
 
-    def job(worker: int, n_workers: int) -> F.RamCounter:
+    def job(worker: int, n_workers: int) -> tuple[F.RamCounter, Tensor | None]:
         counter = F.RamCounter(stream.stream_chunk, k, stream.device, stream.dtype)
+        top = None if amax is None else torch.zeros(2, dtype=stream.dtype, device=stream.device)
         for _, base_f, agents in stream.streamed(worker, n_workers):
             counter.begin(base_f.numel())
+            if top is not None:
+                top[1] = torch.maximum(top[1], base_f.abs().amax())
             for t, delta in agents:
                 counter.add(t, delta)
+                if top is not None:
+                    top[0] = torch.maximum(top[0], delta.abs().amax())
             counter.end()
-        return counter
+        return counter, top
 
-    counters = _in_workers(stream, workers, job)
+    runs = _in_workers(stream, workers, job)
+    counters = [c for c, _ in runs]
     if not all(c.finite() for c in counters):
         stream._raise_nonfinite(0, stream.numel)
+    if amax is not None and runs:
+        top = torch.stack([t for _, t in runs if t is not None]).amax(0)
+        amax.append((float(top[0]), float(top[1])))
     results = [c.result() for c in counters]
     return RamStatistics(*(sum(r[i] for r in results) for i in range(3)))  # type: ignore[arg-type]
 
@@ -613,9 +635,11 @@ def statistics_pass(
     workers: int | None = None,
     compile: bool = False,
     digest: Any = None,
+    amax: dict[str, tuple[float, float]] | None = None,
 ) -> RamStatistics:
     """Pass 1: RAM counts over every merged tensor (also checks that every input is finite); ``digest``: fed
-    by :func:`digest_update` for every tensor."""
+    by :func:`digest_update` for every tensor; ``amax``: gets (max |τ|, max |θ₀|) per tensor where the kernels
+    track them."""
     k = len(reader.agents)
     active = torch.zeros(k, dtype=torch.int64)
     unique = torch.zeros_like(active)
@@ -629,7 +653,10 @@ def statistics_pass(
         if digest is not None:
             digest_update(digest, stream)
         stream.range_done = reader.range_releaser(key)
-        stats = _accumulate_statistics(stream, k, _threads(workers, device))
+        tops: list[tuple[float, float]] | None = None if amax is None else []
+        stats = _accumulate_statistics(stream, k, _threads(workers, device), tops)
+        if tops:
+            amax[key] = tops[0]
         if reader.base.spec(key).counted:
             active += stats.active
             unique += stats.unique
@@ -754,6 +781,7 @@ def run_merge(
         _record_lambdas(info, run_state)
         info.seconds = time.perf_counter() - t0
         return info
+    amax: dict[str, tuple[float, float]] = {}
     if reuse is not None and method.needs_statistics(config) and not validate_first:
         statistics = _check_reusable(reuse, names, activity or Activity(), counted)
         info.statistics = statistics
@@ -761,7 +789,7 @@ def run_merge(
         digest = inputs_digest()
         try:
             statistics = statistics_pass(reader, plan, activity or Activity(), chunk_numel, workspace, progress,
-                                         workers, compile, digest)
+                                         workers, compile, digest, amax if validate_first else None)
         except BaseException:
             if dist is not None:  # every rank reaches the collective, failed or not; this rank's error wins
                 try:
@@ -781,12 +809,12 @@ def run_merge(
     if validate_first:  # in place: nothing is written until every merged value is known to fit
         ok = False
         try:
-            _dry_run(job, plan, specs, run_state)
+            _dry_run(job, plan, specs, run_state, amax)
             ok = True
         finally:
             if dist is not None and not dist.all_ok(ok) and ok:
                 raise RemoteRankError(f"rank {dist.rank}: another rank's merged values do not fit (see its error)")
-        info.passes += 1
+        info.passes += 1 if info.extra["dry_run"] else 0
 
     check = inputs_digest() if reuse is not None and statistics is reuse and reuse.fingerprint else None
     try:
@@ -874,19 +902,35 @@ class _ScratchSink:
         pass
 
 
-def _dry_run(job: _Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any) -> None:
-    """Merge every tensor into one scratch buffer (per device, as large as the largest tensor) and drop it: the
-    merges raise :class:`NonFiniteError` where a merged value does not fit its dtype (float16 past 65504, a
-    scale that overflows), which an in-place merge must find before it writes into the base. The same kernels
-    run again to write, so they give the same bits."""
+def _fits(job: _Job, spec: TensorSpec, amax: tuple[float, float] | None) -> bool:
+    """Whether a RAM-family merge of a tensor with these (max |τ|, max |θ₀|) fits its dtype whatever the entries:
+    |θ*| ≤ max |θ₀| + λ_max · K · max |τ| (the float32 sum of K task vectors, then the mean or λ), kept 1 %
+    under the dtype's largest value for rounding."""
+    if amax is None or job.method.accumulator is None or getattr(job.config, "variant", None) not in RAM_VARIANTS:
+        return False
+    lam = F.ram_lambda(math.inf, job.config.variant, getattr(job.config, "r", 0.0), getattr(job.config, "alpha",
+                                                                                           math.inf))
+    tau, base = amax
+    return base + lam * len(job.reader.names) * tau < 0.99 * torch.finfo(spec.dtype).max
+
+
+def _dry_run(job: _Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any,
+             amax: dict[str, tuple[float, float]]) -> None:
+    """Merge into one scratch buffer (per device, as large as the largest tensor), and drop, every tensor that
+    :func:`_fits` cannot clear from ``amax`` (what the validation pass saw): such merges raise
+    :class:`NonFiniteError` where a merged value does not fit its dtype (float16 past 65504, a scale that
+    overflows), which an in-place merge must find before it writes into the base. The same kernels run again to
+    write, so they give the same bits."""
     dry = replace(job, sink=_ScratchSink(), info=MergeInfo(method=job.info.method, config=job.config,
                                                              agents=job.info.agents))
+    keys = [key for key in plan.merge if not _fits(job, specs[key], amax.get(key))]
+    job.info.extra["dry_run"] = len(keys)
     need: dict[torch.device, int] = {}
-    for key in plan.merge:
+    for key in keys:
         spec = specs[key]
         need[spec.device] = max(need.get(spec.device, 0), spec.numel * spec.dtype.itemsize)
-    scratch = {device: torch.empty(n, dtype=torch.uint8, device=device) for device, n in need.items()}
-    for key in plan.merge:
+    scratch = {device: memory.empty(n, dtype=torch.uint8, device=device) for device, n in need.items()}
+    for key in keys:
         spec = specs[key]
         buffer = scratch[spec.device][: spec.numel * spec.dtype.itemsize]
         _merge_tensor(dry, key, run_state, dest=buffer.view(spec.dtype).view(spec.shape))

@@ -69,7 +69,10 @@ class Activity:
 
 @dataclass(frozen=True)
 class RamStatistics:
-    """Counts of the statistics pass, per agent: active entries, unique ones, and the histogram of c.
+    """Counts of the statistics pass, per agent: active entries, unique ones, and the histogram of c = 0..K.
+
+    Only ``probe(...).statistics()`` (``ProbeReport.statistics``) fills ``histogram``; in the counts a merge takes
+    itself (``MergeInfo.statistics``) it is all zeros: merges need only ``active`` and ``unique``.
 
     A merge stamps what they were counted over: the ``agents``, the ``activity`` rule, the ``numel`` entries (on
     this process) and a ``fingerprint`` of the inputs (a digest of every tensor's first and last 64 entries), so

@@ -187,8 +187,10 @@ def test_in_place_merge_that_overflows_leaves_the_base_untouched(dtype):
                   inplace=True)
     assert err.key == "1.weight"
     _expect(NonFiniteError, "merged value at flat index 0 overflows", agents, base)  # a new module
-    merged = ram_merge(agents, base=base, inplace=True, variant="ram")  # λ = 1: fits, written in place
+    merged, info = ram_merge(agents, base=base, inplace=True, variant="ram", return_info=True)  # λ = 1: fits
     assert merged is base and float(base[1].weight[0, 0].detach()) == torch.finfo(dtype).max
+    # only the tensor whose magnitudes the validation pass could not clear was merged twice
+    assert info.extra["dry_run"] == 1 and info.passes == 3
 
 
 @pytest.mark.parametrize("method", ["task_arithmetic", "linear", "ties", "dare_linear"])

@@ -321,8 +321,8 @@ def test_single_read_on_live_modules_and_not_in_place(monkeypatch):
     two = _two_pass(monkeypatch, models=agents, base=base)
     assert_bit_identical(merged.state_dict(), two.state_dict())
     target = copy.deepcopy(base)
-    _, in_place = ram_merge(agents, base=target, inplace=True, return_info=True)  # validates, dry-runs, writes
-    assert in_place.passes == 3 and "single_read" not in in_place.extra
+    _, in_place = ram_merge(agents, base=target, inplace=True, return_info=True)  # validates, then writes
+    assert in_place.passes == 2 and in_place.extra["dry_run"] == 0 and "single_read" not in in_place.extra
     assert_bit_identical(target.state_dict(), two.state_dict())
 
 
@@ -376,3 +376,22 @@ def test_a_result_that_rounds_to_inf_in_bfloat16_counts_as_not_finite():
         act, uni = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
         assert kernels.merge_unscaled(out, base, agents, 1e-5, 0, 40, planes, act, uni) == 0, name
         assert kernels.rescale(out, base, planes, lambdas, 0, 40) == 40, name
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_counts_track_the_largest_task_vector_and_base_magnitudes(dtype):
+    """(max |τ|, max |θ₀|) over the ranges counted, both builds: what lets an in-place merge skip its dry run."""
+    builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
+    g = torch.Generator().manual_seed(3)
+    base = (torch.randn(1000, generator=g) * 0.1).to(dtype)
+    base[777] = -40.0
+    agents = [base.clone(), base.clone()]
+    agents[1][5] = base[5] - 3.0  # the largest |τ|
+    want = torch.tensor([float((agents[1][5].float() - base[5].float()).abs()), 40.0])
+    for name, kernels in builds.items():
+        amax = torch.zeros(2)
+        act, uni = torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+        assert not kernels.counts(base, agents, 1e-5, 0, 512, act, uni, amax)
+        assert not kernels.counts(base, agents, 1e-5, 512, 1000, act, uni, amax)
+        assert torch.equal(amax, want), (name, amax)
