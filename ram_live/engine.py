@@ -233,7 +233,7 @@ class DeltaStream:
     def _apply_activity(self, deltas: Tensor, base_chunk: Tensor, agent_chunks: list[Tensor]) -> None:
         assert self.activity is not None
         if self.activity.rule == "abs":
-            F.apply_activity_(deltas, self.activity.eps)
+            F.apply_activity_(deltas, self.activity.threshold_for(deltas.dtype))
             return
         # "changed": on exact deltas of same-dtype inputs, τ ≠ 0 iff the stored value changed; across dtypes,
         # compare in the narrower one (what a checkpoint stored in it would show).

@@ -97,12 +97,9 @@ def ram_statistics(deltas: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def rho(unique: float, active: float) -> float:
-    """Overlap-unique ratio ρ = shared / unique; +inf when the agent has no unique entry, 0 when it has no
-    active entry at all."""
-    shared = active - unique
-    if unique > 0:
-        return shared / unique
-    return math.inf if shared > 0 else 0.0
+    """Overlap-unique ratio ρ = shared / unique; +inf when the agent has no unique entry (the spec's rule, also
+    for an agent that changed nothing: its λ then scales no entry)."""
+    return (active - unique) / unique if unique > 0 else math.inf
 
 
 def ram_lambda(rho_value: float, variant: str, r: float, alpha: float) -> float:
@@ -119,7 +116,7 @@ def ram_lambda(rho_value: float, variant: str, r: float, alpha: float) -> float:
 
 def task_arithmetic_combine(deltas: Tensor, weights: Tensor) -> Tensor:
     """Σ_t w_t τ_t (PEFT's ``task_arithmetic``)."""
-    return (deltas * weights.view(-1, 1)).sum(dim=0)
+    return (deltas * weights.to(deltas.dtype).view(-1, 1)).sum(dim=0)
 
 
 def magnitude_threshold(delta: Tensor, density: float) -> float | None:
@@ -159,6 +156,7 @@ def ties_combine(
     unweighted trimmed deltas (ties go to +), average the agreeing weighted entries dividing by their count.
     ``elect_on="weighted", divide_by="weights"`` is mergekit's convention.
     """
+    weights = weights.to(deltas.dtype)
     weighted = deltas * weights.view(-1, 1)
     elected_from = weighted if elect_on == "weighted" else deltas
     sign = deltas.sign()

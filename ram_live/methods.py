@@ -61,10 +61,25 @@ class Activity:
 
     @property
     def threshold(self) -> float:
-        """The rule as ``|τ| > threshold`` for the kernels that take inputs of one dtype: ``eps`` for "abs" (as
-        :func:`~ram_live.functional.apply_activity_`, ``eps <= 0`` keeps every τ ≠ 0), 0 for "changed" (on one
-        dtype, τ ≠ 0 exactly where the stored value changed)."""
-        return max(self.eps, 0.0) if self.rule == "abs" else 0.0
+        """The rule as ``|τ| > threshold`` for the kernels that take inputs of one dtype and compute in float32:
+        :meth:`threshold_for` float32 ("abs"; ``eps <= 0`` keeps every τ ≠ 0), 0 for "changed" (on one dtype,
+        τ ≠ 0 exactly where the stored value changed)."""
+        return self.threshold_for(torch.float32)
+
+    def threshold_for(self, dtype: torch.dtype) -> float:
+        """``eps`` as a ``dtype`` value for comparisons in that dtype: the largest one ≤ eps, so that ``|τ| >
+        threshold`` there is exactly ``|τ| > eps`` (rounded to nearest, 1e-3 is above 1e-3 in float32, and a τ
+        of exactly that float32 value would count as inactive). 0 for "changed" and for ``eps <= 0``.
+
+        >>> Activity(eps=1e-3).threshold_for(torch.float32) < 1e-3 < float(torch.tensor(1e-3))
+        True
+        """
+        if self.rule != "abs" or self.eps <= 0:
+            return 0.0
+        t = torch.tensor(self.eps, dtype=torch.float64).to(dtype)
+        if float(t) > self.eps:
+            t = torch.nextafter(t, torch.zeros((), dtype=dtype))
+        return float(t)
 
 
 @dataclass(frozen=True)
@@ -237,12 +252,14 @@ def _check_weights(weights: Sequence[float] | None) -> None:
 
 
 def _weights(weights: Sequence[float] | None, ctx: RunContext) -> Tensor:
+    """One weight per agent, in float64 (the combines cast them to the deltas' dtype: float64 inputs keep them
+    exact)."""
     k = len(ctx.agents)
     if weights is None:
-        return torch.ones(k, device=ctx.device)
+        return torch.ones(k, dtype=torch.float64, device=ctx.device)
     if len(weights) != k:
         raise ConfigError(f"weights has {len(weights)} entries for {k} agents ({', '.join(ctx.agents)})")
-    return torch.tensor([float(w) for w in weights], device=ctx.device)
+    return torch.tensor([float(w) for w in weights], dtype=torch.float64, device=ctx.device)
 
 
 def _scaled(tau: Tensor, scale: float) -> Tensor:
@@ -254,7 +271,7 @@ def _scaled(tau: Tensor, scale: float) -> Tensor:
 
 @dataclass(frozen=True)
 class LinearConfig:
-    """θ* = Σ_t w_t θ_t / Σ_t w_t (``normalize=True``) or Σ_t w_t θ_t; computed as θ₀ + Σ_t w̃_t τ_t."""
+    """θ* = θ₀ + Σ_t w̃_t τ_t with w̃ = w / Σ_t w_t (``normalize=True``: = Σ_t w̃_t θ_t) or w̃ = w."""
 
     weights: Sequence[float] | None = None
     normalize: bool = True

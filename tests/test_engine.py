@@ -311,3 +311,18 @@ def test_an_index_whose_weight_map_is_not_a_mapping(tmp_path, base_sd):
     (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": ["model.safetensors"]}')
     with pytest.raises(UnsupportedInputError, match="weight_map is not a mapping"):
         ram_merge([tmp_path], base=base_sd)
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+@pytest.mark.parametrize("eps", [1e-3, 0.1, 3e-4, 1e-5])
+def test_the_eps_rule_is_strict_for_every_float32_delta(monkeypatch, eps, native):
+    """|τ| > eps exactly: a float32 τ equal to eps rounded to float32 is active where that rounding went up
+    (1e-3, 0.1, 3e-4), inactive where it went down (1e-5), on the native and the torch path."""
+    monkeypatch.setenv("RAM_LIVE_NATIVE", native)
+    import ram_live._ram_native as native_mod
+
+    monkeypatch.setattr(native_mod, "_KERNELS", False if native == "1" else None)
+    tau = torch.tensor(eps, dtype=torch.float32)
+    merged = ram_merge([{"w": tau.repeat(40)}], base={"w": torch.zeros(40)}, variant="ram", eps=eps)["w"]
+    want = tau if float(tau) > eps else torch.tensor(0.0)
+    assert torch.equal(merged, want.repeat(40)), (eps, float(tau))

@@ -32,7 +32,7 @@ def test_statistics_counts():
     assert active.tolist() == [2, 2] and unique.tolist() == [1, 1] and hist.tolist() == [1, 2, 1]
 
 
-@pytest.mark.parametrize("unique,active,expected", [(2, 6, 2.0), (0, 5, math.inf), (0, 0, 0.0), (4, 4, 0.0)])
+@pytest.mark.parametrize("unique,active,expected", [(2, 6, 2.0), (0, 5, math.inf), (0, 0, math.inf), (4, 4, 0.0)])
 def test_rho(unique, active, expected):
     assert F.rho(unique, active) == expected
 

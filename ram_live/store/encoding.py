@@ -53,9 +53,10 @@ def _changed_mask(cur: Tensor, base: Tensor, activity: Activity) -> Tensor:
     out = torch.empty(cur.shape, dtype=torch.bool, device=cur.device)
     wide = torch.float64 if cur.dtype == torch.float64 else torch.float32
     step = 1 << 22
+    eps = activity.threshold_for(wide)
     for s in range(0, cur.numel(), step):
         d = cur[s : s + step].to(wide) - base[s : s + step].to(wide)
-        torch.logical_not(d.abs_() <= activity.eps, out=out[s : s + step])
+        torch.logical_not(d.abs_() <= eps, out=out[s : s + step])
     return out
 
 
