@@ -527,7 +527,8 @@ class MergeInfo:
     """What a merge did: the method and config, λ and ρ per agent where the method has them, the statistics
     pass's counts, and timings. ``passes``: how many times the agents' weights were read (RAM+ with global ρ: 1
     when the output stays in memory and every tensor went through the native kernels within the owner-map budget,
-    else 2; in place 2, validation and write, or 3 where some tensor needed a dry run: ``extra["dry_run"]``). ``extra["kernels"]``: how many tensors each kind of kernel merged ("native" CPU, "compiled"
+    else 2; in place 2, validation and write, or 3 where some tensor needed a dry run: ``extra["dry_run"]``).
+    ``extra["kernels"]``: how many tensors each kind of kernel merged ("native" CPU, "compiled"
     torch.compile, "eager" torch ops); ``extra["single_read"]``: how many tensors RAM+ merged in one read;
     ``extra["compiled"]``: what ``compile`` resolved to."""
 
