@@ -250,28 +250,20 @@ class DeltaStream:
         candidates = [("base", "the base", self.base)]
         candidates += [(n, f"agent {n!r}", a) for n, a in zip(self.agents, self.tensors)]
         for name, who, tensor in candidates:
-            chunk = tensor[start:end]
-            bad = ~torch.isfinite(chunk)
-            if bool(bad.any()):
-                index = start + int(bad.nonzero()[0, 0])
-                raise NonFiniteError(
-                    f"tensor {self.key!r} of {who} holds {chunk[index - start].item()} at flat index {index}",
-                    key=self.key, agent=name,
-                )
+            index = _first_nonfinite(tensor[start:end])
+            if index is not None:
+                raise NonFiniteError(f"tensor {self.key!r} of {who} holds {tensor[start + index].item()} at flat "
+                                     f"index {start + index}", key=self.key, agent=name)
         base_f = self.base[start:end].to(self.dtype)
         for name, tensor in zip(self.agents, self.tensors):
-            bad = ~torch.isfinite(tensor[start:end].to(self.dtype) - base_f)
-            if bool(bad.any()):
-                index = start + int(bad.nonzero()[0, 0])
+            index = _first_nonfinite(tensor[start:end].to(self.dtype) - base_f)
+            if index is not None:
                 raise NonFiniteError(
                     f"tensor {self.key!r}: the task vector of agent {name!r} overflows {self.dtype} at flat index "
-                    f"{index} (agent and base values too far apart to subtract)", key=self.key, agent=name,
+                    f"{start + index} (agent and base values too far apart to subtract)", key=self.key, agent=name,
                 )
-        where = ""
-        if out is not None:
-            bad = ~torch.isfinite(out[start:end])
-            if bool(bad.any()):
-                where = f" at flat index {start + int(bad.nonzero()[0, 0])}"
+        index = None if out is None else _first_nonfinite(out[start:end])
+        where = "" if index is None else f" at flat index {start + index}"
         raise NonFiniteError(
             f"tensor {self.key!r}: the merged value{where} overflows {out.dtype if out is not None else self.dtype} "
             "(every input and task vector is finite: the method's scaling or sum leaves the dtype's range)",
@@ -618,10 +610,9 @@ def _check_ties_and_copies(reader: _Reader, plan: Plan) -> None:
                     "agent, or untie them in the base)", key=alias, agent=name,
                 )
     for key in plan.copy:
-        t = reader.base.get(key)
-        if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
-            flat = t.reshape(-1)
-            index = int((~torch.isfinite(flat)).nonzero()[0, 0])
+        flat = reader.base.get(key).reshape(-1)
+        index = _first_nonfinite(flat) if flat.dtype.is_floating_point else None
+        if index is not None:
             raise NonFiniteError(f"tensor {key!r} of the base (a buffer: taken from the base as is) holds "
                                  f"{flat[index].item()} at flat index {index}", key=key, agent="base")
 
@@ -689,6 +680,12 @@ def _merge_streaming(stream: DeltaStream, make_accumulator: Callable[[], Any], f
 
     if any(bool(b) for b in _in_workers(stream, workers, job)):
         stream._raise_nonfinite(0, stream.numel, flat)
+
+
+def _first_nonfinite(flat: Tensor) -> int | None:
+    """The index of the first NaN/Inf in the 1-d ``flat``, or None."""
+    bad = ~torch.isfinite(flat)
+    return int(bad.nonzero()[0, 0]) if bool(bad.any()) else None
 
 
 def _nonfinite(stored: Tensor) -> Tensor:
