@@ -29,7 +29,7 @@ from torch import Tensor
 from . import _ram_native, memory
 from . import functional as F
 from .errors import ConfigError, InputMismatchError, NoAgentsError, NonFiniteError
-from .methods import RAM_VARIANTS, Activity, MergeMethod, RamStatistics, RunContext, TensorContext
+from .methods import RAM_VARIANTS, Activity, MergeMethod, RamStatistics, RunContext, TensorContext, lambda_bound
 from .distributed import Distributed, RemoteRankError
 from .progress import ProgressHook
 from .sinks import Sink
@@ -748,6 +748,7 @@ def run_merge(
     activity rule and the number of entries before the merge, and against the digest of the inputs' first and
     last entries after it, before the sink finishes; not with ``validate_first``, whose pass 1 validates)."""
     t0 = time.perf_counter()
+    agents = _kept_agents(agents, getattr(config, "exclude", ()))
     plan = build_plan(base, agents)
     specs = {key: base.spec(key) for key in plan.keys}
     counted = sum(specs[key].numel for key in plan.merge if specs[key].counted)
@@ -830,11 +831,28 @@ def run_merge(
     return info
 
 
+def _kept_agents(agents: Sequence[TensorSource], exclude: Sequence[str]) -> Sequence[TensorSource]:
+    """``agents`` without those a config's ``exclude`` names (ConfigError naming names that are not agents)."""
+    if not exclude:
+        return agents
+    names = [a.name for a in agents]
+    unknown = [n for n in exclude if n not in names]
+    if unknown:
+        raise ConfigError(f"exclude: unknown agent(s) {', '.join(map(repr, unknown))} (the agents are "
+                          f"{', '.join(map(repr, names))})")
+    kept = [a for a in agents if a.name not in exclude]
+    if not kept:
+        raise ConfigError("exclude names every agent: at least one must be merged")
+    return kept
+
+
 def _record_lambdas(info: MergeInfo, run_state: Any) -> None:
     """λ and ρ per agent in ``info`` where the run state is one λ per agent computed from counts."""
     statistics, names = info.statistics, info.agents
-    if isinstance(run_state, Tensor) and statistics is not None and run_state.numel() == len(names):
+    given = getattr(info.config, "lambdas", None) is not None
+    if isinstance(run_state, Tensor) and (statistics is not None or given) and run_state.numel() == len(names):
         info.lambdas = dict(zip(names, map(float, run_state.tolist())))
+    if info.lambdas is not None and statistics is not None:
         info.rho = {
             n: F.rho(float(u), float(a))
             for n, a, u in zip(names, statistics.active.tolist(), statistics.unique.tolist())
@@ -873,8 +891,8 @@ def digest_update(digest: Any, stream: DeltaStream) -> None:
 
 
 def _ram_weighted(config: Any) -> bool:
-    """Whether the RAM kernel gets λ (RAM+ variants) — the build the compile check warms up."""
-    return getattr(config, "variant", "ram") != "ram"
+    """Whether the RAM kernel gets λ (RAM+ variants, or λ given) — the build the compile check warms up."""
+    return getattr(config, "variant", "ram") != "ram" or getattr(config, "lambdas", None) is not None
 
 
 @dataclass
@@ -900,14 +918,13 @@ class _ScratchSink:
         pass
 
 
-def _fits(job: _Job, spec: TensorSpec, amax: tuple[float, float] | None) -> bool:
+def _fits(job: _Job, spec: TensorSpec, amax: tuple[float, float] | None, run_state: Any = None) -> bool:
     """Whether a RAM-family merge of a tensor with these (max |τ|, max |θ₀|) fits its dtype whatever the entries:
     |θ*| ≤ max |θ₀| + λ_max · K · max |τ| (the float32 sum of K task vectors, then the mean or λ), kept 1 %
     under the dtype's largest value for rounding."""
     if amax is None or job.method.accumulator is None or getattr(job.config, "variant", None) not in RAM_VARIANTS:
         return False
-    lam = F.ram_lambda(math.inf, job.config.variant, getattr(job.config, "r", 0.0), getattr(job.config, "alpha",
-                                                                                           math.inf))
+    lam = lambda_bound(job.config, run_state)
     tau, base = amax
     return base + lam * len(job.reader.names) * tau < 0.99 * torch.finfo(spec.dtype).max
 
@@ -921,7 +938,7 @@ def _dry_run(job: _Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any
     write, so they give the same bits."""
     dry = replace(job, sink=_ScratchSink(), info=MergeInfo(method=job.info.method, config=job.config,
                                                              agents=job.info.agents))
-    keys = [key for key in plan.merge if not _fits(job, specs[key], amax.get(key))]
+    keys = [key for key in plan.merge if not _fits(job, specs[key], amax.get(key), run_state)]
     job.info.extra["dry_run"] = len(keys)
     need: dict[torch.device, int] = {}
     for key in keys:

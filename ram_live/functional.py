@@ -103,10 +103,14 @@ def rho(unique: float, active: float) -> float:
 
 
 def ram_lambda(rho_value: float, variant: str, r: float, alpha: float) -> float:
-    """λ_t for ``variant`` in {"ram", "ram_plus", "ram_plus_soft"} (see the spec)."""
+    """λ_t for ``variant`` in {"ram", "ram_plus", "ram_plus_soft"} (see the spec). ``alpha=math.inf``: no
+    clip; an agent with ρ = +∞ has no unique entry for λ to scale, and gets 1.0 there (a finite λ: the kernels
+    multiply masks by it)."""
     if variant == "ram":
         return 1.0
     if variant == "ram_plus":
+        if math.isinf(alpha) and math.isinf(rho_value):
+            return 1.0
         return 1.0 + r * min(max(rho_value, 0.0), alpha)
     if variant == "ram_plus_soft":
         share = 1.0 if math.isinf(rho_value) else rho_value / (1.0 + rho_value)

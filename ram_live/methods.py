@@ -456,23 +456,89 @@ RAM_VARIANTS = ("ram", "ram_plus", "ram_plus_soft")
 @dataclass(frozen=True)
 class RamConfig:
     """RAM (paper Eq. 7, λ = 1): mean over the active agents where ≥ 2 updated, the one agent's τ where one
-    did, the base where none did. ``activity``/``eps``: see :class:`Activity`."""
+    did, the base where none did. ``activity``/``eps``: see :class:`Activity`.
+
+    ``lambdas`` (every RAM variant): ``{agent: λ_t}`` for **every** merged agent, the factor on the entries that
+    agent alone updated, instead of the ρ-derived λ (ρ is not counted then: no statistics pass; ``r``/``alpha``
+    are unused). Names not among the merged agents, and merged agents left out, are :class:`ConfigError` naming
+    them. λ_t = 1 for every agent is plain RAM, bit for bit. Any finite λ is taken (λ > 1 extrapolates τ_t).
+    ``exclude``: names of agents to leave out of the merge, as if they were not passed (the search's
+    leave-one-out candidates); at least one agent must remain.
+
+    >>> cfg = RamConfig(lambdas={"coder": 2.0, "tools": 0.5})
+    >>> cfg.lambdas["coder"]
+    2.0
+    """
 
     eps: float = 1e-5
     activity: Literal["abs", "changed"] = "abs"
+    lambdas: Mapping[str, float] | None = dataclasses.field(default=None, kw_only=True)
+    exclude: Sequence[str] = dataclasses.field(default=(), kw_only=True)
 
     def __post_init__(self) -> None:
         _check_range("eps", self.eps, 0.0)
         _check_choice("activity", self.activity, ("abs", "changed"))
+        if self.lambdas is not None:
+            object.__setattr__(self, "lambdas", _check_lambdas(self.lambdas))
+        object.__setattr__(self, "exclude", _check_names("exclude", self.exclude))
 
     variant = "ram"
+
+
+def _check_lambdas(lambdas: Any) -> dict[str, float]:
+    """``lambdas`` as a fresh ``{agent: float}`` (so that later edits of the caller's mapping change nothing)."""
+    if not isinstance(lambdas, Mapping):
+        raise ConfigError(f"lambdas must be a mapping {{agent name: λ}}, got {type(lambdas).__name__}")
+    out = {}
+    for name, value in lambdas.items():
+        if not isinstance(name, str):
+            raise ConfigError(f"lambdas: agent names must be strings, got {name!r}")
+        _check_finite(f"lambdas[{name!r}]", value)
+        out[name] = float(value)
+    return out
+
+
+def _check_names(option: str, names: Any) -> tuple[str, ...]:
+    if isinstance(names, str) or not isinstance(names, Collection) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"{option} must be a sequence of agent names, got {names!r}")
+    return tuple(names)
+
+
+def given_lambdas(config: RamConfig, agents: Sequence[str]) -> list[float]:
+    """``config.lambdas`` in the agents' order; :class:`ConfigError` naming unknown and missing agents."""
+    assert config.lambdas is not None
+    unknown = [n for n in config.lambdas if n not in agents]
+    missing = [n for n in agents if n not in config.lambdas]
+    if unknown or missing:
+        parts = ([f"unknown agent(s) {', '.join(map(repr, unknown))}"] if unknown else []) + (
+            [f"no λ for agent(s) {', '.join(map(repr, missing))}"] if missing else [])
+        raise ConfigError(f"lambdas: {'; '.join(parts)} (the merged agents are {', '.join(map(repr, agents))}; "
+                          "name every one of them)")
+    return [config.lambdas[n] for n in agents]
+
+
+def lambda_bound(config: RamConfig, run_lambdas: Tensor | None = None) -> float:
+    """The largest |λ| any entry of ``config``'s merge can get (``math.inf`` where nothing bounds it: RAM+ with
+    an uncapped α and tensor-local ρ); ``run_lambdas``: the merge's global λ, where known."""
+    if isinstance(run_lambdas, Tensor) and run_lambdas.numel():
+        return max(1.0, float(run_lambdas.abs().max()))
+    if config.lambdas is not None:
+        return max([1.0] + [abs(v) for v in config.lambdas.values()])
+    r = getattr(config, "r", 0.0)
+    if config.variant == "ram":
+        return 1.0
+    if config.variant == "ram_plus_soft":
+        return 1.0 + r
+    return 1.0 + r * config.alpha
 
 
 @dataclass(frozen=True)
 class RamPlusConfig(RamConfig):
     """RAM+: unique entries of agent t scaled by λ_t = 1 + r · clip(ρ_t, 0, alpha) (paper: r=0.1, α=2).
 
-    The authors' script is ``r=0.2, alpha=1.0``; mergekit's ``ramplus_tl`` is ``r=0.1, alpha=0.2,
+    ``alpha=math.inf``: no clip, λ_t = 1 + r · max(ρ_t, 0). An agent with ρ_t = +∞ (no unique entry) has no
+    entry for λ_t to scale; it is reported as 1 + r · alpha for a finite ``alpha`` and as 1.0 for an uncapped
+    one. The authors' script is ``r=0.2, alpha=1.0``; mergekit's ``ramplus_tl`` is ``r=0.1, alpha=0.2,
     rho_scope="tensor"``."""
 
     r: float = 0.1
@@ -482,7 +548,8 @@ class RamPlusConfig(RamConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_range("r", self.r, 0.0)
-        _check_range("alpha", self.alpha, 0.0)
+        if self.alpha != math.inf:  # inf: uncapped
+            _check_range("alpha", self.alpha, 0.0)
         _check_choice("rho_scope", self.rho_scope, ("global", "tensor"))
 
     variant = "ram_plus"
@@ -506,6 +573,8 @@ def lambdas_from_counts(config: RamConfig, active: Tensor, unique: Tensor) -> li
 
 
 def _ram_setup(config: RamConfig, ctx: RunContext) -> Tensor | None:
+    if config.lambdas is not None:
+        return torch.tensor(given_lambdas(config, ctx.agents), dtype=torch.float64, device=ctx.device)
     if config.variant == "ram" or getattr(config, "rho_scope", "global") == "tensor":
         return None
     assert ctx.statistics is not None
@@ -517,6 +586,8 @@ def _ram_setup(config: RamConfig, ctx: RunContext) -> Tensor | None:
 
 
 def _ram_prepare(config: RamConfig, view: TensorView, run_lambdas: Tensor | None) -> Tensor | None:
+    if config.lambdas is not None:
+        return run_lambdas
     if config.variant == "ram":
         return None
     if config.rho_scope == "global":
@@ -531,7 +602,7 @@ def _ram_activity(config: RamConfig) -> Activity:
 
 
 def _ram_needs_statistics(config: RamConfig) -> bool:
-    return config.variant != "ram" and config.rho_scope == "global"
+    return config.lambdas is None and config.variant != "ram" and config.rho_scope == "global"
 
 
 def _ram_accumulator(config: RamConfig, lambdas: Tensor | None, capacity: int, k: int, device: torch.device,

@@ -175,6 +175,9 @@ def test_non_finite_options_are_refused(method, option, value):
     agents = [{"w": torch.ones(4, 4)}, {"w": 2 * torch.ones(4, 4)}]
     given = [value, 1.0] if option == "weights" else value
     name = "weights[0]" if option == "weights" else option
+    if option == "alpha" and value == float("inf"):  # alpha=math.inf is RAM+ without the clip (documented)
+        assert merge(agents, base=base, method=method, alpha=value)["w"].isfinite().all()
+        return
     with pytest.raises(ConfigError, match=rf"{re.escape(name)} must be a finite number.*got {re.escape(repr(value))}"):
         merge(agents, base=base, method=method, **{option: given})
 
@@ -184,6 +187,9 @@ def test_non_finite_options_are_refused(method, option, value):
 def test_ram_merge_refuses_non_finite_options(option, value):
     base = {"w": torch.zeros(4, 4)}
     agents = [{"w": torch.ones(4, 4)}, {"w": 2 * torch.ones(4, 4)}]
+    if option == "alpha" and value == float("inf"):  # no clip (documented)
+        assert ram_live.RamPlusConfig(alpha=value).alpha == value
+        return
     with pytest.raises(ConfigError, match=rf"method 'ram_plus': {option} must be a finite number"):
         ram_live.ram_merge(agents, base=base, **{option: value})
     with pytest.raises(ConfigError, match=rf"^{option} must be a finite number"):
