@@ -13,6 +13,8 @@ from .errors import (
     MissingBaseError,
     NoAgentsError,
     NonFiniteError,
+    OutOfSpaceError,
+    OutputExistsError,
     RamLiveError,
     UnknownMethodError,
     UnsupportedInputError,
@@ -67,5 +69,6 @@ __all__ = [
     "LinearConfig", "TaskArithmeticConfig", "TiesConfig", "DareLinearConfig", "DareTiesConfig",
     "RamConfig", "RamPlusConfig", "RamPlusSoftConfig",
     "RamLiveError", "InputMismatchError", "NonFiniteError", "NoAgentsError", "ConfigError",
-    "UnknownMethodError", "MethodExistsError", "MissingBaseError", "UnsupportedInputError",
+    "UnknownMethodError", "MethodExistsError", "MissingBaseError", "UnsupportedInputError", "OutOfSpaceError",
+    "OutputExistsError",
 ]

@@ -42,3 +42,22 @@ class MissingBaseError(RamLiveError, TypeError):
 
 class UnsupportedInputError(RamLiveError, TypeError):
     """An input of a kind ram_live cannot read."""
+
+
+class OutOfSpaceError(RamLiveError, OSError):
+    """The disk (or quota) is full while an output is written; raised before the output is renamed into place,
+    with the temporary files removed."""
+
+
+class OutputExistsError(RamLiveError, FileExistsError):
+    """Another process created the output while the merge ran; it is left as it is and the merge's result is
+    removed."""
+
+
+class SearchError(RamLiveError, RuntimeError):
+    """A merge search could not score a candidate: the evaluation raised (the cause is chained) or returned
+    something other than a finite number. ``candidate``: the ``{"method": ..., **options}`` at fault."""
+
+    def __init__(self, message: str, *, candidate: dict | None = None) -> None:
+        super().__init__(message)
+        self.candidate = candidate

@@ -1,8 +1,8 @@
 """Zero-copy safetensors I/O over ``mmap``: tensors are views of the file's pages, read as they are touched and
 released after use, so resident memory stays bounded by what is being merged now, not by the model.
 
-The format is parsed here (8-byte header length, JSON header, raw little-endian data): no pickle, and every
-offset is checked against the file before a view is made. The writer lays out each shard's header from the
+The format is parsed here (8-byte header length, JSON header, raw little-endian data): no pickle, only regular
+files, and the header is checked as ``safetensors`` checks it (:mod:`ram_live._st_header`) before a view is made. The writer lays out each shard's header from the
 known output specs first, then hands out writable views into the file, so tensors go straight to the page cache.
 """
 
@@ -18,18 +18,13 @@ from typing import Iterable
 import torch
 from torch import Tensor
 
+from ._outputs import reserve, write_all
+from ._st_header import DTYPE_NAMES, DTYPES, MAX_HEADER, open_regular, parse_header
 from .errors import UnsupportedInputError
 
 __all__ = ["MappedSafetensors", "SafetensorsWriter", "DTYPES", "DTYPE_NAMES"]
 
-DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _PAGE = mmap.PAGESIZE
-_MAX_HEADER = 100 * 2**20
 
 
 def _numel(shape: Iterable[int]) -> int:
@@ -44,32 +39,21 @@ class MappedSafetensors:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        with open(self.path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        fd, st = open_regular(self.path)
+        try:
+            size = st.st_size
             if size < 8:
                 raise UnsupportedInputError(f"{self.path}: not a safetensors file (too short)")
-            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+        size = len(self._mm)  # what is mapped (the file may have changed since fstat)
         (n,) = struct.unpack("<Q", self._mm[:8])
-        if n > min(_MAX_HEADER, size - 8):
-            raise UnsupportedInputError(f"{self.path}: not a safetensors file (header length {n})")
-        try:
-            header = json.loads(self._mm[8 : 8 + n])
-        except ValueError as exc:
-            raise UnsupportedInputError(f"{self.path}: unreadable safetensors header ({exc})") from None
-        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        if n > min(MAX_HEADER, size - 8):
+            raise UnsupportedInputError(f"{self.path}: not a safetensors file (header length {n}, file {size} "
+                                        "bytes)")
         self._start = 8 + n
-        self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
-        for key, entry in header.items():
-            dtype = DTYPES.get(entry.get("dtype"))
-            if dtype is None:
-                raise UnsupportedInputError(f"{self.path}: tensor {key!r} has dtype {entry.get('dtype')}, which "
-                                            "ram_live does not read")
-            shape = tuple(int(s) for s in entry["shape"])
-            begin, end = (int(x) for x in entry["data_offsets"])
-            if not (0 <= begin <= end <= size - self._start) or end - begin != _numel(shape) * dtype.itemsize:
-                raise UnsupportedInputError(f"{self.path}: tensor {key!r} has offsets {begin}..{end} that do not "
-                                            f"fit its shape {list(shape)} or the file")
-            self.entries[key] = (dtype, shape, begin, end)
+        self.metadata, self.entries = parse_header(self._mm[8 : 8 + n], self.path, size - self._start)
 
     def keys(self) -> list[str]:
         return list(self.entries)
@@ -107,10 +91,16 @@ def _dontneed(mm: mmap.mmap, start: int, end: int, whole: bool = True) -> None:
 
 
 class SafetensorsWriter:
-    """Writes one shard: the header first (from the specs), then each tensor through a writable view."""
+    """Writes one shard: the header first (from the specs), then each tensor through a writable view.
+
+    The file's bytes are reserved on disk (``posix_fallocate``) before it is mapped, so a full disk is an
+    :class:`~ram_live.errors.OutOfSpaceError` here, never a SIGBUS later. Where the file system cannot promise
+    the space (no fallocate, or copy-on-write: btrfs, ZFS) views are anonymous memory and each tensor is written
+    with ``pwrite`` when done (resident memory then holds whole tensors until they are done). ``label`` names
+    the output in errors."""
 
     def __init__(self, path: Path, specs: dict[str, tuple[torch.dtype, tuple[int, ...]]],
-                 metadata: dict[str, str] | None = None) -> None:
+                 metadata: dict[str, str] | None = None, label: str | None = None) -> None:
         header: dict[str, object] = {"__metadata__": dict(metadata or {})}
         offset = 0
         self.offsets: dict[str, tuple[int, int]] = {}
@@ -125,11 +115,26 @@ class SafetensorsWriter:
         self.specs = specs
         self._start = 8 + len(raw)
         self.size = self._start + offset
-        with open(path, "wb+") as f:
-            f.write(struct.pack("<Q", len(raw)))
-            f.write(raw)
-            f.truncate(self.size)
-            self._mm = mmap.mmap(f.fileno(), self.size, access=mmap.ACCESS_WRITE) if offset else None
+        self.label = label or str(path)
+        self._fd: int | None = None  # kept open when the file is written without mmap
+        self._mm: mmap.mmap | None = None
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            write_all(fd, struct.pack("<Q", len(raw)) + raw, 0, self.label)
+            reserved = reserve(fd, self.size, self.label)
+            os.ftruncate(fd, self.size)
+            if offset and reserved:
+                self._mm = mmap.mmap(fd, self.size, access=mmap.ACCESS_WRITE)
+            elif offset:  # tensors are written into anonymous memory and pwritten when done
+                self._mm = mmap.mmap(-1, self.size)
+                self._fd, fd = fd, -1
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            os.unlink(path)
+            raise
+        if fd >= 0:
+            os.close(fd)
 
     def view(self, key: str) -> Tensor:
         dtype, shape = self.specs[key]
@@ -141,16 +146,32 @@ class SafetensorsWriter:
     def done(self, key: str, start: int = 0, stop: int | None = None) -> None:
         """``key`` (or its flat entries ``[start, stop)``) is written: let those pages leave resident memory (the
         page cache keeps them and the kernel writes them back)."""
-        if self._mm is not None:
-            begin, end = self.offsets[key]
-            _dontneed(self._mm, *_byte_range(self._start + begin, self._start + end, self.specs[key][0].itemsize,
-                                             start, stop))
+        if self._mm is None:
+            return
+        begin, end = self.offsets[key]
+        if self._fd is not None:
+            if start != 0 or stop is not None:
+                return  # written whole when the tensor is done
+            with memoryview(self._mm) as mv:
+                write_all(self._fd, mv[self._start + begin : self._start + end], self._start + begin, self.label)
+            # anonymous pages hold the only copy of the neighbours' bytes: drop only pages wholly inside
+            _dontneed(self._mm, self._start + begin, self._start + end, False)
+            return
+        _dontneed(self._mm, *_byte_range(self._start + begin, self._start + end, self.specs[key][0].itemsize,
+                                         start, stop))
 
     def close(self) -> None:
         if self._mm is not None:
-            self._mm.flush()
+            if self._fd is None:
+                self._mm.flush()
             try:
                 self._mm.close()
             except BufferError:  # a view is still referenced somewhere; the mapping closes when it is collected
                 pass
             self._mm = None
+        if self._fd is not None:
+            try:
+                os.fdatasync(self._fd)
+            finally:
+                os.close(self._fd)
+                self._fd = None

@@ -9,17 +9,20 @@ nothing behind.
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import torch
 from torch import Tensor, nn
 
+from ._outputs import (clean_stale, is_full, lock, locked_temp_folder, make_folders as _make_folders,
+                       output_target as _output_target, rename_noreplace, temp_folder, unlock)
 from .distributed import local_tensor
+from .errors import ConfigError, OutOfSpaceError, OutputExistsError
 from .memory import advise_hugepages, empty
 from .safetensors_io import SafetensorsWriter
 from .sources import TensorSpec
@@ -146,7 +149,11 @@ class SafetensorsSink:
     (as ``save_pretrained`` does). Headers are laid out first and tensors are written straight into the
     memory-mapped files, whose pages are released after each tensor; everything goes to a temporary path that is
     renamed on success. A symlink as ``path`` is followed: the output is written where it points. A failed merge
-    also removes the folders the sink created for the output (empty ones only)."""
+    also removes the folders the sink created for the output (empty ones only). Each file's bytes are reserved
+    before it is written (a full disk is an :class:`OutOfSpaceError` before the rename, never a SIGBUS); the
+    temporary folder is locked while the merge runs, and stale ones of killed merges into the same output are
+    removed by the next (see :func:`ram_live._outputs.clean_stale`); the rename never replaces an output another
+    process created meanwhile (:class:`OutputExistsError`)."""
 
     def __init__(
         self,
@@ -169,13 +176,16 @@ class SafetensorsSink:
         self._writer_of: dict[str, SafetensorsWriter] = {}
         self._files: list[str] = []
         self._created: list[Path] = []
+        self._lock: int | None = None
+        self._existed = self._target.exists()  # an empty output folder given by the user: replaced at the end
 
     def _dtype(self, dtype: torch.dtype) -> torch.dtype:
         return self.dtype if self.dtype is not None and dtype.is_floating_point else dtype
 
     def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None:
         self._created = _make_folders(self._target.parent)
-        self._tmp = temp_folder(self._target.parent, self._target.name)
+        clean_stale(self._target.parent, self._target.name)
+        self._tmp, self._lock = locked_temp_folder(self._target.parent, self._target.name)
         shards: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [{}]
         size = 0
         for key in plan.merge + plan.copy:
@@ -189,10 +199,13 @@ class SafetensorsSink:
         n = len(shards)
         for i, shard in enumerate(shards):
             name = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            writer = SafetensorsWriter(self._tmp / name, shard, self.metadata)
+            writer = SafetensorsWriter(self._tmp / name, shard, self.metadata, self._label(name))
             self._writers.append(writer)
             self._files.append(name)
             self._writer_of.update(dict.fromkeys(shard, writer))
+
+    def _label(self, name: str) -> str:
+        return str(self.path) if self.single else f"{self.path} ({name})"
 
     def destination(self, key: str, spec: TensorSpec) -> Tensor:
         return self._writer_of[key].view(key)
@@ -219,7 +232,7 @@ class SafetensorsSink:
                 writer.close()
                 total += sum(e - b for b, e in writer.offsets.values())
             if self.single:
-                os.replace(self._tmp / self._files[0], self._target)
+                self._rename(self._tmp / self._files[0])
             else:
                 self._publish({k: w.path.name for k, w in self._writer_of.items()}, total)
             self._created = []  # they hold the output now
@@ -231,13 +244,37 @@ class SafetensorsSink:
         """Index (unless the folder is one ``model.safetensors``), config/tokenizer files, then the atomic rename
         of the temporary folder."""
         assert self._tmp is not None
-        if set(weight_map.values()) != {"model.safetensors"}:
-            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-            (self._tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-        self._copy_side_files()
-        if self._target.exists():
-            self._target.rmdir()
-        os.replace(self._tmp, self._target)
+        try:
+            if set(weight_map.values()) != {"model.safetensors"}:
+                index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+                (self._tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+            self._copy_side_files()
+        except OSError as exc:
+            if is_full(exc):
+                raise OutOfSpaceError(f"no space left on device writing {self.path} (index, config and tokenizer "
+                                      f"files): {exc.strerror}") from None
+            raise
+        if self._existed:
+            try:
+                self._target.rmdir()
+            except OSError as exc:
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                    raise OutputExistsError(f"output {self.path}: something was written into it while the merge "
+                                            "ran; it is left as it is and the merge's result removed") from None
+                if exc.errno != errno.ENOENT:
+                    raise
+        self._rename(self._tmp)
+
+    def _rename(self, source: Path) -> None:
+        """The final rename, never over something another process created meanwhile."""
+        try:
+            rename_noreplace(source, self._target)
+        except OSError as exc:
+            if isinstance(exc, FileExistsError) or exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR,
+                                                                  errno.EISDIR):
+                raise OutputExistsError(f"output {self.path} was created by another process while the merge ran; "
+                                        "it is left as it is and the merge's result removed") from None
+            raise
 
     def _copy_side_files(self) -> None:
         """Config, tokenizer and other non-weight files of the base folder."""
@@ -254,6 +291,8 @@ class SafetensorsSink:
         if self._tmp is not None and self._tmp.exists():
             shutil.rmtree(self._tmp, ignore_errors=True)
         self._tmp = None
+        unlock(self._lock)
+        self._lock = None
         self._remove_created()
 
     def _remove_created(self) -> None:
@@ -272,8 +311,6 @@ class DistributedSafetensorsSink(SafetensorsSink):
 
     def distribute(self, dist: Any, plan: "Plan", owner: Mapping[str, int], specs: Mapping[str, TensorSpec]) -> None:
         if self.single:
-            from .errors import ConfigError
-
             raise ConfigError("a merge split over ranks writes a folder: pass out= a folder, not a .safetensors file")
         self.dist = dist
         shards: list[tuple[int, dict[str, tuple[torch.dtype, tuple[int, ...]]]]] = []
@@ -292,16 +329,18 @@ class DistributedSafetensorsSink(SafetensorsSink):
         n = len(shards)
         self._layout = [(rank, f"model-{i + 1:05d}-of-{n:05d}.safetensors", shard) for i, (rank, shard) in
                         enumerate(shards)]
-        self._tmp = self._target.parent / f".{self._target.name}.tmp-{dist.shared_token()}"
+        self._tmp = self._target.parent / f".{self._target.name}.tmp-{dist.shared_token().zfill(14)}"
         if dist.rank == 0:
             self._created = _make_folders(self._target.parent)
+            clean_stale(self._target.parent, self._target.name)
             self._tmp.mkdir()
         dist.barrier()
+        self._lock = lock(self._tmp)  # every rank: the folder's writers are alive while any rank runs
 
     def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None:
         for rank, name, shard in self._layout:
             if rank == self.dist.rank:
-                writer = SafetensorsWriter(self._tmp / name, shard, self.metadata)
+                writer = SafetensorsWriter(self._tmp / name, shard, self.metadata, self._label(name))
                 self._writers.append(writer)
                 self._writer_of.update(dict.fromkeys(shard, writer))
 
@@ -316,6 +355,8 @@ class DistributedSafetensorsSink(SafetensorsSink):
             self._publish(weight_map, total)  # on failure abort() removes the temporary folder
         self._writers.clear()
         self._tmp = None
+        unlock(self._lock)
+        self._lock = None
         self._created = []
         self.dist.barrier()
         return self.path
@@ -327,67 +368,9 @@ class DistributedSafetensorsSink(SafetensorsSink):
         if getattr(self, "dist", None) is not None and self.dist.rank == 0 and self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
         self._tmp = None
+        unlock(self._lock)
+        self._lock = None
         self._remove_created()
-
-
-def _output_target(path: Path, single: bool) -> Path:
-    """Where the output ``path`` is written (symlinks followed), checked before anything is merged: its nearest
-    existing ancestor must be a folder; a file output must not exist, a folder output must not exist or be empty."""
-    from .errors import ConfigError
-
-    target = Path(os.path.realpath(path))
-    ancestor = target.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ConfigError(f"cannot write output {path}: its parent {ancestor} is a file, not a folder")
-    if target.exists():
-        if single:
-            raise ConfigError(f"output {path} exists")
-        if not target.is_dir():
-            raise ConfigError(f"output {path} exists and is not a folder")
-        if any(target.iterdir()):
-            raise ConfigError(f"output {path} exists and is not empty")
-    return target
-
-
-def temp_folder(parent: Path, name: str) -> Path:
-    """A new hidden folder in ``parent`` to write ``name`` into before it is renamed into place, with the mode a
-    plain ``mkdir`` would give (``mkdtemp`` makes it 0700, which the renamed output folder would keep)."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent))
-    tmp.chmod(0o777 & ~_umask())
-    return tmp
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it where Linux shows it (os.umask must set one to read it)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return umask
-
-
-def _make_folders(folder: Path) -> list[Path]:
-    """``mkdir -p folder``; returns the folders this call created, deepest first."""
-    missing = []
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    created = []
-    for f in reversed(missing):
-        try:
-            f.mkdir()
-        except FileExistsError:  # made meanwhile by someone else: not ours to remove
-            if not f.is_dir():
-                raise
-            continue
-        created.append(f)
-    return created[::-1]
 
 
 def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:

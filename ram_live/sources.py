@@ -9,7 +9,6 @@ Module and state-dict sources hand out views of the live tensors (no copy); file
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +19,39 @@ from torch import Tensor, nn
 
 from .errors import InputMismatchError, UnsupportedInputError
 from .distributed import counts_here, is_dtensor, local_tensor
+from ._st_header import read_regular, strict_json
 from .safetensors_io import MappedSafetensors
 
 __all__ = [
     "TensorSpec", "TensorSource", "ModuleSource", "StateDictSource", "SafetensorsSource", "ZerosSource", "as_source",
+    "check_dtype", "shard_name",
 ]
+
+#: The floating dtypes merged (in float32, float64 for float64 inputs); other floating dtypes (FP8) are refused.
+MERGED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+_MAX_INDEX = 100_000_000
+
+
+def check_dtype(source: str, key: str, dtype: torch.dtype) -> None:
+    """Refuse a floating tensor ram_live does not merge (FP8): an :class:`UnsupportedInputError` naming both.
+    Files, state dicts and modules are checked alike; integer, bool and complex tensors are copied from the base
+    (and must equal it)."""
+    if dtype.is_floating_point and dtype not in MERGED_DTYPES:
+        raise UnsupportedInputError(
+            f"{source}: tensor {key!r} is {dtype}, which ram_live does not merge (FP8 weights come with scales "
+            "held in other tensors, and task vectors are lost to FP8 rounding): dequantise the checkpoints to "
+            "bfloat16 or float32 first")
+
+
+def shard_name(index: Path, key: str, name: object) -> str:
+    """``name`` if it is a plain file name (no folder part, not ``.``/``..``, no NUL): a shard an index names
+    must be an entry of the index's own folder. The entry may be a symlink (Hugging Face caches link to blobs
+    elsewhere): what the folder holds is its owner's choice, where the index points is not the index's."""
+    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
+            or "\0" in name or os.path.basename(name) != name):
+        raise UnsupportedInputError(f"{index}: tensor {key!r} is mapped to {name!r}, not a file name in the index's "
+                                    "folder")
+    return name
 
 
 @dataclass(frozen=True)
@@ -71,6 +98,7 @@ class _InMemorySource:
             if t.device.type == "meta":
                 raise UnsupportedInputError(f"{name}: tensor {key!r} is on the meta device (it holds no values): "
                                             "load or materialise the weights before merging")
+            check_dtype(name, key, t.dtype)
         # DTensor (e.g. FSDP2) parameters: the engine works on this rank's local shard
         self._uncounted = frozenset(k for k, t in tensors.items() if not counts_here(t))
         self.sharded = any(is_dtensor(t) for t in tensors.values())
@@ -144,31 +172,30 @@ class SafetensorsSource:
         self._where: dict[str, MappedSafetensors] = {}
         for key, file in self._layout(self.path).items():
             if file not in self._files:
-                if not file.is_file():
+                if not file.exists():
                     raise UnsupportedInputError(f"{self.path}: the index names {file.name}, which is missing")
                 self._files[file] = MappedSafetensors(file)
             mapped = self._files[file]
             if key not in mapped.entries:
                 raise UnsupportedInputError(f"{self.path}: the index puts {key!r} in {file.name}, which lacks it")
+            check_dtype(f"{self.name} ({file})", key, mapped.entries[key][0])
             self._where[key] = mapped
         self.fingerprint = tuple(sorted((str(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in self._files))
 
     @staticmethod
     def _layout(path: Path) -> dict[str, Path]:
-        if path.is_file():
-            return dict.fromkeys(MappedSafetensors(path).keys(), path)
         if not path.is_dir():
-            raise UnsupportedInputError(f"{path}: no such file or folder")
+            if not path.exists():
+                raise UnsupportedInputError(f"{path}: no such file or folder")
+            return dict.fromkeys(MappedSafetensors(path).keys(), path)  # refused there unless a regular file
         index = sorted(path.glob("*.safetensors.index.json"))
         if index:
-            try:
-                weight_map = json.loads(index[0].read_text())["weight_map"]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise UnsupportedInputError(f"{index[0]}: not a safetensors index ({exc})") from None
-            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            document = strict_json(read_regular(index[0], _MAX_INDEX), f"{index[0]}: safetensors index")
+            weight_map = document.get("weight_map") if isinstance(document, dict) else None
+            if not isinstance(weight_map, dict):
                 raise UnsupportedInputError(f"{index[0]}: not a safetensors index (its weight_map is not a mapping "
                                             "of tensor names to file names)")
-            return {k: path / v for k, v in weight_map.items()}
+            return {k: path / shard_name(index[0], k, v) for k, v in weight_map.items()}
         shards = sorted(path.glob("*.safetensors"))
         if not shards:
             raise UnsupportedInputError(f"{path}: no *.safetensors file or *.safetensors.index.json in folder")
