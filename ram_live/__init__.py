@@ -16,6 +16,7 @@ from .errors import (
     OutOfSpaceError,
     OutputExistsError,
     RamLiveError,
+    SearchError,
     UnknownMethodError,
     UnsupportedInputError,
 )
@@ -33,6 +34,7 @@ from .methods import (
     get_method,
     register_method,
 )
+from .mergekit_yaml import MergekitPlan, from_mergekit_yaml
 from .peft import (
     RECOMMENDED_SPARSIFY,
     AdapterMergeReport,
@@ -47,6 +49,7 @@ from .peft import (
 )
 from .probe import ProbeReport, probe
 from .schedule import MergeResult, RAMSchedule
+from .search import ExtrapolationWarning, SearchResult, search
 from .store import (
     BaseMismatchError,
     CorruptSnapshotError,
@@ -61,8 +64,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "merge", "ram_merge", "merge_task_vectors", "probe", "ram_merge_adapters", "ram_merge_adapter_files",
+    "from_mergekit_yaml", "MergekitPlan",
     "lora_deltas", "refactor", "TopK", "RelativeThreshold", "RECOMMENDED_SPARSIFY", "AdapterMergeReport",
     "UnsupportedAdapterError", "DenseDeltaWarning",
+    "search", "SearchResult", "SearchError", "ExtrapolationWarning",
     "SnapshotStore", "Snapshot", "SnapshotWriter", "RAMSchedule", "MergeResult",
     "StoreError", "BaseMismatchError", "SnapshotNotFoundError", "CorruptSnapshotError", "ProbeReport", "MergeInfo",
     "register_method", "get_method", "available_methods", "Activity",

@@ -77,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     common(m)
     m.add_argument("--out", required=True, help="output folder (HF layout) or file.safetensors")
     m.add_argument("--method", default="ram_plus", help="merge method (default: ram_plus)")
+    m.add_argument("--config", metavar="YML", help="a mergekit YAML config: models, base, method and options "
+                                                   "come from it (needs ram-live[yaml]; see docs/mergekit.md)")
     m.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="method option, e.g. -O density=0.2 -O weights=[1,2]; repeatable")
     m.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="output dtype (default: the base's)")
@@ -100,6 +102,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.command == "stores":
         return _stores(args)
+    if getattr(args, "config", None):
+        return _merge_config(args)
     agents, base = _inputs(args)
     if args.command == "probe":
         report = probe(agents, base=base, eps=args.eps, activity=args.activity, r=args.r, alpha=args.alpha,
@@ -129,6 +133,27 @@ def _run(args: argparse.Namespace) -> int:
               f"{info.method} in {info.seconds:.1f} s -> {args.out}")
         if info.lambdas:
             print("lambda: " + ", ".join(f"{n}={v:.4f}" for n, v in info.lambdas.items()))
+    return 0
+
+
+def _merge_config(args: argparse.Namespace) -> int:
+    """``merge --config file.yml``: a mergekit config; agents, --base, --store, --method and -O come from it."""
+    from .mergekit_yaml import from_mergekit_yaml
+    from .progress import TerminalProgress
+
+    given = [n for n, v in (("agent paths", args.agents), ("--base", args.base), ("--store", args.store),
+                            ("-O", args.option), ("--distributed", args.distributed)) if v]
+    if args.method != "ram_plus":
+        given.append("--method")
+    if given:
+        raise ConfigError(f"--config names the models, base and method itself: drop {', '.join(given)}")
+    plan = from_mergekit_yaml(args.config)
+    overrides: dict[str, Any] = {"dtype": _DTYPES[args.dtype]} if args.dtype else {}
+    _, info = plan.merge(out=args.out, device=args.device, max_shard_bytes=int(args.max_shard_size * 1e9),
+                         progress=None if args.quiet else TerminalProgress(), return_info=True, **overrides)
+    if not args.quiet:
+        print(f"merged {len(info.agents)} agents with {info.method} ({plan.mergekit_method} in {args.config}) "
+              f"in {info.seconds:.1f} s -> {args.out}")
     return 0
 
 

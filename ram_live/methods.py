@@ -328,7 +328,9 @@ class TiesConfig:
     """Trim each τ_t to its top-``density`` magnitudes (per tensor), elect signs, average agreeing entries.
 
     Defaults equal ``peft.utils.merge_utils.ties`` (then × ``scale``); ``elect_on="weighted",
-    divide_by="weights"`` is mergekit's convention.
+    divide_by="weights"`` is mergekit's convention (``divide_by="none"``: mergekit's ``normalize: false``, the
+    weighted sum of the agreeing entries). ``densities``: one density per agent, in the agents' order (mergekit's
+    per-model ``density``), instead of ``density`` for all.
     """
 
     density: float = 0.2
@@ -336,22 +338,53 @@ class TiesConfig:
     scale: float = 1.0
     majority_sign: Literal["total", "frequency"] = "total"
     elect_on: Literal["unweighted", "weighted"] = "unweighted"
-    divide_by: Literal["count", "weights"] = "count"
+    divide_by: Literal["count", "weights", "none"] = "count"
+    densities: Sequence[float] | None = None
 
     def __post_init__(self) -> None:
         _check_range("density", self.density, 0.0, 1.0)
+        _check_densities(self.densities, positive=False)
         _check_weights(self.weights)
         _check_finite("scale", self.scale)
         _check_choice("majority_sign", self.majority_sign, ("total", "frequency"))
         _check_choice("elect_on", self.elect_on, ("unweighted", "weighted"))
-        _check_choice("divide_by", self.divide_by, ("count", "weights"))
+        _check_choice("divide_by", self.divide_by, ("count", "weights", "none"))
+
+
+def _check_densities(densities: Sequence[float] | None, positive: bool) -> None:
+    if densities is None:
+        return
+    if isinstance(densities, (Mapping, str, bytes)) or not isinstance(densities, Collection):
+        raise ConfigError(f"densities must be a sequence of numbers, one per agent, got {type(densities).__name__}")
+    for i, d in enumerate(densities):
+        _check_range(f"densities[{i}]", d, 0.0, 1.0)
+        if positive and d == 0:
+            raise ConfigError(f"densities[{i}] must be > 0 for DARE (survivors are rescaled by 1/density)")
+
+
+def _agent_densities(config: Any, agents: Sequence[str]) -> list[float]:
+    """The density of each agent: ``densities`` (checked against the agents) or ``density`` for all."""
+    if config.densities is None:
+        return [float(config.density)] * len(agents)
+    if len(config.densities) != len(agents):
+        raise ConfigError(f"densities has {len(config.densities)} entries for {len(agents)} agents "
+                          f"({', '.join(agents)})")
+    return [float(d) for d in config.densities]
 
 
 def _ties_prepare(config: TiesConfig, view: TensorView, weights: Tensor) -> list[float | None]:
-    return [F.magnitude_threshold(view.delta(t), config.density) for t in range(len(view.agents))]
+    densities = _agent_densities(config, view.agents)
+    return [F.magnitude_threshold(view.delta(t), densities[t]) for t in range(len(view.agents))]
 
 
 def _ties_elect(deltas: Tensor, weights: Tensor, config: Any) -> Tensor:
+    if config.divide_by == "none":  # mergekit's normalize: false: Σ_t w_t τ_t over the agreeing entries
+        w = weights.to(deltas.dtype).view(-1, 1)
+        weighted = deltas * w
+        elected_from = weighted if config.elect_on == "weighted" else deltas
+        magnitude = elected_from.sum(dim=0) if config.majority_sign == "total" else elected_from.sign().sum(dim=0)
+        tau = (weighted * (deltas.sign() == torch.where(magnitude >= 0, 1.0, -1.0))).sum(dim=0)
+        return _scaled(tau, config.scale)
     tau = F.ties_combine(
         deltas, weights, majority_sign=config.majority_sign, elect_on=config.elect_on, divide_by=config.divide_by
     )
@@ -372,34 +405,38 @@ register_method(
 class DareLinearConfig:
     """Drop each entry of τ_t with probability 1 − ``density``, rescale survivors by 1/density, then task
     arithmetic. Equals ``peft.utils.merge_utils.dare_linear`` for the same masks (× ``scale``). The mask of
-    (agent, tensor) is drawn from a generator seeded with ``stable_seed(seed, agent, key)``."""
+    (agent, tensor) is drawn from a generator seeded with ``stable_seed(seed, agent, key)``. ``densities``: one
+    density per agent, in the agents' order, instead of ``density`` for all."""
 
     density: float = 0.5
     weights: Sequence[float] | None = None
     scale: float = 1.0
     seed: int = 0
+    densities: Sequence[float] | None = None
 
     def __post_init__(self) -> None:
         _check_range("density", self.density, 0.0, 1.0)
         if self.density == 0:
             raise ConfigError("density must be > 0 for DARE (survivors are rescaled by 1/density)")
+        _check_densities(self.densities, positive=True)
         _check_weights(self.weights)
         _check_finite("scale", self.scale)
 
 
 @dataclass(frozen=True)
 class DareTiesConfig(DareLinearConfig):
-    """DARE's random drop, then TIES' sign election and disjoint mean (PEFT's ``dare_ties`` by default)."""
+    """DARE's random drop, then TIES' sign election and disjoint mean (PEFT's ``dare_ties`` by default;
+    ``divide_by="none"``: mergekit's ``normalize: false``)."""
 
     majority_sign: Literal["total", "frequency"] = "total"
     elect_on: Literal["unweighted", "weighted"] = "unweighted"
-    divide_by: Literal["count", "weights"] = "count"
+    divide_by: Literal["count", "weights", "none"] = "count"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_choice("majority_sign", self.majority_sign, ("total", "frequency"))
         _check_choice("elect_on", self.elect_on, ("unweighted", "weighted"))
-        _check_choice("divide_by", self.divide_by, ("count", "weights"))
+        _check_choice("divide_by", self.divide_by, ("count", "weights", "none"))
 
 
 def dare_generator(seed: int, agent: str, key: str, device: torch.device) -> torch.Generator:
@@ -412,18 +449,25 @@ def dare_generator(seed: int, agent: str, key: str, device: torch.device) -> tor
 @dataclass
 class _DareState:
     generators: list[torch.Generator]
+    densities: list[float]
     keep: Tensor | None = None
 
 
 def _dare_prepare(config: DareLinearConfig, view: TensorView, weights: Tensor) -> _DareState:
-    return _DareState([dare_generator(config.seed, a, view.key, view.device) for a in view.agents])
+    return _DareState([dare_generator(config.seed, a, view.key, view.device) for a in view.agents],
+                      _agent_densities(config, view.agents))
 
 
 def _dare_drop(deltas: Tensor, ctx: TensorContext, config: DareLinearConfig) -> Tensor:
     state: _DareState = ctx.state
     if state.keep is None or state.keep.numel() < deltas.shape[1]:
         state.keep = torch.empty(deltas.shape[1], dtype=deltas.dtype, device=deltas.device)
-    return F.dare_drop_(deltas, config.density, state.generators, state.keep[: deltas.shape[1]])
+    keep = state.keep[: deltas.shape[1]]
+    if config.densities is None:
+        return F.dare_drop_(deltas, config.density, state.generators, keep)
+    for t, (density, generator) in enumerate(zip(state.densities, state.generators)):
+        F.dare_drop_(deltas[t : t + 1], density, [generator], keep)  # a row view: dropped in place
+    return deltas
 
 
 register_method(

@@ -5,6 +5,10 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/_venv.sh
 . "$root/scripts/_venv.sh"
-_ram_live_install() { python -m pip install -q -e "$root[test]"; }
+# The constraint holds torch at the CPU build for every dependency (trl, peft, lightning would take a CUDA torch).
+_ram_live_install() {
+  printf 'torch==2.13.0\n' > "$VIRTUAL_ENV/torch-constraint.txt"
+  python -m pip install -q -c "$VIRTUAL_ENV/torch-constraint.txt" -e "$root[test]"
+}
 ram_live_venv "${RAM_LIVE_VENV:-$root/.venv}" .ram-live-installed _ram_live_install
 cd "$root"
