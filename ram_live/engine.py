@@ -31,6 +31,8 @@ from . import functional as F
 from .errors import ConfigError, InputMismatchError, NoAgentsError, NonFiniteError
 from .methods import RAM_VARIANTS, Activity, MergeMethod, RamStatistics, RunContext, TensorContext, lambda_bound
 from .distributed import Distributed, RemoteRankError
+from .auxiliary import AuxiliaryInputs, resolve as resolve_auxiliary, validate as validate_auxiliary
+from . import _importance_native
 from .progress import ProgressHook
 from .sinks import Sink
 from .sources import TensorSource, TensorSpec
@@ -179,6 +181,25 @@ class DeltaStream:
         self.range_done: Callable[[int, int], None] | None = None
         # the compiled kernels need no scratch: on accelerators, long chunks amortise each launch
         self.fused_chunk = max(1, min(chunk_numel if device.type == "cpu" else FUSED_CHUNK_MAX, FUSED_CHUNK_MAX))
+        #: the method's per-agent auxiliary inputs of this tensor, ``{name: [flat tensor per agent]}``, and the
+        #: method's check of their values (see :mod:`ram_live.auxiliary`)
+        self.auxiliary: dict[str, list[Tensor]] = {}
+        self.check_auxiliary: Any = None
+
+    def auxiliary_rows(self, t: int, start: int, end: int, worker: int = 0) -> dict[str, Tensor]:
+        """Agent ``t``'s auxiliary inputs over ``[start, end)`` in the compute dtype, one reused buffer per input
+        and worker."""
+        rows = {}
+        for i, (name, tensors) in enumerate(self.auxiliary.items()):
+            slot = ("aux", self.device, self.dtype, worker, i)
+            if slot not in self._ws or self._ws[slot].numel() < end - start:
+                self._ws[slot] = torch.empty(max(end - start, self.stream_chunk), dtype=self.dtype, device=self.device)
+            rows[name] = self._ws[slot][: end - start].copy_(tensors[t][start:end])
+        return rows
+
+    def validate_auxiliary(self) -> None:
+        """Raise naming agent and tensor where an auxiliary input holds a value the method refuses."""
+        validate_auxiliary(self.key, self.agents, self.auxiliary, self.check_auxiliary)
 
     def __iter__(self) -> Iterator[tuple[int, Tensor, Tensor]]:
         k = len(self.tensors)
@@ -497,13 +518,16 @@ def resolve_compile(compile: bool | str, device: torch.device, agent_entries: in
     return compiler_available(device.type)
 
 
-def _compiler_works(device: torch.device, k: int, weighted: bool) -> bool:
+def _compiler_works(device: torch.device, k: int, weighted: bool, importance: bool = False) -> bool:
     """Build (or load from the cache) the dynamic-shape RAM kernel on a tiny input, so that a missing or broken
     toolchain falls back to the eager path with a warning before anything is written."""
     try:
         zeros = torch.zeros(3, device=device)
         lambdas = torch.ones(k, device=device) if weighted else None
         F.compiled(F.ram_fused_, key=(k, not weighted))(zeros.clone(), zeros, [zeros] * k, lambdas, 0.0)
+        if importance:
+            F.compiled(F.ram_fused_weighted_, key=(k, not weighted))(zeros.clone(), zeros, [zeros] * k,
+                                                                       [zeros] * k, lambdas, 0.0)
         return True
     except Exception as exc:  # noqa: BLE001 - any failure of the toolchain means "merge eagerly"
         warnings.warn(f"torch.compile failed on {device} ({type(exc).__name__}: {str(exc)[:200]}); merging with "
@@ -545,6 +569,14 @@ class _Reader:
         self.agents = list(agents)
         self.names = tuple(a.name for a in agents)
         self.device = device
+        self.auxiliary = AuxiliaryInputs({}, None)
+
+    def stream(self, stream: DeltaStream) -> DeltaStream:
+        """``stream`` with this key's auxiliary inputs attached."""
+        if self.auxiliary:
+            stream.auxiliary = self.auxiliary.read(stream.key, stream.device)
+            stream.check_auxiliary = self.auxiliary.check
+        return stream
 
     def read(self, key: str) -> tuple[Tensor, list[Tensor], torch.device]:
         base = self.base.get(key)
@@ -555,7 +587,7 @@ class _Reader:
 
     def release(self, key: str) -> None:
         """Let sources that map files drop ``key``'s pages."""
-        for src in (self.base, *self.agents):
+        for src in (self.base, *self.agents, *self.auxiliary.all_sources()):
             release = getattr(src, "release", None)
             if release is not None:
                 release(key)
@@ -564,7 +596,8 @@ class _Reader:
         """A callback that drops the mapped pages of flat entries ``[start, stop)`` of ``key`` from the inputs
         (and from ``sink``'s output) once a range is merged, so that resident memory holds a few ranges rather than
         K + 2 whole tensors; None when no input maps files."""
-        sources = [src for src in (self.base, *self.agents) if getattr(src, "releases_ranges", False)]
+        sources = [src for src in (self.base, *self.agents, *self.auxiliary.all_sources())
+                   if getattr(src, "releases_ranges", False)]
         out = getattr(sink, "release_range", None)
         if not sources and out is None:
             return None
@@ -628,10 +661,11 @@ def statistics_pass(
     compile: bool = False,
     digest: Any = None,
     amax: dict[str, tuple[float, float]] | None = None,
+    check_auxiliary: bool = False,
 ) -> RamStatistics:
     """Pass 1: RAM counts over every merged tensor (also checks that every input is finite); ``digest``: fed
     by :func:`digest_update` for every tensor; ``amax``: gets (max |τ|, max |θ₀|) per tensor where the kernels
-    track them."""
+    track them; ``check_auxiliary``: also validates the method's auxiliary inputs (the in-place validation pass)."""
     k = len(reader.agents)
     active = torch.zeros(k, dtype=torch.int64)
     unique = torch.zeros_like(active)
@@ -647,6 +681,8 @@ def statistics_pass(
         stream.range_done = reader.range_releaser(key)
         tops: list[tuple[float, float]] | None = None if amax is None else []
         stats = _accumulate_statistics(stream, k, _threads(workers, device), tops)
+        if check_auxiliary:
+            reader.stream(stream).validate_auxiliary()
         if tops:
             amax[key] = tops[0]
         if reader.base.spec(key).counted:
@@ -673,7 +709,10 @@ def _merge_streaming(stream: DeltaStream, make_accumulator: Callable[[], Any], f
             n = base_f.numel()
             accumulator.begin(n)
             for t, delta in agents:
-                accumulator.add(t, delta)
+                if stream.auxiliary:
+                    accumulator.add(t, delta, **stream.auxiliary_rows(t, start, start + n, worker))
+                else:
+                    accumulator.add(t, delta)
             flat[start : start + n].copy_(accumulator.merged(base_f))
             bad += _nonfinite(flat[start : start + n])  # NaN/Inf in any input reaches the output; one sync per tensor
         return bad
@@ -702,6 +741,8 @@ def _fused_kernel(method: MergeMethod, config: Any, state: Any, stream: DeltaStr
         return None
     activity = method.activity(config)
     lambdas = None if state is None else state.to(device=stream.device, dtype=stream.dtype)
+    if stream.auxiliary:
+        return _weighted_kernel(stream, flat, activity, lambdas, workers)
     native = _native(stream, activity, flat)
     if native is not None:
         return functools.partial(_merge_native, kernels=native[0], lambdas=lambdas, eps=native[1], workers=workers)
@@ -711,15 +752,53 @@ def _fused_kernel(method: MergeMethod, config: Any, state: Any, stream: DeltaStr
     return functools.partial(_merge_fused, lambdas=lambdas, eps=eps)
 
 
-def _merge_fused(stream: DeltaStream, flat: Tensor, lambdas: Tensor | None, eps: float) -> None:
-    """Each chunk merged by the compiled :func:`ram_live.functional.ram_fused_` straight into ``flat`` (through
-    a scratch chunk when ``flat`` lives on another device)."""
+def _weighted_kernel(stream: DeltaStream, flat: Tensor, activity: Activity, lambdas: Tensor | None,
+                     workers: int) -> functools.partial[None] | None:
+    """:func:`_fused_kernel` for RAM with importances (the only auxiliary input the RAM kernels take): the native
+    weighted kernel, else the compiled one, else None (the eager :class:`~ram_live.functional.
+    WeightedRamAccumulator`)."""
+    importances = stream.auxiliary.get("importance")
+    if importances is None or len(stream.auxiliary) != 1:
+        return None
+    native = _native(stream, activity, flat)
+    kernels = None if native is None else _importance_native.kernels()
+    if kernels is not None and _importance_native.supports(stream.base, importances):
+        return functools.partial(_merge_native_weighted, kernels=kernels, importances=importances, lambdas=lambdas,
+                                 eps=native[1], workers=workers)  # type: ignore[index]
+    eps = stream.fused_eps(activity)
+    if eps is None or any(h.device != stream.base.device for h in importances):
+        return None
+    return functools.partial(_merge_fused, lambdas=lambdas, eps=eps, importances=importances)
+
+
+def _merge_native_weighted(stream: DeltaStream, flat: Tensor, kernels: Any, importances: list[Tensor],
+                           lambdas: Tensor | None, eps: float, workers: int) -> None:
+    """:func:`_merge_native` with importances; the kernel counts invalid importances with the non-finite
+    results, and either names its culprit."""
+    def job(worker: int, n_workers: int) -> int:
+        return _native_walk(stream, worker, n_workers, lambda start, end: kernels.merge_weighted(
+            flat, stream.base, stream.tensors, importances, lambdas, eps, start, end))
+
+    if any(_in_workers(stream, workers, job, NATIVE_CHUNK)):
+        stream.validate_auxiliary()
+        stream._raise_nonfinite(0, stream.numel, flat)
+
+
+def _merge_fused(stream: DeltaStream, flat: Tensor, lambdas: Tensor | None, eps: float,
+                 importances: list[Tensor] | None = None) -> None:
+    """Each chunk merged by the compiled :func:`ram_live.functional.ram_fused_` (with ``importances``:
+    :func:`~ram_live.functional.ram_fused_weighted_`) straight into ``flat`` (through a scratch chunk when
+    ``flat`` lives on another device)."""
     bad = torch.zeros((), dtype=torch.int64, device=stream.device)
     scratch = None if flat.device == stream.device else torch.empty(
         min(stream.numel, stream.fused_chunk), dtype=flat.dtype, device=stream.device)
-    for start, end, kernel, base, agents in stream.fused_chunks(F.ram_fused_, lambdas is None):
+    kernel_fn = F.ram_fused_ if importances is None else F.ram_fused_weighted_
+    for start, end, kernel, base, agents in stream.fused_chunks(kernel_fn, lambdas is None):
         written = flat[start:end] if scratch is None else scratch[: end - start]
-        kernel(written, base, agents, lambdas, eps)
+        if importances is None:
+            kernel(written, base, agents, lambdas, eps)
+        else:
+            kernel(written, base, agents, [h[start:end] for h in importances], lambdas, eps)
         bad += _nonfinite(written)
         if scratch is not None:
             flat[start:end].copy_(written)
@@ -742,11 +821,14 @@ def run_merge(
     dist: Distributed | None = None,
     compile: bool | str = "auto",
     statistics: RamStatistics | None = None,
+    auxiliary: Any = None,
 ) -> MergeInfo:
     """Merge ``agents`` onto ``base`` with ``method`` into ``sink``; see :func:`ram_live.merge`. ``statistics``:
     counts of an earlier pass over the same inputs, used instead of pass 1 (checked against the agents, the
     activity rule and the number of entries before the merge, and against the digest of the inputs' first and
-    last entries after it, before the sink finishes; not with ``validate_first``, whose pass 1 validates)."""
+    last entries after it, before the sink finishes; not with ``validate_first``, whose pass 1 validates).
+    ``auxiliary``: the method's per-agent auxiliary inputs, ``{name: {agent name: TensorSource}}`` (RAM:
+    ``"importance"``), streamed like the agents (see :mod:`ram_live.auxiliary`)."""
     t0 = time.perf_counter()
     agents = _kept_agents(agents, getattr(config, "exclude", ()))
     plan = build_plan(base, agents)
@@ -758,6 +840,7 @@ def run_merge(
             sink.distribute(dist, plan, owner, specs)
         plan = dist.local_plan(plan, owner)
     reader = _Reader(base, agents, device)
+    reader.auxiliary = resolve_auxiliary(method, auxiliary, agents, plan.merge, base)
     _check_ties_and_copies(reader, plan)
     names = reader.names
     activity = method.activity(config)
@@ -766,12 +849,14 @@ def run_merge(
     run_device = device or (base.spec(plan.merge[0]).device if plan.merge else torch.device("cpu"))
     compile = resolve_compile(compile, run_device, sum(specs[key].numel for key in plan.merge) * len(names))
     if compile:
-        compile = _compiler_works(run_device, len(names), _ram_weighted(config))
+        compile = _compiler_works(run_device, len(names), _ram_weighted(config), bool(reader.auxiliary))
     info.extra["compiled"] = compile
+    if reader.auxiliary:
+        info.extra["auxiliary"] = reader.auxiliary.names
     job = _Job(reader, method, config, sink, activity, info, chunk_numel, workers, compile, workspace)
 
     reuse, statistics = statistics, None
-    if reuse is None and not validate_first and dist is None and not compile and _single_read(
+    if reuse is None and not validate_first and dist is None and not compile and not reader.auxiliary and _single_read(
             method, config, sink, len(names)):
         digest = inputs_digest()
         statistics, run_state = _single_read_pass(job, plan, specs, progress, run_device, digest)
@@ -788,7 +873,8 @@ def run_merge(
         digest = inputs_digest()
         try:
             statistics = statistics_pass(reader, plan, activity or Activity(), chunk_numel, workspace, progress,
-                                         workers, compile, digest, amax if validate_first else None)
+                                         workers, compile, digest, amax if validate_first else None,
+                                         check_auxiliary=validate_first)
         except BaseException:
             if dist is not None:  # every rank reaches the collective, failed or not; this rank's error wins
                 try:
@@ -974,8 +1060,8 @@ def _merge_tensor(job: _Job, key: str, run_state: Any, digest: Any = None, dest:
     reader, method, config, sink, activity, info = job.reader, job.method, job.config, job.sink, job.activity, job.info
     names, workers = reader.names, job.workers
     base_t, agent_ts, dev = reader.read(key)
-    stream = DeltaStream(key, base_t, agent_ts, names, dev, job.chunk_numel, activity, job.workspace,
-                         compile=job.compile)
+    stream = reader.stream(DeltaStream(key, base_t, agent_ts, names, dev, job.chunk_numel, activity,
+                                       job.workspace, compile=job.compile))
     if digest is not None:
         digest_update(digest, stream)
     stream.range_done = reader.range_releaser(key, sink)
@@ -986,20 +1072,27 @@ def _merge_tensor(job: _Job, key: str, run_state: Any, digest: Any = None, dest:
                                                                    device=dest.device)
     n_workers = _threads(workers, dev)
     fused = _fused_kernel(method, config, state, stream, flat, n_workers)
-    _count_kernel(info, "eager" if fused is None else ("native" if fused.func is _merge_native else "compiled"))
+    native = fused is not None and fused.func in (_merge_native, _merge_native_weighted)
+    _count_kernel(info, "eager" if fused is None else ("native" if native else "compiled"))
+    if stream.auxiliary and not native:  # the native kernels check the values as they go
+        stream.validate_auxiliary()
     if fused is not None:
         fused(stream, flat)
     elif method.accumulator is not None:
         _merge_streaming(
             stream,
-            functools.partial(method.accumulator, config, state, stream.stream_chunk, len(names), dev, stream.dtype),
+            functools.partial(method.accumulator, config, state, stream.stream_chunk, len(names), dev, stream.dtype,
+                              **({"auxiliary": tuple(stream.auxiliary)} if stream.auxiliary else {})),
             flat,
             n_workers,
         )
     else:
         bad = torch.zeros((), dtype=torch.int64, device=flat.device)
         for start, base_f, deltas in stream:
-            ctx = TensorContext(key=key, agents=names, start=start, run_state=run_state, state=state)
+            n = base_f.numel()
+            aux = {name: torch.stack([h[start:start + n] for h in hs]).to(deltas.dtype)
+                   for name, hs in stream.auxiliary.items()} or None
+            ctx = TensorContext(key=key, agents=names, start=start, run_state=run_state, state=state, auxiliary=aux)
             tau = method.combine(deltas, ctx, config)
             changed = tau != 0
             merged = tau.add_(base_f)

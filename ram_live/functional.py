@@ -36,6 +36,9 @@ __all__ = [
     "dare_drop_",
     "stable_seed",
     "RamAccumulator",
+    "WeightedRamAccumulator",
+    "importance_weights",
+    "ram_fused_weighted_",
     "RamCounter",
     "ram_fused_",
     "ram_counts_fused",
@@ -70,16 +73,32 @@ def overlap_counts(deltas: Tensor) -> Tensor:
     return torch.count_nonzero(deltas, dim=0).to(torch.float32)
 
 
-def ram_combine(deltas: Tensor, lambdas: Tensor | None = None) -> Tensor:
+def ram_combine(deltas: Tensor, lambdas: Tensor | None = None, importance: Tensor | None = None) -> Tensor:
     """Paper Eq. 7 on thresholded deltas: 0 where no agent is active, λ_t·τ_t where only agent t is, and the
-    mean over the active agents where two or more are. ``lambdas=None`` is plain RAM (λ = 1)."""
+    mean over the active agents where two or more are. ``lambdas=None`` is plain RAM (λ = 1). ``importance``
+    (``[K, C]``, non-negative): the mean is weighted by it (:func:`importance_weights`)."""
     counts = overlap_counts(deltas)
-    total = deltas.sum(dim=0)
-    mean = total.div_(counts.clamp(min=1.0))
+    if importance is None:
+        total, norm = deltas.sum(dim=0), counts
+    else:
+        weights = importance_weights(deltas, importance)
+        total, norm = (deltas * weights).sum(dim=0), weights.sum(dim=0)
+    mean = total.div_(norm.clamp(min=1.0))
     if lambdas is None:
         return mean
     scaled = lambdas.to(deltas.dtype) @ deltas
     return torch.where(counts == 1, scaled, mean)
+
+
+def importance_weights(deltas: Tensor, importance: Tensor) -> Tensor:
+    """Weights w_t = h_t / max over the active agents of h (1 where that max is 0; 0 for inactive agents), per
+    entry, for thresholded ``deltas`` and importances ``h`` (both ``[K, C]``). Equal importances give weights of
+    exactly 1.0: the weighted mean is then the plain one, bit for bit."""
+    active = deltas != 0
+    h = importance.to(deltas.dtype)
+    top = torch.where(active, h, 0.0).amax(dim=0)
+    weights = torch.where(top > 0, h / torch.where(top > 0, top, 1.0), 1.0)
+    return torch.where(active, weights, 0.0)
 
 
 def ram_statistics(deltas: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -248,6 +267,68 @@ class RamAccumulator:
         return torch.sub(base, self.neg_sum, out=self.tmp)
 
 
+class WeightedRamAccumulator(RamAccumulator):
+    """:class:`RamAccumulator` with the shared entries' mean weighted by per-agent importances h ≥ 0 (curvature-
+    aware RAM): ``add(t, delta, importance=h)``. Streams one agent at a time with an online maximum: M is the
+    largest importance of the active agents so far, S = −Σ w·τ and W = Σ w with w = h / M; a new maximum
+    rescales S and W by M_old / M_new (0 for the first active agent). Where every active h is 0, w = 1: the
+    plain mean. Equal importances give w = 1.0 exactly, hence RAM's bits; normalising by the maximum keeps
+    |S| ≤ Σ |τ| whatever the importances' scale. The native kernels do the same operations in the same order.
+
+    >>> acc = WeightedRamAccumulator(2, 2, torch.device("cpu"))
+    >>> acc.begin(1)
+    >>> acc.add(0, torch.tensor([0.5]), importance=torch.tensor([3.0]))
+    >>> acc.add(1, torch.tensor([0.25]), importance=torch.tensor([1.0]))
+    >>> acc.merged(torch.tensor([1.0]))                      # 1 + (3·0.5 + 1·0.25) / 4
+    tensor([1.4375])
+    """
+
+    def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
+                 lambdas: Sequence[float] | None = None) -> None:
+        super().__init__(capacity, k, device, dtype, lambdas)
+        capacity = max(capacity, 1)
+        self._wbuf = torch.empty(4, capacity, dtype=dtype, device=device)
+        self._up = torch.empty(capacity, dtype=torch.bool, device=device)
+
+    def begin(self, n: int) -> None:
+        super().begin(n)
+        self.total, self.top, self.scratch, self.w = (row[:n] for row in self._wbuf)
+        self.up = self._up[:n]
+        self.total.zero_()
+        self.top.zero_()
+
+    def add(self, t: int, delta: Tensor, importance: Tensor | None = None) -> None:  # type: ignore[override]
+        if importance is None:
+            raise TypeError("WeightedRamAccumulator.add needs the agent's importance chunk")
+        h = importance
+        mask = self.masks[t]
+        torch.ne(delta, 0, out=mask)
+        self.count.add_(mask)
+        if t > 0:  # before the first agent S = W = 0: rescaling changes nothing
+            torch.gt(h, self.top, out=self.up).logical_and_(mask.bool())
+            r = torch.where(self.up, torch.div(self.top, h, out=self.scratch), 1.0)
+            self.neg_sum.mul_(r)
+            self.total.mul_(r)
+            torch.where(self.up, h, self.top, out=self.top)
+            # h / M where active with M > 0; 1 where active with M = 0; 0 where inactive (h / M may be Inf there)
+            w = torch.where((self.top > 0).logical_and_(mask.bool()), torch.div(h, self.top, out=self.scratch), mask)
+        else:
+            torch.mul(h, mask, out=self.top)  # h where active, else 0 (valid importances are finite)
+            w = mask
+        self.neg_sum.sub_(torch.mul(w, delta, out=self.w))
+        self.total.add_(w)
+
+    def merged(self, base: Tensor) -> Tensor:
+        """θ₀ + τ* for this chunk (a view of internal scratch: copy it out before the next chunk)."""
+        torch.clamp(self.total, min=1.0, out=self.tmp)
+        mean = torch.div(self.neg_sum, self.tmp, out=self.scratch)
+        if self.lambdas is not None:
+            unique_scaled = torch.mv(self.masks.T, self.lambdas, out=self.tmp).mul_(self.neg_sum)
+            torch.eq(self.count, 1.0, out=self.weight)
+            mean = torch.lerp(mean, unique_scaled, self.weight, out=self.neg_sum)
+        return torch.sub(base, mean, out=self.tmp)
+
+
 class RamCounter:
     """Streaming RAM statistics: per agent the active and unique entries (and, optionally, the histogram of c).
 
@@ -320,6 +401,45 @@ def ram_fused_(out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Ten
         if lambdas is not None:
             lam = lam + mask * lambdas[t]
     mean = neg_sum / count.clamp(min=1.0)
+    if lambdas is not None:
+        mean = torch.where(count == 1.0, neg_sum * lam, mean)
+    merged = base_f - mean
+    out.copy_(merged)
+    return merged.sum()
+
+
+def ram_fused_weighted_(out: Tensor, base: Tensor, agents: Sequence[Tensor], importances: Sequence[Tensor],
+                        lambdas: Tensor | None, eps: float) -> Tensor:
+    """:func:`ram_fused_` with the shared entries weighted by ``importances`` (one per agent, like the agents):
+    the operations of :class:`WeightedRamAccumulator` in its order. Returns Σ θ* (the engine checks the
+    importances' values before it runs)."""
+    base_f = base.float()
+    neg_sum = torch.zeros_like(base_f)
+    total = torch.zeros_like(base_f)
+    top = torch.zeros_like(base_f)
+    count = torch.zeros_like(base_f)
+    lam = torch.zeros_like(base_f)
+    for t, (agent, importance) in enumerate(zip(agents, importances)):
+        h = importance.float()
+        delta = _active_delta(agent, base_f, eps)
+        active = delta != 0
+        mask = active.float()
+        count = count + mask
+        if t > 0:
+            up = (h > top) & active
+            r = torch.where(up, top / h, 1.0)
+            neg_sum = neg_sum * r
+            total = total * r
+            top = torch.where(up, h, top)
+            w = torch.where((top > 0) & active, h / top, mask)
+        else:
+            top = torch.where(active, h, 0.0)
+            w = mask
+        neg_sum = neg_sum - w * delta
+        total = total + w
+        if lambdas is not None:
+            lam = lam + mask * lambdas[t]
+    mean = neg_sum / total.clamp(min=1.0)
     if lambdas is not None:
         mean = torch.where(count == 1.0, neg_sum * lam, mean)
     merged = base_f - mean

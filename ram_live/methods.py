@@ -122,6 +122,8 @@ class TensorContext:
     start: int
     run_state: Any = None
     state: Any = None
+    #: the method's per-agent auxiliary inputs of this chunk, ``{name: [K, C]}`` (see ``MergeMethod.auxiliary``)
+    auxiliary: Mapping[str, Tensor] | None = None
 
 
 class TensorView(Protocol):
@@ -156,6 +158,13 @@ class MergeMethod:
     #: exactly what ``combine`` computes (tests check both).
     accumulator: Callable[..., Any] | None = None
     description: str = ""
+    #: Per-agent auxiliary inputs the method takes (e.g. RAM's ``"importance"``), tensors of the parameters'
+    #: shapes streamed chunk by chunk like the agents: ``combine`` finds them in ``ctx.auxiliary``, accumulators
+    #: are built with ``auxiliary=(names)`` and get ``add(t, delta, **{name: chunk})``.
+    auxiliary: tuple[str, ...] = ()
+    #: ``check_auxiliary(name, flat)``: ``(index, reason)`` of the first invalid entry of one agent's auxiliary
+    #: tensor, or None; the engine raises naming the agent and tensor.
+    check_auxiliary: Callable[[str, Tensor], tuple[int, str] | None] | None = None
 
 
 _REGISTRY: dict[str, MergeMethod] = {}
@@ -650,8 +659,19 @@ def _ram_needs_statistics(config: RamConfig) -> bool:
 
 
 def _ram_accumulator(config: RamConfig, lambdas: Tensor | None, capacity: int, k: int, device: torch.device,
-                     dtype: torch.dtype) -> F.RamAccumulator:
-    return F.RamAccumulator(capacity, k, device, dtype, None if lambdas is None else lambdas.tolist())
+                     dtype: torch.dtype, auxiliary: tuple[str, ...] = ()) -> F.RamAccumulator:
+    cls = F.WeightedRamAccumulator if "importance" in auxiliary else F.RamAccumulator
+    return cls(capacity, k, device, dtype, None if lambdas is None else lambdas.tolist())
+
+
+def check_importance(name: str, flat: Tensor) -> tuple[int, str] | None:
+    """The first entry of an agent's flat importances that is negative, NaN or Inf, as ``(index, reason)``."""
+    bad = ~((flat >= 0) & (flat != math.inf))
+    if not bool(bad.any()):
+        return None
+    index = int(bad.nonzero()[0, 0])
+    value = float(flat[index])
+    return index, f"holds {value} (importances must be finite and >= 0)"
 
 
 for _name, _cls, _desc in (
@@ -662,11 +682,13 @@ for _name, _cls, _desc in (
     register_method(
         _name,
         _cls,
-        lambda deltas, ctx, config: F.ram_combine(deltas, ctx.state),
+        lambda deltas, ctx, config: F.ram_combine(deltas, ctx.state, (ctx.auxiliary or {}).get("importance")),
         setup=_ram_setup,
         prepare=_ram_prepare,
         activity=_ram_activity,
         needs_statistics=_ram_needs_statistics,
         accumulator=_ram_accumulator,
         description=_desc,
+        auxiliary=("importance",),
+        check_auxiliary=check_importance,
     )

@@ -1,0 +1,291 @@
+"""Native CPU kernel of curvature-aware RAM: :mod:`ram_live._ram_native`'s merge with the shared entries' mean
+weighted by each agent's importances, which are read chunk by chunk beside the agents (one more input each, no
+scratch: the extra memory stays that of the plain merge).
+
+The operations and their order are :class:`ram_live.functional.WeightedRamAccumulator`'s (an online maximum M of
+the active agents' importances; S = −Σ w·τ, W = Σ w with w = h / M, rescaled by M_old / M_new when the maximum
+grows; w = 1 where M = 0), compiled without contraction into FMAs, so both give the same bits (tested). The
+kernel also counts importances that are negative, NaN or Inf (with the non-finite results: the engine then names
+the culprit). AVX-512 (F, BW, DQ) where the CPU has it, for 1 to 4 agents unrolled; portable loops over blocks
+of 512 entries elsewhere. Agents float32 or bfloat16 (one dtype), importances float32 or bfloat16 (one dtype,
+either), output float32 or bfloat16; the torch paths take everything else. :func:`kernels` is None without a C
+compiler or with ``RAM_LIVE_NATIVE=0``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from torch import Tensor
+
+from ._cc import load_library
+from ._ram_native import DTYPES, FLAGS, MAX_AGENTS, with_shared_c
+
+__all__ = ["Kernels", "build", "kernels", "supports"]
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+
+#define BLOCK 512
+
+@SCALAR@
+static inline uint16_t to_bf16(float x) {
+    uint32_t u = bits(x);
+    return ((u & 0x7FFFFFFFu) > 0x7F800000u) ? (uint16_t)0x7FC0u : (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+/* not finite and >= 0: negative, NaN or +Inf */
+static inline int bad_importance(float h) { return !(h >= 0.0f) || bits(h) == 0x7F800000u; }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define FAST 1
+#include <immintrin.h>
+@LOAD32@
+/* 32 importances at p + s in the lane order load32 gives the agents (in_dtype) */
+static inline void load_imp32(int in_dtype, int imp_dtype, const void *p, int64_t s, int n, __m512 *lo, __m512 *hi) {
+    if (in_dtype == imp_dtype || n <= 0) { load32(imp_dtype, p, s, n, lo, hi); return; }
+    if (in_dtype == 1) {  /* bfloat16 agents: even entries in lo, odd ones in hi */
+        __m512 a, b;
+        load32(0, p, s, n, &a, &b);
+        const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+        *lo = _mm512_permutex2var_ps(a, ie, b);
+        *hi = _mm512_permutex2var_ps(a, io, b);
+    } else {  /* float32 agents: entry order */
+        const uint16_t *h = (const uint16_t *)p + s;
+        __m512i x = n >= 32 ? _mm512_loadu_si512(h) : _mm512_maskz_loadu_epi16((__mmask32)((1u << n) - 1u), h);
+        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(x)), 16));
+        *hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(x, 1)), 16));
+    }
+}
+/* agent t's share of 16 entries (first: t == 0, where S = W = 0 and no rescaling is needed) */
+static inline __attribute__((always_inline)) void wagent16(__m512 a, __m512 b, __m512 h, __m512 eps, __m512 lt,
+        int plus, int first, __m512 *ns, __m512 *ws, __m512 *top, __m512 *cnt, __m512 *lam, int64_t *bad) {
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    const __m512 inf = _mm512_castsi512_ps(_mm512_set1_epi32(0x7F800000));
+    const __m512 d = _mm512_sub_ps(a, b);
+    const __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(d), eps, _CMP_NLE_UQ);
+    *bad += __builtin_popcount((uint32_t)(_mm512_cmp_ps_mask(h, zero, _CMP_NGE_UQ)
+                                          | _mm512_cmp_ps_mask(h, inf, _CMP_EQ_OQ)));
+    *cnt = _mm512_mask_add_ps(*cnt, m, *cnt, one);
+    if (plus) *lam = _mm512_mask_mov_ps(*lam, m, lt);
+    if (first) {
+        *top = _mm512_maskz_mov_ps(m, h);
+        *ns = _mm512_mask_sub_ps(*ns, m, *ns, d);
+        *ws = _mm512_mask_add_ps(*ws, m, *ws, one);
+        return;
+    }
+    if (!m) return;
+    const __mmask16 up = _mm512_mask_cmp_ps_mask(m, h, *top, _CMP_GT_OQ);
+    if (up) {
+        const __m512 r = _mm512_maskz_div_ps(up, *top, h);
+        *ns = _mm512_mask_mul_ps(*ns, up, *ns, r);
+        *ws = _mm512_mask_mul_ps(*ws, up, *ws, r);
+        *top = _mm512_mask_mov_ps(*top, up, h);
+    }
+    const __m512 w = _mm512_mask_div_ps(one, _mm512_mask_cmp_ps_mask(m, *top, zero, _CMP_GT_OQ), h, *top);
+    *ns = _mm512_mask_sub_ps(*ns, m, *ns, _mm512_mul_ps(w, d));
+    *ws = _mm512_mask_add_ps(*ws, m, *ws, w);
+}
+/* theta* = b - (cnt == 1 ? ns * lam : ns / max(ws, 1)) */
+static inline __attribute__((always_inline)) __m512 wtheta16(__m512 b, __m512 ns, __m512 ws, __m512 cnt, __m512 lam,
+                                                             int plus) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 r = _mm512_div_ps(ns, _mm512_mask_mov_ps(ws, _mm512_cmp_ps_mask(ws, one, _CMP_LT_OQ), one));
+    if (plus) r = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(cnt, one, _CMP_EQ_OQ), ns, lam);
+    return _mm512_sub_ps(b, r);
+}
+static inline __attribute__((always_inline)) void wstore32(int out_dtype, int in_dtype, void *out, int64_t s, int n,
+                                                           __m512 lo, __m512 hi, int64_t *bad) {
+    float tmp[32] __attribute__((aligned(64)));
+    if (in_dtype == 1) {  /* back to entry order */
+        const __m512i i_lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        const __m512i i_hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+        const __m512 e = lo;
+        lo = _mm512_permutex2var_ps(e, i_lo, hi);
+        hi = _mm512_permutex2var_ps(e, i_hi, hi);
+    }
+    _mm512_store_ps(tmp, lo);
+    _mm512_store_ps(tmp + 16, hi);
+    if (out_dtype == 1) {
+        uint16_t *o = (uint16_t *)out + s;
+        for (int i = 0; i < n; i++) { *bad += nonfinite_as(1, tmp[i]); o[i] = to_bf16(tmp[i]); }
+    } else {
+        float *o = (float *)out + s;
+        for (int i = 0; i < n; i++) { *bad += nonfinite_as(0, tmp[i]); o[i] = tmp[i]; }
+    }
+}
+static inline __attribute__((always_inline)) int64_t wmerge_range(
+        int in_dtype, int imp_dtype, int out_dtype, int plus, const void *base, const void *const *agents,
+        const void *const *imps, int k, const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
+    const __m512 ve = _mm512_set1_ps(eps), zero = _mm512_setzero_ps();
+    int64_t bad = 0;
+    for (int64_t s = start; s < end; s += 32) {
+        int n = (int)(end - s < 32 ? end - s : 32);
+        __m512 be, bo, ae, ao, he, ho;
+        __m512 ns_e = zero, ns_o = zero, w_e = zero, w_o = zero, t_e = zero, t_o = zero;
+        __m512 c_e = zero, c_o = zero, l_e = zero, l_o = zero;
+        load32(in_dtype, base, s, n, &be, &bo);
+        for (int t = 0; t < k; t++) {
+            const __m512 lt = plus ? _mm512_set1_ps(lambdas[t]) : zero;
+            load32(in_dtype, agents[t], s, n, &ae, &ao);
+            load_imp32(in_dtype, imp_dtype, imps[t], s, n, &he, &ho);
+            wagent16(ae, be, he, ve, lt, plus, t == 0, &ns_e, &w_e, &t_e, &c_e, &l_e, &bad);
+            wagent16(ao, bo, ho, ve, lt, plus, t == 0, &ns_o, &w_o, &t_o, &c_o, &l_o, &bad);
+        }
+        wstore32(out_dtype, in_dtype, out, s, n, wtheta16(be, ns_e, w_e, c_e, l_e, plus),
+                 wtheta16(bo, ns_o, w_o, c_o, l_o, plus), &bad);
+    }
+    return bad;
+}
+#define W(I, H, O, P, K) wmerge_range(I, H, O, P, base, agents, imps, K, lambdas, eps, out, start, end)
+#define BY_K4(I, H, O, P) switch (k) { case 1: return W(I, H, O, P, 1); case 2: return W(I, H, O, P, 2);          \
+        case 3: return W(I, H, O, P, 3); case 4: return W(I, H, O, P, 4); default: return W(I, H, O, P, k); }
+#define BY_PLUS(I, H, O) if (lambdas) { BY_K4(I, H, O, 1) } BY_K4(I, H, O, 0)
+#else
+#define WBLOCK(NAME, T, FROM, H, HFROM)                                                                          \
+static int64_t NAME(const T *base, const T *const *agents, const H *const *imps, int k, const float *lambdas,     \
+                    float eps, int64_t s, int n, float *restrict b, float *restrict ns, float *restrict ws,        \
+                    float *restrict top, float *restrict cnt, float *restrict lam) {                              \
+    int32_t bad = 0;                                                                                           \
+    for (int i = 0; i < n; i++) { b[i] = FROM(base[s + i]); ns[i] = ws[i] = top[i] = cnt[i] = lam[i] = 0.0f; } \
+    for (int t = 0; t < k; t++) {                                                                              \
+        const T *restrict a = agents[t] + s;                                                                   \
+        const H *restrict hp = imps[t] + s;                                                                    \
+        const float lt = lambdas ? lambdas[t] : 0.0f;                                                          \
+        for (int i = 0; i < n; i++) {                                                                          \
+            float d = FROM(a[i]) - b[i];                                                                       \
+            if (eps > 0.0f) d = (d >= -eps && d <= eps) ? 0.0f : d;                                            \
+            const float h = HFROM(hp[i]);                                                                      \
+            bad += bad_importance(h);                                                                          \
+            const int act = d != 0.0f;                                                                         \
+            const float m = act ? 1.0f : 0.0f;                                                                 \
+            float w;                                                                                           \
+            cnt[i] = cnt[i] + m;                                                                               \
+            lam[i] = lam[i] + m * lt;                                                                          \
+            if (t == 0) { top[i] = act ? h : 0.0f; w = m; }                                                    \
+            else {                                                                                             \
+                const int up = act && h > top[i];                                                              \
+                const float r = up ? top[i] / h : 1.0f;                                                        \
+                ns[i] = ns[i] * r; ws[i] = ws[i] * r;                                                          \
+                top[i] = up ? h : top[i];                                                                      \
+                w = act ? (top[i] > 0.0f ? h / top[i] : 1.0f) : 0.0f;                                          \
+            }                                                                                                  \
+            ns[i] = ns[i] - w * d;                                                                             \
+            ws[i] = ws[i] + w;                                                                                 \
+        }                                                                                                      \
+    }                                                                                                          \
+    return bad;                                                                                                \
+}
+WBLOCK(wblock_f32_f32, float, from_f32, float, from_f32)
+WBLOCK(wblock_f32_bf16, float, from_f32, uint16_t, from_bf16)
+WBLOCK(wblock_bf16_f32, uint16_t, from_bf16, float, from_f32)
+WBLOCK(wblock_bf16_bf16, uint16_t, from_bf16, uint16_t, from_bf16)
+#endif
+
+int ram_weighted_simd_bits(void) {
+#ifdef FAST
+    return 512;
+#else
+    return 0;
+#endif
+}
+
+/* theta* over [start, end) into out, the shared entries' mean weighted by imps; lambdas NULL: RAM. Returns the
+   number of non-finite results plus the number of bad importances. dtype codes: 0 float32, 1 bfloat16. */
+int64_t ram_merge_weighted(int in_dtype, int imp_dtype, int out_dtype, const void *base, const void *const *agents,
+                           const void *const *imps, int k, const float *lambdas, float eps, void *out,
+                           int64_t start, int64_t end) {
+#ifdef FAST
+    if (out_dtype == in_dtype) {
+        if (in_dtype == 1) { if (imp_dtype == 1) { BY_PLUS(1, 1, 1) } BY_PLUS(1, 0, 1) }
+        if (imp_dtype == 1) { BY_PLUS(0, 1, 0) } BY_PLUS(0, 0, 0)
+    }
+    return W(in_dtype, imp_dtype, out_dtype, lambdas != 0, k);
+#else
+    float b[BLOCK] __attribute__((aligned(64))), ns[BLOCK] __attribute__((aligned(64)));
+    float ws[BLOCK] __attribute__((aligned(64))), top[BLOCK] __attribute__((aligned(64)));
+    float cnt[BLOCK] __attribute__((aligned(64))), lam[BLOCK] __attribute__((aligned(64)));
+    int64_t bad = 0;
+    for (int64_t s = start; s < end; s += BLOCK) {
+        int n = (int)(end - s < BLOCK ? end - s : BLOCK);
+        if (in_dtype == 1)
+            bad += (imp_dtype == 1 ? wblock_bf16_bf16((const uint16_t *)base, (const uint16_t *const *)agents,
+                                                      (const uint16_t *const *)imps, k, lambdas, eps, s, n, b, ns, ws,
+                                                      top, cnt, lam)
+                                   : wblock_bf16_f32((const uint16_t *)base, (const uint16_t *const *)agents,
+                                                     (const float *const *)imps, k, lambdas, eps, s, n, b, ns, ws, top,
+                                                     cnt, lam));
+        else
+            bad += (imp_dtype == 1 ? wblock_f32_bf16((const float *)base, (const float *const *)agents,
+                                                     (const uint16_t *const *)imps, k, lambdas, eps, s, n, b, ns, ws,
+                                                     top, cnt, lam)
+                                   : wblock_f32_f32((const float *)base, (const float *const *)agents,
+                                                    (const float *const *)imps, k, lambdas, eps, s, n, b, ns, ws, top,
+                                                    cnt, lam));
+        for (int i = 0; i < n; i++) {
+            const float mean = ns[i] / (ws[i] < 1.0f ? 1.0f : ws[i]);
+            const float r = b[i] - ((lambdas && cnt[i] == 1.0f) ? ns[i] * lam[i] : mean);
+            bad += nonfinite_as(out_dtype, r);
+            if (out_dtype == 1) ((uint16_t *)out)[s + i] = to_bf16(r); else ((float *)out)[s + i] = r;
+        }
+    }
+    return bad;
+#endif
+}
+"""
+
+
+@dataclass
+class Kernels:
+    lib: Any
+
+    @property
+    def simd_bits(self) -> int:
+        """512 where the AVX-512 kernel runs, 0 where the portable loops do."""
+        return int(self.lib.ram_weighted_simd_bits())
+
+    def merge_weighted(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], importances: Sequence[Tensor],
+                       lambdas: Tensor | None, eps: float, start: int, end: int) -> int:
+        """θ* of flat entries ``[start, end)`` into ``out`` with the shared entries' mean weighted by
+        ``importances`` (flat, one per agent); ``lambdas``: float32 λ per agent or None. Returns the number of
+        non-finite results plus that of negative/NaN/Inf importances."""
+        k = len(agents)
+        ptrs = (ctypes.c_void_p * k)(*(a.data_ptr() for a in agents))
+        imps = (ctypes.c_void_p * k)(*(h.data_ptr() for h in importances))
+        lam = None if lambdas is None else ctypes.c_void_p(lambdas.data_ptr())
+        return int(self.lib.ram_merge_weighted(DTYPES[base.dtype], DTYPES[importances[0].dtype], DTYPES[out.dtype],
+                                               base.data_ptr(), ptrs, imps, k, lam, eps, out.data_ptr(), start, end))
+
+
+def supports(base: Tensor, importances: Sequence[Tensor]) -> bool:
+    """Whether the kernel takes these importances (the agents and output are :func:`ram_live._ram_native.supports`'
+    business): CPU, contiguous, as long as the base, one dtype of float32/bfloat16."""
+    return (0 < len(importances) <= MAX_AGENTS and importances[0].dtype in DTYPES
+            and all(h.device.type == "cpu" and h.is_contiguous() and h.numel() == base.numel()
+                    and h.dtype == importances[0].dtype for h in importances))
+
+
+_KERNELS: Kernels | None | bool = False
+
+
+def build(flags: Sequence[str] = FLAGS) -> Kernels | None:
+    """The kernel compiled with ``flags`` (cached per machine), or None where it cannot be built."""
+    lib = load_library(with_shared_c(_SOURCE), "ram_weighted", list(flags))
+    if lib is None:
+        return None
+    ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    lib.ram_merge_weighted.argtypes = [i32, i32, i32, ptr, ptr, ptr, i32, ptr, f32, ptr, i64, i64]
+    lib.ram_merge_weighted.restype = i64
+    lib.ram_weighted_simd_bits.restype = i32
+    return Kernels(lib)
+
+
+def kernels() -> Kernels | None:
+    """The compiled kernel, built on first use (once per machine); None where it cannot be."""
+    global _KERNELS
+    if _KERNELS is False:
+        _KERNELS = build()
+    return _KERNELS
