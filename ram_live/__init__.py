@@ -47,6 +47,7 @@ from .peft import (
     ram_merge_adapters,
     refactor,
 )
+from .importance import adam_importance, empirical_fisher
 from .probe import ProbeReport, probe
 from .schedule import MergeResult, RAMSchedule
 from .search import ExtrapolationWarning, SearchResult, search
@@ -64,6 +65,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "merge", "ram_merge", "merge_task_vectors", "probe", "ram_merge_adapters", "ram_merge_adapter_files",
+    "adam_importance", "empirical_fisher",
     "from_mergekit_yaml", "MergekitPlan",
     "lora_deltas", "refactor", "TopK", "RelativeThreshold", "RECOMMENDED_SPARSIFY", "AdapterMergeReport",
     "UnsupportedAdapterError", "DenseDeltaWarning",

@@ -15,6 +15,7 @@ from .methods import RAM_VARIANTS, RamStatistics, get_method, make_config
 from .progress import ProgressHook, TerminalProgress
 from .distributed import Distributed
 from .sinks import DistributedSafetensorsSink, ModuleSink, SafetensorsSink, StateDictSink
+from .importance import importance_sources
 from .sources import SafetensorsSource, TensorSource, ZerosSource, as_source, check_agent_names, iter_named
 
 #: What ``dtype=`` may ask merged tensors to be stored as.
@@ -99,6 +100,7 @@ def merge(
     compile: bool | str = "auto",
     statistics: RamStatistics | None = None,
     config: Any = None,
+    importance: Any = None,
     **options: Any,
 ) -> Any:
     """Merge ``models`` (agents fine-tuned from ``base``) with ``method``; ``options`` go to its config.
@@ -126,6 +128,12 @@ def merge(
     same activity rule and the same tensors (checked, and a digest of every tensor's first and last 64 entries:
     swapped or further-trained checkpoints are refused, a change only in the middle of tensors is not seen);
     methods that need no global counts ignore them, and ``inplace=True`` counts again (its first pass validates).
+    ``importance`` (RAM family; docs/curvature.md): ``{agent name: importances}``, each a state dict, a
+    ``.safetensors`` file/folder or a TensorSource of non-negative tensors of the parameters' shapes (e.g.
+    :func:`ram_live.importance.adam_importance`); the shared entries become the importance-weighted mean of the
+    active agents' τ (the plain mean where every active agent's importance is 0; equal importances: RAM's bits).
+    Every merged agent needs one with every merged tensor; negative, NaN or Inf entries are errors naming agent
+    and tensor.
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP
@@ -133,6 +141,7 @@ def merge(
     method_obj = get_method(method)
     cfg = make_config(method, config, **options)
     agents, base_src = _sources(models, base)
+    aux = None if importance is None else {"importance": importance_sources(importance, [a.name for a in agents])}
     if inplace and not isinstance(base, nn.Module):
         raise ConfigError("inplace=True needs the base to be an nn.Module")
     if inplace and out is not None:
@@ -169,7 +178,10 @@ def merge(
             base_src, agents, method_obj, cfg, sink, device=dev, chunk_numel=chunk_numel, validate_first=inplace,
             progress=TerminalProgress() if progress is True else (progress or None), workers=workers, dist=dist,
             compile=compile, statistics=statistics,
+            auxiliary=aux,
         )
+        if importance is not None:
+            info.extra["importance"] = "given"
         result = sink.finish()
     except BaseException:
         sink.abort()
@@ -199,6 +211,7 @@ def ram_merge(
     process_group: Any = None,
     compile: bool | str = "auto",
     statistics: RamStatistics | None = None,
+    importance: Any = None,
 ) -> Any:
     """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``.
 
@@ -207,6 +220,7 @@ def ram_merge(
     the whole model, the paper) or ``"tensor"`` (mergekit's ``ramplus_tl``). ``activity``: ``"abs"`` (|τ| > eps,
     the paper) or ``"changed"`` (the stored value differs). The authors' script: ``r=0.2, alpha=1.0``;
     mergekit ``ramplus_tl``: ``r=0.1, alpha=0.2, rho_scope="tensor"``. See :func:`merge` for inputs and outputs.
+    ``importance``: ``{agent: importances}`` for curvature-aware RAM (see :func:`merge` and docs/curvature.md).
 
     >>> generalist = ram_merge([coder, tool_agent, memory_agent], base=base_model)          # doctest: +SKIP
     >>> generalist, info = ram_merge(agents, base=base_model, return_info=True)
@@ -223,5 +237,5 @@ def ram_merge(
     return merge(
         models, base, variant, inplace=inplace, out=out, device=device, dtype=dtype, chunk_numel=chunk_numel,
         max_shard_bytes=max_shard_bytes, return_info=return_info, progress=progress, workers=workers,
-        process_group=process_group, compile=compile, statistics=statistics, **options,
+        process_group=process_group, compile=compile, statistics=statistics, importance=importance, **options,
     )
