@@ -94,6 +94,11 @@ class RAMCallback(Callback):
         async_write: write snapshot files in a background thread (the changed values are captured at the step;
             single device and DDP); waited for before the next snapshot, a merge, a checkpoint and at train end.
         durable: fsync snapshot files before their manifest (survives power loss, not only killed processes).
+        search: a :class:`~ram_live.schedule_search.SearchSetting`: each merge is the one :func:`ram_live.search`
+            picks with the setting's held-out evaluation (``evaluate(module)``, each candidate swapped in; when it
+            names none, this callback's evaluation: ``evaluate`` or the validation loop). Logs ``ram/search/*``;
+            the record is in ``last_result.extra["search"]``, the callback's state and
+            ``<store>/_search/<agent>/step_<N>.json``. Single device and DDP.
     """
 
     def __init__(
@@ -118,6 +123,7 @@ class RAMCallback(Callback):
         val_batches: int | None = None,
         async_write: bool = False,
         durable: bool = True,
+        search: Any = None,
     ) -> None:
         if evaluate is True:
             raise RamLiveError("evaluate must be a callable, None (validation) or False")
@@ -125,6 +131,7 @@ class RAMCallback(Callback):
             store, agent, snapshot_every=snapshot_every, merge_every=merge_every, variant=variant, r=r, alpha=alpha,
             eps=eps, activity=activity, rho_scope=rho_scope, snapshot_activity=snapshot_activity,
             snapshot_eps=snapshot_eps, keep=keep, agents=agents, async_write=async_write, durable=durable,
+            search=search,
         )
         self.agent = agent
         self._store_name = str(store.root if isinstance(store, SnapshotStore) else store)

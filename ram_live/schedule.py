@@ -21,23 +21,20 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
 
-from . import functional as F
 from .api import check_ram_variant, ram_merge
 from .engine import DEFAULT_CHUNK_NUMEL
 from .errors import ConfigError
-from .methods import Activity
+from ._schedule_util import MergeResult, _like, _load_base, _probe_numbers, _swap, _to_float  # noqa: F401 (re-exported)
+from .schedule_search import SearchSetting, schedule_search, search_metrics
 from .store import (
     BaseMismatchError,
     Collective,
     LocalCollective,
     LocalModel,
-    LocalTensor,
     Snapshot,
     SnapshotNotFoundError,
     SnapshotStore,
@@ -45,7 +42,6 @@ from .store import (
     StoreError,
     default_collective,
     fingerprint,
-    ram_statistics,
 )
 
 __all__ = ["MergeResult", "RAMSchedule", "every"]
@@ -56,35 +52,6 @@ STATE_VERSION = 1
 def every(n: int | None, step: int) -> bool:
     """True on steps n, 2n, 3n, … (never for n = None or 0)."""
     return bool(n) and step > 0 and step % int(n) == 0  # type: ignore[operator]
-
-
-@dataclass
-class MergeResult:
-    """A generalist merged from the latest snapshot of every agent: its tensors (local shards when sharded), the
-    snapshot step used per agent, and the probe numbers of the merge."""
-
-    step: int
-    tensors: dict[str, Tensor]
-    agents: dict[str, int]
-    lambdas: dict[str, float]
-    rho: dict[str, float]
-    density: dict[str, float]
-    seconds: float
-    variant: str
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def metrics(self, prefix: str = "ram/") -> dict[str, float]:
-        """The probe numbers as flat ``{name: float}``: per agent density, ρ, λ and snapshot step."""
-        out: dict[str, float] = {f"{prefix}agents": float(len(self.agents)), f"{prefix}merge_seconds": self.seconds}
-        for name, step in self.agents.items():
-            out[f"{prefix}{name}/snapshot_step"] = float(step)
-            if name in self.density:
-                out[f"{prefix}{name}/density"] = self.density[name]
-            if name in self.rho:
-                out[f"{prefix}{name}/rho"] = self.rho[name]
-            if name in self.lambdas:
-                out[f"{prefix}{name}/lambda"] = self.lambdas[name]
-        return out
 
 
 class RAMSchedule:
@@ -98,6 +65,10 @@ class RAMSchedule:
     only these agents (default: every agent in the store). ``evaluate(model) -> dict``: called with the merged
     weights swapped into the model (restored exactly afterwards). ``async_write``: capture the changed values at
     the step, write the files in a background thread (replicated models; sharded ones write in step).
+    ``search``: a :class:`~ram_live.schedule_search.SearchSetting` (or its options as a mapping): each merge is
+    then the one :func:`ram_live.search` picks with that held-out evaluation (single device or DDP); the metrics
+    gain ``ram/search/*``, :attr:`MergeResult.extra` ``["search"]`` and :attr:`last_search` hold the record, also
+    saved to ``<store>/_search/<agent>/step_<N>.json`` and kept in :meth:`state_dict`.
     """
 
     def __init__(
@@ -122,6 +93,7 @@ class RAMSchedule:
         async_write: bool = False,
         durable: bool = True,
         chunk_numel: int = DEFAULT_CHUNK_NUMEL,
+        search: SearchSetting | Mapping[str, Any] | None = None,
     ) -> None:
         for name, value in (("snapshot_every", snapshot_every), ("merge_every", merge_every), ("keep", keep)):
             if value is not None and (not isinstance(value, int) or value < 0):
@@ -152,6 +124,8 @@ class RAMSchedule:
         self._pending: Any = None  # the background write in flight (async_write)
         self._executor: Any = None
         self.chunk_numel = chunk_numel
+        self.search = SearchSetting.from_mapping(search)
+        self.last_search: dict[str, Any] | None = None  # the record of the latest searched merge
         # counters (state_dict)
         self.last_snapshot_step = -1
         self.last_merge_step = -1
@@ -340,10 +314,12 @@ class RAMSchedule:
                 return picks, sources
         raise SnapshotNotFoundError(f"{self.store.root}: snapshots kept disappearing while opening them")
 
-    def merge(self, model: Any, step: int, epoch: int | None = None) -> MergeResult:
+    def merge(self, model: Any, step: int, epoch: int | None = None,
+              evaluate: Callable[[Any], Mapping[str, Any]] | None = None) -> MergeResult:
         """Merge the latest snapshot of every agent in the store (this run's included; taken now if
         ``snapshot_before_merge`` and this run's is older) onto the base, as tensors shaped like this process's
-        part of ``model``."""
+        part of ``model``. Under ``search``, the merge it picks (``evaluate``: the evaluation when the setting
+        names none; default ``self.evaluate``)."""
         base = self._require()
         if self.snapshot_before_merge and self.last_snapshot_step < step:
             self.snapshot(model, step, epoch)
@@ -355,9 +331,6 @@ class RAMSchedule:
         live.check_like(base, self.agent)
         picks, sources = self._open(live, step)
         names = list(picks)
-        density: dict[str, float] = {}
-        rho: dict[str, float] = {}
-        lambdas: dict[str, float] = {}
         agents = []
         for name, s in sources.items():
             if isinstance(s, LocalModel):
@@ -367,32 +340,26 @@ class RAMSchedule:
             else:
                 agents.append(s)
         distributed = self.sharded and self.collective.world_size > 1
-        tensors, info = ram_merge(
-            {a.name: a for a in agents}, base=base, variant=self.variant, r=self.r, alpha=self.alpha,
-            eps=self.eps, activity=self.activity, rho_scope=self.rho_scope, chunk_numel=self.chunk_numel,
-            return_info=True, **({"process_group": True} if distributed else {}),
-        )
-        if info.statistics is not None and self.rho_scope == "global":
-            active, unique = info.statistics.active.tolist(), info.statistics.unique.tolist()
-            total = _global_numel(base, agents, self.collective if distributed else LocalCollective())
-        else:  # plain RAM (or per-tensor ρ) needs no global statistics pass; the probe numbers do
-            stats = ram_statistics(base, agents, Activity(self.activity, self.eps),  # type: ignore[arg-type]
-                                   owned=lambda key: base.tensors[base.aliases().get(key, key)].owner,
-                                   collective=self.collective if distributed else None,
-                                   chunk_numel=self.chunk_numel)
-            active, unique, total = stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
-        if info.lambdas is not None and self.rho_scope == "global":
-            lambdas = dict(info.lambdas)
-        for name, a, u in zip(names, active, unique):
-            density[name] = a / total if total else 0.0
-            rho[name] = F.rho(float(u), float(a))
-            if self.variant == "ram":
-                lambdas[name] = 1.0
-            elif self.rho_scope == "global" and name not in lambdas:
-                lambdas[name] = F.ram_lambda(rho[name], self.variant, self.r, self.alpha)
+        variant, searched = self.variant, None
+        if self.search is not None:  # candidates are swapped into the model: read this agent from its snapshot
+            named = {a.name: self.store.open(a.name, picks[a.name]) if isinstance(sources[a.name], LocalModel)
+                     else a for a in agents}
+            tensors, info, searched = schedule_search(self, model, named, base, step, evaluate or self.evaluate)
+            variant = str(searched["best"]["method"])
+        else:
+            tensors, info = ram_merge(
+                {a.name: a for a in agents}, base=base, variant=self.variant, r=self.r, alpha=self.alpha,
+                eps=self.eps, activity=self.activity, rho_scope=self.rho_scope, chunk_numel=self.chunk_numel,
+                return_info=True, **({"process_group": True} if distributed else {}),
+            )
+        lambdas, rho, density = _probe_numbers(self, info, base, agents, names, distributed,
+                                               searched=searched is not None)
         self.last_merge_step = step
         self.merges += 1
-        return MergeResult(step, tensors, picks, lambdas, rho, density, time.perf_counter() - t0, self.variant)
+        result = MergeResult(step, tensors, picks, lambdas, rho, density, time.perf_counter() - t0, variant)
+        if searched is not None:
+            result.extra["search"] = self.last_search = searched
+        return result
 
     @contextlib.contextmanager
     def swapped(self, model: Any, result: MergeResult) -> Iterator[Any]:
@@ -408,9 +375,11 @@ class RAMSchedule:
     def merge_and_evaluate(self, model: Any, step: int, epoch: int | None = None,
                            evaluate: Callable[[Any], Mapping[str, Any]] | None = None) -> dict[str, float]:
         """:meth:`merge`, then ``evaluate(model)`` with the merged weights swapped in; the metrics, ``ram/``-prefixed."""
-        result = self.last_result = self.merge(model, step, epoch)
-        metrics = result.metrics()
         fn = evaluate or self.evaluate
+        result = self.last_result = self.merge(model, step, epoch, fn)
+        metrics = result.metrics()
+        if "search" in result.extra:
+            metrics.update(search_metrics(result.extra["search"]))
         if fn is not None:
             with self.swapped(model, result):  # floats taken inside: a score may be a view of the weights
                 scores = {k: _to_float(v) for k, v in (fn(model) or {}).items()}
@@ -428,6 +397,7 @@ class RAMSchedule:
             "store": str(self._store.root if self._store is not None else self._store_arg),
             "base_fingerprint": self.base_fingerprint, "last_snapshot_step": self.last_snapshot_step,
             "last_merge_step": self.last_merge_step, "snapshots": self.snapshots, "merges": self.merges,
+            "last_search": self.last_search,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -438,64 +408,4 @@ class RAMSchedule:
         self.last_merge_step = int(state.get("last_merge_step", -1))
         self.snapshots = int(state.get("snapshots", 0))
         self.merges = int(state.get("merges", 0))
-
-
-# ----------------------------------------------------------------------------------------------- helpers
-
-
-def _to_float(value: Any) -> float:
-    if isinstance(value, Tensor):
-        return float(value.detach().float().mean().item())
-    return float(value)
-
-
-def _global_numel(base: LocalModel, agents: Sequence[Any], collective: Collective) -> int:
-    """Entries the merge merges, over all ranks (each box counted once)."""
-    from .engine import build_plan
-
-    plan = build_plan(base, agents)
-    mine = sum(base.tensors[k].tensor.numel() for k in plan.merge if base.tensors[k].owner)
-    return int(collective.all_reduce_sum_(torch.tensor([mine], dtype=torch.int64)).item())
-
-
-def _load_base(store: SnapshotStore, live: LocalModel) -> LocalModel:
-    """The store's base, cut into this process's boxes of ``live`` and put on its devices."""
-    source = store.base_source()
-    tensors = {}
-    for key, t in live.tensors.items():
-        data = source.get_box(key, t.offsets, tuple(t.tensor.shape)).to(t.tensor.device)
-        if data.dtype != t.tensor.dtype:
-            raise BaseMismatchError(f"tensor {key!r}: the store's base is {data.dtype}, the model {t.tensor.dtype}")
-        tensors[key] = LocalTensor(data, t.global_shape, t.offsets, t.owner, t.is_buffer)
-    return LocalModel(tensors, live.aliases(), live.keys(), "base", live.distributed)
-
-
-def _like(given: LocalModel, live: LocalModel) -> LocalModel:
-    """A given base (whole tensors, or shards like the model's) as copies in the model's boxes and devices."""
-    tensors = {}
-    for key, t in live.tensors.items():
-        g = given.tensors.get(key)
-        if g is None:
-            raise BaseMismatchError(f"the given base has no tensor {key!r}")
-        if g.global_shape != t.global_shape:
-            raise BaseMismatchError(f"tensor {key!r}: the given base has shape {g.global_shape}, the model {t.global_shape}")
-        if g.box == t.box:
-            data = g.tensor
-        elif g.full:
-            data = g.tensor[tuple(slice(o, o + n) for o, n in zip(t.offsets, t.tensor.shape))]
-        else:
-            raise BaseMismatchError(f"tensor {key!r}: the given base is sharded differently from the model")
-        data = data.to(t.tensor.device).clone(memory_format=torch.contiguous_format)
-        tensors[key] = LocalTensor(data, t.global_shape, t.offsets, t.owner, t.is_buffer)
-    return LocalModel(tensors, live.aliases(), live.keys(), "base", live.distributed)
-
-
-def _swap(live: LocalModel, tensors: dict[str, Tensor]) -> None:
-    with torch.no_grad():
-        for key, t in live.tensors.items():
-            other = tensors[key]
-            if other.shape != t.tensor.shape or other.dtype != t.tensor.dtype:
-                raise StoreError(f"merged tensor {key!r} does not fit the model ({other.shape} vs {t.tensor.shape})")
-            tmp = t.tensor.clone()
-            t.tensor.copy_(other)
-            other.copy_(tmp)
+        self.last_search = state.get("last_search")

@@ -254,3 +254,45 @@ def test_schedule_in_a_plain_loop(tmp_path):
     ref = ram_merge({n: m for n, m in models.items()}, base=base)
     assert scores[1]["ram/w0"] == pytest.approx(float(ref.weight[0, 0]))
     assert scores[1]["ram/y/snapshot_step"] == 4.0
+
+
+def test_search_setting_picks_the_merge_with_the_validation_loop_logs_and_saves_it(tmp_path):
+    """search=SearchSetting(metric="val_loss", mode="min"): every candidate scored by the module's own
+    validation loop (weights swapped in and back), the winner merged, logged under ram/search/*, saved."""
+    pytest.importorskip("ram_live.search")
+    from ram_live import merge
+    from ram_live.schedule_search import SearchSetting, load_choice
+
+    store = tmp_path / "store"
+    base = _copy(Net())
+    _trainer([RAMCallback(store, "a", snapshot_every=3, durable=False)], 3).fit(Net(), _loader(_data("a")))
+    before, after = Around(), Around()
+    ram = RAMCallback(store, "b", snapshot_every=2, merge_every=4, durable=False,
+                      search=SearchSetting(metric="val_loss", mode="min", budget=6))
+    model_b = Net()
+    trainer = _trainer([before, ram, after], 4, tmp_path, "b")
+    trainer.fit(model_b, _loader(_data("b")), _loader(VAL))
+    for k, v in before.at[4].items():  # every candidate's swap was undone bit for bit
+        assert _same(after.at[4][k], v), k
+    result = ram.last_result
+    rec = result.extra["search"]
+    assert rec["evaluations"] <= 6 and rec["metric"] == "val_loss"
+    s = SnapshotStore(store)
+    snaps = {n: s.open(n, step) for n, step in result.agents.items()}
+    again = merge(snaps, base=base, **load_choice(rec["file"]))
+    for k, v in again.items():
+        assert _same(result.tensors[k], v), k
+    merged = _module(again)
+    merged.eval()
+    with torch.no_grad():
+        xs, ys = VAL.tensors
+        expected = nn.functional.mse_loss(merged(xs), ys).item()
+    h = ram.history[0]
+    # the selection score is that merge's validation loss; the regular evaluation ran on it too
+    assert h["ram/search/best_score"] == pytest.approx(expected, rel=1e-6)
+    assert h["ram/val_loss"] == pytest.approx(expected, rel=1e-6)
+    assert h[f"ram/search/method/{rec['best']['method']}"] == 1.0
+    assert ram.state_dict()["last_search"]["best"] == rec["best"]
+    with open(tmp_path / "b" / "version_0" / "metrics.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r.get("ram/search/best_score")]
+    assert len(rows) == 1 and float(rows[0]["ram/search/best_score"]) == pytest.approx(expected, rel=1e-6)

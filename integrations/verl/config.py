@@ -55,6 +55,12 @@ class RAMVerlOptions:
         variant, r, alpha, eps, activity, rho_scope: RAM's options, as in :func:`ram_live.ram_merge`.
         evaluate: dotted path of ``fn(merged_dir: str, step: int) -> dict[str, float]`` (``pkg.mod.fn`` or
             ``pkg.mod:fn``), called after each merge; its scores are logged as ``ram/<name>``.
+        search: the options of a :class:`~ram_live.schedule_search.SearchSetting` (``+ram.search.budget=60
+            +ram.search.metric=acc +ram.search.evaluate=pkg.mod:fn``): each merge is then the one
+            :func:`ram_live.search` picks with that held-out evaluation (default: ``evaluate``), each candidate
+            evaluated in a folder under ``merged_dir``; logs ``ram/search/*``; the chosen options go into the
+            merged folder's ``ram_merge.json`` (``"search"``) and ``ram_search.json``. Its ``variant``/``r``/...
+            above are then unused.
         durable: fsync snapshot files before their manifest.
     """
 
@@ -82,6 +88,7 @@ class RAMVerlOptions:
     activity: str = "abs"
     rho_scope: str = "global"
     evaluate: str | None = None
+    search: Any = None
     durable: bool = True
     # filled from verl's config (not ram.* keys a user sets)
     save_freq: int | None = field(default=None, repr=False)
@@ -129,6 +136,17 @@ class RAMVerlOptions:
                     f"ram.evaluate must be a dotted path 'package.module.function', got {self.evaluate!r}")
         if self.base is not None:
             self.base = os.fspath(self.base)
+        if self.search is not None:
+            from ram_live.schedule_search import SearchSetting
+
+            try:
+                self.search = SearchSetting.from_mapping(self.search)
+            except ConfigError as exc:
+                raise ConfigError(f"ram.search: {exc}") from None
+            if self.search.evaluate is None and self.evaluate is None:
+                raise ConfigError("ram.search needs an evaluation: set ram.search.evaluate or ram.evaluate")
+            if self.merge_every is None:
+                raise ConfigError("ram.search is set but ram.merge_every is not: nothing would be searched")
         return self
 
     @classmethod

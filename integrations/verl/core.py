@@ -29,6 +29,7 @@ from ram_live import functional as F
 from ram_live.api import ram_merge
 from ram_live.errors import ConfigError, RamLiveError
 from ram_live.methods import Activity
+from ram_live.schedule_search import save_record, search_metrics
 from ram_live.sources import SafetensorsSource
 from ram_live.store import LocalTensor, SnapshotStore, ram_statistics
 
@@ -387,9 +388,19 @@ class RAMVerl:
         if not snaps:
             raise VerlIntegrationError(f"{self.store.root}: no snapshot to merge")
         o = self.opts
+        searched = result = None
         try:
-            _, info = ram_merge(snaps, out=building, dtype=self._out_dtype(), variant=o.variant, r=o.r, alpha=o.alpha,
-                                eps=o.eps, activity=o.activity, rho_scope=o.rho_scope, return_info=True)
+            if o.search is not None:  # the merge ram_live.search picks (integrations/verl/search.py)
+                from ram_live.api import merge as _merge
+
+                from .search import search_merge
+
+                searched, result = search_merge(self, snaps, step, root)
+                _, info = _merge(snaps, out=building, dtype=self._out_dtype(), return_info=True, **result.best)
+            else:
+                _, info = ram_merge(snaps, out=building, dtype=self._out_dtype(), variant=o.variant, r=o.r,
+                                    alpha=o.alpha, eps=o.eps, activity=o.activity, rho_scope=o.rho_scope,
+                                    return_info=True)
             names = list(snaps)
             if info.statistics is not None and o.rho_scope == "global":
                 active, unique = info.statistics.active.tolist(), info.statistics.unique.tolist()
@@ -399,7 +410,7 @@ class RAMVerl:
                                        Activity(o.activity, o.eps))  # type: ignore[arg-type]
                 active, unique, total = stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
             rho = {n: F.rho(float(u), float(a)) for n, a, u in zip(names, active, unique)}
-            lambdas = {n: F.ram_lambda(rho[n], o.variant, o.r, o.alpha) for n in names}
+            lambdas = {} if searched else {n: F.ram_lambda(rho[n], o.variant, o.r, o.alpha) for n in names}
             if info.lambdas is not None and o.rho_scope == "global":
                 lambdas.update(info.lambdas)
             density = {n: a / total if total else 0.0 for n, a in zip(names, active)}
@@ -411,6 +422,9 @@ class RAMVerl:
                       "alpha": o.alpha, "eps": o.eps, "activity": o.activity, "rho_scope": o.rho_scope,
                       "lambda": lambdas, "rho": {n: (v if math.isfinite(v) else None) for n, v in rho.items()},
                       "density": density, "weights": o.weights, "store": str(self.store.root)}
+            if searched is not None:
+                record.update(variant=searched["best"]["method"], search=searched)
+                save_record(building / "ram_search.json", searched, result, durable=False)
             (building / "ram_merge.json").write_text(json.dumps(record, indent=1))
             if final.exists():
                 old = root / f".global_step_{step}.old-{uuid.uuid4().hex[:8]}"
@@ -427,7 +441,10 @@ class RAMVerl:
             metrics[f"ram/{n}/snapshot_step"] = float(s.step)
             metrics[f"ram/{n}/density"] = density[n]
             metrics[f"ram/{n}/rho"] = rho[n]
-            metrics[f"ram/{n}/lambda"] = lambdas[n]
+            if n in lambdas:
+                metrics[f"ram/{n}/lambda"] = lambdas[n]
+        if searched is not None:
+            metrics.update(search_metrics(searched))
         if self.evaluate is not None:
             scores = self.evaluate(str(final), step=step) or {}
             for k, v in scores.items():

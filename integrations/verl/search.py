@@ -1,0 +1,65 @@
+"""``ram.search`` for verl: each merge is the one :func:`ram_live.search` picks with the user's held-out evaluation.
+
+The evaluation is verl's kind, ``fn(merged_dir: str, step: int) -> dict | float`` (``ram.search.evaluate``, else
+``ram.evaluate``): each candidate is written to one reused folder under ``merged_dir`` (weights in the merged
+dtype, the base's config and tokenizer files) and evaluated there. The winner is merged into
+``merged_dir/global_step_<N>`` as without search; its ``ram_merge.json`` gains ``"search"`` (the chosen options:
+``ram_live.merge(..., **record["best"])``) and ``ram_search.json`` holds every candidate's score.
+
+>>> +ram.search.budget=60 +ram.search.metric=acc +ram.search.evaluate=my_pkg.evals:held_out   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from ram_live.schedule_search import SearchSetting, _tensors_of, record_of
+
+__all__ = ["search_merge"]
+
+_SIDE_SKIP = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
+
+
+def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path) -> tuple[dict[str, Any], Any]:
+    """Run the search of ``ram.opts.search`` over ``snaps`` (the store's latest snapshots) on the store's base;
+    returns the record (with ``"best"``) and the :class:`~ram_live.search.SearchResult`."""
+    from safetensors.torch import save_file
+
+    from ram_live.search import search
+
+    setting: SearchSetting = ram.opts.search
+    fn = setting.evaluation(ram.evaluate)
+    confirm = setting.confirmation()
+    dtype = ram._out_dtype()
+    candidate = root / f".search_step_{step}-{uuid.uuid4().hex[:8]}"
+
+    def write(merged: Any) -> str:
+        candidate.mkdir(parents=True, exist_ok=True)
+        tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous()
+                   for k, v in _tensors_of(merged).items()}
+        save_file(tensors, str(candidate / "model.safetensors"))
+        if ram.base_dir is not None:
+            for f in Path(ram.base_dir).iterdir():
+                if f.is_file() and not f.name.endswith(_SIDE_SKIP) and not (candidate / f.name).exists():
+                    shutil.copy2(f, candidate / f.name)
+        return str(candidate)
+
+    def wrap(evaluate: Any) -> Any:
+        return lambda merged: setting.score(evaluate(write(merged), step=step))
+
+    base = next(iter(snaps.values())).base_source()
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad():
+            result = search(dict(snaps), base=base, evaluate=wrap(fn), budget=setting.budget, space=setting.space,
+                            seed=setting.seed, confirm=wrap(confirm) if confirm is not None else None,
+                            confirm_top=setting.confirm_top)
+    finally:
+        shutil.rmtree(candidate, ignore_errors=True)
+    return record_of(setting, result, step=step, seconds=time.perf_counter() - t0), result

@@ -1,0 +1,138 @@
+"""Pieces of :mod:`ram_live.schedule`: the merge result, and the tensor plumbing of a schedule (the base cut into
+this process's boxes, merged values swapped in and out of a live model)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .store import BaseMismatchError, Collective, LocalModel, LocalTensor, SnapshotStore, StoreError
+
+__all__ = ["MergeResult"]
+
+
+@dataclass
+class MergeResult:
+    """A generalist merged from the latest snapshot of every agent: its tensors (local shards when sharded), the
+    snapshot step used per agent, and the probe numbers of the merge."""
+
+    step: int
+    tensors: dict[str, Tensor]
+    agents: dict[str, int]
+    lambdas: dict[str, float]
+    rho: dict[str, float]
+    density: dict[str, float]
+    seconds: float
+    variant: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def metrics(self, prefix: str = "ram/") -> dict[str, float]:
+        """The probe numbers as flat ``{name: float}``: per agent density, ρ, λ and snapshot step."""
+        out: dict[str, float] = {f"{prefix}agents": float(len(self.agents)), f"{prefix}merge_seconds": self.seconds}
+        for name, step in self.agents.items():
+            out[f"{prefix}{name}/snapshot_step"] = float(step)
+            if name in self.density:
+                out[f"{prefix}{name}/density"] = self.density[name]
+            if name in self.rho:
+                out[f"{prefix}{name}/rho"] = self.rho[name]
+            if name in self.lambdas:
+                out[f"{prefix}{name}/lambda"] = self.lambdas[name]
+        return out
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, Tensor):
+        return float(value.detach().float().mean().item())
+    return float(value)
+
+
+def _global_numel(base: LocalModel, agents: Sequence[Any], collective: Collective) -> int:
+    """Entries the merge merges, over all ranks (each box counted once)."""
+    from .engine import build_plan
+
+    plan = build_plan(base, agents)
+    mine = sum(base.tensors[k].tensor.numel() for k in plan.merge if base.tensors[k].owner)
+    return int(collective.all_reduce_sum_(torch.tensor([mine], dtype=torch.int64)).item())
+
+
+def _probe_numbers(sched: Any, info: Any, base: LocalModel, agents: Sequence[Any], names: list[str], distributed: bool,
+                   *, searched: bool) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """λ, ρ and density per agent of a schedule's merge (λ as the merge reported them when it was searched)."""
+    from . import functional as F
+    from .methods import Activity
+    from .store import LocalCollective, ram_statistics
+
+    density: dict[str, float] = {}
+    rho: dict[str, float] = {}
+    lambdas: dict[str, float] = {}
+    if info.statistics is not None and sched.rho_scope == "global":
+        active, unique = info.statistics.active.tolist(), info.statistics.unique.tolist()
+        total = _global_numel(base, agents, sched.collective if distributed else LocalCollective())
+    else:  # plain RAM (or per-tensor ρ) needs no global statistics pass; the probe numbers do
+        stats = ram_statistics(base, agents, Activity(sched.activity, sched.eps),  # type: ignore[arg-type]
+                               owned=lambda key: base.tensors[base.aliases().get(key, key)].owner,
+                               collective=sched.collective if distributed else None,
+                               chunk_numel=sched.chunk_numel)
+        active, unique, total = stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
+    if info.lambdas is not None and sched.rho_scope == "global":
+        lambdas = dict(info.lambdas)
+    for name, a, u in zip(names, active, unique):
+        density[name] = a / total if total else 0.0
+        rho[name] = F.rho(float(u), float(a))
+        if searched:
+            continue  # λ as the chosen merge reported them (none for the baselines)
+        if sched.variant == "ram":
+            lambdas[name] = 1.0
+        elif sched.rho_scope == "global" and name not in lambdas:
+            lambdas[name] = F.ram_lambda(rho[name], sched.variant, sched.r, sched.alpha)
+    return lambdas, rho, density
+
+
+def _load_base(store: SnapshotStore, live: LocalModel) -> LocalModel:
+    """The store's base, cut into this process's boxes of ``live`` and put on its devices."""
+    source = store.base_source()
+    tensors = {}
+    for key, t in live.tensors.items():
+        data = source.get_box(key, t.offsets, tuple(t.tensor.shape)).to(t.tensor.device)
+        if data.dtype != t.tensor.dtype:
+            raise BaseMismatchError(f"tensor {key!r}: the store's base is {data.dtype}, the model {t.tensor.dtype}")
+        tensors[key] = LocalTensor(data, t.global_shape, t.offsets, t.owner, t.is_buffer)
+    return LocalModel(tensors, live.aliases(), live.keys(), "base", live.distributed)
+
+
+def _like(given: LocalModel, live: LocalModel) -> LocalModel:
+    """A given base (whole tensors, or shards like the model's) as copies in the model's boxes and devices."""
+    tensors = {}
+    for key, t in live.tensors.items():
+        g = given.tensors.get(key)
+        if g is None:
+            raise BaseMismatchError(f"the given base has no tensor {key!r}")
+        if g.global_shape != t.global_shape:
+            raise BaseMismatchError(f"tensor {key!r}: the given base has shape {g.global_shape}, the model {t.global_shape}")
+        if g.box == t.box:
+            data = g.tensor
+        elif g.full:
+            data = g.tensor[tuple(slice(o, o + n) for o, n in zip(t.offsets, t.tensor.shape))]
+        else:
+            raise BaseMismatchError(f"tensor {key!r}: the given base is sharded differently from the model")
+        data = data.to(t.tensor.device).clone(memory_format=torch.contiguous_format)
+        tensors[key] = LocalTensor(data, t.global_shape, t.offsets, t.owner, t.is_buffer)
+    return LocalModel(tensors, live.aliases(), live.keys(), "base", live.distributed)
+
+
+def _swap(live: LocalModel, tensors: dict[str, Tensor]) -> None:
+    with torch.no_grad():
+        for key, t in live.tensors.items():
+            other = tensors[key]
+            if other.shape != t.tensor.shape or other.dtype != t.tensor.dtype:
+                raise StoreError(f"merged tensor {key!r} does not fit the model ({other.shape} vs {t.tensor.shape})")
+            tmp = t.tensor.clone()
+            t.tensor.copy_(other)
+            other.copy_(tmp)

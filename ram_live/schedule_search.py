@@ -1,0 +1,324 @@
+"""Held-out merge selection in the training callbacks: one :class:`SearchSetting`, declared once and taken by
+:class:`~ram_live.RAMSchedule` (so the Lightning callback) and the verl integration (``ram.search``).
+
+At each merge the callback runs :func:`ram_live.search` over the latest snapshot of every agent with the user's
+evaluation on held-out data, merges the winner, logs ``ram/search/*`` and saves the chosen options next to the
+merged generalist (see :func:`save_record`; read them back with :func:`load_choice`).
+
+>>> setting = SearchSetting(evaluate=lambda model: {"acc": held_out_accuracy(model)}, metric="acc", budget=60)
+>>> schedule = RAMSchedule("runs/ram", agent="coder", merge_every=200, search=setting)       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from .errors import ConfigError
+
+__all__ = ["SearchSetting", "load_choice", "record_of", "save_record", "search_metrics"]
+
+MODES = ("max", "min")
+
+
+@dataclass(frozen=True)
+class SearchSetting:
+    """How a callback chooses each merge: ``ram_live.search`` with the user's held-out evaluation.
+
+    Args:
+        evaluate: the selection evaluation. In :class:`~ram_live.RAMSchedule` / the Lightning callback:
+            ``evaluate(model) -> dict | float``, called with each candidate's weights swapped into the training
+            model (restored bit for bit afterwards); in verl: ``evaluate(merged_dir, step=step) -> dict | float``
+            on a folder holding the candidate (a callable, or a dotted path ``pkg.mod:fn``). ``None``: the
+            callback's own ``evaluate`` (Lightning: the module's validation loop). Give it data that is not the
+            data you report on, or the logged scores of the chosen merge are selection scores.
+        metric: the key of the returned dict to optimise (also found under ``ram/<metric>``); may be omitted when
+            the dict has exactly one key or the evaluation returns a number.
+        mode: ``"max"`` (higher is better, default) or ``"min"`` (a loss).
+        budget: evaluate calls per merge (a hard cap, >= 1).
+        space, seed: as in :func:`ram_live.search` (``None``: its default space).
+        confirm, confirm_top: a second held-out evaluation (same kind as ``evaluate``) for the best
+            ``confirm_top`` candidates, reported next to the selection score.
+
+    Example:
+        >>> s = SearchSetting(evaluate=lambda m: {"loss": 0.5}, metric="loss", mode="min", budget=20)
+        >>> s.score({"loss": 0.5})
+        -0.5
+    """
+
+    evaluate: Callable[..., Any] | str | None = None
+    metric: str | None = None
+    mode: str = "max"
+    budget: int = 60
+    space: Any = None
+    seed: int = 0
+    confirm: Callable[..., Any] | str | None = None
+    confirm_top: int = 3
+
+    def __post_init__(self) -> None:
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
+            raise ConfigError(f"search budget must be an int >= 1 (evaluate calls per merge), got {self.budget!r}")
+        if isinstance(self.confirm_top, bool) or not isinstance(self.confirm_top, int) or self.confirm_top < 1:
+            raise ConfigError(f"search confirm_top must be an int >= 1, got {self.confirm_top!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"search seed must be an int, got {self.seed!r}")
+        if self.mode not in MODES:
+            raise ConfigError(f"search mode must be 'max' or 'min', got {self.mode!r}")
+        if self.metric is not None and (not isinstance(self.metric, str) or not self.metric):
+            raise ConfigError(f"search metric must be a metric name (a non-empty str) or None, got {self.metric!r}")
+        for name in ("evaluate", "confirm"):
+            value = getattr(self, name)
+            if value is not None and not callable(value) and not _is_path(value):
+                raise ConfigError(f"search {name} must be a callable, a dotted path 'pkg.mod:fn' or None, "
+                                  f"got {value!r}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | SearchSetting | None) -> SearchSetting | None:
+        """From a plain mapping (a config group such as verl's ``ram.search``); unknown keys raise."""
+        if values is None or isinstance(values, SearchSetting):
+            return values
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"search must be a mapping of search options, got {type(values).__name__}")
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(allowed))
+        if unknown:
+            raise ConfigError(f"unknown search option(s) {', '.join(unknown)}; the options are: {', '.join(allowed)}")
+        return cls(**dict(values))
+
+    def evaluation(self, fallback: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """The selection evaluation as a callable: ``evaluate`` (a dotted path loaded), else ``fallback``."""
+        fn = _load(self.evaluate, "evaluate") if self.evaluate is not None else fallback
+        if fn is None:
+            raise ConfigError("search needs an evaluation: set SearchSetting(evaluate=...) or the callback's evaluate")
+        return fn
+
+    def confirmation(self) -> Callable[..., Any] | None:
+        return _load(self.confirm, "confirm") if self.confirm is not None else None
+
+    def score(self, value: Any) -> float:
+        """The number ``search`` maximises, from what the evaluation returned (negated for ``mode="min"``)."""
+        if isinstance(value, Mapping):
+            if self.metric is None:
+                if len(value) != 1:
+                    raise ConfigError(f"search: the evaluation returned {sorted(value)}; set SearchSetting(metric=...) "
+                                      "to the one to optimise")
+                value = next(iter(value.values()))
+            elif self.metric in value:
+                value = value[self.metric]
+            elif f"ram/{self.metric}" in value:
+                value = value[f"ram/{self.metric}"]
+            else:
+                raise ConfigError(f"search metric {self.metric!r} is not among the evaluation's metrics {sorted(value)}")
+        number = float(value.detach().float().mean().item()) if isinstance(value, Tensor) else float(value)
+        return number if self.mode == "max" else -number
+
+    def metric_value(self, score: float) -> float:
+        """The metric's own value of a search score (undoes the sign of ``mode="min"``)."""
+        return score if self.mode == "max" else -score
+
+    def describe(self) -> dict[str, Any]:
+        """The setting as JSON-able values (callables by name)."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = _name_of(v) if callable(v) else _jsonable(v)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------- the record
+
+
+def record_of(setting: SearchSetting, result: Any, *, step: int, seconds: float) -> dict[str, Any]:
+    """What is kept of one search: the chosen options (``merge(**best)``), the metric's value of the best and of
+    the best baseline, evaluations and times. JSON-able (non-finite numbers as the strings 'inf' / '-inf')."""
+    baseline = result.best_baseline
+    return {
+        "step": int(step), "metric": setting.metric, "mode": setting.mode, "budget": setting.budget,
+        "best": _jsonable(dict(result.best)),
+        "best_score": setting.metric_value(float(result.best_score)),
+        "best_baseline": None if baseline is None else {
+            "method": baseline.method, "options": _jsonable(dict(baseline.options)),
+            "score": setting.metric_value(float(baseline.score))},
+        "evaluations": len(result.scored), "agents": list(result.agents),
+        "extrapolation": _jsonable(result.best_trial.extrapolation),
+        "seconds": {"total": seconds, "merge": float(result.merge_seconds), "evaluate": float(result.evaluate_seconds),
+                    "overhead": float(result.overhead_seconds)},
+        "setting": setting.describe(),
+    }
+
+
+def search_metrics(record: Mapping[str, Any], prefix: str = "ram/search/") -> dict[str, float]:
+    """``ram/search/*`` floats of a record: best score, best baseline's score, evaluations, seconds, the chosen
+    method (``method/<name>`` = 1) and its numeric options (``option/<key>``, ``lambda/<agent>`` ...)."""
+    out = {f"{prefix}best_score": float(record["best_score"]), f"{prefix}evaluations": float(record["evaluations"])}
+    if record.get("best_baseline") is not None:
+        out[f"{prefix}best_baseline_score"] = float(record["best_baseline"]["score"])
+    for key, value in record["seconds"].items():
+        out[f"{prefix}{key}_seconds"] = float(value)
+    ex = record.get("extrapolation")
+    if isinstance(ex, (int, float)) and math.isfinite(ex):
+        out[f"{prefix}extrapolation"] = float(ex)
+    best = dict(record["best"])
+    out[f"{prefix}method/{best.pop('method')}"] = 1.0
+    agents = list(record.get("agents") or [])
+    for key, value in best.items():
+        if isinstance(value, list) and len(value) == len(agents):  # per-agent weights, in the agents' order
+            value = dict(zip(agents, value))
+        if isinstance(value, Mapping):
+            for name, v in value.items():
+                if _finite(v):
+                    out[f"{prefix}{key.rstrip('s') if key == 'lambdas' else key}/{name}"] = float(v)
+        elif _finite(value):
+            out[f"{prefix}option/{key}"] = float(value)
+    return out
+
+
+def save_record(path: str | Path, record: Mapping[str, Any], result: Any = None, *, durable: bool = True) -> Path:
+    """Write ``record`` (and ``result.to_dict()`` as ``"history"``) as JSON, atomically."""
+    from .store.files import write_json
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = dict(record)
+    if result is not None:
+        body["history"] = _jsonable(result.to_dict())
+    write_json(path, body, durable)
+    return path
+
+
+def load_choice(path: str | Path) -> dict[str, Any]:
+    """The chosen options of a saved record: ``merge(models, base=base, **load_choice(path))`` re-makes the merge.
+
+    Example:
+        >>> options = load_choice("runs/ram/_search/coder/step_200.json")               # doctest: +SKIP
+    """
+    import json
+
+    try:
+        body = json.loads(Path(path).read_text())
+        best = body["best"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: not a search record ({exc})") from None
+    return _numbers(best)
+
+
+# ----------------------------------------------------------------------------------------------- RAMSchedule
+
+
+def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: Any, step: int,
+                    fallback: Callable[..., Any] | None = None) -> tuple[dict[str, Tensor], Any, dict[str, Any]]:
+    """:class:`~ram_live.RAMSchedule`'s merge under ``search=``: every candidate swapped into ``model`` for the
+    evaluation (restored after each), the winner merged; returns its tensors, its MergeInfo and the record
+    (saved by rank 0 to ``<store>/_search/<agent>/step_<step>.json``). Under DDP every rank runs the same search
+    on scores averaged over the ranks, so all ranks choose the same merge."""
+    import torch
+
+    from .api import merge
+    from ._schedule_util import _swap
+    from .search import search
+    from .store import LocalModel
+
+    setting: SearchSetting = schedule.search
+    if schedule.sharded:
+        raise ConfigError("search= needs whole tensors in each process (single device or DDP); this model's "
+                          "parameters are sharded (DTensor)")
+    c = schedule.collective
+    live = LocalModel.from_obj(model, name=schedule.agent)
+
+    def wrap(fn: Callable[..., Any]) -> Callable[[Any], float]:
+        def evaluate(merged: Any) -> float:
+            tensors = _tensors_of(merged)
+            _swap(live, tensors)
+            try:  # the score is taken while swapped in: it may be a view of the weights
+                score = setting.score(fn(model))
+            finally:
+                _swap(live, tensors)
+            if c.world_size > 1:
+                total = c.all_reduce_sum_(torch.tensor([score], dtype=torch.float64))
+                score = float(total.item()) / c.world_size
+            return score
+        return evaluate
+
+    confirm = setting.confirmation()
+    t0 = time.perf_counter()
+    result = search(dict(agents), base=base, evaluate=wrap(setting.evaluation(fallback)),
+                    budget=setting.budget, space=setting.space, seed=setting.seed,
+                    confirm=wrap(confirm) if confirm is not None else None, confirm_top=setting.confirm_top)
+    seconds = time.perf_counter() - t0
+    tensors, info = merge(dict(agents), base=base, return_info=True, chunk_numel=schedule.chunk_numel,
+                          **result.best)
+    record = record_of(setting, result, step=step, seconds=seconds)
+    path = Path(schedule.store.root) / "_search" / schedule.agent / f"step_{step}.json"
+    record["file"] = str(path)
+    if c.rank == 0:
+        save_record(path, record, result, durable=schedule.durable)
+    return _tensors_of(tensors), info, record
+
+
+def _tensors_of(merged: Any) -> dict[str, Tensor]:
+    if isinstance(merged, Mapping):
+        return dict(merged)
+    tensors = getattr(merged, "tensors", None)  # a LocalModel
+    if isinstance(tensors, Mapping):
+        return {k: getattr(t, "tensor", t) for k, t in tensors.items()}
+    return dict(merged.state_dict())
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _is_path(value: Any) -> bool:
+    return isinstance(value, str) and "." in value.replace(":", ".")
+
+
+def _load(value: Any, what: str) -> Callable[..., Any]:
+    if callable(value):
+        return value
+    module, _, name = value.partition(":") if ":" in value else value.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"search {what}={value!r}: cannot load it ({exc})") from None
+    if not callable(fn):
+        raise ConfigError(f"search {what}={value!r} is not callable")
+    return fn
+
+
+def _name_of(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, Tensor):
+        return _jsonable(x.tolist())
+    if x is None or isinstance(x, (str, int, float, bool)):
+        return x
+    return str(x)
+
+
+def _numbers(x: Any) -> Any:
+    if x in ("inf", "-inf", "nan"):
+        return float(x)
+    if isinstance(x, dict):
+        return {k: _numbers(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_numbers(v) for v in x]
+    return x
+

@@ -1,0 +1,161 @@
+"""RAMSchedule(search=SearchSetting(...)) in a plain PyTorch loop: the merge ram_live.search picks with the user's
+held-out evaluation, its record (metrics, MergeResult.extra, the JSON file, the state), errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from ram_live import merge
+from ram_live.errors import ConfigError, RamLiveError
+from ram_live.schedule import RAMSchedule
+from ram_live.schedule_search import SearchSetting, load_choice, search_metrics
+from ram_live.store import SnapshotStore
+
+pytest.importorskip("ram_live.search")
+
+
+def _net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.int32)
+
+
+def _copy(m: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
+def _train(model: nn.Module, seed: int, steps: int = 1) -> None:
+    """A sparse-ish update: a different random subset of entries per agent moves."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            mask = torch.rand(p.shape, generator=g) < 0.5
+            p.add_(torch.randn(p.shape, generator=g) * 0.1 * mask * steps)
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    """Agent 'a' trained and snapshotted (step 4); agent 'b' being trained by the loop under test; the target
+    of the evaluation: base + 0.7·τ_a + 1.6·τ_b (neither agent's λ is 1)."""
+    store = tmp_path / "store"
+    base = _net()
+    base_sd = _copy(base)
+    a = _net()
+    sched_a = RAMSchedule(store, "a", durable=False)
+    sched_a.attach(a)
+    _train(a, 1)
+    sched_a.snapshot(a, 4)
+    b = _net()
+    _train(b, 2)
+    tau_a = {k: a.state_dict()[k] - v for k, v in base_sd.items()}
+    tau_b = {k: b.state_dict()[k] - v for k, v in base_sd.items()}
+    target = {k: v + 0.7 * tau_a[k] + 1.6 * tau_b[k] for k, v in base_sd.items()}
+    return store, base_sd, b, target
+
+
+def _distance(model: nn.Module, target: dict[str, torch.Tensor]) -> float:
+    return float(sum(((v.detach().double() - target[k].double()) ** 2).sum() for k, v in model.state_dict().items()))
+
+
+def test_searched_merge_is_reproducible_logged_saved_and_restores_the_model(setup):
+    store, base_sd, b, target = setup
+    calls = []
+
+    def held_out(model):
+        calls.append(model)
+        return {"dist": _distance(model, target), "other": 1.0}
+
+    setting = SearchSetting(evaluate=held_out, metric="dist", mode="min", budget=12, seed=3)
+    sched = RAMSchedule(store, "b", merge_every=4, search=setting, durable=False,
+                        evaluate=lambda m: {"final": _distance(m, target)})
+    sched.attach(_net())  # the base is the model at train start
+    before = _copy(b)
+    metrics = sched.on_step(b, 4)
+    # the evaluation got the training model itself (candidates swapped in), at most `budget` times
+    assert 1 <= len(calls) <= 12 and all(m is b for m in calls)
+    for k, v in before.items():  # swapped back bit for bit
+        assert torch.equal(_bits(b.state_dict()[k]), _bits(v)), k
+    result = sched.last_result
+    rec = result.extra["search"]
+    assert rec is sched.last_search and rec["step"] == 4 and rec["evaluations"] == len(calls)
+    # merge(**best) of the store's snapshots re-makes the merged tensors bit for bit
+    snaps = SnapshotStore(store).latest_all(["a", "b"])
+    again = merge(snaps, base=base_sd, **load_choice(rec["file"]))
+    for k, v in again.items():
+        assert torch.equal(_bits(result.tensors[k]), _bits(v)), k
+    # the logged best score is the metric's own value (a distance, not its negation) of that merge ...
+    m = _net()
+    m.load_state_dict(again)
+    assert metrics["ram/search/best_score"] == pytest.approx(_distance(m, target), rel=1e-12)
+    assert metrics["ram/final"] == pytest.approx(_distance(m, target), rel=1e-12)  # the regular evaluate ran on it
+    # ... and the smallest distance among the candidates, none of which is worse than plain RAM+ here
+    body = json.loads(open(rec["file"]).read())
+    scores = [-t["score"] for t in body["history"]["history"] if t["score"] is not None]
+    assert len(scores) == len(calls) and metrics["ram/search/best_score"] == min(scores)
+    plain = merge(snaps, base=base_sd, method="ram_plus")
+    m.load_state_dict(plain)
+    assert metrics["ram/search/best_score"] <= _distance(m, target)
+    assert metrics[f"ram/search/method/{rec['best']['method']}"] == 1.0
+    assert metrics == {**metrics, **search_metrics(rec)}
+    assert sched.history[-1]["ram/search/best_score"] == metrics["ram/search/best_score"]
+
+
+def test_state_dict_keeps_the_record_and_same_seed_same_choice(setup, tmp_path):
+    store, base_sd, b, target = setup
+    setting = SearchSetting(evaluate=lambda m: -_distance(m, target), budget=8, seed=1)
+    recs = []
+    for run in range(2):
+        sched = RAMSchedule(store, "b", merge_every=4, search=setting, durable=False)
+        sched.attach(_net())
+        sched.on_step(b, 4 + 4 * run)  # the same weights at another step
+        recs.append(sched.last_search)
+        state = sched.state_dict()
+        json.dumps(state, allow_nan=False)  # a JSON-able checkpoint entry
+        fresh = RAMSchedule(store, "b", search=setting, durable=False)
+        fresh.load_state_dict(state)
+        assert fresh.last_search == sched.last_search
+    assert recs[0]["best"] == recs[1]["best"] and recs[0]["best_score"] == recs[1]["best_score"]
+
+
+def test_setting_validation_and_errors(setup):
+    for bad in ({"budget": 0}, {"budget": True}, {"mode": "up"}, {"metric": ""}, {"evaluate": 3},
+                {"confirm_top": 0}):
+        with pytest.raises(ConfigError):
+            SearchSetting(**bad)
+    with pytest.raises(ConfigError, match="unknown search option"):
+        SearchSetting.from_mapping({"budgte": 3})
+    assert SearchSetting.from_mapping({"budget": 5, "metric": "acc"}) == SearchSetting(budget=5, metric="acc")
+    s = SearchSetting(metric="acc")
+    assert s.score({"ram/acc": 0.25, "loss": 3.0}) == 0.25
+    assert SearchSetting().score({"only": 2}) == 2.0
+    with pytest.raises(ConfigError, match="metric"):
+        SearchSetting().score({"a": 1, "b": 2})
+    with pytest.raises(ConfigError, match="'acc' is not among"):
+        s.score({"loss": 1.0})
+    assert SearchSetting(evaluate="math:sqrt").evaluation()(4.0) == 2.0
+    with pytest.raises(ConfigError, match="cannot load"):
+        SearchSetting(evaluate="no_such_module_x:f").evaluation()
+
+    store, base_sd, b, target = setup
+    # the evaluation names no metric but returns two: a library error naming the metric, nothing saved
+    sched = RAMSchedule(store, "b", merge_every=4, durable=False,
+                        search=SearchSetting(evaluate=lambda m: {"x": 1.0, "y": 2.0}, budget=3))
+    sched.attach(_net())
+    before = _copy(b)
+    with pytest.raises(RamLiveError, match="metric"):
+        sched.on_step(b, 4)
+    for k, v in before.items():
+        assert torch.equal(_bits(b.state_dict()[k]), _bits(v)), k
+    assert not (store / "_search" / "b").exists() or not any((store / "_search" / "b").iterdir())
+    # no evaluation at all
+    sched = RAMSchedule(store, "b", merge_every=4, durable=False, search=SearchSetting(budget=3))
+    sched.attach(_net())
+    with pytest.raises(ConfigError, match="needs an evaluation"):
+        sched.on_step(b, 8)

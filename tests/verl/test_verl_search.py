@@ -1,0 +1,86 @@
+"""``ram.search`` of the verl integration through its verl-free core (:class:`RAMVerl`), in the main environment:
+snapshots put into the store directly (the checkpoint reading is tested with genuine verl checkpoints in
+test_verl_integration.py, which needs verl's own venv)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ram_live import merge
+from ram_live.errors import ConfigError
+from ram_live.integrations.verl import RAMVerl, options_from_mapping
+from ram_live.schedule_search import SearchSetting, load_choice
+from ram_live.store import SnapshotStore
+
+pytest.importorskip("ram_live.search")
+
+
+def _base() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"model.layer.weight": torch.randn(8, 6, generator=g), "model.layer.bias": torch.randn(8, generator=g),
+            "lm_head.weight": torch.randn(5, 8, generator=g)}
+
+
+def _agent(base: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + torch.randn(v.shape, generator=g) * 0.1 * (torch.rand(v.shape, generator=g) < 0.5)
+            for k, v in base.items()}
+
+
+def test_search_merge_writes_the_winner_and_its_record(tmp_path):
+    base = _base()
+    folder = tmp_path / "base_model"
+    folder.mkdir()
+    save_file(base, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text('{"model_type": "toy"}')
+    agents = {"a": _agent(base, 1), "b": _agent(base, 2)}
+    target = {k: v + 0.6 * (agents["a"][k] - v) + 1.5 * (agents["b"][k] - v) for k, v in base.items()}
+    seen = []
+
+    def held_out(merged_dir: str, step: int) -> dict[str, float]:
+        seen.append((merged_dir, step))
+        sd = load_file(f"{merged_dir}/model.safetensors")
+        assert json.loads(open(f"{merged_dir}/config.json").read()) == {"model_type": "toy"}
+        return {"dist": float(sum(((sd[k].double() - t.double()) ** 2).sum() for k, t in target.items()))}
+
+    setting = SearchSetting(evaluate=held_out, metric="dist", mode="min", budget=10)
+    opts = options_from_mapping({"store": str(tmp_path / "store"), "agent": "a", "base": str(folder),
+                                 "weights": "fp32", "merge_every": 1, "merged_dir": str(tmp_path / "merged"),
+                                 "search": setting})
+    ram = RAMVerl(opts)  # sets the store's base from the folder (fp32)
+    store = SnapshotStore(tmp_path / "store", durable=False)
+    for name, sd in agents.items():
+        store.writer(name, base=base).snapshot(sd, 3)
+    metrics = ram.merge(step=3)
+    assert 1 <= len(seen) <= 10 and all(step == 3 for _, step in seen)
+    final = tmp_path / "merged" / "global_step_3"
+    record = json.loads((final / "ram_merge.json").read_text())
+    assert record["search"]["best"]["method"] == record["variant"]
+    # the merged folder is merge(**best) of the snapshots, bit for bit; the candidate folder is gone
+    again = merge(store.latest_all(), base=base, **load_choice(final / "ram_search.json"))
+    saved = load_file(str(final / "model.safetensors"))
+    for k, v in again.items():
+        assert torch.equal(saved[k].view(torch.int32), v.contiguous().view(torch.int32)), k
+    assert sorted(p.name for p in (tmp_path / "merged").iterdir()) == ["global_step_3"]
+    dist = float(sum(((saved[k].double() - t.double()) ** 2).sum() for k, t in target.items()))
+    assert metrics["ram/search/best_score"] == pytest.approx(dist, rel=1e-12)
+    assert metrics[f"ram/search/method/{record['variant']}"] == 1.0
+    plain = merge(store.latest_all(), base=base, method="ram_plus")
+    assert dist <= float(sum(((plain[k].double() - t.double()) ** 2).sum() for k, t in target.items()))
+
+
+def test_search_options_are_validated_with_the_ram_group(tmp_path):
+    common = {"store": str(tmp_path / "s"), "agent": "a", "base": str(tmp_path), "merge_every": 1,
+              "merged_dir": str(tmp_path / "m")}
+    opts = options_from_mapping({**common, "search": {"budget": 4, "metric": "acc", "evaluate": "math:sqrt"}})
+    assert opts.search == SearchSetting(budget=4, metric="acc", evaluate="math:sqrt")
+    with pytest.raises(ConfigError, match="ram.search: unknown search option"):
+        options_from_mapping({**common, "search": {"budjet": 4}})
+    with pytest.raises(ConfigError, match="ram.search needs an evaluation"):
+        options_from_mapping({**common, "search": {"budget": 4}})
+    with pytest.raises(ConfigError, match="merge_every"):
+        options_from_mapping({**common, "merge_every": None, "search": {"evaluate": "math:sqrt"}})
