@@ -33,6 +33,33 @@ def check_ram_variant(variant: str) -> None:
         raise ConfigError(f"variant must be 'ram', 'ram_plus' or 'ram_plus_soft', got {variant!r}")
 
 
+def check_run_options(device: Any, chunk_numel: Any, workers: Any) -> torch.device | None:
+    """``device`` as a ``torch.device`` (None stays None) after checking the options every run takes, as
+    :class:`~ram_live.errors.ConfigError`: the device must exist here (its backend available, its index below
+    the device count), ``chunk_numel`` a positive integer, ``workers`` None or a positive integer."""
+    for name, value in (("chunk_numel", chunk_numel), ("workers", workers)):
+        if value is None and name == "workers":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ConfigError(f"device={device!r}: {exc}") from None
+    if dev.type == "meta":
+        raise ConfigError("device='meta' holds no values: merge on the device the weights are on, or cpu/cuda")
+    backend = getattr(torch, dev.type, None)
+    if backend is None or not callable(getattr(backend, "is_available", None)) or not backend.is_available():
+        raise ConfigError(f"device={device!r}: no {dev.type} device is available here")
+    count = backend.device_count() if callable(getattr(backend, "device_count", None)) else 1
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(f"device={device!r}: there {'is' if count == 1 else 'are'} only {count} {dev.type} "
+                          f"device{'' if count == 1 else 's'} here")
+    return dev
+
+
 def _sources(models: Models, base: Model | None) -> tuple[list[TensorSource], TensorSource]:
     named = list(iter_named(models))
     if not named:
@@ -138,6 +165,7 @@ def merge(
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP
     """
+    dev = check_run_options(device, chunk_numel, workers)
     method_obj = get_method(method)
     cfg = make_config(method, config, **options)
     agents, base_src = _sources(models, base)
@@ -150,12 +178,6 @@ def merge(
         raise ConfigError("dtype= applies to state-dict and file outputs only")
     if dtype is not None and dtype not in OUTPUT_DTYPES:
         raise ConfigError(f"dtype= must be one of {', '.join(map(str, OUTPUT_DTYPES))}, got {dtype!r}")
-    try:
-        dev = torch.device(device) if device is not None else None
-    except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"device={device!r}: {exc}") from None
-    if dev is not None and dev.type == "meta":
-        raise ConfigError("device='meta' holds no values: merge on the device the weights are on, or cpu/cuda")
     dist = None
     if process_group is not None and process_group is not False:
         dist = Distributed(None if process_group is True else process_group,

@@ -5,7 +5,8 @@
     torchrun --nproc-per-node 8 -m ram_live merge ... --out merged/ --distributed --device cuda
 
 Agents are safetensors files or Hugging Face folders, optionally named ``name=path``. Errors print one line and
-exit non-zero (2 for bad input, 1 otherwise); ``--debug`` shows the traceback.
+exit non-zero (2 for bad input, 1 otherwise); ``--debug`` shows the traceback. ``ram-live clean DIR`` removes the
+temporary folders killed merges left in DIR (docs/trust.md).
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="print JSON")
     st.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
 
+    c = sub.add_parser("clean", help="remove the temporary folders killed merges left in a folder")
+    c.add_argument("folder", help="the folder outputs were written into (the parent of --out)")
+    c.add_argument("--min-age", type=float, default=None, metavar="S",
+                   help="only folders unchanged for S seconds (default 60); live merges are never touched")
+    c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+
     v = sub.add_parser("verl-snapshot", add_help=False, help="turn verl checkpoints into snapshots (see --help)")
     v.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
@@ -102,6 +109,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.command == "stores":
         return _stores(args)
+    if args.command == "clean":
+        return _clean(args)
     if getattr(args, "config", None):
         return _merge_config(args)
     agents, base = _inputs(args)
@@ -194,6 +203,20 @@ def _stores(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clean(args: argparse.Namespace) -> int:
+    from ._outputs import STALE_AGE, clean_stale
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise ConfigError(f"{folder} is not a folder")
+    removed = clean_stale(folder, min_age=STALE_AGE if args.min_age is None else args.min_age)
+    for path in removed:
+        print(f"removed {path}")
+    if not removed:
+        print(f"no stale temporary folder in {folder}")
+    return 0
+
+
 def _init_distributed(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
@@ -227,13 +250,17 @@ def run_command(run: Callable[[], int], prog: str, debug: bool,
     except RamLiveError as exc:
         if debug:
             raise
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except unexpected as exc:
         if debug:
             raise
-        print(f"{prog}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
         return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,7 +19,7 @@ import torch
 from . import _probe_native, engine
 from . import functional as F
 from ._probe_native import ProbeCounts
-from .api import Model, Models, _sources
+from .api import Model, Models, _sources, check_run_options
 from .engine import (DEFAULT_CHUNK_NUMEL, DeltaStream, _in_workers, _native_walk, _Reader, _threads, build_plan,
                      digest_update, inputs_digest)
 from .methods import RAM_VARIANTS, Activity, RamPlusConfig, RamStatistics, _ram_activity
@@ -264,11 +264,12 @@ def probe(
     >>> report = probe({"coder": coder, "tools": tool_agent}, base=base_model)   # doctest: +SKIP
     >>> report.agents["coder"].rho, report.agents["coder"].lambdas["ram_plus"]    # doctest: +SKIP
     """
+    dev = check_run_options(device, chunk_numel, workers)
     config = RamPlusConfig(eps=eps, activity=activity, r=r, alpha=alpha)  # type: ignore[arg-type]
     rule = _ram_activity(config)
     agents, base_src = _sources(models, base)
     plan = build_plan(base_src, agents)
-    reader = _Reader(base_src, agents, torch.device(device) if device is not None else None)
+    reader = _Reader(base_src, agents, dev)
     k = len(agents)
     names = reader.names
     totals = ProbeCounts.zeros(k)
