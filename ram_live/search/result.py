@@ -1,0 +1,225 @@
+"""What a search returns: every :class:`Trial` in order, the winner, the best baseline, timings; as a table, as
+JSON, as a plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .space import BASELINE_SIDE, RAM_SIDE
+
+__all__ = ["Trial", "SearchResult", "ExtrapolationWarning", "EXTRAPOLATION_FAR", "to_json", "from_json"]
+
+#: A candidate "extrapolates far" when the largest factor it applies to any agent's task vector exceeds this.
+EXTRAPOLATION_FAR = 2.0
+
+
+class ExtrapolationWarning(UserWarning):
+    """The chosen merge scales some agent's task vector by more than :data:`EXTRAPOLATION_FAR`: it moves past
+    what that agent learned (it may be what wins on the selection set, and still be fragile)."""
+
+
+@dataclass
+class Trial:
+    """One evaluated candidate. ``extrapolation``: the largest factor the merge applies to any agent's τ (RAM: the
+    largest λ of an agent with unique entries; task arithmetic/TIES/DARE: scale × the largest weight, DARE's
+    1/density rescale not counted as it is 1 in expectation); ``lambdas``: λ per agent where the merge has them.
+    ``error``: why the merge failed (its values overflow the dtype), with ``score`` None."""
+
+    index: int
+    family: str
+    method: str
+    options: dict[str, Any]
+    score: float | None
+    merge_seconds: float
+    evaluate_seconds: float
+    extrapolation: float
+    side: str = RAM_SIDE
+    lambdas: dict[str, float] | None = None
+    confirm_score: float | None = None
+    error: str | None = None
+
+    @property
+    def candidate(self) -> dict[str, Any]:
+        """``{"method": ..., **options}``: ``merge(models, base=base, **trial.candidate)`` redoes this merge."""
+        return {"method": self.method, **_copy(self.options)}
+
+    @property
+    def extrapolates(self) -> bool:
+        return self.extrapolation > EXTRAPOLATION_FAR
+
+    def label(self) -> str:
+        return f"{self.method}({describe(self.options)})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json({"index": self.index, "family": self.family, "side": self.side, "method": self.method,
+                        "options": self.options, "score": self.score, "confirm_score": self.confirm_score,
+                        "merge_seconds": self.merge_seconds, "evaluate_seconds": self.evaluate_seconds,
+                        "extrapolation": self.extrapolation, "lambdas": self.lambdas, "error": self.error})
+
+
+def _copy(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, (list, tuple)) else v)
+            for k, v in options.items()}
+
+
+def describe(options: dict[str, Any]) -> str:
+    """Short ``k=v`` text of options (λ and weights rounded to 3 digits)."""
+    parts = []
+    for k, v in options.items():
+        if isinstance(v, dict):
+            v = "{" + ", ".join(f"{a}: {x:.3g}" for a, x in v.items()) + "}"
+        elif isinstance(v, (list, tuple)):
+            v = "[" + ", ".join(f"{x:.3g}" if isinstance(x, float) else str(x) for x in v) + "]"
+        parts.append(f"{k}={v}")
+    return ", ".join(parts)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def to_json(value: Any) -> Any:
+    """``value`` with ±inf as the strings "inf"/"-inf" and tuples as lists (strict JSON); :func:`from_json`
+    undoes it."""
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    return value
+
+
+def from_json(value: Any) -> Any:
+    """The inverse of :func:`to_json`: ``merge(models, base=base, **from_json(saved["best"]))``."""
+    if value in ("inf", "-inf"):
+        return math.inf if value == "inf" else -math.inf
+    if isinstance(value, dict):
+        return {k: from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_json(v) for v in value]
+    return value
+
+
+@dataclass
+class SearchResult:
+    """The outcome of :func:`ram_live.search`. ``best``: ``merge(models, base=base, **result.best)`` reproduces
+    the winner bit for bit. ``history``: every trial in order. Seconds: ``merge_seconds`` (every merge, the
+    confirmation re-merges included), ``evaluate_seconds`` (every call of ``evaluate`` and ``confirm``),
+    ``overhead_seconds`` (the rest: opening inputs, bookkeeping)."""
+
+    history: list[Trial]
+    budget: int
+    seed: int
+    agents: tuple[str, ...]
+    merge_seconds: float = 0.0
+    evaluate_seconds: float = 0.0
+    overhead_seconds: float = 0.0
+    statistics_passes: int = 0
+    budgets: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def scored(self) -> list[Trial]:
+        return [t for t in self.history if t.score is not None]
+
+    @property
+    def best_trial(self) -> Trial:
+        """The highest score; ties go to the earlier trial."""
+        return max(self.scored, key=lambda t: (t.score, -t.index))
+
+    @property
+    def best(self) -> dict[str, Any]:
+        return self.best_trial.candidate
+
+    @property
+    def best_score(self) -> float:
+        return float(self.best_trial.score)  # type: ignore[arg-type]
+
+    @property
+    def best_baseline(self) -> Trial | None:
+        """The best trial of a baseline (task arithmetic, TIES, DARE, linear), or None when none ran."""
+        baselines = [t for t in self.scored if t.side == BASELINE_SIDE]
+        return max(baselines, key=lambda t: (t.score, -t.index)) if baselines else None
+
+    @property
+    def best_ram(self) -> Trial | None:
+        ram = [t for t in self.scored if t.side == RAM_SIDE]
+        return max(ram, key=lambda t: (t.score, -t.index)) if ram else None
+
+    @property
+    def total_seconds(self) -> float:
+        return self.merge_seconds + self.evaluate_seconds + self.overhead_seconds
+
+    def margin(self) -> float | None:
+        """Best score minus the best baseline's (0 when a baseline wins), or None without baselines."""
+        baseline = self.best_baseline
+        return None if baseline is None else self.best_score - float(baseline.score)  # type: ignore[arg-type]
+
+    def table(self) -> str:
+        """Every trial, in order (``*``: the winner; ``!``: extrapolates past :data:`EXTRAPOLATION_FAR`), then
+        a summary of the winner, the best baseline and the time split."""
+        best = self.best_trial.index
+        confirm = any(t.confirm_score is not None for t in self.history)
+        head = f"{'#':>3}  {'family':<16} {'score':>11}" + (f" {'confirm':>11}" if confirm else "") + \
+            f" {'extrap':>7} {'merge s':>8} {'eval s':>8}  candidate"
+        lines = [head]
+        for t in self.history:
+            score = "failed" if t.score is None else f"{t.score:.6g}"
+            row = f"{t.index:>3}{'*' if t.index == best else ' '} {t.family:<16} {score:>11}"
+            if confirm:
+                row += f" {'' if t.confirm_score is None else f'{t.confirm_score:.6g}':>11}"
+            row += (f" {t.extrapolation:>6.3g}{'!' if t.extrapolates else ' '} {t.merge_seconds:>8.3f} "
+                    f"{t.evaluate_seconds:>8.3f}  {t.label()}")
+            lines.append(row)
+        lines.append("")
+        lines.append(f"best: {self.best_trial.label()}  score {self.best_score:.6g}")
+        baseline = self.best_baseline
+        if baseline is not None:
+            lines.append(f"best baseline: {baseline.label()}  score {baseline.score:.6g}  "
+                         f"(margin {self.margin():+.6g})")
+        lines.append(f"{len(self.history)} trials, budget {self.budget}, {self.statistics_passes} statistics "
+                     f"pass(es); merge {self.merge_seconds:.2f} s, evaluate {self.evaluate_seconds:.2f} s, "
+                     f"other {self.overhead_seconds:.2f} s")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (strict JSON: α = ∞ is the string "inf"; :func:`from_json` turns ``best`` back into
+        options)."""
+        baseline = self.best_baseline
+        return to_json({
+            "best": self.best, "best_score": self.best_score, "best_index": self.best_trial.index,
+            "best_extrapolation": self.best_trial.extrapolation,
+            "best_baseline": None if baseline is None else baseline.candidate,
+            "best_baseline_score": None if baseline is None else baseline.score,
+            "margin": self.margin(), "agents": list(self.agents), "budget": self.budget, "budgets": self.budgets,
+            "seed": self.seed, "statistics_passes": self.statistics_passes,
+            "merge_seconds": self.merge_seconds, "evaluate_seconds": self.evaluate_seconds,
+            "overhead_seconds": self.overhead_seconds, "history": [t.to_dict() for t in self.history],
+        })
+
+    def save(self, folder: str | Path) -> None:
+        """``search.json`` and ``table.txt`` in ``folder`` (written atomically)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomic(folder / "search.json", json.dumps(self.to_dict(), indent=2) + "\n")
+        _write_atomic(folder / "table.txt", self.table() + "\n")
+
+    def plot(self, path: str | Path) -> Path:
+        """A PNG of the scores by family, the winner and the best baseline marked (needs matplotlib)."""
+        from .plot import plot_result
+
+        return plot_result(self, Path(path))

@@ -1,0 +1,219 @@
+"""What a search tries: families of candidates, their default grids, and how the budget is split.
+
+A candidate is ``{"method": name, **options}``. A *family* produces candidates: a grid family is a registered
+merge method with a list of option settings; a *move* family changes the best candidate found so far on its side
+(per-agent λ or weights by coordinate ascent, leaving one agent out, another activity rule). Families belong to
+a side: the RAM family, or the baselines (every other method).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from ..methods import RAM_VARIANTS, available_methods, make_config
+
+__all__ = ["Family", "DEFAULT_SPACE", "parse_space", "allot", "RAM_SIDE", "BASELINE_SIDE"]
+
+RAM_SIDE, BASELINE_SIDE = "ram", "baseline"
+
+#: RAM+ r × α: the paper's default first, then plain RAM (r = 0: λ = 1), the uncapped α, the capped one.
+RAM_PLUS_GRID: list[dict[str, Any]] = (
+    [{"r": 0.1, "alpha": 2.0}, {"r": 0.0, "alpha": 2.0}]
+    + [{"r": r, "alpha": math.inf} for r in (0.1, 0.25, 0.5, 1.0, 2.0, 3.0)]
+    + [{"r": r, "alpha": 2.0} for r in (0.25, 0.5, 1.0, 2.0, 3.0)]
+)
+TA_GRID = [{"scale": s} for s in (1.0, 0.5, 0.75, 1.25, 1.5, 2.0, 0.3)]
+TIES_GRID = [{"density": d, "scale": s} for s in (1.0, 1.5, 2.0) for d in (0.2, 0.5, 0.8)]
+DARE_GRID = [{"density": d, "scale": s} for s in (1.0, 1.5, 2.0) for d in (0.5, 0.3, 0.7)]
+ACTIVITY_MOVES = [{"eps": 1e-6}, {"eps": 1e-4}, {"activity": "changed"}]
+
+#: Default grids of grid families (other registered methods: their defaults, one candidate).
+DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
+    "ram_plus": RAM_PLUS_GRID, "task_arithmetic": TA_GRID, "ties": TIES_GRID, "dare_ties": DARE_GRID,
+    "ram_plus_soft": [{"r": r} for r in (0.1, 0.5, 1.0, 2.0)],
+    "dare_linear": [{"density": d, "scale": s} for s in (1.0, 1.5) for d in (0.5, 0.3, 0.7)],
+}
+#: Move families: (side, what they change).
+MOVES = {"lambdas": RAM_SIDE, "leave_one_out": RAM_SIDE, "activity": RAM_SIDE, "ta_weights": BASELINE_SIDE}
+#: Share of its side's budget a family gets, renormalised over the families present (coordinate ascents: at least
+#: this, and whatever the others leave).
+SHARES: dict[str, float] = {"ram_plus": 0.45, "lambdas": 0.35, "leave_one_out": 0.1, "activity": 0.1,
+                            "task_arithmetic": 0.2, "ties": 0.3, "dare_ties": 0.3, "ta_weights": 0.2}
+#: The default space, in the order measured to matter on the RAM side, then the baselines.
+DEFAULT_SPACE = ("ram_plus", "lambdas", "leave_one_out", "activity", "task_arithmetic", "ties", "dare_ties",
+                 "ta_weights")
+#: Where move families start: coordinate-ascent step, and the step below which it stops.
+ASCENT_STEP, ASCENT_MIN_STEP = 1.0, 1.0 / 64
+
+
+@dataclass
+class Family:
+    """One family of a search: ``grid`` (candidates' options for grid families and the activity moves),
+    ``settings`` (the coordinate ascent's ``step``/``min_step``), ``budget`` (evaluations allotted)."""
+
+    name: str
+    side: str
+    kind: str  # "grid", "explicit", "lambdas", "ta_weights", "leave_one_out", "activity"
+    grid: list[dict[str, Any]] = field(default_factory=list)
+    settings: dict[str, float] = field(default_factory=dict)
+    budget: int = 0
+
+    @property
+    def size(self) -> float:
+        """How many candidates it can produce at most (inf for a coordinate ascent)."""
+        if self.kind in ("lambdas", "ta_weights"):
+            return math.inf
+        if self.kind == "leave_one_out":
+            return math.inf  # bounded by the number of agents, known when it runs
+        return len(self.grid)
+
+
+def side_of(method: str) -> str:
+    return RAM_SIDE if method in RAM_VARIANTS else BASELINE_SIDE
+
+
+def _grid(entry: str, value: Any) -> list[dict[str, Any]]:
+    """A grid given as ``{option: [values]}`` (the product, in the given order) or ``[{option: value}, ...]``."""
+    if isinstance(value, Mapping):
+        for option, values in value.items():
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+                raise ConfigError(f"space[{entry!r}][{option!r}] must be a non-empty list of values, got {values!r}")
+        keys = list(value)
+        return [dict(zip(keys, combo)) for combo in itertools.product(*(value[k] for k in keys))]
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and value and all(
+            isinstance(v, Mapping) for v in value):
+        return [dict(v) for v in value]
+    raise ConfigError(f"space[{entry!r}] must be a mapping {{option: [values]}} or a list of option dicts, got "
+                      f"{value!r}")
+
+
+def _check_candidate(entry: str, method: str, options: Mapping[str, Any]) -> None:
+    try:
+        make_config(method, **options)
+    except ConfigError as exc:
+        raise ConfigError(f"space entry {entry}: {exc}") from None
+
+
+def _family(name: str, value: Any) -> Family:
+    if name in MOVES:
+        side = MOVES[name]
+        if name in ("lambdas", "ta_weights"):
+            settings = {"step": ASCENT_STEP, "min_step": ASCENT_MIN_STEP}
+            if isinstance(value, Mapping):
+                unknown = sorted(set(value) - set(settings))
+                if unknown:
+                    raise ConfigError(f"space[{name!r}]: unknown setting(s) {unknown}; its settings are step, "
+                                      "min_step")
+                for k, v in value.items():
+                    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
+                        raise ConfigError(f"space[{name!r}][{k!r}] must be a positive number, got {v!r}")
+                    settings[k] = float(v)
+            elif value not in (None, True):
+                raise ConfigError(f"space[{name!r}] takes True or {{'step': ..., 'min_step': ...}}, got {value!r}")
+            return Family(name, side, name, settings=settings)
+        if name == "leave_one_out":
+            if value not in (None, True):
+                raise ConfigError(f"space['leave_one_out'] takes True, got {value!r}")
+            return Family(name, side, name)
+        grid = ACTIVITY_MOVES if value in (None, True) else _grid(name, value)
+        for i, options in enumerate(grid):
+            unknown = sorted(set(options) - {"eps", "activity"})
+            if unknown:
+                raise ConfigError(f"space entry 'activity'[{i}]: only eps and activity change, got {unknown}")
+            _check_candidate(f"'activity'[{i}]", "ram", options)
+        return Family(name, side, "activity", grid=[dict(g) for g in grid])
+    if name not in available_methods():
+        raise ConfigError(f"space: unknown family {name!r}; families are {', '.join(DEFAULT_SPACE)}, "
+                          f"'ram', 'ram_plus_soft', 'linear', 'dare_linear' or any registered method")
+    grid = DEFAULT_GRIDS.get(name, [{}]) if value in (None, True) else _grid(name, value)
+    for i, options in enumerate(grid):
+        _check_candidate(f"{name!r}[{i}]", name, options)
+    return Family(name, side_of(name), "grid", grid=[dict(g) for g in grid])
+
+
+def parse_space(space: Any) -> list[Family]:
+    """``space`` as families, in order: ``None`` (the default), a list of family names and/or explicit candidates
+    ``{"method": ..., **options}`` (tried first, in their order), or a mapping ``{family: grid or settings}``."""
+    if space is None:
+        space = list(DEFAULT_SPACE)
+    if isinstance(space, Mapping):
+        items = list(space.items())
+    elif isinstance(space, Sequence) and not isinstance(space, (str, bytes)):
+        items = []
+        explicit: list[dict[str, Any]] = []
+        for i, entry in enumerate(space):
+            if isinstance(entry, str):
+                items.append((entry, None))
+            elif isinstance(entry, Mapping):
+                if "method" not in entry or not isinstance(entry["method"], str):
+                    raise ConfigError(f"space[{i}] = {dict(entry)!r}: a candidate needs a 'method' name")
+                _check_candidate(f"[{i}]", entry["method"], {k: v for k, v in entry.items() if k != "method"})
+                explicit.append(dict(entry))
+            else:
+                raise ConfigError(f"space[{i}] must be a family name or a candidate dict, got {entry!r}")
+        families = [Family(f"explicit:{side}", side, "explicit", grid=[e for e in explicit if side_of(e["method"])
+                                                                         == side])
+                    for side in (RAM_SIDE, BASELINE_SIDE)]
+        families = [f for f in families if f.grid]
+        seen = set()
+        for name, _ in items:
+            if name in seen:
+                raise ConfigError(f"space names family {name!r} twice")
+            seen.add(name)
+        return families + [_family(name, value) for name, value in items]
+    else:
+        raise ConfigError(f"space must be None, a list of families/candidates or a mapping, got "
+                          f"{type(space).__name__}")
+    for name, _ in items:
+        if not isinstance(name, str):
+            raise ConfigError(f"space: family names are strings, got {name!r}")
+    return [_family(name, value) for name, value in items]
+
+
+def allot(families: list[Family], budget: int, n_agents: int) -> dict[str, int]:
+    """Split ``budget`` evaluations: evenly between the sides present (the RAM side gets the odd one); within a
+    side, explicit candidates first (all they list), then each family ``SHARES`` of the rest (0.3 for other
+    methods), renormalised over the families present, at least 1 and at most its size; the coordinate ascents
+    (``lambdas``, ``ta_weights``) get what the others leave. Where the families ask for more than the side has,
+    the later ones get less (down to 0). Sets ``Family.budget``; returns ``{side: budget}``."""
+    sides = [s for s in (RAM_SIDE, BASELINE_SIDE) if any(f.side == s for f in families)]
+    per_side = {s: 0 for s in sides}
+    if len(sides) == 2:
+        per_side[RAM_SIDE], per_side[BASELINE_SIDE] = budget - budget // 2, budget // 2
+    elif sides:
+        per_side[sides[0]] = budget
+    for side in sides:
+        mine = [f for f in families if f.side == side]
+        left = per_side[side]
+        for f in mine:
+            if f.kind == "explicit":
+                f.budget = min(len(f.grid), left)
+                left -= f.budget
+        others = [f for f in mine if f.kind != "explicit"]
+        ascents = [f for f in others if f.kind in ("lambdas", "ta_weights")]
+        fixed = [f for f in others if f not in ascents]
+        total = sum(_share(f) for f in others)
+        room = left
+        for f in fixed:
+            size = n_agents if f.kind == "leave_one_out" else f.size
+            f.budget = int(min(size, max(1, math.ceil(room * _share(f) / total)), left))
+            left -= f.budget
+        if ascents:
+            for i, f in enumerate(ascents):
+                f.budget = left // len(ascents) + (1 if i < left % len(ascents) else 0)
+        else:  # no ascent to take the rest: the grids, in order, up to their sizes
+            for f in fixed:
+                size = n_agents if f.kind == "leave_one_out" else f.size
+                extra = int(min(left, size - f.budget))
+                f.budget += extra
+                left -= extra
+    return per_side
+
+
+def _share(f: Family) -> float:
+    return SHARES.get(f.name, 0.3)
