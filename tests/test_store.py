@@ -7,6 +7,7 @@ import json
 import math
 import os
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -150,7 +151,7 @@ def test_manifest_fields_and_layout(store):
     snap = writer.snapshot(_moved(base, 0.05, 2), 50, epoch=3, extra={"reward": 0.7})
     m = json.loads((store.root / "coder" / "000000000050.json").read_text())
     assert m == snap.manifest
-    assert m["format"] == "ram_live.snapshot" and m["version"] == 1
+    assert m["format"] == "ram_live.snapshot" and m["version"] == 2
     assert (m["agent"], m["step"], m["epoch"], m["extra"]) == ("coder", 50, 3, {"reward": 0.7})
     assert m["base_fingerprint"] == writer.fingerprint == store.base_fingerprint == fingerprint(base)
     assert m["dtype"] in ("bfloat16", "float32") and m["tensors"]["emb"]["dtype"] == "bfloat16"
@@ -159,7 +160,11 @@ def test_manifest_fields_and_layout(store):
     assert m["stats"]["numel"] == sum(v.numel() for v in base.values())
     assert m["stats"]["bytes"] == sum(f["bytes"] for f in m["files"]) == snap.bytes
     for f in m["files"]:
-        assert (store.root / "coder" / f["name"]).stat().st_size == f["bytes"]
+        data = (store.root / "coder" / f["name"]).read_bytes()
+        assert len(data) == f["bytes"] and f["crc32"] == f"{zlib.crc32(data):08x}"  # the plain CRC-32 of the file
+    base_manifest = json.loads((store.root / "_base" / "base.json").read_text())
+    assert base_manifest["version"] == 2 and all(
+        f["crc32"] == f"{zlib.crc32((store.root / '_base' / f['name']).read_bytes()):08x}" for f in base_manifest["files"])
     names = sorted(os.listdir(store.root / "coder"))
     assert names[-1] == "000000000050.json" and len(names) == 2
     assert not [n for n in os.listdir(store.root / "coder") if n.startswith(".tmp")]

@@ -10,10 +10,15 @@ Nothing is pickled: tensors are safetensors, everything else JSON.
 Layout of a store folder::
 
     store.json                              {"format": "ram_live.store", "version": 1}
-    _base/base.json                         the base's manifest (fingerprint, tensors, pieces)
+    _base/base.json                         the base's manifest (fingerprint, files, tensors, pieces)
     _base/base-<nonce>.p<rank>.safetensors  the base's tensors (dense)
     <agent>/<step:012d>.json                one manifest per snapshot
     <agent>/<step:012d>-<nonce>.p<rank>.safetensors
+
+Manifests (format version 2) list every data file with its size and CRC-32; a reader checks a manifest in
+full (:mod:`.manifest`) before it opens or deletes a file it names, and a file's CRC-32 before its first tensor
+is used (:meth:`SnapshotStore.verify` checks everything at once). Version 1 manifests (no checksums) still
+load, with an :class:`UnverifiedSnapshotWarning`. Files follow the umask.
 
 Snapshots are :class:`~ram_live.sources.TensorSource` s that carry their base, so they merge straight away:
 
@@ -27,7 +32,10 @@ writes the boxes of the tensors it holds (replicas once), rank 0 writes the mani
 tensors from pieces of any layout, or reads only one box (:meth:`Snapshot.restrict`) to merge shard-wise
 (``ram_merge(..., process_group=True)`` on those boxes).
 
-The package, a module per job: :mod:`.format` (the on-disk format), :mod:`.files` (atomic writes, manifests),
+The package, a module per job: :mod:`.format` (the on-disk format and names), :mod:`.manifest` (what a valid
+manifest is), :mod:`.checksum` (CRC-32 over threads), :mod:`.datafiles` (data files written with their
+checksum, opened and verified), :mod:`.files` (atomic writes, manifests read back, removals),
+:mod:`.maintenance` (prune and gc removals), :mod:`.verify` (the store's check),
 :mod:`.collective` (collectives), :mod:`.local` (a process's part of a model), :mod:`.hashing` (fingerprints),
 :mod:`.encoding` (change encodings), :mod:`.writer` (capture), :mod:`.reading` (the base and snapshots read
 back), :mod:`.snapshot_store` (the store folder), :mod:`.shardwise` (shard-wise statistics), :mod:`.errors`.
@@ -40,7 +48,14 @@ from .collective import Collective, LocalCollective, TorchCollective
 from .collective import default_collective as default_collective
 from .encoding import pack_bits as pack_bits
 from .encoding import unpack_bits as unpack_bits
-from .errors import BaseMismatchError, CorruptSnapshotError, SnapshotNotFoundError, StoreError
+from .errors import (
+    BaseMismatchError,
+    CorruptSnapshotError,
+    SnapshotNotFoundError,
+    StoreError,
+    StoreWarning,
+    UnverifiedSnapshotWarning,
+)
 from .format import BASE_DIR as BASE_DIR
 from .format import BASE_FORMAT as BASE_FORMAT
 from .format import SNAPSHOT_FORMAT as SNAPSHOT_FORMAT
@@ -54,6 +69,8 @@ from .reading import Snapshot, SnapshotInfo, StoreBase
 from .shardwise import ram_statistics
 from .snapshot_store import SnapshotStore
 from .writer import Capture as Capture
+from .verify import VerifyEntry as VerifyEntry
+from .verify import VerifyReport
 from .writer import SnapshotWriter
 
 __all__ = [
@@ -70,7 +87,10 @@ __all__ = [
     "SnapshotWriter",
     "StoreBase",
     "StoreError",
+    "StoreWarning",
     "TorchCollective",
+    "UnverifiedSnapshotWarning",
+    "VerifyReport",
     "fingerprint",
     "ram_statistics",
 ]

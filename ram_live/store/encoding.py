@@ -312,38 +312,69 @@ def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor, split: bool 
     return _Encoded("indices", count, values, torch.from_numpy(idx[:count]))
 
 
-def _apply(flat: Tensor, encoding: str, values: Tensor | None, positions: Tensor | None) -> Tensor:
-    """Write a piece's changed values into ``flat`` (the base's values of that piece, flat), in place."""
+def _check_positions(flat: Tensor, encoding: str, values: Tensor, positions: Tensor, where: str) -> None:
+    """Positions that a checksummed file holds are the writer's; these checks keep a damaged or forged file of a
+    legacy (unchecksummed) snapshot from reaching an index error or the wrong entries."""
+    n = flat.numel()
+    if encoding == "indices":
+        if positions.numel() != values.numel():
+            raise CorruptSnapshotError(f"{where}: {positions.numel()} indices for {values.numel()} values")
+        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= n):
+            raise CorruptSnapshotError(f"{where}: an index outside [0, {n})")
+    elif encoding == "bitmask":
+        if positions.numel() != (n + 7) // 8:  # its count of set bits is checked while applying
+            raise CorruptSnapshotError(f"{where}: a bitmask of {positions.numel()} bytes for {n} entries")
+    elif encoding == "dense":
+        if values.numel() != n:
+            raise CorruptSnapshotError(f"{where}: {values.numel()} dense values for {n} entries")
+    else:
+        raise CorruptSnapshotError(f"{where}: unknown encoding {encoding!r}")
+
+
+def _apply(flat: Tensor, encoding: str, values: Tensor | None, positions: Tensor | None,
+           where: str = "a snapshot piece") -> Tensor:
+    """Write a piece's changed values into ``flat`` (the base's values of that piece, flat), in place
+    (:class:`CorruptSnapshotError`, naming ``where``, for values and positions that do not fit the piece)."""
     if encoding == "none":
         return flat
-    assert values is not None
-    values = values.to(flat.device)
+    if values is None or (positions is None) != (encoding == "dense") or values.dtype != flat.dtype:
+        raise CorruptSnapshotError(f"{where}: the values or positions of encoding {encoding!r} are missing or of "
+                                   "another dtype")
+    values = values.to(flat.device).reshape(-1)
+    if positions is not None:
+        positions = positions.to(flat.device).reshape(-1)
+        if positions.dtype not in ((torch.int32, torch.int64) if encoding == "indices" else (torch.uint8,)):
+            raise CorruptSnapshotError(f"{where}: positions of dtype {positions.dtype}")
+    _check_positions(flat, encoding, values, positions, where)  # type: ignore[arg-type]
     if encoding == "dense":
         return flat.copy_(values)
     assert positions is not None
-    positions = positions.to(flat.device)
     np = _numpy() if flat.device.type == "cpu" and flat.dtype != torch.bool and flat.is_contiguous() else None
     if np is not None:  # CPU: numpy's scatter is several times faster than masked_scatter_
         fn = _bits(flat).numpy()
         vn = _bits(values.contiguous()).numpy()
         if encoding == "indices":
             fn[positions.numpy()] = vn
-        elif encoding == "bitmask":
+        else:
             pn = positions.numpy()
-            done = 0
+            done, over = 0, False
             for s in range(0, fn.size, _CPU_CHUNK):
                 e = min(fn.size, s + _CPU_CHUNK)
                 bits = np.unpackbits(pn[s // 8 : (e + 7) // 8], count=e - s, bitorder="little").view(np.bool_)
                 idx = np.flatnonzero(bits)
+                if done + idx.size > vn.size:
+                    over = True
+                    break
                 fn[s:e][idx] = vn[done : done + idx.size]
                 done += idx.size
-        else:
-            raise CorruptSnapshotError(f"unknown encoding {encoding!r}")
+            if over or done != vn.size:
+                raise CorruptSnapshotError(f"{where}: the bitmask does not mark as many entries as there are values")
         return flat
     if encoding == "indices":
         flat[positions.to(torch.int64)] = values
-    elif encoding == "bitmask":
-        flat.masked_scatter_(unpack_bits(positions, flat.numel()), values)
     else:
-        raise CorruptSnapshotError(f"unknown encoding {encoding!r}")
+        mask = unpack_bits(positions, flat.numel())
+        if int(mask.sum()) != values.numel():
+            raise CorruptSnapshotError(f"{where}: the bitmask does not mark as many entries as there are values")
+        flat.masked_scatter_(mask, values)
     return flat

@@ -1,4 +1,4 @@
-"""The store's exceptions."""
+"""The store's exceptions and warnings."""
 
 from __future__ import annotations
 
@@ -18,5 +18,22 @@ class SnapshotNotFoundError(StoreError, LookupError):
 
 
 class CorruptSnapshotError(StoreError, ValueError):
-    """A manifest that does not match its files (never produced by this module's writers)."""
+    """A manifest that is not one this module's writers write, or a data file that does not match its manifest
+    (size, checksum, tensors). ``agent`` and ``step`` name the snapshot (both None for the store's base),
+    ``file`` the file at fault, where known."""
 
+    def __init__(self, message: str, *, agent: str | None = None, step: int | None = None,
+                 file: str | None = None) -> None:
+        super().__init__(message)
+        self.agent = agent
+        self.step = step
+        self.file = file
+
+
+class StoreWarning(UserWarning):
+    """Something about a store that does not stop it from being read."""
+
+
+class UnverifiedSnapshotWarning(StoreWarning):
+    """A snapshot or base written before manifests carried checksums (format version 1): it loads, but damage to
+    its data files cannot be detected."""

@@ -1,7 +1,12 @@
-"""The on-disk format: names and versions of the files, agent and manifest names, dtype names, and boxes."""
+"""The on-disk format: names and versions of the files, agent, manifest and data file names, dtype names, boxes.
+
+Every file the store writes has a name of one of the patterns here; readers and deleters accept no other name
+(nothing a manifest says can point outside its folder or at another agent's or another step's files).
+"""
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -9,16 +14,84 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import UnsupportedInputError
+from ..errors import ConfigError, UnsupportedInputError
 from .errors import CorruptSnapshotError
 
 STORE_FORMAT = "ram_live.store"
 SNAPSHOT_FORMAT = "ram_live.snapshot"
 BASE_FORMAT = "ram_live.base"
-VERSION = 1
+VERSION = 2  # of manifests (snapshots' and the base's); 2: every data file carries its CRC-32
+READ_VERSIONS = (1, 2)  # version 1 manifests (no checksums) still load, with an UnverifiedSnapshotWarning
+STORE_VERSION = 1  # of store.json (the folder layout, unchanged by manifest version 2)
 BASE_DIR = "_base"
 _AGENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_MANIFEST_RE = re.compile(r"^(\d+)\.json$")
+_MANIFEST_RE = re.compile(r"^(\d{12,})\.json$")
+_NONCE = r"[0-9A-Za-z]{1,32}"
+_NONCE_RE = re.compile(rf"^{_NONCE}$")
+_RANK = r"(?:0|[1-9][0-9]{0,8})"
+_DATA_RE = re.compile(rf"^(\d{{12,}})-{_NONCE}\.p({_RANK})\.safetensors$")
+_BASE_DATA_RE = re.compile(rf"^base-{_NONCE}\.p({_RANK})\.safetensors$")
+_TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{1,32}-(.+)$")  # a file being written (renamed into place when whole)
+_PART_RE = re.compile(rf"^\.(.+)\.p({_RANK})\.part\.json$")  # a rank's part, read by rank 0 before its manifest
+
+
+def manifest_name(step: int) -> str:
+    """The file name of the manifest of the snapshot at ``step``."""
+    return f"{step:012d}.json"
+
+
+def manifest_step(name: str) -> int | None:
+    """The step whose manifest is called ``name`` (None for any other name, also a non-canonical one)."""
+    m = _MANIFEST_RE.match(name)
+    return int(m.group(1)) if m and manifest_name(int(m.group(1))) == name else None
+
+
+def data_step(name: str) -> int | None:
+    """The step of a snapshot data file called ``name`` (None for any other name)."""
+    m = _DATA_RE.match(name)
+    return int(m.group(1)) if m and m.group(1) == f"{int(m.group(1)):012d}" else None
+
+
+def is_base_data(name: str) -> bool:
+    return _BASE_DATA_RE.match(name) is not None
+
+
+def is_store_temp(name: str, base: bool) -> bool:
+    """A temporary file of a write of a data file, manifest or rank part in an agent's folder (``base``: in
+    ``_base``), or a rank's part: what a killed writer leaves and :meth:`SnapshotStore.gc` removes."""
+    m = _TMP_RE.match(name)
+    inner = m.group(1) if m else name
+    if m and ((is_base_data(inner) or inner == "base.json") if base
+              else (data_step(inner) is not None or manifest_step(inner) is not None)):
+        return True
+    p = _PART_RE.match(inner)
+    if not p:
+        return False
+    stem = f"{p.group(1)}.p0.safetensors"
+    return is_base_data(stem) if base else data_step(stem) is not None
+
+
+def check_step(step: Any) -> int:
+    """``step`` as an int >= 0 (:class:`ConfigError` otherwise)."""
+    try:
+        step = operator.index(step)
+    except TypeError:
+        raise ConfigError(f"a snapshot step must be an integer, got {step!r}") from None
+    if step < 0:
+        raise ConfigError(f"a snapshot step must be >= 0, got {step}")
+    return step
+
+
+def check_nonce(nonce: Any) -> str:
+    if not isinstance(nonce, str) or not _NONCE_RE.match(nonce):
+        raise ConfigError(f"a part nonce must be 1-32 letters or digits, got {nonce!r}")
+    return nonce
+
+
+def check_rank(rank: Any) -> int:
+    if type(rank) is not int or not 0 <= rank < 10**9:
+        raise ConfigError(f"a part rank must be an integer in [0, 1e9), got {rank!r}")
+    return rank
 
 
 # dtypes
@@ -32,6 +105,10 @@ for _name in ("float8_e4m3fn", "float8_e5m2"):
     if hasattr(torch, _name):
         _DTYPES[_name] = getattr(torch, _name)
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+_ST_DTYPES = {  # the dtype names in safetensors headers
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
+    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+}
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 

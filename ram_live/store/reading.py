@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,39 +15,21 @@ import torch
 from torch import Tensor
 
 from ..sources import TensorSpec
+from .datafiles import Files
 from .encoding import _apply
-from .errors import BaseMismatchError, CorruptSnapshotError, SnapshotNotFoundError
+from .errors import BaseMismatchError, CorruptSnapshotError, UnverifiedSnapshotWarning
 from .files import _read_json
-from .format import Box, _box, _dtype, _intersect
+from .format import Box, _box, _dtype, _intersect, manifest_name
+from .manifest import Checked, check_base, check_snapshot
 
 if TYPE_CHECKING:
     from .snapshot_store import SnapshotStore
 
 
-class _Files:
-    """Open safetensors handles of one manifest's files (memory-mapped; survive a later unlink)."""
-
-    def __init__(self, folder: Path, files: Sequence[Mapping[str, Any]], device: torch.device) -> None:
-        from safetensors import safe_open
-
-        self.handles = []
-        for f in files:
-            path = folder / f["name"]
-            try:
-                size = path.stat().st_size
-                handle = safe_open(str(path), framework="pt", device="cpu")
-            except FileNotFoundError:
-                raise SnapshotNotFoundError(f"{path}: data file missing (snapshot pruned while opening?)") from None
-            if size != f["bytes"]:
-                raise CorruptSnapshotError(f"{path}: {size} bytes, the manifest says {f['bytes']}")
-            self.handles.append(handle)
-        self.device = device
-
-    def tensor(self, file: int, name: str | None) -> Tensor | None:
-        return None if name is None else self.handles[file].get_tensor(name)
-
-    def slice(self, file: int, name: str, slices: Sequence[slice]) -> Tensor:
-        return self.handles[file].get_slice(name)[tuple(slices)]
+def _unverified(what: str) -> None:
+    warnings.warn(UnverifiedSnapshotWarning(
+        f"{what} was written by an older ram_live (manifest version 1): its data files carry no checksums, so "
+        "damage to them cannot be detected (take it again to checksum it)"), stacklevel=4)
 
 
 class _ManifestTable:
@@ -73,14 +56,22 @@ class _ManifestTable:
 class StoreBase(_ManifestTable):
     """The store's base model as a :class:`TensorSource` (dense; assembled from pieces), with its ``fingerprint``."""
 
-    def __init__(self, folder: Path, manifest: Mapping[str, Any], device: torch.device | str = "cpu") -> None:
+    def __init__(self, folder: Path, manifest: Mapping[str, Any], device: torch.device | str = "cpu",
+                 checked: Checked | None = None) -> None:
         self.name = "base"
         self.folder = folder
+        self.checked = checked or check_base(manifest)
         self.manifest = manifest
         self.fingerprint: str = manifest["fingerprint"]
         self.device = torch.device(device)
         self._read_table(manifest)
-        self._files = _Files(folder, manifest["files"], self.device)
+        if not self.checked.checksummed:
+            _unverified("the store's base")
+        self._files = Files(folder, self.checked.files, "the store's base")
+
+    def verify(self) -> int:
+        """Check every data file's checksum now (else each is checked on first use); returns the bytes checked."""
+        return self._files.verify()
 
     def get(self, key: str) -> Tensor:
         key = self._aliases.get(key, key)
@@ -97,7 +88,7 @@ class StoreBase(_ManifestTable):
         for p in pieces:
             if _box(p) == want:
                 t = self._files.tensor(p["file"], p["values"])
-                assert t is not None
+                assert t is not None  # the manifest's check: every base piece has values
                 return t.clone() if copy else t
         out = torch.empty(want[1], dtype=_dtype(entry["dtype"]))
         covered = 0
@@ -126,6 +117,7 @@ class Snapshot(_ManifestTable):
         self.name = name or agent
         self.manifest = manifest
         self.device = torch.device(device)
+        self.checked = check_snapshot(manifest, agent, step)
         self._read_table(manifest)
         self._base = store.base_source(device)
         if manifest["base_fingerprint"] != self._base.fingerprint:
@@ -133,7 +125,15 @@ class Snapshot(_ManifestTable):
                 f"snapshot {agent!r} step {step} was taken against base {manifest['base_fingerprint']}, but the store's "
                 f"base is {self._base.fingerprint}"
             )
-        self._files = _Files(store.root / agent, manifest["files"], self.device)
+        where = f"agent {agent!r} step {step}"
+        for key, entry in self._tensors.items():
+            b = self._base._tensors.get(key)
+            if b is None or b["shape"] != entry["shape"] or b["dtype"] != entry["dtype"]:
+                raise CorruptSnapshotError(f"{where}: tensor {key!r} {entry['dtype']} {entry['shape']} is not a "
+                                           "tensor of the store's base", agent=agent, step=step)
+        if not self.checked.checksummed:
+            _unverified(f"snapshot {where}")
+        self._files = Files(store.root / agent, self.checked.files, where, agent, step)
 
     def __repr__(self) -> str:
         return (f"Snapshot(agent={self.agent!r}, step={self.step}, changed={self.changed:,}/{self.numel:,}, "
@@ -173,6 +173,12 @@ class Snapshot(_ManifestTable):
     def base_source(self) -> StoreBase:
         return self._base
 
+    def verify(self) -> int:
+        """Check the checksum of every data file of this snapshot and of the store's base now (else each is
+        checked on first use); :class:`CorruptSnapshotError` naming agent, step and file on a mismatch. Returns
+        the bytes checked."""
+        return self._files.verify() + self._base.verify()
+
     # -- TensorSource (keys, spec, aliases: _ManifestTable)
     def get(self, key: str) -> Tensor:
         """The agent's tensor ``key``, bit-exact (a new tensor, or a read-only view of the file when every value
@@ -188,10 +194,10 @@ class Snapshot(_ManifestTable):
         pieces = self._tensors[key]["pieces"]
         if len(pieces) == 1 and pieces[0]["encoding"] == "dense" and _box(pieces[0]) == want:
             values = self._files.tensor(pieces[0]["file"], pieces[0]["values"])  # every value is stored
-            assert values is not None
+            assert values is not None  # the manifest's check: a dense piece has values, of its size
             return values.view(want[1]).to(self.device)
         out = self._base.get_box(key, *want)
-        for p in pieces:
+        for i, p in enumerate(pieces):
             if p["encoding"] == "none":
                 continue
             inter = _intersect(want, _box(p))
@@ -199,11 +205,12 @@ class Snapshot(_ManifestTable):
                 continue
             values = self._files.tensor(p["file"], p["values"])
             positions = self._files.tensor(p["file"], p.get("positions"))
+            where = f"agent {self.agent!r} step {self.step}: tensor {key!r} piece {i}"
             if _box(p) == want:
-                _apply(out.view(-1), p["encoding"], values, positions)
+                _apply(out.view(-1), p["encoding"], values, positions, where)
             else:
                 piece = self._base.get_box(key, *_box(p))
-                _apply(piece.view(-1), p["encoding"], values, positions)
+                _apply(piece.view(-1), p["encoding"], values, positions, where)
                 mine, theirs = inter
                 out[tuple(mine)] = piece[tuple(theirs)]
         return out.to(self.device)
@@ -262,7 +269,7 @@ class SnapshotInfo:
 
     @property
     def path(self) -> Path:
-        return self.store.root / self.agent / f"{self.step:012d}.json"
+        return self.store.root / self.agent / manifest_name(self.step)
 
     @property
     def manifest(self) -> dict[str, Any]:

@@ -17,21 +17,30 @@ from ..errors import ConfigError, InputMismatchError, UnsupportedInputError
 from ..methods import Activity
 from .collective import Collective, LocalCollective
 from .encoding import _encode
+from .datafiles import write_datafile
 from .errors import BaseMismatchError, CorruptSnapshotError, SnapshotNotFoundError, StoreError
-from .files import _read_json, _write_safetensors, write_json
+from .files import _read_json, real_folder, remove_file, write_json
 from .format import (
     _AGENT_RE,
-    _MANIFEST_RE,
     BASE_DIR,
     BASE_FORMAT,
     SNAPSHOT_FORMAT,
     STORE_FORMAT,
+    STORE_VERSION,
     VERSION,
     _dtype_name,
+    check_nonce,
+    check_rank,
+    check_step,
+    manifest_name,
+    manifest_step,
 )
 from .hashing import fingerprint
 from .local import LocalModel, LocalTensor
+from .maintenance import collect_garbage, remove_snapshot, remove_unreferenced
+from .manifest import Checked, check_base, check_snapshot
 from .reading import Snapshot, SnapshotInfo, StoreBase
+from .verify import VerifyReport, verify_store
 from .writer import SnapshotTotals, SnapshotWriter, _activity, _piece_entry, _Totals
 
 
@@ -40,7 +49,15 @@ class SnapshotStore:
 
     Any number of processes may write (one writer per agent, or one per rank of a sharded agent) and read at
     the same time; readers see only complete snapshots. ``durable=True`` fsyncs data files before their manifest
-    (survives power loss, not only killed processes).
+    (survives power loss, not only killed processes). Every manifest is checked in full before a file it names
+    is read or deleted, every data file's CRC-32 before its first tensor is used (:meth:`verify`: all now).
+    Files follow the umask.
+
+    Example:
+        >>> store = SnapshotStore("runs/ram")                                   # doctest: +SKIP
+        >>> store.writer("coder", base=model).snapshot(model, step=50)          # doctest: +SKIP
+        >>> store.verify().ok                                                   # doctest: +SKIP
+        True
     """
 
     def __init__(self, root: str | os.PathLike[str], *, create: bool = True, durable: bool = True) -> None:
@@ -52,12 +69,16 @@ class SnapshotStore:
             if not create:
                 raise SnapshotNotFoundError(f"{self.root}: not a snapshot store (no store.json)")
             self.root.mkdir(parents=True, exist_ok=True)
-            write_json(marker, {"format": STORE_FORMAT, "version": VERSION}, durable=False, exclusive=True)
+            write_json(marker, {"format": STORE_FORMAT, "version": STORE_VERSION}, durable=False, exclusive=True)
         info = _read_json(marker)
-        if info.get("format") != STORE_FORMAT:
+        if not isinstance(info, dict) or info.get("format") != STORE_FORMAT:
             raise CorruptSnapshotError(f"{marker}: not a ram_live snapshot store")
-        if int(info.get("version", 0)) > VERSION:
-            raise StoreError(f"{self.root}: store format version {info['version']} is newer than this ram_live's")
+        version = info.get("version", 0)
+        if type(version) is not int:
+            raise CorruptSnapshotError(f"{marker}: store format version {version!r:.40} is not an integer")
+        if version > STORE_VERSION:
+            raise StoreError(f"{self.root}: store format version {version} is newer than this ram_live's")
+        self._base_checked: tuple[Any, dict[str, Any], Checked] | None = None
 
     def __repr__(self) -> str:
         return f"SnapshotStore({str(self.root)!r})"
@@ -71,20 +92,31 @@ class SnapshotStore:
     def has_base(self) -> bool:
         return self.base_path.exists()
 
+    def _base_manifest(self) -> tuple[dict[str, Any], Checked]:
+        """The base's manifest, checked in full (once per version of the file)."""
+        if not real_folder(self.root / BASE_DIR):
+            raise CorruptSnapshotError(f"{self.root / BASE_DIR}: not a folder (a symlink?)")
+        st = os.stat(self.base_path)
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._base_checked is None or self._base_checked[0] != stamp:
+            manifest = _read_json(self.base_path)
+            self._base_checked = (stamp, manifest, check_base(manifest))
+        return self._base_checked[1], self._base_checked[2]
+
     @property
     def base_fingerprint(self) -> str | None:
         if not self.has_base():
             return None
-        return _read_json(self.base_path)["fingerprint"]
+        return self._base_manifest()[0]["fingerprint"]
 
     def base_source(self, device: torch.device | str = "cpu") -> StoreBase:
         """The base every snapshot of this store is a diff against (raises if none was set)."""
         if not self.has_base():
             raise SnapshotNotFoundError(f"{self.root}: the store has no base yet (a writer sets it)")
-        manifest = _read_json(self.base_path)
+        manifest, checked = self._base_manifest()
         cache_key = (manifest["fingerprint"], str(torch.device(device)))
         if cache_key not in self._base_cache:
-            self._base_cache[cache_key] = StoreBase(self.root / BASE_DIR, manifest, device)
+            self._base_cache[cache_key] = StoreBase(self.root / BASE_DIR, manifest, device, checked)
         return self._base_cache[cache_key]
 
     def set_base(self, base: Any, *, collective: Collective | None = None, writer: bool = True) -> str:
@@ -108,10 +140,10 @@ class SnapshotStore:
             if collective.rank == 0:
                 manifest = self.compose_manifest(parts, local, extra={"format": BASE_FORMAT, "version": VERSION,
                                                                       "fingerprint": fp, "time": time.time()})
+                check_base(manifest)  # never write what a reader refuses
                 won = write_json(self.base_path, manifest, self.durable, exclusive=True)
                 if not won:  # another writer set it first: keep theirs
-                    for f in manifest["files"]:
-                        (folder / f["name"]).unlink(missing_ok=True)
+                    remove_unreferenced(folder, [f["name"] for f in manifest["files"]], base=True)
             collective.barrier()
             existing = self.base_fingerprint
         if existing != fp:
@@ -125,14 +157,14 @@ class SnapshotStore:
                         tensors: Mapping[str, LocalTensor]) -> dict[str, Any]:
         """Write ``tensors`` (this writer's boxes of the base, dense) as the part file ``rank`` of the base in
         ``folder`` (the store's ``_base``); returns the part (``{"file", "pieces"}``) for :meth:`compose_manifest`."""
-        name = f"base-{nonce}.p{rank}.safetensors"
+        name = f"base-{check_nonce(nonce)}.p{check_rank(rank)}.safetensors"
         data = {f"{k}@{rank}": t.tensor.detach().cpu() for k, t in tensors.items()}
-        size = _write_safetensors(folder / name, data, {"format": BASE_FORMAT}, self.durable)
+        entry = write_datafile(folder / name, data, {"format": BASE_FORMAT}, self.durable)
         pieces = {
             k: [{"offsets": list(t.offsets), "shape": list(t.tensor.shape), "values": f"{k}@{rank}"}]
             for k, t in tensors.items()
         }
-        return {"file": {"name": name, "bytes": size}, "pieces": pieces}
+        return {"file": entry, "pieces": pieces}
 
     def _exchange_parts(self, folder: Path, stem: str, part: dict[str, Any] | None,
                         collective: Collective) -> list[dict[str, Any]]:
@@ -190,19 +222,22 @@ class SnapshotStore:
         return agent
 
     def agents(self) -> list[str]:
-        """Agents with at least one snapshot, sorted."""
+        """Agents with at least one snapshot, sorted (folders of agent names; never a symlink)."""
         if not self.root.exists():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and _AGENT_RE.match(p.name) and self.steps(p.name))
+        return sorted(p.name for p in self.root.iterdir()
+                      if _AGENT_RE.match(p.name) and p.name != BASE_DIR and real_folder(p) and self.steps(p.name))
 
     def steps(self, agent: str) -> list[int]:
         """Steps of ``agent``'s complete snapshots, ascending."""
         folder = self.root / agent
+        if not real_folder(folder):
+            return []
         try:
             names = os.listdir(folder)
         except FileNotFoundError:
             return []
-        return sorted(int(m.group(1)) for m in map(_MANIFEST_RE.match, names) if m)
+        return sorted(s for s in map(manifest_step, names) if s is not None)
 
     def list(self, agent: str | None = None) -> list[SnapshotInfo]:
         """Complete snapshots of ``agent`` (or of every agent), by agent then step."""
@@ -210,10 +245,14 @@ class SnapshotStore:
         return [SnapshotInfo(self, a, s) for a in agents for s in self.steps(a)]
 
     def open(self, agent: str, step: int, *, device: torch.device | str = "cpu") -> Snapshot:
+        """``agent``'s snapshot at ``step``: its manifest checked in full, its data files opened (each file's
+        checksum is verified before its first tensor is used; :meth:`Snapshot.verify`: all now)."""
         self.check_agent(agent)
-        manifest = _read_json(self.root / agent / f"{step:012d}.json")
-        if manifest.get("format") != SNAPSHOT_FORMAT:
-            raise CorruptSnapshotError(f"{agent!r} step {step}: not a ram_live snapshot manifest")
+        step = check_step(step)
+        folder = self.root / agent
+        if folder.is_symlink():
+            raise CorruptSnapshotError(f"{folder}: a symlink, not a folder of the store", agent=agent, step=step)
+        manifest = _read_json(folder / manifest_name(step))
         return Snapshot(self, agent, step, manifest, device)
 
     def latest(self, agent: str, *, device: torch.device | str = "cpu", retries: int = 5) -> Snapshot:
@@ -251,40 +290,26 @@ class SnapshotStore:
         return removed
 
     def _remove(self, agent: str, step: int) -> None:
-        path = self.root / agent / f"{step:012d}.json"
-        try:
-            manifest = _read_json(path)
-        except (SnapshotNotFoundError, CorruptSnapshotError):
-            manifest = {"files": []}
-        path.unlink(missing_ok=True)
-        for f in manifest.get("files", []):
-            (self.root / agent / f["name"]).unlink(missing_ok=True)
+        remove_snapshot(self.root / agent, step)
 
     def gc(self, grace_s: float = 3600.0) -> list[Path]:
-        """Delete files no manifest references (left by killed writers) older than ``grace_s`` seconds; a younger
-        one may belong to a snapshot being written right now."""
-        now = time.time()
-        removed = []
-        folders = [self.root / BASE_DIR] + [p for p in self.root.iterdir() if p.is_dir() and p.name != BASE_DIR]
-        for folder in folders:
-            referenced = set()
-            for name in os.listdir(folder):
-                if _MANIFEST_RE.match(name) or name == "base.json":
-                    try:
-                        referenced |= {f["name"] for f in _read_json(folder / name).get("files", [])}
-                    except StoreError:
-                        continue
-            for name in os.listdir(folder):
-                path = folder / name
-                if _MANIFEST_RE.match(name) or name == "base.json" or name in referenced:
-                    continue
-                try:
-                    if now - path.stat().st_mtime >= grace_s and path.is_file():
-                        path.unlink()
-                        removed.append(path)
-                except FileNotFoundError:
-                    continue
-        return removed
+        """Delete what killed writers left: data files no manifest references and temporary files, older than
+        ``grace_s`` seconds (a younger one may belong to a write in progress). Only regular files of the
+        store's own names in the agents' folders and ``_base`` go; a step whose manifest cannot be read keeps
+        its files."""
+        return collect_garbage(self.root, grace_s)
+
+    def verify(self, agents: Iterable[str] | None = None, *, strict: bool = False) -> VerifyReport:
+        """Check the base and every snapshot (of ``agents``, default all): manifests in full, data files'
+        sizes, tensors and checksums. Returns a :class:`VerifyReport` of everything checked and every problem
+        found; ``strict=True`` raises the first problem instead.
+
+        Example:
+            >>> report = SnapshotStore("runs/ram", create=False).verify()     # doctest: +SKIP
+            >>> report.ok, len(report.entries), report.bytes                    # doctest: +SKIP
+            (True, 41, 1873920112)
+        """
+        return verify_store(self, agents, strict)
 
     # -- writing
 
@@ -322,11 +347,11 @@ class SnapshotStore:
         """Write the part file ``rank`` of ``agent``'s snapshot at ``step`` (``nonce``: shared by the parts of one
         snapshot): ``tensors`` are the changed values and positions that ``pieces`` (key → piece entries) name.
         Returns the part (``{"file", "pieces"}``) for :meth:`commit_snapshot`; no reader sees it before then."""
-        folder = self.root / agent
+        folder = self.root / self.check_agent(agent)
         folder.mkdir(parents=True, exist_ok=True)
-        name = f"{step:012d}-{nonce}.p{rank}.safetensors"
-        size = _write_safetensors(folder / name, tensors, {"format": SNAPSHOT_FORMAT}, self.durable)
-        return {"file": {"name": name, "bytes": size}, "pieces": pieces}
+        name = f"{check_step(step):012d}-{check_nonce(nonce)}.p{check_rank(rank)}.safetensors"
+        entry = write_datafile(folder / name, tensors, {"format": SNAPSHOT_FORMAT}, self.durable)
+        return {"file": entry, "pieces": pieces}
 
     def commit_snapshot(self, agent: str, step: int, parts: Sequence[Mapping[str, Any]], local: LocalModel,
                         fp: str, rule: Activity, totals: SnapshotTotals, epoch: int | None,
@@ -335,6 +360,7 @@ class SnapshotStore:
         atomically: the snapshot becomes visible whole). ``local`` gives the keys, shapes and dtypes, ``fp`` the
         base's fingerprint, ``rule`` the activity it was taken with, ``totals`` its counts. A step taken again
         replaces the old snapshot (whose files no longer referenced are removed)."""
+        step = check_step(step)
         now = time.time()
         head = {
             "format": SNAPSHOT_FORMAT, "version": VERSION, "agent": agent, "step": int(step),
@@ -348,15 +374,20 @@ class SnapshotStore:
         files_bytes = sum(int(f["bytes"]) for f in manifest["files"])
         manifest["stats"] = {"numel": totals.numel, "changed": totals.changed, "bytes": files_bytes,
                              "dense_bytes": totals.dense_bytes}
-        path = self.root / agent / f"{step:012d}.json"
+        try:
+            check_snapshot(manifest, agent, step)  # never write what a reader refuses
+        except CorruptSnapshotError as exc:
+            raise StoreError(f"refusing to commit an invalid manifest: {exc}") from None
+        folder = self.root / agent
+        path = folder / manifest_name(step)
         try:
             old = _read_json(path)
-        except SnapshotNotFoundError:
+        except StoreError:  # none, or unreadable: its files (if any) are left to gc
             old = None
         write_json(path, manifest, self.durable)
-        if old is not None:  # a re-taken step (resumed run): its old files are no longer referenced
+        if isinstance(old, dict) and isinstance(old.get("files"), list):  # a re-taken step (resumed run)
             keep = {f["name"] for f in manifest["files"]}
-            for f in old.get("files", []):
-                if f["name"] not in keep:
-                    (self.root / agent / f["name"]).unlink(missing_ok=True)
+            names = [f.get("name") for f in old["files"] if isinstance(f, dict)]
+            remove_unreferenced(folder, [n for n in names if n not in keep], step=step)
         return Snapshot(self, agent, step, manifest)
+
