@@ -1,0 +1,284 @@
+"""transformers / TRL callback: snapshot this run's task vector every n steps (or at each checkpoint save) into a
+store shared by several agents' runs, and every m steps merge the latest snapshot of every agent there with RAM
+into a generalist, evaluate it, save it and log it. Works with every ``transformers.Trainer``, TRL's
+``GRPOTrainer``, ``PPOTrainer``-style trainers built on it, ``SFTTrainer`` and so on.
+
+>>> from ram_live.integrations.transformers import RAMTrainerCallback                    # doctest: +SKIP
+>>> callback = RAMTrainerCallback("runs/ram", agent="coder", snapshot_every=50, merge_every=200,
+...                               merged_dir="runs/generalists", evaluate=my_eval)
+>>> trainer = GRPOTrainer(model, reward_funcs=reward, args=args, train_dataset=ds, callbacks=[callback])
+>>> callback.bind(trainer)          # optional: logs through trainer.log, allows evaluate="trainer"
+>>> trainer.train()                 # logs ram/<metric>, ram/<agent>/density|rho|lambda, ...
+
+The callback's state (the schedule's counters, the base fingerprint, ``history``, the saved generalists) is an
+``ExportableState``: it is written into every checkpoint's ``trainer_state.json`` (``stateful_callbacks``) and read
+back when training resumes from one (``trainer.train(resume_from_checkpoint=...)``), whether or not
+``restore_callback_states_from_checkpoint`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_callback import ExportableState
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("ram_live.integrations.transformers needs transformers: pip install 'ram-live[trl]' "
+                      "(or 'ram-live[transformers]')") from exc
+
+from ..errors import ConfigError, RamLiveError
+from ..schedule import MergeResult, RAMSchedule, _to_float
+from ..store import SnapshotStore
+
+__all__ = ["RAMTrainerCallback", "SingleAgentWarning"]
+
+#: the live callback of each state key: transformers rebuilds a callback from its JSON args on resume
+_LIVE: "weakref.WeakValueDictionary[str, RAMTrainerCallback]" = weakref.WeakValueDictionary()
+
+
+class SingleAgentWarning(UserWarning):
+    """A merge had one agent only: the "generalist" is that agent's snapshot."""
+
+
+class RAMTrainerCallback(TrainerCallback, ExportableState):
+    r"""Snapshots of this run's agent into a shared :class:`~ram_live.store.SnapshotStore`; periodic RAM merges of
+    the latest snapshot of every agent in it, evaluated, saved and logged under ``ram/``.
+
+    Args:
+        store: the store folder (created if needed); shared by the agents' runs.
+        agent: this run's agent name (a folder of the store).
+        base: the model every agent was trained from: ``None`` (the model's weights at train start on a fresh
+            run, the store's base on resume), ``"store"``, or an ``nn.Module`` / state dict / checkpoint path.
+        snapshot_every: snapshot after every this many optimizer steps (None: see ``snapshot_on_save``).
+        merge_every: merge the generalist after every this many steps (None: never).
+        snapshot_on_save: also snapshot at every step the trainer saves a checkpoint.
+        evaluate: ``evaluate(model) -> dict`` called with the generalist swapped into the model (restored
+            bit-exactly afterwards); ``"trainer"``: ``trainer.evaluate()`` of the bound trainer (:meth:`bind`) on
+            its eval dataset with the generalist swapped in (its metrics are logged as ``ram/eval_*``, not as the
+            trainer's ``eval_*``); ``None``: only the probe numbers.
+        merged_dir: save every generalist as ``merged_dir/step-<N>`` (``save_pretrained`` with the run's
+            tokenizer/processor; written to a temporary name and renamed), on the main process.
+        variant, r, alpha, eps, activity, rho_scope: RAM's options, as in :func:`ram_live.ram_merge`.
+        snapshot_activity, snapshot_eps, keep, agents, async_write, durable: as :class:`~ram_live.RAMSchedule`.
+        snapshot_on_train_end: take a last snapshot when training ends.
+        search: a :class:`~ram_live.schedule_search.SearchSetting` (or its options): each merge is the one
+            :func:`ram_live.search` picks (see :class:`~ram_live.RAMSchedule`).
+        trainer: the trainer (or call :meth:`bind` once it exists).
+
+    Example:
+        >>> cb = RAMTrainerCallback("runs/ram", "coder", snapshot_every=10, merge_every=50,
+        ...                         merged_dir="runs/merged", evaluate=lambda m: {"acc": score(m)})  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str],
+        agent: str,
+        base: Any = None,
+        snapshot_every: int | None = None,
+        merge_every: int | None = None,
+        snapshot_on_save: bool = False,
+        evaluate: Callable[[Any], Mapping[str, Any]] | str | None = None,
+        merged_dir: str | os.PathLike[str] | None = None,
+        variant: str = "ram_plus",
+        r: float = 0.1,
+        alpha: float = 2.0,
+        eps: float = 1e-5,
+        activity: str = "abs",
+        rho_scope: str = "global",
+        snapshot_activity: str = "changed",
+        snapshot_eps: float = 0.0,
+        keep: int | None = None,
+        agents: Sequence[str] | None = None,
+        snapshot_on_train_end: bool = True,
+        async_write: bool = False,
+        durable: bool = True,
+        search: Any = None,
+        trainer: Any = None,
+    ) -> None:
+        if isinstance(store, SnapshotStore):
+            store = store.root
+        if evaluate is not None and not callable(evaluate) and evaluate != "trainer":
+            raise ConfigError(f"evaluate must be a callable, 'trainer' or None, got {evaluate!r}")
+        self.schedule = RAMSchedule(
+            store, agent, snapshot_every=snapshot_every, merge_every=merge_every, variant=variant, r=r, alpha=alpha,
+            eps=eps, activity=activity, rho_scope=rho_scope, snapshot_activity=snapshot_activity,
+            snapshot_eps=snapshot_eps, keep=keep, agents=agents, async_write=async_write, durable=durable,
+            search=search,
+        )
+        self._args = {"store": str(store), "agent": agent, "snapshot_every": snapshot_every,
+                      "merge_every": merge_every, "snapshot_on_save": snapshot_on_save, "variant": variant, "r": r,
+                      "alpha": alpha, "eps": eps, "activity": activity, "rho_scope": rho_scope,
+                      "snapshot_activity": snapshot_activity, "snapshot_eps": snapshot_eps, "keep": keep,
+                      "agents": list(agents) if agents is not None else None,
+                      "merged_dir": str(merged_dir) if merged_dir is not None else None,
+                      "snapshot_on_train_end": snapshot_on_train_end, "async_write": async_write, "durable": durable}
+        self.agent = agent
+        self.base = base
+        self.evaluate = evaluate
+        self.merged_dir = Path(merged_dir) if merged_dir is not None else None
+        self.snapshot_on_save = snapshot_on_save
+        self.snapshot_on_train_end = snapshot_on_train_end
+        self.trainer = trainer
+        self.saved: list[str] = []  # the generalists' folders, oldest first
+        self.last_result: MergeResult | None = None
+        self._processor: Any = None
+        self._restored: dict[str, Any] | None = None
+        key = self.state_key
+        live = _LIVE.get(key)
+        if live is not None and trainer is None and base is None and evaluate is None:
+            # transformers rebuilt this callback from its checkpoint args (restore_callback_states_from_checkpoint):
+            # take the objects JSON cannot hold from the instance it replaces
+            self.base, self.evaluate, self.trainer = live.base, live.evaluate, live.trainer
+            self.schedule.evaluate, self.schedule.search = live.schedule.evaluate, live.schedule.search
+        _LIVE[key] = self
+
+    # ------------------------------------------------------------------------------------------- conventions
+
+    @property
+    def state_key(self) -> str:
+        """``agent@store``, the store path resolved: ``run/store`` and its absolute path are the same store."""
+        return f"{self.agent}@{Path(self._args['store']).expanduser().resolve()}"
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """Every merge's logged metrics, with its ``step``."""
+        return self.schedule.history
+
+    @property
+    def store(self) -> SnapshotStore:
+        return self.schedule.store
+
+    def bind(self, trainer: Any) -> "RAMTrainerCallback":
+        """Use ``trainer``: metrics are logged through ``trainer.log`` (every reporter sees them), and
+        ``evaluate="trainer"`` runs ``trainer.evaluate()``. Returns the callback."""
+        self.trainer = trainer
+        return self
+
+    def state(self) -> dict[str, Any]:
+        """``ExportableState``: the JSON constructor arguments and the schedule's state, ``history`` and the saved
+        generalists, under this callback's :attr:`state_key`."""
+        return {"args": dict(self._args),
+                "attributes": {"ram_state": {"key": self.state_key, "schedule": self.schedule.state_dict(),
+                                             "history": self.history, "saved": list(self.saved)}}}
+
+    @property
+    def ram_state(self) -> dict[str, Any] | None:
+        return self._restored
+
+    @ram_state.setter
+    def ram_state(self, value: dict[str, Any]) -> None:  # set by transformers' _load_callback_state
+        self._load(value)
+
+    def _load(self, value: Mapping[str, Any]) -> None:
+        self.schedule.load_state_dict(value["schedule"])
+        self.schedule.history[:] = [dict(h) for h in value.get("history", [])]
+        self.saved = list(value.get("saved", []))
+        self._restored = dict(value)
+
+    def _find_state(self, state: TrainerState) -> Mapping[str, Any] | None:
+        """This callback's entry of the resumed checkpoint's ``stateful_callbacks`` (matched by state key)."""
+        entries = (state.stateful_callbacks or {}).get(type(self).__name__)
+        for entry in entries if isinstance(entries, list) else [entries] if entries else []:
+            saved = (entry.get("attributes") or {}).get("ram_state")
+            if saved and saved.get("key") == self.state_key:
+                return saved
+        return None
+
+    # ------------------------------------------------------------------------------------------- hooks
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: Any = None, processing_class: Any = None, **kwargs: Any) -> None:
+        self._processor = processing_class if processing_class is not None else kwargs.get("tokenizer")
+        if state.global_step > 0 and self._restored is None:
+            saved = self._find_state(state)
+            if saved is not None:
+                self._load(saved)
+        base = self.base
+        if base is None and self.schedule.base_fingerprint is None and state.global_step > 0:
+            if not self.store.has_base():
+                raise RamLiveError(f"RAMTrainerCallback({self.agent!r}): resuming at step {state.global_step} from a "
+                                   "checkpoint without RAM state, and the store has no base: pass base=...")
+            base = "store"
+        self.schedule.attach(model, base=base)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    model: Any = None, **kwargs: Any) -> None:
+        step, s = state.global_step, self.schedule
+        epoch = int(state.epoch) if state.epoch is not None else None
+        # DefaultFlowCallback ran first: control.should_save says this step's checkpoint is about to be written
+        if step > s.last_snapshot_step and (s.should_snapshot(step, epoch) or self.snapshot_on_save and
+                                            control.should_save):
+            s.snapshot(model, step, epoch)
+        if step > s.last_merge_step and s.should_merge(step, epoch):
+            self.merge_now(model, state)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     model: Any = None, **kwargs: Any) -> None:
+        step = state.global_step
+        if self.snapshot_on_train_end and step > 0 and self.schedule.last_snapshot_step < step:
+            self.schedule.snapshot(model, step, int(state.epoch) if state.epoch is not None else None)
+        self.schedule.flush()
+
+    # ------------------------------------------------------------------------------------------- merging
+
+    def merge_now(self, model: Any, state: TrainerState) -> dict[str, float]:
+        """Merge the latest snapshot of every agent now, evaluate, save, log; returns the logged metrics."""
+        evaluate = self.evaluate
+        if evaluate == "trainer":
+            evaluate = self._trainer_evaluate
+        epoch = int(state.epoch) if state.epoch is not None else None
+        metrics = self.schedule.merge_and_evaluate(model, state.global_step, epoch, evaluate)
+        result = self.last_result = self.schedule.last_result
+        assert result is not None
+        if len(result.agents) == 1:
+            warnings.warn(f"RAMTrainerCallback({self.agent!r}): the store holds snapshots of one agent only "
+                          f"({next(iter(result.agents))!r}); the merge is that agent's snapshot",
+                          SingleAgentWarning, stacklevel=2)
+        if self.merged_dir is not None:
+            self._save(model, result, state)
+        self._log(state, metrics)
+        return metrics
+
+    def _trainer_evaluate(self, model: Any) -> dict[str, float]:
+        if self.trainer is None:
+            raise ConfigError("evaluate='trainer' needs the trainer: callback.bind(trainer)")
+        metrics = self.trainer.evaluate(metric_key_prefix="ram_eval")
+        out = {}
+        for key, value in metrics.items():  # TRL trainers add their own eval_* metrics to the prefixed ones
+            name = key.removeprefix("ram_eval_").removeprefix("eval_")
+            if name != key and isinstance(value, (int, float)):
+                out[f"eval_{name}"] = _to_float(value)
+        return out
+
+    def _save(self, model: Any, result: MergeResult, state: TrainerState) -> str | None:
+        """``merged_dir/step-<N>``: the generalist swapped into the model and ``save_pretrained`` (main process)."""
+        if not state.is_world_process_zero:
+            return None
+        assert self.merged_dir is not None
+        final = self.merged_dir / f"step-{result.step}"
+        tmp = self.merged_dir / f".tmp-step-{result.step}-{os.getpid()}"
+        self.merged_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        with self.schedule.swapped(model, result):
+            model.save_pretrained(tmp, safe_serialization=True)
+        if self._processor is not None and hasattr(self._processor, "save_pretrained"):
+            self._processor.save_pretrained(tmp)
+        if final.exists():  # a resumed run merging the same step again
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        self.saved.append(str(final))
+        return str(final)
+
+    def _log(self, state: TrainerState, metrics: dict[str, float]) -> None:
+        if self.trainer is not None:
+            self.trainer.log(dict(metrics))
+        else:  # without the trainer: into the log history that trainer_state.json keeps
+            state.log_history.append({**metrics, "step": state.global_step})

@@ -1,0 +1,148 @@
+"""RAMTrainerCallback with TRL's real GRPOTrainer on a tiny Qwen2 built from a config and a character tokenizer
+built here (no downloads), trained with a rule-based reward: snapshots, merges, saved generalists checked against
+``ram_live.ram_merge`` of the store's snapshots, the evaluation on the swapped-in generalist, and resuming from a
+Trainer checkpoint (both ways transformers restores callback state)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+datasets = pytest.importorskip("datasets")
+transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file  # noqa: E402
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+import ram_live  # noqa: E402
+from ram_live.integrations.transformers import RAMTrainerCallback, SingleAgentWarning  # noqa: E402
+
+CHARS = "abcdefghijklmnopqrstuvwxyz "
+VOCAB = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
+
+
+def _tokenizer() -> transformers.PreTrainedTokenizerFast:
+    tk = Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>",
+                                                unk_token="<unk>", padding_side="left")
+
+
+def _model() -> transformers.Qwen2ForCausalLM:
+    cfg = transformers.Qwen2Config(vocab_size=len(VOCAB), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                   pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=False)
+    torch.manual_seed(0)  # every run starts from the same base
+    return transformers.Qwen2ForCausalLM(cfg)
+
+
+def _vowels(completions: list[str], **kwargs: object) -> list[float]:
+    return [float(sum(ch in "aeiou" for ch in c)) for c in completions]
+
+
+def _spaces(completions: list[str], **kwargs: object) -> list[float]:
+    return [float(c.count(" ")) for c in completions]
+
+
+def _score(model: torch.nn.Module) -> dict[str, float]:
+    """A deterministic held-out number: the mean log-likelihood of a fixed text."""
+    ids = torch.tensor([[VOCAB[c] for c in "hello world"]])
+    with torch.no_grad():
+        return {"loglik": -float(model(input_ids=ids, labels=ids).loss)}
+
+
+def _trainer(out: Path, reward: object, steps: int, callback: RAMTrainerCallback, **extra: object) -> GRPOTrainer:
+    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=4, max_steps=steps, save_steps=2, logging_steps=1, learning_rate=1e-2,
+                      report_to="none", use_cpu=True, bf16=False, seed=0, disable_tqdm=True, **extra)
+    prompts = datasets.Dataset.from_dict({"prompt": ["ab", "cd", "ef", "gh"] * 8})
+    return GRPOTrainer(model=_model(), reward_funcs=reward, args=args, train_dataset=prompts,
+                       eval_dataset=prompts.select(range(4)), processing_class=_tokenizer(), callbacks=[callback])
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    transformers.logging.set_verbosity_error()
+
+
+def test_grpo_merges_saves_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "store"
+    # agent "spaces" first, alone in the store: a merge of one agent warns; evaluate="trainer" runs
+    # trainer.evaluate() (GRPO's rewards on the eval prompts) with that "generalist" swapped in
+    cb_b = RAMTrainerCallback(store, "spaces", snapshot_every=2, merge_every=2, evaluate="trainer")
+    trainer_b = _trainer(tmp_path / "b", _spaces, 2, cb_b)
+    cb_b.bind(trainer_b)
+    with pytest.warns(SingleAgentWarning, match="one agent only"):
+        trainer_b.train()
+    assert [h["step"] for h in cb_b.history] == [2.0]
+    assert "ram/eval_reward" in cb_b.history[0] and "ram/agents" in cb_b.history[0]
+    logged = [h for h in trainer_b.state.log_history if "ram/agents" in h]
+    assert len(logged) == 1 and logged[0]["ram/spaces/snapshot_step"] == 2.0
+
+    # agent "vowels": snapshots and merges every 2 steps, each generalist saved
+    cb = RAMTrainerCallback(store, "vowels", snapshot_every=2, merge_every=2, evaluate=_score,
+                            merged_dir=tmp_path / "merged")
+    trainer = _trainer(tmp_path / "a", _vowels, 4, cb)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SingleAgentWarning)
+        trainer.train()
+    assert [h["step"] for h in cb.history] == [2.0, 4.0]
+    assert cb.saved == [str(tmp_path / "merged" / "step-2"), str(tmp_path / "merged" / "step-4")]
+    assert ram_live.SnapshotStore(store).steps("vowels") == [2, 4]
+    # the saved generalist is ram_merge of the latest snapshots (vowels@4, spaces@2), bit for bit
+    s = ram_live.SnapshotStore(store)
+    want = ram_live.ram_merge({"vowels": s.open("vowels", 4), "spaces": s.open("spaces", 2)},
+                              base=s.base_source())
+    saved = load_file(str(tmp_path / "merged" / "step-4" / "model.safetensors"))
+    assert set(saved) == set(want)
+    for key, value in want.items():
+        assert torch.equal(saved[key], value), key
+    # ...it loads with from_pretrained (with the run's tokenizer), and its score is the one logged
+    generalist = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged" / "step-4")
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "merged" / "step-4")("ab").input_ids == [3, 4]
+    assert _score(generalist)["loglik"] == cb.history[1]["ram/loglik"]
+    # the trained model got its own weights back after each swap: they equal the last checkpoint's
+    final = load_file(str(tmp_path / "a" / "checkpoint-4" / "model.safetensors"))
+    for key, value in trainer.model.state_dict().items():
+        assert torch.equal(final[key], value), key
+    assert not torch.equal(final["model.layers.0.mlp.up_proj.weight"], saved["model.layers.0.mlp.up_proj.weight"])
+    state = json.loads((tmp_path / "a" / "checkpoint-4" / "trainer_state.json").read_text())
+    saved_state = state["stateful_callbacks"]["RAMTrainerCallback"]["attributes"]["ram_state"]
+    assert saved_state["schedule"]["last_merge_step"] == 4 and len(saved_state["history"]) == 2
+
+    # resume from checkpoint-4, the store spelled relative to a new working directory; twice: transformers'
+    # default (the callback reads its state itself) and restore_callback_states_from_checkpoint=True (transformers
+    # rebuilds the callback from its JSON args; the evaluation function is taken from the live instance)
+    shutil.copytree(store, tmp_path / "store_copy")
+    monkeypatch.chdir(tmp_path)
+    for restore, store_name in ((False, "store"), (True, "store_copy")):
+        cb2 = RAMTrainerCallback(os.path.join(".", store_name), "vowels", snapshot_every=2, merge_every=2,
+                                 evaluate=_score, merged_dir=tmp_path / f"merged_{restore}")
+        out = tmp_path / f"resumed_{restore}"
+        shutil.copytree(tmp_path / "a" / "checkpoint-4", out / "checkpoint-4")
+        if restore:  # the checkpoint's args name the store as first spelled: point them at the copy
+            path = out / "checkpoint-4" / "trainer_state.json"
+            st = json.loads(path.read_text())
+            st["stateful_callbacks"]["RAMTrainerCallback"]["args"]["store"] = str(tmp_path / store_name)
+            st["stateful_callbacks"]["RAMTrainerCallback"]["attributes"]["ram_state"]["key"] = cb2.state_key
+            path.write_text(json.dumps(st))
+        t2 = _trainer(out, _vowels, 6, cb2, restore_callback_states_from_checkpoint=restore)
+        t2.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+        live = [c for c in t2.callback_handler.callbacks if isinstance(c, RAMTrainerCallback)]
+        assert len(live) == 1 and (live[0] is cb2) != restore
+        got = live[0]
+        assert [h["step"] for h in got.history] == [2.0, 4.0, 6.0]
+        assert got.history[:2] == cb.history
+        assert got.schedule.merges == 3 and got.schedule.snapshots == 3
+        assert got.schedule.base_fingerprint == cb.schedule.base_fingerprint
+        assert "ram/loglik" in got.history[2]
+        assert got.saved[:2] == cb.saved and got.saved[2].endswith("step-6")
+        assert ram_live.SnapshotStore(tmp_path / store_name).steps("vowels") == [2, 4, 6]
