@@ -2,6 +2,7 @@
 
     ram-live probe coder=ckpt/coder tools=ckpt/tools --base ckpt/base [--json report.json] [--plot probe.png]
     ram-live merge coder=ckpt/coder tools=ckpt/tools --base ckpt/base --out merged/ [--method ties -O density=0.2]
+    ram-live search coder=ckpt/coder tools=ckpt/tools --base ckpt/base --eval mypkg.evals:score --budget 60 --out best/
     torchrun --nproc-per-node 8 -m ram_live merge ... --out merged/ --distributed --device cuda
 
 Agents are safetensors files or Hugging Face folders, optionally named ``name=path``. Errors print one line and
@@ -98,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="only folders unchanged for S seconds (default 60); live merges are never touched")
     c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
 
+    from .search.cli import add_parser as add_search_parser
+
+    add_search_parser(sub, common)
+
     v = sub.add_parser("verl-snapshot", add_help=False, help="turn verl checkpoints into snapshots (see --help)")
     v.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
@@ -111,6 +116,10 @@ def _run(args: argparse.Namespace) -> int:
         return _stores(args)
     if args.command == "clean":
         return _clean(args)
+    if args.command == "search":
+        from .search.cli import run_search
+
+        return run_search(args)
     if getattr(args, "config", None):
         return _merge_config(args)
     agents, base = _inputs(args)

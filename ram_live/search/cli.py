@@ -1,0 +1,95 @@
+"""``ram-live search``: pick the merge that scores best on your evaluation function, write it and the table.
+
+    ram-live search coder=ckpt/coder tools=ckpt/tools --base ckpt/base --eval mypkg.evals:held_out \\
+        --budget 60 --out searched/ [--confirm mypkg.evals:test] [--space '["ram_plus", "lambdas"]'] [--json]
+
+``--eval`` names ``package.module:function``; the function receives the merged model as a state dict
+(``{name: tensor}``, the base's dtypes, on ``--device``) and returns a float, higher is better. The current
+folder is importable. ``--out`` gets the best merge (as ``ram-live merge --out`` writes it: a Hugging Face folder
+with the base folder's config and tokenizer files), ``search.json`` (``SearchResult.to_dict()``) and
+``table.txt``; with ``--plot``, a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import ConfigError
+
+__all__ = ["add_parser", "run_search", "load_function"]
+
+
+def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register the ``search`` subcommand (``common``: the shared agents/--base/--store/--device options)."""
+    s = sub.add_parser("search", help="pick the merge that scores best on your evaluation (writes it and a table)")
+    common(s)
+    s.add_argument("--eval", required=True, metavar="MODULE:FUNCTION",
+                   help="evaluation: a function state_dict -> float (higher is better), e.g. mypkg.evals:held_out")
+    s.add_argument("--out", required=True, help="output folder: the best merge, search.json, table.txt")
+    s.add_argument("--budget", type=int, default=60, help="the most evaluations (default 60)")
+    s.add_argument("--seed", type=int, default=0, help="orders the coordinate ascents, seeds DARE (default 0)")
+    s.add_argument("--space", default=None, metavar="JSON",
+                   help="what to try, as JSON: a list of families/candidates or {family: grid} (default: all)")
+    s.add_argument("--confirm", default=None, metavar="MODULE:FUNCTION",
+                   help="a second held-out evaluation of the top candidates (reported next to the score)")
+    s.add_argument("--confirm-top", type=int, default=3, help="how many candidates --confirm scores (default 3)")
+    s.add_argument("--plot", metavar="PNG", help="also save the scores by family (needs matplotlib)")
+    s.add_argument("--json", action="store_true", help="print search.json to stdout instead of the table")
+
+
+def load_function(spec: str, option: str = "--eval") -> Callable[[Any], float]:
+    """``package.module:function`` imported (the current folder first on the path)."""
+    module_name, sep, name = spec.partition(":")
+    if not sep or not module_name or not name:
+        raise ConfigError(f"{option} takes package.module:function, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{option} {spec}: cannot import {module_name!r} ({exc})") from exc
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ConfigError(f"{option} {spec}: {module_name!r} has no function {name!r}")
+    return fn
+
+
+def run_search(args: argparse.Namespace) -> int:
+    """The ``search`` subcommand: check the output first, search, write the winner and the table."""
+    from .. import merge
+    from ..cli import _inputs
+    from ..sinks import _output_target
+    from .result import from_json
+    from .run import search
+
+    out = Path(args.out)
+    if out.suffix == ".safetensors":
+        raise ConfigError("--out of search is a folder (the merge, search.json and table.txt go in it)")
+    _output_target(out, single=False)  # before a long search: a non-empty or unusable --out is refused now
+    space = None
+    if args.space is not None:
+        try:
+            space = from_json(json.loads(args.space))  # "inf" for an uncapped alpha
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--space is not JSON: {exc}") from None
+    evaluate = load_function(args.eval)
+    confirm = load_function(args.confirm, "--confirm") if args.confirm else None
+    agents, base = _inputs(args)
+    result = search(agents, base=base, evaluate=evaluate, budget=args.budget, space=space, seed=args.seed,
+                    confirm=confirm, confirm_top=args.confirm_top, device=args.device)
+    merge(agents, base=base, out=out, device=args.device, **result.best)
+    result.save(out)
+    if args.plot:
+        result.plot(args.plot)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, allow_nan=False))
+    elif not args.quiet:
+        print(result.table())
+        print(f"-> {out}")
+    return 0
