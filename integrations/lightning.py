@@ -16,8 +16,10 @@ where it stopped. Strategies: single device, DDP (rank zero writes, every rank m
 
 from __future__ import annotations
 
+import ast
 import os
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,10 +41,12 @@ except ImportError:  # pragma: no cover - depends on the environment
         ) from exc
 
 from ..errors import RamLiveError
+from .._schedule_util import _swap
 from ..schedule import MergeResult, RAMSchedule, _to_float
-from ..store import LocalCollective, SnapshotStore, TorchCollective
+from ..store import LocalCollective, LocalModel, SnapshotStore, TorchCollective
+from ._common import SingleAgentWarning, save_generalist, warn_single_agent
 
-__all__ = ["RAMCallback", "UnsupportedStrategyError"]
+__all__ = ["RAMCallback", "SingleAgentWarning", "UnsupportedStrategyError"]
 
 
 class UnsupportedStrategyError(RamLiveError, TypeError):
@@ -99,6 +103,13 @@ class RAMCallback(Callback):
             names none, this callback's evaluation: ``evaluate`` or the validation loop). Logs ``ram/search/*``;
             the record is in ``last_result.extra["search"]``, the callback's state and
             ``<store>/_search/<agent>/step_<N>.json``. Single device and DDP.
+        merged_dir: save every generalist as ``merged_dir/step-<N>`` (``save_pretrained``, when the module or its
+            one child with that method is a Hugging Face model) or ``merged_dir/step-<N>.safetensors``, on rank 0.
+        load_generalist: at train end, merge the latest snapshots (unless this step was merged) and copy the
+            generalist into the module, as ``WeightAveraging`` copies its average: a checkpoint saved afterwards
+            holds the generalist as its ``state_dict`` and the agent's own weights under ``ram_agent_state``, which
+            are put back into the module when training resumes from it. The agent's weights are in
+            :attr:`agent_state` meanwhile.
     """
 
     def __init__(
@@ -124,6 +135,8 @@ class RAMCallback(Callback):
         async_write: bool = False,
         durable: bool = True,
         search: Any = None,
+        merged_dir: str | os.PathLike[str] | None = None,
+        load_generalist: bool = False,
     ) -> None:
         if evaluate is True:
             raise RamLiveError("evaluate must be a callable, None (validation) or False")
@@ -142,12 +155,17 @@ class RAMCallback(Callback):
         self.mode: str | None = None
         self._loaded_state = False
         self.last_result: MergeResult | None = None
+        self.merged_dir = Path(merged_dir) if merged_dir is not None else None
+        self.load_generalist = load_generalist
+        self.saved: list[str] = []  # the generalists' files/folders (merged_dir), oldest first
+        self.agent_state: dict[str, torch.Tensor] | None = None  # the agent's weights once the generalist is loaded
 
     # ------------------------------------------------------------------------------------------- conventions
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(agent=self.agent, store=self._store_name)
+        """The agent and the store's resolved path: ``run/store`` and its absolute path are the same store."""
+        return self._generate_state_key(agent=self.agent, store=_resolved(self._store_name))
 
     @property
     def history(self) -> list[dict[str, float]]:
@@ -199,13 +217,38 @@ class RAMCallback(Callback):
         if self.snapshot_on_train_end and step > 0 and self.schedule.last_snapshot_step < step:
             self.schedule.snapshot(pl_module, step, trainer.current_epoch)
         self.schedule.flush()
+        if self.load_generalist and step > 0:
+            if self.schedule.last_merge_step < step or self.last_result is None:
+                self.merge_now(trainer, pl_module)
+            assert self.last_result is not None
+            result = self.last_result
+            _swap(LocalModel.from_obj(pl_module, name=self.agent), result.tensors)  # result now holds the agent's
+            self.agent_state, self.last_result = result.tensors, None
 
     def state_dict(self) -> dict[str, Any]:
-        return self.schedule.state_dict()
+        return {**self.schedule.state_dict(), "history": self.history, "saved": list(self.saved)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.schedule.load_state_dict(state_dict)
+        self.schedule.history[:] = [dict(h) for h in state_dict.get("history", [])]
+        self.saved = list(state_dict.get("saved", []))
         self._loaded_state = True
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self.agent_state is not None:
+            checkpoint["ram_agent_state"] = {k: v.detach().cpu() for k, v in self.agent_state.items()}
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("ram_agent_state")
+        if saved is not None:  # the module was saved holding the generalist: train on from the agent's weights
+            with torch.no_grad():
+                for key, t in LocalModel.from_obj(pl_module, name=self.agent).tensors.items():
+                    t.tensor.copy_(saved[key])
+        if self.state_key not in checkpoint.get("callbacks", {}):  # saved with the store spelled differently
+            for key, state in checkpoint.get("callbacks", {}).items():
+                if _same_callback(key, type(self).__name__, self.agent, self._store_name):
+                    self.load_state_dict(state)
+                    break
 
     # ------------------------------------------------------------------------------------------- merging
 
@@ -216,7 +259,12 @@ class RAMCallback(Callback):
             evaluate = lambda module: self._validate(trainer, module)
         metrics = self.schedule.merge_and_evaluate(pl_module, trainer.global_step, trainer.current_epoch,
                                                    evaluate if callable(evaluate) else None)
-        self.last_result = self.schedule.last_result
+        result = self.last_result = self.schedule.last_result
+        assert result is not None
+        if trainer.is_global_zero:
+            warn_single_agent(f"RAMCallback({self.agent!r})", result)
+            if self.merged_dir is not None:
+                self.saved.append(str(save_generalist(self.schedule, pl_module, result, self.merged_dir)))
         self._log(trainer, metrics)
         return metrics
 
@@ -287,3 +335,17 @@ class RAMCallback(Callback):
         return {n: s / w for n, (s, w) in sums.items() if w}
 
 
+def _resolved(store: str) -> str:
+    return str(Path(store).expanduser().resolve())
+
+
+def _same_callback(key: str, cls: str, agent: str, store: str) -> bool:
+    """Whether checkpoint state key ``key`` (``Cls{'agent': ..., 'store': ...}``) names this agent and store."""
+    if not key.startswith(cls + "{"):
+        return False
+    try:
+        fields = ast.literal_eval(key[len(cls):])
+    except (ValueError, SyntaxError):
+        return False
+    return isinstance(fields, dict) and fields.get("agent") == agent and \
+        _resolved(str(fields.get("store", ""))) == _resolved(store)

@@ -19,8 +19,6 @@ back when training resumes from one (``trainer.train(resume_from_checkpoint=...)
 from __future__ import annotations
 
 import os
-import shutil
-import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -36,15 +34,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..errors import ConfigError, RamLiveError
 from ..schedule import MergeResult, RAMSchedule, _to_float
 from ..store import SnapshotStore
+from ._common import SingleAgentWarning, save_generalist, warn_single_agent
 
 __all__ = ["RAMTrainerCallback", "SingleAgentWarning"]
 
 #: the live callback of each state key: transformers rebuilds a callback from its JSON args on resume
 _LIVE: "weakref.WeakValueDictionary[str, RAMTrainerCallback]" = weakref.WeakValueDictionary()
-
-
-class SingleAgentWarning(UserWarning):
-    """A merge had one agent only: the "generalist" is that agent's snapshot."""
 
 
 class RAMTrainerCallback(TrainerCallback, ExportableState):
@@ -238,10 +233,7 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
         metrics = self.schedule.merge_and_evaluate(model, state.global_step, epoch, evaluate)
         result = self.last_result = self.schedule.last_result
         assert result is not None
-        if len(result.agents) == 1:
-            warnings.warn(f"RAMTrainerCallback({self.agent!r}): the store holds snapshots of one agent only "
-                          f"({next(iter(result.agents))!r}); the merge is that agent's snapshot",
-                          SingleAgentWarning, stacklevel=2)
+        warn_single_agent(f"RAMTrainerCallback({self.agent!r})", result)
         if self.merged_dir is not None:
             self._save(model, result, state)
         self._log(state, metrics)
@@ -258,24 +250,11 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
                 out[f"eval_{name}"] = _to_float(value)
         return out
 
-    def _save(self, model: Any, result: MergeResult, state: TrainerState) -> str | None:
+    def _save(self, model: Any, result: MergeResult, state: TrainerState) -> None:
         """``merged_dir/step-<N>``: the generalist swapped into the model and ``save_pretrained`` (main process)."""
-        if not state.is_world_process_zero:
-            return None
-        assert self.merged_dir is not None
-        final = self.merged_dir / f"step-{result.step}"
-        tmp = self.merged_dir / f".tmp-step-{result.step}-{os.getpid()}"
-        self.merged_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        with self.schedule.swapped(model, result):
-            model.save_pretrained(tmp, safe_serialization=True)
-        if self._processor is not None and hasattr(self._processor, "save_pretrained"):
-            self._processor.save_pretrained(tmp)
-        if final.exists():  # a resumed run merging the same step again
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        self.saved.append(str(final))
-        return str(final)
+        if state.is_world_process_zero:
+            assert self.merged_dir is not None
+            self.saved.append(str(save_generalist(self.schedule, model, result, self.merged_dir, self._processor)))
 
     def _log(self, state: TrainerState, metrics: dict[str, float]) -> None:
         if self.trainer is not None:

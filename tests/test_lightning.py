@@ -12,7 +12,7 @@ from torch import nn
 
 L = pytest.importorskip("lightning")
 
-from ram_live.integrations.lightning import RAMCallback, UnsupportedStrategyError
+from ram_live.integrations.lightning import RAMCallback, SingleAgentWarning, UnsupportedStrategyError
 
 from ram_live import probe, ram_merge
 from ram_live.schedule import RAMSchedule
@@ -190,7 +190,8 @@ def test_resume_continues_counters_and_reloads_the_base(tmp_path):
     assert state["snapshots"] == 4 and state["merges"] == 2
     assert state["last_snapshot_step"] == 8 and state["last_merge_step"] == 8
     assert state["base_fingerprint"] == fingerprint == SnapshotStore(store).base_fingerprint
-    assert [h["step"] for h in ram2.history] == [8.0]
+    assert [h["step"] for h in ram2.history] == [4.0, 8.0]  # the first run's merge is restored with the state
+    assert ram2.history[0] == ram.history[0]
     for k, t in ram2.schedule.base.tensors.items():
         assert _same(t.tensor, initial[k]), k
     s = SnapshotStore(store)
@@ -296,3 +297,116 @@ def test_search_setting_picks_the_merge_with_the_validation_loop_logs_and_saves_
     with open(tmp_path / "b" / "version_0" / "metrics.csv") as fh:
         rows = [r for r in csv.DictReader(fh) if r.get("ram/search/best_score")]
     assert len(rows) == 1 and float(rows[0]["ram/search/best_score"]) == pytest.approx(expected, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------- generalists on disk
+
+
+class Capture(L.Callback):
+    """The module's weights when training starts."""
+
+    def on_train_start(self, trainer, pl_module):
+        self.weights = _copy(pl_module)
+
+
+def test_merged_dir_and_load_generalist_like_weight_averaging(tmp_path):
+    from safetensors.torch import load_file
+
+    store = tmp_path / "store"
+    _trainer([RAMCallback(store, "b", snapshot_every=2, durable=False)], 2).fit(Net(), _loader(_data("b")))
+    ram = RAMCallback(store, "a", snapshot_every=2, merge_every=2, evaluate=False, durable=False,
+                      merged_dir=tmp_path / "merged", load_generalist=True)
+    model = Net()
+    trainer = _trainer([ram], 4)
+    trainer.fit(model, _loader(_data("a")))
+    assert ram.saved == [str(tmp_path / "merged" / f"step-{n}.safetensors") for n in (2, 4)]
+    s = SnapshotStore(store)
+    want = ram_merge({"a": s.open("a", 4), "b": s.open("b", 2)}, base=s.base_source())
+    saved = load_file(ram.saved[-1])
+    # the module holds the generalist (parameters merged, buffers the base's), bit for bit the file's
+    got = _copy(model)
+    for k, v in want.items():
+        assert _same(got[k], v) and _same(saved[k], v), k
+    # ...and the agent's own weights are kept: they are its last snapshot
+    assert set(ram.agent_state) == set(want)
+    for k, v in ram.agent_state.items():
+        assert _same(v, s.open("a", 4).get(k)), k
+    assert not torch.equal(ram.agent_state["net.0.weight"], got["net.0.weight"])
+    # a checkpoint saved now holds the generalist as state_dict and the agent under ram_agent_state;
+    # resuming from it trains on from the agent's weights
+    ckpt = tmp_path / "end.ckpt"
+    trainer.save_checkpoint(ckpt)
+    raw = torch.load(ckpt, weights_only=False)
+    assert torch.equal(raw["state_dict"]["net.0.weight"], want["net.0.weight"])
+    assert torch.equal(raw["ram_agent_state"]["net.0.weight"], ram.agent_state["net.0.weight"])
+    capture = Capture()
+    ram2 = RAMCallback(store, "a", snapshot_every=2, evaluate=False, durable=False)
+    _trainer([ram2, capture], 6).fit(Net(seed=5), _loader(_data("a")), ckpt_path=ckpt)
+    for k, v in ram.agent_state.items():
+        assert _same(capture.weights[k], v), k
+    assert [h["step"] for h in ram2.history] == [2.0, 4.0] and ram2.saved == ram.saved
+
+
+def test_merged_dir_saves_a_pretrained_folder_when_the_module_wraps_one(tmp_path):
+    transformers = pytest.importorskip("transformers")
+
+    class LM(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            cfg = transformers.LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
+            self.model = transformers.LlamaForCausalLM(cfg)
+
+        def training_step(self, batch, i):
+            (ids,) = batch
+            return self.model(input_ids=ids, labels=ids).loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.5)
+
+    ids = torch.utils.data.TensorDataset(torch.randint(0, 16, (8, 6), generator=torch.Generator().manual_seed(0)))
+    store = tmp_path / "store"
+    _trainer([RAMCallback(store, "b", snapshot_every=2, durable=False)], 2).fit(LM(), _loader(ids, 4))
+    ram = RAMCallback(store, "a", base="store", snapshot_every=2, merge_every=2, evaluate=False, durable=False,
+                      merged_dir=tmp_path / "merged")
+    module = LM()
+    with torch.no_grad():
+        module.model.model.embed_tokens.weight.add_(0.01)  # a different agent (same base: the store's)
+    _trainer([ram], 2).fit(module, _loader(ids, 4))
+    folder = tmp_path / "merged" / "step-2"
+    assert ram.saved == [str(folder)] and (folder / "config.json").exists()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    s = SnapshotStore(store)
+    want = ram_merge({"a": s.open("a", 2), "b": s.open("b", 2)}, base=s.base_source())
+    for k, v in loaded.state_dict().items():
+        assert _same(v, want["model." + k]), k
+    # the module itself was swapped back: it holds the agent's weights
+    for k, v in _copy(module).items():
+        assert _same(v, s.open("a", 2).get(k)), k
+
+
+def test_state_key_ignores_how_the_store_is_spelled(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    assert RAMCallback("run/store", "a").state_key == RAMCallback(tmp_path / "run" / "store", "a").state_key
+    assert RAMCallback("run/store", "a").state_key != RAMCallback("run/other", "a").state_key
+    # a checkpoint whose state was saved under another spelling of the same store (as before the key was
+    # resolved) is still found
+    ram = RAMCallback("run/store", "a", snapshot_every=2, merge_every=2, evaluate=False, durable=False)
+    trainer = _trainer([ram], 2)
+    trainer.fit(Net(), _loader(_data("a")))
+    ckpt = tmp_path / "a.ckpt"
+    trainer.save_checkpoint(ckpt)
+    raw = torch.load(ckpt, weights_only=False)
+    raw["callbacks"] = {"RAMCallback{'agent': 'a', 'store': 'run/store'}": raw["callbacks"][ram.state_key]}
+    torch.save(raw, ckpt)
+    ram2 = RAMCallback(tmp_path / "run" / "store", "a", snapshot_every=2, evaluate=False, durable=False)
+    _trainer([ram2], 4).fit(Net(seed=4), _loader(_data("a")), ckpt_path=ckpt)
+    assert ram2.state_dict()["snapshots"] == 2 and [h["step"] for h in ram2.history] == [2.0]
+
+
+def test_a_merge_of_one_agent_warns(tmp_path):
+    ram = RAMCallback(tmp_path / "store", "a", snapshot_every=2, merge_every=2, evaluate=False, durable=False)
+    with pytest.warns(SingleAgentWarning, match="one agent only"):
+        _trainer([ram], 2).fit(Net(), _loader(_data("a")))
