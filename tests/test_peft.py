@@ -516,3 +516,56 @@ def test_cuda_merge_stays_on_the_device(base, tmp_path):
     a = refactor(m, 8, svd="randomized")
     assert torch.equal(torch.cuda.get_rng_state(), state)
     assert torch.equal(refactor(m, 8, svd="randomized").A, a.A) and a.A.is_cuda
+
+
+# ----------------------------------------------------------------------------------------------- PEFT's spellings
+
+
+@pytest.mark.parametrize("kind, extra", [("svd", {}), ("ties_svd", {"density": 0.3}),
+                                         ("ties_svd", {"density": 0.5, "majority_sign_method": "frequency"})])
+def test_peft_combination_types_that_mean_the_same_are_taken(base, kind, extra):
+    """combination_type=/svd_rank=/majority_sign_method=/adapter_name= as PEFT's add_weighted_adapter takes them
+    give PEFT's own merged ΔW."""
+    model = peft_model(base, {"code": lora(r=4), "tool": lora(r=8, lora_alpha=4)})
+    weights = [0.7, 1.3]
+    model.add_weighted_adapter(["code", "tool"], weights, "peft", combination_type=kind, svd_rank=6, **extra)
+    ram_merge_adapters(model, ["code", "tool"], weights=weights, combination_type=kind, svd_rank=6,
+                       adapter_name="ours", svd="exact", **extra)
+    theirs, ours = delta_of(model, "peft"), delta_of(model, "ours")
+    assert sorted(theirs) == sorted(ours)
+    for k in theirs:
+        assert_close(ours[k], theirs[k], rtol=1e-4)
+    assert model.peft_config["ours"].r == 6
+
+
+def test_peft_spellings_that_differ_name_the_right_option(base, tmp_path):
+    model = peft_model(base, {"code": lora(), "tool": lora()})
+    cases = [
+        ({"combination_type": "ties"}, "method='ties' is TIES on the ΔW"),
+        ({"combination_type": "linear"}, "method='task_arithmetic'"),
+        ({"combination_type": "cat"}, "rank= the sum of the adapters' ranks"),
+        ({"combination_type": "magnitude_prune_svd"}, r"sparsify=TopK\(density\)"),
+        ({"combination_type": "svd", "method": "ties"}, "pass one of them"),
+        ({"density": 0.3}, r"sparsify=TopK\(0.3\)"),
+        ({"svd_driver": "gesvd", "svd_clamp": 0.99}, r"svd_clamp, svd_driver: .*svd='exact'\|'randomized'"),
+        ({"svd_rank": 4, "rank": 8}, "svd_rank=4 is PEFT's name of rank="),
+        ({"combination_type": "bogus"}, "not one of PEFT's"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            ram_merge_adapters(model, ["code", "tool"], "x", **kwargs)
+    assert "x" not in model.peft_config
+    # the file version: same spellings, adapter_name= has no meaning there (out= names the folder)
+    folders = {}
+    for name in ("code", "tool"):
+        model.save_pretrained(tmp_path / "saved", selected_adapters=[name])
+        folders[name] = tmp_path / "saved" / (name if name != "default" else "")
+    with pytest.raises(ConfigError, match="adapter_name= .* does not apply here"):
+        ram_merge_adapter_files(folders, out=tmp_path / "out", adapter_name="x")
+    with pytest.raises(ConfigError, match=r"sparsify=TopK\(0.2\)"):
+        ram_merge_adapter_files(folders, out=tmp_path / "out", density=0.2)
+    # density= is TIES'/DARE's own option, as in PEFT
+    path = ram_merge_adapter_files(folders, out=tmp_path / "out", combination_type="ties_svd", density=0.2,
+                                   svd_rank=4)
+    with open(f"{path}/adapter_config.json") as f:
+        assert json.load(f)["r"] == 4

@@ -23,6 +23,7 @@ from .folders import _PREFIX, _read_folders
 from .merging import _check_options, _finish_report, _merge_in_delta_space, _merge_into_base, _prepare
 from .refactoring import Refactored, _refactorer
 from .report import AdapterMergeReport
+from .spellings import peft_spellings
 
 
 def ram_merge_adapter_files(
@@ -59,9 +60,11 @@ def ram_merge_adapter_files(
     ``inplace=True``), a state dict, a ``.safetensors`` file or a Hugging Face folder — through
     :func:`ram_live.merge`, so the result is what ``merge`` returns for that base (with ``out=``, safetensors
     written atomically, sharded at ``max_shard_bytes``, in ``dtype``). The base's key of module ``m`` is
-    ``m + ".weight"`` (PEFT's ``base_model.model.`` prefix stripped).
+    ``m + ".weight"`` (PEFT's ``base_model.model.`` prefix stripped). PEFT's spellings as in
+    :func:`ram_merge_adapters`.
     """
     t0 = time.perf_counter()
+    method, rank, options, _ = peft_spellings(method, rank, options, method_given=method != "ram_plus")
     _check_options(rank, energy, svd, inplace, into_base)
     dev = torch.device(device) if device is not None else None
     adapter_set, _ = _read_folders(adapters, dev or "cpu")

@@ -17,6 +17,7 @@ from .live import _read_live, _tuner
 from .merging import _check_options, _finish_report, _merge_in_delta_space, _merge_into_base, _prepare, _Prepared
 from .refactoring import Refactored, _refactorer
 from .report import AdapterMergeReport
+from .spellings import peft_spellings
 
 
 def ram_merge_adapters(
@@ -55,9 +56,13 @@ def ram_merge_adapters(
     ``into_base=True``: ΔW* is folded into the base weights of a copy of the model without any adapter,
     returned as a plain model on the model's device; with ``inplace=True`` into ``peft_model``'s own base,
     whose adapters are then removed (``unload``) — the returned model is that base.
-    ``return_info=True`` returns ``(result, AdapterMergeReport)``.
+    ``return_info=True`` returns ``(result, AdapterMergeReport)``. PEFT's ``add_weighted_adapter`` spellings
+    are taken where they mean the same (``combination_type="svd"|"ties_svd"|"dare_linear_svd"|"dare_ties_svd"``,
+    ``svd_rank=``, ``majority_sign_method=``, ``adapter_name=``); the others are errors naming ram_live's option.
     """
     t0 = time.perf_counter()
+    method, rank, options, new_adapter = peft_spellings(method, rank, options, method_given=method != "ram_plus",
+                                                        new_adapter=new_adapter)
     _check_options(rank, energy, svd, inplace, into_base)
     adapter_set = _read_live(peft_model, adapters)
     prep = _prepare(adapter_set, method, options, sparsify)
