@@ -1,5 +1,6 @@
-"""End to end: examples/rl_merge_demo.py --quick (base SFT, GRPO specialists through the snapshot store, probe,
-every merge method scored). Checks structure and sanity, not a particular winner."""
+"""End to end: examples/rl_merge_demo.py --quick --search (base SFT, GRPO specialists through the snapshot store,
+probe, every merge method scored, the merge ram_live.search picks on the selection split). Checks structure and
+sanity, not a particular winner."""
 
 from __future__ import annotations
 
@@ -17,13 +18,15 @@ from ram_live.store import SnapshotStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("shift", "rev", "sort")
-METHODS = ("TA (1/N)", "TA (tuned)", "TIES", "DARE+TA", "DARE+TIES", "RAM", "RAM+", "RAM+s")
+METHODS = ("TA (1/N)", "TA (tuned)", "TIES", "DARE+TA", "DARE+TIES", "RAM", "RAM+", "RAM+s", "search")
+BUDGET = 10
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("rl_demo")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), "--quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), "--quick", "--search",
+                           "--search-budget", str(BUDGET), "--out", str(out)],
                           check=False, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text())
@@ -71,3 +74,43 @@ def test_ram_output_equals_the_engine_merge_of_the_saved_agents(run: tuple[Path,
         for k, v in saved.items():
             assert mine[k].dtype == v.dtype == torch.bfloat16, k
             assert torch.equal(mine[k].view(torch.int16), v.view(torch.int16)), (variant, k)
+
+
+def test_search_row_is_merge_of_best_and_within_budget(run: tuple[Path, dict]) -> None:
+    from ram_live.search import from_json
+
+    out, res = run
+    row = res["search"]["search"]
+    assert 1 <= row["evaluations"] <= BUDGET == res["search_budget"]
+    assert len(row["history"]["history"]) >= row["evaluations"]
+    assert row["selection"] == max(t["score"] for t in row["history"]["history"] if t["score"] is not None)
+    assert res["accuracy"]["search"] == row["test"]
+    assert 0.0 <= row["overhead_share"] <= 1.0
+    store = SnapshotStore(out / "store", create=False)
+    base = load_file(str(out / "base.safetensors"))
+    mine = ram_live.merge(store.latest_all(TASKS), base=base, **from_json(row["best"]))
+    saved = load_file(str(out / "merged_search.safetensors"))
+    assert set(mine) == set(saved)
+    for k, v in saved.items():
+        assert torch.equal(mine[k].view(torch.int16), v.view(torch.int16)), k
+    assert (out / "search.png").stat().st_size > 0
+
+
+def test_selection_split_is_disjoint_from_the_test_prompts() -> None:
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from rl_demo.lang import make_prompts
+        from rl_demo.selection import selection_split
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    g = torch.Generator().manual_seed(10_000)
+    test = {t: make_prompts(t, g, 3000) for t in TASKS}  # 3000 of 10^5 strings: chance overlaps are certain
+    sel = selection_split(test, 500, seed=0)
+    for t in TASKS:
+        p, a = sel[t]
+        assert p.shape == (500, 7) and a.shape == (500, 5)
+        taken = {tuple(r) for r in test[t][0][:, 1:].tolist()}
+        assert not taken & {tuple(r) for r in p[:, 1:].tolist()}, t
+        digits = p[:, 1:6]
+        ref = {"shift": (digits + 3) % 10, "rev": digits.flip(1), "sort": digits.sort(dim=1).values}[t]
+        assert torch.equal(a, ref), t
