@@ -75,17 +75,19 @@ def _quiet() -> None:
 
 def test_grpo_merges_saves_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "store"
-    # agent "spaces" first, alone in the store: a merge of one agent warns; evaluate="trainer" runs
-    # trainer.evaluate() (GRPO's rewards on the eval prompts) with that "generalist" swapped in
-    cb_b = RAMTrainerCallback(store, "spaces", snapshot_every=2, merge_every=2, evaluate="trainer")
-    trainer_b = _trainer(tmp_path / "b", _spaces, 2, cb_b)
+    # agent "spaces" first, alone in the store: a snapshot at the checkpoint of step 2 (snapshot_on_save), a
+    # merge at step 3, of one agent: it warns; evaluate="trainer" runs trainer.evaluate() (GRPO's rewards on the
+    # eval prompts) with that "generalist" swapped in
+    cb_b = RAMTrainerCallback(store, "spaces", snapshot_on_save=True, merge_every=3, evaluate="trainer")
+    trainer_b = _trainer(tmp_path / "b", _spaces, 3, cb_b)
     cb_b.bind(trainer_b)
     with pytest.warns(SingleAgentWarning, match="one agent only"):
         trainer_b.train()
-    assert [h["step"] for h in cb_b.history] == [2.0]
+    assert ram_live.SnapshotStore(store).steps("spaces") == [2, 3]
+    assert [h["step"] for h in cb_b.history] == [3.0]
     assert "ram/eval_reward" in cb_b.history[0] and "ram/agents" in cb_b.history[0]
     logged = [h for h in trainer_b.state.log_history if "ram/agents" in h]
-    assert len(logged) == 1 and logged[0]["ram/spaces/snapshot_step"] == 2.0
+    assert len(logged) == 1 and logged[0]["ram/spaces/snapshot_step"] == 3.0
 
     # agent "vowels": snapshots and merges every 2 steps, each generalist saved
     cb = RAMTrainerCallback(store, "vowels", snapshot_every=2, merge_every=2, evaluate=_score,
@@ -97,9 +99,9 @@ def test_grpo_merges_saves_and_resumes(tmp_path: Path, monkeypatch: pytest.Monke
     assert [h["step"] for h in cb.history] == [2.0, 4.0]
     assert cb.saved == [str(tmp_path / "merged" / "step-2"), str(tmp_path / "merged" / "step-4")]
     assert ram_live.SnapshotStore(store).steps("vowels") == [2, 4]
-    # the saved generalist is ram_merge of the latest snapshots (vowels@4, spaces@2), bit for bit
+    # the saved generalist is ram_merge of the latest snapshots (vowels@4, spaces@3), bit for bit
     s = ram_live.SnapshotStore(store)
-    want = ram_live.ram_merge({"vowels": s.open("vowels", 4), "spaces": s.open("spaces", 2)},
+    want = ram_live.ram_merge({"vowels": s.open("vowels", 4), "spaces": s.open("spaces", 3)},
                               base=s.base_source())
     saved = load_file(str(tmp_path / "merged" / "step-4" / "model.safetensors"))
     assert set(saved) == set(want)
