@@ -234,11 +234,13 @@ class RAMCallback(Callback):
         self.saved = list(state_dict.get("saved", []))
         self._loaded_state = True
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
         if self.agent_state is not None:
             checkpoint["ram_agent_state"] = {k: v.detach().cpu() for k, v in self.agent_state.items()}
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("ram_agent_state")
         if saved is not None:  # the module was saved holding the generalist: train on from the agent's weights
             with torch.no_grad():

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -22,7 +21,6 @@ pytest.importorskip("yaml")
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402
 
-import ram_live  # noqa: E402
 from ram_live.cli import main as cli_main  # noqa: E402
 from ram_live.errors import ConfigError  # noqa: E402
 from ram_live.mergekit_yaml import from_mergekit_yaml  # noqa: E402
