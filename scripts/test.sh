@@ -5,7 +5,7 @@ set -euo pipefail
 # mergekit, the oracle of tests/test_mergekit_yaml.py, lives in its own environment (never a dependency); that
 # comparison is skipped when it cannot be built (no network, no python3.11).
 if [ "${RAM_LIVE_MERGEKIT:-1}" != 0 ]; then
-  bash "$(dirname "$0")/../benchmarks/mergekit_env.sh" >/dev/null \
+  bash "$root/benchmarks/mergekit_env.sh" >/dev/null \
     || echo "test.sh: no mergekit environment: tests/test_mergekit_yaml.py skips its comparison" >&2
 fi
 python -m pytest -q "$@"
