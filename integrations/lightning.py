@@ -43,6 +43,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 from ..errors import RamLiveError
 from .._schedule_util import _swap
 from ..schedule import MergeResult, RAMSchedule, _to_float
+from ..schedule_search import save_next_to
 from ..store import LocalCollective, LocalModel, SnapshotStore, TorchCollective
 from ._common import SingleAgentWarning, save_generalist, warn_single_agent
 
@@ -101,8 +102,9 @@ class RAMCallback(Callback):
         search: a :class:`~ram_live.schedule_search.SearchSetting`: each merge is the one :func:`ram_live.search`
             picks with the setting's held-out evaluation (``evaluate(module)``, each candidate swapped in; when it
             names none, this callback's evaluation: ``evaluate`` or the validation loop). Logs ``ram/search/*``;
-            the record is in ``last_result.extra["search"]``, the callback's state and
-            ``<store>/_search/<agent>/step_<N>.json``. Single device and DDP.
+            the record is in ``last_result.extra["search"]``, the callback's state,
+            ``<store>/_search/<agent>/step_<N>.json`` and, with ``merged_dir``, next to each saved generalist
+            (``step-<N>/ram_search.json`` or ``step-<N>.search.json``). Single device and DDP.
         merged_dir: save every generalist as ``merged_dir/step-<N>`` (``save_pretrained``, when the module or its
             one child with that method is a Hugging Face model) or ``merged_dir/step-<N>.safetensors``, on rank 0.
         load_generalist: at train end, merge the latest snapshots (unless this step was merged) and copy the
@@ -267,6 +269,8 @@ class RAMCallback(Callback):
             warn_single_agent(f"RAMCallback({self.agent!r})", result)
             if self.merged_dir is not None:
                 self.saved.append(str(save_generalist(self.schedule, pl_module, result, self.merged_dir)))
+                if "search" in result.extra:  # the chosen options next to the generalist
+                    save_next_to(self.saved[-1], result.extra["search"], durable=self.schedule.durable)
         self._log(trainer, metrics)
         return metrics
 

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .errors import ConfigError
 
-__all__ = ["SearchSetting", "load_choice", "record_of", "save_record", "search_metrics"]
+__all__ = ["SearchSetting", "load_choice", "record_of", "save_next_to", "save_record", "search_metrics"]
 
 MODES = ("max", "min")
 
@@ -191,6 +191,14 @@ def save_record(path: str | Path, record: Mapping[str, Any], result: Any = None,
         body["history"] = _jsonable(result.to_dict())
     write_json(path, body, durable)
     return path
+
+
+def save_next_to(generalist: str | Path, record: Mapping[str, Any], *, durable: bool = True) -> Path:
+    """Write ``record`` next to a saved generalist: ``<folder>/ram_search.json`` inside a model folder, else
+    ``<name>.search.json`` beside a file (``step-200.safetensors`` → ``step-200.search.json``)."""
+    generalist = Path(generalist)
+    path = generalist / "ram_search.json" if generalist.is_dir() else generalist.with_suffix(".search.json")
+    return save_record(path, record, durable=durable)
 
 
 def load_choice(path: str | Path) -> dict[str, Any]:

@@ -268,7 +268,7 @@ def test_search_setting_picks_the_merge_with_the_validation_loop_logs_and_saves_
     base = _copy(Net())
     _trainer([RAMCallback(store, "a", snapshot_every=3, durable=False)], 3).fit(Net(), _loader(_data("a")))
     before, after = Around(), Around()
-    ram = RAMCallback(store, "b", snapshot_every=2, merge_every=4, durable=False,
+    ram = RAMCallback(store, "b", snapshot_every=2, merge_every=4, durable=False, merged_dir=tmp_path / "merged",
                       search=SearchSetting(metric="val_loss", mode="min", budget=6))
     model_b = Net()
     trainer = _trainer([before, ram, after], 4, tmp_path, "b")
@@ -281,6 +281,8 @@ def test_search_setting_picks_the_merge_with_the_validation_loop_logs_and_saves_
     s = SnapshotStore(store)
     snaps = {n: s.open(n, step) for n, step in result.agents.items()}
     again = merge(snaps, base=base, **load_choice(rec["file"]))
+    assert ram.saved == [str(tmp_path / "merged" / "step-4.safetensors")]  # and the choice next to it
+    assert load_choice(tmp_path / "merged" / "step-4.search.json") == load_choice(rec["file"])
     for k, v in again.items():
         assert _same(result.tensors[k], v), k
     merged = _module(again)
