@@ -33,9 +33,9 @@ DTYPES: dict[str, torch.dtype] = {
     ) if hasattr(torch, attr)
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+_ITEMSIZE = {k: v.itemsize for k, v in DTYPES.items()}
 MAX_HEADER = 100_000_000
 _U64 = 2**64
-_TENSOR_FIELDS = ("dtype", "shape", "data_offsets")
 
 
 def _no_constant(name: str) -> Any:
@@ -62,8 +62,17 @@ def strict_json(raw: bytes | str, what: str) -> Any:
         raise UnsupportedInputError(f"{what}: unreadable JSON ({exc})") from None
 
 
-def _uint(value: Any) -> bool:
-    return type(value) is int and 0 <= value < _U64
+def _bad_shape(path: Path, key: str, shape: Any) -> UnsupportedInputError:
+    return UnsupportedInputError(f"{path}: tensor {key!r} has shape {shape!r}, not a list of non-negative integers")
+
+
+def _bad_offsets(path: Path, key: str, offsets: Any) -> UnsupportedInputError:
+    return UnsupportedInputError(f"{path}: tensor {key!r} has data_offsets {offsets!r}, not two non-negative "
+                                 "integers")
+
+
+def _offsets(item: tuple[str, tuple[Any, Any, int, int]]) -> tuple[int, int]:
+    return item[1][2], item[1][3]
 
 
 def parse_header(raw: bytes, path: Path, data_size: int
@@ -78,32 +87,34 @@ def parse_header(raw: bytes, path: Path, data_size: int
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise UnsupportedInputError(f"{path}: key '__metadata__' is not a map of strings to strings")
     entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
-    for key, entry in header.items():
-        if not isinstance(entry, dict) or any(f not in entry for f in _TENSOR_FIELDS):
+    for key, entry in header.items():  # plain loops and type() tests: this runs once per tensor of every file
+        if type(entry) is not dict or "dtype" not in entry or "shape" not in entry or "data_offsets" not in entry:
             raise UnsupportedInputError(f"{path}: tensor {key!r} is not an object with dtype, shape and data_offsets")
         name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        dtype = DTYPES.get(name) if isinstance(name, str) else None
+        dtype = DTYPES.get(name) if type(name) is str else None
         if dtype is None:
             raise UnsupportedInputError(f"{path}: tensor {key!r} has dtype {name!r}, which ram_live does not read "
                                         f"(it reads {', '.join(DTYPES)})")
-        if not isinstance(shape, list) or not all(_uint(s) for s in shape):
-            raise UnsupportedInputError(f"{path}: tensor {key!r} has shape {shape!r}, not a list of non-negative "
-                                        "integers")
-        if not isinstance(offsets, list) or len(offsets) != 2 or not all(_uint(x) for x in offsets):
-            raise UnsupportedInputError(f"{path}: tensor {key!r} has data_offsets {offsets!r}, not two "
-                                        "non-negative integers")
-        nbytes = dtype.itemsize
+        if type(shape) is not list:
+            raise _bad_shape(path, key, shape)
+        nbytes = _ITEMSIZE[name]
         for s in shape:
+            if type(s) is not int or s < 0 or s >= _U64:
+                raise _bad_shape(path, key, shape)
             nbytes *= s
             if nbytes >= _U64:
                 raise UnsupportedInputError(f"{path}: tensor {key!r}'s shape {shape} overflows 64 bits")
+        if type(offsets) is not list or len(offsets) != 2:
+            raise _bad_offsets(path, key, offsets)
         begin, end = offsets
+        if type(begin) is not int or type(end) is not int or begin < 0 or end < 0 or end >= _U64:
+            raise _bad_offsets(path, key, offsets)
         if end - begin != nbytes:
             raise UnsupportedInputError(f"{path}: tensor {key!r} has data_offsets {begin}..{end}, which do not "
                                         f"hold its shape {shape} of {name} ({nbytes} bytes)")
         entries[key] = (dtype, tuple(shape), begin, end)
     covered = 0
-    for key, (_, _, begin, end) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+    for key, (_, _, begin, end) in sorted(entries.items(), key=_offsets):
         if begin != covered:
             what = "overlaps the tensor before it" if begin < covered else f"leaves a gap at byte {covered}"
             raise UnsupportedInputError(f"{path}: tensor {key!r} at data_offsets {begin}..{end} {what}")
