@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from torch import Tensor
 
-from .checksum import crc32, crc32_finish, crc32_start, crc_hex
+from .checksum import _crc_range, crc32, crc_hex
 from .errors import CorruptSnapshotError, SnapshotNotFoundError
 from .files import _fsync_dir, _tmp_name
 from .format import _ST_DTYPES, _dtype_name
@@ -25,7 +25,7 @@ from .manifest import FileEntry
 
 _O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 _O_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-_OVERLAP_MIN = 1 << 20  # bytes: smaller files are checksummed in the writing thread
+_WRITE_STEP = 1 << 20  # bytes written, then checksummed, at a time (still in the cache for the checksum)
 
 
 def _byte_view(t: Tensor) -> memoryview:
@@ -44,8 +44,9 @@ def _write_all(fd: int, buf: memoryview) -> None:
 
 def write_datafile(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str], durable: bool) -> dict[str, Any]:
     """Write ``tensors`` as the safetensors file ``path`` (temporary name, then rename; ``durable``: fsynced), its
-    CRC-32 computed on other threads while the bytes are written. The file is created with mode 0o666, so the
-    umask applies. Returns the manifest's file entry ``{"name", "bytes", "crc32"}``.
+    CRC-32 computed as the bytes are written (each MiB right after its write, from the cache). The file is
+    created with mode 0o666, so the umask applies. Returns the manifest's file entry ``{"name", "bytes",
+    "crc32"}``.
 
     Example:
         >>> write_datafile(Path("s/a/000000000001-ab12.p0.safetensors"), {"w": w}, {}, False)  # doctest: +SKIP
@@ -63,16 +64,19 @@ def write_datafile(path: Path, tensors: dict[str, Tensor], metadata: dict[str, s
         offset += n
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    buffers = [memoryview(struct.pack("<Q", len(text)) + text)] + [_byte_view(held[k].reshape(-1)) for k in order]
+    buffers = [memoryview(bytearray(struct.pack("<Q", len(text)) + text))] + [_byte_view(held[k].reshape(-1))
+                                                                               for k in order]
     size = sum(len(b) for b in buffers)
     tmp = _tmp_name(path)
     fd = os.open(tmp, _O_CREATE, 0o666)
     try:
         try:
-            started = crc32_start(buffers) if size >= _OVERLAP_MIN else None
-            for buf in buffers:
-                _write_all(fd, buf)
-            crc = crc32_finish(started) if started is not None else crc32(buffers, threads=1)
+            crc = 0
+            for buf in buffers:  # each step written, then its CRC: read from memory once, then from the cache
+                for s in range(0, len(buf), _WRITE_STEP):
+                    step = buf[s : s + _WRITE_STEP]
+                    _write_all(fd, step)
+                    crc = _crc_range([step], crc)
             if durable:
                 os.fsync(fd)
         finally:
@@ -115,7 +119,8 @@ class DataFile:
             if size != entry.bytes:
                 self.fail(f"{size} bytes, the manifest says {entry.bytes}")
             # hashed later from this mapping: the very file opened here, even if the name is replaced or removed
-            self._map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if entry.crc32 else None
+            # (copy-on-write, never written: a writable buffer, which the native CRC kernel takes)
+            self._map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if entry.crc32 else None
             # the handle reads the same open file (not the name again) where /proc/self/fd exists
             source = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(path)
             try:
@@ -161,6 +166,8 @@ class DataFile:
             if self.verified:
                 return
             assert self._map is not None
+            if hasattr(mmap, "MADV_SEQUENTIAL"):
+                self._map.madvise(mmap.MADV_SEQUENTIAL)
             view = memoryview(self._map)
             try:
                 got = crc_hex(crc32([view]))
