@@ -29,10 +29,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # One merge per config, as `mergekit-yaml CONFIG OUT` does it (scripts/run_yaml.py), in one process.
 WORKER = textwrap.dedent("""
-    import json, sys, yaml
-    from mergekit.config import MergeConfiguration
-    from mergekit.merge import run_merge
-    from mergekit.options import MergeOptions
+    import json, sys
+    try:
+        import yaml
+        from mergekit.config import MergeConfiguration
+        from mergekit.merge import run_merge
+        from mergekit.options import MergeOptions
+    except ImportError as exc:  # a half-built environment: the test skips
+        print(exc, file=sys.stderr)
+        sys.exit(77)
     for config_file, out in json.loads(sys.argv[1]):
         source = open(config_file, encoding="utf-8").read()
         options = MergeOptions(copy_tokenizer=False, lazy_unpickle=False, quiet=True)
@@ -306,6 +311,8 @@ def test_matches_mergekit_output(folders: dict[str, str], tmp_path: Path) -> Non
     jobs = [(_config(folders, name), str(tmp_path / f"mk_{name}")) for name in CONFIGS]
     run = subprocess.run([python, "-c", WORKER, json.dumps(jobs)], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": ""})
+    if run.returncode == 77:
+        pytest.skip(f"mergekit cannot be imported in {python}: {run.stderr.strip()[-300:]}")
     if run.returncode != 0:
         pytest.fail(f"mergekit failed:\n{run.stderr[-4000:]}")
     base = _tensors(folders["base"])
