@@ -277,3 +277,30 @@ def test_a_killed_merge_leaves_a_temp_folder_that_clean_removes(tmp_path, capsys
     assert left.exists() and "no stale temporary folder" in capsys.readouterr().out
     assert main(["clean", str(tmp_path), "--min-age", "0"]) == 0
     assert not left.exists() and f"removed {left}" in capsys.readouterr().out
+
+
+def test_cli_reports_a_full_disk_in_one_line_with_status_2(tmp_path, base_sd, monkeypatch, capsys):
+    from safetensors.torch import save_file
+
+    save_file(base_sd, str(tmp_path / "base.safetensors"))
+    save_file({k: v + 1 for k, v in base_sd.items()}, str(tmp_path / "a.safetensors"))
+    monkeypatch.setattr(os, "posix_fallocate", _enospc)
+    status = main(["merge", str(tmp_path / "a.safetensors"), "--base", str(tmp_path / "base.safetensors"),
+                   "--out", str(tmp_path / "out"), "-q"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"ram-live: error: no space left on device writing {tmp_path / 'out'}")
+    assert sorted(os.listdir(tmp_path)) == ["a.safetensors", "base.safetensors"]
+    assert issubclass(OutOfSpaceError, OSError) and issubclass(OutOfSpaceError, ram_live.RamLiveError)
+
+
+def test_cli_errors_are_one_line_even_when_the_message_is_not(capsys):
+    from ram_live.cli import run_command
+
+    def run():
+        raise ram_live.ConfigError("first line\nsecond line\n\tthird")
+
+    assert run_command(run, "ram-live", debug=False) == 2
+    assert capsys.readouterr().err == "ram-live: error: first line second line third\n"
+    assert main(["clean", "/nonexistent/folder"]) == 2
+    assert "is not a folder" in capsys.readouterr().err
