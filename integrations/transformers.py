@@ -66,6 +66,9 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
         search: a :class:`~ram_live.schedule_search.SearchSetting` (or its options): each merge is the one
             :func:`ram_live.search` picks (see :class:`~ram_live.RAMSchedule`).
         trainer: the trainer (or call :meth:`bind` once it exists).
+        _from_checkpoint: set in the arguments saved with the checkpoint: transformers rebuilds the callback from
+            them (``restore_callback_states_from_checkpoint``), and the rebuilt one takes ``evaluate``, ``base``,
+            ``search`` and the trainer from the callback it replaces.
 
     Example:
         >>> cb = RAMTrainerCallback("runs/ram", "coder", snapshot_every=10, merge_every=50,
@@ -97,6 +100,7 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
         durable: bool = True,
         search: Any = None,
         trainer: Any = None,
+        _from_checkpoint: bool = False,
     ) -> None:
         if isinstance(store, SnapshotStore):
             store = store.root
@@ -128,7 +132,7 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
         self._restored: dict[str, Any] | None = None
         key = self.state_key
         live = _LIVE.get(key)
-        if live is not None and trainer is None and base is None and evaluate is None:
+        if _from_checkpoint and live is not None:
             # transformers rebuilt this callback from its checkpoint args (restore_callback_states_from_checkpoint):
             # take the objects JSON cannot hold from the instance it replaces
             self.base, self.evaluate, self.trainer = live.base, live.evaluate, live.trainer
@@ -160,7 +164,7 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
     def state(self) -> dict[str, Any]:
         """``ExportableState``: the JSON constructor arguments and the schedule's state, ``history`` and the saved
         generalists, under this callback's :attr:`state_key`."""
-        return {"args": dict(self._args),
+        return {"args": {**self._args, "_from_checkpoint": True},
                 "attributes": {"ram_state": {"key": self.state_key, "schedule": self.schedule.state_dict(),
                                              "history": self.history, "saved": list(self.saved)}}}
 
