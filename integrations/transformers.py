@@ -33,6 +33,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..errors import ConfigError, RamLiveError
 from ..schedule import MergeResult, RAMSchedule, _to_float
+from ..schedule_search import save_next_to
 from ..store import SnapshotStore
 from ._common import SingleAgentWarning, save_generalist, warn_single_agent
 
@@ -259,6 +260,8 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
         if state.is_world_process_zero:
             assert self.merged_dir is not None
             self.saved.append(str(save_generalist(self.schedule, model, result, self.merged_dir, self._processor)))
+            if "search" in result.extra:  # the search's record (the chosen options) next to the generalist
+                save_next_to(self.saved[-1], result.extra["search"], durable=self.schedule.durable)
 
     def _log(self, state: TrainerState, metrics: dict[str, float]) -> None:
         if self.trainer is not None:
