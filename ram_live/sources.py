@@ -174,7 +174,7 @@ class SafetensorsSource:
             if file not in self._files:
                 if not file.exists():
                     raise UnsupportedInputError(f"{self.path}: the index names {file.name}, which is missing")
-                self._files[file] = MappedSafetensors(file)
+                self._open(file)
             mapped = self._files[file]
             if key not in mapped.entries:
                 raise UnsupportedInputError(f"{self.path}: the index puts {key!r} in {file.name}, which lacks it")
@@ -182,12 +182,16 @@ class SafetensorsSource:
             self._where[key] = mapped
         self.fingerprint = tuple(sorted((str(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in self._files))
 
-    @staticmethod
-    def _layout(path: Path) -> dict[str, Path]:
+    def _open(self, file: Path) -> MappedSafetensors:
+        if file not in self._files:
+            self._files[file] = MappedSafetensors(file)
+        return self._files[file]
+
+    def _layout(self, path: Path) -> dict[str, Path]:
         if not path.is_dir():
             if not path.exists():
                 raise UnsupportedInputError(f"{path}: no such file or folder")
-            return dict.fromkeys(MappedSafetensors(path).keys(), path)  # refused there unless a regular file
+            return dict.fromkeys(self._open(path).keys(), path)  # refused there unless a regular file
         index = sorted(path.glob("*.safetensors.index.json"))
         if index:
             document = strict_json(read_regular(index[0], _MAX_INDEX), f"{index[0]}: safetensors index")
@@ -201,7 +205,7 @@ class SafetensorsSource:
             raise UnsupportedInputError(f"{path}: no *.safetensors file or *.safetensors.index.json in folder")
         layout: dict[str, Path] = {}
         for shard in shards:
-            layout.update(dict.fromkeys(MappedSafetensors(shard).keys(), shard))
+            layout.update(dict.fromkeys(self._open(shard).keys(), shard))
         return layout
 
     def keys(self) -> list[str]:
