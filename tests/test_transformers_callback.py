@@ -148,3 +148,22 @@ def test_grpo_merges_saves_and_resumes(tmp_path: Path, monkeypatch: pytest.Monke
         assert "ram/loglik" in got.history[2]
         assert got.saved[:2] == cb.saved and got.saved[2].endswith("step-6")
         assert ram_live.SnapshotStore(tmp_path / store_name).steps("vowels") == [2, 4, 6]
+
+
+def test_grpo_search_setting_saves_its_choice_next_to_the_generalist(tmp_path: Path) -> None:
+    pytest.importorskip("ram_live.search")
+    from ram_live.schedule_search import SearchSetting, load_choice
+
+    store = tmp_path / "store"
+    _trainer(tmp_path / "b", _spaces, 2, RAMTrainerCallback(store, "spaces", snapshot_every=2)).train()
+    cb = RAMTrainerCallback(store, "vowels", snapshot_every=2, merge_every=2, evaluate=_score,
+                            merged_dir=tmp_path / "merged", search=SearchSetting(metric="loglik", mode="max", budget=4))
+    _trainer(tmp_path / "a", _vowels, 2, cb).train()
+    folder = tmp_path / "merged" / "step-2"
+    assert cb.saved == [str(folder)]
+    record = cb.last_result.extra["search"]
+    assert load_choice(folder / "ram_search.json") == load_choice(record["file"])
+    # the saved generalist is the merge the search picked, and its score is the logged best
+    generalist = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    assert _score(generalist)["loglik"] == pytest.approx(cb.history[0]["ram/search/best_score"], rel=1e-6)
+    assert cb.history[0]["ram/loglik"] == pytest.approx(cb.history[0]["ram/search/best_score"], rel=1e-6)
