@@ -22,9 +22,11 @@ from .train import N, stage
 Data = dict[str, tuple[Tensor, Tensor]]
 
 # Each baseline family alone, as ``space=`` of ram_live.search, under the same budget as the full search: task
-# arithmetic (scale grid, then per-agent weights by coordinate ascent), TIES (density × scale), DARE-TIES
-# (density × scale).
-FAMILY_SPACES: dict[str, Any] = {"TA": ["task_arithmetic", "ta_weights"], "TIES": ["ties"], "DARE-TIES": ["dare_ties"]}
+# arithmetic (its scale grid, then per-agent weights by coordinate ascent), TIES and DARE-TIES on a density ×
+# scale grid of 60 (their default grids hold 9, which would leave them most of the budget unused).
+_GRID60 = {"density": [0.1, 0.2, 0.3, 0.5, 0.7, 0.9], "scale": [0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0]}
+FAMILY_SPACES: dict[str, Any] = {"TA": ["task_arithmetic", "ta_weights"], "TIES": {"ties": _GRID60},
+                                 "DARE-TIES": {"dare_ties": _GRID60}}
 # Fixed settings scored in the over-trained scenario ("defaults": no selection at all).
 DEFAULTS: dict[str, dict[str, Any]] = {
     "sum (TA 1.0)": {"method": "task_arithmetic", "scale": 1.0},
@@ -70,7 +72,7 @@ def search_row(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data
     from ram_live import search
 
     t0 = time.perf_counter()
-    name = "search" if space is None else f"search {space[0]}"
+    name = "search" if space is None else f"search {next(iter(space))}"
     best = [float("-inf"), 0]  # best score so far, evaluations so far
 
     def progress(trial: Any) -> None:
@@ -91,6 +93,8 @@ def search_row(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data
         "evaluations": len(result.scored), "extrapolation": best_trial.extrapolation,
         "best_baseline": None if baseline is None else {"method": baseline.method, **baseline.options,
                                                         "selection": baseline.score},
+        "best_ram": None if result.best_ram is None else {**result.best_ram.candidate,
+                                                          "selection": result.best_ram.score},
         "seconds": {"wall": wall, "merge": result.merge_seconds, "evaluate": result.evaluate_seconds,
                     "overhead": wall - result.evaluate_seconds, "overhead_reported": result.overhead_seconds},
         "overhead_share": (wall - result.evaluate_seconds) / wall if wall > 0 else 0.0,
