@@ -196,6 +196,11 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: Any = None, processing_class: Any = None, **kwargs: Any) -> None:
+        if hasattr(model, "peft_config") and hasattr(model, "base_model"):
+            raise ConfigError(
+                f"RAMTrainerCallback({self.agent!r}): the model is a PeftModel; merging LoRA's A and B factors entry by "
+                "entry is not merging the adapters (the product of averages is not the average of products). Save "
+                "each agent's adapter and merge them in ΔW space: ram_live.peft.ram_merge_adapter_files")
         self._processor = processing_class if processing_class is not None else kwargs.get("tokenizer")
         if state.global_step > 0 and self._restored is None:
             saved = self._find_state(state)
