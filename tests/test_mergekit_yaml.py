@@ -3,13 +3,16 @@
 
 mergekit is never a dependency: the comparison runs mergekit 0.1.5 in its own virtual environment
 (``benchmarks/mergekit_env.sh``, which ``scripts/test.sh`` builds; ``RAM_LIVE_MERGEKIT_PYTHON`` names another
-interpreter) as a subprocess, and is skipped when that environment is absent.
+interpreter; without either, mergekit installed in this environment) as a subprocess, and is skipped when there
+is none.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 import subprocess
 import textwrap
 from pathlib import Path
@@ -53,7 +56,9 @@ def _mergekit_python() -> str | None:
         return given
     venv = Path(os.environ.get("MERGEKIT_VENV", ROOT / "benchmarks" / ".venv-mergekit"))
     python = venv / "bin" / "python"
-    return str(python) if python.exists() else None
+    if python.exists():
+        return str(python)
+    return sys.executable if importlib.util.find_spec("mergekit") is not None else None  # installed here
 
 
 def _tiny_folders(root: Path, agents: int = 3) -> tuple[str, list[str]]:
