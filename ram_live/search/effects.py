@@ -1,0 +1,63 @@
+"""What a candidate does, known before or after merging it: its effect (to merge equal candidates once) and how
+far it extrapolates an agent's task vector."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from ..methods import RAM_VARIANTS, get_method, lambda_bound, lambdas_from_counts, make_config
+from .target import Merger
+
+__all__ = ["effect_key", "extrapolation_of"]
+
+
+def effect_key(candidate: dict[str, Any], merger: Merger) -> str | None:
+    """What a global-λ RAM-family merge does, where known before merging: the activity rule, the excluded
+    agents and λ of each agent with unique entries (λ of the others scales nothing). Two candidates with the
+    same effect give the same bits (plain RAM is λ = 1 bit for bit), so the second is not merged again."""
+    method = candidate["method"]
+    if method not in RAM_VARIANTS:
+        return None
+    config = make_config(method, **{k: v for k, v in candidate.items() if k != "method"})
+    if getattr(config, "rho_scope", "global") != "global":
+        return None
+    activity = get_method(method).activity(config)
+    exclude = tuple(config.exclude)
+    names = [a for a in merger.names if a not in exclude]
+    counts = merger.counts(activity, exclude)
+    if config.lambdas is not None:
+        if set(config.lambdas) != set(names):
+            return None  # the merge says what is wrong
+        lam: list[float | None] = [config.lambdas[a] for a in names]
+    elif method == "ram":
+        lam = [1.0] * len(names)
+    elif counts is not None:
+        lam = list(lambdas_from_counts(config, counts.active, counts.unique))
+    else:
+        return None
+    if counts is not None and tuple(counts.agents) == tuple(names):
+        lam = [v if u > 0 else None for v, u in zip(lam, counts.unique.tolist())]
+    eps = activity.eps if activity.rule == "abs" else 0.0
+    return json.dumps(["effect", activity.rule, eps, list(exclude), lam])
+
+
+def extrapolation_of(candidate: dict[str, Any], info: Any, merger: Merger) -> tuple[float, dict[str, float] | None]:
+    method = candidate["method"]
+    config = make_config(method, **{k: v for k, v in candidate.items() if k != "method"})
+    if method in RAM_VARIANTS:
+        if info.lambdas is None:
+            bound = lambda_bound(config)
+            return (bound if math.isfinite(bound) else math.nan), None
+        lambdas = dict(info.lambdas)
+        counts = info.statistics or merger.counts(get_method(method).activity(config))
+        values = list(lambdas.values())
+        if counts is not None and tuple(counts.agents) == tuple(info.agents):
+            values = [lambdas[a] for a, u in zip(info.agents, counts.unique.tolist()) if u > 0]
+        return max([abs(v) for v in values], default=1.0), lambdas
+    weights = list(getattr(config, "weights", None) or [1.0] * len(merger.names))
+    if method == "linear" and getattr(config, "normalize", True):
+        total = sum(weights)
+        weights = [w / total for w in weights]
+    return abs(getattr(config, "scale", 1.0)) * max(abs(w) for w in weights), None

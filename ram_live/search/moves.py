@@ -1,0 +1,131 @@
+"""The move families of a search: coordinate ascents on per-agent λ and task-arithmetic weights, leaving one agent
+out, other activity rules — each from the best candidate so far on its side."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+from ..methods import get_method, make_config
+from .result import Trial
+from .space import BASELINE_SIDE, RAM_SIDE, Family
+
+__all__ = ["Moves"]
+
+
+class Moves:
+    """Mixed into the search loop, which provides ``trial``, ``incumbent``, ``history``, ``merger``, ``seed``."""
+
+    merger: Any
+    seed: int
+    history: list[Trial]
+
+    def trial(self, candidate: dict[str, Any]) -> Trial | None:
+        raise NotImplementedError
+
+    def incumbent(self, side: str) -> Trial | None:
+        raise NotImplementedError
+
+    def _explicit(self, family: Family) -> None:
+        for candidate in family.grid:
+            if self.trial(dict(candidate)) is None:
+                return
+
+    def _grid(self, family: Family) -> None:
+        for options in family.grid:
+            candidate = {"method": family.name, **options}
+            if family.name.startswith("dare") and "seed" not in options:
+                candidate["seed"] = self.seed
+            if self.trial(candidate) is None:
+                return
+
+    def _ram_start(self) -> Trial | None:
+        """The RAM side's best trial if its merge has λ per agent; else RAM with λ = 1 (tried now) with that
+        trial's eps/activity/exclude."""
+        best = self.incumbent(RAM_SIDE)
+        if best is not None and best.lambdas is not None:
+            return best
+        common = self._common(best) if best is not None else {}
+        kept = [a for a in self.merger.names if a not in common.get("exclude", ())]
+        trial = self.trial({"method": "ram", **common, "lambdas": dict.fromkeys(kept, 1.0)})
+        return trial if trial is not None and trial.score is not None else None
+
+    @staticmethod
+    def _common(trial: Trial) -> dict[str, Any]:
+        return {k: trial.options[k] for k in ("eps", "activity", "exclude") if k in trial.options}
+
+    def _lambdas(self, family: Family) -> None:
+        start = self._ram_start()
+        if start is None:
+            return
+        common = self._common(start)
+        names = list(start.lambdas)  # type: ignore[arg-type]
+        counts = self.merger.counts(get_method("ram").activity(make_config("ram", **{
+            k: v for k, v in common.items() if k != "exclude"})), ())
+        movable = names
+        if counts is not None and not common.get("exclude"):
+            movable = [a for a, u in zip(counts.agents, counts.unique.tolist()) if u > 0 and a in names]
+        values = [start.lambdas[a] for a in names]  # type: ignore[index]
+        self._ascend(family, values, [names.index(a) for a in movable], start.score,  # type: ignore[arg-type]
+                     lambda v: {"method": "ram", **common, "lambdas": dict(zip(names, v))})
+
+    def _ta_weights(self, family: Family) -> None:
+        best = self.incumbent(BASELINE_SIDE)
+        k = len(self.merger.names)
+        if best is None or best.method != "task_arithmetic":
+            tas = [t for t in self.history if t.method == "task_arithmetic" and t.score is not None]
+            best = max(tas, key=lambda t: (t.score, -t.index)) if tas else self.trial(
+                {"method": "task_arithmetic"})
+        if best is None or best.score is None:
+            return
+        scale = float(best.options.get("scale", 1.0))
+        weights = [scale * float(w) for w in (best.options.get("weights") or [1.0] * k)]
+        self._ascend(family, weights, list(range(k)), best.score,
+                     lambda v: {"method": "task_arithmetic", "weights": list(v)})
+
+    def _ascend(self, family: Family, values: list[float], movable: list[int], score: float,
+                build: Callable[[list[float]], dict[str, Any]]) -> None:
+        """Coordinate ascent: per coordinate (in an order drawn from the seed) step up while it improves, else
+        down (never below 0); after a sweep without improvement, halve the step; stop below ``min_step``."""
+        order = list(movable)
+        random.Random(self.seed).shuffle(order)
+        step, min_step = family.settings["step"], family.settings["min_step"]
+        while step >= min_step:
+            improved = False
+            for i in order:
+                for direction in (1.0, -1.0):
+                    moved = False
+                    while True:
+                        value = round(values[i] + direction * step, 12)
+                        if value < 0:
+                            break
+                        trial = self.trial(build(values[:i] + [value] + values[i + 1:]))
+                        if trial is None:
+                            return
+                        if trial.score is None or trial.score <= score:
+                            break
+                        values[i], score, moved, improved = value, trial.score, True, True
+                    if moved:
+                        break
+            if not improved:
+                step /= 2
+
+    def _leave_one_out(self, family: Family) -> None:
+        start = self._ram_start()
+        if start is None or start.lambdas is None or len(start.lambdas) < 2:
+            return
+        common = self._common(start)
+        excluded = list(common.pop("exclude", []))
+        for name in start.lambdas:
+            kept = {a: v for a, v in start.lambdas.items() if a != name}
+            if self.trial({"method": "ram", **common, "lambdas": kept, "exclude": excluded + [name]}) is None:
+                return
+
+    def _activity(self, family: Family) -> None:
+        start = self.incumbent(RAM_SIDE) or self._ram_start()
+        if start is None:
+            return
+        for move in family.grid:
+            if self.trial({**start.candidate, **move}) is None:
+                return
+
