@@ -138,7 +138,7 @@ def plan_from_mergekit(config: Any, source: str = "config") -> MergekitPlan:
         unsupported += [f"{where}.{k}" for k in entry if k not in ("model", "parameters")]
         ref = _model_ref(entry["model"], f"{where}.model", source)
         own = _params(entry.get("parameters"), f"{where}.parameters", source)
-        if ref == base_ref:
+        if base_ref is not None and Path(ref).resolve() == Path(base_ref).resolve():
             continue  # mergekit takes the base out of the task vectors
         unsupported += [f"{where}.parameters.{k}" for k in own if k not in known]
         unsupported += [f"{where}.parameters.{k} (one value per merge: put it in the top-level parameters)"

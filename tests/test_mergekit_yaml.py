@@ -223,6 +223,11 @@ def test_mapping_follows_mergekits_defaults_and_semantics(folders: dict[str, str
     assert kwargs == {"method": "ties", "dtype": torch.bfloat16, "weights": [1.0, 0.5, 0.8], "scale": 1.0,
                       "densities": [0.5, 0.3, 0.7], "elect_on": "weighted", "majority_sign": "total",
                       "divide_by": "weights"}
+    # the base listed among the models, spelled differently, is still the base
+    text = Path(_config(folders, "ties")).read_text().replace(f"- model: {folders['base']}\n",
+                                                               f"- model: {folders['base']}/\n")
+    again = from_mergekit_yaml(_yaml(Path(folders["root"]) / "ties_slash.yml", text))
+    assert list(again.models.values()) == list(plan.models.values()) and f"{folders['base']}/" in text
     # top-level weight/density are every model's default; normalize: false is no division at all
     _, _, kw = from_mergekit_yaml(_config(folders, "ties_unnormalized"))
     assert kw["weights"] == [0.5, 0.5, 0.9] and kw["density"] == 0.4 and kw["divide_by"] == "none"
