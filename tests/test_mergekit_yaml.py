@@ -24,6 +24,7 @@ pytest.importorskip("yaml")
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402
 
+import ram_live  # noqa: E402
 from ram_live.cli import main as cli_main  # noqa: E402
 from ram_live.errors import ConfigError  # noqa: E402
 from ram_live.mergekit_yaml import from_mergekit_yaml  # noqa: E402
@@ -346,3 +347,33 @@ def test_matches_mergekit_output(folders: dict[str, str], tmp_path: Path) -> Non
     print("relative error per method (max over tensors), of θ*:", errors, "of θ* − θ₀:", deltas)
     assert max(errors.values()) <= 1e-2, errors
     assert max(deltas.values()) <= 3e-2, deltas
+
+
+# ----------------------------------------------------------------------------------------------- per-agent densities
+
+
+def test_per_agent_densities_in_the_ties_and_dare_configs() -> None:
+    """densities=[d]*n is density=d bit for bit; each agent is trimmed/dropped with its own density (DARE's mask
+    of an agent depends on (seed, agent, tensor) only, so one agent merged alone gives the same drop)."""
+    gen = torch.Generator().manual_seed(3)
+    base = {"w": torch.randn(40, 30, generator=gen)}
+    agents = {f"a{i}": {"w": base["w"] + 0.1 * torch.randn(40, 30, generator=gen)} for i in range(3)}
+    for method in ("ties", "dare_linear", "dare_ties"):
+        one = ram_live.merge(agents, base=base, method=method, density=0.4)
+        each = ram_live.merge(agents, base=base, method=method, densities=[0.4, 0.4, 0.4])
+        assert torch.equal(one["w"], each["w"]), method
+    two = {"a0": agents["a0"], "a1": agents["a1"]}
+    mixed = ram_live.merge(two, base=base, method="dare_linear", densities=[1.0, 0.5])
+    alone = ram_live.merge({"a1": agents["a1"]}, base=base, method="dare_linear", density=0.5)
+    torch.testing.assert_close(mixed["w"] - base["w"], (agents["a0"]["w"] - base["w"]) + (alone["w"] - base["w"]),
+                               rtol=0, atol=1e-6)
+    # TIES with densities: agent t keeps int(d_t · n) entries before the election
+    tau = agents["a2"]["w"] - base["w"]
+    kept = ram_live.merge({"a2": agents["a2"]}, base=base, method="ties", densities=[0.25])["w"] - base["w"]
+    assert int((kept != 0).sum()) == int(0.25 * tau.numel())
+    with pytest.raises(ConfigError, match="densities has 2 entries for 3 agents"):
+        ram_live.merge(agents, base=base, method="ties", densities=[0.4, 0.4])
+    with pytest.raises(ConfigError, match=r"densities\[1\] must be > 0 for DARE"):
+        ram_live.merge(agents, base=base, method="dare_ties", densities=[0.4, 0.0, 0.4])
+    with pytest.raises(ConfigError, match="divide_by must be one of"):
+        ram_live.merge(agents, base=base, method="ties", divide_by="sum")
