@@ -5,7 +5,8 @@ At each merge the callback runs :func:`ram_live.search` over the latest snapshot
 evaluation on held-out data, merges the winner, logs ``ram/search/*`` and saves the chosen options next to the
 merged generalist (see :func:`save_record`; read them back with :func:`load_choice`).
 
->>> setting = SearchSetting(evaluate=lambda model: {"acc": held_out_accuracy(model)}, metric="acc", budget=60)
+>>> setting = SearchSetting(evaluate=lambda model: {"acc": held_out_accuracy(model)}, metric="acc",   # doctest: +SKIP
+...                         budget=60)
 >>> schedule = RAMSchedule("runs/ram", agent="coder", merge_every=200, search=setting)       # doctest: +SKIP
 """
 
