@@ -247,3 +247,38 @@ def test_exported_from_the_package():
     assert ram_live.search is search and "search" in ram_live.__all__
     assert issubclass(SearchError, ram_live.RamLiveError) and issubclass(ExtrapolationWarning, UserWarning)
     assert sys.modules["ram_live.search.run"].search is search
+
+
+def test_a_progress_hook_and_buffers_an_evaluation_changes(problem):
+    """A ProgressHook gets one line per trial; BatchNorm running stats the evaluation updates in the scratch module
+    are the base's again for the next candidate (each merge copies the buffers), so every trial is still the
+    merge that merge(**candidate) makes."""
+    import io
+
+    from ram_live.progress import TerminalProgress
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8))
+    agents = {}
+    for i, name in enumerate(("a", "b")):
+        agents[name] = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8))
+        agents[name].load_state_dict(base.state_dict())
+        with torch.no_grad():
+            agents[name][0].weight[i] += 0.5
+    x = torch.randn(16, 8)
+    states = []
+
+    def evaluate(module):
+        states.append(snapshot(module))
+        module.train()
+        module(x)  # changes the scratch module's running statistics
+        return -float(module[0].weight.detach().sum())
+
+    stream = io.StringIO()
+    result = search(agents, base=base, evaluate=evaluate, budget=6, progress=TerminalProgress(stream),
+                    space=["ram_plus", "task_arithmetic"])
+    assert stream.getvalue().startswith(f"[search] {len(result.history)}/6 tensors")  # one update per trial
+    for trial, state in zip(result.history, states):
+        again = merge(agents, base=base, **trial.candidate).state_dict()
+        assert all(torch.equal(state[k], again[k]) for k in state), trial.label()
+    assert torch.equal(states[-1]["1.running_mean"], base.state_dict()["1.running_mean"])
