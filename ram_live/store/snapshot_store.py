@@ -388,6 +388,6 @@ class SnapshotStore:
         if isinstance(old, dict) and isinstance(old.get("files"), list):  # a re-taken step (resumed run)
             keep = {f["name"] for f in manifest["files"]}
             names = [f.get("name") for f in old["files"] if isinstance(f, dict)]
-            remove_unreferenced(folder, [n for n in names if n not in keep], step=step)
+            remove_unreferenced(folder, [n for n in names if not isinstance(n, str) or n not in keep], step=step)
         return Snapshot(self, agent, step, manifest)
 
