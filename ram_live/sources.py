@@ -24,23 +24,30 @@ from .safetensors_io import MappedSafetensors
 
 __all__ = [
     "TensorSpec", "TensorSource", "ModuleSource", "StateDictSource", "SafetensorsSource", "ZerosSource", "as_source",
-    "check_dtype", "shard_name",
+    "check_dtype", "shard_name", "MERGED_DTYPES", "COPIED_DTYPES",
 ]
 
 #: The floating dtypes merged (in float32, float64 for float64 inputs); other floating dtypes (FP8) are refused.
 MERGED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+#: The dtypes taken from the base as they are (every agent must hold the same values).
+COPIED_DTYPES = frozenset({torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16,
+                           torch.uint32, torch.uint64, torch.complex64, torch.complex128})
 _MAX_INDEX = 100_000_000
 
 
 def check_dtype(source: str, key: str, dtype: torch.dtype) -> None:
-    """Refuse a floating tensor ram_live does not merge (FP8): an :class:`UnsupportedInputError` naming both.
-    Files, state dicts and modules are checked alike; integer, bool and complex tensors are copied from the base
-    (and must equal it)."""
-    if dtype.is_floating_point and dtype not in MERGED_DTYPES:
+    """Refuse a tensor whose dtype ram_live neither merges nor copies (FP8, FP4, quantised, bit and
+    complex32 tensors): an :class:`UnsupportedInputError` naming both. Files, state dicts and modules are
+    checked alike."""
+    if dtype in MERGED_DTYPES or dtype in COPIED_DTYPES:
+        return
+    if dtype.is_floating_point:
         raise UnsupportedInputError(
             f"{source}: tensor {key!r} is {dtype}, which ram_live does not merge (FP8 weights come with scales "
             "held in other tensors, and task vectors are lost to FP8 rounding): dequantise the checkpoints to "
             "bfloat16 or float32 first")
+    raise UnsupportedInputError(f"{source}: tensor {key!r} is {dtype}, which ram_live does not merge or copy "
+                                "(dequantise or convert it first)")
 
 
 def shard_name(index: Path, key: str, name: object) -> str:

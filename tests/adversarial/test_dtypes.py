@@ -92,3 +92,25 @@ def test_fp8_buffer_of_a_module_is_a_library_error():
     base, agent = Net(), Net()
     with pytest.raises(UnsupportedInputError, match="'codes'"):
         merge([agent], base=base, method="ram")
+
+
+def _exotic(dtype):
+    if dtype == torch.quint8:
+        return torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.quint8)
+    return torch.zeros(8, dtype=torch.uint8).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float4_e2m1fn_x2, torch.float8_e8m0fnu, torch.complex32, torch.bits8,
+                                   torch.quint8], ids=str)
+def test_dtypes_neither_merged_nor_copied_are_a_library_error(dtype):
+    base = {"w": torch.ones(2), "x": _exotic(dtype)}
+    agents = {"a": {"w": torch.full((2,), 2.0), "x": _exotic(dtype)}}
+    with pytest.raises(UnsupportedInputError, match=rf"tensor 'x' is {dtype}, which ram_live does not merge"):
+        merge(agents, base=base, method="ram")
+
+
+def test_complex128_is_copied_from_the_base():
+    z = torch.tensor([1 + 2j, -3j], dtype=torch.complex128)
+    out = merge({"a": {"w": torch.full((2,), 2.0), "z": z.clone()}}, base={"w": torch.ones(2), "z": z},
+                method="task_arithmetic", scale=1.0)
+    assert torch.equal(out["z"], z) and torch.equal(out["w"], torch.full((2,), 2.0))
