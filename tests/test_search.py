@@ -282,3 +282,29 @@ def test_a_progress_hook_and_buffers_an_evaluation_changes(problem):
         again = merge(agents, base=base, **trial.candidate).state_dict()
         assert all(torch.equal(state[k], again[k]) for k in state), trial.label()
     assert torch.equal(states[-1]["1.running_mean"], base.state_dict()["1.running_mean"])
+
+
+def test_the_budget_rule_as_documented():
+    fams = parse_space(None)
+    assert allot(fams, 60, 3) == {"ram": 30, "baseline": 30}
+    assert {f.name: f.budget for f in fams} == {"ram_plus": 13, "lambdas": 11, "leave_one_out": 3, "activity": 3,
+                                                "task_arithmetic": 6, "ties": 9, "dare_ties": 9, "ta_weights": 6}
+    for budget in (1, 2, 7, 33, 200):
+        fams = parse_space(None)
+        sides = allot(fams, budget, 3)
+        assert sides == {"ram": budget - budget // 2, "baseline": budget // 2}
+        for side, n in sides.items():
+            assert sum(f.budget for f in fams if f.side == side) <= n
+    fams = parse_space({"lambdas": {"step": 0.5, "min_step": 0.1}, "activity": [{"eps": 1e-3}]})
+    assert fams[0].settings == {"step": 0.5, "min_step": 0.1} and fams[1].grid == [{"eps": 1e-3}]
+
+
+def test_candidates_of_equal_effect_are_merged_once(problem):
+    agents, base, target = problem
+    calls = []
+    space = [{"method": "ram_plus", "r": 0.0}, {"method": "ram"}, {"method": "ram_plus_soft", "r": 0.0},
+             {"method": "ram", "lambdas": dict.fromkeys(TARGET, 1.0)}, {"method": "ram", "eps": 1e-3}]
+    result = search(agents, base=base, evaluate=lambda m: calls.append(1) or distance(m, target), budget=5,
+                    space=space)
+    assert [t.candidate for t in result.history] == [space[0], space[4]]  # λ = 1 four ways: plain RAM once
+    assert len(calls) == 2
