@@ -91,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stores", help="what a snapshot store holds")
     st.add_argument("store", help="the snapshot store folder")
     st.add_argument("--json", action="store_true", help="print JSON")
+    st.add_argument("--verify", action="store_true",
+                    help="check every manifest and data file (sizes, tensors, CRC-32); exit status 1 on damage")
     st.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
 
     c = sub.add_parser("clean", help="remove the temporary folders killed merges left in a folder")
@@ -193,22 +195,40 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _stores(args: argparse.Namespace) -> int:
-    from .store import SnapshotStore
+    import warnings
+
+    from .store import SnapshotStore, StoreError, UnverifiedSnapshotWarning
 
     store = SnapshotStore(args.store, create=False)
+    if args.verify:
+        report = store.verify()
+        print(json.dumps(report.to_dict(), indent=2) if args.json else report.table())
+        return 0 if report.ok else 1
     rows = []
-    for info in store.list():
-        snap = info.open()
-        rows.append({"agent": info.agent, "step": info.step, "changed": snap.changed, "numel": snap.numel,
-                     "density": snap.density, "bytes": snap.bytes, "dense_bytes": snap.dense_bytes})
+    with warnings.catch_warnings(record=True) as unverified:
+        warnings.simplefilter("always", UnverifiedSnapshotWarning)
+        for info in store.list():
+            try:
+                snap = info.open()
+            except StoreError as exc:  # one damaged snapshot does not hide the others
+                rows.append({"agent": info.agent, "step": info.step, "error": str(exc)})
+                continue
+            rows.append({"agent": info.agent, "step": info.step, "changed": snap.changed, "numel": snap.numel,
+                         "density": snap.density, "bytes": snap.bytes, "dense_bytes": snap.dense_bytes})
     if args.json:
         print(json.dumps({"store": str(store.root), "base": store.base_fingerprint, "snapshots": rows}, indent=2))
         return 0
     print(f"store {store.root}  base {store.base_fingerprint or '(none)'}")
     print(f"{'agent':<16}{'step':>10}{'density':>10}{'changed':>14}{'on disk':>12}{'dense':>12}")
     for r in rows:
+        if "error" in r:
+            print(f"{r['agent'][:15]:<16}{r['step']:>10}  unreadable: {r['error']}")
+            continue
         print(f"{r['agent'][:15]:<16}{r['step']:>10}{r['density']:>10.2%}{r['changed']:>14,}"
               f"{r['bytes'] / 1e6:>10.1f}MB{r['dense_bytes'] / 1e6:>10.1f}MB")
+    if unverified:
+        print(f"{len(unverified)} of them (or the base) carry no checksums (written by an older ram_live); "
+              "--verify checks the others")
     return 0
 
 
