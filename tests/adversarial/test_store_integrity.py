@@ -138,3 +138,20 @@ def test_a_manifest_with_its_checksum_removed_or_changed_is_refused(tmp_path):
     m["files"][0]["crc32"] = good
     path.write_text(json.dumps(m))
     assert same(read_all(store.root), agent)
+
+
+def test_cli_verify_reports_damage_with_exit_status_1(tmp_path, capsys):
+    from ram_live.cli import main
+
+    store, _, _ = build(tmp_path / "s")
+    assert main(["stores", str(store.root), "--verify", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["checked"] == 3 and report["problems"] == 0
+    (data,) = data_files(store.root)
+    damaged = bytearray(data.read_bytes())
+    damaged[-1] ^= 0x10
+    data.write_bytes(bytes(damaged))
+    assert main(["stores", str(store.root), "--verify"]) == 1
+    out = capsys.readouterr().out
+    assert "checksum mismatch" in out and data.name in out and "1 with problems" in out
+    assert main(["stores", str(store.root)]) == 0  # the listing still lists (sizes are intact)
