@@ -154,6 +154,11 @@ def clean_stale(parent: Path, name: str | None = None, min_age: float = STALE_AG
     (``.<name>.tmp-<6 to 16 of a-z0-9_>``), unchanged for ``min_age`` seconds and whose writer holds no lock
     are removed; anything else is left alone.
 
+    Args:
+        parent: the folder outputs are written into.
+        name: only the temporary folders of this output (its file or folder name), or None for any output.
+        min_age: seconds a folder must have been unchanged (its writer locks it right after creating it).
+
     Example:
         >>> clean_stale(Path("checkpoints"), "merged")                 # doctest: +SKIP
         [PosixPath('checkpoints/.merged.tmp-k2x9_q1a')]

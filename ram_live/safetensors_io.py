@@ -2,8 +2,9 @@
 released after use, so resident memory stays bounded by what is being merged now, not by the model.
 
 The format is parsed here (8-byte header length, JSON header, raw little-endian data): no pickle, only regular
-files, and the header is checked as ``safetensors`` checks it (:mod:`ram_live._st_header`) before a view is made. The writer lays out each shard's header from the
-known output specs first, then hands out writable views into the file, so tensors go straight to the page cache.
+files, and the header is checked as ``safetensors`` checks it (:mod:`ram_live._st_header`) before a view is
+made. The writer lays out each shard's header from the known output specs first, reserves the file's bytes,
+then hands out writable views into the file, so tensors go straight to the page cache.
 """
 
 from __future__ import annotations
