@@ -101,6 +101,7 @@ def _exotic(dtype):
     return torch.zeros(8, dtype=torch.uint8).view(dtype)
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # torch deprecates quantised tensors
 @pytest.mark.parametrize("dtype", [torch.float4_e2m1fn_x2, torch.float8_e8m0fnu, torch.complex32, torch.bits8,
                                    torch.quint8], ids=str)
 def test_dtypes_neither_merged_nor_copied_are_a_library_error(dtype):
