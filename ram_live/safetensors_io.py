@@ -9,6 +9,7 @@ then hands out writable views into the file, so tensors go straight to the page 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -132,7 +133,8 @@ class SafetensorsWriter:
         except BaseException:
             if fd >= 0:
                 os.close(fd)
-            os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
             raise
         if fd >= 0:
             os.close(fd)
