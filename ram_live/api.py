@@ -35,8 +35,18 @@ def check_ram_variant(variant: str) -> None:
 
 def check_run_options(device: Any, chunk_numel: Any, workers: Any) -> torch.device | None:
     """``device`` as a ``torch.device`` (None stays None) after checking the options every run takes, as
-    :class:`~ram_live.errors.ConfigError`: the device must exist here (its backend available, its index below
-    the device count), ``chunk_numel`` a positive integer, ``workers`` None or a positive integer."""
+    :class:`~ram_live.errors.ConfigError`, before anything runs (used by :func:`merge` and
+    :func:`ram_live.probe`).
+
+    Args:
+        device: must exist here: its backend available (``torch.<type>.is_available()``), its index below the
+            device count (``"cuda:7"`` on a machine without 8 GPUs, ``"cpu:1"``, ``"xla"`` are refused).
+        chunk_numel: a positive integer (not a bool or float).
+        workers: None or a positive integer.
+
+    >>> check_run_options("cpu", 2**20, None)
+    device(type='cpu')
+    """
     for name, value in (("chunk_numel", chunk_numel), ("workers", workers)):
         if value is None and name == "workers":
             continue
