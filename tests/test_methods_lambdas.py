@@ -133,7 +133,7 @@ def test_compiled_kernels_take_given_lambdas(base_sd, agents, no_native):
     assert_bit_identical(merged, hand_ram(base_sd, agents, GIVEN))
 
 
-def test_uncapped_alpha_is_the_formula(base_sd, agents):
+def test_uncapped_alpha_is_the_formula(base_sd, agents, monkeypatch):
     counted = counts(base_sd, agents)
     r = 0.75
     want = {n: 1.0 + r * (a - u) / u for n, (a, u) in counted.items()}
@@ -142,16 +142,10 @@ def test_uncapped_alpha_is_the_formula(base_sd, agents):
     assert max(want.values()) > 2.0 + 1.0  # the clip at α = 2 would have mattered
     assert_bit_identical(merged, hand_ram(base_sd, agents, info.lambdas))
     # the same through the two-pass path and a reused count
-    for env in ("0",):
-        import os
-
-        os.environ["RAM_LIVE_SINGLE_READ"] = env
-        try:
-            again, info2 = merge(agents, base=base_sd, method="ram_plus", r=r, alpha=math.inf, return_info=True)
-        finally:
-            del os.environ["RAM_LIVE_SINGLE_READ"]
-        assert info2.passes == 2 and info.passes == 1
-        assert_bit_identical(again, merged)
+    monkeypatch.setenv("RAM_LIVE_SINGLE_READ", "0")
+    again, info2 = merge(agents, base=base_sd, method="ram_plus", r=r, alpha=math.inf, return_info=True)
+    assert info2.passes == 2 and info.passes == 1
+    assert_bit_identical(again, merged)
     reused = merge(agents, base=base_sd, method="ram_plus", r=r, alpha=math.inf, statistics=info.statistics)
     assert_bit_identical(reused, merged)
 
