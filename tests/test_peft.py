@@ -569,3 +569,29 @@ def test_peft_spellings_that_differ_name_the_right_option(base, tmp_path):
                                    svd_rank=4)
     with open(f"{path}/adapter_config.json") as f:
         assert json.load(f)["r"] == 4
+
+
+def test_adapter_runs_check_their_options_and_never_replace_a_new_output(base, tmp_path, monkeypatch):
+    model = peft_model(base, {"code": lora(), "tool": lora(r=8)})
+    for bad in ({"chunk_numel": 0}, {"chunk_numel": -5}, {"device": "cpu:3"}):
+        with pytest.raises(ConfigError):
+            ram_merge_adapters(model, ["code", "tool"], "m", rank=4, **bad)
+    model.save_pretrained(tmp_path / "ad", selected_adapters=["code", "tool"])
+    folders = {n: tmp_path / "ad" / n for n in ("code", "tool")}
+    out = tmp_path / "merged"
+    import ram_live.peft.merge_files as mf
+
+    real = mf.rename_noreplace
+
+    def racing(src, dst):  # another process creates the output while the merge runs
+        (dst).mkdir()
+        (dst / "theirs.txt").write_text("mine")
+        return real(src, dst)
+
+    monkeypatch.setattr(mf, "rename_noreplace", racing)
+    from ram_live.errors import OutputExistsError
+
+    with pytest.raises(OutputExistsError):
+        ram_merge_adapter_files(folders, out, rank=4)
+    assert (out / "theirs.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ad", "merged"]  # no temp folder left

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from ..engine import DEFAULT_CHUNK_NUMEL
-from ..errors import ConfigError, InputMismatchError
+from .._outputs import rename_noreplace
+from ..errors import ConfigError, InputMismatchError, OutputExistsError
 from ..sinks import temp_folder
 from ..sources import as_source
 from .configs import _fan_in_fan_out, _new_config_fields
@@ -155,7 +156,11 @@ def _write_adapter_folder(out: Path, adapters: _AdapterSet, factors: Mapping[str
         (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         if out.exists():
             out.rmdir()
-        os.replace(tmp, out)
+        try:
+            rename_noreplace(tmp, out)
+        except FileExistsError:
+            raise OutputExistsError(f"output {out}: created by someone else while the adapter was merged; "
+                                    "left as it is") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -67,6 +67,9 @@ def _finish_report(prep: _Prepared, info: MergeInfo, report: "AdapterMergeReport
 def _merge_in_delta_space(adapters: _AdapterSet, prep: _Prepared, on_module: Callable[[str, Tensor], None], *,
                           device: torch.device | None, chunk_numel: int) -> MergeInfo:
     """Merge the ΔW_t (zero base) with the engine, module by module; ``on_module`` gets each ΔW*."""
+    from ..api import check_run_options
+
+    device = check_run_options(device, chunk_numel, None)
     specs = {}
     for m in adapters.order:
         f = adapters.module(m)
