@@ -177,7 +177,8 @@ def main() -> None:
           f"{results['writer_setup_s']:.2f} s")
     if hasattr(store, "verify"):  # the store checks checksums (issue 16)
         results["verify"] = verification(store, base, a.reps)
-    head = f"{'density':>8} {'capture':>9} {'x copy_':>8} {'write':>8} {'w med':>8} {'fsync':>8} {'f med':>8} {'snapshot':>9} {'x copy_':>8} " \
+    head = f"{'density':>8} {'capture':>9} {'x copy_':>8} {'write':>8} {'w med':>8} {'fsync':>8} {'f med':>8} " \
+           f"{'snapshot':>9} {'x copy_':>8} " \
            f"{'MiB':>8} {'x dense':>8} {'rebuild':>8}"
     print(head)
     print("-" * len(head))
@@ -223,14 +224,17 @@ def main() -> None:
         row = {
             "copy_s": t_copy, "capture_s": t_capture, "capture_x_copy": t_capture / t_copy, "write_s": t_write,
             "write_fsync_s": t_fsync, "write_median_s": med_write, "write_fsync_median_s": med_fsync,
-            "writes_s": writes, "writes_fsync_s": durable_writes, "snapshot_s": snapshot_s, "snapshot_x_copy": snapshot_s / t_copy,
+            "writes_s": writes, "writes_fsync_s": durable_writes, "snapshot_s": snapshot_s,
+            "snapshot_x_copy": snapshot_s / t_copy,
             "bytes": snap.bytes, "bytes_x_dense": snap.bytes / dense_bytes, "changed": snap.changed,
             "captured_bytes": capture.nbytes, "rebuild_s": t_rebuild, "bit_exact": exact, "encodings": encodings,
             "capture_pass": t_capture / t_copy <= TARGET,
         }
         results["densities"][str(density)] = row
-        print(f"{density:>8.1%} {t_capture * 1e3:>7.0f}ms {row['capture_x_copy']:>7.2f}x {t_write * 1e3:>6.1f}ms {med_write * 1e3:>6.1f}ms "
-              f"{t_fsync * 1e3:>6.0f}ms {med_fsync * 1e3:>6.0f}ms {snapshot_s * 1e3:>7.0f}ms {row['snapshot_x_copy']:>7.2f}x "
+        print(f"{density:>8.1%} {t_capture * 1e3:>7.0f}ms {row['capture_x_copy']:>7.2f}x {t_write * 1e3:>6.1f}ms "
+              f"{med_write * 1e3:>6.1f}ms "
+              f"{t_fsync * 1e3:>6.0f}ms {med_fsync * 1e3:>6.0f}ms {snapshot_s * 1e3:>7.0f}ms "
+              f"{row['snapshot_x_copy']:>7.2f}x "
               f"{snap.bytes / 2**20:>8.1f} {row['bytes_x_dense']:>8.3f} {t_rebuild * 1e3:>6.0f}ms"
               f"  {'exact' if exact else 'NOT EXACT'} {encodings}")
         del agent, rebuilt, capture, snap, captures

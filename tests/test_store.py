@@ -163,8 +163,9 @@ def test_manifest_fields_and_layout(store):
         data = (store.root / "coder" / f["name"]).read_bytes()
         assert len(data) == f["bytes"] and f["crc32"] == f"{zlib.crc32(data):08x}"  # the plain CRC-32 of the file
     base_manifest = json.loads((store.root / "_base" / "base.json").read_text())
-    assert base_manifest["version"] == 2 and all(
-        f["crc32"] == f"{zlib.crc32((store.root / '_base' / f['name']).read_bytes()):08x}" for f in base_manifest["files"])
+    assert base_manifest["version"] == 2
+    for f in base_manifest["files"]:
+        assert f["crc32"] == f"{zlib.crc32((store.root / '_base' / f['name']).read_bytes()):08x}"
     names = sorted(os.listdir(store.root / "coder"))
     assert names[-1] == "000000000050.json" and len(names) == 2
     assert not [n for n in os.listdir(store.root / "coder") if n.startswith(".tmp")]

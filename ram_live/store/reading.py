@@ -110,14 +110,15 @@ class Snapshot(_ManifestTable):
     in the stored dtype, and whose ``base_source()`` is the store's base."""
 
     def __init__(self, store: SnapshotStore, agent: str, step: int, manifest: Mapping[str, Any],
-                 device: torch.device | str = "cpu", name: str | None = None) -> None:
+                 device: torch.device | str = "cpu", name: str | None = None,
+                 checked: Checked | None = None) -> None:
         self.store = store
         self.agent = agent
         self.step = step
         self.name = name or agent
         self.manifest = manifest
         self.device = torch.device(device)
-        self.checked = check_snapshot(manifest, agent, step)
+        self.checked = checked or check_snapshot(manifest, agent, step)
         self._read_table(manifest)
         self._base = store.base_source(device)
         if manifest["base_fingerprint"] != self._base.fingerprint:

@@ -375,7 +375,7 @@ class SnapshotStore:
         manifest["stats"] = {"numel": totals.numel, "changed": totals.changed, "bytes": files_bytes,
                              "dense_bytes": totals.dense_bytes}
         try:
-            check_snapshot(manifest, agent, step)  # never write what a reader refuses
+            checked = check_snapshot(manifest, agent, step)  # never write what a reader refuses
         except CorruptSnapshotError as exc:
             raise StoreError(f"refusing to commit an invalid manifest: {exc}") from None
         folder = self.root / agent
@@ -389,5 +389,5 @@ class SnapshotStore:
             keep = {f["name"] for f in manifest["files"]}
             names = [f.get("name") for f in old["files"] if isinstance(f, dict)]
             remove_unreferenced(folder, [n for n in names if not isinstance(n, str) or n not in keep], step=step)
-        return Snapshot(self, agent, step, manifest)
+        return Snapshot(self, agent, step, manifest, checked=checked)
 
