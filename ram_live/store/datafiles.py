@@ -25,7 +25,7 @@ from .manifest import FileEntry
 
 _O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 _O_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-_WRITE_STEP = 1 << 20  # bytes written, then checksummed, at a time (still in the cache for the checksum)
+_WRITE_STEP = 1 << 20  # bytes written, then checksummed, at a time
 
 
 def _byte_view(t: Tensor) -> memoryview:
@@ -42,9 +42,22 @@ def _write_all(fd: int, buf: memoryview) -> None:
         buf = buf[done:]
 
 
+def _write_and_checksum(fd: int, buffers: Sequence[memoryview]) -> int:
+    """Write ``buffers`` to ``fd`` a MiB at a time, each MiB's CRC-32 right after its write (the bytes are then
+    still in the cache); returns the CRC-32 of all of them. (A checksum thread one step behind the writes was
+    slower on this project's 2-core machine: no core is free there.)"""
+    crc = 0
+    for buf in buffers:
+        for s in range(0, len(buf), _WRITE_STEP):
+            step = buf[s : s + _WRITE_STEP]
+            _write_all(fd, step)
+            crc = _crc_range([step], crc)
+    return crc
+
+
 def write_datafile(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str], durable: bool) -> dict[str, Any]:
     """Write ``tensors`` as the safetensors file ``path`` (temporary name, then rename; ``durable``: fsynced), its
-    CRC-32 computed as the bytes are written (each MiB right after its write, from the cache). The file is
+    CRC-32 computed as the bytes are written (each MiB right after its write). The file is
     created with mode 0o666, so the umask applies. Returns the manifest's file entry ``{"name", "bytes",
     "crc32"}``.
 
@@ -71,12 +84,7 @@ def write_datafile(path: Path, tensors: dict[str, Tensor], metadata: dict[str, s
     fd = os.open(tmp, _O_CREATE, 0o666)
     try:
         try:
-            crc = 0
-            for buf in buffers:  # each step written, then its CRC: read from memory once, then from the cache
-                for s in range(0, len(buf), _WRITE_STEP):
-                    step = buf[s : s + _WRITE_STEP]
-                    _write_all(fd, step)
-                    crc = _crc_range([step], crc)
+            crc = _write_and_checksum(fd, buffers)
             if durable:
                 os.fsync(fd)
         finally:
