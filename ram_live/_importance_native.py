@@ -43,6 +43,7 @@ static inline int bad_importance(float h) { return !(h >= 0.0f) || bits(h) == 0x
 #define FAST 1
 #include <immintrin.h>
 @LOAD32@
+@STORE32@
 /* 32 importances at p + s in the lane order load32 gives the agents (in_dtype) */
 static inline void load_imp32(int in_dtype, int imp_dtype, const void *p, int64_t s, int n, __m512 *lo, __m512 *hi) {
     if (in_dtype == imp_dtype || n <= 0) { load32(imp_dtype, p, s, n, lo, hi); return; }
@@ -62,13 +63,12 @@ static inline void load_imp32(int in_dtype, int imp_dtype, const void *p, int64_
 }
 /* agent t's share of 16 entries (first: t == 0, where S = W = 0 and no rescaling is needed) */
 static inline __attribute__((always_inline)) void wagent16(__m512 a, __m512 b, __m512 h, __m512 eps, __m512 lt,
-        int plus, int first, __m512 *ns, __m512 *ws, __m512 *top, __m512 *cnt, __m512 *lam, int64_t *bad) {
+        int plus, int first, __m512 *ns, __m512 *ws, __m512 *top, __m512 *cnt, __m512 *lam, __mmask16 *bad) {
     const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
     const __m512 inf = _mm512_castsi512_ps(_mm512_set1_epi32(0x7F800000));
     const __m512 d = _mm512_sub_ps(a, b);
     const __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(d), eps, _CMP_NLE_UQ);
-    *bad += __builtin_popcount((uint32_t)(_mm512_cmp_ps_mask(h, zero, _CMP_NGE_UQ)
-                                          | _mm512_cmp_ps_mask(h, inf, _CMP_EQ_OQ)));
+    *bad |= _mm512_cmp_ps_mask(h, zero, _CMP_NGE_UQ) | _mm512_cmp_ps_mask(h, inf, _CMP_EQ_OQ);
     *cnt = _mm512_mask_add_ps(*cnt, m, *cnt, one);
     if (plus) *lam = _mm512_mask_mov_ps(*lam, m, lt);
     if (first) {
@@ -78,14 +78,16 @@ static inline __attribute__((always_inline)) void wagent16(__m512 a, __m512 b, _
         return;
     }
     if (!m) return;
+    /* one division per lane: where h is a new maximum, r = M / h rescales S and W and then w = h / h = 1; elsewhere
+       w = h / M (1 where M = 0, which leaves h = 0 too). The same values as computing both quotients. */
     const __mmask16 up = _mm512_mask_cmp_ps_mask(m, h, *top, _CMP_GT_OQ);
-    if (up) {
-        const __m512 r = _mm512_maskz_div_ps(up, *top, h);
-        *ns = _mm512_mask_mul_ps(*ns, up, *ns, r);
-        *ws = _mm512_mask_mul_ps(*ws, up, *ws, r);
-        *top = _mm512_mask_mov_ps(*top, up, h);
-    }
-    const __m512 w = _mm512_mask_div_ps(one, _mm512_mask_cmp_ps_mask(m, *top, zero, _CMP_GT_OQ), h, *top);
+    const __mmask16 pos = _mm512_mask_cmp_ps_mask(m & ~up, *top, zero, _CMP_GT_OQ);
+    const __m512 num = _mm512_mask_mov_ps(h, up, *top), den = _mm512_mask_mov_ps(*top, up, h);
+    const __m512 q = _mm512_mask_div_ps(one, up | pos, num, den);
+    *ns = _mm512_mask_mul_ps(*ns, up, *ns, q);
+    *ws = _mm512_mask_mul_ps(*ws, up, *ws, q);
+    *top = _mm512_mask_mov_ps(*top, up, h);
+    const __m512 w = _mm512_mask_mov_ps(q, up, one);
     *ns = _mm512_mask_sub_ps(*ns, m, *ns, _mm512_mul_ps(w, d));
     *ws = _mm512_mask_add_ps(*ws, m, *ws, w);
 }
@@ -97,26 +99,6 @@ static inline __attribute__((always_inline)) __m512 wtheta16(__m512 b, __m512 ns
     if (plus) r = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(cnt, one, _CMP_EQ_OQ), ns, lam);
     return _mm512_sub_ps(b, r);
 }
-static inline __attribute__((always_inline)) void wstore32(int out_dtype, int in_dtype, void *out, int64_t s, int n,
-                                                           __m512 lo, __m512 hi, int64_t *bad) {
-    float tmp[32] __attribute__((aligned(64)));
-    if (in_dtype == 1) {  /* back to entry order */
-        const __m512i i_lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-        const __m512i i_hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-        const __m512 e = lo;
-        lo = _mm512_permutex2var_ps(e, i_lo, hi);
-        hi = _mm512_permutex2var_ps(e, i_hi, hi);
-    }
-    _mm512_store_ps(tmp, lo);
-    _mm512_store_ps(tmp + 16, hi);
-    if (out_dtype == 1) {
-        uint16_t *o = (uint16_t *)out + s;
-        for (int i = 0; i < n; i++) { *bad += nonfinite_as(1, tmp[i]); o[i] = to_bf16(tmp[i]); }
-    } else {
-        float *o = (float *)out + s;
-        for (int i = 0; i < n; i++) { *bad += nonfinite_as(0, tmp[i]); o[i] = tmp[i]; }
-    }
-}
 static inline __attribute__((always_inline)) int64_t wmerge_range(
         int in_dtype, int imp_dtype, int out_dtype, int plus, const void *base, const void *const *agents,
         const void *const *imps, int k, const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
@@ -127,16 +109,18 @@ static inline __attribute__((always_inline)) int64_t wmerge_range(
         __m512 be, bo, ae, ao, he, ho;
         __m512 ns_e = zero, ns_o = zero, w_e = zero, w_o = zero, t_e = zero, t_o = zero;
         __m512 c_e = zero, c_o = zero, l_e = zero, l_o = zero;
+        __mmask16 bad_h = 0;  /* lanes with a bad importance in some agent */
         load32(in_dtype, base, s, n, &be, &bo);
         for (int t = 0; t < k; t++) {
             const __m512 lt = plus ? _mm512_set1_ps(lambdas[t]) : zero;
             load32(in_dtype, agents[t], s, n, &ae, &ao);
             load_imp32(in_dtype, imp_dtype, imps[t], s, n, &he, &ho);
-            wagent16(ae, be, he, ve, lt, plus, t == 0, &ns_e, &w_e, &t_e, &c_e, &l_e, &bad);
-            wagent16(ao, bo, ho, ve, lt, plus, t == 0, &ns_o, &w_o, &t_o, &c_o, &l_o, &bad);
+            wagent16(ae, be, he, ve, lt, plus, t == 0, &ns_e, &w_e, &t_e, &c_e, &l_e, &bad_h);
+            wagent16(ao, bo, ho, ve, lt, plus, t == 0, &ns_o, &w_o, &t_o, &c_o, &l_o, &bad_h);
         }
-        wstore32(out_dtype, in_dtype, out, s, n, wtheta16(be, ns_e, w_e, c_e, l_e, plus),
-                 wtheta16(bo, ns_o, w_o, c_o, l_o, plus), &bad);
+        bad += __builtin_popcount((uint32_t)bad_h);
+        bad += store32(in_dtype, out_dtype, out, s, n, wtheta16(be, ns_e, w_e, c_e, l_e, plus),
+                       wtheta16(bo, ns_o, w_o, c_o, l_o, plus));
     }
     return bad;
 }
@@ -194,7 +178,8 @@ int ram_weighted_simd_bits(void) {
 }
 
 /* theta* over [start, end) into out, the shared entries' mean weighted by imps; lambdas NULL: RAM. Returns the
-   number of non-finite results plus the number of bad importances. dtype codes: 0 float32, 1 bfloat16. */
+   number of non-finite results plus (at least 1 where there are any) bad importances: 0 iff all is well.
+   dtype codes: 0 float32, 1 bfloat16. */
 int64_t ram_merge_weighted(int in_dtype, int imp_dtype, int out_dtype, const void *base, const void *const *agents,
                            const void *const *imps, int k, const float *lambdas, float eps, void *out,
                            int64_t start, int64_t end) {
@@ -251,7 +236,7 @@ class Kernels:
                        lambdas: Tensor | None, eps: float, start: int, end: int) -> int:
         """θ* of flat entries ``[start, end)`` into ``out`` with the shared entries' mean weighted by
         ``importances`` (flat, one per agent); ``lambdas``: float32 λ per agent or None. Returns the number of
-        non-finite results plus that of negative/NaN/Inf importances."""
+        non-finite results plus a positive count where some importance is negative, NaN or Inf (0: all valid)."""
         k = len(agents)
         ptrs = (ctypes.c_void_p * k)(*(a.data_ptr() for a in agents))
         imps = (ctypes.c_void_p * k)(*(h.data_ptr() for h in importances))

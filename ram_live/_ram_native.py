@@ -66,6 +66,47 @@ static inline void load32(int dtype, const void *p, int64_t s, int n, __m512 *lo
 }
 """
 
+C_STORE32 = r"""
+/* float32 bits -> bfloat16 in the low half of each lane: round to nearest even, NaN -> 0x7FC0 */
+static inline __m512i bf16x16(__m512 r) {
+    __m512i u = _mm512_castps_si512(r);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i v = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                            _mm512_set1_epi32(0x7F800000));
+    return _mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7FC0));
+}
+/* Store the n <= 32 results lo/hi (in load32's lane order) at out + s; returns how many are not finite as stored
+   (bfloat16: |x| from 0x7F7F8000 up rounds to Inf; unordered, NaN, counts too). */
+static inline __attribute__((always_inline)) int store32(int in_dtype, int out_dtype, void *out, int64_t s, int n,
+                                                         __m512 lo, __m512 hi) {
+    const __mmask32 all = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1u;
+    const __mmask16 m_lo = (__mmask16)all, m_hi = (__mmask16)(all >> 16);
+    const __m512 top = _mm512_castsi512_ps(_mm512_set1_epi32(out_dtype == 1 ? 0x7F7F8000 : 0x7F800000));
+    int bad = __builtin_popcount((uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(lo), top, _CMP_NLT_UQ))
+            + __builtin_popcount((uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(hi), top, _CMP_NLT_UQ));
+    if (in_dtype == 1 && out_dtype == 1) {  /* even entries in the low halves, odd ones in the high halves */
+        __m512i v = _mm512_or_si512(bf16x16(lo), _mm512_slli_epi32(bf16x16(hi), 16));
+        _mm512_mask_storeu_epi16((uint16_t *)out + s, all, v);
+    } else if (out_dtype == 1) {
+        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(bf16x16(lo))),
+                                       _mm512_cvtepi32_epi16(bf16x16(hi)), 1);
+        _mm512_mask_storeu_epi16((uint16_t *)out + s, all, v);
+    } else {
+        if (in_dtype == 1) {  /* back to entry order: interleave the even and odd lanes */
+            const __m512i i_lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+            const __m512i i_hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+            __m512 e = lo;
+            lo = _mm512_permutex2var_ps(e, i_lo, hi);
+            hi = _mm512_permutex2var_ps(e, i_hi, hi);
+        }
+        _mm512_mask_storeu_ps((float *)out + s, m_lo, lo);
+        _mm512_mask_storeu_ps((float *)out + s + 16, m_hi, hi);
+    }
+    return bad;
+}
+"""
+
 _SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
@@ -115,44 +156,7 @@ static inline __attribute__((always_inline)) __m512 theta16(__m512 b, __m512 ns,
     if (plus) r = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(cnt, one, _CMP_EQ_OQ), ns, lam);
     return _mm512_sub_ps(b, r);
 }
-/* float32 bits -> bfloat16 in the low half of each lane: round to nearest even, NaN -> 0x7FC0 */
-static inline __m512i bf16x16(__m512 r) {
-    __m512i u = _mm512_castps_si512(r);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i v = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
-                                            _mm512_set1_epi32(0x7F800000));
-    return _mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7FC0));
-}
-/* Store the n <= 32 results lo/hi (in load32's lane order) at out + s; returns how many are not finite as stored
-   (bfloat16: |x| from 0x7F7F8000 up rounds to Inf; unordered, NaN, counts too). */
-static inline __attribute__((always_inline)) int store32(int in_dtype, int out_dtype, void *out, int64_t s, int n,
-                                                         __m512 lo, __m512 hi) {
-    const __mmask32 all = n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1u;
-    const __mmask16 m_lo = (__mmask16)all, m_hi = (__mmask16)(all >> 16);
-    const __m512 top = _mm512_castsi512_ps(_mm512_set1_epi32(out_dtype == 1 ? 0x7F7F8000 : 0x7F800000));
-    int bad = __builtin_popcount((uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(lo), top, _CMP_NLT_UQ))
-            + __builtin_popcount((uint32_t)_mm512_cmp_ps_mask(_mm512_abs_ps(hi), top, _CMP_NLT_UQ));
-    if (in_dtype == 1 && out_dtype == 1) {  /* even entries in the low halves, odd ones in the high halves */
-        __m512i v = _mm512_or_si512(bf16x16(lo), _mm512_slli_epi32(bf16x16(hi), 16));
-        _mm512_mask_storeu_epi16((uint16_t *)out + s, all, v);
-    } else if (out_dtype == 1) {
-        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(bf16x16(lo))),
-                                       _mm512_cvtepi32_epi16(bf16x16(hi)), 1);
-        _mm512_mask_storeu_epi16((uint16_t *)out + s, all, v);
-    } else {
-        if (in_dtype == 1) {  /* back to entry order: interleave the even and odd lanes */
-            const __m512i i_lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-            const __m512i i_hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-            __m512 e = lo;
-            lo = _mm512_permutex2var_ps(e, i_lo, hi);
-            hi = _mm512_permutex2var_ps(e, i_hi, hi);
-        }
-        _mm512_mask_storeu_ps((float *)out + s, m_lo, lo);
-        _mm512_mask_storeu_ps((float *)out + s + 16, m_hi, hi);
-    }
-    return bad;
-}
+@STORE32@
 static inline __attribute__((always_inline)) int64_t merge_range(
         int in_dtype, int out_dtype, int plus, const void *base, const void *const *agents, int k,
         const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
@@ -623,8 +627,10 @@ int64_t ram_rescale(int dtype, const void *base, void *out, const uint32_t *plan
 
 
 def with_shared_c(source: str) -> str:
-    """``source`` with ``@SCALAR@`` and ``@LOAD32@`` replaced by :data:`C_SCALAR` and :data:`C_LOAD32`."""
-    return source.replace("@SCALAR@", C_SCALAR.strip("\n")).replace("@LOAD32@", C_LOAD32.strip("\n"))
+    """``source`` with ``@SCALAR@``, ``@LOAD32@`` and ``@STORE32@`` replaced by :data:`C_SCALAR`,
+    :data:`C_LOAD32` and :data:`C_STORE32`."""
+    return (source.replace("@SCALAR@", C_SCALAR.strip("\n")).replace("@LOAD32@", C_LOAD32.strip("\n"))
+            .replace("@STORE32@", C_STORE32.strip("\n")))
 
 #: ``-march=native``: AVX-512 (F, BW, DQ) where the CPU has it, the portable loops elsewhere.
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-strict-aliasing", "-fno-math-errno")
