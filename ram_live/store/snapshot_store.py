@@ -16,10 +16,10 @@ from torch import Tensor
 from ..errors import ConfigError, InputMismatchError, UnsupportedInputError
 from ..methods import Activity
 from .collective import Collective, LocalCollective
-from .encoding import _encode
 from .datafiles import write_datafile
+from .encoding import _encode
 from .errors import BaseMismatchError, CorruptSnapshotError, SnapshotNotFoundError, StoreError
-from .files import _read_json, real_folder, remove_file, write_json
+from .files import _read_json, real_folder, write_json
 from .format import (
     _AGENT_RE,
     BASE_DIR,
