@@ -96,7 +96,10 @@ class SnapshotStore:
         """The base's manifest, checked in full (once per version of the file)."""
         if not real_folder(self.root / BASE_DIR):
             raise CorruptSnapshotError(f"{self.root / BASE_DIR}: not a folder (a symlink?)")
-        st = os.stat(self.base_path)
+        try:
+            st = os.stat(self.base_path)
+        except FileNotFoundError:
+            raise SnapshotNotFoundError(f"{self.root}: the store has no base yet (a writer sets it)") from None
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
         if self._base_checked is None or self._base_checked[0] != stamp:
             manifest = _read_json(self.base_path)
