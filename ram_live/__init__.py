@@ -2,10 +2,18 @@
 
 >>> from ram_live import ram_merge, merge, probe
 >>> generalist = ram_merge([coder, tool_agent, memory_agent], base=base_model)   # doctest: +SKIP
+
+The public names are imported on first use (PEP 562), so ``import ram_live`` and ``ram-live --help`` do not
+import torch; ``from ram_live import merge`` works as before.
 """
 
-from .api import merge, merge_task_vectors, ram_merge
-from .engine import MergeInfo
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
 from .errors import (
     ConfigError,
     InputMismatchError,
@@ -20,46 +28,25 @@ from .errors import (
     UnknownMethodError,
     UnsupportedInputError,
 )
-from .methods import (
-    Activity,
-    DareLinearConfig,
-    DareTiesConfig,
-    LinearConfig,
-    RamConfig,
-    RamPlusConfig,
-    RamPlusSoftConfig,
-    TaskArithmeticConfig,
-    TiesConfig,
-    available_methods,
-    get_method,
-    register_method,
-)
-from .mergekit_yaml import MergekitPlan, from_mergekit_yaml
-from .peft import (
-    RECOMMENDED_SPARSIFY,
-    AdapterMergeReport,
-    DenseDeltaWarning,
-    RelativeThreshold,
-    TopK,
-    UnsupportedAdapterError,
-    lora_deltas,
-    ram_merge_adapter_files,
-    ram_merge_adapters,
-    refactor,
-)
-from .importance import adam_importance, empirical_fisher
-from .probe import ProbeReport, probe
-from .schedule import MergeResult, RAMSchedule
-from .search import ExtrapolationWarning, SearchResult, search
-from .store import (
-    BaseMismatchError,
-    CorruptSnapshotError,
-    Snapshot,
-    SnapshotNotFoundError,
-    SnapshotStore,
-    SnapshotWriter,
-    StoreError,
-)
+
+_EXPORTS: dict[str, str] = {  # public name -> the submodule it comes from, imported on first use
+    "merge": ".api", "merge_task_vectors": ".api", "ram_merge": ".api",
+    "MergeInfo": ".engine",
+    "Activity": ".methods", "DareLinearConfig": ".methods", "DareTiesConfig": ".methods", "LinearConfig": ".methods",
+    "RamConfig": ".methods", "RamPlusConfig": ".methods", "RamPlusSoftConfig": ".methods",
+    "TaskArithmeticConfig": ".methods", "TiesConfig": ".methods", "available_methods": ".methods",
+    "get_method": ".methods", "register_method": ".methods",
+    "MergekitPlan": ".mergekit_yaml", "from_mergekit_yaml": ".mergekit_yaml",
+    "RECOMMENDED_SPARSIFY": ".peft", "AdapterMergeReport": ".peft", "DenseDeltaWarning": ".peft",
+    "RelativeThreshold": ".peft", "TopK": ".peft", "UnsupportedAdapterError": ".peft", "lora_deltas": ".peft",
+    "ram_merge_adapter_files": ".peft", "ram_merge_adapters": ".peft", "refactor": ".peft",
+    "adam_importance": ".importance", "empirical_fisher": ".importance",
+    "ProbeReport": ".probe", "probe": ".probe",
+    "MergeResult": ".schedule", "RAMSchedule": ".schedule",
+    "ExtrapolationWarning": ".search", "SearchResult": ".search", "search": ".search",
+    "BaseMismatchError": ".store", "CorruptSnapshotError": ".store", "Snapshot": ".store",
+    "SnapshotNotFoundError": ".store", "SnapshotStore": ".store", "SnapshotWriter": ".store", "StoreError": ".store",
+}
 
 __version__ = "0.1.0"
 
@@ -79,3 +66,30 @@ __all__ = [
     "UnknownMethodError", "MethodExistsError", "MissingBaseError", "UnsupportedInputError", "OutOfSpaceError",
     "OutputExistsError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """``ram_live.probe`` and ``ram_live.search`` are functions that share their name with a submodule: importing
+    the submodule (``import ram_live.probe``) sets the package's attribute to the module; keep the function."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
+            value = getattr(value, name, value)
+        super().__setattr__(name, value)
+
+
+_SHADOWED = frozenset(n for n, m in _EXPORTS.items() if m == "." + n)
+sys.modules[__name__].__class__ = _Package

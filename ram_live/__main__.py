@@ -1,3 +1,5 @@
+"""``python -m ram_live``: the ``ram-live`` command."""
+
 import sys
 
 from .cli import main

@@ -79,6 +79,10 @@ def _json_float(x: float) -> float | str | None:
     return x
 
 
+def _rho_text(rho: float) -> str:
+    return "inf" if rho == float("inf") else f"{rho:.3f}"
+
+
 def layer_of(key: str) -> str:
     """The layer a tensor belongs to: up to its first numeric path component, else its module path."""
     match = re.match(r"^(.*?\.\d+)\.", key)
@@ -129,15 +133,16 @@ class ProbeReport:
 
     def table(self) -> str:
         """A text table: per agent, then pairwise overlap and the histogram of c."""
-        head = (f"{'agent':<16}{'active':>12}{'density':>9}{'unique':>12}{'shared':>12}{'uniq%':>7}"
-                f"{'rho':>8}{'λ ram+':>8}{'λ ram+s':>8}")
-        lines = [head, "-" * len(head)]
-        for name in self.agent_names:
-            s = self.agents[name]
-            lines.append(
-                f"{name[:15]:<16}{s.active:>12,}{s.density:>9.2%}{s.unique:>12,}{s.shared:>12,}"
-                f"{s.unique_share:>7.1%}{s.rho:>8.3f}{s.lambdas['ram_plus']:>8.4f}{s.lambdas['ram_plus_soft']:>8.4f}"
-            )
+        head = ("agent", "active", "density", "unique", "shared", "uniq%", "rho", "λ ram+", "λ ram+s")
+        rows = [head] + [
+            (name, f"{s.active:,}", f"{s.density:.2%}", f"{s.unique:,}", f"{s.shared:,}", f"{s.unique_share:.1%}",
+             _rho_text(s.rho), f"{s.lambdas['ram_plus']:.4f}", f"{s.lambdas['ram_plus_soft']:.4f}")
+            for name, s in ((n, self.agents[n]) for n in self.agent_names)
+        ]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]  # from the content: any ρ, any name
+        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                 for r in rows]
+        lines.insert(1, "-" * len(lines[0]))
         lines.append("")
         lines.append("pairwise: jaccard (independent masks would give) / cosine")
         for i, a in enumerate(self.agent_names):

@@ -1,7 +1,7 @@
 """``ram-live search``: pick the merge that scores best on your evaluation function, write it and the table.
 
     ram-live search coder=ckpt/coder tools=ckpt/tools --base ckpt/base --eval mypkg.evals:held_out \\
-        --budget 60 --out searched/ [--confirm mypkg.evals:test] [--space '["ram_plus", "lambdas"]'] [--json]
+        --budget 60 --out searched/ [--confirm mypkg.evals:test] [--space '["ram_plus", "lambdas"]'] [--json] [--force]
 
 ``--eval`` names ``package.module:function``; the function receives the merged model as a state dict
 (``{name: tensor}``, the base's dtypes, on ``--device``) and returns a float, higher is better. The current
@@ -26,21 +26,11 @@ __all__ = ["add_parser", "run_search", "load_function"]
 
 
 def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register the ``search`` subcommand (``common``: the shared agents/--base/--store/--device options)."""
-    s = sub.add_parser("search", help="pick the merge that scores best on your evaluation (writes it and a table)")
-    common(s)
-    s.add_argument("--eval", required=True, metavar="MODULE:FUNCTION",
-                   help="evaluation: a function state_dict -> float (higher is better), e.g. mypkg.evals:held_out")
-    s.add_argument("--out", required=True, help="output folder: the best merge, search.json, table.txt")
-    s.add_argument("--budget", type=int, default=60, help="the most evaluations (default 60)")
-    s.add_argument("--seed", type=int, default=0, help="orders the coordinate ascents, seeds DARE (default 0)")
-    s.add_argument("--space", default=None, metavar="JSON",
-                   help="what to try, as JSON: a list of families/candidates or {family: grid} (default: all)")
-    s.add_argument("--confirm", default=None, metavar="MODULE:FUNCTION",
-                   help="a second held-out evaluation of the top candidates (reported next to the score)")
-    s.add_argument("--confirm-top", type=int, default=3, help="how many candidates --confirm scores (default 3)")
-    s.add_argument("--plot", metavar="PNG", help="also save the scores by family (needs matplotlib)")
-    s.add_argument("--json", action="store_true", help="print search.json to stdout instead of the table")
+    """Register the ``search`` subcommand (``common``: the shared agents/--base/--store/--device options); the
+    parser itself lives in ``ram_live._cli_parser``, which imports no torch."""
+    from .._cli_parser import _search
+
+    _search(sub, common)
 
 
 def load_function(spec: str, option: str = "--eval") -> Callable[[Any], float]:
@@ -62,15 +52,22 @@ def load_function(spec: str, option: str = "--eval") -> Callable[[Any], float]:
 
 def run_search(args: argparse.Namespace) -> int:
     """The ``search`` subcommand: check the output first, search, write the winner and the table."""
-    from .. import merge
-    from ..cli import _inputs
-    from ..sinks import _output_target
-    from .result import from_json
-    from .run import search
+    from .._cli_output import replacing
 
     out = Path(args.out)
     if out.suffix == ".safetensors":
         raise ConfigError("--out of search is a folder (the merge, search.json and table.txt go in it)")
+    with replacing(out, getattr(args, "force", False)):
+        return _search_into(args, out)
+
+
+def _search_into(args: argparse.Namespace, out: Path) -> int:
+    from .._cli_commands import inputs
+    from ..api import merge
+    from ..sinks import _output_target
+    from .result import from_json
+    from .run import search
+
     _output_target(out, single=False)  # before a long search: a non-empty or unusable --out is refused now
     space = None
     if args.space is not None:
@@ -80,7 +77,7 @@ def run_search(args: argparse.Namespace) -> int:
             raise ConfigError(f"--space is not JSON: {exc}") from None
     evaluate = load_function(args.eval)
     confirm = load_function(args.confirm, "--confirm") if args.confirm else None
-    agents, base = _inputs(args)
+    agents, base = inputs(args)
     result = search(agents, base=base, evaluate=evaluate, budget=args.budget, space=space, seed=args.seed,
                     confirm=confirm, confirm_top=args.confirm_top, device=args.device)
     merge(agents, base=base, out=out, device=args.device, **result.best)

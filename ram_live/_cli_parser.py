@@ -1,0 +1,153 @@
+"""The ``ram-live`` argument parser, built without importing torch (``ram-live --help`` stays fast): the method
+names are a static tuple that ``tests/test_cli_conventions.py`` keeps equal to :func:`ram_live.available_methods`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from . import __version__
+
+__all__ = ["build_parser", "METHOD_NAMES", "DTYPE_NAMES", "common_options"]
+
+#: The registered merge methods (``ram_live.available_methods()`` without importing torch).
+METHOD_NAMES = ("dare_linear", "dare_ties", "linear", "ram", "ram_plus", "ram_plus_soft", "task_arithmetic", "ties")
+#: ``--dtype`` spellings -> the torch dtype's name.
+DTYPE_NAMES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+               "fp32": "float32", "float32": "float32"}
+_METHODS_HELP = ", ".join(METHOD_NAMES)
+
+
+def _debug(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+
+
+def _force(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="replace an output that exists when the command starts (moved aside, removed once the new "
+                        "one is in place, put back on failure); never one created while it runs")
+
+
+def common_options(p: argparse.ArgumentParser) -> None:
+    """The agents/--base/--store/--device/--quiet/--debug options of probe, merge and search."""
+    p.add_argument("agents", nargs="*", help="agent checkpoints: file.safetensors or HF folder, or name=path")
+    p.add_argument("--base", help="the base checkpoint every agent was trained from (not with --store)")
+    p.add_argument("--store", help="a snapshot store: the latest snapshot of every agent (or of the named "
+                                   "agents), with the store's base")
+    p.add_argument("--device", default=None, help="compute device (default: cpu)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    _debug(p)
+
+
+def _probe(sub: Any) -> None:
+    p = sub.add_parser("probe", help="density, shared/unique entries, rho and lambda per agent")
+    common_options(p)
+    p.add_argument("--eps", type=float, default=1e-5,
+                   help="an entry counts as updated when |agent - base| > EPS (activity 'abs'; default 1e-5)")
+    p.add_argument("--activity", choices=("abs", "changed"), default="abs",
+                   help="activity rule: 'abs' (|delta| > eps) or 'changed' (any bit differs); default abs")
+    p.add_argument("--r", type=float, default=0.1,
+                   help="RAM+ rescaling strength r in lambda = 1 + r * clip(rho, 0, alpha) (default 0.1)")
+    p.add_argument("--alpha", type=float, default=2.0, help="RAM+ clip of rho, alpha (default 2.0)")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="the report as JSON: alone (or '-') on stdout instead of the table; with FILE, written "
+                        "there next to the table")
+    p.add_argument("--plot", metavar="PNG", help="save per-layer heatmaps (needs ram-live[plot])")
+
+
+def _merge(sub: Any) -> None:
+    m = sub.add_parser("merge", help="merge agents into a new checkpoint")
+    common_options(m)
+    m.add_argument("--out", required=True, help="output folder (HF layout) or file.safetensors")
+    m.add_argument("--method", default="ram_plus", help=f"merge method: {_METHODS_HELP} (default: ram_plus)")
+    m.add_argument("--config", metavar="YML", help="a mergekit YAML config: models, base, method and options "
+                                                   "come from it (needs ram-live[yaml]; see docs/mergekit.md)")
+    m.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="method option, e.g. -O density=0.2 -O weights=[1,2]; repeatable")
+    m.add_argument("--dtype", choices=sorted(DTYPE_NAMES), default=None, help="output dtype (default: the base's)")
+    m.add_argument("--max-shard-size", type=float, default=5.0, metavar="GB", help="shard size in GB (default 5)")
+    m.add_argument("--distributed", action="store_true",
+                   help="under torchrun: split the tensors over the ranks (gloo on CPU, nccl with --device cuda)")
+    m.add_argument("--json", action="store_true", help="print what the merge did as one JSON object")
+    _force(m)
+
+
+def _merge_adapters(sub: Any) -> None:
+    a = sub.add_parser("merge-adapters", help="merge PEFT LoRA adapter folders (into a new adapter, or a model)")
+    a.add_argument("adapters", nargs="+", help="PEFT adapter folders (adapter_config.json + adapter_model."
+                                               "safetensors), or name=folder")
+    a.add_argument("--out", required=True, help="output: an adapter folder; with --into-base, a model folder (HF "
+                                                "layout) or file.safetensors")
+    a.add_argument("--base", help="the base model (safetensors file or HF folder); only with --into-base")
+    a.add_argument("--into-base", action="store_true",
+                   help="fold the merged delta into --base and write the model, instead of a new adapter")
+    a.add_argument("--method", default="ram_plus", help=f"merge method: {_METHODS_HELP} (default: ram_plus)")
+    a.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="method option, e.g. -O density=0.2; repeatable")
+    a.add_argument("--rank", type=int, default=None,
+                   help="rank of the merged adapter (default: the largest input rank)")
+    a.add_argument("--energy", type=float, default=None,
+                   help="per module the smallest rank whose singular values keep this fraction of the energy (at most --rank)")
+    a.add_argument("--sparsify", default="auto", metavar="RULE",
+                   help="which delta entries count as updated: auto (the recommended rule for RAM), none, "
+                        "topk[:DENSITY], relative[:THRESHOLD] (default auto)")
+    a.add_argument("--dtype", choices=sorted(DTYPE_NAMES), default=None,
+                   help="output dtype (default: the adapters' for an adapter, the base's for a model)")
+    a.add_argument("--device", default=None, help="compute device (default: cpu)")
+    a.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+    a.add_argument("--json", action="store_true", help="print the merge report as one JSON object")
+    _force(a)
+    _debug(a)
+
+
+def _stores_and_clean(sub: Any) -> None:
+    st = sub.add_parser("stores", help="what a snapshot store holds")
+    st.add_argument("store", help="the snapshot store folder")
+    st.add_argument("--json", action="store_true", help="print JSON")
+    st.add_argument("--verify", action="store_true",
+                    help="check every manifest and data file (sizes, tensors, CRC-32); exit status 1 on damage")
+    _debug(st)
+    c = sub.add_parser("clean", help="remove the temporary folders killed merges left in a folder")
+    c.add_argument("folder", help="the folder outputs were written into (the parent of --out)")
+    c.add_argument("--min-age", type=float, default=None, metavar="S",
+                   help="only folders unchanged for S seconds (default 60); live merges are never touched")
+    c.add_argument("--json", action="store_true", help="print the removed folders as one JSON object")
+    _debug(c)
+
+
+def _search(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    s = sub.add_parser("search", help="pick the merge that scores best on your evaluation (writes it and a table)")
+    common(s)
+    s.add_argument("--eval", required=True, metavar="MODULE:FUNCTION",
+                   help="evaluation: a function state_dict -> float (higher is better), e.g. mypkg.evals:held_out")
+    s.add_argument("--out", required=True, help="output folder: the best merge, search.json, table.txt")
+    s.add_argument("--budget", type=int, default=60, help="the most evaluations (default 60)")
+    s.add_argument("--seed", type=int, default=0, help="orders the coordinate ascents, seeds DARE (default 0)")
+    s.add_argument("--space", default=None, metavar="JSON",
+                   help="what to try, as JSON: a list of families/candidates or {family: grid} (default: all)")
+    s.add_argument("--confirm", default=None, metavar="MODULE:FUNCTION",
+                   help="a second held-out evaluation of the top candidates (reported next to the score)")
+    s.add_argument("--confirm-top", type=int, default=3, help="how many candidates --confirm scores (default 3)")
+    s.add_argument("--plot", metavar="PNG", help="also save the scores by family (needs matplotlib)")
+    s.add_argument("--json", action="store_true", help="print search.json to stdout instead of the table")
+    _force(s)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``ram-live`` parser (``verl-snapshot`` only named: its own parser parses its arguments)."""
+    parser = argparse.ArgumentParser(prog="ram-live", description="Merge RL-trained agents with RAM.",
+                                     epilog=f"merge methods: {_METHODS_HELP}. Errors: one line on stderr, exit "
+                                            "status 2 (bad input) or 1. docs/cli.md has every option.")
+    parser.add_argument("--version", action="version", version=f"ram-live {__version__}",
+                        help="print the version and exit")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _probe(sub)
+    _merge(sub)
+    _merge_adapters(sub)
+    _search(sub, common_options)
+    _stores_and_clean(sub)
+    v = sub.add_parser("verl-snapshot", add_help=False, help="turn verl checkpoints into snapshots (see --help)")
+    v.add_argument("rest", nargs=argparse.REMAINDER, help="verl-snapshot's options (ram-live verl-snapshot --help)")
+    return parser
