@@ -1,4 +1,5 @@
-"""`import ram_live` pulls in none of the optional extras."""
+"""`import ram_live` pulls in none of the optional extras, nor torch (its exports load on first use), and every
+public name imports."""
 
 import subprocess
 import sys
@@ -13,6 +14,28 @@ def test_import_imports_no_extra():
         "assert not loaded, loaded\n"
         "ram_live.probe([{'w': __import__('torch').ones(2)}], base={'w': __import__('torch').zeros(2)}).table()\n"
         f"assert not [m for m in {EXTRAS!r} if m in sys.modules]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_public_name_imports_lazily():
+    code = (
+        "import sys, ram_live\n"
+        "assert 'torch' not in sys.modules\n"
+        "import ram_live.probe, ram_live.search.run\n"  # importing the submodules keeps the functions
+        "assert callable(ram_live.probe) and callable(ram_live.search)\n"
+        "from ram_live import *\n"
+        "missing = [n for n in ram_live.__all__ if n not in globals()]\n"
+        "assert not missing, missing\n"
+        "assert set(ram_live.__all__) <= set(dir(ram_live))\n"
+        "from ram_live import merge, ram_merge, SnapshotStore, RAMSchedule, TopK\n"
+        "import ram_live.integrations.lightning, ram_live.integrations.transformers, ram_live.integrations.verl\n"
+        "try:\n"
+        "    ram_live.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    assert 'no_such_name' in str(exc)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
