@@ -159,3 +159,31 @@ def test_setting_validation_and_errors(setup):
     sched.attach(_net())
     with pytest.raises(ConfigError, match="needs an evaluation"):
         sched.on_step(b, 8)
+
+
+def _ddp_search(rank, tmp, targets):
+    """Both ranks hold the same replicated model; each scores candidates against its own target: the search
+    sees the mean over ranks, so both choose the same merge."""
+    b = _net()
+    _train(b, 2)
+    target = targets[rank]
+    setting = SearchSetting(evaluate=lambda m: {"d": _distance(m, target)}, metric="d", mode="min", budget=10)
+    sched = RAMSchedule(tmp / "store", "b", merge_every=4, search=setting, durable=False)
+    sched.attach(_net())
+    metrics = sched.on_step(b, 4)
+    (tmp / f"rank{rank}.json").write_text(json.dumps({"best": sched.last_search["best"],
+                                                      "score": metrics["ram/search/best_score"]}))
+
+
+def test_ddp_ranks_choose_the_same_merge_on_scores_averaged_over_ranks(setup, tmp_path):
+    from tests.test_distributed import spawn
+
+    store, base_sd, b, target = setup
+    other = {k: v + 0.3 for k, v in target.items()}
+    spawn(_ddp_search, store.parent, [target, other])
+    ranks = [json.loads((store.parent / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0] == ranks[1]
+    snaps = SnapshotStore(store).latest_all(["a", "b"])
+    m = _net()
+    m.load_state_dict(merge(snaps, base=base_sd, **load_choice(store / "_search" / "b" / "step_4.json")))
+    assert ranks[0]["score"] == pytest.approx((_distance(m, target) + _distance(m, other)) / 2, rel=1e-9)
