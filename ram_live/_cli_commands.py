@@ -99,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
 def _probe(args: argparse.Namespace) -> int:
     from .probe import probe
 
+    if args.json not in (None, "-") and ("=" in args.json or args.json.endswith(".safetensors")
+                                         or os.path.isdir(args.json)):
+        raise ConfigError(f"--json {args.json}: that looks like an agent, not the report's file; put --json after "
+                          "the agents, or write --json=FILE")
     agents, base = inputs(args)
     report = probe(agents, base=base, eps=args.eps, activity=args.activity, r=args.r, alpha=args.alpha,
                    device=args.device)
