@@ -170,7 +170,8 @@ def merge(
     :func:`ram_live.importance.adam_importance`); the shared entries become the importance-weighted mean of the
     active agents' τ (the plain mean where every active agent's importance is 0; equal importances: RAM's bits).
     Every merged agent needs one with every merged tensor; negative, NaN or Inf entries are errors naming agent
-    and tensor.
+    and tensor. Without ``importance``, snapshots of a store that all carry importances are weighted by them
+    (``MergeInfo.extra["importance"] == "store"``); when only some do, a StoreWarning and plain RAM.
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP
@@ -179,6 +180,11 @@ def merge(
     method_obj = get_method(method)
     cfg = make_config(method, config, **options)
     agents, base_src = _sources(models, base)
+    how = "given"
+    if importance is None and "importance" in getattr(method_obj, "auxiliary", ()):
+        from .store.importance import stored_importance
+
+        importance, how = stored_importance(models)  # snapshots that all carry importances: use them
     aux = None if importance is None else {"importance": importance_sources(importance, [a.name for a in agents])}
     if inplace and not isinstance(base, nn.Module):
         raise ConfigError("inplace=True needs the base to be an nn.Module")
@@ -213,7 +219,7 @@ def merge(
             auxiliary=aux,
         )
         if importance is not None:
-            info.extra["importance"] = "given"
+            info.extra["importance"] = how
         result = sink.finish()
     except BaseException:
         sink.abort()

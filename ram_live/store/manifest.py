@@ -1,6 +1,6 @@
 """What a valid manifest is, checked in full before any file it names is opened or deleted.
 
-A snapshot manifest (format ``ram_live.snapshot``, version 1 or 2) is an object with
+A snapshot manifest (format ``ram_live.snapshot``, version 1, 2 or 3) is an object with
 
 * ``agent``, ``step``: those of its file name (``<agent>/<step:012d>.json``);
 * ``files``: a list of ``{"name", "bytes", "crc32"}``; each name a plain data file name of this very step
@@ -12,6 +12,9 @@ A snapshot manifest (format ``ram_live.snapshot``, version 1 or 2) is an object 
   changed entries: ``none`` (count 0, no data), ``dense`` (0 <= count <= n; ``values``), ``indices`` and
   ``bitmask`` (0 <= count <= n; ``values`` and ``positions``), never the same (file, tensor name) twice;
 * ``keys`` (every name, no duplicates) = the tensors and the ``aliases`` (tied name -> tensor);
+* version 3 only, ``importance`` = ``{"encoding": "log8", "steps_per_octave": 8}`` (:mod:`.importance`): then
+  every stored piece (encoding other than ``none``) of a floating non-buffer tensor, and no other piece, has
+  ``importance`` (a U8 tensor of ``count`` entries, ``n`` for ``dense``) and ``importance_max`` (finite, >= 0);
 * ``stats`` equal to what the tensors and files add up to (numel, changed, bytes, dense_bytes), ``activity``
   ``{"rule": "changed"}`` or ``{"rule": "abs", "eps": e >= 0}``, and ``base_fingerprint``.
 
@@ -44,7 +47,9 @@ ENCODINGS = ("none", "indices", "bitmask", "dense")
 _CRC_RE = re.compile(r"^[0-9a-f]{8}$")
 _MAX_DIMS = 64
 _MAX_NAME = 4096
-_SNAPSHOT_PIECE = {"offsets", "shape", "encoding", "count", "file", "values", "positions"}
+_SNAPSHOT_PIECE = {"offsets", "shape", "encoding", "count", "file", "values", "positions", "importance",
+                   "importance_max"}
+_FLOATS = frozenset({"float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
 _BASE_PIECE = {"offsets", "shape", "file", "values"}
 
 
@@ -74,6 +79,7 @@ class Checked:
 class _Ctx:
     def __init__(self, agent: str | None, step: int | None) -> None:
         self.agent, self.step = agent, step
+        self.importance = False  # version 3 snapshots with an "importance" head: every stored parameter piece has them
         self.where = "the store's base manifest" if agent is None else f"agent {agent!r} step {step}: manifest"
 
     def fail(self, message: str, file: str | None = None) -> NoReturn:
@@ -214,6 +220,16 @@ def _pieces(key: str, entry: dict[str, Any], files: list[FileEntry], ctx: _Ctx, 
         for name_key, wanted in has.items():
             if (name_key in p) != wanted:
                 ctx.fail(f"{what}: encoding {encoding!r} {'needs' if wanted else 'has no'} {name_key!r}")
+        stores = encoding != "none" and not entry.get("buffer") and dtype in _FLOATS
+        if ("importance" in p) != (stores and ctx.importance) or ("importance_max" in p) != ("importance" in p):
+            ctx.fail(f"{what}: {'needs' if stores and ctx.importance else 'has no'} 'importance' and "
+                     "'importance_max' (a snapshot with importances has them on every stored piece of a floating "
+                     "parameter, and only there)")
+        if "importance" in p:
+            top = p["importance_max"]
+            if type(top) not in (int, float) or not 0 <= top < math.inf:
+                ctx.fail(f"{what}: importance_max must be a finite number >= 0, got {top!r:.40}")
+            need("importance", frozenset({"U8"}), None, n if encoding == "dense" else count)
         if encoding == "dense":
             need("values", st_dtype, None, n)
         elif encoding == "indices":
@@ -264,6 +280,11 @@ def check_snapshot(m: Any, agent: str, step: int) -> Checked:
     if m.get("agent") != agent or m.get("step") != step or not _is_int(m.get("step")):
         ctx.fail(f"it says agent {m.get('agent')!r:.80} step {m.get('step')!r:.20}")
     _name(m.get("base_fingerprint"), ctx, "base_fingerprint")
+    if "importance" in m:
+        if version < 3 or m["importance"] != {"encoding": "log8", "steps_per_octave": 8}:
+            ctx.fail(f"importance must be {{'encoding': 'log8', 'steps_per_octave': 8}} in a version 3 manifest, "
+                     f"got {m['importance']!r:.80} (version {version})")
+        ctx.importance = True
     files = _files(m, ctx, version, lambda name: data_step(name) == step)
     numel, changed, dense = _table(m, files, ctx, snapshot=True)
     stats = _dict(m.get("stats"), ctx, "stats")

@@ -174,6 +174,18 @@ class Snapshot(_ManifestTable):
     def base_source(self) -> StoreBase:
         return self._base
 
+    @property
+    def importance(self) -> Any:
+        """The importances stored with this snapshot (a :class:`~ram_live.store.importance.ImportanceSource`:
+        float32, the parameters' shapes, 0 at entries the snapshot did not store), or None when it has none.
+        ``merge(..., importance={name: snap.importance, ...})`` takes it; ``ram_merge(store.latest_all())`` uses
+        it by itself when every agent has one."""
+        if "importance" not in self.manifest:
+            return None
+        from .importance import ImportanceSource
+
+        return ImportanceSource(self)
+
     def verify(self) -> int:
         """Check the checksum of every data file of this snapshot and of the store's base now (else each is
         checked on first use); :class:`CorruptSnapshotError` naming agent, step and file on a mismatch. Returns
@@ -258,6 +270,12 @@ class BoxSource:
     def base_source(self) -> Any:
         base = self.source.base_source()
         return BoxSource(base, self.boxes, "base")
+
+    @property
+    def importance(self) -> Any:
+        """The underlying snapshot's importances seen through the same boxes (None when it has none)."""
+        imp = getattr(self.source, "importance", None)
+        return None if imp is None else BoxSource(imp, self.boxes, imp.name)
 
 
 @dataclass(frozen=True)

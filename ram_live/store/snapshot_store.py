@@ -41,7 +41,9 @@ from .maintenance import collect_garbage, remove_snapshot, remove_unreferenced
 from .manifest import Checked, check_base, check_snapshot
 from .reading import Snapshot, SnapshotInfo, StoreBase
 from .verify import VerifyReport, verify_store
-from .writer import SnapshotTotals, SnapshotWriter, _activity, _piece_entry, _Totals
+from .importance import HEAD as IMPORTANCE_HEAD
+from .importance import IMPORTANCE_VERSION, encode_active, local_importance
+from .writer import SnapshotTotals, SnapshotWriter, _activity, _piece_entry, _Totals, takes_importance
 
 
 class SnapshotStore:
@@ -323,23 +325,28 @@ class SnapshotStore:
                               clone_base=clone_base, writer=writer)
 
     def snapshot(self, agent: str, model: Any, step: int, *, epoch: int | None = None,
-                 extra: Mapping[str, Any] | None = None, activity: str = "changed", eps: float = 0.0) -> Snapshot:
+                 extra: Mapping[str, Any] | None = None, activity: str = "changed", eps: float = 0.0,
+                 importance: Mapping[str, Tensor] | None = None) -> Snapshot:
         """Snapshot ``model`` against the store's base read from disk tensor by tensor (one process, no DTensors;
-        a training loop should hold a :meth:`writer`, which keeps the base on the weights' device)."""
+        a training loop should hold a :meth:`writer`, which keeps the base on the weights' device).
+        ``importance``: per-parameter importances kept at the active entries (:meth:`SnapshotWriter.snapshot`)."""
         base = self.base_source()
         local = LocalModel.from_obj(model)
         rule = _activity(activity, eps)
         parts, total = [], _Totals()
         pieces: dict[str, list[dict[str, Any]]] = {}
         tensors: dict[str, Tensor] = {}
+        if local.sharded:
+            raise UnsupportedInputError("store.snapshot takes whole tensors; use a writer for sharded models")
+        imps = {key: local_importance(importance, key, t.tensor.shape, agent, t.tensor.device)
+                for key, t in local.tensors.items() if importance is not None and takes_importance(t)}
         for key, t in local.tensors.items():
-            if local.sharded:
-                raise UnsupportedInputError("store.snapshot takes whole tensors; use a writer for sharded models")
             b = base.get(key).to(t.tensor.device)
             if b.dtype != t.tensor.dtype or tuple(b.shape) != tuple(t.tensor.shape):
                 raise InputMismatchError(f"tensor {key!r} does not match the store's base", key=key, agent=agent)
             enc = _encode(t.tensor.reshape(-1), b.reshape(-1), rule)
-            pieces[key] = [_piece_entry(key, 0, t, enc, tensors)]
+            pieces[key] = [_piece_entry(key, 0, t, enc, tensors, encode_active(imps[key], enc) if key in imps
+                                        else None)]
             total.add(t, enc)
         nonce = uuid.uuid4().hex[:12]
         parts.append(self.write_part(agent, step, nonce, 0, tensors, pieces))
@@ -373,6 +380,9 @@ class SnapshotStore:
             "activity": {"rule": rule.rule} if rule.rule == "changed" else {"rule": rule.rule, "eps": rule.eps},
             "parts": len(parts), "extra": dict(extra or {}),
         }
+        if any("importance" in p for part in parts for ps in part["pieces"].values() for p in ps):
+            head["version"] = IMPORTANCE_VERSION  # readers before version 3 would refuse the new fields
+            head["importance"] = dict(IMPORTANCE_HEAD)
         manifest = self.compose_manifest(parts, local, head)
         files_bytes = sum(int(f["bytes"]) for f in manifest["files"])
         manifest["stats"] = {"numel": totals.numel, "changed": totals.changed, "bytes": files_bytes,

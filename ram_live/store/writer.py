@@ -15,6 +15,7 @@ from ..methods import Activity
 from .collective import Collective, LocalCollective
 from .encoding import _Encoded, _encode_many
 from .format import _dtype_name
+from .importance import encode_active, local_importance
 from .local import LocalModel, LocalTensor
 
 if TYPE_CHECKING:
@@ -64,9 +65,15 @@ class _Totals:
         return max(self._by_dtype, key=self._by_dtype.__getitem__) if self._by_dtype else None
 
 
-def _piece_entry(key: str, rank: int, t: LocalTensor, enc: _Encoded, tensors: dict[str, Tensor]) -> dict[str, Any]:
+def _piece_entry(key: str, rank: int, t: LocalTensor, enc: _Encoded, tensors: dict[str, Tensor],
+                 importance: tuple[Tensor, float] | None = None) -> dict[str, Any]:
     entry: dict[str, Any] = {"offsets": list(t.offsets), "shape": list(t.tensor.shape), "encoding": enc.encoding,
                              "count": enc.count}
+    if importance is not None:
+        name = f"{key}@{rank}/importance"
+        tensors[name] = importance[0]
+        entry["importance"] = name
+        entry["importance_max"] = importance[1]
     if enc.values is not None:
         name = f"{key}@{rank}/values"
         tensors[name] = enc.values
@@ -108,15 +115,29 @@ class SnapshotWriter:
             self.fingerprint = store.set_base(self.base, collective=self.collective, writer=writer)
 
     def snapshot(self, model: Any, step: int, *, epoch: int | None = None,
-                 extra: Mapping[str, Any] | None = None) -> Snapshot | None:
+                 extra: Mapping[str, Any] | None = None,
+                 importance: Mapping[str, Tensor] | None = None) -> Snapshot | None:
         """Write ``model``'s snapshot at ``step`` (all ranks call it when sharded; rank 0 returns the
-        :class:`Snapshot`, the others None)."""
+        :class:`Snapshot`, the others None).
+
+        Args:
+            model: the agent (module, state dict or source; DTensor parameters: this rank's shards).
+            step: the training step (names the snapshot).
+            epoch, extra: recorded in the manifest.
+            importance: ``{parameter name: non-negative tensor of its shape}`` (e.g.
+                :func:`ram_live.importance.adam_importance`; DTensors: their local shards are kept with the
+                local shards of the weights), stored at the snapshot's active entries (:mod:`.importance`).
+
+        Example:
+            >>> writer.snapshot(model, step=50, importance=adam_importance(opt, model))      # doctest: +SKIP
+        """
         local = LocalModel.from_obj(model, name=self.agent)
         local.check_like(self.base, self.agent)
-        return self.write(self.capture(local), step, epoch=epoch, extra=extra)
+        return self.write(self.capture(local, importance=importance), step, epoch=epoch, extra=extra)
 
-    def capture(self, model: Any) -> Capture:
-        """The changed values of every owned tensor, on the CPU (the part of a snapshot a rank writes)."""
+    def capture(self, model: Any, importance: Mapping[str, Tensor] | None = None) -> Capture:
+        """The changed values of every owned tensor (and their ``importance``, see :meth:`snapshot`), on the CPU
+        (the part of a snapshot a rank writes). Importances are checked before anything is written."""
         local = model if isinstance(model, LocalModel) else LocalModel.from_obj(model, name=self.agent)
         tensors: dict[str, Tensor] = {}
         pieces: dict[str, list[dict[str, Any]]] = {}
@@ -125,9 +146,13 @@ class SnapshotWriter:
         with torch.no_grad():
             keys = [key for key, t in local.tensors.items() if t.owner and self.writes]
             pairs = [(local.tensors[key].tensor.reshape(-1), self.base.tensors[key].tensor.reshape(-1)) for key in keys]
+            imps = {key: local_importance(importance, key, local.tensors[key].tensor.shape, self.agent,
+                                          local.tensors[key].tensor.device)
+                    for key in keys if importance is not None and takes_importance(local.tensors[key])}
             for key, enc in zip(keys, _encode_many(pairs, self.rule)):
                 t = local.tensors[key]
-                pieces[key] = [_piece_entry(key, rank, t, enc, tensors)]
+                imp = encode_active(imps[key], enc) if key in imps else None
+                pieces[key] = [_piece_entry(key, rank, t, enc, tensors, imp)]
                 totals.add(t, enc)
         return Capture(local, tensors, pieces, totals)
 
@@ -149,6 +174,11 @@ class SnapshotWriter:
                                               totals, epoch, extra)
         c.barrier()
         return snap
+
+
+def takes_importance(t: LocalTensor) -> bool:
+    """Whether a snapshot with importances stores them for this tensor (floating parameters, not buffers)."""
+    return not t.is_buffer and t.tensor.dtype.is_floating_point
 
 
 @dataclass
