@@ -138,6 +138,13 @@ def test_json_of_probe_merge_stores_clean_and_search(files, capsys, monkeypatch)
                  "--space", '["linear"]', "--out", str(tmp / "s"), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result == json.loads((tmp / "s" / "search.json").read_text())
+    search = ["search", *paths, "--base", b, "--eval", "test_cli_conventions:score", "--budget", "2", "--space",
+              '["linear"]', "--out", str(tmp / "s"), "-q"]
+    (tmp / "s" / "mine.txt").write_text("old")
+    assert main(search) == 2 and "not empty" in capsys.readouterr().err  # refused before searching
+    assert main([*search, "--force"]) == 0
+    assert sorted(p.name for p in (tmp / "s").iterdir()) == ["model.safetensors", "search.json", "table.txt"]
+    assert json.loads((tmp / "s" / "search.json").read_text())["budget"] == 2
 
 
 def test_json_of_merge_config(files, capsys):
