@@ -10,7 +10,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .store import BaseMismatchError, Collective, LocalModel, LocalTensor, SnapshotStore, StoreError
+from .store import (
+    BaseMismatchError,
+    Collective,
+    LocalModel,
+    LocalTensor,
+    SnapshotNotFoundError,
+    SnapshotStore,
+    StoreError,
+)
 
 __all__ = ["MergeResult"]
 
@@ -60,6 +68,46 @@ def _global_numel(base: LocalModel, agents: Sequence[Any], collective: Collectiv
     plan = build_plan(base, agents)
     mine = sum(base.tensors[k].tensor.numel() for k in plan.merge if base.tensors[k].owner)
     return int(collective.all_reduce_sum_(torch.tensor([mine], dtype=torch.int64)).item())
+
+
+def _pick(sched: Any) -> dict[str, int]:
+    """Rank 0 names the snapshot of every agent to merge; every rank gets the same names."""
+    c = sched.collective
+    picks = None
+    if c.rank == 0:
+        names = sched.agents if sched.agents is not None else sched.store.agents()
+        picks = {}
+        for name in names:
+            steps = sched.store.steps(name)
+            if steps:
+                picks[name] = steps[-1]
+    return c.broadcast_json(picks) if c.world_size > 1 else picks  # type: ignore[return-value]
+
+
+def _open_latest(sched: Any, live: LocalModel, step: int) -> tuple[dict[str, int], dict[str, Any]]:
+    """The picked snapshots, opened (this run's own as ``live`` when it was just written losslessly); picks again
+    when one is pruned in between, on every rank alike."""
+    c = sched.collective
+    for _ in range(5):
+        picks = _pick(sched)
+        sources: dict[str, Any] = {}
+        ok = 1
+        try:
+            for name, snap_step in picks.items():
+                if (name == sched.agent and snap_step == step == sched.last_snapshot_step
+                        and sched.snapshot_activity == "changed"):
+                    sources[name] = live  # the snapshot just written holds exactly these weights
+                else:
+                    sources[name] = sched.store.open(name, snap_step)
+        except SnapshotNotFoundError:  # pruned between the pick and the open: pick again
+            ok = 0
+        if c.world_size > 1:
+            ok = int(c.all_reduce_sum_(torch.tensor([1 - ok], dtype=torch.int64)).item() == 0)
+        if ok:
+            if not picks:
+                raise SnapshotNotFoundError(f"{sched.store.root}: no snapshot of any agent to merge")
+            return picks, sources
+    raise SnapshotNotFoundError(f"{sched.store.root}: snapshots kept disappearing while opening them")
 
 
 def _probe_numbers(sched: Any, info: Any, base: LocalModel, agents: Sequence[Any], names: list[str], distributed: bool,

@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import torch
-
 from .api import check_ram_variant, ram_merge
 from .engine import DEFAULT_CHUNK_NUMEL
 from .errors import ConfigError
-from ._schedule_util import MergeResult, _like, _load_base, _probe_numbers, _swap, _to_float  # noqa: F401 (re-exported)
+from ._schedule_util import (  # noqa: F401 (MergeResult, _swap, _to_float: re-exported)
+    MergeResult, _like, _load_base, _open_latest, _probe_numbers, _swap, _to_float,
+)
 from .schedule_search import SearchSetting, schedule_search, search_metrics
 from .store import (
     BaseMismatchError,
@@ -36,7 +36,6 @@ from .store import (
     LocalCollective,
     LocalModel,
     Snapshot,
-    SnapshotNotFoundError,
     SnapshotStore,
     SnapshotWriter,
     StoreError,
@@ -278,41 +277,8 @@ class RAMSchedule:
         if pending is not None:
             pending.result()
 
-    def _pick(self) -> dict[str, int]:
-        """Rank 0 names the snapshot of every agent to merge; every rank gets the same names."""
-        c = self.collective
-        picks = None
-        if c.rank == 0:
-            names = self.agents if self.agents is not None else self.store.agents()
-            picks = {}
-            for name in names:
-                steps = self.store.steps(name)
-                if steps:
-                    picks[name] = steps[-1]
-        return c.broadcast_json(picks) if c.world_size > 1 else picks  # type: ignore[return-value]
-
     def _open(self, live: LocalModel, step: int) -> tuple[dict[str, int], dict[str, Any]]:
-        c = self.collective
-        for _ in range(5):
-            picks = self._pick()
-            sources: dict[str, Any] = {}
-            ok = 1
-            try:
-                for name, snap_step in picks.items():
-                    if (name == self.agent and snap_step == step == self.last_snapshot_step
-                            and self.snapshot_activity == "changed"):
-                        sources[name] = live  # the snapshot just written holds exactly these weights
-                    else:
-                        sources[name] = self.store.open(name, snap_step)
-            except SnapshotNotFoundError:  # pruned between the pick and the open: pick again
-                ok = 0
-            if c.world_size > 1:
-                ok = int(c.all_reduce_sum_(torch.tensor([1 - ok], dtype=torch.int64)).item() == 0)
-            if ok:
-                if not picks:
-                    raise SnapshotNotFoundError(f"{self.store.root}: no snapshot of any agent to merge")
-                return picks, sources
-        raise SnapshotNotFoundError(f"{self.store.root}: snapshots kept disappearing while opening them")
+        return _open_latest(self, live, step)
 
     def merge(self, model: Any, step: int, epoch: int | None = None,
               evaluate: Callable[[Any], Mapping[str, Any]] | None = None) -> MergeResult:
