@@ -120,7 +120,7 @@ def test_equal_importances_are_ram_bit_for_bit(monkeypatch, case, path, dtype):
     agents = _agents(base)
     run = ram_merge if path == "native" else (lambda *a, **k: _eager(monkeypatch, ram_merge, *a, **k))
     plain = run(agents, base, **case)
-    for value in (1.0, 3e-38, 7.5, 1e38, 0.0):
+    for value in (1.0, 3e-38, 1e-45, 7.5, 1e38, 0.0):  # 1e-45: a subnormal
         same = {n: {k: torch.full(v.shape, value) for k, v in base.items()} for n in agents}
         weighted, info = run(agents, base, importance=same, return_info=True, **case)
         assert_bit_identical(plain, weighted)
@@ -232,3 +232,14 @@ def test_wrong_shape_missing_tensor_missing_agent():
                                                         for k, v in base.items()}})
     with pytest.raises(ConfigError, match="must map each agent"):
         ram_merge(agents, base, importance=h["a0"])
+
+
+def test_lambdas_and_rho_do_not_depend_on_importances():
+    """RAM+ counts as without importances (same λ, ρ), in two passes: the one-read route takes no importances."""
+    base = _base(torch.bfloat16)
+    agents = _agents(base)
+    _, plain = ram_merge(agents, base, return_info=True)
+    _, weighted = ram_merge(agents, base, importance=_importances(base, list(agents)), return_info=True)
+    assert plain.passes == 1 and weighted.passes == 2
+    assert weighted.lambdas == plain.lambdas and weighted.rho == plain.rho
+    assert weighted.extra["auxiliary"] == ("importance",)
