@@ -88,7 +88,8 @@ def _merge_adapters(sub: Any) -> None:
     a.add_argument("--rank", type=int, default=None,
                    help="rank of the merged adapter (default: the largest input rank)")
     a.add_argument("--energy", type=float, default=None,
-                   help="per module the smallest rank whose singular values keep this fraction of the energy (at most --rank)")
+                   help="per module the smallest rank whose singular values keep this fraction of the energy "
+                        "(at most --rank)")
     a.add_argument("--sparsify", default="auto", metavar="RULE",
                    help="which delta entries count as updated: auto (the recommended rule for RAM), none, "
                         "topk[:DENSITY], relative[:THRESHOLD] (default auto)")

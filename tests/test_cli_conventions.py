@@ -234,8 +234,8 @@ def test_distributed_force_is_refused(files, capsys):
 
 def test_closed_stdout_ends_quietly(files):
     tmp, base, agents, paths = files
-    proc = subprocess.Popen([sys.executable, "-m", "ram_live", "probe", *paths, "--base", str(tmp / "base.safetensors")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    argv = [sys.executable, "-m", "ram_live", "probe", *paths, "--base", str(tmp / "base.safetensors")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     proc.stdout.close()  # closed before the table is printed (importing torch alone takes longer)
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == BROKEN_PIPE_STATUS
