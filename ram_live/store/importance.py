@@ -1,10 +1,12 @@
 """Importances stored with a snapshot (curvature-aware RAM, docs/curvature.md): kept only at the snapshot's active
 entries, next to its changed values, as 8-bit log-scale codes with one float32 maximum per piece.
 
-Only ratios between agents matter, entry by entry, so a code keeps an importance to within a relative 2^(1/16)
-(±4.4 %) of its piece's maximum's scale: ``h = max · 2^((q − 255) / 8)`` for ``q`` in 1..255, ``q = 0`` for 0.
-Importances below ``max · 2^(−254/8)`` (≈ 3e-10 of the piece's largest) are stored as code 1 (not 0: an entry
-that had curvature keeps some). A snapshot's importances read back as a :class:`TensorSource` of float32
+Only ratios between agents matter, entry by entry, so a code keeps an importance to within a relative 1/16
+(±6.25 %): a code is the float32's exponent and mantissa rounded to 3 bits, counted down from the piece's
+maximum's (``q = 255``; eighths of an octave, so 254 codes span 31.75 octaves), ``q = 0`` for 0; integer
+operations only, and decoding is exact (a float32 with a 3-bit mantissa). Importances below about
+``max · 2^(−31.75)`` (≈ 3e-10 of the piece's largest) are stored as code 1 (not 0: an entry that had curvature
+keeps some). A snapshot's importances read back as a :class:`TensorSource` of float32
 tensors of the parameters' shapes, zero at inactive entries (never used: RAM weights only active agents).
 
 >>> writer.snapshot(model, step=50, importance=adam_importance(opt, model))               # doctest: +SKIP
@@ -37,21 +39,29 @@ STEPS = 8  # codes per octave
 HEAD = {"encoding": ENCODING, "steps_per_octave": STEPS}  # the manifest's "importance" object
 
 
+def _octaves(bits: Tensor) -> Tensor:
+    """float32 bits → exponent and 3 mantissa bits, rounded to nearest: eighths of an octave (int32)."""
+    return (bits + (1 << 19)) >> 20
+
+
 def quantize(h: Tensor) -> tuple[Tensor, float]:
-    """Non-negative finite float ``h`` → (uint8 codes, float32 maximum as a Python float)."""
+    """Non-negative finite float ``h`` → (uint8 codes, float32 maximum as a Python float). A code is the float32's
+    exponent and its mantissa rounded to 3 bits (integer operations only), relative to the maximum's."""
     h = h.float()
     m = float(h.max()) if h.numel() else 0.0
     if m == 0.0:
         return torch.zeros(h.shape, dtype=torch.uint8, device=h.device), 0.0
-    q = torch.log2(h / m).mul_(STEPS).round_().add_(255).clamp_(1, 255)
-    return torch.where(h > 0, q, torch.zeros_like(q)).to(torch.uint8), m
+    top = int(_octaves(torch.tensor(m, dtype=torch.float32).view(torch.int32)))
+    q = _octaves(h.view(torch.int32)).add_(255 - top).clamp_(max(1, 256 - top), 255)
+    return q.masked_fill_(h <= 0, 0).to(torch.uint8), m
 
 
 def dequantize(codes: Tensor, maximum: float) -> Tensor:
-    """uint8 codes of a piece with ``maximum`` → float32 importances (0 for code 0)."""
-    q = codes.to(torch.float32)
-    h = torch.exp2((q - 255.0) / STEPS) * torch.tensor(maximum, dtype=torch.float32)
-    return torch.where(codes > 0, h, torch.zeros_like(h))
+    """uint8 codes of a piece with ``maximum`` → float32 importances (0 for code 0): exact, a float32 with a
+    3-bit mantissa."""
+    top = int(_octaves(torch.tensor(maximum, dtype=torch.float32).view(torch.int32)))
+    bits = (codes.to(torch.int32) + (top - 255)) << 20
+    return bits.masked_fill_(codes == 0, 0).view(torch.float32)
 
 
 def local_importance(importance: Mapping[str, Any], key: str, shape: Sequence[int], agent: str,
@@ -73,28 +83,39 @@ def local_importance(importance: Mapping[str, Any], key: str, shape: Sequence[in
     if not t.dtype.is_floating_point:
         raise InputMismatchError(f"importance of agent {agent!r}, tensor {key!r}: dtype {t.dtype} is not floating "
                                  "point", key=key, agent=agent)
-    t = t.detach().to(device).reshape(-1)
-    bad = ~(t >= 0) | torch.isinf(t)
-    if bool(bad.any()):
-        index = int(bad.nonzero()[0, 0])
-        raise InputMismatchError(f"importance of agent {agent!r}, tensor {key!r}: flat index {index} is "
-                                 f"{float(t[index])} (importances must be finite and >= 0)", key=key, agent=agent)
-    return t
+    return t.detach().to(device).reshape(-1)
 
 
-def encode_active(flat: Tensor, enc: _Encoded) -> tuple[Tensor, float] | None:
+def check_values(flat: Tensor, where: Tensor | None, key: str, agent: str) -> None:
+    """:class:`InputMismatchError` naming agent, tensor and flat index for a negative, NaN or Inf entry of the
+    importances a snapshot stores (``flat`` at its stored entries; ``where``: their flat indices, None: all)."""
+    if not flat.numel() or (bool(flat.min() >= 0) and bool(flat.max() < math.inf)):
+        return
+    bad = int((~(flat >= 0) | torch.isinf(flat)).nonzero()[0, 0])
+    index = bad if where is None else int(where[bad])
+    raise InputMismatchError(f"importance of agent {agent!r}, tensor {key!r}: flat index {index} is "
+                             f"{float(flat[bad])} (importances must be finite and >= 0)", key=key, agent=agent)
+
+
+def encode_active(flat: Tensor, enc: _Encoded, key: str, agent: str) -> tuple[Tensor, float] | None:
     """The codes of ``flat`` (a tensor's importances) at ``enc``'s stored entries, on the CPU, and their maximum;
-    None for a piece that stores nothing."""
+    None for a piece that stores nothing. Those entries are checked (:func:`check_values`); the others are
+    never stored nor used."""
     if enc.encoding == "none":
         return None
+    where = None
     if enc.encoding == "dense":
         active = flat
     elif enc.encoding == "indices":
         assert enc.positions is not None
-        active = flat[enc.positions.to(flat.device, torch.int64)]
+        where = enc.positions.to(flat.device, torch.int64)
+        active = flat[where]
     else:
         assert enc.positions is not None
-        active = flat[unpack_bits(enc.positions.to(flat.device), flat.numel())]
+        mask = unpack_bits(enc.positions.to(flat.device), flat.numel())
+        active = flat[mask]
+        where = mask.nonzero().view(-1) if not (bool(active.min() >= 0) and bool(active.max() < math.inf)) else None
+    check_values(active, where, key, agent)
     codes, m = quantize(active)
     return codes.cpu(), m
 

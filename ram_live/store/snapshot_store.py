@@ -345,8 +345,8 @@ class SnapshotStore:
             if b.dtype != t.tensor.dtype or tuple(b.shape) != tuple(t.tensor.shape):
                 raise InputMismatchError(f"tensor {key!r} does not match the store's base", key=key, agent=agent)
             enc = _encode(t.tensor.reshape(-1), b.reshape(-1), rule)
-            pieces[key] = [_piece_entry(key, 0, t, enc, tensors, encode_active(imps[key], enc) if key in imps
-                                        else None)]
+            imp = encode_active(imps[key], enc, key, agent) if key in imps else None
+            pieces[key] = [_piece_entry(key, 0, t, enc, tensors, imp)]
             total.add(t, enc)
         nonce = uuid.uuid4().hex[:12]
         parts.append(self.write_part(agent, step, nonce, 0, tensors, pieces))

@@ -151,7 +151,7 @@ class SnapshotWriter:
                     for key in keys if importance is not None and takes_importance(local.tensors[key])}
             for key, enc in zip(keys, _encode_many(pairs, self.rule)):
                 t = local.tensors[key]
-                imp = encode_active(imps[key], enc) if key in imps else None
+                imp = encode_active(imps[key], enc, key, self.agent) if key in imps else None
                 pieces[key] = [_piece_entry(key, rank, t, enc, tensors, imp)]
                 totals.add(t, enc)
         return Capture(local, tensors, pieces, totals)
