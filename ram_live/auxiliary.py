@@ -94,8 +94,13 @@ def validate(key: str, agents: Sequence[str], tensors: Mapping[str, Sequence[Ten
         return
     for name, per_agent in tensors.items():
         for agent, flat in zip(agents, per_agent):
-            found = check(name, flat)
-            if found is not None:
-                index, reason = found
-                raise InputMismatchError(f"{name} of agent {agent!r}, tensor {key!r}: flat index {index} {reason}",
-                                         key=key, agent=agent)
+            for start in range(0, flat.numel(), CHECK_CHUNK):  # chunks: the check's temporaries stay small
+                found = check(name, flat[start:start + CHECK_CHUNK])
+                if found is not None:
+                    index, reason = found
+                    raise InputMismatchError(f"{name} of agent {agent!r}, tensor {key!r}: flat index {start + index} "
+                                             f"{reason}", key=key, agent=agent)
+
+
+#: Entries per call of a method's ``check_auxiliary``.
+CHECK_CHUNK = 1 << 22

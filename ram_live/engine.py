@@ -1090,7 +1090,7 @@ def _merge_tensor(job: _Job, key: str, run_state: Any, digest: Any = None, dest:
         bad = torch.zeros((), dtype=torch.int64, device=flat.device)
         for start, base_f, deltas in stream:
             n = base_f.numel()
-            aux = {name: torch.stack([h[start:start + n] for h in hs]).to(deltas.dtype)
+            aux = {name: torch.stack([h[start:start + n].to(deltas.device) for h in hs]).to(deltas.dtype)
                    for name, hs in stream.auxiliary.items()} or None
             ctx = TensorContext(key=key, agents=names, start=start, run_state=run_state, state=state, auxiliary=aux)
             tau = method.combine(deltas, ctx, config)

@@ -196,6 +196,7 @@ def test_invalid_values_name_agent_and_tensor(monkeypatch, bad, path):
     agents = _agents(base)
     h = _importances(base, list(agents))
     h["a1"]["v"][1234] = bad
+    monkeypatch.setattr(ram_live.auxiliary, "CHECK_CHUNK", 1000)  # the index is found in the second chunk
     module = torch.nn.Module()
     for k, v in base.items():
         module.register_parameter(k, torch.nn.Parameter(v.clone()))
@@ -243,3 +244,27 @@ def test_lambdas_and_rho_do_not_depend_on_importances():
     assert plain.passes == 1 and weighted.passes == 2
     assert weighted.lambdas == plain.lambdas and weighted.rho == plain.rho
     assert weighted.extra["auxiliary"] == ("importance",)
+
+
+def test_stacked_combine_path_takes_importances():
+    """A RAM registered without its streaming accumulator merges through ``combine`` with ``ctx.auxiliary``."""
+    import dataclasses
+
+    from ram_live.methods import _REGISTRY
+
+    stacked = dataclasses.replace(ram_live.get_method("ram"), name="ram_stacked_importance_test", accumulator=None)
+    _REGISTRY[stacked.name] = stacked
+    try:
+        base = _base()
+        agents = _agents(base)
+        h = _importances(base, list(agents))
+        merged, info = merge(agents, base, method=stacked.name, importance=h, chunk_numel=300, return_info=True)
+        assert info.extra["kernels"] == {"eager": 3}
+        ref = reference(base, agents, h)
+        for k in base:
+            torch.testing.assert_close(merged[k].double(), ref[k], rtol=2e-6, atol=1e-7)
+        same = {n: {k: torch.full(v.shape, 4.0) for k, v in base.items()} for n in agents}
+        assert_bit_identical(merge(agents, base, method=stacked.name, importance=same, chunk_numel=300),
+                             merge(agents, base, method=stacked.name, chunk_numel=300))
+    finally:
+        _REGISTRY.pop(stacked.name)
