@@ -81,7 +81,8 @@ def empirical_fisher(model: nn.Module, loader: Iterable[Any], loss_fn: Callable[
 
     Runs the model in eval mode (no dropout). Parameters that do not require gradients get zeros.
 
-    >>> fisher = empirical_fisher(agent, loader, lambda m, b: F.cross_entropy(m(b[0]), b[1]), batches=64)  # doctest: +SKIP
+    >>> loss = lambda m, batch: F.cross_entropy(m(batch[0]), batch[1])                          # doctest: +SKIP
+    >>> fisher = empirical_fisher(agent, loader, loss, batches=64)                              # doctest: +SKIP
     """
     if batches is not None and batches < 1:
         raise ConfigError(f"batches must be >= 1 or None, got {batches!r}")

@@ -83,7 +83,8 @@ def _eager(monkeypatch, fn, *args, **kw):
 
 def test_hand_computed():
     base = {"w": torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])}
-    agents = {"a": {"w": torch.tensor([1.5, 2.25, 3.0, 4.75, 5.5])}, "b": {"w": torch.tensor([1.0, 2.5, 3.0, 4.25, 5.25])}}
+    agents = {"a": {"w": torch.tensor([1.5, 2.25, 3.0, 4.75, 5.5])},
+              "b": {"w": torch.tensor([1.0, 2.5, 3.0, 4.25, 5.25])}}
     importance = {"a": {"w": torch.tensor([1.0, 2.0, 1.0, 0.0, 1e-30])},
                   "b": {"w": torch.tensor([1.0, 1.0, 1.0, 0.0, 3e-30])}}
     merged = ram_merge(agents, base, variant="ram", importance=importance)["w"]
