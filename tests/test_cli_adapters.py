@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from ram_live import TopK, ram_merge_adapter_files  # noqa: E402
 from ram_live.cli import main  # noqa: E402
 
-from conftest import assert_bit_identical  # noqa: E402
+from tests.conftest import assert_bit_identical  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning",
                                         "ignore::ram_live.peft.DenseDeltaWarning")

@@ -22,7 +22,7 @@ from ram_live._cli_output import jsonable, replacing
 from ram_live._cli_parser import METHOD_NAMES, build_parser
 from ram_live.cli import BROKEN_PIPE_STATUS, main
 
-from conftest import assert_bit_identical, make_agents
+from tests.conftest import assert_bit_identical, make_agents
 
 ROOT = Path(__file__).resolve().parent.parent
 
