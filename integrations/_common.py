@@ -10,7 +10,55 @@ from typing import Any
 
 from ..schedule import MergeResult, RAMSchedule
 
-__all__ = ["SingleAgentWarning", "save_generalist", "warn_single_agent"]
+__all__ = ["AdamImportance", "NoImportanceWarning", "SingleAgentWarning", "save_generalist", "warn_single_agent"]
+
+
+class NoImportanceWarning(UserWarning):
+    """The optimizer keeps no Adam second moments (``exp_avg_sq``): snapshots are taken without importances and
+    merges fall back to plain RAM (warned once per callback)."""
+
+
+class AdamImportance:
+    """``f(model)``: Adam's ``exp_avg_sq`` of the live optimizer (``optimizer()`` finds it at each call) keyed by
+    the model's parameter names, via :func:`ram_live.importance.adam_importance`; None, with one
+    :class:`NoImportanceWarning`, when there is no optimizer, it keeps no ``exp_avg_sq`` (SGD, Adafactor), or it
+    has no state yet. FSDP2/DTensor parameters: the moments are DTensors too; their local shards are stored with
+    the local shards of the weights."""
+
+    def __init__(self, owner: str, optimizer: Any, bias_correction: bool = False) -> None:
+        self.owner, self.optimizer, self.bias_correction = owner, optimizer, bias_correction
+        self.warned = False
+
+    def __call__(self, model: Any) -> Any:
+        from ram_live.errors import ConfigError
+        from ram_live.importance import adam_importance
+
+        opt = self.optimizer()
+        while opt is not None and not hasattr(opt, "state") and hasattr(opt, "optimizer"):
+            opt = opt.optimizer  # accelerate's AcceleratedOptimizer and similar wrappers
+        try:
+            if opt is None:
+                raise ConfigError("no optimizer")
+            if not any("betas" in g for g in opt.param_groups):
+                raise ConfigError(f"{type(opt).__name__} keeps no 'exp_avg_sq' (no Adam second moments)")
+            return adam_importance(opt, model, bias_correction=self.bias_correction)
+        except ConfigError as exc:
+            if not self.warned:
+                self.warned = True
+                warnings.warn(NoImportanceWarning(
+                    f"{self.owner}: snapshots without importances ({exc}); merges of this store fall back to plain "
+                    "RAM (pass importance=None to silence this)"), stacklevel=3)
+            return None
+
+
+def importance_option(importance: Any, bias_correction: bool) -> None:
+    """Checks a callback's ``importance=`` (``"adam"`` or None) and ``importance_bias_correction=``."""
+    from ram_live.errors import ConfigError
+
+    if importance not in ("adam", None):
+        raise ConfigError(f"importance must be 'adam' (Adam's exp_avg_sq at each snapshot) or None, got {importance!r}")
+    if not isinstance(bias_correction, bool):
+        raise ConfigError(f"importance_bias_correction must be a bool, got {bias_correction!r}")
 
 
 class SingleAgentWarning(UserWarning):

@@ -45,7 +45,7 @@ from .._schedule_util import _swap
 from ..schedule import MergeResult, RAMSchedule, _to_float
 from ..schedule_search import save_next_to
 from ..store import LocalCollective, LocalModel, SnapshotStore, TorchCollective
-from ._common import SingleAgentWarning, save_generalist, warn_single_agent
+from ._common import AdamImportance, SingleAgentWarning, importance_option, save_generalist, warn_single_agent
 
 __all__ = ["RAMCallback", "SingleAgentWarning", "UnsupportedStrategyError"]
 
@@ -112,6 +112,14 @@ class RAMCallback(Callback):
             holds the generalist as its ``state_dict`` and the agent's own weights under ``ram_agent_state``, which
             are put back into the module when training resumes from it. The agent's weights are in
             :attr:`agent_state` meanwhile.
+        importance: ``"adam"`` (default): at each snapshot read Adam's ``exp_avg_sq`` from the live optimizer
+            (``ram_live.importance.adam_importance``; FSDP2: each rank's local shards) and store it with the
+            snapshot, so that merges of a store whose agents all have them are curvature-aware
+            (docs/curvature.md). Optimizers without ``exp_avg_sq`` (SGD, Adafactor): snapshots without
+            importances, one ``NoImportanceWarning``, merges fall back to plain RAM. ``None``: never.
+        importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (off by default: the issue measured
+            0.923 without, 0.915 with; only ratios between agents matter, and agents at different steps are
+            reweighted by it).
     """
 
     def __init__(
@@ -139,7 +147,10 @@ class RAMCallback(Callback):
         search: Any = None,
         merged_dir: str | os.PathLike[str] | None = None,
         load_generalist: bool = False,
+        importance: str | None = "adam",
+        importance_bias_correction: bool = False,
     ) -> None:
+        importance_option(importance, importance_bias_correction)
         if evaluate is True:
             raise RamLiveError("evaluate must be a callable, None (validation) or False")
         self.schedule = RAMSchedule(
@@ -149,6 +160,12 @@ class RAMCallback(Callback):
             search=search,
         )
         self.agent = agent
+        self._trainer: Any = None
+        self.importance = importance
+        if importance == "adam":
+            self.schedule.importance_from = AdamImportance(
+                f"RAMCallback({agent!r})", lambda: (self._trainer.optimizers or [None])[0] if self._trainer else None,
+                importance_bias_correction)
         self._store_name = str(store.root if isinstance(store, SnapshotStore) else store)
         self._base = base
         self._evaluate = evaluate
@@ -203,6 +220,7 @@ class RAMCallback(Callback):
             rank_zero_warn(f"RAMCallback({self.agent!r}): resuming without RAM state; using the store's base")
             base = "store"
         collective = TorchCollective() if trainer.world_size > 1 else LocalCollective()
+        self._trainer = trainer  # the importances read trainer.optimizers[0] at each snapshot
         self.schedule.attach(pl_module, base=base, collective=collective)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ from .api import check_ram_variant, ram_merge
 from .engine import DEFAULT_CHUNK_NUMEL
 from .errors import ConfigError
 from ._schedule_util import (  # noqa: F401 (MergeResult, _swap, _to_float: re-exported)
-    MergeResult, _like, _load_base, _open_latest, _probe_numbers, _swap, _to_float,
+    MergeResult, _like, _load_base, _open_latest, _probe_numbers, _stored_importance, _swap, _to_float,
 )
 from .schedule_search import SearchSetting, schedule_search, search_metrics
 from .store import (
@@ -137,6 +138,9 @@ class RAMSchedule:
         self.writer: SnapshotWriter | None = None
         self.sharded = False
         self.history: list[dict[str, float]] = []
+        #: ``f(model) -> {name: tensor} | None``: the importances of every snapshot not given ``importance=``
+        #: (the callbacks set it to read Adam's ``exp_avg_sq`` from the live optimizer)
+        self.importance_from: Callable[[Any], Mapping[str, Any] | None] | None = None
 
     # ------------------------------------------------------------------------------------------- set-up
 
@@ -228,18 +232,24 @@ class RAMSchedule:
     # ------------------------------------------------------------------------------------------- actions
 
     def snapshot(self, model: Any, step: int, epoch: int | None = None,
-                 extra: Mapping[str, Any] | None = None) -> Snapshot | None:
+                 extra: Mapping[str, Any] | None = None, importance: Mapping[str, Any] | None = None
+                 ) -> Snapshot | None:
         """Write this agent's snapshot at ``step`` (every rank calls; rank 0 gets the :class:`Snapshot`).
 
         With ``async_write`` (replicated models) the changed values are captured now and written to disk by a
-        background thread while training goes on; returns None then (:meth:`flush` waits for the write)."""
+        background thread while training goes on; returns None then (:meth:`flush` waits for the write).
+        ``importance``: ``{parameter name: tensor}`` stored with it at its active entries (e.g.
+        ``adam_importance(optimizer, model)``; DTensors: their local shards); merges use stored importances
+        when every agent's snapshot has them (docs/curvature.md)."""
         self._require()
         c = self.collective
         snap = None
         self.flush()
+        if importance is None and self.importance_from is not None:
+            importance = self.importance_from(model)
         if self.sharded:
             assert self.writer is not None
-            snap = self.writer.snapshot(model, step, epoch=epoch, extra=extra)
+            snap = self.writer.snapshot(model, step, epoch=epoch, extra=extra, importance=importance)
             self._prune()
         else:
             if c.rank == 0:
@@ -247,7 +257,7 @@ class RAMSchedule:
                 writer = self.writer
                 local = LocalModel.from_obj(model, name=self.agent)
                 local.check_like(writer.base, self.agent)
-                capture = writer.capture(local)
+                capture = writer.capture(local, importance=importance)
                 if self.async_write:
                     if self._executor is None:
                         from concurrent.futures import ThreadPoolExecutor
@@ -313,11 +323,16 @@ class RAMSchedule:
             tensors, info, searched = schedule_search(self, model, named, base, step, evaluate or self.evaluate)
             variant = str(searched["best"]["method"])
         else:
-            tensors, info = ram_merge(
-                {a.name: a for a in agents}, base=base, variant=self.variant, r=self.r, alpha=self.alpha,
-                eps=self.eps, activity=self.activity, rho_scope=self.rho_scope, chunk_numel=self.chunk_numel,
-                return_info=True, **({"process_group": True} if distributed else {}),
-            )
+            importance, how = _stored_importance(self, picks, sources, base)
+            with warnings.catch_warnings():  # a partial set was reported once already
+                warnings.filterwarnings("ignore", message="snapshots of .* carry importances")
+                tensors, info = ram_merge(
+                    {a.name: a for a in agents}, base=base, variant=self.variant, r=self.r, alpha=self.alpha,
+                    eps=self.eps, activity=self.activity, rho_scope=self.rho_scope, chunk_numel=self.chunk_numel,
+                    return_info=True, importance=importance, **({"process_group": True} if distributed else {}),
+                )
+            if how is not None:
+                info.extra["importance"] = how
         lambdas, rho, density = _probe_numbers(self, info, base, agents, names, distributed,
                                                searched=searched is not None)
         self.last_merge_step = step
@@ -325,6 +340,8 @@ class RAMSchedule:
         result = MergeResult(step, tensors, picks, lambdas, rho, density, time.perf_counter() - t0, variant)
         if searched is not None:
             result.extra["search"] = self.last_search = searched
+        if "importance" in info.extra:
+            result.extra["importance"] = info.extra["importance"]
         return result
 
     @contextlib.contextmanager

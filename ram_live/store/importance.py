@@ -192,25 +192,30 @@ def has_importance(entry: Mapping[str, Any]) -> bool:
 
 def stored_importance(models: Any) -> tuple[dict[str, Any] | None, str | None]:
     """The importances a merge of ``models`` takes from the store: ``({agent name: source}, "store")`` when every
-    agent is a snapshot with importances; ``(None, None)`` when none has them or the agents are not snapshots;
-    ``(None, None)`` and a :class:`StoreWarning` when only some have them (plain RAM for all)."""
+    agent is a snapshot with importances; ``(None, None)`` when none has them or the agents are not all
+    snapshots; ``(None, None)`` and a :class:`StoreWarning` when only some have them (plain RAM for all)."""
     if isinstance(models, Mapping):
         items = list(models.items())
     elif isinstance(models, Sequence) and not isinstance(models, (str, bytes)):
         items = [(getattr(m, "name", str(i)), m) for i, m in enumerate(models)]
     else:
         return None, None
-    found = {name: getattr(m, "importance", None) for name, m in items if hasattr(m, "importance")}
-    if not found or len(found) != len(items):
+    if not items or not all(hasattr(m, "importance") for _, m in items):
         return None, None
-    have = {n: s for n, s in found.items() if s is not None}
+    return resolve_stored({name: m.importance for name, m in items}, stacklevel=4)
+
+
+def resolve_stored(per_agent: Mapping[str, Any], stacklevel: int = 3) -> tuple[dict[str, Any] | None, str | None]:
+    """``{agent: importance source or None}`` → what a merge uses: all of them (``"store"``) when every agent has
+    one, none when none has, none and a :class:`StoreWarning` naming the agents without when only some have."""
+    have = {n: s for n, s in per_agent.items() if s is not None}
     if not have:
         return None, None
-    if len(have) < len(found):
-        missing = sorted(str(n) for n in found if found[n] is None)
+    if len(have) < len(per_agent):
+        missing = sorted(str(n) for n in per_agent if per_agent[n] is None)
         warnings.warn(StoreWarning(
             f"snapshots of {', '.join(map(repr, sorted(map(str, have))))} carry importances but those of "
             f"{', '.join(map(repr, missing))} do not: merging without importances (plain RAM); pass importance= "
-            "for every agent to weigh them"), stacklevel=3)
+            "for every agent to weigh them"), stacklevel=stacklevel)
         return None, None
     return have, "store"

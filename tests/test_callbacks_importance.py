@@ -1,0 +1,162 @@
+"""The callbacks store Adam's exp_avg_sq with every snapshot (issue 20): read back from the store they equal the
+optimizer's own state (to the stored codes' rounding), merges of the store use them, other optimizers warn
+once and snapshot without."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ram_live.schedule import RAMSchedule
+from ram_live.store import SnapshotStore
+from ram_live.store.importance import quantize, dequantize
+
+L = pytest.importorskip("lightning")
+from ram_live.integrations._common import NoImportanceWarning  # noqa: E402
+from ram_live.integrations.lightning import RAMCallback  # noqa: E402
+
+warnings.filterwarnings("ignore", ".*does not have many workers.*")
+
+
+def _stored(v: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """What the store keeps of importances ``v`` at the ``active`` entries (0 elsewhere): a second computation."""
+    out = torch.zeros(v.numel())
+    codes, m = quantize(v.reshape(-1)[active.reshape(-1)])
+    out[active.reshape(-1)] = dequantize(codes, m)
+    return out.view(v.shape)
+
+
+class Net(L.LightningModule):
+    def __init__(self, opt: str = "adam"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+        self.opt = opt
+        self.seen: dict[int, dict[str, torch.Tensor]] = {}
+
+    def training_step(self, batch, i):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        if self.opt == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+class Spy(L.Callback):
+    """The optimizer's exp_avg_sq at each step, read directly (runs before RAMCallback's hook)."""
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        opt = trainer.optimizers[0]
+        pl_module.seen[trainer.global_step] = {
+            n: opt.state[p]["exp_avg_sq"].clone() for n, p in pl_module.named_parameters() if p in opt.state}
+
+
+def _loader(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(32, 6, generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x[:, :3] * (seed + 1)), batch_size=8)
+
+
+def _fit(tmp_path, agent, seed, opt="adam", **kw):
+    module = Net(opt)
+    cb = RAMCallback(tmp_path / "store", agent, snapshot_every=2, evaluate=False, **kw)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[Spy(), cb])
+    trainer.fit(module, _loader(seed))
+    return module, cb
+
+
+def test_lightning_stores_exp_avg_sq_and_merges_use_it(tmp_path: Path) -> None:
+    module, cb = _fit(tmp_path, "a", 0)
+    store = SnapshotStore(tmp_path / "store")
+    assert store.steps("a") == [2, 4]
+    for step in (2, 4):
+        snap = store.open("a", step)
+        assert snap.manifest["version"] == 3
+        for name, v in module.seen[step].items():
+            active = snap.get(name) != store.base_source().get(name)
+            assert active.any()
+            assert torch.equal(snap.importance.get(name), _stored(v, active)), (step, name)
+    _fit(tmp_path, "b", 1)
+    from ram_live import ram_merge
+
+    _, info = ram_merge(store.latest_all(), return_info=True)
+    assert info.extra["importance"] == "store"
+
+
+def test_lightning_bias_correction_and_off(tmp_path: Path) -> None:
+    module, _ = _fit(tmp_path / "bc", "a", 0, importance_bias_correction=True)
+    store = SnapshotStore(tmp_path / "bc" / "store")
+    snap = store.open("a", 4)
+    name, v = next(iter(module.seen[4].items()))
+    active = snap.get(name) != store.base_source().get(name)
+    assert torch.equal(snap.importance.get(name), _stored(v / (1 - 0.999 ** 4), active))
+    _fit(tmp_path / "off", "a", 0, importance=None)
+    assert SnapshotStore(tmp_path / "off" / "store").open("a", 4).importance is None
+
+
+def test_lightning_sgd_warns_once_and_snapshots_without(tmp_path: Path) -> None:
+    with pytest.warns(NoImportanceWarning, match="SGD keeps no 'exp_avg_sq'") as record:
+        _fit(tmp_path, "a", 0, opt="sgd")
+    assert sum(isinstance(w.message, NoImportanceWarning) for w in record) == 1
+    assert SnapshotStore(tmp_path / "store").latest("a").importance is None
+
+
+def test_schedule_snapshot_importance_and_merge_result(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    base = nn.Linear(4, 3)
+    sd0 = {k: v.detach().clone() for k, v in base.state_dict().items()}
+    results = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        m = nn.Linear(4, 3)
+        m.load_state_dict(sd0)
+        s = RAMSchedule(tmp_path / "store", name)
+        s.attach(m, base=sd0)
+        with torch.no_grad():
+            m.weight.add_(torch.randn(3, 4, generator=torch.Generator().manual_seed(seed)))
+        imp = {"weight": torch.rand(3, 4) + 0.1, "bias": torch.zeros(3)}
+        s.snapshot(m, 1, importance=imp)
+        results[name] = s
+    result = results["b"].merge(m, 1)
+    assert result.extra["importance"] == "store"
+
+
+def test_trl_grpo_callback_stores_the_live_optimizers_exp_avg_sq(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    pytest.importorskip("datasets")
+    transformers = pytest.importorskip("transformers")
+    import test_transformers_callback as tc
+
+    from ram_live.integrations.transformers import RAMTrainerCallback
+
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+
+    class Spy(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, optimizer=None, **kw):
+            opt = getattr(optimizer, "optimizer", optimizer)
+            seen[state.global_step] = {n: opt.state[p]["exp_avg_sq"].clone()
+                                       for n, p in model.named_parameters() if p in opt.state}
+
+    transformers.logging.set_verbosity_error()
+    cb = RAMTrainerCallback(tmp_path / "store", "vowels", snapshot_every=2)
+    trainer = tc._trainer(tmp_path / "a", tc._vowels, 2, cb)
+    trainer.add_callback(Spy())
+    trainer.callback_handler.callbacks.sort(key=lambda c: isinstance(c, RAMTrainerCallback))  # the spy first
+    trainer.train()
+    store = SnapshotStore(tmp_path / "store")
+    snap = store.open("vowels", 2)
+    assert snap.manifest["version"] == 3 and seen[2]
+    checked = 0
+    for name, v in seen[2].items():
+        key = name if name in snap.keys() else name.removeprefix("module.")
+        active = snap.get(key) != store.base_source().get(key)
+        if active.any():
+            assert torch.equal(snap.importance.get(key), _stored(v.float(), active)), name
+            checked += 1
+    assert checked >= 3
