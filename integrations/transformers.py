@@ -67,8 +67,8 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
         search: a :class:`~ram_live.schedule_search.SearchSetting` (or its options): each merge is the one
             :func:`ram_live.search` picks (see :class:`~ram_live.RAMSchedule`).
         importance: ``"adam"`` (default): at each snapshot read Adam's ``exp_avg_sq`` from the live optimizer
-            (the ``optimizer`` the trainer passes to its callbacks; ``ram_live.importance.adam_importance``) and store it with the
-            snapshot, so that merges of a store whose agents all have them are curvature-aware
+            (the ``optimizer`` the trainer passes to its callbacks; ``ram_live.importance.adam_importance``) and
+            store it with the snapshot, so that merges of a store whose agents all have them are curvature-aware
             (docs/curvature.md). Optimizers without ``exp_avg_sq`` (SGD, Adafactor): snapshots without
             importances, one ``NoImportanceWarning``, merges fall back to plain RAM. ``None``: never.
         importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (off by default: the issue measured

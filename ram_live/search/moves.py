@@ -19,6 +19,7 @@ class Moves:
     merger: Any
     seed: int
     history: list[Trial]
+    importance: dict[str, Any]  # label -> {agent: importances} (search's importance=)
 
     def trial(self, candidate: dict[str, Any]) -> Trial | None:
         raise NotImplementedError
@@ -37,6 +38,19 @@ class Moves:
             if family.name.startswith("dare") and "seed" not in options:
                 candidate["seed"] = self.seed
             if self.trial(candidate) is None:
+                return
+
+    def _importance(self, family: Family) -> None:
+        """Curvature-aware RAM: each importance variant with plain RAM, then with the best RAM-side candidate so
+        far (its options kept, the importances added), in the variants' order."""
+        for mapping in self.importance.values():
+            if self.trial({"method": "ram", "importance": mapping}) is None:
+                return
+        best = self.incumbent(RAM_SIDE)
+        if best is None or "importance" in best.options or best.method == "ram" and not best.options:
+            return
+        for mapping in self.importance.values():
+            if self.trial({**best.candidate, "importance": mapping}) is None:
                 return
 
     def _ram_start(self) -> Trial | None:

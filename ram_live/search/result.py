@@ -43,6 +43,12 @@ class Trial:
     lambdas: dict[str, float] | None = None
     confirm_score: float | None = None
     error: str | None = None
+    importance: str | None = None  # the label of the importances in options["importance"] (shown instead of them)
+
+    @property
+    def shown(self) -> dict[str, Any]:
+        """The options with the importances as their label (``"importance": "raw"``): JSON and tables."""
+        return {**self.options, "importance": self.importance} if self.importance is not None else self.options
 
     @property
     def candidate(self) -> dict[str, Any]:
@@ -54,18 +60,19 @@ class Trial:
         return self.extrapolation > EXTRAPOLATION_FAR
 
     def label(self) -> str:
-        return f"{self.method}({describe(self.options)})"
+        return f"{self.method}({describe(self.shown)})"
 
     def to_dict(self) -> dict[str, Any]:
         return to_json({"index": self.index, "family": self.family, "side": self.side, "method": self.method,
-                        "options": self.options, "score": self.score, "confirm_score": self.confirm_score,
+                        "options": self.shown, "score": self.score, "confirm_score": self.confirm_score,
                         "merge_seconds": self.merge_seconds, "evaluate_seconds": self.evaluate_seconds,
                         "extrapolation": self.extrapolation, "lambdas": self.lambdas, "error": self.error})
 
 
 def _copy(options: dict[str, Any]) -> dict[str, Any]:
-    return {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, (list, tuple)) else v)
-            for k, v in options.items()}
+    """A copy of the options' own containers; importances stay the caller's mapping (by reference)."""
+    return {k: (v if k == "importance" else dict(v) if isinstance(v, dict) else list(v)
+                if isinstance(v, (list, tuple)) else v) for k, v in options.items()}
 
 
 def describe(options: dict[str, Any]) -> str:
@@ -201,7 +208,8 @@ class SearchResult:
         options)."""
         baseline = self.best_baseline
         return to_json({
-            "best": self.best, "best_score": self.best_score, "best_index": self.best_trial.index,
+            "best": {"method": self.best_trial.method, **self.best_trial.shown}, "best_score": self.best_score,
+            "best_index": self.best_trial.index,
             "best_extrapolation": self.best_trial.extrapolation,
             "best_baseline": None if baseline is None else baseline.candidate,
             "best_baseline_score": None if baseline is None else baseline.score,

@@ -16,7 +16,7 @@ from ..errors import ConfigError, NonFiniteError, SearchError
 from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult, Trial, describe, to_json
 from .effects import effect_key, extrapolation_of
 from .moves import Moves
-from .space import BASELINE_SIDE, RAM_SIDE, Family, allot, parse_space, side_of
+from .space import BASELINE_SIDE, DEFAULT_SPACE, RAM_SIDE, Family, allot, parse_space, side_of
 from .target import Merger
 
 __all__ = ["search"]
@@ -26,7 +26,8 @@ Evaluate = Callable[[Any], float]
 
 def search(models: Models, base: Model | None = None, evaluate: Evaluate | None = None, *, budget: int = 60,
            space: Any = None, seed: int = 0, progress: Any = None, confirm: Evaluate | None = None,
-           confirm_top: int = 3, device: Any = None, workers: int | None = None) -> SearchResult:
+           confirm_top: int = 3, device: Any = None, workers: int | None = None,
+           importance: Any = None) -> SearchResult:
     """Pick the merge of ``models`` that scores best on ``evaluate`` (higher is better), within ``budget`` calls.
 
     Every candidate is merged into one reused output (a scratch module for a module base, one dict of tensors for
@@ -53,6 +54,13 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
         confirm: a second held-out evaluation, run on the ``confirm_top`` best candidates after the search
             (``Trial.confirm_score``; not counted in ``budget``).
         device, workers: as for :func:`ram_live.merge`.
+        importance: per-agent importances for curvature-aware RAM (docs/curvature.md): ``{agent: importances}``
+            as :func:`ram_live.merge` takes them, or several variants by label, e.g. ``{"raw": {agent: ...},
+            "bias_corrected": {agent: ...}}`` (Adam's ``exp_avg_sq`` without and with bias correction). Adds
+            the ``importance`` family on the RAM side: each variant with plain RAM, then with the best RAM-side
+            candidate so far. A winner that uses them holds the same mapping in ``best["importance"]`` (by
+            reference: ``merge(models, base=base, **result.best)`` still reproduces it); JSON and tables show
+            the label (``"given"`` for a single mapping).
 
     Returns:
         A :class:`SearchResult`; ``merge(models, base=base, **result.best)`` reproduces the winner bit for bit.
@@ -74,10 +82,20 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
             raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ConfigError(f"seed must be an int, got {seed!r}")
+    variants = importance_variants(importance)
+    if variants and (space is None or isinstance(space, (list, tuple)) and "importance" not in space):
+        space = [*(space or DEFAULT_SPACE), "importance"]
     families = parse_space(space)
+    for family in families:
+        if family.kind == "importance":
+            if not variants:
+                raise ConfigError("space names the 'importance' family but search got no importance=")
+            family.settings["variants"] = len(variants)
     merger = Merger(models, base, device=device, workers=workers)
     budgets = allot(families, int(budget), len(merger.names))
     run = _Run(merger, evaluate, int(budget), int(seed), progress)
+    run.importance = variants
+    run.labels = {id(m): label for label, m in variants.items()}
     for family in families:
         run.family(family)
     if run.progress_hook is not None:
@@ -99,9 +117,28 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
     return result
 
 
+def importance_variants(importance: Any) -> dict[str, Any]:
+    """``search``'s ``importance=`` as ``{label: {agent: importances}}``: a mapping of labels to per-agent
+    mappings (every value a mapping whose own values are not tensors), else one variant ``"given"``."""
+    from collections.abc import Mapping
+
+    from torch import Tensor
+
+    if importance is None:
+        return {}
+    if not isinstance(importance, Mapping) or not importance:
+        raise ConfigError(f"importance must map agents (or variant labels) to importances, got {importance!r:.80}")
+    if all(isinstance(v, Mapping) and v and not any(isinstance(x, Tensor) for x in v.values())
+           for v in importance.values()):
+        return {str(label): m for label, m in importance.items()}
+    return {"given": importance}
+
+
 class _Run(Moves):
     def __init__(self, merger: Merger, evaluate: Evaluate, budget: int, seed: int, progress: Any) -> None:
         self.merger, self.evaluate, self.budget, self.seed = merger, evaluate, budget, seed
+        self.importance: dict[str, Any] = {}
+        self.labels: dict[int, str] = {}
         self.history: list[Trial] = []
         self.seen: dict[str, Trial] = {}
         self.used = 0
@@ -127,7 +164,8 @@ class _Run(Moves):
     def trial(self, candidate: dict[str, Any]) -> Trial | None:
         """Merge and score ``candidate`` (a repeat costs nothing: its earlier trial), or None when the family's or
         the search's budget is spent."""
-        key = json.dumps(to_json(candidate), sort_keys=True)
+        label_of = self.labels.get(id(candidate.get("importance"))) if "importance" in candidate else None
+        key = json.dumps(to_json({**candidate, "importance": label_of} if label_of else candidate), sort_keys=True)
         effect = effect_key(candidate, self.merger)
         if key in self.seen or effect in self.seen:
             return self.seen[key if key in self.seen else effect]  # type: ignore[index]
@@ -135,7 +173,10 @@ class _Run(Moves):
             return None
         family = self.current
         index = len(self.history)
-        label = f"#{index} {candidate['method']}({describe({k: v for k, v in candidate.items() if k != 'method'})})"
+        shown = {k: v for k, v in candidate.items() if k != "method"}
+        if label_of:
+            shown["importance"] = label_of
+        label = f"#{index} {candidate['method']}({describe(shown)})"
         try:
             merged, info, merge_s = self.merger.merge(candidate)
         except NonFiniteError as exc:
@@ -160,7 +201,8 @@ class _Run(Moves):
                 eval_s: float, extrapolation: float, lambdas: dict[str, float] | None, error: str | None) -> Trial:
         options = {k: v for k, v in candidate.items() if k != "method"}
         trial = Trial(len(self.history), family.name, candidate["method"], options, score, merge_s, eval_s,
-                      extrapolation, side_of(candidate["method"]), lambdas, error=error)
+                      extrapolation, side_of(candidate["method"]), lambdas, error=error,
+                      importance=self.labels.get(id(options.get("importance"))) if "importance" in options else None)
         self.history.append(trial)
         if self.callback is not None:
             self.callback(trial)

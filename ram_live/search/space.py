@@ -39,10 +39,12 @@ DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
     "dare_linear": [{"density": d, "scale": s} for s in (1.0, 1.5) for d in (0.5, 0.3, 0.7)],
 }
 #: Move families: (side, what they change).
-MOVES = {"lambdas": RAM_SIDE, "leave_one_out": RAM_SIDE, "activity": RAM_SIDE, "ta_weights": BASELINE_SIDE}
+MOVES = {"lambdas": RAM_SIDE, "leave_one_out": RAM_SIDE, "activity": RAM_SIDE, "ta_weights": BASELINE_SIDE,
+         "importance": RAM_SIDE}
 #: Share of its side's budget a family gets, renormalised over the families present (coordinate ascents: at least
 #: this, and whatever the others leave).
 SHARES: dict[str, float] = {"ram_plus": 0.45, "lambdas": 0.35, "leave_one_out": 0.1, "activity": 0.1,
+                            "importance": 0.15,
                             "task_arithmetic": 0.2, "ties": 0.3, "dare_ties": 0.3, "ta_weights": 0.2}
 #: The default space, in the order measured to matter on the RAM side, then the baselines.
 DEFAULT_SPACE = ("ram_plus", "lambdas", "leave_one_out", "activity", "task_arithmetic", "ties", "dare_ties",
@@ -58,7 +60,7 @@ class Family:
 
     name: str
     side: str
-    kind: str  # "grid", "explicit", "lambdas", "ta_weights", "leave_one_out", "activity"
+    kind: str  # "grid", "explicit", "lambdas", "ta_weights", "leave_one_out", "activity", "importance"
     grid: list[dict[str, Any]] = field(default_factory=list)
     settings: dict[str, float] = field(default_factory=dict)
     budget: int = 0
@@ -70,6 +72,8 @@ class Family:
             return math.inf
         if self.kind == "leave_one_out":
             return math.inf  # bounded by the number of agents, known when it runs
+        if self.kind == "importance":
+            return 2 * self.settings.get("variants", 1)  # each variant: plain RAM, then the best RAM-side one
         return len(self.grid)
 
 
@@ -116,9 +120,9 @@ def _family(name: str, value: Any) -> Family:
             elif value not in (None, True):
                 raise ConfigError(f"space[{name!r}] takes True or {{'step': ..., 'min_step': ...}}, got {value!r}")
             return Family(name, side, name, settings=settings)
-        if name == "leave_one_out":
+        if name in ("leave_one_out", "importance"):
             if value not in (None, True):
-                raise ConfigError(f"space['leave_one_out'] takes True, got {value!r}")
+                raise ConfigError(f"space[{name!r}] takes True, got {value!r}")
             return Family(name, side, name)
         grid = ACTIVITY_MOVES if value in (None, True) else _grid(name, value)
         for i, options in enumerate(grid):

@@ -123,14 +123,20 @@ class Merger:
         return self.statistics.get((activity, exclude))
 
     def merge(self, candidate: Mapping[str, Any]) -> tuple[Any, MergeInfo, float]:
-        options = {k: v for k, v in candidate.items() if k != "method"}
+        options = {k: v for k, v in candidate.items() if k not in ("method", "importance")}
+        importance = candidate.get("importance")
+        aux = None
+        if importance is not None:
+            from ..importance import importance_sources
+
+            aux = {"importance": importance_sources(importance, list(self.names))}
         method = get_method(candidate["method"])
         config = make_config(candidate["method"], **options)
         key = (method.activity(config), tuple(getattr(config, "exclude", ())))
         reuse = self.statistics.get(key) if method.needs_statistics(config) else None
         t0 = time.perf_counter()
         info = run_merge(self.base_src, self.agents, method, config, self.target, device=self.device,
-                         workers=self.workers, statistics=reuse)
+                         workers=self.workers, statistics=reuse, auxiliary=aux)
         merged = self.target.finish()
         seconds = time.perf_counter() - t0
         if reuse is None and method.needs_statistics(config) and info.statistics is not None:

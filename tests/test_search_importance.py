@@ -1,0 +1,71 @@
+"""search(..., importance=): the curvature-aware family (variants by label), the winner's importances held by
+reference in .best, and merge(models, base=base, **result.best) reproducing it bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ram_live import merge, search
+from ram_live.errors import ConfigError
+
+
+def _setup():
+    g = torch.Generator().manual_seed(0)
+    base = {"w": torch.randn(30, 20, generator=g), "b": torch.randn(20, generator=g)}
+    agents, raw = {}, {}
+    for i in range(3):
+        a = {k: v + 0.1 * torch.randn(v.shape, generator=g) * (torch.rand(v.shape, generator=g) < 0.5)
+             for k, v in base.items()}
+        agents[f"a{i}"] = a
+        raw[f"a{i}"] = {k: torch.rand(v.shape, generator=g) ** 3 for k, v in base.items()}
+    corrected = {a: {k: v / (1 - 0.999 ** (10 * (i + 1))) for k, v in d.items()} for i, (a, d) in
+                 enumerate(raw.items())}
+    return base, agents, raw, corrected
+
+
+def _target(base, agents, imp):
+    """A held-out score that the importance-weighted merge of ``imp`` maximises (its distance to it)."""
+    goal = merge(agents, base=base, method="ram", importance=imp)
+    return lambda m: -sum(float((m[k] - goal[k]).abs().sum()) for k in goal)
+
+
+def test_the_family_wins_when_it_should_and_best_reproduces_it():
+    base, agents, raw, corrected = _setup()
+    variants = {"raw": raw, "bias_corrected": corrected}
+    result = search(agents, base=base, evaluate=_target(base, agents, corrected), budget=30, importance=variants)
+    fam = [t for t in result.history if t.family == "importance"]
+    assert [t.importance for t in fam[:2]] == ["raw", "bias_corrected"]
+    assert fam[0].options["importance"] is raw and fam[1].options["importance"] is corrected
+    assert result.best == {"method": "ram", "importance": corrected}
+    assert result.best["importance"] is corrected  # by reference
+    assert result.best_score == 0.0
+    again = merge(agents, base=base, **result.best)
+    want = merge(agents, base=base, method="ram", importance=corrected)
+    assert all(torch.equal(again[k], want[k]) for k in want)
+    saved = json.loads(json.dumps(result.to_dict()))
+    assert saved["best"] == {"method": "ram", "importance": "bias_corrected"}
+    assert "importance=bias_corrected" in result.table().replace("'", "")
+
+
+def test_one_mapping_is_the_variant_given_and_plain_ram_wins_when_it_should():
+    base, agents, raw, _ = _setup()
+    plain = merge(agents, base=base, method="ram")
+    score = lambda m: -sum(float((m[k] - plain[k]).abs().sum()) for k in plain)  # noqa: E731
+    result = search(agents, base=base, evaluate=score, budget=12, importance=raw,
+                    space={"ram_plus": [{"r": 0.0, "alpha": 2.0}, {"r": 0.5, "alpha": 2.0}], "importance": True})
+    fam = [t for t in result.history if t.family == "importance"]
+    assert [t.importance for t in fam] == ["given", "given"]
+    assert fam[0].method == "ram" and fam[0].options == {"importance": raw}
+    # then the best RAM-side candidate so far (ram_plus r=0, = plain RAM) with the importances added
+    assert fam[1].method == "ram_plus" and fam[1].options == {"r": 0.0, "alpha": 2.0, "importance": raw}
+    assert fam[1].options["importance"] is raw
+    assert result.best_score == 0.0 and "importance" not in result.best
+
+
+def test_family_without_importance_is_an_error():
+    base, agents, _, _ = _setup()
+    with pytest.raises(ConfigError, match="no importance="):
+        search(agents, base=base, evaluate=lambda m: 0.0, budget=4, space=["ram", "importance"])
