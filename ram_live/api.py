@@ -171,7 +171,8 @@ def merge(
     active agents' τ (the plain mean where every active agent's importance is 0; equal importances: RAM's bits).
     Every merged agent needs one with every merged tensor; negative, NaN or Inf entries are errors naming agent
     and tensor. Without ``importance``, snapshots of a store that all carry importances are weighted by them
-    (``MergeInfo.extra["importance"] == "store"``); when only some do, a StoreWarning and plain RAM.
+    (``MergeInfo.extra["importance"] == "store"``); when only some do, a StoreWarning and plain RAM;
+    ``importance=False``: plain RAM even then.
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP
@@ -181,7 +182,9 @@ def merge(
     cfg = make_config(method, config, **options)
     agents, base_src = _sources(models, base)
     how = "given"
-    if importance is None and "importance" in getattr(method_obj, "auxiliary", ()):
+    if importance is False:  # none, not even the importances stored with snapshots
+        importance = None
+    elif importance is None and "importance" in getattr(method_obj, "auxiliary", ()):
         from .store.importance import stored_importance
 
         importance, how = stored_importance(models)  # snapshots that all carry importances: use them

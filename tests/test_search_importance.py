@@ -69,3 +69,26 @@ def test_family_without_importance_is_an_error():
     base, agents, _, _ = _setup()
     with pytest.raises(ConfigError, match="no importance="):
         search(agents, base=base, evaluate=lambda m: 0.0, budget=4, space=["ram", "importance"])
+
+
+def test_search_of_store_snapshots_uses_stored_importances_and_best_reproduces(tmp_path):
+    from ram_live.store import SnapshotStore
+
+    base, agents, raw, _ = _setup()
+    store = SnapshotStore(tmp_path / "store")
+    for name, a in agents.items():
+        store.writer(name, base=base).snapshot(a, step=1, importance=raw[name])
+    snaps = store.latest_all()
+    stored = merge(snaps, method="ram")  # uses the stored importances by itself
+    plain = merge(snaps, method="ram", importance=False)
+    assert not torch.equal(stored["w"], plain["w"])
+    for goal, uses in ((stored, True), (plain, False)):
+        score = lambda m, goal=goal: -sum(float((m[k] - goal[k]).abs().sum()) for k in goal)  # noqa: E731
+        result = search(snaps, evaluate=score, budget=10, space=["ram", "importance"])
+        assert [t.importance for t in result.history if t.family == "importance"][:1] == ["store"]
+        assert result.best_score == 0.0
+        assert (result.best["importance"] is not False) == uses
+        if not uses:
+            assert result.best == {"method": "ram", "importance": False}
+        again = merge(store.latest_all(), **result.best)
+        assert all(torch.equal(again[k], goal[k]) for k in goal)

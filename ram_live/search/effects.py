@@ -18,9 +18,9 @@ def effect_key(candidate: dict[str, Any], merger: Merger) -> str | None:
     agents and λ of each agent with unique entries (λ of the others scales nothing). Two candidates with the
     same effect give the same bits (plain RAM is λ = 1 bit for bit), so the second is not merged again."""
     method = candidate["method"]
-    if method not in RAM_VARIANTS or candidate.get("importance") is not None:
+    if method not in RAM_VARIANTS or candidate.get("importance") not in (None, False):
         return None  # importance-weighted merges: equal effects are not known before merging
-    config = make_config(method, **{k: v for k, v in candidate.items() if k != "method"})
+    config = make_config(method, **{k: v for k, v in candidate.items() if k not in ("method", "importance")})
     if getattr(config, "rho_scope", "global") != "global":
         return None
     activity = get_method(method).activity(config)

@@ -47,10 +47,11 @@ class Moves:
             if self.trial({"method": "ram", "importance": mapping}) is None:
                 return
         best = self.incumbent(RAM_SIDE)
-        if best is None or "importance" in best.options or best.method == "ram" and not best.options:
+        if best is None or best.options.get("importance") not in (None, False) or best.method == "ram" and \
+                set(best.options) <= {"importance"}:
             return
         for mapping in self.importance.values():
-            if self.trial({**best.candidate, "importance": mapping}) is None:
+            if self.trial({**best.candidate, "importance": mapping}) is None:  # replaces a False
                 return
 
     def _ram_start(self) -> Trial | None:

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..api import Model, Models
 from ..errors import ConfigError, NonFiniteError, SearchError
+from ..methods import RAM_VARIANTS
 from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult, Trial, describe, to_json
 from .effects import effect_key, extrapolation_of
 from .moves import Moves
@@ -60,7 +61,9 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
             the ``importance`` family on the RAM side: each variant with plain RAM, then with the best RAM-side
             candidate so far. A winner that uses them holds the same mapping in ``best["importance"]`` (by
             reference: ``merge(models, base=base, **result.best)`` still reproduces it); JSON and tables show
-            the label (``"given"`` for a single mapping).
+            the label (``"given"`` for a single mapping). None with snapshots that all carry stored
+            importances (a store's ``latest_all()``): those, as the variant ``"store"``; RAM-family candidates
+            without them then say ``"importance": False`` (so that ``merge`` does not pick the stored ones).
 
     Returns:
         A :class:`SearchResult`; ``merge(models, base=base, **result.best)`` reproduces the winner bit for bit.
@@ -83,6 +86,13 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ConfigError(f"seed must be an int, got {seed!r}")
     variants = importance_variants(importance)
+    stored = False
+    if importance is None:
+        from ..store.importance import stored_importance
+
+        found, _ = stored_importance(models)
+        if found is not None:
+            variants, stored = {"store": found}, True
     if variants and (space is None or isinstance(space, (list, tuple)) and "importance" not in space):
         space = [*(space or DEFAULT_SPACE), "importance"]
     families = parse_space(space)
@@ -95,6 +105,7 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
     budgets = allot(families, int(budget), len(merger.names))
     run = _Run(merger, evaluate, int(budget), int(seed), progress)
     run.importance = variants
+    run.plain_needs_false = stored
     run.labels = {id(m): label for label, m in variants.items()}
     for family in families:
         run.family(family)
@@ -139,6 +150,7 @@ class _Run(Moves):
         self.merger, self.evaluate, self.budget, self.seed = merger, evaluate, budget, seed
         self.importance: dict[str, Any] = {}
         self.labels: dict[int, str] = {}
+        self.plain_needs_false = False  # the models carry stored importances: plain RAM says importance=False
         self.history: list[Trial] = []
         self.seen: dict[str, Trial] = {}
         self.used = 0
@@ -164,6 +176,8 @@ class _Run(Moves):
     def trial(self, candidate: dict[str, Any]) -> Trial | None:
         """Merge and score ``candidate`` (a repeat costs nothing: its earlier trial), or None when the family's or
         the search's budget is spent."""
+        if self.plain_needs_false and candidate["method"] in RAM_VARIANTS and "importance" not in candidate:
+            candidate = {**candidate, "importance": False}
         label_of = self.labels.get(id(candidate.get("importance"))) if "importance" in candidate else None
         key = json.dumps(to_json({**candidate, "importance": label_of} if label_of else candidate), sort_keys=True)
         effect = effect_key(candidate, self.merger)

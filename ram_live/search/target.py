@@ -126,7 +126,7 @@ class Merger:
         options = {k: v for k, v in candidate.items() if k not in ("method", "importance")}
         importance = candidate.get("importance")
         aux = None
-        if importance is not None:
+        if importance is not None and importance is not False:
             from ..importance import importance_sources
 
             aux = {"importance": importance_sources(importance, list(self.names))}
