@@ -5,6 +5,7 @@
     python benchmarks/bench_snapshot.py --device cuda      # weights and base on the GPU
     python benchmarks/bench_snapshot.py --json out.json    # also write every number as JSON
     python benchmarks/bench_snapshot.py --threads 1        # copy_ and capture on one core (a busy shared machine)
+    python benchmarks/bench_snapshot.py --importance-quality  # only: stored importances' effect on a merge
     RAM_LIVE_NATIVE=0 python benchmarks/bench_snapshot.py  # the CPU capture's numpy path, not the AVX-512 kernel
 
 Model: embeddings, one Llama-style block (biased q/k/v), final norm and untied head, bf16 (the shapes of
@@ -151,6 +152,47 @@ def importance_row(writer, agent: dict[str, torch.Tensor], plain_captures: list[
             "bytes_x_plain": snap.bytes / plain_bytes}
 
 
+def importance_quality(seed: int = 0) -> dict:
+    """The stored importance codes' effect on a merge: three small MLPs trained with AdamW on different targets,
+    curvature-aware RAM with float32 importances (the reference), with the store's codes and with bf16; the
+    largest change of the merged values, relative to the largest |τ*| of the reference."""
+    from torch import nn
+
+    from ram_live import adam_importance, ram_merge
+
+    torch.manual_seed(seed)
+
+    def net() -> nn.Module:
+        return nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 8))
+
+    base = {k: v.detach().clone() for k, v in net().state_dict().items()}
+    store = SnapshotStore(Path(tempfile.mkdtemp(prefix="ram-bench-imp-")) / "s")
+    agents, imps = {}, {}
+    for i in range(3):
+        m = net()
+        m.load_state_dict(base)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        x, y = torch.randn(256, 32), torch.randn(256, 8) + i
+        for _ in range(200):
+            opt.zero_grad()
+            ((m(x) - y) ** 2).mean().backward()
+            opt.step()
+        agents[f"a{i}"] = {k: v.detach().clone() for k, v in m.state_dict().items()}
+        imps[f"a{i}"] = adam_importance(opt, m)
+        store.writer(f"a{i}", base=base).snapshot(m, step=200, importance=imps[f"a{i}"])
+    ref = ram_merge(agents, base=base, importance=imps)
+    tau = max(float((ref[k] - base[k]).abs().max()) for k in ref)
+    rows = {"store codes": ram_merge(store.latest_all()),
+            "bf16 importances": ram_merge(agents, base=base, importance={
+                a: {k: v.bfloat16() for k, v in d.items()} for a, d in imps.items()}),
+            "plain RAM (scale)": ram_merge(agents, base=base)}
+    out = {name: max(float((m[k] - ref[k]).abs().max()) for k in ref) / tau for name, m in rows.items()}
+    for name, v in out.items():
+        print(f"{name:>18}: max |merged - merged with float32 importances| / max |tau*| = {v:.2e}")
+    shutil.rmtree(store.root.parent, ignore_errors=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
@@ -161,7 +203,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, help="torch.set_num_threads (copy_ and the CPU capture use as many)")
     p.add_argument("--json")
     p.add_argument("--no-importance", action="store_true", help="skip the rows with importances")
+    p.add_argument("--importance-quality", action="store_true", help="only the stored importances' merge effect")
     a = p.parse_args()
+    if a.importance_quality:
+        importance_quality()
+        return
     if a.threads:
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)
