@@ -17,6 +17,7 @@ import torch
 import ram_live._importance_native as wnative
 import ram_live._probe_native as pnative
 import ram_live._ram_native as native
+from ram_live.settings import SIMD_LEVELS
 
 KS = (1, 2, 3, 5, 8)
 LENGTHS = (1, 31, 1000, 4099)
@@ -25,18 +26,28 @@ DENSITIES = (0.03, 0.46, 0.54, 0.10, 0.25, 0.35, 0.60, 0.05)
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 DIGESTS = {
-    "counts/bf16": "6f6f76159af5585f817ae204c1d3d633c6644922f670c490835a687beda871bc",
-    "counts/f32": "2d3902dfbd74d863929a337fbfce2e78b321ad19d338d76b43de41839a9360c1",
+    # counts: max |base| as the portable loops computed it; the AVX-512 loop of before took the unsigned maximum of
+    # the raw bits, so any negative entry beat a larger positive one (fixed with the move)
+    "counts/bf16": "20e6f403c0faf65fee61456e8fdc618f00f66aa11d1718fc8b79db59622b4740",
+    "counts/f32": "f8ad308d38171960ad19fee7df71c1a72825d03a7a62212685768035b1aba79b",
     "merge/bf16": "63a2abbcbf1b2f8e64c8cac870a646a3d94d80cf8c5ba0c79de3e1c77f858e71",
     "merge/f32": "5c2ab7dfeee56a225829bc53ca57232d3adc0dc7b980bd12026849f664e9a03e",
-    "probe/bf16": "1d15d74638354656b428d66aba0512ca4c24611eb3d3bf939848e71975a4a4fc",
-    "probe/f32": "500799f0fdd8dc4e2c655d0930024d9f097f0d70e72252ef0f1de919078f4059",
+    "probe/bf16": "60f8daa9445bc54d2571aaabca27924c350943aad1dc355bc244dba010a5076a",
+    "probe/f32": "5b512fb06d33254346706e527564c8020a0f947ccbef6042fddcc6f6d342b3bc",
     "rescale/bf16": "ebd01b1787407fad0c6657fdeb75f001c2088da376e3129d606fc92002b360be",
     "rescale/f32": "c3779717ce949b58de36ac562e4499f621438f010bd1d29a3934bd4f00f468d2",
-    "unscaled/bf16": "35f81d439cbcee975ece60e0b283d3d48b6808b91b2da6b9aa9961772c26f430",
-    "unscaled/f32": "cb319e22c3a051c4635c51c08a7101093c57ed61d5ab25eed9d0f6459d95c907",
+    "unscaled/bf16": "3b2a04259fa506913b8e999bc4a290d56ae3c251c30505c88eafc5ee1908c36a",
+    "unscaled/f32": "284141e5bb1f82c2616c6c21d281861582ef6b4588a59a3dabc2eda8173be978",
     "weighted/bf16": "d10f2a8e638c688e1af911d158c0b9fb7177b6ef429b812ba9cbc0b6b0573c53",
     "weighted/f32": "2c668eede7a10c06a7b123d01217cf4ab7f37bd064a913e881cc3809698aac0b",
+}
+#: The probe's Gram sums (float32 lanes into float64) depend on which entries share a lane: one literal for the
+#: AVX-512 probe (``simd_bits`` 512) and one for the portable loops (0). Its counts above are the same on all.
+GRAM_DIGESTS = {
+    512: {"gram/bf16": "30719adf08352baa7411fdad5b0147bc874c1d9d947021c5aafd6576920390c5",
+          "gram/f32": "57bb3736e685dadadfede4165be8f7d2340a7b917badedc1a341dc7a3784ca85"},
+    0: {"gram/bf16": "ce57c154c1f07b0eed560d15991b14faed11c0dcb0c75f878dfe80bf105952ee",
+        "gram/f32": "e7b0690ab6a0cdec7beaaad4ecb1dbf601b38dc959c590fc1289c096a41f7864"},
 }
 
 
@@ -95,13 +106,14 @@ def compute(ram: native.Kernels, weighted: wnative.Kernels, probe: pnative.Kerne
                         planes = torch.zeros(native.planes_numel(n, k), dtype=torch.int32)
                         active.zero_(), unique.zero_()
                         bad = ram.merge_unscaled(out, base, agents, eps, 0, n, planes, active, unique)
-                        feed(f"unscaled/{dname}", _bytes(out, planes, active, unique) + str(bad).encode())
+                        feed(f"unscaled/{dname}", _bytes(out, active, unique) + str(bad).encode())
                         bad = ram.rescale(out, base, planes, lambdas, 0, n)
                         feed(f"rescale/{dname}", _bytes(out) + str(bad).encode())
                     counts = pnative.ProbeCounts.zeros(k)
                     bad = probe.probe(base, agents, eps, 0, n, counts)
-                    feed(f"probe/{dname}", _bytes(counts.active, counts.unique, counts.inter, counts.histogram,
-                                                  counts.gram) + str(bad).encode())
+                    feed(f"probe/{dname}", _bytes(counts.active, counts.unique, counts.inter, counts.histogram)
+                         + str(bad).encode())
+                    feed(f"gram/{dname}", _bytes(counts.gram))
                     if k <= 5:
                         for hname, hdtype in DTYPES.items():
                             imps = _importances(base, k, hdtype, seed=n + k)
@@ -113,9 +125,18 @@ def compute(ram: native.Kernels, weighted: wnative.Kernels, probe: pnative.Kerne
 
 
 def _builds() -> list[tuple[str, tuple]]:
-    """(level, (ram, weighted, probe)) for each build level this host can run."""
-    kernels = (native.kernels(), wnative.kernels(), pnative.kernel())
-    return [] if None in kernels else [("default", kernels)]
+    """(level, (ram, weighted, probe)) for each build level this host can run, each forced by its flags."""
+    from ram_live import _cc
+
+    host = _cc.host_level()
+    levels = [lv for lv in SIMD_LEVELS if lv == host or lv == "scalar" or (lv == "avx2" and host == "avx512")]
+    builds = []
+    for level in levels:
+        flags = _cc.flags(level)
+        kernels = (native.build(flags), wnative.build(flags), pnative.build(flags))
+        if None not in kernels:
+            builds.append((level, kernels))
+    return builds
 
 
 BUILDS = _builds()
@@ -125,7 +146,7 @@ BUILDS = _builds()
 @pytest.mark.parametrize("level", [name for name, _ in BUILDS])
 def test_kernel_digests(level):
     kernels = dict(BUILDS)[level]
-    assert compute(*kernels) == DIGESTS
+    assert compute(*kernels) == {**DIGESTS, **GRAM_DIGESTS[kernels[2].simd_bits]}
 
 
 if __name__ == "__main__":

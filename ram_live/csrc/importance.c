@@ -1,0 +1,189 @@
+/* Curvature-aware RAM's native CPU kernel (ram_live/_importance_native.py). Built by ram_live/_cc.py. */
+#include <stdint.h>
+#include <string.h>
+
+#define BLOCK 512
+
+#include "scalar.h"
+/* not finite and >= 0: negative, NaN or +Inf */
+static inline int bad_importance(float h) { return !(h >= 0.0f) || bits(h) == 0x7F800000u; }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define FAST 1
+#include "avx512.h"
+/* 32 importances at p + s in the lane order load32 gives the agents (in_dtype) */
+static inline void load_imp32(int in_dtype, int imp_dtype, const void *p, int64_t s, int n, __m512 *lo, __m512 *hi) {
+    if (in_dtype == imp_dtype || n <= 0) { load32(imp_dtype, p, s, n, lo, hi); return; }
+    if (in_dtype == 1) {  /* bfloat16 agents: even entries in lo, odd ones in hi */
+        __m512 a, b;
+        load32(0, p, s, n, &a, &b);
+        const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+        *lo = _mm512_permutex2var_ps(a, ie, b);
+        *hi = _mm512_permutex2var_ps(a, io, b);
+    } else {  /* float32 agents: entry order */
+        const uint16_t *h = (const uint16_t *)p + s;
+        __m512i x = n >= 32 ? _mm512_loadu_si512(h) : _mm512_maskz_loadu_epi16((__mmask32)((1u << n) - 1u), h);
+        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(x)), 16));
+        *hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(x, 1)), 16));
+    }
+}
+/* agent t's share of 16 entries (first: t == 0, where S = W = 0 and no rescaling is needed) */
+static inline __attribute__((always_inline)) void wagent16(__m512 a, __m512 b, __m512 h, __m512 eps, __m512 lt,
+        int plus, int first, __m512 *ns, __m512 *ws, __m512 *top, __m512 *cnt, __m512 *lam, __mmask16 *bad) {
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    const __m512 inf = _mm512_castsi512_ps(_mm512_set1_epi32(0x7F800000));
+    const __m512 d = _mm512_sub_ps(a, b);
+    const __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(d), eps, _CMP_NLE_UQ);
+    *bad |= _mm512_cmp_ps_mask(h, zero, _CMP_NGE_UQ) | _mm512_cmp_ps_mask(h, inf, _CMP_EQ_OQ);
+    *cnt = _mm512_mask_add_ps(*cnt, m, *cnt, one);
+    if (plus) *lam = _mm512_mask_mov_ps(*lam, m, lt);
+    if (first) {
+        *top = _mm512_maskz_mov_ps(m, h);
+        *ns = _mm512_mask_sub_ps(*ns, m, *ns, d);
+        *ws = _mm512_mask_add_ps(*ws, m, *ws, one);
+        return;
+    }
+    if (!m) return;
+    /* one division per lane: where h is a new maximum, r = M / h rescales S and W and then w = h / h = 1; elsewhere
+       w = h / M (1 where M = 0, which leaves h = 0 too). The same values as computing both quotients. */
+    const __mmask16 up = _mm512_mask_cmp_ps_mask(m, h, *top, _CMP_GT_OQ);
+    const __mmask16 pos = _mm512_mask_cmp_ps_mask(m & ~up, *top, zero, _CMP_GT_OQ);
+    const __m512 num = _mm512_mask_mov_ps(h, up, *top), den = _mm512_mask_mov_ps(*top, up, h);
+    const __m512 q = _mm512_mask_div_ps(one, up | pos, num, den);
+    *ns = _mm512_mask_mul_ps(*ns, up, *ns, q);
+    *ws = _mm512_mask_mul_ps(*ws, up, *ws, q);
+    *top = _mm512_mask_mov_ps(*top, up, h);
+    const __m512 w = _mm512_mask_mov_ps(q, up, one);
+    *ns = _mm512_mask_sub_ps(*ns, m, *ns, _mm512_mul_ps(w, d));
+    *ws = _mm512_mask_add_ps(*ws, m, *ws, w);
+}
+/* theta* = b - (cnt == 1 ? ns * lam : ns / max(ws, 1)) */
+static inline __attribute__((always_inline)) __m512 wtheta16(__m512 b, __m512 ns, __m512 ws, __m512 cnt, __m512 lam,
+                                                             int plus) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 r = _mm512_div_ps(ns, _mm512_mask_mov_ps(ws, _mm512_cmp_ps_mask(ws, one, _CMP_LT_OQ), one));
+    if (plus) r = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(cnt, one, _CMP_EQ_OQ), ns, lam);
+    return _mm512_sub_ps(b, r);
+}
+static inline __attribute__((always_inline)) int64_t wmerge_range(
+        int in_dtype, int imp_dtype, int out_dtype, int plus, const void *base, const void *const *agents,
+        const void *const *imps, int k, const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
+    const __m512 ve = _mm512_set1_ps(eps), zero = _mm512_setzero_ps();
+    int64_t bad = 0;
+    for (int64_t s = start; s < end; s += 32) {
+        int n = (int)(end - s < 32 ? end - s : 32);
+        __m512 be, bo, ae, ao, he, ho;
+        __m512 ns_e = zero, ns_o = zero, w_e = zero, w_o = zero, t_e = zero, t_o = zero;
+        __m512 c_e = zero, c_o = zero, l_e = zero, l_o = zero;
+        __mmask16 bad_h = 0;  /* lanes with a bad importance in some agent */
+        load32(in_dtype, base, s, n, &be, &bo);
+        for (int t = 0; t < k; t++) {
+            const __m512 lt = plus ? _mm512_set1_ps(lambdas[t]) : zero;
+            load32(in_dtype, agents[t], s, n, &ae, &ao);
+            load_imp32(in_dtype, imp_dtype, imps[t], s, n, &he, &ho);
+            wagent16(ae, be, he, ve, lt, plus, t == 0, &ns_e, &w_e, &t_e, &c_e, &l_e, &bad_h);
+            wagent16(ao, bo, ho, ve, lt, plus, t == 0, &ns_o, &w_o, &t_o, &c_o, &l_o, &bad_h);
+        }
+        bad += __builtin_popcount((uint32_t)bad_h);
+        bad += store32(in_dtype, out_dtype, out, s, n, wtheta16(be, ns_e, w_e, c_e, l_e, plus),
+                       wtheta16(bo, ns_o, w_o, c_o, l_o, plus));
+    }
+    return bad;
+}
+#define W(I, H, O, P, K) wmerge_range(I, H, O, P, base, agents, imps, K, lambdas, eps, out, start, end)
+#define BY_K4(I, H, O, P) switch (k) { case 1: return W(I, H, O, P, 1); case 2: return W(I, H, O, P, 2);          \
+        case 3: return W(I, H, O, P, 3); case 4: return W(I, H, O, P, 4); default: return W(I, H, O, P, k); }
+#define BY_PLUS(I, H, O) if (lambdas) { BY_K4(I, H, O, 1) } BY_K4(I, H, O, 0)
+#else
+#define WBLOCK(NAME, T, FROM, H, HFROM)                                                                          \
+static int64_t NAME(const T *base, const T *const *agents, const H *const *imps, int k, const float *lambdas,     \
+                    float eps, int64_t s, int n, float *restrict b, float *restrict ns, float *restrict ws,        \
+                    float *restrict top, float *restrict cnt, float *restrict lam) {                              \
+    int32_t bad = 0;                                                                                           \
+    for (int i = 0; i < n; i++) { b[i] = FROM(base[s + i]); ns[i] = ws[i] = top[i] = cnt[i] = lam[i] = 0.0f; } \
+    for (int t = 0; t < k; t++) {                                                                              \
+        const T *restrict a = agents[t] + s;                                                                   \
+        const H *restrict hp = imps[t] + s;                                                                    \
+        const float lt = lambdas ? lambdas[t] : 0.0f;                                                          \
+        for (int i = 0; i < n; i++) {                                                                          \
+            float d = FROM(a[i]) - b[i];                                                                       \
+            if (eps > 0.0f) d = (d >= -eps && d <= eps) ? 0.0f : d;                                            \
+            const float h = HFROM(hp[i]);                                                                      \
+            bad += bad_importance(h);                                                                          \
+            const int act = d != 0.0f;                                                                         \
+            const float m = act ? 1.0f : 0.0f;                                                                 \
+            float w;                                                                                           \
+            cnt[i] = cnt[i] + m;                                                                               \
+            lam[i] = lam[i] + m * lt;                                                                          \
+            if (t == 0) { top[i] = act ? h : 0.0f; w = m; }                                                    \
+            else {                                                                                             \
+                const int up = act && h > top[i];                                                              \
+                const float r = up ? top[i] / h : 1.0f;                                                        \
+                ns[i] = ns[i] * r; ws[i] = ws[i] * r;                                                          \
+                top[i] = up ? h : top[i];                                                                      \
+                w = act ? (top[i] > 0.0f ? h / top[i] : 1.0f) : 0.0f;                                          \
+            }                                                                                                  \
+            ns[i] = ns[i] - w * d;                                                                             \
+            ws[i] = ws[i] + w;                                                                                 \
+        }                                                                                                      \
+    }                                                                                                          \
+    return bad;                                                                                                \
+}
+WBLOCK(wblock_f32_f32, float, from_f32, float, from_f32)
+WBLOCK(wblock_f32_bf16, float, from_f32, uint16_t, from_bf16)
+WBLOCK(wblock_bf16_f32, uint16_t, from_bf16, float, from_f32)
+WBLOCK(wblock_bf16_bf16, uint16_t, from_bf16, uint16_t, from_bf16)
+#endif
+
+int ram_weighted_simd_bits(void) {
+#ifdef FAST
+    return 512;
+#else
+    return 0;
+#endif
+}
+
+/* theta* over [start, end) into out, the shared entries' mean weighted by imps; lambdas NULL: RAM. Returns the
+   number of non-finite results plus (at least 1 where there are any) bad importances: 0 iff all is well.
+   dtype codes: 0 float32, 1 bfloat16. */
+int64_t ram_merge_weighted(int in_dtype, int imp_dtype, int out_dtype, const void *base, const void *const *agents,
+                           const void *const *imps, int k, const float *lambdas, float eps, void *out,
+                           int64_t start, int64_t end) {
+#ifdef FAST
+    if (out_dtype == in_dtype) {
+        if (in_dtype == 1) { if (imp_dtype == 1) { BY_PLUS(1, 1, 1) } BY_PLUS(1, 0, 1) }
+        if (imp_dtype == 1) { BY_PLUS(0, 1, 0) } BY_PLUS(0, 0, 0)
+    }
+    return W(in_dtype, imp_dtype, out_dtype, lambdas != 0, k);
+#else
+    float b[BLOCK] __attribute__((aligned(64))), ns[BLOCK] __attribute__((aligned(64)));
+    float ws[BLOCK] __attribute__((aligned(64))), top[BLOCK] __attribute__((aligned(64)));
+    float cnt[BLOCK] __attribute__((aligned(64))), lam[BLOCK] __attribute__((aligned(64)));
+    int64_t bad = 0;
+    for (int64_t s = start; s < end; s += BLOCK) {
+        int n = (int)(end - s < BLOCK ? end - s : BLOCK);
+        if (in_dtype == 1)
+            bad += (imp_dtype == 1 ? wblock_bf16_bf16((const uint16_t *)base, (const uint16_t *const *)agents,
+                                                      (const uint16_t *const *)imps, k, lambdas, eps, s, n, b, ns, ws,
+                                                      top, cnt, lam)
+                                   : wblock_bf16_f32((const uint16_t *)base, (const uint16_t *const *)agents,
+                                                     (const float *const *)imps, k, lambdas, eps, s, n, b, ns, ws, top,
+                                                     cnt, lam));
+        else
+            bad += (imp_dtype == 1 ? wblock_f32_bf16((const float *)base, (const float *const *)agents,
+                                                     (const uint16_t *const *)imps, k, lambdas, eps, s, n, b, ns, ws,
+                                                     top, cnt, lam)
+                                   : wblock_f32_f32((const float *)base, (const float *const *)agents,
+                                                    (const float *const *)imps, k, lambdas, eps, s, n, b, ns, ws, top,
+                                                    cnt, lam));
+        for (int i = 0; i < n; i++) {
+            const float mean = ns[i] / (ws[i] < 1.0f ? 1.0f : ws[i]);
+            const float r = b[i] - ((lambdas && cnt[i] == 1.0f) ? ns[i] * lam[i] : mean);
+            bad += nonfinite_as(out_dtype, r);
+            if (out_dtype == 1) ((uint16_t *)out)[s + i] = to_bf16(r); else ((float *)out)[s + i] = r;
+        }
+    }
+    return bad;
+#endif
+}
