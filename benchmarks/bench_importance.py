@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_merge as bm  # noqa: E402
+from _host import cpu_label  # noqa: E402
 
 bm.SIZES["mid"] = (3072, 4096, 768, 2048)  # 67,646,976 parameters
 
@@ -77,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     import ram_live
 
     imp_dtype = getattr(torch, args.imp_dtype)
-    flags = Path("/proc/cpuinfo").read_text()
-    print(f"CPU: {bm.cpu_name()} ({'AVX-512' if ' avx512f ' in flags else 'no AVX-512'}), "
+    print(f"CPU: {cpu_label()}, "
           f"{torch.get_num_threads()} torch threads; git {bm.git_state()}; load {bm.loadavg()}")
     rows = []
     for k in args.ks:

@@ -26,11 +26,11 @@ import gc
 import json
 import math
 import os
-import platform
 import time
 import warnings
 
 import torch
+from _host import cpu_label
 
 warnings.filterwarnings("ignore")
 
@@ -108,7 +108,8 @@ def main() -> None:
     model = build(args.hidden, args.layers, args.rank, targets)
     n_modules = len(targets) * args.layers
     print(f"{n_modules} target modules of {args.hidden}x{args.hidden}, 3 adapters of rank {args.rank} -> rank "
-          f"{args.rank}; torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+          f"{args.rank}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{cpu_label()} x {os.cpu_count()}, "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     weights = [1 / 3] * 3
     rows = []
@@ -168,7 +169,7 @@ def main() -> None:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "modules": n_modules, "rows": rows, "summary": summary,
                        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                       "machine": platform.processor() or platform.machine(),
+                       "machine": cpu_label(),
                        "loadavg": os.getloadavg()}, fh, indent=2)
 
 

@@ -18,7 +18,10 @@ entry moves by at least max(|w|/64, 1e-4): it survives bf16 rounding and its sto
 changed entry is "active" for the paper's rule and every other entry has delta exactly 0.
 
 * floor: the bytes RAM has to move, (K + 1) inputs read + 1 output written, at the bandwidth of ``dst.copy_(src)``
-  measured in the same run over the same tensors into a pre-touched destination (best of 3). Also printed: the
+  measured in the same run over the same tensors into a pre-touched destination (best of 3), on CPU with
+  torch's intra-op threads set to the merge's own thread count (``_host.merge_workers()``, ram_live's
+  ``default_workers``) for the copy, so the floor moves the bytes with the merge's parallelism. Every heading
+  names the CPU (``_host.cpu_label()``: model name, AVX-512 / AVX2). Also printed: the
   time to write one *new* output (allocation + first-touch page faults, which a merge returning a fresh state
   dict pays too, and which the floor leaves out).
 * RAM (``ram_merge(..., variant="ram")``), RAM+ (``variant="ram_plus"``, global rho; into a state dict it
@@ -75,6 +78,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from _host import cpu_label, merge_workers
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -275,18 +279,25 @@ def timed_once(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any,
 def copy_bandwidth(srcs: list[dict[str, torch.Tensor]], dst: dict[str, torch.Tensor], device: torch.device,
                    reps: int = 3) -> tuple[float, float]:
     """Bytes/s of ``dst[key].copy_(src[key])`` over every key of every source (read + write counted); the
-    destination is pre-touched by the first repetition. Returns (best bandwidth, best seconds)."""
+    destination is pre-touched by the first repetition. On CPU torch's intra-op threads (which ``copy_`` splits
+    its work among) are the merge's workers during the copy. Returns (best bandwidth, best seconds)."""
     moved = 2 * sum(nbytes(s) for s in srcs)
     best = math.inf
-    for _ in range(reps):
-        sync(device)
-        wait_for_idle()
-        t0 = time.perf_counter()
-        for s in srcs:
-            for key, d in dst.items():
-                d.copy_(s[key])
-        sync(device)
-        best = min(best, time.perf_counter() - t0)
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(merge_workers())
+    try:
+        for _ in range(reps):
+            sync(device)
+            wait_for_idle()
+            t0 = time.perf_counter()
+            for s in srcs:
+                for key, d in dst.items():
+                    d.copy_(s[key])
+            sync(device)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
     return moved / best, best
 
 
@@ -420,16 +431,6 @@ def git_state() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (head or "unknown") + (" + uncommitted changes in ram_live/" if dirty else "")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 # --------------------------------------------------------------------------------------------- methods
@@ -749,11 +750,11 @@ def main(argv: list[str] | None = None) -> int:
 
     specs = model_specs(args.quick)
     n_params = sum(math.prod(s) for _, s in specs)
-    print("# ram_live merge benchmark\n")
+    print(f"# ram_live merge benchmark ({cpu_label()})\n")
     git = git_state()
-    print(f"- ram_live {ram_live.__version__} at {git}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"CPU {cpu_name()} x {os.cpu_count()}" + (f", GPU {torch.cuda.get_device_name(device)}"
-                                                     if device.type == "cuda" else ""))
+    print(f"- ram_live {ram_live.__version__} at {git}, torch {torch.__version__}, {torch.get_num_threads()} threads "
+          f"(the merge's workers and the copy_ floor's: {merge_workers()}), CPU {cpu_label()} x {os.cpu_count()}"
+          + (f", GPU {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""))
     print(f"- model: {len(specs)} bf16 tensors, {n_params:,} parameters "
           f"({n_params * 2 / 2**20:,.0f} MiB per model), largest {max(specs, key=lambda s: math.prod(s[1]))}")
     print(f"- agents' densities: {', '.join(f'{d:.0%}' for d in DENSITIES[:max(ks)])}; device {device}; "
@@ -943,7 +944,7 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"pass_mergekit_{dt}"] = row[f"speedup_{dt}"] >= TARGET_MERGEKIT
 
     dev_label = "HBM" if device.type == "cuda" else "RAM"
-    print(f"\n## Results ({device}, {n_params / 1e6:.1f} M bf16 params, seconds, best of {reps})\n")
+    print(f"\n## Results ({device}, {cpu_label()}, {n_params / 1e6:.1f} M bf16 params, seconds, best of {reps})\n")
     head = ["K", f"copy_ GB/s ({dev_label})", "floor s", "RAM s (x floor)", "RAM+ s (x floor, x RAM)",
             "RAM+ reused counts s (x RAM)", "RAM+ / RAM interleaved pairs (median; RAM+ - RAM)",
             "RAM+ / RAM at the floor: two passes, one read", "in place: RAM s, RAM+ s (pairs: RAM+ / RAM)",
@@ -964,7 +965,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{check} | {r['ram_others_cpu']:.0%}/{r['ram_plus_others_cpu']:.0%}/{r['probe_others_cpu']:.0%} |")
 
     if args.eager:
-        print("\n## The torch eager path (native kernels off, as without a C compiler; seconds, best of the runs)\n")
+        print(f"\n## The torch eager path ({cpu_label()}; native kernels off, as without a C compiler; seconds, "
+              "best of the runs)\n")
         print("| K | RAM s (x floor) | RAM+ s (x RAM eager) | default path faster by RAM / RAM+ |")
         print("|---:|---:|---:|---:|")
         for r in rows:
@@ -973,7 +975,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['ram_eager'] / r['ram']:.1f}x / {r['ram_plus_eager'] / r['ram_plus']:.1f}x |")
 
     if args.compile:
-        print("\n## With compile=True (torch.compile-fused kernels; seconds, best of the runs after the first)\n")
+        print(f"\n## With compile=True ({cpu_label()}; torch.compile-fused kernels; seconds, best of the runs after "
+              "the first)\n")
         print("| K | RAM s (x floor) | RAM+ s (x RAM compiled) | first calls RAM / RAM+ s | vs default RAM / RAM+ | "
               "RAM speedup vs mergekit f32 | others' CPU % |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
@@ -986,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['ram_compile_others_cpu']:.0%}/{r['ram_plus_compile_others_cpu']:.0%} |")
 
     if memory:
-        print(f"\n## Extra peak memory over the inputs (MiB; fresh process per row; "
+        print(f"\n## Extra peak memory over the inputs ({cpu_label()}; MiB; fresh process per row; "
               f"{'CUDA max_memory_allocated' if device.type == 'cuda' else 'VmHWM after clear_refs'})\n")
         print("| K | method | extra peak | (RSS sampler) | output | 2 x largest tensor | target | |")
         print("|---:|---|---:|---:|---:|---:|---:|---|")
@@ -1016,7 +1019,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda r: (r.get("pass_mergekit_bf16"), f"{r['speedup_bf16']:.1f}x" if "speedup_bf16" in r else "-"),
         f"RAM+ <= {TARGET_RAMPLUS:g}x RAM": lambda r: (r["pass_ramplus"], f"{r['ram_plus_x_ram']:.2f}x"),
     }
-    print("\n## Targets\n")
+    print(f"\n## Targets ({cpu_label()})\n")
     for name, ok in targets.items():
         detail = ""
         if name in per_k:
@@ -1046,7 +1049,7 @@ def main(argv: list[str] | None = None) -> int:
                        "tensors": len(specs), "densities": list(DENSITIES[: max(ks)]), "seed": SEED,
                        "mergekit": mk_note, "mergekit_max_k": mk_max_k if use_mergekit else None},
             "git": git,
-            "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_name(),
+            "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_label(),
                         "cpus": os.cpu_count(), "python": platform.python_version(),
                         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None},
             "output_copy_seconds": {"pre_touched": warm_copy, "fresh": fresh},

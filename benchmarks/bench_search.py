@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from _host import cpu_label
 from torch import nn
 
 from ram_live import merge, ram_merge, search
@@ -141,7 +142,7 @@ def main() -> None:
     params = sum(p.numel() for p in base.parameters())
     print(f"model: {args.layers} x Linear({args.hidden}) = {params / 1e6:.2f} M parameters ({model_bytes / 1e6:.1f} MB "
           f"float32), {args.agents} agents, {'module' if args.module else 'state-dict'} base, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads, {cpu_label()}")
     print(f"plain ram_merge (default RAM+: counts + merge, new output): median {plain_s * 1e3:.2f} ms of 7")
     by_family: dict[str, list[Trial]] = {}
     for t in result.history:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -54,6 +53,7 @@ from ram_live._select import kernels
 from ram_live.store import SnapshotStore, fingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _host import cpu_label
 from bench_merge import model_specs
 
 DENSITIES = (0.005, 0.03, 0.5, 1.0)
@@ -218,11 +218,12 @@ def main() -> None:
     tmp = Path(a.dir or tempfile.mkdtemp(prefix="ram-bench-snap-"))
     results: dict = {
         "size": size, "parameters": numel, "dense_bytes": dense_bytes, "device": str(device),
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_label(),
         "load_avg": os.getloadavg()[0], "densities": {},
         "cpu_capture": "avx512 kernel" if kernels() is not None else "numpy",
     }
     print(f"model: {numel:,} bf16 parameters ({dense_bytes / 2**20:.0f} MiB dense), device {device}, "
+          f"CPU {cpu_label()}, "
           f"{torch.get_num_threads()} threads, load {results['load_avg']:.1f}, CPU capture: {results['cpu_capture']}")
 
     dst = {k: v.clone() for k, v in base.items()}  # pre-touched destination

@@ -52,12 +52,13 @@ What it does
 
    **Seconds**: ``call`` is the merge call (or the floor's loop), timed inside the child after its imports;
    ``+fsync`` adds fsync of every output file (ram_live's writer and the mmap floor already ``msync`` their
-   shards inside the call, mergekit and the other floors do not: ``+fsync`` is the comparable figure and the one the time target uses, each
-   run against the floor of the same cache state). **Peak RSS** is the child's ``VmHWM`` (the kernel's high-water
-   mark of resident memory, ``ru_maxrss`` of that process image; imports included); ``base`` is VmRSS after the
-   imports. A thread of the parent reads the child's ``/proc/PID/status`` (VmRSS, RssAnon, RssFile) every 10 ms for
-   the curves (``--json`` holds them; the output shows a summary and a sparkline). ``others' CPU`` is the
-   machine's busy CPU time during the run minus the child's own, over (wall × cores): other users' load.
+   shards in the call, mergekit and the other floors do not: ``+fsync`` is the comparable figure and the one the
+   time target uses, each run against the floor of the same cache state). **Peak RSS** is the child's ``VmHWM``
+   (the kernel's high-water mark of resident memory, ``ru_maxrss`` of that process image; imports included);
+   ``base`` is VmRSS after the imports. A thread of the parent reads the child's ``/proc/PID/status`` (VmRSS,
+   RssAnon, RssFile) every 10 ms for the curves (``--json`` holds them; the output shows a summary and a
+   sparkline). ``others' CPU`` is the machine's busy CPU time during the run minus the child's own, over
+   (wall × cores): other users' load.
 3. **Verification** (a child, after the timings, on the warm outputs): the RAM and RAM+ outputs load with
    ``LlamaForCausalLM.from_pretrained`` and give finite logits; on a few tensors, the RAM output equals
    ``ram_merge`` of the same tensors in memory, and both RAM and RAM+ equal a by-hand float32 evaluation of
