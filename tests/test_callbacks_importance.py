@@ -160,3 +160,41 @@ def test_trl_grpo_callback_stores_the_live_optimizers_exp_avg_sq(tmp_path: Path)
             assert torch.equal(snap.importance.get(key), _stored(v.float(), active)), name
             checked += 1
     assert checked >= 3
+
+
+def test_verl_optimizer_file_reader_maps_exp_avg_sq_by_position(tmp_path: Path) -> None:
+    """integrations.verl.optim on torch.optim's real state dict layout (one rank, plain tensors; the FSDP2
+    DTensor case is tests/verl): exp_avg_sq keyed by the model file's names, bias correction, refusals."""
+    from ram_live.integrations.verl.checkpoint import ActorCheckpoint
+    from ram_live.integrations.verl.optim import rank_importance
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.99))
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).square().mean().backward()
+        opt.step()
+    actor = tmp_path / "global_step_3" / "actor"
+    actor.mkdir(parents=True)
+    torch.save(model.state_dict(), actor / "model_world_size_1_rank_0.pt")
+    torch.save(opt.state_dict(), actor / "optim_world_size_1_rank_0.pt")
+    shards = ActorCheckpoint(actor).shards(0)
+    keys = [k for k in shards.state if k not in shards.aliases]
+    shapes = {k: tuple(shards.boxes[k].tensor.shape) for k in keys}
+    imp, why = rank_importance(actor, 1, 0, keys, shapes)
+    assert why is None and list(imp) == [n for n, _ in model.named_parameters()]
+    for n, p in model.named_parameters():
+        assert torch.equal(imp[n], opt.state[p]["exp_avg_sq"])
+    bc, _ = rank_importance(actor, 1, 0, keys, shapes, bias_correction=True)
+    assert torch.equal(bc["0.weight"], opt.state[model[0].weight]["exp_avg_sq"] / (1 - 0.99 ** 3.0))
+    # an optimizer over some parameters only (LoRA, frozen layers): the positions do not name them
+    part = torch.optim.AdamW(model[2].parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    part.step()
+    torch.save(part.state_dict(), actor / "optim_world_size_1_rank_0.pt")
+    imp, why = rank_importance(actor, 1, 0, keys, shapes)
+    assert imp is None and "state for 2 parameters, the model file 4 tensors" in why
+    (actor / "optim_world_size_1_rank_0.pt").unlink()
+    imp, why = rank_importance(actor, 1, 0, keys, shapes)
+    assert imp is None and "missing" in why

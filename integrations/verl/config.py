@@ -62,6 +62,12 @@ class RAMVerlOptions:
             merged folder's ``ram_merge.json`` (``"search"``) and ``ram_search.json``. Its ``variant``/``r``/...
             above are then unused.
         durable: fsync snapshot files before their manifest.
+        importance: ``"adam"`` (default): store each rank's ``exp_avg_sq`` boxes from the checkpoint's
+            ``optim_world_size_W_rank_R.pt`` with the snapshot (never gathered; :mod:`.optim`), so merges of a
+            store whose agents all have them are curvature-aware (docs/curvature.md); a checkpoint without
+            usable optimizer state (LoRA runs, no ``optimizer`` in ``save_contents``): one warning, a snapshot
+            without. ``null``: never.
+        importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (default false).
     """
 
     store: str = ""
@@ -90,6 +96,8 @@ class RAMVerlOptions:
     evaluate: str | None = None
     search: Any = None
     durable: bool = True
+    importance: str | None = "adam"
+    importance_bias_correction: bool = False
     # filled from verl's config (not ram.* keys a user sets)
     save_freq: int | None = field(default=None, repr=False)
     checkpoint_root: str | None = field(default=None, repr=False)
@@ -115,6 +123,8 @@ class RAMVerlOptions:
         _choice("variant", self.variant, ("ram", "ram_plus", "ram_plus_soft"))
         _choice("activity", self.activity, ("abs", "changed"))
         _choice("rho_scope", self.rho_scope, ("global", "tensor"))
+        _choice("importance", self.importance, ("adam", None))
+        _choice("importance_bias_correction", self.importance_bias_correction, (True, False))
         for name in ("snapshot_every", "max_part_bytes"):
             _int(name, getattr(self, name), minimum=1)
         for name in ("keep", "keep_merged", "merge_every", "lora_rank"):

@@ -35,6 +35,7 @@ from ram_live.store import LocalTensor, SnapshotStore, ram_statistics
 
 from .checkpoint import LORA_RE, ActorCheckpoint, hf_key
 from .config import RAMVerlOptions
+from .optim import rank_importance
 from .pieces import BaseWriter, PieceWriter
 
 __all__ = ["DTYPE_OF", "RAMVerl", "VerlIntegrationError", "load_evaluate", "resolve_base"]
@@ -122,6 +123,7 @@ class RAMVerl:
         self.saves = 0
         self.last_snapshot_step = -1
         self.last_merge_step = -1
+        self._warned_importance = False  # a checkpoint without usable optimizer state: said once
         if options.weights != "master":
             self.prepare(DTYPE_OF[options.weights])
         elif master_dtype is not None:
@@ -242,11 +244,36 @@ class RAMVerl:
                 return t.tensor.dtype
         raise VerlIntegrationError("the checkpoint holds no floating-point tensor")
 
-    def _add(self, writer: PieceWriter, group: dict[str, LocalTensor], base_group: dict[str, LocalTensor]) -> None:
+    def _add(self, writer: PieceWriter, group: dict[str, LocalTensor], base_group: dict[str, LocalTensor],
+             importance: dict[str, Tensor] | None = None) -> None:
         if group:
-            writer.add(group, base_group)
+            writer.add(group, base_group, {k: importance[k] for k in group} if importance is not None else None)
             group.clear()
             base_group.clear()
+
+    def _rank_importance(self, ckpt: ActorCheckpoint, shards: Any, rank: int, stored: list[bool]
+                         ) -> dict[str, Tensor] | None:
+        """This rank's exp_avg_sq boxes by checkpoint key (None: none; every rank alike, else an error)."""
+        if self.opts.importance != "adam":
+            return None
+        keys = [k for k in shards.state if k not in shards.aliases]
+        shapes = {k: tuple(shards.boxes[k].tensor.shape) for k in keys}
+        imp, why = rank_importance(ckpt.path, ckpt.world_size, rank, keys, shapes,
+                                   bias_correction=self.opts.importance_bias_correction)
+        if rank > 0 and (imp is not None) != stored[0]:
+            raise VerlIntegrationError(f"{ckpt.path}: rank {rank}'s optimizer state "
+                                       f"{'maps' if imp is not None else f'does not map ({why})'}, rank 0's "
+                                       f"{'does' if stored[0] else 'does not'}: the optimizer files disagree")
+        if rank == 0:
+            stored[:] = [imp is not None]
+            if imp is None and not self._warned_importance:
+                self._warned_importance = True
+                log.warning("ram_live: %s: snapshots without importances (%s); merges fall back to plain RAM "
+                            "(ram.importance=null silences this)", self.opts.agent, why)
+        if imp is not None:
+            for alias, target in shards.aliases.items():
+                imp[alias] = imp[target]
+        return imp
 
     def _box_pair(self, base: Any, key: str, t: LocalTensor, counts: dict[str, int]) -> tuple[LocalTensor, LocalTensor]:
         dtype = self.dtype if t.tensor.dtype.is_floating_point else t.tensor.dtype
@@ -265,8 +292,11 @@ class RAMVerl:
         group: dict[str, LocalTensor] = {}
         base_group: dict[str, LocalTensor] = {}
         size = 0
+        stored = [False]
         for rank in range(ckpt.world_size):
             shards = ckpt.shards(rank)
+            imp = self._rank_importance(ckpt, shards, rank, stored)
+            imp_group: dict[str, Tensor] | None = {} if imp is not None else None
             names = {}
             for key in shards.boxes:
                 name = hf_key(key)
@@ -285,11 +315,13 @@ class RAMVerl:
                     continue
                 pair = self._box_pair(base, names[key], t, counts)
                 group[names[key]], base_group[names[key]] = pair
+                if imp_group is not None and imp is not None:
+                    imp_group[names[key]] = imp[key]
                 size += pair[0].tensor.numel() * pair[0].tensor.element_size()
                 if size >= self.opts.max_part_bytes:
-                    self._add(writer, group, base_group)
+                    self._add(writer, group, base_group, imp_group)
                     size = 0
-            self._add(writer, group, base_group)  # one rank's boxes never share a part with the next rank's
+            self._add(writer, group, base_group, imp_group)  # one rank's boxes never share a part with the next's
             size = 0
             del shards  # let the rank's memory map go
         return {"lora": False}

@@ -173,8 +173,10 @@ class PieceWriter:
         self.totals = _Totals()
         self._covered: dict[str, int] = {}
 
-    def add(self, boxes: Mapping[str, LocalTensor], base_boxes: Mapping[str, LocalTensor]) -> dict[str, int]:
-        """Encode and write one group; returns ``{"numel", "changed", "bytes"}`` of it."""
+    def add(self, boxes: Mapping[str, LocalTensor], base_boxes: Mapping[str, LocalTensor],
+            importance: Mapping[str, Tensor] | None = None) -> dict[str, int]:
+        """Encode and write one group (``importance``: the boxes' importances, stored at their changed entries);
+        returns ``{"numel", "changed", "bytes"}`` of it."""
         index = len(self.parts)
         for key, t in boxes.items():
             shape, dtype = self.specs[key]
@@ -191,7 +193,7 @@ class PieceWriter:
         writer = SnapshotWriter(self.store, self.agent, base, activity=self.activity, eps=self.eps,
                                 collective=_Rank(index), clone_base=False,  # type: ignore[arg-type]
                                 trusted_fingerprint=self.fingerprint)
-        capture = writer.capture(model)
+        capture = writer.capture(model, importance=importance)
         part = self.store.write_part(self.agent, self.step, self.nonce, index, capture.tensors, capture.pieces)
         self.parts.append(part)
         dtype = next(iter(boxes.values())).tensor.dtype if boxes else torch.float32

@@ -89,6 +89,12 @@ def main(base: str, root: str, store: str, ref: str) -> None:
             if rank == 0:
                 save_file({k: v.contiguous() for k, v in full.items()},
                           os.path.join(ref, f"{agent}_{step}.safetensors"))
+            # Adam's second moments all-gathered, by parameter name: the reference of the stored importances
+            moments = {n: (lambda v: v.full_tensor() if hasattr(v, "full_tensor") else v)(
+                optim.state[p]["exp_avg_sq"]).detach().clone() for n, p in model.named_parameters() if p in optim.state}
+            if rank == 0:
+                save_file({k: v.contiguous() for k, v in moments.items()},
+                          os.path.join(ref, f"{agent}_{step}_exp_avg_sq.safetensors"))
             dist.barrier()
             if callback is not None:
                 trainer = SimpleNamespace(global_steps=step, total_training_steps=spec["steps"], logger=None)

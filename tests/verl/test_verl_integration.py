@@ -381,3 +381,33 @@ def test_readme_command_line_composes(verl_run, tmp_path):
     assert config.trainer.checkpoint_callback_class == CALLBACK
     opts = options_from_verl(config)
     assert (opts.agent, opts.merge_every, opts.keep_merged, opts.save_freq) == ("coder", 5, 2, 20)
+
+
+def test_snapshots_carry_exp_avg_sq_from_the_optimizer_shards(verl_run):
+    """The callback's snapshots (coder, FSDP2 on 2 ranks) store each rank's exp_avg_sq box read from
+    optim_world_size_2_rank_R.pt (never gathered); read back, they are the all-gathered moments at the changed
+    entries, in the store's codes; a merge of coder and tools snapshots uses them."""
+    from ram_live.store.importance import dequantize, quantize
+
+    store = SnapshotStore(verl_run.store)
+    snap = store.open("coder", 2)
+    assert snap.manifest["version"] == 3 and snap.importance is not None
+    moments = load_file(str(verl_run.ref / "coder_2_exp_avg_sq.safetensors"))
+    sbase = store.base_source()
+    checked = 0
+    for key, v in moments.items():
+        got = snap.importance.get(key)
+        for p in snap.manifest["tensors"][key]["pieces"]:  # each rank's box was coded against its own maximum
+            (o0, *_), (n0, *_) = p["offsets"], p["shape"]
+            if p["encoding"] == "none":
+                continue
+            box = (slice(o0, o0 + n0),)
+            active = snap.get(key)[box] != sbase.get(key)[box]
+            want = torch.zeros(v[box].shape)
+            codes, m = quantize(v[box][active])
+            want[active] = dequantize(codes, m)
+            assert torch.equal(got[box], want), key
+            checked += 1
+    assert checked >= 4
+    _, info = ram_merge({"coder": snap, "coder_again": store.open("coder", 2)}, return_info=True)
+    assert info.extra["importance"] == "store"
