@@ -176,7 +176,7 @@ def test_a_corrupt_manifest_keeps_its_files_from_gc(world):
     (lambda m: m["files"].append(dict(m["files"][0])), "twice"),
     (lambda m: m.__setitem__("files", []), "no file"),
     (lambda m: m["stats"].__setitem__("changed", 0), "stats"),
-    (lambda m: m.__setitem__("version", 3), "newer"),
+    (lambda m: m.__setitem__("version", 4), "newer"),
     (lambda m: m.__setitem__("step", STEP + 1), "says"),
     (lambda m: m.__setitem__("agent", "other"), "says"),
     (lambda m: m.__setitem__("activity", {"rule": "abs", "eps": -1}), "activity"),
