@@ -31,13 +31,13 @@ What it does
      of 512 KiB (the merge's native chunk of bf16 entries) that N threads take from a shared counter, with no
      barrier between tensors; each thread reads its item's range of all K + 1 inputs into its own buffer and
      writes the last one. Two I/O paths, each its own row: ``floor (pread/pwrite ×N)`` (``os.preadv`` into the
-     buffer, ``os.pwrite`` into a ``posix_fallocate``'d file) and ``floor (mmap ×N)`` (ram_live's path:
-     copy-on-write maps of the inputs, the output fallocated and mapped writable, numpy copies that release the
-     GIL, pages released with ``MADV_DONTNEED`` and the output msync'ed in the call). **The floor of a cache
+     buffer, each thread with its own descriptors, ``os.pwrite`` into a ``posix_fallocate``'d file) and
+     ``floor (mmap ×N)`` (ram_live's path: copy-on-write maps of the inputs, the output fallocated and mapped
+     writable, numpy copies that release the GIL, pages released with ``MADV_DONTNEED`` and the output msync'ed
+     in the call). **The floor of a cache
      state is the fastest of these runs** (+fsync): a merge reads every input byte and writes every output byte
      with no more threads, so none can beat it beyond run-to-run noise (the floor check under the table says
-     whether one did). Without
-     ``--quick`` both run again last (``#2``), to bracket order effects.
+     whether one did). Both run again last (``#2``), to bracket order effects.
    * ``single-thread copy + write: not a floor``: the floor of issue 7, kept for comparison (one thread memcpys
      each tensor out of the mmap into one buffer, then ``write()``; RAM beat it, 0.86 × cold). Not with
      ``--no-single-thread``.
@@ -442,7 +442,8 @@ def child_floor_parallel(spec: dict[str, Any]) -> dict[str, Any]:
     items of ``FLOOR_CHUNK`` bytes (in the index's key order) that ``merge_workers()`` threads take from a shared
     counter, with no barrier between tensors (the merge has one). Per item each thread reads the item's range of
     all K + 1 inputs into its own buffer and writes the last one (an agent's bytes stand in for the merged ones).
-    ``io="pread"``: ``os.preadv`` into the buffer, ``os.pwrite`` into a ``posix_fallocate``'d file. ``io="mmap"``:
+    ``io="pread"``: ``os.preadv`` into the buffer (each thread with its own descriptors, so its own readahead),
+    ``os.pwrite`` into a ``posix_fallocate``'d file. ``io="mmap"``:
     ram_live's path, copy-on-write maps of the inputs copied from (numpy, GIL released) and the output
     fallocated and mapped writable, pages released after each item with ``MADV_DONTNEED`` as ram_live does."""
     import numpy as np
@@ -508,6 +509,9 @@ def child_floor_parallel(spec: dict[str, Any]) -> dict[str, Any]:
 
     def work() -> None:
         buf = np.empty(FLOOR_CHUNK, dtype=np.uint8)
+        # (pread) each thread opens the inputs itself, for its own readahead state per file: threads sharing one
+        # file description interleave their offsets, and the kernel then stops reading ahead
+        own = fds if use_mmap else {f: os.open(f, os.O_RDONLY) for f in fds}
         try:
             while True:
                 with lock:
@@ -525,7 +529,7 @@ def child_floor_parallel(spec: dict[str, Any]) -> dict[str, Any]:
                     else:
                         done = 0
                         while done < n:
-                            got = os.preadv(fds[file], [memoryview(view)[done:]], begin + lo + done)
+                            got = os.preadv(own[file], [memoryview(view)[done:]], begin + lo + done)
                             if got <= 0:
                                 raise OSError(f"{file}: short read at {begin + lo + done}")
                             done += got
@@ -539,6 +543,10 @@ def child_floor_parallel(spec: dict[str, Any]) -> dict[str, Any]:
                         done += os.pwrite(fd, memoryview(view)[done:], at + lo + done)
         except BaseException as exc:  # noqa: BLE001  (re-raised in the main thread)
             errors.append(exc)
+        finally:
+            if own is not fds:
+                for fd in own.values():
+                    os.close(fd)
 
     threads = [threading.Thread(target=work, name=f"floor-{w}") for w in range(workers)]
     for t in threads:
@@ -909,8 +917,7 @@ def _bench(args: argparse.Namespace, config: dict[str, Any], shard_bytes: int, b
                  ("ram_live RAM+ compiled", {"kind": "ram", "variant": "ram_plus", "compile": True})]
     if use_mergekit:
         plan.append(("mergekit ram", None))
-    if not args.quick:  # order effects: the floors bracket the runs
-        plan += [(f"{label} #2", job) for label, job in floors]
+    plan += [(f"{label} #2", job) for label, job in floors]  # order effects: the floors bracket the runs
     caches = ["warm"] if args.cold == "none" else ["cold", "warm"]
     runs: list[dict[str, Any]] = []
     keep_out: dict[str, str] = {}
