@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..distributed import is_dtensor
 from ..schedule import MergeResult, RAMSchedule
 
 __all__ = ["AdamImportance", "NoImportanceWarning", "SingleAgentWarning", "save_generalist", "warn_single_agent"]
@@ -41,6 +42,8 @@ class AdamImportance:
                 raise ConfigError("no optimizer")
             if not any("betas" in g for g in opt.param_groups):
                 raise ConfigError(f"{type(opt).__name__} keeps no 'exp_avg_sq' (no Adam second moments)")
+            if any(is_dtensor(p) for p in model.parameters()):
+                return local_adam_importance(opt, model, self.bias_correction)
             return adam_importance(opt, model, bias_correction=self.bias_correction)
         except ConfigError as exc:
             if not self.warned:
@@ -49,6 +52,31 @@ class AdamImportance:
                     f"{self.owner}: snapshots without importances ({exc}); merges of this store fall back to plain "
                     "RAM (pass importance=None to silence this)"), stacklevel=3)
             return None
+
+
+def local_adam_importance(opt: Any, model: Any, bias_correction: bool) -> dict[str, Any]:
+    """``exp_avg_sq`` of sharded (DTensor) parameters as this rank's local shards, keyed by parameter name
+    (zeros of the local shard's shape where a parameter has no state): what the rank's snapshot piece stores."""
+    import torch
+
+    from ram_live.errors import ConfigError
+
+    beta2 = {id(p): (g.get("betas") or (None, None))[1] for g in opt.param_groups for p in g["params"]}
+    out = {}
+    for name, p in model.named_parameters():
+        local = p.to_local() if is_dtensor(p) else p
+        state = opt.state.get(p) or {}
+        if not state:
+            out[name] = torch.zeros(local.shape, dtype=torch.float32, device=local.device)
+            continue
+        if "exp_avg_sq" not in state:
+            raise ConfigError(f"{type(opt).__name__} keeps no 'exp_avg_sq' (its state holds {sorted(state)})")
+        v = state["exp_avg_sq"]
+        v = (v.to_local() if is_dtensor(v) else v).detach().float()
+        if bias_correction:
+            v = v / (1.0 - float(beta2[id(p)]) ** float(state["step"]))
+        out[name] = v
+    return out
 
 
 def importance_option(importance: Any, bias_correction: bool) -> None:
