@@ -10,6 +10,7 @@ a diagonal empirical Fisher from a data loader, for agents that come without opt
 
 from __future__ import annotations
 
+import numbers
 import os
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -145,6 +146,10 @@ def importance_sources(importance: Mapping[str, Importance] | Sequence[Importanc
 
 def _as_source(value: Any, agent: str) -> TensorSource:
     name = f"importance of {agent}"
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        from .auxiliary import ConstantImportance
+
+        return ConstantImportance(float(value), agent)  # one weight for every entry (RAM's shared mean)
     if isinstance(value, (str, os.PathLike)):
         return SafetensorsSource(value, name)
     if isinstance(value, Mapping):

@@ -43,6 +43,8 @@ class Trial:
     lambdas: dict[str, float] | None = None
     confirm_score: float | None = None
     error: str | None = None
+    #: When it ran: "explicit", "screen" or "refine" (ram_live.search.budget).
+    phase: str | None = None
     importance: str | None = None  # the label of the importances in options["importance"] (shown instead of them)
 
     @property
@@ -66,7 +68,8 @@ class Trial:
         return to_json({"index": self.index, "family": self.family, "side": self.side, "method": self.method,
                         "options": self.shown, "score": self.score, "confirm_score": self.confirm_score,
                         "merge_seconds": self.merge_seconds, "evaluate_seconds": self.evaluate_seconds,
-                        "extrapolation": self.extrapolation, "lambdas": self.lambdas, "error": self.error})
+                        "extrapolation": self.extrapolation, "lambdas": self.lambdas, "error": self.error,
+                        "phase": self.phase})
 
 
 def _copy(options: dict[str, Any]) -> dict[str, Any]:

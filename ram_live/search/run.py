@@ -17,7 +17,9 @@ from ..methods import RAM_VARIANTS
 from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult, Trial, describe, to_json
 from .effects import effect_key, extrapolation_of
 from .moves import Moves
-from .space import BASELINE_SIDE, DEFAULT_SPACE, RAM_SIDE, Family, allot, parse_space, side_of
+from .budget import spend
+from .refine import Refinements
+from .space import DEFAULT_SPACE, Family, parse_space, side_of
 from .target import Merger
 
 __all__ = ["search"]
@@ -102,13 +104,11 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
                 raise ConfigError("space names the 'importance' family but search got no importance=")
             family.settings["variants"] = len(variants)
     merger = Merger(models, base, device=device, workers=workers)
-    budgets = allot(families, int(budget), len(merger.names))
     run = _Run(merger, evaluate, int(budget), int(seed), progress)
     run.importance = variants
     run.plain_needs_false = stored
     run.labels = {id(m): label for label, m in variants.items()}
-    for family in families:
-        run.family(family)
+    budgets = spend(run, families)
     if run.progress_hook is not None:
         run.progress_hook.close()
     result = SearchResult(run.history, int(budget), int(seed), merger.names, budgets=budgets)
@@ -145,7 +145,7 @@ def importance_variants(importance: Any) -> dict[str, Any]:
     return {"given": importance}
 
 
-class _Run(Moves):
+class _Run(Moves, Refinements):
     def __init__(self, merger: Merger, evaluate: Evaluate, budget: int, seed: int, progress: Any) -> None:
         self.merger, self.evaluate, self.budget, self.seed = merger, evaluate, budget, seed
         self.importance: dict[str, Any] = {}
@@ -154,7 +154,6 @@ class _Run(Moves):
         self.history: list[Trial] = []
         self.seen: dict[str, Trial] = {}
         self.used = 0
-        self.carry = {RAM_SIDE: 0, BASELINE_SIDE: 0}
         self.merge_seconds = self.evaluate_seconds = 0.0
         self.progress_hook = progress if progress is not None and hasattr(progress, "update") and hasattr(
             progress, "start") else None
@@ -166,12 +165,13 @@ class _Run(Moves):
 
     # ------------------------------------------------------------------------------------------- one trial
 
-    def family(self, family: Family) -> None:
-        self.left = family.budget + self.carry[family.side]
+    def run_family(self, family: Family, allowance: int) -> bool:
+        """Run ``family`` with at most ``allowance`` new evaluations; True when it ran to its end (budget left)."""
+        self.left = allowance
         self.current = family
         if self.left > 0:
             getattr(self, f"_{family.kind}")(family)
-        self.carry[family.side] = max(0, self.left)
+        return self.left > 0 and self.used < self.budget
 
     def trial(self, candidate: dict[str, Any]) -> Trial | None:
         """Merge and score ``candidate`` (a repeat costs nothing: its earlier trial), or None when the family's or

@@ -1,9 +1,11 @@
-"""What a search tries: families of candidates, their default grids, and how the budget is split.
+"""What a search tries: families of candidates, their default grids, and the arms the budget is spread over.
 
 A candidate is ``{"method": name, **options}``. A *family* produces candidates: a grid family is a registered
-merge method with a list of option settings; a *move* family changes the best candidate found so far on its side
-(per-agent λ or weights by coordinate ascent, leaving one agent out, another activity rule). Families belong to
-a side: the RAM family, or the baselines (every other method).
+merge method with a list of option settings; a *move* family changes the best candidate found so far in its arm
+(per-agent λ, shared weights or task-arithmetic weights by coordinate ascent, leaving one agent out, another
+activity rule). Families belong to a side (the RAM family, or the baselines) and to an *arm*: every RAM-side
+family is the arm ``"ram"``; a baseline family is the arm of its method (``ta_weights`` is ``task_arithmetic``'s).
+How the budget goes to the arms: :mod:`ram_live.search.budget`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..methods import RAM_VARIANTS, available_methods, make_config
 
-__all__ = ["Family", "DEFAULT_SPACE", "parse_space", "allot", "RAM_SIDE", "BASELINE_SIDE"]
+__all__ = ["Family", "DEFAULT_SPACE", "parse_space", "arm_of", "spread", "RAM_SIDE", "BASELINE_SIDE"]
 
 RAM_SIDE, BASELINE_SIDE = "ram", "baseline"
 
@@ -39,36 +41,49 @@ DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
     "dare_linear": [{"density": d, "scale": s} for s in (1.0, 1.5) for d in (0.5, 0.3, 0.7)],
 }
 #: Move families: (side, what they change).
-MOVES = {"lambdas": RAM_SIDE, "leave_one_out": RAM_SIDE, "activity": RAM_SIDE, "ta_weights": BASELINE_SIDE,
-         "importance": RAM_SIDE}
-#: Share of its side's budget a family gets, renormalised over the families present (coordinate ascents: at least
-#: this, and whatever the others leave).
-SHARES: dict[str, float] = {"ram_plus": 0.45, "lambdas": 0.35, "leave_one_out": 0.1, "activity": 0.1,
-                            "importance": 0.15,
-                            "task_arithmetic": 0.2, "ties": 0.3, "dare_ties": 0.3, "ta_weights": 0.2}
+MOVES = {"lambdas": RAM_SIDE, "shared_weights": RAM_SIDE, "leave_one_out": RAM_SIDE, "activity": RAM_SIDE,
+         "ta_weights": BASELINE_SIDE, "importance": RAM_SIDE}
+#: Coordinate-ascent families.
+ASCENTS = ("lambdas", "shared_weights", "ta_weights")
 #: The default space, in the order measured to matter on the RAM side, then the baselines.
-DEFAULT_SPACE = ("ram_plus", "lambdas", "leave_one_out", "activity", "task_arithmetic", "ties", "dare_ties",
-                 "ta_weights")
+DEFAULT_SPACE = ("ram_plus", "lambdas", "shared_weights", "leave_one_out", "activity", "task_arithmetic", "ties",
+                 "dare_ties", "ta_weights")
 #: Where move families start: coordinate-ascent step, and the step below which it stops.
 ASCENT_STEP, ASCENT_MIN_STEP = 1.0, 1.0 / 64
+#: The local density × scale steps after a default TIES/DARE grid: density ± 0.1, scale ± 0.25, halved (as the
+#: ascent's step) down to an eighth.
+LOCAL_STEPS = {"density": 0.1, "scale": 0.25}
+LOCAL_MIN_STEP = 1.0 / 8
 
 
 @dataclass
 class Family:
     """One family of a search: ``grid`` (candidates' options for grid families and the activity moves),
-    ``settings`` (the coordinate ascent's ``step``/``min_step``), ``budget`` (evaluations allotted)."""
+    ``settings`` (the coordinate ascent's ``step``/``min_step``), ``user_grid`` (the grid was given in ``space=``:
+    exactly those candidates, no local steps around them), ``budget`` (unused: the arms share the budget, see
+    :mod:`ram_live.search.budget`)."""
 
     name: str
     side: str
-    kind: str  # "grid", "explicit", "lambdas", "ta_weights", "leave_one_out", "activity", "importance"
+    kind: str  # "grid", "explicit", "lambdas", "shared_weights", "ta_weights", "leave_one_out", "activity",
+    # "importance"
     grid: list[dict[str, Any]] = field(default_factory=list)
     settings: dict[str, float] = field(default_factory=dict)
     budget: int = 0
+    user_grid: bool = False
+
+    @property
+    def arm(self) -> str:
+        """The arm this family refines: ``"ram"`` for the RAM side, else its method (``ta_weights``: task
+        arithmetic)."""
+        if self.side == RAM_SIDE:
+            return RAM_SIDE
+        return "task_arithmetic" if self.kind == "ta_weights" else self.name
 
     @property
     def size(self) -> float:
         """How many candidates it can produce at most (inf for a coordinate ascent)."""
-        if self.kind in ("lambdas", "ta_weights"):
+        if self.kind in ASCENTS:
             return math.inf
         if self.kind == "leave_one_out":
             return math.inf  # bounded by the number of agents, known when it runs
@@ -79,6 +94,22 @@ class Family:
 
 def side_of(method: str) -> str:
     return RAM_SIDE if method in RAM_VARIANTS else BASELINE_SIDE
+
+
+def arm_of(method: str) -> str:
+    """The arm a merge of ``method`` scores for: ``"ram"`` for every RAM variant, else the method itself."""
+    return RAM_SIDE if method in RAM_VARIANTS else method
+
+
+def spread(n: int, k: int) -> list[int]:
+    """``k`` of the indices ``0 … n-1``, evenly spaced, first and last included (all of them when ``k >= n``)."""
+    if k >= n:
+        return list(range(n))
+    if k <= 0:
+        return []
+    if k == 1:
+        return [0]
+    return [int(math.floor(i * (n - 1) / (k - 1) + 0.5)) for i in range(k)]
 
 
 def _grid(entry: str, value: Any) -> list[dict[str, Any]]:
@@ -98,7 +129,7 @@ def _grid(entry: str, value: Any) -> list[dict[str, Any]]:
 
 def _check_candidate(entry: str, method: str, options: Mapping[str, Any]) -> None:
     try:
-        make_config(method, **options)
+        make_config(method, **{k: v for k, v in options.items() if k != "importance"})
     except ConfigError as exc:
         raise ConfigError(f"space entry {entry}: {exc}") from None
 
@@ -106,7 +137,7 @@ def _check_candidate(entry: str, method: str, options: Mapping[str, Any]) -> Non
 def _family(name: str, value: Any) -> Family:
     if name in MOVES:
         side = MOVES[name]
-        if name in ("lambdas", "ta_weights"):
+        if name in ASCENTS:
             settings = {"step": ASCENT_STEP, "min_step": ASCENT_MIN_STEP}
             if isinstance(value, Mapping):
                 unknown = sorted(set(value) - set(settings))
@@ -134,10 +165,11 @@ def _family(name: str, value: Any) -> Family:
     if name not in available_methods():
         raise ConfigError(f"space: unknown family {name!r}; families are {', '.join(DEFAULT_SPACE)}, "
                           f"'ram', 'ram_plus_soft', 'linear', 'dare_linear' or any registered method")
-    grid = DEFAULT_GRIDS.get(name, [{}]) if value in (None, True) else _grid(name, value)
+    user = value not in (None, True)
+    grid = _grid(name, value) if user else DEFAULT_GRIDS.get(name, [{}])
     for i, options in enumerate(grid):
         _check_candidate(f"{name!r}[{i}]", name, options)
-    return Family(name, side_of(name), "grid", grid=[dict(g) for g in grid])
+    return Family(name, side_of(name), "grid", grid=[dict(g) for g in grid], user_grid=user)
 
 
 def parse_space(space: Any) -> list[Family]:
@@ -177,47 +209,3 @@ def parse_space(space: Any) -> list[Family]:
         if not isinstance(name, str):
             raise ConfigError(f"space: family names are strings, got {name!r}")
     return [_family(name, value) for name, value in items]
-
-
-def allot(families: list[Family], budget: int, n_agents: int) -> dict[str, int]:
-    """Split ``budget`` evaluations: evenly between the sides present (the RAM side gets the odd one); within a
-    side, explicit candidates first (all they list), then each family ``SHARES`` of the rest (0.3 for other
-    methods), renormalised over the families present, at least 1 and at most its size; the coordinate ascents
-    (``lambdas``, ``ta_weights``) get what the others leave. Where the families ask for more than the side has,
-    the later ones get less (down to 0). Sets ``Family.budget``; returns ``{side: budget}``."""
-    sides = [s for s in (RAM_SIDE, BASELINE_SIDE) if any(f.side == s for f in families)]
-    per_side = {s: 0 for s in sides}
-    if len(sides) == 2:
-        per_side[RAM_SIDE], per_side[BASELINE_SIDE] = budget - budget // 2, budget // 2
-    elif sides:
-        per_side[sides[0]] = budget
-    for side in sides:
-        mine = [f for f in families if f.side == side]
-        left = per_side[side]
-        for f in mine:
-            if f.kind == "explicit":
-                f.budget = min(len(f.grid), left)
-                left -= f.budget
-        others = [f for f in mine if f.kind != "explicit"]
-        ascents = [f for f in others if f.kind in ("lambdas", "ta_weights")]
-        fixed = [f for f in others if f not in ascents]
-        total = sum(_share(f) for f in others)
-        room = left
-        for f in fixed:
-            size = n_agents if f.kind == "leave_one_out" else f.size
-            f.budget = int(min(size, max(1, math.ceil(room * _share(f) / total)), left))
-            left -= f.budget
-        if ascents:
-            for i, f in enumerate(ascents):
-                f.budget = left // len(ascents) + (1 if i < left % len(ascents) else 0)
-        else:  # no ascent to take the rest: the grids, in order, up to their sizes
-            for f in fixed:
-                size = n_agents if f.kind == "leave_one_out" else f.size
-                extra = int(min(left, size - f.budget))
-                f.budget += extra
-                left -= extra
-    return per_side
-
-
-def _share(f: Family) -> float:
-    return SHARES.get(f.name, 0.3)

@@ -8,6 +8,7 @@ where they are (the base is never written). RAM-family counts are taken once per
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Mapping
 
@@ -17,7 +18,8 @@ from torch import Tensor, nn
 from ..api import Model, Models, _sources
 from ..engine import MergeInfo, run_merge
 from ..errors import ConfigError
-from ..methods import RamStatistics, get_method, make_config
+from .. import functional as F
+from ..methods import RamStatistics, _agent_densities, _ties_prepare, get_method, make_config
 from ..sinks import ModuleSink
 from ..sources import TensorSpec
 
@@ -117,6 +119,10 @@ class Merger:
         self.target: Any = ModuleTarget(base) if isinstance(base, nn.Module) else DictTarget(self.device)
         self.statistics: dict[Any, RamStatistics] = {}
         self.statistics_passes = 0
+        #: TIES' trim thresholds, (agent, tensor, density) -> threshold: one float per agent and tensor for each
+        #: density tried (they depend on nothing else: not on scale, weights or the sign election).
+        self.thresholds: dict[tuple[str, str, float], float | None] = {}
+        self._ties: Any = None
 
     def counts(self, activity: Any, exclude: tuple[str, ...] = ()) -> RamStatistics | None:
         """The counts taken so far for this activity rule and these excluded agents, if any."""
@@ -130,7 +136,7 @@ class Merger:
             from ..importance import importance_sources
 
             aux = {"importance": importance_sources(importance, list(self.names))}
-        method = get_method(candidate["method"])
+        method = self._cached(get_method(candidate["method"]))
         config = make_config(candidate["method"], **options)
         key = (method.activity(config), tuple(getattr(config, "exclude", ())))
         reuse = self.statistics.get(key) if method.needs_statistics(config) else None
@@ -143,3 +149,24 @@ class Merger:
             self.statistics[key] = info.statistics
             self.statistics_passes += 1
         return merged, info, seconds
+
+    def _cached(self, method: Any) -> Any:
+        """TIES with its thresholds taken from :attr:`thresholds` (computed as TIES' own ``prepare`` computes
+        them, once per agent, tensor and density); other methods as they are."""
+        if method.prepare is not _ties_prepare:
+            return method
+        if self._ties is None:
+            cache = self.thresholds
+
+            def prepare(config: Any, view: Any, weights: Any) -> list[float | None]:
+                densities = _agent_densities(config, view.agents)
+                out = []
+                for t, agent in enumerate(view.agents):
+                    key = (agent, view.key, densities[t])
+                    if key not in cache:
+                        cache[key] = F.magnitude_threshold(view.delta(t), densities[t])
+                    out.append(cache[key])
+                return out
+
+            self._ties = dataclasses.replace(method, prepare=prepare)
+        return self._ties

@@ -1,0 +1,180 @@
+"""How a search spends its budget: explicit candidates, a screening round over every arm, then refinement of the
+best arms by successive halving.
+
+An *arm* is a group of families that refine one kind of merge (:attr:`Family.arm`): ``"ram"`` (every RAM-side
+family), ``"task_arithmetic"`` (its scale grid and ``ta_weights``), ``"ties"``, ``"dare_ties"``, ... The rule:
+
+1. **Explicit** candidates of ``space=`` first, all of them (as far as the budget goes).
+2. **Screening** (with two arms or more): ``SCREEN_SHARE`` of the budget (at least one evaluation per arm), split
+   evenly over the arms in their order (the earlier ones get the odd evaluations). An arm with grids screens an
+   evenly spaced subset of its grids (:func:`~ram_live.search.space.spread`: first and last included, at most the
+   whole grid); an arm of moves only runs its first moves.
+3. **Refinement**: the arms ranked by their best score so far (ties: the earlier arm). Round one gives
+   ``ROUND_SHARE`` of what is left to the top half (rounded up), split evenly, the better ranked first; each
+   further round re-ranks and halves the arms again; when one is left it gets everything that remains. An arm's
+   refinement runs its families in the space's order: the rest of its grid (the screened points are free
+   repeats), then its moves (RAM: the λ/shared-weight ascent, leave-one-out, activity; task arithmetic: the
+   weight ascent; a default TIES/DARE grid: local density × scale steps). An arm whose families all finish with
+   evaluations left drops out and the rest passes to the next arm by rank.
+4. With **one arm** (a narrowed ``space=``) there is no screening: the arm gets the whole budget and runs its
+   families in order, as that family searched alone.
+
+The budget stays a hard cap on evaluations; repeats (and candidates of equal effect) cost nothing. Everything is
+a function of the scores and ``seed``: the same seed and scores give the same history.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .space import ASCENTS, LOCAL_MIN_STEP, Family, spread
+
+__all__ = ["Arm", "arms_of", "screen_sizes", "refine_shares", "SCREEN_SHARE", "ROUND_SHARE", "spend"]
+
+#: Share of the budget the screening round uses (two arms or more).
+SCREEN_SHARE = 0.35
+#: Share of what is left that each refinement round before the last one spends.
+ROUND_SHARE = 1.0 / 3
+
+
+@dataclass
+class Arm:
+    """One arm: its families in the space's order; ``finished`` holds the families that ran to their end."""
+
+    name: str
+    families: list[Family]
+    order: int
+    finished: set[str] = field(default_factory=set)
+
+    @property
+    def grid(self) -> list[tuple[Family, dict[str, Any]]]:
+        return [(f, o) for f in self.families if f.kind == "grid" for o in f.grid]
+
+    @property
+    def steps(self) -> list[Family]:
+        """What refinement runs, in order: the families in the space's order, local steps after a default
+        density × scale grid, and the coordinate ascents last (the joint λ/shared-weight ascent stands in for the
+        λ ascent when both are in the space)."""
+        names = {f.name for f in self.families}
+        out: list[Family] = []
+        for f in self.families:
+            if f.kind in ASCENTS or f.kind == "lambdas" and "shared_weights" in names:
+                continue
+            out.append(f)
+            if f.kind == "grid" and not f.user_grid and any({"density", "scale"} <= set(o) for o in f.grid):
+                out.append(Family(f.name, f.side, "local", settings={"step": 1.0, "min_step": LOCAL_MIN_STEP}))
+        # the grids, then the importance variants (the caller's own data), the other moves; the coordinate ascents
+        # last: they take what the others leave
+        first = [f for f in out if f.kind in ("grid", "local", "importance")]
+        out = sorted(first, key=lambda f: f.kind == "importance") + [f for f in out if all(f is not g for g in first)]
+        ascents = [f for f in self.families if f.kind in ASCENTS]
+        return out + [f for f in ascents if not (f.kind == "lambdas" and "shared_weights" in names)]
+
+    @property
+    def done(self) -> bool:
+        return all(_step_id(f) in self.finished for f in self.steps)
+
+
+def _step_id(f: Family) -> str:
+    return f"{f.kind}:{f.name}"
+
+
+def arms_of(families: list[Family]) -> tuple[list[Family], list[Arm]]:
+    """The explicit families, and the others grouped into arms (in the order each arm first appears)."""
+    explicit = [f for f in families if f.kind == "explicit"]
+    arms: dict[str, Arm] = {}
+    for f in families:
+        if f.kind != "explicit":
+            arms.setdefault(f.arm, Arm(f.arm, [], len(arms))).families.append(f)
+    return explicit, list(arms.values())
+
+
+def screen_sizes(arms: list[Arm], budget: int) -> list[int]:
+    """Evaluations each arm screens with: ``SCREEN_SHARE`` of ``budget`` (at least one per arm, at most the
+    budget), evenly, the earlier arms the odd ones; an arm with grids at most its grids' size."""
+    n = len(arms)
+    if n == 0:
+        return []
+    total = min(budget, max(n, int(math.floor(SCREEN_SHARE * budget + 0.5))))
+    sizes = [total // n + (1 if i < total % n else 0) for i in range(n)]
+    return [min(s, len(a.grid)) if a.grid else s for s, a in zip(sizes, arms)]
+
+
+def refine_shares(n_alive: int, keep: int, left: int) -> list[int]:
+    """One refinement round: ``left`` evaluations remain, ``keep`` of the ranked arms take part. Returns their
+    shares, best ranked first (the last round, ``keep == 1``: everything)."""
+    if keep <= 1:
+        return [left]
+    total = min(left, max(keep, int(math.floor(ROUND_SHARE * left + 0.5))))
+    return [total // keep + (1 if i < total % keep else 0) for i in range(keep)]
+
+
+def spend(run: Any, families: list[Family]) -> dict[str, int]:
+    """Run every family of a search under the rule above; returns the evaluations each arm (and ``explicit``)
+    used. ``run`` is the search loop: ``run_family(family, allowance) -> finished``, ``used``, ``budget``,
+    ``history`` and ``best_of(arm)``."""
+    explicit, arms = arms_of(families)
+    used: dict[str, int] = {}
+
+    def go(family: Family, allowance: int, arm: str, phase: str) -> tuple[bool, int]:
+        before, n0 = run.used, len(run.history)
+        finished = run.run_family(family, allowance)
+        for t in run.history[n0:]:
+            t.phase = phase
+        used[arm] = used.get(arm, 0) + run.used - before
+        return finished, run.used - before
+
+    for f in explicit:
+        go(f, run.budget - run.used, "explicit", "explicit")
+    if len(arms) == 1:
+        _refine(arms[0], run.budget - run.used, go)
+        return used
+    for arm, size in zip(arms, screen_sizes(arms, run.budget - run.used)):
+        if size <= 0:
+            continue
+        grid = arm.grid
+        if grid:
+            picks = [grid[i] for i in spread(len(grid), size)]
+            for f in arm.families:
+                mine = [o for g, o in picks if g is f]
+                if mine:
+                    go(replace(f, grid=mine), size, arm.name, "screen")
+        else:
+            _refine(arm, size, go, phase="screen")
+    keep = (len(arms) + 1) // 2
+    while run.used < run.budget:
+        alive = sorted((a for a in arms if not a.done), key=lambda a: _rank(run, a))
+        if not alive:
+            break
+        keep = min(keep, len(alive))
+        shares = refine_shares(len(alive), keep, run.budget - run.used)
+        for arm, share in zip(alive, shares):
+            _refine(arm, share, go)
+        keep = (keep + 1) // 2 if keep > 1 else 1
+    return used
+
+
+def _rank(run: Any, arm: Arm) -> tuple[float, int]:
+    best = run.best_of(arm.name)
+    return (-best if best is not None else math.inf, arm.order)
+
+
+def _refine(arm: Arm, allowance: int, go: Any, phase: str = "refine") -> None:
+    """The arm's steps in order, with ``allowance`` new evaluations in all: a step that ran to its end is not run
+    again; a step cut off is run again next time (its tried candidates are free repeats)."""
+    left = allowance
+    for f in arm.steps:
+        if left <= 0:
+            return
+        sid = _step_id(f)
+        if sid in arm.finished:
+            continue
+        finished, spent = go(f, left, arm.name, phase)
+        left -= spent
+        if finished:
+            arm.finished.add(sid)
+        else:
+            return
+
