@@ -118,12 +118,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="rows of the evaluation's forward pass")
     parser.add_argument("--module", action="store_true", help="module base (default: state dicts)")
     parser.add_argument("--peak", default=None, help=argparse.SUPPRESS)  # internal: one peak measurement
+    parser.add_argument("--ties-only", action="store_true",
+                        help="only the TIES threshold cache's row (cached vs uncached candidates)")
     args = parser.parse_args()
 
     base, agents, base_in, agents_in, evaluate = setup(args)
     model_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
     if args.peak:
         print(peak_of(args.peak, base_in, agents_in, evaluate, args.budget))
+        return
+    if args.ties_only:
+        ties_cache_row(agents_in, base_in)
         return
 
     ram_merge(agents_in, base=base_in)  # warm-up: native kernels, pools
@@ -175,6 +180,24 @@ def main() -> None:
     else:
         print("extra peak RSS: not measurable here (/proc/self/clear_refs not writable)")
     print(f"best: {result.best_trial.label()} score {result.best_score:.6g}")
+    ties_cache_row(agents_in, base_in)
+
+
+def ties_cache_row(agents_in, base_in) -> None:
+    """The default TIES grid merged by a search's merger with its threshold cache (filled by one pass over the
+    grid first, as a search fills it) and by one without, candidate by candidate in turn; medians."""
+    from ram_live.search.space import TIES_GRID
+
+    cached, uncached = Merger(agents_in, base_in), Merger(agents_in, base_in)
+    uncached._cached = lambda method: method  # TIES' own prepare: thresholds computed in every merge
+    grid = [{"method": "ties", **g} for g in TIES_GRID]
+    for c in grid:
+        cached.merge(c)
+    pairs = [(timed(lambda: cached.merge(c), 1), timed(lambda: uncached.merge(c), 1)) for c in grid]
+    with_, without = (statistics.median(x) for x in zip(*pairs))
+    print(f"TIES candidate merge, default grid ({len(grid)}), medians: thresholds cached {with_ * 1e3:.1f} ms, "
+          f"computed each time {without * 1e3:.1f} ms ({with_ / without:.2f} x); cache "
+          f"{len(cached.thresholds)} floats")
 
 
 def timed(fn, n: int) -> float:

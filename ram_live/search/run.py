@@ -37,12 +37,17 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
     a state-dict or path base: at most one model more in memory) and handed to ``evaluate`` — the same object
     each time, so copy what you keep. RAM-family counts are taken once per activity rule and reused.
 
-    Default ``space``, half the budget each side (RAM gets the odd one): RAM+ ``r`` × ``alpha`` with α uncapped
-    (``math.inf``) and capped at 2; per-agent λ on unique entries by coordinate ascent from the best so far
-    (``lambdas``); leaving one agent out; ``eps``/``activity``; and, for a fair comparison, task arithmetic's
-    scale then per-agent weights (``ta_weights``), TIES density × scale, DARE-TIES density × scale. ``space``:
-    a list of family names and/or explicit candidates ``{"method": ..., **options}``, or a mapping
-    ``{family: {option: [values]}}`` (grids), ``{"lambdas": {"step": 0.5}}`` (ascent settings). See
+    Default ``space``: RAM+ ``r`` × ``alpha`` with α uncapped (``math.inf``) and capped at 2; per-agent λ on
+    unique entries jointly with per-agent weights in the shared mean (``shared_weights``, a coordinate ascent from
+    the best so far; ``lambdas`` alone without it); leaving one agent out; ``eps``/``activity``; and, for a fair
+    comparison, task arithmetic's scale then per-agent weights (``ta_weights``), TIES and DARE-TIES density ×
+    scale (then local steps). The budget is adaptive (:mod:`ram_live.search.budget`): every arm (RAM, task
+    arithmetic, TIES, DARE-TIES) screens a spread of its grid on about 35 % of it; the rest goes to refining the
+    best arms by successive halving (the leader gets most, a runner-up some). A ``space`` of one arm (e.g.
+    ``["task_arithmetic", "ta_weights"]``, ``{"ties": grid}``, ``["ram_plus", "lambdas"]``) gives it the whole
+    budget: that family searched alone. ``space``: a list of family names and/or explicit candidates
+    ``{"method": ..., **options}`` (tried first), or a mapping ``{family: {option: [values]}}`` (grids),
+    ``{"lambdas": {"step": 0.5}}`` (ascent settings). See
     ``docs/search.md``.
 
     Args:
