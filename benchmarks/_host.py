@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ["cpu_model", "cpu_isa", "cpu_label", "merge_workers"]
+__all__ = ["cpu_model", "cpu_isa", "isa_of", "cpu_label", "merge_workers"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -40,8 +40,13 @@ def cpu_model() -> str:
 @functools.lru_cache(maxsize=1)
 def cpu_isa() -> str:
     """"AVX-512" when /proc/cpuinfo's flags have ``avx512f``, else "AVX2" with ``avx2``, else the machine's arch."""
+    return isa_of(_cpuinfo(), platform.machine())
+
+
+def isa_of(cpuinfo: str, machine: str) -> str:
+    """:func:`cpu_isa` of a /proc/cpuinfo text (its first ``flags`` / ``Features`` line) and an arch name."""
     flags: set[str] = set()
-    for line in _cpuinfo().splitlines():
+    for line in cpuinfo.splitlines():
         if line.startswith(("flags", "Features")):
             flags.update(line.split(":", 1)[1].split())
             break
@@ -49,7 +54,7 @@ def cpu_isa() -> str:
         return "AVX-512"
     if "avx2" in flags:
         return "AVX2"
-    return platform.machine() or "unknown arch"
+    return machine or "unknown arch"
 
 
 def cpu_label() -> str:
