@@ -23,6 +23,14 @@
    and re-selected) and every agent alone extrapolated (base + s·τ, s = 1, 2, 4), to see how much of a gain is
    extrapolation. The test prompts are never used to choose anything.
 
+Curvature-aware RAM (issue 20): every snapshot carries the agent's importances (Adam/AdamW: ``exp_avg_sq`` from
+the live optimizer; the SGD agent: a Fisher of its final policy), and three rows use them: ``RAM (curvature)``,
+``RAM+ (curvature)`` (the stored raw ``exp_avg_sq``) and ``RAM (curvature, bc)`` (bias-corrected, float32); the
+plain RAM rows pass ``importance=False``. ``--converged``: every agent Adam at lr 1e-4, trained until its
+selection-split accuracy plateaus, with the tuned baselines (``--tuned-baselines``: TA on a finer scale grid,
+TIES' density, both chosen on the validation prompts) and the extrapolation control (``--extrapolation``: each
+agent alone, base + s·τ, s = 0.5, 1, 2).
+
 Seeds are fixed (``--seed``): two runs print the same table (merge times aside). ``--quick`` is the CI setting.
 ``--rsweep`` adds RAM+ at r ∈ {0, 0.05, 0.1, 0.15, 0.2} on the same agents.
 
@@ -48,9 +56,11 @@ from ram_live import merge, probe
 from ram_live.store import SnapshotStore
 
 from rl_demo import selection as sel_
+from rl_demo import curvature as curv_
 from rl_demo.lang import TASKS, accuracy, make_prompts
 from rl_demo.studies import eps_sweep, module_of, plot_results, sign_agreement
-from rl_demo.train import DEFAULT, METHODS, N, QUICK, R_SWEEP, SGD_RECIPES, TA_GRID, density_study, grpo, stage, train_base
+from rl_demo.train import (CONVERGED_QUICK_RECIPE, CONVERGED_RECIPE, DEFAULT, METHODS, N, QUICK, R_SWEEP, SGD_RECIPES,
+                           TA_GRID, TA_GRID_FINE, density_study, grpo, stage, train_base)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -74,13 +84,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--overtrain", choices=TASKS, default="rev", help="the over-trained agent (--search-study)")
     parser.add_argument("--overtrain-factor", type=float, default=5.0,
                         help="its task vector's factor (--search-study)")
+    parser.add_argument("--converged", action="store_true",
+                        help="every agent Adam (lr 1e-4) until its selection accuracy plateaus; implies "
+                             "--tuned-baselines --extrapolation")
+    parser.add_argument("--tuned-baselines", action="store_true",
+                        help="TA (tuned) on a finer scale grid and a TIES (tuned) row (density), both on validation")
+    parser.add_argument("--extrapolation", action="store_true",
+                        help="each agent alone, base + s·τ for s = 0.5, 1, 2 (the control for convergence)")
     args = parser.parse_args(argv)
+    if args.converged and args.recipes != "mixed":
+        parser.error("--converged sets every agent's recipe: not with --recipes")
+    args.tuned_baselines |= args.converged
+    args.extrapolation |= args.converged
     torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()
     s = QUICK if args.quick else DEFAULT
     if args.recipes == "sgd":
         s = dataclasses.replace(s, recipes={t: dataclasses.replace(r, steps=s.recipes[t].steps)
                                             for t, r in SGD_RECIPES.items()})
+    if args.converged:
+        r = CONVERGED_QUICK_RECIPE if args.quick else CONVERGED_RECIPE
+        s = dataclasses.replace(s, recipes={t: r for t in TASKS})
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -108,9 +132,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shutil.rmtree(store_dir)
     store = SnapshotStore(store_dir, durable=False)
     rl: dict[str, Any] = {}
+    kept: dict[str, dict[str, Any]] = {t: {} for t in TASKS}  # each agent's final importances (raw, bias-corrected)
     t0 = time.perf_counter()
     for i, task in enumerate(TASKS):
-        rl[task] = grpo(base, task, s.recipes[task], s, seed=args.seed * 100 + i + 1, store=store)
+        rl[task] = grpo(base, task, s.recipes[task], s, seed=args.seed * 100 + i + 1, store=store, sel=sel[task],
+                        keep=kept[task])
     timings["rl"] = time.perf_counter() - t0
     agents = store.latest_all(TASKS)
 
@@ -147,16 +173,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # tuned TA scale: chosen on the validation prompts (not the test prompts)
     val_scores = {}
-    for sc in TA_GRID:
+    ta_grid = TA_GRID_FINE if args.tuned_baselines else TA_GRID
+    for sc in ta_grid:
         m = merge(agents, base=base, method="task_arithmetic", scale=sc)
         v = accuracy(m, val)
         val_scores[sc] = sum(v.values()) / N
-    best_scale = max(TA_GRID, key=lambda x: (val_scores[x], -x))
+    best_scale = max(ta_grid, key=lambda x: (val_scores[x], -x))
     n_methods = len(METHODS) + (len(R_SWEEP) if args.rsweep else 0)
     for j, (label, method, opts) in enumerate(METHODS, 1):
         opts = dict(opts)
         if label == "TA (tuned)":
             opts["scale"] = best_scale
+        if method in ("ram", "ram_plus", "ram_plus_soft"):
+            opts["importance"] = False  # plain RAM: not the importances the snapshots carry
         t1 = time.perf_counter()
         merged, info = merge(agents, base=base, method=method, return_info=True, **opts)
         sec = time.perf_counter() - t1
@@ -168,11 +197,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             save_file({k: v.contiguous() for k, v in merged.state_dict().items()},
                       str(out / f"merged_{method}.safetensors"))
         stage("merge+score", j, n_methods, t0, label)
+    ties_val: dict[float, float] = {}
+    if args.tuned_baselines:
+        density, ties_val = curv_.tuned_ties(agents, base, val)
+        t1 = time.perf_counter()
+        merged = merge(agents, base=base, method="ties", density=density)
+        score("TIES (tuned)", merged, time.perf_counter() - t1)
+        options_used["TIES (tuned)"] = {"method": "ties", "density": density}
+    curvature = curv_.curvature_rows(agents, base, {t: kept[t]["bias_corrected"] for t in TASKS}, score, out)
+    options_used.update({k: {"method": v["method"], "importance": v["importance"]} for k, v in curvature.items()})
     sweep: dict[str, Any] = {}
     if args.rsweep:
         counts = None  # the first RAM+ merge counts ρ's inputs; the others reuse them (one pass each)
         for j, r in enumerate(R_SWEEP, len(METHODS) + 1):
-            merged, info = merge(agents, base=base, method="ram_plus", r=r, return_info=True, statistics=counts)
+            merged, info = merge(agents, base=base, method="ram_plus", r=r, return_info=True, statistics=counts,
+                                 importance=False)
             counts = info.statistics
             acc = accuracy(merged, test)
             acc["mean"] = sum(acc[t] for t in TASKS) / N
@@ -200,6 +239,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 agents, base, sel, test, searched, name=args.overtrain, factor=args.overtrain_factor,
                 budget=args.search_budget, seed=args.seed)
             timings["search_study"] = time.perf_counter() - t0
+    extrapolation: dict[str, Any] = {}
+    if args.extrapolation:
+        t0 = time.perf_counter()
+        extrapolation = sel_.extrapolated(agents, base, test, scales=curv_.EXTRAPOLATION_CONTROL)
+        timings["extrapolation"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     eps_rows = eps_sweep(agents, base, test) if args.eps_sweep else {}
     if eps_rows:
@@ -209,16 +253,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     timings["total"] = time.perf_counter() - t_start
 
     # table
-    head = f"{'method':<18}" + "".join(f"{t:>8}" for t in TASKS) + f"{'mean':>8}{'merge s':>9}"
+    head = f"{'method':<21}" + "".join(f"{t:>8}" for t in TASKS) + f"{'mean':>8}{'merge s':>9}"
     lines = [head, "-" * len(head)]
     for name, acc in rows.items():
         sec = seconds[name]
-        lines.append(f"{name:<18}" + "".join(f"{acc[t]:>8.3f}" for t in TASKS) + f"{acc['mean']:>8.3f}"
+        lines.append(f"{name:<21}" + "".join(f"{acc[t]:>8.3f}" for t in TASKS) + f"{acc['mean']:>8.3f}"
                      + (f"{sec:>9.3f}" if sec is not None else f"{'-':>9}"))
     print(f"\ngreedy exact-match accuracy on held-out prompts (n = {s.n_eval} per task)")
     print("\n".join(lines))
     print(f"TA tuned scale = {best_scale} (validation means: "
           + ", ".join(f"{k}: {v:.3f}" for k, v in val_scores.items()) + ")")
+    if ties_val:
+        print(f"TIES tuned density = {options_used['TIES (tuned)']['density']} (validation means: "
+              + ", ".join(f"{k}: {v:.3f}" for k, v in ties_val.items()) + ")")
+    if args.converged:
+        print("converged agents, steps (max " + f"{next(iter(s.recipes.values())).steps}): "
+              + ", ".join(f"{t} {rl[t]['steps']}" for t in TASKS))
+    if extrapolation:
+        print("each agent alone, extrapolated (base + s·τ), test mean / own task: "
+              + curv_.extrapolation_line(extrapolation))
     for label, lam in lambdas.items():
         print(f"λ {label}: " + ", ".join(f"{k} {v:.4f}" for k, v in lam.items()))
     if sweep:
@@ -238,6 +291,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     result = {
         "seed": args.seed, "quick": args.quick, "recipes": args.recipes, "threads": args.threads,
+        "converged": args.converged, "tuned_baselines": args.tuned_baselines,
+        "ties_validation": {str(k): v for k, v in ties_val.items()}, "curvature": curvature,
+        "extrapolation": extrapolation,
         "settings": {"sft_steps": s.sft_steps, "recipes": {t: vars(r) for t, r in s.recipes.items()},
                      "prompts_per_step": s.prompts_per_step, "group": s.group, "n_eval": s.n_eval},
         "parameters": sum(p.numel() for p in base.parameters()),

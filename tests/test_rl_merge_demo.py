@@ -18,7 +18,8 @@ from ram_live.store import SnapshotStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("shift", "rev", "sort")
-METHODS = ("TA (1/N)", "TA (tuned)", "TIES", "DARE+TA", "DARE+TIES", "RAM", "RAM+", "RAM+s", "search")
+METHODS = ("TA (1/N)", "TA (tuned)", "TIES", "DARE+TA", "DARE+TIES", "RAM", "RAM+", "RAM+s", "RAM (curvature)",
+           "RAM+ (curvature)", "RAM (curvature, bc)", "search")
 BUDGET = 10
 
 
@@ -69,11 +70,30 @@ def test_ram_output_equals_the_engine_merge_of_the_saved_agents(run: tuple[Path,
     base = load_file(str(out / "base.safetensors"))
     for variant in ("ram", "ram_plus"):
         saved = load_file(str(out / f"merged_{variant}.safetensors"))
-        mine = ram_live.ram_merge(agents, base=base, variant=variant)
+        mine = ram_live.ram_merge(agents, base=base, variant=variant, importance=False)
         assert set(mine) == set(saved)
         for k, v in saved.items():
             assert mine[k].dtype == v.dtype == torch.bfloat16, k
             assert torch.equal(mine[k].view(torch.int16), v.view(torch.int16)), (variant, k)
+
+
+def test_curvature_row_is_the_merge_with_the_stored_importances(run: tuple[Path, dict]) -> None:
+    """Every specialist's latest snapshot carries importances (Adam: exp_avg_sq; SGD: a Fisher), the curvature
+    row is merge(store.latest_all(), method="ram") bit for bit, and it differs from plain RAM."""
+    out, res = run
+    store = SnapshotStore(out / "store", create=False)
+    agents = store.latest_all(TASKS)
+    assert all(agents[t].importance is not None for t in TASKS)
+    base = load_file(str(out / "base.safetensors"))
+    mine, info = ram_live.merge(agents, base=base, method="ram", return_info=True)
+    assert info.extra["importance"] == "store"
+    saved = load_file(str(out / "merged_ram_curvature.safetensors"))
+    plain = load_file(str(out / "merged_ram.safetensors"))
+    assert set(mine) == set(saved)
+    for k, v in saved.items():
+        assert torch.equal(mine[k].view(torch.int16), v.view(torch.int16)), k
+    assert any(not torch.equal(saved[k], plain[k]) for k in saved)
+    assert res["rl"]["shift"]["importance"] == "fisher" and res["rl"]["rev"]["importance"] == "adam exp_avg_sq"
 
 
 def test_search_row_is_merge_of_best_and_within_budget(run: tuple[Path, dict]) -> None:

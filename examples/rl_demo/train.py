@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 from transformers import LlamaForCausalLM
 
+from ram_live.importance import adam_importance, empirical_fisher
 from ram_live.store import SnapshotStore
 
 from .lang import TASKS, accuracy, answer_len, answer_logprobs, build_model, generate, make_prompts
@@ -21,8 +22,9 @@ from .lang import TASKS, accuracy, answer_len, answer_logprobs, build_model, gen
 class Recipe:
     optimizer: str
     lr: float
-    steps: int
+    steps: int  # with ``plateau``: the most steps
     weight_decay: float = 0.0
+    plateau: int = 0  # > 0: stop once this many selection checks in a row (every snapshot) beat no earlier one
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,13 @@ METHODS: list[tuple[str, str, dict[str, Any]]] = [
     ("RAM+", "ram_plus", {}),
     ("RAM+s", "ram_plus_soft", {}),
 ]
+# ``--converged`` (issue 20): every agent Adam at one lr (so their exp_avg_sq are comparable), trained until its
+# own task's accuracy on the selection split stops improving (checked at every snapshot), at most ``steps``.
+CONVERGED_RECIPE = Recipe("adam", 1e-4, 160, plateau=2)
+CONVERGED_QUICK_RECIPE = Recipe("adam", 1e-4, 60, plateau=2)
+TA_GRID_FINE = (0.3, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0)  # TA (tuned) under --tuned-baselines / --converged
+TIES_GRID = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)  # TIES (tuned): density chosen on the validation prompts
+FISHER_BATCHES = 8
 SFT_TARGET = 0.4
 EPS_SWEEP = (1e-5, 1e-4, 3e-4, 1e-3, 3e-3)
 TA_GRID = (0.3, 0.5, 0.7, 1.0)
@@ -134,8 +143,15 @@ def make_optimizer(recipe: Recipe, params: Any) -> torch.optim.Optimizer:
 
 
 def grpo(base: nn.Module, task: str, recipe: Recipe, s: Settings, seed: int, store: SnapshotStore,
-         return_model: bool = False) -> Any:
-    """On-policy GRPO from the bf16 base with float32 master weights; bf16 snapshots into ``store``."""
+         return_model: bool = False, sel: tuple[Tensor, Tensor] | None = None,
+         keep: dict[str, dict[str, Tensor]] | None = None) -> Any:
+    """On-policy GRPO from the bf16 base with float32 master weights; bf16 snapshots into ``store``.
+
+    Every snapshot carries the agent's importances (issue 20): Adam/AdamW's raw ``exp_avg_sq`` from the live
+    optimizer at that step; an SGD agent has none, so its last snapshot carries :func:`policy_fisher` instead.
+    ``keep`` (if given) receives the final importances in float32: ``{"raw": ..., "bias_corrected": ...}`` (the
+    Fisher is both). With ``recipe.plateau`` and ``sel`` (this task's selection prompts) training stops early
+    once the selection accuracy has stopped improving."""
     model = copy.deepcopy(base).float().train()
     writer = store.writer(task, base=base)
     opt = make_optimizer(recipe, model.parameters())
@@ -143,6 +159,8 @@ def grpo(base: nn.Module, task: str, recipe: Recipe, s: Settings, seed: int, sto
     length = answer_len(task)
     t0 = time.perf_counter()
     rewards: list[float] = []
+    curve: list[tuple[int, float]] = []
+    best, stale, step = -1.0, 0, 0
     for step in range(1, recipe.steps + 1):
         prompts, answers = make_prompts(task, g, s.prompts_per_step)
         prompts = prompts.repeat_interleave(s.group, 0)
@@ -158,13 +176,50 @@ def grpo(base: nn.Module, task: str, recipe: Recipe, s: Settings, seed: int, sto
         loss.backward()
         opt.step()
         rewards.append(float(reward.mean()))
-        if step % s.snapshot_every == 0 or step == recipe.steps:
-            writer.snapshot(bf16_state(model), step=step, extra={"reward": rewards[-1]})
+        last = step == recipe.steps
+        if step % s.snapshot_every == 0 and recipe.plateau and sel is not None:
+            acc = accuracy(model, {task: sel})[task]
+            model.train()
+            curve.append((step, acc))
+            best, stale = (acc, 0) if acc > best else (best, stale + 1)
+            last = last or stale >= recipe.plateau
+        if step % s.snapshot_every == 0 or last:
+            if recipe.optimizer == "sgd":
+                imp = policy_fisher(model, task, s, g) if last else None
+            else:
+                imp = adam_importance(opt, model)
+            writer.snapshot(bf16_state(model), step=step, extra={"reward": rewards[-1]}, importance=imp)
         stage(f"RL {task}", step, recipe.steps, t0, f"reward {sum(rewards[-5:]) / len(rewards[-5:]):.2f}")
+        if last:
+            break
+    if keep is not None:
+        if recipe.optimizer == "sgd":
+            keep["raw"] = keep["bias_corrected"] = imp
+        else:
+            keep["raw"] = imp
+            keep["bias_corrected"] = adam_importance(opt, model, bias_correction=True)
     if return_model:
         return model
-    return {"steps": recipe.steps, "reward_first5": sum(rewards[:5]) / 5, "reward_last5": sum(rewards[-5:]) / 5,
-            "seconds": time.perf_counter() - t0}
+    return {"steps": step, "max_steps": recipe.steps, "reward_first5": sum(rewards[:5]) / 5,
+            "reward_last5": sum(rewards[-5:]) / 5, "seconds": time.perf_counter() - t0,
+            "selection_curve": curve, "importance": "fisher" if recipe.optimizer == "sgd" else "adam exp_avg_sq"}
+
+
+def policy_fisher(model: nn.Module, task: str, s: Settings, g: torch.Generator,
+                  batches: int = FISHER_BATCHES) -> dict[str, Tensor]:
+    """The SGD agent's importances: a diagonal Fisher of its final policy (``empirical_fisher``) on its training
+    prompts, the loss being −log p of answers sampled from the policy itself (batches of ``prompts_per_step``).
+
+    Not the GRPO loss: its group-normalised advantages are 0 wherever the agent already solves every sample of
+    a group, which would give the best-trained entries no importance at all."""
+    length = answer_len(task)
+
+    def batches_of() -> Any:
+        for _ in range(batches):
+            p, _ = make_prompts(task, g, s.prompts_per_step)
+            yield p, generate(model.eval(), p, length, g)
+
+    return empirical_fisher(model, batches_of(), lambda m, b: -answer_logprobs(m, *b).sum(1).mean(), batches=batches)
 
 
 def density_study(base: nn.Module, s: Settings, seed: int, out: Path) -> list[dict[str, Any]]:
