@@ -8,6 +8,14 @@
 
 #include "scalar.h"
 
+/* return F(D, K) with K the constant k for 1 to 8 agents (the loops over agents unroll and their masks stay in
+   registers: RAM+'s one-read merge took 1.6 x as long with k a variable), F(D, k) beyond */
+#define BY_K(F, D) switch (k) {                                                                                 \
+        case 1: return F(D, 1); case 2: return F(D, 2); case 3: return F(D, 3); case 4: return F(D, 4);       \
+        case 5: return F(D, 5); case 6: return F(D, 6); case 7: return F(D, 7); case 8: return F(D, 8);       \
+        default: return F(D, k); }
+/* ... and with D the constant input dtype code (SWITCH: BY_K, or BY_P below) */
+#define BY_DTYPE(SWITCH, F) if (dtype == 1) { SWITCH(F, 1) } SWITCH(F, 0)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define FAST 1
@@ -62,14 +70,6 @@ static inline __attribute__((always_inline)) int64_t merge_range(
     }
     return bad;
 }
-/* return F(D, K) with K the constant k for 1 to 8 agents (the loops over agents unroll and their masks stay in
-   registers: RAM+'s one-read merge took 1.6 x as long with k a variable), F(D, k) beyond */
-#define BY_K(F, D) switch (k) {                                                                                 \
-        case 1: return F(D, 1); case 2: return F(D, 2); case 3: return F(D, 3); case 4: return F(D, 4);       \
-        case 5: return F(D, 5); case 6: return F(D, 6); case 7: return F(D, 7); case 8: return F(D, 8);       \
-        default: return F(D, k); }
-/* ... and with D the constant input dtype code (SWITCH: BY_K, or BY_P below) */
-#define BY_DTYPE(SWITCH, F) if (dtype == 1) { SWITCH(F, 1) } SWITCH(F, 0)
 static inline __attribute__((always_inline)) int64_t merge_by_k(
         int in_dtype, int out_dtype, int plus, const void *base, const void *const *agents, int k,
         const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
@@ -277,82 +277,7 @@ static inline __attribute__((always_inline)) int64_t rescale_range(
     return bad;
 }
 #else
-/* tau = a - b with hardshrink's rule when eps > 0: (d >= -eps && d <= eps) ? 0 : d (NaN kept) */
-#define DELTA(d, av, bv, EPS) float d = (av) - (bv); if (EPS) d = (d >= -eps && d <= eps) ? 0.0f : d;
-
-/* One block of the merge for input type T: ns = sum of -tau, cnt = active agents, lam = lambda of the active. */
-#define MERGE_BLOCK(NAME, T, FROM, EPS)                                                                          \
-static void NAME(const T *base, const T *const *agents, int k, const float *lambdas, float eps, int64_t s, int n, \
-                 float *restrict b, float *restrict ns, float *restrict cnt, float *restrict lam) {              \
-    for (int i = 0; i < n; i++) { b[i] = FROM(base[s + i]); ns[i] = 0.0f; cnt[i] = 0.0f; lam[i] = 0.0f; }    \
-    for (int t = 0; t < k; t++) {                                                                              \
-        const T *restrict a = agents[t] + s;                                                                   \
-        const float lt = lambdas ? lambdas[t] : 0.0f;                                                          \
-        for (int i = 0; i < n; i++) {                                                                          \
-            DELTA(d, FROM(a[i]), b[i], EPS)                                                                       \
-            float m = (d != 0.0f) ? 1.0f : 0.0f;                                                               \
-            ns[i] = ns[i] - d;                                                                                 \
-            cnt[i] = cnt[i] + m;                                                                               \
-            lam[i] = lam[i] + m * lt;                                                                          \
-        }                                                                                                      \
-    }                                                                                                          \
-}
-MERGE_BLOCK(block_f32, float, from_f32, 0)
-MERGE_BLOCK(block_f32_eps, float, from_f32, 1)
-MERGE_BLOCK(block_bf16, uint16_t, from_bf16, 0)
-MERGE_BLOCK(block_bf16_eps, uint16_t, from_bf16, 1)
-
-/* Statistics of one block: agent t's activity is bit t of code[i]; active[t] counted on the way; an entry is
-   unique to t when its code is exactly bit t. */
-#define COUNT_BLOCK(NAME, T, FROM, EPS)                                                                          \
-static int64_t NAME(const T *base, const T *const *agents, int k, float eps, int64_t s, int n,                  \
-                    float *restrict b, uint32_t *restrict code, int64_t *active, int64_t *unique) {              \
-    int32_t bad = 0;                                                                                           \
-    for (int i = 0; i < n; i++) { b[i] = FROM(base[s + i]); code[i] = 0; }                                     \
-    for (int t = 0; t < k; t++) {                                                                              \
-        const T *restrict a = agents[t] + s;                                                                   \
-        int32_t act = 0;                                                                                       \
-        for (int i = 0; i < n; i++) {                                                                          \
-            DELTA(d, FROM(a[i]), b[i], EPS)                                                                       \
-            int m = d != 0.0f;                                                                                 \
-            bad += nonfinite(d);                                                                               \
-            act += m;                                                                                          \
-            code[i] |= (uint32_t)m << t;                                                                       \
-        }                                                                                                      \
-        active[t] += act;                                                                                      \
-    }                                                                                                          \
-    for (int t = 0; t < k; t++) {                                                                              \
-        const uint32_t only = 1u << t;                                                                \
-        int32_t uni = 0;                                                                                       \
-        for (int i = 0; i < n; i++) uni += code[i] == only;                                                    \
-        unique[t] += uni;                                                                                      \
-    }                                                                                                          \
-    return bad;                                                                                                \
-}
-COUNT_BLOCK(count_f32, float, from_f32, 0)
-COUNT_BLOCK(count_f32_eps, float, from_f32, 1)
-COUNT_BLOCK(count_bf16, uint16_t, from_bf16, 0)
-COUNT_BLOCK(count_bf16_eps, uint16_t, from_bf16, 1)
-
-/* The owner planes of a block of n entries from s (a multiple of 32): an entry whose code is the one bit t gets
-   owner t + 1 (entry order within a group here). */
-static void planes_block(const uint32_t *code, int64_t s, int n, uint32_t *planes, int p) {
-    for (int64_t g = s >> 5; g < (s + n + 31) >> 5; g++)
-        for (int j = 0; j < p; j++) planes[g * p + j] = 0;
-    for (int i = 0; i < n; i++) {
-        const uint32_t c = code[i];
-        if (!c || (c & (c - 1u))) continue;
-        const uint32_t owner = (uint32_t)__builtin_ctz(c) + 1u;
-        uint32_t *w = planes + ((s + i) >> 5) * p;
-        for (int j = 0; j < p; j++) w[j] |= ((owner >> j) & 1u) << ((s + i) & 31);
-    }
-}
-static inline float load_at(int dtype, const void *p, int64_t i) {
-    return dtype == 1 ? from_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-static inline void store_at(int dtype, void *p, int64_t i, float x) {
-    if (dtype == 1) ((uint16_t *)p)[i] = to_bf16(x); else ((float *)p)[i] = x;
-}
+#include "ram_vec.h"
 #endif
 
 /* 512 where the AVX-512 kernels were compiled in, 0 for the portable loops */
@@ -375,39 +300,20 @@ int64_t ram_merge(int in_dtype, int out_dtype, const void *base, const void *con
     return out_dtype == 1 ? (lambdas ? MERGE_ANY_K(0, 1, 1) : MERGE_ANY_K(0, 1, 0))
                           : (lambdas ? MERGE_RANGE(0, 0, 1) : MERGE_RANGE(0, 0, 0));
 #else
-    float b[BLOCK] __attribute__((aligned(64))), ns[BLOCK] __attribute__((aligned(64)));
-    float cnt[BLOCK] __attribute__((aligned(64))), lam[BLOCK] __attribute__((aligned(64)));
-    float r[BLOCK] __attribute__((aligned(64)));
-    int64_t bad = 0;
-    for (int64_t s = start; s < end; s += BLOCK) {
-        int n = (int)(end - s < BLOCK ? end - s : BLOCK);
-        if (in_dtype == 1)
-            (eps > 0.0f ? block_bf16_eps : block_bf16)((const uint16_t *)base, (const uint16_t *const *)agents, k,
-                                                       lambdas, eps, s, n, b, ns, cnt, lam);
-        else
-            (eps > 0.0f ? block_f32_eps : block_f32)((const float *)base, (const float *const *)agents, k,
-                                                     lambdas, eps, s, n, b, ns, cnt, lam);
-        int32_t nb = 0;
-        if (lambdas)
-            for (int i = 0; i < n; i++) {
-                float mean = ns[i] / (cnt[i] < 1.0f ? 1.0f : cnt[i]);
-                r[i] = b[i] - (cnt[i] == 1.0f ? ns[i] * lam[i] : mean);
-                nb += nonfinite_as(out_dtype, r[i]);
-            }
-        else
-            for (int i = 0; i < n; i++) {
-                r[i] = b[i] - ns[i] / (cnt[i] < 1.0f ? 1.0f : cnt[i]);
-                nb += nonfinite_as(out_dtype, r[i]);
-            }
-        bad += nb;
-        if (out_dtype == 1) {
-            uint16_t *o = (uint16_t *)out + s;
-            for (int i = 0; i < n; i++) o[i] = to_bf16(r[i]);
-        } else {
-            memcpy((float *)out + s, r, (size_t)n * sizeof(float));
+    /* k a constant for 1 to 8 agents where the output has the inputs' dtype (the loops over agents unroll) */
+    if (in_dtype == out_dtype) {
+        if (lambdas) {
+#define G(I, K) vmerge(I, I, 1, base, agents, K, lambdas, eps, out, start, end)
+            const int dtype = in_dtype;
+            BY_DTYPE(BY_K, G)
+#undef G
         }
+#define G(I, K) vmerge(I, I, 0, base, agents, K, lambdas, eps, out, start, end)
+        const int dtype = in_dtype;
+        BY_DTYPE(BY_K, G)
+#undef G
     }
-    return bad;
+    return vmerge(in_dtype, out_dtype, lambdas != NULL, base, agents, k, lambdas, eps, out, start, end);
 #endif
 }
 
@@ -421,28 +327,8 @@ int64_t ram_counts(int dtype, const void *base, const void *const *agents, int k
     BY_DTYPE(BY_K, F)
 #undef F
 #else
-    float b[BLOCK] __attribute__((aligned(64)));
-    uint32_t code[BLOCK] __attribute__((aligned(64)));
-    int64_t bad = 0;
-    for (int64_t s = start; s < end; s += BLOCK) {
-        int n = (int)(end - s < BLOCK ? end - s : BLOCK);
-        if (dtype == 1)
-            bad += (eps > 0.0f ? count_bf16_eps : count_bf16)((const uint16_t *)base, (const uint16_t *const *)agents,
-                                                              k, eps, s, n, b, code, active, unique);
-        else
-            bad += (eps > 0.0f ? count_f32_eps : count_f32)((const float *)base, (const float *const *)agents, k,
-                                                            eps, s, n, b, code, active, unique);
-        if (amax)
-            for (int i = 0; i < n; i++) {
-                const uint32_t mb = bits(b[i]) & 0x7FFFFFFFu;
-                if (mb > amax[1]) amax[1] = mb;
-                for (int t = 0; t < k; t++) {
-                    const uint32_t mt = bits(load_at(dtype, agents[t], s + i) - b[i]) & 0x7FFFFFFFu;
-                    if (mt > amax[0]) amax[0] = mt;
-                }
-            }
-    }
-    return bad;
+    return dtype == 1 ? vcounts(1, base, agents, k, eps, start, end, active, unique, amax)
+                      : vcounts(0, base, agents, k, eps, start, end, active, unique, amax);
 #endif
 }
 
@@ -455,31 +341,9 @@ int64_t ram_merge_unscaled(int dtype, const void *base, const void *const *agent
     BY_DTYPE(BY_K, F)
 #undef F
 #else
-    float b[BLOCK] __attribute__((aligned(64))), ns[BLOCK] __attribute__((aligned(64)));
-    float cnt[BLOCK] __attribute__((aligned(64))), lam[BLOCK] __attribute__((aligned(64)));
-    uint32_t code[BLOCK] __attribute__((aligned(64)));
-    int64_t bad = 0;
-    for (int64_t s = start; s < end; s += BLOCK) {
-        int n = (int)(end - s < BLOCK ? end - s : BLOCK);
-        if (dtype == 1) {
-            const uint16_t *bb = (const uint16_t *)base; const uint16_t *const *aa = (const uint16_t *const *)agents;
-            (eps > 0.0f ? block_bf16_eps : block_bf16)(bb, aa, k, NULL, eps, s, n, b, ns, cnt, lam);
-            bad += (eps > 0.0f ? count_bf16_eps : count_bf16)(bb, aa, k, eps, s, n, b, code, active, unique);
-        } else {
-            const float *bb = (const float *)base; const float *const *aa = (const float *const *)agents;
-            (eps > 0.0f ? block_f32_eps : block_f32)(bb, aa, k, NULL, eps, s, n, b, ns, cnt, lam);
-            bad += (eps > 0.0f ? count_f32_eps : count_f32)(bb, aa, k, eps, s, n, b, code, active, unique);
-        }
-        planes_block(code, s, n, planes, p);
-        for (int i = 0; i < n; i++) {
-            const uint32_t c = code[i];
-            const float r = (c && !(c & (c - 1u))) ? load_at(dtype, agents[__builtin_ctz(c)], s + i)
-                                                    : b[i] - ns[i] / (cnt[i] < 1.0f ? 1.0f : cnt[i]);
-            bad += nonfinite_as(dtype, r);
-            store_at(dtype, out, s + i, r);
-        }
-    }
-    return bad;
+#define F(D, K) vunscaled(D, base, agents, K, eps, out, start, end, planes, 32 - __builtin_clz(K), active, unique)
+    BY_DTYPE(BY_K, F)
+#undef F
 #endif
 }
 
@@ -494,17 +358,7 @@ int64_t ram_rescale(int dtype, const void *base, void *out, const uint32_t *plan
 #undef F
 #undef BY_P
 #else
-    int64_t bad = 0;
-    for (int64_t i = start; i < end; i++) {
-        const uint32_t *w = planes + (i >> 5) * p;
-        uint32_t owner = 0;
-        for (int j = 0; j < p; j++) owner |= ((w[j] >> (i & 31)) & 1u) << j;
-        if (!owner || (int)owner > k) continue;
-        const float bv = load_at(dtype, base, i), ov = load_at(dtype, out, i);
-        const float ns = 0.0f - (ov - bv), r = bv - ns * lambdas[owner - 1];
-        bad += nonfinite_as(dtype, r);
-        store_at(dtype, out, i, r);
-    }
-    return bad;
+    return dtype == 1 ? vrescale(1, base, out, planes, p, lambdas, k, start, end)
+                      : vrescale(0, base, out, planes, p, lambdas, k, start, end);
 #endif
 }

@@ -1,0 +1,324 @@
+/* The portable RAM kernels: GCC/Clang vector extensions (8 float32 lanes with AVX2, 4 elsewhere), which the compiler turns into AVX2,
+   NEON or SSE code by the -march it is given. Groups of 32 entries (4 vectors) go through all agents with their
+   sums in registers (one pass over the K + 1 inputs, as the AVX-512 loops); activity is a lane mask, the counts
+   popcounts of its 32-bit words; the bfloat16 <-> float32 conversions are integer shifts, round to nearest even
+   in integer operations. The same float32 operations in the same order as the AVX-512 loops and the torch
+   paths, so all give the same bits. A tail of fewer than 32 entries runs through the same code on zero-padded
+   copies (tau = 0 there: inactive). Included by ram.c where the AVX-512 loops are not compiled in. */
+#ifndef RAM_VEC_H
+#define RAM_VEC_H
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define GROUP 32
+#if defined(__AVX2__)
+#define LANES 8  /* 256-bit vectors */
+#define LANE_INDEX {0, 1, 2, 3, 4, 5, 6, 7}
+#else
+#define LANES 4  /* 128-bit vectors: NEON, SSE2 */
+#define LANE_INDEX {0, 1, 2, 3}
+#endif
+#define NV (GROUP / LANES)  /* vectors per group */
+
+typedef float vf __attribute__((vector_size(4 * LANES)));
+typedef int32_t vi __attribute__((vector_size(4 * LANES)));
+typedef uint32_t vu __attribute__((vector_size(4 * LANES)));
+typedef uint16_t vh __attribute__((vector_size(2 * LANES)));
+
+#define ALWAYS static inline __attribute__((always_inline))
+
+ALWAYS vf splatf(float x) { return (vf){} + x; }
+ALWAYS vu splatu(uint32_t x) { return (vu){} + x; }
+/* m ? a : b per lane (m: all ones or zero) */
+ALWAYS vf self(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+ALWAYS vu maxu(vu a, vu b) { return (vu)(((vi)a & (vi)(a > b)) | ((vi)b & ~(vi)(a > b))); }
+
+/* LANES entries of dtype (0 float32, 1 bfloat16) at p + i as float32 */
+ALWAYS vf loadv(int dtype, const void *p, int64_t i) {
+    if (dtype == 1) {
+        vh h;
+        memcpy(&h, (const uint16_t *)p + i, sizeof h);
+        return (vf)(__builtin_convertvector(h, vu) << 16);
+    }
+    vf f;
+    memcpy(&f, (const float *)p + i, sizeof f);
+    return f;
+}
+/* float32 -> bfloat16 bits: round to nearest even, NaN -> 0x7FC0 (to_bf16 of scalar.h, per lane) */
+ALWAYS vu bf16v(vf r) {
+    const vu u = (vu)r;
+    const vu v = (u + splatu(0x7FFFu) + ((u >> 16) & splatu(1u))) >> 16;
+    const vi nan = (vi)((u & splatu(0x7FFFFFFFu)) > splatu(0x7F800000u));
+    return (vu)(((vi)splatu(0x7FC0u) & nan) | ((vi)v & ~nan));
+}
+ALWAYS void storev(int dtype, void *p, int64_t i, vf r) {
+    if (dtype == 1) {
+        const vh h = __builtin_convertvector(bf16v(r), vh);
+        memcpy((uint16_t *)p + i, &h, sizeof h);
+    } else {
+        memcpy((float *)p + i, &r, sizeof r);
+    }
+}
+/* lanes not finite once stored in dtype (nonfinite_as of scalar.h): -1 there */
+ALWAYS vi nonfinitev(int dtype, vf r) {
+    return (vi)(((vu)r & splatu(0x7FFFFFFFu)) >= splatu(dtype == 1 ? 0x7F7F8000u : 0x7F800000u));
+}
+/* bit i: lane i of m set */
+ALWAYS uint32_t movemask(vi m) {
+#if defined(__AVX2__)
+    return (uint32_t)_mm256_movemask_ps((__m256)m);
+#else
+    const vu w = ((vu)m >> 31) << (vu)LANE_INDEX;
+    uint32_t r = 0;
+    for (int l = 0; l < LANES; l++) r |= w[l];
+    return r;
+#endif
+}
+/* active: |tau| > eps or tau NaN (hardshrink's rule, then tau != 0) */
+ALWAYS vi activev(vf d, vf eps) { return ~(vi)((vf)((vu)d & splatu(0x7FFFFFFFu)) <= eps); }
+ALWAYS int32_t hsum(vi v) {
+    int32_t r = 0;
+    for (int l = 0; l < LANES; l++) r += v[l];
+    return r;
+}
+
+/* A group's inputs: at base/agents + s, or (a tail of n < 32 entries) zero-padded copies. */
+typedef struct {
+    const void *base;
+    const void *agents[MAX_AGENTS];
+    unsigned char pad[MAX_AGENTS + 1][GROUP * 4];
+} tail_inputs;
+
+static void pad_inputs(tail_inputs *t, int dtype, const void *base, const void *const *agents, int k, int64_t s,
+                       int n) {
+    const size_t w = dtype == 1 ? 2 : 4;
+    memset(t->pad, 0, (size_t)(k + 1) * sizeof t->pad[0]);
+    memcpy(t->pad[0], (const char *)base + s * w, (size_t)n * w);
+    for (int i = 0; i < k; i++) {
+        memcpy(t->pad[i + 1], (const char *)agents[i] + s * w, (size_t)n * w);
+        t->agents[i] = t->pad[i + 1];
+    }
+    t->base = t->pad[0];
+}
+
+/* theta* of 32 entries from s into r; returns the non-finite lanes (as out_dtype) among the first n */
+ALWAYS int32_t vmerge_group(int in_dtype, int out_dtype, int plus, const void *base, const void *const *agents,
+                            int k, const float *lambdas, vf eps, int64_t s, int n, vf r[NV]) {
+    const vf one = splatf(1.0f), zero = splatf(0.0f);
+    vf b[NV], ns[NV], cnt[NV], lam[NV];
+    for (int q = 0; q < NV; q++) { b[q] = loadv(in_dtype, base, s + LANES * q); ns[q] = cnt[q] = lam[q] = zero; }
+    for (int t = 0; t < k; t++) {
+        const vf lt = splatf(plus ? lambdas[t] : 0.0f);
+        for (int q = 0; q < NV; q++) {
+            const vf d = loadv(in_dtype, agents[t], s + LANES * q) - b[q];
+            const vi m = activev(d, eps);
+            ns[q] = ns[q] - (vf)((vi)d & m);
+            cnt[q] = cnt[q] + (vf)((vi)one & m);
+            if (plus) lam[q] = self(m, lt, lam[q]);
+        }
+    }
+    vi bad = (vi)zero;
+    for (int q = 0; q < NV; q++) {
+        const vf mean = ns[q] / self((vi)(cnt[q] < one), one, cnt[q]);
+        r[q] = b[q] - (plus ? self((vi)(cnt[q] == one), ns[q] * lam[q], mean) : mean);
+        const vi lanes = (vi)LANE_INDEX + LANES * q < n;
+        bad -= nonfinitev(out_dtype, r[q]) & lanes;
+    }
+    return hsum(bad);
+}
+
+/* the tail's group: one instance for all dtypes and k (the same operations) */
+static __attribute__((noinline)) int32_t vmerge_tail(int in_dtype, int out_dtype, int plus, const void *base,
+        const void *const *agents, int k, const float *lambdas, vf eps, int n, vf r[NV]) {
+    return vmerge_group(in_dtype, out_dtype, plus, base, agents, k, lambdas, eps, 0, n, r);
+}
+
+ALWAYS int64_t vmerge(int in_dtype, int out_dtype, int plus, const void *base, const void *const *agents, int k,
+                      const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
+    const vf veps = splatf(eps);
+    int64_t bad = 0, s = start;
+    vf r[NV];
+    for (; s + GROUP <= end; s += GROUP) {
+        bad += vmerge_group(in_dtype, out_dtype, plus, base, agents, k, lambdas, veps, s, GROUP, r);
+        for (int q = 0; q < NV; q++) storev(out_dtype, out, s + LANES * q, r[q]);
+    }
+    if (s < end) {
+        const int n = (int)(end - s);
+        tail_inputs t;
+        unsigned char o[GROUP * 4];
+        pad_inputs(&t, in_dtype, base, agents, k, s, n);
+        bad += vmerge_tail(in_dtype, out_dtype, plus, t.base, t.agents, k, lambdas, veps, n, r);
+        for (int q = 0; q < NV; q++) storev(out_dtype, o, LANES * q, r[q]);
+        memcpy((char *)out + s * (out_dtype == 1 ? 2 : 4), o, (size_t)n * (out_dtype == 1 ? 2 : 4));
+    }
+    return bad;
+}
+
+/* ram_counts of 32 entries: agent t's activity word in m[t]; big/bigb raised to the |tau| / |base| bits */
+ALWAYS void vcounts_group(int dtype, const void *base, const void *const *agents, int k, vf eps, int64_t s,
+                          uint32_t *m, vu *big, vu *bigb) {
+    vf b[NV];
+    for (int q = 0; q < NV; q++) {
+        b[q] = loadv(dtype, base, s + LANES * q);
+        *bigb = maxu(*bigb, (vu)b[q] & splatu(0x7FFFFFFFu));
+    }
+    for (int t = 0; t < k; t++) {
+        uint32_t w = 0;
+        for (int q = 0; q < NV; q++) {
+            const vf d = loadv(dtype, agents[t], s + LANES * q) - b[q];
+            *big = maxu(*big, (vu)d & splatu(0x7FFFFFFFu));
+            w |= movemask(activev(d, eps)) << (LANES * q);
+        }
+        m[t] = w;
+    }
+}
+
+ALWAYS int64_t vcounts(int dtype, const void *base, const void *const *agents, int k, float eps, int64_t start,
+                       int64_t end, int64_t *active, int64_t *unique, uint32_t *amax) {
+    const vf veps = splatf(eps);
+    int64_t act[MAX_AGENTS] = {0}, uni[MAX_AGENTS] = {0};
+    uint32_t m[MAX_AGENTS];
+    vu big = splatu(0), bigb = splatu(0);
+    tail_inputs t;
+    for (int64_t s = start; s < end; s += GROUP) {
+        const int n = (int)(end - s < GROUP ? end - s : GROUP);
+        if (n < GROUP) {
+            pad_inputs(&t, dtype, base, agents, k, s, n);
+            vcounts_group(dtype, t.base, t.agents, k, veps, 0, m, &big, &bigb);
+        } else {
+            vcounts_group(dtype, base, agents, k, veps, s, m, &big, &bigb);
+        }
+        uint32_t once = 0, multi = 0;
+        for (int i = 0; i < k; i++) { multi |= once & m[i]; once |= m[i]; }
+        for (int i = 0; i < k; i++) {
+            act[i] += __builtin_popcount(m[i]);
+            uni[i] += __builtin_popcount(m[i] & ~multi);
+        }
+    }
+    for (int i = 0; i < k; i++) { active[i] += act[i]; unique[i] += uni[i]; }
+    uint32_t mt = 0, mb = 0;
+    for (int l = 0; l < LANES; l++) { mt = big[l] > mt ? big[l] : mt; mb = bigb[l] > mb ? bigb[l] : mb; }
+    if (amax) {
+        if (mt > amax[0]) amax[0] = mt;
+        if (mb > amax[1]) amax[1] = mb;
+    }
+    return mt >= 0x7F800000u;
+}
+
+/* RAM+ in one read, part 1 (ram_merge_unscaled): the RAM result where c != 1, the active agent's own value where
+   c = 1, owner + 1 in the planes (entry order: bit i of word j of a group is bit j of entry i's owner + 1) */
+ALWAYS int32_t vunscaled_group(int dtype, const void *base, const void *const *agents, int k, vf eps, int64_t s,
+                               int n, vf r[NV], uint32_t *w, int p, int64_t *act, int64_t *uni) {
+    const vf one = splatf(1.0f), zero = splatf(0.0f);
+    vf b[NV], ns[NV], cnt[NV], v[NV];
+    uint32_t m[MAX_AGENTS], once = 0, multi = 0;
+    for (int q = 0; q < NV; q++) { b[q] = loadv(dtype, base, s + LANES * q); ns[q] = cnt[q] = v[q] = zero; }
+    for (int t = 0; t < k; t++) {
+        uint32_t word = 0;
+        for (int q = 0; q < NV; q++) {
+            const vf a = loadv(dtype, agents[t], s + LANES * q), d = a - b[q];
+            const vi mq = activev(d, eps);
+            ns[q] = ns[q] - (vf)((vi)d & mq);
+            cnt[q] = cnt[q] + (vf)((vi)one & mq);
+            v[q] = self(mq, a, v[q]);
+            word |= movemask(mq) << (LANES * q);
+        }
+        m[t] = word;
+        multi |= once & word;
+        once |= word;
+    }
+    const uint32_t alone_any = once & ~multi;
+    for (int j = 0; j < p; j++) w[j] = 0;
+    for (int t = 0; t < k; t++) {
+        const uint32_t alone = m[t] & alone_any;
+        act[t] += __builtin_popcount(m[t]);
+        uni[t] += __builtin_popcount(alone);
+        for (int j = 0; j < p; j++)
+            if ((t + 1) >> j & 1) w[j] |= alone;
+    }
+    vi bad = (vi)zero;
+    for (int q = 0; q < NV; q++) {
+        const vf mean = b[q] - ns[q] / self((vi)(cnt[q] < one), one, cnt[q]);
+        r[q] = self((vi)(cnt[q] == one), v[q], mean);
+        const vi lanes = (vi)LANE_INDEX + LANES * q < n;
+        bad -= nonfinitev(dtype, r[q]) & lanes;
+    }
+    return hsum(bad);
+}
+
+static __attribute__((noinline)) int32_t vunscaled_tail(int dtype, const void *base, const void *const *agents,
+        int k, vf eps, int n, vf r[NV], uint32_t *w, int p, int64_t *act, int64_t *uni) {
+    return vunscaled_group(dtype, base, agents, k, eps, 0, n, r, w, p, act, uni);
+}
+
+ALWAYS int64_t vunscaled(int dtype, const void *base, const void *const *agents, int k, float eps, void *out,
+                         int64_t start, int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique) {
+    const vf veps = splatf(eps);
+    int64_t act[MAX_AGENTS] = {0}, uni[MAX_AGENTS] = {0}, bad = 0, s = start;
+    vf r[NV];
+    for (; s + GROUP <= end; s += GROUP) {
+        bad += vunscaled_group(dtype, base, agents, k, veps, s, GROUP, r, planes + (s >> 5) * p, p, act, uni);
+        for (int q = 0; q < NV; q++) storev(dtype, out, s + LANES * q, r[q]);
+    }
+    if (s < end) {
+        const int n = (int)(end - s);
+        tail_inputs t;
+        unsigned char o[GROUP * 4];
+        pad_inputs(&t, dtype, base, agents, k, s, n);
+        bad += vunscaled_tail(dtype, t.base, t.agents, k, veps, n, r, planes + (s >> 5) * p, p, act, uni);
+        for (int q = 0; q < NV; q++) storev(dtype, o, LANES * q, r[q]);
+        memcpy((char *)out + s * (dtype == 1 ? 2 : 4), o, (size_t)n * (dtype == 1 ? 2 : 4));
+    }
+    for (int i = 0; i < k; i++) { active[i] += act[i]; unique[i] += uni[i]; }
+    return bad;
+}
+
+/* Part 2 (ram_rescale) on one group with an owner: out = base - (-(out - base)) * lambda_owner there */
+ALWAYS int32_t vrescale_group(int dtype, const void *base, const void *out, const uint32_t *w, int p,
+                              const float *lambdas, int k, int64_t s, int n, vf r[NV]) {
+    const vf zero = splatf(0.0f);
+    vi bad = (vi)zero;
+    for (int q = 0; q < NV; q++) {
+        const vu lane = (vu)LANE_INDEX + (uint32_t)(LANES * q);
+        vu owner = splatu(0);
+        for (int j = 0; j < p; j++) owner |= ((splatu(w[j]) >> lane) & splatu(1u)) << j;
+        vf lam = zero;
+        for (int t = 0; t < k; t++) lam = self((vi)(owner == splatu((uint32_t)t + 1u)), splatf(lambdas[t]), lam);
+        const vi has = (vi)(owner != splatu(0)) & (vi)(owner <= splatu((uint32_t)k));
+        const vf b = loadv(dtype, base, s + LANES * q), o = loadv(dtype, out, s + LANES * q);
+        const vf x = b - (zero - (o - b)) * lam;
+        r[q] = self(has, x, o);
+        bad -= nonfinitev(dtype, x) & has & ((vi)LANE_INDEX + LANES * q < n);
+    }
+    return hsum(bad);
+}
+
+ALWAYS int64_t vrescale(int dtype, const void *base, void *out, const uint32_t *planes, int p,
+                        const float *lambdas, int k, int64_t start, int64_t end) {
+    const size_t width = dtype == 1 ? 2 : 4;
+    int64_t bad = 0;
+    vf r[NV];
+    for (int64_t s = start; s < end; s += GROUP) {
+        const uint32_t *w = planes + (s >> 5) * p;
+        uint32_t u = 0;
+        for (int j = 0; j < p; j++) u |= w[j];
+        if (!u) continue;
+        const int n = (int)(end - s < GROUP ? end - s : GROUP);
+        if (n == GROUP) {
+            bad += vrescale_group(dtype, base, out, w, p, lambdas, k, s, n, r);
+            for (int q = 0; q < NV; q++) storev(dtype, out, s + LANES * q, r[q]);
+        } else {
+            unsigned char bb[GROUP * 4] = {0}, oo[GROUP * 4] = {0};
+            memcpy(bb, (const char *)base + s * width, (size_t)n * width);
+            memcpy(oo, (const char *)out + s * width, (size_t)n * width);
+            bad += vrescale_group(dtype, bb, oo, w, p, lambdas, k, 0, n, r);
+            for (int q = 0; q < NV; q++) storev(dtype, oo, LANES * q, r[q]);
+            memcpy((char *)out + s * width, oo, (size_t)n * width);
+        }
+    }
+    return bad;
+}
+#endif
