@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from . import _ram_native, memory
+from . import _cc, _ram_native, memory
 from . import functional as F
 from .errors import ConfigError, InputMismatchError, NoAgentsError, NonFiniteError
 from .methods import RAM_VARIANTS, Activity, MergeMethod, RamStatistics, RunContext, TensorContext, lambda_bound
@@ -504,17 +504,27 @@ def compiler_available(device_type: str) -> bool:
 
 
 def resolve_compile(compile: bool | str, device: torch.device, agent_entries: int) -> bool:
-    """``compile`` of :func:`ram_live.merge` as a decision: ``"auto"`` compiles merges of at least
-    :data:`COMPILE_AUTO_MIN` agent-entries where a toolchain is available, except on CPU when the native
-    kernels are there (faster, and nothing to compile per process)."""
+    """``compile`` of :func:`ram_live.merge` as a decision. ``"auto"``, by what the host has:
+
+    * fewer than :data:`COMPILE_AUTO_MIN` agent-entries: never (the compile would cost more than it saves);
+    * CPU with the native kernels built at a vector level (AVX-512, AVX2 or NEON: ``ram_live._cc.build_level``):
+      never, the native kernels run at a few times the copy floor, faster than inductor's code, and there is
+      nothing to compile per process;
+    * otherwise (GPUs; CPUs without native kernels, or with only the baseline ``scalar`` build, where inductor
+      generates code for the CPU's own instructions): compile where a toolchain is available.
+
+    Example:
+        >>> resolve_compile("auto", torch.device("cpu"), 10)
+        False
+    """
     if isinstance(compile, bool):
         return compile
     if compile != "auto":
         raise ConfigError(f"compile must be True, False or 'auto', got {compile!r}")
     if agent_entries < COMPILE_AUTO_MIN:
         return False
-    if device.type == "cpu" and _ram_native.kernels() is not None:
-        return False  # the native kernels are faster still, and need no compiling per process
+    if device.type == "cpu" and _ram_native.kernels() is not None and _cc.build_level() != "scalar":
+        return False
     return compiler_available(device.type)
 
 
