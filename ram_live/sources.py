@@ -258,6 +258,18 @@ class ZerosSource:
         return {}
 
 
+class RenamedSource:
+    """``source`` under the name the caller gave it (``ram_merge({"a": snap, "b": snap2})`` names the agents by
+    the keys, also where two snapshots carry the same agent name); everything else is the source's own."""
+
+    def __init__(self, source: TensorSource, name: str) -> None:
+        self._source = source
+        self.name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._source, attr)
+
+
 def as_source(obj: Any, name: str) -> TensorSource:
     """Wrap a module, state dict, path, or source as a :class:`TensorSource` named ``name``."""
     if isinstance(obj, nn.Module):
@@ -267,7 +279,7 @@ def as_source(obj: Any, name: str) -> TensorSource:
     if isinstance(obj, Mapping):
         return StateDictSource(obj, name)
     if isinstance(obj, TensorSource):
-        return obj
+        return obj if getattr(obj, "name", None) == name else RenamedSource(obj, name)
     raise UnsupportedInputError(
         f"{name}: cannot merge a {type(obj).__name__}; pass an nn.Module, a state dict, a .safetensors file or a "
         "Hugging Face model folder"

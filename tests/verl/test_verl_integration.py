@@ -172,10 +172,14 @@ def test_checkpoint_callback_built_by_verl_snapshots_merges_and_logs(verl_run, c
     merged = root / "ram_merged" / "global_step_2"
     record = json.loads((merged / "ram_merge.json").read_text())
     assert record["agents"] == {"coder": 2, "tools": 2}
-    # the same merge from the all-gathered weights, in memory
+    # the same merge from the all-gathered weights, in memory, weighted by the importances the snapshots carry
+    # (exp_avg_sq from the optimizer shards: curvature-aware RAM+ is what the callback merges by default)
     base32 = {k: v.float() for k, v in _base(verl_run).items()}
+    store = SnapshotStore(verl_run.store)
+    importance = {name: store.open(name, 2).importance for name in ("coder", "tools")}
+    assert all(v is not None for v in importance.values())
     expected, info = ram_merge({"coder": _ref(verl_run, "coder_2"), "tools": _ref(verl_run, "tools_2")},
-                               base=base32, dtype=torch.bfloat16, return_info=True)
+                               base=base32, dtype=torch.bfloat16, importance=importance, return_info=True)
     got = load_file(merged / "model.safetensors")
     assert sorted(got) == sorted(expected)
     for key in expected:
@@ -364,14 +368,13 @@ def test_shard_boxes_of_fsdp_and_hsdp_meshes():
 
 
 def test_readme_command_line_composes(verl_run, tmp_path):
-    """The README's verl command line is a valid verl 0.9 config whose ram group validates (paths swapped)."""
+    """docs/verl.md's verl command line is a valid verl 0.9 config whose ram group validates (paths swapped)."""
     import re
     import shlex
 
     from ram_live.integrations.verl import options_from_verl
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("\n## verl"):]
+    section = (Path(__file__).resolve().parents[2] / "docs" / "verl.md").read_text()
     command = re.search(r"```bash\n(python3 -m verl\.trainer\.main_ppo.*?)```", section, re.S).group(1)
     words = shlex.split(command.replace("\\\n", " "))
     assert words[:3] == ["python3", "-m", "verl.trainer.main_ppo"]

@@ -1,0 +1,33 @@
+"""Sources: how inputs are named and wrapped."""
+
+from __future__ import annotations
+
+import torch
+
+from ram_live import ram_merge
+from ram_live.sources import RenamedSource, as_source
+from ram_live.store import SnapshotStore
+
+
+def test_a_mapping_names_sources_by_its_keys_even_two_snapshots_of_one_agent(tmp_path) -> None:
+    g = torch.Generator().manual_seed(1)
+    base = {"w": torch.randn(40, generator=g), "b": torch.randn(5, generator=g)}
+    store = SnapshotStore(tmp_path / "s", durable=False)
+    store.set_base(base)
+    early = {k: v + (torch.rand(v.shape, generator=g) < 0.5) * torch.randn(v.shape, generator=g)
+             for k, v in base.items()}
+    late = {k: v + (torch.rand(v.shape, generator=g) < 0.5) * torch.randn(v.shape, generator=g)
+            for k, v in early.items()}
+    store.snapshot("coder", early, 1)
+    store.snapshot("coder", late, 2)
+    snaps = {"coder_early": store.open("coder", 1), "coder_late": store.open("coder", 2)}
+    merged, info = ram_merge(snaps, variant="ram_plus", return_info=True)
+    assert info.agents == ("coder_early", "coder_late")
+    assert set(info.lambdas) == {"coder_early", "coder_late"}
+    expected = ram_merge({"coder_early": early, "coder_late": late}, base=base, variant="ram_plus")
+    for k in base:
+        assert torch.equal(merged[k], expected[k]), k
+    wrapped = as_source(snaps["coder_late"], "x")
+    assert isinstance(wrapped, RenamedSource) and wrapped.name == "x"
+    assert wrapped.keys() == snaps["coder_late"].keys()
+    assert as_source(snaps["coder_late"], snaps["coder_late"].name) is snaps["coder_late"]
