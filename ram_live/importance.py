@@ -124,7 +124,9 @@ Importance = Mapping[str, Tensor] | str | os.PathLike | TensorSource
 def importance_sources(importance: Mapping[str, Importance] | Sequence[Importance], agents: Sequence[str]
                        ) -> dict[str, TensorSource]:
     """``merge``'s ``importance=`` as one :class:`TensorSource` per agent name: a state dict ``{key: Tensor}``,
-    a ``.safetensors`` file or folder (memory-mapped, read tensor by tensor), or any source (e.g. a snapshot's).
+    a ``.safetensors`` file or folder (memory-mapped, read tensor by tensor), any source (e.g. a snapshot's), or a
+    number (:class:`~ram_live.auxiliary.ConstantImportance`: that value everywhere, a per-agent weight in the
+    shared mean).
     A mapping is keyed by agent name (names that are not agents are a :class:`ConfigError`; agents without one
     are refused by the merge, which knows which agents it keeps); a sequence follows the agents' order."""
     if isinstance(importance, Mapping) and not any(isinstance(v, Tensor) for v in importance.values()):
