@@ -300,20 +300,7 @@ int64_t ram_merge(int in_dtype, int out_dtype, const void *base, const void *con
     return out_dtype == 1 ? (lambdas ? MERGE_ANY_K(0, 1, 1) : MERGE_ANY_K(0, 1, 0))
                           : (lambdas ? MERGE_RANGE(0, 0, 1) : MERGE_RANGE(0, 0, 0));
 #else
-    /* k a constant for 1 to 8 agents where the output has the inputs' dtype (the loops over agents unroll) */
-    if (in_dtype == out_dtype) {
-        if (lambdas) {
-#define G(I, K) vmerge(I, I, 1, base, agents, K, lambdas, eps, out, start, end)
-            const int dtype = in_dtype;
-            BY_DTYPE(BY_K, G)
-#undef G
-        }
-#define G(I, K) vmerge(I, I, 0, base, agents, K, lambdas, eps, out, start, end)
-        const int dtype = in_dtype;
-        BY_DTYPE(BY_K, G)
-#undef G
-    }
-    return vmerge(in_dtype, out_dtype, lambdas != NULL, base, agents, k, lambdas, eps, out, start, end);
+    return vmerge_dispatch(in_dtype, out_dtype, base, agents, k, lambdas, eps, out, start, end);
 #endif
 }
 
@@ -341,9 +328,8 @@ int64_t ram_merge_unscaled(int dtype, const void *base, const void *const *agent
     BY_DTYPE(BY_K, F)
 #undef F
 #else
-#define F(D, K) vunscaled(D, base, agents, K, eps, out, start, end, planes, 32 - __builtin_clz(K), active, unique)
-    BY_DTYPE(BY_K, F)
-#undef F
+    (void)p;  /* plane_count(k), the same */
+    return vunscaled_dispatch(dtype, base, agents, k, eps, out, start, end, planes, active, unique);
 #endif
 }
 

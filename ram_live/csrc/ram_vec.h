@@ -278,16 +278,24 @@ ALWAYS int64_t vunscaled(int dtype, const void *base, const void *const *agents,
 
 /* Part 2 (ram_rescale) on one group with an owner: out = base - (-(out - base)) * lambda_owner there */
 ALWAYS int32_t vrescale_group(int dtype, const void *base, const void *out, const uint32_t *w, int p,
-                              const float *lambdas, int k, int64_t s, int n, vf r[NV]) {
+                              const float *tab, int k, int64_t s, int n, vf r[NV]) {
     const vf zero = splatf(0.0f);
     vi bad = (vi)zero;
     for (int q = 0; q < NV; q++) {
         const vu lane = (vu)LANE_INDEX + (uint32_t)(LANES * q);
         vu owner = splatu(0);
         for (int j = 0; j < p; j++) owner |= ((splatu(w[j]) >> lane) & splatu(1u)) << j;
-        vf lam = zero;
-        for (int t = 0; t < k; t++) lam = self((vi)(owner == splatu((uint32_t)t + 1u)), splatf(lambdas[t]), lam);
         const vi has = (vi)(owner != splatu(0)) & (vi)(owner <= splatu((uint32_t)k));
+        owner = (vu)((vi)owner & has);
+        vf lam;
+#if defined(__AVX2__)
+        if (k < 8) {  /* the table in one register: one permute */
+            vf t8;
+            memcpy(&t8, tab, sizeof t8);
+            lam = (vf)_mm256_permutevar8x32_ps((__m256)t8, (__m256i)owner);
+        } else
+#endif
+        for (int l = 0; l < LANES; l++) lam[l] = tab[owner[l]];
         const vf b = loadv(dtype, base, s + LANES * q), o = loadv(dtype, out, s + LANES * q);
         const vf x = b - (zero - (o - b)) * lam;
         r[q] = self(has, x, o);
@@ -299,6 +307,9 @@ ALWAYS int32_t vrescale_group(int dtype, const void *base, const void *out, cons
 ALWAYS int64_t vrescale(int dtype, const void *base, void *out, const uint32_t *planes, int p,
                         const float *lambdas, int k, int64_t start, int64_t end) {
     const size_t width = dtype == 1 ? 2 : 4;
+    float tab[MAX_AGENTS + 1] = {0};  /* lambda of owner index + 1; 0: no owner */
+    tab[0] = 1.0f;
+    for (int t = 0; t < k; t++) tab[t + 1] = lambdas[t];
     int64_t bad = 0;
     vf r[NV];
     for (int64_t s = start; s < end; s += GROUP) {
@@ -308,17 +319,64 @@ ALWAYS int64_t vrescale(int dtype, const void *base, void *out, const uint32_t *
         if (!u) continue;
         const int n = (int)(end - s < GROUP ? end - s : GROUP);
         if (n == GROUP) {
-            bad += vrescale_group(dtype, base, out, w, p, lambdas, k, s, n, r);
+            bad += vrescale_group(dtype, base, out, w, p, tab, k, s, n, r);
             for (int q = 0; q < NV; q++) storev(dtype, out, s + LANES * q, r[q]);
         } else {
             unsigned char bb[GROUP * 4] = {0}, oo[GROUP * 4] = {0};
             memcpy(bb, (const char *)base + s * width, (size_t)n * width);
             memcpy(oo, (const char *)out + s * width, (size_t)n * width);
-            bad += vrescale_group(dtype, bb, oo, w, p, lambdas, k, 0, n, r);
+            bad += vrescale_group(dtype, bb, oo, w, p, tab, k, 0, n, r);
             for (int q = 0; q < NV; q++) storev(dtype, oo, LANES * q, r[q]);
             memcpy((char *)out + s * width, oo, (size_t)n * width);
         }
     }
     return bad;
+}
+/* One function per (dtype, RAM / RAM+, K = 1..8), each compiled apart with its constants (inlined all into
+   one, GCC optimised the later instances worse), called through tables; other cases take k as a variable. */
+#define VM_ARGS const void *base, const void *const *agents, const float *lambdas, float eps, void *out, \
+                int64_t start, int64_t end
+#define DEF_VM(D, P, K) static __attribute__((noinline)) int64_t vm_##D##_##P##_##K(VM_ARGS) { \
+    return vmerge(D, D, P, base, agents, K, lambdas, eps, out, start, end); }
+#define DEF_VM_K(D, P) DEF_VM(D, P, 1) DEF_VM(D, P, 2) DEF_VM(D, P, 3) DEF_VM(D, P, 4) \
+                       DEF_VM(D, P, 5) DEF_VM(D, P, 6) DEF_VM(D, P, 7) DEF_VM(D, P, 8)
+DEF_VM_K(0, 0) DEF_VM_K(0, 1) DEF_VM_K(1, 0) DEF_VM_K(1, 1)
+#define VM_ROW(D, P) {vm_##D##_##P##_1, vm_##D##_##P##_2, vm_##D##_##P##_3, vm_##D##_##P##_4, \
+                      vm_##D##_##P##_5, vm_##D##_##P##_6, vm_##D##_##P##_7, vm_##D##_##P##_8}
+static int64_t (*const vm_table[2][2][8])(VM_ARGS) = {{VM_ROW(0, 0), VM_ROW(0, 1)}, {VM_ROW(1, 0), VM_ROW(1, 1)}};
+
+static __attribute__((noinline)) int64_t vmerge_any(int in_dtype, int out_dtype, int plus, const void *base,
+        const void *const *agents, int k, const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
+    return vmerge(in_dtype, out_dtype, plus, base, agents, k, lambdas, eps, out, start, end);
+}
+static int64_t vmerge_dispatch(int in_dtype, int out_dtype, const void *base, const void *const *agents, int k,
+                               const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
+    const int plus = lambdas != NULL;
+    if (in_dtype == out_dtype && k >= 1 && k <= 8)
+        return vm_table[in_dtype == 1][plus][k - 1](base, agents, lambdas, eps, out, start, end);
+    return vmerge_any(in_dtype, out_dtype, plus, base, agents, k, lambdas, eps, out, start, end);
+}
+
+#define VU_ARGS const void *base, const void *const *agents, float eps, void *out, int64_t start, int64_t end, \
+                uint32_t *planes, int64_t *active, int64_t *unique
+#define DEF_VU(D, K) static __attribute__((noinline)) int64_t vu_##D##_##K(VU_ARGS) { \
+    return vunscaled(D, base, agents, K, eps, out, start, end, planes, 32 - __builtin_clz(K), active, unique); }
+#define DEF_VU_K(D) DEF_VU(D, 1) DEF_VU(D, 2) DEF_VU(D, 3) DEF_VU(D, 4) DEF_VU(D, 5) DEF_VU(D, 6) DEF_VU(D, 7) \
+                    DEF_VU(D, 8)
+DEF_VU_K(0) DEF_VU_K(1)
+#define VU_ROW(D) {vu_##D##_1, vu_##D##_2, vu_##D##_3, vu_##D##_4, vu_##D##_5, vu_##D##_6, vu_##D##_7, vu_##D##_8}
+static int64_t (*const vu_table[2][8])(VU_ARGS) = {VU_ROW(0), VU_ROW(1)};
+
+static __attribute__((noinline)) int64_t vunscaled_any(int dtype, const void *base, const void *const *agents,
+        int k, float eps, void *out, int64_t start, int64_t end, uint32_t *planes, int64_t *active,
+        int64_t *unique) {
+    return vunscaled(dtype, base, agents, k, eps, out, start, end, planes, 32 - __builtin_clz(k), active, unique);
+}
+static int64_t vunscaled_dispatch(int dtype, const void *base, const void *const *agents, int k, float eps,
+                                  void *out, int64_t start, int64_t end, uint32_t *planes, int64_t *active,
+                                  int64_t *unique) {
+    if (k >= 1 && k <= 8)
+        return vu_table[dtype == 1][k - 1](base, agents, eps, out, start, end, planes, active, unique);
+    return vunscaled_any(dtype, base, agents, k, eps, out, start, end, planes, active, unique);
 }
 #endif
