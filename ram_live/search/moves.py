@@ -3,10 +3,11 @@ out, other activity rules — each from the best candidate so far on its side.""
 
 from __future__ import annotations
 
-import random
+import math
 from typing import Any, Callable
 
 from ..methods import get_method, make_config
+from .refine import coordinate_ascent
 from .result import Trial
 from .space import BASELINE_SIDE, RAM_SIDE, Family
 
@@ -100,30 +101,11 @@ class Moves:
 
     def _ascend(self, family: Family, values: list[float], movable: list[int], score: float,
                 build: Callable[[list[float]], dict[str, Any]]) -> None:
-        """Coordinate ascent: per coordinate (in an order drawn from the seed) step up while it improves, else
-        down (never below 0); after a sweep without improvement, halve the step; stop below ``min_step``."""
-        order = list(movable)
-        random.Random(self.seed).shuffle(order)
-        step, min_step = family.settings["step"], family.settings["min_step"]
-        while step >= min_step:
-            improved = False
-            for i in order:
-                for direction in (1.0, -1.0):
-                    moved = False
-                    while True:
-                        value = round(values[i] + direction * step, 12)
-                        if value < 0:
-                            break
-                        trial = self.trial(build(values[:i] + [value] + values[i + 1:]))
-                        if trial is None:
-                            return
-                        if trial.score is None or trial.score <= score:
-                            break
-                        values[i], score, moved, improved = value, trial.score, True, True
-                    if moved:
-                        break
-            if not improved:
-                step /= 2
+        """Coordinate ascent over ``movable`` (in an order drawn from the seed), step ``family.settings["step"]``,
+        never below 0 (:func:`~ram_live.search.refine.coordinate_ascent`)."""
+        n = len(values)
+        coordinate_ascent(self.trial, self.seed, family, values, [movable], score, build, [1.0] * n, [0.0] * n,
+                          [math.inf] * n)
 
     def _leave_one_out(self, family: Family) -> None:
         start = self._ram_start()

@@ -19,7 +19,7 @@ from ..methods import get_method, make_config
 from .result import Trial
 from .space import LOCAL_STEPS, Family, arm_of
 
-__all__ = ["Refinements", "WEIGHT_STEP"]
+__all__ = ["Refinements", "WEIGHT_STEP", "coordinate_ascent"]
 
 #: The shared weights' first step, relative to the family's step (λ's).
 WEIGHT_STEP = 0.5
@@ -85,36 +85,45 @@ class Refinements:
     def _ascend_scaled(self, family: Family, values: list[float], groups: Sequence[Sequence[int]], score: float,
                        build: Callable[[list[float]], dict[str, Any]], mults: Sequence[float],
                        lower: Sequence[float], upper: Sequence[float]) -> None:
-        """The coordinate ascent of :meth:`Moves._ascend` with a step multiplier and bounds per coordinate and the
-        coordinates visited group by group (each group in an order drawn from the seed)."""
-        rng = random.Random(self.seed)
-        order: list[int] = []
-        for group in groups:
-            g = list(group)
-            rng.shuffle(g)
-            order += g
-        step, min_step = family.settings["step"], family.settings["min_step"]
-        while step >= min_step:
-            improved = False
-            for i in order:
-                for direction in (1.0, -1.0):
-                    moved = False
-                    while True:
-                        value = round(values[i] + direction * step * mults[i], 12)
-                        if value < lower[i] or value > upper[i]:
-                            break
-                        trial = self.trial(build(values[:i] + [value] + values[i + 1:]))
-                        if trial is None:
-                            return
-                        if trial.score is None or trial.score <= score:
-                            break
-                        values[i], score, moved, improved = value, trial.score, True, True
-                    if moved:
-                        break
-            if not improved:
-                step /= 2
+        coordinate_ascent(self.trial, self.seed, family, values, groups, score, build, mults, lower, upper)
 
     def best_of(self, arm: str) -> float | None:
         """The best score of the trials that scored for ``arm`` (``"ram"``: every RAM variant)."""
         scores = [t.score for t in self.history if t.score is not None and arm_of(t.method) == arm]
         return max(scores) if scores else None
+
+
+def coordinate_ascent(trial: Callable[[dict[str, Any]], Trial | None], seed: int, family: Family,
+                      values: list[float], groups: Sequence[Sequence[int]], score: float,
+                      build: Callable[[list[float]], dict[str, Any]], mults: Sequence[float],
+                      lower: Sequence[float], upper: Sequence[float]) -> None:
+    """Coordinate ascent: the coordinates visited group by group (each group in an order drawn from ``seed``);
+    per coordinate, step up by ``step × mults[i]`` while the score improves, else down, within ``[lower[i],
+    upper[i]]``; after a sweep without improvement halve the step; stop below ``family``'s ``min_step`` or when
+    ``trial`` returns None (the budget is spent)."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    for group in groups:
+        g = list(group)
+        rng.shuffle(g)
+        order += g
+    step, min_step = family.settings["step"], family.settings["min_step"]
+    while step >= min_step:
+        improved = False
+        for i in order:
+            for direction in (1.0, -1.0):
+                moved = False
+                while True:
+                    value = round(values[i] + direction * step * mults[i], 12)
+                    if value < lower[i] or value > upper[i]:
+                        break
+                    tried = trial(build(values[:i] + [value] + values[i + 1:]))
+                    if tried is None:
+                        return
+                    if tried.score is None or tried.score <= score:
+                        break
+                    values[i], score, moved, improved = value, tried.score, True, True
+                if moved:
+                    break
+        if not improved:
+            step /= 2
