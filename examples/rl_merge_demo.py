@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/rl_demo"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="CI setting (~30 s on 2 cores)")
+    parser.add_argument("--quick", action="store_true", help="CI setting (about a minute on 2 cores)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 was faster on a busy 2-core box)")
     parser.add_argument("--density-study", action="store_true",
                         help="also: density of one task's vector vs optimiser / lr, fp32 vs bf16 storage")
