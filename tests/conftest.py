@@ -51,3 +51,18 @@ def no_native(monkeypatch):
     import ram_live._ram_native as native
 
     monkeypatch.setattr(native, "_KERNELS", None)
+
+
+@pytest.fixture
+def files(tmp_path, base_sd):
+    """base.safetensors and three agents (coder, tools, memory) in ``tmp_path``, for the CLI tests:
+    ``(folder, base state dict, agent state dicts, agent paths)``."""
+    from safetensors.torch import save_file
+
+    agents = make_agents(base_sd, [0.05, 0.5, 0.6])
+    save_file(base_sd, tmp_path / "base.safetensors")
+    paths = []
+    for name, a in zip(["coder", "tools", "memory"], agents):
+        save_file(a, tmp_path / f"{name}.safetensors")
+        paths.append(str(tmp_path / f"{name}.safetensors"))
+    return tmp_path, base_sd, agents, paths

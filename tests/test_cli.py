@@ -6,22 +6,11 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ram_live import UnsupportedInputError, merge
 from ram_live.cli import main
 from tests.conftest import assert_bit_identical, make_agents
-
-
-@pytest.fixture
-def files(tmp_path, base_sd):
-    agents = make_agents(base_sd, [0.05, 0.5, 0.6])
-    save_file(base_sd, tmp_path / "base.safetensors")
-    paths = []
-    for name, a in zip(["coder", "tools", "memory"], agents):
-        save_file(a, tmp_path / f"{name}.safetensors")
-        paths.append(str(tmp_path / f"{name}.safetensors"))
-    return tmp_path, base_sd, agents, paths
 
 
 def test_probe_json_and_table(files, capsys):

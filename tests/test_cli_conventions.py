@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 import ram_live
 from ram_live import merge, probe
@@ -22,20 +22,9 @@ from ram_live._cli_output import jsonable, replacing
 from ram_live._cli_parser import METHOD_NAMES, build_parser
 from ram_live.cli import BROKEN_PIPE_STATUS, main
 
-from tests.conftest import assert_bit_identical, make_agents
+from tests.conftest import assert_bit_identical
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def files(tmp_path, base_sd):
-    agents = make_agents(base_sd, [0.05, 0.5, 0.6])
-    save_file(base_sd, tmp_path / "base.safetensors")
-    paths = []
-    for name, a in zip(["coder", "tools", "memory"], agents):
-        save_file(a, tmp_path / f"{name}.safetensors")
-        paths.append(str(tmp_path / f"{name}.safetensors"))
-    return tmp_path, base_sd, agents, paths
 
 
 def score(merged) -> float:
