@@ -1,0 +1,167 @@
+"""Streaming RAM over one chunk, one agent at a time: the merged values (:class:`RamAccumulator`, weighted by
+importances: :class:`WeightedRamAccumulator`) and the statistics (:class:`RamCounter`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["RamAccumulator", "RamCounter", "WeightedRamAccumulator"]
+
+
+class RamAccumulator:
+    """Streaming RAM over one chunk: agents' thresholded deltas are added one at a time (no ``[K, C]`` stack of
+    deltas, only of their 0/1 activity masks), then :meth:`merged` returns θ₀ + τ*.
+
+    The sum is kept negated (Σ −τ starts at +0 and stays +0 where no agent is active), so θ₀ − (Σ −τ)/c leaves
+    every untouched entry with the base's exact bits, −0.0 included, without a ``where``.
+
+    >>> acc = RamAccumulator(4, 2, torch.device("cpu"))
+    >>> acc.begin(2); acc.add(0, torch.tensor([0.5, 0.0])); acc.add(1, torch.tensor([0.25, 0.0]))
+    >>> acc.merged(torch.tensor([1.0, -0.0]))
+    tensor([1.3750, -0.0000])
+    """
+
+    def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
+                 lambdas: Sequence[float] | None = None) -> None:
+        capacity = max(capacity, 1)
+        self._masks = torch.empty(k, capacity, dtype=dtype, device=device)
+        self._buf = torch.empty(4, capacity, dtype=dtype, device=device)
+        self.lambdas = None if lambdas is None else torch.tensor(list(lambdas), dtype=dtype, device=device)
+
+    def begin(self, n: int) -> None:
+        self.masks = self._masks[:, :n]
+        self.neg_sum, self.count, self.tmp, self.weight = (row[:n] for row in self._buf)
+        self.neg_sum.zero_()
+        self.count.zero_()
+
+    def add(self, t: int, delta: Tensor) -> None:
+        # counted row by row: a sum over the [K, C] masks would exceed torch's grain and hop threads
+        torch.ne(delta, 0, out=self.masks[t])
+        self.count.add_(self.masks[t])
+        self.neg_sum.sub_(delta)
+
+    def merged(self, base: Tensor) -> Tensor:
+        """θ₀ + τ* for this chunk (a view of internal scratch: copy it out before the next chunk)."""
+        if self.lambdas is None:
+            torch.clamp(self.count, min=1.0, out=self.tmp)
+            self.neg_sum.div_(self.tmp)
+        else:
+            # λ of the one active agent where c = 1 (a GEMV over the masks), the mean where c ≥ 2; torch.lerp
+            # with weight exactly 1 or 0 returns its end or its start exactly
+            unique_scaled = torch.mv(self.masks.T, self.lambdas, out=self.tmp).mul_(self.neg_sum)
+            torch.eq(self.count, 1.0, out=self.weight)
+            mean = self.neg_sum.div_(self.count.clamp_(min=1.0))
+            torch.lerp(mean, unique_scaled, self.weight, out=self.neg_sum)
+        return torch.sub(base, self.neg_sum, out=self.tmp)
+
+
+class WeightedRamAccumulator(RamAccumulator):
+    """:class:`RamAccumulator` with the shared entries' mean weighted by per-agent importances h ≥ 0 (curvature-
+    aware RAM): ``add(t, delta, importance=h)``. Streams one agent at a time with an online maximum: M is the
+    largest importance of the active agents so far, S = −Σ w·τ and W = Σ w with w = h / M; a new maximum
+    rescales S and W by M_old / M_new (0 for the first active agent). Where every active h is 0, w = 1: the
+    plain mean. Equal importances give w = 1.0 exactly, hence RAM's bits; normalising by the maximum keeps
+    |S| ≤ Σ |τ| whatever the importances' scale. The native kernels do the same operations in the same order.
+
+    >>> acc = WeightedRamAccumulator(2, 2, torch.device("cpu"))
+    >>> acc.begin(1)
+    >>> acc.add(0, torch.tensor([0.5]), importance=torch.tensor([3.0]))
+    >>> acc.add(1, torch.tensor([0.25]), importance=torch.tensor([1.0]))
+    >>> acc.merged(torch.tensor([1.0]))                      # 1 + (3·0.5 + 1·0.25) / 4
+    tensor([1.4375])
+    """
+
+    def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
+                 lambdas: Sequence[float] | None = None) -> None:
+        super().__init__(capacity, k, device, dtype, lambdas)
+        capacity = max(capacity, 1)
+        self._wbuf = torch.empty(4, capacity, dtype=dtype, device=device)
+        self._up = torch.empty(capacity, dtype=torch.bool, device=device)
+
+    def begin(self, n: int) -> None:
+        super().begin(n)
+        self.total, self.top, self.scratch, self.w = (row[:n] for row in self._wbuf)
+        self.up = self._up[:n]
+        self.total.zero_()
+        self.top.zero_()
+
+    def add(self, t: int, delta: Tensor, importance: Tensor | None = None) -> None:  # type: ignore[override]
+        if importance is None:
+            raise TypeError("WeightedRamAccumulator.add needs the agent's importance chunk")
+        h = importance
+        mask = self.masks[t]
+        torch.ne(delta, 0, out=mask)
+        self.count.add_(mask)
+        if t > 0:  # before the first agent S = W = 0: rescaling changes nothing
+            torch.gt(h, self.top, out=self.up).logical_and_(mask.bool())
+            r = torch.where(self.up, torch.div(self.top, h, out=self.scratch), 1.0)
+            self.neg_sum.mul_(r)
+            self.total.mul_(r)
+            torch.where(self.up, h, self.top, out=self.top)
+            # h / M where active with M > 0; 1 where active with M = 0; 0 where inactive (h / M may be Inf there)
+            w = torch.where((self.top > 0).logical_and_(mask.bool()), torch.div(h, self.top, out=self.scratch), mask)
+        else:
+            torch.mul(h, mask, out=self.top)  # h where active, else 0 (valid importances are finite)
+            w = mask
+        self.neg_sum.sub_(torch.mul(w, delta, out=self.w))
+        self.total.add_(w)
+
+    def merged(self, base: Tensor) -> Tensor:
+        """θ₀ + τ* for this chunk (a view of internal scratch: copy it out before the next chunk)."""
+        torch.clamp(self.total, min=1.0, out=self.tmp)
+        mean = torch.div(self.neg_sum, self.tmp, out=self.scratch)
+        if self.lambdas is not None:
+            unique_scaled = torch.mv(self.masks.T, self.lambdas, out=self.tmp).mul_(self.neg_sum)
+            torch.eq(self.count, 1.0, out=self.weight)
+            mean = torch.lerp(mean, unique_scaled, self.weight, out=self.neg_sum)
+        return torch.sub(base, mean, out=self.tmp)
+
+
+class RamCounter:
+    """Streaming RAM statistics: per agent the active and unique entries (and, optionally, the histogram of c).
+
+    Also sums Σ −τ so that :meth:`finite` can tell whether any input was NaN/Inf.
+    """
+
+    def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
+                 histogram: bool = False) -> None:
+        capacity = max(capacity, 1)
+        self._masks = torch.empty(k, capacity, dtype=dtype, device=device)
+        self._buf = torch.empty(3, capacity, dtype=dtype, device=device)
+        self.k = k
+        self.unique = torch.zeros(k, dtype=torch.float64, device=device)
+        self.active = torch.zeros(k, dtype=torch.float64, device=device)
+        self.histogram = torch.zeros(k + 1, dtype=torch.int64, device=device) if histogram else None
+        self.check = torch.zeros((), dtype=dtype, device=device)
+
+    def begin(self, n: int) -> None:
+        self.n = n
+        self.masks = self._masks[:, :n]
+        self.neg_sum, self.count, self.is_one = (row[:n] for row in self._buf)
+        self.neg_sum.zero_()
+        self.count.zero_()
+
+    def add(self, t: int, delta: Tensor) -> None:
+        torch.ne(delta, 0, out=self.masks[t])
+        self.count.add_(self.masks[t])
+        self.neg_sum.sub_(delta)
+
+    def end(self) -> None:
+        """Fold the chunk: unique = masks @ [c == 1] (a GEMV), active = row sums of the masks."""
+        torch.eq(self.count, 1.0, out=self.is_one)
+        self.unique += torch.mv(self.masks, self.is_one).double()
+        self.active += self.masks.sum(dim=1).double()
+        if self.histogram is not None:
+            self.histogram += torch.bincount(self.count.to(torch.int64), minlength=self.k + 1)
+        self.check += self.neg_sum.sum()
+
+    def finite(self) -> bool:
+        """Whether every delta added so far was finite (NaN/Inf propagate into Σ −τ)."""
+        return bool(torch.isfinite(self.check))
+
+    def result(self) -> tuple[Tensor, Tensor, Tensor]:
+        histogram = self.histogram.cpu() if self.histogram is not None else torch.zeros(self.k + 1, dtype=torch.int64)
+        return (self.active.round().to(torch.int64).cpu(), self.unique.round().to(torch.int64).cpu(), histogram)
