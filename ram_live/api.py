@@ -11,7 +11,8 @@ from torch import Tensor, nn
 
 from .engine import DEFAULT_CHUNK_NUMEL, MergeInfo, run_merge
 from .errors import ConfigError, MissingBaseError, NoAgentsError
-from .methods import RAM_VARIANTS, RamStatistics, get_method, make_config
+from .methods import RamStatistics, get_method, make_config
+from .options import RamOptions
 from .progress import ProgressHook, TerminalProgress
 from .distributed import Distributed
 from .sinks import DistributedSafetensorsSink, ModuleSink, SafetensorsSink, StateDictSink
@@ -21,16 +22,10 @@ from .sources import SafetensorsSource, TensorSource, ZerosSource, as_source, ch
 #: What ``dtype=`` may ask merged tensors to be stored as.
 OUTPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-__all__ = ["merge", "ram_merge", "merge_task_vectors"]
+__all__ = ["merge", "ram_merge", "merge_task_vectors", "RamOptions"]
 
 Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike | TensorSource
 Models = Sequence[Model] | Mapping[str, Model]
-
-
-def check_ram_variant(variant: str) -> None:
-    """Raise :class:`~ram_live.errors.ConfigError` unless ``variant`` is one of :data:`RAM_VARIANTS`."""
-    if variant not in RAM_VARIANTS:
-        raise ConfigError(f"variant must be 'ram', 'ram_plus' or 'ram_plus_soft', got {variant!r}")
 
 
 def check_run_options(device: Any, chunk_numel: Any, workers: Any) -> torch.device | None:
@@ -234,49 +229,37 @@ def ram_merge(
     models: Models,
     base: Model | None = None,
     *,
-    variant: str = "ram_plus",
-    r: float = 0.1,
-    alpha: float = 2.0,
-    eps: float = 1e-5,
-    activity: str = "abs",
-    rho_scope: str = "global",
-    inplace: bool = False,
-    out: str | os.PathLike[str] | None = None,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype | None = None,
-    chunk_numel: int = DEFAULT_CHUNK_NUMEL,
-    max_shard_bytes: int = 5 * 2**30,
-    return_info: bool = False,
-    progress: ProgressHook | bool | None = None,
-    workers: int | None = None,
-    process_group: Any = None,
-    compile: bool | str = "auto",
-    statistics: RamStatistics | None = None,
-    importance: Any = None,
+    options: RamOptions | Mapping[str, Any] | None = None,
+    **kwargs: Any,
 ) -> Any:
-    """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``.
+    """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``: :func:`merge` with the method
+    and its options given by a :class:`~ram_live.options.RamOptions`.
 
-    ``variant``: ``"ram"`` (λ = 1), ``"ram_plus"`` (λ_t = 1 + r·clip(ρ_t, 0, alpha); paper defaults r=0.1,
-    alpha=2), ``"ram_plus_soft"`` (λ_t = 1 + r·ρ_t/(1+ρ_t)). ``rho_scope``: ``"global"`` (one ρ per agent over
-    the whole model, the paper) or ``"tensor"`` (mergekit's ``ramplus_tl``). ``activity``: ``"abs"`` (|τ| > eps,
-    the paper) or ``"changed"`` (the stored value differs). The authors' script: ``r=0.2, alpha=1.0``;
-    mergekit ``ramplus_tl``: ``r=0.1, alpha=0.2, rho_scope="tensor"``. See :func:`merge` for inputs and outputs.
-    ``importance``: ``{agent: importances}`` for curvature-aware RAM (see :func:`merge` and docs/curvature.md).
+    Args:
+        models, base: the agents and the model they were trained from (see :func:`merge` for inputs and outputs).
+        options: a :class:`~ram_live.options.RamOptions` (or a mapping of its fields): ``variant`` (``"ram"``:
+            λ = 1; ``"ram_plus"``: λ_t = 1 + r·clip(ρ_t, 0, alpha), paper defaults r=0.1, alpha=2;
+            ``"ram_plus_soft"``: λ_t = 1 + r·ρ_t/(1+ρ_t)), ``rho_scope`` (``"global"``: one ρ per agent over the
+            whole model, the paper; ``"tensor"``: mergekit's ``ramplus_tl``), ``activity`` (``"abs"``: |τ| > eps,
+            the paper; ``"changed"``: the stored value differs), ``lambdas``, ``exclude``. The authors' script:
+            ``r=0.2, alpha=1.0``; mergekit ``ramplus_tl``: ``r=0.1, alpha=0.2, rho_scope="tensor"``.
+        **kwargs: RAM options as keywords (``variant="ram", r=0.2``: put over ``options``), and :func:`merge`'s
+            keywords (``out``, ``inplace``, ``device``, ``dtype``, ``chunk_numel``, ``max_shard_bytes``,
+            ``return_info``, ``progress``, ``workers``, ``process_group``, ``compile``, ``statistics``,
+            ``importance``: ``{agent: importances}`` for curvature-aware RAM, docs/curvature.md). Any other name
+            is a :class:`~ram_live.errors.ConfigError` naming it.
 
     >>> generalist = ram_merge([coder, tool_agent, memory_agent], base=base_model)          # doctest: +SKIP
+    >>> generalist = ram_merge(agents, base=base_model, options=RamOptions(r=0.2, alpha=1.0))  # doctest: +SKIP
     >>> generalist, info = ram_merge(agents, base=base_model, return_info=True)
     ... info.lambdas                                                                          # doctest: +SKIP
     >>> sweep = [ram_merge(agents, base=base_model, r=r, statistics=info.statistics)        # doctest: +SKIP
     ...          for r in (0.05, 0.1, 0.2)]                       # one pass each: the counts are reused
     """
-    check_ram_variant(variant)
-    options: dict[str, Any] = {"eps": eps, "activity": activity}
-    if variant != "ram":
-        options.update(r=r, rho_scope=rho_scope)
-        if variant == "ram_plus":
-            options["alpha"] = alpha
-    return merge(
-        models, base, variant, inplace=inplace, out=out, device=device, dtype=dtype, chunk_numel=chunk_numel,
-        max_shard_bytes=max_shard_bytes, return_info=return_info, progress=progress, workers=workers,
-        process_group=process_group, compile=compile, statistics=statistics, importance=importance, **options,
-    )
+    for name in ("method", "config"):
+        if name in kwargs:
+            raise ConfigError(f"ram_merge takes no {name}=: the RAM variant is options.variant (or variant=); "
+                              "merge(models, base, method=...) runs any method")
+    opts = RamOptions.of(options, where="ram_merge",
+                         **{k: kwargs.pop(k) for k in RamOptions.names() if k in kwargs})
+    return merge(models, base, opts.variant, **kwargs, **opts.method_options())
