@@ -41,6 +41,7 @@ except ImportError:  # pragma: no cover - depends on the environment
         ) from exc
 
 from ..errors import RamLiveError
+from ..options import RamOptions
 from .._schedule_util import _swap
 from ..schedule import MergeResult, RAMSchedule, _to_float
 from ..schedule_search import save_next_to
@@ -89,7 +90,8 @@ class RAMCallback(Callback):
         evaluate: ``evaluate(module) -> dict`` called with the merged weights swapped in; ``None`` runs the
             module's ``validation_step`` over the validation dataloaders instead (when it has them); ``False``
             only logs the probe numbers.
-        variant, r, alpha, eps, activity, rho_scope: RAM's options, as in :func:`ram_live.ram_merge`.
+        ram: the merges' :class:`~ram_live.options.RamOptions` (or a mapping of its fields), as in
+            :func:`ram_live.ram_merge`.
         snapshot_activity, snapshot_eps: ``"changed"`` (lossless, default) or ``"abs"`` (keep |τ| > snapshot_eps).
         keep: keep only this run's newest ``keep`` snapshots.
         agents: merge only these agents (default: every agent of the store).
@@ -120,6 +122,7 @@ class RAMCallback(Callback):
         importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (off by default: the issue measured
             0.923 without, 0.915 with; only ratios between agents matter, and agents at different steps are
             reweighted by it).
+        **ram_options: RAM options as keywords (``variant="ram", r=0.2``), put over ``ram``.
     """
 
     def __init__(
@@ -130,12 +133,7 @@ class RAMCallback(Callback):
         snapshot_every: int | None = None,
         merge_every: int | None = None,
         evaluate: Callable[[Any], Mapping[str, Any]] | bool | None = None,
-        variant: str = "ram_plus",
-        r: float = 0.1,
-        alpha: float = 2.0,
-        eps: float = 1e-5,
-        activity: str = "abs",
-        rho_scope: str = "global",
+        ram: RamOptions | Mapping[str, Any] | None = None,
         snapshot_activity: str = "changed",
         snapshot_eps: float = 0.0,
         keep: int | None = None,
@@ -149,13 +147,14 @@ class RAMCallback(Callback):
         load_generalist: bool = False,
         importance: str | None = "adam",
         importance_bias_correction: bool = False,
+        **ram_options: Any,
     ) -> None:
         importance_option(importance, importance_bias_correction)
         if evaluate is True:
             raise RamLiveError("evaluate must be a callable, None (validation) or False")
         self.schedule = RAMSchedule(
-            store, agent, snapshot_every=snapshot_every, merge_every=merge_every, variant=variant, r=r, alpha=alpha,
-            eps=eps, activity=activity, rho_scope=rho_scope, snapshot_activity=snapshot_activity,
+            store, agent, snapshot_every=snapshot_every, merge_every=merge_every,
+            ram=RamOptions.of(ram, where="RAMCallback", **ram_options), snapshot_activity=snapshot_activity,
             snapshot_eps=snapshot_eps, keep=keep, agents=agents, async_write=async_write, durable=durable,
             search=search,
         )

@@ -32,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "(or 'ram-live[transformers]')") from exc
 
 from ..errors import ConfigError, RamLiveError
+from ..options import RamOptions
 from ..schedule import MergeResult, RAMSchedule, _to_float
 from ..schedule_search import save_next_to
 from ..store import SnapshotStore
@@ -61,7 +62,8 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
             trainer's ``eval_*``); ``None``: only the probe numbers.
         merged_dir: save every generalist as ``merged_dir/step-<N>`` (``save_pretrained`` with the run's
             tokenizer/processor; written to a temporary name and renamed), on the main process.
-        variant, r, alpha, eps, activity, rho_scope: RAM's options, as in :func:`ram_live.ram_merge`.
+        ram: the merges' :class:`~ram_live.options.RamOptions` (or a mapping of its fields), as in
+            :func:`ram_live.ram_merge`; saved with the checkpoint's arguments as ``ram`` (:meth:`RamOptions.to_dict`).
         snapshot_activity, snapshot_eps, keep, agents, async_write, durable: as :class:`~ram_live.RAMSchedule`.
         snapshot_on_train_end: take a last snapshot when training ends.
         search: a :class:`~ram_live.schedule_search.SearchSetting` (or its options): each merge is the one
@@ -78,6 +80,7 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
         _from_checkpoint: set in the arguments saved with the checkpoint: transformers rebuilds the callback from
             them (``restore_callback_states_from_checkpoint``), and the rebuilt one takes ``evaluate``, ``base``,
             ``search`` and the trainer from the callback it replaces.
+        **ram_options: RAM options as keywords (``variant="ram", r=0.2``), put over ``ram``.
 
     Example:
         >>> cb = RAMTrainerCallback("runs/ram", "coder", snapshot_every=10, merge_every=50,
@@ -94,12 +97,7 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
         snapshot_on_save: bool = False,
         evaluate: Callable[[Any], Mapping[str, Any]] | str | None = None,
         merged_dir: str | os.PathLike[str] | None = None,
-        variant: str = "ram_plus",
-        r: float = 0.1,
-        alpha: float = 2.0,
-        eps: float = 1e-5,
-        activity: str = "abs",
-        rho_scope: str = "global",
+        ram: RamOptions | Mapping[str, Any] | None = None,
         snapshot_activity: str = "changed",
         snapshot_eps: float = 0.0,
         keep: int | None = None,
@@ -112,6 +110,7 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
         importance: str | None = "adam",
         importance_bias_correction: bool = False,
         _from_checkpoint: bool = False,
+        **ram_options: Any,
     ) -> None:
         importance_option(importance, importance_bias_correction)
         if isinstance(store, SnapshotStore):
@@ -119,15 +118,14 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
         if evaluate is not None and not callable(evaluate) and evaluate != "trainer":
             raise ConfigError(f"evaluate must be a callable, 'trainer' or None, got {evaluate!r}")
         self.schedule = RAMSchedule(
-            store, agent, snapshot_every=snapshot_every, merge_every=merge_every, variant=variant, r=r, alpha=alpha,
-            eps=eps, activity=activity, rho_scope=rho_scope, snapshot_activity=snapshot_activity,
+            store, agent, snapshot_every=snapshot_every, merge_every=merge_every,
+            ram=RamOptions.of(ram, where="RAMTrainerCallback", **ram_options), snapshot_activity=snapshot_activity,
             snapshot_eps=snapshot_eps, keep=keep, agents=agents, async_write=async_write, durable=durable,
             search=search,
         )
         self._args = {"store": str(store), "agent": agent, "snapshot_every": snapshot_every,
-                      "merge_every": merge_every, "snapshot_on_save": snapshot_on_save, "variant": variant, "r": r,
-                      "alpha": alpha, "eps": eps, "activity": activity, "rho_scope": rho_scope,
-                      "snapshot_activity": snapshot_activity, "snapshot_eps": snapshot_eps, "keep": keep,
+                      "merge_every": merge_every, "snapshot_on_save": snapshot_on_save,
+                      "ram": self.schedule.ram.to_dict(), "snapshot_activity": snapshot_activity, "snapshot_eps": snapshot_eps, "keep": keep,
                       "agents": list(agents) if agents is not None else None,
                       "merged_dir": str(merged_dir) if merged_dir is not None else None,
                       "snapshot_on_train_end": snapshot_on_train_end, "async_write": async_write, "durable": durable,

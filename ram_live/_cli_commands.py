@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from ._cli_output import jsonable, replacing
-from ._cli_parser import DTYPE_NAMES
+from ._cli_parser import DTYPE_NAMES, ram_flags
 from .errors import ConfigError
 
 __all__ = ["run", "agents_from_specs", "inputs"]
@@ -44,6 +44,21 @@ def _option(text: str) -> tuple[str, Any]:
     except json.JSONDecodeError:
         value = raw
     return key, value
+
+
+def method_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The method's options of ``merge`` / ``merge-adapters``: ``-O KEY=VALUE`` and the RAM flags given."""
+    from .methods import RAM_VARIANTS
+
+    options = dict(_option(o) for o in args.option)
+    flags = ram_flags(args)
+    if flags and args.method not in RAM_VARIANTS:
+        raise ConfigError(f"{', '.join('--' + n.replace('_', '-') for n in flags)}: RAM options, for --method "
+                          f"{', '.join(RAM_VARIANTS)}, not {args.method} (its options go in -O KEY=VALUE)")
+    both = sorted(set(flags) & set(options))
+    if both:
+        raise ConfigError(f"{', '.join(both)}: given both as a flag and as -O; give each option once")
+    return {**options, **flags}
 
 
 def _print_json(data: Any) -> None:
@@ -104,8 +119,7 @@ def _probe(args: argparse.Namespace) -> int:
         raise ConfigError(f"--json {args.json}: that looks like an agent, not the report's file; put --json after "
                           "the agents, or write --json=FILE")
     agents, base = inputs(args)
-    report = probe(agents, base=base, eps=args.eps, activity=args.activity, r=args.r, alpha=args.alpha,
-                   device=args.device)
+    report = probe(agents, base=base, device=args.device, **ram_flags(args))
     if args.json == "-":
         print(json.dumps(report.to_dict(), indent=2, allow_nan=False))
     else:
@@ -128,7 +142,7 @@ def _merge(args: argparse.Namespace) -> int:
     from .progress import TerminalProgress
 
     agents, base = inputs(args)
-    options = dict(_option(o) for o in args.option)
+    options = method_options(args)
     if args.distributed:
         if args.force:
             raise ConfigError("--force is not available with --distributed: remove the output first")
@@ -159,6 +173,7 @@ def _merge_config(args: argparse.Namespace) -> int:
 
     given = [n for n, v in (("agent paths", args.agents), ("--base", args.base), ("--store", args.store),
                             ("-O", args.option), ("--distributed", args.distributed)) if v]
+    given += ["--" + n.replace("_", "-") for n in ram_flags(args)]
     if args.method != "ram_plus":
         given.append("--method")
     if given:
@@ -199,7 +214,7 @@ def _merge_adapters(args: argparse.Namespace) -> int:
     if args.into_base and not args.base:
         raise ConfigError("--into-base needs --base (the model the adapters were trained on)")
     adapters = agents_from_specs(args.adapters, "adapters")
-    options = dict(_option(o) for o in args.option)
+    options = method_options(args)
     with replacing(Path(args.out), args.force):
         result, report = ram_merge_adapter_files(
             adapters, args.out, args.method, base=args.base, into_base=args.into_base, rank=args.rank,

@@ -5,11 +5,14 @@ names are a static tuple that ``tests/test_cli_conventions.py`` keeps equal to :
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+import dataclasses
+from typing import Any, Callable, Collection
 
 from . import __version__
+from .options import RamOptions
 
-__all__ = ["build_parser", "METHOD_NAMES", "DTYPE_NAMES", "common_options"]
+__all__ = ["build_parser", "METHOD_NAMES", "DTYPE_NAMES", "PROBE_OPTIONS", "common_options", "ram_arguments",
+           "ram_flags"]
 
 #: The registered merge methods (``ram_live.available_methods()`` without importing torch).
 METHOD_NAMES = ("dare_linear", "dare_ties", "linear", "ram", "ram_plus", "ram_plus_soft", "task_arithmetic", "ties")
@@ -17,6 +20,8 @@ METHOD_NAMES = ("dare_linear", "dare_ties", "linear", "ram", "ram_plus", "ram_pl
 DTYPE_NAMES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
                "fp32": "float32", "float32": "float32"}
 _METHODS_HELP = ", ".join(METHOD_NAMES)
+#: The RAM options ``probe`` takes (it reports λ for every variant).
+PROBE_OPTIONS = ("r", "alpha", "eps", "activity")
 
 
 def _debug(p: argparse.ArgumentParser) -> None:
@@ -40,16 +45,45 @@ def common_options(p: argparse.ArgumentParser) -> None:
     _debug(p)
 
 
+def ram_arguments(p: argparse.ArgumentParser, names: Collection[str], *, given_only: bool = False) -> None:
+    """``--<option>`` flags for the named fields of :class:`~ram_live.options.RamOptions` (``rho_scope`` as
+    ``--rho-scope``), their help, choices and parsing from the dataclass. ``given_only``: a flag not given is not
+    in the namespace (the method's own default applies); else its default is the field's."""
+    group = p.add_argument_group("RAM options", "fields of ram_live.RamOptions" + (
+        " (for the RAM methods ram, ram_plus, ram_plus_soft)" if given_only else ""))
+    for f in dataclasses.fields(RamOptions):
+        if f.name not in names:
+            continue
+        meta = f.metadata
+        extra = {k: meta[k] for k in ("choices", "metavar") if meta[k] is not None}
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_parsed(meta["parse"]),
+                           help=meta["help"], default=argparse.SUPPRESS if given_only else f.default, **extra)
+
+
+def _parsed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` whose ValueError argparse reports with its message (a usage error, exit status 2)."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def ram_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The RAM options in a parsed namespace (those given, under ``given_only``)."""
+    return {n: getattr(args, n) for n in RamOptions.names() if hasattr(args, n)}
+
+
+#: The RAM flags of merge and merge-adapters: every option but ``variant`` (that is ``--method``).
+_MERGE_RAM_OPTIONS = tuple(n for n in RamOptions.names() if n != "variant")
+
+
 def _probe(sub: Any) -> None:
     p = sub.add_parser("probe", help="density, shared/unique entries, rho and lambda per agent")
     common_options(p)
-    p.add_argument("--eps", type=float, default=1e-5,
-                   help="an entry counts as updated when |agent - base| > EPS (activity 'abs'; default 1e-5)")
-    p.add_argument("--activity", choices=("abs", "changed"), default="abs",
-                   help="activity rule: 'abs' (|delta| > eps) or 'changed' (any bit differs); default abs")
-    p.add_argument("--r", type=float, default=0.1,
-                   help="RAM+ rescaling strength r in lambda = 1 + r * clip(rho, 0, alpha) (default 0.1)")
-    p.add_argument("--alpha", type=float, default=2.0, help="RAM+ clip of rho, alpha (default 2.0)")
+    ram_arguments(p, PROBE_OPTIONS)
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="the report as JSON: alone (or '-') on stdout instead of the table; with FILE, written "
                         "there next to the table")
@@ -65,6 +99,7 @@ def _merge(sub: Any) -> None:
                                                    "come from it (needs ram-live[yaml]; see docs/mergekit.md)")
     m.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="method option, e.g. -O density=0.2 -O weights=[1,2]; repeatable")
+    ram_arguments(m, _MERGE_RAM_OPTIONS, given_only=True)
     m.add_argument("--dtype", choices=sorted(DTYPE_NAMES), default=None, help="output dtype (default: the base's)")
     m.add_argument("--max-shard-size", type=float, default=5.0, metavar="GB", help="shard size in GB (default 5)")
     m.add_argument("--distributed", action="store_true",
@@ -85,6 +120,7 @@ def _merge_adapters(sub: Any) -> None:
     a.add_argument("--method", default="ram_plus", help=f"merge method: {_METHODS_HELP} (default: ram_plus)")
     a.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="method option, e.g. -O density=0.2; repeatable")
+    ram_arguments(a, _MERGE_RAM_OPTIONS, given_only=True)
     a.add_argument("--rank", type=int, default=None,
                    help="rank of the merged adapter (default: the largest input rank)")
     a.add_argument("--energy", type=float, default=None,

@@ -132,29 +132,32 @@ def _probe_numbers(sched: Any, info: Any, base: LocalModel, agents: Sequence[Any
     from .methods import Activity
     from .store import LocalCollective, ram_statistics
 
+    opts = sched.ram
     density: dict[str, float] = {}
     rho: dict[str, float] = {}
     lambdas: dict[str, float] = {}
-    if info.statistics is not None and sched.rho_scope == "global":
+    if info.statistics is not None and opts.rho_scope == "global":
         active, unique = info.statistics.active.tolist(), info.statistics.unique.tolist()
         total = _global_numel(base, agents, sched.collective if distributed else LocalCollective())
     else:  # plain RAM (or per-tensor ρ) needs no global statistics pass; the probe numbers do
-        stats = ram_statistics(base, agents, Activity(sched.activity, sched.eps),  # type: ignore[arg-type]
+        stats = ram_statistics(base, agents, Activity(opts.activity, opts.eps),  # type: ignore[arg-type]
                                owned=lambda key: base.tensors[base.aliases().get(key, key)].owner,
                                collective=sched.collective if distributed else None,
                                chunk_numel=sched.chunk_numel)
         active, unique, total = stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
-    if info.lambdas is not None and sched.rho_scope == "global":
+    if info.lambdas is not None and (opts.rho_scope == "global" or opts.lambdas is not None):
         lambdas = dict(info.lambdas)
     for name, a, u in zip(names, active, unique):
         density[name] = a / total if total else 0.0
         rho[name] = F.rho(float(u), float(a))
         if searched:
             continue  # λ as the chosen merge reported them (none for the baselines)
-        if sched.variant == "ram":
+        if name in lambdas or name in opts.exclude:
+            continue
+        if opts.variant == "ram" and opts.lambdas is None:
             lambdas[name] = 1.0
-        elif sched.rho_scope == "global" and name not in lambdas:
-            lambdas[name] = F.ram_lambda(rho[name], sched.variant, sched.r, sched.alpha)
+        elif opts.rho_scope == "global" and opts.lambdas is None:
+            lambdas[name] = F.ram_lambda(rho[name], opts.variant, opts.r, opts.alpha)
     return lambdas, rho, density
 
 

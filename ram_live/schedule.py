@@ -24,9 +24,10 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .api import check_ram_variant, ram_merge
+from .api import ram_merge
 from .engine import DEFAULT_CHUNK_NUMEL
 from .errors import ConfigError
+from .options import RamOptions
 from ._schedule_util import (  # noqa: F401 (MergeResult, _swap, _to_float: re-exported)
     MergeResult, _like, _load_base, _open_latest, _probe_numbers, _stored_importance, _swap, _to_float,
 )
@@ -59,8 +60,9 @@ class RAMSchedule:
     latest snapshot of every agent there.
 
     ``snapshot_every`` / ``merge_every``: in steps (None: never; override :meth:`should_snapshot` /
-    :meth:`should_merge` for other rules). ``variant``, ``r``, ``alpha``, ``eps``, ``activity``, ``rho_scope``:
-    as :func:`ram_live.ram_merge`. ``snapshot_activity``: ``"changed"`` (lossless, default) or ``"abs"`` (keep
+    :meth:`should_merge` for other rules). ``ram``: the merges' :class:`~ram_live.options.RamOptions` (or a
+    mapping of its fields); its fields as keywords (``variant="ram", r=0.2``) are put over it, as in
+    :func:`ram_live.ram_merge`; :attr:`ram` holds them (``schedule.variant`` etc. read it). ``snapshot_activity``: ``"changed"`` (lossless, default) or ``"abs"`` (keep
     |τ| > ``snapshot_eps`` only). ``keep``: prune this agent's snapshots to the newest ``keep``. ``agents``: merge
     only these agents (default: every agent in the store). ``evaluate(model) -> dict``: called with the merged
     weights swapped into the model (restored exactly afterwards). ``async_write``: capture the changed values at
@@ -79,12 +81,7 @@ class RAMSchedule:
         snapshot_every: int | None = None,
         merge_every: int | None = None,
         evaluate: Callable[[Any], Mapping[str, Any]] | None = None,
-        variant: str = "ram_plus",
-        r: float = 0.1,
-        alpha: float = 2.0,
-        eps: float = 1e-5,
-        activity: str = "abs",
-        rho_scope: str = "global",
+        ram: RamOptions | Mapping[str, Any] | None = None,
         snapshot_activity: str = "changed",
         snapshot_eps: float = 0.0,
         keep: int | None = None,
@@ -94,15 +91,12 @@ class RAMSchedule:
         durable: bool = True,
         chunk_numel: int = DEFAULT_CHUNK_NUMEL,
         search: SearchSetting | Mapping[str, Any] | None = None,
+        **ram_options: Any,
     ) -> None:
         for name, value in (("snapshot_every", snapshot_every), ("merge_every", merge_every), ("keep", keep)):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ConfigError(f"{name} must be a non-negative int or None, got {value!r}")
-        check_ram_variant(variant)
-        if activity not in ("abs", "changed"):
-            raise ConfigError(f"activity must be 'abs' or 'changed', got {activity!r}")
-        if rho_scope not in ("global", "tensor"):
-            raise ConfigError(f"rho_scope must be 'global' or 'tensor', got {rho_scope!r}")
+        self.ram = RamOptions.of(ram, where="RAMSchedule", **ram_options)
         if snapshot_activity not in ("changed", "abs"):
             raise ConfigError(f"snapshot_activity must be 'changed' or 'abs', got {snapshot_activity!r}")
         SnapshotStore.check_agent(agent)
@@ -114,8 +108,6 @@ class RAMSchedule:
         self.merge_every = merge_every
         self.evaluate = evaluate
         self.last_result: MergeResult | None = None  # of the latest merge_and_evaluate
-        self.variant = variant
-        self.r, self.alpha, self.eps, self.activity, self.rho_scope = r, alpha, eps, activity, rho_scope
         self.snapshot_activity, self.snapshot_eps = snapshot_activity, snapshot_eps
         self.keep = keep
         self.agents = list(agents) if agents is not None else None
@@ -141,6 +133,20 @@ class RAMSchedule:
         #: ``f(model) -> {name: tensor} | None``: the importances of every snapshot not given ``importance=``
         #: (the callbacks set it to read Adam's ``exp_avg_sq`` from the live optimizer)
         self.importance_from: Callable[[Any], Mapping[str, Any] | None] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        # schedule.variant, schedule.r, ...: the RAM options' fields, read from schedule.ram
+        if name in RamOptions.names() and "ram" in self.__dict__:
+            return getattr(self.__dict__["ram"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in RamOptions.names():
+            raise AttributeError(f"RAMSchedule.{name} is read from schedule.ram: set schedule.ram = "
+                                 f"dataclasses.replace(schedule.ram, {name}=...)")
+        if name == "ram":
+            value = RamOptions.from_mapping(value, where="RAMSchedule")
+        super().__setattr__(name, value)
 
     # ------------------------------------------------------------------------------------------- set-up
 
@@ -316,7 +322,7 @@ class RAMSchedule:
             else:
                 agents.append(s)
         distributed = self.sharded and self.collective.world_size > 1
-        variant, searched = self.variant, None
+        variant, searched = self.ram.variant, None
         if self.search is not None:  # candidates are swapped into the model: read this agent from its snapshot
             named = {a.name: self.store.open(a.name, picks[a.name]) if isinstance(sources[a.name], LocalModel)
                      else a for a in agents}
@@ -327,8 +333,7 @@ class RAMSchedule:
             with warnings.catch_warnings():  # a partial set was reported once already
                 warnings.filterwarnings("ignore", message="snapshots of .* carry importances")
                 tensors, info = ram_merge(
-                    {a.name: a for a in agents}, base=base, variant=self.variant, r=self.r, alpha=self.alpha,
-                    eps=self.eps, activity=self.activity, rho_scope=self.rho_scope, chunk_numel=self.chunk_numel,
+                    {a.name: a for a in agents}, base=base, options=self.ram, chunk_numel=self.chunk_numel,
                     return_info=True, importance=importance, **({"process_group": True} if distributed else {}),
                 )
             if how is not None:
