@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigError, InputMismatchError
-from .sources import TensorSource, TensorSpec
+from .sources import TensorSource
+from .types import TensorSpec
 
 __all__ = ["AuxiliaryInputs", "ConstantImportance", "resolve", "validate"]
 

@@ -16,32 +16,20 @@ Errors on any rank reach every rank (a flag is all-reduced at each phase), so no
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import torch
-from torch import Tensor
 
+from .dtensor import counts_here, is_dtensor, local_tensor  # noqa: F401 - their import path before dtensor.py
 from .errors import RamLiveError
-
-if TYPE_CHECKING:
-    from .engine import Plan
-    from .methods import RamStatistics
-    from .sources import TensorSpec
+from .types import Plan, RamStatistics, TensorSpec
 
 __all__ = ["Distributed", "RemoteRankError", "is_dtensor"]
 
 
 class RemoteRankError(RamLiveError):
     """Another rank of the process group failed; its own error is raised there."""
-
-
-def is_dtensor(t: Any) -> bool:
-    """Whether ``t`` is a DTensor, without importing ``torch.distributed.tensor`` (~0.8 s): no DTensor exists
-    before that module is imported."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(t, module.DTensor)
 
 
 @dataclass
@@ -64,7 +52,7 @@ class Distributed:
 
     # ------------------------------------------------------------------------------------------- assignment
 
-    def owners(self, plan: "Plan", specs: Mapping[str, "TensorSpec"]) -> dict[str, int]:
+    def owners(self, plan: Plan, specs: Mapping[str, TensorSpec]) -> dict[str, int]:
         """Which rank merges each key (split mode): largest tensors first, each to the least-loaded rank."""
         load = [0] * self.world
         owner: dict[str, int] = {}
@@ -78,7 +66,7 @@ class Distributed:
             owner[alias] = owner.get(canonical, 0)
         return owner
 
-    def local_plan(self, plan: "Plan", owner: Mapping[str, int]) -> "Plan":
+    def local_plan(self, plan: Plan, owner: Mapping[str, int]) -> Plan:
         mine = lambda keys: tuple(k for k in keys if owner[k] == self.rank)  # noqa: E731
         return replace(
             plan,
@@ -95,10 +83,8 @@ class Distributed:
         self._dist.all_reduce(flag, group=self.group)
         return int(flag.item()) == 0
 
-    def reduce_statistics(self, stats: "RamStatistics | None", k: int) -> "RamStatistics":
+    def reduce_statistics(self, stats: RamStatistics | None, k: int) -> RamStatistics:
         """Sum the counts over ranks; raises on every rank if any rank failed (``stats is None``)."""
-        from .methods import RamStatistics
-
         packed = torch.zeros(2 * k + (k + 1) + 1, dtype=torch.int64, device=self.device)
         if stats is None:
             packed[-1] = 1
@@ -127,18 +113,3 @@ class Distributed:
         else:
             self._dist.barrier(group=self.group)
 
-
-def local_tensor(t: Tensor) -> Tensor:
-    """The local shard of a DTensor (a view, writable in place), or the tensor itself."""
-    return t.to_local() if is_dtensor(t) else t
-
-
-def counts_here(t: Any) -> bool:
-    """Whether this rank's shard of ``t`` counts in global statistics: DTensors replicated over a mesh dimension
-    count only on coordinate 0 of that dimension, so every element is counted once."""
-    if not is_dtensor(t):
-        return True
-    from torch.distributed.tensor import Replicate
-
-    coordinate = t.device_mesh.get_coordinate()
-    return all(not isinstance(p, Replicate) or c == 0 for p, c in zip(t.placements, coordinate or []))

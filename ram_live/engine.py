@@ -35,7 +35,8 @@ from .auxiliary import AuxiliaryInputs, resolve as resolve_auxiliary, validate a
 from . import _importance_native
 from .progress import ProgressHook
 from .sinks import Sink
-from .sources import TensorSource, TensorSpec
+from .sources import TensorSource
+from .types import MergeInfo, Plan, TensorSpec
 
 __all__ = ["Plan", "build_plan", "DeltaStream", "MergeInfo", "run_merge", "DEFAULT_CHUNK_NUMEL"]
 
@@ -54,21 +55,6 @@ FUSED_CHUNK_MAX = 1 << 23
 
 
 # ----------------------------------------------------------------------------------------------- the plan
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What happens to each key: ``merge`` (floating parameters), ``copy`` (buffers and non-float tensors,
-    taken from the base), ``alias`` (tied to an earlier key)."""
-
-    merge: tuple[str, ...]
-    copy: tuple[str, ...]
-    alias: dict[str, str]
-    check_equal: tuple[str, ...]  # non-float, non-buffer keys: must equal the base in every agent
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return self.merge + self.copy + tuple(self.alias)
 
 
 def build_plan(base: TensorSource, agents: Sequence[TensorSource]) -> Plan:
@@ -546,29 +532,6 @@ def _compiler_works(device: torch.device, k: int, weighted: bool, importance: bo
 
 
 # ----------------------------------------------------------------------------------------------- running
-
-
-@dataclass
-class MergeInfo:
-    """What a merge did: the method and config, λ and ρ per agent where the method has them, the statistics
-    pass's counts, and timings. ``passes``: how many times the agents' weights were read (RAM+ with global ρ: 1
-    when the output stays in memory and every tensor went through the native kernels within the owner-map budget,
-    else 2; in place 2, validation and write, or 3 where some tensor needed a dry run: ``extra["dry_run"]``).
-    ``extra["kernels"]``: how many tensors each kind of kernel merged ("native" CPU, "compiled"
-    torch.compile, "eager" torch ops); ``extra["single_read"]``: how many tensors RAM+ merged in one read;
-    ``extra["compiled"]``: what ``compile`` resolved to."""
-
-    method: str
-    config: Any
-    agents: tuple[str, ...]
-    lambdas: dict[str, float] | None = None
-    rho: dict[str, float] | None = None
-    statistics: RamStatistics | None = None
-    passes: int = 1
-    seconds: float = 0.0
-    tensors: int = 0
-    parameters: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _Reader:

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from . import functional as F
 from .errors import ConfigError, MethodExistsError, UnknownMethodError
+from .types import Activity, RamStatistics
 
 __all__ = [
     "Activity",
@@ -46,64 +47,6 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------------------------- contexts
-
-
-@dataclass(frozen=True)
-class Activity:
-    """Which entries of a task vector count as "updated".
-
-    ``"abs"``: |τ| > eps (the paper, eps = 1e-5). ``"changed"``: the stored value differs, compared in the
-    narrower dtype of agent and base (for bf16 checkpoints this is |Δ| > ~1e-3·|w|); ``eps`` is unused.
-    """
-
-    rule: Literal["abs", "changed"] = "abs"
-    eps: float = 1e-5
-
-    @property
-    def threshold(self) -> float:
-        """The rule as ``|τ| > threshold`` for the kernels that take inputs of one dtype and compute in float32:
-        :meth:`threshold_for` float32 ("abs"; ``eps <= 0`` keeps every τ ≠ 0), 0 for "changed" (on one dtype,
-        τ ≠ 0 exactly where the stored value changed)."""
-        return self.threshold_for(torch.float32)
-
-    def threshold_for(self, dtype: torch.dtype) -> float:
-        """``eps`` as a ``dtype`` value for comparisons in that dtype: the largest one ≤ eps, so that ``|τ| >
-        threshold`` there is exactly ``|τ| > eps`` (rounded to nearest, 1e-3 is above 1e-3 in float32, and a τ
-        of exactly that float32 value would count as inactive). 0 for "changed" and for ``eps <= 0``.
-
-        >>> Activity(eps=1e-3).threshold_for(torch.float32) < 1e-3 < float(torch.tensor(1e-3))
-        True
-        """
-        if self.rule != "abs" or self.eps <= 0:
-            return 0.0
-        t = torch.tensor(self.eps, dtype=torch.float64).to(dtype)
-        if float(t) > self.eps:
-            t = torch.nextafter(t, torch.zeros((), dtype=dtype))
-        return float(t)
-
-
-@dataclass(frozen=True)
-class RamStatistics:
-    """Counts of the statistics pass, per agent: active entries, unique ones, and the histogram of c = 0..K.
-
-    Only ``probe(...).statistics()`` (``ProbeReport.statistics``) fills ``histogram``; in the counts a merge takes
-    itself (``MergeInfo.statistics``) it is all zeros: merges need only ``active`` and ``unique``.
-
-    A merge stamps what they were counted over: the ``agents``, the ``activity`` rule, the ``numel`` entries (on
-    this process) and a ``fingerprint`` of the inputs (a digest of every tensor's first and last 64 entries), so
-    that a later merge of the same inputs can take them (``statistics=``) instead of counting again."""
-
-    active: Tensor
-    unique: Tensor
-    histogram: Tensor
-    agents: tuple[str, ...] = ()
-    activity: Activity | None = None
-    numel: int = 0
-    fingerprint: str = ""
-
-    @property
-    def shared(self) -> Tensor:
-        return self.active - self.unique
 
 
 @dataclass(frozen=True)

@@ -14,21 +14,18 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from ._outputs import (clean_stale, is_full, lock, locked_temp_folder, make_folders as _make_folders,
                        output_target as _output_target, rename_noreplace, temp_folder, unlock)
-from .distributed import local_tensor
+from .dtensor import local_tensor
 from .errors import ConfigError, OutOfSpaceError, OutputExistsError
 from .memory import advise_hugepages, empty
 from .safetensors_io import SafetensorsWriter
-from .sources import TensorSpec
-
-if TYPE_CHECKING:
-    from .engine import Plan
+from .types import Plan, TensorSpec
 
 __all__ = ["Sink", "ModuleSink", "StateDictSink", "SafetensorsSink"]
 

@@ -10,7 +10,6 @@ Module and state-dict sources hand out views of the live tensors (no copy); file
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol, runtime_checkable
 
@@ -18,9 +17,10 @@ import torch
 from torch import Tensor, nn
 
 from .errors import InputMismatchError, UnsupportedInputError
-from .distributed import counts_here, is_dtensor, local_tensor
+from .dtensor import counts_here, is_dtensor, local_tensor
 from ._st_header import read_regular, strict_json
 from .safetensors_io import MappedSafetensors
+from .types import TensorSpec
 
 __all__ = [
     "TensorSpec", "TensorSource", "ModuleSource", "StateDictSource", "SafetensorsSource", "ZerosSource", "as_source",
@@ -59,22 +59,6 @@ def shard_name(index: Path, key: str, name: object) -> str:
         raise UnsupportedInputError(f"{index}: tensor {key!r} is mapped to {name!r}, not a file name in the index's "
                                     "folder")
     return name
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
-    is_buffer: bool = False
-    counted: bool = True  # False for DTensor shards replicated elsewhere: global statistics count them once
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
 
 
 @runtime_checkable

@@ -1,0 +1,140 @@
+"""The data every layer shares, at the bottom of the import graph: what a tensor is (:class:`TensorSpec`), what a
+merge does to each key (:class:`Plan`), which entries count as updated (:class:`Activity`), the counts of the
+statistics pass (:class:`RamStatistics`) and what a merge did (:class:`MergeInfo`).
+
+This module imports only torch, so that sources, sinks, the distributed helpers, the methods and the engine can
+all take these types without importing each other.
+
+>>> Plan(merge=("w",), copy=("running_mean",), alias={}, check_equal=()).keys
+('w', 'running_mean')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+__all__ = ["TensorSpec", "Plan", "Activity", "RamStatistics", "MergeInfo"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's shape, dtype and device, known without reading it. ``is_buffer``: taken from the base as is;
+    ``counted``: False for DTensor shards replicated elsewhere (global statistics count them once)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    is_buffer: bool = False
+    counted: bool = True
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What happens to each key: ``merge`` (floating parameters), ``copy`` (buffers and non-float tensors,
+    taken from the base), ``alias`` (tied to an earlier key)."""
+
+    merge: tuple[str, ...]
+    copy: tuple[str, ...]
+    alias: dict[str, str]
+    check_equal: tuple[str, ...]  # non-float, non-buffer keys: must equal the base in every agent
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.merge + self.copy + tuple(self.alias)
+
+
+@dataclass(frozen=True)
+class Activity:
+    """Which entries of a task vector count as "updated" — the one rule every counter and kernel applies.
+
+    ``"abs"``: |τ| > eps (the paper, eps = 1e-5). ``"changed"``: the stored value differs, compared in the
+    narrower dtype of agent and base (for bf16 checkpoints this is |Δ| > ~1e-3·|w|); ``eps`` is unused.
+    """
+
+    rule: Literal["abs", "changed"] = "abs"
+    eps: float = 1e-5
+
+    @property
+    def threshold(self) -> float:
+        """The rule as ``|τ| > threshold`` for the kernels that take inputs of one dtype and compute in float32:
+        :meth:`threshold_for` float32 ("abs"; ``eps <= 0`` keeps every τ ≠ 0), 0 for "changed" (on one dtype,
+        τ ≠ 0 exactly where the stored value changed)."""
+        return self.threshold_for(torch.float32)
+
+    def threshold_for(self, dtype: torch.dtype) -> float:
+        """``eps`` as a ``dtype`` value for comparisons in that dtype: the largest one ≤ eps, so that ``|τ| >
+        threshold`` there is exactly ``|τ| > eps`` (rounded to nearest, 1e-3 is above 1e-3 in float32, and a τ
+        of exactly that float32 value would count as inactive). 0 for "changed" and for ``eps <= 0``.
+
+        >>> Activity(eps=1e-3).threshold_for(torch.float32) < 1e-3 < float(torch.tensor(1e-3))
+        True
+        """
+        if self.rule != "abs" or self.eps <= 0:
+            return 0.0
+        t = torch.tensor(self.eps, dtype=torch.float64).to(dtype)
+        if float(t) > self.eps:
+            t = torch.nextafter(t, torch.zeros((), dtype=dtype))
+        return float(t)
+
+
+@dataclass(frozen=True)
+class RamStatistics:
+    """Counts of the statistics pass, per agent: active entries, unique ones, and the histogram of c = 0..K.
+
+    Only ``probe(...).statistics()`` (``ProbeReport.statistics``) fills ``histogram``; in the counts a merge takes
+    itself (``MergeInfo.statistics``) it is all zeros: merges need only ``active`` and ``unique``.
+
+    A merge stamps what they were counted over: the ``agents``, the ``activity`` rule, the ``numel`` entries (on
+    this process) and a ``fingerprint`` of the inputs (a digest of every tensor's first and last 64 entries), so
+    that a later merge of the same inputs can take them (``statistics=``) instead of counting again."""
+
+    active: Tensor
+    unique: Tensor
+    histogram: Tensor
+    agents: tuple[str, ...] = ()
+    activity: Activity | None = None
+    numel: int = 0
+    fingerprint: str = ""
+
+    @property
+    def shared(self) -> Tensor:
+        return self.active - self.unique
+
+
+@dataclass
+class MergeInfo:
+    """What a merge did: the method and config, λ and ρ per agent where the method has them, the statistics
+    pass's counts, and timings. ``passes``: how many times the agents' weights were read (RAM+ with global ρ: 1
+    when the output stays in memory and every tensor went through the native kernels within the owner-map budget,
+    else 2; in place 2, validation and write, or 3 where some tensor needed a dry run: ``extra["dry_run"]``).
+    ``extra["kernels"]``: how many tensors each kind of kernel merged ("native" CPU, "compiled"
+    torch.compile, "eager" torch ops); ``extra["single_read"]``: how many tensors RAM+ merged in one read;
+    ``extra["compiled"]``: what ``compile`` resolved to."""
+
+    method: str
+    config: Any
+    agents: tuple[str, ...]
+    lambdas: dict[str, float] | None = None
+    rho: dict[str, float] | None = None
+    statistics: RamStatistics | None = None
+    passes: int = 1
+    seconds: float = 0.0
+    tensors: int = 0
+    parameters: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def count_kernel(self, kind: str) -> None:
+        """Record that one more tensor was merged by a kernel of ``kind`` (``extra["kernels"]``)."""
+        kernels = self.extra.setdefault("kernels", {})
+        kernels[kind] = kernels.get(kind, 0) + 1
