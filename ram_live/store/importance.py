@@ -100,7 +100,40 @@ def check_values(flat: Tensor, where: Tensor | None, key: str, agent: str) -> No
 def encode_active(flat: Tensor, enc: _Encoded, key: str, agent: str) -> tuple[Tensor, float] | None:
     """The codes of ``flat`` (a tensor's importances) at ``enc``'s stored entries, on the CPU, and their maximum;
     None for a piece that stores nothing. Those entries are checked (:func:`check_values`); the others are
-    never stored nor used."""
+    never stored nor used. The native encoder (:mod:`ram_live._codes_native`) where it runs, else torch: the
+    same bits."""
+    if enc.encoding == "none":
+        return None
+    got = _encode_native(flat, enc)
+    return got if got is not None else encode_active_torch(flat, enc, key, agent)
+
+
+def _native_kind(enc: _Encoded) -> str:
+    if enc.encoding == "indices":
+        assert enc.positions is not None
+        return "indices64" if enc.positions.dtype == torch.int64 else "indices32"
+    return enc.encoding
+
+
+def _encode_native(flat: Tensor, enc: _Encoded) -> tuple[Tensor, float] | None:
+    """:func:`encode_active` by the native encoder, or None where it does not run or finds a bad importance (the
+    torch path then names it)."""
+    from .._codes_native import DTYPES, kernels
+
+    pos = enc.positions
+    if (flat.device.type != "cpu" or flat.dtype not in DTYPES or not flat.is_contiguous()
+            or (pos is not None and (pos.device.type != "cpu" or not pos.is_contiguous()
+                                     or pos.dtype not in (torch.int32, torch.int64, torch.uint8)))):
+        return None
+    lib = kernels()
+    if lib is None:
+        return None
+    got = lib.encode(flat, _native_kind(enc), pos, flat.numel() if enc.encoding == "dense" else enc.count)
+    return None if isinstance(got, int) else got
+
+
+def encode_active_torch(flat: Tensor, enc: _Encoded, key: str, agent: str) -> tuple[Tensor, float] | None:
+    """:func:`encode_active` with torch operations (any device and floating dtype)."""
     if enc.encoding == "none":
         return None
     where = None
@@ -171,17 +204,45 @@ class ImportanceSource:
             assert codes is not None  # the manifest's check: a stored piece of a parameter has importances
             box = _box(p)
             n = math.prod(box[1])
-            idx = _flat_positions(p, n, snap._files.tensor(p["file"], p.get("positions")))
-            values = dequantize(codes, float(p["importance_max"]))
-            if idx is not None and (idx.numel() != values.numel() or (idx.numel() and int(idx[-1]) >= n)):
+            positions = snap._files.tensor(p["file"], p.get("positions"))
+            piece = decode_piece(codes, float(p["importance_max"]), p["encoding"], positions, n)
+            if piece is None:
                 raise CorruptSnapshotError(f"agent {snap.agent!r} step {snap.step}: tensor {key!r} piece {i}: "
                                            "importances do not match the stored positions",
                                            agent=snap.agent, step=snap.step)
-            piece = values.view(box[1]) if idx is None else \
-                torch.zeros(n, dtype=torch.float32).index_copy_(0, idx, values).view(box[1])
             mine, theirs = inter
-            out[tuple(mine)] = piece[tuple(theirs)]
+            if want == box:
+                out = piece.view(box[1])  # the whole piece: no copy
+            else:
+                out[tuple(mine)] = piece.view(box[1])[tuple(theirs)]
         return out.to(self.device)
+
+
+def decode_piece(codes: Tensor, maximum: float, encoding: str, positions: Tensor | None, n: int) -> Tensor | None:
+    """A stored piece's float32 importances, flat, 0 at the entries it does not store (native decoder where it
+    runs, else torch: the same bits), or None where its positions do not match its codes."""
+    from .._codes_native import kernels
+
+    lib = kernels()
+    want = {"dense": (None,), "indices": (torch.int32, torch.int64), "bitmask": (torch.uint8,)}.get(encoding, ())
+    if lib is not None and codes.device.type == "cpu" and codes.dtype == torch.uint8 and codes.is_contiguous() \
+            and (None if positions is None else positions.dtype) in want \
+            and (positions is None or (positions.device.type == "cpu" and positions.is_contiguous())):
+        kind = encoding if encoding != "indices" else "indices64" if positions.dtype == torch.int64 else "indices32"
+        return lib.decode(codes, maximum, kind, positions, n)
+    return decode_piece_torch(codes, maximum, encoding, positions, n)
+
+
+def decode_piece_torch(codes: Tensor, maximum: float, encoding: str, positions: Tensor | None, n: int
+                       ) -> Tensor | None:
+    """:func:`decode_piece` with torch operations."""
+    idx = _flat_positions({"encoding": encoding}, n, positions)
+    values = dequantize(codes, maximum)
+    if idx is None:
+        return values if values.numel() == n else None
+    if idx.numel() != values.numel() or (idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n)):
+        return None
+    return torch.zeros(n, dtype=torch.float32).index_copy_(0, idx, values)
 
 
 def has_importance(entry: Mapping[str, Any]) -> bool:
