@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 from ram_live.errors import ConfigError
+from ram_live.options import RamOptions
 
 __all__ = ["DTYPES", "WEIGHTS", "RAMVerlOptions", "options_from_mapping", "options_from_verl"]
 
@@ -52,7 +53,9 @@ class RAMVerlOptions:
         keep_merged: keep only the newest ``keep_merged`` merged folders (None: all).
         merged_dtype: dtype of the merged weights: ``"auto"`` (the base model's), ``"bf16"``, ``"fp16"``, ``"fp32"``.
         agents: merge only these agents (default: every agent of the store).
-        variant, r, alpha, eps, activity, rho_scope: RAM's options, as in :func:`ram_live.ram_merge`.
+        variant, r, alpha, eps, activity, rho_scope, lambdas, exclude: RAM's options, the fields of
+            :class:`~ram_live.options.RamOptions` (as in :func:`ram_live.ram_merge`), held together in ``ram``
+            (``opts.variant`` etc. read it).
         evaluate: dotted path of ``fn(merged_dir: str, step: int) -> dict[str, float]`` (``pkg.mod.fn`` or
             ``pkg.mod:fn``), called after each merge; its scores are logged as ``ram/<name>``.
         search: the options of a :class:`~ram_live.schedule_search.SearchSetting` (``+ram.search.budget=60
@@ -87,17 +90,13 @@ class RAMVerlOptions:
     keep_merged: int | None = None
     merged_dtype: str = "auto"
     agents: list[str] | None = None
-    variant: str = "ram_plus"
-    r: float = 0.1
-    alpha: float = 2.0
-    eps: float = 1e-5
-    activity: str = "abs"
-    rho_scope: str = "global"
     evaluate: str | None = None
     search: Any = None
     durable: bool = True
     importance: str | None = "adam"
     importance_bias_correction: bool = False
+    #: the RAM options (the ``ram.variant``, ``ram.r``, ... keys)
+    ram: RamOptions = field(default_factory=RamOptions, repr=False)
     # filled from verl's config (not ram.* keys a user sets)
     save_freq: int | None = field(default=None, repr=False)
     checkpoint_root: str | None = field(default=None, repr=False)
@@ -120,9 +119,6 @@ class RAMVerlOptions:
         _choice("weights", self.weights, WEIGHTS)
         _choice("merged_dtype", self.merged_dtype, DTYPES)
         _choice("snapshot_activity", self.snapshot_activity, ("changed", "abs"))
-        _choice("variant", self.variant, ("ram", "ram_plus", "ram_plus_soft"))
-        _choice("activity", self.activity, ("abs", "changed"))
-        _choice("rho_scope", self.rho_scope, ("global", "tensor"))
         _choice("importance", self.importance, ("adam", None))
         _choice("importance_bias_correction", self.importance_bias_correction, (True, False))
         for name in ("snapshot_every", "max_part_bytes"):
@@ -130,8 +126,8 @@ class RAMVerlOptions:
         for name in ("keep", "keep_merged", "merge_every", "lora_rank"):
             if getattr(self, name) is not None:
                 _int(name, getattr(self, name), minimum=1)
-        for name in ("snapshot_eps", "r", "alpha", "eps"):
-            _float(name, getattr(self, name))
+        _float("snapshot_eps", self.snapshot_eps)
+        self.ram = RamOptions.from_mapping(self.ram, prefix="ram.")
         if self.lora_alpha is not None:
             _float("lora_alpha", self.lora_alpha)
         if self.lora not in ("auto", True, False):
@@ -161,7 +157,14 @@ class RAMVerlOptions:
 
     @classmethod
     def keys(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.repr]
+        """The ``ram.*`` keys: the integration's own and the RAM options'."""
+        return [f.name for f in fields(cls) if f.repr] + list(RamOptions.names())
+
+    def __getattr__(self, name: str) -> Any:
+        # opts.variant, opts.r, ...: the RAM options' fields, read from opts.ram
+        if name in RamOptions.names() and "ram" in self.__dict__:
+            return getattr(self.__dict__["ram"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def _choice(name: str, value: Any, allowed: Sequence[Any]) -> None:
@@ -188,7 +191,8 @@ def options_from_mapping(values: Mapping[str, Any] | None, **defaults: Any) -> R
         raise ConfigError(f"unknown ram option(s) {', '.join('ram.' + u for u in unknown)}; the options are: "
                           f"{', '.join(allowed)}")
     merged = {**{k: v for k, v in defaults.items() if v is not None}, **values}
-    return RAMVerlOptions(**merged).validate()
+    ram = RamOptions.from_mapping({k: merged.pop(k) for k in RamOptions.names() if k in merged}, prefix="ram.")
+    return RAMVerlOptions(**merged, ram=ram).validate()
 
 
 def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
