@@ -12,18 +12,22 @@ RAM into a Hugging Face folder, and ``ram/*`` metrics go to verl's logger. Train
 ``checkpoint_callback_class``: :class:`RAMTrainerMixin`. Checkpoints of any verl version, offline:
 ``ram-live verl-snapshot`` (:func:`main`).
 
-Importing this package does not import verl (``RAMCheckpointCallback`` subclasses verl's class on first use).
+Importing this package imports neither verl nor torch: every name is imported on first use (PEP 562), so
+``ram-live verl-snapshot --help`` answers at once; ``RAMCheckpointCallback`` subclasses verl's class on first use.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from .callback import RAMTrainerMixin, RAMVerlHooks, callback_class
-from .checkpoint import ActorCheckpoint, find_checkpoints
-from .cli import main
-from .config import RAMVerlOptions, options_from_mapping, options_from_verl
-from .core import RAMVerl, VerlIntegrationError
+_EXPORTS = {  # public name -> the submodule it comes from
+    "ActorCheckpoint": ".checkpoint", "find_checkpoints": ".checkpoint",
+    "RAMTrainerMixin": ".callback", "RAMVerlHooks": ".callback", "callback_class": ".callback",
+    "main": ".cli",
+    "RAMVerlOptions": ".config", "options_from_mapping": ".config", "options_from_verl": ".config",
+    "RAMVerl": ".core", "VerlIntegrationError": ".common",
+}
 
 __all__ = [
     "ActorCheckpoint",
@@ -42,5 +46,14 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "RAMCheckpointCallback":
-        return callback_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = importlib.import_module(".callback", __name__).callback_class()
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

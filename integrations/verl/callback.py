@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from .config import options_from_verl
-from .core import _VERL_DTYPES, RAMVerl, VerlIntegrationError
+from .common import VERL_DTYPES, VerlIntegrationError
+from .core import RAMVerl
 
 __all__ = ["RAMTrainerMixin", "RAMVerlHooks", "callback_class"]  # RAMCheckpointCallback: module __getattr__
 
@@ -32,7 +33,7 @@ def _master_dtype(config: Any) -> torch.dtype | None:
     value = _get(config, "actor_rollout_ref.actor.fsdp_config.model_dtype")
     if value is None:
         return torch.float32
-    return _VERL_DTYPES.get(str(value).replace("torch.", ""))
+    return VERL_DTYPES.get(str(value).replace("torch.", ""))
 
 
 class RAMVerlHooks:

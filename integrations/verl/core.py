@@ -6,102 +6,38 @@
 >>> ram = RAMVerl(opts)                                                                      # doctest: +SKIP
 >>> ram.snapshot("checkpoints/p/e/global_step_20", step=20)      # one rank's shard file at a time     # doctest: +SKIP
 >>> ram.merge(step=20)                                  # -> merged_dir/global_step_20      # doctest: +SKIP
+
+The jobs live in their own modules: :mod:`.snapshot` (a checkpoint's shards into a snapshot), :mod:`.lora`
+(ΔW of a LoRA checkpoint), :mod:`.merging` (the merge, its record and metrics), :mod:`.common` (dtype names,
+the base folder, the evaluate function).
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import logging
 import math
 import os
-import shutil
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
-from torch import Tensor
 
-from ram_live import functional as F
-from ram_live.api import ram_merge
 from ram_live.errors import ConfigError, RamLiveError
 from ram_live.methods import Activity
-from ram_live.schedule_search import save_record, search_metrics
 from ram_live.sources import SafetensorsSource
-from ram_live.store import LocalTensor, SnapshotStore, ram_statistics
+from ram_live.store import LocalTensor, SnapshotStore
 
-from .checkpoint import LORA_RE, ActorCheckpoint, hf_key
+from .checkpoint import LORA_RE, ActorCheckpoint
+from .common import DTYPE_OF, VerlIntegrationError, load_evaluate, resolve_base
 from .config import RAMVerlOptions
-from .optim import rank_importance
+from .merging import merge_latest
 from .pieces import BaseWriter, PieceWriter
+from .snapshot import CheckpointCounts, CheckpointReader
 
 __all__ = ["DTYPE_OF", "RAMVerl", "VerlIntegrationError", "load_evaluate", "resolve_base"]
 
 log = logging.getLogger("ram_live.verl")
-
-DTYPE_OF = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_VERL_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-                "fp16": torch.float16, "float16": torch.float16}
-_SIDE_SKIP = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
-_CHUNK = 1 << 22
-
-
-class VerlIntegrationError(RamLiveError, ValueError):
-    """A verl checkpoint or setting the integration cannot use (names the file or key at fault)."""
-
-
-def resolve_base(path: str) -> Path:
-    """A local Hugging Face folder for ``path``: the folder itself, or a hub id already in the local cache."""
-    p = Path(os.path.expanduser(path))
-    if p.is_dir():
-        return p
-    if "://" in path:  # hdfs://... : verl's own copy (the same cache its workers use)
-        try:
-            from verl.utils.fs import copy_to_local
-
-            local = Path(copy_to_local(path))
-            if local.is_dir():
-                return local
-        except Exception:
-            pass
-    elif path.count("/") == 1 and not p.exists():  # a hub id, as verl's model.path may be: cached, else fetched
-        try:
-            from huggingface_hub import snapshot_download
-
-            patterns = ["*.safetensors", "*.safetensors.index.json", "*.json", "*.txt", "*.model", "*.tiktoken",
-                        "*.jinja"]
-            try:
-                return Path(snapshot_download(path, local_files_only=True, allow_patterns=patterns))
-            except Exception:
-                return Path(snapshot_download(path, allow_patterns=patterns))
-        except Exception:
-            pass
-    raise ConfigError(f"ram.base: {path!r} is not a local Hugging Face model folder (nor a cached hub model); set "
-                      "+ram.base=<local folder of the base model>")
-
-
-def load_evaluate(path: str) -> Callable[..., Mapping[str, Any]]:
-    """``fn`` of ``"pkg.module.fn"`` or ``"pkg.module:fn"``."""
-    module, _, name = path.partition(":") if ":" in path else path.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"ram.evaluate={path!r}: cannot load it ({exc})") from None
-    if not callable(fn):
-        raise ConfigError(f"ram.evaluate={path!r} is not callable")
-    return fn
-
-
-def _count_active(agent: Tensor, base: Tensor, eps: float) -> int:
-    a, b = agent.reshape(-1), base.reshape(-1)
-    n = 0
-    for s in range(0, a.numel(), _CHUNK):
-        d = a[s : s + _CHUNK].float() - b[s : s + _CHUNK].float()
-        n += int(torch.count_nonzero(d.abs_() > eps))
-    return n
 
 
 class RAMVerl:
@@ -123,7 +59,8 @@ class RAMVerl:
         self.saves = 0
         self.last_snapshot_step = -1
         self.last_merge_step = -1
-        self._warned_importance = False  # a checkpoint without usable optimizer state: said once
+        self.last_merged: Path | None = None
+        self.reader = CheckpointReader(options)
         if options.weights != "master":
             self.prepare(DTYPE_OF[options.weights])
         elif master_dtype is not None:
@@ -193,12 +130,10 @@ class RAMVerl:
         specs = {k: (tuple(base.spec(k).shape), base.spec(k).dtype) for k in base.keys()}
         writer = PieceWriter(self.store, self.opts.agent, step, specs, fp, activity=self.opts.snapshot_activity,
                              eps=self.opts.snapshot_eps)
-        counts = {"numel": 0, "active": 0}
+        counts = CheckpointCounts(Activity(self.opts.activity, self.opts.eps))  # type: ignore[arg-type]
         try:
-            if lora:
-                info = self._snapshot_lora(ckpt, writer, base, specs, counts)
-            else:
-                info = self._snapshot_full(ckpt, writer, base, specs, counts)
+            read = self.reader.lora if lora else self.reader.full
+            info = read(ckpt, writer, base, specs, dtype, counts)
             meta = {"verl": {"weights": self.opts.weights, "dtype": str(dtype).replace("torch.", ""),
                              "checkpoint": str(ckpt.path), "global_step": int(step),
                              "world_size": ckpt.world_size, **info}}
@@ -210,11 +145,10 @@ class RAMVerl:
             self.store.prune(self.opts.keep, self.opts.agent)
         self.last_snapshot_step = step
         a = self.opts.agent
-        total = counts["numel"] or 1
         metrics = {
             f"ram/{a}/snapshot_step": float(step),
             f"ram/{a}/changed": snap.changed / max(snap.numel, 1),
-            f"ram/{a}/active": counts["active"] / total,
+            f"ram/{a}/active": counts.active / (counts.numel or 1),
             f"ram/{a}/snapshot_mb": snap.bytes / 2**20,
             f"ram/{a}/snapshot_seconds": time.perf_counter() - t0,
         }
@@ -244,158 +178,10 @@ class RAMVerl:
                 return t.tensor.dtype
         raise VerlIntegrationError("the checkpoint holds no floating-point tensor")
 
-    def _add(self, writer: PieceWriter, group: dict[str, LocalTensor], base_group: dict[str, LocalTensor],
-             importance: dict[str, Tensor] | None = None) -> None:
-        if group:
-            writer.add(group, base_group, {k: importance[k] for k in group} if importance is not None else None)
-            group.clear()
-            base_group.clear()
-
-    def _rank_importance(self, ckpt: ActorCheckpoint, shards: Any, rank: int, stored: list[bool]
-                         ) -> dict[str, Tensor] | None:
-        """This rank's exp_avg_sq boxes by checkpoint key (None: none; every rank alike, else an error)."""
-        if self.opts.importance != "adam":
-            return None
-        keys = [k for k in shards.state if k not in shards.aliases]
-        shapes = {k: tuple(shards.boxes[k].tensor.shape) for k in keys}
-        imp, why = rank_importance(ckpt.path, ckpt.world_size, rank, keys, shapes,
-                                   bias_correction=self.opts.importance_bias_correction)
-        if rank > 0 and (imp is not None) != stored[0]:
-            raise VerlIntegrationError(f"{ckpt.path}: rank {rank}'s optimizer state "
-                                       f"{'maps' if imp is not None else f'does not map ({why})'}, rank 0's "
-                                       f"{'does' if stored[0] else 'does not'}: the optimizer files disagree")
-        if rank == 0:
-            stored[:] = [imp is not None]
-            if imp is None and not self._warned_importance:
-                self._warned_importance = True
-                log.warning("ram_live: %s: snapshots without importances (%s); merges fall back to plain RAM "
-                            "(ram.importance=null silences this)", self.opts.agent, why)
-        if imp is not None:
-            for alias, target in shards.aliases.items():
-                imp[alias] = imp[target]
-        return imp
-
-    def _box_pair(self, base: Any, key: str, t: LocalTensor, counts: dict[str, int]) -> tuple[LocalTensor, LocalTensor]:
-        dtype = self.dtype if t.tensor.dtype.is_floating_point else t.tensor.dtype
-        data = t.tensor if t.tensor.dtype == dtype else t.tensor.to(dtype)
-        b = base.get_box(key, t.offsets, tuple(data.shape))
-        if data.dtype.is_floating_point:
-            counts["numel"] += data.numel()
-            if self.opts.activity == "abs":
-                counts["active"] += _count_active(data, b, self.opts.eps)
-            else:
-                counts["active"] += int(torch.count_nonzero(data != b))
-        return (LocalTensor(data, t.global_shape, t.offsets, True), LocalTensor(b, t.global_shape, t.offsets, True))
-
-    def _snapshot_full(self, ckpt: ActorCheckpoint, writer: PieceWriter, base: Any,
-                       specs: Mapping[str, Any], counts: dict[str, int]) -> dict[str, Any]:
-        group: dict[str, LocalTensor] = {}
-        base_group: dict[str, LocalTensor] = {}
-        size = 0
-        stored = [False]
-        for rank in range(ckpt.world_size):
-            shards = ckpt.shards(rank)
-            imp = self._rank_importance(ckpt, shards, rank, stored)
-            imp_group: dict[str, Tensor] | None = {} if imp is not None else None
-            names = {}
-            for key in shards.boxes:
-                name = hf_key(key)
-                if name not in specs:
-                    raise VerlIntegrationError(
-                        f"{ckpt.files[rank]}: tensor {key!r} ({name!r}) is not in the base model {self.opts.base!r}: "
-                        "was this run trained from another base?")
-                names[key] = name
-            for alias, target in shards.aliases.items():
-                name = hf_key(alias)
-                if name in specs:  # the base stores the tied copy too: snapshot it from the shared tensor
-                    names[alias] = name
-                    shards.boxes[alias] = shards.boxes[target]
-            for key, t in shards.boxes.items():
-                if not t.owner:
-                    continue
-                pair = self._box_pair(base, names[key], t, counts)
-                group[names[key]], base_group[names[key]] = pair
-                if imp_group is not None and imp is not None:
-                    imp_group[names[key]] = imp[key]
-                size += pair[0].tensor.numel() * pair[0].tensor.element_size()
-                if size >= self.opts.max_part_bytes:
-                    self._add(writer, group, base_group, imp_group)
-                    size = 0
-            self._add(writer, group, base_group, imp_group)  # one rank's boxes never share a part with the next's
-            size = 0
-            del shards  # let the rank's memory map go
-        return {"lora": False}
-
-    def _snapshot_lora(self, ckpt: ActorCheckpoint, writer: PieceWriter, base: Any,
-                       specs: Mapping[str, Any], counts: dict[str, int]) -> dict[str, Any]:
-        from safetensors.torch import save_file
-
-        from ram_live.peft import lora_deltas
-
-        factors: dict[str, Tensor] = {}
-        for rank in range(ckpt.world_size):
-            shards = ckpt.shards(rank)
-            for key, t in shards.boxes.items():
-                m = LORA_RE.match(key)
-                if m is None or not t.owner:
-                    continue
-                module = hf_key(m.group("module"))
-                name = f"base_model.model.{module}.{m.group('kind')}" + (".weight" if m.group("weight") else "")
-                full = factors.get(name)
-                if full is None:
-                    full = factors[name] = torch.zeros(t.global_shape, dtype=torch.float32)
-                full[tuple(slice(o, o + n) for o, n in zip(t.offsets, t.tensor.shape))] = t.tensor.float()
-            del shards
-        meta = dict(ckpt.lora_meta or {})
-        r = int(meta.get("r") or self.opts.lora_rank or 0)
-        alpha = meta.get("lora_alpha", self.opts.lora_alpha)
-        if self.opts.lora_rank is not None:
-            r = self.opts.lora_rank
-        if self.opts.lora_alpha is not None:
-            alpha = self.opts.lora_alpha
-        if not r or alpha is None:
-            raise VerlIntegrationError(
-                f"{ckpt.path}: a LoRA checkpoint without lora_train_meta.json; set ram.lora_rank and ram.lora_alpha "
-                "(or actor_rollout_ref.model.lora_rank/lora_alpha)")
-        targets = sorted({n[len("base_model.model."):].rsplit(".lora_", 1)[0].split(".")[-1] for n in factors})
-        with tempfile.TemporaryDirectory(prefix="ram_live_verl_lora_") as tmp:
-            save_file({k: v.contiguous() for k, v in factors.items()}, os.path.join(tmp, "adapter_model.safetensors"))
-            with open(os.path.join(tmp, "adapter_config.json"), "w") as fh:
-                json.dump({"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": targets,
-                           "use_rslora": False, "fan_in_fan_out": False, "bias": "none"}, fh)
-            deltas = lora_deltas(tmp, "verl")
-        del factors
-        group: dict[str, LocalTensor] = {}
-        base_group: dict[str, LocalTensor] = {}
-        size = 0
-        touched = set()
-        for module, delta in deltas.items():
-            key = f"{module}.weight"
-            if key not in specs:
-                raise VerlIntegrationError(f"{ckpt.path}: LoRA module {module!r} has no weight {key!r} in the base")
-            shape, dtype = specs[key]
-            if tuple(delta.shape) != tuple(shape):
-                raise VerlIntegrationError(f"{ckpt.path}: ΔW of {module!r} is {list(delta.shape)}, the base weight "
-                                           f"{list(shape)}")
-            b = base.get_box(key, (0,) * len(shape), shape)
-            agent = (b.float() + delta).to(dtype)
-            t = LocalTensor(agent, tuple(shape), (0,) * len(shape), True)
-            pair = self._box_pair(base, key, t, counts)
-            group[key], base_group[key] = pair
-            touched.add(key)
-            size += agent.numel() * agent.element_size()
-            if size >= self.opts.max_part_bytes:
-                self._add(writer, group, base_group)
-                size = 0
-        self._add(writer, group, base_group)
-        writer.add_unchanged([k for k in specs if k not in touched])
-        counts["numel"] += sum(math.prod(specs[k][0]) for k in specs if k not in touched
-                               and specs[k][1].is_floating_point)
-        return {"lora": True, "lora_rank": r, "lora_alpha": alpha, "lora_modules": len(deltas)}
-
     # ------------------------------------------------------------------------------------------- merging
 
-    def _out_dtype(self) -> torch.dtype | None:
+    def out_dtype(self) -> torch.dtype | None:
+        """The merged weights' dtype: ``ram.merged_dtype``, or with ``"auto"`` the base folder's (None: the inputs')."""
         if self.opts.merged_dtype != "auto":
             return DTYPE_OF[self.opts.merged_dtype]
         if self.base_dir is not None:
@@ -409,90 +195,7 @@ class RAMVerl:
         """Merge the latest snapshot of every agent (``ram.agents``) into ``merged_dir/global_step_<step>`` (a Hugging
         Face folder: weights, the base's config and tokenizer, and ``ram_merge.json``), evaluate it, prune old merges;
         returns the ``ram/*`` metrics."""
-        if not self.opts.merged_dir:
-            raise ConfigError("ram.merged_dir is not set")
-        t0 = time.perf_counter()
-        root = Path(self.opts.merged_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        final = root / f"global_step_{step}"
-        building = root / f".global_step_{step}.building-{uuid.uuid4().hex[:8]}"
-        snaps = self.store.latest_all(self.opts.agents)
-        if not snaps:
-            raise VerlIntegrationError(f"{self.store.root}: no snapshot to merge")
-        o = self.opts
-        searched = result = None
-        try:
-            if o.search is not None:  # the merge ram_live.search picks (integrations/verl/search.py)
-                from ram_live.api import merge as _merge
-
-                from .search import search_merge
-
-                searched, result = search_merge(self, snaps, step, root)
-                _, info = _merge(snaps, out=building, dtype=self._out_dtype(), return_info=True, **result.best)
-            else:
-                _, info = ram_merge(snaps, out=building, dtype=self._out_dtype(), variant=o.variant, r=o.r,
-                                    alpha=o.alpha, eps=o.eps, activity=o.activity, rho_scope=o.rho_scope,
-                                    return_info=True)
-            names = list(snaps)
-            if info.statistics is not None and o.rho_scope == "global":
-                active, unique = info.statistics.active.tolist(), info.statistics.unique.tolist()
-                total = sum(snaps[names[0]].base_source().spec(k).numel for k in _merged_keys(snaps[names[0]]))
-            else:
-                stats = ram_statistics(next(iter(snaps.values())).base_source(), list(snaps.values()),
-                                       Activity(o.activity, o.eps))  # type: ignore[arg-type]
-                active, unique, total = stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
-            rho = {n: F.rho(float(u), float(a)) for n, a, u in zip(names, active, unique)}
-            lambdas = {} if searched else {n: F.ram_lambda(rho[n], o.variant, o.r, o.alpha) for n in names}
-            if info.lambdas is not None and o.rho_scope == "global":
-                lambdas.update(info.lambdas)
-            density = {n: a / total if total else 0.0 for n, a in zip(names, active)}
-            if self.base_dir is not None:
-                for f in self.base_dir.iterdir():
-                    if f.is_file() and not f.name.endswith(_SIDE_SKIP):
-                        shutil.copy2(f, building / f.name)
-            record = {"step": step, "agents": {n: s.step for n, s in snaps.items()}, "variant": o.variant, "r": o.r,
-                      "alpha": o.alpha, "eps": o.eps, "activity": o.activity, "rho_scope": o.rho_scope,
-                      "lambda": lambdas, "rho": {n: (v if math.isfinite(v) else None) for n, v in rho.items()},
-                      "density": density, "weights": o.weights, "store": str(self.store.root)}
-            if searched is not None:
-                record.update(variant=searched["best"]["method"], search=searched)
-                save_record(building / "ram_search.json", searched, result, durable=False)
-            (building / "ram_merge.json").write_text(json.dumps(record, indent=1))
-            if final.exists():
-                old = root / f".global_step_{step}.old-{uuid.uuid4().hex[:8]}"
-                os.replace(final, old)
-                shutil.rmtree(old, ignore_errors=True)
-            os.replace(building, final)
-        finally:
-            if building.exists():
-                shutil.rmtree(building, ignore_errors=True)
-        if o.keep_merged is not None:
-            self._prune_merged(root, o.keep_merged)
-        metrics: dict[str, float] = {"ram/agents": float(len(snaps)), "ram/merge_seconds": time.perf_counter() - t0}
-        for n, s in snaps.items():
-            metrics[f"ram/{n}/snapshot_step"] = float(s.step)
-            metrics[f"ram/{n}/density"] = density[n]
-            metrics[f"ram/{n}/rho"] = rho[n]
-            if n in lambdas:
-                metrics[f"ram/{n}/lambda"] = lambdas[n]
-        if searched is not None:
-            metrics.update(search_metrics(searched))
-        if self.evaluate is not None:
-            scores = self.evaluate(str(final), step=step) or {}
-            for k, v in scores.items():
-                metrics[k if k.startswith("ram/") else f"ram/{k}"] = _float(v)
-        self.last_merge_step = step
-        self.last_merged = final
-        return metrics
-
-    @staticmethod
-    def _prune_merged(root: Path, keep: int) -> None:
-        found = []
-        for p in root.iterdir():
-            if p.is_dir() and p.name.startswith("global_step_") and p.name[12:].isdigit():
-                found.append((int(p.name[12:]), p))
-        for _, p in sorted(found)[: max(0, len(found) - keep)]:
-            shutil.rmtree(p, ignore_errors=True)
+        return merge_latest(self, step)
 
     # ------------------------------------------------------------------------------------------- the save event
 
@@ -525,15 +228,3 @@ class RAMVerl:
             if log_fn is not None:
                 log_fn(metrics, global_step)
         return metrics
-
-
-def _merged_keys(snap: Any) -> list[str]:
-    base = snap.base_source()
-    aliases = base.aliases()
-    return [k for k in base.keys() if k not in aliases and base.spec(k).dtype.is_floating_point]
-
-
-def _float(value: Any) -> float:
-    if isinstance(value, Tensor):
-        return float(value.detach().float().mean().item())
-    return float(value)

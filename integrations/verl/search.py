@@ -21,10 +21,9 @@ import torch
 
 from ram_live.schedule_search import SearchSetting, _tensors_of, record_of
 
+from .common import copy_side_files
+
 __all__ = ["search_merge"]
-
-_SIDE_SKIP = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
-
 
 def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path) -> tuple[dict[str, Any], Any]:
     """Run the search of ``ram.opts.search`` over ``snaps`` (the store's latest snapshots) on the store's base;
@@ -36,7 +35,7 @@ def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path) -> t
     setting: SearchSetting = ram.opts.search
     fn = setting.evaluation(ram.evaluate)
     confirm = setting.confirmation()
-    dtype = ram._out_dtype()
+    dtype = ram.out_dtype()
     candidate = root / f".search_step_{step}-{uuid.uuid4().hex[:8]}"
 
     def write(merged: Any) -> str:
@@ -45,9 +44,7 @@ def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path) -> t
                    for k, v in _tensors_of(merged).items()}
         save_file(tensors, str(candidate / "model.safetensors"))
         if ram.base_dir is not None:
-            for f in Path(ram.base_dir).iterdir():
-                if f.is_file() and not f.name.endswith(_SIDE_SKIP) and not (candidate / f.name).exists():
-                    shutil.copy2(f, candidate / f.name)
+            copy_side_files(ram.base_dir, candidate, keep_existing=True)
         return str(candidate)
 
     def wrap(evaluate: Any) -> Any:

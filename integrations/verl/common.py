@@ -1,0 +1,76 @@
+"""What the verl integration's modules share: dtype names, its error, and where its inputs come from (the base
+model's folder, the ``ram.evaluate`` function, the base's side files copied next to merged weights)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ram_live.errors import ConfigError, RamLiveError
+
+__all__ = ["DTYPE_OF", "SIDE_SKIP", "VERL_DTYPES", "VerlIntegrationError", "copy_side_files", "load_evaluate",
+           "resolve_base"]
+
+DTYPE_OF = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+VERL_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+               "fp16": torch.float16, "float16": torch.float16}
+SIDE_SKIP = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
+
+
+class VerlIntegrationError(RamLiveError, ValueError):
+    """A verl checkpoint or setting the integration cannot use (names the file or key at fault)."""
+
+
+def resolve_base(path: str) -> Path:
+    """A local Hugging Face folder for ``path``: the folder itself, or a hub id already in the local cache."""
+    p = Path(os.path.expanduser(path))
+    if p.is_dir():
+        return p
+    if "://" in path:  # hdfs://... : verl's own copy (the same cache its workers use)
+        try:
+            from verl.utils.fs import copy_to_local
+
+            local = Path(copy_to_local(path))
+            if local.is_dir():
+                return local
+        except Exception:
+            pass
+    elif path.count("/") == 1 and not p.exists():  # a hub id, as verl's model.path may be: cached, else fetched
+        try:
+            from huggingface_hub import snapshot_download
+
+            patterns = ["*.safetensors", "*.safetensors.index.json", "*.json", "*.txt", "*.model", "*.tiktoken",
+                        "*.jinja"]
+            try:
+                return Path(snapshot_download(path, local_files_only=True, allow_patterns=patterns))
+            except Exception:
+                return Path(snapshot_download(path, allow_patterns=patterns))
+        except Exception:
+            pass
+    raise ConfigError(f"ram.base: {path!r} is not a local Hugging Face model folder (nor a cached hub model); set "
+                      "+ram.base=<local folder of the base model>")
+
+
+def load_evaluate(path: str) -> Callable[..., Mapping[str, Any]]:
+    """``fn`` of ``"pkg.module.fn"`` or ``"pkg.module:fn"``."""
+    module, _, name = path.partition(":") if ":" in path else path.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"ram.evaluate={path!r}: cannot load it ({exc})") from None
+    if not callable(fn):
+        raise ConfigError(f"ram.evaluate={path!r} is not callable")
+    return fn
+
+
+def copy_side_files(base_dir: str | os.PathLike[str], dest: Path, *, keep_existing: bool = False) -> None:
+    """Copy the base folder's files other than weights (config, tokenizer, ...) into ``dest``; with
+    ``keep_existing`` a file already in ``dest`` stays."""
+    for f in Path(base_dir).iterdir():
+        if f.is_file() and not f.name.endswith(SIDE_SKIP) and not (keep_existing and (dest / f.name).exists()):
+            shutil.copy2(f, dest / f.name)

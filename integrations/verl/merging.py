@@ -1,0 +1,137 @@
+"""The latest snapshot of every agent merged into ``merged_dir/global_step_<N>`` (a Hugging Face folder with
+``ram_merge.json``), evaluated, old merges pruned; the ``ram/*`` merge metrics, with ρ and λ from
+:func:`ram_live.functional.rho` / :func:`~ram_live.functional.ram_lambda` (the merge's own formula)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from ram_live import functional as F
+from ram_live.errors import ConfigError
+from ram_live.methods import Activity
+from ram_live.store import ram_statistics
+
+from .common import VerlIntegrationError, copy_side_files
+
+if TYPE_CHECKING:
+    from .core import RAMVerl
+
+__all__ = ["merge_latest", "prune_merged"]
+
+
+def _merged_keys(snap: Any) -> list[str]:
+    base = snap.base_source()
+    aliases = base.aliases()
+    return [k for k in base.keys() if k not in aliases and base.spec(k).dtype.is_floating_point]
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, Tensor):
+        return float(value.detach().float().mean().item())
+    return float(value)
+
+
+def _counts(snaps: dict[str, Any], info: Any, o: Any) -> tuple[list[int], list[int], int]:
+    """Per agent the active and unique entries and the entries merged: the merge's own counts when it took
+    global ones, else a statistics pass with its activity rule."""
+    names = list(snaps)
+    if info.statistics is not None and o.rho_scope == "global":
+        total = sum(snaps[names[0]].base_source().spec(k).numel for k in _merged_keys(snaps[names[0]]))
+        return info.statistics.active.tolist(), info.statistics.unique.tolist(), total
+    stats = ram_statistics(next(iter(snaps.values())).base_source(), list(snaps.values()),
+                           Activity(o.activity, o.eps))  # type: ignore[arg-type]
+    return stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
+
+
+def merge_latest(ram: RAMVerl, step: int) -> dict[str, float]:
+    """What :meth:`RAMVerl.merge` does (see there)."""
+    from ram_live.api import merge, ram_merge
+
+    o = ram.opts
+    if not o.merged_dir:
+        raise ConfigError("ram.merged_dir is not set")
+    t0 = time.perf_counter()
+    root = Path(o.merged_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"global_step_{step}"
+    building = root / f".global_step_{step}.building-{uuid.uuid4().hex[:8]}"
+    snaps = ram.store.latest_all(o.agents)
+    if not snaps:
+        raise VerlIntegrationError(f"{ram.store.root}: no snapshot to merge")
+    searched = result = None
+    try:
+        if o.search is not None:  # the merge ram_live.search picks (integrations/verl/search.py)
+            from .search import search_merge
+
+            searched, result = search_merge(ram, snaps, step, root)
+            _, info = merge(snaps, out=building, dtype=ram.out_dtype(), return_info=True, **result.best)
+        else:
+            _, info = ram_merge(snaps, out=building, dtype=ram.out_dtype(), variant=o.variant, r=o.r,
+                                alpha=o.alpha, eps=o.eps, activity=o.activity, rho_scope=o.rho_scope,
+                                return_info=True)
+        names = list(snaps)
+        active, unique, total = _counts(snaps, info, o)
+        rho = {n: F.rho(float(u), float(a)) for n, a, u in zip(names, active, unique)}
+        lambdas = {} if searched else {n: F.ram_lambda(rho[n], o.variant, o.r, o.alpha) for n in names}
+        if info.lambdas is not None and o.rho_scope == "global":
+            lambdas.update(info.lambdas)
+        density = {n: a / total if total else 0.0 for n, a in zip(names, active)}
+        if ram.base_dir is not None:
+            copy_side_files(ram.base_dir, building)
+        record = {"step": step, "agents": {n: s.step for n, s in snaps.items()}, "variant": o.variant, "r": o.r,
+                  "alpha": o.alpha, "eps": o.eps, "activity": o.activity, "rho_scope": o.rho_scope,
+                  "lambda": lambdas, "rho": {n: (v if math.isfinite(v) else None) for n, v in rho.items()},
+                  "density": density, "weights": o.weights, "store": str(ram.store.root)}
+        if searched is not None:
+            from ram_live.schedule_search import save_record
+
+            record.update(variant=searched["best"]["method"], search=searched)
+            save_record(building / "ram_search.json", searched, result, durable=False)
+        (building / "ram_merge.json").write_text(json.dumps(record, indent=1))
+        if final.exists():
+            old = root / f".global_step_{step}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(building, final)
+    finally:
+        if building.exists():
+            shutil.rmtree(building, ignore_errors=True)
+    if o.keep_merged is not None:
+        prune_merged(root, o.keep_merged)
+    metrics: dict[str, float] = {"ram/agents": float(len(snaps)), "ram/merge_seconds": time.perf_counter() - t0}
+    for n, s in snaps.items():
+        metrics[f"ram/{n}/snapshot_step"] = float(s.step)
+        metrics[f"ram/{n}/density"] = density[n]
+        metrics[f"ram/{n}/rho"] = rho[n]
+        if n in lambdas:
+            metrics[f"ram/{n}/lambda"] = lambdas[n]
+    if searched is not None:
+        from ram_live.schedule_search import search_metrics
+
+        metrics.update(search_metrics(searched))
+    if ram.evaluate is not None:
+        scores = ram.evaluate(str(final), step=step) or {}
+        for k, v in scores.items():
+            metrics[k if k.startswith("ram/") else f"ram/{k}"] = _float(v)
+    ram.last_merge_step = step
+    ram.last_merged = final
+    return metrics
+
+
+def prune_merged(root: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` ``global_step_<N>`` folders under ``root``."""
+    found = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith("global_step_") and p.name[12:].isdigit():
+            found.append((int(p.name[12:]), p))
+    for _, p in sorted(found)[: max(0, len(found) - keep)]:
+        shutil.rmtree(p, ignore_errors=True)
