@@ -6,7 +6,7 @@ import re
 from typing import Any, Iterable, Mapping
 
 from .errors import UnsupportedAdapterError
-from .factors import _AdapterSet
+from .factors import AdapterSet
 from .refactoring import Refactored
 
 #: LoRA variants whose ΔW is not s·BA (fields of LoraConfig that switch a variant on)
@@ -16,7 +16,7 @@ _VARIANT_FIELDS = ("use_dora", "lora_bias", "alora_invocation_tokens", "arrow_co
 _RESIDUAL_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
 
 
-def _check_config(cfg: Mapping[str, Any], adapter: str) -> None:
+def check_config(cfg: Mapping[str, Any], adapter: str) -> None:
     """Refuse, by its config, an adapter whose ΔW is not s · B A on an unchanged base."""
     peft_type = str(cfg.get("peft_type", "LORA")).split(".")[-1].upper()
     if peft_type != "LORA":
@@ -46,7 +46,7 @@ def _check_config(cfg: Mapping[str, Any], adapter: str) -> None:
             )
 
 
-def _new_config_fields(refactored: Mapping[str, Refactored]) -> dict[str, Any]:
+def new_config_fields(refactored: Mapping[str, Refactored]) -> dict[str, Any]:
     """r, lora_alpha, rank_pattern, alpha_pattern, target_modules of the new adapter: scaling is exactly 1 in
     every module (lora_alpha = r per module), no rsLoRA; the pattern keys are escaped full module names, which
     PEFT's ``get_pattern_key`` matches exactly."""
@@ -60,7 +60,7 @@ def _new_config_fields(refactored: Mapping[str, Refactored]) -> dict[str, Any]:
     }
 
 
-def _fan_in_fan_out(adapters: _AdapterSet, modules: Iterable[str]) -> bool:
+def merged_fan_in_fan_out(adapters: AdapterSet, modules: Iterable[str]) -> bool:
     """The new adapter's ``fan_in_fan_out``: that of the linear layers among ``modules``; one LoRA config holds one."""
     fan_in_fan_out = {adapters.module(m).transpose for m in modules if adapters.module(m).kind == "linear"}
     if len(fan_in_fan_out) > 1:

@@ -10,10 +10,12 @@ from typing import Any, Callable, Literal, Mapping
 import torch
 from torch import Tensor
 
+from .. import functional as F
+from ..methods import Activity
 from ..sources import TensorSpec
-from .factors import _Factor, _weight_key
-from .folders import _read_folder
-from .live import _active_adapter, _read_live
+from .factors import Factor, weight_key
+from .folders import read_folder
+from .live import active_adapter, read_live
 from .sparsify import SparsifyRule
 
 
@@ -29,23 +31,26 @@ def lora_deltas(
     model, e.g. ``model.layers.0.self_attn.q_proj``).
     """
     if isinstance(source, (str, os.PathLike)):
-        factors, _, _, _ = _read_folder(Path(source), adapter or Path(source).name)
+        factors, _, _, _ = read_folder(Path(source), adapter or Path(source).name)
     else:
-        name = adapter if adapter is not None else _active_adapter(source)
-        factors = _read_live(source, [name]).factors[name]
+        name = adapter if adapter is not None else active_adapter(source)
+        factors = read_live(source, [name]).factors[name]
     with torch.no_grad():
         return {module: f.delta(layout=layout) for module, f in factors.items()}
 
 
-class _Deltas:
+class AdapterDeltas:
     """One adapter's ΔW by weight key (``<module>.weight``, weight layout, float32), sparsified by ``rule``,
-    computed on request; counts, per key, the entries with |Δ| > ``eps`` (the paper's rule) and those kept."""
+    computed on request; counts, per key, the entries ``activity`` marks (the merge's own rule, on ΔW as the
+    delta-space merge sees it: :func:`ram_live.functional.delta_active`) and those the sparsifying rule keeps."""
 
-    def __init__(self, name: str, factors: Mapping[str, _Factor], rule: SparsifyRule | None, eps: float) -> None:
+    def __init__(self, name: str, factors: Mapping[str, Factor], rule: SparsifyRule | None,
+                 activity: Activity) -> None:
         self.name = name
-        self.factors = {_weight_key(m): f for m, f in factors.items()}
+        self.factors = {weight_key(m): f for m, f in factors.items()}
         self.rule = rule
-        self.eps = eps
+        self.activity = activity
+        self.eps = activity.eps
         self._cuts: dict[str, float | None] = {}
         self.raw_active: dict[str, int] = {}
         self.kept_active: dict[str, int] = {}
@@ -59,7 +64,7 @@ class _Deltas:
         first = key not in self.raw_active
         if first:
             self.numel[key] = delta.numel()
-            self.raw_active[key] = int(torch.count_nonzero(delta.abs() > self.eps))
+            self.raw_active[key] = F.count_delta_active(delta, self.activity)
         if self.rule is not None:
             if key not in self._cuts:
                 self._cuts[key] = self.rule.cut(delta)
@@ -71,17 +76,18 @@ class _Deltas:
         return delta
 
     def density(self) -> tuple[float, float]:
-        """(fraction of entries with |Δ| > eps, fraction kept by the rule) over the modules it targets."""
+        """(fraction of entries active by the activity rule, fraction kept by the sparsifying rule) over the
+        modules it targets."""
         total = sum(self.numel.values())
         if not total:
             return 0.0, 0.0
         return sum(self.raw_active.values()) / total, sum(self.kept_active.values()) / total
 
 
-class _DeltaSource:
+class DeltaSource:
     """A TensorSource of one adapter's ΔW per weight key (zeros where it has no factor)."""
 
-    def __init__(self, deltas: _Deltas, specs: Mapping[str, TensorSpec]) -> None:
+    def __init__(self, deltas: AdapterDeltas, specs: Mapping[str, TensorSpec]) -> None:
         self.name = deltas.name
         self.deltas = deltas
         self._specs = specs
@@ -101,17 +107,17 @@ class _DeltaSource:
         return delta if delta is not None else torch.zeros(spec.shape, dtype=torch.float32, device=spec.device)
 
 
-class _ZeroBase(_DeltaSource):
+class ZeroBase(DeltaSource):
     def __init__(self, specs: Mapping[str, TensorSpec]) -> None:
-        super().__init__(_Deltas("zero base", {}, None, 0.0), specs)
+        super().__init__(AdapterDeltas("zero base", {}, None, Activity("abs", 0.0)), specs)
 
 
-class _BasePlusDeltaSource:
+class BasePlusDeltaSource:
     """The model "base + ΔW_t" of one adapter, without materialising it: targeted weights are read as
     float64 ``W + ΔW_t`` (so that the engine's τ_t = (W + ΔW_t) − W is ΔW_t to ~1e-16·|W|, and entries the
     rule dropped are exactly 0), every other tensor is the base's own."""
 
-    def __init__(self, base: Any, deltas: _Deltas) -> None:
+    def __init__(self, base: Any, deltas: AdapterDeltas) -> None:
         self.name = deltas.name
         self.base = base
         self.deltas = deltas
@@ -136,7 +142,7 @@ class _BasePlusDeltaSource:
         return w.to(torch.float64).add_(delta)
 
 
-class _CallbackSink:
+class CallbackSink:
     """Hands each merged ΔW* to ``on_module(weight key, ΔW*)`` as soon as the engine has written it."""
 
     def __init__(self, on_module: Callable[[str, Tensor], None]) -> None:

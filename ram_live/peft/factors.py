@@ -12,7 +12,7 @@ from ..errors import InputMismatchError
 
 
 @dataclass
-class _Factor:
+class Factor:
     """One adapter's LoRA factors for one module: ΔW = scaling · B @ A ([out, in], "B·A layout").
 
     ``transpose``: the module's weight is stored as ΔWᵀ (``fan_in_fan_out`` linears, embeddings).
@@ -46,25 +46,25 @@ class _Factor:
         return out.mul_(self.scaling)
 
 
-def _weight_key(module: str) -> str:
+def weight_key(module: str) -> str:
     return f"{module}.weight"
 
 
-def _module_of(key: str) -> str:
+def module_of(key: str) -> str:
     return key[: -len(".weight")]
 
 
 @dataclass
-class _AdapterSet:
+class AdapterSet:
     """Every adapter's factors, by module, plus the order of the modules and what each adapter's config was."""
 
     names: tuple[str, ...]
-    factors: dict[str, dict[str, _Factor]]  # adapter -> module -> factor
+    factors: dict[str, dict[str, Factor]]  # adapter -> module -> factor
     order: list[str]
     configs: dict[str, Any]
     saved_weights: dict[str, dict[str, Tensor]] = field(default_factory=dict)  # adapter -> base key -> tensor
 
-    def module(self, name: str) -> _Factor:
+    def module(self, name: str) -> Factor:
         return next(self.factors[a][name] for a in self.names if name in self.factors[a])
 
     def max_rank(self) -> int:
@@ -74,7 +74,7 @@ class _AdapterSet:
         return tuple(a for a in self.names if module in self.factors[a])
 
 
-def _check_consistent(adapters: _AdapterSet) -> None:
+def check_consistent(adapters: AdapterSet) -> None:
     for module in adapters.order:
         ref_name = next(a for a in adapters.names if module in adapters.factors[a])
         ref = adapters.factors[ref_name][module]

@@ -13,11 +13,11 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, InputMismatchError, UnsupportedInputError
-from .configs import _check_config
+from .configs import check_config
 from .errors import UnsupportedAdapterError
-from .factors import _AdapterSet, _Factor
+from .factors import AdapterSet, Factor
 
-_PREFIX = "base_model.model."
+PEFT_PREFIX = "base_model.model."
 _SUFFIXES = {
     ".lora_A.weight": ("linear", "A"),
     ".lora_B.weight": ("linear", "B"),
@@ -34,9 +34,9 @@ def _pattern_value(patterns: Mapping[str, Any], module: str, default: Any) -> An
     return default
 
 
-def _read_folder(
+def read_folder(
     path: Path, adapter: str, device: str | torch.device = "cpu"
-) -> tuple[dict[str, _Factor], list[str], dict, dict[str, Tensor]]:
+) -> tuple[dict[str, Factor], list[str], dict, dict[str, Tensor]]:
     """(factors by module, module order, config, full base-layer weights PEFT saved alongside)."""
     from safetensors import safe_open
 
@@ -49,14 +49,14 @@ def _read_folder(
             path / "adapter_model.bin").exists() else ""
         raise UnsupportedInputError(f"adapter {adapter!r}: {weights_file} not found{extra}")
     cfg = json.loads(config_file.read_text())
-    _check_config(cfg, adapter)
+    check_config(cfg, adapter)
     parts: dict[str, dict[str, Tensor]] = {}
     kinds: dict[str, str] = {}
     order: list[str] = []
     saved: dict[str, Tensor] = {}
     with safe_open(str(weights_file), framework="pt", device=str(device)) as fh:
         for key in fh.keys():
-            name = key[len(_PREFIX):] if key.startswith(_PREFIX) else key
+            name = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
             if name.endswith(".base_layer.weight"):
                 # PEFT's save_embedding_layers: a full copy of a targeted embedding's base weight, not a delta;
                 # checked against the base when one is given (into_base), otherwise not part of the merge
@@ -86,7 +86,7 @@ def _read_folder(
                     "ram_live merges LoRA on linear and embedding layers only", adapter=adapter, module=module,
                 )
             parts[module][which] = tensor
-    factors: dict[str, _Factor] = {}
+    factors: dict[str, Factor] = {}
     for module in order:
         p = parts[module]
         if set(p) != {"A", "B"}:
@@ -103,14 +103,14 @@ def _read_folder(
         scaling = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
         kind = kinds[module]
         transpose = True if kind == "embedding" else bool(cfg.get("fan_in_fan_out", False))
-        factors[module] = _Factor(p["A"], p["B"], scaling, kind, transpose)  # type: ignore[arg-type]
+        factors[module] = Factor(p["A"], p["B"], scaling, kind, transpose)  # type: ignore[arg-type]
     if not factors:
         raise UnsupportedAdapterError(f"adapter {adapter!r}: {weights_file} holds no LoRA factor", adapter=adapter)
     return factors, order, cfg, saved
 
 
-def _read_folders(adapters: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike],
-                  device: str | torch.device = "cpu") -> tuple[_AdapterSet, dict[str, Path]]:
+def read_folders(adapters: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike],
+                  device: str | torch.device = "cpu") -> tuple[AdapterSet, dict[str, Path]]:
     if isinstance(adapters, Mapping):
         named = [(str(k), Path(v)) for k, v in adapters.items()]
     elif isinstance(adapters, (str, os.PathLike)):
@@ -126,9 +126,9 @@ def _read_folders(adapters: Sequence[str | os.PathLike] | Mapping[str, str | os.
         raise ConfigError(f"adapter names are not unique: {[n for n, _ in named]}")
     factors, configs, order, saved = {}, {}, [], {}
     for name, path in named:
-        f, o, cfg, full = _read_folder(path, name, device)
+        f, o, cfg, full = read_folder(path, name, device)
         factors[name] = f
         configs[name] = cfg
         saved[name] = full
         order += [m for m in o if m not in order]
-    return _AdapterSet(tuple(n for n, _ in named), factors, order, configs, saved), dict(named)
+    return AdapterSet(tuple(n for n, _ in named), factors, order, configs, saved), dict(named)

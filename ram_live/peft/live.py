@@ -7,9 +7,9 @@ from typing import Any, Sequence
 from torch import nn
 
 from ..errors import ConfigError
-from .configs import _check_config
+from .configs import check_config
 from .errors import MissingDependencyError, UnsupportedAdapterError
-from .factors import _AdapterSet, _Factor
+from .factors import AdapterSet, Factor
 
 
 def _import_peft() -> Any:
@@ -23,7 +23,7 @@ def _import_peft() -> Any:
     return peft
 
 
-def _tuner(peft_model: Any) -> tuple[Any, nn.Module]:
+def tuner_of(peft_model: Any) -> tuple[Any, nn.Module]:
     """(the LoraModel, the wrapped transformers model whose module names PEFT uses)."""
     _import_peft()
     from peft import PeftModel
@@ -38,10 +38,10 @@ def _tuner(peft_model: Any) -> tuple[Any, nn.Module]:
     return tuner, tuner.model
 
 
-def _read_live(peft_model: Any, adapters: Sequence[str] | None) -> _AdapterSet:
+def read_live(peft_model: Any, adapters: Sequence[str] | None) -> AdapterSet:
     from peft.tuners.lora import layer as lora_layer
 
-    tuner, root = _tuner(peft_model)
+    tuner, root = tuner_of(peft_model)
     configs = peft_model.peft_config
     names = tuple(configs) if adapters is None else tuple(adapters)
     if not names:
@@ -51,8 +51,8 @@ def _read_live(peft_model: Any, adapters: Sequence[str] | None) -> _AdapterSet:
     for a in names:
         if a not in configs:
             raise ConfigError(f"no adapter named {a!r} in the model; it has: {', '.join(map(repr, configs))}")
-        _check_config(configs[a].to_dict(), a)
-    factors: dict[str, dict[str, _Factor]] = {a: {} for a in names}
+        check_config(configs[a].to_dict(), a)
+    factors: dict[str, dict[str, Factor]] = {a: {} for a in names}
     order: list[str] = []
     for module_name, module in root.named_modules():
         if not isinstance(module, lora_layer.LoraLayer):
@@ -84,20 +84,20 @@ def _read_live(peft_model: Any, adapters: Sequence[str] | None) -> _AdapterSet:
                     adapter=a, module=module_name,
                 )
             if kind == "linear":
-                f = _Factor(module.lora_A[a].weight, module.lora_B[a].weight, float(module.scaling[a]), "linear",
+                f = Factor(module.lora_A[a].weight, module.lora_B[a].weight, float(module.scaling[a]), "linear",
                             bool(getattr(module, "fan_in_fan_out", False)))
             else:
-                f = _Factor(module.lora_embedding_A[a], module.lora_embedding_B[a], float(module.scaling[a]),
+                f = Factor(module.lora_embedding_A[a], module.lora_embedding_B[a], float(module.scaling[a]),
                             "embedding", True)
             factors[a][module_name] = f
         order.append(module_name)
     for a in names:
         if not factors[a]:
             raise UnsupportedAdapterError(f"adapter {a!r} has no LoRA layer in the model", adapter=a)
-    return _AdapterSet(names, factors, order, {a: configs[a] for a in names})
+    return AdapterSet(names, factors, order, {a: configs[a] for a in names})
 
 
-def _active_adapter(peft_model: Any) -> str:
+def active_adapter(peft_model: Any) -> str:
     active = getattr(peft_model, "active_adapter", None)
     if isinstance(active, (list, tuple)):
         active = active[0]

@@ -17,12 +17,12 @@ from .._outputs import rename_noreplace
 from ..errors import ConfigError, InputMismatchError, OutputExistsError
 from ..sinks import temp_folder
 from ..sources import as_source
-from .configs import _fan_in_fan_out, _new_config_fields
+from .configs import merged_fan_in_fan_out, new_config_fields
 from .errors import UnsupportedAdapterError
-from .factors import _AdapterSet, _weight_key
-from .folders import _PREFIX, _read_folders
-from .merging import _check_options, _finish_report, _merge_in_delta_space, _merge_into_base, _prepare
-from .refactoring import Refactored, _refactorer
+from .factors import AdapterSet, weight_key
+from .folders import PEFT_PREFIX, read_folders
+from .merging import check_options, finish_report, merge_in_delta_space, merge_into_base, prepare_merge
+from .refactoring import Refactored, make_refactorer
 from .report import AdapterMergeReport
 from .spellings import peft_spellings
 
@@ -66,17 +66,17 @@ def ram_merge_adapter_files(
     """
     t0 = time.perf_counter()
     method, rank, options, _ = peft_spellings(method, rank, options, method_given=method != "ram_plus")
-    _check_options(rank, energy, svd, inplace, into_base)
+    check_options(rank, energy, svd, inplace, into_base)
     dev = torch.device(device) if device is not None else None
-    adapter_set, _ = _read_folders(adapters, dev or "cpu")
-    prep = _prepare(adapter_set, method, options, sparsify)
+    adapter_set, _ = read_folders(adapters, dev or "cpu")
+    prep = prepare_merge(adapter_set, method, options, sparsify)
     report = AdapterMergeReport(adapter_set.names, "base weights" if into_base else f"adapter folder {out}")
     with torch.no_grad():
         if into_base:
             if base is None:
                 raise ConfigError("into_base=True needs base= (the model the adapters were trained on)")
             _check_base(adapter_set, base)
-            result, info = _merge_into_base(base, prep, inplace=inplace, out=out, device=dev, dtype=dtype,
+            result, info = merge_into_base(base, prep, inplace=inplace, out=out, device=dev, dtype=dtype,
                                             max_shard_bytes=max_shard_bytes, chunk_numel=chunk_numel)
         else:
             if out is None:
@@ -84,10 +84,10 @@ def ram_merge_adapter_files(
             if base is not None:
                 raise ConfigError("base= is used with into_base=True only (a merged adapter needs no base)")
             _check_out(Path(out))
-            refactorer = _refactorer(adapter_set, report, rank, energy, svd, oversample, niter, seed)
-            info = _merge_in_delta_space(adapter_set, prep, refactorer, device=dev, chunk_numel=chunk_numel)
+            refactorer = make_refactorer(adapter_set, report, rank, energy, svd, oversample, niter, seed)
+            info = merge_in_delta_space(adapter_set, prep, refactorer, device=dev, chunk_numel=chunk_numel)
             result = _write_adapter_folder(Path(out), adapter_set, refactorer.factors, dtype)
-        _finish_report(prep, info, report, warn_dense)
+        finish_report(prep, info, report, warn_dense)
     report.seconds = time.perf_counter() - t0
     return (result, report) if return_info else result
 
@@ -97,11 +97,11 @@ def _check_out(out: Path) -> None:
         raise ConfigError(f"output folder {out} exists and is not empty")
 
 
-def _check_base(adapters: _AdapterSet, base: Any) -> None:
+def _check_base(adapters: AdapterSet, base: Any) -> None:
     source = as_source(base, "base")
     keys = set(source.keys())
     for m in adapters.order:
-        key = _weight_key(m)
+        key = weight_key(m)
         owner = adapters.targeting(m)[0]
         if key not in keys:
             raise InputMismatchError(
@@ -125,7 +125,7 @@ def _check_base(adapters: _AdapterSet, base: Any) -> None:
                 )
 
 
-def _write_adapter_folder(out: Path, adapters: _AdapterSet, factors: Mapping[str, Refactored],
+def _write_adapter_folder(out: Path, adapters: AdapterSet, factors: Mapping[str, Refactored],
                           dtype: torch.dtype | None) -> Path:
     from safetensors.torch import save_file
 
@@ -139,11 +139,11 @@ def _write_adapter_folder(out: Path, adapters: _AdapterSet, factors: Mapping[str
             a_key, b_key = "lora_A.weight", "lora_B.weight"
         else:
             a_key, b_key = "lora_embedding_A", "lora_embedding_B"
-        tensors[f"{_PREFIX}{module}.{a_key}"] = f.A.to(device="cpu", dtype=dtype).contiguous()
-        tensors[f"{_PREFIX}{module}.{b_key}"] = f.B.to(device="cpu", dtype=dtype).contiguous()
+        tensors[f"{PEFT_PREFIX}{module}.{a_key}"] = f.A.to(device="cpu", dtype=dtype).contiguous()
+        tensors[f"{PEFT_PREFIX}{module}.{b_key}"] = f.B.to(device="cpu", dtype=dtype).contiguous()
     config = dict(adapters.configs[adapters.names[0]])
-    config.update(_new_config_fields(factors))
-    config["fan_in_fan_out"] = _fan_in_fan_out(adapters, factors)
+    config.update(new_config_fields(factors))
+    config["fan_in_fan_out"] = merged_fan_in_fan_out(adapters, factors)
     config.update(peft_type="LORA", use_dora=False, lora_bias=False, bias="none", init_lora_weights=True)
     for key in ("modules_to_save", "layers_to_transform", "layers_pattern", "exclude_modules", "target_parameters",
                 "trainable_token_indices"):

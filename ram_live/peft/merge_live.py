@@ -11,11 +11,11 @@ from torch import nn
 
 from ..engine import DEFAULT_CHUNK_NUMEL
 from ..errors import ConfigError
-from .configs import _fan_in_fan_out, _new_config_fields
-from .factors import _AdapterSet
-from .live import _read_live, _tuner
-from .merging import _check_options, _finish_report, _merge_in_delta_space, _merge_into_base, _prepare, _Prepared
-from .refactoring import Refactored, _refactorer
+from .configs import merged_fan_in_fan_out, new_config_fields
+from .factors import AdapterSet
+from .live import read_live, tuner_of
+from .merging import check_options, finish_report, merge_in_delta_space, merge_into_base, prepare_merge, PreparedMerge
+from .refactoring import Refactored, make_refactorer
 from .report import AdapterMergeReport
 from .spellings import peft_spellings
 
@@ -63,35 +63,35 @@ def ram_merge_adapters(
     t0 = time.perf_counter()
     method, rank, options, new_adapter = peft_spellings(method, rank, options, method_given=method != "ram_plus",
                                                         new_adapter=new_adapter)
-    _check_options(rank, energy, svd, inplace, into_base)
-    adapter_set = _read_live(peft_model, adapters)
-    prep = _prepare(adapter_set, method, options, sparsify)
+    check_options(rank, energy, svd, inplace, into_base)
+    adapter_set = read_live(peft_model, adapters)
+    prep = prepare_merge(adapter_set, method, options, sparsify)
     report = AdapterMergeReport(adapter_set.names, "base weights" if into_base else f"adapter {new_adapter!r}")
-    _, root = _tuner(peft_model)
+    _, root = tuner_of(peft_model)
     with torch.no_grad():
         if into_base:
             result = _live_into_base(peft_model, root, adapter_set, prep, inplace, chunk_numel, report, warn_dense)
         else:
             if new_adapter in peft_model.peft_config:
                 raise ConfigError(f"the model already has an adapter named {new_adapter!r}")
-            refactorer = _refactorer(adapter_set, report, rank, energy, svd, oversample, niter, seed)
-            info = _merge_in_delta_space(adapter_set, prep, refactorer, device=None, chunk_numel=chunk_numel)
+            refactorer = make_refactorer(adapter_set, report, rank, energy, svd, oversample, niter, seed)
+            info = merge_in_delta_space(adapter_set, prep, refactorer, device=None, chunk_numel=chunk_numel)
             report.merge_seconds = info.seconds
             _add_live_adapter(peft_model, root, adapter_set, new_adapter, refactorer.factors)
             result = peft_model
-            _finish_report(prep, info, report, warn_dense)
+            finish_report(prep, info, report, warn_dense)
     report.seconds = time.perf_counter() - t0
     return (result, report) if return_info else result
 
 
-def _add_live_adapter(peft_model: Any, root: nn.Module, adapters: _AdapterSet, new_adapter: str,
+def _add_live_adapter(peft_model: Any, root: nn.Module, adapters: AdapterSet, new_adapter: str,
                       factors: Mapping[str, Refactored]) -> None:
     from peft import LoraConfig
 
     first = adapters.configs[adapters.names[0]]
     config = LoraConfig(
-        **_new_config_fields(factors),
-        fan_in_fan_out=_fan_in_fan_out(adapters, factors),
+        **new_config_fields(factors),
+        fan_in_fan_out=merged_fan_in_fan_out(adapters, factors),
         lora_dropout=getattr(first, "lora_dropout", 0.0),
         bias="none",
         task_type=getattr(first, "task_type", None),
@@ -116,7 +116,7 @@ def _add_live_adapter(peft_model: Any, root: nn.Module, adapters: _AdapterSet, n
         b_param.data.copy_((out.B / scaling).to(b_param.device))
 
 
-def _live_into_base(peft_model: Any, root: nn.Module, adapters: _AdapterSet, prep: _Prepared, inplace: bool,
+def _live_into_base(peft_model: Any, root: nn.Module, adapters: AdapterSet, prep: PreparedMerge, inplace: bool,
                     chunk_numel: int, report: "AdapterMergeReport", warn_dense: bool) -> nn.Module:
     for module_name in adapters.order:
         layer = root.get_submodule(module_name)
@@ -127,8 +127,8 @@ def _live_into_base(peft_model: Any, root: nn.Module, adapters: _AdapterSet, pre
             )
     # The factors are read from the source model, so the copy may drop its adapters before the merge.
     plain = (peft_model if inplace else copy.deepcopy(peft_model)).unload()
-    result, info = _merge_into_base(plain, prep, inplace=True, out=None, device=None, dtype=None,
+    result, info = merge_into_base(plain, prep, inplace=True, out=None, device=None, dtype=None,
                                     max_shard_bytes=0, chunk_numel=chunk_numel)
     report.merge_seconds = info.seconds
-    _finish_report(prep, info, report, warn_dense)
+    finish_report(prep, info, report, warn_dense)
     return result

@@ -11,38 +11,39 @@ from torch import Tensor
 
 from ..engine import MergeInfo, run_merge
 from ..errors import ConfigError
-from ..methods import get_method, make_config
+from ..methods import Activity, get_method, make_config
 from ..sources import TensorSpec, as_source
-from .deltas import _BasePlusDeltaSource, _CallbackSink, _Deltas, _DeltaSource, _ZeroBase
+from .deltas import BasePlusDeltaSource, CallbackSink, AdapterDeltas, DeltaSource, ZeroBase
 from .errors import DenseDeltaWarning
-from .factors import _AdapterSet, _check_consistent, _weight_key
+from .factors import AdapterSet, check_consistent, weight_key
 from .report import AdapterMergeReport
-from .sparsify import RAM_FAMILY, RECOMMENDED_SPARSIFY, SparsifyRule, _sparsify_rule
+from .sparsify import RAM_FAMILY, RECOMMENDED_SPARSIFY, SparsifyRule, sparsify_rule
 
 
 @dataclass
-class _Prepared:
+class PreparedMerge:
     method: str
     rule: SparsifyRule | None
     options: dict[str, Any]
-    deltas: list[_Deltas]
+    deltas: list[AdapterDeltas]
 
 
-def _prepare(adapters: _AdapterSet, method: str, options: Mapping[str, Any], sparsify: Any) -> _Prepared:
+def prepare_merge(adapters: AdapterSet, method: str, options: Mapping[str, Any], sparsify: Any) -> PreparedMerge:
     """Check options and inputs (nothing is computed) and set up each adapter's ΔW reader."""
-    rule = _sparsify_rule(sparsify, method)
+    rule = sparsify_rule(sparsify, method)
     get_method(method)
     opts = dict(options)
     if rule is not None and method in RAM_FAMILY:
         opts.setdefault("eps", 0.0)  # the rule decides what is active; every kept entry counts
     make_config(method, None, **opts)
-    _check_consistent(adapters)
-    measure_eps = float(options.get("eps", 1e-5))
-    deltas = [_Deltas(a, adapters.factors[a], rule, measure_eps) for a in adapters.names]
-    return _Prepared(method, rule, opts, deltas)
+    check_consistent(adapters)
+    # what the merge counts as active (the RAM family's own activity; the paper's |Δ| > 1e-5 for the others)
+    activity = Activity(options.get("activity", "abs"), float(options.get("eps", 1e-5)))
+    deltas = [AdapterDeltas(a, adapters.factors[a], rule, activity) for a in adapters.names]
+    return PreparedMerge(method, rule, opts, deltas)
 
 
-def _finish_report(prep: _Prepared, info: MergeInfo, report: "AdapterMergeReport", warn_dense: bool) -> None:
+def finish_report(prep: PreparedMerge, info: MergeInfo, report: "AdapterMergeReport", warn_dense: bool) -> None:
     report.method = prep.method
     report.config = info.config
     report.sparsify = str(prep.rule) if prep.rule is not None else None
@@ -64,7 +65,7 @@ def _finish_report(prep: _Prepared, info: MergeInfo, report: "AdapterMergeReport
             )
 
 
-def _merge_in_delta_space(adapters: _AdapterSet, prep: _Prepared, on_module: Callable[[str, Tensor], None], *,
+def merge_in_delta_space(adapters: AdapterSet, prep: PreparedMerge, on_module: Callable[[str, Tensor], None], *,
                           device: torch.device | None, chunk_numel: int) -> MergeInfo:
     """Merge the ΔW_t (zero base) with the engine, module by module; ``on_module`` gets each ΔW*."""
     from ..api import check_run_options
@@ -73,20 +74,20 @@ def _merge_in_delta_space(adapters: _AdapterSet, prep: _Prepared, on_module: Cal
     specs = {}
     for m in adapters.order:
         f = adapters.module(m)
-        specs[_weight_key(m)] = TensorSpec(f.weight_shape, torch.float32, device or f.B.device)
-    sources = [_DeltaSource(d, specs) for d in prep.deltas]
+        specs[weight_key(m)] = TensorSpec(f.weight_shape, torch.float32, device or f.B.device)
+    sources = [DeltaSource(d, specs) for d in prep.deltas]
     cfg = make_config(prep.method, None, **prep.options)
-    return run_merge(_ZeroBase(specs), sources, get_method(prep.method), cfg, _CallbackSink(on_module),
+    return run_merge(ZeroBase(specs), sources, get_method(prep.method), cfg, CallbackSink(on_module),
                      device=device, chunk_numel=chunk_numel)
 
 
-def _merge_into_base(base: Any, prep: _Prepared, *, inplace: bool, out: Any, device: Any, dtype: Any,
+def merge_into_base(base: Any, prep: PreparedMerge, *, inplace: bool, out: Any, device: Any, dtype: Any,
                      max_shard_bytes: int, chunk_numel: int) -> tuple[Any, MergeInfo]:
     """θ* = θ₀ + merged ΔW through :func:`ram_live.merge`, with agents "base + ΔW_t" read lazily."""
     from ..api import merge
 
     base_source = as_source(base, "base")
-    agents = {d.name: _BasePlusDeltaSource(base_source, d) for d in prep.deltas}
+    agents = {d.name: BasePlusDeltaSource(base_source, d) for d in prep.deltas}
     kwargs: dict[str, Any] = {}
     if out is not None:
         kwargs["max_shard_bytes"] = max_shard_bytes
@@ -94,7 +95,7 @@ def _merge_into_base(base: Any, prep: _Prepared, *, inplace: bool, out: Any, dev
                  chunk_numel=chunk_numel, return_info=True, **kwargs, **prep.options)
 
 
-def _check_options(rank: Any, energy: Any, svd: Any, inplace: bool, into_base: bool) -> None:
+def check_options(rank: Any, energy: Any, svd: Any, inplace: bool, into_base: bool) -> None:
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
         raise ConfigError(f"rank must be a positive int or None (the largest input rank), got {rank!r}")
     if energy is not None and not (isinstance(energy, (int, float)) and 0.0 < energy <= 1.0):

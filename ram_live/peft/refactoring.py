@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .. import functional as F
 from ..errors import ConfigError
-from .factors import _AdapterSet, _module_of
+from .factors import AdapterSet, module_of
 from .report import AdapterMergeReport, ModuleReport
 
 
@@ -98,10 +98,10 @@ def refactor(
 
 
 @dataclass
-class _Refactorer:
+class Refactorer:
     """on_module callback: re-factor each merged ΔW* and keep its (small) factors, by module name."""
 
-    adapters: _AdapterSet
+    adapters: AdapterSet
     report: "AdapterMergeReport"
     rank: int | None
     energy: float | None
@@ -112,7 +112,7 @@ class _Refactorer:
     factors: dict[str, Refactored] = field(default_factory=dict)
 
     def __call__(self, key: str, delta: Tensor) -> None:
-        module = _module_of(key)
+        module = module_of(key)
         f = self.adapters.module(module)
         lora_layout = delta.T if f.transpose else delta
         out = refactor(lora_layout, self.rank, energy=self.energy, svd=self.svd,  # type: ignore[arg-type]
@@ -125,8 +125,8 @@ class _Refactorer:
         self.report.refactor_seconds += out.seconds
 
 
-def _refactorer(adapters: _AdapterSet, report: "AdapterMergeReport", rank: int | None, energy: float | None,
-                svd: str, oversample: int | None, niter: int, seed: int) -> _Refactorer:
+def make_refactorer(adapters: AdapterSet, report: "AdapterMergeReport", rank: int | None, energy: float | None,
+                svd: str, oversample: int | None, niter: int, seed: int) -> Refactorer:
     if rank is None and energy is None:
         rank = adapters.max_rank()
-    return _Refactorer(adapters, report, rank, energy, svd, oversample, niter, seed)
+    return Refactorer(adapters, report, rank, energy, svd, oversample, niter, seed)

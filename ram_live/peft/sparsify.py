@@ -60,7 +60,7 @@ SparsifyRule = TopK | RelativeThreshold
 RECOMMENDED_SPARSIFY: SparsifyRule = TopK(0.5)
 
 
-def _sparsify_rule(sparsify: Any, method: str) -> SparsifyRule | None:
+def sparsify_rule(sparsify: Any, method: str) -> SparsifyRule | None:
     if sparsify == "auto":
         return RECOMMENDED_SPARSIFY if method in RAM_FAMILY else None
     if sparsify is None or sparsify in ("none", "dense"):
