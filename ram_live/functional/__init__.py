@@ -28,6 +28,8 @@ from .activity import (
     apply_activity_,
     compute_dtype,
     count_active,
+    count_delta_active,
+    delta_active,
     narrower_dtype,
 )
 from .combine import (
@@ -70,5 +72,7 @@ __all__ = [
     "active_mask",
     "compute_dtype",
     "count_active",
+    "count_delta_active",
+    "delta_active",
     "narrower_dtype",
 ]

@@ -18,8 +18,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-__all__ = ["ActivityRule", "active_delta", "active_mask", "activity_mask", "apply_activity_", "compute_dtype", "count_active",
-           "narrower_dtype"]
+__all__ = ["ActivityRule", "active_delta", "active_mask", "activity_mask", "apply_activity_", "compute_dtype",
+           "count_active", "count_delta_active", "delta_active", "narrower_dtype"]
 
 _CHUNK = 1 << 22
 
@@ -64,19 +64,31 @@ def narrower_dtype(a: torch.dtype, b: torch.dtype) -> torch.dtype:
     return a if fa.bits < fb.bits or (fa.bits == fb.bits and fa.eps > fb.eps) else b
 
 
-def active_mask(agent: Tensor, base: Tensor, activity: ActivityRule) -> Tensor:
+def delta_active(delta: Tensor, activity: ActivityRule, out: Tensor | None = None) -> Tensor:
+    """Where the task vector ``delta`` (in the merge's compute dtype) is active: the entries
+    :func:`apply_activity_` keeps at ``activity.threshold_for(delta.dtype)``, i.e. not ``|τ| <= threshold``
+    (NaN counts; with threshold 0, τ ≠ 0). ``delta`` is left as it is.
+
+    >>> from ram_live.methods import Activity
+    >>> delta_active(torch.tensor([1e-3, -2e-3, 0.0]), Activity("abs", 1e-3))   # float32(1e-3) > 1e-3
+    tensor([ True,  True, False])
+    """
+    return torch.logical_not(delta.abs() <= activity.threshold_for(delta.dtype), out=out)
+
+
+def active_mask(agent: Tensor, base: Tensor, activity: ActivityRule, out: Tensor | None = None) -> Tensor:
     """Where ``agent`` counts as updated against ``base`` (same shape), exactly as the merge decides it.
 
-    τ = agent − base in :func:`compute_dtype`; ``"abs"``: what :func:`apply_activity_` keeps at
-    ``activity.threshold_for(that dtype)`` (|τ| > eps; NaN counts); ``"changed"``: τ ≠ 0, compared in the
-    narrower dtype when agent and base differ in dtype (what a checkpoint stored in it would show).
+    τ = agent − base in :func:`compute_dtype`, then :func:`delta_active`; for ``"changed"`` across dtypes the
+    stored values are compared in the narrower dtype (what a checkpoint stored in it would show), as the merge
+    does. ``out``: a bool tensor of the shape to write into.
     """
-    wide = compute_dtype(agent.dtype, base.dtype)
     if activity.rule == "changed" and agent.dtype != base.dtype:
         narrow = narrower_dtype(agent.dtype, base.dtype)
-        return agent.to(narrow) != base.to(device=agent.device, dtype=narrow)
+        return torch.ne(agent.to(narrow), base.to(device=agent.device, dtype=narrow), out=out)
+    wide = compute_dtype(agent.dtype, base.dtype)
     delta = agent.to(wide) - base.to(device=agent.device, dtype=wide)
-    return apply_activity_(delta, activity.threshold_for(wide)) != 0
+    return torch.logical_not(delta.abs_() <= activity.threshold_for(wide), out=out)
 
 
 def count_active(agent: Tensor, base: Tensor, activity: ActivityRule) -> int:
@@ -84,3 +96,9 @@ def count_active(agent: Tensor, base: Tensor, activity: ActivityRule) -> int:
     a, b = agent.reshape(-1), base.reshape(-1)
     return sum(int(torch.count_nonzero(active_mask(a[s : s + _CHUNK], b[s : s + _CHUNK], activity)))
                for s in range(0, a.numel(), _CHUNK))
+
+
+def count_delta_active(delta: Tensor, activity: ActivityRule) -> int:
+    """The number of entries :func:`delta_active` marks in ``delta``, in chunks."""
+    d = delta.reshape(-1)
+    return sum(int(torch.count_nonzero(delta_active(d[s : s + _CHUNK], activity))) for s in range(0, d.numel(), _CHUNK))
