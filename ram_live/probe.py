@@ -22,7 +22,7 @@ from ._probe_native import ProbeCounts
 from .api import Model, Models, _sources, check_run_options
 from .engine import (DEFAULT_CHUNK_NUMEL, DeltaStream, _in_workers, _native_walk, _Reader, _threads, build_plan,
                      digest_update, inputs_digest)
-from .methods import RAM_VARIANTS, Activity, RamPlusConfig, RamStatistics, _ram_activity
+from .methods import RAM_VARIANTS, Activity, RamPlusConfig, RamStatistics, ram_activity
 
 __all__ = ["probe", "ProbeReport", "AgentStats"]
 
@@ -271,7 +271,7 @@ def probe(
     """
     dev = check_run_options(device, chunk_numel, workers)
     config = RamPlusConfig(eps=eps, activity=activity, r=r, alpha=alpha)  # type: ignore[arg-type]
-    rule = _ram_activity(config)
+    rule = ram_activity(config)
     agents, base_src = _sources(models, base)
     plan = build_plan(base_src, agents)
     reader = _Reader(base_src, agents, dev)

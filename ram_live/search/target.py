@@ -19,7 +19,7 @@ from ..api import Model, Models, _sources
 from ..engine import MergeInfo, run_merge
 from ..errors import ConfigError
 from .. import functional as F
-from ..methods import RamStatistics, _agent_densities, _ties_prepare, get_method, make_config
+from ..methods import RamStatistics, agent_densities, get_method, make_config, ties_prepare
 from ..sinks import ModuleSink
 from ..sources import TensorSpec
 
@@ -153,13 +153,13 @@ class Merger:
     def _cached(self, method: Any) -> Any:
         """TIES with its thresholds taken from :attr:`thresholds` (computed as TIES' own ``prepare`` computes
         them, once per agent, tensor and density); other methods as they are."""
-        if method.prepare is not _ties_prepare:
+        if method.prepare is not ties_prepare:
             return method
         if self._ties is None:
             cache = self.thresholds
 
             def prepare(config: Any, view: Any, weights: Any) -> list[float | None]:
-                densities = _agent_densities(config, view.agents)
+                densities = agent_densities(config, view.agents)
                 out = []
                 for t, agent in enumerate(view.agents):
                     key = (agent, view.key, densities[t])

@@ -1,0 +1,48 @@
+"""Linear: the weighted average of the models."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from torch import Tensor
+
+from .. import functional as F
+from ..errors import ConfigError
+from .base import RunContext
+from .checks import agent_weights, check_weights
+from .registry import register_method
+
+__all__ = ["LinearConfig"]
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """θ* = θ₀ + Σ_t w̃_t τ_t with w̃ = w / Σ_t w_t (``normalize=True``: = Σ_t w̃_t θ_t) or w̃ = w."""
+
+    weights: Sequence[float] | None = None
+    normalize: bool = True
+
+    def __post_init__(self) -> None:
+        check_weights(self.weights)
+
+
+def linear_setup(config: LinearConfig, ctx: RunContext) -> Tensor:
+    """The weights, normalised to sum to 1 where ``normalize``."""
+    weights = agent_weights(config.weights, ctx)
+    if config.normalize:
+        total = float(weights.sum())
+        if total == 0 or not math.isfinite(total):
+            raise ConfigError(f"linear: the weights sum to {total} and normalize=True")
+        weights = weights / total
+    return weights
+
+
+register_method(
+    "linear",
+    LinearConfig,
+    lambda deltas, ctx, config: F.task_arithmetic_combine(deltas, ctx.run_state),
+    setup=linear_setup,
+    description="weighted average of the models",
+)

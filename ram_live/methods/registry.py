@@ -1,0 +1,82 @@
+"""The registry of merge methods, keyed by name: register one, look one up, build its config from options."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..errors import ConfigError, MethodExistsError, UnknownMethodError
+from .base import Combine, MergeMethod
+
+__all__ = ["register_method", "get_method", "available_methods", "make_config"]
+
+_REGISTRY: dict[str, MergeMethod] = {}
+
+
+def register_method(
+    name: str,
+    config_cls: type,
+    combine: Combine | None = None,
+    **hooks: Any,
+) -> Any:
+    """Register a merge method under ``name``; usable as a decorator on ``combine``.
+
+    Args:
+        name: the method's name (``merge(..., method=name)``).
+        config_cls: its options, a dataclass.
+        combine: ``combine(deltas[K, C], ctx, config) -> τ*[C]``.
+        **hooks: the other fields of :class:`~ram_live.methods.MergeMethod` (``setup``, ``prepare``,
+            ``accumulator``, ``kernels``, ``overflow_bound``, ...).
+
+    Raises :class:`MethodExistsError` when the name is taken.
+
+    Example:
+        >>> @register_method("median", MedianConfig)                     # doctest: +SKIP
+        ... def median(deltas, ctx, config):
+        ...     return deltas.median(dim=0).values
+    """
+
+    def _register(fn: Combine) -> Combine:
+        if name in _REGISTRY:
+            raise MethodExistsError(f"a merge method named {name!r} is already registered")
+        if not dataclasses.is_dataclass(config_cls):
+            raise ConfigError(f"config_cls of {name!r} must be a dataclass, got {config_cls!r}")
+        _REGISTRY[name] = MergeMethod(name=name, config_cls=config_cls, combine=fn, **hooks)
+        return fn
+
+    return _register(combine) if combine is not None else _register
+
+
+def get_method(name: str) -> MergeMethod:
+    """The method registered under ``name``; :class:`UnknownMethodError` listing the available ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownMethodError(
+            f"unknown merge method {name!r}; available: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+
+
+def available_methods() -> list[str]:
+    """The registered methods' names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def make_config(name: str, config: Any = None, **options: Any) -> Any:
+    """Build ``name``'s config from keyword options (over ``config``'s where given), naming any unknown option."""
+    method = get_method(name)
+    if config is not None and not isinstance(config, method.config_cls):
+        raise ConfigError(f"method {name!r} takes a {method.config_cls.__name__}, got {type(config).__name__}")
+    known = {f.name for f in dataclasses.fields(method.config_cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for method {name!r}; "
+            f"its options are: {', '.join(sorted(known))}"
+        )
+    if config is not None and not options:
+        return config
+    try:
+        return dataclasses.replace(config, **options) if config is not None else method.config_cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid options for method {name!r}: {exc}") from exc

@@ -1,0 +1,33 @@
+"""Task arithmetic: the base plus a scaled, weighted sum of the task vectors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .. import functional as F
+from .checks import agent_weights, check_finite, check_weights, scaled
+from .registry import register_method
+
+__all__ = ["TaskArithmeticConfig"]
+
+
+@dataclass(frozen=True)
+class TaskArithmeticConfig:
+    """θ* = θ₀ + scale · Σ_t w_t τ_t. With ``scale=1`` equals ``peft.utils.merge_utils.task_arithmetic``."""
+
+    weights: Sequence[float] | None = None
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_weights(self.weights)
+        check_finite("scale", self.scale)
+
+
+register_method(
+    "task_arithmetic",
+    TaskArithmeticConfig,
+    lambda deltas, ctx, config: scaled(F.task_arithmetic_combine(deltas, ctx.run_state), config.scale),
+    setup=lambda config, ctx: agent_weights(config.weights, ctx),
+    description="base + scale × weighted sum of task vectors",
+)
