@@ -100,7 +100,7 @@ def verification(store: SnapshotStore, base: dict[str, torch.Tensor], reps: int)
     import zlib
 
     from ram_live.store._crc_native import allow_wide, native_crc32
-    from ram_live.store.checksum import _crc_range
+    from ram_live.store.checksum import crc_range
 
     times = []
     for _ in range(reps):
@@ -120,7 +120,7 @@ def verification(store: SnapshotStore, base: dict[str, torch.Tensor], reps: int)
     if native_crc32() is not None:
         for wide, name in ((True, "native VPCLMULQDQ"), (False, "native PCLMULQDQ")):
             if allow_wide(wide) == wide:
-                kernels[name] = rate(lambda: _crc_range([view]))
+                kernels[name] = rate(lambda: crc_range([view]))
         allow_wide(True)
     kernels["zlib.crc32"] = rate(lambda: zlib.crc32(view))
     out = {"bytes": nbytes, "verify_best_s": min(times), "verify_median_s": statistics.median(times),

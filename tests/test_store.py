@@ -376,8 +376,8 @@ def test_store_snapshot_streams_the_base_from_disk(store):
 def test_pieces_boxes_and_restricted_merges(store):
     """A sharded snapshot written as pieces (as two ranks would), read whole, by other boxes, and merged
     shard-wise: equals the merge of the whole tensors."""
-    from ram_live.store.encoding import _encode
-    from ram_live.store.writer import _activity, _piece_entry, _Totals
+    from ram_live.store.encoding import encode
+    from ram_live.store.writer import activity_rule, piece_entry, CaptureTotals
 
     base = {k: v for k, v in _base().items() if v.dtype.is_floating_point and v.dim() == 2 and v.numel()}
     agents = {"a": _moved(base, 0.1, 1), "b": _moved(base, 0.4, 2)}
@@ -394,16 +394,16 @@ def test_pieces_boxes_and_restricted_merges(store):
         return LocalModel(tensors, {}, list(sd))
 
     for name, sd in agents.items():
-        parts, totals = [], _Totals()
+        parts, totals = [], CaptureTotals()
         for rank in (0, 1):
             local, local_base = cut(sd, rank), cut(base, rank)
             tensors, pieces = {}, {}
             for k, t in local.tensors.items():
-                enc = _encode(t.tensor.reshape(-1), local_base.tensors[k].tensor.reshape(-1), _activity("changed", 0))
-                pieces[k] = [_piece_entry(k, rank, t, enc, tensors)]
+                enc = encode(t.tensor.reshape(-1), local_base.tensors[k].tensor.reshape(-1), activity_rule("changed", 0))
+                pieces[k] = [piece_entry(k, rank, t, enc, tensors)]
                 totals.add(t, enc)
             parts.append(store.write_part(name, 1, f"n{rank}", rank, tensors, pieces))
-        store.commit_snapshot(name, 1, parts, whole, fp, _activity("changed", 0), totals, None, None)
+        store.commit_snapshot(name, 1, parts, whole, fp, activity_rule("changed", 0), totals, None, None)
     snaps = store.latest_all()
     assert len(snaps["a"].manifest["files"]) == 2
     for name, sd in agents.items():

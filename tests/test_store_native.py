@@ -8,7 +8,7 @@ import torch
 
 import ram_live._select as select_module
 import ram_live.store.encoding as store_module
-from ram_live.store.encoding import _encode_native, _encode_numpy, _Encoded
+from ram_live.store.encoding import _encode_native, _encode_numpy, Encoded
 
 KERNELS = select_module.kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="no C compiler or no AVX-512 (BW, VBMI2) on this CPU")
@@ -20,7 +20,7 @@ def _bits_of(t: torch.Tensor | None) -> np.ndarray | None:
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]).numpy()
 
 
-def _same(a: _Encoded, b: _Encoded) -> None:
+def _same(a: Encoded, b: Encoded) -> None:
     assert (a.encoding, a.count) == (b.encoding, b.count)
     for x, y in ((a.values, b.values), (a.positions, b.positions)):
         assert (x is None) == (y is None)
@@ -38,7 +38,7 @@ def _pair(n: int, dtype: torch.dtype, changed: torch.Tensor) -> tuple[torch.Tens
     return cur, base
 
 
-def _check(cur: torch.Tensor, base: torch.Tensor) -> _Encoded:
+def _check(cur: torch.Tensor, base: torch.Tensor) -> Encoded:
     native = _encode_native(np, KERNELS, cur, base)
     _same(native, _encode_numpy(np, cur, base))
     return native
@@ -123,8 +123,8 @@ def test_native_without_compiler(monkeypatch, tmp_path):
 
 def test_encode_many_side_by_side_equals_one_by_one(monkeypatch):
     """Pairs spread over threads (largest first), a pair too big for one thread's share, other dtypes and paths."""
-    from ram_live.store.encoding import _encode, _encode_many
-    from ram_live.store.writer import _activity
+    from ram_live.store.encoding import encode, encode_many
+    from ram_live.store.writer import activity_rule
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     monkeypatch.setattr(store_module, "_NATIVE_MIN_SPLIT", 1000)
@@ -136,8 +136,8 @@ def test_encode_many_side_by_side_equals_one_by_one(monkeypatch):
         cur = base.clone()
         cur[torch.rand(n, generator=g) < 0.1] += 1
         pairs.append((cur, base))
-    rule = _activity("changed", 0.0)
-    for many, one in zip(_encode_many(pairs, rule), [_encode(c, b, rule) for c, b in pairs], strict=True):
+    rule = activity_rule("changed", 0.0)
+    for many, one in zip(encode_many(pairs, rule), [encode(c, b, rule) for c, b in pairs], strict=True):
         _same(many, one)
 
 

@@ -48,7 +48,7 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     return _multmodp(p, crc1) ^ crc2
 
 
-def _crc_range(buffers: Sequence[memoryview], crc: int = 0) -> int:
+def crc_range(buffers: Sequence[memoryview], crc: int = 0) -> int:
     """The running CRC-32 ``crc`` continued over ``buffers`` (writable views go to the native kernel)."""
     from ._crc_native import native_crc32
 
@@ -84,14 +84,14 @@ def _split(buffers: Sequence[memoryview], parts: int) -> list[list[memoryview]]:
 def crc32_start(buffers: Sequence[memoryview], threads: int | None = None) -> tuple[list[Future[int]], list[int]]:
     """Start the CRC-32 of the concatenation of ``buffers`` on the store's thread pool (the caller may write the
     same buffers meanwhile); :func:`crc32_finish` returns it."""
-    from .encoding import _pool
+    from .encoding import thread_pool
 
     total = sum(len(b) for b in buffers)
     threads = threads or max(1, min(torch.get_num_threads(), 8))
     parts = max(1, min(threads, total // _MIN_SPLIT))
     ranges = _split(buffers, parts)
-    pool = _pool()
-    return [pool.submit(_crc_range, r) for r in ranges], [sum(len(b) for b in r) for r in ranges]
+    pool = thread_pool()
+    return [pool.submit(crc_range, r) for r in ranges], [sum(len(b) for b in r) for r in ranges]
 
 
 def crc32_finish(started: tuple[list[Future[int]], list[int]]) -> int:
@@ -111,7 +111,7 @@ def crc32(buffers: Sequence[memoryview], threads: int | None = None) -> int:
     """
     total = sum(len(b) for b in buffers)
     if total < 2 * _MIN_SPLIT or (threads or 2) == 1:
-        return _crc_range(buffers)
+        return crc_range(buffers)
     return crc32_finish(crc32_start(buffers, threads))
 
 

@@ -17,10 +17,10 @@ from typing import Any, NoReturn
 
 from torch import Tensor
 
-from .checksum import _crc_range, crc32, crc_hex
+from .checksum import crc_range, crc32, crc_hex
 from .errors import CorruptSnapshotError, SnapshotNotFoundError
-from .files import _fsync_dir, _tmp_name
-from .format import _ST_DTYPES, _dtype_name
+from .files import fsync_dir, tmp_name
+from .format import ST_DTYPES, dtype_name
 from .manifest import FileEntry
 
 _O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -51,7 +51,7 @@ def _write_and_checksum(fd: int, buffers: Sequence[memoryview]) -> int:
         for s in range(0, len(buf), _WRITE_STEP):
             step = buf[s : s + _WRITE_STEP]
             _write_all(fd, step)
-            crc = _crc_range([step], crc)
+            crc = crc_range([step], crc)
     return crc
 
 
@@ -72,7 +72,7 @@ def write_datafile(path: Path, tensors: dict[str, Tensor], metadata: dict[str, s
     for k in order:
         t = held[k]
         n = t.numel() * t.element_size()
-        header[k] = {"dtype": _ST_DTYPES[_dtype_name(t.dtype, k)], "shape": list(t.shape),
+        header[k] = {"dtype": ST_DTYPES[dtype_name(t.dtype, k)], "shape": list(t.shape),
                      "data_offsets": [offset, offset + n]}
         offset += n
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -80,7 +80,7 @@ def write_datafile(path: Path, tensors: dict[str, Tensor], metadata: dict[str, s
     buffers = [memoryview(bytearray(struct.pack("<Q", len(text)) + text))] + [_byte_view(held[k].reshape(-1))
                                                                                for k in order]
     size = sum(len(b) for b in buffers)
-    tmp = _tmp_name(path)
+    tmp = tmp_name(path)
     fd = os.open(tmp, _O_CREATE, 0o666)
     try:
         try:
@@ -94,7 +94,7 @@ def write_datafile(path: Path, tensors: dict[str, Tensor], metadata: dict[str, s
         tmp.unlink(missing_ok=True)
         raise
     if durable:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     return {"name": path.name, "bytes": size, "crc32": crc_hex(crc)}
 
 

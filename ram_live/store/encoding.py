@@ -12,10 +12,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import functional as F
 from ..memory import advise_hugepages
 from ..methods import Activity
 from .errors import CorruptSnapshotError
-from .format import _bits
+from .format import bits_of
 
 
 def pack_bits(mask: Tensor) -> Tensor:
@@ -39,7 +40,7 @@ def unpack_bits(packed: Tensor, n: int) -> Tensor:
 
 
 @dataclass
-class _Encoded:
+class Encoded:
     encoding: str  # "none" | "indices" | "bitmask" | "dense"
     count: int
     values: Tensor | None = None
@@ -48,15 +49,12 @@ class _Encoded:
 
 def _changed_mask(cur: Tensor, base: Tensor, activity: Activity) -> Tensor:
     if activity.rule == "changed":
-        return _bits(cur) != _bits(base)
-    # lossy: keep |τ| > eps (and every non-finite value); computed in float32 (float64 for float64), in chunks
+        return bits_of(cur) != bits_of(base)
+    # lossy: the merge's own rule (|τ| > eps and every non-finite value, in its compute dtype), in chunks
     out = torch.empty(cur.shape, dtype=torch.bool, device=cur.device)
-    wide = torch.float64 if cur.dtype == torch.float64 else torch.float32
     step = 1 << 22
-    eps = activity.threshold_for(wide)
     for s in range(0, cur.numel(), step):
-        d = cur[s : s + step].to(wide) - base[s : s + step].to(wide)
-        torch.logical_not(d.abs_() <= eps, out=out[s : s + step])
+        F.active_mask(cur[s : s + step], base[s : s + step], activity, out=out[s : s + step])
     return out
 
 
@@ -64,7 +62,7 @@ _NUMPY: Any = False  # numpy module once looked up (None when not installed)
 _CPU_CHUNK = 1 << 18  # elements per step of the CPU path (a multiple of 8: bitmask bytes line up)
 
 
-def _numpy() -> Any:
+def optional_numpy() -> Any:
     """numpy if installed (optional: the CPU path's selection is ~10x faster than torch's masked_select)."""
     global _NUMPY
     if _NUMPY is False:
@@ -84,13 +82,13 @@ def _choose(n: int, count: int, size: int) -> str:
     return min(costs, key=lambda k: (costs[k], k != "dense"))
 
 
-def _encode(cur: Tensor, base: Tensor, activity: Activity, to_cpu: bool = True, split: bool = True) -> _Encoded:
+def encode(cur: Tensor, base: Tensor, activity: Activity, to_cpu: bool = True, split: bool = True) -> Encoded:
     """The changed values of ``cur`` against ``base`` (flat, same dtype), selected on their device. ``split``:
     the CPU paths may spread one tensor over threads."""
     n = cur.numel()
     if n == 0:
-        return _Encoded("none", 0)
-    np = _numpy() if cur.device.type == "cpu" and activity.rule == "changed" else None
+        return Encoded("none", 0)
+    np = optional_numpy() if cur.device.type == "cpu" and activity.rule == "changed" else None
     if np is not None and cur.is_contiguous() and base.is_contiguous() and cur.dtype != torch.bool:
         if _native_path(cur, base, activity):
             return _encode_native(np, _native(), cur, base, split)
@@ -99,7 +97,7 @@ def _encode(cur: Tensor, base: Tensor, activity: Activity, to_cpu: bool = True, 
     count = int(torch.count_nonzero(changed))
     encoding = _choose(n, count, cur.element_size())
     if encoding == "none":
-        return _Encoded("none", 0)
+        return Encoded("none", 0)
     if encoding == "dense":
         values = cur.clone() if (cur.device.type == "cpu" or not to_cpu) else cur
         positions = None
@@ -113,13 +111,13 @@ def _encode(cur: Tensor, base: Tensor, activity: Activity, to_cpu: bool = True, 
     if to_cpu:
         values = values.cpu()
         positions = positions.cpu() if positions is not None else None
-    return _Encoded(encoding, count, values, positions)
+    return Encoded(encoding, count, values, positions)
 
 
 _POOL: Any = None
 
 
-def _pool() -> Any:
+def thread_pool() -> Any:
     global _POOL
     if _POOL is None:
         from concurrent.futures import ThreadPoolExecutor
@@ -128,12 +126,12 @@ def _pool() -> Any:
     return _POOL
 
 
-def _forget_pool() -> None:
+def forget_thread_pool() -> None:
     global _POOL
     _POOL = None  # a forked child has the pool object but none of its threads
 
 
-os.register_at_fork(after_in_child=_forget_pool)
+os.register_at_fork(after_in_child=forget_thread_pool)
 
 
 def _scan(np: Any, cn: Any, bn: Any, start: int, end: int) -> tuple[Any, int, list[tuple[str, Any]]]:
@@ -163,11 +161,11 @@ def _scan(np: Any, cn: Any, bn: Any, start: int, end: int) -> tuple[Any, int, li
     return out, count, steps
 
 
-def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> _Encoded:
+def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> Encoded:
     """The CPU path: compare, count and select in cache-sized steps, over a few threads (numpy releases the
     GIL), then the encoding: indices or bitmask assembled from the steps' own positions."""
-    cn = _bits(cur).reshape(-1).numpy()
-    bn = _bits(base).reshape(-1).numpy()
+    cn = bits_of(cur).reshape(-1).numpy()
+    bn = bits_of(base).reshape(-1).numpy()
     n = cn.size
     n_steps = (n + _CPU_CHUNK - 1) // _CPU_CHUNK
     workers = max(1, min(torch.get_num_threads(), 8, n_steps // 2))
@@ -175,18 +173,18 @@ def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> _Encoded:
         parts = [_scan(np, cn, bn, 0, n)]
     else:
         per = (n_steps + workers - 1) // workers * _CPU_CHUNK
-        futures = [_pool().submit(_scan, np, cn, bn, s, min(n, s + per)) for s in range(0, n, per)]
+        futures = [thread_pool().submit(_scan, np, cn, bn, s, min(n, s + per)) for s in range(0, n, per)]
         parts = [f.result() for f in futures]
     count = sum(p[1] for p in parts)
     encoding = _choose(n, count, cn.itemsize)
     if encoding == "none":
-        return _Encoded("none", 0)
+        return Encoded("none", 0)
     if encoding == "dense" and count < n:
-        return _Encoded("dense", count, cur.reshape(-1).clone())
+        return Encoded("dense", count, cur.reshape(-1).clone())
     values_np = parts[0][0][:count] if len(parts) == 1 else np.concatenate([o[:c] for o, c, _ in parts])
     values = torch.from_numpy(values_np).view(cur.dtype)
     if encoding == "dense":
-        return _Encoded("dense", count, values)
+        return Encoded("dense", count, values)
     steps = [step for _, _, part in parts for step in part]
     if encoding == "bitmask":
         packed = np.empty((n + 7) // 8, dtype=np.uint8)
@@ -198,7 +196,7 @@ def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> _Encoded:
                 m[data] = True
                 data = np.packbits(m, bitorder="little")
             packed[s // 8 : (e + 7) // 8] = data
-        return _Encoded("bitmask", count, values, torch.from_numpy(packed))
+        return Encoded("bitmask", count, values, torch.from_numpy(packed))
     chunks = []
     for i, (kind, data) in enumerate(steps):
         s = i * _CPU_CHUNK
@@ -208,7 +206,7 @@ def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> _Encoded:
         chunks.append(data + s if s else data)
     index_dtype = np.int32 if n < 2**31 else np.int64
     idx_all = np.concatenate(chunks).astype(index_dtype, copy=False)
-    return _Encoded("indices", count, values, torch.from_numpy(idx_all))
+    return Encoded("indices", count, values, torch.from_numpy(idx_all))
 
 
 def _native() -> Any:
@@ -219,14 +217,14 @@ def _native() -> Any:
 
 
 def _native_path(cur: Tensor, base: Tensor, activity: Activity) -> bool:
-    """Whether :func:`_encode` takes :func:`_encode_native` for this pair."""
+    """Whether :func:`encode` takes :func:`_encode_native` for this pair."""
     return (cur.device.type == "cpu" and activity.rule == "changed" and cur.dtype != torch.bool
             and cur.element_size() in (2, 4) and 0 < cur.numel() < 2**31 and cur.is_contiguous()
-            and base.is_contiguous() and _numpy() is not None and _native() is not None)
+            and base.is_contiguous() and optional_numpy() is not None and _native() is not None)
 
 
-def _encode_many(pairs: Sequence[tuple[Tensor, Tensor]], activity: Activity) -> list[_Encoded]:
-    """:func:`_encode` of every pair. Pairs on the native CPU path run side by side, one thread per pair (no
+def encode_many(pairs: Sequence[tuple[Tensor, Tensor]], activity: Activity) -> list[Encoded]:
+    """:func:`encode` of every pair. Pairs on the native CPU path run side by side, one thread per pair (no
     ranges to move together afterwards), balanced over the threads largest first; a pair bigger than a thread's
     share, a small one, and every other pair, is encoded alone (spread over the threads where its path does)."""
     workers = max(1, min(torch.get_num_threads(), 8))
@@ -234,11 +232,11 @@ def _encode_many(pairs: Sequence[tuple[Tensor, Tensor]], activity: Activity) -> 
     side = [i for i, (cur, base) in enumerate(pairs)  # small pairs: a thread costs more than it gives
             if workers > 1 and _NATIVE_MIN_SPLIT <= cur.numel() <= total // workers
             and _native_path(cur, base, activity)]
-    out: list[_Encoded | None] = [None] * len(pairs)
+    out: list[Encoded | None] = [None] * len(pairs)
     chosen = set(side)
     for i, (cur, base) in enumerate(pairs):
         if i not in chosen:
-            out[i] = _encode(cur, base, activity)
+            out[i] = encode(cur, base, activity)
     queues: list[list[int]] = [[] for _ in range(workers)]
     loads = [0] * workers
     for i in sorted(side, key=lambda i: -pairs[i][0].numel()):
@@ -248,9 +246,9 @@ def _encode_many(pairs: Sequence[tuple[Tensor, Tensor]], activity: Activity) -> 
 
     def run(queue: list[int]) -> None:
         for i in queue:
-            out[i] = _encode(*pairs[i], activity, split=False)
+            out[i] = encode(*pairs[i], activity, split=False)
 
-    for _ in _pool().map(run, [q for q in queues if q]):
+    for _ in thread_pool().map(run, [q for q in queues if q]):
         pass
     return [enc for enc in out if enc is not None]
 
@@ -264,14 +262,14 @@ def _ranges(n: int, workers: int, align: int) -> list[tuple[int, int]]:
     return [(s, min(n, s + per)) for s in range(0, n, per)] if per else [(0, n)]
 
 
-def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor, split: bool = True) -> _Encoded:
+def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor, split: bool = True) -> Encoded:
     """The CPU path with :mod:`ram_live._select`'s kernels: one pass per range of the tensor (ranges over
     threads) writes the bitmask, the changed values and (while they may still be the smaller encoding) the int32
     indices, each range at its own offset; the ranges' values and indices are then moved together."""
     from .._select import ALIGN
 
-    cn = _bits(cur).reshape(-1).numpy()
-    bn = _bits(base).reshape(-1).numpy()
+    cn = bits_of(cur).reshape(-1).numpy()
+    bn = bits_of(base).reshape(-1).numpy()
     n, size = cn.size, cn.itemsize
     # int32 indices are the smaller encoding iff 4 * count <= ceil(n / 8) (see _choose; n < 2^31 here): while
     # they may be, a range writes them
@@ -290,13 +288,13 @@ def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor, split: bool 
         return native.select(a + s * size, b + s * size, e - s, pb + s // 8, pv + s * size, size,
                              pi + 4 * r * (cap + 32), cap, s)
 
-    counts = [run(0)] if len(ranges) == 1 else list(_pool().map(run, range(len(ranges))))
+    counts = [run(0)] if len(ranges) == 1 else list(thread_pool().map(run, range(len(ranges))))
     count = sum(counts)
     encoding = _choose(n, count, size)
     if encoding == "none":
-        return _Encoded("none", 0)
+        return Encoded("none", 0)
     if encoding == "dense" and count < n:
-        return _Encoded("dense", count, cur.reshape(-1).clone())
+        return Encoded("dense", count, cur.reshape(-1).clone())
     done = counts[0]
     for r in range(1, len(ranges)):  # move each range's values (and indices) after the previous ones
         c, s = counts[r], ranges[r][0]
@@ -306,10 +304,10 @@ def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor, split: bool 
         done += c
     values = torch.from_numpy(vals[:count]).view(cur.dtype)
     if encoding == "dense":
-        return _Encoded("dense", count, values)
+        return Encoded("dense", count, values)
     if encoding == "bitmask":
-        return _Encoded("bitmask", count, values, torch.from_numpy(bits))
-    return _Encoded("indices", count, values, torch.from_numpy(idx[:count]))
+        return Encoded("bitmask", count, values, torch.from_numpy(bits))
+    return Encoded("indices", count, values, torch.from_numpy(idx[:count]))
 
 
 def _check_positions(flat: Tensor, encoding: str, values: Tensor, positions: Tensor, where: str) -> None:
@@ -331,7 +329,7 @@ def _check_positions(flat: Tensor, encoding: str, values: Tensor, positions: Ten
         raise CorruptSnapshotError(f"{where}: unknown encoding {encoding!r}")
 
 
-def _apply(flat: Tensor, encoding: str, values: Tensor | None, positions: Tensor | None,
+def apply_encoding(flat: Tensor, encoding: str, values: Tensor | None, positions: Tensor | None,
            where: str = "a snapshot piece") -> Tensor:
     """Write a piece's changed values into ``flat`` (the base's values of that piece, flat), in place
     (:class:`CorruptSnapshotError`, naming ``where``, for values and positions that do not fit the piece)."""
@@ -349,10 +347,10 @@ def _apply(flat: Tensor, encoding: str, values: Tensor | None, positions: Tensor
     if encoding == "dense":
         return flat.copy_(values)
     assert positions is not None
-    np = _numpy() if flat.device.type == "cpu" and flat.dtype != torch.bool and flat.is_contiguous() else None
+    np = optional_numpy() if flat.device.type == "cpu" and flat.dtype != torch.bool and flat.is_contiguous() else None
     if np is not None:  # CPU: numpy's scatter is several times faster than masked_scatter_
-        fn = _bits(flat).numpy()
-        vn = _bits(values.contiguous()).numpy()
+        fn = bits_of(flat).numpy()
+        vn = bits_of(values.contiguous()).numpy()
         if encoding == "indices":
             fn[positions.numpy()] = vn
         else:
@@ -378,3 +376,6 @@ def _apply(flat: Tensor, encoding: str, values: Tensor | None, positions: Tensor
             raise CorruptSnapshotError(f"{where}: the bitmask does not mark as many entries as there are values")
         flat.masked_scatter_(mask, values)
     return flat
+
+
+_Encoded = Encoded  # the name store/importance.py and tests/test_codes_native.py import until they take the public one

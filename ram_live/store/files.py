@@ -17,7 +17,7 @@ _O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK",
 _O_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds
@@ -30,7 +30,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _tmp_name(final: Path) -> Path:
+def tmp_name(final: Path) -> Path:
     return final.parent / f".tmp-{uuid.uuid4().hex[:12]}-{final.name}"
 
 
@@ -38,7 +38,7 @@ def write_json(path: Path, obj: Any, durable: bool, exclusive: bool = False) -> 
     """Write ``obj`` as JSON to a temporary name, then rename it into place, so readers see all of it or nothing
     (``durable``: fsync the file and its folder; ``exclusive``: only if ``path`` does not exist; returns False
     when it did). The file is created with mode 0o666: the umask applies."""
-    tmp = _tmp_name(path)
+    tmp = tmp_name(path)
     data = json.dumps(obj, indent=1, allow_nan=False).encode()
     try:
         fd = os.open(tmp, _O_CREATE, 0o666)
@@ -63,7 +63,7 @@ def write_json(path: Path, obj: Any, durable: bool, exclusive: bool = False) -> 
         tmp.unlink(missing_ok=True)
         raise
     if durable:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     return True
 
 
@@ -71,7 +71,7 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     """The JSON document in ``path``: a regular file (never through a symlink, never a FIFO), strict JSON (no NaN
     or Infinity), at most 1 GiB. :class:`SnapshotNotFoundError` if it is missing, :class:`CorruptSnapshotError`
     otherwise."""

@@ -24,7 +24,7 @@ VERSION = 2  # of manifests (snapshots' and the base's); 2: every data file carr
 READ_VERSIONS = (1, 2, 3)  # 1 (no checksums) still loads, with an UnverifiedSnapshotWarning; 3: importances
 STORE_VERSION = 1  # of store.json (the folder layout, unchanged by manifest version 2)
 BASE_DIR = "_base"
-_AGENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+AGENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _MANIFEST_RE = re.compile(r"^(\d{12,})\.json$")
 _NONCE = r"[0-9A-Za-z]{1,32}"
 _NONCE_RE = re.compile(rf"^{_NONCE}$")
@@ -96,37 +96,37 @@ def check_rank(rank: Any) -> int:
 
 # dtypes
 
-_DTYPES: dict[str, torch.dtype] = {
+DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
     "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
     "bool": torch.bool,
 }
 for _name in ("float8_e4m3fn", "float8_e5m2"):
     if hasattr(torch, _name):
-        _DTYPES[_name] = getattr(torch, _name)
-_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
-_ST_DTYPES = {  # the dtype names in safetensors headers
+        DTYPES[_name] = getattr(torch, _name)
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+ST_DTYPES = {  # the dtype names in safetensors headers
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
     "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
 }
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _dtype_name(dtype: torch.dtype, key: str = "?") -> str:
+def dtype_name(dtype: torch.dtype, key: str = "?") -> str:
     try:
         return _DTYPE_NAMES[dtype]
     except KeyError:
         raise UnsupportedInputError(f"tensor {key!r} has dtype {dtype}, which the snapshot store cannot hold") from None
 
 
-def _dtype(name: str) -> torch.dtype:
+def dtype_of(name: str) -> torch.dtype:
     try:
-        return _DTYPES[name]
+        return DTYPES[name]
     except KeyError:
         raise CorruptSnapshotError(f"unknown dtype {name!r} in a manifest") from None
 
 
-def _bits(t: Tensor) -> Tensor:
+def bits_of(t: Tensor) -> Tensor:
     """The same memory as integers of the same width (bit-exact comparisons; NaN == NaN, -0.0 != 0.0)."""
     return t.view(_BITS[t.element_size()])
 
@@ -136,7 +136,7 @@ def _bits(t: Tensor) -> Tensor:
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, shape) within the global tensor
 
 
-def _intersect(a: Box, b: Box) -> tuple[list[slice], list[slice]] | None:
+def intersect(a: Box, b: Box) -> tuple[list[slice], list[slice]] | None:
     """Slices of box ``a`` and of box ``b`` (each relative to itself) that cover their intersection."""
     sa, sb = [], []
     for (oa, na), (ob, nb) in zip(zip(*a), zip(*b)):
@@ -148,6 +148,11 @@ def _intersect(a: Box, b: Box) -> tuple[list[slice], list[slice]] | None:
     return sa, sb
 
 
-def _box(piece: Mapping[str, Any]) -> Box:
+def box_of(piece: Mapping[str, Any]) -> Box:
     return tuple(piece["offsets"]), tuple(piece["shape"])
 
+
+
+# the names store/importance.py imports until it takes the public ones
+_box = box_of
+_intersect = intersect

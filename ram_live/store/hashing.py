@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from .collective import Collective, LocalCollective
-from .encoding import _numpy
-from .format import _bits, _dtype_name
+from .encoding import optional_numpy
+from .format import bits_of, dtype_name
 from .local import LocalModel
 
 _M32 = 0xFFFFFFFF
@@ -53,9 +53,9 @@ def _box_hash(t: Tensor, offsets: Sequence[int], global_shape: Sequence[int]) ->
     inner = inner.reshape(-1)
     wide = t.element_size() == 8
     flat = t.reshape(rows, -1) if dims else t.reshape(1, 1)
-    np = _numpy() if device.type == "cpu" and t.dtype != torch.bool else None
+    np = optional_numpy() if device.type == "cpu" and t.dtype != torch.bool else None
     if np is not None:  # the same integers with numpy (single-threaded: no thread hand-offs on a busy CPU)
-        return _box_hash_numpy(np, _bits(flat).numpy(), inner.numpy(), offsets, strides, rows, rows_per_chunk, wide)
+        return _box_hash_numpy(np, bits_of(flat).numpy(), inner.numpy(), offsets, strides, rows, rows_per_chunk, wide)
     for r0 in range(0, rows, rows_per_chunk):
         r1 = min(rows, r0 + rows_per_chunk)
         if dims:
@@ -68,7 +68,7 @@ def _box_hash(t: Tensor, offsets: Sequence[int], global_shape: Sequence[int]) ->
         else:
             a = g.mul_(_K_INDEX)
         a.bitwise_xor_(a >> 29).bitwise_and_(_M32)
-        bits = _bits(flat[r0:r1].reshape(-1)).to(torch.int64)
+        bits = bits_of(flat[r0:r1].reshape(-1)).to(torch.int64)
         x = a.bitwise_xor_(bits & _M32).mul_(_K_VALUE)
         x.bitwise_xor_(x >> 32).bitwise_and_(_M32)
         if wide:
@@ -133,7 +133,7 @@ def fingerprint(model: Any, collective: Collective | None = None) -> str:
     else:
         totals = [x % (1 << 64) for x in partial]
     desc = [
-        [key, _dtype_name(local.tensors[key].tensor.dtype, key), list(local.tensors[key].global_shape),
+        [key, dtype_name(local.tensors[key].tensor.dtype, key), list(local.tensors[key].global_shape),
          f"{totals[2 * i]:016x}{totals[2 * i + 1]:016x}"]
         for i, key in enumerate(keys)
     ]

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..distributed import is_dtensor
 from ..errors import InputMismatchError, UnsupportedInputError
 from ..sources import TensorSource, TensorSpec
-from .format import Box, _dtype_name
+from .format import Box, dtype_name
 
 
 @dataclass
@@ -142,7 +142,7 @@ class LocalModel:
             else:
                 local, offsets, owner = value, (0,) * value.dim(), True
                 global_shape = tuple(value.shape)
-            _dtype_name(local.dtype, key)
+            dtype_name(local.dtype, key)
             if clone:
                 local = local.clone(memory_format=torch.contiguous_format)
             tensors[key] = LocalTensor(local, global_shape, offsets, owner, key in buffers)

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import StoreError, StoreWarning
-from .files import _read_json, real_folder, remove_file
-from .format import _AGENT_RE, BASE_DIR, data_step, is_base_data, is_store_temp, manifest_name, manifest_step
+from .files import read_json, real_folder, remove_file
+from .format import AGENT_RE, BASE_DIR, data_step, is_base_data, is_store_temp, manifest_name, manifest_step
 
 
 def remove_unreferenced(folder: Path, names: Iterable[object], *, step: int | None = None,
@@ -45,7 +45,7 @@ def remove_snapshot(folder: Path, step: int) -> None:
         return
     path = folder / manifest_name(step)
     try:
-        manifest = _read_json(path)
+        manifest = read_json(path)
     except StoreError:
         manifest = None
     remove_file(path)
@@ -65,7 +65,7 @@ def _referenced(folder: Path, names: list[str], base: bool) -> tuple[set[str], s
         if step is None and not (base and name == "base.json"):
             continue
         try:
-            manifest = _read_json(folder / name)
+            manifest = read_json(folder / name)
             files = manifest.get("files") if isinstance(manifest, dict) else None
             if not isinstance(files, list):
                 raise StoreError("no file list")
@@ -82,7 +82,7 @@ def collect_garbage(root: Path, grace_s: float) -> list[Path]:
     """What :meth:`SnapshotStore.gc` removes (see there)."""
     now = time.time()
     removed: list[Path] = []
-    folders = [(root / BASE_DIR, True)] + [(p, False) for p in sorted(root.iterdir()) if _AGENT_RE.match(p.name)
+    folders = [(root / BASE_DIR, True)] + [(p, False) for p in sorted(root.iterdir()) if AGENT_RE.match(p.name)
                                            and p.name != BASE_DIR]
     for folder, base in folders:
         if not real_folder(folder):

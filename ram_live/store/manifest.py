@@ -33,12 +33,12 @@ from typing import Any, NoReturn
 
 from .errors import CorruptSnapshotError, StoreError
 from .format import (
-    _DTYPES,
-    _ST_DTYPES,
+    DTYPES,
+    ST_DTYPES,
     BASE_FORMAT,
     READ_VERSIONS,
     SNAPSHOT_FORMAT,
-    _intersect,
+    intersect,
     data_step,
     is_base_data,
 )
@@ -168,7 +168,7 @@ def _disjoint(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> bool:
     active: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     for b in sorted(boxes, key=lambda b: b[0][d]):
         active = [a for a in active if a[0][d] + a[1][d] > b[0][d]]
-        if any(_intersect(a, b) is not None for a in active):
+        if any(intersect(a, b) is not None for a in active):
             return False
         active.append(b)
     return True
@@ -178,9 +178,9 @@ def _pieces(key: str, entry: dict[str, Any], files: list[FileEntry], ctx: _Ctx, 
     """Checks a tensor's pieces; records what they need in their files; returns their changed count."""
     shape = _dims(entry.get("shape"), ctx, f"tensor {key!r} shape")
     dtype = entry.get("dtype")
-    if not isinstance(dtype, str) or dtype not in _DTYPES or dtype not in _ST_DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES or dtype not in ST_DTYPES:
         ctx.fail(f"tensor {key!r}: unknown dtype {dtype!r:.80}")
-    st_dtype = frozenset({_ST_DTYPES[dtype]})
+    st_dtype = frozenset({ST_DTYPES[dtype]})
     allowed = {"shape", "dtype", "buffer", "pieces"}
     if not set(entry) <= allowed or "buffer" in entry and not isinstance(entry["buffer"], bool):
         ctx.fail(f"tensor {key!r}: unknown fields or a non-boolean buffer ({sorted(entry)})")
@@ -254,7 +254,7 @@ def _table(m: dict[str, Any], files: list[FileEntry], ctx: _Ctx, snapshot: bool)
         changed += _pieces(key, _dict(entry, ctx, f"tensor {key!r}"), files, ctx, snapshot)
         n = math.prod(entry["shape"])
         numel += n
-        dense += n * _DTYPES[entry["dtype"]].itemsize
+        dense += n * DTYPES[entry["dtype"]].itemsize
     aliases = _dict(m.get("aliases", {}), ctx, "aliases")
     for alias, target in aliases.items():
         if alias in tensors or not isinstance(target, str) or target not in tensors:
@@ -299,7 +299,7 @@ def check_snapshot(m: Any, agent: str, step: int) -> Checked:
         ctx.fail(f"activity must be {{'rule': 'changed'}} or {{'rule': 'abs', 'eps': e >= 0}}, got {activity!r:.80}")
     if m.get("epoch") is not None:
         _int(m["epoch"], ctx, "epoch", lo=-(2**62))
-    if m.get("dtype") is not None and m["dtype"] not in _DTYPES:
+    if m.get("dtype") is not None and m["dtype"] not in DTYPES:
         ctx.fail(f"unknown dtype {m['dtype']!r:.80}")
     if "parts" in m and m["parts"] != len(files):
         ctx.fail(f"parts is {m['parts']!r:.20}, but {len(files)} files are listed")

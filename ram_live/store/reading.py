@@ -16,10 +16,10 @@ from torch import Tensor
 
 from ..sources import TensorSpec
 from .datafiles import Files
-from .encoding import _apply
+from .encoding import apply_encoding
 from .errors import BaseMismatchError, CorruptSnapshotError, UnverifiedSnapshotWarning
-from .files import _read_json
-from .format import Box, _box, _dtype, _intersect, manifest_name
+from .files import read_json
+from .format import Box, box_of, dtype_of, intersect, manifest_name
 from .manifest import Checked, check_base, check_snapshot
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class _ManifestTable:
 
     def spec(self, key: str) -> TensorSpec:
         e = self._tensors[self._aliases.get(key, key)]
-        return TensorSpec(tuple(e["shape"]), _dtype(e["dtype"]), self.device, bool(e.get("buffer")))
+        return TensorSpec(tuple(e["shape"]), dtype_of(e["dtype"]), self.device, bool(e.get("buffer")))
 
     def aliases(self) -> dict[str, str]:
         return dict(self._aliases)
@@ -86,14 +86,14 @@ class StoreBase(_ManifestTable):
         want: Box = (tuple(offsets), tuple(shape))
         pieces = entry["pieces"]
         for p in pieces:
-            if _box(p) == want:
+            if box_of(p) == want:
                 t = self._files.tensor(p["file"], p["values"])
                 assert t is not None  # the manifest's check: every base piece has values
                 return t.clone() if copy else t
-        out = torch.empty(want[1], dtype=_dtype(entry["dtype"]))
+        out = torch.empty(want[1], dtype=dtype_of(entry["dtype"]))
         covered = 0
         for p in pieces:
-            inter = _intersect(want, _box(p))
+            inter = intersect(want, box_of(p))
             if inter is None:
                 continue
             mine, theirs = inter
@@ -205,7 +205,7 @@ class Snapshot(_ManifestTable):
         key = self._aliases.get(key, key)
         want: Box = (tuple(offsets), tuple(shape))
         pieces = self._tensors[key]["pieces"]
-        if len(pieces) == 1 and pieces[0]["encoding"] == "dense" and _box(pieces[0]) == want:
+        if len(pieces) == 1 and pieces[0]["encoding"] == "dense" and box_of(pieces[0]) == want:
             values = self._files.tensor(pieces[0]["file"], pieces[0]["values"])  # every value is stored
             assert values is not None  # the manifest's check: a dense piece has values, of its size
             return values.view(want[1]).to(self.device)
@@ -213,17 +213,17 @@ class Snapshot(_ManifestTable):
         for i, p in enumerate(pieces):
             if p["encoding"] == "none":
                 continue
-            inter = _intersect(want, _box(p))
+            inter = intersect(want, box_of(p))
             if inter is None:
                 continue
             values = self._files.tensor(p["file"], p["values"])
             positions = self._files.tensor(p["file"], p.get("positions"))
             where = f"agent {self.agent!r} step {self.step}: tensor {key!r} piece {i}"
-            if _box(p) == want:
-                _apply(out.view(-1), p["encoding"], values, positions, where)
+            if box_of(p) == want:
+                apply_encoding(out.view(-1), p["encoding"], values, positions, where)
             else:
-                piece = self._base.get_box(key, *_box(p))
-                _apply(piece.view(-1), p["encoding"], values, positions, where)
+                piece = self._base.get_box(key, *box_of(p))
+                apply_encoding(piece.view(-1), p["encoding"], values, positions, where)
                 mine, theirs = inter
                 out[tuple(mine)] = piece[tuple(theirs)]
         return out.to(self.device)
@@ -292,7 +292,7 @@ class SnapshotInfo:
 
     @property
     def manifest(self) -> dict[str, Any]:
-        return _read_json(self.path)
+        return read_json(self.path)
 
     def open(self, device: torch.device | str = "cpu") -> Snapshot:
         return self.store.open(self.agent, self.step, device=device)

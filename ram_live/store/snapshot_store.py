@@ -17,18 +17,18 @@ from ..errors import ConfigError, InputMismatchError, UnsupportedInputError
 from ..methods import Activity
 from .collective import Collective, LocalCollective
 from .datafiles import write_datafile
-from .encoding import _encode
+from .encoding import encode
 from .errors import BaseMismatchError, CorruptSnapshotError, SnapshotNotFoundError, StoreError
-from .files import _read_json, real_folder, write_json
+from .files import read_json, real_folder, write_json
 from .format import (
-    _AGENT_RE,
+    AGENT_RE,
     BASE_DIR,
     BASE_FORMAT,
     SNAPSHOT_FORMAT,
     STORE_FORMAT,
     STORE_VERSION,
     VERSION,
-    _dtype_name,
+    dtype_name,
     check_nonce,
     check_rank,
     check_step,
@@ -43,7 +43,7 @@ from .reading import Snapshot, SnapshotInfo, StoreBase
 from .verify import VerifyReport, verify_store
 from .importance import HEAD as IMPORTANCE_HEAD
 from .importance import IMPORTANCE_VERSION, encode_active, local_importance
-from .writer import SnapshotTotals, SnapshotWriter, _activity, _piece_entry, _Totals, takes_importance
+from .writer import SnapshotTotals, SnapshotWriter, activity_rule, piece_entry, CaptureTotals, takes_importance
 
 
 class SnapshotStore:
@@ -72,7 +72,7 @@ class SnapshotStore:
                 raise SnapshotNotFoundError(f"{self.root}: not a snapshot store (no store.json)")
             self.root.mkdir(parents=True, exist_ok=True)
             write_json(marker, {"format": STORE_FORMAT, "version": STORE_VERSION}, durable=False, exclusive=True)
-        info = _read_json(marker)
+        info = read_json(marker)
         if not isinstance(info, dict) or info.get("format") != STORE_FORMAT:
             raise CorruptSnapshotError(f"{marker}: not a ram_live snapshot store")
         version = info.get("version", 0)
@@ -104,7 +104,7 @@ class SnapshotStore:
             raise SnapshotNotFoundError(f"{self.root}: the store has no base yet (a writer sets it)") from None
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
         if self._base_checked is None or self._base_checked[0] != stamp:
-            manifest = _read_json(self.base_path)
+            manifest = read_json(self.base_path)
             self._base_checked = (stamp, manifest, check_base(manifest))
         return self._base_checked[1], self._base_checked[2]
 
@@ -183,7 +183,7 @@ class SnapshotStore:
         if collective.rank == 0:
             for r in range(collective.world_size):
                 path = folder / f".{stem}.p{r}.part.json"
-                p = _read_json(path)
+                p = read_json(path)
                 if p is not None:
                     parts.append(p)
         collective.barrier()
@@ -198,7 +198,7 @@ class SnapshotStore:
         every tensor."""
         files: list[dict[str, Any]] = []
         tensors: dict[str, Any] = {
-            k: {"shape": list(t.global_shape), "dtype": _dtype_name(t.tensor.dtype, k), "buffer": t.is_buffer,
+            k: {"shape": list(t.global_shape), "dtype": dtype_name(t.tensor.dtype, k), "buffer": t.is_buffer,
                 "pieces": []}
             for k, t in local.tensors.items()
         }
@@ -219,7 +219,7 @@ class SnapshotStore:
 
     @staticmethod
     def check_agent(agent: str) -> str:
-        if not isinstance(agent, str) or not _AGENT_RE.match(agent):
+        if not isinstance(agent, str) or not AGENT_RE.match(agent):
             raise ConfigError(
                 f"agent name {agent!r} is not a valid store name: letters, digits, '.', '_', '-', starting with a "
                 "letter or digit, at most 128 characters"
@@ -231,7 +231,7 @@ class SnapshotStore:
         if not self.root.exists():
             return []
         return sorted(p.name for p in self.root.iterdir()
-                      if _AGENT_RE.match(p.name) and p.name != BASE_DIR and real_folder(p) and self.steps(p.name))
+                      if AGENT_RE.match(p.name) and p.name != BASE_DIR and real_folder(p) and self.steps(p.name))
 
     def steps(self, agent: str) -> list[int]:
         """Steps of ``agent``'s complete snapshots, ascending."""
@@ -257,7 +257,7 @@ class SnapshotStore:
         folder = self.root / agent
         if folder.is_symlink():
             raise CorruptSnapshotError(f"{folder}: a symlink, not a folder of the store", agent=agent, step=step)
-        manifest = _read_json(folder / manifest_name(step))
+        manifest = read_json(folder / manifest_name(step))
         return Snapshot(self, agent, step, manifest, device)
 
     def latest(self, agent: str, *, device: torch.device | str = "cpu", retries: int = 5) -> Snapshot:
@@ -332,8 +332,8 @@ class SnapshotStore:
         ``importance``: per-parameter importances kept at the active entries (:meth:`SnapshotWriter.snapshot`)."""
         base = self.base_source()
         local = LocalModel.from_obj(model)
-        rule = _activity(activity, eps)
-        parts, total = [], _Totals()
+        rule = activity_rule(activity, eps)
+        parts, total = [], CaptureTotals()
         pieces: dict[str, list[dict[str, Any]]] = {}
         tensors: dict[str, Tensor] = {}
         if local.sharded:
@@ -344,9 +344,9 @@ class SnapshotStore:
             b = base.get(key).to(t.tensor.device)
             if b.dtype != t.tensor.dtype or tuple(b.shape) != tuple(t.tensor.shape):
                 raise InputMismatchError(f"tensor {key!r} does not match the store's base", key=key, agent=agent)
-            enc = _encode(t.tensor.reshape(-1), b.reshape(-1), rule)
+            enc = encode(t.tensor.reshape(-1), b.reshape(-1), rule)
             imp = encode_active(imps[key], enc, key, agent) if key in imps else None
-            pieces[key] = [_piece_entry(key, 0, t, enc, tensors, imp)]
+            pieces[key] = [piece_entry(key, 0, t, enc, tensors, imp)]
             total.add(t, enc)
         nonce = uuid.uuid4().hex[:12]
         parts.append(self.write_part(agent, step, nonce, 0, tensors, pieces))
@@ -394,7 +394,7 @@ class SnapshotStore:
         folder = self.root / agent
         path = folder / manifest_name(step)
         try:
-            old = _read_json(path)
+            old = read_json(path)
         except StoreError:  # none, or unreadable: its files (if any) are left to gc
             old = None
         write_json(path, manifest, self.durable)

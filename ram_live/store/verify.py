@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .datafiles import Files
 from .errors import BaseMismatchError, StoreError, UnverifiedSnapshotWarning
-from .files import _read_json
+from .files import read_json
 from .format import BASE_DIR, manifest_name
 from .manifest import check_base, check_snapshot
 
@@ -91,7 +91,7 @@ def verify_store(store: SnapshotStore, agents: Iterable[str] | None, strict: boo
             entry = VerifyEntry(None, None)
             report.entries.append(entry)
             try:
-                manifest = _read_json(store.base_path)
+                manifest = read_json(store.base_path)
                 checked = check_base(manifest)
                 entry.files, entry.checksummed = len(checked.files), checked.checksummed
                 entry.bytes = Files(store.root / BASE_DIR, checked.files, "the store's base").verify()
@@ -116,7 +116,7 @@ def verify_store(store: SnapshotStore, agents: Iterable[str] | None, strict: boo
 
 
 def _verify_snapshot(store: SnapshotStore, agent: str, step: int, entry: VerifyEntry, base_ok: bool) -> None:
-    manifest = _read_json(store.root / agent / manifest_name(step))
+    manifest = read_json(store.root / agent / manifest_name(step))
     checked = check_snapshot(manifest, agent, step)
     entry.files, entry.checksummed = len(checked.files), checked.checksummed
     entry.bytes = Files(store.root / agent, checked.files, f"agent {agent!r} step {step}", agent, step).verify()

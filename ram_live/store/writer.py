@@ -13,8 +13,8 @@ from torch import Tensor
 from ..errors import ConfigError
 from ..methods import Activity
 from .collective import Collective, LocalCollective
-from .encoding import _Encoded, _encode_many
-from .format import _dtype_name
+from .encoding import Encoded, encode_many
+from .format import dtype_name
 from .importance import encode_active, local_importance
 from .local import LocalModel, LocalTensor
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .snapshot_store import SnapshotStore
 
 
-def _activity(rule: str, eps: float) -> Activity:
+def activity_rule(rule: str, eps: float) -> Activity:
     if rule not in ("changed", "abs"):
         raise ConfigError(f"snapshot activity must be 'changed' (lossless) or 'abs' (|τ| > eps), got {rule!r}")
     if rule == "abs" and not eps >= 0:
@@ -43,19 +43,19 @@ class SnapshotTotals(Protocol):
         ...
 
 
-class _Totals:
+class CaptureTotals:
     def __init__(self) -> None:
         self.numel = 0
         self.changed = 0
         self.dense_bytes = 0
         self._by_dtype: dict[str, int] = {}
 
-    def add(self, t: LocalTensor, enc: _Encoded) -> None:
+    def add(self, t: LocalTensor, enc: Encoded) -> None:
         n = t.tensor.numel()
         self.numel += n
         self.changed += enc.count
         self.dense_bytes += n * t.tensor.element_size()
-        name = _dtype_name(t.tensor.dtype)
+        name = dtype_name(t.tensor.dtype)
         self._by_dtype[name] = self._by_dtype.get(name, 0) + n
 
     def merge(self, other: Sequence[int]) -> None:
@@ -65,7 +65,7 @@ class _Totals:
         return max(self._by_dtype, key=self._by_dtype.__getitem__) if self._by_dtype else None
 
 
-def _piece_entry(key: str, rank: int, t: LocalTensor, enc: _Encoded, tensors: dict[str, Tensor],
+def piece_entry(key: str, rank: int, t: LocalTensor, enc: Encoded, tensors: dict[str, Tensor],
                  importance: tuple[Tensor, float] | None = None) -> dict[str, Any]:
     entry: dict[str, Any] = {"offsets": list(t.offsets), "shape": list(t.tensor.shape), "encoding": enc.encoding,
                              "count": enc.count}
@@ -105,7 +105,7 @@ class SnapshotWriter:
                  trusted_fingerprint: str | None = None) -> None:
         self.store = store
         self.agent = store.check_agent(agent)
-        self.rule = _activity(activity, eps)
+        self.rule = activity_rule(activity, eps)
         self.collective = collective or LocalCollective()
         self.writes = writer
         self.base = LocalModel.from_obj(base, clone=clone_base, name="base")
@@ -141,7 +141,7 @@ class SnapshotWriter:
         local = model if isinstance(model, LocalModel) else LocalModel.from_obj(model, name=self.agent)
         tensors: dict[str, Tensor] = {}
         pieces: dict[str, list[dict[str, Any]]] = {}
-        totals = _Totals()
+        totals = CaptureTotals()
         rank = self.collective.rank
         with torch.no_grad():
             keys = [key for key, t in local.tensors.items() if t.owner and self.writes]
@@ -149,10 +149,10 @@ class SnapshotWriter:
             imps = {key: local_importance(importance, key, local.tensors[key].tensor.shape, self.agent,
                                           local.tensors[key].tensor.device)
                     for key in keys if importance is not None and takes_importance(local.tensors[key])}
-            for key, enc in zip(keys, _encode_many(pairs, self.rule)):
+            for key, enc in zip(keys, encode_many(pairs, self.rule)):
                 t = local.tensors[key]
                 imp = encode_active(imps[key], enc, key, self.agent) if key in imps else None
-                pieces[key] = [_piece_entry(key, rank, t, enc, tensors, imp)]
+                pieces[key] = [piece_entry(key, rank, t, enc, tensors, imp)]
                 totals.add(t, enc)
         return Capture(local, tensors, pieces, totals)
 
@@ -188,7 +188,7 @@ class Capture:
     local: LocalModel
     tensors: dict[str, Tensor]
     pieces: dict[str, list[dict[str, Any]]]
-    totals: _Totals
+    totals: CaptureTotals
 
     @property
     def nbytes(self) -> int:
