@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ast
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +122,9 @@ class RAMCallback(Callback):
         importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (off by default: the issue measured
             0.923 without, 0.915 with; only ratios between agents matter, and agents at different steps are
             reweighted by it).
-        **ram_options: RAM options as keywords (``variant="ram", r=0.2``), put over ``ram``.
+        **schedule_options: ``snapshot_activity``, ``snapshot_eps``, ``keep``, ``agents``, ``async_write``,
+            ``durable``, ``search`` above, the other options of :class:`~ram_live.RAMSchedule`, and RAM's options
+            as keywords (``variant="ram", r=0.2``, put over ``ram``); any other name is a ``ConfigError``.
     """
 
     def __init__(
@@ -134,30 +136,21 @@ class RAMCallback(Callback):
         merge_every: int | None = None,
         evaluate: Callable[[Any], Mapping[str, Any]] | bool | None = None,
         ram: RamOptions | Mapping[str, Any] | None = None,
-        snapshot_activity: str = "changed",
-        snapshot_eps: float = 0.0,
-        keep: int | None = None,
-        agents: Sequence[str] | None = None,
+        *,
         snapshot_on_train_end: bool = True,
         val_batches: int | None = None,
-        async_write: bool = False,
-        durable: bool = True,
-        search: Any = None,
         merged_dir: str | os.PathLike[str] | None = None,
         load_generalist: bool = False,
         importance: str | None = "adam",
         importance_bias_correction: bool = False,
-        **ram_options: Any,
+        **schedule_options: Any,
     ) -> None:
         importance_option(importance, importance_bias_correction)
         if evaluate is True:
             raise RamLiveError("evaluate must be a callable, None (validation) or False")
-        self.schedule = RAMSchedule(
-            store, agent, snapshot_every=snapshot_every, merge_every=merge_every,
-            ram=RamOptions.of(ram, where="RAMCallback", **ram_options), snapshot_activity=snapshot_activity,
-            snapshot_eps=snapshot_eps, keep=keep, agents=agents, async_write=async_write, durable=durable,
-            search=search,
-        )
+        RAMSchedule.check_options(schedule_options, "RAMCallback")
+        self.schedule = RAMSchedule(store, agent, snapshot_every=snapshot_every, merge_every=merge_every, ram=ram,
+                                    **schedule_options)
         self.agent = agent
         self._trainer: Any = None
         self.importance = importance

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +64,7 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
             tokenizer/processor; written to a temporary name and renamed), on the main process.
         ram: the merges' :class:`~ram_live.options.RamOptions` (or a mapping of its fields), as in
             :func:`ram_live.ram_merge`; saved with the checkpoint's arguments as ``ram`` (:meth:`RamOptions.to_dict`).
-        snapshot_activity, snapshot_eps, keep, agents, async_write, durable: as :class:`~ram_live.RAMSchedule`.
         snapshot_on_train_end: take a last snapshot when training ends.
-        search: a :class:`~ram_live.schedule_search.SearchSetting` (or its options): each merge is the one
-            :func:`ram_live.search` picks (see :class:`~ram_live.RAMSchedule`).
         importance: ``"adam"`` (default): at each snapshot read Adam's ``exp_avg_sq`` from the live optimizer
             (the ``optimizer`` the trainer passes to its callbacks; ``ram_live.importance.adam_importance``) and
             store it with the snapshot, so that merges of a store whose agents all have them are curvature-aware
@@ -80,7 +77,11 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
         _from_checkpoint: set in the arguments saved with the checkpoint: transformers rebuilds the callback from
             them (``restore_callback_states_from_checkpoint``), and the rebuilt one takes ``evaluate``, ``base``,
             ``search`` and the trainer from the callback it replaces.
-        **ram_options: RAM options as keywords (``variant="ram", r=0.2``), put over ``ram``.
+        **schedule_options: the options of :class:`~ram_live.RAMSchedule` (``snapshot_activity``,
+            ``snapshot_eps``, ``keep``, ``agents``, ``async_write``, ``durable``, ...; ``search``: a
+            :class:`~ram_live.schedule_search.SearchSetting`, each merge the one :func:`ram_live.search` picks) and
+            RAM's options as keywords (``variant="ram", r=0.2``, put over ``ram``); any other name is a
+            ``ConfigError``.
 
     Example:
         >>> cb = RAMTrainerCallback("runs/ram", "coder", snapshot_every=10, merge_every=50,
@@ -98,38 +99,30 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
         evaluate: Callable[[Any], Mapping[str, Any]] | str | None = None,
         merged_dir: str | os.PathLike[str] | None = None,
         ram: RamOptions | Mapping[str, Any] | None = None,
-        snapshot_activity: str = "changed",
-        snapshot_eps: float = 0.0,
-        keep: int | None = None,
-        agents: Sequence[str] | None = None,
+        *,
         snapshot_on_train_end: bool = True,
-        async_write: bool = False,
-        durable: bool = True,
-        search: Any = None,
         trainer: Any = None,
         importance: str | None = "adam",
         importance_bias_correction: bool = False,
         _from_checkpoint: bool = False,
-        **ram_options: Any,
+        **schedule_options: Any,
     ) -> None:
         importance_option(importance, importance_bias_correction)
         if isinstance(store, SnapshotStore):
             store = store.root
         if evaluate is not None and not callable(evaluate) and evaluate != "trainer":
             raise ConfigError(f"evaluate must be a callable, 'trainer' or None, got {evaluate!r}")
-        self.schedule = RAMSchedule(
-            store, agent, snapshot_every=snapshot_every, merge_every=merge_every,
-            ram=RamOptions.of(ram, where="RAMTrainerCallback", **ram_options), snapshot_activity=snapshot_activity,
-            snapshot_eps=snapshot_eps, keep=keep, agents=agents, async_write=async_write, durable=durable,
-            search=search,
-        )
+        RAMSchedule.check_options(schedule_options, "RAMTrainerCallback")
+        self.schedule = RAMSchedule(store, agent, snapshot_every=snapshot_every, merge_every=merge_every, ram=ram,
+                                    **schedule_options)
+        # the JSON arguments a resumed run rebuilds the callback from (search: taken from the live instance)
+        given = {k: list(v) if k == "agents" and v is not None else v for k, v in schedule_options.items()
+                 if k not in RamOptions.names() and k != "search"}
         self._args = {"store": str(store), "agent": agent, "snapshot_every": snapshot_every,
                       "merge_every": merge_every, "snapshot_on_save": snapshot_on_save,
-                      "ram": self.schedule.ram.to_dict(), "snapshot_activity": snapshot_activity, "snapshot_eps": snapshot_eps, "keep": keep,
-                      "agents": list(agents) if agents is not None else None,
                       "merged_dir": str(merged_dir) if merged_dir is not None else None,
-                      "snapshot_on_train_end": snapshot_on_train_end, "async_write": async_write, "durable": durable,
-                      "importance": importance, "importance_bias_correction": importance_bias_correction}
+                      "ram": self.schedule.ram.to_dict(), "snapshot_on_train_end": snapshot_on_train_end,
+                      "importance": importance, "importance_bias_correction": importance_bias_correction, **given}
         self.agent = agent
         self.base = base
         self.evaluate = evaluate

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,12 +110,14 @@ class RamOptions:
         return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
 
     @classmethod
-    def check_names(cls, names: Any, where: str = "", prefix: str = "") -> None:
-        """:class:`ConfigError` naming the names that are no option (``where``: who was given them)."""
-        unknown = sorted(set(names) - set(cls.names()))
+    def check_names(cls, names: Any, where: str = "", prefix: str = "", others: Sequence[str] = ()) -> None:
+        """:class:`ConfigError` naming the names that are neither an option nor among ``others`` (the other
+        options of ``where``, who was given them)."""
+        unknown = sorted(set(names) - set(cls.names()) - set(others))
         if unknown:
             head = f"{where}: unknown option(s)" if where else "unknown RAM option(s)"
-            raise ConfigError(f"{head} {', '.join(repr(prefix + u) for u in unknown)}; the RAM options are: "
+            own = f"its options are: {', '.join(others)}; and RAM's" if others else "the RAM options are"
+            raise ConfigError(f"{head} {', '.join(repr(prefix + u) for u in unknown)}; {own}: "
                               f"{', '.join(prefix + n for n in cls.names())}")
 
     @classmethod

@@ -18,6 +18,7 @@ every rank writes and merges its own shards; RAM+'s ρ comes from the counts of 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import time
 import warnings
@@ -62,8 +63,9 @@ class RAMSchedule:
     ``snapshot_every`` / ``merge_every``: in steps (None: never; override :meth:`should_snapshot` /
     :meth:`should_merge` for other rules). ``ram``: the merges' :class:`~ram_live.options.RamOptions` (or a
     mapping of its fields); its fields as keywords (``variant="ram", r=0.2``) are put over it, as in
-    :func:`ram_live.ram_merge`; :attr:`ram` holds them (``schedule.variant`` etc. read it). ``snapshot_activity``: ``"changed"`` (lossless, default) or ``"abs"`` (keep
-    |τ| > ``snapshot_eps`` only). ``keep``: prune this agent's snapshots to the newest ``keep``. ``agents``: merge
+    :func:`ram_live.ram_merge`; :attr:`ram` holds them (``schedule.variant`` etc. read it).
+    ``snapshot_activity``: ``"changed"`` (lossless, default) or ``"abs"`` (keep |τ| > ``snapshot_eps`` only).
+    ``keep``: prune this agent's snapshots to the newest ``keep``. ``agents``: merge
     only these agents (default: every agent in the store). ``evaluate(model) -> dict``: called with the merged
     weights swapped into the model (restored exactly afterwards). ``async_write``: capture the changed values at
     the step, write the files in a background thread (replicated models; sharded ones write in step).
@@ -96,7 +98,8 @@ class RAMSchedule:
         for name, value in (("snapshot_every", snapshot_every), ("merge_every", merge_every), ("keep", keep)):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ConfigError(f"{name} must be a non-negative int or None, got {value!r}")
-        self.ram = RamOptions.of(ram, where="RAMSchedule", **ram_options)
+        self.check_options(ram_options, "RAMSchedule")
+        self.ram = RamOptions.of(ram, **ram_options)
         if snapshot_activity not in ("changed", "abs"):
             raise ConfigError(f"snapshot_activity must be 'changed' or 'abs', got {snapshot_activity!r}")
         SnapshotStore.check_agent(agent)
@@ -133,6 +136,18 @@ class RAMSchedule:
         #: ``f(model) -> {name: tensor} | None``: the importances of every snapshot not given ``importance=``
         #: (the callbacks set it to read Adam's ``exp_avg_sq`` from the live optimizer)
         self.importance_from: Callable[[Any], Mapping[str, Any] | None] | None = None
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The keyword options of the constructor (``ram`` among them; not RAM's own fields)."""
+        skip = {"self", "store", "agent", "ram_options"}
+        return tuple(n for n in inspect.signature(cls.__init__).parameters if n not in skip)
+
+    @classmethod
+    def check_options(cls, names: Any, where: str) -> None:
+        """:class:`~ram_live.errors.ConfigError` naming the names that are neither a constructor option nor a RAM
+        option (``where``: the caller, e.g. a callback that passes its keywords on)."""
+        RamOptions.check_names(names, where, others=cls.option_names())
 
     def __getattr__(self, name: str) -> Any:
         # schedule.variant, schedule.r, ...: the RAM options' fields, read from schedule.ram

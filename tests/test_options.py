@@ -119,10 +119,11 @@ def test_schedule_and_callbacks_take_options_and_give_the_keywords_bits(tmp_path
 
     opts = RamOptions(**case)
     kw = dict(durable=False, merge_every=2)
+    cb = dict(kw, importance=None)
     r1, base_sd, sds, s1 = _schedule_merge(tmp_path, "s1", lambda s: RAMSchedule(s, "b", ram=opts, **kw))
     r2, _, _, s2 = _schedule_merge(tmp_path, "s2", lambda s: RAMSchedule(s, "b", **case, **kw))
-    r3, _, _, s3 = _schedule_merge(tmp_path, "s3", lambda s: RAMCallback(s, "b", ram=opts, importance=None, **kw).schedule)
-    r4, _, _, s4 = _schedule_merge(tmp_path, "s4", lambda s: RAMTrainerCallback(s, "b", **case, importance=None, **kw).schedule)
+    r3, _, _, s3 = _schedule_merge(tmp_path, "s3", lambda s: RAMCallback(s, "b", ram=opts, **cb).schedule)
+    r4, _, _, s4 = _schedule_merge(tmp_path, "s4", lambda s: RAMTrainerCallback(s, "b", **case, **cb).schedule)
     expected, info = ram_merge(sds, base=base_sd, options=opts, return_info=True)
     for r, s in ((r1, s1), (r2, s2), (r3, s3), (r4, s4)):
         assert s.ram == opts and s.variant == opts.variant and s.r == opts.r
@@ -197,7 +198,7 @@ def test_unknown_option_names_it_and_the_entry_point(tmp_path, base_sd):
         ram_merge(agents, base=base_sd, options={"rr": 0.2})
     with pytest.raises(ConfigError, match="RAMSchedule: unknown option.*'snapshot_evry'"):
         RAMSchedule(tmp_path / "s", "a", snapshot_evry=2)
-    with pytest.raises(ConfigError, match="RAMCallback: unknown option.*'alfa'"):
+    with pytest.raises(ConfigError, match="RAMCallback: unknown option.*'alfa'.*its options are: .*snapshot_activity"):
         RAMCallback(tmp_path / "s", "a", alfa=2)
     with pytest.raises(ConfigError, match="method="):
         ram_merge(agents, base=base_sd, method="ties")
