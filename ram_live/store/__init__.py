@@ -39,7 +39,10 @@ checksum, opened and verified), :mod:`.files` (atomic writes, manifests read bac
 :mod:`.collective` (collectives), :mod:`.local` (a process's part of a model), :mod:`.hashing` (fingerprints),
 :mod:`.encoding` (change encodings), :mod:`.writer` (capture), :mod:`.reading` (the base and snapshots read
 back), :mod:`.snapshot_store` (the store folder), :mod:`.shardwise` (shard-wise statistics), :mod:`.errors`.
-Names imported as ``X as X`` are public but, as before the split, outside ``__all__``.
+The modules below :mod:`.snapshot_store` see the store only through the small protocols they declare
+(:class:`.reading.StoreFolder`, :class:`.writer.SnapshotTarget`, :class:`.verify.CheckedStore`), so no module
+of the package imports one above it. Names imported as ``X as X`` are public but, as before the split, outside
+``__all__``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Folds 64 bytes per step into four 128-bit lanes, then 16 bytes per step, then a 
 bit-reflected CRC-32 polynomial are those zlib and Chromium use); the last < 16 bytes go through a table.
 The result is bit for bit ``zlib.crc32``'s (tests compare them on every length and alignment).
 
-Compiled once per machine by :func:`ram_live._cc.load_library`; :func:`native_crc32` is None without a C
+Compiled once per machine by :func:`ram_live._cc.load`; :func:`native_crc32` is None without a C
 compiler, on CPUs without PCLMULQDQ and SSE4.1, or with ``RAM_LIVE_NATIVE=0``: the store then uses
 ``zlib.crc32`` (the same values, slower).
 """
@@ -18,32 +18,26 @@ from collections.abc import Callable
 from .. import _cc
 
 
-_FN: Callable[[int, int, int], int] | None | bool = False
-_LIB: ctypes.CDLL | None = None
-
-
 def native_crc32() -> Callable[[int, int, int], int] | None:
     """``crc32(crc, address, length) -> crc`` over memory at ``address`` (zlib's running-CRC convention), or None
     where the kernel cannot run (see the module's doc). The GIL is released while it runs."""
-    global _FN, _LIB
-    if _FN is False:
-        lib = _cc.load_library(_cc.source("crc32.c"), "crc32", ["-O2"]) if _cc.is_x86() else None
-        fn = None
-        if lib is not None:
-            lib.ram_crc_supported.restype = ctypes.c_int
-            if lib.ram_crc_supported():
-                fn = lib.ram_crc32
-                fn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64]
-                fn.restype = ctypes.c_uint32
-                lib.ram_crc_wide.argtypes = [ctypes.c_int]
-                lib.ram_crc_wide.restype = ctypes.c_int
-                _LIB = lib
-        _FN = fn
-    return _FN  # type: ignore[return-value]
+    lib = _cc.kernels("crc32", _bind)
+    return None if lib is None else lib.ram_crc32
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL | None:
+    lib.ram_crc_supported.restype = ctypes.c_int
+    if not lib.ram_crc_supported():
+        return None
+    lib.ram_crc32.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64]
+    lib.ram_crc32.restype = ctypes.c_uint32
+    lib.ram_crc_wide.argtypes = [ctypes.c_int]
+    lib.ram_crc_wide.restype = ctypes.c_int
+    return lib
 
 
 def allow_wide(allow: bool) -> bool:
     """Use the 512-bit (VPCLMULQDQ) path where the CPU has it (``allow=False``: the 128-bit path only, for
     tests); returns whether it runs."""
-    native_crc32()
-    return bool(_LIB.ram_crc_wide(int(allow))) if _LIB is not None else False
+    lib = _cc.kernels("crc32", _bind)
+    return bool(lib.ram_crc_wide(int(allow))) if lib is not None else False

@@ -39,9 +39,13 @@ STEPS = 8  # codes per octave
 HEAD = {"encoding": ENCODING, "steps_per_octave": STEPS}  # the manifest's "importance" object
 
 
+TOP_OCTAVE = 2039  # 1.875 · 2^127: values from 1.9375 · 2^127 up round to it (2040 would decode as Inf)
+
+
 def _octaves(bits: Tensor) -> Tensor:
-    """float32 bits → exponent and 3 mantissa bits, rounded to nearest: eighths of an octave (int32)."""
-    return (bits + (1 << 19)) >> 20
+    """float32 bits → exponent and 3 mantissa bits, rounded to nearest: eighths of an octave (int32), at most
+    ``TOP_OCTAVE``."""
+    return ((bits + (1 << 19)) >> 20).clamp_(max=TOP_OCTAVE)
 
 
 def quantize(h: Tensor) -> tuple[Tensor, float]:

@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -22,8 +22,19 @@ from .files import read_json
 from .format import Box, box_of, dtype_of, intersect, manifest_name
 from .manifest import Checked, check_base, check_snapshot
 
-if TYPE_CHECKING:
-    from .snapshot_store import SnapshotStore
+
+class StoreFolder(Protocol):
+    """What snapshots need of their store (:class:`~ram_live.store.SnapshotStore` is one): its folder, its base,
+    opening a snapshot again, and reading the importances a snapshot carries."""
+
+    @property
+    def root(self) -> Path: ...
+
+    def base_source(self, device: torch.device | str = "cpu") -> StoreBase: ...
+
+    def open(self, agent: str, step: int, *, device: torch.device | str = "cpu") -> Snapshot: ...
+
+    def importance_source(self, snapshot: Snapshot) -> Any: ...
 
 
 def _unverified(what: str) -> None:
@@ -109,7 +120,7 @@ class Snapshot(_ManifestTable):
     """One agent's snapshot, read lazily: a :class:`TensorSource` whose ``get`` returns base + changes, bit-exact
     in the stored dtype, and whose ``base_source()`` is the store's base."""
 
-    def __init__(self, store: SnapshotStore, agent: str, step: int, manifest: Mapping[str, Any],
+    def __init__(self, store: StoreFolder, agent: str, step: int, manifest: Mapping[str, Any],
                  device: torch.device | str = "cpu", name: str | None = None,
                  checked: Checked | None = None) -> None:
         self.store = store
@@ -182,9 +193,7 @@ class Snapshot(_ManifestTable):
         it by itself when every agent has one."""
         if "importance" not in self.manifest:
             return None
-        from .importance import ImportanceSource
-
-        return ImportanceSource(self)
+        return self.store.importance_source(self)
 
     def verify(self) -> int:
         """Check the checksum of every data file of this snapshot and of the store's base now (else each is
@@ -282,7 +291,7 @@ class BoxSource:
 class SnapshotInfo:
     """A snapshot as listed (its manifest is read on :meth:`open` / :attr:`manifest`)."""
 
-    store: SnapshotStore = field(repr=False)
+    store: StoreFolder = field(repr=False)
     agent: str
     step: int
 

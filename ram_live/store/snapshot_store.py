@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import uuid
@@ -28,7 +27,6 @@ from .format import (
     STORE_FORMAT,
     STORE_VERSION,
     VERSION,
-    dtype_name,
     check_nonce,
     check_rank,
     check_step,
@@ -38,12 +36,12 @@ from .format import (
 from .hashing import fingerprint
 from .local import LocalModel, LocalTensor
 from .maintenance import collect_garbage, remove_snapshot, remove_unreferenced
-from .manifest import Checked, check_base, check_snapshot
+from .manifest import Checked, check_base, check_snapshot, compose_manifest
 from .reading import Snapshot, SnapshotInfo, StoreBase
 from .verify import VerifyReport, verify_store
 from .importance import HEAD as IMPORTANCE_HEAD
-from .importance import IMPORTANCE_VERSION, encode_active, local_importance
-from .writer import SnapshotTotals, SnapshotWriter, activity_rule, piece_entry, CaptureTotals, takes_importance
+from .importance import IMPORTANCE_VERSION, ImportanceSource, encode_active, local_importance
+from .writer import CaptureTotals, SnapshotTotals, SnapshotWriter, activity_rule, piece_entry, takes_importance
 
 
 class SnapshotStore:
@@ -141,7 +139,7 @@ class SnapshotStore:
             if writer:
                 tensors = {k: t for k, t in local.tensors.items() if t.owner}
                 part = self.write_base_part(folder, nonce, collective.rank, local, tensors)
-            parts = self._exchange_parts(folder, f"base-{nonce}", part, collective)
+            parts = self.exchange_parts(folder, f"base-{nonce}", part, collective)
             if collective.rank == 0:
                 manifest = self.compose_manifest(parts, local, extra={"format": BASE_FORMAT, "version": VERSION,
                                                                       "fingerprint": fp, "time": time.time()})
@@ -171,7 +169,7 @@ class SnapshotStore:
         }
         return {"file": entry, "pieces": pieces}
 
-    def _exchange_parts(self, folder: Path, stem: str, part: dict[str, Any] | None,
+    def exchange_parts(self, folder: Path, stem: str, part: dict[str, Any] | None,
                         collective: Collective) -> list[dict[str, Any]]:
         """Rank 0 learns every rank's part (sidecar JSON files on the shared folder, then a barrier)."""
         if collective.world_size == 1:
@@ -190,30 +188,7 @@ class SnapshotStore:
         sidecar.unlink(missing_ok=True)
         return parts
 
-    @staticmethod
-    def compose_manifest(parts: Sequence[Mapping[str, Any]], local: LocalModel,
-                         extra: dict[str, Any]) -> dict[str, Any]:
-        """One manifest from the parts of every rank: files, and the pieces of every tensor (``local`` gives the
-        keys, global shapes and dtypes; ``extra`` the head). Raises :class:`StoreError` unless the pieces cover
-        every tensor."""
-        files: list[dict[str, Any]] = []
-        tensors: dict[str, Any] = {
-            k: {"shape": list(t.global_shape), "dtype": dtype_name(t.tensor.dtype, k), "buffer": t.is_buffer,
-                "pieces": []}
-            for k, t in local.tensors.items()
-        }
-        for part in parts:
-            index = len(files)
-            files.append(part["file"])
-            for key, pieces in part["pieces"].items():
-                for p in pieces:
-                    tensors[key]["pieces"].append({**p, "file": index})
-        for key, entry in tensors.items():
-            covered = sum(math.prod(p["shape"]) for p in entry["pieces"])
-            if covered != math.prod(entry["shape"]):
-                raise StoreError(f"tensor {key!r}: the ranks' pieces cover {covered} of {math.prod(entry['shape'])} "
-                                 "elements (is every rank writing?)")
-        return {**extra, "keys": local.keys(), "aliases": local.aliases(), "files": files, "tensors": tensors}
+    compose_manifest = staticmethod(compose_manifest)  # part-level API (integrations/verl/pieces.py)
 
     # -- agents and snapshots
 
@@ -259,6 +234,10 @@ class SnapshotStore:
             raise CorruptSnapshotError(f"{folder}: a symlink, not a folder of the store", agent=agent, step=step)
         manifest = read_json(folder / manifest_name(step))
         return Snapshot(self, agent, step, manifest, device)
+
+    def importance_source(self, snapshot: Snapshot) -> ImportanceSource:
+        """The importances ``snapshot`` (of this store, with importances) carries (:attr:`Snapshot.importance`)."""
+        return ImportanceSource(snapshot)
 
     def latest(self, agent: str, *, device: torch.device | str = "cpu", retries: int = 5) -> Snapshot:
         """``agent``'s newest complete snapshot (:class:`SnapshotNotFoundError` if it has none)."""

@@ -7,16 +7,38 @@ import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from .datafiles import Files
 from .errors import BaseMismatchError, StoreError, UnverifiedSnapshotWarning
 from .files import read_json
 from .format import BASE_DIR, manifest_name
 from .manifest import check_base, check_snapshot
+from .reading import Snapshot
 
-if TYPE_CHECKING:
-    from .snapshot_store import SnapshotStore
+
+class CheckedStore(Protocol):
+    """What :func:`verify_store` reads of a store (:class:`~ram_live.store.SnapshotStore` is one)."""
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def base_path(self) -> Path: ...
+
+    @property
+    def base_fingerprint(self) -> str | None: ...
+
+    def has_base(self) -> bool: ...
+
+    def check_agent(self, agent: str) -> str: ...
+
+    def agents(self) -> list[str]: ...
+
+    def steps(self, agent: str) -> list[int]: ...
+
+    def open(self, agent: str, step: int) -> Snapshot: ...
 
 
 @dataclass
@@ -80,7 +102,7 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verify_store(store: SnapshotStore, agents: Iterable[str] | None, strict: bool) -> VerifyReport:
+def verify_store(store: CheckedStore, agents: Iterable[str] | None, strict: bool) -> VerifyReport:
     """What :meth:`SnapshotStore.verify` does (see there)."""
     report = VerifyReport(str(store.root))
     t0 = time.perf_counter()
@@ -115,7 +137,7 @@ def verify_store(store: SnapshotStore, agents: Iterable[str] | None, strict: boo
     return report
 
 
-def _verify_snapshot(store: SnapshotStore, agent: str, step: int, entry: VerifyEntry, base_ok: bool) -> None:
+def _verify_snapshot(store: CheckedStore, agent: str, step: int, entry: VerifyEntry, base_ok: bool) -> None:
     manifest = read_json(store.root / agent / manifest_name(step))
     checked = check_snapshot(manifest, agent, step)
     entry.files, entry.checksummed = len(checked.files), checked.checksummed

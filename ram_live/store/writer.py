@@ -5,7 +5,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -17,10 +18,7 @@ from .encoding import Encoded, encode_many
 from .format import dtype_name
 from .importance import encode_active, local_importance
 from .local import LocalModel, LocalTensor
-
-if TYPE_CHECKING:
-    from .reading import Snapshot
-    from .snapshot_store import SnapshotStore
+from .reading import Snapshot
 
 
 def activity_rule(rule: str, eps: float) -> Activity:
@@ -29,6 +27,31 @@ def activity_rule(rule: str, eps: float) -> Activity:
     if rule == "abs" and not eps >= 0:
         raise ConfigError(f"eps must be >= 0, got {eps!r}")
     return Activity(rule, float(eps))  # type: ignore[arg-type]
+
+
+class SnapshotTarget(Protocol):
+    """What a :class:`SnapshotWriter` needs of its store (:class:`~ram_live.store.SnapshotStore` is one): the
+    base set or checked, part files written, their pieces gathered from the ranks, the manifest committed."""
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def base_fingerprint(self) -> str | None: ...
+
+    def check_agent(self, agent: str) -> str: ...
+
+    def set_base(self, base: Any, *, collective: Collective | None = None, writer: bool = True) -> str: ...
+
+    def write_part(self, agent: str, step: int, nonce: str, rank: int, tensors: dict[str, Tensor],
+                   pieces: dict[str, list[dict[str, Any]]]) -> dict[str, Any]: ...
+
+    def exchange_parts(self, folder: Path, stem: str, part: dict[str, Any] | None,
+                       collective: Collective) -> list[dict[str, Any]]: ...
+
+    def commit_snapshot(self, agent: str, step: int, parts: Sequence[Mapping[str, Any]], local: LocalModel,
+                        fp: str, rule: Activity, totals: SnapshotTotals, epoch: int | None,
+                        extra: Mapping[str, Any] | None) -> Snapshot: ...
 
 
 class SnapshotTotals(Protocol):
@@ -100,7 +123,7 @@ class SnapshotWriter:
     when its own ``eps`` is at least the snapshot's.
     """
 
-    def __init__(self, store: SnapshotStore, agent: str, base: Any, *, activity: str = "changed", eps: float = 0.0,
+    def __init__(self, store: SnapshotTarget, agent: str, base: Any, *, activity: str = "changed", eps: float = 0.0,
                  collective: Collective | None = None, clone_base: bool = True, writer: bool = True,
                  trusted_fingerprint: str | None = None) -> None:
         self.store = store
@@ -163,7 +186,7 @@ class SnapshotWriter:
         nonce = c.broadcast_json(uuid.uuid4().hex[:12]) if c.world_size > 1 else uuid.uuid4().hex[:12]
         part = self.store.write_part(self.agent, step, nonce, c.rank, capture.tensors, capture.pieces) \
             if self.writes else None
-        parts = self.store._exchange_parts(self.store.root / self.agent, f"{step:012d}-{nonce}", part, c)
+        parts = self.store.exchange_parts(self.store.root / self.agent, f"{step:012d}-{nonce}", part, c)
         totals = capture.totals
         if c.world_size > 1:
             mine = [totals.numel, totals.changed, totals.dense_bytes]
