@@ -2,6 +2,9 @@
 
     python benchmarks/bench_importance.py                 # ~67 M bf16 parameters, K = 2 and 3, 5 pairs each
     python benchmarks/bench_importance.py --reps 3 --size quick --json out.json
+    python benchmarks/bench_importance.py --snapshot --size quick   # a snapshot with importances vs without
+    python benchmarks/bench_importance.py --from-store --size quick # ram_merge(store.latest_all()): with vs without
+    RAM_LIVE_SIMD=avx2 python benchmarks/bench_importance.py ...    # the AVX2 build on an AVX-512 host
 
 Inputs: bench_merge's bf16 base and agents (same seeds, densities 3 %, 46 %, 54 %), shaped like one Llama-style
 block plus embeddings and head at hidden 3072 (67.6 M parameters), and per agent one importance tensor per
@@ -11,14 +14,22 @@ the machine waited on until others are quiet, as bench_merge times), best-of and
 over the pairs of weighted / plain. Target: weighted <= 1.5 x plain. RAM+ rows: the plain RAM+ reads the inputs
 once into memory; with importances it takes two passes (counts, then the weighted merge). First, the native
 kernels alone on one thread (best of 3 x ``--reps`` interleaved calls: the least disturbed on a shared machine).
+
+``--snapshot``: ``writer.snapshot`` (capture + write, not durable) of an agent
+with importances (float32 and bfloat16, as Adam's ``exp_avg_sq`` may be kept) against the same snapshot without,
+interleaved, at several densities. ``--from-store``: ``ram_merge(store.latest_all())`` of K snapshots that carry
+importances (the store's 8-bit codes, decoded to float32 as the merge reads them) against the same snapshots
+without, interleaved. Target of both: <= 1.5 x.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -42,7 +53,6 @@ def kernel_times(k: int, numel: int, reps: int) -> dict[str, float]:
     """Best-of-``reps`` seconds of one thread's native kernel call over ``numel`` bf16 entries per input: the plain
     RAM merge, and the weighted one with float32 and with bfloat16 importances (calls interleaved, so that other
     processes' load falls on all three alike; the best of many calls is the least disturbed)."""
-    import time
 
     import ram_live._importance_native as wnative
     import ram_live._ram_native as native
@@ -66,6 +76,122 @@ def kernel_times(k: int, numel: int, reps: int) -> dict[str, float]:
     return best
 
 
+def _level() -> str:
+    from ram_live import _cc
+
+    return _cc.build_level() if _cc.native_enabled() else "off (RAM_LIVE_NATIVE=0)"
+
+
+def interleaved(first, second, reps: int) -> tuple[list[float], list[float]]:
+    """``reps`` pairs of calls, the order alternating, each on a collected, trimmed heap (no idle wait: a snapshot
+    takes milliseconds); returns both series of seconds."""
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(reps):
+        for fn, times in ((first, a), (second, b)) if i % 2 == 0 else ((second, b), (first, a)):
+            gc.collect()
+            bm.malloc_trim()
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return a, b
+
+
+def _ratio_row(a: list[float], b: list[float], **fields) -> dict:
+    return dict(fields, plain_best=min(a), plain_median=statistics.median(a), with_best=min(b),
+                with_median=statistics.median(b), ratio_best=min(b) / min(a),
+                ratio_median=statistics.median([y / x for x, y in zip(a, b)]))
+
+
+def _print_ratio(label: str, row: dict) -> None:
+    print(f"{label}: without best {row['plain_best'] * 1e3:.1f} ms median {row['plain_median'] * 1e3:.1f} ms | "
+          f"with best {row['with_best'] * 1e3:.1f} ms median {row['with_median'] * 1e3:.1f} ms | ratio of bests "
+          f"{row['ratio_best']:.2f} x, median of pairs {row['ratio_median']:.2f} x "
+          f"[{'PASS' if row['ratio_best'] <= 1.5 else 'FAIL'} <= 1.5 x]", flush=True)
+
+
+def snapshot_rows(args: argparse.Namespace) -> list[dict]:
+    """``writer.snapshot`` with importances (float32, bfloat16) vs without, interleaved, per density."""
+    import shutil
+    import tempfile
+
+    import bench_snapshot as bs
+
+    from ram_live.store import SnapshotStore
+
+    size = "quick" if args.size in ("quick", "tiny") else "full"
+    base = bs.build(size, torch.device("cpu"))
+    numel = sum(t.numel() for t in base.values())
+    print(f"CPU: {cpu_label()}, kernels built for {_level()}, {torch.get_num_threads()} torch threads; git "
+          f"{bm.git_state()}; load {bm.loadavg()}; snapshot of {numel / 1e6:.1f} M bf16 parameters, "
+          f"{2 * args.reps} interleaved pairs", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="ram-bench-imp-"))
+    rows = []
+    try:
+        store = SnapshotStore(tmp / "store", durable=False)
+        writer = store.writer("agent", base, clone_base=False)
+        step = [0]
+
+        def snap(agent, imp=None) -> None:
+            step[0] += 1
+            writer.snapshot(agent, step[0], importance=imp)
+
+        for density in args.densities:
+            agent = bs.moved(base, density)
+            g = torch.Generator().manual_seed(5)
+            imp32 = {k: torch.randn(v.shape, generator=g).square_() * 1e-6 for k, v in agent.items()}
+            for dtype in ("float32", "bfloat16"):
+                imp = imp32 if dtype == "float32" else {k: v.bfloat16() for k, v in imp32.items()}
+                snap(agent), snap(agent, imp)  # warm
+                a, b = interleaved(lambda: snap(agent), lambda: snap(agent, imp), 2 * args.reps)
+                row = _ratio_row(a, b, density=density, imp_dtype=dtype, params=numel, level=_level())
+                rows.append(row)
+                _print_ratio(f"density {density:6.1%} importances {dtype:8s}", row)
+                store.prune(0, "agent")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"load at the end {bm.loadavg()}")
+    return rows
+
+
+def store_rows(args: argparse.Namespace) -> list[dict]:
+    """``ram_merge(store.latest_all())`` with stored importances (every agent) vs the same snapshots without."""
+    import shutil
+    import tempfile
+
+    import ram_live
+    from ram_live.store import SnapshotStore
+
+    print(f"CPU: {cpu_label()}, kernels built for {_level()}, {torch.get_num_threads()} torch threads; git "
+          f"{bm.git_state()}; load {bm.loadavg()}; {args.reps} interleaved pairs", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="ram-bench-imp-store-"))
+    rows = []
+    try:
+        for k in args.ks:
+            base, agents = bm.build_inputs(args.size, k)
+            imps = importances(base, k, torch.float32)
+            stores = {w: SnapshotStore(tmp / f"{w}-{k}", durable=False) for w in ("plain", "with")}
+            for i, agent in enumerate(agents):
+                for w, st in stores.items():
+                    st.writer(f"a{i}", base).snapshot(agent, 1, importance=imps[i] if w == "with" else None)
+            del agents, imps
+            plain_snaps, with_snaps = (stores[w].latest_all() for w in ("plain", "with"))
+            _, info = ram_live.ram_merge(with_snaps, return_info=True)
+            assert info.extra.get("importance") == "store", info.extra
+            params = sum(v.numel() for v in base.values())
+            for variant in args.variants:
+                a, b = bm.paired(lambda: ram_live.ram_merge(plain_snaps, variant=variant),
+                                 lambda: ram_live.ram_merge(with_snaps, variant=variant), args.reps,
+                                 torch.device("cpu"))
+                row = _ratio_row(a, b, k=k, variant=variant, params=params, level=_level())
+                rows.append(row)
+                _print_ratio(f"K={k} {variant:9s} {params / 1e6:.1f} M from the store", row)
+            del base, plain_snaps, with_snaps, stores
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="mid", choices=sorted(bm.SIZES))
@@ -74,7 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--imp-dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--variants", nargs="+", default=["ram", "ram_plus"])
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--snapshot", action="store_true", help="only: a snapshot with importances vs without")
+    parser.add_argument("--from-store", action="store_true", help="only: ram_merge(store.latest_all()) with vs "
+                        "without stored importances")
+    parser.add_argument("--densities", type=float, nargs="+", default=[0.005, 0.03, 0.5, 1.0])
     args = parser.parse_args(argv)
+    if args.snapshot or args.from_store:
+        rows = snapshot_rows(args) if args.snapshot else store_rows(args)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        return 0
     import ram_live
 
     imp_dtype = getattr(torch, args.imp_dtype)

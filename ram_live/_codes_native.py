@@ -3,8 +3,8 @@
 path's bits (tested at every build level).
 
 Encoding reads a piece's importances once, at its stored entries (all of them, int32/int64 indices or a
-bitmask), checking them and taking their maximum while it writes each entry's octave; a second pass over those
-(2 bytes an entry) writes the codes. Tensors of at least ``SPLIT`` stored entries are split over threads (ctypes
+bitmask), block by block: it checks them and writes their codes against the running maximum; codes written
+before the maximum last grew are moved to it afterwards (a pass over those codes only). Tensors of at least ``SPLIT`` stored entries are split over threads (ctypes
 releases the GIL). :func:`kernels` is None without a C compiler or with ``RAM_LIVE_NATIVE=0``: the store then
 uses the torch path.
 """
@@ -22,12 +22,16 @@ import torch
 from torch import Tensor
 
 from . import _cc
+from .memory import advise_hugepages
 
-__all__ = ["Kernels", "kernels", "DTYPES", "KINDS", "SPLIT", "BAD_VALUE", "BAD_INDEX"]
+__all__ = ["Kernels", "kernels", "build", "octave", "DTYPES", "KINDS", "SPLIT", "TOP_OCTAVE", "BAD_VALUE",
+           "BAD_INDEX"]
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 KINDS = {"dense": 0, "indices32": 1, "indices64": 2, "bitmask": 3}
-SPLIT = 1 << 20  # stored entries per thread at least
+SPLIT = 1 << 17  # stored entries per thread at least
+TOP_OCTAVE = 2039  # the largest octave a code counts from (2040 would decode as Inf)
+SEGMENTS = 2048  # a range's running maximum takes at most 2041 octaves
 BAD_VALUE, BAD_INDEX = -1, -2  # what a scan returns for a negative/NaN/Inf importance and for an index outside [0, n)
 
 _POOL: ThreadPoolExecutor | None = None
@@ -49,8 +53,9 @@ os.register_at_fork(after_in_child=_forget_pool)
 
 
 def octave(top_bits: int) -> int:
-    """float32 bits → exponent and 3 mantissa bits, rounded to nearest (the format's ``_octaves``)."""
-    return (top_bits + (1 << 19)) >> 20
+    """float32 bits → exponent and 3 mantissa bits, rounded to nearest, at most ``TOP_OCTAVE`` (the format's
+    ``_octaves``)."""
+    return min((top_bits + (1 << 19)) >> 20, TOP_OCTAVE)
 
 
 def _float(bits: int) -> float:
@@ -81,40 +86,36 @@ class Kernels:
         if sum(sizes) != count:
             return BAD_INDEX
         offsets = [sum(sizes[:r]) for r in range(len(ranges))]
-        scratch = torch.empty(count, dtype=torch.uint16)
-        tops = (ctypes.c_uint32 * max(1, len(ranges)))()
-        dtype, h, sp = DTYPES[flat.dtype], flat.data_ptr(), scratch.data_ptr()
+        codes = advise_hugepages(torch.empty(count, dtype=torch.uint8))  # its first-touch faults cost as much
+        r_n = max(1, len(ranges))
+        tops = (ctypes.c_uint32 * r_n)()
+        segs = [(ctypes.c_int64 * (2 * SEGMENTS))() for _ in range(r_n)]
+        nsegs = (ctypes.c_int32 * r_n)()
+        dtype, h, cp = DTYPES[flat.dtype], flat.data_ptr(), codes.data_ptr()
 
-        def scan(r: int) -> int:
+        def run(r: int) -> int:
             s, e = ranges[r]
-            return int(self.lib.ram_imp_scan(dtype, h, k, pos, n, s, e, sp + 2 * offsets[r],
-                                             ctypes.byref(tops, 4 * r)))
+            return int(self.lib.ram_imp_encode(dtype, h, k, pos, n, s, e, cp + offsets[r], ctypes.byref(tops, 4 * r),
+                                               segs[r], ctypes.byref(nsegs, 4 * r)))
 
-        got = [scan(0)] if len(ranges) == 1 else list(_pool().map(scan, range(len(ranges))))
-        for g, size in zip(got, sizes):
-            if g < 0:
-                return BAD_INDEX if BAD_INDEX in got else BAD_VALUE
-            if g != size:
-                return BAD_INDEX
+        got = [run(0)] if len(ranges) == 1 else list(_pool().map(run, range(len(ranges))))
+        if BAD_INDEX in got or any(g != size for g, size in zip(got, sizes) if g >= 0):
+            return BAD_INDEX
+        if BAD_VALUE in got:
+            return BAD_VALUE
         top_bits = max(tops[: len(ranges)], default=0)
-        if top_bits == 0:
-            return torch.zeros(count, dtype=torch.uint8), 0.0
-        codes = torch.empty(count, dtype=torch.uint8)
-        top, cp = octave(top_bits), codes.data_ptr()
-
-        def finish(r: int) -> None:
-            self.lib.ram_imp_codes(sp + 2 * offsets[r], sizes[r], top, cp + offsets[r])
-
-        if len(ranges) == 1:
-            finish(0)
-        else:
-            list(_pool().map(finish, range(len(ranges))))
+        if top_bits == 0:  # all zero: so are the codes
+            return codes, 0.0
+        top = octave(top_bits)
+        for r in range(len(ranges)):  # codes written against a smaller running maximum (rare; a cheap pass)
+            if nsegs[r] > 1 or segs[r][1] != top:
+                self.lib.ram_imp_fix(cp + offsets[r], sizes[r], segs[r], nsegs[r], top)
         return codes, _float(top_bits)
 
     def decode(self, codes: Tensor, maximum: float, kind: str, positions: Tensor | None, n: int) -> Tensor | None:
         """The float32 importances of a piece of ``n`` entries (0 where it stores none), or None where the
         positions do not match the codes."""
-        out = torch.empty(n, dtype=torch.float32)
+        out = advise_hugepages(torch.empty(n, dtype=torch.float32))
         top = octave(struct.unpack("<I", struct.pack("<f", maximum))[0])
         pos = 0 if positions is None else positions.data_ptr()
         ok = self.lib.ram_imp_decode(codes.data_ptr(), codes.numel(), top, KINDS[kind], pos, n, out.data_ptr())
@@ -130,10 +131,10 @@ def build(flags: list[str] | None = None) -> Kernels | None:
     if lib is None:
         return None
     ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.ram_imp_scan.argtypes = [i32, ptr, i32, ptr, i64, i64, i64, ptr, ptr]
-    lib.ram_imp_scan.restype = i64
-    lib.ram_imp_codes.argtypes = [ptr, i64, ctypes.c_int32, ptr]
-    lib.ram_imp_codes.restype = None
+    lib.ram_imp_encode.argtypes = [i32, ptr, i32, ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
+    lib.ram_imp_encode.restype = i64
+    lib.ram_imp_fix.argtypes = [ptr, i64, ptr, ctypes.c_int32, ctypes.c_int32]
+    lib.ram_imp_fix.restype = None
     lib.ram_imp_decode.argtypes = [ptr, i64, ctypes.c_int32, i32, ptr, i64, ptr]
     lib.ram_imp_decode.restype = i64
     lib.ram_imp_popcount.argtypes = [ptr, i64, i64]

@@ -95,6 +95,41 @@ def test_codes_hand_computed():
 
 
 @pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("order", ["ascending", "descending", "one big at the end"])
+def test_growing_maximum_matches_torch(level, order):
+    """Codes written against a running maximum that grows (block after block, up to the whole float32 range)
+    are moved to the final one: the torch path's bits."""
+    lib = dict(BUILDS)[level]
+    n = 50_000
+    h = _values(n, 3).sort().values
+    if order == "descending":
+        h = h.flip(0).contiguous()
+    elif order == "one big at the end":
+        h = h[torch.randperm(n, generator=torch.Generator().manual_seed(1))].clamp(max=1.0)
+        h[-1] = 1e30
+    mask = torch.rand(n, generator=torch.Generator().manual_seed(2)) < 0.6
+    idx = mask.nonzero().view(-1)
+    for kind, pos, active in (("dense", None, h), ("bitmask", pack_bits(mask), h[mask]),
+                              ("indices64", idx, h[mask])):
+        got = lib.encode(h, kind, pos, active.numel())
+        want = quantize(active)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1], (kind, order)
+
+
+def test_largest_floats_decode_finite():
+    """A maximum near float32's largest (its octave would round up to 2040, which decodes as Inf) counts from
+    octave 2039: decoded within 1/16 and finite, on both paths."""
+    lib = _codes_native.kernels()
+    h = torch.tensor([3.4028235e38, 3.3e38, 3.2e38, 1.0, 0.0])
+    codes, m = lib.encode(h, "dense", None, 5)
+    want = quantize(h)
+    assert torch.equal(codes, want[0]) and m == want[1] == float(h[0])
+    back = decode_piece(codes, m, "dense", None, 5)
+    assert torch.isfinite(back).all() and torch.equal(back, decode_piece_torch(codes, m, "dense", None, 5))
+    assert ((back[:3].double() - h[:3].double()).abs() <= h[:3].double() / 16).all()
+
+
+@pytest.mark.parametrize("level", LEVELS)
 def test_tiny_maxima_match_torch(level):
     """A piece whose maximum is a denormal (its octave 0 or 1: the clamp's lower bound passes its upper one)."""
     lib = dict(BUILDS)[level]

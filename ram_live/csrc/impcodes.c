@@ -1,66 +1,49 @@
 /* The snapshot store's 8-bit importance codes (ram_live/_codes_native.py; the format: ram_live/store/importance.py).
    Built by ram_live/_cc.py. Integer operations only, so every build level gives the bits of the torch path.
 
-   Encoding takes two calls. ram_imp_scan reads the importances at the stored entries of a piece once (all of
-   them, at int32/int64 indices or at a bitmask's set bits), checks them, takes their largest float32 bits and
-   writes each one's "octave + 1" (0 for +-0) as uint16; ram_imp_codes turns those into the codes once the
-   piece's maximum is known. Decoding writes a piece's float32 importances, 0 at entries it does not store. */
+   ram_imp_encode reads the importances at a piece's stored entries once (all of them, at int32/int64 indices or
+   at a bitmask's set bits), block by block: it checks them, keeps their running maximum and writes each block's
+   codes against it. The maximum grows a few times at most (its octave only rises, 2040 values), and codes written
+   against an older maximum are exact functions of the final one (a code q > lo of octave o is o + 255 - top; one
+   at the lower clamp stays there): ram_imp_fix moves those, only where the maximum did grow. Decoding writes a
+   piece's float32 importances, 0 at entries it does not store. */
 #include <stdint.h>
 #include <string.h>
 
 #define NEG_ZERO 0x80000000u
 #define INF_BITS 0x7F800000u
-
+#define TOP_OCTAVE 2039  /* the octave of 1.875 * 2^127; 2040 (values from 1.9375 * 2^127 on) would decode as Inf */
 #define BLOCK 1024
 
 /* -0.0 reads as +0.0 (>= 0, code 0 like it); every other value with the sign bit set stays above INF_BITS, so
-   the largest bits of a range are >= INF_BITS iff some importance is negative, NaN or Inf. Branch-free (the
-   compiler vectorises the loop). */
+   the largest bits of a block are >= INF_BITS iff some importance in it is negative, NaN or Inf. Branch-free
+   (the compiler vectorises the loops). */
 static inline uint32_t unsign_zero(uint32_t b) { return b & (0u - (uint32_t)(b != NEG_ZERO)); }
+/* float32 bits -> exponent and 3 mantissa bits, rounded to nearest (at most TOP_OCTAVE) */
+static inline int32_t octave_of(uint32_t v) {
+    const int32_t o = (int32_t)((v + (1u << 19)) >> 20);
+    return o > TOP_OCTAVE ? TOP_OCTAVE : o;
+}
 
-/* h[0, m) as float32 bits -> octave + 1 (exponent and 3 mantissa bits, rounded to nearest), 0 for 0; returns the
-   largest bits seen together with mx */
-static inline uint32_t octaves(const uint32_t *restrict h, int64_t m, uint16_t *restrict s, uint32_t mx) {
-    for (int64_t i = 0; i < m; i++) {
+static inline uint32_t max_block(const uint32_t *restrict h, int m, uint32_t mx) {
+    for (int i = 0; i < m; i++) {
         const uint32_t v = unsign_zero(h[i]);
         mx = v > mx ? v : mx;
-        s[i] = (uint16_t)(((v + (1u << 19)) >> 20) + (v != 0));
     }
     return mx;
 }
-static inline uint32_t octaves16(const uint16_t *restrict h, int64_t m, uint16_t *restrict s, uint32_t mx) {
-    for (int64_t i = 0; i < m; i++) {
-        const uint32_t v = unsign_zero((uint32_t)h[i] << 16);
-        mx = v > mx ? v : mx;
-        s[i] = (uint16_t)(((v + (1u << 19)) >> 20) + (v != 0));
+/* codes of h[0, m) against a maximum of octave top: octave + 255 - top clamped to [max(1, 256 - top), 255],
+   0 for 0 */
+static inline void codes_block(const uint32_t *restrict h, int m, int32_t top, uint8_t *restrict out) {
+    const int32_t shift = 255 - top, lo = 256 - top > 1 ? 256 - top : 1;
+    for (int i = 0; i < m; i++) {
+        const uint32_t v = unsign_zero(h[i]);
+        int32_t q = octave_of(v) + shift;
+        q = q < lo ? lo : q;
+        q = q > 255 ? 255 : q;
+        out[i] = (uint8_t)(q & -(int32_t)(v != 0));
     }
-    return mx;
 }
-
-/* indices [start, end) of idx: the importances gathered block by block (an index outside [0, n) reads entry 0
-   and is reported), then their octaves */
-#define SCAN_INDEX(NAME, T, I, OCT)                                                                              \
-static int64_t NAME(const T *restrict h, const I *restrict idx, int64_t n, int64_t start, int64_t end,           \
-                    uint16_t *restrict s, uint32_t *top) {                                                       \
-    T buf[BLOCK];                                                                                                \
-    uint32_t mx = 0, out = 0;                                                                                    \
-    for (int64_t j = start; j < end; j += BLOCK) {                                                               \
-        const int m = end - j < BLOCK ? (int)(end - j) : BLOCK;                                                  \
-        for (int q = 0; q < m; q++) {                                                                            \
-            const uint64_t i = (uint64_t)(int64_t)idx[j + q];                                                    \
-            const int inside = i < (uint64_t)n;                                                                  \
-            out |= !inside;                                                                                      \
-            buf[q] = h[inside ? i : 0];                                                                          \
-        }                                                                                                        \
-        mx = OCT(buf, m, s + (j - start), mx);                                                                   \
-    }                                                                                                            \
-    *top = mx;                                                                                                   \
-    return out ? -2 : mx >= INF_BITS ? -1 : end - start;                                                         \
-}
-SCAN_INDEX(scan_i32_f32, uint32_t, int32_t, octaves)
-SCAN_INDEX(scan_i32_bf16, uint16_t, int32_t, octaves16)
-SCAN_INDEX(scan_i64_f32, uint32_t, int64_t, octaves)
-SCAN_INDEX(scan_i64_bf16, uint16_t, int64_t, octaves16)
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -110,6 +93,7 @@ static inline int compress_bf16(const uint16_t *h, uint32_t bits8, uint32_t *buf
 }
 #endif
 
+
 /* STEP mask bits from entry i (a multiple of 8) on: bit j of byte b is entry 8b + j */
 static inline uint32_t mask_bits(const uint8_t *mask, int64_t i) {
 #if STEP == 16
@@ -120,78 +104,94 @@ static inline uint32_t mask_bits(const uint8_t *mask, int64_t i) {
     return mask[i >> 3];
 #endif
 }
-
-/* entries [start, end) of a bitmask (start a multiple of 8): the marked importances gathered as float32 bits
-   block by block, then their octaves */
-#define SCAN_BITS(NAME, T, COMPRESS, WIDEN)                                                                      \
-static int64_t NAME(const T *restrict h, const uint8_t *restrict mask, int64_t start, int64_t end,               \
-                    uint16_t *restrict s, uint32_t *top) {                                                       \
-    uint32_t buf[BLOCK + STEP];                                                                                  \
-    uint32_t mx = 0;                                                                                             \
-    int64_t c = 0;                                                                                               \
-    for (int64_t b = start; b < end; b += BLOCK) {                                                               \
-        const int64_t e = end - b < BLOCK ? end : b + BLOCK;                                                     \
-        int m = 0;                                                                                               \
-        int64_t i = b;                                                                                           \
-        for (; i + STEP <= e; i += STEP) {                                                                       \
-            const uint32_t bits = mask_bits(mask, i);                                                            \
-            m += COMPRESS(h + i, bits, buf + m);  /* a zero mask writes nothing the count keeps */                                                    \
-        }                                                                                                        \
-        for (; i < e; i++) {                                                                                     \
-            buf[m] = WIDEN(h[i]);                                                                                \
-            m += (mask[i >> 3] >> (i & 7)) & 1u;                                                                 \
-        }                                                                                                        \
-        mx = octaves(buf, m, s + c, mx);                                                                         \
-        c += m;                                                                                                  \
-    }                                                                                                            \
-    *top = mx;                                                                                                   \
-    return mx >= INF_BITS ? -1 : c;                                                                              \
-}
-static inline uint32_t widen_f32(uint32_t x) { return x; }
-static inline uint32_t widen_bf16(uint16_t x) { return (uint32_t)x << 16; }
-SCAN_BITS(scan_bits_f32, uint32_t, compress_f32, widen_f32)
-SCAN_BITS(scan_bits_bf16, uint16_t, compress_bf16, widen_bf16)
-
-static int64_t scan_dense_f32(const uint32_t *h, int64_t start, int64_t end, uint16_t *s, uint32_t *top) {
-    *top = octaves(h + start, end - start, s, 0);
-    return *top >= INF_BITS ? -1 : end - start;
-}
-static int64_t scan_dense_bf16(const uint16_t *h, int64_t start, int64_t end, uint16_t *s, uint32_t *top) {
-    *top = octaves16(h + start, end - start, s, 0);
-    return *top >= INF_BITS ? -1 : end - start;
+static inline uint32_t widen(int dtype, const void *h, int64_t i) {
+    return dtype ? (uint32_t)((const uint16_t *)h)[i] << 16 : ((const uint32_t *)h)[i];
 }
 
-/* kind: 0 dense (entries [start, end)), 1 int32 indices, 2 int64 indices (positions [start, end) of idx, each in
-   [0, n)), 3 bitmask (entries [start, end), start a multiple of 8). dtype: 0 float32,
-   1 bfloat16. Returns the number of uint16 written to s, -1 where an importance is negative, NaN or Inf, -2 for an
-   index outside [0, n). *top: the largest float32 bits among them (0 for none). */
-int64_t ram_imp_scan(int dtype, const void *h, int kind, const void *pos, int64_t n, int64_t start, int64_t end,
-                     uint16_t *s, uint32_t *top) {
-    *top = 0;
-    if (end <= start) return 0;
-    switch (kind * 2 + dtype) {
-    case 0: return scan_dense_f32((const uint32_t *)h, start, end, s, top);
-    case 1: return scan_dense_bf16((const uint16_t *)h, start, end, s, top);
-    case 2: return scan_i32_f32((const uint32_t *)h, (const int32_t *)pos, n, start, end, s, top);
-    case 3: return scan_i32_bf16((const uint16_t *)h, (const int32_t *)pos, n, start, end, s, top);
-    case 4: return scan_i64_f32((const uint32_t *)h, (const int64_t *)pos, n, start, end, s, top);
-    case 5: return scan_i64_bf16((const uint16_t *)h, (const int64_t *)pos, n, start, end, s, top);
-    case 6: return scan_bits_f32((const uint32_t *)h, (const uint8_t *)pos, start, end, s, top);
-    case 7: return scan_bits_bf16((const uint16_t *)h, (const uint8_t *)pos, start, end, s, top);
+/* the float32 bits of the importances of the stored entries of block [b, e) (entries for dense and bitmask,
+   positions of idx for indices) into buf; returns how many, *out |= 1 for an index outside [0, n) */
+static inline int gather(int dtype, int kind, const void *restrict h, const void *restrict pos, int64_t n,
+                         int64_t b, int64_t e, uint32_t *restrict buf, uint32_t *out) {
+    int m = 0;
+    if (kind == 0) {
+        if (dtype) for (int64_t i = b; i < e; i++) buf[m++] = (uint32_t)((const uint16_t *)h)[i] << 16;
+        else memcpy(buf, (const uint32_t *)h + b, (size_t)(e - b) * 4);
+        return (int)(e - b);
     }
-    return -3;
+    if (kind == 1 || kind == 2) {
+        uint32_t bad = 0;
+        for (int64_t j = b; j < e; j++) {
+            const uint64_t i = kind == 1 ? (uint64_t)(int64_t)((const int32_t *)pos)[j] : (uint64_t)((const int64_t *)pos)[j];
+            const int inside = i < (uint64_t)n;
+            bad |= !inside;
+            buf[m++] = widen(dtype, h, inside ? (int64_t)i : 0);
+        }
+        *out |= bad;
+        return m;
+    }
+    const uint8_t *mask = (const uint8_t *)pos;
+    int64_t i = b;
+    if (dtype) for (; i + STEP <= e; i += STEP) m += compress_bf16((const uint16_t *)h + i, mask_bits(mask, i), buf + m);
+    else for (; i + STEP <= e; i += STEP) m += compress_f32((const uint32_t *)h + i, mask_bits(mask, i), buf + m);
+    for (; i < e; i++) {
+        buf[m] = widen(dtype, h, i);
+        m += (mask[i >> 3] >> (i & 7)) & 1u;
+    }
+    return m;
 }
 
-/* octave + 1 values -> codes of a piece whose maximum's octave is top: q = octave + 255 - top clamped to
-   [max(1, 256 - top), 255], 0 for 0 */
-void ram_imp_codes(const uint16_t *restrict s, int64_t count, int32_t top, uint8_t *restrict codes) {
-    const int32_t shift = 254 - top, lo = 256 - top > 1 ? 256 - top : 1;
-    for (int64_t i = 0; i < count; i++) {
-        const int32_t o = (int32_t)s[i];
-        int32_t q = o + shift;
-        q = q < lo ? lo : q;
-        q = q > 255 ? 255 : q;
-        codes[i] = (uint8_t)(o ? q : 0);
+/* The codes of the importances h (dtype 0 float32, 1 bfloat16) at the stored entries [start, end) of a piece:
+   kind 0 dense (entries), 1 int32 / 2 int64 indices (positions of idx, each in [0, n)), 3 bitmask (entries;
+   start a multiple of 8), written to codes in order, against the running maximum. *mx: the largest float32 bits
+   (0 for none); segs[2 s], segs[2 s + 1]: where the codes against octave top begin, and that top (nseg of them,
+   at most 2041). Returns the number of codes, -1 where an importance is negative, NaN or Inf, -2 for an index
+   outside [0, n). ram_imp_fix then brings them to the piece's maximum. */
+int64_t ram_imp_encode(int dtype, const void *h, int kind, const void *pos, int64_t n, int64_t start,
+                       int64_t end, uint8_t *codes, uint32_t *mx_out, int64_t *segs, int32_t *nseg) {
+    uint32_t buf[BLOCK + STEP];
+    uint32_t mx = 0, out = 0;
+    int32_t top = -1, ns = 0;
+    int64_t c = 0;
+    for (int64_t b = start; b < end; b += BLOCK) {
+        const int64_t e = end - b < BLOCK ? end : b + BLOCK;
+        const uint32_t *p = buf;
+        int m;
+        if (kind == 0 && dtype == 0) {
+            p = (const uint32_t *)h + b;
+            m = (int)(e - b);
+        } else {
+            m = gather(dtype, kind, h, pos, n, b, e, buf, &out);
+        }
+        mx = max_block(p, m, mx);
+        if (mx >= INF_BITS) break;
+        const int32_t t = octave_of(mx);
+        if (t != top) {
+            segs[2 * ns] = c;
+            segs[2 * ns + 1] = t;
+            ns++;
+            top = t;
+        }
+        codes_block(p, m, top, codes + c);
+        c += m;
+    }
+    *mx_out = mx;
+    *nseg = ns;
+    return out ? -2 : mx >= INF_BITS ? -1 : c;
+}
+
+/* codes [0, count) written by ram_imp_encode (segments segs, nseg) -> codes against a maximum of octave top */
+void ram_imp_fix(uint8_t *restrict codes, int64_t count, const int64_t *segs, int32_t nseg, int32_t top) {
+    const int32_t lo = 256 - top > 1 ? 256 - top : 1;
+    for (int32_t s = 0; s < nseg; s++) {
+        const int32_t d = top - (int32_t)segs[2 * s + 1];
+        if (d <= 0) continue;
+        const int64_t e = s + 1 < nseg ? segs[2 * s + 2] : count;
+        for (int64_t i = segs[2 * s]; i < e; i++) {
+            const int32_t q0 = codes[i];
+            int32_t q = q0 - d;
+            q = q < lo ? lo : q;
+            codes[i] = (uint8_t)(q & -(int32_t)(q0 != 0));
+        }
     }
 }
 
