@@ -77,3 +77,69 @@ def test_stable_seed_is_stable():
     assert F.stable_seed("dare", 0, "a", "w") == F.stable_seed("dare", 0, "a", "w")
     assert F.stable_seed("dare", 0, "a", "w") != F.stable_seed("dare", 0, "b", "w")
     assert F.stable_seed(1, 2) == 5051128224166061352  # pinned: masks must not change across releases
+
+
+# ----------------------------------------------------------------------------------------------- the counters' rule
+
+_AT = float(torch.tensor(1e-3))  # float32(1e-3), slightly above 1e-3
+_BELOW = float(torch.nextafter(torch.tensor(_AT), torch.tensor(0.0)))
+BOUNDARY = {  # name: (base, agent, eps, active entries by hand for "abs")
+    # τ = ±float32(1e-3) is above eps = 1e-3, the float32 just below it is not
+    "f32": (torch.zeros(6), torch.tensor([_AT, -_AT, 2e-3, _BELOW, 0.0, 5e-4]), 1e-3, 3),
+    # bf16 steps of 2^-7 around 1.0; eps a hair below 2^-7 (float32(eps) rounds up to 2^-7)
+    "bf16": (torch.ones(6, dtype=torch.bfloat16),
+             torch.tensor([1 + 2**-7, 1 - 2**-7, 1 + 2**-6, 1 - 2**-8, 1.0, 1 + 2**-7], dtype=torch.bfloat16),
+             2**-7 - 2**-40, 4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BOUNDARY))
+@pytest.mark.parametrize("rule", ["abs", "changed"])
+def test_count_active_equals_the_merge_at_the_float_boundary(case, rule):
+    from ram_live import ram_merge
+    from ram_live.methods import Activity
+
+    base, agent, eps, by_hand = BOUNDARY[case]
+    _, info = ram_merge([{"w": agent}, {"w": base.clone()}], base={"w": base}, variant="ram_plus", eps=eps,
+                        activity=rule, return_info=True)
+    merge_active = int(info.statistics.active[0])
+    assert merge_active == (by_hand if rule == "abs" else int((agent != base).sum()))
+    activity = Activity(rule, eps)
+    assert F.count_active(agent, base, activity) == merge_active
+    assert int(F.active_mask(agent, base, activity).sum()) == merge_active
+    tau = agent.float() - base.float()
+    assert F.count_delta_active(tau, activity) == merge_active
+    # the case is on the boundary: the comparison with the Python float eps counts otherwise
+    assert int((tau.abs() > eps).sum()) != merge_active
+
+
+def test_active_mask_changed_across_dtypes_compares_in_the_narrower():
+    from ram_live.methods import Activity
+
+    base = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float32)
+    agent = torch.tensor([1.0 + 2**-9, 1.0 + 2**-6, 1.0], dtype=torch.float64)
+    rule = Activity("changed", 0.0)
+    # float32 is the narrower: 1 + 2^-9 is exact in it, so both changed entries count
+    assert F.active_mask(agent, base, rule).tolist() == [True, True, False]
+    bf16_base = base.to(torch.bfloat16)
+    # against a bf16 base, 1 + 2^-9 rounds to 1.0 in bf16: unchanged there
+    assert F.active_mask(agent, bf16_base, rule).tolist() == [False, True, False]
+    assert F.narrower_dtype(torch.float32, torch.bfloat16) == torch.bfloat16
+    assert F.narrower_dtype(torch.float16, torch.bfloat16) == torch.bfloat16  # same bits, larger machine eps
+    assert F.compute_dtype(torch.bfloat16, torch.float32) == torch.float32
+    assert F.compute_dtype(torch.bfloat16, torch.float64) == torch.float64
+
+
+def test_count_active_in_chunks_equals_one_pass(monkeypatch):
+    from ram_live.functional import activity as A
+    from ram_live.methods import Activity
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(10_001, generator=g)
+    agent = base + torch.randn(10_001, generator=g) * 1e-3
+    rule = Activity("abs", 1e-3)
+    whole = int(A.active_mask(agent, base, rule).sum())
+    monkeypatch.setattr(A, "_CHUNK", 1000)
+    assert F.count_active(agent, base, rule) == whole
+    assert F.count_delta_active(agent - base, rule) == int(F.delta_active(agent - base, rule).sum())
+    assert 0 < whole < 10_001
