@@ -595,3 +595,30 @@ def test_adapter_runs_check_their_options_and_never_replace_a_new_output(base, t
         ram_merge_adapter_files(folders, out, rank=4)
     assert (out / "theirs.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ad", "merged"]  # no temp folder left
+
+
+def test_density_counts_entries_at_eps_as_the_merge_does(base):
+    """ΔW entries of exactly float32(eps) (above eps) count as active in the report's density, as the merge
+    counts them (a comparison with the Python float eps would not)."""
+    eps = 1e-3
+    at = float(torch.tensor(eps))
+    below = float(torch.nextafter(torch.tensor(at), torch.tensor(0.0)))
+    cfg = lora(r=1, lora_alpha=1, target_modules=["q_proj"])
+    model = peft_model(base, {"a": cfg, "b": cfg})
+    with torch.no_grad():  # ΔW_a = B A (scaling 1): row 0 of A; ΔW_b = 0
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.zero_()
+            if "lora_A.a" in name:
+                p[0, :5] = torch.tensor([at, -at, 2e-3, below, 5e-4])
+            if "lora_B.a" in name:
+                p[0, 0] = 1.0
+    deltas = [lora_deltas(model, "a"), lora_deltas(model, "b")]
+    merged = merge_task_vectors(deltas, method="ram", eps=eps)
+    merge_active = sum(int(torch.count_nonzero(v)) for v in merged.values())  # b changes nothing: τ* = τ_a where active
+    numel = sum(v.numel() for v in deltas[0].values())
+    assert merge_active == 3 * LLAMA["num_hidden_layers"]
+    _, report = ram_merge_adapters(model, ["a", "b"], method="ram", sparsify=None, eps=eps, return_info=True)
+    assert report.density["a"] == merge_active / numel
+    assert report.density["b"] == 0.0
+    assert sum(int((v.abs() > eps).sum()) for v in deltas[0].values()) != merge_active  # the boundary case
