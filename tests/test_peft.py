@@ -615,7 +615,8 @@ def test_density_counts_entries_at_eps_as_the_merge_does(base):
                 p[0, 0] = 1.0
     deltas = [lora_deltas(model, "a"), lora_deltas(model, "b")]
     merged = merge_task_vectors(deltas, method="ram", eps=eps)
-    merge_active = sum(int(torch.count_nonzero(v)) for v in merged.values())  # b changes nothing: τ* = τ_a where active
+    # b changes nothing: τ* = τ_a where the merge counts a active, 0 elsewhere
+    merge_active = sum(int(torch.count_nonzero(v)) for v in merged.values())
     numel = sum(v.numel() for v in deltas[0].values())
     assert merge_active == 3 * LLAMA["num_hidden_layers"]
     _, report = ram_merge_adapters(model, ["a", "b"], method="ram", sparsify=None, eps=eps, return_info=True)

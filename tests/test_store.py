@@ -399,7 +399,8 @@ def test_pieces_boxes_and_restricted_merges(store):
             local, local_base = cut(sd, rank), cut(base, rank)
             tensors, pieces = {}, {}
             for k, t in local.tensors.items():
-                enc = encode(t.tensor.reshape(-1), local_base.tensors[k].tensor.reshape(-1), activity_rule("changed", 0))
+                rule = activity_rule("changed", 0)
+                enc = encode(t.tensor.reshape(-1), local_base.tensors[k].tensor.reshape(-1), rule)
                 pieces[k] = [piece_entry(k, rank, t, enc, tensors)]
                 totals.add(t, enc)
             parts.append(store.write_part(name, 1, f"n{rank}", rank, tensors, pieces))
@@ -444,3 +445,33 @@ def test_cpu_path_in_many_small_steps_and_threads(store, monkeypatch, density):
         assert snap.manifest["tensors"][k]["pieces"][0]["count"] == int((agent[k] != value).sum())
     expected = {0.01: "indices", 0.2: "bitmask", 0.97: "dense", 1.0: "dense"}[density]
     assert snap.manifest["tensors"]["w"]["pieces"][0]["encoding"] == expected
+
+
+_AT = float(torch.tensor(1e-3))  # float32(1e-3) > 1e-3
+_BOUNDARY = {  # name: (base, agent, eps, entries active by hand)
+    "f32": (torch.zeros(6), torch.tensor([_AT, -_AT, 2e-3, float(torch.nextafter(torch.tensor(_AT), torch.tensor(0.0))),
+                                           0.0, 5e-4]), 1e-3, 3),
+    "bf16": (torch.ones(6, dtype=torch.bfloat16),
+             torch.tensor([1 + 2**-7, 1 - 2**-7, 1 + 2**-6, 1 - 2**-8, 1.0, 1 + 2**-7], dtype=torch.bfloat16),
+             2**-7 - 2**-40, 4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BOUNDARY))
+@pytest.mark.parametrize("how", ["writer", "store"])
+def test_lossy_snapshot_keeps_what_the_merge_counts_at_eps(tmp_path, case, how):
+    base, agent, eps, by_hand = _BOUNDARY[case]
+    store = SnapshotStore(tmp_path / "s", durable=False)
+    if how == "writer":
+        snap = store.writer("a", {"w": base}, activity="abs", eps=eps).snapshot({"w": agent}, 1)
+    else:
+        store.set_base({"w": base})
+        snap = store.snapshot("a", {"w": agent}, 1, activity="abs", eps=eps)
+    assert snap.changed == by_hand
+    kept = snap.get("w")
+    assert int((kept != base).sum()) == by_hand
+    merged = ram_merge([{"w": agent}, {"w": base.clone()}], base={"w": base}, variant="ram", eps=eps)
+    from_snapshot = ram_merge([store.latest("a"), {"w": base.clone()}], base={"w": base}, variant="ram", eps=eps)
+    assert torch.equal(merged["w"].view(torch.int16 if case == "bf16" else torch.int32),
+                       from_snapshot["w"].view(torch.int16 if case == "bf16" else torch.int32))
+    assert int((merged["w"] != base).sum()) == by_hand
