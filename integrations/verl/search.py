@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ram_live.schedule_search import SearchSetting, _tensors_of, record_of
+from ram_live.schedule_search import SearchSetting, record_of
 
 from .common import copy_side_files
 
@@ -41,7 +41,7 @@ def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path) -> t
     def write(merged: Any) -> str:
         candidate.mkdir(parents=True, exist_ok=True)
         tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous()
-                   for k, v in _tensors_of(merged).items()}
+                   for k, v in (merged if isinstance(merged, Mapping) else merged.state_dict()).items()}
         save_file(tensors, str(candidate / "model.safetensors"))
         if ram.base_dir is not None:
             copy_side_files(ram.base_dir, candidate, keep_existing=True)
