@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["RamOptions"]
+__all__ = ["HoldsRamOptions", "RamOptions"]
 
 
 def _json_mapping(text: str) -> Any:
@@ -176,3 +176,21 @@ class RamOptions:
         from .methods import make_config
 
         return make_config(self.variant, **self.method_options())
+
+
+class HoldsRamOptions:
+    """Mixin of objects that hold a :class:`RamOptions` as ``self.ram`` (``RAMSchedule``, verl's options):
+    ``obj.variant``, ``obj.r``, ... read it, and setting them is an error (set ``obj.ram``, which is checked)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in RamOptions.names() and "ram" in self.__dict__:
+            return getattr(self.__dict__["ram"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in RamOptions.names():
+            raise AttributeError(f"{type(self).__name__}.{name} is read from .ram: set .ram = "
+                                 f"dataclasses.replace(.ram, {name}=...)")
+        if name == "ram":
+            value = RamOptions.from_mapping(value, where=type(self).__name__)
+        super().__setattr__(name, value)

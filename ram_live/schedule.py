@@ -28,7 +28,7 @@ from typing import Any
 from .api import ram_merge
 from .engine import DEFAULT_CHUNK_NUMEL
 from .errors import ConfigError
-from .options import RamOptions
+from .options import HoldsRamOptions, RamOptions
 from ._schedule_util import (  # noqa: F401 (MergeResult, _swap, _to_float: re-exported)
     MergeResult, _like, _load_base, _open_latest, _probe_numbers, _stored_importance, _swap, _to_float,
 )
@@ -56,7 +56,7 @@ def every(n: int | None, step: int) -> bool:
     return bool(n) and step > 0 and step % int(n) == 0  # type: ignore[operator]
 
 
-class RAMSchedule:
+class RAMSchedule(HoldsRamOptions):
     """Snapshots of one agent into a shared :class:`~ram_live.store.SnapshotStore`, and periodic RAM merges of the
     latest snapshot of every agent there.
 
@@ -148,20 +148,6 @@ class RAMSchedule:
         """:class:`~ram_live.errors.ConfigError` naming the names that are neither a constructor option nor a RAM
         option (``where``: the caller, e.g. a callback that passes its keywords on)."""
         RamOptions.check_names(names, where, others=cls.option_names())
-
-    def __getattr__(self, name: str) -> Any:
-        # schedule.variant, schedule.r, ...: the RAM options' fields, read from schedule.ram
-        if name in RamOptions.names() and "ram" in self.__dict__:
-            return getattr(self.__dict__["ram"], name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in RamOptions.names():
-            raise AttributeError(f"RAMSchedule.{name} is read from schedule.ram: set schedule.ram = "
-                                 f"dataclasses.replace(schedule.ram, {name}=...)")
-        if name == "ram":
-            value = RamOptions.from_mapping(value, where="RAMSchedule")
-        super().__setattr__(name, value)
 
     # ------------------------------------------------------------------------------------------- set-up
 

@@ -75,6 +75,15 @@ def _module(state):
     return m
 
 
+def _val_loss(state) -> float:
+    """The validation loss of a Net holding ``state`` (what the callback's validation loop logs)."""
+    merged = _module(state)
+    merged.eval()
+    with torch.no_grad():
+        xs, ys = VAL.tensors
+        return nn.functional.mse_loss(merged(xs), ys).item()
+
+
 def _same(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
                                                                      b.reshape(-1).view(torch.uint8))
@@ -115,12 +124,7 @@ def test_merge_equals_ram_merge_of_live_models_and_validation_swap_restores(tmp_
     # the validation ran with the merged weights swapped in, and the weights came back bit-exactly
     for k, v in before.at[4].items():
         assert _same(after.at[4][k], v), k
-    merged = Net()
-    merged.load_state_dict(ref)
-    merged.eval()
-    with torch.no_grad():
-        xs, ys = VAL.tensors
-        expected = nn.functional.mse_loss(merged(xs), ys).item()
+    expected = _val_loss(ref)
     h = ram.history[0]
     assert h["ram/val_loss"] == pytest.approx(expected, rel=1e-6)
     assert h["ram/a/lambda"] == pytest.approx(info.lambdas["a"]) and h["ram/b/lambda"] == pytest.approx(
@@ -285,11 +289,7 @@ def test_search_setting_picks_the_merge_with_the_validation_loop_logs_and_saves_
     assert load_choice(tmp_path / "merged" / "step-4.search.json") == load_choice(rec["file"])
     for k, v in again.items():
         assert _same(result.tensors[k], v), k
-    merged = _module(again)
-    merged.eval()
-    with torch.no_grad():
-        xs, ys = VAL.tensors
-        expected = nn.functional.mse_loss(merged(xs), ys).item()
+    expected = _val_loss(again)
     h = ram.history[0]
     # the selection score is that merge's validation loss; the regular evaluation ran on it too
     assert h["ram/search/best_score"] == pytest.approx(expected, rel=1e-6)

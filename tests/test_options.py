@@ -132,7 +132,7 @@ def test_schedule_and_callbacks_take_options_and_give_the_keywords_bits(tmp_path
             assert r.lambdas == opts.lambdas
         elif info.lambdas is not None:
             assert r.lambdas == info.lambdas
-    with pytest.raises(AttributeError, match="schedule.ram"):
+    with pytest.raises(AttributeError, match=r"RAMSchedule.r is read from \.ram"):
         s1.r = 0.5  # would be ignored otherwise: the merges read schedule.ram
 
 
@@ -157,6 +157,8 @@ def test_verl_ram_group_is_ram_options(tmp_path):
     assert (opts.variant, opts.r, opts.alpha, opts.rho_scope) == ("ram_plus_soft", 0.3, 2.0, "global")
     assert set(RamOptions.names()) <= set(RAMVerlOptions.keys()) and "ram" not in RAMVerlOptions.keys()
     assert options_from_mapping(common).ram == RamOptions()
+    with pytest.raises(AttributeError, match=r"RAMVerlOptions.r is read from \.ram"):
+        opts.r = 0.5
 
 
 INVALID = [("activity", "sometimes"), ("rho_scope", "layer"), ("variant", "ties"), ("r", -1.0),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 from ram_live.errors import ConfigError
-from ram_live.options import RamOptions
+from ram_live.options import HoldsRamOptions, RamOptions
 
 __all__ = ["DTYPES", "WEIGHTS", "RAMVerlOptions", "options_from_mapping", "options_from_verl"]
 
@@ -25,7 +25,7 @@ DTYPES = ("auto", "bf16", "fp16", "fp32")
 
 
 @dataclass
-class RAMVerlOptions:
+class RAMVerlOptions(HoldsRamOptions):
     """Options of the verl integration (the ``ram`` config group; the keys are the field names).
 
     Snapshots:
@@ -159,12 +159,6 @@ class RAMVerlOptions:
     def keys(cls) -> list[str]:
         """The ``ram.*`` keys: the integration's own and the RAM options'."""
         return [f.name for f in fields(cls) if f.repr] + list(RamOptions.names())
-
-    def __getattr__(self, name: str) -> Any:
-        # opts.variant, opts.r, ...: the RAM options' fields, read from opts.ram
-        if name in RamOptions.names() and "ram" in self.__dict__:
-            return getattr(self.__dict__["ram"], name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def _choice(name: str, value: Any, allowed: Sequence[Any]) -> None:
