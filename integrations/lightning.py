@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 from ..errors import RamLiveError
 from ..options import RamOptions
-from .._schedule_util import _swap
+from .._schedule_util import ScheduleAdapter, _swap
 from ..schedule import MergeResult, RAMSchedule, _to_float
 from ..schedule_search import save_next_to
 from ..store import LocalCollective, LocalModel, SnapshotStore, TorchCollective
@@ -75,7 +75,7 @@ def _strategy_check(strategy: Any) -> str:
     )
 
 
-class RAMCallback(Callback):
+class RAMCallback(ScheduleAdapter, Callback):
     r"""Snapshots of this run's agent into a shared :class:`~ram_live.store.SnapshotStore`; periodic RAM merges of
     the latest snapshot of every agent in it, evaluated and logged under ``ram/``.
 
@@ -177,15 +177,6 @@ class RAMCallback(Callback):
     def state_key(self) -> str:
         """The agent and the store's resolved path: ``run/store`` and its absolute path are the same store."""
         return self._generate_state_key(agent=self.agent, store=_resolved(self._store_name))
-
-    @property
-    def history(self) -> list[dict[str, float]]:
-        """Every merge's logged metrics, with its ``step``."""
-        return self.schedule.history
-
-    @property
-    def store(self) -> SnapshotStore:
-        return self.schedule.store
 
     def should_snapshot(self, step: int, epoch: int) -> bool:
         """Called after every optimizer step (``step`` = steps taken, 1-based): snapshot now?"""

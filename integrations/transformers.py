@@ -32,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "(or 'ram-live[transformers]')") from exc
 
 from ..errors import ConfigError, RamLiveError
+from .._schedule_util import ScheduleAdapter
 from ..options import RamOptions
 from ..schedule import MergeResult, RAMSchedule, _to_float
 from ..schedule_search import save_next_to
@@ -44,7 +45,7 @@ __all__ = ["RAMTrainerCallback", "SingleAgentWarning"]
 _LIVE: "weakref.WeakValueDictionary[str, RAMTrainerCallback]" = weakref.WeakValueDictionary()
 
 
-class RAMTrainerCallback(TrainerCallback, ExportableState):
+class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
     r"""Snapshots of this run's agent into a shared :class:`~ram_live.store.SnapshotStore`; periodic RAM merges of
     the latest snapshot of every agent in it, evaluated, saved and logged under ``ram/``.
 
@@ -155,15 +156,6 @@ class RAMTrainerCallback(TrainerCallback, ExportableState):
     def state_key(self) -> str:
         """``agent@store``, the store path resolved: ``run/store`` and its absolute path are the same store."""
         return f"{self.agent}@{Path(self._args['store']).expanduser().resolve()}"
-
-    @property
-    def history(self) -> list[dict[str, float]]:
-        """Every merge's logged metrics, with its ``step``."""
-        return self.schedule.history
-
-    @property
-    def store(self) -> SnapshotStore:
-        return self.schedule.store
 
     def bind(self, trainer: Any) -> "RAMTrainerCallback":
         """Use ``trainer``: metrics are logged through ``trainer.log`` (every reporter sees them), and

@@ -20,7 +20,7 @@ from .store import (
     StoreError,
 )
 
-__all__ = ["MergeResult"]
+__all__ = ["MergeResult", "ScheduleAdapter"]
 
 
 @dataclass
@@ -50,6 +50,21 @@ class MergeResult:
             if name in self.lambdas:
                 out[f"{prefix}{name}/lambda"] = self.lambdas[name]
         return out
+
+
+class ScheduleAdapter:
+    """What the framework callbacks built on a :class:`~ram_live.RAMSchedule` (``self.schedule``) share."""
+
+    schedule: Any
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """Every merge's logged metrics, with its ``step``."""
+        return self.schedule.history
+
+    @property
+    def store(self) -> SnapshotStore:
+        return self.schedule.store
 
 
 # ----------------------------------------------------------------------------------------------- helpers
