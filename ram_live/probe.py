@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from . import _probe_native, engine
+from . import _probe_native
 from . import functional as F
 from ._probe_native import ProbeCounts
 from .api import Model, Models, _sources, check_run_options
-from .engine import (DEFAULT_CHUNK_NUMEL, DeltaStream, _in_workers, _native_walk, _Reader, _threads, build_plan,
-                     digest_update, inputs_digest)
+from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, Reader, build_plan, digest_update, inputs_digest
+from .engine.threads import in_native_workers, native_walk, worker_count
 from .methods import RAM_VARIANTS, Activity, RamPlusConfig, RamStatistics, ram_activity
 
 __all__ = ["probe", "ProbeReport", "AgentStats"]
@@ -238,15 +238,15 @@ def _native_counts(stream: DeltaStream, k: int, activity: Activity, workers: int
 
     def job(worker: int, n_workers: int) -> tuple[ProbeCounts, int]:
         counts = ProbeCounts.zeros(k)
-        bad = _native_walk(stream, worker, n_workers, lambda start, end: kernel.probe(
+        bad = native_walk(stream, worker, n_workers, lambda start, end: kernel.probe(
             stream.base, stream.tensors, eps, start, end, counts))
         return counts, bad
 
-    results = _in_workers(stream, workers, job, engine.NATIVE_CHUNK)
+    results = in_native_workers(stream, workers, job)
     if any(bad for _, bad in results):
         for _ in stream:  # the torch path's check names the chunk's first non-finite input, as without the kernel
             pass
-        stream._raise_nonfinite(0, stream.numel)
+        stream.raise_nonfinite(0, stream.numel)
     return functools.reduce(ProbeCounts.add_, (counts for counts, _ in results))
 
 
@@ -274,7 +274,7 @@ def probe(
     rule = ram_activity(config)
     agents, base_src = _sources(models, base)
     plan = build_plan(base_src, agents)
-    reader = _Reader(base_src, agents, dev)
+    reader = Reader(base_src, agents, dev)
     k = len(agents)
     names = reader.names
     totals = ProbeCounts.zeros(k)
@@ -285,7 +285,7 @@ def probe(
         base_t, agent_ts, dev = reader.read(key)
         stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, rule, workspace)
         digest_update(digest, stream)
-        counts = _native_counts(stream, k, rule, _threads(workers, dev))
+        counts = _native_counts(stream, k, rule, worker_count(workers, dev))
         if counts is None:
             counts = _torch_counts(stream, k)
         totals.add_(counts)

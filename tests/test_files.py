@@ -94,7 +94,6 @@ def test_streaming_releases_mapped_pages_range_by_range(tmp_path, base_sd, monke
     """With the native kernels, file inputs and file outputs drop each merged range's pages (not whole tensors
     at the end), and the result is unchanged."""
     import ram_live._ram_native as native
-    from ram_live import engine
     from ram_live.safetensors_io import MappedSafetensors, SafetensorsWriter
 
     if native.kernels() is None:
@@ -106,7 +105,7 @@ def test_streaming_releases_mapped_pages_range_by_range(tmp_path, base_sd, monke
                         lambda self, key, start=0, stop=None: read.append((key, start, stop)) or release(self, key, start, stop))
     monkeypatch.setattr(SafetensorsWriter, "done",
                         lambda self, key, start=0, stop=None: written.append((key, start, stop)) or done(self, key, start, stop))
-    monkeypatch.setattr(engine, "NATIVE_CHUNK", 64)
+    monkeypatch.setattr("ram_live.engine.threads.NATIVE_CHUNK", 64)
     for variant in ("ram", "ram_plus"):
         read.clear()
         written.clear()

@@ -7,7 +7,7 @@ import torch
 
 import ram_live._importance_native as wnative
 import ram_live._ram_native as native
-from ram_live import engine, ram_merge
+from ram_live import ram_merge
 from ram_live.engine import compiler_available
 from tests.conftest import assert_bit_identical
 from tests.test_importance import VARIANTS, _agents, _base, _eager, _importances, reference
@@ -22,7 +22,7 @@ needs_kernels = pytest.mark.skipif(wnative.kernels() is None or native.kernels()
 @pytest.mark.parametrize("out_dtype", [None, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 def test_native_equals_eager_bits(monkeypatch, dtype, imp_dtype, out_dtype, k):
-    monkeypatch.setattr(engine, "NATIVE_CHUNK", 64)  # several ranges per tensor, shared by two threads
+    monkeypatch.setattr("ram_live.engine.threads.NATIVE_CHUNK", 64)  # several ranges per tensor, shared by two threads
     base = _base(dtype)
     agents = _agents(base, densities=(0.4, 0.5, 0.6, 0.3, 0.7)[:k])
     importance = _importances(base, list(agents), dtype=imp_dtype)

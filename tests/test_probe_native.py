@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ram_live._probe_native as native
-from ram_live import engine, probe
+from ram_live import probe
 from ram_live.errors import NonFiniteError
 from tests.conftest import make_agents
 
@@ -72,7 +72,7 @@ def assert_same_report(fast, slow):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_native_probe_equals_torch_probe(monkeypatch, kernel, dtype, k):
-    monkeypatch.setattr(engine, "NATIVE_CHUNK", 64)  # several ranges per tensor, shared by two threads
+    monkeypatch.setattr("ram_live.engine.threads.NATIVE_CHUNK", 64)  # several ranges per tensor, shared by two threads
     calls = []
     run = native.Kernel.probe
     monkeypatch.setattr(native.Kernel, "probe", lambda self, *a: calls.append(a[3]) or run(self, *a))
@@ -156,7 +156,7 @@ def test_non_finite_inputs_raise_as_the_torch_path(monkeypatch, kernel, base_sd,
     """The same NonFiniteError (message, key, agent) as the torch path: in the first chunk (of 64 entries here) with
     a non-finite task vector, the first input that is not finite (the base before the agents), or the tensor that
     overflows."""
-    monkeypatch.setattr(engine, "NATIVE_CHUNK", 64)
+    monkeypatch.setattr("ram_live.engine.threads.NATIVE_CHUNK", 64)
     base = {k: v.clone() for k, v in base_sd.items()}
     agents = make_agents(base, [0.3, 0.3])
     if who in ("agent", "both"):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import ram_live._ram_native as native
-from ram_live import engine, ram_merge
+from ram_live import ram_merge
 from ram_live.errors import NonFiniteError
 from tests.conftest import assert_bit_identical, make_agents, snapshot
 
@@ -29,7 +29,7 @@ def _eager(monkeypatch, **kw):
 @pytest.mark.parametrize("out_dtype", [None, torch.float32, torch.bfloat16])
 @needs_kernels
 def test_native_equals_eager_bits_and_counts(monkeypatch, base_sd, dtype, out_dtype):
-    monkeypatch.setattr(engine, "NATIVE_CHUNK", 64)  # several ranges per tensor, shared by two threads
+    monkeypatch.setattr("ram_live.engine.threads.NATIVE_CHUNK", 64)  # several ranges per tensor, shared by two threads
     calls = []  # the start of each range either merge kernel took (RAM+ in memory: merge_unscaled)
     for name, start in (("merge", -2), ("merge_unscaled", 4)):
         kernel = getattr(native.Kernels, name)
@@ -265,14 +265,14 @@ def test_single_read_kernels_give_the_two_pass_bits(dtype, k):
 
 def _two_pass(monkeypatch, **kw):
     with monkeypatch.context() as m:
-        m.setattr(engine, "_single_read", lambda *a: False)
+        m.setattr("ram_live.engine.run.reads_once", lambda *a: False)
         return ram_merge(**kw)
 
 
 @needs_kernels
 @pytest.mark.parametrize("variant", ["ram_plus", "ram_plus_soft"])
 def test_in_memory_ram_plus_reads_the_inputs_once_with_the_two_pass_bits(monkeypatch, base_sd, variant):
-    monkeypatch.setattr(engine, "NATIVE_CHUNK", 64)
+    monkeypatch.setattr("ram_live.engine.threads.NATIVE_CHUNK", 64)
     base = {k: v.bfloat16() for k, v in base_sd.items()}
     agents = make_agents(base, [0.05, 0.5, 0.6, 0.3], scale=0.05)
     before = [snapshot(a) for a in (*agents, base)]

@@ -46,11 +46,11 @@ def test_the_lambda_ascent_finds_the_optimum_exactly(problem):
 
 
 def test_the_default_space_finds_it_within_budget_and_beats_the_baselines(problem, monkeypatch):
-    import ram_live.engine as engine
+    import ram_live.engine.run as engine
 
     agents, base, target = problem
     passes = []
-    for name in ("statistics_pass", "_single_read_pass"):
+    for name in ("statistics_pass", "single_read_pass"):
         real = getattr(engine, name)
         monkeypatch.setattr(engine, name, lambda *a, _real=real, _n=name, **k: passes.append(_n) or _real(*a, **k))
     seen = []

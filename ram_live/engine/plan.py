@@ -1,0 +1,83 @@
+"""The plan of a merge: which keys are merged, copied from the base or tied (:func:`build_plan`, checked before
+anything is read), and which agents take part (:func:`kept_agents`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import ConfigError, InputMismatchError, NoAgentsError
+from ..sources import TensorSource
+from ..types import Plan
+
+__all__ = ["Plan", "build_plan", "kept_agents"]
+
+
+def build_plan(base: TensorSource, agents: Sequence[TensorSource]) -> Plan:
+    """Check key sets, shapes and dtypes (nothing is read) and decide what happens to each key."""
+    if not agents:
+        raise NoAgentsError("no agents to merge: pass at least one model in `models`")
+    base_keys = base.keys()
+    base_set = set(base_keys)
+    aliases = base.aliases()
+    for agent in agents:
+        agent_set = set(agent.keys())
+        tied = agent.aliases()
+        # a tied name one side leaves out (save_pretrained does) is the tensor it is tied to
+        missing = [k for k in base_keys if k not in agent_set and aliases.get(k) not in agent_set]
+        extra = sorted(k for k in agent_set - base_set if tied.get(k) not in base_set)
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing {len(missing)} key(s) of the base, e.g. {missing[:5]}")
+            if extra:
+                parts.append(f"{len(extra)} key(s) the base lacks, e.g. {extra[:5]}")
+            raise InputMismatchError(
+                f"agent {agent.name!r} does not match the base {base.name!r}: {'; '.join(parts)} "
+                "(is the base of another architecture?)",
+                key=(missing or extra)[0],
+                agent=agent.name,
+            )
+    buffers = {k for k in base_keys if base.spec(k).is_buffer}
+    for agent in agents:
+        buffers |= {k for k in base_keys if k not in aliases and agent.spec(k).is_buffer}
+    merge, copy, check = [], [], []
+    for key in base_keys:
+        if key in aliases:
+            continue
+        b = base.spec(key)
+        for agent in agents:
+            a = agent.spec(key)
+            if a.shape != b.shape:
+                raise InputMismatchError(
+                    f"tensor {key!r}: agent {agent.name!r} has shape {list(a.shape)}, the base {list(b.shape)}",
+                    key=key, agent=agent.name,
+                )
+            if a.dtype.is_floating_point != b.dtype.is_floating_point or (
+                not b.dtype.is_floating_point and a.dtype != b.dtype
+            ):
+                raise InputMismatchError(
+                    f"tensor {key!r}: agent {agent.name!r} has dtype {a.dtype}, the base {b.dtype}",
+                    key=key, agent=agent.name,
+                )
+        if key in buffers or not b.dtype.is_floating_point:
+            copy.append(key)
+            if key not in buffers:
+                check.append(key)
+        else:
+            merge.append(key)
+    return Plan(tuple(merge), tuple(copy), {k: v for k, v in aliases.items()}, tuple(check))
+
+
+def kept_agents(agents: Sequence[TensorSource], exclude: Sequence[str]) -> Sequence[TensorSource]:
+    """``agents`` without those a config's ``exclude`` names (ConfigError naming names that are not agents)."""
+    if not exclude:
+        return agents
+    names = [a.name for a in agents]
+    unknown = [n for n in exclude if n not in names]
+    if unknown:
+        raise ConfigError(f"exclude: unknown agent(s) {', '.join(map(repr, unknown))} (the agents are "
+                          f"{', '.join(map(repr, names))})")
+    kept = [a for a in agents if a.name not in exclude]
+    if not kept:
+        raise ConfigError("exclude names every agent: at least one must be merged")
+    return kept

@@ -1,0 +1,89 @@
+"""The threads that share a tensor's chunks: how many (:func:`default_workers`), the pool every merge shares, and
+the walk of the native kernels over a tensor's ranges (every ``workers``-th range per worker)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import torch
+
+from .stream import DeltaStream
+
+__all__ = ["NATIVE_CHUNK", "POOL_THREADS", "default_workers", "worker_count", "in_workers", "in_native_workers",
+           "native_walk", "shared_pool"]
+
+#: Entries per call of the native CPU kernels (threads take every ``workers``-th range of a tensor).
+NATIVE_CHUNK = 1 << 18
+#: Threads of the pool that every merge shares (a pool per tensor and pass costs a fraction of a millisecond,
+#: which adds up over a large model's hundreds of tensors); ``workers`` above this get a pool of their own.
+POOL_THREADS = 8
+_POOL_PREFIX = "ram-live-pool"
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def default_workers(device: torch.device) -> int:
+    """Threads that share a tensor's chunks: on CPU as many as torch's intra-op threads (at most 8), since each
+    cache-sized op then runs on one core without OpenMP hand-offs; one on accelerators (one stream).
+
+    Example:
+        >>> default_workers(torch.device("cuda"))
+        1
+    """
+    return min(torch.get_num_threads(), 8) if device.type == "cpu" else 1
+
+
+def worker_count(workers: int | None, device: torch.device) -> int:
+    """``workers`` as given, else :func:`default_workers` for ``device``."""
+    return workers if workers is not None else default_workers(device)
+
+
+def in_workers(stream: DeltaStream, workers: int, job: Callable[[int, int], Any], chunk: int | None = None
+               ) -> list[Any]:
+    """``job(worker, workers)`` for each worker, in threads when there is more than one chunk (of ``chunk``
+    entries, default the stream's) to share."""
+    workers = max(1, min(workers, -(-stream.numel // (chunk or stream.stream_chunk))))
+    if workers == 1:
+        return [job(0, 1)]
+    if workers > POOL_THREADS or threading.current_thread().name.startswith(_POOL_PREFIX):
+        # more threads than the shared pool has, or called from one of its threads (which must not wait on it)
+        with ThreadPoolExecutor(workers, thread_name_prefix="ram-live-extra") as pool:
+            return list(pool.map(lambda w: job(w, workers), range(workers)))
+    return list(shared_pool().map(lambda w: job(w, workers), range(workers)))
+
+
+def in_native_workers(stream: DeltaStream, workers: int, job: Callable[[int, int], Any]) -> list[Any]:
+    """:func:`in_workers` over ranges of :data:`NATIVE_CHUNK` entries (what :func:`native_walk` hands out)."""
+    return in_workers(stream, workers, job, NATIVE_CHUNK)
+
+
+def native_walk(stream: DeltaStream, worker: int, workers: int, call: Callable[[int, int], int]) -> int:
+    """``call(start, end)`` on this worker's share of the ranges (every ``workers``-th), each range's pages
+    released after it; returns the sum of what the calls return (their counts of non-finite entries)."""
+    bad = 0
+    for start in range(worker * NATIVE_CHUNK, stream.numel, NATIVE_CHUNK * workers):
+        end = min(stream.numel, start + NATIVE_CHUNK)
+        bad += call(start, end)
+        if stream.range_done is not None:
+            stream.range_done(start, end)
+    return bad
+
+
+def shared_pool() -> ThreadPoolExecutor:
+    """The pool of :data:`POOL_THREADS` threads every merge shares (made on first use)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix=_POOL_PREFIX)
+        return _POOL
+
+
+def _forget_pool() -> None:
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()  # a forked child has the pool object but none of its threads
+
+
+os.register_at_fork(after_in_child=_forget_pool)
