@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .. import _importance_native, _ram_native
-from ..methods import RAM_VARIANTS, MergeMethod, MethodKernels
+from ..methods import MergeMethod, MethodKernels
 from ..types import Activity, RamStatistics
 from .counts import fused_statistics, native_statistics, torch_statistics
 from .merges import merge_fused, merge_native, merge_native_weighted, merge_stacked, merge_streaming
@@ -24,12 +24,11 @@ Kernel = Callable[[DeltaStream, Tensor], None]
 
 
 def method_kernels(method: MergeMethod, config: Any) -> MethodKernels | None:
-    """The fast kernels ``method`` declares for ``config`` (they stand in for its accumulator, so a method
-    without one gets none)."""
-    if method.accumulator is None or getattr(config, "variant", None) not in RAM_VARIANTS:
+    """The fast kernels ``method`` declares for ``config`` (``MergeMethod.kernels``; they stand in for its
+    accumulator, so a method without one gets none)."""
+    if method.kernels is None or method.accumulator is None:
         return None
-    return MethodKernels(single_read=True, scaled=getattr(config, "variant", "ram") != "ram"
-                         or getattr(config, "lambdas", None) is not None)
+    return method.kernels(config)
 
 
 def native_for(stream: DeltaStream, activity: Activity, out: Tensor | None = None) -> tuple[Any, float] | None:

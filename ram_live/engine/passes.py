@@ -10,11 +10,11 @@ import torch
 from torch import Tensor
 
 from .. import memory
-from ..methods import MergeMethod, lambda_bound
+from ..methods import MergeMethod
 from ..progress import ProgressHook
 from ..sinks import Sink
 from ..types import Activity, MergeInfo, Plan, RamStatistics, TensorSpec
-from .dispatch import count_tensor, merge_kernel, method_kernels
+from .dispatch import count_tensor, merge_kernel
 from .reader import Reader, check_equal
 from .stream import DeltaStream, digest_update
 from .threads import worker_count
@@ -98,9 +98,9 @@ def fits(job: Job, spec: TensorSpec, amax: tuple[float, float] | None, run_state
     """Whether the merge of a tensor with these (max |τ|, max |θ₀|) fits its dtype whatever the entries, by the
     method's overflow bound B: |θ*| ≤ max |θ₀| + B · K · max |τ|, kept 1 % under the dtype's largest value for
     rounding."""
-    if amax is None or method_kernels(job.method, job.config) is None:
+    if amax is None or job.method.overflow_bound is None:
         return False
-    bound = lambda_bound(job.config, run_state)
+    bound = job.method.overflow_bound(job.config, run_state)
     tau, base = amax
     return base + bound * len(job.reader.names) * tau < 0.99 * torch.finfo(spec.dtype).max
 
