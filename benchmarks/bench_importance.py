@@ -161,9 +161,10 @@ def store_rows(args: argparse.Namespace) -> list[dict]:
 
     import ram_live
     from ram_live.store import SnapshotStore
+    from ram_live.store.importance import ImportanceSource
 
     print(f"CPU: {cpu_label()}, kernels built for {_level()}, {torch.get_num_threads()} torch threads; git "
-          f"{bm.git_state()}; load {bm.loadavg()}; {args.reps} interleaved pairs", flush=True)
+          f"{bm.git_state()}; load {bm.loadavg()}; {2 * args.reps} interleaved pairs", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="ram-bench-imp-store-"))
     rows = []
     try:
@@ -178,14 +179,19 @@ def store_rows(args: argparse.Namespace) -> list[dict]:
             plain_snaps, with_snaps = (stores[w].latest_all() for w in ("plain", "with"))
             _, info = ram_live.ram_merge(with_snaps, return_info=True)
             assert info.extra.get("importance") == "store", info.extra
+            print(f"K={k}: merge with stored importances: kernels {info.extra.get('kernels')}", flush=True)
             params = sum(v.numel() for v in base.values())
             for variant in args.variants:
-                a, b = bm.paired(lambda: ram_live.ram_merge(plain_snaps, variant=variant),
-                                 lambda: ram_live.ram_merge(with_snaps, variant=variant), args.reps,
-                                 torch.device("cpu"))
-                row = _ratio_row(a, b, k=k, variant=variant, params=params, level=_level())
-                rows.append(row)
-                _print_ratio(f"K={k} {variant:9s} {params / 1e6:.1f} M from the store", row)
+                for dtype in (torch.bfloat16, torch.float32):  # how the stored importances are read
+                    sources = {n: ImportanceSource(s, dtype) for n, s in with_snaps.items()}
+                    a, b = interleaved(lambda: ram_live.ram_merge(plain_snaps, variant=variant),
+                                       lambda: ram_live.ram_merge(with_snaps, variant=variant, importance=sources),
+                                       2 * args.reps)
+                    row = _ratio_row(a, b, k=k, variant=variant, params=params, level=_level(),
+                                     read_as=str(dtype).removeprefix("torch."))
+                    rows.append(row)
+                    _print_ratio(f"K={k} {variant:9s} {params / 1e6:.1f} M from the store, importances read as "
+                                 f"{row['read_as']:8s}", row)
             del base, plain_snaps, with_snaps, stores
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

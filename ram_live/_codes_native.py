@@ -112,13 +112,15 @@ class Kernels:
                 self.lib.ram_imp_fix(cp + offsets[r], sizes[r], segs[r], nsegs[r], top)
         return codes, _float(top_bits)
 
-    def decode(self, codes: Tensor, maximum: float, kind: str, positions: Tensor | None, n: int) -> Tensor | None:
-        """The float32 importances of a piece of ``n`` entries (0 where it stores none), or None where the
-        positions do not match the codes."""
-        out = advise_hugepages(torch.empty(n, dtype=torch.float32))
+    def decode(self, codes: Tensor, maximum: float, kind: str, positions: Tensor | None, n: int,
+               dtype: torch.dtype = torch.float32) -> Tensor | None:
+        """The importances of a piece of ``n`` entries (0 where it stores none) as float32 or bfloat16 (the same
+        values: a decoded importance has a 3-bit mantissa), or None where the positions do not match the codes."""
+        out = advise_hugepages(torch.empty(n, dtype=dtype))
         top = octave(struct.unpack("<I", struct.pack("<f", maximum))[0])
         pos = 0 if positions is None else positions.data_ptr()
-        ok = self.lib.ram_imp_decode(codes.data_ptr(), codes.numel(), top, KINDS[kind], pos, n, out.data_ptr())
+        ok = self.lib.ram_imp_decode(codes.data_ptr(), codes.numel(), top, KINDS[kind], pos, n, DTYPES[dtype],
+                                     out.data_ptr())
         return out if ok == 0 else None
 
 
@@ -135,7 +137,7 @@ def build(flags: list[str] | None = None) -> Kernels | None:
     lib.ram_imp_encode.restype = i64
     lib.ram_imp_fix.argtypes = [ptr, i64, ptr, ctypes.c_int32, ctypes.c_int32]
     lib.ram_imp_fix.restype = None
-    lib.ram_imp_decode.argtypes = [ptr, i64, ctypes.c_int32, i32, ptr, i64, ptr]
+    lib.ram_imp_decode.argtypes = [ptr, i64, ctypes.c_int32, i32, ptr, i64, i32, ptr]
     lib.ram_imp_decode.restype = i64
     lib.ram_imp_popcount.argtypes = [ptr, i64, i64]
     lib.ram_imp_popcount.restype = i64

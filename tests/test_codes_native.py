@@ -81,6 +81,10 @@ def test_codes_match_torch(level, dtype, n):
             native = lib.decode(got[0], got[1], _kind(encoding, positions), positions, n)
             ref = decode_piece_torch(want_codes, want_max, encoding, positions, n)
             assert torch.equal(native.view(torch.int32), ref.view(torch.int32))
+            # bfloat16 holds every decoded importance exactly (3-bit mantissas: the low 16 bits are 0)
+            assert not bool((ref.view(torch.int32) & 0xFFFF).any())
+            half = lib.decode(got[0], got[1], _kind(encoding, positions), positions, n, torch.bfloat16)
+            assert torch.equal(half.float().view(torch.int32), ref.view(torch.int32))
 
 
 def test_codes_hand_computed():

@@ -14,7 +14,7 @@ import torch
 from ram_live import merge, ram_merge
 from ram_live.errors import InputMismatchError
 from ram_live.store import CorruptSnapshotError, SnapshotStore, StoreWarning
-from ram_live.store.importance import dequantize, quantize
+from ram_live.store.importance import ImportanceSource, dequantize, quantize
 from ram_live.store.manifest import check_snapshot
 
 
@@ -58,7 +58,9 @@ def test_round_trip_at_active_entries(tmp_path):
     for key in ("w", "v"):
         active = agents["a1"][key].view(-1) != base[key].view(-1)
         got = src.get(key)
-        assert got.dtype == torch.float32 and got.shape == base[key].shape
+        assert got.dtype == torch.bfloat16 and got.shape == base[key].shape  # exact: 3-bit mantissas
+        assert torch.equal(got.float(), ImportanceSource(snap, torch.float32).get(key))
+        got = got.float()
         assert torch.all(got.view(-1)[~active] == 0)  # nothing stored at inactive entries
         h = imps["a1"][key].view(-1)
         inside = active & (h >= h[active].max() * 2 ** -31.5)  # below: clamped to the smallest code

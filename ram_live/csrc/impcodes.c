@@ -212,53 +212,63 @@ static inline uint32_t decode1(uint32_t q, int32_t top) {
     return ((uint32_t)((int32_t)q + top - 255) << 20) & (0u - (q != 0));
 }
 
-/* a piece's importances into out[0, n): kind as ram_imp_scan's (1, 2: count indices; 3: a bitmask of n entries),
-   0 at entries not stored. Returns 0, or -1 where the positions do not match the codes (an index outside
-   [0, n), a bitmask marking another number of entries than count, a dense piece of count != n). */
-int64_t ram_imp_decode(const uint8_t *restrict codes, int64_t count, int32_t top, int kind, const void *pos,
-                       int64_t n, uint32_t *restrict out) {
-    if (kind == 0) {
-        if (count != n) return -1;
-        for (int64_t i = 0; i < n; i++) out[i] = decode1(codes[i], top);
-        return 0;
-    }
-    if (kind == 1 || kind == 2) {
-        memset(out, 0, (size_t)n * 4);
-        uint32_t bad = 0;
-        for (int64_t j = 0; j < count; j++) {
-            const int64_t i = kind == 1 ? (int64_t)((const int32_t *)pos)[j] : ((const int64_t *)pos)[j];
-            const int inside = i >= 0 && i < n;
-            bad |= !inside;
-            if (inside) out[i] = decode1(codes[j], top);
-        }
-        return bad ? -1 : 0;
-    }
-    if (kind != 3) return -1;
-    const uint8_t *mask = (const uint8_t *)pos;
-    if (count == 0) {  /* a bitmask with set bits and no codes: caught by the count at the end */
-        memset(out, 0, (size_t)n * 4);
-        return ram_imp_popcount(mask, 0, (n + 7) >> 3) ? -1 : 0;
-    }
-    int64_t c = 0;
-    for (int64_t b = 0; b < n; b += 8) {
-        const uint32_t m = mask[b >> 3];
-        const int e = n - b < 8 ? (int)(n - b) : 8;
-        if (!m) {
-            memset(out + b, 0, (size_t)e * 4);
-            continue;
-        }
-        if (m == 0xFFu && e == 8 && c + 8 <= count) {
-            for (int j = 0; j < 8; j++) out[b + j] = decode1(codes[c + j], top);
-            c += 8;
-            continue;
-        }
-        for (int j = 0; j < e; j++) {  /* branch-free: a read past the codes is clamped, and caught below */
-            const uint32_t on = (m >> j) & 1u;
-            const uint32_t v = decode1(codes[c < count ? c : count - 1], top);
-            out[b + j] = v & (0u - on);
-            c += on;
-        }
-    }
-    return c == count ? 0 : -1;
+/* a piece's importances into out[0, n) as float32 (OT uint32_t) or bfloat16 (uint16_t: exact, a decoded value's
+   low 16 bits are 0): kind as ram_imp_encode's (1, 2: count indices; 3: a bitmask of n entries), 0 at entries
+   not stored. Returns 0, or -1 where the positions do not match the codes (an index outside [0, n), a bitmask
+   marking another number of entries than count, a dense piece of count != n). */
+#define DECODE(NAME, OT, SHIFT)                                                                                  \
+static int64_t NAME(const uint8_t *restrict codes, int64_t count, int32_t top, int kind, const void *pos,         \
+                    int64_t n, OT *restrict out) {                                                               \
+    if (kind == 0) {                                                                                             \
+        if (count != n) return -1;                                                                               \
+        for (int64_t i = 0; i < n; i++) out[i] = (OT)(decode1(codes[i], top) >> SHIFT);                          \
+        return 0;                                                                                                \
+    }                                                                                                            \
+    if (kind == 1 || kind == 2) {                                                                                \
+        memset(out, 0, (size_t)n * sizeof(OT));                                                                  \
+        uint32_t bad = 0;                                                                                        \
+        for (int64_t j = 0; j < count; j++) {                                                                    \
+            const int64_t i = kind == 1 ? (int64_t)((const int32_t *)pos)[j] : ((const int64_t *)pos)[j];        \
+            const int inside = i >= 0 && i < n;                                                                  \
+            bad |= !inside;                                                                                      \
+            if (inside) out[i] = (OT)(decode1(codes[j], top) >> SHIFT);                                          \
+        }                                                                                                        \
+        return bad ? -1 : 0;                                                                                     \
+    }                                                                                                            \
+    if (kind != 3) return -1;                                                                                    \
+    const uint8_t *mask = (const uint8_t *)pos;                                                                  \
+    if (count == 0) {  /* a bitmask with set bits and no codes: caught by the count at the end */               \
+        memset(out, 0, (size_t)n * sizeof(OT));                                                                  \
+        return ram_imp_popcount(mask, 0, (n + 7) >> 3) ? -1 : 0;                                                 \
+    }                                                                                                            \
+    int64_t c = 0;                                                                                               \
+    for (int64_t b = 0; b < n; b += 8) {                                                                         \
+        const uint32_t m = mask[b >> 3];                                                                         \
+        const int e = n - b < 8 ? (int)(n - b) : 8;                                                              \
+        if (!m) {                                                                                                \
+            memset(out + b, 0, (size_t)e * sizeof(OT));                                                          \
+            continue;                                                                                            \
+        }                                                                                                        \
+        if (m == 0xFFu && e == 8 && c + 8 <= count) {                                                            \
+            for (int j = 0; j < 8; j++) out[b + j] = (OT)(decode1(codes[c + j], top) >> SHIFT);                  \
+            c += 8;                                                                                              \
+            continue;                                                                                            \
+        }                                                                                                        \
+        for (int j = 0; j < e; j++) {  /* branch-free: a read past the codes is clamped, and caught below */    \
+            const uint32_t on = (m >> j) & 1u;                                                                   \
+            const uint32_t v = decode1(codes[c < count ? c : count - 1], top);                                   \
+            out[b + j] = (OT)((v & (0u - on)) >> SHIFT);                                                         \
+            c += on;                                                                                             \
+        }                                                                                                        \
+    }                                                                                                            \
+    return c == count ? 0 : -1;                                                                                  \
 }
+DECODE(decode_f32, uint32_t, 0)
+DECODE(decode_bf16, uint16_t, 16)
 
+/* out_dtype 0: float32, 1: bfloat16 (the same values) */
+int64_t ram_imp_decode(const uint8_t *codes, int64_t count, int32_t top, int kind, const void *pos, int64_t n,
+                       int out_dtype, void *out) {
+    return out_dtype ? decode_bf16(codes, count, top, kind, pos, n, (uint16_t *)out)
+                     : decode_f32(codes, count, top, kind, pos, n, (uint32_t *)out);
+}

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..distributed import is_dtensor
-from ..errors import InputMismatchError
+from ..errors import ConfigError, InputMismatchError
 from ..sources import TensorSpec
 from .encoding import _Encoded, unpack_bits
 from .errors import CorruptSnapshotError, StoreWarning
@@ -167,10 +167,15 @@ def _flat_positions(p: Mapping[str, Any], n: int, positions: Tensor | None) -> T
 
 
 class ImportanceSource:
-    """A snapshot's stored importances as a :class:`TensorSource`: float32, the parameters' shapes, 0 at entries
-    the snapshot did not store. Keys: the snapshot's non-buffer floating tensors (aliases resolve to them)."""
+    """A snapshot's stored importances as a :class:`TensorSource`: bfloat16 (``dtype``; float32 gives the same
+    values: a decoded importance has a 3-bit mantissa, so bfloat16 holds it exactly in half the bytes a merge
+    reads), the parameters' shapes, 0 at entries the snapshot did not store. Keys: the snapshot's non-buffer
+    floating tensors (aliases resolve to them)."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, dtype: torch.dtype = torch.bfloat16) -> None:
+        if dtype not in (torch.bfloat16, torch.float32):
+            raise ConfigError(f"stored importances read as bfloat16 or float32, not {dtype}")
+        self.dtype = dtype
         self.snapshot = snapshot
         self.name = f"importance of {snapshot.name}"
         self.device = snapshot.device
@@ -185,7 +190,7 @@ class ImportanceSource:
 
     def spec(self, key: str) -> TensorSpec:
         e = self._tensors[self._aliases.get(key, key)]
-        return TensorSpec(tuple(e["shape"]), torch.float32, self.device, False)
+        return TensorSpec(tuple(e["shape"]), self.dtype, self.device, False)
 
     def aliases(self) -> dict[str, str]:
         return dict(self._aliases)
@@ -200,7 +205,7 @@ class ImportanceSource:
         key = self._aliases.get(key, key)
         snap = self.snapshot
         want: Box = (tuple(offsets), tuple(shape))
-        out = torch.zeros(want[1], dtype=torch.float32)
+        out: Tensor | None = None  # zeros only where no single piece is the whole box (their faults cost)
         for i, p in enumerate(self._tensors[key]["pieces"]):
             if p["encoding"] == "none" or (inter := _intersect(want, _box(p))) is None:
                 continue
@@ -209,7 +214,7 @@ class ImportanceSource:
             box = _box(p)
             n = math.prod(box[1])
             positions = snap._files.tensor(p["file"], p.get("positions"))
-            piece = decode_piece(codes, float(p["importance_max"]), p["encoding"], positions, n)
+            piece = decode_piece(codes, float(p["importance_max"]), p["encoding"], positions, n, self.dtype)
             if piece is None:
                 raise CorruptSnapshotError(f"agent {snap.agent!r} step {snap.step}: tensor {key!r} piece {i}: "
                                            "importances do not match the stored positions",
@@ -217,14 +222,20 @@ class ImportanceSource:
             mine, theirs = inter
             if want == box:
                 out = piece.view(box[1])  # the whole piece: no copy
-            else:
-                out[tuple(mine)] = piece.view(box[1])[tuple(theirs)]
+                continue
+            if out is None:
+                out = torch.zeros(want[1], dtype=self.dtype)
+            out[tuple(mine)] = piece.view(box[1])[tuple(theirs)]
+        if out is None:
+            out = torch.zeros(want[1], dtype=self.dtype)
         return out.to(self.device)
 
 
-def decode_piece(codes: Tensor, maximum: float, encoding: str, positions: Tensor | None, n: int) -> Tensor | None:
-    """A stored piece's float32 importances, flat, 0 at the entries it does not store (native decoder where it
-    runs, else torch: the same bits), or None where its positions do not match its codes."""
+def decode_piece(codes: Tensor, maximum: float, encoding: str, positions: Tensor | None, n: int,
+                 dtype: torch.dtype = torch.float32) -> Tensor | None:
+    """A stored piece's importances as ``dtype`` (float32 or bfloat16: the same values), flat, 0 at the entries
+    it does not store (native decoder where it runs, else torch: the same bits), or None where its positions do
+    not match its codes."""
     from .._codes_native import kernels
 
     lib = kernels()
@@ -233,8 +244,9 @@ def decode_piece(codes: Tensor, maximum: float, encoding: str, positions: Tensor
             and (None if positions is None else positions.dtype) in want \
             and (positions is None or (positions.device.type == "cpu" and positions.is_contiguous())):
         kind = encoding if encoding != "indices" else "indices64" if positions.dtype == torch.int64 else "indices32"
-        return lib.decode(codes, maximum, kind, positions, n)
-    return decode_piece_torch(codes, maximum, encoding, positions, n)
+        return lib.decode(codes, maximum, kind, positions, n, dtype)
+    got = decode_piece_torch(codes, maximum, encoding, positions, n)
+    return None if got is None else got.to(dtype)
 
 
 def decode_piece_torch(codes: Tensor, maximum: float, encoding: str, positions: Tensor | None, n: int
