@@ -1,4 +1,10 @@
-"""Build one of the C sources of ``ram_live/csrc`` into a shared library once per machine; load it with ``ctypes``.
+"""Build the C sources of ``ram_live/csrc`` into shared libraries once per machine; load them with ``ctypes``.
+
+One loader for every kernel family (:data:`FAMILIES`): :func:`load` gives a family's library (built on first
+use, then loaded from the cache; one handle per process), :func:`bind` the object its module wraps it in (one
+per process too) and :func:`kernels` the same for the hot path. Each family is built only when a call first
+needs it. ``RAM_LIVE_NATIVE=0`` turns every family off at once, at any time (all three return None while it is
+set): the one switch tests need.
 
 The flags follow the host's instruction level (:func:`host_level`): x86-64-v4 (AVX-512 F, BW, VL, DQ) →
 ``-march=native`` (the kernels' AVX-512 loops), x86-64-v3 (AVX2, FMA, F16C, BMI2) → ``-march=x86-64-v3``,
@@ -6,11 +12,20 @@ aarch64 → ``-march=armv8-a`` (NEON), anything else → the compiler's baseline
 :mod:`ram_live.settings`) forces a lower level, e.g. the AVX2 build on an AVX-512 host. Contraction into FMAs
 stays off at every level, so all of them give the same bits.
 
-The library lands in :func:`ram_live.settings.cache_dir` under a name hashed from the source and every header
-of ``csrc`` (their contents), the flags, the compiler and the CPU's feature flags (a cache shared by machines of
+A large source is built in parts (``ram.c``: each entry point for each input dtype, ``-DRAM_PART=n``, the
+source putting each part's functions under ``#if``), each a library of its own, built when a call first needs
+it (:func:`function`), so a first merge compiles only the code it runs. Every library lands in
+:func:`ram_live.settings.cache_dir` under a name hashed from the source and every header of ``csrc`` (their
+contents), the flags, the part, the compiler and the CPU's feature flags (a cache shared by machines of
 different CPUs never hands one a library built for another's instructions). Built in a temporary folder and
 renamed into place, so processes that build at once agree. Native kernels are tried on Linux and macOS, x86-64
-and aarch64, unless ``RAM_LIVE_NATIVE=0``.
+and aarch64.
+
+Example:
+    >>> from ram_live import _cc
+    >>> lib = _cc.load("ram")  # None without a C compiler or with RAM_LIVE_NATIVE=0
+    >>> lib is None or lib.ram_simd_bits() in (0, 512)
+    True
 """
 
 from __future__ import annotations
@@ -24,20 +39,57 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
 
 from . import settings
+from .errors import RamLiveError
 
-__all__ = ["COMMON_FLAGS", "native_enabled", "cache_dir", "host_level", "build_level", "flags", "source",
-           "load_library", "is_x86"]
+__all__ = ["COMMON_FLAGS", "FAMILIES", "Family", "KernelBuildError", "native_enabled", "cache_dir", "host_level",
+           "build_level", "flags", "source", "load", "bind", "kernels", "function", "prefetch", "load_library",
+           "is_x86"]
 
 CSRC = Path(__file__).with_name("csrc")
 #: Flags of every build: no FMA contraction (the torch paths' bits), no errno from math functions.
 COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-fno-math-errno")
+#: Seconds one compiler process may take.
+TIMEOUT = 120
 _X86 = ("x86_64", "amd64")
 _ARM = ("aarch64", "arm64")
-_RANK = {"avx512": 3, "avx2": 2, "neon": 2, "scalar": 0}
+T = TypeVar("T")
+
+
+class KernelBuildError(RamLiveError, RuntimeError):
+    """A part of a native kernel library did not build after its family's first part did (the compiler's
+    messages in the text)."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kernel library: ``source`` in ``csrc``, the ``library`` name of its cached files, ``fixed_flags`` where
+    it does not follow the build level (kernels that pick their instructions at run time), ``x86_only``."""
+
+    source: str
+    library: str
+    fixed_flags: tuple[str, ...] | None = None
+    x86_only: bool = False
+    #: For a source built in parts (``-DRAM_PART=n``, each a library of its own, built when first needed): the
+    #: part :func:`load` and :func:`bind` give, the check that the family builds; None: the whole source.
+    entry_part: int | None = None
+
+
+#: The kernel families, by the name :func:`load` takes.
+FAMILIES: dict[str, Family] = {
+    "ram": Family("ram.c", "ram", entry_part=0),
+    "importance": Family("importance.c", "ram_weighted"),
+    "probe": Family("probe.c", "ram_probe"),
+    "impcodes": Family("impcodes.c", "impcodes"),
+    "select": Family("select.c", "select", ("-O2",), x86_only=True),
+    "crc32": Family("crc32.c", "crc32", ("-O2",), x86_only=True),
+}
 
 
 def is_x86() -> bool:
@@ -71,6 +123,7 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+@functools.cache
 def host_level() -> str:
     """``avx512``, ``avx2``, ``neon`` or ``scalar``: the best level this CPU runs."""
     machine = platform.machine().lower()
@@ -110,41 +163,146 @@ def source(name: str) -> Path:
     return CSRC / name
 
 
+# ------------------------------------------------------------------------------------------------ loading
+
+_LOCK = threading.Lock()
+_KEY_LOCKS: dict[tuple, threading.Lock] = {}
+_HANDLES: dict[tuple, ctypes.CDLL | None] = {}
+_ERRORS: dict[tuple, str] = {}
+_BOUND: dict[tuple, object] = {}
+_QUICK: dict[tuple, object] = {}
+
+
+def load(family: str, build_flags: Sequence[str] | None = None, part: int | None = None) -> ctypes.CDLL | None:
+    """The library of ``family`` (a key of :data:`FAMILIES`) compiled with ``build_flags`` (default: the
+    family's fixed flags, else :func:`flags` of the build level), built on first use and cached on disk, one
+    handle per process; None where native kernels are off, there is no C compiler, or the build fails. A
+    family built in parts gives its ``part`` (default: its :attr:`Family.entry_part`)."""
+    fam = FAMILIES[family]
+    if fam.x86_only and not is_x86():
+        return None
+    chosen = build_flags if build_flags is not None else (fam.fixed_flags or flags())
+    return load_library(source(fam.source), fam.library, chosen, fam.entry_part if part is None else part)
+
+
+def bind(family: str, binder: Callable[[ctypes.CDLL, tuple[str, ...]], T | None],
+         build_flags: Sequence[str] | None = None) -> T | None:
+    """``binder(lib, flags)`` of :func:`load` ``(family, build_flags)`` and the flags it was built with (the
+    module's typed wrapper: argtypes set, a run-time CPU check), made once per process and library; None where
+    :func:`load` gives None or ``binder`` does. Every setting (``RAM_LIVE_NATIVE``, ``RAM_LIVE_SIMD``,
+    ``RAM_LIVE_CACHE``, ``CC``) is read at each call."""
+    fam = FAMILIES[family]
+    chosen = tuple(build_flags if build_flags is not None else (fam.fixed_flags or flags()))
+    lib = load(family, chosen)
+    if lib is None:
+        return None
+    key = (binder, id(lib))
+    with _LOCK:
+        if key not in _BOUND:
+            _BOUND[key] = binder(lib, chosen)
+        return _BOUND[key]  # type: ignore[return-value]
+
+
+def kernels(family: str, binder: Callable[[ctypes.CDLL, tuple[str, ...]], T | None]) -> T | None:
+    """:func:`bind` ``(family, binder)`` at the build level, for the engines' hot path (asked once per tensor):
+    remembered per value of ``RAM_LIVE_NATIVE`` and ``RAM_LIVE_SIMD``, the switches read at each call (the
+    compiler and the cache folder only matter to a build, so a library once loaded stays this process's)."""
+    quick = (family, binder, os.environ.get("RAM_LIVE_NATIVE"), os.environ.get("RAM_LIVE_SIMD"))
+    found = _QUICK.get(quick, _QUICK)
+    if found is _QUICK:
+        found = _QUICK[quick] = bind(family, binder)
+    return found  # type: ignore[return-value]
+
+
+def function(family: str, part: int, name: str, build_flags: Sequence[str], argtypes: list, restype: object
+             ) -> Callable[..., Any]:
+    """The C function ``name`` of ``part`` of ``family`` (built now if it is not yet), typed. Raises
+    :class:`KernelBuildError` where the part does not build: its family's entry part did, so the caller already
+    chose the native path."""
+    lib = load(family, build_flags, part)
+    if lib is None:
+        key = _key(source(FAMILIES[family].source), FAMILIES[family].library, tuple(build_flags), part)
+        raise KernelBuildError(f"part {part} of the native kernels {FAMILIES[family].source} ({name}, flags "
+                               f"{' '.join(build_flags)}) did not build where part {FAMILIES[family].entry_part} "
+                               f"did: {_ERRORS.get(key, 'native kernels switched off meanwhile')}")
+    fn = getattr(lib, name)
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn
+
+
+def prefetch(family: str, part: int, build_flags: Sequence[str]) -> None:
+    """Start building ``part`` of ``family`` in the background (a call will soon need it; the process waits for
+    it at exit, so the cache holds it whole)."""
+    threading.Thread(target=load, args=(family, tuple(build_flags), part), name=f"ram_live_cc_{family}_{part}").start()
+
+
+def load_library(source: str | Path, name: str, build_flags: Sequence[str] | None = None,
+                 part: int | None = None) -> ctypes.CDLL | None:
+    """``source`` (a file, e.g. :func:`source` ``("ram.c")``, or C text) compiled with ``build_flags`` (default
+    :func:`flags`; built on first use, then cached), one handle per process; or None where native kernels are
+    off, there is no C compiler, or the build fails. ``part``: only that part of a source built in parts
+    (``-DRAM_PART=part``); None: all of it."""
+    if not native_enabled():
+        return None
+    key = _key(source, name, tuple(flags() if build_flags is None else build_flags), part)
+    with _LOCK:
+        if key in _HANDLES:
+            return _HANDLES[key]
+        key_lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with key_lock:  # one build per library; other libraries build meanwhile
+        with _LOCK:
+            if key in _HANDLES:
+                return _HANDLES[key]
+        try:
+            path = _build(source, name, list(key[2]), part)
+            lib = None if path is None else ctypes.CDLL(str(path))
+            if path is None:
+                _ERRORS[key] = f"no C compiler {os.environ.get('CC', 'cc')!r}"
+        except (OSError, subprocess.SubprocessError) as exc:
+            lib = None
+            _ERRORS[key] = _message(exc)
+        with _LOCK:
+            _HANDLES[key] = lib
+        return lib
+
+
+def _key(source: str | Path, name: str, build_flags: tuple[str, ...], part: int | None) -> tuple:
+    return (str(source), name, build_flags, part, os.environ.get("CC", "cc"), str(cache_dir()))
+
+
+def _message(exc: BaseException) -> str:
+    stderr = getattr(exc, "stderr", None)
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else str(stderr or "")
+    return f"{type(exc).__name__}: {exc}" + (f"\n{text[-2000:]}" if text else "")
+
+
+# ------------------------------------------------------------------------------------------------ building
+
+
 def _headers() -> str:
     return "\0".join(p.name + "\0" + p.read_text() for p in sorted(CSRC.glob("*.h")))
 
 
-def _build(source: str | Path, name: str, build_flags: list[str]) -> Path | None:
+def _build(source: str | Path, name: str, build_flags: list[str], part: int | None = None) -> Path | None:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         return None
     text = source.read_text() if isinstance(source, Path) else source
-    tag = hashlib.sha256("\0".join([text, _headers(), *build_flags, compiler, _cpu_flags()]).encode()).hexdigest()
-    target = cache_dir() / f"{name}-{tag[:16]}.so"
+    part_flags = [] if part is None else [f"-DRAM_PART={part}"]
+    tag = hashlib.sha256("\0".join([text, _headers(), *build_flags, *part_flags, compiler, _cpu_flags()])
+                         .encode()).hexdigest()
+    stem = name if part is None else f"{name}.{part}"
+    target = cache_dir() / f"{stem}-{tag[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ram_live_build_") as tmp:
         src = Path(tmp) / f"{name}.c"
         src.write_text(text)
-        out = Path(tmp) / f"{name}.so"
-        subprocess.run([compiler, *build_flags, f"-I{CSRC}", "-shared", "-fPIC", "-o", str(out), str(src)],
-                       check=True, capture_output=True, timeout=120)
+        out = Path(tmp) / f"{stem}.so"
+        subprocess.run([compiler, *build_flags, *part_flags, f"-I{CSRC}", "-shared", "-fPIC", "-o", str(out),
+                        str(src)], check=True, capture_output=True, timeout=TIMEOUT)
         staged = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
         shutil.copyfile(out, staged)
         os.replace(staged, target)
     return target
-
-
-def load_library(source: str | Path, name: str, build_flags: list[str] | tuple[str, ...] | None = None
-                 ) -> ctypes.CDLL | None:
-    """``source`` (a file, e.g. :func:`source` ``("ram.c")``, or C text) compiled with ``build_flags`` (default
-    :func:`flags`; built on first use, then cached), or None where native kernels are off, there is no C
-    compiler, or the build fails."""
-    if not native_enabled():
-        return None
-    try:
-        path = _build(source, name, list(flags() if build_flags is None else build_flags))
-        return None if path is None else ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError):
-        return None

@@ -23,8 +23,7 @@ from torch import Tensor
 from . import _cc
 from ._ram_native import DTYPES, FLAGS, MAX_AGENTS
 
-__all__ = ["Kernels", "build", "kernels", "supports"]
-
+__all__ = ["Kernels", "FLAGS", "build", "kernels", "supports"]
 
 
 @dataclass
@@ -57,14 +56,17 @@ def supports(base: Tensor, importances: Sequence[Tensor]) -> bool:
                     and h.dtype == importances[0].dtype for h in importances))
 
 
+#: Tests' seam: None forces the torch paths, False (the default) leaves :func:`kernels` to the shared loader.
 _KERNELS: Kernels | None | bool = False
 
 
-def build(flags: Sequence[str] = FLAGS) -> Kernels | None:
-    """The kernel compiled with ``flags`` (cached per machine), or None where it cannot be built."""
-    lib = _cc.load_library(_cc.source("importance.c"), "ram_weighted", list(flags))
-    if lib is None:
-        return None
+def build(flags: Sequence[str] | None = None) -> Kernels | None:
+    """The kernel compiled with ``flags`` (default: this host's build level; built once per machine, loaded
+    once per process), or None where it cannot be built."""
+    return _cc.bind("importance", _bind, flags)
+
+
+def _bind(lib: Any, flags: tuple[str, ...]) -> Kernels:
     ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.ram_merge_weighted.argtypes = [i32, i32, i32, ptr, ptr, ptr, i32, ptr, f32, ptr, i64, i64]
     lib.ram_merge_weighted.restype = i64
@@ -73,8 +75,6 @@ def build(flags: Sequence[str] = FLAGS) -> Kernels | None:
 
 
 def kernels() -> Kernels | None:
-    """The compiled kernel, built on first use (once per machine); None where it cannot be."""
-    global _KERNELS
-    if _KERNELS is False:
-        _KERNELS = build()
-    return _KERNELS
+    """The compiled kernel of this host's level, built on first use (once per machine); None where it cannot be
+    or ``RAM_LIVE_NATIVE=0``."""
+    return _cc.kernels("importance", _bind) if _KERNELS is False else _KERNELS

@@ -15,7 +15,6 @@ or with ``RAM_LIVE_NATIVE=0``, and the torch path runs.
 from __future__ import annotations
 
 import ctypes
-import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -26,8 +25,7 @@ from . import _ram_native
 from . import _cc
 from ._ram_native import DTYPES, FLAGS, MAX_AGENTS
 
-__all__ = ["MAX_AGENTS", "ProbeCounts", "Kernel", "build", "kernel", "supports"]
-
+__all__ = ["MAX_AGENTS", "FLAGS", "ProbeCounts", "Kernel", "build", "kernel", "supports"]
 
 
 @dataclass
@@ -79,18 +77,20 @@ def supports(base: Tensor, agents: Sequence[Tensor]) -> bool:
     return _ram_native.supports(None, base, agents)
 
 
-def build(flags: Sequence[str] = FLAGS) -> Kernel | None:
-    """The kernel compiled with ``flags`` (cached on disk per machine), or None where it cannot be built."""
-    lib = _cc.load_library(_cc.source("probe.c"), "ram_probe", list(flags))
-    if lib is None:
-        return None
+def build(flags: Sequence[str] | None = None) -> Kernel | None:
+    """The kernel compiled with ``flags`` (default: this host's build level; built once per machine, loaded once
+    per process), or None where it cannot be built."""
+    return _cc.bind("probe", _bind, flags)
+
+
+def _bind(lib: Any, flags: tuple[str, ...]) -> Kernel:
     ptr = ctypes.c_void_p
     args = [ctypes.c_int, ptr, ptr, ctypes.c_int, ctypes.c_float, ctypes.c_int64, ctypes.c_int64]
     lib.ram_probe.argtypes, lib.ram_probe.restype = args + [ptr] * 5, ctypes.c_int64
     return Kernel(lib, int(lib.ram_probe_simd_bits()))
 
 
-@functools.cache
 def kernel() -> Kernel | None:
-    """The kernel of this machine, built on first use; None where it cannot be (the torch path then runs)."""
-    return build()
+    """The kernel of this machine, built on first use; None where it cannot be or ``RAM_LIVE_NATIVE=0`` (the
+    torch path then runs)."""
+    return _cc.kernels("probe", _bind)

@@ -6,20 +6,20 @@
 The same float32 operations in the same order as :class:`ram_live.functional.RamAccumulator` and
 :class:`~ram_live.functional.RamCounter` (τ = θ_t − θ₀; ``hardshrink``'s rule; Σ −τ; the mean over active agents
 or λ·τ where one agent is active; θ₀ − that), compiled without contraction into FMAs, so both give the same bits
-(tested); bfloat16 outputs round to nearest even as torch does. Built with ``-O3 -march=native``: on CPUs with
-AVX-512 (F, BW, DQ) 32 entries of every input sit in registers at once (activity is one compare into a mask,
-the counts are popcounts), so both passes run at about memory bandwidth; elsewhere portable loops over blocks of
-512 entries in L1 that the compiler vectorises. The AVX-512 loops are compiled once per agent count up to 8
-(unrolled, their masks in registers; 1.3–1.7 × faster than one loop over a variable k), so the first build
-takes ~5 s (then cached). The engine runs ranges of a tensor in threads (the calls release
-the GIL). Float32 and bfloat16 only, all inputs of one dtype, at most 32 agents; the torch paths take everything
-else. :func:`kernels` is None without a C compiler or with ``RAM_LIVE_NATIVE=0``.
+(tested); bfloat16 outputs round to nearest even as torch does. On CPUs with AVX-512 (F, BW, DQ) 32 entries of
+every input sit in registers at once (activity is one compare into a mask, the counts are popcounts); elsewhere
+the portable vector loops of ``csrc/ram_vec.h`` (AVX2, NEON, SSE from one source). Both are compiled once per
+agent count up to 8 (unrolled, their masks in registers), so the source is large: :mod:`ram_live._cc` builds it
+in parts side by side, once per machine, and only when a merge first needs it. The engine runs ranges of a
+tensor in threads (the calls release the GIL). Float32 and bfloat16 only, all inputs of one dtype, at most 32
+agents; the torch paths take everything else. :func:`kernels` is None without a C compiler or with
+``RAM_LIVE_NATIVE=0``.
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -32,21 +32,41 @@ MAX_AGENTS = 32
 MAX_UNSCALED_AGENTS = 31
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
-
-
 #: The flags of this host's build level (:func:`ram_live._cc.flags`): AVX-512 (F, BW, DQ) loops where the CPU
 #: has them, the portable vector loops (AVX2, NEON, baseline) elsewhere.
 FLAGS = _cc.flags() if _cc.native_enabled() else _cc.COMMON_FLAGS
 
 
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+#: ram.c's parts (its RAM_PART numbers) by entry point and input dtype code (:data:`DTYPES`): each a library of
+#: its own, built on its first call; part 0 (``ram_simd_bits`` alone) is :func:`build`'s check that they compile.
+PARTS = {"merge": (2, 1), "merge_unscaled": (4, 3), "counts": (6, 5), "rescale": (8, 7)}
+_SIGNATURES = {"merge": [_I32, _P, _P, _I32, _P, _F32, _P, _I64, _I64],
+               "merge_unscaled": [_P, _P, _I32, _F32, _P, _I64, _I64, _P, _I32, _P, _P],
+               "counts": [_P, _P, _I32, _F32, _I64, _I64, _P, _P, _P],
+               "rescale": [_P, _P, _P, _I32, _P, _I32, _I64, _I64]}
+#: What a call of the first entry point (by input dtype) will need next: built meanwhile.
+_NEXT = {"merge_unscaled": "rescale"}
+
+
 @dataclass
 class Kernels:
-    lib: Any
+    """The kernels of one build: ``flags``, and ``simd_bits``, 512 where the AVX-512 (F, BW, DQ) kernels run, 0
+    where the portable loops do."""
 
-    @property
-    def simd_bits(self) -> int:
-        """512 where the AVX-512 (F, BW, DQ) kernels run, 0 where the portable loops do."""
-        return int(self.lib.ram_simd_bits())
+    flags: tuple[str, ...]
+    simd_bits: int
+    _functions: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def _fn(self, entry: str, dtype: int) -> Any:
+        fn = self._functions.get((entry, dtype))
+        if fn is None:
+            if entry in _NEXT:
+                _cc.prefetch("ram", PARTS[_NEXT[entry]][dtype], self.flags)
+            fn = _cc.function("ram", PARTS[entry][dtype], f"ram_{entry}_{'bf16' if dtype else 'f32'}", self.flags,
+                              _SIGNATURES[entry], _I64)
+            self._functions[(entry, dtype)] = fn
+        return fn
 
     def merge(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, eps: float,
               start: int, end: int) -> int:
@@ -54,8 +74,8 @@ class Kernels:
         ``lambdas``: float32 λ per agent (RAM+) or None. Returns how many results are not finite."""
         ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
         lam = None if lambdas is None else ctypes.c_void_p(lambdas.data_ptr())
-        return int(self.lib.ram_merge(DTYPES[base.dtype], DTYPES[out.dtype], base.data_ptr(), ptrs, len(agents),
-                                      lam, eps, out.data_ptr(), start, end))
+        return int(self._fn("merge", DTYPES[base.dtype])(DTYPES[out.dtype], base.data_ptr(), ptrs, len(agents),
+                                                         lam, eps, out.data_ptr(), start, end))
 
     def merge_unscaled(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], eps: float, start: int, end: int,
                        planes: Tensor, active: Tensor, unique: Tensor) -> int:
@@ -66,9 +86,9 @@ class Kernels:
         finite. :meth:`rescale` then applies λ."""
         _check_range(start, end)
         ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
-        return int(self.lib.ram_merge_unscaled(DTYPES[base.dtype], base.data_ptr(), ptrs, len(agents), eps,
-                                               out.data_ptr(), start, end, planes.data_ptr(), plane_count(len(agents)),
-                                               active.data_ptr(), unique.data_ptr()))
+        return int(self._fn("merge_unscaled", DTYPES[base.dtype])(
+            base.data_ptr(), ptrs, len(agents), eps, out.data_ptr(), start, end, planes.data_ptr(),
+            plane_count(len(agents)), active.data_ptr(), unique.data_ptr()))
 
     def rescale(self, out: Tensor, base: Tensor, planes: Tensor, lambdas: Tensor, start: int, end: int) -> int:
         """θ₀ + λ_t·τ where ``planes`` (of :meth:`merge_unscaled`) name agent t the only active one, in ``out``
@@ -76,8 +96,8 @@ class Kernels:
         many results are not finite."""
         _check_range(start, end)
         k = lambdas.numel()
-        return int(self.lib.ram_rescale(DTYPES[base.dtype], base.data_ptr(), out.data_ptr(), planes.data_ptr(),
-                                        plane_count(k), lambdas.data_ptr(), k, start, end))
+        return int(self._fn("rescale", DTYPES[base.dtype])(base.data_ptr(), out.data_ptr(), planes.data_ptr(),
+                                                           plane_count(k), lambdas.data_ptr(), k, start, end))
 
     def counts(self, base: Tensor, agents: Sequence[Tensor], eps: float, start: int, end: int, active: Tensor,
                unique: Tensor, amax: Tensor | None = None) -> bool:
@@ -85,9 +105,9 @@ class Kernels:
         ``amax`` (float32, 2 entries, or None): raised to max |τ| and max |base| there. Returns whether some
         task-vector entry is not finite."""
         ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
-        return bool(self.lib.ram_counts(DTYPES[base.dtype], base.data_ptr(), ptrs, len(agents), eps, start, end,
-                                        active.data_ptr(), unique.data_ptr(),
-                                        None if amax is None else amax.data_ptr()))
+        return bool(self._fn("counts", DTYPES[base.dtype])(base.data_ptr(), ptrs, len(agents), eps, start, end,
+                                                           active.data_ptr(), unique.data_ptr(),
+                                                           None if amax is None else amax.data_ptr()))
 
 
 def _check_range(start: int, end: int) -> None:
@@ -115,30 +135,22 @@ def supports(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> bool
             and all(a.dtype == base.dtype for a in agents) and (out is None or out.dtype in DTYPES))
 
 
+#: Tests' seam: None forces the torch paths, False (the default) leaves :func:`kernels` to the shared loader.
 _KERNELS: Kernels | None | bool = False
 
 
-def build(flags: Sequence[str] = FLAGS) -> Kernels | None:
-    """The kernels compiled with ``flags`` (cached per machine), or None where they cannot be built."""
-    lib = _cc.load_library(_cc.source("ram.c"), "ram", list(flags))
-    if lib is None:
-        return None
-    ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    lib.ram_merge.argtypes = [i32, i32, ptr, ptr, i32, ptr, f32, ptr, i64, i64]
-    lib.ram_merge.restype = i64
-    lib.ram_counts.argtypes = [i32, ptr, ptr, i32, f32, i64, i64, ptr, ptr, ptr]
-    lib.ram_counts.restype = i64
-    lib.ram_merge_unscaled.argtypes = [i32, ptr, ptr, i32, f32, ptr, i64, i64, ptr, i32, ptr, ptr]
-    lib.ram_merge_unscaled.restype = i64
-    lib.ram_rescale.argtypes = [i32, ptr, ptr, ptr, i32, ptr, i32, i64, i64]
-    lib.ram_rescale.restype = i64
-    lib.ram_simd_bits.restype = i32
-    return Kernels(lib)
+def build(flags: Sequence[str] | None = None) -> Kernels | None:
+    """The kernels compiled with ``flags`` (default: this host's build level, :func:`ram_live._cc.flags`; each
+    part built on first use, once per machine, loaded once per process), or None where they cannot be built."""
+    return _cc.bind("ram", _bind, flags)
+
+
+def _bind(lib: Any, flags: tuple[str, ...]) -> Kernels:
+    lib.ram_simd_bits.restype = ctypes.c_int
+    return Kernels(flags, int(lib.ram_simd_bits()))
 
 
 def kernels() -> Kernels | None:
-    """The compiled kernels, built on first use (once per machine); None where they cannot be."""
-    global _KERNELS
-    if _KERNELS is False:
-        _KERNELS = build()
-    return _KERNELS
+    """The compiled kernels of this host's level, built on first use (once per machine); None where they cannot
+    be or ``RAM_LIVE_NATIVE=0``."""
+    return _cc.kernels("ram", _bind) if _KERNELS is False else _KERNELS

@@ -7,8 +7,8 @@ long as few enough changed for int32 indices to be the smaller encoding, their p
 and the output is only what changed; numpy needs several passes and a branchy selection (~0.7 ns per entry at 50 %
 changed, several times this kernel).
 
-The C source (``ram_live/csrc/select.c``) is compiled once per machine by :func:`ram_live._cc.load_library` (the system C compiler,
-cached in ``$RAM_LIVE_CACHE``, default ``~/.cache/ram_live``). :func:`kernels` is None when there is no
+The C source (``ram_live/csrc/select.c``) is compiled once per machine by :func:`ram_live._cc.load` (the system C
+compiler, cached in ``$RAM_LIVE_CACHE``, default ``~/.cache/ram_live``). :func:`kernels` is None when there is no
 compiler, the CPU lacks AVX-512 (BW, VBMI2), or ``RAM_LIVE_NATIVE=0``: the numpy path then.
 """
 
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _cc
-
 
 ALIGN = 256  # entries: the ranges a tensor is split into for threads start at multiples of this (whole bytes)
 
@@ -37,21 +36,20 @@ class Kernels:
         return int(fn(a, b, n, bits, vals, pos, cap, offset))
 
 
+#: Tests' seam: None forces the numpy path, False (the default) leaves :func:`kernels` to the shared loader.
 _KERNELS: Kernels | None | bool = False
 
 
 def kernels() -> Kernels | None:
     """The compiled kernels, built on first use; None where they cannot run (see the module's doc)."""
-    global _KERNELS
-    if _KERNELS is False:
-        _KERNELS = _load()
-    return _KERNELS
+    return _cc.kernels("select", _bind) if _KERNELS is False else _KERNELS
 
 
 def _load() -> Kernels | None:
-    lib = _cc.load_library(_cc.source("select.c"), "select", ["-O2"]) if _cc.is_x86() else None
-    if lib is None:
-        return None
+    return _cc.bind("select", _bind)
+
+
+def _bind(lib: Any, flags: tuple[str, ...]) -> Kernels | None:
     lib.ram_supported.restype = ctypes.c_int
     if not lib.ram_supported():
         return None

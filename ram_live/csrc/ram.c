@@ -280,7 +280,7 @@ static inline __attribute__((always_inline)) int64_t rescale_range(
 #include "ram_vec.h"
 #endif
 
-/* 512 where the AVX-512 kernels were compiled in, 0 for the portable loops */
+/* 512 where the AVX-512 kernels were compiled in, 0 for the portable loops (in every part) */
 int ram_simd_bits(void) {
 #ifdef FAST
     return 512;
@@ -289,62 +289,94 @@ int ram_simd_bits(void) {
 #endif
 }
 
-/* theta* over [start, end) into out; lambdas NULL: RAM. Returns the number of non-finite results.
-   dtype codes: 0 float32, 1 bfloat16. */
-int64_t ram_merge(int in_dtype, int out_dtype, const void *base, const void *const *agents, int k,
-                  const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
+/* The build in parts: ram_live/_cc.py compiles each part (-DRAM_PART=n, 1 <= n < RAM_PARTS) into a library of
+   its own when a call first needs it (ram_live/_ram_native.py's PARTS: each entry point for each input dtype;
+   part 0 is ram_simd_bits alone, the check that the kernels compile). Compiled once without RAM_PART, one
+   library holds every part. dtype codes: 0 float32, 1 bfloat16. */
+#define RAM_PARTS 9
+#ifdef RAM_PART
+#define IN_PART(n) (RAM_PART == (n))
+#else
+#define IN_PART(n) 1
+#endif
+#define MERGE_ARGS int out_dtype, const void *base, const void *const *agents, int k, const float *lambdas, \
+                   float eps, void *out, int64_t start, int64_t end
+#define UNSCALED_ARGS const void *base, const void *const *agents, int k, float eps, void *out, int64_t start, \
+                      int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique
+#define COUNTS_ARGS const void *base, const void *const *agents, int k, float eps, int64_t start, int64_t end, \
+                    int64_t *active, int64_t *unique, uint32_t *amax
+#define RESCALE_ARGS const void *base, void *out, const uint32_t *planes, int p, const float *lambdas, int k, \
+                     int64_t start, int64_t end
+
+/* theta* over [start, end) into out (of out_dtype); lambdas NULL: RAM. Returns the number of non-finite results.
+   An output of another dtype than the inputs' is rare: k stays a variable there. */
+#if IN_PART(1)
+int64_t ram_merge_bf16(MERGE_ARGS) {
 #ifdef FAST
-    if (in_dtype == 1)  /* an output of another dtype than the inputs' is rare: k stays a variable there */
-        return out_dtype == 1 ? (lambdas ? MERGE_RANGE(1, 1, 1) : MERGE_RANGE(1, 1, 0))
-                              : (lambdas ? MERGE_ANY_K(1, 0, 1) : MERGE_ANY_K(1, 0, 0));
+    return out_dtype == 1 ? (lambdas ? MERGE_RANGE(1, 1, 1) : MERGE_RANGE(1, 1, 0))
+                          : (lambdas ? MERGE_ANY_K(1, 0, 1) : MERGE_ANY_K(1, 0, 0));
+#else
+    return vmerge_dispatch_1(out_dtype, base, agents, k, lambdas, eps, out, start, end);
+#endif
+}
+#endif
+#if IN_PART(2)
+int64_t ram_merge_f32(MERGE_ARGS) {
+#ifdef FAST
     return out_dtype == 1 ? (lambdas ? MERGE_ANY_K(0, 1, 1) : MERGE_ANY_K(0, 1, 0))
                           : (lambdas ? MERGE_RANGE(0, 0, 1) : MERGE_RANGE(0, 0, 0));
 #else
-    return vmerge_dispatch(in_dtype, out_dtype, base, agents, k, lambdas, eps, out, start, end);
+    return vmerge_dispatch_0(out_dtype, base, agents, k, lambdas, eps, out, start, end);
 #endif
 }
+#endif
+
+/* RAM+ in one read of the inputs (see unscaled_range and rescale_range; out has the inputs' dtype; p, the
+   plane count, follows from k). */
+#ifdef FAST
+#define UNSCALED(D) (void)p; BY_K(UNSCALED_F, D)
+#define UNSCALED_F(D, K) ((K) <= SMALL_K ? unscaled_small : unscaled_range)(D, base, agents, K, eps, out, start, \
+                                                                end, planes, 32 - __builtin_clz(K), active, unique)
+#else
+#define UNSCALED(D) (void)p; return vunscaled_dispatch_##D(base, agents, k, eps, out, start, end, planes, active, \
+                                                         unique);
+#endif
+#if IN_PART(3)
+int64_t ram_merge_unscaled_bf16(UNSCALED_ARGS) { UNSCALED(1) }
+#endif
+#if IN_PART(4)
+int64_t ram_merge_unscaled_f32(UNSCALED_ARGS) { UNSCALED(0) }
+#endif
 
 /* Per agent, active and unique entries over [start, end), added to active[] and unique[]; amax (or NULL): raised
    to the float32 bits of max |tau| (amax[0]) and max |base| (amax[1]). Returns nonzero when a task-vector entry
    is not finite (the number of them, or with AVX-512 1). */
-int64_t ram_counts(int dtype, const void *base, const void *const *agents, int k, float eps, int64_t start,
-                int64_t end, int64_t *active, int64_t *unique, uint32_t *amax) {
 #ifdef FAST
-#define F(D, K) counts_range(D, base, agents, K, eps, start, end, active, unique, amax)
-    BY_DTYPE(BY_K, F)
-#undef F
+#define COUNTS_F(D, K) counts_range(D, base, agents, K, eps, start, end, active, unique, amax)
+#define COUNTS(D) BY_K(COUNTS_F, D)
 #else
-    return dtype == 1 ? vcounts(1, base, agents, k, eps, start, end, active, unique, amax)
-                      : vcounts(0, base, agents, k, eps, start, end, active, unique, amax);
+#define COUNTS(D) return vcounts(D, base, agents, k, eps, start, end, active, unique, amax);
 #endif
-}
-
-/* RAM+ in one read of the inputs (see unscaled_range and rescale_range; out has the inputs' dtype). */
-int64_t ram_merge_unscaled(int dtype, const void *base, const void *const *agents, int k, float eps, void *out,
-                           int64_t start, int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique) {
-#ifdef FAST
-#define F(D, K) ((K) <= SMALL_K ? unscaled_small : unscaled_range)(D, base, agents, K, eps, out, start, end, \
-                                                                  planes, 32 - __builtin_clz(K), active, unique)
-    BY_DTYPE(BY_K, F)
-#undef F
-#else
-    (void)p;  /* plane_count(k), the same */
-    return vunscaled_dispatch(dtype, base, agents, k, eps, out, start, end, planes, active, unique);
+#if IN_PART(5)
+int64_t ram_counts_bf16(COUNTS_ARGS) { COUNTS(1) }
 #endif
-}
+#if IN_PART(6)
+int64_t ram_counts_f32(COUNTS_ARGS) { COUNTS(0) }
+#endif
 
-int64_t ram_rescale(int dtype, const void *base, void *out, const uint32_t *planes, int p, const float *lambdas,
-                    int k, int64_t start, int64_t end) {
+/* RAM+'s second part: lambda where the planes name an owner */
 #ifdef FAST
-    /* p a constant, as k above */
+/* p a constant, as k above */
 #define BY_P(F, D) switch (p) { case 1: return F(D, 1); case 2: return F(D, 2); case 3: return F(D, 3);       \
                                 case 4: return F(D, 4); default: return F(D, p); }
-#define F(D, P) rescale_range(D, base, out, planes, P, lambdas, k, start, end)
-    BY_DTYPE(BY_P, F)
-#undef F
-#undef BY_P
+#define RESCALE_F(D, P) rescale_range(D, base, out, planes, P, lambdas, k, start, end)
+#define RESCALE(D) BY_P(RESCALE_F, D)
 #else
-    return dtype == 1 ? vrescale(1, base, out, planes, p, lambdas, k, start, end)
-                      : vrescale(0, base, out, planes, p, lambdas, k, start, end);
+#define RESCALE(D) return vrescale(D, base, out, planes, p, lambdas, k, start, end);
 #endif
-}
+#if IN_PART(7)
+int64_t ram_rescale_bf16(RESCALE_ARGS) { RESCALE(1) }
+#endif
+#if IN_PART(8)
+int64_t ram_rescale_f32(RESCALE_ARGS) { RESCALE(0) }
+#endif

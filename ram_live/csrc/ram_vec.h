@@ -333,7 +333,9 @@ ALWAYS int64_t vrescale(int dtype, const void *base, void *out, const uint32_t *
     return bad;
 }
 /* One function per (dtype, RAM / RAM+, K = 1..8), each compiled apart with its constants (inlined all into
-   one, GCC optimised the later instances worse), called through tables; other cases take k as a variable. */
+   one, GCC optimised the later instances worse), called through tables; other cases take k as a variable. One
+   table and dispatch per input dtype (D), each used by one part of ram.c's build: a part compiles only the
+   functions it references. */
 #define VM_ARGS const void *base, const void *const *agents, const float *lambdas, float eps, void *out, \
                 int64_t start, int64_t end
 #define DEF_VM(D, P, K) static __attribute__((noinline)) int64_t vm_##D##_##P##_##K(VM_ARGS) { \
@@ -343,19 +345,22 @@ ALWAYS int64_t vrescale(int dtype, const void *base, void *out, const uint32_t *
 DEF_VM_K(0, 0) DEF_VM_K(0, 1) DEF_VM_K(1, 0) DEF_VM_K(1, 1)
 #define VM_ROW(D, P) {vm_##D##_##P##_1, vm_##D##_##P##_2, vm_##D##_##P##_3, vm_##D##_##P##_4, \
                       vm_##D##_##P##_5, vm_##D##_##P##_6, vm_##D##_##P##_7, vm_##D##_##P##_8}
-static int64_t (*const vm_table[2][2][8])(VM_ARGS) = {{VM_ROW(0, 0), VM_ROW(0, 1)}, {VM_ROW(1, 0), VM_ROW(1, 1)}};
 
 static __attribute__((noinline)) int64_t vmerge_any(int in_dtype, int out_dtype, int plus, const void *base,
         const void *const *agents, int k, const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
     return vmerge(in_dtype, out_dtype, plus, base, agents, k, lambdas, eps, out, start, end);
 }
-static int64_t vmerge_dispatch(int in_dtype, int out_dtype, const void *base, const void *const *agents, int k,
-                               const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
-    const int plus = lambdas != NULL;
-    if (in_dtype == out_dtype && k >= 1 && k <= 8)
-        return vm_table[in_dtype == 1][plus][k - 1](base, agents, lambdas, eps, out, start, end);
-    return vmerge_any(in_dtype, out_dtype, plus, base, agents, k, lambdas, eps, out, start, end);
+#define DEF_VMERGE_DISPATCH(D)                                                                                 \
+static int64_t (*const vm_table_##D[2][8])(VM_ARGS) = {VM_ROW(D, 0), VM_ROW(D, 1)};                           \
+static int64_t vmerge_dispatch_##D(int out_dtype, const void *base, const void *const *agents, int k,         \
+                                   const float *lambdas, float eps, void *out, int64_t start, int64_t end) {   \
+    const int plus = lambdas != NULL;                                                                          \
+    if (out_dtype == D && k >= 1 && k <= 8)                                                                    \
+        return vm_table_##D[plus][k - 1](base, agents, lambdas, eps, out, start, end);                         \
+    return vmerge_any(D, out_dtype, plus, base, agents, k, lambdas, eps, out, start, end);                     \
 }
+DEF_VMERGE_DISPATCH(0)
+DEF_VMERGE_DISPATCH(1)
 
 #define VU_ARGS const void *base, const void *const *agents, float eps, void *out, int64_t start, int64_t end, \
                 uint32_t *planes, int64_t *active, int64_t *unique
@@ -365,18 +370,21 @@ static int64_t vmerge_dispatch(int in_dtype, int out_dtype, const void *base, co
                     DEF_VU(D, 8)
 DEF_VU_K(0) DEF_VU_K(1)
 #define VU_ROW(D) {vu_##D##_1, vu_##D##_2, vu_##D##_3, vu_##D##_4, vu_##D##_5, vu_##D##_6, vu_##D##_7, vu_##D##_8}
-static int64_t (*const vu_table[2][8])(VU_ARGS) = {VU_ROW(0), VU_ROW(1)};
 
 static __attribute__((noinline)) int64_t vunscaled_any(int dtype, const void *base, const void *const *agents,
         int k, float eps, void *out, int64_t start, int64_t end, uint32_t *planes, int64_t *active,
         int64_t *unique) {
     return vunscaled(dtype, base, agents, k, eps, out, start, end, planes, 32 - __builtin_clz(k), active, unique);
 }
-static int64_t vunscaled_dispatch(int dtype, const void *base, const void *const *agents, int k, float eps,
-                                  void *out, int64_t start, int64_t end, uint32_t *planes, int64_t *active,
-                                  int64_t *unique) {
-    if (k >= 1 && k <= 8)
-        return vu_table[dtype == 1][k - 1](base, agents, eps, out, start, end, planes, active, unique);
-    return vunscaled_any(dtype, base, agents, k, eps, out, start, end, planes, active, unique);
+#define DEF_VUNSCALED_DISPATCH(D)                                                                              \
+static int64_t (*const vu_table_##D[8])(VU_ARGS) = VU_ROW(D);                                                  \
+static int64_t vunscaled_dispatch_##D(const void *base, const void *const *agents, int k, float eps,          \
+                                      void *out, int64_t start, int64_t end, uint32_t *planes,                 \
+                                      int64_t *active, int64_t *unique) {                                      \
+    if (k >= 1 && k <= 8)                                                                                      \
+        return vu_table_##D[k - 1](base, agents, eps, out, start, end, planes, active, unique);                \
+    return vunscaled_any(D, base, agents, k, eps, out, start, end, planes, active, unique);                    \
 }
+DEF_VUNSCALED_DISPATCH(0)
+DEF_VUNSCALED_DISPATCH(1)
 #endif

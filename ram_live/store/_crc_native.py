@@ -25,7 +25,7 @@ def native_crc32() -> Callable[[int, int, int], int] | None:
     return None if lib is None else lib.ram_crc32
 
 
-def _bind(lib: ctypes.CDLL) -> ctypes.CDLL | None:
+def _bind(lib: ctypes.CDLL, flags: tuple[str, ...]) -> ctypes.CDLL | None:
     lib.ram_crc_supported.restype = ctypes.c_int
     if not lib.ram_crc_supported():
         return None
