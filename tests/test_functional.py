@@ -143,3 +143,19 @@ def test_count_active_in_chunks_equals_one_pass(monkeypatch):
     assert F.count_active(agent, base, rule) == whole
     assert F.count_delta_active(agent - base, rule) == int(F.delta_active(agent - base, rule).sum())
     assert 0 < whole < 10_001
+
+
+def test_the_package_keeps_every_name_of_the_module():
+    """``ram_live.functional`` was one module; every name it exported resolves the same way from the package."""
+    before = ["task_deltas_", "apply_activity_", "activity_mask", "overlap_counts", "ram_combine", "ram_statistics",
+              "rho", "ram_lambda", "task_arithmetic_combine", "magnitude_threshold", "trim_", "ties_combine",
+              "dare_drop_", "stable_seed", "RamAccumulator", "WeightedRamAccumulator", "importance_weights",
+              "ram_fused_weighted_", "RamCounter", "ram_fused_", "ram_counts_fused", "compiled"]
+    assert set(before) <= set(F.__all__)
+    from ram_live.functional import lambdas
+
+    for name in F.__all__:
+        assert getattr(F, name) is not None
+    assert F.ram_lambda is lambdas.ram_lambda and F.rho is lambdas.rho
+    assert F.rho(0, 0) == math.inf and F.ram_lambda(math.inf, "ram_plus", 0.1, math.inf) == 1.0
+    assert F.ram_lambda(math.inf, "ram_plus", 0.1, 2.0) == pytest.approx(1.2)
