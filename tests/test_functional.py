@@ -124,6 +124,11 @@ def test_active_mask_changed_across_dtypes_compares_in_the_narrower():
     bf16_base = base.to(torch.bfloat16)
     # against a bf16 base, 1 + 2^-9 rounds to 1.0 in bf16: unchanged there
     assert F.active_mask(agent, bf16_base, rule).tolist() == [False, True, False]
+    from ram_live import ram_merge
+
+    _, info = ram_merge([{"w": agent}, {"w": bf16_base.clone()}], base={"w": bf16_base}, variant="ram_plus",
+                        activity="changed", return_info=True)
+    assert int(info.statistics.active[0]) == F.count_active(agent, bf16_base, rule) == 1
     assert F.narrower_dtype(torch.float32, torch.bfloat16) == torch.bfloat16
     assert F.narrower_dtype(torch.float16, torch.bfloat16) == torch.bfloat16  # same bits, larger machine eps
     assert F.compute_dtype(torch.bfloat16, torch.float32) == torch.float32
