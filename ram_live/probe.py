@@ -218,7 +218,7 @@ def _torch_counts(stream: DeltaStream, k: int) -> ProbeCounts:
     gram = torch.zeros(k, k, dtype=torch.float64, device=stream.device)
     stream.raw_hook = lambda deltas: gram.add_(deltas @ deltas.T)
     for _, _, deltas in stream:
-        mask = (deltas != 0).to(deltas.dtype)
+        mask = F.activity_mask(deltas).to(deltas.dtype)  # deltas the stream thresholded by the activity rule
         counts.inter += (mask @ mask.T).cpu().long()  # float32 counts: exact below 2^24 entries a chunk
         a, u, h = F.ram_statistics(deltas)
         counts.active += a.cpu()

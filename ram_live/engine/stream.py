@@ -19,8 +19,8 @@ from ..auxiliary import validate as validate_auxiliary
 from ..errors import NonFiniteError
 from ..types import Activity, RamStatistics
 
-__all__ = ["DEFAULT_CHUNK_NUMEL", "STREAM_CHUNK", "FUSED_CHUNK_MAX", "DeltaStream", "compute_dtype", "narrower",
-           "first_nonfinite", "nonfinite", "inputs_digest", "digest_update"]
+__all__ = ["DEFAULT_CHUNK_NUMEL", "STREAM_CHUNK", "FUSED_CHUNK_MAX", "DeltaStream", "first_nonfinite", "nonfinite",
+           "inputs_digest", "digest_update"]
 
 #: Elements of the ``[K, C]`` float32 scratch of stacking methods (4 MiB); C = DEFAULT_CHUNK_NUMEL // K.
 DEFAULT_CHUNK_NUMEL = 1 << 20
@@ -29,18 +29,6 @@ DEFAULT_CHUNK_NUMEL = 1 << 20
 STREAM_CHUNK = 31 * 1024
 #: Longest chunk of the compiled kernels: their float32 counts are exact below 2^24 entries per chunk.
 FUSED_CHUNK_MAX = 1 << 23
-
-
-def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
-    """float64 where any input is, else float32."""
-    return torch.float64 if torch.float64 in dtypes else torch.float32
-
-
-def narrower(a: torch.dtype, b: torch.dtype) -> torch.dtype:
-    """The floating dtype of fewer bits (of the two of equal bits, the coarser)."""
-    return a if torch.finfo(a).bits < torch.finfo(b).bits or (
-        torch.finfo(a).bits == torch.finfo(b).bits and torch.finfo(a).eps > torch.finfo(b).eps
-    ) else b
 
 
 class DeltaStream:
@@ -69,7 +57,7 @@ class DeltaStream:
         self.agents = agent_names
         self.device = device
         self.numel = self.base.numel()
-        self.dtype = compute_dtype(base.dtype, *(a.dtype for a in agents))
+        self.dtype = F.compute_dtype(base.dtype, *(a.dtype for a in agents))
         k = len(agents)
         self.chunk = max(1, min(self.numel, chunk_numel // max(k, 1)))
         # CPU: cache-sized chunks shared by threads; accelerators: one stream, where small chunks are launch-bound
@@ -163,7 +151,7 @@ class DeltaStream:
         # compare in the narrower one (what a checkpoint stored in it would show).
         for row, agent in zip(deltas, agent_chunks):
             if agent.dtype != base_chunk.dtype:
-                narrow = narrower(agent.dtype, base_chunk.dtype)
+                narrow = F.narrower_dtype(agent.dtype, base_chunk.dtype)
                 same = agent.to(device=row.device, dtype=narrow) == base_chunk.to(device=row.device, dtype=narrow)
                 row.masked_fill_(same, 0.0)
 
