@@ -32,10 +32,10 @@ static inline void load_imp32(int in_dtype, int imp_dtype, const void *p, int64_
 static inline __attribute__((always_inline)) void wagent16(__m512 a, __m512 b, __m512 h, __m512 eps, __m512 lt,
         int plus, int first, __m512 *ns, __m512 *ws, __m512 *top, __m512 *cnt, __m512 *lam, __mmask16 *bad) {
     const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
-    const __m512 inf = _mm512_castsi512_ps(_mm512_set1_epi32(0x7F800000));
     const __m512 d = _mm512_sub_ps(a, b);
     const __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(d), eps, _CMP_NLE_UQ);
-    *bad |= _mm512_cmp_ps_mask(h, zero, _CMP_NGE_UQ) | _mm512_cmp_ps_mask(h, inf, _CMP_EQ_OQ);
+    /* bad: NaN (0x01, 0x80), +Inf (0x08), -Inf (0x10), negative and not zero (0x40): one instruction */
+    *bad |= _mm512_fpclass_ps_mask(h, 0xD9);
     *cnt = _mm512_mask_add_ps(*cnt, m, *cnt, one);
     if (plus) *lam = _mm512_mask_mov_ps(*lam, m, lt);
     if (first) {
