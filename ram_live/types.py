@@ -33,6 +33,7 @@ class TensorSpec:
 
     @property
     def numel(self) -> int:
+        """The number of entries."""
         n = 1
         for s in self.shape:
             n *= s
@@ -51,6 +52,7 @@ class Plan:
 
     @property
     def keys(self) -> tuple[str, ...]:
+        """Every key of the output, merged first."""
         return self.merge + self.copy + tuple(self.alias)
 
 
@@ -109,6 +111,7 @@ class RamStatistics:
 
     @property
     def shared(self) -> Tensor:
+        """Per agent, the active entries some other agent updated too."""
         return self.active - self.unique
 
 

@@ -35,6 +35,7 @@ class Reader:
         return stream
 
     def read(self, key: str) -> tuple[Tensor, list[Tensor], torch.device]:
+        """``key`` of the base (moved to the compute device) and of every agent, and that device."""
         base = self.base.get(key)
         device = self.device or base.device
         if base.device != device:

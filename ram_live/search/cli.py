@@ -64,11 +64,11 @@ def run_search(args: argparse.Namespace) -> int:
 def _search_into(args: argparse.Namespace, out: Path) -> int:
     from .._cli_commands import inputs
     from ..api import merge
-    from ..sinks import _output_target
+    from .._outputs import output_target
     from .result import from_json
     from .run import search
 
-    _output_target(out, single=False)  # before a long search: a non-empty or unusable --out is refused now
+    output_target(out, single=False)  # before a long search: a non-empty or unusable --out is refused now
     space = None
     if args.space is not None:
         try:
