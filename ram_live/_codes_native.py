@@ -29,7 +29,7 @@ __all__ = ["Kernels", "kernels", "build", "octave", "DTYPES", "KINDS", "SPLIT", 
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 KINDS = {"dense": 0, "indices32": 1, "indices64": 2, "bitmask": 3}
-SPLIT = 1 << 17  # stored entries per thread at least
+SPLIT = 1 << 20  # stored entries per thread at least
 TOP_OCTAVE = 2039  # the largest octave a code counts from (2040 would decode as Inf)
 SEGMENTS = 2048  # a range's running maximum takes at most 2041 octaves
 BAD_VALUE, BAD_INDEX = -1, -2  # what a scan returns for a negative/NaN/Inf importance and for an index outside [0, n)

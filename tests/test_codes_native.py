@@ -10,7 +10,7 @@ import torch
 
 from ram_live import _cc, _codes_native
 from ram_live.errors import InputMismatchError
-from ram_live.store.encoding import _Encoded, pack_bits
+from ram_live.store.encoding import Encoded, pack_bits
 from ram_live.store.importance import (decode_piece, decode_piece_torch, encode_active, encode_active_torch,
                                        quantize)
 
@@ -173,7 +173,7 @@ def test_encode_active_names_the_culprit_and_matches_torch():
     n = 5000
     h = _values(n, 7)
     for encoding, positions, count, _ in _pieces(n, 7):
-        enc = _Encoded(encoding if count else "none", count, None, positions)
+        enc = Encoded(encoding if count else "none", count, None, positions)
         if enc.encoding == "none":
             assert encode_active(h, enc, "w", "a") is None
             continue
@@ -182,7 +182,7 @@ def test_encode_active_names_the_culprit_and_matches_torch():
     mask = torch.zeros(n, dtype=torch.bool)
     mask[1000:3000] = True
     h[2345] = -2.0
-    enc = _Encoded("bitmask", 2000, None, pack_bits(mask))
+    enc = Encoded("bitmask", 2000, None, pack_bits(mask))
     for fn in (encode_active, encode_active_torch):
         with pytest.raises(InputMismatchError, match=r"agent 'a', tensor 'w': flat index 2345 is -2.0"):
             fn(h, enc, "w", "a")

@@ -26,7 +26,7 @@ from torch import Tensor
 from ..distributed import is_dtensor
 from ..errors import ConfigError, InputMismatchError
 from ..sources import TensorSpec
-from .encoding import _Encoded, unpack_bits
+from .encoding import Encoded, unpack_bits
 from .errors import CorruptSnapshotError, StoreWarning
 from .format import Box, _box, _intersect
 
@@ -101,7 +101,7 @@ def check_values(flat: Tensor, where: Tensor | None, key: str, agent: str) -> No
                              f"{float(flat[bad])} (importances must be finite and >= 0)", key=key, agent=agent)
 
 
-def encode_active(flat: Tensor, enc: _Encoded, key: str, agent: str) -> tuple[Tensor, float] | None:
+def encode_active(flat: Tensor, enc: Encoded, key: str, agent: str) -> tuple[Tensor, float] | None:
     """The codes of ``flat`` (a tensor's importances) at ``enc``'s stored entries, on the CPU, and their maximum;
     None for a piece that stores nothing. Those entries are checked (:func:`check_values`); the others are
     never stored nor used. The native encoder (:mod:`ram_live._codes_native`) where it runs, else torch: the
@@ -112,14 +112,14 @@ def encode_active(flat: Tensor, enc: _Encoded, key: str, agent: str) -> tuple[Te
     return got if got is not None else encode_active_torch(flat, enc, key, agent)
 
 
-def _native_kind(enc: _Encoded) -> str:
+def _native_kind(enc: Encoded) -> str:
     if enc.encoding == "indices":
         assert enc.positions is not None
         return "indices64" if enc.positions.dtype == torch.int64 else "indices32"
     return enc.encoding
 
 
-def _encode_native(flat: Tensor, enc: _Encoded) -> tuple[Tensor, float] | None:
+def _encode_native(flat: Tensor, enc: Encoded) -> tuple[Tensor, float] | None:
     """:func:`encode_active` by the native encoder, or None where it does not run or finds a bad importance (the
     torch path then names it)."""
     from .._codes_native import DTYPES, kernels
@@ -136,7 +136,7 @@ def _encode_native(flat: Tensor, enc: _Encoded) -> tuple[Tensor, float] | None:
     return None if isinstance(got, int) else got
 
 
-def encode_active_torch(flat: Tensor, enc: _Encoded, key: str, agent: str) -> tuple[Tensor, float] | None:
+def encode_active_torch(flat: Tensor, enc: Encoded, key: str, agent: str) -> tuple[Tensor, float] | None:
     """:func:`encode_active` with torch operations (any device and floating dtype)."""
     if enc.encoding == "none":
         return None
