@@ -17,7 +17,7 @@ from .counts import fused_statistics, native_statistics, torch_statistics
 from .merges import merge_fused, merge_native, merge_native_weighted, merge_stacked, merge_streaming
 from .stream import DeltaStream
 
-__all__ = ["method_kernels", "native_for", "count_tensor", "merge_kernel"]
+__all__ = ["method_kernels", "native_for", "count_tensor", "merge_kernel", "StreamView"]
 
 #: ``kernel(stream, flat)``: merges the stream's tensor into ``flat``.
 Kernel = Callable[[DeltaStream, Tensor], None]
@@ -54,6 +54,26 @@ def count_tensor(stream: DeltaStream, k: int, workers: int = 1,
     if eps is not None:
         return fused_statistics(stream, k, eps)
     return torch_statistics(stream, k, workers, amax)
+
+
+class StreamView:
+    """What a method's ``prepare`` hook sees of a tensor (:class:`~ram_live.methods.TensorView`): its key, size,
+    agents and device, each agent's whole task vector, and RAM counts over this tensor alone."""
+
+    def __init__(self, stream: DeltaStream) -> None:
+        self.stream = stream
+        self.key, self.numel, self.agents, self.device = stream.key, stream.numel, stream.agents, stream.device
+
+    def delta(self, index: int) -> Tensor:
+        """Agent ``index``'s whole flat task vector (a new tensor)."""
+        return self.stream.delta(index)
+
+    def statistics(self, activity: Activity) -> RamStatistics:
+        """RAM counts over this tensor alone, with ``activity``."""
+        s = self.stream
+        fresh = DeltaStream(s.key, s.base, s.tensors, s.agents, s.device, s.chunk_numel, activity, {},
+                            compile=s.compile)
+        return count_tensor(fresh, len(s.tensors))
 
 
 def merge_kernel(method: MergeMethod, config: Any, state: Any, run_state: Any, stream: DeltaStream, flat: Tensor,

@@ -14,7 +14,7 @@ from ..methods import MergeMethod
 from ..progress import ProgressHook
 from ..sinks import Sink
 from ..types import Activity, MergeInfo, Plan, RamStatistics, TensorSpec
-from .dispatch import count_tensor, merge_kernel
+from .dispatch import StreamView, count_tensor, merge_kernel
 from .reader import Reader, check_equal
 from .stream import DeltaStream, digest_update
 from .threads import worker_count
@@ -156,7 +156,7 @@ def merge_tensor(job: Job, key: str, run_state: Any, digest: Any = None, dest: T
     if digest is not None:
         digest_update(digest, stream)
     stream.range_done = reader.range_releaser(key, sink)
-    state = method.prepare(config, stream, run_state) if method.prepare else None
+    state = method.prepare(config, StreamView(stream), run_state) if method.prepare else None
     if dest is None:
         dest = sink.destination(key, reader.base.spec(key))
     flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,

@@ -18,7 +18,7 @@ from ..sinks import Sink
 from ..types import Activity, Plan, RamStatistics, TensorSpec
 from . import threads
 from .counts import native_counts
-from .dispatch import count_tensor, method_kernels, native_for
+from .dispatch import StreamView, count_tensor, method_kernels, native_for
 from .passes import Job, finish_pass, merge_tensor
 from .reader import check_equal
 from .stream import DeltaStream, digest_update
@@ -139,7 +139,7 @@ def rescale(job: Job, key: str, flat: Tensor, planes: Tensor, run_state: Any) ->
     base_t, agent_ts, dev = reader.read(key)
     stream = DeltaStream(key, base_t, agent_ts, reader.names, dev, job.chunk_numel, job.activity, job.workspace)
     stream.range_done = reader.range_releaser(key)
-    state = job.method.prepare(job.config, stream, run_state) if job.method.prepare else run_state
+    state = job.method.prepare(job.config, StreamView(stream), run_state) if job.method.prepare else run_state
     lambdas = state.to(dtype=torch.float32).contiguous()
     kernels = _ram_native.kernels()
     workers = worker_count(job.workers, dev)

@@ -17,7 +17,7 @@ from torch import Tensor
 from .. import functional as F
 from ..auxiliary import validate as validate_auxiliary
 from ..errors import NonFiniteError
-from ..types import Activity, RamStatistics
+from ..types import Activity
 
 __all__ = ["DEFAULT_CHUNK_NUMEL", "STREAM_CHUNK", "FUSED_CHUNK_MAX", "DeltaStream", "first_nonfinite", "nonfinite",
            "inputs_digest", "digest_update"]
@@ -208,13 +208,6 @@ class DeltaStream:
         out = self.tensors[index].to(device=self.device, dtype=self.dtype, copy=True)
         return out.sub_(self.base.to(device=self.device))
 
-    def statistics(self, activity: Activity) -> RamStatistics:
-        """RAM counts over this tensor only (the :class:`~ram_live.methods.TensorView` of ``prepare`` hooks)."""
-        from .dispatch import count_tensor  # (dispatch imports this module: the kernels take streams)
-
-        stream = DeltaStream(self.key, self.base, self.tensors, self.agents, self.device,
-                             self.chunk_numel, activity, {}, compile=self.compile)
-        return count_tensor(stream, len(self.tensors))
 
 
 def first_nonfinite(flat: Tensor) -> int | None:
