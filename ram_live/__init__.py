@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-import types
+from types import ModuleType  # (not `import types`: the submodule ram_live.types would replace it here)
 from typing import Any
 
 from .errors import (
@@ -82,12 +82,12 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-class _Package(types.ModuleType):
+class _Package(ModuleType):
     """``ram_live.probe`` and ``ram_live.search`` are functions that share their name with a submodule: importing
     the submodule (``import ram_live.probe``) sets the package's attribute to the module; keep the function."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _SHADOWED and isinstance(value, types.ModuleType):
+        if name in _SHADOWED and isinstance(value, ModuleType):
             value = getattr(value, name, value)
         super().__setattr__(name, value)
 

@@ -117,3 +117,15 @@ def test_activity_threshold_is_the_largest_value_at_or_below_eps() -> None:
 def test_ram_statistics_shared_is_active_minus_unique() -> None:
     stats = RamStatistics(torch.tensor([5, 3]), torch.tensor([2, 3]), torch.zeros(3, dtype=torch.int64))
     assert stats.shared.tolist() == [3, 0]
+
+
+def test_importing_ram_live_types_first_keeps_the_package_working() -> None:
+    """``ram_live.types`` is bound as an attribute of the package: it must not replace anything the package's own
+    code uses (it once shadowed the stdlib ``types`` there, and importing ``ram_live.probe`` then failed to bind)."""
+    import subprocess
+    import sys
+
+    code = ("import ram_live.types, ram_live\nimport ram_live.probe, ram_live.search.run\n"
+            "assert callable(ram_live.probe) and callable(ram_live.search)\n"
+            "assert ram_live.types.Plan is ram_live.engine.Plan\n")
+    subprocess.run([sys.executable, "-W", "error::ImportWarning", "-c", code], check=True)
