@@ -195,7 +195,9 @@ class RAMVerl:
         """Merge the latest snapshot of every agent (``ram.agents``) into ``merged_dir/global_step_<step>`` (a Hugging
         Face folder: weights, the base's config and tokenizer, and ``ram_merge.json``), evaluate it, prune old merges;
         returns the ``ram/*`` metrics."""
-        return merge_latest(self, step)
+        metrics, self.last_merged = merge_latest(self, step)
+        self.last_merge_step = step
+        return metrics
 
     # ------------------------------------------------------------------------------------------- the save event
 

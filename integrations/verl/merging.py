@@ -11,21 +11,31 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Mapping, Protocol
 
+import torch
 from torch import Tensor
 
 from ram_live import functional as F
 from ram_live.errors import ConfigError
 from ram_live.methods import Activity
-from ram_live.store import ram_statistics
+from ram_live.store import SnapshotStore, ram_statistics
 
 from .common import VerlIntegrationError, copy_side_files
+from .config import RAMVerlOptions
 
-if TYPE_CHECKING:
-    from .core import RAMVerl
+__all__ = ["MergeHost", "merge_latest", "prune_merged"]
 
-__all__ = ["merge_latest", "prune_merged"]
+
+class MergeHost(Protocol):
+    """What the merge reads of :class:`~ram_live.integrations.verl.core.RAMVerl`."""
+
+    opts: RAMVerlOptions
+    store: SnapshotStore
+    base_dir: Path | None
+    evaluate: Callable[..., Mapping[str, Any]] | None
+
+    def out_dtype(self) -> torch.dtype | None: ...
 
 
 def _merged_keys(snap: Any) -> list[str]:
@@ -52,8 +62,8 @@ def _counts(snaps: dict[str, Any], info: Any, o: Any) -> tuple[list[int], list[i
     return stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
 
 
-def merge_latest(ram: RAMVerl, step: int) -> dict[str, float]:
-    """What :meth:`RAMVerl.merge` does (see there)."""
+def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
+    """What :meth:`RAMVerl.merge` does (see there); returns the metrics and the merged folder."""
     from ram_live.api import merge, ram_merge
 
     o = ram.opts
@@ -122,9 +132,7 @@ def merge_latest(ram: RAMVerl, step: int) -> dict[str, float]:
         scores = ram.evaluate(str(final), step=step) or {}
         for k, v in scores.items():
             metrics[k if k.startswith("ram/") else f"ram/{k}"] = _float(v)
-    ram.last_merge_step = step
-    ram.last_merged = final
-    return metrics
+    return metrics, final
 
 
 def prune_merged(root: Path, keep: int) -> None:
