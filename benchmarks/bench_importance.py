@@ -82,31 +82,40 @@ def _level() -> str:
     return _cc.build_level() if _cc.native_enabled() else "off (RAM_LIVE_NATIVE=0)"
 
 
-def interleaved(first, second, reps: int) -> tuple[list[float], list[float]]:
+def interleaved(first, second, reps: int) -> tuple[list[float], list[float], list[float], list[float]]:
     """``reps`` pairs of calls, the order alternating, each on a collected, trimmed heap (no idle wait: a snapshot
-    takes milliseconds); returns both series of seconds."""
+    takes milliseconds); returns both series of wall seconds, then both of process CPU seconds (all threads: on
+    a shared machine the steadier measure of the work done)."""
     a: list[float] = []
     b: list[float] = []
+    ca: list[float] = []
+    cb: list[float] = []
     for i in range(reps):
-        for fn, times in ((first, a), (second, b)) if i % 2 == 0 else ((second, b), (first, a)):
+        for fn, times, cpu in ((first, a, ca), (second, b, cb)) if i % 2 == 0 else ((second, b, cb), (first, a, ca)):
             gc.collect()
             bm.malloc_trim()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-    return a, b
+            cpu.append(time.process_time() - c0)
+    return a, b, ca, cb
 
 
-def _ratio_row(a: list[float], b: list[float], **fields) -> dict:
-    return dict(fields, plain_best=min(a), plain_median=statistics.median(a), with_best=min(b),
-                with_median=statistics.median(b), ratio_best=min(b) / min(a),
-                ratio_median=statistics.median([y / x for x, y in zip(a, b)]))
+def _ratio_row(a: list[float], b: list[float], ca: list[float] | None = None, cb: list[float] | None = None,
+               **fields) -> dict:
+    row = dict(fields, plain_best=min(a), plain_median=statistics.median(a), with_best=min(b),
+               with_median=statistics.median(b), ratio_best=min(b) / min(a),
+               ratio_median=statistics.median([y / x for x, y in zip(a, b)]))
+    if ca and cb:
+        row.update(plain_cpu_best=min(ca), with_cpu_best=min(cb), cpu_ratio_best=min(cb) / min(ca))
+    return row
 
 
 def _print_ratio(label: str, row: dict) -> None:
+    cpu = f", CPU time {row['cpu_ratio_best']:.2f} x" if "cpu_ratio_best" in row else ""
     print(f"{label}: without best {row['plain_best'] * 1e3:.1f} ms median {row['plain_median'] * 1e3:.1f} ms | "
           f"with best {row['with_best'] * 1e3:.1f} ms median {row['with_median'] * 1e3:.1f} ms | ratio of bests "
-          f"{row['ratio_best']:.2f} x, median of pairs {row['ratio_median']:.2f} x "
+          f"{row['ratio_best']:.2f} x, median of pairs {row['ratio_median']:.2f} x{cpu} "
           f"[{'PASS' if row['ratio_best'] <= 1.5 else 'FAIL'} <= 1.5 x]", flush=True)
 
 
@@ -119,10 +128,15 @@ def snapshot_rows(args: argparse.Namespace) -> list[dict]:
 
     from ram_live.store import SnapshotStore
 
+    if args.torch_encoder:
+        import ram_live.store.importance as stored
+
+        stored._encode_native = lambda flat, enc: None  # encode_active then takes encode_active_torch
     size = "quick" if args.size in ("quick", "tiny") else "full"
     base = bs.build(size, torch.device("cpu"))
     numel = sum(t.numel() for t in base.values())
-    print(f"CPU: {cpu_label()}, kernels built for {_level()}, {torch.get_num_threads()} torch threads; git "
+    print(f"CPU: {cpu_label()}, kernels built for {_level()}, importance codes by the "
+          f"{'torch' if args.torch_encoder else 'native'} encoder, {torch.get_num_threads()} torch threads; git "
           f"{bm.git_state()}; load {bm.loadavg()}; snapshot of {numel / 1e6:.1f} M bf16 parameters, "
           f"{2 * args.reps} interleaved pairs", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="ram-bench-imp-"))
@@ -143,8 +157,8 @@ def snapshot_rows(args: argparse.Namespace) -> list[dict]:
             for dtype in ("float32", "bfloat16"):
                 imp = imp32 if dtype == "float32" else {k: v.bfloat16() for k, v in imp32.items()}
                 snap(agent), snap(agent, imp)  # warm
-                a, b = interleaved(lambda: snap(agent), lambda: snap(agent, imp), 2 * args.reps)
-                row = _ratio_row(a, b, density=density, imp_dtype=dtype, params=numel, level=_level())
+                a, b, ca, cb = interleaved(lambda: snap(agent), lambda: snap(agent, imp), 2 * args.reps)
+                row = _ratio_row(a, b, ca, cb, density=density, imp_dtype=dtype, params=numel, level=_level())
                 rows.append(row)
                 _print_ratio(f"density {density:6.1%} importances {dtype:8s}", row)
                 store.prune(0, "agent")
@@ -184,10 +198,10 @@ def store_rows(args: argparse.Namespace) -> list[dict]:
             for variant in args.variants:
                 for dtype in (torch.bfloat16, torch.float32):  # how the stored importances are read
                     sources = {n: ImportanceSource(s, dtype) for n, s in with_snaps.items()}
-                    a, b = interleaved(lambda: ram_live.ram_merge(plain_snaps, variant=variant),
-                                       lambda: ram_live.ram_merge(with_snaps, variant=variant, importance=sources),
-                                       2 * args.reps)
-                    row = _ratio_row(a, b, k=k, variant=variant, params=params, level=_level(),
+                    a, b, ca, cb = interleaved(
+                        lambda: ram_live.ram_merge(plain_snaps, variant=variant),
+                        lambda: ram_live.ram_merge(with_snaps, variant=variant, importance=sources), 2 * args.reps)
+                    row = _ratio_row(a, b, ca, cb, k=k, variant=variant, params=params, level=_level(),
                                      read_as=str(dtype).removeprefix("torch."))
                     rows.append(row)
                     _print_ratio(f"K={k} {variant:9s} {params / 1e6:.1f} M from the store, importances read as "
@@ -210,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-store", action="store_true", help="only: ram_merge(store.latest_all()) with vs "
                         "without stored importances")
     parser.add_argument("--densities", type=float, nargs="+", default=[0.005, 0.03, 0.5, 1.0])
+    parser.add_argument("--torch-encoder", action="store_true", help="--snapshot with the importance codes' torch "
+                        "path (the native encoder off, every other kernel on): the reference it replaced")
     args = parser.parse_args(argv)
     if args.snapshot or args.from_store:
         rows = snapshot_rows(args) if args.snapshot else store_rows(args)
