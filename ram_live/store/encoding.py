@@ -377,5 +377,3 @@ def apply_encoding(flat: Tensor, encoding: str, values: Tensor | None, positions
         flat.masked_scatter_(mask, values)
     return flat
 
-
-_Encoded = Encoded  # the name store/importance.py and tests/test_codes_native.py import until they take the public one
