@@ -1,6 +1,6 @@
 """What curvature-aware RAM costs: ``ram_merge(..., importance=...)`` against plain RAM of the same models.
 
-    python benchmarks/bench_importance.py                 # ~67 M bf16 parameters, K = 2 and 3, 5 pairs each
+    python benchmarks/bench_importance.py                 # ~67 M bf16 parameters, K = 2 and 3, 10 pairs each
     python benchmarks/bench_importance.py --reps 3 --size quick --json out.json
     python benchmarks/bench_importance.py --snapshot --size quick   # a snapshot with importances vs without
     python benchmarks/bench_importance.py --from-store --size quick # ram_merge(store.latest_all()): with vs without
@@ -8,18 +8,21 @@
 
 Inputs: bench_merge's bf16 base and agents (same seeds, densities 3 %, 46 %, 54 %), shaped like one Llama-style
 block plus embeddings and head at hidden 3072 (67.6 M parameters), and per agent one importance tensor per
-parameter (random positive float32, as Adam's ``exp_avg_sq`` is stored; ``--imp-dtype bfloat16`` for a compact
-copy). Each row: ``--reps`` interleaved pairs (plain, weighted; order alternating, outputs freed, heap trimmed,
-the machine waited on until others are quiet, as bench_merge times), best-of and median of each, and the median
-over the pairs of weighted / plain. Target: weighted <= 1.5 x plain. RAM+ rows: the plain RAM+ reads the inputs
-once into memory; with importances it takes two passes (counts, then the weighted merge). First, the native
-kernels alone on one thread (best of 3 x ``--reps`` interleaved calls: the least disturbed on a shared machine).
+parameter (random positive, float32 as Adam's ``exp_avg_sq`` is kept, and bfloat16; ``--imp-dtype`` picks).
+Each row: 2 x ``--reps`` interleaved pairs (plain, with importances; order alternating, outputs freed, heap
+trimmed; no idle wait), best-of and median of each, the median over the pairs of with / plain, and the ratio of
+the best process CPU times (all threads: the steadier figure on a shared machine). Target: <= 1.5 x. RAM+ rows:
+the plain RAM+ reads the inputs once into memory; with importances it takes two passes (counts, then the
+weighted merge). First, the native kernels alone on one thread against the copy floor (``copy_`` of as many
+bytes as the plain merge moves), each with its bytes per entry: plain 2K + 4 (base, K agents, output in bf16),
+float32 importances + 4K, bfloat16 + 2K.
 
-``--snapshot``: ``writer.snapshot`` (capture + write, not durable) of an agent
-with importances (float32 and bfloat16, as Adam's ``exp_avg_sq`` may be kept) against the same snapshot without,
-interleaved, at several densities. ``--from-store``: ``ram_merge(store.latest_all())`` of K snapshots that carry
-importances (the store's 8-bit codes, decoded to float32 as the merge reads them) against the same snapshots
-without, interleaved. Target of both: <= 1.5 x.
+``--snapshot``: ``writer.snapshot`` (capture + write, not durable) of an agent of 4.3 M (``--size quick``) or
+134 M bf16 parameters with importances (float32 and bfloat16) against the same snapshot without, interleaved,
+at several densities. ``--from-store``: ``ram_merge(store.latest_all())`` of K snapshots that carry importances
+(the store's 8-bit codes, read back as bfloat16, the default, and as float32) against the same snapshots
+without, interleaved. Target of both: <= 1.5 x. ``RAM_LIVE_SIMD=avx2`` measures the AVX2 build on an AVX-512
+host; the heading names the CPU and the level the kernels were built for.
 """
 
 from __future__ import annotations
@@ -49,11 +52,11 @@ def importances(base: dict[str, torch.Tensor], k: int, dtype: torch.dtype) -> li
     return out
 
 
-def kernel_times(k: int, numel: int, reps: int) -> dict[str, float]:
-    """Best-of-``reps`` seconds of one thread's native kernel call over ``numel`` bf16 entries per input: the plain
-    RAM merge, and the weighted one with float32 and with bfloat16 importances (calls interleaved, so that other
-    processes' load falls on all three alike; the best of many calls is the least disturbed)."""
-
+def kernel_times(k: int, numel: int, reps: int) -> dict[str, dict[str, float]]:
+    """Best-of-``reps`` seconds (wall and the thread's CPU) of one thread's native kernel call over ``numel`` bf16
+    entries per input: the plain RAM merge, the weighted one with float32 and with bfloat16 importances, and the
+    copy floor (``copy_`` of as many bytes as the plain merge reads and writes); calls interleaved, so that other
+    processes' load falls on all alike. Also the bytes each moves per entry."""
     import ram_live._importance_native as wnative
     import ram_live._ram_native as native
 
@@ -62,17 +65,29 @@ def kernel_times(k: int, numel: int, reps: int) -> dict[str, float]:
     agents = [torch.where(torch.rand(numel, generator=g) < d, base + 0.01, base) for d in bm.DENSITIES[:k]]
     imps32 = [torch.rand(numel, generator=g) for _ in range(k)]
     imps16 = [h.to(torch.bfloat16) for h in imps32]
-    out = torch.empty(numel, dtype=torch.bfloat16)
+    out = torch.zeros(numel, dtype=torch.bfloat16)
+    src = torch.zeros((k + 2) * numel // 2, dtype=torch.bfloat16)  # copy_: reads and writes (2K + 4) bytes/entry
+    dst = torch.zeros_like(src)
     plain, weighted = native.kernels(), wnative.kernels()
-    calls = {"plain": lambda: plain.merge(out, base, agents, None, 1e-5, 0, numel),
-             "importance float32": lambda: weighted.merge_weighted(out, base, agents, imps32, None, 1e-5, 0, numel),
-             "importance bfloat16": lambda: weighted.merge_weighted(out, base, agents, imps16, None, 1e-5, 0, numel)}
-    best = dict.fromkeys(calls, float("inf"))
-    for _ in range(reps):
-        for name, call in calls.items():
-            t0 = time.perf_counter()
-            call()
-            best[name] = min(best[name], time.perf_counter() - t0)
+    calls = {"plain": (lambda: plain.merge(out, base, agents, None, 1e-5, 0, numel), 2 * k + 4),
+             "importance float32": (lambda: weighted.merge_weighted(out, base, agents, imps32, None, 1e-5, 0,
+                                                                   numel), 6 * k + 4),
+             "importance bfloat16": (lambda: weighted.merge_weighted(out, base, agents, imps16, None, 1e-5, 0,
+                                                                    numel), 4 * k + 4),
+             "copy_ floor": (lambda: dst.copy_(src), 2 * k + 4)}
+    best = {name: {"wall": float("inf"), "cpu": float("inf"), "bytes_per_entry": b} for name, (_, b) in calls.items()}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(reps):
+            for name, (call, _) in calls.items():
+                c0, t0 = time.thread_time(), time.perf_counter()
+                call()
+                t1, c1 = time.perf_counter(), time.thread_time()
+                best[name]["wall"] = min(best[name]["wall"], t1 - t0)
+                best[name]["cpu"] = min(best[name]["cpu"], c1 - c0)
+    finally:
+        torch.set_num_threads(threads)
     return best
 
 
@@ -217,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="mid", choices=sorted(bm.SIZES))
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--imp-dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--imp-dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--variants", nargs="+", default=["ram", "ram_plus"])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--snapshot", action="store_true", help="only: a snapshot with importances vs without")
@@ -234,46 +249,42 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import ram_live
 
-    imp_dtype = getattr(torch, args.imp_dtype)
-    print(f"CPU: {cpu_label()}, "
-          f"{torch.get_num_threads()} torch threads; git {bm.git_state()}; load {bm.loadavg()}")
-    rows = []
+    print(f"CPU: {cpu_label()}, kernels built for {_level()}, {torch.get_num_threads()} torch threads; git "
+          f"{bm.git_state()}; load {bm.loadavg()}")
+    rows: list[dict] = []
     for k in args.ks:
         best = kernel_times(k, 1 << 23, 3 * args.reps)
-        rows.append(dict(k=k, kernel_seconds=best))
-        print(f"kernel alone, K={k}, 8.4 M bf16 entries per input, one thread, best of {3 * args.reps}: "
-              + ", ".join(f"{name} {sec * 1e3:.1f} ms ({sec / best['plain']:.2f} x)" for name, sec in best.items()),
-              flush=True)
+        rows.append(dict(k=k, kernel=best))
+        print(f"kernel alone, K={k}, 8.4 M bf16 entries per input, one thread, best of {3 * args.reps} (wall): "
+              + ", ".join(f"{name} {v['wall'] * 1e3:.1f} ms = {v['bytes_per_entry'] * (1 << 23) / v['wall'] / 1e9:.1f}"
+                          f" GB/s ({v['wall'] / best['plain']['wall']:.2f} x plain; bytes "
+                          f"{v['bytes_per_entry'] / (2 * k + 4):.2f} x)" for name, v in best.items()), flush=True)
     tiny_base, tiny_agents = bm.build_inputs("tiny", 2)
-    ram_live.ram_merge(tiny_agents, base=tiny_base, importance=importances(tiny_base, 2, imp_dtype))  # builds
+    ram_live.ram_merge(tiny_agents, base=tiny_base, importance=importances(tiny_base, 2, torch.float32))  # builds
     for k in args.ks:
         base, agents = bm.build_inputs(args.size, k)
-        imps = importances(base, k, imp_dtype)
         params = sum(v.numel() for v in base.values())
-        for variant in args.variants:
-            info: dict = {}
+        for imp_name in args.imp_dtype:
+            imps = importances(base, k, getattr(torch, imp_name))
+            for variant in args.variants:
+                info: dict = {}
 
-            def plain() -> object:
-                return ram_live.ram_merge(agents, base=base, variant=variant)
+                def plain() -> object:
+                    return ram_live.ram_merge(agents, base=base, variant=variant)
 
-            def weighted() -> object:
-                out, info["w"] = ram_live.ram_merge(agents, base=base, variant=variant, importance=imps,
-                                                    return_info=True)
-                return out
+                def weighted() -> object:
+                    out, info["w"] = ram_live.ram_merge(agents, base=base, variant=variant, importance=imps,
+                                                        return_info=True)
+                    return out
 
-            a, b = bm.paired(plain, weighted, args.reps, torch.device("cpu"))
-            ratios = [y / x for x, y in zip(a, b)]
-            row = dict(k=k, variant=variant, params=params, imp_dtype=args.imp_dtype,
-                       plain_best=min(a), plain_median=statistics.median(a), weighted_best=min(b),
-                       weighted_median=statistics.median(b), ratio_median=statistics.median(ratios),
-                       ratio_best=min(b) / min(a), kernels=info["w"].extra.get("kernels"))
-            rows.append(row)
-            print(f"K={k} {variant:9s} {params / 1e6:.1f} M: plain best {row['plain_best']:.3f} s median "
-                  f"{row['plain_median']:.3f} s | importance best {row['weighted_best']:.3f} s median "
-                  f"{row['weighted_median']:.3f} s | ratio of medians of pairs {row['ratio_median']:.2f} x, "
-                  f"of bests {row['ratio_best']:.2f} x [{'PASS' if row['ratio_median'] <= 1.5 else 'FAIL'} "
-                  f"<= 1.5 x] kernels {row['kernels']}", flush=True)
-        del base, agents, imps
+                a, b, ca, cb = interleaved(plain, weighted, 2 * args.reps)
+                row = _ratio_row(a, b, ca, cb, k=k, variant=variant, params=params, imp_dtype=imp_name,
+                                 kernels=info["w"].extra.get("kernels"))
+                rows.append(row)
+                _print_ratio(f"K={k} {variant:9s} {params / 1e6:.1f} M importances {imp_name:8s} kernels "
+                             f"{row['kernels']}", row)
+            del imps
+        del base, agents
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
