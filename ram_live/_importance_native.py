@@ -8,14 +8,15 @@ grows; w = 1 where M = 0), compiled without contraction into FMAs, so both give 
 kernel also counts importances that are negative, NaN or Inf (with the non-finite results: the engine then names
 the culprit). AVX-512 (F, BW, DQ) where the CPU has it, for 1 to 4 agents unrolled; portable loops over blocks
 of 512 entries elsewhere. Agents float32 or bfloat16 (one dtype), importances float32 or bfloat16 (one dtype,
-either), output float32 or bfloat16; the torch paths take everything else. :func:`kernels` is None without a C
-compiler or with ``RAM_LIVE_NATIVE=0``.
+either), output float32 or bfloat16; the torch paths take everything else. Built in parts, one per pair of input
+and importance dtypes, each when a merge first needs it (:mod:`ram_live._cc`). :func:`kernels` is None without a
+C compiler or with ``RAM_LIVE_NATIVE=0``.
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from torch import Tensor
@@ -26,14 +27,30 @@ from ._ram_native import DTYPES, FLAGS, MAX_AGENTS
 __all__ = ["Kernels", "FLAGS", "build", "kernels", "supports"]
 
 
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+#: importance.c's parts (its RAM_PART numbers) by (input, importance) dtype codes (:data:`DTYPES`): each a library
+#: of its own, built on its first call; part 0 (``ram_weighted_simd_bits`` alone) is :func:`build`'s check.
+PARTS = {(1, 1): 1, (1, 0): 2, (0, 1): 3, (0, 0): 4}
+_SIGNATURE = [_I32, _P, _P, _P, _I32, _P, _F32, _P, _I64, _I64]
+_NAMES = {0: "f32", 1: "bf16"}
+
+
 @dataclass
 class Kernels:
-    lib: Any
+    """The kernel of one build: ``flags``, and ``simd_bits``, 512 where the AVX-512 kernel runs, 0 where the
+    portable loops do."""
 
-    @property
-    def simd_bits(self) -> int:
-        """512 where the AVX-512 kernel runs, 0 where the portable loops do."""
-        return int(self.lib.ram_weighted_simd_bits())
+    flags: tuple[str, ...]
+    simd_bits: int
+    _functions: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def _fn(self, in_dtype: int, imp_dtype: int) -> Any:
+        fn = self._functions.get((in_dtype, imp_dtype))
+        if fn is None:
+            name = f"ram_merge_weighted_{_NAMES[in_dtype]}_{_NAMES[imp_dtype]}"
+            fn = _cc.function("importance", PARTS[in_dtype, imp_dtype], name, self.flags, _SIGNATURE, _I64)
+            self._functions[(in_dtype, imp_dtype)] = fn
+        return fn
 
     def merge_weighted(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], importances: Sequence[Tensor],
                        lambdas: Tensor | None, eps: float, start: int, end: int) -> int:
@@ -44,8 +61,8 @@ class Kernels:
         ptrs = (ctypes.c_void_p * k)(*(a.data_ptr() for a in agents))
         imps = (ctypes.c_void_p * k)(*(h.data_ptr() for h in importances))
         lam = None if lambdas is None else ctypes.c_void_p(lambdas.data_ptr())
-        return int(self.lib.ram_merge_weighted(DTYPES[base.dtype], DTYPES[importances[0].dtype], DTYPES[out.dtype],
-                                               base.data_ptr(), ptrs, imps, k, lam, eps, out.data_ptr(), start, end))
+        fn = self._fn(DTYPES[base.dtype], DTYPES[importances[0].dtype])
+        return int(fn(DTYPES[out.dtype], base.data_ptr(), ptrs, imps, k, lam, eps, out.data_ptr(), start, end))
 
 
 def supports(base: Tensor, importances: Sequence[Tensor]) -> bool:
@@ -61,17 +78,14 @@ _KERNELS: Kernels | None | bool = False
 
 
 def build(flags: Sequence[str] | None = None) -> Kernels | None:
-    """The kernel compiled with ``flags`` (default: this host's build level; built once per machine, loaded
-    once per process), or None where it cannot be built."""
+    """The kernel compiled with ``flags`` (default: this host's build level; each part built on first use, once
+    per machine, loaded once per process), or None where it cannot be built."""
     return _cc.bind("importance", _bind, flags)
 
 
 def _bind(lib: Any, flags: tuple[str, ...]) -> Kernels:
-    ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    lib.ram_merge_weighted.argtypes = [i32, i32, i32, ptr, ptr, ptr, i32, ptr, f32, ptr, i64, i64]
-    lib.ram_merge_weighted.restype = i64
-    lib.ram_weighted_simd_bits.restype = i32
-    return Kernels(lib)
+    lib.ram_weighted_simd_bits.restype = ctypes.c_int
+    return Kernels(flags, int(lib.ram_weighted_simd_bits()))
 
 
 def kernels() -> Kernels | None:

@@ -82,6 +82,20 @@ def test_a_call_builds_only_the_part_it_runs(compiler):
 
 
 @needs_cc
+def test_curvature_aware_ram_builds_the_part_of_its_dtypes_alone(compiler):
+    kernels = wnative.build()
+    assert kernels is not None and _parts_built(compiler()) == [0]
+    base, agents = _inputs(torch.bfloat16)
+    importances = [torch.ones(base.numel()) for _ in agents]  # weights 1: the plain RAM mean
+    out = torch.empty_like(base)
+    assert kernels.merge_weighted(out, base, agents, importances, None, 1e-5, 0, base.numel()) == 0
+    assert _parts_built(compiler()) == [0, wnative.PARTS[1, 0]]
+    want = torch.empty_like(base)
+    native.build(kernels.flags).merge(want, base, agents, None, 1e-5, 0, base.numel())
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+
+
+@needs_cc
 def test_a_new_process_loads_from_the_cache_and_other_flags_build_anew(compiler, monkeypatch):
     flags = (*_cc.flags("scalar"), "-O1")
     first = _cc.load("ram", flags, part=native.PARTS["rescale"][0])

@@ -136,6 +136,7 @@ WBLOCK(wblock_bf16_f32, uint16_t, from_bf16, float, from_f32)
 WBLOCK(wblock_bf16_bf16, uint16_t, from_bf16, uint16_t, from_bf16)
 #endif
 
+/* 512 where the AVX-512 kernel was compiled in, 0 for the portable loops (in every part) */
 int ram_weighted_simd_bits(void) {
 #ifdef FAST
     return 512;
@@ -144,19 +145,11 @@ int ram_weighted_simd_bits(void) {
 #endif
 }
 
-/* theta* over [start, end) into out, the shared entries' mean weighted by imps; lambdas NULL: RAM. Returns the
-   number of non-finite results plus (at least 1 where there are any) bad importances: 0 iff all is well.
-   dtype codes: 0 float32, 1 bfloat16. */
-int64_t ram_merge_weighted(int in_dtype, int imp_dtype, int out_dtype, const void *base, const void *const *agents,
-                           const void *const *imps, int k, const float *lambdas, float eps, void *out,
-                           int64_t start, int64_t end) {
-#ifdef FAST
-    if (out_dtype == in_dtype) {
-        if (in_dtype == 1) { if (imp_dtype == 1) { BY_PLUS(1, 1, 1) } BY_PLUS(1, 0, 1) }
-        if (imp_dtype == 1) { BY_PLUS(0, 1, 0) } BY_PLUS(0, 0, 0)
-    }
-    return W(in_dtype, imp_dtype, out_dtype, lambdas != 0, k);
-#else
+#ifndef FAST
+/* the portable loops: blocks of BLOCK entries (wblock_*), then theta* per entry */
+static inline __attribute__((always_inline)) int64_t wmerge_blocks(
+        int in_dtype, int imp_dtype, int out_dtype, const void *base, const void *const *agents,
+        const void *const *imps, int k, const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
     float b[BLOCK] __attribute__((aligned(64))), ns[BLOCK] __attribute__((aligned(64)));
     float ws[BLOCK] __attribute__((aligned(64))), top[BLOCK] __attribute__((aligned(64)));
     float cnt[BLOCK] __attribute__((aligned(64))), lam[BLOCK] __attribute__((aligned(64)));
@@ -185,5 +178,38 @@ int64_t ram_merge_weighted(int in_dtype, int imp_dtype, int out_dtype, const voi
         }
     }
     return bad;
-#endif
 }
+#endif
+
+/* The build in parts (see ram.c): ram_live/_cc.py compiles each part (-DRAM_PART=n) into a library of its own
+   when a call first needs it, one per input and importance dtype (ram_live/_importance_native.py's PARTS); part
+   0 is ram_weighted_simd_bits alone. Compiled without RAM_PART, one library holds every part.
+
+   theta* over [start, end) into out, the shared entries' mean weighted by imps; lambdas NULL: RAM. Returns the
+   number of non-finite results plus (at least 1 where there are any) bad importances: 0 iff all is well.
+   dtype codes: 0 float32, 1 bfloat16. */
+#define RAM_PARTS 5
+#ifdef RAM_PART
+#define IN_PART(n) (RAM_PART == (n))
+#else
+#define IN_PART(n) 1
+#endif
+#define WEIGHTED_ARGS int out_dtype, const void *base, const void *const *agents, const void *const *imps, int k, \
+                      const float *lambdas, float eps, void *out, int64_t start, int64_t end
+#ifdef FAST
+#define WEIGHTED(I, H) if (out_dtype == I) { BY_PLUS(I, H, I) } return W(I, H, out_dtype, lambdas != 0, k);
+#else
+#define WEIGHTED(I, H) return wmerge_blocks(I, H, out_dtype, base, agents, imps, k, lambdas, eps, out, start, end);
+#endif
+#if IN_PART(1)
+int64_t ram_merge_weighted_bf16_bf16(WEIGHTED_ARGS) { WEIGHTED(1, 1) }
+#endif
+#if IN_PART(2)
+int64_t ram_merge_weighted_bf16_f32(WEIGHTED_ARGS) { WEIGHTED(1, 0) }
+#endif
+#if IN_PART(3)
+int64_t ram_merge_weighted_f32_bf16(WEIGHTED_ARGS) { WEIGHTED(0, 1) }
+#endif
+#if IN_PART(4)
+int64_t ram_merge_weighted_f32_f32(WEIGHTED_ARGS) { WEIGHTED(0, 0) }
+#endif
