@@ -6,8 +6,11 @@ Only ratios between agents matter, entry by entry, so a code keeps an importance
 maximum's (``q = 255``; eighths of an octave, so 254 codes span 31.75 octaves), ``q = 0`` for 0; integer
 operations only, and decoding is exact (a float32 with a 3-bit mantissa). Importances below about
 ``max · 2^(−31.75)`` (≈ 3e-10 of the piece's largest) are stored as code 1 (not 0: an entry that had curvature
-keeps some). A snapshot's importances read back as a :class:`TensorSource` of float32
-tensors of the parameters' shapes, zero at inactive entries (never used: RAM weights only active agents).
+keeps some). The top octave is capped at 2039 (a maximum from 1.9375 · 2^127 up would round to 2040, which
+decodes as Inf). A snapshot's importances read back as a :class:`TensorSource` of bfloat16 tensors (exact: a
+decoded importance has a 3-bit mantissa; float32 on request, the same values) of the parameters' shapes, zero
+at inactive entries (never used: RAM weights only active agents). The native encoder and decoder
+(:mod:`ram_live._codes_native`) run where they can; the torch paths here give the same bits everywhere else.
 
 >>> writer.snapshot(model, step=50, importance=adam_importance(opt, model))               # doctest: +SKIP
 >>> snap = store.latest("coder"); snap.importance.get("w")                                # doctest: +SKIP
