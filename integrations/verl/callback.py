@@ -28,9 +28,9 @@ log = logging.getLogger("ram_live.verl")
 
 def _master_dtype(config: Any) -> torch.dtype | None:
     """The dtype verl keeps the actor's weights in (``actor.fsdp_config.model_dtype``; fp32 when unset)."""
-    from .config import _get
+    from .config import get_dotted
 
-    value = _get(config, "actor_rollout_ref.actor.fsdp_config.model_dtype")
+    value = get_dotted(config, "actor_rollout_ref.actor.fsdp_config.model_dtype")
     if value is None:
         return torch.float32
     return VERL_DTYPES.get(str(value).replace("torch.", ""))

@@ -189,7 +189,8 @@ def options_from_mapping(values: Mapping[str, Any] | None, **defaults: Any) -> R
     return RAMVerlOptions(**merged, ram=ram).validate()
 
 
-def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
+def get_dotted(cfg: Any, dotted: str, default: Any = None) -> Any:
+    """``cfg``'s value at the dotted path (``"trainer.save_freq"``), or ``default`` where a part is missing."""
     node = cfg
     for part in dotted.split("."):
         if node is None:
@@ -215,48 +216,48 @@ def options_from_verl(config: Any) -> RAMVerlOptions:
     """The ``ram`` group of a verl trainer config (``DictConfig``), validated, with verl's own settings checked:
     checkpoints are saved (``trainer.save_freq > 0``) with the model (``checkpoint.save_contents``), by the
     FSDP/FSDP2 actor (Megatron's distributed checkpoints are another format), synchronously."""
-    group = _get(config, "ram")
+    group = get_dotted(config, "ram")
     if group is None:
         raise ConfigError("the verl config has no `ram` group: add +ram.store=<folder> +ram.agent=<name> to the "
                           "command line (see the README's verl section)")
     values = _plain(group)
     if not isinstance(values, Mapping):
         raise ConfigError(f"the `ram` config group must be a mapping, got {type(values).__name__}")
-    model_path = _get(config, "actor_rollout_ref.model.path")
+    model_path = get_dotted(config, "actor_rollout_ref.model.path")
     opts = options_from_mapping(
         values,
         base=str(model_path) if model_path is not None and values.get("base") is None else None,
         lora_rank=None,
     )
-    save_freq = _get(config, "trainer.save_freq")
+    save_freq = get_dotted(config, "trainer.save_freq")
     if save_freq is not None:
         save_freq = int(save_freq)
         if save_freq <= 0:
             raise ConfigError(f"ram: trainer.save_freq is {save_freq}, so verl saves no checkpoint and no snapshot "
                               "would be taken; set trainer.save_freq=<steps>")
     opts.save_freq = save_freq
-    strategy = _get(config, "actor_rollout_ref.actor.strategy")
+    strategy = get_dotted(config, "actor_rollout_ref.actor.strategy")
     if strategy is not None and str(strategy) not in ("fsdp", "fsdp2"):
         raise ConfigError(f"ram: actor_rollout_ref.actor.strategy={strategy!r}; the integration reads FSDP/FSDP2 "
                           "checkpoints (model_world_size_W_rank_R.pt) only")
-    contents = _plain(_get(config, "actor_rollout_ref.actor.checkpoint.save_contents"))
+    contents = _plain(get_dotted(config, "actor_rollout_ref.actor.checkpoint.save_contents"))
     if contents is not None and "model" not in list(contents):
         raise ConfigError(f"ram: actor_rollout_ref.actor.checkpoint.save_contents={list(contents)} does not save "
                           "the model; add 'model'")
-    if bool(_get(config, "actor_rollout_ref.actor.checkpoint.async_save", False)):
+    if bool(get_dotted(config, "actor_rollout_ref.actor.checkpoint.async_save", False)):
         raise ConfigError("ram: actor_rollout_ref.actor.checkpoint.async_save=true: the checkpoint files are not "
                           "complete when the callback runs; disable async_save")
-    root = _get(config, "trainer.default_local_dir")
+    root = get_dotted(config, "trainer.default_local_dir")
     opts.checkpoint_root = str(root) if root is not None else None
     if opts.merged_dir is None and opts.merge_every is not None:
         if opts.checkpoint_root is None:
             raise ConfigError("ram.merged_dir is required when trainer.default_local_dir is not set")
         opts.merged_dir = os.path.join(opts.checkpoint_root, "ram_merged")
     if opts.lora_rank is None:
-        rank = _get(config, "actor_rollout_ref.model.lora_rank")
+        rank = get_dotted(config, "actor_rollout_ref.model.lora_rank")
         if rank:
             opts.lora_rank = int(rank)
-            alpha = _get(config, "actor_rollout_ref.model.lora_alpha")
+            alpha = get_dotted(config, "actor_rollout_ref.model.lora_alpha")
             if opts.lora_alpha is None and alpha is not None:
                 opts.lora_alpha = float(alpha)
     if opts.base is None:

@@ -85,9 +85,7 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
             searched, result = search_merge(ram, snaps, step, root)
             _, info = merge(snaps, out=building, dtype=ram.out_dtype(), return_info=True, **result.best)
         else:
-            _, info = ram_merge(snaps, out=building, dtype=ram.out_dtype(), variant=o.variant, r=o.r,
-                                alpha=o.alpha, eps=o.eps, activity=o.activity, rho_scope=o.rho_scope,
-                                return_info=True)
+            _, info = ram_merge(snaps, out=building, dtype=ram.out_dtype(), options=o.ram, return_info=True)
         names = list(snaps)
         active, unique, total = _counts(snaps, info, o)
         rho = {n: F.rho(float(u), float(a)) for n, a, u in zip(names, active, unique)}
@@ -97,8 +95,7 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
         density = {n: a / total if total else 0.0 for n, a in zip(names, active)}
         if ram.base_dir is not None:
             copy_side_files(ram.base_dir, building)
-        record = {"step": step, "agents": {n: s.step for n, s in snaps.items()}, "variant": o.variant, "r": o.r,
-                  "alpha": o.alpha, "eps": o.eps, "activity": o.activity, "rho_scope": o.rho_scope,
+        record = {"step": step, "agents": {n: s.step for n, s in snaps.items()}, **o.ram.to_dict(),
                   "lambda": lambdas, "rho": {n: (v if math.isfinite(v) else None) for n, v in rho.items()},
                   "density": density, "weights": o.weights, "store": str(ram.store.root)}
         if searched is not None:
