@@ -45,11 +45,9 @@ def agents(base_sd: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
 
 @dataclasses.dataclass(frozen=True)
 class ActiveMeanConfig:
-    """RAM's rule under another name (no ``variant`` the old engine knew): the mean of the active agents' τ."""
+    """RAM's rule under another name, with a config the engine has never seen: the mean of the active agents' τ."""
 
     eps: float = 1e-5
-    lambdas: None = None
-    variant = "active_mean"
 
 
 def _active_mean_accumulator(config, state, capacity, k, device, dtype, auxiliary=()):  # noqa: ANN001, ANN202

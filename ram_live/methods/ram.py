@@ -187,10 +187,16 @@ def _ram_accumulator(config: RamConfig, lambdas: Tensor | None, capacity: int, k
     return cls(capacity, k, device, dtype, None if lambdas is None else lambdas.tolist())
 
 
-def ram_kernels(config: RamConfig) -> MethodKernels:
-    """Every fast kernel (they compute RAM's rule); λ reaches them for RAM+ variants or given ``lambdas``."""
-    return MethodKernels(native=True, compiled=True, single_read=True,
-                         scaled=config.variant != "ram" or config.lambdas is not None)
+def ram_kernels(config: Any) -> MethodKernels:
+    """Every fast kernel (they compute RAM's rule); λ reaches them for RAM+ variants or given ``lambdas``. Another
+    method that computes RAM's rule may declare it too, with a config of its own (no ``variant``: plain RAM).
+
+    Example:
+        >>> ram_kernels(RamPlusConfig()).scaled, ram_kernels(RamConfig()).scaled
+        (True, False)
+    """
+    scaled = getattr(config, "variant", "ram") != "ram" or getattr(config, "lambdas", None) is not None
+    return MethodKernels(native=True, compiled=True, single_read=True, scaled=scaled)
 
 
 def ram_overflow_bound(config: RamConfig, run_state: Any) -> float:
