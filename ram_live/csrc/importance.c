@@ -181,6 +181,122 @@ static inline __attribute__((always_inline)) int64_t wmerge_blocks(
 }
 #endif
 
+#ifndef FAST
+/* The portable vector loop (GCC/Clang vector extensions: 8 float32 lanes with AVX2, 4 elsewhere): per vector of
+   entries all agents in registers, the AVX-512 loop's operations in its order (masks as lane selects, one
+   quotient per lane: M / h where h is a new maximum, else h / M), so its bits; the last < 2 WL entries take the
+   block loops above (the same values). */
+#if defined(__AVX2__)
+#include <immintrin.h>
+#define WL 8
+#else
+#define WL 4
+#endif
+typedef float wvf __attribute__((vector_size(4 * WL)));
+typedef int32_t wvi __attribute__((vector_size(4 * WL)));
+typedef uint32_t wvu __attribute__((vector_size(4 * WL)));
+typedef uint16_t wvh __attribute__((vector_size(2 * WL)));
+#define WALWAYS static inline __attribute__((always_inline))
+WALWAYS wvf wsplat(float x) { return (wvf){} + x; }
+WALWAYS wvu wsplatu(uint32_t x) { return (wvu){} + x; }
+WALWAYS wvf wsel(wvi m, wvf a, wvf b) { return (wvf)(((wvi)a & m) | ((wvi)b & ~m)); }
+WALWAYS wvf wload(int dtype, const void *p, int64_t i) {
+    if (dtype == 1) {
+        wvh h;
+        memcpy(&h, (const uint16_t *)p + i, sizeof h);
+        return (wvf)(__builtin_convertvector(h, wvu) << 16);
+    }
+    wvf f;
+    memcpy(&f, (const float *)p + i, sizeof f);
+    return f;
+}
+WALWAYS void wstore(int dtype, void *p, int64_t i, wvf r) {
+    if (dtype == 1) {  /* to_bf16 of scalar.h per lane: round to nearest even, NaN -> 0x7FC0 */
+        const wvu u = (wvu)r;
+        const wvu v = (u + wsplatu(0x7FFFu) + ((u >> 16) & wsplatu(1u))) >> 16;
+        const wvi nan = (wvi)((u & wsplatu(0x7FFFFFFFu)) > wsplatu(0x7F800000u));
+        const wvh h = __builtin_convertvector((wvu)(((wvi)wsplatu(0x7FC0u) & nan) | ((wvi)v & ~nan)), wvh);
+        memcpy((uint16_t *)p + i, &h, sizeof h);
+    } else {
+        memcpy((float *)p + i, &r, sizeof r);
+    }
+}
+WALWAYS int wany(wvi m) {
+#if defined(__AVX2__)
+    return _mm256_movemask_ps((__m256)m) != 0;
+#else
+    int32_t r = 0;
+    for (int l = 0; l < WL; l++) r |= m[l];
+    return r != 0;
+#endif
+}
+#define WNV 4  /* vectors per step: independent lanes to overlap the quotients' latency */
+WALWAYS int64_t wmerge_vec(int in_dtype, int imp_dtype, int out_dtype, int plus, const void *base,
+                           const void *const *agents, const void *const *imps, int k, const float *lambdas,
+                           float eps, void *out, int64_t start, int64_t end) {
+    const wvf one = wsplat(1.0f), zero = wsplat(0.0f), ve = wsplat(eps), inf = (wvf)wsplatu(0x7F800000u);
+    wvi bad = (wvi)wsplatu(0);  /* per lane: entries with a bad importance or a non-finite result */
+    for (int64_t s = start; s + WNV * WL <= end; s += WNV * WL) {
+        wvf b[WNV], ns[WNV], ws[WNV], top[WNV], cnt[WNV], lam[WNV];
+        wvi badh[WNV];
+        for (int v = 0; v < WNV; v++) {
+            b[v] = wload(in_dtype, base, s + v * WL);
+            ns[v] = ws[v] = top[v] = cnt[v] = lam[v] = zero;
+            badh[v] = (wvi)wsplatu(0);
+        }
+        for (int t = 0; t < k; t++) {
+            for (int v = 0; v < WNV; v++) {
+                const wvf d = wload(in_dtype, agents[t], s + v * WL) - b[v];
+                const wvf h = wload(imp_dtype, imps[t], s + v * WL);
+                const wvi m = ~(wvi)((wvf)((wvu)d & wsplatu(0x7FFFFFFFu)) <= ve);
+                badh[v] |= ~(wvi)(h >= zero) | (wvi)(h == inf);
+                cnt[v] = wsel(m, cnt[v] + one, cnt[v]);
+                if (plus) lam[v] = wsel(m, wsplat(lambdas[t]), lam[v]);
+                if (t == 0) {
+                    top[v] = wsel(m, h, zero);
+                    ns[v] = wsel(m, ns[v] - d, ns[v]);
+                    ws[v] = wsel(m, ws[v] + one, ws[v]);
+                    continue;
+                }
+                if (!wany(m)) continue;
+                const wvi up = m & (wvi)(h > top[v]);
+                const wvi pos = m & ~up & (wvi)(top[v] > zero);
+                const wvf q = wsel(up | pos, wsel(up, top[v], h) / wsel(up, h, top[v]), one);
+                ns[v] = wsel(up, ns[v] * q, ns[v]);
+                ws[v] = wsel(up, ws[v] * q, ws[v]);
+                top[v] = wsel(up, h, top[v]);
+                const wvf w = wsel(up, one, q);
+                ns[v] = wsel(m, ns[v] - w * d, ns[v]);
+                ws[v] = wsel(m, ws[v] + w, ws[v]);
+            }
+        }
+        for (int v = 0; v < WNV; v++) {
+            wvf r = ns[v] / wsel((wvi)(ws[v] < one), one, ws[v]);
+            if (plus) r = wsel((wvi)(cnt[v] == one), ns[v] * lam[v], r);
+            r = b[v] - r;
+            wstore(out_dtype, out, s + v * WL, r);
+            const wvu lim = wsplatu(out_dtype == 1 ? 0x7F7F8000u : 0x7F800000u);
+            bad -= badh[v] | (wvi)(((wvu)r & wsplatu(0x7FFFFFFFu)) >= lim);
+        }
+    }
+    int64_t total = 0;
+    for (int l = 0; l < WL; l++) total += bad[l];
+    return total;
+}
+/* the vector loop, then the block loops for the last < WNV * WL entries */
+WALWAYS int64_t wmerge_portable(int in_dtype, int imp_dtype, int out_dtype, int plus, const void *base,
+                                const void *const *agents, const void *const *imps, int k, const float *lambdas,
+                                float eps, void *out, int64_t start, int64_t end) {
+    const int64_t tail = end - (end - start) % (WNV * WL);
+    int64_t bad = wmerge_vec(in_dtype, imp_dtype, out_dtype, plus, base, agents, imps, k, lambdas, eps, out,
+                             start, tail);
+    if (tail < end)
+        bad += wmerge_blocks(in_dtype, imp_dtype, out_dtype, base, agents, imps, k, lambdas, eps, out, tail, end);
+    return bad;
+}
+#define WPORT(I, H, O, P) return wmerge_portable(I, H, O, P, base, agents, imps, k, lambdas, eps, out, start, end);
+#endif
+
 /* The build in parts (see ram.c): ram_live/_cc.py compiles each part (-DRAM_PART=n) into a library of its own
    when a call first needs it, one per input and importance dtype (ram_live/_importance_native.py's PARTS); part
    0 is ram_weighted_simd_bits alone. Compiled without RAM_PART, one library holds every part.
@@ -199,7 +315,8 @@ static inline __attribute__((always_inline)) int64_t wmerge_blocks(
 #ifdef FAST
 #define WEIGHTED(I, H) if (out_dtype == I) { BY_PLUS(I, H, I) } return W(I, H, out_dtype, lambdas != 0, k);
 #else
-#define WEIGHTED(I, H) return wmerge_blocks(I, H, out_dtype, base, agents, imps, k, lambdas, eps, out, start, end);
+#define WEIGHTED(I, H) if (lambdas) { if (out_dtype == 1) { WPORT(I, H, 1, 1) } WPORT(I, H, 0, 1) }           \
+                       if (out_dtype == 1) { WPORT(I, H, 1, 0) } WPORT(I, H, 0, 0)
 #endif
 #if IN_PART(1)
 int64_t ram_merge_weighted_bf16_bf16(WEIGHTED_ARGS) { WEIGHTED(1, 1) }
