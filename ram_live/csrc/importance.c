@@ -184,7 +184,7 @@ static inline __attribute__((always_inline)) int64_t wmerge_blocks(
 #ifndef FAST
 /* The portable vector loop (GCC/Clang vector extensions: 8 float32 lanes with AVX2, 4 elsewhere): per vector of
    entries all agents in registers, the AVX-512 loop's operations in its order (masks as lane selects, one
-   quotient per lane: M / h where h is a new maximum, else h / M), so its bits; the last < 2 WL entries take the
+   quotient per lane: M / h where h is a new maximum, else h / M), so its bits; the last < WNV * WL entries take the
    block loops above (the same values). */
 #if defined(__AVX2__)
 #include <immintrin.h>
