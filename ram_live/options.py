@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
+from .option_checks import check_choice, check_lambdas, check_names, check_range
 
-__all__ = ["HoldsRamOptions", "RamOptions"]
+__all__ = ["HoldsRamOptions", "RAM_VARIANTS", "RamFields", "RamOptions", "RamPlusFields", "choices"]
 
 
 def _json_mapping(text: str) -> Any:
@@ -40,15 +42,69 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _option(default: Any, help: str, *, choices: tuple[Any, ...] | None = None, parse: Callable[[str], Any] = str,
-            metavar: str | None = None) -> Any:
+            metavar: str | None = None, kw_only: bool = False) -> Any:
     """A field of :class:`RamOptions`; ``help``, ``choices``, ``parse`` (text -> value) and ``metavar`` are read by
     the command line's flags."""
-    return field(default=default, metadata={"help": help, "choices": choices, "parse": parse, "metavar": metavar})
+    return field(default=default, kw_only=kw_only,
+                 metadata={"help": help, "choices": choices, "parse": parse, "metavar": metavar})
+
+
+#: The RAM family's method names (``ram_merge``'s ``variant``).
+RAM_VARIANTS = ("ram", "ram_plus", "ram_plus_soft")
+
+
+@dataclass(frozen=True)
+class RamFields:
+    """The fields of plain RAM's config, declared once (:class:`~ram_live.methods.RamConfig` adds the checks)."""
+
+    eps: float = _option(1e-5, "an entry counts as updated when |agent - base| > EPS (activity 'abs'; default "
+                               "1e-5)", parse=float)
+    activity: str = _option("abs", "activity rule: 'abs' (|delta| > eps) or 'changed' (the stored value differs, "
+                                   "compared in the narrower dtype); default abs", choices=("abs", "changed"))
+    lambdas: Mapping[str, float] | None = _option(
+        None, "the factor on the entries each agent alone updated, for every merged agent, instead of the "
+              "rho-derived lambda (r and alpha unused), as JSON: {\"coder\": 2.0, \"tools\": 0.5}",
+        parse=_json_mapping, metavar="JSON", kw_only=True)
+    exclude: tuple[str, ...] = _option((), "agents to leave out of the merge, as if they were not passed "
+                                           "(comma-separated names); at least one must remain",
+                                       parse=_names, metavar="NAMES", kw_only=True)
+
+    def __post_init__(self) -> None:
+        check_range("eps", self.eps, 0.0)
+        check_choice("activity", self.activity, choices(RamFields, "activity"))
+        if self.lambdas is not None:
+            object.__setattr__(self, "lambdas", check_lambdas(self.lambdas))  # a fresh {agent: float}
+        object.__setattr__(self, "exclude", check_names("exclude", self.exclude))
+
+
+@dataclass(frozen=True)
+class RamPlusFields(RamFields):
+    """The fields RAM+ adds, declared once (:class:`~ram_live.methods.RamPlusConfig` adds the checks)."""
+
+    r: float = _option(0.1, "RAM+ rescaling strength r in lambda = 1 + r * clip(rho, 0, alpha) (default 0.1)",
+                       parse=float)
+    alpha: float = _option(2.0, "RAM+ clip of rho, alpha; inf: no clip (default 2.0)", parse=float)
+    rho_scope: str = _option("global", "rho per agent over the whole model ('global', the paper) or per tensor "
+                                       "('tensor', mergekit's ramplus_tl); default global",
+                             choices=("global", "tensor"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_range("r", self.r, 0.0)
+        if self.alpha != math.inf:  # inf: uncapped
+            check_range("alpha", self.alpha, 0.0)
+        check_choice("rho_scope", self.rho_scope, choices(RamPlusFields, "rho_scope"))
+
+
+def choices(cls: type, name: str) -> tuple[Any, ...]:
+    """The values field ``name`` of ``cls`` takes (its declared ``choices``)."""
+    return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["choices"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class RamOptions:
-    """The options of a RAM-family merge (paper Eq. 7 and its RAM+ / RAM+s variants).
+class RamOptions(RamPlusFields):
+    """The options of a RAM-family merge (paper Eq. 7 and its RAM+ / RAM+s variants): ``variant`` and the fields
+    of :class:`~ram_live.methods.RamPlusConfig` (declared once, in :class:`RamFields` / :class:`RamPlusFields`).
 
     The authors' script is ``r=0.2, alpha=1.0``; mergekit's ``ramplus_tl`` is ``r=0.1, alpha=0.2,
     rho_scope="tensor"``. Options a variant does not use (``r``, ``alpha``, ``rho_scope`` for ``"ram"``; ``alpha``
@@ -61,41 +117,18 @@ class RamOptions:
 
     Example:
         >>> opts = RamOptions(r=0.2, alpha=1.0)                              # doctest: +SKIP
-        >>> opts.config().r                                   # the method's config, a RamPlusConfig  # doctest: +SKIP
-        0.2
+        >>> merge(agents, base_model, opts.variant, **opts.method_options())   # the same merge  # doctest: +SKIP
         >>> RamOptions.of({"variant": "ram"}, eps=0.0).to_dict()["eps"]     # doctest: +SKIP
         0.0
     """
 
     variant: str = _option("ram_plus", "RAM variant: 'ram' (lambda = 1), 'ram_plus' (lambda_t = 1 + r * clip(rho_t, "
                            "0, alpha)) or 'ram_plus_soft' (lambda_t = 1 + r * rho_t / (1 + rho_t))",
-                           choices=("ram", "ram_plus", "ram_plus_soft"))
-    r: float = _option(0.1, "RAM+ rescaling strength r in lambda = 1 + r * clip(rho, 0, alpha) (default 0.1)",
-                       parse=float)
-    alpha: float = _option(2.0, "RAM+ clip of rho, alpha; inf: no clip (default 2.0)", parse=float)
-    eps: float = _option(1e-5, "an entry counts as updated when |agent - base| > EPS (activity 'abs'; default "
-                               "1e-5)", parse=float)
-    activity: str = _option("abs", "activity rule: 'abs' (|delta| > eps) or 'changed' (the stored value differs, "
-                                   "compared in the narrower dtype); default abs", choices=("abs", "changed"))
-    rho_scope: str = _option("global", "rho per agent over the whole model ('global', the paper) or per tensor "
-                                       "('tensor', mergekit's ramplus_tl); default global",
-                             choices=("global", "tensor"))
-    lambdas: Mapping[str, float] | None = _option(
-        None, "the factor on the entries each agent alone updated, for every merged agent, instead of the "
-              "rho-derived lambda (r and alpha unused), as JSON: {\"coder\": 2.0, \"tools\": 0.5}",
-        parse=_json_mapping, metavar="JSON")
-    exclude: tuple[str, ...] = _option((), "agents to leave out of the merge, as if they were not passed "
-                                           "(comma-separated names); at least one must remain",
-                                       parse=_names, metavar="NAMES")
+                           choices=RAM_VARIANTS)
 
     def __post_init__(self) -> None:
-        from .methods import RAM_VARIANTS, RamPlusConfig
-
-        if self.variant not in RAM_VARIANTS:
-            raise ConfigError(f"variant must be one of {', '.join(map(repr, RAM_VARIANTS))}, got {self.variant!r}")
-        checked = RamPlusConfig(**{k: v for k, v in self.as_kwargs().items() if k != "variant"})
-        object.__setattr__(self, "lambdas", checked.lambdas)  # normalised: a fresh {agent: float}
-        object.__setattr__(self, "exclude", checked.exclude)  # a tuple of names
+        check_choice("variant", self.variant, RAM_VARIANTS)
+        super().__post_init__()
 
     # ------------------------------------------------------------------------------------------- building
 
@@ -165,17 +198,10 @@ class RamOptions:
         return out
 
     def method_options(self) -> dict[str, Any]:
-        """The options of the variant's method config (those it declares), for ``merge(method=variant, ...)``."""
-        from .methods import get_method
-
-        declared = {f.name for f in dataclasses.fields(get_method(self.variant).config_cls)}
+        """The options the variant's method config declares (:class:`RamFields` for ``"ram"``, those of
+        :class:`RamPlusFields` for RAM+ and RAM+s), for ``merge(method=opts.variant, **opts.method_options())``."""
+        declared = {f.name for f in dataclasses.fields(RamFields if self.variant == "ram" else RamPlusFields)}
         return {k: v for k, v in self.as_kwargs().items() if k in declared}
-
-    def config(self) -> Any:
-        """The variant's method config (``RamConfig``, ``RamPlusConfig`` or ``RamPlusSoftConfig``)."""
-        from .methods import make_config
-
-        return make_config(self.variant, **self.method_options())
 
 
 class HoldsRamOptions:

@@ -20,7 +20,7 @@ from ram_live import RamOptions, merge, probe, ram_merge
 from ram_live._cli_parser import METHOD_NAMES, PROBE_OPTIONS, build_parser
 from ram_live.cli import main
 from ram_live.errors import ConfigError
-from ram_live.methods import RAM_VARIANTS, RamPlusConfig
+from ram_live.methods import RAM_VARIANTS, RamPlusConfig, make_config
 from ram_live.schedule import RAMSchedule
 from tests.conftest import assert_bit_identical, make_agents
 from tests.reference import ref_ram
@@ -55,9 +55,9 @@ def test_fields_are_ram_plus_config_fields_with_its_defaults():
 def test_config_as_kwargs_to_dict_round_trip():
     opts = RamOptions(variant="ram_plus_soft", r=0.3, lambdas={"a": 2}, exclude=["b"])
     assert opts.lambdas == {"a": 2.0} and isinstance(opts.lambdas["a"], float) and opts.exclude == ("b",)
-    cfg = opts.config()
+    cfg = make_config(opts.variant, **opts.method_options())
     assert type(cfg).__name__ == "RamPlusSoftConfig" and (cfg.r, cfg.lambdas, cfg.exclude) == (0.3, {"a": 2.0}, ("b",))
-    assert type(RamOptions(variant="ram", r=0.5).config()).__name__ == "RamConfig"
+    assert type(make_config("ram", **RamOptions(variant="ram", r=0.5).method_options())).__name__ == "RamConfig"
     assert "r" not in RamOptions(variant="ram").method_options()
     text = json.dumps(opts.to_dict())
     assert RamOptions.from_mapping(json.loads(text)) == opts
@@ -73,7 +73,7 @@ def test_ram_merge_options_equal_keywords_and_merge(base_sd, case):
     assert_bit_identical(by_options, ram_merge(agents, base=base_sd, **case))
     assert_bit_identical(by_options, ram_merge(agents, base=base_sd, options=opts.to_dict()))
     assert_bit_identical(by_options, merge(agents, base=base_sd, method=opts.variant, **opts.method_options()))
-    assert info.method == opts.variant and info.config == opts.config()
+    assert info.method == opts.variant and info.config == make_config(opts.variant, **opts.method_options())
     if set(case) <= {"variant", "r", "alpha", "eps", "rho_scope"}:  # what the reference implements
         expected, _ = ref_ram(base_sd, agents, variant=opts.variant, r=opts.r, alpha=opts.alpha, eps=opts.eps,
                               scope=opts.rho_scope)

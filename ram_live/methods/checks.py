@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Collection, Mapping
 from typing import Any, Sequence
 
@@ -16,28 +14,7 @@ from .base import RunContext
 __all__ = ["FLOAT32_MAX", "check_choice", "check_finite", "check_range", "check_weights", "check_densities",
            "check_names", "agent_weights", "agent_densities", "scaled"]
 
-#: Options are applied to float32 task vectors: a value beyond float32's range is as useless as ±Inf.
-FLOAT32_MAX = torch.finfo(torch.float32).max
-
-
-def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
-    """:class:`ConfigError` unless ``value`` is one of ``choices``."""
-    if value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-
-
-def check_finite(name: str, value: Any) -> None:
-    """:class:`ConfigError` unless ``value`` is a real number within float32's range."""
-    if not (isinstance(value, numbers.Real) and abs(value) <= FLOAT32_MAX):
-        raise ConfigError(f"{name} must be a finite number (|x| <= {FLOAT32_MAX:.4g}), got {value!r}")
-
-
-def check_range(name: str, value: float, low: float, high: float = math.inf) -> None:
-    """:class:`ConfigError` unless ``low <= value <= high`` (and finite)."""
-    check_finite(name, value)
-    if not low <= value <= high:
-        bounds = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
-        raise ConfigError(f"{name} must be {bounds}, got {value!r}")
+from ..option_checks import FLOAT32_MAX, check_choice, check_finite, check_names, check_range
 
 
 def check_weights(weights: Sequence[float] | None) -> None:
@@ -62,13 +39,6 @@ def check_densities(densities: Sequence[float] | None, positive: bool) -> None:
         check_range(f"densities[{i}]", d, 0.0, 1.0)
         if positive and d == 0:
             raise ConfigError(f"densities[{i}] must be > 0 for DARE (survivors are rescaled by 1/density)")
-
-
-def check_names(option: str, names: Any) -> tuple[str, ...]:
-    """``names`` as a tuple of agent names; :class:`ConfigError` for a string or non-string entries."""
-    if isinstance(names, str) or not isinstance(names, Collection) or not all(isinstance(n, str) for n in names):
-        raise ConfigError(f"{option} must be a sequence of agent names, got {names!r}")
-    return tuple(names)
 
 
 def agent_weights(weights: Sequence[float] | None, ctx: RunContext) -> Tensor:

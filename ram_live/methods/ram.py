@@ -4,31 +4,27 @@ overflow bound they declare to the engine."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
 
 from .. import functional as F
 from ..errors import ConfigError
+from ..options import RAM_VARIANTS, RamFields, RamPlusFields
 from ..types import Activity
 from .base import MethodKernels, RunContext, TensorView
-from .checks import check_choice, check_finite, check_names, check_range
 from .registry import register_method
 
 __all__ = ["RAM_VARIANTS", "RamConfig", "RamPlusConfig", "RamPlusSoftConfig", "given_lambdas", "lambda_bound",
            "lambdas_from_counts", "ram_activity", "ram_kernels", "ram_overflow_bound", "check_importance"]
 
-#: The RAM family's method names (``ram_merge``'s ``variant``).
-RAM_VARIANTS = ("ram", "ram_plus", "ram_plus_soft")
 
 
 @dataclass(frozen=True)
-class RamConfig:
+class RamConfig(RamFields):
     """RAM (paper Eq. 7, λ = 1): mean over the active agents where ≥ 2 updated, the one agent's τ where one
     did, the base where none did. ``activity``/``eps``: see :class:`~ram_live.types.Activity`.
 
@@ -44,53 +40,17 @@ class RamConfig:
     2.0
     """
 
-    eps: float = 1e-5
-    activity: Literal["abs", "changed"] = "abs"
-    lambdas: Mapping[str, float] | None = dataclasses.field(default=None, kw_only=True)
-    exclude: Sequence[str] = dataclasses.field(default=(), kw_only=True)
-
-    def __post_init__(self) -> None:
-        check_range("eps", self.eps, 0.0)
-        check_choice("activity", self.activity, ("abs", "changed"))
-        if self.lambdas is not None:
-            object.__setattr__(self, "lambdas", _check_lambdas(self.lambdas))
-        object.__setattr__(self, "exclude", check_names("exclude", self.exclude))
-
     variant = "ram"
 
 
-def _check_lambdas(lambdas: Any) -> dict[str, float]:
-    """``lambdas`` as a fresh ``{agent: float}`` (so that later edits of the caller's mapping change nothing)."""
-    if not isinstance(lambdas, Mapping):
-        raise ConfigError(f"lambdas must be a mapping {{agent name: λ}}, got {type(lambdas).__name__}")
-    out = {}
-    for name, value in lambdas.items():
-        if not isinstance(name, str):
-            raise ConfigError(f"lambdas: agent names must be strings, got {name!r}")
-        check_finite(f"lambdas[{name!r}]", value)
-        out[name] = float(value)
-    return out
-
-
 @dataclass(frozen=True)
-class RamPlusConfig(RamConfig):
+class RamPlusConfig(RamConfig, RamPlusFields):
     """RAM+: unique entries of agent t scaled by λ_t = 1 + r · clip(ρ_t, 0, alpha) (paper: r=0.1, α=2).
 
     ``alpha=math.inf``: no clip, λ_t = 1 + r · max(ρ_t, 0). An agent with ρ_t = +∞ (no unique entry) has no
     entry for λ_t to scale; it is reported as 1 + r · alpha for a finite ``alpha`` and as 1.0 for an uncapped
     one. The authors' script is ``r=0.2, alpha=1.0``; mergekit's ``ramplus_tl`` is ``r=0.1, alpha=0.2,
     rho_scope="tensor"``."""
-
-    r: float = 0.1
-    alpha: float = 2.0
-    rho_scope: Literal["global", "tensor"] = "global"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_range("r", self.r, 0.0)
-        if self.alpha != math.inf:  # inf: uncapped
-            check_range("alpha", self.alpha, 0.0)
-        check_choice("rho_scope", self.rho_scope, ("global", "tensor"))
 
     variant = "ram_plus"
 
