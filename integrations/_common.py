@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..distributed import is_dtensor
+from ..dtensor import is_dtensor
 from ..schedule import MergeResult, RAMSchedule
 
 __all__ = ["AdamImportance", "NoImportanceWarning", "SingleAgentWarning", "save_generalist", "warn_single_agent"]

@@ -98,10 +98,6 @@ def run(args: argparse.Namespace) -> int:
         return _stores(args)
     if args.command == "clean":
         return _clean(args)
-    if args.command == "search":
-        from .search.cli import run_search
-
-        return run_search(args)
     if args.command == "merge-adapters":
         return _merge_adapters(args)
     if args.command == "probe":

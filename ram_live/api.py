@@ -65,7 +65,9 @@ def check_run_options(device: Any, chunk_numel: Any, workers: Any) -> torch.devi
     return dev
 
 
-def _sources(models: Models, base: Model | None) -> tuple[list[TensorSource], TensorSource]:
+def input_sources(models: Models, base: Model | None) -> tuple[list[TensorSource], TensorSource]:
+    """The agents and the base as :class:`~ram_live.sources.TensorSource` objects (names checked; a base the
+    snapshots carry when ``base`` is None), for :func:`merge`, :func:`ram_live.probe` and the search."""
     named = list(iter_named(models))
     if not named:
         raise NoAgentsError("no agents to merge: `models` is empty")
@@ -175,7 +177,7 @@ def merge(
     dev = check_run_options(device, chunk_numel, workers)
     method_obj = get_method(method)
     cfg = make_config(method, config, **options)
-    agents, base_src = _sources(models, base)
+    agents, base_src = input_sources(models, base)
     how = "given"
     if importance is False:  # none, not even the importances stored with snapshots
         importance = None

@@ -60,6 +60,10 @@ def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
 
     def run() -> int:
+        if args.command == "search":  # here, not in _cli_commands, which search.cli imports
+            from .search.cli import run_search
+
+            return run_search(args)
         from ._cli_commands import run as run_parsed
 
         return run_parsed(args)

@@ -19,7 +19,7 @@ import torch
 from . import _probe_native
 from . import functional as F
 from ._probe_native import ProbeCounts
-from .api import Model, Models, _sources, check_run_options
+from .api import Model, Models, check_run_options, input_sources
 from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, Reader, build_plan, digest_update, inputs_digest
 from .engine.threads import in_native_workers, native_walk, worker_count
 from .methods import RAM_VARIANTS, Activity, RamPlusConfig, RamStatistics, ram_activity
@@ -272,7 +272,7 @@ def probe(
     dev = check_run_options(device, chunk_numel, workers)
     config = RamPlusConfig(eps=eps, activity=activity, r=r, alpha=alpha)  # type: ignore[arg-type]
     rule = ram_activity(config)
-    agents, base_src = _sources(models, base)
+    agents, base_src = input_sources(models, base)
     plan = build_plan(base_src, agents)
     reader = Reader(base_src, agents, dev)
     k = len(agents)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ._outputs import (clean_stale, is_full, lock, locked_temp_folder, make_folders as _make_folders,
-                       output_target as _output_target, rename_noreplace, temp_folder, unlock)
+                       output_target as _output_target, rename_noreplace, unlock)
 from .dtensor import local_tensor
 from .errors import ConfigError, OutOfSpaceError, OutputExistsError
 from .memory import advise_hugepages, empty

@@ -15,7 +15,7 @@ from ram_live import functional as F
 from ram_live.methods import Activity
 from ram_live.store import LocalTensor
 
-from .checkpoint import LORA_RE, ActorCheckpoint, hf_key
+from .checkpoint import ActorCheckpoint, hf_key
 from .common import VerlIntegrationError
 from .config import RAMVerlOptions
 from .lora import checkpoint_lora_deltas

@@ -22,15 +22,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 
-__all__ = ["add_parser", "run_search", "load_function"]
-
-
-def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register the ``search`` subcommand (``common``: the shared agents/--base/--store/--device options); the
-    parser itself lives in ``ram_live._cli_parser``, which imports no torch."""
-    from .._cli_parser import _search
-
-    _search(sub, common)
+__all__ = ["run_search", "load_function"]
 
 
 def load_function(spec: str, option: str = "--eval") -> Callable[[Any], float]:

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from ..api import Model, Models, _sources
+from ..api import Model, Models, input_sources
 from ..engine import MergeInfo, run_merge
 from ..errors import ConfigError
 from .. import functional as F
@@ -109,7 +109,7 @@ class Merger:
 
     def __init__(self, models: Models, base: Model | None, *, device: str | torch.device | None = None,
                  workers: int | None = None) -> None:
-        self.agents, self.base_src = _sources(models, base)
+        self.agents, self.base_src = input_sources(models, base)
         self.names = tuple(a.name for a in self.agents)
         try:
             self.device = torch.device(device) if device is not None else None

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..distributed import is_dtensor
+from ..dtensor import is_dtensor
 from ..errors import InputMismatchError, UnsupportedInputError
 from ..sources import TensorSource, TensorSpec
 from .format import Box, dtype_name
