@@ -42,8 +42,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 from ..errors import RamLiveError
 from ..options import RamOptions
-from .._schedule_util import ScheduleAdapter, _swap
-from ..schedule import MergeResult, RAMSchedule, _to_float
+from .._schedule_util import ScheduleAdapter, swap_tensors
+from ..schedule import MergeResult, RAMSchedule, metric_float
 from ..schedule_search import save_next_to
 from ..store import LocalCollective, LocalModel, SnapshotStore, TorchCollective
 from ._common import AdamImportance, SingleAgentWarning, importance_option, save_generalist, warn_single_agent
@@ -225,7 +225,7 @@ class RAMCallback(ScheduleAdapter, Callback):
                 self.merge_now(trainer, pl_module)
             assert self.last_result is not None
             result = self.last_result
-            _swap(LocalModel.from_obj(pl_module, name=self.agent), result.tensors)  # result now holds the agent's
+            swap_tensors(LocalModel.from_obj(pl_module, name=self.agent), result.tensors)  # result now holds the agent's
             self.agent_state, self.last_result = result.tensors, None
 
     def state_dict(self) -> dict[str, Any]:
@@ -303,7 +303,7 @@ class RAMCallback(ScheduleAdapter, Callback):
                 return  # torchmetrics objects and the like: not collected
             w = float(batch_size) if batch_size else 1.0
             acc = sums.setdefault(name, [0.0, 0.0])
-            acc[0] += _to_float(value) * w
+            acc[0] += metric_float(value) * w
             acc[1] += w
 
         def log_dict(values: Mapping[str, Any], *args: Any, batch_size: int | None = None, **kwargs: Any) -> None:

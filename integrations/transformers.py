@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..errors import ConfigError, RamLiveError
 from .._schedule_util import ScheduleAdapter
 from ..options import RamOptions
-from ..schedule import MergeResult, RAMSchedule, _to_float
+from ..schedule import MergeResult, RAMSchedule, metric_float
 from ..schedule_search import save_next_to
 from ..store import SnapshotStore
 from ._common import AdamImportance, SingleAgentWarning, importance_option, save_generalist, warn_single_agent
@@ -260,7 +260,7 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         for key, value in metrics.items():  # TRL trainers add their own eval_* metrics to the prefixed ones
             name = key.removeprefix("ram_eval_").removeprefix("eval_")
             if name != key and isinstance(value, (int, float)):
-                out[f"eval_{name}"] = _to_float(value)
+                out[f"eval_{name}"] = metric_float(value)
         return out
 
     def _save(self, model: Any, result: MergeResult, state: TrainerState) -> None:

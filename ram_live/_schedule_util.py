@@ -70,7 +70,8 @@ class ScheduleAdapter:
 # ----------------------------------------------------------------------------------------------- helpers
 
 
-def _to_float(value: Any) -> float:
+def metric_float(value: Any) -> float:
+    """An evaluation metric as a float (a tensor: the mean of its values)."""
     if isinstance(value, Tensor):
         return float(value.detach().float().mean().item())
     return float(value)
@@ -208,7 +209,8 @@ def _like(given: LocalModel, live: LocalModel) -> LocalModel:
     return LocalModel(tensors, live.aliases(), live.keys(), "base", live.distributed)
 
 
-def _swap(live: LocalModel, tensors: dict[str, Tensor]) -> None:
+def swap_tensors(live: LocalModel, tensors: dict[str, Tensor]) -> None:
+    """Exchange the values of ``live``'s tensors and ``tensors`` in place (twice restores both)."""
     with torch.no_grad():
         for key, t in live.tensors.items():
             other = tensors[key]

@@ -29,8 +29,8 @@ from .api import ram_merge
 from .engine import DEFAULT_CHUNK_NUMEL
 from .errors import ConfigError
 from .options import HoldsRamOptions, RamOptions
-from ._schedule_util import (  # noqa: F401 (MergeResult, _swap, _to_float: re-exported)
-    MergeResult, _like, _load_base, _open_latest, _probe_numbers, _stored_importance, _swap, _to_float,
+from ._schedule_util import (  # noqa: F401 (MergeResult, swap_tensors, metric_float: re-exported)
+    MergeResult, _like, _load_base, _open_latest, _probe_numbers, _stored_importance, swap_tensors, metric_float,
 )
 from .schedule_search import SearchSetting, schedule_search, search_metrics
 from .store import (
@@ -355,11 +355,11 @@ class RAMSchedule(HoldsRamOptions):
         """Within the block the model holds the merged weights (parameters and buffers); afterwards its own,
         bit-exactly (values are swapped through copies, tensor objects and storages stay the same)."""
         live = LocalModel.from_obj(model, name=self.agent)
-        _swap(live, result.tensors)
+        swap_tensors(live, result.tensors)
         try:
             yield model
         finally:
-            _swap(live, result.tensors)
+            swap_tensors(live, result.tensors)
 
     def merge_and_evaluate(self, model: Any, step: int, epoch: int | None = None,
                            evaluate: Callable[[Any], Mapping[str, Any]] | None = None) -> dict[str, float]:
@@ -371,7 +371,7 @@ class RAMSchedule(HoldsRamOptions):
             metrics.update(search_metrics(result.extra["search"]))
         if fn is not None:
             with self.swapped(model, result):  # floats taken inside: a score may be a view of the weights
-                scores = {k: _to_float(v) for k, v in (fn(model) or {}).items()}
+                scores = {k: metric_float(v) for k, v in (fn(model) or {}).items()}
             for key, value in scores.items():
                 metrics[key if key.startswith("ram/") else f"ram/{key}"] = value
         self.history.append({"step": float(step), **metrics})

@@ -230,7 +230,7 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
     import torch
 
     from .api import merge
-    from ._schedule_util import _swap
+    from ._schedule_util import swap_tensors
     from .search import search
     from .store import LocalModel
 
@@ -244,11 +244,11 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
     def wrap(fn: Callable[..., Any]) -> Callable[[Any], float]:
         def evaluate(merged: Any) -> float:
             tensors = _tensors_of(merged)
-            _swap(live, tensors)
+            swap_tensors(live, tensors)
             try:  # the score is taken while swapped in: it may be a view of the weights
                 score = setting.score(fn(model))
             finally:
-                _swap(live, tensors)
+                swap_tensors(live, tensors)
             if c.world_size > 1:
                 total = c.all_reduce_sum_(torch.tensor([score], dtype=torch.float64))
                 score = float(total.item()) / c.world_size

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Protocol
 import torch
 from torch import Tensor, nn
 
-from ._outputs import (clean_stale, is_full, lock, locked_temp_folder, make_folders as _make_folders,
+from ._outputs import (clean_stale, is_full, lock, locked_temp_folder, make_folders,
                        output_target as _output_target, rename_noreplace, unlock)
 from .dtensor import local_tensor
 from .errors import ConfigError, OutOfSpaceError, OutputExistsError
@@ -180,7 +180,7 @@ class SafetensorsSink:
         return self.dtype if self.dtype is not None and dtype.is_floating_point else dtype
 
     def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None:
-        self._created = _make_folders(self._target.parent)
+        self._created = make_folders(self._target.parent)
         clean_stale(self._target.parent, self._target.name)
         self._tmp, self._lock = locked_temp_folder(self._target.parent, self._target.name)
         shards: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [{}]
@@ -328,7 +328,7 @@ class DistributedSafetensorsSink(SafetensorsSink):
                         enumerate(shards)]
         self._tmp = self._target.parent / f".{self._target.name}.tmp-{dist.shared_token().zfill(14)}"
         if dist.rank == 0:
-            self._created = _make_folders(self._target.parent)
+            self._created = make_folders(self._target.parent)
             clean_stale(self._target.parent, self._target.name)
             self._tmp.mkdir()
         dist.barrier()
