@@ -212,11 +212,48 @@ static inline uint32_t decode1(uint32_t q, int32_t top) {
     return ((uint32_t)((int32_t)q + top - 255) << 20) & (0u - (q != 0));
 }
 
+/* A bitmask piece's decoding DSTEP entries at a time: the codes of the marked entries expanded into their lanes
+   (AVX-512 expand; AVX2: a pdep lane order), decoded and stored (0 where not marked); DSTEP 0: no such step. */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define DSTEP 16
+static inline __m512i dec_vec(const uint8_t *codes, uint32_t bits, int32_t top) {
+    const __m512i q = _mm512_maskz_expand_epi32((__mmask16)bits,
+                                                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)codes)));
+    const __m512i v = _mm512_slli_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(top - 255)), 20);
+    return _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(q, q), v);
+}
+static inline void dec_store_f32(uint32_t *out, __m512i v) { _mm512_storeu_si512(out, v); }
+static inline void dec_store_bf16(uint16_t *out, __m512i v) {
+    _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+}
+#elif defined(__AVX2__) && defined(__BMI2__)
+#define DSTEP 8
+static inline __m256i dec_vec(const uint8_t *codes, uint32_t bits, int32_t top) {
+    const uint64_t spread = _pdep_u64(bits, 0x0101010101010101ull) * 0xFFu;
+    const __m256i lanes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)_pdep_u64(0x0706050403020100ull, spread)));
+    const __m256i on = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128((long long)spread));
+    const __m256i raw = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)codes));
+    const __m256i q = _mm256_and_si256(_mm256_permutevar8x32_epi32(raw, lanes), on);
+    const __m256i v = _mm256_slli_epi32(_mm256_add_epi32(q, _mm256_set1_epi32(top - 255)), 20);
+    return _mm256_andnot_si256(_mm256_cmpeq_epi32(q, _mm256_setzero_si256()), v);
+}
+static inline void dec_store_f32(uint32_t *out, __m256i v) { _mm256_storeu_si256((__m256i *)out, v); }
+static inline void dec_store_bf16(uint16_t *out, __m256i v) {
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_srli_epi32(v, 16), v), 0x08);
+    _mm_storeu_si128((__m128i *)out, _mm256_castsi256_si128(p));
+}
+#else
+#define DSTEP 0
+static inline int dec_vec(const uint8_t *codes, uint32_t bits, int32_t top) { (void)codes; (void)bits; return top; }
+static inline void dec_store_f32(uint32_t *out, int v) { (void)out; (void)v; }
+static inline void dec_store_bf16(uint16_t *out, int v) { (void)out; (void)v; }
+#endif
+
 /* a piece's importances into out[0, n) as float32 (OT uint32_t) or bfloat16 (uint16_t: exact, a decoded value's
    low 16 bits are 0): kind as ram_imp_encode's (1, 2: count indices; 3: a bitmask of n entries), 0 at entries
    not stored. Returns 0, or -1 where the positions do not match the codes (an index outside [0, n), a bitmask
    marking another number of entries than count, a dense piece of count != n). */
-#define DECODE(NAME, OT, SHIFT)                                                                                  \
+#define DECODE(NAME, OT, SHIFT, STORE)                                                                           \
 static int64_t NAME(const uint8_t *restrict codes, int64_t count, int32_t top, int kind, const void *pos,         \
                     int64_t n, OT *restrict out) {                                                               \
     if (kind == 0) {                                                                                             \
@@ -241,8 +278,14 @@ static int64_t NAME(const uint8_t *restrict codes, int64_t count, int32_t top, i
         memset(out, 0, (size_t)n * sizeof(OT));                                                                  \
         return ram_imp_popcount(mask, 0, (n + 7) >> 3) ? -1 : 0;                                                 \
     }                                                                                                            \
-    int64_t c = 0;                                                                                               \
-    for (int64_t b = 0; b < n; b += 8) {                                                                         \
+    int64_t c = 0, b = 0;                                                                                        \
+    for (; DSTEP && b + DSTEP <= n && c + DSTEP <= count; b += DSTEP) { /* DSTEP entries at a time */            \
+        const uint32_t bits = DSTEP == 16 ? (uint32_t)mask[b >> 3] | (uint32_t)mask[(b >> 3) + 1] << 8           \
+                                          : mask[b >> 3];                                                        \
+        STORE(out + b, dec_vec(codes + c, bits, top));                                                           \
+        c += __builtin_popcount(bits);                                                                           \
+    }                                                                                                            \
+    for (; b < n; b += 8) {                                                                                      \
         const uint32_t m = mask[b >> 3];                                                                         \
         const int e = n - b < 8 ? (int)(n - b) : 8;                                                              \
         if (!m) {                                                                                                \
@@ -263,8 +306,8 @@ static int64_t NAME(const uint8_t *restrict codes, int64_t count, int32_t top, i
     }                                                                                                            \
     return c == count ? 0 : -1;                                                                                  \
 }
-DECODE(decode_f32, uint32_t, 0)
-DECODE(decode_bf16, uint16_t, 16)
+DECODE(decode_f32, uint32_t, 0, dec_store_f32)
+DECODE(decode_bf16, uint16_t, 16, dec_store_bf16)
 
 /* out_dtype 0: float32, 1: bfloat16 (the same values) */
 int64_t ram_imp_decode(const uint8_t *codes, int64_t count, int32_t top, int kind, const void *pos, int64_t n,
