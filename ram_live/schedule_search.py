@@ -12,7 +12,6 @@ merged generalist (see :func:`save_record`; read them back with :func:`load_choi
 
 from __future__ import annotations
 
-import importlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -23,6 +22,7 @@ from typing import Any
 from torch import Tensor
 
 from .errors import ConfigError
+from .loading import load_callable
 
 __all__ = ["SearchSetting", "load_choice", "record_of", "save_next_to", "save_record", "search_metrics"]
 
@@ -95,13 +95,13 @@ class SearchSetting:
 
     def evaluation(self, fallback: Callable[..., Any] | None = None) -> Callable[..., Any]:
         """The selection evaluation as a callable: ``evaluate`` (a dotted path loaded), else ``fallback``."""
-        fn = _load(self.evaluate, "evaluate") if self.evaluate is not None else fallback
+        fn = load_callable(self.evaluate, "search evaluate") if self.evaluate is not None else fallback
         if fn is None:
             raise ConfigError("search needs an evaluation: set SearchSetting(evaluate=...) or the callback's evaluate")
         return fn
 
     def confirmation(self) -> Callable[..., Any] | None:
-        return _load(self.confirm, "confirm") if self.confirm is not None else None
+        return load_callable(self.confirm, "search confirm") if self.confirm is not None else None
 
     def score(self, value: Any) -> float:
         """The number ``search`` maximises, from what the evaluation returned (negated for ``mode="min"``)."""
@@ -285,19 +285,6 @@ def _tensors_of(merged: Any) -> dict[str, Tensor]:
 
 def _is_path(value: Any) -> bool:
     return isinstance(value, str) and "." in value.replace(":", ".")
-
-
-def _load(value: Any, what: str) -> Callable[..., Any]:
-    if callable(value):
-        return value
-    module, _, name = value.partition(":") if ":" in value else value.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"search {what}={value!r}: cannot load it ({exc})") from None
-    if not callable(fn):
-        raise ConfigError(f"search {what}={value!r} is not callable")
-    return fn
 
 
 def _name_of(fn: Any) -> str:

@@ -9,6 +9,7 @@ Regenerate (only when a merge's semantics change on purpose): ``python tests/tes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -74,6 +75,21 @@ def _models(dtype: torch.dtype, k: int = 3, seed: int = 7) -> tuple[dict, dict, 
     return {k_: v.to(dtype) for k_, v in base.items()}, agents, importance
 
 
+@contextlib.contextmanager
+def _environment(env: dict[str, str]):
+    """``env`` set in ``os.environ`` for the block, the old values back after it."""
+    old = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _digest(out: dict, extra: str = "") -> str:
     h = hashlib.sha256()
     for key in sorted(out):
@@ -94,16 +110,8 @@ def _run(case: str, path: str, dtype: torch.dtype, tmp: Path) -> str:
         options["importance"] = importance
     if kwargs.pop("out", False):
         kwargs["out"] = tmp / f"{case}_{path}_{dtype}".replace("torch.", "")
-    old = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
+    with _environment(env):
         result, info = ram_live.merge(agents, base, method, return_info=True, **kwargs, **options)
-    finally:
-        for name, value in old.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     if "out" in kwargs:
         result = {}
         for file in sorted(Path(kwargs["out"]).glob("*.safetensors")):
@@ -115,16 +123,8 @@ def _run(case: str, path: str, dtype: torch.dtype, tmp: Path) -> str:
 def _probe(dtype: torch.dtype, path: str) -> str:
     base, agents, _ = _models(dtype)
     env = PATHS[path][1]
-    old = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
+    with _environment(env):
         report = ram_live.probe(agents, base, eps=2.0 ** -9, r=0.2, alpha=1.0)
-    finally:
-        for name, value in old.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return hashlib.sha256(repr(_rounded(report.to_dict())).encode()).hexdigest()
 
 

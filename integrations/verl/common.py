@@ -3,7 +3,6 @@ model's folder, the ``ram.evaluate`` function, the base's side files copied next
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 from pathlib import Path
@@ -58,14 +57,9 @@ def resolve_base(path: str) -> Path:
 
 def load_evaluate(path: str) -> Callable[..., Mapping[str, Any]]:
     """``fn`` of ``"pkg.module.fn"`` or ``"pkg.module:fn"``."""
-    module, _, name = path.partition(":") if ":" in path else path.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"ram.evaluate={path!r}: cannot load it ({exc})") from None
-    if not callable(fn):
-        raise ConfigError(f"ram.evaluate={path!r} is not callable")
-    return fn
+    from ram_live.loading import load_callable
+
+    return load_callable(path, "ram.evaluate")
 
 
 def copy_side_files(base_dir: str | os.PathLike[str], dest: Path, *, keep_existing: bool = False) -> None:
