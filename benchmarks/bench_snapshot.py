@@ -26,7 +26,9 @@ Measured, best of ``--reps`` (each in the same run, same tensors):
   which includes the first-use CRC-32 check of the snapshot's and the base's data files).
 * with importances (issue 20, ``--no-importance`` skips it): the same snapshot taken with float32 importances
   (``exp_avg_sq``-like: squares of normal draws, on the weights' device) stored at the active entries as 8-bit
-  log codes: capture + write and bytes, each as a ratio to the snapshot without. Target: <= 1.5 x.
+  log codes: capture + write and bytes, each as a ratio to the snapshot without. Target: <= 1.5 x. (Measured
+  after the plain rows; the interleaved comparison, float32 and bfloat16 importances, wall and CPU time:
+  ``python benchmarks/bench_importance.py --snapshot``.)
 * verification: ``store.verify()`` of the base (page cache warm) in GB/s, and the CRC-32 alone over the base's
   bytes in memory, the store's kernel (PCLMULQDQ / VPCLMULQDQ where compiled) and ``zlib.crc32``, 1 thread.
   Target: >= 1 GB/s.
