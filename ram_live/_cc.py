@@ -13,8 +13,9 @@ aarch64 → ``-march=armv8-a`` (NEON), anything else → the compiler's baseline
 stays off at every level, so all of them give the same bits.
 
 A large source is built in parts (``ram.c``: each entry point for each input dtype; ``importance.c``: each pair
-of input and importance dtypes; ``-DRAM_PART=n``, the source putting each part's functions under ``#if``), each a library of its own, built when a call first needs
-it (:func:`function`), so a first merge compiles only the code it runs. Every library lands in
+of input and importance dtypes; ``-DRAM_PART=n``, the source putting each part's functions under ``#if``), each
+a library of its own, built when a call first needs it (:func:`function`), so a first merge compiles only the
+code it runs. Every library lands in
 :func:`ram_live.settings.cache_dir` under a name hashed from the source and every header of ``csrc`` (their
 contents), the flags, the part, the compiler and the CPU's feature flags (a cache shared by machines of
 different CPUs never hands one a library built for another's instructions). Built in a temporary folder and

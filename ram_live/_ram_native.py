@@ -39,13 +39,14 @@ FLAGS = _cc.flags() if _cc.native_enabled() else _cc.COMMON_FLAGS
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 #: ram.c's parts (its RAM_PART numbers) by entry point and input dtype code (:data:`DTYPES`): each a library of
-#: its own, built on its first call; part 0 (``ram_simd_bits`` alone) is :func:`build`'s check that they compile.
+#: its own, built on its first call; part 0 (``ram_simd_bits`` alone) is :func:`build`'s check that the compiler
+#: takes the source and these flags.
 PARTS = {"merge": (2, 1), "merge_unscaled": (4, 3), "counts": (6, 5), "rescale": (8, 7)}
 _SIGNATURES = {"merge": [_I32, _P, _P, _I32, _P, _F32, _P, _I64, _I64],
                "merge_unscaled": [_P, _P, _I32, _F32, _P, _I64, _I64, _P, _I32, _P, _P],
                "counts": [_P, _P, _I32, _F32, _I64, _I64, _P, _P, _P],
                "rescale": [_P, _P, _P, _I32, _P, _I32, _I64, _I64]}
-#: What a call of the first entry point (by input dtype) will need next: built meanwhile.
+#: What a call of an entry point needs next (for the same input dtype): built in the background meanwhile.
 _NEXT = {"merge_unscaled": "rescale"}
 
 

@@ -291,8 +291,8 @@ int ram_simd_bits(void) {
 
 /* The build in parts: ram_live/_cc.py compiles each part (-DRAM_PART=n, 1 <= n < RAM_PARTS) into a library of
    its own when a call first needs it (ram_live/_ram_native.py's PARTS: each entry point for each input dtype;
-   part 0 is ram_simd_bits alone, the check that the kernels compile). Compiled once without RAM_PART, one
-   library holds every part. dtype codes: 0 float32, 1 bfloat16. */
+   part 0 is ram_simd_bits alone, the check that the compiler takes the source). Compiled once without RAM_PART,
+   one library holds every part. dtype codes: 0 float32, 1 bfloat16. */
 #define RAM_PARTS 9
 #ifdef RAM_PART
 #define IN_PART(n) (RAM_PART == (n))
