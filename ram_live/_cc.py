@@ -174,6 +174,14 @@ _BOUND: dict[tuple, object] = {}
 _QUICK: dict[tuple, object] = {}
 
 
+def _after_fork() -> None:
+    global _LOCK, _KEY_LOCKS  # a lock a build thread held at the fork would stay held in the child
+    _LOCK, _KEY_LOCKS = threading.Lock(), {}
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def load(family: str, build_flags: Sequence[str] | None = None, part: int | None = None) -> ctypes.CDLL | None:
     """The library of ``family`` (a key of :data:`FAMILIES`) compiled with ``build_flags`` (default: the
     family's fixed flags, else :func:`flags` of the build level), built on first use and cached on disk, one
@@ -219,13 +227,14 @@ def function(family: str, part: int, name: str, build_flags: Sequence[str], argt
              ) -> Callable[..., Any]:
     """The C function ``name`` of ``part`` of ``family`` (built now if it is not yet), typed. Raises
     :class:`KernelBuildError` where the part does not build: its family's entry part did, so the caller already
-    chose the native path."""
-    lib = load(family, build_flags, part)
+    chose the native path (which ``RAM_LIVE_NATIVE`` switched off since does not undo)."""
+    fam = FAMILIES[family]
+    key = _key(source(fam.source), fam.library, tuple(build_flags), part)
+    lib = _open(key, source(fam.source))
     if lib is None:
-        key = _key(source(FAMILIES[family].source), FAMILIES[family].library, tuple(build_flags), part)
-        raise KernelBuildError(f"part {part} of the native kernels {FAMILIES[family].source} ({name}, flags "
-                               f"{' '.join(build_flags)}) did not build where part {FAMILIES[family].entry_part} "
-                               f"did: {_ERRORS.get(key, 'native kernels switched off meanwhile')}")
+        raise KernelBuildError(f"part {part} of the native kernels {fam.source} ({name}, flags "
+                               f"{' '.join(build_flags)}) did not build where part {fam.entry_part} did: "
+                               f"{_ERRORS.get(key, '')}")
     fn = getattr(lib, name)
     fn.argtypes, fn.restype = argtypes, restype
     return fn
@@ -245,7 +254,12 @@ def load_library(source: str | Path, name: str, build_flags: Sequence[str] | Non
     (``-DRAM_PART=part``); None: all of it."""
     if not native_enabled():
         return None
-    key = _key(source, name, tuple(flags() if build_flags is None else build_flags), part)
+    return _open(_key(source, name, tuple(flags() if build_flags is None else build_flags), part), source)
+
+
+def _open(key: tuple, source: str | Path) -> ctypes.CDLL | None:
+    """The library of :func:`_key` ``key``: the handle of this process, else from the cache, else built."""
+    name, build_flags, part = key[1], key[2], key[3]
     with _LOCK:
         if key in _HANDLES:
             return _HANDLES[key]
@@ -255,7 +269,7 @@ def load_library(source: str | Path, name: str, build_flags: Sequence[str] | Non
             if key in _HANDLES:
                 return _HANDLES[key]
         try:
-            path = _build(source, name, list(key[2]), part)
+            path = _build(source, name, list(build_flags), part)
             lib = None if path is None else ctypes.CDLL(str(path))
             if path is None:
                 _ERRORS[key] = f"no C compiler {os.environ.get('CC', 'cc')!r}"

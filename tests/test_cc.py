@@ -166,6 +166,15 @@ def test_a_part_that_does_not_build_is_named_with_the_compilers_message(compiler
 
 
 @needs_cc
+def test_kernels_already_chosen_build_their_parts_after_the_switch_goes_off(compiler, broken_family, monkeypatch):
+    assert _cc.load(broken_family) is not None
+    monkeypatch.setenv("RAM_LIVE_NATIVE", "0")
+    assert _cc.load(broken_family) is None  # no new choice of the native path
+    one = _cc.function(broken_family, 1, "part_one", ("-O0",), [ctypes.c_int], ctypes.c_int)
+    assert one(1) == 2 and _parts_built(compiler()) == [0, 1]
+
+
+@needs_cc
 def test_threads_asking_at_once_share_one_build(compiler, broken_family):
     got: list[object] = []
     threads = [threading.Thread(target=lambda: got.append(_cc.load(broken_family, part=1))) for _ in range(4)]
