@@ -19,6 +19,7 @@ import ctypes
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import torch
 from torch import Tensor
 
 from . import _cc
@@ -51,6 +52,15 @@ class Kernels:
             fn = _cc.function("importance", PARTS[in_dtype, imp_dtype], name, self.flags, _SIGNATURE, _I64)
             self._functions[(in_dtype, imp_dtype)] = fn
         return fn
+
+    def ready(self, dtype: torch.dtype, importance_dtype: torch.dtype) -> bool:
+        """Whether the part for these input and importance dtypes is built (building it now); False where it does
+        not build: the caller runs another path, before anything of the tensor is written."""
+        try:
+            self._fn(DTYPES[dtype], DTYPES[importance_dtype])
+        except _cc.KernelBuildError:
+            return False
+        return True
 
     def merge_weighted(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], importances: Sequence[Tensor],
                        lambdas: Tensor | None, eps: float, start: int, end: int) -> int:

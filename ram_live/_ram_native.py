@@ -69,6 +69,17 @@ class Kernels:
             self._functions[(entry, dtype)] = fn
         return fn
 
+    def ready(self, dtype: torch.dtype, *entries: str) -> bool:
+        """Whether the parts of ``entries`` for ``dtype`` inputs are built (building them now); False where one
+        does not build (a killed or timed-out compiler, a full cache disk): the caller runs the torch path, before
+        anything of the tensor is written."""
+        try:
+            for entry in entries:
+                self._fn(entry, DTYPES[dtype])
+        except _cc.KernelBuildError:
+            return False
+        return True
+
     def merge(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, eps: float,
               start: int, end: int) -> int:
         """θ* of flat entries ``[start, end)`` of ``base``/``agents`` into ``out`` (flat, same length);

@@ -192,3 +192,46 @@ def test_without_a_compiler_there_are_no_kernels(monkeypatch, tmp_path):
     assert _cc.load("ram") is None and native.build() is None and wnative.build() is None
     assert pnative.build() is None and select_native._load() is None
     assert not list(tmp_path.iterdir())
+
+
+@needs_cc
+@pytest.mark.parametrize("variant", ["ram", "ram_plus"])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_part_that_does_not_build_falls_back_to_the_torch_path(tmp_path, monkeypatch, variant, inplace):
+    """The toolchain check (part 0) builds but every bfloat16 part fails (a killed compiler, a full cache disk):
+    the float32 tensors merge natively, the bfloat16 ones on the torch path, with the same bits as a merge with
+    the native kernels off, and the merge raises nothing (in place: nothing half written)."""
+    from torch import nn
+
+    import ram_live
+
+    wrapper = tmp_path / "failing-cc"
+    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *-DRAM_PART=[1357]\\ *|*-DRAM_PART=[1357]) exit 1;; esac\n'
+                       f'exec {REAL_CC} "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("CC", str(wrapper))
+    monkeypatch.setenv("RAM_LIVE_CACHE", str(tmp_path / "cache"))
+    failing = native.build()
+    assert failing is not None and not failing.ready(torch.bfloat16, "merge") and failing.ready(torch.float32, "merge")
+
+    def model(seed: int) -> nn.Module:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64).to(torch.bfloat16))
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in m.parameters():
+                if seed:
+                    p += ((torch.rand(p.shape, generator=g) < 0.4) * 0.05).to(p.dtype)
+        return m
+
+    agents = {f"a{i}": model(i) for i in (1, 2, 3)}
+    monkeypatch.setenv("RAM_LIVE_NATIVE", "0")
+    want = ram_live.ram_merge(agents, base=model(0), variant=variant)
+    monkeypatch.delenv("RAM_LIVE_NATIVE")
+    monkeypatch.setattr(native, "_KERNELS", failing)
+    target = model(0)
+    got, info = ram_live.ram_merge(agents, base=target, variant=variant, inplace=inplace, return_info=True)
+    assert info.extra["kernels"].get("native", 0) >= 1 and info.extra["kernels"].get("eager", 0) >= 1
+    for (name, a), b in zip(want.state_dict().items(), got.state_dict().values()):
+        assert torch.equal(a.view(torch.uint8) if a.dtype == torch.bfloat16 else a,
+                           b.view(torch.uint8) if b.dtype == torch.bfloat16 else b), name

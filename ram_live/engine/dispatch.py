@@ -31,13 +31,15 @@ def method_kernels(method: MergeMethod, config: Any) -> MethodKernels | None:
     return method.kernels(config)
 
 
-def native_for(stream: DeltaStream, activity: Activity, out: Tensor | None = None) -> tuple[Any, float] | None:
+def native_for(stream: DeltaStream, activity: Activity, out: Tensor | None = None,
+               entries: tuple[str, ...] = ("merge",)) -> tuple[Any, float] | None:
     """The native CPU kernels and their threshold where they apply (see :mod:`ram_live._ram_native`; not when
-    ``compile=True`` asks for the torch.compile kernels), else None."""
+    ``compile=True`` asks for the torch.compile kernels) and the parts of ``entries`` build, else None."""
     if stream.compile or stream.device.type != "cpu" or stream.dtype != torch.float32:
         return None
     kernels = _ram_native.kernels()
-    if kernels is None or not _ram_native.supports(out, stream.base, stream.tensors):
+    if (kernels is None or not _ram_native.supports(out, stream.base, stream.tensors)
+            or not kernels.ready(stream.base.dtype, *entries)):
         return None
     return kernels, activity.threshold
 
@@ -47,7 +49,7 @@ def count_tensor(stream: DeltaStream, k: int, workers: int = 1,
     """The RAM counts of ``stream`` (with its activity rule); ``amax``: gets (max |τ|, max |θ₀|) appended where
     the kernels track them (native and torch paths; not the compiled one)."""
     assert stream.activity is not None
-    native = native_for(stream, stream.activity)
+    native = native_for(stream, stream.activity, entries=("counts",))
     if native is not None:
         return native_statistics(stream, k, *native, workers, amax)
     eps = stream.fused_eps(stream.activity)
@@ -117,9 +119,10 @@ def _weighted_kernel(kernels: MethodKernels, stream: DeltaStream, flat: Tensor, 
     importances = stream.auxiliary.get("importance")
     if importances is None or len(stream.auxiliary) != 1:
         return None
-    native = native_for(stream, activity, flat) if kernels.native else None
+    native = native_for(stream, activity, flat, entries=()) if kernels.native else None
     weighted = None if native is None else _importance_native.kernels()
-    if weighted is not None and _importance_native.supports(stream.base, importances):
+    if (weighted is not None and _importance_native.supports(stream.base, importances)
+            and weighted.ready(stream.base.dtype, importances[0].dtype)):
         return "native", functools.partial(merge_native_weighted, kernels=weighted, importances=importances,
                                            lambdas=lambdas, eps=native[1], workers=workers)  # type: ignore[index]
     eps = stream.fused_eps(activity) if kernels.compiled else None

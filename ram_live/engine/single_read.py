@@ -120,7 +120,7 @@ def merge_unscaled(job: Job, key: str, digest: Any, planes: Tensor | None
     workers = worker_count(job.workers, dev)
     dest = job.sink.destination(key, reader.base.spec(key))
     flat = dest.view(-1) if planes is not None and dest.is_contiguous() and dest.dtype == stream.base.dtype else None
-    native = None if flat is None else native_for(stream, activity, flat)
+    native = None if flat is None else native_for(stream, activity, flat, entries=("merge_unscaled", "rescale"))
     if flat is None or native is None:
         stats, planes = count_tensor(stream, k, workers), None
     else:
