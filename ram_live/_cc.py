@@ -216,7 +216,7 @@ def kernels(family: str, binder: Callable[[ctypes.CDLL, tuple[str, ...]], T | No
     """:func:`bind` ``(family, binder)`` at the build level, for the engines' hot path (asked once per tensor):
     remembered per value of ``RAM_LIVE_NATIVE`` and ``RAM_LIVE_SIMD``, the switches read at each call (the
     compiler and the cache folder only matter to a build, so a library once loaded stays this process's)."""
-    quick = (family, binder, os.environ.get("RAM_LIVE_NATIVE"), os.environ.get("RAM_LIVE_SIMD"))
+    quick = (family, binder, settings.native_enabled(), settings.simd_level())
     found = _QUICK.get(quick, _QUICK)
     if found is _QUICK:
         found = _QUICK[quick] = bind(family, binder)
@@ -272,7 +272,7 @@ def _open(key: tuple, source: str | Path) -> ctypes.CDLL | None:
             path = _build(source, name, list(build_flags), part)
             lib = None if path is None else ctypes.CDLL(str(path))
             if path is None:
-                _ERRORS[key] = f"no C compiler {os.environ.get('CC', 'cc')!r}"
+                _ERRORS[key] = f"no C compiler {settings.c_compiler()!r}"
         except (OSError, subprocess.SubprocessError) as exc:
             lib = None
             _ERRORS[key] = _message(exc)
@@ -282,7 +282,7 @@ def _open(key: tuple, source: str | Path) -> ctypes.CDLL | None:
 
 
 def _key(source: str | Path, name: str, build_flags: tuple[str, ...], part: int | None) -> tuple:
-    return (str(source), name, build_flags, part, os.environ.get("CC", "cc"), str(cache_dir()))
+    return (str(source), name, build_flags, part, settings.c_compiler(), str(cache_dir()))
 
 
 def _message(exc: BaseException) -> str:
@@ -299,7 +299,7 @@ def _headers() -> str:
 
 
 def _build(source: str | Path, name: str, build_flags: list[str], part: int | None = None) -> Path | None:
-    compiler = shutil.which(os.environ.get("CC", "cc"))
+    compiler = shutil.which(settings.c_compiler())
     if compiler is None:
         return None
     text = source.read_text() if isinstance(source, Path) else source

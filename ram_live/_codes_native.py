@@ -124,14 +124,16 @@ class Kernels:
         return out if ok == 0 else None
 
 
+#: Tests' seam: None forces the torch path, False (the default) leaves :func:`kernels` to the shared loader.
 _KERNELS: Kernels | None | bool = False
 
 
 def build(flags: list[str] | None = None) -> Kernels | None:
     """The kernels compiled with ``flags`` (default: the host level's, :func:`ram_live._cc.flags`), or None."""
-    lib = _cc.load_library(_cc.source("impcodes.c"), "impcodes", flags)
-    if lib is None:
-        return None
+    return _cc.bind("impcodes", _bind, flags)
+
+
+def _bind(lib: ctypes.CDLL, flags: tuple[str, ...]) -> Kernels:
     ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.ram_imp_encode.argtypes = [i32, ptr, i32, ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.ram_imp_encode.restype = i64
@@ -145,8 +147,6 @@ def build(flags: list[str] | None = None) -> Kernels | None:
 
 
 def kernels() -> Kernels | None:
-    """The compiled kernels, built on first use (once per machine); None where they cannot be."""
-    global _KERNELS
-    if _KERNELS is False:
-        _KERNELS = build()
-    return _KERNELS
+    """The compiled kernels, built on first use (once per machine); None where they cannot be (and with
+    ``RAM_LIVE_NATIVE=0``, read at each call like every family's)."""
+    return _cc.kernels("impcodes", _bind) if _KERNELS is False else _KERNELS

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import sys
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from . import settings
 
 __all__ = ["empty", "advise_hugepages", "hugepages_wanted"]
 
@@ -46,8 +47,7 @@ def _madvise() -> Any:
 
 def hugepages_wanted(default: bool) -> bool:
     """``RAM_LIVE_HUGEPAGES`` ("1"/"0") if set, else the call site's ``default``."""
-    value = os.environ.get("RAM_LIVE_HUGEPAGES", "")
-    return default if value == "" else value != "0"
+    return settings.hugepages(default)
 
 
 def advise_hugepages(t: Tensor, default: bool = True) -> Tensor:

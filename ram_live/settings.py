@@ -5,6 +5,9 @@
 * ``RAM_LIVE_SIMD``: the instruction level the kernels are built for: ``auto`` (default: what the host has),
   ``avx512``, ``avx2``, ``neon`` or ``scalar``. A level the host cannot run falls back to the host's own
   (e.g. ``RAM_LIVE_SIMD=avx2`` on an AVX-512 host measures the AVX2 build; ``avx512`` on an AVX2 host gets AVX2).
+* ``RAM_LIVE_SINGLE_READ``: ``0``/``1``/``auto``, how RAM+ with global ρ reads its inputs (:func:`single_read`).
+* ``RAM_LIVE_HUGEPAGES``: ``0``/``1``, huge pages under fresh outputs (:func:`hugepages`).
+* ``CC``: the C compiler (default ``cc``).
 * ``RAM_LIVE_CACHE``: where the built libraries are kept (default ``$XDG_CACHE_HOME/ram_live`` or
   ``~/.cache/ram_live``); read when a library is built or first loaded.
 
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["SIMD_LEVELS", "native_enabled", "simd_level", "cache_dir"]
+__all__ = ["SIMD_LEVELS", "native_enabled", "simd_level", "cache_dir", "single_read", "hugepages", "c_compiler"]
 
 #: Build levels of the native kernels, fastest first (``auto``: the host's).
 SIMD_LEVELS = ("avx512", "avx2", "neon", "scalar")
@@ -45,3 +48,20 @@ def cache_dir() -> Path:
     if os.environ.get("RAM_LIVE_CACHE"):
         return Path(os.environ["RAM_LIVE_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ram_live"
+
+
+def single_read() -> str:
+    """``RAM_LIVE_SINGLE_READ``: ``"0"`` (RAM+ with global ρ always reads its inputs twice), ``"1"`` (reads them
+    once whatever the owner maps cost) or ``"auto"`` (default: once where the owner maps fit the memory bound)."""
+    return os.environ.get("RAM_LIVE_SINGLE_READ", "auto") or "auto"
+
+
+def hugepages(default: bool) -> bool:
+    """``RAM_LIVE_HUGEPAGES`` ("1"/"0"): whether fresh outputs are advised to use huge pages; unset: ``default``."""
+    value = os.environ.get("RAM_LIVE_HUGEPAGES", "")
+    return default if value == "" else value != "0"
+
+
+def c_compiler() -> str:
+    """The C compiler the native kernels are built with: ``$CC``, else ``cc``."""
+    return os.environ.get("CC", "cc")

@@ -5,13 +5,12 @@ map recording who changed each entry alone; once every count is in, λ is applie
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .. import _ram_native, memory
+from .. import _ram_native, memory, settings
 from ..methods import MergeMethod, RunContext
 from ..progress import ProgressHook
 from ..sinks import Sink
@@ -33,7 +32,7 @@ def reads_once(method: MergeMethod, config: Any, sink: Sink, k: int) -> bool:
     memory, and the native kernels for this many agents (``RAM_LIVE_SINGLE_READ=0``: never). The caller rules out
     ``validate_first``, reused counts, ``dist`` and ``compile``."""
     kernels = method_kernels(method, config)
-    return (os.environ.get("RAM_LIVE_SINGLE_READ", "auto") != "0"
+    return (settings.single_read() != "0"
             and kernels is not None and kernels.single_read and method.needs_statistics(config)
             and bool(getattr(sink, "revisable", False))
             and k <= _ram_native.MAX_UNSCALED_AGENTS and _ram_native.kernels() is not None)
@@ -42,7 +41,7 @@ def reads_once(method: MergeMethod, config: Any, sink: Sink, k: int) -> bool:
 def owner_map_budget(plan: Plan, specs: dict[str, TensorSpec]) -> float:
     """Bytes the owner maps of a single-read merge may hold: twice the largest tensor, so that extra memory stays
     ≤ output + 2 × largest tensor as with two passes (``RAM_LIVE_SINGLE_READ=1``: unbounded)."""
-    if os.environ.get("RAM_LIVE_SINGLE_READ") == "1":
+    if settings.single_read() == "1":
         return math.inf
     return 2 * max((specs[key].numel * specs[key].dtype.itemsize for key in plan.merge), default=0)
 
