@@ -5,9 +5,9 @@ Every entry point of the RAM family takes one — :func:`ram_live.ram_merge` (``
 (its ``+ram.variant=...`` keys) and the ``ram-live`` command's RAM flags (built from the fields below, with their
 help) — and the old keyword spellings (``ram_merge(..., variant="ram", r=0.2)``) are funnelled into it.
 
-This module imports no torch (``ram-live --help`` reads the fields); checking the values imports the method
-configs, which hold the rules: a :class:`RamOptions` is valid exactly when :class:`~ram_live.methods.RamPlusConfig`
-takes its values.
+This module imports no torch (``ram-live --help`` reads the fields) and no method: the fields and their checks
+are declared here once, in :class:`RamFields` and :class:`RamPlusFields`, which the method configs
+:class:`~ram_live.methods.RamConfig` / :class:`~ram_live.methods.RamPlusConfig` inherit.
 
 >>> opts = RamOptions(variant="ram_plus", r=0.2, alpha=1.0)          # doctest: +SKIP
 >>> ram_merge(agents, base=base_model, options=opts)                 # doctest: +SKIP
