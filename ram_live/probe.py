@@ -22,7 +22,9 @@ from ._probe_native import ProbeCounts
 from .api import Model, Models, check_run_options, input_sources
 from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, Reader, build_plan, digest_update, inputs_digest
 from .engine.threads import in_native_workers, native_walk, worker_count
+from .errors import ConfigError
 from .methods import RAM_VARIANTS, Activity, RamPlusConfig, RamStatistics, ram_activity
+from .options import RamOptions
 
 __all__ = ["probe", "ProbeReport", "AgentStats"]
 
@@ -250,27 +252,41 @@ def _native_counts(stream: DeltaStream, k: int, activity: Activity, workers: int
     return functools.reduce(ProbeCounts.add_, (counts for counts, _ in results))
 
 
+#: The RAM options the probe reads (ρ and λ per variant need ``r``/``alpha``; counting needs ``eps``/``activity``).
+PROBE_OPTIONS = ("r", "alpha", "eps", "activity")
+
+
 def probe(
     models: Models,
     base: Model | None = None,
     *,
-    eps: float = 1e-5,
-    activity: str = "abs",
-    r: float = 0.1,
-    alpha: float = 2.0,
+    options: RamOptions | None = None,
     device: str | torch.device | None = None,
     chunk_numel: int = DEFAULT_CHUNK_NUMEL,
     workers: int | None = None,
+    **ram_options: Any,
 ) -> ProbeReport:
     """Statistics of the agents' task vectors against ``base`` (same inputs as :func:`ram_live.ram_merge`).
     On CPU, float32/bfloat16 inputs go through a native kernel (``workers`` threads, default as the merge's),
     other inputs through torch ops; both give the same counts.
 
+    Args:
+        options: a :class:`~ram_live.RamOptions`; the probe reads its :data:`PROBE_OPTIONS` (``eps``,
+            ``activity``: the activity rule; ``r``, ``alpha``: the λ it reports per variant).
+        ram_options: those four as keywords (``eps=0.0``), put over ``options``.
+
     >>> report = probe({"coder": coder, "tools": tool_agent}, base=base_model)   # doctest: +SKIP
     >>> report.agents["coder"].rho, report.agents["coder"].lambdas["ram_plus"]    # doctest: +SKIP
     """
+    unread = sorted(set(ram_options) - set(PROBE_OPTIONS))
+    if unread:
+        RamOptions.check_names(unread, "probe", others=("options", "device", "chunk_numel", "workers"))
+        raise ConfigError(f"probe: option(s) {', '.join(map(repr, unread))} do not change a probe; it reads "
+                          f"{', '.join(PROBE_OPTIONS)}")
+    opts = RamOptions.of(options, where="probe", **ram_options)
+    eps, r, alpha = opts.eps, opts.r, opts.alpha
     dev = check_run_options(device, chunk_numel, workers)
-    config = RamPlusConfig(eps=eps, activity=activity, r=r, alpha=alpha)  # type: ignore[arg-type]
+    config = RamPlusConfig(eps=eps, activity=opts.activity, r=r, alpha=alpha)
     rule = ram_activity(config)
     agents, base_src = input_sources(models, base)
     plan = build_plan(base_src, agents)

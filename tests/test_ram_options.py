@@ -224,10 +224,10 @@ def test_cli_ram_flags_are_the_dataclass_fields():
             assert action.option_strings == ["--" + name.replace("_", "-")]
             assert action.help == meta["help"] and action.choices == meta["choices"]
             assert action.default == (fields[name].default if command == "probe" else argparse.SUPPRESS)
-    # --method is the variant; probe's options are probe's keywords, with the dataclass's defaults
+    # --method is the variant; probe takes RamOptions (options=, or its four fields as keywords)
     assert set(RAM_VARIANTS) <= set(METHOD_NAMES)
     params = inspect.signature(probe).parameters
-    assert all(params[n].default == fields[n].default for n in PROBE_OPTIONS)
+    assert "options" in params and not set(PROBE_OPTIONS) & set(params)
 
 
 def test_cli_merge_and_probe_flags_give_the_options_bits(files, capsys):
@@ -252,3 +252,20 @@ def test_cli_merge_and_probe_flags_give_the_options_bits(files, capsys):
         assert main(["merge", *paths, "--base", b, "--out", str(tmp / "x"), *argv]) == 2
         assert what in capsys.readouterr().err
     assert not (tmp / "x").exists()
+
+
+def test_probe_takes_ram_options_and_names_what_it_does_not_read():
+    from ram_live.probe import PROBE_OPTIONS as read
+
+    assert PROBE_OPTIONS == read  # the parser's copy (it imports no torch) is the probe's list
+    base_sd = {"w": torch.zeros(64)}
+    agents = {"a": {"w": torch.linspace(0, 1e-4, 64)}, "b": {"w": torch.linspace(1e-4, 0, 64)}}
+    by_options = probe(agents, base_sd, options=RamOptions(eps=2e-5, r=0.3, alpha=1.0)).to_dict()
+    assert by_options == probe(agents, base_sd, eps=2e-5, r=0.3, alpha=1.0).to_dict()
+    assert by_options != probe(agents, base_sd).to_dict()
+    with pytest.raises(ConfigError, match=r"probe: option\(s\) 'exclude' do not change a probe"):
+        probe(agents, base_sd, exclude=["a"])
+    with pytest.raises(ConfigError, match=r"probe: unknown option\(s\) 'rr'"):
+        probe(agents, base_sd, rr=0.2)
+    with pytest.raises(ConfigError, match=r"^eps must be >= 0.0"):
+        probe(agents, base_sd, eps=-1.0)
