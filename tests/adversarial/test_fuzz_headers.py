@@ -10,7 +10,6 @@ import json
 import random
 import struct
 
-import pytest
 import torch
 from safetensors.torch import save_file
 

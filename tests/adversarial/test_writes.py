@@ -13,7 +13,6 @@ import textwrap
 import time
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 import ram_live
