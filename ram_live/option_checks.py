@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["FLOAT32_MAX", "check_choice", "check_finite", "check_lambdas", "check_names", "check_range"]
+__all__ = ["FLOAT32_MAX", "Lambdas", "check_choice", "check_finite", "check_lambdas", "check_names", "check_range"]
 
 #: Options are applied to float32 task vectors: a value beyond float32's range is as useless as ±Inf.
 FLOAT32_MAX = 3.4028234663852886e38
@@ -43,11 +43,20 @@ def check_names(option: str, names: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def check_lambdas(lambdas: Any) -> dict[str, float]:
+class Lambdas(dict):
+    """``{agent: λ}`` held by a frozen config: a dict (JSON, ``==``, ``isinstance(x, dict)`` as before) that hashes
+    by its items, so configs and :class:`~ram_live.RamOptions` holding one hash (search caches, sets). Do not edit
+    it in place: the config's hash would change."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+
+def check_lambdas(lambdas: Any) -> Lambdas:
     """``lambdas`` as a fresh ``{agent: float}`` (so that later edits of the caller's mapping change nothing)."""
     if not isinstance(lambdas, Mapping):
         raise ConfigError(f"lambdas must be a mapping {{agent name: λ}}, got {type(lambdas).__name__}")
-    out = {}
+    out = Lambdas()
     for name, value in lambdas.items():
         if not isinstance(name, str):
             raise ConfigError(f"lambdas: agent names must be strings, got {name!r}")

@@ -269,3 +269,13 @@ def test_probe_takes_ram_options_and_names_what_it_does_not_read():
         probe(agents, base_sd, rr=0.2)
     with pytest.raises(ConfigError, match=r"^eps must be >= 0.0"):
         probe(agents, base_sd, eps=-1.0)
+
+
+def test_options_and_configs_with_lambdas_hash_by_value():
+    a = RamOptions(lambdas={"a": 1.0, "b": 2.0}, exclude=["c"])
+    b = RamOptions(lambdas={"b": 2, "a": 1.0}, exclude=("c",))
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert hash(a) != hash(RamOptions(lambdas={"a": 1.0, "b": 3.0}, exclude=["c"]))
+    cfg = RamPlusConfig(lambdas={"a": 0.5})
+    assert hash(cfg) == hash(RamPlusConfig(lambdas={"a": 0.5})) and cfg.lambdas == {"a": 0.5}
+    assert json.loads(json.dumps(a.to_dict()))["lambdas"] == {"a": 1.0, "b": 2.0}
