@@ -45,16 +45,15 @@ def _madvise() -> Any:
     return fn
 
 
-def hugepages_wanted(default: bool) -> bool:
-    """``RAM_LIVE_HUGEPAGES`` ("1"/"0") if set, else the call site's ``default``."""
-    return settings.hugepages(default)
+#: ``RAM_LIVE_HUGEPAGES`` ("1"/"0") if set, else the call site's ``default`` (read in :mod:`ram_live.settings`).
+hugepages_wanted = settings.hugepages
 
 
 def advise_hugepages(t: Tensor, default: bool = True) -> Tensor:
     """Ask for huge pages under ``t``'s not yet touched CPU memory (the 2 MiB-aligned part of it) where
-    :func:`hugepages_wanted`; a no-op elsewhere and for small tensors. Returns ``t``."""
+    :func:`ram_live.settings.hugepages`; a no-op elsewhere and for small tensors. Returns ``t``."""
     nbytes = t.numel() * t.element_size()
-    if t.device.type != "cpu" or nbytes < MIN_BYTES or not hugepages_wanted(default):
+    if t.device.type != "cpu" or nbytes < MIN_BYTES or not settings.hugepages(default):
         return t
     madvise = _madvise()
     if madvise is not None:
