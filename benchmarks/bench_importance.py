@@ -57,8 +57,8 @@ def kernel_times(k: int, numel: int, reps: int) -> dict[str, dict[str, float]]:
     entries per input: the plain RAM merge, the weighted one with float32 and with bfloat16 importances, and the
     copy floor (``copy_`` of as many bytes as the plain merge reads and writes); calls interleaved, so that other
     processes' load falls on all alike. Also the bytes each moves per entry."""
-    import ram_live._importance_native as wnative
-    import ram_live._ram_native as native
+    import ram_live.kernels.importance as wnative
+    import ram_live.kernels.ram as native
 
     g = torch.Generator().manual_seed(3)
     base = torch.randn(numel, generator=g).to(torch.bfloat16)
@@ -92,9 +92,9 @@ def kernel_times(k: int, numel: int, reps: int) -> dict[str, dict[str, float]]:
 
 
 def _level() -> str:
-    from ram_live import _cc
+    from ram_live.kernels import cc
 
-    return _cc.build_level() if _cc.native_enabled() else "off (RAM_LIVE_NATIVE=0)"
+    return cc.build_level() if cc.native_enabled() else "off (RAM_LIVE_NATIVE=0)"
 
 
 def interleaved(first, second, reps: int) -> tuple[list[float], list[float], list[float], list[float]]:

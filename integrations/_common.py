@@ -8,8 +8,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..dtensor import is_dtensor
-from ..schedule import MergeResult, RAMSchedule
+from ..io.dtensor import is_dtensor
+from ..training.schedule import MergeResult, RAMSchedule
 
 __all__ = ["AdamImportance", "NoImportanceWarning", "SingleAgentWarning", "save_generalist", "warn_single_agent"]
 

@@ -42,9 +42,9 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 from ..errors import RamLiveError
 from ..options import RamOptions
-from .._schedule_util import ScheduleAdapter, swap_tensors
-from ..schedule import MergeResult, RAMSchedule, metric_float
-from ..schedule_search import save_next_to
+from ..training.tensors import ScheduleAdapter, swap_tensors
+from ..training.schedule import MergeResult, RAMSchedule, metric_float
+from ..training.search import save_next_to
 from ..store import LocalCollective, LocalModel, SnapshotStore, TorchCollective
 from ._common import AdamImportance, SingleAgentWarning, importance_option, save_generalist, warn_single_agent
 
@@ -101,7 +101,7 @@ class RAMCallback(ScheduleAdapter, Callback):
         async_write: write snapshot files in a background thread (the changed values are captured at the step;
             single device and DDP); waited for before the next snapshot, a merge, a checkpoint and at train end.
         durable: fsync snapshot files before their manifest (survives power loss, not only killed processes).
-        search: a :class:`~ram_live.schedule_search.SearchSetting`: each merge is the one :func:`ram_live.search`
+        search: a :class:`~ram_live.training.search.SearchSetting`: each merge is the one :func:`ram_live.search`
             picks with the setting's held-out evaluation (``evaluate(module)``, each candidate swapped in; when it
             names none, this callback's evaluation: ``evaluate`` or the validation loop). Logs ``ram/search/*``;
             the record is in ``last_result.extra["search"]``, the callback's state,

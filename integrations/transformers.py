@@ -32,10 +32,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "(or 'ram-live[transformers]')") from exc
 
 from ..errors import ConfigError, RamLiveError
-from .._schedule_util import ScheduleAdapter
+from ..training.tensors import ScheduleAdapter
 from ..options import RamOptions
-from ..schedule import MergeResult, RAMSchedule, metric_float
-from ..schedule_search import save_next_to
+from ..training.schedule import MergeResult, RAMSchedule, metric_float
+from ..training.search import save_next_to
 from ..store import SnapshotStore
 from ._common import AdamImportance, SingleAgentWarning, importance_option, save_generalist, warn_single_agent
 
@@ -80,7 +80,7 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             ``search`` and the trainer from the callback it replaces.
         **schedule_options: the options of :class:`~ram_live.RAMSchedule` (``snapshot_activity``,
             ``snapshot_eps``, ``keep``, ``agents``, ``async_write``, ``durable``, ...; ``search``: a
-            :class:`~ram_live.schedule_search.SearchSetting`, each merge the one :func:`ram_live.search` picks) and
+            :class:`~ram_live.training.search.SearchSetting`, each merge the one :func:`ram_live.search` picks) and
             RAM's options as keywords (``variant="ram", r=0.2``, put over ``ram``); any other name is a
             ``ConfigError``.
 

@@ -14,10 +14,10 @@ from .errors import ConfigError, MissingBaseError, NoAgentsError
 from .methods import RamStatistics, get_method, make_config
 from .options import RamOptions
 from .progress import ProgressHook, TerminalProgress
-from .distributed import Distributed
-from .sinks import DistributedSafetensorsSink, ModuleSink, SafetensorsSink, StateDictSink
+from .io.distributed import Distributed
+from .io.sinks import DistributedSafetensorsSink, ModuleSink, SafetensorsSink, StateDictSink
 from .importance import importance_sources
-from .sources import SafetensorsSource, TensorSource, ZerosSource, as_source, check_agent_names, iter_named
+from .io.sources import SafetensorsSource, TensorSource, ZerosSource, as_source, check_agent_names, iter_named
 
 #: What ``dtype=`` may ask merged tensors to be stored as.
 OUTPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -66,7 +66,7 @@ def check_run_options(device: Any, chunk_numel: Any, workers: Any) -> torch.devi
 
 
 def input_sources(models: Models, base: Model | None) -> tuple[list[TensorSource], TensorSource]:
-    """The agents and the base as :class:`~ram_live.sources.TensorSource` objects (names checked; a base the
+    """The agents and the base as :class:`~ram_live.io.sources.TensorSource` objects (names checked; a base the
     snapshots carry when ``base`` is None), for :func:`merge`, :func:`ram_live.probe` and the search."""
     named = list(iter_named(models))
     if not named:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigError, InputMismatchError
-from .sources import TensorSource
+from .io.sources import TensorSource
 from .types import TensorSpec
 
 __all__ = ["AuxiliaryInputs", "ConstantImportance", "resolve", "validate"]

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import ConfigError, UnsupportedInputError
-from .sources import SafetensorsSource, StateDictSource, TensorSource
+from .io.sources import SafetensorsSource, StateDictSource, TensorSource
 
 __all__ = ["adam_importance", "empirical_fisher", "importance_sources"]
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from . import _probe_native
+from .kernels import probe as probe_native
 from . import functional as F
-from ._probe_native import ProbeCounts
+from .kernels.probe import ProbeCounts
 from .api import Model, Models, check_run_options, input_sources
 from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, Reader, build_plan, digest_update, inputs_digest
 from .engine.threads import in_native_workers, native_walk, worker_count
@@ -231,10 +231,10 @@ def _torch_counts(stream: DeltaStream, k: int) -> ProbeCounts:
 
 
 def _native_counts(stream: DeltaStream, k: int, activity: Activity, workers: int) -> ProbeCounts | None:
-    """One tensor's counts by the native kernel (see :mod:`ram_live._probe_native`), its ranges shared by
+    """One tensor's counts by the native kernel (see :mod:`ram_live.kernels.probe`), its ranges shared by
     ``workers`` threads; None where the kernel does not apply (the torch path runs)."""
-    kernel = _probe_native.kernel()
-    if kernel is None or not _probe_native.supports(stream.base, stream.tensors):
+    kernel = probe_native.kernel()
+    if kernel is None or not probe_native.supports(stream.base, stream.tensors):
         return None
     eps = activity.threshold
 

@@ -1,7 +1,7 @@
 """The environment switches of the native kernels, read in one place.
 
 * ``RAM_LIVE_NATIVE=0``: every native kernel off (the torch paths run); read each time a kernel is asked for
-  through :func:`ram_live._cc.kernels`, so it also turns off those a process already loaded.
+  through :func:`ram_live.kernels.cc.kernels`, so it also turns off those a process already loaded.
 * ``RAM_LIVE_SIMD``: the instruction level the kernels are built for: ``auto`` (default: what the host has),
   ``avx512``, ``avx2``, ``neon`` or ``scalar``. A level the host cannot run falls back to the host's own
   (e.g. ``RAM_LIVE_SIMD=avx2`` on an AVX-512 host measures the AVX2 build; ``avx512`` on an AVX2 host gets AVX2).

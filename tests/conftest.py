@@ -48,7 +48,7 @@ def base_sd():
 @pytest.fixture
 def no_native(monkeypatch):
     """Run the torch paths: the native CPU kernels switched off for the test."""
-    import ram_live._ram_native as native
+    import ram_live.kernels.ram as native
 
     monkeypatch.setattr(native, "_KERNELS", None)
 

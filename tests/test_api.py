@@ -231,7 +231,7 @@ def test_merge_task_vectors_equals_merging_onto_a_base(base_sd):
 
 
 def test_agents_carrying_their_base(base_sd):
-    from ram_live.sources import StateDictSource
+    from ram_live.io.sources import StateDictSource
 
     class Snapshot(StateDictSource):
         def __init__(self, sd, name, base):

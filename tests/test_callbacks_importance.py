@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from ram_live.schedule import RAMSchedule
+from ram_live.training.schedule import RAMSchedule
 from ram_live.store import SnapshotStore
 from ram_live.store.importance import quantize, dequantize
 
@@ -209,7 +209,7 @@ dist.init_process_group("gloo", rank=0, world_size=1)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from ram_live.integrations._common import AdamImportance
-from ram_live.schedule import RAMSchedule
+from ram_live.training.schedule import RAMSchedule
 from ram_live.store import SnapshotStore, TorchCollective
 from ram_live.store.importance import dequantize, quantize
 torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The shared kernel loader (ram_live/_cc.py): each family and each part of ram.c is compiled only when a call
+"""The shared kernel loader (ram_live/cc.py): each family and each part of ram.c is compiled only when a call
 first needs it, once per cache and flags, once per process; RAM_LIVE_NATIVE=0 turns every family off at any
 time; a part that does not build is named with the compiler's message. A wrapper around the real compiler
 records what it was asked to build."""
@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import ram_live._importance_native as wnative
-import ram_live._probe_native as pnative
-import ram_live._ram_native as native
-import ram_live._select as select_native
-from ram_live import _cc
-from ram_live.store import _crc_native
+import ram_live.kernels.importance as wnative
+import ram_live.kernels.probe as pnative
+import ram_live.kernels.ram as native
+import ram_live.kernels.select as select_native
+from ram_live.kernels import cc
+from ram_live.kernels import crc as crc_native
 
 REAL_CC = shutil.which(os.environ.get("CC", "cc"))
-needs_cc = pytest.mark.skipif(REAL_CC is None or not _cc.native_enabled(), reason="no C compiler")
+needs_cc = pytest.mark.skipif(REAL_CC is None or not cc.native_enabled(), reason="no C compiler")
 
 
 @pytest.fixture
@@ -97,13 +97,13 @@ def test_curvature_aware_ram_builds_the_part_of_its_dtypes_alone(compiler):
 
 @needs_cc
 def test_a_new_process_loads_from_the_cache_and_other_flags_build_anew(compiler, monkeypatch):
-    flags = (*_cc.flags("scalar"), "-O1")
-    first = _cc.load("ram", flags, part=native.PARTS["rescale"][0])
+    flags = (*cc.flags("scalar"), "-O1")
+    first = cc.load("ram", flags, part=native.PARTS["rescale"][0])
     assert first is not None and len(compiler()) == 1
-    monkeypatch.setattr(_cc, "_HANDLES", {})  # as a new process would
-    again = _cc.load("ram", flags, part=native.PARTS["rescale"][0])
+    monkeypatch.setattr(cc, "_HANDLES", {})  # as a new process would
+    again = cc.load("ram", flags, part=native.PARTS["rescale"][0])
     assert again is not None and again is not first and len(compiler()) == 1  # the cached file, not built again
-    assert _cc.load("ram", (*flags[:-1], "-O2"), part=native.PARTS["rescale"][0]) is not None
+    assert cc.load("ram", (*flags[:-1], "-O2"), part=native.PARTS["rescale"][0]) is not None
     assert len(compiler()) == 2
     cached = sorted(p.name.split("-")[0] for p in Path(os.environ["RAM_LIVE_CACHE"]).glob("*.so"))
     assert cached == [f"ram.{native.PARTS['rescale'][0]}"] * 2
@@ -112,8 +112,8 @@ def test_a_new_process_loads_from_the_cache_and_other_flags_build_anew(compiler,
 @needs_cc
 def test_the_parts_give_the_bits_of_the_whole_source_in_one_library(compiler):
     """ram.c compiled once without RAM_PART holds every part; each part's library computes the same."""
-    flags = _cc.flags("scalar")
-    whole = _cc.load_library(_cc.source("ram.c"), "ram", flags)
+    flags = cc.flags("scalar")
+    whole = cc.load_library(cc.source("ram.c"), "ram", flags)
     parts = native.build(flags)
     assert whole is not None and parts is not None and parts.simd_bits == 0
     for dtype, code in native.DTYPES.items():
@@ -133,12 +133,12 @@ def test_the_parts_give_the_bits_of_the_whole_source_in_one_library(compiler):
 @needs_cc
 def test_the_environment_switch_turns_every_family_off_at_any_time(monkeypatch):
     loaders = {"ram": native.kernels, "importance": wnative.kernels, "probe": pnative.kernel,
-               "select": select_native.kernels, "crc32": _crc_native.native_crc32}
+               "select": select_native.kernels, "crc32": crc_native.native_crc32}
     on = {name: loader() for name, loader in loaders.items()}
     assert on["ram"] is not None and on["importance"] is not None and on["probe"] is not None
     monkeypatch.setenv("RAM_LIVE_NATIVE", "0")
     assert {name: loader() for name, loader in loaders.items()} == dict.fromkeys(loaders)
-    assert _cc.load("ram") is None and native.build() is None
+    assert cc.load("ram") is None and native.build() is None
     monkeypatch.delenv("RAM_LIVE_NATIVE")
     assert all(loader() is on[name] for name, loader in loaders.items())  # the same objects again
 
@@ -151,33 +151,33 @@ def broken_family(tmp_path, monkeypatch):
     (csrc / "broken.c").write_text("int part_zero(void) { return 7; }\n"
                                    "#if RAM_PART == 1\nint part_one(int x) { return x + 1; }\n#endif\n"
                                    "#if RAM_PART == 2\nint part_two(void) { return not C; }\n#endif\n")
-    monkeypatch.setattr(_cc, "CSRC", csrc)
-    monkeypatch.setitem(_cc.FAMILIES, "broken", _cc.Family("broken.c", "broken", ("-O0",), entry_part=0))
+    monkeypatch.setattr(cc, "CSRC", csrc)
+    monkeypatch.setitem(cc.FAMILIES, "broken", cc.Family("broken.c", "broken", ("-O0",), entry_part=0))
     return "broken"
 
 
 @needs_cc
 def test_a_part_that_does_not_build_is_named_with_the_compilers_message(compiler, broken_family):
-    assert _cc.load(broken_family).part_zero() == 7
-    one = _cc.function(broken_family, 1, "part_one", ("-O0",), [ctypes.c_int], ctypes.c_int)
+    assert cc.load(broken_family).part_zero() == 7
+    one = cc.function(broken_family, 1, "part_one", ("-O0",), [ctypes.c_int], ctypes.c_int)
     assert one(41) == 42
-    with pytest.raises(_cc.KernelBuildError, match=r"(?s)part 2 of the native kernels broken.c.*part_two.*error"):
-        _cc.function(broken_family, 2, "part_two", ("-O0",), [], ctypes.c_int)
+    with pytest.raises(cc.KernelBuildError, match=r"(?s)part 2 of the native kernels broken.c.*part_two.*error"):
+        cc.function(broken_family, 2, "part_two", ("-O0",), [], ctypes.c_int)
 
 
 @needs_cc
 def test_kernels_already_chosen_build_their_parts_after_the_switch_goes_off(compiler, broken_family, monkeypatch):
-    assert _cc.load(broken_family) is not None
+    assert cc.load(broken_family) is not None
     monkeypatch.setenv("RAM_LIVE_NATIVE", "0")
-    assert _cc.load(broken_family) is None  # no new choice of the native path
-    one = _cc.function(broken_family, 1, "part_one", ("-O0",), [ctypes.c_int], ctypes.c_int)
+    assert cc.load(broken_family) is None  # no new choice of the native path
+    one = cc.function(broken_family, 1, "part_one", ("-O0",), [ctypes.c_int], ctypes.c_int)
     assert one(1) == 2 and _parts_built(compiler()) == [0, 1]
 
 
 @needs_cc
 def test_threads_asking_at_once_share_one_build(compiler, broken_family):
     got: list[object] = []
-    threads = [threading.Thread(target=lambda: got.append(_cc.load(broken_family, part=1))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: got.append(cc.load(broken_family, part=1))) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -189,7 +189,7 @@ def test_threads_asking_at_once_share_one_build(compiler, broken_family):
 def test_without_a_compiler_there_are_no_kernels(monkeypatch, tmp_path):
     monkeypatch.setenv("RAM_LIVE_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-compiler-ram-live")
-    assert _cc.load("ram") is None and native.build() is None and wnative.build() is None
+    assert cc.load("ram") is None and native.build() is None and wnative.build() is None
     assert pnative.build() is None and select_native._load() is None
     assert not list(tmp_path.iterdir())
 

@@ -60,7 +60,7 @@ def test_torchrun_distributed_merge(files):
            "--distributed", "--max-shard-size", "0.000001", "--quiet"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    from ram_live.sources import SafetensorsSource
+    from ram_live.io.sources import SafetensorsSource
 
     src = SafetensorsSource(tmp / "d")
     assert_bit_identical({k: src.get(k).clone() for k in src.keys()}, merge(agents, base=base))

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 import ram_live
 from ram_live import merge, probe
-from ram_live._cli_output import jsonable, replacing
-from ram_live._cli_parser import METHOD_NAMES, build_parser
+from ram_live.cli.output import jsonable, replacing
+from ram_live.cli.parser import METHOD_NAMES, build_parser
 from ram_live.cli import BROKEN_PIPE_STATUS, main
 
 from tests.conftest import assert_bit_identical

@@ -1,4 +1,4 @@
-"""The native encoder/decoder of the store's importance codes (ram_live/_codes_native.py, csrc/impcodes.c) gives
+"""The native encoder/decoder of the store's importance codes (ram_live/codes_native.py, csrc/impcodes.c) gives
 the torch path's bits at every build level this host runs: codes, maxima, decoded importances and refusals, on
 random and edge inputs (zeros, -0.0, denormals, the float32 range's ends, NaN/Inf/negatives), every piece
 encoding, lengths off the vector width, one thread and split over threads."""
@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ram_live import _cc, _codes_native
+from ram_live.kernels import cc
+
+from ram_live.kernels import codes as codes_native
 from ram_live.errors import InputMismatchError
 from ram_live.store.encoding import Encoded, pack_bits
 from ram_live.store.importance import (decode_piece, decode_piece_torch, encode_active, encode_active_torch,
@@ -16,12 +18,12 @@ from ram_live.store.importance import (decode_piece, decode_piece_torch, encode_
 
 
 def _builds():
-    if not _cc.native_enabled():
+    if not cc.native_enabled():
         return []
-    host = _cc.host_level()
+    host = cc.host_level()
     levels = [lv for lv in ("avx512", "avx2", "neon", "scalar")
               if lv == host or lv == "scalar" or (lv == "avx2" and host == "avx512")]
-    return [(lv, _codes_native.build(list(_cc.flags(lv)))) for lv in levels]
+    return [(lv, codes_native.build(list(cc.flags(lv)))) for lv in levels]
 
 
 BUILDS = _builds()
@@ -89,7 +91,7 @@ def test_codes_match_torch(level, dtype, n):
 
 def test_codes_hand_computed():
     """Codes of a piece with maximum 2.0 (octave 1024 + 8 = 1032): q = octave + 255 - 1032, at least 1, 0 for 0."""
-    lib = _codes_native.kernels()
+    lib = codes_native.kernels()
     h = torch.tensor([2.0, 1.0, 1.0625, 1.0624999, 0.0, -0.0, 1e-45, 2.0 ** -40, 1.5])
     codes, m = lib.encode(h, "dense", None, h.numel())
     # 1.0625 = 1 + 1/16 rounds up to 1 + 1/8 (ties away from zero in the integer rounding); 2^-40: 41 octaves
@@ -123,7 +125,7 @@ def test_growing_maximum_matches_torch(level, order):
 def test_largest_floats_decode_finite():
     """A maximum near float32's largest (its octave would round up to 2040, which decodes as Inf) counts from
     octave 2039: decoded within 1/16 and finite, on both paths."""
-    lib = _codes_native.kernels()
+    lib = codes_native.kernels()
     h = torch.tensor([3.4028235e38, 3.3e38, 3.2e38, 1.0, 0.0])
     codes, m = lib.encode(h, "dense", None, 5)
     want = quantize(h)
@@ -160,11 +162,11 @@ def test_bad_importances_refused_only_at_stored_entries(level, bad):
             y = x.to(dtype)
             for kind, pos in (("bitmask", pack_bits(mask)), ("indices32", idx)):
                 got = lib.encode(y, kind, pos, int(mask.sum()))
-                assert (got == _codes_native.BAD_VALUE) if stored else not isinstance(got, int)
+                assert (got == codes_native.BAD_VALUE) if stored else not isinstance(got, int)
             got = lib.encode(y, "dense", None, n)
-            assert got == _codes_native.BAD_VALUE
+            assert got == codes_native.BAD_VALUE
     tiny = torch.tensor([1.0, -1e-45, 0.5])  # the negative denormal nearest 0 (not -0.0: refused)
-    assert lib.encode(tiny, "dense", None, 3) == _codes_native.BAD_VALUE
+    assert lib.encode(tiny, "dense", None, 3) == codes_native.BAD_VALUE
 
 
 def test_encode_active_names_the_culprit_and_matches_torch():
@@ -190,10 +192,10 @@ def test_encode_active_names_the_culprit_and_matches_torch():
 
 def test_split_over_threads_matches(monkeypatch):
     """Pieces split over threads (ranges of whole bitmask bytes) give the one-range bits."""
-    lib = _codes_native.kernels()
+    lib = codes_native.kernels()
     n = 100_003
     h = _values(n, 11)
-    monkeypatch.setattr(_codes_native, "SPLIT", 1000)
+    monkeypatch.setattr(codes_native, "SPLIT", 1000)
     threads = torch.get_num_threads()
     torch.set_num_threads(max(threads, 4))
     try:
@@ -203,7 +205,7 @@ def test_split_over_threads_matches(monkeypatch):
             assert torch.equal(got[0], want[0]) and got[1] == want[1], (encoding, count)
         bad = h.clone()
         bad[n - 5] = float("nan")
-        assert lib.encode(bad, "dense", None, n) == _codes_native.BAD_VALUE
+        assert lib.encode(bad, "dense", None, n) == codes_native.BAD_VALUE
     finally:
         torch.set_num_threads(threads)
 

@@ -50,7 +50,7 @@ def test_split_merge_equals_single_process(tmp_path, base_sd, method, options):
     out = tmp_path / f"dist-{method}"
     shards = sorted(p.name for p in out.glob("*.safetensors"))
     assert len(shards) > 2 and (out / "model.safetensors.index.json").exists()
-    from ram_live.sources import SafetensorsSource
+    from ram_live.io.sources import SafetensorsSource
 
     src = SafetensorsSource(out)
     got = {k: src.get(k).clone() for k in src.keys()}

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 import ram_live
-import ram_live._ram_native as native
+import ram_live.kernels.ram as native
 from ram_live import ConfigError, InputMismatchError, merge, ram_merge
 from ram_live import functional as F
 from tests.conftest import assert_bit_identical, snapshot

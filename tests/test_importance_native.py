@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ram_live._importance_native as wnative
-import ram_live._ram_native as native
+import ram_live.kernels.importance as wnative
+import ram_live.kernels.ram as native
 from ram_live import ram_merge
 from ram_live.engine import compiler_available
 from tests.conftest import assert_bit_identical
@@ -42,10 +42,10 @@ def test_native_equals_eager_bits(monkeypatch, dtype, imp_dtype, out_dtype, k):
 def test_vector_and_portable_builds_give_the_same_bits(dtype, imp_dtype, plus):
     builds = {"native": wnative.kernels(), "portable": wnative.build((*native.FLAGS, "-mno-avx512f"))}
     assert builds["portable"] is not None and builds["portable"].simd_bits == 0
-    from ram_live import _cc
+    from ram_live.kernels import cc
 
     # the level the native build is made for: the CPU's, or what RAM_LIVE_SIMD asks of it
-    assert builds["native"].simd_bits == (512 if _cc.build_level() == "avx512" else 0)
+    assert builds["native"].simd_bits == (512 if cc.build_level() == "avx512" else 0)
     base = _base(dtype)
     agents = _agents(base, densities=(0.4, 0.5, 0.6, 0.3))
     importance = _importances(base, list(agents), dtype=imp_dtype)

@@ -14,9 +14,9 @@ import hashlib
 import pytest
 import torch
 
-import ram_live._importance_native as wnative
-import ram_live._probe_native as pnative
-import ram_live._ram_native as native
+import ram_live.kernels.importance as wnative
+import ram_live.kernels.probe as pnative
+import ram_live.kernels.ram as native
 from ram_live.settings import SIMD_LEVELS
 
 KS = (1, 2, 3, 5, 8)
@@ -126,15 +126,15 @@ def compute(ram: native.Kernels, weighted: wnative.Kernels, probe: pnative.Kerne
 
 def _builds() -> list[tuple[str, tuple]]:
     """(level, (ram, weighted, probe)) for each build level this host can run, each forced by its flags."""
-    from ram_live import _cc
+    from ram_live.kernels import cc
 
-    host = _cc.host_level()
+    host = cc.host_level()
     levels = [lv for lv in SIMD_LEVELS if lv == host or lv == "scalar" or (lv == "avx2" and host == "avx512")]
     builds = []
     for level in levels:
-        flags = _cc.flags(level)
+        flags = cc.flags(level)
         builds.append((level, (native.build(flags), wnative.build(flags), pnative.build(flags))))
-    return builds if _cc.native_enabled() and native.kernels() is not None else []
+    return builds if cc.native_enabled() and native.kernels() is not None else []
 
 
 BUILDS = _builds()

@@ -15,7 +15,7 @@ L = pytest.importorskip("lightning")
 from ram_live.integrations.lightning import RAMCallback, SingleAgentWarning, UnsupportedStrategyError
 
 from ram_live import probe, ram_merge
-from ram_live.schedule import RAMSchedule
+from ram_live.training.schedule import RAMSchedule
 from ram_live.store import BaseMismatchError, SnapshotStore
 
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -266,7 +266,7 @@ def test_search_setting_picks_the_merge_with_the_validation_loop_logs_and_saves_
     validation loop (weights swapped in and back), the winner merged, logged under ram/search/*, saved."""
     pytest.importorskip("ram_live.search")
     from ram_live import merge
-    from ram_live.schedule_search import SearchSetting, load_choice
+    from ram_live.training.search import SearchSetting, load_choice
 
     store = tmp_path / "store"
     base = _copy(Net())

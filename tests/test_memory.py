@@ -2,7 +2,7 @@
 
 import torch
 
-from ram_live import memory
+from ram_live.io import memory
 
 
 def test_empty_gives_a_usable_tensor_of_the_asked_kind(monkeypatch):

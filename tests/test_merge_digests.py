@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 import ram_live
-from ram_live import _cc
+from ram_live.kernels import cc
 
 SHAPES = {"embed.weight": (97, 48), "block.0.attn.weight": (48, 48), "block.0.mlp.weight": (130, 48),
           "block.0.norm.weight": (48,), "head.bias": (1,), "lm_head.weight": (97, 48)}
@@ -292,7 +292,7 @@ DIGESTS: dict[str, str] = {
 def test_merge_digests(case, dname, tmp_path):
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[dname]
     for path in PATHS:
-        if path == "native" and not (_cc.native_enabled()):
+        if path == "native" and not (cc.native_enabled()):
             continue
         assert _run(case, path, dtype, tmp_path) == DIGESTS[f"{case}/{path}/{dname}"], (case, path, dname)
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-import ram_live._ram_native as native
+import ram_live.kernels.ram as native
 from ram_live import functional as F
 from ram_live import merge
 from ram_live.methods import (_REGISTRY, Activity, MethodKernels, RamPlusConfig, get_method, lambda_bound, ram_kernels,

@@ -60,7 +60,7 @@ GIVEN = {"coder": 2.5, "tools": 0.5, "memory": 1.75}
 @pytest.mark.parametrize("method", ["ram", "ram_plus", "ram_plus_soft"])
 def test_given_lambdas_equal_the_hand_computation(base_sd, agents, native, method, monkeypatch):
     if not native:
-        import ram_live._ram_native as native_mod
+        import ram_live.kernels.ram as native_mod
 
         monkeypatch.setattr(native_mod, "_KERNELS", None)
     merged, info = merge(agents, base=base_sd, method=method, lambdas=GIVEN, return_info=True)
@@ -72,7 +72,7 @@ def test_given_lambdas_equal_the_hand_computation(base_sd, agents, native, metho
 @pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 def test_lambdas_of_one_are_plain_ram_bit_for_bit(base_sd, agents, native, monkeypatch):
     if not native:
-        import ram_live._ram_native as native_mod
+        import ram_live.kernels.ram as native_mod
 
         monkeypatch.setattr(native_mod, "_KERNELS", None)
     base = {k: v.clone() for k, v in base_sd.items()}

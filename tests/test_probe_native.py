@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-import ram_live._probe_native as native
+import ram_live.kernels.probe as native
 from ram_live import probe
 from ram_live.errors import NonFiniteError
 from tests.conftest import make_agents

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-import ram_live._ram_native as native
+import ram_live.kernels.ram as native
 from ram_live import ram_merge
 from ram_live.errors import NonFiniteError
 from tests.conftest import assert_bit_identical, make_agents, snapshot
@@ -95,10 +95,10 @@ def test_vector_and_portable_builds_give_the_reference_bits(in_dtype, out_dtype,
     in torch, on ranges with odd starts and tails, -0, sub-eps, eps-boundary and shared entries."""
     builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
     assert builds["portable"] is not None and builds["portable"].simd_bits == 0
-    from ram_live import _cc
+    from ram_live.kernels import cc
 
     # the level the native build is made for: the CPU's, or what RAM_LIVE_SIMD asks of it
-    assert builds["native"].simd_bits == (512 if _cc.build_level() == "avx512" else 0)
+    assert builds["native"].simd_bits == (512 if cc.build_level() == "avx512" else 0)
     g = torch.Generator().manual_seed(7)
     n = 1237
     base = torch.randn(n, generator=g).to(in_dtype)
@@ -192,20 +192,20 @@ def test_supports_only_what_it_computes_exactly():
 
 
 def test_switched_off_by_the_environment(monkeypatch):
-    from ram_live import _cc
+    from ram_live.kernels import cc
 
     monkeypatch.setenv("RAM_LIVE_NATIVE", "0")
-    assert not _cc.native_enabled()
-    assert _cc.load_library("int f(void) { return 1; }", "probe", ["-O2"]) is None
+    assert not cc.native_enabled()
+    assert cc.load_library("int f(void) { return 1; }", "probe", ["-O2"]) is None
 
 
 def test_the_kernels_build_wherever_a_c_compiler_is_found():
     import os
     import shutil
 
-    from ram_live import _cc
+    from ram_live.kernels import cc
 
-    if _cc.native_enabled() and shutil.which(os.environ.get("CC", "cc")):
+    if cc.native_enabled() and shutil.which(os.environ.get("CC", "cc")):
         assert native.kernels() is not None  # a source that stopped compiling must not pass as "no compiler"
 
 
@@ -293,7 +293,7 @@ def test_single_read_merges_what_the_kernels_do_not_take_after_the_counts(monkey
     base = dict(base_sd)
     base["layers.0.b"] = base["layers.0.b"].half()  # float16: the torch path, after λ is known
     agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)
-    from ram_live.sinks import StateDictSink
+    from ram_live.io.sinks import StateDictSink
 
     taken = []
     destination = StateDictSink.destination

@@ -17,11 +17,11 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ram_live import RamOptions, merge, probe, ram_merge
-from ram_live._cli_parser import METHOD_NAMES, PROBE_OPTIONS, build_parser
+from ram_live.cli.parser import METHOD_NAMES, PROBE_OPTIONS, build_parser
 from ram_live.cli import main
 from ram_live.errors import ConfigError
 from ram_live.methods import RAM_VARIANTS, RamPlusConfig, make_config
-from ram_live.schedule import RAMSchedule
+from ram_live.training.schedule import RAMSchedule
 from tests.conftest import assert_bit_identical, make_agents
 from tests.reference import ref_ram
 

@@ -11,8 +11,8 @@ from torch import nn
 
 from ram_live import merge
 from ram_live.errors import ConfigError, RamLiveError
-from ram_live.schedule import RAMSchedule
-from ram_live.schedule_search import SearchSetting, load_choice, search_metrics
+from ram_live.training.schedule import RAMSchedule
+from ram_live.training.search import SearchSetting, load_choice, search_metrics
 from ram_live.store import SnapshotStore
 
 pytest.importorskip("ram_live.search")

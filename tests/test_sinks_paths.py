@@ -8,7 +8,7 @@ import ram_live
 from safetensors.torch import load_file, save_file
 
 from ram_live import ConfigError, NonFiniteError, merge
-from ram_live.sinks import SafetensorsSink
+from ram_live.io.sinks import SafetensorsSink
 from tests.conftest import assert_bit_identical, make_agents
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ram_live import ram_merge
-from ram_live.sources import RenamedSource, as_source
+from ram_live.io.sources import RenamedSource, as_source
 from ram_live.store import SnapshotStore
 
 

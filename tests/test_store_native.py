@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import ram_live._select as select_module
+import ram_live.kernels.select as select_module
 import ram_live.store.encoding as store_module
 from ram_live.store.encoding import _encode_native, _encode_numpy, Encoded
 

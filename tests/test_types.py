@@ -63,8 +63,8 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 def test_sources_sinks_and_distributed_never_reach_the_engine_or_the_methods() -> None:
     graph = import_graph()
     assert graph["ram_live.types"] == set()  # the bottom: torch only
-    assert graph["ram_live.dtensor"] == set()
-    for low in ("ram_live.types", "ram_live.dtensor", "ram_live.sources", "ram_live.sinks", "ram_live.distributed",
+    assert graph["ram_live.io.dtensor"] == set()
+    for low in ("ram_live.types", "ram_live.io.dtensor", "ram_live.io.sources", "ram_live.io.sinks", "ram_live.io.distributed",
                 "ram_live.auxiliary"):
         above = {m for m in reachable(graph, low) if m.startswith(("ram_live.engine", "ram_live.methods"))}
         assert not above, (low, sorted(above))
@@ -75,7 +75,7 @@ def test_no_module_of_the_engine_the_methods_or_below_is_in_an_import_circle() -
     graph = import_graph()
     for module in graph:
         if module.startswith(("ram_live.engine", "ram_live.methods")) or module in (
-                "ram_live.types", "ram_live.dtensor", "ram_live.sources", "ram_live.sinks", "ram_live.distributed",
+                "ram_live.types", "ram_live.io.dtensor", "ram_live.io.sources", "ram_live.io.sinks", "ram_live.io.distributed",
                 "ram_live.auxiliary", "ram_live.probe"):
             circle = sorted(m for m in reachable(graph, module) if module in reachable(graph, m))
             assert not circle, (module, circle)
@@ -84,9 +84,9 @@ def test_no_module_of_the_engine_the_methods_or_below_is_in_an_import_circle() -
 def test_the_graph_sees_relative_type_only_and_package_imports() -> None:
     graph = import_graph()
     # a module-level `from .types import ...` and a package-relative `from . import functional as F`
-    assert "ram_live.types" in graph["ram_live.sources"]
-    assert "ram_live.types" in graph["ram_live.sinks"]
-    assert "ram_live.dtensor" in graph["ram_live.distributed"]
+    assert "ram_live.types" in graph["ram_live.io.sources"]
+    assert "ram_live.types" in graph["ram_live.io.sinks"]
+    assert "ram_live.io.dtensor" in graph["ram_live.io.distributed"]
     assert any(m.startswith("ram_live.functional") for m in graph["ram_live.probe"])
 
 

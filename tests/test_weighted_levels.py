@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ram_live import _cc
-import ram_live._importance_native as weighted
+from ram_live.kernels import cc
+import ram_live.kernels.importance as weighted
 
 
 def _levels() -> list[str]:
-    if not _cc.native_enabled():
+    if not cc.native_enabled():
         return []
-    host = _cc.host_level()
+    host = cc.host_level()
     return [lv for lv in ("avx512", "avx2", "neon", "scalar")
             if lv == host or lv == "scalar" or (lv == "avx2" and host == "avx512")]
 
@@ -37,7 +37,7 @@ def _case(n: int, k: int, dtype: torch.dtype, hdtype: torch.dtype, g: torch.Gene
 
 @pytest.mark.parametrize("n", [1, 7, 31, 33, 1000, 4099])
 def test_weighted_kernel_same_bits_at_every_level(n):
-    kernels = {lv: weighted.build(_cc.flags(lv)) for lv in LEVELS}
+    kernels = {lv: weighted.build(cc.flags(lv)) for lv in LEVELS}
     assert all(kernels.values()), f"a build failed: {[lv for lv, kn in kernels.items() if kn is None]}"
     g = torch.Generator().manual_seed(n)
     for k in (1, 2, 3, 5, 8):
@@ -61,7 +61,7 @@ def test_weighted_kernel_same_bits_at_every_level(n):
 @pytest.mark.parametrize("bad_value", [-1.0, float("nan"), float("inf")])
 def test_bad_importance_reported_at_every_level(bad_value):
     """A negative, NaN or Inf importance anywhere (vector lanes or the scalar tail) makes every level report."""
-    kernels = {lv: weighted.build(_cc.flags(lv)) for lv in LEVELS}
+    kernels = {lv: weighted.build(cc.flags(lv)) for lv in LEVELS}
     g = torch.Generator().manual_seed(1)
     n = 1003
     base, agents, imps = _case(n, 3, torch.bfloat16, torch.float32, g)

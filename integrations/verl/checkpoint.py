@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
-from ram_live.dtensor import is_dtensor
+from ram_live.io.dtensor import is_dtensor
 from ram_live.errors import UnsupportedInputError
 from ram_live.store import LocalTensor
 

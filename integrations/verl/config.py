@@ -58,7 +58,7 @@ class RAMVerlOptions(HoldsRamOptions):
             (``opts.variant`` etc. read it).
         evaluate: dotted path of ``fn(merged_dir: str, step: int) -> dict[str, float]`` (``pkg.mod.fn`` or
             ``pkg.mod:fn``), called after each merge; its scores are logged as ``ram/<name>``.
-        search: the options of a :class:`~ram_live.schedule_search.SearchSetting` (``+ram.search.budget=60
+        search: the options of a :class:`~ram_live.training.search.SearchSetting` (``+ram.search.budget=60
             +ram.search.metric=acc +ram.search.evaluate=pkg.mod:fn``): each merge is then the one
             :func:`ram_live.search` picks with that held-out evaluation (default: ``evaluate``), each candidate
             evaluated in a folder under ``merged_dir``; logs ``ram/search/*``; the chosen options go into the
@@ -143,7 +143,7 @@ class RAMVerlOptions(HoldsRamOptions):
         if self.base is not None:
             self.base = os.fspath(self.base)
         if self.search is not None:
-            from ram_live.schedule_search import SearchSetting
+            from ram_live.training.search import SearchSetting
 
             try:
                 self.search = SearchSetting.from_mapping(self.search)

@@ -25,7 +25,7 @@ import torch
 
 from ram_live.errors import ConfigError, RamLiveError
 from ram_live.methods import Activity
-from ram_live.sources import SafetensorsSource
+from ram_live.io.sources import SafetensorsSource
 from ram_live.store import LocalTensor, SnapshotStore
 
 from .checkpoint import LORA_RE, ActorCheckpoint

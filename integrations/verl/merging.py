@@ -99,7 +99,7 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
                   "lambda": lambdas, "rho": {n: (v if math.isfinite(v) else None) for n, v in rho.items()},
                   "density": density, "weights": o.weights, "store": str(ram.store.root)}
         if searched is not None:
-            from ram_live.schedule_search import save_record
+            from ram_live.training.search import save_record
 
             record.update(variant=searched["best"]["method"], search=searched)
             save_record(building / "ram_search.json", searched, result, durable=False)
@@ -122,7 +122,7 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
         if n in lambdas:
             metrics[f"ram/{n}/lambda"] = lambdas[n]
     if searched is not None:
-        from ram_live.schedule_search import search_metrics
+        from ram_live.training.search import search_metrics
 
         metrics.update(search_metrics(searched))
     if ram.evaluate is not None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ram_live.dtensor import is_dtensor
+from ram_live.io.dtensor import is_dtensor
 
 __all__ = ["rank_importance"]
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ram_live.schedule_search import SearchSetting, record_of
+from ram_live.training.search import SearchSetting, record_of
 
 from .common import copy_side_files
 

@@ -1,4 +1,4 @@
-/* zlib's CRC-32 with PCLMULQDQ / VPCLMULQDQ (ram_live/store/_crc_native.py; x86-64 only). */
+/* zlib's CRC-32 with PCLMULQDQ / VPCLMULQDQ (ram_live/kernels/crc.py; x86-64 only). */
 #include <stdint.h>
 #include <immintrin.h>
 

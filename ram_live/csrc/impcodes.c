@@ -1,5 +1,5 @@
-/* The snapshot store's 8-bit importance codes (ram_live/_codes_native.py; the format: ram_live/store/importance.py).
-   Built by ram_live/_cc.py. Integer operations only, so every build level gives the bits of the torch path.
+/* The snapshot store's 8-bit importance codes (ram_live/kernels/codes.py; the format: ram_live/store/importance.py).
+   Built by ram_live/kernels/cc.py. Integer operations only, so every build level gives the bits of the torch path.
 
    ram_imp_encode reads the importances at a piece's stored entries once (all of them, at int32/int64 indices or
    at a bitmask's set bits), block by block: it checks them, keeps their running maximum and writes each block's

@@ -1,4 +1,4 @@
-/* Curvature-aware RAM's native CPU kernel (ram_live/_importance_native.py). Built by ram_live/_cc.py. */
+/* Curvature-aware RAM's native CPU kernel (ram_live/kernels/importance.py). Built by ram_live/kernels/cc.py. */
 #include <stdint.h>
 #include <string.h>
 
@@ -297,8 +297,8 @@ WALWAYS int64_t wmerge_portable(int in_dtype, int imp_dtype, int out_dtype, int 
 #define WPORT(I, H, O, P) return wmerge_portable(I, H, O, P, base, agents, imps, k, lambdas, eps, out, start, end);
 #endif
 
-/* The build in parts (see ram.c): ram_live/_cc.py compiles each part (-DRAM_PART=n) into a library of its own
-   when a call first needs it, one per input and importance dtype (ram_live/_importance_native.py's PARTS); part
+/* The build in parts (see ram.c): ram_live/kernels/cc.py compiles each part (-DRAM_PART=n) into a library of its own
+   when a call first needs it, one per input and importance dtype (ram_live/kernels/importance.py's PARTS); part
    0 is ram_weighted_simd_bits alone. Compiled without RAM_PART, one library holds every part.
 
    theta* over [start, end) into out, the shared entries' mean weighted by imps; lambdas NULL: RAM. Returns the

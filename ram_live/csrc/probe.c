@@ -1,5 +1,5 @@
-/* The probe's native CPU kernel (ram_live/_probe_native.py): counts, pairwise intersections and the Gram
-   matrix of the task vectors in one pass. Built by ram_live/_cc.py. */
+/* The probe's native CPU kernel (ram_live/kernels/probe.py): counts, pairwise intersections and the Gram
+   matrix of the task vectors in one pass. Built by ram_live/kernels/cc.py. */
 #include <stdint.h>
 #include <string.h>
 

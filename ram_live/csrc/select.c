@@ -1,4 +1,4 @@
-/* Snapshot capture's changed-entry selection with AVX-512 (ram_live/_select.py; x86-64 only). */
+/* Snapshot capture's changed-entry selection with AVX-512 (ram_live/kernels/select.py; x86-64 only). */
 #include <stdint.h>
 #include <string.h>
 #include <immintrin.h>

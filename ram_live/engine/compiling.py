@@ -11,7 +11,9 @@ import warnings
 
 import torch
 
-from .. import _cc, _ram_native
+from ..kernels import cc
+
+from ..kernels import ram as ram_native
 from .. import functional as F
 from ..errors import ConfigError
 
@@ -37,7 +39,7 @@ def resolve_compile(compile: bool | str, device: torch.device, agent_entries: in
     """``compile`` of :func:`ram_live.merge` as a decision. ``"auto"``, by what the host has:
 
     * fewer than :data:`COMPILE_AUTO_MIN` agent-entries: never (the compile would cost more than it saves);
-    * CPU with the native kernels built at a vector level (AVX-512, AVX2 or NEON: ``ram_live._cc.build_level``):
+    * CPU with the native kernels built at a vector level (AVX-512, AVX2 or NEON: ``ram_live.kernels.cc.build_level``):
       never, the native kernels run at a few times the copy floor, faster than inductor's code, and there is
       nothing to compile per process;
     * otherwise (GPUs; CPUs without native kernels, or with only the baseline ``scalar`` build, where inductor
@@ -53,7 +55,7 @@ def resolve_compile(compile: bool | str, device: torch.device, agent_entries: in
         raise ConfigError(f"compile must be True, False or 'auto', got {compile!r}")
     if agent_entries < COMPILE_AUTO_MIN:
         return False
-    if device.type == "cpu" and _ram_native.kernels() is not None and _cc.build_level() != "scalar":
+    if device.type == "cpu" and ram_native.kernels() is not None and cc.build_level() != "scalar":
         return False
     return compiler_available(device.type)
 

@@ -10,7 +10,9 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from .. import _importance_native, _ram_native
+from ..kernels import importance as importance_native
+
+from ..kernels import ram as ram_native
 from ..methods import MergeMethod, MethodKernels
 from ..types import Activity, RamStatistics
 from .counts import fused_statistics, native_statistics, torch_statistics
@@ -33,12 +35,12 @@ def method_kernels(method: MergeMethod, config: Any) -> MethodKernels | None:
 
 def native_for(stream: DeltaStream, activity: Activity, out: Tensor | None = None,
                entries: tuple[str, ...] = ("merge",)) -> tuple[Any, float] | None:
-    """The native CPU kernels and their threshold where they apply (see :mod:`ram_live._ram_native`; not when
+    """The native CPU kernels and their threshold where they apply (see :mod:`ram_live.kernels.ram`; not when
     ``compile=True`` asks for the torch.compile kernels) and the parts of ``entries`` build, else None."""
     if stream.compile or stream.device.type != "cpu" or stream.dtype != torch.float32:
         return None
-    kernels = _ram_native.kernels()
-    if (kernels is None or not _ram_native.supports(out, stream.base, stream.tensors)
+    kernels = ram_native.kernels()
+    if (kernels is None or not ram_native.supports(out, stream.base, stream.tensors)
             or not kernels.ready(stream.base.dtype, *entries)):
         return None
     return kernels, activity.threshold
@@ -120,8 +122,8 @@ def _weighted_kernel(kernels: MethodKernels, stream: DeltaStream, flat: Tensor, 
     if importances is None or len(stream.auxiliary) != 1:
         return None
     native = native_for(stream, activity, flat, entries=()) if kernels.native else None
-    weighted = None if native is None else _importance_native.kernels()
-    if (weighted is not None and _importance_native.supports(stream.base, importances)
+    weighted = None if native is None else importance_native.kernels()
+    if (weighted is not None and importance_native.supports(stream.base, importances)
             and weighted.ready(stream.base.dtype, importances[0].dtype)):
         return "native", functools.partial(merge_native_weighted, kernels=weighted, importances=importances,
                                            lambdas=lambdas, eps=native[1], workers=workers)  # type: ignore[index]

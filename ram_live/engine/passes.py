@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import memory
+from ..io import memory
 from ..methods import MergeMethod
 from ..progress import ProgressHook
-from ..sinks import Sink
+from ..io.sinks import Sink
 from ..types import Activity, MergeInfo, Plan, RamStatistics, TensorSpec
 from .dispatch import StreamView, count_tensor, merge_kernel
 from .reader import Reader, check_equal

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import ConfigError, InputMismatchError, NoAgentsError
-from ..sources import TensorSource
+from ..io.sources import TensorSource
 from ..types import Plan
 
 __all__ = ["Plan", "build_plan", "kept_agents"]

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..auxiliary import AuxiliaryInputs
 from ..errors import InputMismatchError, NonFiniteError
-from ..sources import TensorSource
+from ..io.sources import TensorSource
 from ..types import Plan
 from .stream import DeltaStream, first_nonfinite
 

@@ -10,12 +10,12 @@ from typing import Any, Sequence
 import torch
 
 from ..auxiliary import resolve as resolve_auxiliary
-from ..distributed import Distributed, RemoteRankError
+from ..io.distributed import Distributed, RemoteRankError
 from ..errors import ConfigError
 from ..methods import MergeMethod, RunContext
 from ..progress import ProgressHook
-from ..sinks import Sink
-from ..sources import TensorSource
+from ..io.sinks import Sink
+from ..io.sources import TensorSource
 from ..types import Activity, MergeInfo, Plan, RamStatistics, TensorSpec
 from .compiling import compiler_works, resolve_compile
 from .dispatch import method_kernels

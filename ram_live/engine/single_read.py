@@ -10,10 +10,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import _ram_native, memory, settings
+from .. import settings
+
+from ..kernels import ram as ram_native
+
+from ..io import memory
 from ..methods import MergeMethod, RunContext
 from ..progress import ProgressHook
-from ..sinks import Sink
+from ..io.sinks import Sink
 from ..types import Activity, Plan, RamStatistics, TensorSpec
 from . import threads
 from .counts import native_counts
@@ -35,7 +39,7 @@ def reads_once(method: MergeMethod, config: Any, sink: Sink, k: int) -> bool:
     return (settings.single_read() != "0"
             and kernels is not None and kernels.single_read and method.needs_statistics(config)
             and bool(getattr(sink, "revisable", False))
-            and k <= _ram_native.MAX_UNSCALED_AGENTS and _ram_native.kernels() is not None)
+            and k <= ram_native.MAX_UNSCALED_AGENTS and ram_native.kernels() is not None)
 
 
 def owner_map_budget(plan: Plan, specs: dict[str, TensorSpec]) -> float:
@@ -48,9 +52,9 @@ def owner_map_budget(plan: Plan, specs: dict[str, TensorSpec]) -> float:
 
 def owner_map_arena(plan: Plan, specs: dict[str, TensorSpec], k: int) -> Tensor:
     """One int32 buffer the owner maps are cut from, in merge order, as far as :func:`owner_map_budget` allows.
-    One buffer, not one per tensor: it faults in as huge pages (:mod:`ram_live.memory`), which made a fresh
+    One buffer, not one per tensor: it faults in as huge pages (:mod:`ram_live.io.memory`), which made a fresh
     33 MB map 3.3 ms to fill instead of 10.9 ms here; the part no map reaches is never touched."""
-    need = sum(_ram_native.planes_numel(specs[key].numel, k) for key in plan.merge)
+    need = sum(ram_native.planes_numel(specs[key].numel, k) for key in plan.merge)
     numel = int(min(need, owner_map_budget(plan, specs) // 4))
     return memory.empty(numel, dtype=torch.int32, device="cpu")
 
@@ -59,7 +63,7 @@ def single_read_pass(job: Job, plan: Plan, specs: dict[str, TensorSpec], progres
                       run_device: torch.device, digest: Any) -> tuple[RamStatistics, Any]:
     """RAM+ with global ρ reading the agents once: λ scales only the entries one agent alone changed, so each
     tensor is merged as RAM (those entries keep the agent's own value) while the same read counts, and an owner map
-    (:func:`ram_live._ram_native.plane_count` bits per entry) records who changed them alone; once every count is
+    (:func:`ram_live.kernels.ram.plane_count` bits per entry) records who changed them alone; once every count is
     in, λ is applied there from the base and the output. The bits equal the two-pass merge's (same float32 ops in
     the same order). Tensors the native kernels do not take, and those whose owner map would pass
     :func:`owner_map_budget`, are counted in the first loop and merged after it (read twice).
@@ -77,7 +81,7 @@ def single_read_pass(job: Job, plan: Plan, specs: dict[str, TensorSpec], progres
     if progress:
         progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
-        size = _ram_native.planes_numel(specs[key].numel, k)
+        size = ram_native.planes_numel(specs[key].numel, k)
         fits = used + size <= arena.numel()
         stats, dest, planes = merge_unscaled(job, key, digest, arena[used:used + size] if fits else None)
         if planes is None:
@@ -140,7 +144,7 @@ def rescale(job: Job, key: str, flat: Tensor, planes: Tensor, run_state: Any) ->
     stream.range_done = reader.range_releaser(key)
     state = job.method.prepare(job.config, StreamView(stream), run_state) if job.method.prepare else run_state
     lambdas = state.to(dtype=torch.float32).contiguous()
-    kernels = _ram_native.kernels()
+    kernels = ram_native.kernels()
     workers = worker_count(job.workers, dev)
     bad = threads.in_native_workers(stream, workers, lambda w, n: threads.native_walk(
         stream, w, n, lambda start, end: kernels.rescale(flat, stream.base, planes, lambdas, start, end)))

@@ -66,7 +66,7 @@ class MethodKernels:
     accumulator computes exactly that for a config may declare them (``ram_live.methods.ram.ram_kernels``).
 
     Args:
-        native: the native CPU kernels (``ram_live._ram_native``, ``ram_live._importance_native``).
+        native: the native CPU kernels (``ram_live.kernels.ram``, ``ram_live.kernels.importance``).
         compiled: the ``torch.compile`` kernels (``compile=True``; ``ram_live.functional.ram_fused_``).
         single_read: with global counts (``needs_statistics``) and an in-memory output, the merge that reads the
             inputs once: merged as λ = 1 while counting, λ applied afterwards where one agent alone updated.

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .. import functional as F
 from ..methods import Activity
-from ..sources import TensorSpec
+from ..io.sources import TensorSpec
 from .factors import Factor, weight_key
 from .folders import read_folder
 from .live import active_adapter, read_live

@@ -13,10 +13,10 @@ import torch
 from torch import Tensor
 
 from ..engine import DEFAULT_CHUNK_NUMEL
-from .._outputs import rename_noreplace
+from ..io.outputs import rename_noreplace
 from ..errors import ConfigError, InputMismatchError, OutputExistsError
-from .._outputs import temp_folder
-from ..sources import as_source
+from ..io.outputs import temp_folder
+from ..io.sources import as_source
 from .configs import merged_fan_in_fan_out, new_config_fields
 from .errors import UnsupportedAdapterError
 from .factors import AdapterSet, weight_key

@@ -12,7 +12,7 @@ from torch import Tensor
 from ..engine import MergeInfo, run_merge
 from ..errors import ConfigError
 from ..methods import Activity, get_method, make_config
-from ..sources import TensorSpec, as_source
+from ..io.sources import TensorSpec, as_source
 from .deltas import BasePlusDeltaSource, CallbackSink, AdapterDeltas, DeltaSource, ZeroBase
 from .errors import DenseDeltaWarning
 from .factors import AdapterSet, check_consistent, weight_key

@@ -20,14 +20,14 @@ from ..engine import MergeInfo, run_merge
 from ..errors import ConfigError
 from .. import functional as F
 from ..methods import RamStatistics, agent_densities, get_method, make_config, ties_prepare
-from ..sinks import ModuleSink
-from ..sources import TensorSpec
+from ..io.sinks import ModuleSink
+from ..io.sources import TensorSpec
 
 __all__ = ["ModuleTarget", "DictTarget", "Merger"]
 
 
 class ModuleTarget:
-    """A :class:`~ram_live.sinks.ModuleSink` whose structural copy of the base is made once and written again by
+    """A :class:`~ram_live.io.sinks.ModuleSink` whose structural copy of the base is made once and written again by
     every merge (buffers are copied from the base each time, so an evaluation that changes them changes
     nothing for the next candidate)."""
 

@@ -20,7 +20,7 @@ full (:mod:`.manifest`) before it opens or deletes a file it names, and a file's
 is used (:meth:`SnapshotStore.verify` checks everything at once). Version 1 manifests (no checksums) still
 load, with an :class:`UnverifiedSnapshotWarning`. Files follow the umask.
 
-Snapshots are :class:`~ram_live.sources.TensorSource` s that carry their base, so they merge straight away:
+Snapshots are :class:`~ram_live.io.sources.TensorSource` s that carry their base, so they merge straight away:
 
 >>> store = SnapshotStore("runs/ram")                                       # doctest: +SKIP
 >>> writer = store.writer("coder", base=model)        # at train start: persists (or checks) the base

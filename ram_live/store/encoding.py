@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .. import functional as F
-from ..memory import advise_hugepages
+from ..io.memory import advise_hugepages
 from ..methods import Activity
 from .errors import CorruptSnapshotError
 from .format import bits_of
@@ -210,8 +210,8 @@ def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> Encoded:
 
 
 def _native() -> Any:
-    """The compiled AVX-512 selection kernels (:mod:`ram_live._select`), or None: the numpy path."""
-    from .._select import kernels
+    """The compiled AVX-512 selection kernels (:mod:`ram_live.kernels.select`), or None: the numpy path."""
+    from ..kernels.select import kernels
 
     return kernels()
 
@@ -263,10 +263,10 @@ def _ranges(n: int, workers: int, align: int) -> list[tuple[int, int]]:
 
 
 def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor, split: bool = True) -> Encoded:
-    """The CPU path with :mod:`ram_live._select`'s kernels: one pass per range of the tensor (ranges over
+    """The CPU path with :mod:`ram_live.kernels.select`'s kernels: one pass per range of the tensor (ranges over
     threads) writes the bitmask, the changed values and (while they may still be the smaller encoding) the int32
     indices, each range at its own offset; the ranges' values and indices are then moved together."""
-    from .._select import ALIGN
+    from ..kernels.select import ALIGN
 
     cn = bits_of(cur).reshape(-1).numpy()
     bn = bits_of(base).reshape(-1).numpy()

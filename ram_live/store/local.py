@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..dtensor import is_dtensor
+from ..io.dtensor import is_dtensor
 from ..errors import InputMismatchError, UnsupportedInputError
-from ..sources import TensorSource, TensorSpec
+from ..io.sources import TensorSource, TensorSpec
 from .format import Box, dtype_name
 
 
@@ -71,7 +71,7 @@ def _storage_id(t: Tensor) -> tuple[Any, ...] | None:
 class LocalModel:
     """A model as this process holds it: ``{key: LocalTensor}`` for the canonical keys, tied names as aliases.
 
-    A :class:`~ram_live.sources.TensorSource` of the local tensors (shape = the local box), so a local model can be
+    A :class:`~ram_live.io.sources.TensorSource` of the local tensors (shape = the local box), so a local model can be
     the base or an agent of a merge.
     """
 
@@ -110,7 +110,7 @@ class LocalModel:
                 if not isinstance(value, Tensor):
                     raise UnsupportedInputError(f"{name}: value of {key!r} is a {type(value).__name__}, not a Tensor")
         else:
-            from ..sources import as_source
+            from ..io.sources import as_source
 
             src = obj if isinstance(obj, TensorSource) else as_source(obj, name)
             aliases = dict(src.aliases())

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from ..sources import TensorSpec
+from ..io.sources import TensorSpec
 from .datafiles import Files
 from .encoding import apply_encoding
 from .errors import BaseMismatchError, CorruptSnapshotError, UnverifiedSnapshotWarning

@@ -11,7 +11,7 @@ from torch import Tensor
 from .. import functional as F
 from ..engine import DEFAULT_CHUNK_NUMEL, DeltaStream, build_plan
 from ..methods import Activity
-from ..sources import TensorSource
+from ..io.sources import TensorSource
 from .collective import Collective, LocalCollective
 
 

@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ram_live import InputMismatchError, UnsupportedInputError, merge, probe
-from ram_live.safetensors_io import MappedSafetensors
+from ram_live.io.safetensors_io import MappedSafetensors
 from tests.adversarial._files import safe_read, same_bytes
 from tests.conftest import assert_bit_identical
 

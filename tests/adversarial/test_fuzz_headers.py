@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from ram_live import RamLiveError
-from ram_live.safetensors_io import MappedSafetensors
+from ram_live.io.safetensors_io import MappedSafetensors
 from tests.adversarial._files import raw_file, safe_read, same_bytes
 
 CASES = 1200

@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import save_file
 
 from ram_live import UnsupportedInputError
-from ram_live._st_header import MAX_HEADER
+from ram_live.io.st_header import MAX_HEADER
 from ram_live.cli import main
-from ram_live.safetensors_io import MappedSafetensors
-from ram_live.sources import SafetensorsSource
+from ram_live.io.safetensors_io import MappedSafetensors
+from ram_live.io.sources import SafetensorsSource
 from tests.adversarial._files import entry, raw_file, safe_read, same_bytes
 
 W = entry("F32", [2], 0, 8)

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from ram_live import UnsupportedInputError, merge
-from ram_live.sources import SafetensorsSource
+from ram_live.io.sources import SafetensorsSource
 from tests.conftest import assert_bit_identical
 
 

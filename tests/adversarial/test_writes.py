@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 import ram_live
 from ram_live import OutOfSpaceError, OutputExistsError, merge
-from ram_live import _outputs
-from ram_live._outputs import clean_stale, rename_noreplace
+from ram_live.io import outputs
+from ram_live.io.outputs import clean_stale, rename_noreplace
 from ram_live.cli import main
 from tests.conftest import assert_bit_identical
 
@@ -76,7 +76,7 @@ def test_without_a_reservation_the_file_is_written_by_pwrite_bit_identically(tmp
     if why == "no fallocate":
         monkeypatch.setattr(os, "posix_fallocate", lambda *a: _raise(errno.EOPNOTSUPP))
     else:
-        monkeypatch.setattr(_outputs, "_copy_on_write", lambda fd: True)
+        monkeypatch.setattr(outputs, "_copy_on_write", lambda fd: True)
     writes = []
     real = os.pwrite
     monkeypatch.setattr(os, "pwrite", lambda fd, data, off: (writes.append(off), real(fd, data, off))[1])
@@ -128,7 +128,7 @@ def test_a_real_full_tmpfs_gives_the_error_not_sigbus(tmp_path):
                                            ("merged", "folder"), ("merged", "empty folder")])
 def test_an_output_created_during_the_merge_is_never_replaced(tmp_path, inputs, monkeypatch, out, intruder):
     target = tmp_path / out
-    real = ram_live.sinks.rename_noreplace
+    real = ram_live.io.sinks.rename_noreplace
 
     def racing(src, dst):
         if intruder == "file":
@@ -139,7 +139,7 @@ def test_an_output_created_during_the_merge_is_never_replaced(tmp_path, inputs, 
                 (dst / "theirs.txt").write_text("someone else's")
         return real(src, dst)
 
-    monkeypatch.setattr(ram_live.sinks, "rename_noreplace", racing)
+    monkeypatch.setattr(ram_live.io.sinks, "rename_noreplace", racing)
     with pytest.raises(OutputExistsError, match="created by another process while the merge ran"):
         _merge(inputs, target)
     if intruder == "file":
@@ -156,19 +156,19 @@ def test_writing_into_a_given_empty_folder_while_it_is_merged_into(tmp_path, inp
     into it meanwhile makes it someone else's: an error, the file kept."""
     target = tmp_path / "merged"
     target.mkdir()
-    real = ram_live.sinks.rename_noreplace
-    monkeypatch.setattr(ram_live.sinks, "rename_noreplace", lambda s, d: real(s, d))
+    real = ram_live.io.sinks.rename_noreplace
+    monkeypatch.setattr(ram_live.io.sinks, "rename_noreplace", lambda s, d: real(s, d))
     path = _merge(inputs, target)
     assert_bit_identical(load_file(str(path / "model.safetensors")), _want(inputs))
     other = tmp_path / "other"
     other.mkdir()
-    sink_begin = ram_live.sinks.SafetensorsSink.begin
+    sink_begin = ram_live.io.sinks.SafetensorsSink.begin
 
     def begin(self, plan, specs):
         sink_begin(self, plan, specs)
         (other / "late.txt").write_text("x")
 
-    monkeypatch.setattr(ram_live.sinks.SafetensorsSink, "begin", begin)
+    monkeypatch.setattr(ram_live.io.sinks.SafetensorsSink, "begin", begin)
     with pytest.raises(OutputExistsError, match="written into it while the merge ran"):
         _merge(inputs, other)
     assert os.listdir(other) == ["late.txt"] and sorted(os.listdir(tmp_path)) == ["merged", "other"]
@@ -178,7 +178,7 @@ def test_writing_into_a_given_empty_folder_while_it_is_merged_into(tmp_path, inp
 @pytest.mark.parametrize("renameat2", [True, False])
 def test_rename_noreplace(tmp_path, kind, renameat2, monkeypatch):
     if not renameat2:
-        monkeypatch.setattr(_outputs, "_renameat2", lambda s, d: False)
+        monkeypatch.setattr(outputs, "_renameat2", lambda s, d: False)
     src, dst = tmp_path / "src", tmp_path / "dst"
     src.mkdir() if kind == "folder" else src.write_text("new")
     dst.write_text("old")
@@ -262,7 +262,7 @@ def test_a_killed_merge_leaves_a_temp_folder_that_clean_removes(tmp_path, capsys
     """A child takes a temp folder as a merge does and is SIGKILLed: its lock goes with it."""
     code = textwrap.dedent(f"""
         import os, signal, pathlib
-        from ram_live._outputs import locked_temp_folder
+        from ram_live.io.outputs import locked_temp_folder
         tmp, fd = locked_temp_folder(pathlib.Path({str(tmp_path)!r}), "merged")
         (tmp / "model.safetensors").write_bytes(b"half")
         print(tmp, flush=True)

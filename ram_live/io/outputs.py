@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import ConfigError, OutOfSpaceError
+from ..errors import ConfigError, OutOfSpaceError
 
 __all__ = ["reserve", "write_all", "temp_folder", "locked_temp_folder", "unlock", "clean_stale",
            "rename_noreplace", "is_full", "output_target", "make_folders", "STALE_AGE"]

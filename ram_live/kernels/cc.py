@@ -23,8 +23,8 @@ renamed into place, so processes that build at once agree. Native kernels are tr
 and aarch64.
 
 Example:
-    >>> from ram_live import _cc
-    >>> lib = _cc.load("ram")  # None without a C compiler or with RAM_LIVE_NATIVE=0
+    >>> from ram_live.kernels import cc
+    >>> lib = cc.load("ram")  # None without a C compiler or with RAM_LIVE_NATIVE=0
     >>> lib is None or lib.ram_simd_bits() in (0, 512)
     True
 """
@@ -46,14 +46,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
-from . import settings
-from .errors import RamLiveError
+from .. import settings
+from ..errors import RamLiveError
 
 __all__ = ["COMMON_FLAGS", "FAMILIES", "Family", "KernelBuildError", "native_enabled", "cache_dir", "host_level",
            "build_level", "flags", "source", "load", "bind", "kernels", "function", "prefetch", "load_library",
            "is_x86"]
 
-CSRC = Path(__file__).with_name("csrc")
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
 #: Flags of every build: no FMA contraction (the torch paths' bits), no errno from math functions.
 COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-fno-math-errno")
 #: Seconds one compiler process may take.

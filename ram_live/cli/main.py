@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from .errors import RamLiveError
+from ..errors import RamLiveError
 
 __all__ = ["main", "run_command", "BROKEN_PIPE_STATUS"]
 
@@ -55,16 +55,16 @@ def _main(argv: list[str]) -> int:
         from ram_live.integrations.verl.cli import main as verl_main
 
         return verl_main(argv[argv.index("verl-snapshot") + 1:])
-    from ._cli_parser import build_parser
+    from .parser import build_parser
 
     args = build_parser().parse_args(argv)
 
     def run() -> int:
-        if args.command == "search":  # here, not in _cli_commands, which search.cli imports
-            from .search.cli import run_search
+        if args.command == "search":  # here, not in .commands, which .search imports
+            from .search import run_search
 
             return run_search(args)
-        from ._cli_commands import run as run_parsed
+        from .commands import run as run_parsed
 
         return run_parsed(args)
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from torch import Tensor
 
-from .errors import ConfigError
-from .loading import load_callable
+from ..errors import ConfigError
+from ..loading import load_callable
 
 __all__ = ["SearchSetting", "load_choice", "record_of", "save_next_to", "save_record", "search_metrics"]
 
@@ -183,7 +183,7 @@ def search_metrics(record: Mapping[str, Any], prefix: str = "ram/search/") -> di
 
 def save_record(path: str | Path, record: Mapping[str, Any], result: Any = None, *, durable: bool = True) -> Path:
     """Write ``record`` (and ``result.to_dict()`` as ``"history"``) as JSON, atomically."""
-    from .store.files import write_json
+    from ..store.files import write_json
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -229,10 +229,10 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
     on scores averaged over the ranks, so all ranks choose the same merge."""
     import torch
 
-    from .api import merge
-    from ._schedule_util import swap_tensors
-    from .search import search
-    from .store import LocalModel
+    from ..api import merge
+    from .tensors import swap_tensors
+    from ..search import search
+    from ..store import LocalModel
 
     setting: SearchSetting = schedule.search
     if schedule.sharded:

@@ -1,4 +1,4 @@
-"""Pieces of :mod:`ram_live.schedule`: the merge result, and the tensor plumbing of a schedule (the base cut into
+"""Pieces of :mod:`ram_live.training.schedule`: the merge result, and the tensor plumbing of a schedule (the base cut into
 this process's boxes, merged values swapped in and out of a live model)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .store import (
+from ..store import (
     BaseMismatchError,
     Collective,
     LocalModel,
@@ -79,7 +79,7 @@ def metric_float(value: Any) -> float:
 
 def _global_numel(base: LocalModel, agents: Sequence[Any], collective: Collective) -> int:
     """Entries the merge merges, over all ranks (each box counted once)."""
-    from .engine import build_plan
+    from ..engine import build_plan
 
     plan = build_plan(base, agents)
     mine = sum(base.tensors[k].tensor.numel() for k in plan.merge if base.tensors[k].owner)
@@ -130,7 +130,7 @@ def _stored_importance(sched: Any, picks: dict[str, int], sources: dict[str, Any
                        base: LocalModel) -> tuple[dict[str, Any] | None, str | None]:
     """The picked snapshots' stored importances (this process's boxes when sharded) when every agent has them;
     None (and a StoreWarning when only some have them) otherwise."""
-    from .store.importance import resolve_stored
+    from ..store.importance import resolve_stored
 
     per_agent = {}
     for name, src in sources.items():
@@ -144,9 +144,9 @@ def _stored_importance(sched: Any, picks: dict[str, int], sources: dict[str, Any
 def _probe_numbers(sched: Any, info: Any, base: LocalModel, agents: Sequence[Any], names: list[str], distributed: bool,
                    *, searched: bool) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """λ, ρ and density per agent of a schedule's merge (λ as the merge reported them when it was searched)."""
-    from . import functional as F
-    from .methods import Activity
-    from .store import LocalCollective, ram_statistics
+    from .. import functional as F
+    from ..methods import Activity
+    from ..store import LocalCollective, ram_statistics
 
     opts = sched.ram
     density: dict[str, float] = {}

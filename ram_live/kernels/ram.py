@@ -9,7 +9,7 @@ or λ·τ where one agent is active; θ₀ − that), compiled without contracti
 (tested); bfloat16 outputs round to nearest even as torch does. On CPUs with AVX-512 (F, BW, DQ) 32 entries of
 every input sit in registers at once (activity is one compare into a mask, the counts are popcounts); elsewhere
 the portable vector loops of ``csrc/ram_vec.h`` (AVX2, NEON, SSE from one source). Both are compiled once per
-agent count up to 8 (unrolled, their masks in registers), so the source is large: :mod:`ram_live._cc` builds it
+agent count up to 8 (unrolled, their masks in registers), so the source is large: :mod:`ram_live.kernels.cc` builds it
 in parts side by side, once per machine, and only when a merge first needs it. The engine runs ranges of a
 tensor in threads (the calls release the GIL). Float32 and bfloat16 only, all inputs of one dtype, at most 32
 agents; the torch paths take everything else. :func:`kernels` is None without a C compiler or with
@@ -25,16 +25,16 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from . import _cc
+from . import cc
 
 MAX_AGENTS = 32
 #: Most agents :meth:`Kernels.merge_unscaled` takes (owner + 1 in at most 5 planes).
 MAX_UNSCALED_AGENTS = 31
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
-#: The flags of this host's build level (:func:`ram_live._cc.flags`): AVX-512 (F, BW, DQ) loops where the CPU
+#: The flags of this host's build level (:func:`ram_live.kernels.cc.flags`): AVX-512 (F, BW, DQ) loops where the CPU
 #: has them, the portable vector loops (AVX2, NEON, baseline) elsewhere.
-FLAGS = _cc.flags() if _cc.native_enabled() else _cc.COMMON_FLAGS
+FLAGS = cc.flags() if cc.native_enabled() else cc.COMMON_FLAGS
 
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -63,8 +63,8 @@ class Kernels:
         fn = self._functions.get((entry, dtype))
         if fn is None:
             if entry in _NEXT:
-                _cc.prefetch("ram", PARTS[_NEXT[entry]][dtype], self.flags)
-            fn = _cc.function("ram", PARTS[entry][dtype], f"ram_{entry}_{'bf16' if dtype else 'f32'}", self.flags,
+                cc.prefetch("ram", PARTS[_NEXT[entry]][dtype], self.flags)
+            fn = cc.function("ram", PARTS[entry][dtype], f"ram_{entry}_{'bf16' if dtype else 'f32'}", self.flags,
                               _SIGNATURES[entry], _I64)
             self._functions[(entry, dtype)] = fn
         return fn
@@ -76,7 +76,7 @@ class Kernels:
         try:
             for entry in entries:
                 self._fn(entry, DTYPES[dtype])
-        except _cc.KernelBuildError:
+        except cc.KernelBuildError:
             return False
         return True
 
@@ -152,9 +152,9 @@ _KERNELS: Kernels | None | bool = False
 
 
 def build(flags: Sequence[str] | None = None) -> Kernels | None:
-    """The kernels compiled with ``flags`` (default: this host's build level, :func:`ram_live._cc.flags`; each
+    """The kernels compiled with ``flags`` (default: this host's build level, :func:`ram_live.kernels.cc.flags`; each
     part built on first use, once per machine, loaded once per process), or None where they cannot be built."""
-    return _cc.bind("ram", _bind, flags)
+    return cc.bind("ram", _bind, flags)
 
 
 def _bind(lib: Any, flags: tuple[str, ...]) -> Kernels:
@@ -165,4 +165,4 @@ def _bind(lib: Any, flags: tuple[str, ...]) -> Kernels:
 def kernels() -> Kernels | None:
     """The compiled kernels of this host's level, built on first use (once per machine); None where they cannot
     be or ``RAM_LIVE_NATIVE=0``."""
-    return _cc.kernels("ram", _bind) if _KERNELS is False else _KERNELS
+    return cc.kernels("ram", _bind) if _KERNELS is False else _KERNELS

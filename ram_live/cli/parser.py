@@ -8,8 +8,8 @@ import argparse
 import dataclasses
 from typing import Any, Callable, Collection
 
-from . import __version__
-from .options import RamOptions
+from .. import __version__
+from ..options import RamOptions
 
 __all__ = ["build_parser", "METHOD_NAMES", "DTYPE_NAMES", "PROBE_OPTIONS", "common_options", "ram_arguments",
            "ram_flags"]

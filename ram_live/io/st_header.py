@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .errors import UnsupportedInputError
+from ..errors import UnsupportedInputError
 
 __all__ = ["DTYPES", "DTYPE_NAMES", "MAX_HEADER", "parse_header", "open_regular", "read_regular", "strict_json"]
 

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import _cc
-from .memory import advise_hugepages
+from . import cc
+from ..io.memory import advise_hugepages
 
 __all__ = ["Kernels", "kernels", "build", "octave", "DTYPES", "KINDS", "SPLIT", "TOP_OCTAVE", "BAD_VALUE",
            "BAD_INDEX"]
@@ -129,8 +129,8 @@ _KERNELS: Kernels | None | bool = False
 
 
 def build(flags: list[str] | None = None) -> Kernels | None:
-    """The kernels compiled with ``flags`` (default: the host level's, :func:`ram_live._cc.flags`), or None."""
-    return _cc.bind("impcodes", _bind, flags)
+    """The kernels compiled with ``flags`` (default: the host level's, :func:`ram_live.kernels.cc.flags`), or None."""
+    return cc.bind("impcodes", _bind, flags)
 
 
 def _bind(lib: ctypes.CDLL, flags: tuple[str, ...]) -> Kernels:
@@ -149,4 +149,4 @@ def _bind(lib: ctypes.CDLL, flags: tuple[str, ...]) -> Kernels:
 def kernels() -> Kernels | None:
     """The compiled kernels, built on first use (once per machine); None where they cannot be (and with
     ``RAM_LIVE_NATIVE=0``, read at each call like every family's)."""
-    return _cc.kernels("impcodes", _bind) if _KERNELS is False else _KERNELS
+    return cc.kernels("impcodes", _bind) if _KERNELS is False else _KERNELS

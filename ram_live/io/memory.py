@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import settings
+from .. import settings
 
 __all__ = ["empty", "advise_hugepages", "hugepages_wanted"]
 

@@ -22,8 +22,8 @@ from typing import Any, Mapping
 import torch
 
 from .dtensor import counts_here, is_dtensor, local_tensor  # noqa: F401 - their import path before dtensor.py
-from .errors import RamLiveError
-from .types import Plan, RamStatistics, TensorSpec
+from ..errors import RamLiveError
+from ..types import Plan, RamStatistics, TensorSpec
 
 __all__ = ["Distributed", "RemoteRankError", "is_dtensor"]
 

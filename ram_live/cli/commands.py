@@ -11,9 +11,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ._cli_output import jsonable, replacing
-from ._cli_parser import DTYPE_NAMES, ram_flags
-from .errors import ConfigError
+from .output import jsonable, replacing
+from .parser import DTYPE_NAMES, ram_flags
+from ..errors import ConfigError
 
 __all__ = ["run", "agents_from_specs", "inputs"]
 
@@ -48,7 +48,7 @@ def _option(text: str) -> tuple[str, Any]:
 
 def method_options(args: argparse.Namespace) -> dict[str, Any]:
     """The method's options of ``merge`` / ``merge-adapters``: ``-O KEY=VALUE`` and the RAM flags given."""
-    from .methods import RAM_VARIANTS
+    from ..methods import RAM_VARIANTS
 
     options = dict(_option(o) for o in args.option)
     flags = ram_flags(args)
@@ -76,7 +76,7 @@ def _adapter_hint(paths: Sequence[str]) -> None:
 def inputs(args: argparse.Namespace) -> tuple[Any, Any]:
     """(agents, base) from paths and --base, or from --store (optionally restricted to the named agents)."""
     if args.store:
-        from .store import SnapshotStore
+        from ..store import SnapshotStore
 
         if args.base:
             raise ConfigError("pass either --store (which holds the base) or --base, not both")
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from .probe import probe
+    from ..probe import probe
 
     if args.json not in (None, "-") and ("=" in args.json or args.json.endswith(".safetensors")
                                          or os.path.isdir(args.json)):
@@ -134,8 +134,8 @@ def _info_dict(info: Any, out: str) -> dict[str, Any]:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from .api import merge
-    from .progress import TerminalProgress
+    from ..api import merge
+    from ..progress import TerminalProgress
 
     agents, base = inputs(args)
     options = method_options(args)
@@ -164,8 +164,8 @@ def _merge(args: argparse.Namespace) -> int:
 
 def _merge_config(args: argparse.Namespace) -> int:
     """``merge --config file.yml``: a mergekit config; agents, --base, --store, --method and -O come from it."""
-    from .mergekit_yaml import from_mergekit_yaml
-    from .progress import TerminalProgress
+    from ..mergekit_yaml import from_mergekit_yaml
+    from ..progress import TerminalProgress
 
     given = [n for n, v in (("agent paths", args.agents), ("--base", args.base), ("--store", args.store),
                             ("-O", args.option), ("--distributed", args.distributed)) if v]
@@ -203,7 +203,7 @@ def _sparsify(text: str) -> Any:
 
 
 def _merge_adapters(args: argparse.Namespace) -> int:
-    from .peft import ram_merge_adapter_files
+    from ..peft import ram_merge_adapter_files
 
     if args.base and not args.into_base:
         raise ConfigError("--base is used with --into-base only (a merged adapter needs no base)")
@@ -228,7 +228,7 @@ def _merge_adapters(args: argparse.Namespace) -> int:
 def _stores(args: argparse.Namespace) -> int:
     import warnings
 
-    from .store import SnapshotStore, StoreError, UnverifiedSnapshotWarning
+    from ..store import SnapshotStore, StoreError, UnverifiedSnapshotWarning
 
     store = SnapshotStore(args.store, create=False)
     if args.verify:
@@ -264,7 +264,7 @@ def _stores(args: argparse.Namespace) -> int:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from ._outputs import STALE_AGE, clean_stale
+    from ..io.outputs import STALE_AGE, clean_stale
 
     folder = Path(args.folder)
     if not folder.is_dir():

@@ -19,18 +19,18 @@ from typing import Any, Mapping, Protocol
 import torch
 from torch import Tensor, nn
 
-from ._outputs import (clean_stale, is_full, lock, locked_temp_folder, make_folders,
+from .outputs import (clean_stale, is_full, lock, locked_temp_folder, make_folders,
                        output_target as _output_target, rename_noreplace, unlock)
 from .dtensor import local_tensor
-from .errors import ConfigError, OutOfSpaceError, OutputExistsError
+from ..errors import ConfigError, OutOfSpaceError, OutputExistsError
 from .memory import advise_hugepages, empty
 from .safetensors_io import SafetensorsWriter
-from .types import Plan, TensorSpec
+from ..types import Plan, TensorSpec
 
 __all__ = ["Sink", "ModuleSink", "StateDictSink", "SafetensorsSink"]
 
 #: Huge-page advice on merge outputs unless ``RAM_LIVE_HUGEPAGES=1``: it did not speed up the median merge and
-#: made some 2–4 × slower (memory compaction; see :mod:`ram_live.memory`).
+#: made some 2–4 × slower (memory compaction; see :mod:`ram_live.io.memory`).
 MERGE_HUGEPAGES = False
 
 
@@ -149,7 +149,7 @@ class SafetensorsSink:
     also removes the folders the sink created for the output (empty ones only). Each file's bytes are reserved
     before it is written (a full disk is an :class:`OutOfSpaceError` before the rename, never a SIGBUS); the
     temporary folder is locked while the merge runs, and stale ones of killed merges into the same output are
-    removed by the next (see :func:`ram_live._outputs.clean_stale`); the rename never replaces an output another
+    removed by the next (see :func:`ram_live.io.outputs.clean_stale`); the rename never replaces an output another
     process created meanwhile (:class:`OutputExistsError`)."""
 
     def __init__(

@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from ._outputs import rename_noreplace
-from .errors import ConfigError
+from ..io.outputs import rename_noreplace
+from ..errors import ConfigError
 
 __all__ = ["replacing", "jsonable"]
 

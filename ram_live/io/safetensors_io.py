@@ -2,7 +2,7 @@
 released after use, so resident memory stays bounded by what is being merged now, not by the model.
 
 The format is parsed here (8-byte header length, JSON header, raw little-endian data): no pickle, only regular
-files, and the header is checked as ``safetensors`` checks it (:mod:`ram_live._st_header`) before a view is
+files, and the header is checked as ``safetensors`` checks it (:mod:`ram_live.io.st_header`) before a view is
 made. The writer lays out each shard's header from the known output specs first, reserves the file's bytes,
 then hands out writable views into the file, so tensors go straight to the page cache.
 """
@@ -20,9 +20,9 @@ from typing import Iterable
 import torch
 from torch import Tensor
 
-from ._outputs import reserve, write_all
-from ._st_header import DTYPE_NAMES, DTYPES, MAX_HEADER, open_regular, parse_header
-from .errors import UnsupportedInputError
+from .outputs import reserve, write_all
+from .st_header import DTYPE_NAMES, DTYPES, MAX_HEADER, open_regular, parse_header
+from ..errors import UnsupportedInputError
 
 __all__ = ["MappedSafetensors", "SafetensorsWriter", "DTYPES", "DTYPE_NAMES"]
 

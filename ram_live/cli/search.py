@@ -44,7 +44,7 @@ def load_function(spec: str, option: str = "--eval") -> Callable[[Any], float]:
 
 def run_search(args: argparse.Namespace) -> int:
     """The ``search`` subcommand: check the output first, search, write the winner and the table."""
-    from .._cli_output import replacing
+    from .output import replacing
 
     out = Path(args.out)
     if out.suffix == ".safetensors":
@@ -54,11 +54,11 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def _search_into(args: argparse.Namespace, out: Path) -> int:
-    from .._cli_commands import inputs
+    from .commands import inputs
     from ..api import merge
-    from .._outputs import output_target
-    from .result import from_json
-    from .run import search
+    from ..io.outputs import output_target
+    from ..search.result import from_json
+    from ..search.run import search
 
     output_target(out, single=False)  # before a long search: a non-empty or unusable --out is refused now
     space = None

@@ -25,15 +25,15 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .api import ram_merge
-from .engine import DEFAULT_CHUNK_NUMEL
-from .errors import ConfigError
-from .options import HoldsRamOptions, RamOptions
-from ._schedule_util import (  # noqa: F401 (MergeResult, swap_tensors, metric_float: re-exported)
+from ..api import ram_merge
+from ..engine import DEFAULT_CHUNK_NUMEL
+from ..errors import ConfigError
+from ..options import HoldsRamOptions, RamOptions
+from .tensors import (  # noqa: F401 (MergeResult, swap_tensors, metric_float: re-exported)
     MergeResult, _like, _load_base, _open_latest, _probe_numbers, _stored_importance, swap_tensors, metric_float,
 )
-from .schedule_search import SearchSetting, schedule_search, search_metrics
-from .store import (
+from .search import SearchSetting, schedule_search, search_metrics
+from ..store import (
     BaseMismatchError,
     Collective,
     LocalCollective,
@@ -69,7 +69,7 @@ class RAMSchedule(HoldsRamOptions):
     only these agents (default: every agent in the store). ``evaluate(model) -> dict``: called with the merged
     weights swapped into the model (restored exactly afterwards). ``async_write``: capture the changed values at
     the step, write the files in a background thread (replicated models; sharded ones write in step).
-    ``search``: a :class:`~ram_live.schedule_search.SearchSetting` (or its options as a mapping): each merge is
+    ``search``: a :class:`~ram_live.training.search.SearchSetting` (or its options as a mapping): each merge is
     then the one :func:`ram_live.search` picks with that held-out evaluation (single device or DDP); the metrics
     gain ``ram/search/*``, :attr:`MergeResult.extra` ``["search"]`` and :attr:`last_search` hold the record, also
     saved to ``<store>/_search/<agent>/step_<N>.json`` and kept in :meth:`state_dict`.

@@ -7,7 +7,7 @@ long as few enough changed for int32 indices to be the smaller encoding, their p
 and the output is only what changed; numpy needs several passes and a branchy selection (~0.7 ns per entry at 50 %
 changed, several times this kernel).
 
-The C source (``ram_live/csrc/select.c``) is compiled once per machine by :func:`ram_live._cc.load` (the system C
+The C source (``ram_live/csrc/select.c``) is compiled once per machine by :func:`ram_live.kernels.cc.load` (the system C
 compiler, cached in ``$RAM_LIVE_CACHE``, default ``~/.cache/ram_live``). :func:`kernels` is None when there is no
 compiler, the CPU lacks AVX-512 (BW, VBMI2), or ``RAM_LIVE_NATIVE=0``: the numpy path then.
 """
@@ -18,7 +18,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from . import _cc
+from . import cc
 
 ALIGN = 256  # entries: the ranges a tensor is split into for threads start at multiples of this (whole bytes)
 
@@ -42,11 +42,11 @@ _KERNELS: Kernels | None | bool = False
 
 def kernels() -> Kernels | None:
     """The compiled kernels, built on first use; None where they cannot run (see the module's doc)."""
-    return _cc.kernels("select", _bind) if _KERNELS is False else _KERNELS
+    return cc.kernels("select", _bind) if _KERNELS is False else _KERNELS
 
 
 def _load() -> Kernels | None:
-    return _cc.bind("select", _bind)
+    return cc.bind("select", _bind)
 
 
 def _bind(lib: Any, flags: tuple[str, ...]) -> Kernels | None:

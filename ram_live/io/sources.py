@@ -16,11 +16,11 @@ from typing import Any, Iterator, Mapping, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from .errors import InputMismatchError, UnsupportedInputError
+from ..errors import InputMismatchError, UnsupportedInputError
 from .dtensor import counts_here, is_dtensor, local_tensor
-from ._st_header import read_regular, strict_json
+from .st_header import read_regular, strict_json
 from .safetensors_io import MappedSafetensors
-from .types import TensorSpec
+from ..types import TensorSpec
 
 __all__ = [
     "TensorSpec", "TensorSource", "ModuleSource", "StateDictSource", "SafetensorsSource", "ZerosSource", "as_source",

@@ -21,9 +21,9 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from . import _ram_native
-from . import _cc
-from ._ram_native import DTYPES, FLAGS, MAX_AGENTS
+from . import ram as ram_native
+from . import cc
+from .ram import DTYPES, FLAGS, MAX_AGENTS
 
 __all__ = ["MAX_AGENTS", "FLAGS", "ProbeCounts", "Kernel", "build", "kernel", "supports"]
 
@@ -74,13 +74,13 @@ class Kernel:
 def supports(base: Tensor, agents: Sequence[Tensor]) -> bool:
     """Whether the kernel takes these flat tensors: CPU, contiguous, one dtype of float32/bfloat16, at most
     :data:`MAX_AGENTS` agents (the merge kernels' rule)."""
-    return _ram_native.supports(None, base, agents)
+    return ram_native.supports(None, base, agents)
 
 
 def build(flags: Sequence[str] | None = None) -> Kernel | None:
     """The kernel compiled with ``flags`` (default: this host's build level; built once per machine, loaded once
     per process), or None where it cannot be built."""
-    return _cc.bind("probe", _bind, flags)
+    return cc.bind("probe", _bind, flags)
 
 
 def _bind(lib: Any, flags: tuple[str, ...]) -> Kernel:
@@ -93,4 +93,4 @@ def _bind(lib: Any, flags: tuple[str, ...]) -> Kernel:
 def kernel() -> Kernel | None:
     """The kernel of this machine, built on first use; None where it cannot be or ``RAM_LIVE_NATIVE=0`` (the
     torch path then runs)."""
-    return _cc.kernels("probe", _bind)
+    return cc.kernels("probe", _bind)

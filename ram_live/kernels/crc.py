@@ -5,7 +5,7 @@ Folds 64 bytes per step into four 128-bit lanes, then 16 bytes per step, then a 
 bit-reflected CRC-32 polynomial are those zlib and Chromium use); the last < 16 bytes go through a table.
 The result is bit for bit ``zlib.crc32``'s (tests compare them on every length and alignment).
 
-Compiled once per machine by :func:`ram_live._cc.load`; :func:`native_crc32` is None without a C
+Compiled once per machine by :func:`ram_live.kernels.cc.load`; :func:`native_crc32` is None without a C
 compiler, on CPUs without PCLMULQDQ and SSE4.1, or with ``RAM_LIVE_NATIVE=0``: the store then uses
 ``zlib.crc32`` (the same values, slower).
 """
@@ -15,13 +15,13 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 
-from .. import _cc
+from . import cc
 
 
 def native_crc32() -> Callable[[int, int, int], int] | None:
     """``crc32(crc, address, length) -> crc`` over memory at ``address`` (zlib's running-CRC convention), or None
     where the kernel cannot run (see the module's doc). The GIL is released while it runs."""
-    lib = _cc.kernels("crc32", _bind)
+    lib = cc.kernels("crc32", _bind)
     return None if lib is None else lib.ram_crc32
 
 
@@ -39,5 +39,5 @@ def _bind(lib: ctypes.CDLL, flags: tuple[str, ...]) -> ctypes.CDLL | None:
 def allow_wide(allow: bool) -> bool:
     """Use the 512-bit (VPCLMULQDQ) path where the CPU has it (``allow=False``: the 128-bit path only, for
     tests); returns whether it runs."""
-    lib = _cc.kernels("crc32", _bind)
+    lib = cc.kernels("crc32", _bind)
     return bool(lib.ram_crc_wide(int(allow))) if lib is not None else False

@@ -1,4 +1,4 @@
-"""Native CPU kernel of curvature-aware RAM: :mod:`ram_live._ram_native`'s merge with the shared entries' mean
+"""Native CPU kernel of curvature-aware RAM: :mod:`ram_live.kernels.ram`'s merge with the shared entries' mean
 weighted by each agent's importances, which are read chunk by chunk beside the agents (one more input each, no
 scratch: the extra memory stays that of the plain merge).
 
@@ -9,7 +9,7 @@ kernel also counts importances that are negative, NaN or Inf (with the non-finit
 the culprit). AVX-512 (F, BW, DQ) where the CPU has it, for 1 to 4 agents unrolled; portable loops over blocks
 of 512 entries elsewhere. Agents float32 or bfloat16 (one dtype), importances float32 or bfloat16 (one dtype,
 either), output float32 or bfloat16; the torch paths take everything else. Built in parts, one per pair of input
-and importance dtypes, each when a merge first needs it (:mod:`ram_live._cc`). :func:`kernels` is None without a
+and importance dtypes, each when a merge first needs it (:mod:`ram_live.kernels.cc`). :func:`kernels` is None without a
 C compiler or with ``RAM_LIVE_NATIVE=0``.
 """
 
@@ -22,8 +22,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from . import _cc
-from ._ram_native import DTYPES, FLAGS, MAX_AGENTS
+from . import cc
+from .ram import DTYPES, FLAGS, MAX_AGENTS
 
 __all__ = ["Kernels", "FLAGS", "build", "kernels", "supports"]
 
@@ -49,7 +49,7 @@ class Kernels:
         fn = self._functions.get((in_dtype, imp_dtype))
         if fn is None:
             name = f"ram_merge_weighted_{_NAMES[in_dtype]}_{_NAMES[imp_dtype]}"
-            fn = _cc.function("importance", PARTS[in_dtype, imp_dtype], name, self.flags, _SIGNATURE, _I64)
+            fn = cc.function("importance", PARTS[in_dtype, imp_dtype], name, self.flags, _SIGNATURE, _I64)
             self._functions[(in_dtype, imp_dtype)] = fn
         return fn
 
@@ -58,7 +58,7 @@ class Kernels:
         not build: the caller runs another path, before anything of the tensor is written."""
         try:
             self._fn(DTYPES[dtype], DTYPES[importance_dtype])
-        except _cc.KernelBuildError:
+        except cc.KernelBuildError:
             return False
         return True
 
@@ -76,7 +76,7 @@ class Kernels:
 
 
 def supports(base: Tensor, importances: Sequence[Tensor]) -> bool:
-    """Whether the kernel takes these importances (the agents and output are :func:`ram_live._ram_native.supports`'
+    """Whether the kernel takes these importances (the agents and output are :func:`ram_live.kernels.ram.supports`'
     business): CPU, contiguous, as long as the base, one dtype of float32/bfloat16."""
     return (0 < len(importances) <= MAX_AGENTS and importances[0].dtype in DTYPES
             and all(h.device.type == "cpu" and h.is_contiguous() and h.numel() == base.numel()
@@ -90,7 +90,7 @@ _KERNELS: Kernels | None | bool = False
 def build(flags: Sequence[str] | None = None) -> Kernels | None:
     """The kernel compiled with ``flags`` (default: this host's build level; each part built on first use, once
     per machine, loaded once per process), or None where it cannot be built."""
-    return _cc.bind("importance", _bind, flags)
+    return cc.bind("importance", _bind, flags)
 
 
 def _bind(lib: Any, flags: tuple[str, ...]) -> Kernels:
@@ -101,4 +101,4 @@ def _bind(lib: Any, flags: tuple[str, ...]) -> Kernels:
 def kernels() -> Kernels | None:
     """The compiled kernel of this host's level, built on first use (once per machine); None where it cannot be
     or ``RAM_LIVE_NATIVE=0``."""
-    return _cc.kernels("importance", _bind) if _KERNELS is False else _KERNELS
+    return cc.kernels("importance", _bind) if _KERNELS is False else _KERNELS
