@@ -3,13 +3,11 @@ the walk of the native kernels over a tensor's ranges (every ``workers``-th rang
 
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import torch
 
+from ..kernels.pool import POOL_THREADS, map_threads, shared_pool
 from .stream import DeltaStream
 
 __all__ = ["NATIVE_CHUNK", "POOL_THREADS", "default_workers", "worker_count", "in_workers", "in_native_workers",
@@ -17,12 +15,6 @@ __all__ = ["NATIVE_CHUNK", "POOL_THREADS", "default_workers", "worker_count", "i
 
 #: Entries per call of the native CPU kernels (threads take every ``workers``-th range of a tensor).
 NATIVE_CHUNK = 1 << 18
-#: Threads of the pool that every merge shares (a pool per tensor and pass costs a fraction of a millisecond,
-#: which adds up over a large model's hundreds of tensors); ``workers`` above this get a pool of their own.
-POOL_THREADS = 8
-_POOL_PREFIX = "ram-live-pool"
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
 
 
 def default_workers(device: torch.device) -> int:
@@ -46,13 +38,7 @@ def in_workers(stream: DeltaStream, workers: int, job: Callable[[int, int], Any]
     """``job(worker, workers)`` for each worker, in threads when there is more than one chunk (of ``chunk``
     entries, default the stream's) to share."""
     workers = max(1, min(workers, -(-stream.numel // (chunk or stream.stream_chunk))))
-    if workers == 1:
-        return [job(0, 1)]
-    if workers > POOL_THREADS or threading.current_thread().name.startswith(_POOL_PREFIX):
-        # more threads than the shared pool has, or called from one of its threads (which must not wait on it)
-        with ThreadPoolExecutor(workers, thread_name_prefix="ram-live-extra") as pool:
-            return list(pool.map(lambda w: job(w, workers), range(workers)))
-    return list(shared_pool().map(lambda w: job(w, workers), range(workers)))
+    return map_threads(lambda w: job(w, workers), range(workers), workers)
 
 
 def in_native_workers(stream: DeltaStream, workers: int, job: Callable[[int, int], Any]) -> list[Any]:
@@ -70,20 +56,3 @@ def native_walk(stream: DeltaStream, worker: int, workers: int, call: Callable[[
         if stream.range_done is not None:
             stream.range_done(start, end)
     return bad
-
-
-def shared_pool() -> ThreadPoolExecutor:
-    """The pool of :data:`POOL_THREADS` threads every merge shares (made on first use)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix=_POOL_PREFIX)
-        return _POOL
-
-
-def _forget_pool() -> None:
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()  # a forked child has the pool object but none of its threads
-
-
-os.register_at_fork(after_in_child=_forget_pool)

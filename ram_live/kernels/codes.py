@@ -12,9 +12,7 @@ uses the torch path.
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +20,7 @@ import torch
 from torch import Tensor
 
 from . import cc
+from .pool import map_threads
 from ..io.memory import advise_hugepages
 
 __all__ = ["Kernels", "kernels", "build", "octave", "DTYPES", "KINDS", "SPLIT", "TOP_OCTAVE", "BAD_VALUE",
@@ -33,24 +32,6 @@ SPLIT = 1 << 20  # stored entries per thread at least
 TOP_OCTAVE = 2039  # the largest octave a code counts from (2040 would decode as Inf)
 SEGMENTS = 2048  # a range's running maximum takes at most 2041 octaves
 BAD_VALUE, BAD_INDEX = -1, -2  # what a scan returns for a negative/NaN/Inf importance and for an index outside [0, n)
-
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ram_live_codes")
-    return _POOL
-
-
-def _forget_pool() -> None:
-    global _POOL
-    _POOL = None  # a forked child has the pool object but none of its threads
-
-
-os.register_at_fork(after_in_child=_forget_pool)
-
 
 def octave(top_bits: int) -> int:
     """float32 bits → exponent and 3 mantissa bits, rounded to nearest, at most ``TOP_OCTAVE`` (the format's
@@ -98,7 +79,7 @@ class Kernels:
             return int(self.lib.ram_imp_encode(dtype, h, k, pos, n, s, e, cp + offsets[r], ctypes.byref(tops, 4 * r),
                                                segs[r], ctypes.byref(nsegs, 4 * r)))
 
-        got = [run(0)] if len(ranges) == 1 else list(_pool().map(run, range(len(ranges))))
+        got = map_threads(run, range(len(ranges)))
         if BAD_INDEX in got or any(g != size for g, size in zip(got, sizes) if g >= 0):
             return BAD_INDEX
         if BAD_VALUE in got:

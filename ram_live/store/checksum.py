@@ -15,6 +15,8 @@ from concurrent.futures import Future
 
 import torch
 
+from ..kernels.pool import submit
+
 _POLY = 0xEDB88320  # the CRC-32 polynomial, reflected
 _STEP = 1 << 23  # bytes per zlib.crc32 call (a thread's range is hashed in such steps)
 _MIN_SPLIT = 1 << 22  # ranges below this are not worth a thread
@@ -84,14 +86,11 @@ def _split(buffers: Sequence[memoryview], parts: int) -> list[list[memoryview]]:
 def crc32_start(buffers: Sequence[memoryview], threads: int | None = None) -> tuple[list[Future[int]], list[int]]:
     """Start the CRC-32 of the concatenation of ``buffers`` on the store's thread pool (the caller may write the
     same buffers meanwhile); :func:`crc32_finish` returns it."""
-    from .encoding import thread_pool
-
     total = sum(len(b) for b in buffers)
     threads = threads or max(1, min(torch.get_num_threads(), 8))
     parts = max(1, min(threads, total // _MIN_SPLIT))
     ranges = _split(buffers, parts)
-    pool = thread_pool()
-    return [pool.submit(crc_range, r) for r in ranges], [sum(len(b) for b in r) for r in ranges]
+    return [submit(crc_range, r) for r in ranges], [sum(len(b) for b in r) for r in ranges]
 
 
 def crc32_finish(started: tuple[list[Future[int]], list[int]]) -> int:

@@ -4,7 +4,6 @@ device or with the CPU paths (numpy, native kernels), and applying them back."""
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from .. import functional as F
 from ..io.memory import advise_hugepages
 from ..methods import Activity
 from .errors import CorruptSnapshotError
+from ..kernels.pool import map_threads
 from .format import bits_of
 
 
@@ -114,24 +114,6 @@ def encode(cur: Tensor, base: Tensor, activity: Activity, to_cpu: bool = True, s
     return Encoded(encoding, count, values, positions)
 
 
-_POOL: Any = None
-
-
-def thread_pool() -> Any:
-    global _POOL
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ram_live_store")
-    return _POOL
-
-
-def forget_thread_pool() -> None:
-    global _POOL
-    _POOL = None  # a forked child has the pool object but none of its threads
-
-
-os.register_at_fork(after_in_child=forget_thread_pool)
 
 
 def _scan(np: Any, cn: Any, bn: Any, start: int, end: int) -> tuple[Any, int, list[tuple[str, Any]]]:
@@ -173,8 +155,7 @@ def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> Encoded:
         parts = [_scan(np, cn, bn, 0, n)]
     else:
         per = (n_steps + workers - 1) // workers * _CPU_CHUNK
-        futures = [thread_pool().submit(_scan, np, cn, bn, s, min(n, s + per)) for s in range(0, n, per)]
-        parts = [f.result() for f in futures]
+        parts = map_threads(lambda s: _scan(np, cn, bn, s, min(n, s + per)), range(0, n, per))
     count = sum(p[1] for p in parts)
     encoding = _choose(n, count, cn.itemsize)
     if encoding == "none":
@@ -248,8 +229,7 @@ def encode_many(pairs: Sequence[tuple[Tensor, Tensor]], activity: Activity) -> l
         for i in queue:
             out[i] = encode(*pairs[i], activity, split=False)
 
-    for _ in thread_pool().map(run, [q for q in queues if q]):
-        pass
+    map_threads(run, [q for q in queues if q])
     return [enc for enc in out if enc is not None]
 
 
@@ -288,7 +268,7 @@ def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor, split: bool 
         return native.select(a + s * size, b + s * size, e - s, pb + s // 8, pv + s * size, size,
                              pi + 4 * r * (cap + 32), cap, s)
 
-    counts = [run(0)] if len(ranges) == 1 else list(thread_pool().map(run, range(len(ranges))))
+    counts = map_threads(run, range(len(ranges)))
     count = sum(counts)
     encoding = _choose(n, count, size)
     if encoding == "none":
