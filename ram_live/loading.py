@@ -1,8 +1,11 @@
-"""Callables named by a dotted path in a config (``"pkg.module:fn"`` or ``"pkg.module.fn"``), torch-free."""
+"""Callables named by a dotted path in a config or on the command line (``"pkg.module:fn"`` or
+``"pkg.module.fn"``), torch-free: the one loader of the search's, the callbacks', verl's and the CLI's functions."""
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any, Callable
 
 from .errors import ConfigError
@@ -10,23 +13,37 @@ from .errors import ConfigError
 __all__ = ["load_callable"]
 
 
-def load_callable(value: Any, option: str) -> Callable[..., Any]:
+def load_callable(value: Any, option: str, *, from_cwd: bool = False) -> Callable[..., Any]:
     """``value`` itself when callable, else the function its path names.
 
     Args:
         value: a callable, or ``"pkg.module:fn"`` / ``"pkg.module.fn"``.
-        option: how errors name the option (``"ram.evaluate"``).
+        option: how errors name the option (``"ram.evaluate"``, ``"--eval"``).
+        from_cwd: make the current folder importable first (the CLI's ``--eval my_evals:score``).
+
+    Raises:
+        ConfigError: naming ``option`` and the path, when the path is malformed, its module does not import, or
+            it names nothing callable.
 
     >>> load_callable("math:sqrt", "evaluate")(4.0)
     2.0
     """
     if callable(value):
         return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{option} takes a callable or 'package.module:function', got {type(value).__name__}")
     module, _, name = value.partition(":") if ":" in value else value.rpartition(".")
+    if not module or not name or not all(part.isidentifier() for part in (*module.split("."), name)):
+        raise ConfigError(f"{option} takes package.module:function, got {value!r}")
+    if from_cwd and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"{option}={value!r}: cannot load it ({exc})") from None
+        loaded = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"{option}={value!r}: cannot import {module!r} ({exc})") from None
+    fn = getattr(loaded, name, None)
+    if fn is None:
+        raise ConfigError(f"{option}={value!r}: {module!r} has no function {name!r}")
     if not callable(fn):
-        raise ConfigError(f"{option}={value!r} is not callable")
+        raise ConfigError(f"{option}={value!r}: {module}.{name} is not callable")
     return fn

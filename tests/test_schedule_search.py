@@ -140,7 +140,7 @@ def test_setting_validation_and_errors(setup):
     with pytest.raises(ConfigError, match="'acc' is not among"):
         s.score({"loss": 1.0})
     assert SearchSetting(evaluate="math:sqrt").evaluation()(4.0) == 2.0
-    with pytest.raises(ConfigError, match="cannot load"):
+    with pytest.raises(ConfigError, match="cannot import .no_such_module_x."):
         SearchSetting(evaluate="no_such_module_x:f").evaluation()
 
     store, base_sd, b, target = setup

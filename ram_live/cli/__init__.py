@@ -2,6 +2,6 @@
 ``--help`` is quick), :mod:`.commands` (what each command does), :mod:`.search` (``ram-live search``),
 :mod:`.output` (``--force`` and value printing)."""
 
-from .main import main, run_command
+from .main import BROKEN_PIPE_STATUS, main, run_command
 
-__all__ = ["main", "run_command"]
+__all__ = ["BROKEN_PIPE_STATUS", "main", "run_command"]

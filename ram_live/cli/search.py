@@ -13,33 +13,13 @@ with the base folder's config and tokenizer files), ``search.json`` (``SearchRes
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import os
-import sys
 from pathlib import Path
-from typing import Any, Callable
 
 from ..errors import ConfigError
+from ..loading import load_callable
 
-__all__ = ["run_search", "load_function"]
-
-
-def load_function(spec: str, option: str = "--eval") -> Callable[[Any], float]:
-    """``package.module:function`` imported (the current folder first on the path)."""
-    module_name, sep, name = spec.partition(":")
-    if not sep or not module_name or not name:
-        raise ConfigError(f"{option} takes package.module:function, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{option} {spec}: cannot import {module_name!r} ({exc})") from exc
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ConfigError(f"{option} {spec}: {module_name!r} has no function {name!r}")
-    return fn
+__all__ = ["run_search"]
 
 
 def run_search(args: argparse.Namespace) -> int:
@@ -67,8 +47,8 @@ def _search_into(args: argparse.Namespace, out: Path) -> int:
             space = from_json(json.loads(args.space))  # "inf" for an uncapped alpha
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--space is not JSON: {exc}") from None
-    evaluate = load_function(args.eval)
-    confirm = load_function(args.confirm, "--confirm") if args.confirm else None
+    evaluate = load_callable(args.eval, "--eval", from_cwd=True)
+    confirm = load_callable(args.confirm, "--confirm", from_cwd=True) if args.confirm else None
     agents, base = inputs(args)
     result = search(agents, base=base, evaluate=evaluate, budget=args.budget, space=space, seed=args.seed,
                     confirm=confirm, confirm_top=args.confirm_top, device=args.device)

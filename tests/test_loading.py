@@ -1,0 +1,39 @@
+"""The one callable loader (ram_live/loading.py): both spellings, the current folder on request, every error a
+ConfigError naming the option and the path."""
+
+import math
+
+import pytest
+
+from ram_live.errors import ConfigError
+from ram_live.loading import load_callable
+
+
+def test_both_spellings_and_callables_pass_through():
+    assert load_callable("math:sqrt", "evaluate") is math.sqrt
+    assert load_callable("math.sqrt", "evaluate") is math.sqrt
+    assert load_callable(len, "evaluate") is len
+
+
+@pytest.mark.parametrize("value, message", [
+    ("sqrt", "--eval takes package.module:function, got 'sqrt'"),
+    ("math:", "--eval takes package.module:function"),
+    ("bad-name:f", "--eval takes package.module:function"),
+    ("no_such_module_q:f", "--eval='no_such_module_q:f': cannot import 'no_such_module_q'"),
+    ("math:nothing", "--eval='math:nothing': 'math' has no function 'nothing'"),
+    ("math:pi", "--eval='math:pi': math.pi is not callable"),
+    (3, "--eval takes a callable or 'package.module:function', got int"),
+])
+def test_errors_name_the_option_and_path(value, message):
+    with pytest.raises(ConfigError) as info:
+        load_callable(value, "--eval")
+    assert message in str(info.value)
+
+
+def test_from_cwd_imports_a_module_of_the_current_folder(tmp_path, monkeypatch):
+    (tmp_path / "my_scores_x.py").write_text("def score(model):\n    return 1.5\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    with pytest.raises(ConfigError, match="cannot import"):
+        load_callable("my_scores_x:score", "--eval")
+    assert load_callable("my_scores_x:score", "--eval", from_cwd=True)(None) == 1.5
