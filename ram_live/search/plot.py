@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, Sequence
 
-if TYPE_CHECKING:
-    from .result import SearchResult
-
-__all__ = ["plot_result"]
+__all__ = ["plot_result", "PlottedResult"]
 
 
-def plot_result(result: "SearchResult", path: Path) -> Path:
+class PlottedResult(Protocol):
+    """What the plot reads of a :class:`~ram_live.search.SearchResult` (declared here, so this module does not
+    import the result's)."""
+
+    @property
+    def scored(self) -> Sequence[Any]: ...
+
+    @property
+    def best_trial(self) -> Any: ...
+
+    @property
+    def best_baseline(self) -> Any: ...
+
+    @property
+    def best_score(self) -> float: ...
+
+    def margin(self) -> float | None: ...
+
+
+def plot_result(result: PlottedResult, path: Path) -> Path:
     """Write a PNG: one column of points per family (RAM family blue, baselines grey), the winner as a star, the
     best baseline as a diamond, and the margin between them in the title."""
     try:
