@@ -154,5 +154,3 @@ def box_of(piece: Mapping[str, Any]) -> Box:
 
 
 # the names store/importance.py imports until it takes the public ones
-_box = box_of
-_intersect = intersect

@@ -31,7 +31,7 @@ from ..errors import ConfigError, InputMismatchError
 from ..io.sources import TensorSpec
 from .encoding import Encoded, unpack_bits
 from .errors import CorruptSnapshotError, StoreWarning
-from .format import Box, _box, _intersect
+from .format import Box, box_of, intersect
 
 if TYPE_CHECKING:
     from .reading import Snapshot
@@ -182,8 +182,8 @@ class ImportanceSource:
         self.snapshot = snapshot
         self.name = f"importance of {snapshot.name}"
         self.device = snapshot.device
-        self._tensors = snapshot._tensors
-        self._aliases = {a: t for a, t in snapshot._aliases.items() if t in self._keys_set()}
+        self._tensors = snapshot.records()
+        self._aliases = {a: t for a, t in snapshot.aliases().items() if t in self._keys_set()}
 
     def _keys_set(self) -> set[str]:
         return {k for k, e in self._tensors.items() if has_importance(e)}
@@ -210,13 +210,13 @@ class ImportanceSource:
         want: Box = (tuple(offsets), tuple(shape))
         out: Tensor | None = None  # zeros only where no single piece is the whole box (their faults cost)
         for i, p in enumerate(self._tensors[key]["pieces"]):
-            if p["encoding"] == "none" or (inter := _intersect(want, _box(p))) is None:
+            if p["encoding"] == "none" or (inter := intersect(want, box_of(p))) is None:
                 continue
-            codes = snap._files.tensor(p["file"], p["importance"])
+            codes = snap.stored(p["file"], p["importance"])
             assert codes is not None  # the manifest's check: a stored piece of a parameter has importances
-            box = _box(p)
+            box = box_of(p)
             n = math.prod(box[1])
-            positions = snap._files.tensor(p["file"], p.get("positions"))
+            positions = snap.stored(p["file"], p.get("positions"))
             piece = decode_piece(codes, float(p["importance_max"]), p["encoding"], positions, n, self.dtype)
             if piece is None:
                 raise CorruptSnapshotError(f"agent {snap.agent!r} step {snap.step}: tensor {key!r} piece {i}: "

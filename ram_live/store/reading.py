@@ -63,6 +63,11 @@ class _ManifestTable:
     def aliases(self) -> dict[str, str]:
         return dict(self._aliases)
 
+    def records(self) -> Mapping[str, Mapping[str, Any]]:
+        """The manifest's record of each stored tensor (shape, dtype, pieces: what :mod:`.importance` reads);
+        read-only by convention: the table is the verified manifest's."""
+        return self._tensors
+
 
 class StoreBase(_ManifestTable):
     """The store's base model as a :class:`TensorSource` (dense; assembled from pieces), with its ``fingerprint``."""
@@ -139,7 +144,7 @@ class Snapshot(_ManifestTable):
             )
         where = f"agent {agent!r} step {step}"
         for key, entry in self._tensors.items():
-            b = self._base._tensors.get(key)
+            b = self._base.records().get(key)
             if b is None or b["shape"] != entry["shape"] or b["dtype"] != entry["dtype"]:
                 raise CorruptSnapshotError(f"{where}: tensor {key!r} {entry['dtype']} {entry['shape']} is not a "
                                            "tensor of the store's base", agent=agent, step=step)
@@ -194,6 +199,11 @@ class Snapshot(_ManifestTable):
         if "importance" not in self.manifest:
             return None
         return self.store.importance_source(self)
+
+    def stored(self, file: str, record: Mapping[str, Any] | None) -> Tensor | None:
+        """The array ``record`` (a piece's ``values``, ``positions`` or ``importance`` entry) of the data file
+        ``file`` of this snapshot, its checksum verified on first use; None for a missing record."""
+        return self._files.tensor(file, record)
 
     def verify(self) -> int:
         """Check the checksum of every data file of this snapshot and of the store's base now (else each is
