@@ -50,7 +50,7 @@ from .. import settings
 from ..errors import RamLiveError
 
 __all__ = ["COMMON_FLAGS", "FAMILIES", "Family", "KernelBuildError", "native_enabled", "cache_dir", "host_level",
-           "build_level", "flags", "source", "load", "bind", "kernels", "function", "prefetch", "load_library",
+           "build_level", "flags", "source", "load", "bind", "kernels", "function", "builds", "prefetch", "load_library",
            "is_x86"]
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
@@ -238,6 +238,17 @@ def function(family: str, part: int, name: str, build_flags: Sequence[str], argt
     fn = getattr(lib, name)
     fn.argtypes, fn.restype = argtypes, restype
     return fn
+
+
+def builds(get_functions: Callable[[], Any]) -> bool:
+    """Whether ``get_functions()`` (a binding's look-up of the :func:`function` s a call will run) finds their parts
+    built, building them now; False where one does not build, so that the caller takes another path before
+    anything of its tensor is written."""
+    try:
+        get_functions()
+    except KernelBuildError:
+        return False
+    return True
 
 
 def prefetch(family: str, part: int, build_flags: Sequence[str]) -> None:

@@ -56,11 +56,7 @@ class Kernels:
     def ready(self, dtype: torch.dtype, importance_dtype: torch.dtype) -> bool:
         """Whether the part for these input and importance dtypes is built (building it now); False where it does
         not build: the caller runs another path, before anything of the tensor is written."""
-        try:
-            self._fn(DTYPES[dtype], DTYPES[importance_dtype])
-        except cc.KernelBuildError:
-            return False
-        return True
+        return cc.builds(lambda: self._fn(DTYPES[dtype], DTYPES[importance_dtype]))
 
     def merge_weighted(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], importances: Sequence[Tensor],
                        lambdas: Tensor | None, eps: float, start: int, end: int) -> int:

@@ -73,12 +73,7 @@ class Kernels:
         """Whether the parts of ``entries`` for ``dtype`` inputs are built (building them now); False where one
         does not build (a killed or timed-out compiler, a full cache disk): the caller runs the torch path, before
         anything of the tensor is written."""
-        try:
-            for entry in entries:
-                self._fn(entry, DTYPES[dtype])
-        except cc.KernelBuildError:
-            return False
-        return True
+        return cc.builds(lambda: [self._fn(entry, DTYPES[dtype]) for entry in entries])
 
     def merge(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, eps: float,
               start: int, end: int) -> int:
