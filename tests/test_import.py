@@ -73,23 +73,21 @@ def test_the_wheel_holds_every_package_and_the_c_sources(tmp_path):
 
 
 def test_moved_modules_keep_their_old_import_paths():
-    """Each old path of ``MOVED_MODULES`` imports the one module at its new path (same object, same classes, the
-    new path's spec), in a fresh process, whichever path is imported first."""
-    import ram_live
-
-    for old, new in ram_live.MOVED_MODULES.items():
-        code = (
-            "import importlib, sys\n"
-            f"old = importlib.import_module({old!r})\n"
-            f"new = importlib.import_module({new!r})\n"
-            "assert old is new and sys.modules[old.__name__] is new, (old, new)\n"
-            f"assert new.__spec__.name == {new!r} and new.__name__ == {new!r}, new.__spec__\n"
-            "names = [n for n in getattr(new, '__all__', [])]\n"
-            "assert names and all(getattr(old, n) is getattr(new, n) for n in names)\n"
-        )
-        subprocess.run([sys.executable, "-c", code], check=True)
-    code = "import ram_live.schedule_search as s\nfrom ram_live.training.search import SearchSetting\n" \
-           "assert s.SearchSetting is SearchSetting\n"
+    """Each old path of ``MOVED_MODULES`` imports the one module at its new path (same object, same names, the new
+    path's spec), whichever path is imported first (one process: old first for half of them, new first for the
+    rest)."""
+    code = (
+        "import importlib, sys, ram_live\n"
+        "for i, (old, new) in enumerate(sorted(ram_live.MOVED_MODULES.items())):\n"
+        "    first, second = (old, new) if i % 2 else (new, old)\n"
+        "    a, b = importlib.import_module(first), importlib.import_module(second)\n"
+        "    assert a is b and sys.modules[old] is sys.modules[new] is a, (old, new)\n"
+        "    assert a.__spec__.name == new and a.__name__ == new, a.__spec__\n"
+        "    assert a.__all__ and all(getattr(importlib.import_module(old), n) is getattr(a, n) for n in a.__all__)\n"
+        "from ram_live.schedule_search import SearchSetting\n"
+        "from ram_live.training.search import SearchSetting as S\n"
+        "assert SearchSetting is S\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
