@@ -29,11 +29,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-import bench_merge  # noqa: E402
-from gpu_checks import extras, inputs, merges  # noqa: E402
-from gpu_checks.runner import Outcome, Runner, Skip  # noqa: E402
+import bench_merge
+import torch
+from gpu_checks import extras, inputs, merges
+from gpu_checks.runner import Outcome, Runner, Skip
 
 BUDGET_S = 450.0
 
@@ -115,12 +114,12 @@ def table(runner: Runner, meta: dict[str, Any]) -> str:
     o = runner.outcomes
     dev = o["device"].result if "device" in o else {}
     floor = o["floor"].result if "floor" in o else {}
-    lines = [f"## GPU readiness ({dev.get('name', meta['device'])}, {_fmt(dev.get('memory_gib'), '.0f')} GiB; "
-             f"{meta['params'] / 1e6:,.1f} M bf16 parameters, K = {meta['k']}; git {meta['git']})", "",
-             f"copy floor: {_fmt(floor.get('gb_per_s'), '.1f')} GB/s over {_fmt(floor.get('copied_gb'), '.2f')} GB "
-             f"moved ({_fmt(floor.get('seconds'), '.4f')} s)", "",
-             "| check | status | s | x floor | kernels | extra peak / output | vs CPU: max ULP, share differing "
-             "| vs float64 ULP | targets | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [(f"## GPU readiness ({dev.get('name', meta['device'])}, {_fmt(dev.get('memory_gib'), '.0f')} GiB; "
+             f"{meta['params'] / 1e6:,.1f} M bf16 parameters, K = {meta['k']}; git {meta['git']})"), "",
+             (f"copy floor: {_fmt(floor.get('gb_per_s'), '.1f')} GB/s over {_fmt(floor.get('copied_gb'), '.2f')} GB "
+             f"moved ({_fmt(floor.get('seconds'), '.4f')} s)"), "",
+             ("| check | status | s | x floor | kernels | extra peak / output | vs CPU: max ULP, share differing "
+             "| vs float64 ULP | targets | note |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for name, out in o.items():
         r = out.result
         vs = r.get("vs_cpu")
@@ -135,8 +134,8 @@ def table(runner: Runner, meta: dict[str, Any]) -> str:
                      f"{_fmt(r.get('x_floor'))} | {kernels} | {_fmt(r.get('extra_over_output'))} | {vs_s} | "
                      f"{_fmt(ref, 'd')} | {targets} | {note[:160]} |")
     summary = runner.summary()
-    lines += ["", f"{summary['pass']} passed, {summary['fail']} failed, {summary['error']} errors, "
-              f"{summary['skipped']} skipped in {runner.elapsed():.1f} s (budget {runner.budget_s:.0f} s)"]
+    lines += ["", (f"{summary['pass']} passed, {summary['fail']} failed, {summary['error']} errors, "
+              f"{summary['skipped']} skipped in {runner.elapsed():.1f} s (budget {runner.budget_s:.0f} s)")]
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["ulp_distance", "compare_outputs", "reference64", "exact_counts", "TOLERANCE_ULP"]
+__all__ = ["TOLERANCE_ULP", "compare_outputs", "exact_counts", "reference64", "ulp_distance"]
 
 #: The documented tolerance across devices (docs/performance.md, "GPU readiness"): every output entry within one
 #: ULP of the output dtype of the CPU result and of the float64 reference.

@@ -19,14 +19,14 @@ import torch
 from gpu_checks import compare
 from gpu_checks.runner import Outcome, Skip
 
-__all__ = ["check_peft", "check_distributed", "check_cuda_tests", "ROOT"]
+__all__ = ["ROOT", "check_cuda_tests", "check_distributed", "check_peft"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: PEFT: the device's merged weights within this share of the largest |merged ΔW| of the CPU's (float32 LoRA
 #: products summed in another order on the device: rounding only).
 PEFT_RTOL = 1e-5
-LLAMA = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2)
+LLAMA = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2}
 
 
 def _peft_model() -> Any:
@@ -188,7 +188,8 @@ def check_cuda_tests(device: torch.device, out: Outcome, timeout: float) -> None
         raise Skip("no test file has a cuda-marked test")
     cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "-rs", *files]
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              check=False)
     except subprocess.TimeoutExpired as exc:
         out.result["tail"] = ((exc.stdout or b"")[-3000:]).decode(errors="replace") \
             if isinstance(exc.stdout, bytes) else (exc.stdout or "")[-3000:]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["DENSITIES", "Sizes", "sizes_for", "Stack", "build", "importances", "subset", "nbytes"]
+__all__ = ["DENSITIES", "Sizes", "Stack", "build", "importances", "nbytes", "sizes_for", "subset"]
 
 #: Agent t's share of changed entries: the RAM paper's three agents (as in ``bench_merge.DENSITIES``).
 DENSITIES = (0.03, 0.46, 0.54)

@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import bench_merge
 import torch
 from torch import Tensor, nn
 
-import bench_merge
 from gpu_checks import compare, inputs
 from gpu_checks.runner import Outcome, Skip
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Skip", "Outcome", "Runner"]
+__all__ = ["Outcome", "Runner", "Skip"]
 
 STATUSES = ("pass", "fail", "error", "skipped")
 
@@ -75,7 +75,7 @@ class Runner:
             out.status = "fail" if out.problems else "pass"
         except Skip as exc:
             out.status, out.reason = "skipped", str(exc)
-        except BaseException as exc:  # noqa: BLE001 - every failure is reported, the script goes on
+        except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             out.status, out.reason, out.traceback = "error", f"{type(exc).__name__}: {exc}", traceback.format_exc()
