@@ -35,6 +35,9 @@ from gpu_checks import extras, inputs, merges
 from gpu_checks.runner import Outcome, Runner, Skip
 
 BUDGET_S = 450.0
+#: Caps on the subprocess checks, so that a hang (e.g. NCCL) cannot take the whole budget.
+DIST_TIMEOUT_S = 120.0
+TESTS_TIMEOUT_S = 240.0
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -74,21 +77,27 @@ def run_all(args: argparse.Namespace) -> tuple[Runner, dict[str, Any]]:
         bench_merge.sync(device)
         o.result.update(seconds=time.perf_counter() - t0, params=sizes.params, subset=holder["s"].keys)
 
-    if runner.run("inputs", setup).status == "pass":
-        s = holder["s"]
+    # Order: what is cheap and sure first; the cold compiles and TIES / DARE (a kthvalue per tensor and agent,
+    # slow on CUDA) last, so that the budget, if it runs out, cuts the least predictable checks.
+    s = holder["s"] if runner.run("inputs", setup).status == "pass" else None
+    eager = lambda o, lb: merges.check_merge(s, lb, False, args.small, o)
+    if s is not None:
         runner.run("floor", lambda o: merges.check_floor(s, o))
-        for label in merges.METHODS:
-            runner.run(f"{label} eager", lambda o, lb=label: merges.check_merge(s, lb, False, args.small, o),
-                       needs_s=5.0)
+        for label in merges.COMPILED:
+            runner.run(f"{label} eager", lambda o, lb=label: eager(o, lb), needs_s=5.0)
         runner.run("probe", lambda o: merges.check_probe(s, o), needs_s=5.0)
     runner.run("peft", lambda o: extras.check_peft(device, o), needs_s=10.0)
-    runner.run("distributed", lambda o: extras.check_distributed(device, o, timeout=max(30.0, runner.left() - 30)),
-               needs_s=30.0)
-    runner.run("cuda tests", lambda o: extras.check_cuda_tests(device, o, timeout=max(30.0, runner.left() - 10)),
-               needs_s=60.0)
-    if "s" in holder:  # last: a cold compile per variant is the least predictable cost
+    runner.run("distributed", lambda o: extras.check_distributed(
+        device, o, timeout=min(DIST_TIMEOUT_S, max(30.0, runner.left() - 30))), needs_s=30.0)
+    runner.run("cuda tests", lambda o: extras.check_cuda_tests(
+        device, o, timeout=min(TESTS_TIMEOUT_S, max(30.0, runner.left() - 10))), needs_s=60.0)
+    if s is not None:
+        for label in merges.COMPILED:
+            runner.run(f"{label} compile", lambda o, lb=label: _compiled(s, lb, args, o), needs_s=60.0)
         for label in merges.METHODS:
-            runner.run(f"{label} compile", lambda o, lb=label: _compiled(holder["s"], lb, args, o), needs_s=60.0)
+            if label not in merges.COMPILED:
+                runner.run(f"{label} eager", lambda o, lb=label: eager(o, lb), needs_s=20.0)
+                runner.run(f"{label} compile", lambda o, lb=label: _compiled(s, lb, args, o))
         holder.clear()
     return runner, meta
 
