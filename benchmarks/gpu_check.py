@@ -1,0 +1,185 @@
+"""GPU readiness: one command that measures and checks every CUDA path of ram_live, and reports every failure.
+
+    python benchmarks/gpu_check.py                         # CUDA, ~1.5 B bf16 parameters, K = 3 (< 8 min)
+    python benchmarks/gpu_check.py --device cpu --small    # the same checks on CPU at tiny sizes (the test's run)
+    python benchmarks/gpu_check.py --json gpu.json --params 500000000
+
+What it runs, in order, each check caught on its own (a traceback in the JSON, the script goes on) and skipped
+once the time budget (``--budget``, 450 s) is spent: the device (name, memory, versions); the copy floor
+(``copy_`` of every input into an output-sized destination, ``bench_merge.copy_bandwidth``); RAM, RAM+,
+curvature-aware RAM, TA, TIES and DARE-TIES on live bf16 modules built on the device (``gpu_checks.inputs``),
+eager, then the RAM family with ``compile=True``: best time as x the floor, peak extra memory against the output,
+and the result against the CPU's on a subset of tensors and against a float64 reference
+(``gpu_checks.compare``); the probe; a PEFT adapter merge; the distributed merge (NCCL, or gloo on CPU); the
+``cuda``-marked tests. Prints a table and one JSON line (``--json`` writes it too); exits 1 if a check failed.
+Targets and tolerances: docs/performance.md, "GPU readiness".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_merge
+import torch
+from gpu_checks import extras, inputs, merges
+from gpu_checks.runner import Outcome, Runner, Skip
+
+BUDGET_S = 450.0
+#: Caps on the subprocess checks, so that a hang (e.g. NCCL) cannot take the whole budget.
+DIST_TIMEOUT_S = 120.0
+TESTS_TIMEOUT_S = 240.0
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--small", action="store_true", help="tiny sizes (CI; the CPU test)")
+    ap.add_argument("--json", type=Path, help="also write the JSON report here")
+    ap.add_argument("--params", type=float, help="model size in parameters (default 1.5e9; --small: about 1e5)")
+    ap.add_argument("--reps", type=int, help="timed runs per merge, best reported (default 2; --small 1)")
+    ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds after which checks are skipped")
+    ap.add_argument("--no-compile", action="store_true", help="skip the compile=True merges")
+    ap.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's; --device cpu --small: 1, "
+                    "since tiny tensors on a busy shared host spend their time in OpenMP hand-offs)")
+    return ap.parse_args(argv)
+
+
+def run_all(args: argparse.Namespace) -> tuple[Runner, dict[str, Any]]:
+    """Every check, in order, under the time budget."""
+    runner = Runner(args.budget)
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    bench_merge._idle.update(max_wait=0.0, budget=0.0, retries=0)  # no waiting for an idle CPU between runs
+    sizes = inputs.sizes_for(int(args.params) if args.params else None, args.small)
+    threads = args.threads or (1 if args.small and device.type == "cpu" else None)
+    if threads:
+        torch.set_num_threads(threads)
+    meta: dict[str, Any] = {"device": str(device), "small": args.small, "params": sizes.params,
+                            "hidden": sizes.hidden, "layers": sizes.layers, "k": 3,
+                            "threads": torch.get_num_threads(), "git": bench_merge.git_state()}
+    dev = runner.run("device", lambda o: _device(device, o))
+    if dev.status != "pass":
+        return runner, meta
+    holder: dict[str, merges.Setup] = {}
+
+    def setup(o: Outcome) -> None:
+        t0 = time.perf_counter()
+        holder["s"] = merges.Setup.make(device, sizes, args.reps or (1 if args.small else 2))
+        bench_merge.sync(device)
+        o.result.update(seconds=time.perf_counter() - t0, params=sizes.params, subset=holder["s"].keys)
+
+    # Order: what is cheap and sure first; the cold compiles and TIES / DARE (a kthvalue per tensor and agent,
+    # slow on CUDA) last, so that the budget, if it runs out, cuts the least predictable checks.
+    s = holder["s"] if runner.run("inputs", setup).status == "pass" else None
+    eager = lambda o, lb: merges.check_merge(s, lb, False, args.small, o)
+    if s is not None:
+        runner.run("floor", lambda o: merges.check_floor(s, o))
+        for label in merges.COMPILED:
+            runner.run(f"{label} eager", lambda o, lb=label: eager(o, lb), needs_s=5.0)
+        runner.run("probe", lambda o: merges.check_probe(s, o), needs_s=5.0)
+    runner.run("peft", lambda o: extras.check_peft(device, o), needs_s=10.0)
+    runner.run("distributed", lambda o: extras.check_distributed(
+        device, o, timeout=min(DIST_TIMEOUT_S, max(30.0, runner.left() - 30))), needs_s=30.0)
+    runner.run("cuda tests", lambda o: extras.check_cuda_tests(
+        device, o, timeout=min(TESTS_TIMEOUT_S, max(30.0, runner.left() - 10))), needs_s=60.0)
+    if s is not None:
+        for label in merges.COMPILED:
+            runner.run(f"{label} compile", lambda o, lb=label: _compiled(s, lb, args, o), needs_s=60.0)
+        for label in merges.METHODS:
+            if label not in merges.COMPILED:
+                runner.run(f"{label} eager", lambda o, lb=label: eager(o, lb), needs_s=20.0)
+                runner.run(f"{label} compile", lambda o, lb=label: _compiled(s, lb, args, o))
+        holder.clear()
+    return runner, meta
+
+
+def _device(device: torch.device, out: Outcome) -> None:
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda but torch.cuda.is_available() is False (use --device cpu)")
+    merges.check_device(device, out)
+
+
+def _compiled(s: merges.Setup, label: str, args: argparse.Namespace, out: Outcome) -> None:
+    if args.no_compile:
+        raise Skip("--no-compile")
+    merges.check_merge(s, label, True, args.small, out)
+
+
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def table(runner: Runner, meta: dict[str, Any]) -> str:
+    """The readable report: one row per check."""
+    o = runner.outcomes
+    dev = o["device"].result if "device" in o else {}
+    floor = o["floor"].result if "floor" in o else {}
+    lines = [(f"## GPU readiness ({dev.get('name', meta['device'])}, {_fmt(dev.get('memory_gib'), '.0f')} GiB; "
+             f"{meta['params'] / 1e6:,.1f} M bf16 parameters, K = {meta['k']}; git {meta['git']})"), "",
+             (f"copy floor: {_fmt(floor.get('gb_per_s'), '.1f')} GB/s over {_fmt(floor.get('copied_gb'), '.2f')} GB "
+             f"moved ({_fmt(floor.get('seconds'), '.4f')} s)"), "",
+             ("| check | status | s | x floor | kernels | extra peak / output | vs CPU: max ULP, share differing "
+             "| vs float64 ULP | targets | note |"), "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, out in o.items():
+        r = out.result
+        vs = r.get("vs_cpu")
+        vs_s = f"{vs['max_ulp']}, {vs['share_differing']:.2e}" if vs else "-"
+        ref = r.get("device_vs_float64_ulp")
+        targets = ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in out.targets.items() if v is not None) or "-"
+        kernels = ", ".join(f"{k} {n}" for k, n in (r.get("kernels") or {}).items()) or "-"
+        note = out.reason or "; ".join(out.problems)
+        if not note and "first_call_s" in r:
+            note = f"first call {r['first_call_s']:.1f} s"
+        lines.append(f"| {name} | {out.status} | {_fmt(r.get('seconds', out.seconds), '.3f')} | "
+                     f"{_fmt(r.get('x_floor'))} | {kernels} | {_fmt(r.get('extra_over_output'))} | {vs_s} | "
+                     f"{_fmt(ref, 'd')} | {targets} | {note[:160]} |")
+    summary = runner.summary()
+    lines += ["", (f"{summary['pass']} passed, {summary['fail']} failed, {summary['error']} errors, "
+              f"{summary['skipped']} skipped in {runner.elapsed():.1f} s (budget {runner.budget_s:.0f} s)")]
+    return "\n".join(lines)
+
+
+def report(runner: Runner, meta: dict[str, Any]) -> dict[str, Any]:
+    """The JSON report: meta, every check's outcome, the summary."""
+    return {"meta": meta, "checks": {n: o.to_dict() for n, o in runner.outcomes.items()},
+            "summary": runner.summary(), "elapsed_s": runner.elapsed(), "budget_s": runner.budget_s}
+
+
+def _jsonable(x: Any) -> Any:
+    """``x`` with every non-finite float as a string ("inf", "nan"): strict JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*jit.script.*")
+        runner, meta = run_all(args)
+    data = report(runner, meta)
+    print(table(runner, meta))
+    line = json.dumps(_jsonable(data), default=str, allow_nan=False)
+    if args.json:
+        args.json.write_text(line + "\n")
+    print(line)
+    return 0 if data["summary"]["fail"] == 0 and data["summary"]["error"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""The merge checks: the copy floor, RAM / RAM+ / curvature-aware RAM / TA / TIES / DARE-TIES (eager and
+``compile=True``) timed against it with their peak memory, and the probe; every result compared with the CPU's
+on a subset of tensors and with a float64 reference where the method has a closed form."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import bench_merge
+import torch
+from torch import Tensor, nn
+
+from gpu_checks import compare, inputs
+from gpu_checks.runner import Outcome, Skip
+
+__all__ = ["METHODS", "Setup", "check_floor", "check_merge", "check_probe"]
+
+#: label -> merge options (``importance=True``: the setup's importances). r and alpha are RAM+'s defaults.
+METHODS: dict[str, dict[str, Any]] = {
+    "RAM": {"method": "ram"},
+    "RAM+": {"method": "ram_plus"},
+    "RAM curvature": {"method": "ram", "importance": True},
+    "TA": {"method": "task_arithmetic"},
+    "TIES": {"method": "ties", "density": 0.2},
+    "DARE-TIES": {"method": "dare_ties", "density": 0.5},
+}
+#: The methods with a compiled kernel (``compile=True``; docs/performance.md, "Kernels"): the RAM family.
+COMPILED = ("RAM", "RAM+", "RAM curvature")
+#: The methods whose masks are random: DARE draws from a generator on the merge's device, so its CUDA masks are
+#: not the CPU's (same seed, another generator); only its exact parts are compared across devices.
+RANDOM = ("DARE-TIES",)
+R, ALPHA = 0.1, 2.0
+TARGET_FLOOR = 2.0
+
+
+@dataclass
+class Setup:
+    """The inputs on the device, their CPU subset, and what the checks learn as they go."""
+
+    device: torch.device
+    sizes: inputs.Sizes
+    reps: int
+    base: nn.Module
+    agents: list[nn.Module]
+    imps: dict[str, dict[str, Tensor]]
+    keys: list[str]
+    cpu_base: dict[str, Tensor] = field(default_factory=dict)
+    cpu_agents: list[dict[str, Tensor]] = field(default_factory=list)
+    cpu_imps: dict[str, dict[str, Tensor]] = field(default_factory=dict)
+    bandwidth: float | None = None
+    counts: dict[str, list[int]] | None = None
+    eager: dict[str, dict[str, Tensor]] = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, device: torch.device, sizes: inputs.Sizes, reps: int, k: int = 3) -> Setup:
+        base, agents = inputs.build(sizes, device, k)
+        imps = inputs.importances(base, k)
+        keys = ["layers.0.weight", "norm"]
+        s = cls(device, sizes, reps, base, agents, imps, keys)
+        s.cpu_base = inputs.subset(base, keys)
+        s.cpu_agents = [inputs.subset(a, keys) for a in agents]
+        s.cpu_imps = {n: inputs.subset(h, keys) for n, h in imps.items()}
+        return s
+
+    @property
+    def model_bytes(self) -> int:
+        return inputs.nbytes(self.base)
+
+    def floor_seconds(self, label: str) -> float | None:
+        """The merge's bytes (K + 1 inputs read, one output written, importances read) at the copy bandwidth."""
+        if not self.bandwidth:
+            return None
+        moved = (len(self.agents) + 2) * self.model_bytes
+        if METHODS[label].get("importance"):
+            moved += sum(inputs.nbytes(h) for h in self.imps.values())
+        return moved / self.bandwidth
+
+    def options(self, label: str, cpu: bool = False) -> dict[str, Any]:
+        kw = dict(METHODS[label])
+        if kw.pop("importance", False):
+            kw["importance"] = self.cpu_imps if cpu else self.imps
+        return kw
+
+
+def _sync(device: torch.device) -> None:
+    bench_merge.sync(device)
+
+
+def check_device(setup_device: torch.device, out: Outcome) -> None:
+    """Device name and memory, torch / CUDA / Triton versions, the host CPU."""
+    from _host import cpu_label
+
+    r: dict[str, Any] = {"torch": torch.__version__, "cpu": cpu_label(), "cuda_available": torch.cuda.is_available()}
+    if setup_device.type == "cuda":
+        p = torch.cuda.get_device_properties(setup_device)
+        r.update(name=p.name, memory_gib=round(p.total_memory / 2**30, 1), capability=f"{p.major}.{p.minor}",
+                 cuda=torch.version.cuda, devices=torch.cuda.device_count())
+        try:
+            import triton
+
+            r["triton"] = triton.__version__
+        except ImportError:
+            r["triton"] = None
+    else:
+        r.update(name=r["cpu"], memory_gib=None, devices=0)
+    out.result.update(r)
+
+
+def check_floor(setup: Setup, out: Outcome) -> None:
+    """``copy_`` bandwidth over every input tensor into one output-sized destination (bench_merge's floor)."""
+    dst = {n: torch.empty_like(p) for n, p in setup.base.named_parameters()}
+    srcs = [dict(setup.base.named_parameters())] + [dict(a.named_parameters()) for a in setup.agents]
+    bandwidth, seconds = bench_merge.copy_bandwidth(srcs, dst, setup.device)
+    del dst
+    setup.bandwidth = bandwidth
+    out.result.update(copied_gb=2 * sum(bench_merge.nbytes(s) for s in srcs) / 1e9, seconds=seconds,
+                      gb_per_s=bandwidth / 1e9, params=setup.sizes.params, model_gb=setup.model_bytes / 1e9)
+    out.require(math.isfinite(bandwidth) and bandwidth > 0, f"copy bandwidth {bandwidth}")
+
+
+def _lambdas_expected(counts: dict[str, list[int]]) -> list[float]:
+    lam = []
+    for a, u in zip(counts["active"], counts["unique"]):
+        rho = math.inf if u == 0 else (a - u) / u
+        lam.append(1 + R * min(max(rho, 0.0), ALPHA))
+    return lam
+
+
+def _cpu_reference(setup: Setup, label: str, info: Any) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
+    """The CPU merge of the subset (RAM+ with the device run's λ, which global ρ took from every tensor) and the
+    float64 reference where the method has one."""
+    from ram_live import merge
+
+    kw = setup.options(label, cpu=True)
+    lambdas = None
+    if label == "RAM+":
+        kw["lambdas"] = dict(info.lambdas)
+        lambdas = [info.lambdas[f"agent_{t}"] for t in range(len(setup.agents))]
+    cpu = merge(setup.cpu_agents, base=setup.cpu_base, **kw)
+    if label in ("RAM", "RAM+", "RAM curvature"):
+        imps = [setup.cpu_imps[f"agent_{t}"] for t in range(len(setup.agents))] if label == "RAM curvature" else None
+        ref = compare.reference64(setup.cpu_base, setup.cpu_agents, lambdas=lambdas, importance=imps)
+    elif label == "TA":
+        ref = compare.reference64(setup.cpu_base, setup.cpu_agents, summed=True)
+    else:
+        ref = None
+    return cpu, ref
+
+
+def _identical(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return all(int(compare.ulp_distance(sa[k], sb[k]).max()) == 0 for k in sa)
+
+
+def check_merge(setup: Setup, label: str, compiled: bool, small: bool, out: Outcome) -> None:
+    """One method on the device: time (best of ``reps``) as x the floor, peak memory, bits against the CPU."""
+    from ram_live import merge
+
+    if compiled and label not in COMPILED:
+        raise Skip("compile=True compiles the RAM family only (docs/performance.md, Kernels): this method merges "
+                   "eagerly either way")
+    kw = setup.options(label)
+
+    def call() -> Any:
+        return merge(setup.agents, base=setup.base, return_info=True, compile=compiled, **kw)
+
+    dev = setup.device
+    if compiled:
+        _sync(dev)
+        t0 = time.perf_counter()
+        call()
+        _sync(dev)
+        out.result["first_call_s"] = time.perf_counter() - t0
+    if dev.type == "cuda":
+        _sync(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.memory_allocated(dev)
+    result, info = call()
+    _sync(dev)
+    extra = torch.cuda.max_memory_allocated(dev) - before if dev.type == "cuda" else None
+    times, last, share = bench_merge.timed(call, setup.reps, dev, keep_last=True)
+    best = min(times)
+    floor = setup.floor_seconds(label)
+    largest = max(p.numel() * p.element_size() for p in setup.base.parameters())
+    out.result.update(seconds=best, times=times, x_floor=best / floor if floor else None, kernels=info.extra.get(
+        "kernels"), passes=info.passes, extra_peak_bytes=extra, output_bytes=setup.model_bytes,
+        extra_over_output=None if extra is None else extra / setup.model_bytes, others_cpu=share)
+    if compiled:
+        out.require(set(info.extra.get("kernels", {})) == {"compiled"},
+                    f"compile=True ran {info.extra.get('kernels')}, not the compiled kernels")
+    out.require(_identical(result, last[0]), "two runs of the same merge differ")
+    del last
+    got = inputs.subset(result, setup.keys)
+    cpu, ref = _cpu_reference(setup, label, info)
+    vs_cpu = compare.compare_outputs(got, cpu, setup.cpu_base, setup.cpu_agents)
+    out.result["vs_cpu"] = vs_cpu
+    out.require(vs_cpu["untouched_changed"] == 0,
+                f"{vs_cpu['untouched_changed']} entries no agent changed lost the base's bits")
+    if label not in RANDOM:
+        out.require(vs_cpu["max_ulp"] <= compare.TOLERANCE_ULP,
+                    f"{vs_cpu['max_ulp']} ULP from the CPU result (tolerance {compare.TOLERANCE_ULP})")
+    if ref is not None:
+        for who, res in (("device", got), ("cpu", cpu)):
+            worst = max(int(compare.ulp_distance(res[k], ref[k]).max()) for k in ref)
+            out.result[f"{who}_vs_float64_ulp"] = worst
+            out.require(worst <= compare.TOLERANCE_ULP, f"{who} result {worst} ULP from the float64 reference")
+    if label == "RAM+":
+        _check_counts(setup, info, out)
+    if compiled and label in setup.eager:
+        same = compare.compare_outputs(got, setup.eager[label], setup.cpu_base, setup.cpu_agents)
+        out.result["vs_eager_share_differing"] = same["share_differing"]
+        out.require(same["share_differing"] == 0, f"compiled result differs from the eager one on this device in "
+                    f"{same['share_differing']:.2e} of the entries (max {same['max_ulp']} ULP)")
+    elif not compiled:
+        setup.eager[label] = got
+    if dev.type == "cuda" and not small:
+        if label == "RAM":
+            out.targets["ram_le_2x_floor"] = floor is not None and best <= TARGET_FLOOR * floor
+        # RAM family: output + 2 x largest tensor (docs/performance.md); the torch paths of the other methods
+        # hold about (K + 2) x the largest tensor besides the output (docs/scaling.md)
+        allowance = 2 if label in COMPILED else len(setup.agents) + 2
+        out.targets[f"extra_le_output_plus_{allowance}_largest"] = (
+            extra is not None and extra <= setup.model_bytes + allowance * largest)
+
+
+def _check_counts(setup: Setup, info: Any, out: Outcome) -> None:
+    """RAM+'s counts and λ against the counts made with integer ops (exact)."""
+    if setup.counts is None:
+        setup.counts = compare.exact_counts(setup.base, setup.agents)
+    want = setup.counts
+    stats = info.statistics
+    out.result["active"], out.result["unique"] = stats.active.tolist(), stats.unique.tolist()
+    out.require(stats.active.tolist() == want["active"] and stats.unique.tolist() == want["unique"],
+                f"counts {stats.active.tolist()}/{stats.unique.tolist()} != exact {want['active']}/{want['unique']}")
+    lam = [info.lambdas[f"agent_{t}"] for t in range(len(setup.agents))]
+    out.result["lambdas"] = lam
+    out.require(all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(lam, _lambdas_expected(want))),
+                f"λ {lam} != {_lambdas_expected(want)} from the exact counts")
+
+
+def check_probe(setup: Setup, out: Outcome) -> None:
+    """The probe on the device: its counts equal the exact ones (whole model) and the CPU probe's (subset)."""
+    from ram_live import probe
+
+    t0 = time.perf_counter()
+    report = probe(setup.agents, base=setup.base)
+    _sync(setup.device)
+    seconds = time.perf_counter() - t0
+    if setup.counts is None:
+        setup.counts = compare.exact_counts(setup.base, setup.agents)
+    stats = report.statistics()
+    got = {"active": stats.active.tolist(), "unique": stats.unique.tolist(), "histogram": stats.histogram.tolist()}
+    floor = (len(setup.agents) + 1) * setup.model_bytes / setup.bandwidth if setup.bandwidth else None
+    out.result.update(seconds=seconds, x_floor=seconds / floor if floor else None, **got)
+    out.require(got == setup.counts, f"probe counts {got} != exact {setup.counts}")
+    sub = inputs.subset(setup.base, setup.keys, setup.device)
+    dev_sub = probe([inputs.subset(a, setup.keys, setup.device) for a in setup.agents], base=sub)
+    cpu_sub = probe(setup.cpu_agents, base=setup.cpu_base)
+    a, b = dev_sub.statistics(), cpu_sub.statistics()
+    out.require(all(torch.equal(x, y) for x, y in ((a.active, b.active), (a.unique, b.unique),
+                                                   (a.histogram, b.histogram))), "subset counts: device != CPU")
+    out.require(dev_sub.jaccard == cpu_sub.jaccard, "subset Jaccard: device != CPU")
+    cos = max(abs(x - y) for rx, ry in zip(dev_sub.cosine, cpu_sub.cosine) for x, y in zip(rx, ry))
+    out.result["subset_cosine_max_diff"] = cos
+    out.require(cos <= 1e-5, f"subset cosine differs by {cos} (tolerance 1e-5; docs: ~1e-6 native vs torch)")
