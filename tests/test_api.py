@@ -207,6 +207,7 @@ def test_merge_front_door_ram_equals_ram_merge(base_sd):
                          ram_merge(agents, base=base_sd, variant="ram_plus_soft", r=0.2))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_module_merges_on_cuda():
     torch.manual_seed(0)
