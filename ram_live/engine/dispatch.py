@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from .. import _importance_native, _ram_native
+from ..errors import ConfigError
 from ..methods import MergeMethod, MethodKernels
 from ..types import Activity, RamStatistics
 from .counts import fused_statistics, native_statistics, torch_statistics
@@ -48,7 +49,8 @@ def count_tensor(stream: DeltaStream, k: int, workers: int = 1,
                  amax: list[tuple[float, float]] | None = None) -> RamStatistics:
     """The RAM counts of ``stream`` (with its activity rule); ``amax``: gets (max |τ|, max |θ₀|) appended where
     the kernels track them (native and torch paths; not the compiled one)."""
-    assert stream.activity is not None
+    if stream.activity is None:  # TensorView.statistics(None) from a method's own prepare
+        raise ConfigError(f"tensor {stream.key!r}: RAM counts need an activity rule (an Activity), got None")
     native = native_for(stream, stream.activity, entries=("counts",))
     if native is not None:
         return native_statistics(stream, k, *native, workers, amax)

@@ -212,8 +212,8 @@ class ImportanceSource:
         for i, p in enumerate(self._tensors[key]["pieces"]):
             if p["encoding"] == "none" or (inter := _intersect(want, _box(p))) is None:
                 continue
-            codes = snap._files.tensor(p["file"], p["importance"])
-            assert codes is not None  # the manifest's check: a stored piece of a parameter has importances
+            # the manifest's check: a stored piece of a parameter names its importances
+            codes = snap._files.files[p["file"]].tensor(p["importance"])
             box = _box(p)
             n = math.prod(box[1])
             positions = snap._files.tensor(p["file"], p.get("positions"))
