@@ -19,6 +19,7 @@ from typing import Any
 from .errors import (
     ConfigError,
     InputMismatchError,
+    InvalidStateError,
     MethodExistsError,
     MissingBaseError,
     NoAgentsError,
@@ -67,7 +68,7 @@ __all__ = [
     "RamConfig", "RamPlusConfig", "RamPlusSoftConfig", "RamOptions",
     "RamLiveError", "InputMismatchError", "NonFiniteError", "NoAgentsError", "ConfigError",
     "UnknownMethodError", "MethodExistsError", "MissingBaseError", "UnsupportedInputError", "OutOfSpaceError",
-    "OutputExistsError",
+    "OutputExistsError", "InvalidStateError",
 ]
 
 

@@ -54,6 +54,11 @@ class OutputExistsError(RamLiveError, FileExistsError):
     removed."""
 
 
+class InvalidStateError(RamLiveError, RuntimeError):
+    """An object used out of order, or after an earlier failure left it unusable (a sink finished twice or
+    before it began, a schedule whose ``attach`` failed): the message says what to call first."""
+
+
 class SearchError(RamLiveError, RuntimeError):
     """A merge search could not score a candidate: the evaluation raised (the cause is chained) or returned
     something other than a finite number. ``candidate``: the ``{"method": ..., **options}`` at fault."""

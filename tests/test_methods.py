@@ -88,6 +88,66 @@ def test_ties_equals_peft(base_sd, majority):
         torch.testing.assert_close(out[k], base_sd[k] + expected, rtol=1.3e-6, atol=1e-6)
 
 
+def _bf16_taus(seed=0, n=3):
+    """Task vectors holding bf16 values (8 significant bits: many ties at TIES' k-th magnitude), as float32."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"a": (256, 256), "b": (64, 512), "c": (1024,), "d": (128, 96)}
+    return shapes, [{k: (torch.randn(s, generator=g) * 0.02).bfloat16().float() for k, s in shapes.items()}
+                    for _ in range(n)]
+
+
+@pytest.mark.filterwarnings("ignore:The density 1.0")
+@pytest.mark.parametrize("density, low, high", [(0.2, 0.03, 0.06), (0.5, 0.02, 0.04)])
+def test_ties_on_bf16_ties_differs_from_peft_only_at_the_tied_entries(density, low, high):
+    """TIES keeps every entry tied with the k-th magnitude, PEFT's topk exactly k of them (docs/methods.md, "TIES'
+    tie rule"): the results are equal at every column where no agent has an entry tied at its threshold, the
+    kept sets differ exactly by tied entries, PEFT given ram_live's trim gives ram_live's result, and the
+    difference on bf16 values is the measured few per cent of the merged task vector."""
+    from ram_live import functional as F
+
+    shapes, agents = _bf16_taus()
+    base = {k: torch.zeros(s) for k, s in shapes.items()}
+    ours = merge(agents, base=base, method="ties", density=density, weights=WEIGHTS)
+    num = den = 0.0
+    extra = 0
+    for key in shapes:
+        taus = [a[key] for a in agents]
+        peft = pmu.ties(taus, torch.tensor(WEIGHTS), density, "total")
+        tied_any = torch.zeros(shapes[key], dtype=torch.bool)
+        trimmed = []
+        for t in taus:
+            k = int(density * t.numel())
+            threshold = F.magnitude_threshold(t, density)
+            tied, kept = t.abs() == threshold, t.abs() >= threshold
+            peft_kept = pmu.prune(t, density, "magnitude") != 0
+            assert int(peft_kept.sum()) == k and int(kept.sum()) >= k  # PEFT: exactly k; ours: at least k
+            assert bool((peft_kept & ~kept).sum() == 0) and bool(((kept & ~peft_kept) & ~tied).sum() == 0)
+            extra += int(kept.sum()) - k
+            tied_any |= tied
+            trimmed.append(t * kept)
+        away = ~tied_any
+        assert torch.equal(ours[key][away], peft[away]), key  # bit-equal away from the thresholds
+        # the whole difference is the trim: PEFT's election on ram_live's trim is ram_live's result
+        torch.testing.assert_close(ours[key], pmu.ties(trimmed, torch.tensor(WEIGHTS), 1.0, "total"),
+                                   rtol=0, atol=0)
+        num += float((ours[key] - peft).norm() ** 2)
+        den += float(peft.norm() ** 2)
+    assert extra > 0  # bf16 values do tie at the thresholds
+    assert low < (num / den) ** 0.5 < high, (num / den) ** 0.5  # 4.2 % at density 0.2, 2.8 % at 0.5
+
+
+def test_ties_on_float32_without_ties_equals_peft_bit_for_bit():
+    from ram_live import functional as F
+
+    g = torch.Generator().manual_seed(5)
+    taus = [torch.randn(128, 96, generator=g) * 0.02 for _ in WEIGHTS]
+    ours = merge([{"w": t} for t in taus], base={"w": torch.zeros(128, 96)}, method="ties", density=0.2,
+                 weights=WEIGHTS)["w"]
+    for t in taus:
+        assert int((t.abs() >= F.magnitude_threshold(t, 0.2)).sum()) == int(0.2 * t.numel())  # no ties: k kept
+    assert torch.equal(ours, pmu.ties(taus, torch.tensor(WEIGHTS), 0.2, "total"))
+
+
 def test_task_arithmetic_equals_peft(base_sd):
     agents = make_agents(base_sd, [1.0, 0.3, 0.6], scale=0.1)
     out = merge(agents, base=base_sd, method="task_arithmetic", weights=WEIGHTS)

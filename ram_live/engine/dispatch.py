@@ -10,8 +10,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from ..kernels import importance as importance_native
-
 from ..kernels import ram as ram_native
 from ..methods import MergeMethod, MethodKernels
 from ..types import Activity, RamStatistics
@@ -50,7 +50,8 @@ def count_tensor(stream: DeltaStream, k: int, workers: int = 1,
                  amax: list[tuple[float, float]] | None = None) -> RamStatistics:
     """The RAM counts of ``stream`` (with its activity rule); ``amax``: gets (max |τ|, max |θ₀|) appended where
     the kernels track them (native and torch paths; not the compiled one)."""
-    assert stream.activity is not None
+    if stream.activity is None:  # TensorView.statistics(None) from a method's own prepare
+        raise ConfigError(f"tensor {stream.key!r}: RAM counts need an activity rule (an Activity), got None")
     native = native_for(stream, stream.activity, entries=("counts",))
     if native is not None:
         return native_statistics(stream, k, *native, workers, amax)

@@ -112,7 +112,7 @@ class DeltaStream:
             if self.raw_hook is not None:
                 self.raw_hook(deltas)
             if self.activity is not None:
-                self._apply_activity(deltas, base_chunk, agent_chunks)
+                self._apply_activity(self.activity, deltas, base_chunk, agent_chunks)
             yield start, base_f, deltas
 
     def streamed(self, worker: int = 0, workers: int = 1) -> Iterator[tuple[int, Tensor, Iterator[tuple[int, Tensor]]]]:
@@ -139,13 +139,13 @@ class DeltaStream:
             row.copy_(chunk)
             row.sub_(base_f)
             if self.activity is not None:
-                self._apply_activity(row.unsqueeze(0), base_chunk, [chunk])
+                self._apply_activity(self.activity, row.unsqueeze(0), base_chunk, [chunk])
             yield t, row
 
-    def _apply_activity(self, deltas: Tensor, base_chunk: Tensor, agent_chunks: list[Tensor]) -> None:
-        assert self.activity is not None
-        if self.activity.rule == "abs":
-            F.apply_activity_(deltas, self.activity.threshold_for(deltas.dtype))
+    def _apply_activity(self, activity: Activity, deltas: Tensor, base_chunk: Tensor,
+                        agent_chunks: list[Tensor]) -> None:
+        if activity.rule == "abs":
+            F.apply_activity_(deltas, activity.threshold_for(deltas.dtype))
             return
         # "changed": on exact deltas of same-dtype inputs, τ ≠ 0 iff the stored value changed; across dtypes,
         # compare in the narrower one (what a checkpoint stored in it would show).

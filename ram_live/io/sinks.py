@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from .outputs import (clean_stale, is_full, lock, locked_temp_folder, make_folders,
                        output_target as _output_target, rename_noreplace, unlock)
 from .dtensor import local_tensor
-from ..errors import ConfigError, OutOfSpaceError, OutputExistsError
+from ..errors import ConfigError, InvalidStateError, OutOfSpaceError, OutputExistsError
 from .memory import advise_hugepages, empty
 from .safetensors_io import SafetensorsWriter
 from ..types import Plan, TensorSpec
@@ -94,7 +94,8 @@ class ModuleSink:
         pass  # the copy preserves ties: both names are one Parameter
 
     def finish(self) -> nn.Module:
-        assert self.module is not None
+        if self.module is None:
+            raise InvalidStateError("ModuleSink.finish() before begin(), or after abort(): no merged module")
         return self.module
 
     def abort(self) -> None:
@@ -222,14 +223,14 @@ class SafetensorsSink:
         pass
 
     def finish(self) -> Path:
-        assert self._tmp is not None
+        tmp = self._folder("finish")
         try:
             total = 0
             for writer in self._writers:
                 writer.close()
                 total += sum(e - b for b, e in writer.offsets.values())
             if self.single:
-                self._rename(self._tmp / self._files[0])
+                self._rename(tmp / self._files[0])
             else:
                 self._publish({k: w.path.name for k, w in self._writer_of.items()}, total)
             self._created = []  # they hold the output now
@@ -240,11 +241,11 @@ class SafetensorsSink:
     def _publish(self, weight_map: Mapping[str, str], total: int) -> None:
         """Index (unless the folder is one ``model.safetensors``), config/tokenizer files, then the atomic rename
         of the temporary folder."""
-        assert self._tmp is not None
+        tmp = self._folder("publish")
         try:
             if set(weight_map.values()) != {"model.safetensors"}:
                 index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-                (self._tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+                (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
             self._copy_side_files()
         except OSError as exc:
             if is_full(exc):
@@ -260,7 +261,7 @@ class SafetensorsSink:
                                             "ran; it is left as it is and the merge's result removed") from None
                 if exc.errno != errno.ENOENT:
                     raise
-        self._rename(self._tmp)
+        self._rename(tmp)
 
     def _rename(self, source: Path) -> None:
         """The final rename, never over something another process created meanwhile."""
@@ -273,13 +274,20 @@ class SafetensorsSink:
                                         "it is left as it is and the merge's result removed") from None
             raise
 
+    def _folder(self, doing: str) -> Path:
+        """The temporary output folder (:class:`InvalidStateError` before ``begin``, or after ``finish``/``abort``)."""
+        if self._tmp is None:
+            raise InvalidStateError(f"{type(self).__name__} for {self.path}: cannot {doing} before begin(), or after "
+                                    "finish() or abort() (one merge per begin)")
+        return self._tmp
+
     def _copy_side_files(self) -> None:
         """Config, tokenizer and other non-weight files of the base folder."""
-        assert self._tmp is not None
+        tmp = self._folder("copy the side files")
         if self.copy_from is not None and self.copy_from.is_dir():
             for f in self.copy_from.iterdir():
                 if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".pt")):
-                    shutil.copy2(f, self._tmp / f.name)
+                    shutil.copy2(f, tmp / f.name)
 
     def abort(self) -> None:
         for writer in self._writers:
@@ -342,7 +350,7 @@ class DistributedSafetensorsSink(SafetensorsSink):
                 self._writer_of.update(dict.fromkeys(shard, writer))
 
     def finish(self) -> Path:
-        assert self._tmp is not None
+        self._folder("finish")
         for writer in self._writers:
             writer.close()
         self.dist.barrier()

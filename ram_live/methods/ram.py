@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .. import functional as F
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidStateError
 from ..options import RAM_VARIANTS, RamFields, RamPlusFields
 from ..types import Activity
 from .base import MethodKernels, RunContext, TensorView
@@ -67,7 +67,8 @@ class RamPlusSoftConfig(RamPlusConfig):
 
 def given_lambdas(config: RamConfig, agents: Sequence[str]) -> list[float]:
     """``config.lambdas`` in the agents' order; :class:`ConfigError` naming unknown and missing agents."""
-    assert config.lambdas is not None
+    if config.lambdas is None:
+        raise ConfigError(f"{config.variant}: no lambdas to take (lambdas=None: λ comes from the counts)")
     unknown = [n for n in config.lambdas if n not in agents]
     missing = [n for n in agents if n not in config.lambdas]
     if unknown or missing:
@@ -109,7 +110,9 @@ def _ram_setup(config: RamConfig, ctx: RunContext) -> Tensor | None:
         return torch.tensor(given_lambdas(config, ctx.agents), dtype=torch.float64, device=ctx.device)
     if config.variant == "ram" or getattr(config, "rho_scope", "global") == "tensor":
         return None
-    assert ctx.statistics is not None
+    if ctx.statistics is None:  # a method registered with this setup but without needs_statistics
+        raise InvalidStateError(f"{config.variant} with rho_scope='global' needs the RAM counts of the statistics "
+                                "pass, and the run has none (does the method declare needs_statistics?)")
     return torch.tensor(
         lambdas_from_counts(config, ctx.statistics.active, ctx.statistics.unique),
         dtype=torch.float64,

@@ -33,6 +33,7 @@ from .report import AdapterMergeReport, ModuleReport
 from .sparsify import RAM_FAMILY as RAM_FAMILY
 from .sparsify import RECOMMENDED_SPARSIFY, RelativeThreshold, TopK
 from .sparsify import SparsifyRule as SparsifyRule
+from .svd_options import SvdOptions
 
 __all__ = [
     "ram_merge_adapters",
@@ -40,6 +41,7 @@ __all__ = [
     "lora_deltas",
     "refactor",
     "Refactored",
+    "SvdOptions",
     "TopK",
     "RelativeThreshold",
     "RECOMMENDED_SPARSIFY",

@@ -7,7 +7,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -25,6 +25,7 @@ from .merging import check_options, finish_report, merge_in_delta_space, merge_i
 from .refactoring import Refactored, make_refactorer
 from .report import AdapterMergeReport
 from .spellings import peft_spellings
+from .svd_options import SvdOptions
 
 
 def ram_merge_adapter_files(
@@ -35,12 +36,7 @@ def ram_merge_adapter_files(
     base: Any = None,
     into_base: bool = False,
     inplace: bool = False,
-    rank: int | None = None,
-    energy: float | None = None,
-    svd: Literal["auto", "exact", "randomized"] = "auto",
-    oversample: int | None = None,
-    niter: int = 4,
-    seed: int = 0,
+    svd_options: SvdOptions | None = None,
     sparsify: Any = "auto",
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
@@ -61,12 +57,20 @@ def ram_merge_adapter_files(
     ``inplace=True``), a state dict, a ``.safetensors`` file or a Hugging Face folder — through
     :func:`ram_live.merge`, so the result is what ``merge`` returns for that base (with ``out=``, safetensors
     written atomically, sharded at ``max_shard_bytes``, in ``dtype``). The base's key of module ``m`` is
-    ``m + ".weight"`` (PEFT's ``base_model.model.`` prefix stripped). PEFT's spellings as in
-    :func:`ram_merge_adapters`.
+    ``m + ".weight"`` (PEFT's ``base_model.model.`` prefix stripped). ``svd_options`` (an :class:`SvdOptions`,
+    or the old keywords ``rank=``, ``energy=``, ``svd=``, ``oversample=``, ``niter=``, ``seed=``) and PEFT's
+    spellings as in :func:`ram_merge_adapters`.
+
+    Example:
+        >>> ram_merge_adapter_files({"code": "runs/code", "tool": "runs/tool"}, out="merged",
+        ...                         svd_options=SvdOptions(energy=0.99))          # doctest: +SKIP
     """
     t0 = time.perf_counter()
-    method, rank, options, _ = peft_spellings(method, rank, options, method_given=method != "ram_plus")
-    check_options(rank, energy, svd, inplace, into_base)
+    options = dict(options)
+    svd_keywords = SvdOptions.take(options)
+    method, rank, options, _ = peft_spellings(method, svd_keywords.pop("rank", None), options,
+                                              method_given=method != "ram_plus")
+    svd_opts = check_options(svd_options, svd_keywords, rank, inplace, into_base, "ram_merge_adapter_files")
     dev = torch.device(device) if device is not None else None
     adapter_set, _ = read_folders(adapters, dev or "cpu")
     prep = prepare_merge(adapter_set, method, options, sparsify)
@@ -84,7 +88,7 @@ def ram_merge_adapter_files(
             if base is not None:
                 raise ConfigError("base= is used with into_base=True only (a merged adapter needs no base)")
             _check_out(Path(out))
-            refactorer = make_refactorer(adapter_set, report, rank, energy, svd, oversample, niter, seed)
+            refactorer = make_refactorer(adapter_set, report, svd_opts)
             info = merge_in_delta_space(adapter_set, prep, refactorer, device=dev, chunk_numel=chunk_numel)
             result = _write_adapter_folder(Path(out), adapter_set, refactorer.factors, dtype)
         finish_report(prep, info, report, warn_dense)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -18,6 +18,7 @@ from .merging import check_options, finish_report, merge_in_delta_space, merge_i
 from .refactoring import Refactored, make_refactorer
 from .report import AdapterMergeReport
 from .spellings import peft_spellings
+from .svd_options import SvdOptions
 
 
 def ram_merge_adapters(
@@ -26,12 +27,7 @@ def ram_merge_adapters(
     new_adapter: str = "merged",
     method: str = "ram_plus",
     *,
-    rank: int | None = None,
-    energy: float | None = None,
-    svd: Literal["auto", "exact", "randomized"] = "auto",
-    oversample: int | None = None,
-    niter: int = 4,
-    seed: int = 0,
+    svd_options: SvdOptions | None = None,
     sparsify: Any = "auto",
     into_base: bool = False,
     inplace: bool = False,
@@ -50,8 +46,10 @@ def ram_merge_adapters(
     RAM family, none for other methods), ``None`` (the paper's |Δ| > eps; warns on dense deltas),
     :class:`TopK`, :class:`RelativeThreshold`, ``"topk"``, ``("topk", 0.1)``, ``("relative", 1.0)``.
 
-    Default: ΔW* is re-factored (:func:`refactor`; ``rank`` defaults to the largest input rank, ``energy``
-    picks a rank per module) into a new adapter ``new_adapter`` on ``peft_model`` (not activated: call
+    Default: ΔW* is re-factored (:func:`refactor` with ``svd_options``, an :class:`SvdOptions`; its ``rank``
+    defaults to the largest input rank, ``energy`` picks a rank per module; the old keywords ``rank=``,
+    ``energy=``, ``svd=``, ``oversample=``, ``niter=``, ``seed=`` still work, not together with
+    ``svd_options=``) into a new adapter ``new_adapter`` on ``peft_model`` (not activated: call
     ``peft_model.set_adapter``; saved by ``save_pretrained``), and ``peft_model`` is returned.
     ``into_base=True``: ΔW* is folded into the base weights of a copy of the model without any adapter,
     returned as a plain model on the model's device; with ``inplace=True`` into ``peft_model``'s own base,
@@ -59,11 +57,17 @@ def ram_merge_adapters(
     ``return_info=True`` returns ``(result, AdapterMergeReport)``. PEFT's ``add_weighted_adapter`` spellings
     are taken where they mean the same (``combination_type="svd"|"ties_svd"|"dare_linear_svd"|"dare_ties_svd"``,
     ``svd_rank=``, ``majority_sign_method=``, ``adapter_name=``); the others are errors naming ram_live's option.
+
+    Example:
+        >>> ram_merge_adapters(peft_model, ["code", "tool"], "generalist",
+        ...                    svd_options=SvdOptions(rank=16, svd="exact"))        # doctest: +SKIP
     """
     t0 = time.perf_counter()
-    method, rank, options, new_adapter = peft_spellings(method, rank, options, method_given=method != "ram_plus",
-                                                        new_adapter=new_adapter)
-    check_options(rank, energy, svd, inplace, into_base)
+    options = dict(options)
+    svd_keywords = SvdOptions.take(options)
+    method, rank, options, new_adapter = peft_spellings(method, svd_keywords.pop("rank", None), options,
+                                                        method_given=method != "ram_plus", new_adapter=new_adapter)
+    svd_opts = check_options(svd_options, svd_keywords, rank, inplace, into_base, "ram_merge_adapters")
     adapter_set = read_live(peft_model, adapters)
     prep = prepare_merge(adapter_set, method, options, sparsify)
     report = AdapterMergeReport(adapter_set.names, "base weights" if into_base else f"adapter {new_adapter!r}")
@@ -74,7 +78,7 @@ def ram_merge_adapters(
         else:
             if new_adapter in peft_model.peft_config:
                 raise ConfigError(f"the model already has an adapter named {new_adapter!r}")
-            refactorer = make_refactorer(adapter_set, report, rank, energy, svd, oversample, niter, seed)
+            refactorer = make_refactorer(adapter_set, report, svd_opts)
             info = merge_in_delta_space(adapter_set, prep, refactorer, device=None, chunk_numel=chunk_numel)
             report.merge_seconds = info.seconds
             _add_live_adapter(peft_model, root, adapter_set, new_adapter, refactorer.factors)

@@ -18,6 +18,7 @@ from .errors import DenseDeltaWarning
 from .factors import AdapterSet, check_consistent, weight_key
 from .report import AdapterMergeReport
 from .sparsify import RAM_FAMILY, RECOMMENDED_SPARSIFY, SparsifyRule, sparsify_rule
+from .svd_options import SvdOptions
 
 
 @dataclass
@@ -95,12 +96,12 @@ def merge_into_base(base: Any, prep: PreparedMerge, *, inplace: bool, out: Any, 
                  chunk_numel=chunk_numel, return_info=True, **kwargs, **prep.options)
 
 
-def check_options(rank: Any, energy: Any, svd: Any, inplace: bool, into_base: bool) -> None:
-    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
-        raise ConfigError(f"rank must be a positive int or None (the largest input rank), got {rank!r}")
-    if energy is not None and not (isinstance(energy, (int, float)) and 0.0 < energy <= 1.0):
-        raise ConfigError(f"energy must be in (0, 1], got {energy!r}")
-    if svd not in ("auto", "exact", "randomized"):
-        raise ConfigError(f"svd must be 'auto', 'exact' or 'randomized', got {svd!r}")
+def check_options(svd_options: SvdOptions | None, svd_keywords: Mapping[str, Any], rank: int | None,
+                  inplace: bool, into_base: bool, where: str) -> SvdOptions:
+    """The entry point's :class:`SvdOptions` (``svd_options=``, or its old keyword spellings and the ``rank``
+    that PEFT's ``svd_rank=`` may have spelled), and :class:`ConfigError` for ``inplace`` without ``into_base``."""
+    keywords = {**svd_keywords, "rank": rank} if rank is not None else dict(svd_keywords)
+    options = SvdOptions.of(svd_options, where=where, **keywords)
     if inplace and not into_base:
         raise ConfigError("inplace=True applies to into_base=True only")
+    return options

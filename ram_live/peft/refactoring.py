@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -14,6 +15,7 @@ from .. import functional as F
 from ..errors import ConfigError
 from .factors import AdapterSet, module_of
 from .report import AdapterMergeReport, ModuleReport
+from .svd_options import SvdOptions
 
 
 @dataclass
@@ -41,28 +43,35 @@ def refactor(
     delta: Tensor,
     rank: int | None = None,
     *,
-    energy: float | None = None,
-    svd: Literal["auto", "exact", "randomized"] = "auto",
-    oversample: int | None = None,
-    niter: int = 4,
-    seed: int = 0,
+    svd_options: SvdOptions | None = None,
+    **svd_keywords: Any,
 ) -> Refactored:
     """Truncated SVD of ``delta`` ([out, in], B·A layout) into ``B`` [out, k] and ``A`` [k, in], split as
     B = U√S, A = √S Vᵀ.
 
-    ``rank``: k (capped at min(out, in)); ``energy``: the smallest k whose singular values capture that fraction
-    of ‖ΔW‖²_F, at most ``rank`` (or min(out, in)). ``svd="exact"``: ``torch.linalg.svd(full_matrices=False)``;
-    ``"randomized"``: ``torch.svd_lowrank`` with q = k + ``oversample`` (default max(k, 16)) columns and
-    ``niter`` power iterations, drawn from a generator seeded with ``seed`` (the global RNG is left as it was);
-    ``"auto"``: randomized when q ≤ min(out, in) / 4, else exact. The error is measured, not estimated.
+    Args:
+        delta: the matrix ΔW.
+        rank: k (capped at min(out, in)); the same as ``SvdOptions.rank``.
+        svd_options: an :class:`SvdOptions`; or its fields as keywords (``energy=``, ``svd=``, ``oversample=``,
+            ``niter=``, ``seed=``), not both (:class:`ConfigError`).
+
+    ``energy``: the smallest k whose singular values capture that fraction of ‖ΔW‖²_F, at most ``rank`` (or
+    min(out, in)). ``svd="exact"``: ``torch.linalg.svd(full_matrices=False)``; ``"randomized"``:
+    ``torch.svd_lowrank`` with q = k + ``oversample`` (default max(k, 16)) columns and ``niter`` power
+    iterations, drawn from a generator seeded with ``seed`` (the global RNG is left as it was); ``"auto"``:
+    randomized when q ≤ min(out, in) / 4, else exact. The error is measured, not estimated.
+
+    Example:
+        >>> out = refactor(delta, svd_options=SvdOptions(rank=8, svd="exact"))   # doctest: +SKIP
+        >>> out.rank, out.error                                                  # doctest: +SKIP
+        (8, 0.031)
     """
     t0 = time.perf_counter()
-    if svd not in ("auto", "exact", "randomized"):
-        raise ConfigError(f"svd must be 'auto', 'exact' or 'randomized', got {svd!r}")
-    if energy is not None and not (0.0 < energy <= 1.0):
-        raise ConfigError(f"energy must be in (0, 1], got {energy!r}")
-    if rank is not None and (not isinstance(rank, int) or rank < 1):
-        raise ConfigError(f"rank must be a positive int, got {rank!r}")
+    if rank is not None:
+        svd_keywords["rank"] = rank
+    opts = SvdOptions.of(svd_options, where="refactor", **svd_keywords)
+    rank, energy, svd, oversample, niter, seed = (opts.rank, opts.energy, opts.svd, opts.oversample, opts.niter,
+                                                  opts.seed)
     m = delta.float()
     rows, cols = m.shape
     full = min(rows, cols)
@@ -103,20 +112,15 @@ class Refactorer:
 
     adapters: AdapterSet
     report: "AdapterMergeReport"
-    rank: int | None
-    energy: float | None
-    svd: str
-    oversample: int | None
-    niter: int
-    seed: int
+    options: SvdOptions
     factors: dict[str, Refactored] = field(default_factory=dict)
 
     def __call__(self, key: str, delta: Tensor) -> None:
         module = module_of(key)
         f = self.adapters.module(module)
         lora_layout = delta.T if f.transpose else delta
-        out = refactor(lora_layout, self.rank, energy=self.energy, svd=self.svd,  # type: ignore[arg-type]
-                       oversample=self.oversample, niter=self.niter, seed=F.stable_seed("refactor", self.seed, module))
+        seed = F.stable_seed("refactor", self.options.seed, module)
+        out = refactor(lora_layout, svd_options=dataclasses.replace(self.options, seed=seed))
         self.factors[module] = out
         self.report.modules[module] = ModuleReport(
             shape=f.shape, kind=f.kind, adapters=self.adapters.targeting(module), rank=out.rank, error=out.error,
@@ -125,8 +129,8 @@ class Refactorer:
         self.report.refactor_seconds += out.seconds
 
 
-def make_refactorer(adapters: AdapterSet, report: "AdapterMergeReport", rank: int | None, energy: float | None,
-                svd: str, oversample: int | None, niter: int, seed: int) -> Refactorer:
-    if rank is None and energy is None:
-        rank = adapters.max_rank()
-    return Refactorer(adapters, report, rank, energy, svd, oversample, niter, seed)
+def make_refactorer(adapters: AdapterSet, report: "AdapterMergeReport", options: SvdOptions) -> Refactorer:
+    """The re-factoring callback; with neither ``rank`` nor ``energy``, the rank is the largest input rank."""
+    if options.rank is None and options.energy is None:
+        options = dataclasses.replace(options, rank=adapters.max_rank())
+    return Refactorer(adapters, report, options)

@@ -140,6 +140,7 @@ class DataFile:
         self._check_tensors()
         self._lock = threading.Lock()
         self.verified = entry.crc32 is None
+        self._damage = ""  # why the checksum check failed, once it has: every later use fails the same way
 
     def fail(self, message: str) -> NoReturn:
         raise CorruptSnapshotError(f"{self.where}: data file {self.entry.name}: {message}", **self.err)
@@ -173,18 +174,22 @@ class DataFile:
         with self._lock:
             if self.verified:
                 return
-            assert self._map is not None
+            mapping = self._map
+            if mapping is None:  # an earlier check found the file damaged (and closed the mapping)
+                self.fail(self._damage or "its checksum could not be checked (the file was closed)")
             if hasattr(mmap, "MADV_SEQUENTIAL"):
-                self._map.madvise(mmap.MADV_SEQUENTIAL)
-            view = memoryview(self._map)
+                mapping.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(mapping)
             try:
                 got = crc_hex(crc32([view]))
             finally:
                 view.release()
-            self._map.close()
+            mapping.close()
             self._map = None
             if got != self.entry.crc32:
-                self.fail(f"checksum mismatch (crc32 {got}, the manifest says {self.entry.crc32}): the file is damaged")
+                self._damage = (f"checksum mismatch (crc32 {got}, the manifest says {self.entry.crc32}): "
+                                "the file is damaged")
+                self.fail(self._damage)
             self.verified = True
 
     def tensor(self, name: str) -> Tensor:

@@ -324,9 +324,8 @@ def apply_encoding(flat: Tensor, encoding: str, values: Tensor | None, positions
         if positions.dtype not in ((torch.int32, torch.int64) if encoding == "indices" else (torch.uint8,)):
             raise CorruptSnapshotError(f"{where}: positions of dtype {positions.dtype}")
     _check_positions(flat, encoding, values, positions, where)  # type: ignore[arg-type]
-    if encoding == "dense":
+    if positions is None:  # dense (checked above: every other encoding has positions)
         return flat.copy_(values)
-    assert positions is not None
     np = optional_numpy() if flat.device.type == "cpu" and flat.dtype != torch.bool and flat.is_contiguous() else None
     if np is not None:  # CPU: numpy's scatter is several times faster than masked_scatter_
         fn = bits_of(flat).numpy()

@@ -213,7 +213,9 @@ class ImportanceSource:
             if p["encoding"] == "none" or (inter := intersect(want, box_of(p))) is None:
                 continue
             codes = snap.stored(p["file"], p["importance"])
-            assert codes is not None  # the manifest's check: a stored piece of a parameter has importances
+            if codes is None:  # the manifest's check requires it: only a table changed after that check lacks it
+                raise CorruptSnapshotError(f"agent {snap.agent!r} step {snap.step}: tensor {key!r} piece {i}: "
+                                           "no importances stored", agent=snap.agent, step=snap.step)
             box = box_of(p)
             n = math.prod(box[1])
             positions = snap.stored(p["file"], p.get("positions"))

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..api import ram_merge
 from ..engine import DEFAULT_CHUNK_NUMEL
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidStateError
 from ..options import HoldsRamOptions, RamOptions
 from .tensors import (  # noqa: F401 (MergeResult, swap_tensors, metric_float: re-exported)
     MergeResult, _like, _load_base, _open_latest, _probe_numbers, _stored_importance, swap_tensors, metric_float,
@@ -122,10 +122,8 @@ class RAMSchedule(HoldsRamOptions):
         self.search = SearchSetting.from_mapping(search)
         self.last_search: dict[str, Any] | None = None  # the record of the latest searched merge
         # counters (state_dict)
-        self.last_snapshot_step = -1
-        self.last_merge_step = -1
-        self.snapshots = 0
-        self.merges = 0
+        self.last_snapshot_step = self.last_merge_step = -1
+        self.snapshots = self.merges = 0
         self.base_fingerprint: str | None = None
         # set by attach()
         self.collective: Collective = LocalCollective()
@@ -212,6 +210,11 @@ class RAMSchedule(HoldsRamOptions):
         self.base_fingerprint = fp
         return fp  # type: ignore[return-value]
 
+    def _writer(self) -> SnapshotWriter:
+        if self.writer is None:  # attach failed after taking the base (its error said why)
+            raise InvalidStateError(f"RAMSchedule({self.agent!r}): attach(model) failed; call it again")
+        return self.writer
+
     def _require(self) -> LocalModel:
         if self.base is None:
             raise StoreError("RAMSchedule.attach(model) must be called first (at train start)")
@@ -255,13 +258,11 @@ class RAMSchedule(HoldsRamOptions):
         if importance is None and self.importance_from is not None:
             importance = self.importance_from(model)
         if self.sharded:
-            assert self.writer is not None
-            snap = self.writer.snapshot(model, step, epoch=epoch, extra=extra, importance=importance)
+            snap = self._writer().snapshot(model, step, epoch=epoch, extra=extra, importance=importance)
             self._prune()
         else:
             if c.rank == 0:
-                assert self.writer is not None
-                writer = self.writer
+                writer = self._writer()
                 local = LocalModel.from_obj(model, name=self.agent)
                 local.check_like(writer.base, self.agent)
                 capture = writer.capture(local, importance=importance)
@@ -279,8 +280,7 @@ class RAMSchedule(HoldsRamOptions):
         return snap
 
     def _write(self, capture: Any, step: int, epoch: int | None, extra: Mapping[str, Any] | None) -> Snapshot | None:
-        assert self.writer is not None
-        snap = self.writer.write(capture, step, epoch=epoch, extra=extra)
+        snap = self._writer().write(capture, step, epoch=epoch, extra=extra)
         self._prune()
         return snap
 

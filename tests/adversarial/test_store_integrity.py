@@ -156,3 +156,57 @@ def test_cli_verify_reports_damage_with_exit_status_1(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "checksum mismatch" in out and data.name in out and "1 with problems" in out
     assert main(["stores", str(store.root)]) == 0  # the listing still lists (sizes are intact)
+
+
+def _errors(merge, times=3):
+    """The (class, message, file) of ``merge()``'s CorruptSnapshotError, ``times`` times in a row."""
+    out = []
+    for _ in range(times):
+        with pytest.raises(CorruptSnapshotError) as exc:
+            merge()
+        out.append((type(exc.value), str(exc.value), exc.value.file))
+    return out
+
+
+def test_a_store_object_reused_after_a_failed_base_check_fails_the_same_way(tmp_path):
+    from ram_live import ram_merge
+
+    store, _, _ = build(tmp_path / "s")
+    (base_file,) = base_files(store.root)
+    damaged = bytearray(base_file.read_bytes())
+    damaged[-1] ^= 0x10
+    base_file.write_bytes(bytes(damaged))
+    store = SnapshotStore(store.root, create=False)
+    snaps = store.latest_all()
+    errors = _errors(lambda: ram_merge(snaps)) + _errors(lambda: ram_merge(store.latest_all()))
+    assert len(set(errors)) == 1, errors  # the second and later uses: the first error again, never an assert
+    cls, message, file = errors[0]
+    assert cls is CorruptSnapshotError and file == base_file.name and base_file.name in message
+    assert "checksum mismatch" in message and "base" in message
+    # the base is shared, so a snapshot whose own files are intact cannot merge either
+    with pytest.raises(CorruptSnapshotError, match=base_file.name):
+        ram_merge({"other": store.open("other", STEP)})
+
+
+def test_a_store_object_reused_after_a_failed_snapshot_check_fails_the_same_way(tmp_path):
+    from ram_live import ram_merge
+
+    store, base, _ = build(tmp_path / "s")
+    (data,) = data_files(store.root)
+    damaged = bytearray(data.read_bytes())
+    damaged[-1] ^= 0x10
+    data.write_bytes(bytes(damaged))
+    store = SnapshotStore(store.root, create=False)
+    snaps = store.latest_all()
+    errors = _errors(lambda: ram_merge(snaps)) + _errors(lambda: ram_merge({"a": store.open("a", STEP)}))
+    assert len(set(errors)) == 1, errors
+    cls, message, file = errors[0]
+    assert cls is CorruptSnapshotError and file == data.name and data.name in message and "'a'" in message
+    assert errors[0][1].count("checksum mismatch") == 1
+    # the intact snapshot of the same store object (same cached base) still merges, bit for bit as a fresh one
+    other = snaps["other"]
+    got = ram_merge({"other": other})
+    want = ram_merge({"other": SnapshotStore(store.root, create=False).open("other", STEP)})
+    assert same(got, want)
+    assert same(other.to_state_dict(), read_all(store.root, "other"))
+    assert not same(got, base)  # the merge moved the weights (not a no-op)
