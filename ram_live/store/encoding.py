@@ -210,7 +210,7 @@ def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> Encoded:
 
 
 def _native() -> Any:
-    """The compiled AVX-512 selection kernels (:mod:`ram_live._select`), or None: the numpy path."""
+    """The compiled selection kernels (:mod:`ram_live._select`), or None: the numpy path."""
     from .._select import kernels
 
     return kernels()
