@@ -18,8 +18,8 @@ for setting in "ATEN_CPU_CAPABILITY=avx2 RAM_LIVE_SIMD=avx2" "ATEN_CPU_CAPABILIT
   echo "test_portable.sh: $setting" >&2
   run=$((run + 1))
   rc=0
-  env $setting TORCHINDUCTOR_CACHE_DIR="$inductor_caches/$run" python -m pytest -q -p no:cacheprovider "${files[@]}" "$@" \
-    || rc=$?
+  env $setting TORCHINDUCTOR_CACHE_DIR="$inductor_caches/$run" \
+    python -m pytest -q -p no:cacheprovider "${files[@]}" "$@" || rc=$?
   if [ "$status" = 0 ]; then status=$rc; fi
 done
 echo "test_portable.sh: $((SECONDS - start)) s for both runs" >&2
