@@ -6,7 +6,8 @@
     python benchmarks/bench_snapshot.py --json out.json    # also write every number as JSON
     python benchmarks/bench_snapshot.py --threads 1        # copy_ and capture on one core (a busy shared machine)
     python benchmarks/bench_snapshot.py --importance-quality  # only: stored importances' effect on a merge
-    RAM_LIVE_NATIVE=0 python benchmarks/bench_snapshot.py  # the CPU capture's numpy path, not the AVX-512 kernel
+    RAM_LIVE_NATIVE=0 python benchmarks/bench_snapshot.py  # the CPU capture's numpy path, not the native kernel
+    RAM_LIVE_SIMD=avx2 python benchmarks/bench_snapshot.py # the native kernel's portable loops built for AVX2
 
 Model: embeddings, one Llama-style block (biased q/k/v), final norm and untied head, bf16 (the shapes of
 ``benchmarks/bench_merge.py``). The agent differs from the base at a random ``density`` of the entries of every
@@ -61,6 +62,16 @@ from bench_merge import model_specs
 DENSITIES = (0.005, 0.03, 0.5, 1.0)
 TARGET = 2.0
 
+
+
+def _capture_label() -> str:
+    """The CPU capture's path: the native kernel's loops (AVX-512 or portable, and the build level) or numpy."""
+    from ram_live.kernels import cc
+
+    found = kernels()
+    if found is None:
+        return "numpy"
+    return f"native {'avx512 loops' if found.simd_bits == 512 else 'portable loops'} ({cc.build_level()} build)"
 
 def build(size: str, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
     base = {}
@@ -222,7 +233,7 @@ def main() -> None:
         "size": size, "parameters": numel, "dense_bytes": dense_bytes, "device": str(device),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_label(),
         "load_avg": os.getloadavg()[0], "densities": {},
-        "cpu_capture": "avx512 kernel" if kernels() is not None else "numpy",
+        "cpu_capture": _capture_label(),
     }
     print(f"model: {numel:,} bf16 parameters ({dense_bytes / 2**20:.0f} MiB dense), device {device}, "
           f"CPU {cpu_label()}, "

@@ -215,10 +215,16 @@ def _lambdas(active: int, unique: int, r: float, alpha: float) -> dict[str, floa
 
 
 def _torch_counts(stream: DeltaStream, k: int) -> ProbeCounts:
-    """One tensor's counts by torch ops, chunk by chunk (the Gram matrix from the raw task vectors)."""
+    """One tensor's counts by torch ops, chunk by chunk (the Gram matrix from the raw task vectors, in float64:
+    the products of float32 entries exact, a float32 matmul's rounding would depend on the CPU's kernels)."""
     counts = ProbeCounts.zeros(k)
     gram = torch.zeros(k, k, dtype=torch.float64, device=stream.device)
-    stream.raw_hook = lambda deltas: gram.add_(deltas @ deltas.T)
+
+    def add_gram(deltas: torch.Tensor) -> None:
+        wide = deltas.double()
+        gram.add_(wide @ wide.T)
+
+    stream.raw_hook = add_gram
     for _, _, deltas in stream:
         mask = F.activity_mask(deltas).to(deltas.dtype)  # deltas the stream thresholded by the activity rule
         counts.inter += (mask @ mask.T).cpu().long()  # float32 counts: exact below 2^24 entries a chunk

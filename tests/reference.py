@@ -6,6 +6,20 @@ import math
 
 import torch
 
+#: sqrt(3): scales the sum of four uniforms (variance 4/12) to variance one
+_IRWIN_HALL_SCALE = math.sqrt(3.0)
+
+
+def portable_randn(shape, generator: torch.Generator) -> torch.Tensor:
+    """Normal-like float32 draws (Irwin-Hall: four uniforms summed, centred, scaled to variance one) that are the
+    same bits on every CPU: ``torch.randn`` is not (its Box-Muller runs Sleef's vector log/sin/cos under AVX2 and
+    AVX-512 and libm's under ``ATEN_CPU_CAPABILITY=default``); ``torch.rand`` draws from the integer generator, and
+    the rest is single IEEE additions and one multiplication, each correctly rounded everywhere."""
+    total = torch.rand(shape, generator=generator)
+    for _ in range(3):
+        total = total + torch.rand(shape, generator=generator)
+    return (total - 2.0) * _IRWIN_HALL_SCALE
+
 
 def ref_ram(base, agents, variant="ram_plus", r=0.1, alpha=2.0, eps=1e-5, scope="global"):
     keys = [k for k in base if base[k].dtype.is_floating_point]

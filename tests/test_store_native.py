@@ -1,4 +1,6 @@
-"""The native (AVX-512) capture kernels give exactly what the numpy path gives: same encoding, count, values, positions."""
+"""The native capture kernels give exactly what the numpy path gives: same encoding, count, values, positions, at
+every build level this host runs (AVX-512 where it has it, AVX2, the baseline): the portable loops are tested on any
+x86-64 host, not only where they are the ones that run."""
 
 from __future__ import annotations
 
@@ -8,10 +10,29 @@ import torch
 
 import ram_live.kernels.select as select_module
 import ram_live.store.encoding as store_module
+from ram_live.kernels import cc
+from ram_live.settings import SIMD_LEVELS
 from ram_live.store.encoding import _encode_native, _encode_numpy, Encoded
 
-KERNELS = select_module.kernels()
-pytestmark = pytest.mark.skipif(KERNELS is None, reason="no C compiler or no AVX-512 (BW, VBMI2) on this CPU")
+KERNELS = select_module._load()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason="no C compiler (or RAM_LIVE_NATIVE=0): no native kernels")
+
+
+def _levels() -> list[str]:
+    """The build levels this host runs (as tests/test_kernel_digests.py)."""
+    host = cc.host_level()
+    return [lv for lv in SIMD_LEVELS if lv == host or lv == "scalar" or (lv == "avx2" and host == "avx512")]
+
+
+@pytest.fixture(params=_levels())
+def kernels(request) -> select_module.Kernels:
+    """The kernels built at one level; a level the host runs must build (no silent skip)."""
+    built = select_module.build(cc.flags(request.param))
+    assert built is not None, f"the {request.param} build failed where the host's own build works"
+    vbmi2 = "avx512_vbmi2" in cc._cpu_flags().split()
+    want = {"avx512": 512 if vbmi2 else 256, "avx2": 256}.get(request.param, 0)
+    assert built.simd_bits == want
+    return built
 
 
 def _bits_of(t: torch.Tensor | None) -> np.ndarray | None:
@@ -38,8 +59,8 @@ def _pair(n: int, dtype: torch.dtype, changed: torch.Tensor) -> tuple[torch.Tens
     return cur, base
 
 
-def _check(cur: torch.Tensor, base: torch.Tensor) -> Encoded:
-    native = _encode_native(np, KERNELS, cur, base)
+def _check(kernels: select_module.Kernels, cur: torch.Tensor, base: torch.Tensor) -> Encoded:
+    native = _encode_native(np, kernels, cur, base)
     _same(native, _encode_numpy(np, cur, base))
     return native
 
@@ -47,17 +68,17 @@ def _check(cur: torch.Tensor, base: torch.Tensor) -> Encoded:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("n", [1, 7, 8, 15, 16, 17, 31, 32, 33, 255, 256, 257, 1000, 4099, 100_003])
 @pytest.mark.parametrize("density", [0.0, 0.002, 0.03, 0.2, 0.5, 0.97, 1.0])
-def test_native_matches_numpy(dtype, n, density):
+def test_native_matches_numpy(kernels, dtype, n, density):
     g = torch.Generator().manual_seed(n * 7 + int(density * 1000))
     changed = torch.rand(n, generator=g) < density
     cur, base = _pair(n, dtype, changed)
-    enc = _check(cur, base)
+    enc = _check(kernels, cur, base)
     assert enc.count == int(changed.sum())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("density", [0.001, 0.03, 0.5, 1.0])
-def test_native_over_threads_and_range_edges(monkeypatch, dtype, density):
+def test_native_over_threads_and_range_edges(kernels, monkeypatch, dtype, density):
     """Ranges of a few thousand entries over 3 threads; changes at every range's first and last entries."""
     monkeypatch.setattr(store_module, "_NATIVE_MIN_SPLIT", 1000)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
@@ -68,11 +89,11 @@ def test_native_over_threads_and_range_edges(monkeypatch, dtype, density):
         changed[start] = changed[end - 1] = True
     assert len(store_module._ranges(n, 3, select_module.ALIGN)) == 3
     cur, base = _pair(n, dtype, changed)
-    _check(cur, base)
+    _check(kernels, cur, base)
 
 
 @pytest.mark.parametrize("extra", [-1, 0, 1])
-def test_native_indices_up_to_their_limit(monkeypatch, extra):
+def test_native_indices_up_to_their_limit(kernels, monkeypatch, extra):
     """Around the count where int32 indices stop being smaller than the bitmask (the kernels stop writing them)."""
     monkeypatch.setattr(store_module, "_NATIVE_MIN_SPLIT", 1000)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
@@ -81,11 +102,11 @@ def test_native_indices_up_to_their_limit(monkeypatch, extra):
     changed = torch.zeros(n, dtype=torch.bool)
     changed[torch.randperm(n, generator=torch.Generator().manual_seed(2))[: limit + extra]] = True
     cur, base = _pair(n, torch.bfloat16, changed)
-    enc = _check(cur, base)
+    enc = _check(kernels, cur, base)
     assert enc.encoding == ("indices" if extra <= 0 else "bitmask")
 
 
-def test_native_every_change_in_one_range(monkeypatch):
+def test_native_every_change_in_one_range(kernels, monkeypatch):
     """All the indices in the last range (beyond its share of the limit, within the tensor's)."""
     monkeypatch.setattr(store_module, "_NATIVE_MIN_SPLIT", 1000)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
@@ -93,7 +114,7 @@ def test_native_every_change_in_one_range(monkeypatch):
     changed = torch.zeros(n, dtype=torch.bool)
     changed[-1200:] = True
     cur, base = _pair(n, torch.float16, changed)
-    assert _check(cur, base).encoding == "indices"
+    assert _check(kernels, cur, base).encoding == "indices"
 
 
 def test_encode_uses_native_and_round_trips(tmp_path):
@@ -143,7 +164,7 @@ def test_encode_many_side_by_side_equals_one_by_one(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("density", [0.01, 0.5, 1.0])
-def test_kernel_writes_values_at_any_alignment(dtype, density):
+def test_kernel_writes_values_at_any_alignment(kernels, dtype, density):
     """The values are streamed in whole 64-byte lines after a plainly written head: every start in a line."""
     n = 5_000
     g = torch.Generator().manual_seed(6)
@@ -158,9 +179,26 @@ def test_kernel_writes_values_at_any_alignment(dtype, density):
         room = np.zeros(n + 64, dtype=cn.dtype)
         vals = room[shift:]
         pos = np.zeros(n // 32 + 64, dtype=np.int32)
-        count = KERNELS.select(cn.ctypes.data, bn.ctypes.data, n, bits.ctypes.data, vals.ctypes.data, size,
+        count = kernels.select(cn.ctypes.data, bn.ctypes.data, n, bits.ctypes.data, vals.ctypes.data, size,
                                pos.ctypes.data, 0, 0)
         assert count == want.size
         np.testing.assert_array_equal(vals[:count], want)
         assert not room[:shift].any() and not vals[count:].any()  # nothing written outside the values
         np.testing.assert_array_equal(bits, np.packbits(changed.numpy(), bitorder="little"))
+
+
+def test_capture_takes_vector_builds_only(monkeypatch):
+    """The capture runs the AVX-512 or AVX2 loops; the generic ones (slower than numpy there) only in these tests."""
+    monkeypatch.setenv("RAM_LIVE_SIMD", "scalar")
+    assert select_module.kernels() is None
+    assert not store_module._native_path(torch.ones(8), torch.zeros(8), _changed_rule())
+    if cc.host_level() in ("avx512", "avx2"):
+        monkeypatch.setenv("RAM_LIVE_SIMD", "avx2")
+        assert select_module.kernels().simd_bits == 256
+        assert store_module._native_path(torch.ones(8), torch.zeros(8), _changed_rule())
+
+
+def _changed_rule():
+    from ram_live.store.writer import activity_rule
+
+    return activity_rule("changed", 0.0)

@@ -1,13 +1,12 @@
-/* Snapshot capture's changed-entry selection with AVX-512 (ram_live/kernels/select.py; x86-64 only). */
+/* Snapshot capture's changed-entry selection (ram_live/kernels/select.py), built at the build level by ram_live/kernels/cc.py:
+   the AVX-512 loops where the compiler targets AVX-512 (BW, VBMI2: vpcompressw/d), portable loops elsewhere
+   (AVX2, NEON, the baseline). Integer compares and copies only: every level writes the same bytes. */
 #include <stdint.h>
 #include <string.h>
-#include <immintrin.h>
 
-int ram_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-        && __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("popcnt");
-}
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the bitmask is written as little-endian words"
+#endif
 
 /* The scalar tail of a range: entries [i, n) (i a multiple of 8), as the vector loops below. */
 #define TAIL(T)                                                                                                   \
@@ -28,6 +27,16 @@ static int64_t tail_##T(const T *a, const T *b, int64_t i, int64_t n, uint8_t *b
 }
 TAIL(int16_t)
 TAIL(int32_t)
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI2__)
+#include <immintrin.h>
+#define SELECT_BITS 512
+
+int ram_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("popcnt");
+}
 
 static inline __mmask16 low16(int c) { return (__mmask16)((1u << c) - 1); }
 
@@ -135,3 +144,9 @@ int64_t ram_select32(const int32_t *a, const int32_t *b, int64_t n, uint8_t *bit
     out_end(&out);
     return tail_int32_t(a, b, i, n, bits, vals, j, pos, cap, offset);
 }
+#else
+#include "select_vec.h"
+#endif
+
+/* 512 where the AVX-512 loops were compiled in, 256 for the AVX2 ones of select_vec.h, 0 for its generic loops */
+int ram_select_simd_bits(void) { return SELECT_BITS; }

@@ -88,7 +88,7 @@ FAMILIES: dict[str, Family] = {
     "importance": Family("importance.c", "ram_weighted", entry_part=0),
     "probe": Family("probe.c", "ram_probe"),
     "impcodes": Family("impcodes.c", "impcodes"),
-    "select": Family("select.c", "select", ("-O2",), x86_only=True),
+    "select": Family("select.c", "select"),
     "crc32": Family("crc32.c", "crc32", ("-O2",), x86_only=True),
 }
 

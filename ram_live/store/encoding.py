@@ -191,7 +191,7 @@ def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> Encoded:
 
 
 def _native() -> Any:
-    """The compiled AVX-512 selection kernels (:mod:`ram_live.kernels.select`), or None: the numpy path."""
+    """The compiled selection kernels (:mod:`ram_live.kernels.select`), or None: the numpy path."""
     from ..kernels.select import kernels
 
     return kernels()
