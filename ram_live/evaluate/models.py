@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import ConfigError, EvaluationError
 
-__all__ = ["Resolver", "generator_of"]
+__all__ = ["Resolver", "generator_of", "load_model"]
 
 
 def _transformers() -> Any:
@@ -25,6 +25,17 @@ def _transformers() -> Any:
         raise ConfigError("ram_live.evaluate generates with Hugging Face transformers: pip install "
                           "'ram_live[transformers]'") from exc
     return transformers
+
+
+def load_model(folder: str | os.PathLike) -> Any:
+    """``AutoModelForCausalLM.from_pretrained(folder)``, with library errors."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"rewards: {folder} is not a Hugging Face model folder (no config.json)")
+    try:
+        return _transformers().AutoModelForCausalLM.from_pretrained(os.fspath(folder))
+    except (OSError, ValueError) as exc:
+        raise EvaluationError(f"rewards: cannot load the model in {folder}: {exc}") from None
 
 
 def generator_of(module: Any) -> Any:
@@ -54,7 +65,7 @@ class Resolver:
         if isinstance(merged, (str, os.PathLike)):
             folder = Path(merged)
             if self._model is None:
-                model = self._load_folder(folder)
+                model = load_model(folder)
             else:
                 model = self._target()
                 self._copy_into(model, _read_folder(folder), f"folder {folder}")
@@ -94,17 +105,8 @@ class Resolver:
 
     def _target(self) -> Any:
         if isinstance(self._model, (str, os.PathLike)):
-            self._model = self._load_folder(Path(self._model))
+            self._model = load_model(Path(self._model))
         return generator_of(self._model)
-
-    @staticmethod
-    def _load_folder(folder: Path) -> Any:
-        if not (folder / "config.json").is_file():
-            raise ConfigError(f"rewards: {folder} is not a Hugging Face model folder (no config.json)")
-        try:
-            return _transformers().AutoModelForCausalLM.from_pretrained(os.fspath(folder))
-        except (OSError, ValueError) as exc:
-            raise EvaluationError(f"rewards: cannot load the model in {folder}: {exc}") from None
 
     @staticmethod
     def _copy_into(model: Any, state: Mapping[str, Any], what: str) -> None:
