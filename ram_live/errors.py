@@ -66,3 +66,14 @@ class SearchError(RamLiveError, RuntimeError):
     def __init__(self, message: str, *, candidate: dict | None = None) -> None:
         super().__init__(message)
         self.candidate = candidate
+
+
+class EvaluationError(RamLiveError, RuntimeError):
+    """A built-in evaluation (:mod:`ram_live.evaluate`) could not score a model: a reward function raised (the
+    cause is chained), returned the wrong number of rewards, NaN or a non-number, or the model could not be
+    loaded. ``function``: the reward function's name; ``index``: the prompt at fault (None when not one prompt)."""
+
+    def __init__(self, message: str, *, function: str | None = None, index: int | None = None) -> None:
+        super().__init__(message)
+        self.function = function
+        self.index = index

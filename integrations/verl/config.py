@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 from ram_live.errors import ConfigError
@@ -64,6 +64,10 @@ class RAMVerlOptions(HoldsRamOptions):
             evaluated in a folder under ``merged_dir``; logs ``ram/search/*``; the chosen options go into the
             merged folder's ``ram_merge.json`` (``"search"``) and ``ram_search.json``. Its ``variant``/``r``/...
             above are then unused.
+        rewards: the run's own reward on held-out prompts as the evaluation (instead of ``evaluate``; also what
+            ``search`` uses, maximising ``reward``): ``+ram.rewards.prompts=held_out.jsonl`` (verl's rows),
+            optional ``compute_score`` / ``reward`` (default: verl's ``custom_reward_function``, else its
+            ``default_compute_score``), ``max_new_tokens``, ``batch_size``, ``device`` (:mod:`.rewards`).
         durable: fsync snapshot files before their manifest.
         importance: ``"adam"`` (default): store each rank's ``exp_avg_sq`` boxes from the checkpoint's
             ``optim_world_size_W_rank_R.pt`` with the snapshot (never gathered; :mod:`.optim`), so merges of a
@@ -92,6 +96,7 @@ class RAMVerlOptions(HoldsRamOptions):
     agents: list[str] | None = None
     evaluate: str | None = None
     search: Any = None
+    rewards: Any = None
     durable: bool = True
     importance: str | None = "adam"
     importance_bias_correction: bool = False
@@ -142,6 +147,12 @@ class RAMVerlOptions(HoldsRamOptions):
                     f"ram.evaluate must be a dotted path 'package.module.function', got {self.evaluate!r}")
         if self.base is not None:
             self.base = os.fspath(self.base)
+        if self.rewards is not None:
+            from .rewards import check_rewards
+
+            if self.evaluate is not None:
+                raise ConfigError("set ram.evaluate or ram.rewards (the run's reward on held-out prompts), not both")
+            self.rewards = check_rewards(_plain(self.rewards))
         if self.search is not None:
             from ram_live.training.search import SearchSetting
 
@@ -149,8 +160,11 @@ class RAMVerlOptions(HoldsRamOptions):
                 self.search = SearchSetting.from_mapping(self.search)
             except ConfigError as exc:
                 raise ConfigError(f"ram.search: {exc}") from None
-            if self.search.evaluate is None and self.evaluate is None:
-                raise ConfigError("ram.search needs an evaluation: set ram.search.evaluate or ram.evaluate")
+            if self.search.evaluate is None and self.evaluate is None and self.rewards is None:
+                raise ConfigError("ram.search needs an evaluation: set ram.search.evaluate, ram.evaluate or "
+                                  "ram.rewards.prompts")
+            if self.search.evaluate is None and self.rewards is not None and self.search.metric is None:
+                self.search = replace(self.search, metric="reward")  # ram.rewards' mean reward
             if self.merge_every is None:
                 raise ConfigError("ram.search is set but ram.merge_every is not: nothing would be searched")
         return self
@@ -262,4 +276,8 @@ def options_from_verl(config: Any) -> RAMVerlOptions:
                 opts.lora_alpha = float(alpha)
     if opts.base is None:
         raise ConfigError("ram.base is not set and the config has no actor_rollout_ref.model.path")
+    if opts.rewards is not None and not opts.rewards.get("compute_score") and not opts.rewards.get("reward"):
+        from .rewards import run_reward_function
+
+        opts.rewards["compute_score"] = run_reward_function(config)  # the run's own reward (None: verl's default)
     return opts

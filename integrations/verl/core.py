@@ -53,6 +53,10 @@ class RAMVerl:
         self.store = SnapshotStore(options.store, durable=options.durable)
         self.base_dir = resolve_base(options.base) if options.base else None
         self.evaluate = load_evaluate(options.evaluate) if options.evaluate else None
+        if options.rewards is not None:  # the run's reward on held-out prompts (integrations/verl/rewards.py)
+            from .rewards import rewards_evaluation
+
+            self.evaluate = rewards_evaluation(options.rewards, self.base_dir)
         self.fingerprint: str | None = None
         self.dtype: torch.dtype | None = None  # the store's (and every snapshot's) dtype
         self.history: list[dict[str, float]] = []

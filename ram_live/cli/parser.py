@@ -156,8 +156,13 @@ def _stores_and_clean(sub: Any) -> None:
 def _search(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
     s = sub.add_parser("search", help="pick the merge that scores best on your evaluation (writes it and a table)")
     common(s)
-    s.add_argument("--eval", required=True, metavar="MODULE:FUNCTION",
+    s.add_argument("--eval", default=None, metavar="MODULE:FUNCTION",
                    help="evaluation: a function state_dict -> float (higher is better), e.g. mypkg.evals:held_out")
+    s.add_argument("--reward", action="append", default=None, metavar="MODULE:FUNCTION",
+                   help="instead of --eval: a TRL-style reward function (repeatable), scored on --prompts")
+    s.add_argument("--prompts", default=None, metavar="JSONL",
+                   help="held-out prompts for --reward: one JSON object a line with 'prompt' (+ reward columns)")
+    s.add_argument("--max-new-tokens", type=int, default=64, help="completion length for --reward (default 64)")
     s.add_argument("--out", required=True, help="output folder: the best merge, search.json, table.txt")
     s.add_argument("--budget", type=int, default=60, help="the most evaluations (default 60)")
     s.add_argument("--seed", type=int, default=0, help="orders the coordinate ascents, seeds DARE (default 0)")

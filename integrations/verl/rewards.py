@@ -1,0 +1,99 @@
+"""``ram.rewards``: the run's own reward on a held-out prompts file as the verl integration's evaluation (for
+``ram.search`` and after each merge), with :func:`ram_live.evaluate.rewards`.
+
+    +ram.rewards.prompts=/data/held_out.jsonl +ram.rewards.max_new_tokens=256 +ram.search.budget=40
+
+The reward is ``ram.rewards.compute_score`` (verl's ``compute_score(data_source, solution_str, ground_truth,
+extra_info)``), else ``ram.rewards.reward`` (a TRL-style reward function), else the run's own: verl's
+``custom_reward_function.path``/``.name`` when set, else ``verl.utils.reward_score.default_compute_score``. The
+prompts file holds verl's rows (``prompt``, ``data_source``, ``reward_model: {"ground_truth": ...}``,
+``extra_info``) as JSONL. The candidate folder's weights are copied into one model loaded once from the base
+folder (on ``ram.rewards.device``, default CUDA when available) and scored there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ram_live.errors import ConfigError
+from ram_live.loading import load_callable
+
+__all__ = ["KEYS", "check_rewards", "rewards_evaluation", "run_reward_function"]
+
+KEYS = ("prompts", "compute_score", "reward", "max_new_tokens", "batch_size", "device")
+
+
+def check_rewards(values: Any) -> dict[str, Any]:
+    """The ``ram.rewards`` group as a plain dict, its keys and prompts file checked (naming the key at fault)."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"ram.rewards must be a mapping (+ram.rewards.prompts=FILE ...), got {values!r}")
+    unknown = sorted(set(values) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"unknown ram.rewards option(s) {', '.join(unknown)}; the options are: {', '.join(KEYS)}")
+    if not values.get("prompts"):
+        raise ConfigError("ram.rewards.prompts is required: a JSONL file of held-out prompts")
+    if values.get("compute_score") and values.get("reward"):
+        raise ConfigError("set ram.rewards.compute_score or ram.rewards.reward, not both")
+    from ram_live.evaluate import load_prompts
+
+    try:
+        load_prompts(values["prompts"])
+    except ConfigError as exc:
+        raise ConfigError(f"ram.rewards.prompts: {exc}") from None
+    return dict(values)
+
+
+def run_reward_function(config: Any) -> str | None:
+    """``"<path>:<name>"`` of the verl run's ``custom_reward_function`` (top level, or under ``reward``), if set."""
+    from .config import get_dotted
+
+    for where in ("custom_reward_function", "reward.custom_reward_function"):
+        path = get_dotted(config, f"{where}.path")
+        if path:
+            return f"{path}:{get_dotted(config, f'{where}.name') or 'compute_score'}"
+    return None
+
+
+def rewards_evaluation(values: Mapping[str, Any], base_dir: str | None) -> Callable[..., dict[str, float]]:
+    """``fn(merged_dir, step) -> {"reward": mean, "reward/<fn>": ...}`` for ``ram.evaluate``/``ram.search``."""
+    import torch
+
+    from ram_live.evaluate import compute_score, rewards
+    from ram_live.evaluate.models import load_model
+
+    if base_dir is None:
+        raise ConfigError("ram.rewards needs the base model's folder (ram.base)")
+    if values.get("reward"):
+        fn = load_callable(values["reward"], "ram.rewards.reward")
+    else:
+        fn = compute_score(_load_score(values.get("compute_score") or "verl.utils.reward_score:default_compute_score"))
+    device = values.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    state: dict[str, Any] = {}
+
+    def evaluate(merged_dir: str, step: int | None = None) -> dict[str, float]:
+        if "fn" not in state:  # the model is loaded at the first evaluation, once
+            state["fn"] = rewards(values["prompts"], fn, tokenizer=base_dir, model=load_model(base_dir).to(device),
+                                  max_new_tokens=int(values.get("max_new_tokens", 64)),
+                                  batch_size=int(values.get("batch_size", 16)))
+        state["fn"](merged_dir)
+        return dict(state["fn"].metrics)
+
+    return evaluate
+
+
+def _load_score(spec: str) -> Callable[..., Any]:
+    """A dotted path, or verl's ``/path/to/file.py:name``."""
+    file, sep, name = str(spec).rpartition(":")
+    if sep and file.endswith(".py"):
+        if not Path(file).is_file():
+            raise ConfigError(f"ram.rewards.compute_score: no file {file}")
+        module_spec = importlib.util.spec_from_file_location(f"ram_verl_reward_{Path(file).stem}", file)
+        module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        fn = getattr(module, name, None)
+        if not callable(fn):
+            raise ConfigError(f"ram.rewards.compute_score: {file} has no function {name!r}")
+        return fn
+    return load_callable(spec, "ram.rewards.compute_score")

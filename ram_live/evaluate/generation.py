@@ -1,0 +1,150 @@
+"""Batched, left-padded generation on the model where it is: greedy by default, sampling with a seed as an option.
+
+Completions are cut after the first end-of-sequence token and decoded without special tokens, as TRL's
+GRPOTrainer decodes them; conversational prompts go through the tokenizer's chat template
+(``add_generation_prompt=True``) and their completions are ``[{"role": "assistant", "content": text}]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from ..errors import ConfigError
+
+__all__ = ["GenerationSettings", "generate_completions", "tokenize_prompts", "eos_ids"]
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How completions are generated.
+
+    Args:
+        max_new_tokens: the most tokens generated per prompt.
+        batch_size: prompts per ``generate`` call.
+        do_sample: sample instead of greedy decoding (then ``temperature``, ``top_p``, ``top_k``, ``seed`` apply;
+            the same seed every call, so every candidate sees the same random numbers).
+    """
+
+    max_new_tokens: int = 64
+    batch_size: int = 16
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"rewards: {name} must be an int >= 1, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"rewards: seed must be an int, got {self.seed!r}")
+        if not isinstance(self.do_sample, bool):
+            raise ConfigError(f"rewards: do_sample must be True or False, got {self.do_sample!r}")
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+            raise ConfigError(f"rewards: temperature must be a number > 0, got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ConfigError(f"rewards: top_p must be in (0, 1], got {self.top_p!r}")
+
+
+def eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The tokens that end a completion: the tokenizer's EOS and the model's generation config's."""
+    ids: list[int] = []
+    for value in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None and int(v) not in ids:
+                ids.append(int(v))
+    return ids
+
+
+def tokenize_prompts(tokenizer: Any, prompts: list[Any], conversational: bool) -> list[list[int]]:
+    """Each prompt's token ids, as TRL tokenizes them (a chat template with the generation prompt for
+    conversations; the tokenizer's own special tokens for text)."""
+    if conversational:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ConfigError("conversational prompts need a tokenizer with a chat template (tokenizer.chat_template "
+                              "is None)")
+        out = []
+        for p in prompts:
+            ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)
+            out.append(list(ids["input_ids"]))
+        return out
+    return [list(ids) for ids in tokenizer(prompts)["input_ids"]]
+
+
+def left_pad(batch: list[list[int]], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` of a batch, padded on the left."""
+    width = max(len(ids) for ids in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, ids in enumerate(batch):
+        if ids:
+            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            mask[row, width - len(ids):] = 1
+    return input_ids.to(device), mask.to(device)
+
+
+def generate_completions(model: Any, tokenizer: Any, prompt_ids: list[list[int]], settings: GenerationSettings
+                         ) -> list[list[int]]:
+    """The completion token ids of every prompt (cut after the first EOS, which is kept), in the prompts' order.
+
+    The model is used where it is (its device, its dtype), in eval mode and without gradients (its training
+    flag is restored after)."""
+    from transformers import GenerationConfig
+
+    eos = eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    config = GenerationConfig(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
+                              num_beams=1, use_cache=True, pad_token_id=pad, eos_token_id=eos or None,
+                              bos_token_id=getattr(model.generation_config, "bos_token_id", None),
+                              **({"temperature": float(settings.temperature), "top_p": float(settings.top_p),
+                                  "top_k": int(settings.top_k)} if settings.do_sample else {}))
+    device = _device_of(model)
+    out: list[list[int]] = []
+    with _eval_mode(model), torch.no_grad(), _seeded(settings, device):
+        for start in range(0, len(prompt_ids), settings.batch_size):
+            batch = prompt_ids[start:start + settings.batch_size]
+            input_ids, mask = left_pad(batch, pad, device)
+            generated = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
+            for row in generated[:, input_ids.shape[1]:].tolist():
+                out.append(_cut(row, eos))
+    return out
+
+
+def _cut(ids: list[int], eos: list[int]) -> list[int]:
+    for i, t in enumerate(ids):
+        if t in eos:
+            return ids[:i + 1]
+    return ids
+
+
+def _device_of(model: Any) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _eval_mode(model: Any) -> Iterator[None]:
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
+
+
+@contextlib.contextmanager
+def _seeded(settings: GenerationSettings, device: torch.device) -> Iterator[None]:
+    if not settings.do_sample:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+        torch.manual_seed(settings.seed)
+        yield

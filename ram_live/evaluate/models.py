@@ -1,0 +1,138 @@
+"""What an evaluation is handed, as a ``generate``-capable model and its tokenizer.
+
+``search`` hands a module (the reused output module of a module base; in the callbacks, the training model with
+the candidate swapped in), a state dict (a state-dict or path base; ``ram-live search``) or, in verl, a Hugging
+Face folder. A module is used as it is (no copy); a state dict is copied into ``model`` (given once); a folder is
+loaded into ``model`` when one is given, else with ``AutoModelForCausalLM.from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, EvaluationError
+
+__all__ = ["Resolver", "generator_of", "load_model"]
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ConfigError("ram_live.evaluate generates with Hugging Face transformers: pip install "
+                          "'ram_live[transformers]'") from exc
+    return transformers
+
+
+def load_model(folder: str | os.PathLike) -> Any:
+    """``AutoModelForCausalLM.from_pretrained(folder)``, with library errors."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"rewards: {folder} is not a Hugging Face model folder (no config.json)")
+    try:
+        return _transformers().AutoModelForCausalLM.from_pretrained(os.fspath(folder))
+    except (OSError, ValueError) as exc:
+        raise EvaluationError(f"rewards: cannot load the model in {folder}: {exc}") from None
+
+
+def generator_of(module: Any) -> Any:
+    """``module`` if it can ``generate``, else the first submodule that can (a LightningModule's HF model)."""
+    if callable(getattr(module, "generate", None)) and hasattr(module, "generation_config"):
+        return module
+    named = getattr(module, "named_modules", None)
+    if named is not None:
+        for _, sub in named():
+            if sub is not module and callable(getattr(sub, "generate", None)) and hasattr(sub, "generation_config"):
+                return sub
+    raise EvaluationError(f"rewards: {type(module).__name__} has no generate() and holds no module that has one; "
+                          "pass a transformers causal LM (or a module holding one)")
+
+
+class Resolver:
+    """Turns what the evaluation is handed into ``(model, tokenizer)``; ``model``/``tokenizer`` may be folders,
+    loaded at first use."""
+
+    def __init__(self, model: Any = None, tokenizer: Any = None) -> None:
+        if model is not None and not isinstance(model, (str, os.PathLike)) and not hasattr(model, "state_dict"):
+            raise ConfigError(f"rewards: model must be a module or a Hugging Face folder, got {type(model).__name__}")
+        self._model, self._tokenizer = model, tokenizer
+        self._ready_tokenizer: Any = None
+
+    def resolve(self, merged: Any) -> tuple[Any, Any]:
+        if isinstance(merged, (str, os.PathLike)):
+            folder = Path(merged)
+            if self._model is None:
+                model = load_model(folder)
+            else:
+                model = self._target()
+                self._copy_into(model, _read_folder(folder), f"folder {folder}")
+            return model, self.tokenizer(folder)
+        if isinstance(merged, Mapping):
+            if self._model is None:
+                raise ConfigError("rewards: the evaluation was handed a state dict (a state-dict or path base); "
+                                  "pass rewards(..., model=<a module or HF folder of the base's structure>) to load "
+                                  "it into")
+            model = self._target()
+            self._copy_into(model, merged, "the state dict")
+            return model, self.tokenizer(None)
+        if hasattr(merged, "state_dict"):
+            model = generator_of(merged)
+            return model, self.tokenizer(None, model)
+        raise EvaluationError(f"rewards: cannot evaluate a {type(merged).__name__}; a module, a state dict or a "
+                              "Hugging Face folder is expected")
+
+    def tokenizer(self, folder: Path | None, model: Any = None) -> Any:
+        if self._ready_tokenizer is not None:
+            return self._ready_tokenizer
+        source = self._tokenizer
+        if source is None:
+            source = folder if folder is not None else self._model if isinstance(self._model, (str, os.PathLike)) \
+                else getattr(getattr(model, "config", None), "_name_or_path", None) or None
+        if source is None:
+            raise ConfigError("rewards: no tokenizer: pass rewards(..., tokenizer=<a tokenizer or its folder>)")
+        if isinstance(source, (str, os.PathLike)):
+            try:
+                source = _transformers().AutoTokenizer.from_pretrained(os.fspath(source))
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"rewards: cannot load a tokenizer from {source}: {exc}") from None
+        if source.pad_token_id is None:  # generation pads on the left with EOS
+            source.pad_token = source.eos_token
+        self._ready_tokenizer = source
+        return source
+
+    def _target(self) -> Any:
+        if isinstance(self._model, (str, os.PathLike)):
+            self._model = load_model(Path(self._model))
+        return generator_of(self._model)
+
+    @staticmethod
+    def _copy_into(model: Any, state: Mapping[str, Any], what: str) -> None:
+        """Copy ``state`` into ``model``'s tensors; a key it lacks must be tied to one it has."""
+        own = model.state_dict()
+        unexpected = sorted(set(state) - set(own))
+        if unexpected:
+            raise EvaluationError(f"rewards: {what} has keys the model lacks: {unexpected[:5]} (is model= the base's "
+                                  "structure?)")
+        given = {own[k].data_ptr() for k in state}
+        missing = sorted(k for k in set(own) - set(state) if own[k].data_ptr() not in given)
+        if missing:
+            raise EvaluationError(f"rewards: {what} lacks the model's keys {missing[:5]}")
+        try:
+            model.load_state_dict(dict(state), strict=False)
+        except RuntimeError as exc:
+            raise EvaluationError(f"rewards: cannot load {what} into the model: {exc}") from None
+
+
+def _read_folder(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise EvaluationError(f"rewards: {folder} holds no .safetensors file")
+    state: dict[str, Any] = {}
+    for f in files:
+        state.update(load_file(os.fspath(f)))
+    return state

@@ -1,0 +1,85 @@
+"""``ram-live search AGENTS --base B --prompts P --reward MOD:FN --out DIR`` end to end on tiny saved Llama folders:
+the chosen merge's score is the hand-written greedy loop's on the saved winner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from ram_live.cli import main
+
+import evaluate_helpers as h
+from evaluate_helpers import ANSWERS, PROMPTS
+
+REWARDS = '''
+def length(prompts, completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def starts_right(completions, answer):
+    return [1.0 if c.startswith(a[:1]) else 0.0 for c, a in zip(completions, answer)]
+
+
+def broken(completions, **kwargs):
+    return [1.0] * (len(completions) + 1)
+'''
+
+
+@pytest.fixture
+def folders(tmp_path, monkeypatch):
+    tok, base = h.tokenizer(), h.model(0)
+    base.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    for i, name in enumerate(["coder", "tools"]):
+        g = torch.Generator().manual_seed(10 + i)
+        sd = {k: v + (torch.rand(v.shape, generator=g) < 0.3) * torch.randn(v.shape, generator=g) * 0.5
+              for k, v in base.state_dict().items()}
+        (tmp_path / name).mkdir()
+        save_file(sd, str(tmp_path / name / "model.safetensors"))
+    with open(tmp_path / "prompts.jsonl", "w") as f:
+        for p, a in zip(PROMPTS, ANSWERS):
+            f.write(json.dumps({"prompt": p, "answer": a}) + "\n")
+    (tmp_path / "toy_rewards.py").write_text(REWARDS)
+    monkeypatch.chdir(tmp_path)  # the reward module is importable from the current folder
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path
+
+
+def args(tmp, *extra):
+    return ["search", f"coder={tmp / 'coder'}", f"tools={tmp / 'tools'}", "--base", str(tmp / "base"),
+            "--prompts", str(tmp / "prompts.jsonl"), "--max-new-tokens", "6", "--budget", "3",
+            "--space", '["task_arithmetic"]', "--out", str(tmp / "best"), *extra]
+
+
+def test_search_with_a_reward_function_end_to_end(folders, capsys):
+    tmp = folders
+    code = main(args(tmp, "--reward", "toy_rewards:length", "--reward", "toy_rewards:starts_right"))
+    assert code == 0 and "best:" in capsys.readouterr().out
+    data = json.loads((tmp / "best" / "search.json").read_text())
+    winner = h.transformers.AutoModelForCausalLM.from_pretrained(tmp / "best")
+    tok = h.transformers.AutoTokenizer.from_pretrained(tmp / "best")
+    completions = [tok.decode(h.greedy(winner, tok, tok(p)["input_ids"], 6), skip_special_tokens=True)
+                   for p in PROMPTS]
+    expected = sum(float(len(c)) + (1.0 if c.startswith(a[:1]) else 0.0)
+                   for c, a in zip(completions, ANSWERS)) / len(PROMPTS)
+    assert data["best_score"] == expected and 0 < expected
+    assert len({t["score"] for t in data["history"]}) > 1, data["history"]  # the candidates score differently
+
+
+def test_errors_are_one_line(folders, capsys):
+    tmp = folders
+    assert main(args(tmp, "--reward", "toy_rewards:broken")) == 2  # a SearchError, the EvaluationError in it
+    err = capsys.readouterr().err
+    assert "reward function 'broken' returned 8 rewards for 7 prompts" in err and "Traceback" not in err
+    (tmp / "empty.jsonl").write_text("")
+    bad = args(tmp, "--reward", "toy_rewards:length")
+    bad[bad.index("--prompts") + 1] = str(tmp / "empty.jsonl")
+    assert main(bad) == 2
+    assert "empty.jsonl is empty" in capsys.readouterr().err
+    assert main(args(tmp)) == 2
+    assert "--eval MODULE:FUNCTION, or --reward" in capsys.readouterr().err
+    assert main(args(tmp, "--reward", "toy_rewards:nope")) == 2
+    assert "--reward='toy_rewards:nope'" in capsys.readouterr().err

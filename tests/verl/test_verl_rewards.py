@@ -1,0 +1,87 @@
+"""``ram.rewards`` of the verl integration (verl-free core, main environment): a verl-style ``compute_score`` on
+a held-out prompts file drives ``ram.search``; the chosen merge's score is the hand-written greedy loop's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from ram_live.errors import ConfigError  # noqa: E402
+from ram_live.integrations.verl import RAMVerl, options_from_mapping  # noqa: E402
+from ram_live.integrations.verl.rewards import _load_score, run_reward_function  # noqa: E402
+from ram_live.store import SnapshotStore  # noqa: E402
+
+import evaluate_helpers as h  # noqa: E402
+from evaluate_helpers import ANSWERS, PROMPTS  # noqa: E402
+
+
+def length_score(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's convention; rewards long completions and a right first letter."""
+    return {"score": len(solution_str) + (1.0 if solution_str.startswith(ground_truth[:1]) else 0.0)}
+
+
+@pytest.fixture
+def run(tmp_path):
+    tok, base = h.tokenizer(), h.model(0)
+    base.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    with open(tmp_path / "val.jsonl", "w") as f:
+        for p, a in zip(PROMPTS, ANSWERS):
+            f.write(json.dumps({"prompt": p, "data_source": "toy", "reward_model": {"ground_truth": a}}) + "\n")
+    return tmp_path, base
+
+
+def test_search_with_the_runs_reward(run):
+    tmp, base = run
+    opts = options_from_mapping({
+        "store": str(tmp / "store"), "agent": "a", "base": str(tmp / "base"), "weights": "fp32", "merge_every": 1,
+        "merged_dir": str(tmp / "merged"), "search": {"budget": 3, "space": ["task_arithmetic"]},
+        "rewards": {"prompts": str(tmp / "val.jsonl"), "compute_score": "test_verl_rewards:length_score",
+                    "max_new_tokens": 6, "device": "cpu"}})
+    assert opts.search.metric == "reward"
+    ram = RAMVerl(opts)
+    store = SnapshotStore(tmp / "store", durable=False)
+    sd = base.state_dict()
+    for i, name in enumerate(["a", "b"]):
+        g = torch.Generator().manual_seed(10 + i)
+        store.writer(name, base=sd).snapshot(
+            {k: v + (torch.rand(v.shape, generator=g) < 0.3) * torch.randn(v.shape, generator=g) * 0.5
+             for k, v in sd.items()}, 3)
+    metrics = ram.merge(step=3)
+    final = tmp / "merged" / "global_step_3"
+    winner = h.transformers.AutoModelForCausalLM.from_pretrained(final)
+    tok = h.tokenizer()
+    texts = [tok.decode(h.greedy(winner, tok, tok(p)["input_ids"], 6), skip_special_tokens=True) for p in PROMPTS]
+    expected = sum(len(t) + (1.0 if t.startswith(a[:1]) else 0.0) for t, a in zip(texts, ANSWERS)) / len(PROMPTS)
+    assert metrics["ram/search/best_score"] == expected and expected > 0
+    assert metrics["ram/reward"] == expected  # and the merged generalist is evaluated (logged) with it too
+
+
+def test_rewards_options_are_checked(run, tmp_path):
+    tmp, _ = run
+    common = {"store": str(tmp / "s"), "agent": "a", "base": str(tmp / "base"), "merge_every": 1,
+              "merged_dir": str(tmp / "m")}
+    with pytest.raises(ConfigError, match="ram.rewards.prompts is required"):
+        options_from_mapping({**common, "rewards": {"max_new_tokens": 3}})
+    (tmp / "empty.jsonl").write_text("")
+    with pytest.raises(ConfigError, match="ram.rewards.prompts: prompts file .*empty.jsonl is empty"):
+        options_from_mapping({**common, "rewards": {"prompts": str(tmp / "empty.jsonl")}})
+    with pytest.raises(ConfigError, match="unknown ram.rewards option"):
+        options_from_mapping({**common, "rewards": {"prompts": str(tmp / "val.jsonl"), "promts": 1}})
+    with pytest.raises(ConfigError, match="ram.evaluate or ram.rewards"):
+        options_from_mapping({**common, "evaluate": "math:sqrt", "rewards": {"prompts": str(tmp / "val.jsonl")}})
+
+
+def test_the_runs_custom_reward_function_file(tmp_path):
+    (tmp_path / "my_reward.py").write_text("def compute_score(d, s, g, e=None):\n    return 2.5\n")
+    config = {"custom_reward_function": {"path": str(tmp_path / "my_reward.py"), "name": "compute_score"}}
+    spec = run_reward_function(config)
+    assert spec == f"{tmp_path / 'my_reward.py'}:compute_score"
+    assert _load_score(spec)("toy", "x", "y") == 2.5
+    assert run_reward_function({"reward": {"custom_reward_function": {"path": "f.py", "name": None}}}) == \
+        "f.py:compute_score"
+    assert run_reward_function({}) is None
