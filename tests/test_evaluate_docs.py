@@ -55,3 +55,11 @@ def test_the_snippet_runs_as_copied(tmp_path):
     saved = tmp_path / "generalist"
     assert (saved / "config.json").is_file() and (saved / "tokenizer.json").is_file()
     assert h.transformers.AutoModelForCausalLM.from_pretrained(saved).config.vocab_size == len(h.VOCAB)
+
+
+def test_the_readme_shows_the_snippet_that_runs():
+    """The README's ten-line path is docs/evaluate.md's, which the test above runs as copied."""
+    snippet = first_python_block(PAGE.read_text(encoding="utf-8"))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python[ \t]*\n(.*?)^```[ \t]*$", readme, re.S | re.M)
+    assert snippet in blocks
