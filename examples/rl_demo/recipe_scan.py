@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                    "base_acc": base_acc[task], "acc": acc, "gain": acc - base_acc[task]}
             rows.append(row)
             masks[f"{task}|{r.optimizer}|{r.lr}|{r.steps}"] = torch.cat([m.flatten() for m in mask.values()])
-            print(f"\n{task:<6}{r.optimizer:<6}{r.lr:<8g}{r.steps:>4}  density {dens:6.2%}  acc {base_acc[task]:.3f} -> "
+            print(f"\n{task:<6}{r.optimizer:<6}{r.lr:<8g}{r.steps:>4}  density {dens:6.2%}  "
+                  f"acc {base_acc[task]:.3f} -> "
                   f"{acc:.3f} ({acc - base_acc[task]:+.3f})", flush=True)
     (args.out / "scan.json").write_text(json.dumps({"base": base_acc, "sft": info, "rows": rows}, indent=1))
     torch.save(masks, args.out / "masks.pt")

@@ -106,8 +106,8 @@ def train_base(s: Settings, seed: int, val: dict[str, tuple[Tensor, Tensor]],
 
     The tasks are learnt at very different speeds (``shift`` in ~100 steps, ``rev`` in a few hundred, with a
     sudden jump), so a fixed step count leaves one task solved and another not started. To make the base *partly*
-    competent on every task, whatever the seed, a task drops to ``s.sft_replay`` (1/8) of its batch once its greedy validation accuracy
-    reaches ``target`` (``SFT_TARGET``; checked every 10 steps); SFT ends when every task has reached it, or at
+    competent on every task, whatever the seed, a task drops to ``s.sft_replay`` (1/8) of its batch once its greedy
+    validation accuracy reaches ``target`` (``SFT_TARGET``; checked every 10 steps); SFT ends when every task has reached it, or at
     ``sft_steps``.
     """
     tasks = tuple(val)
