@@ -19,9 +19,9 @@ from .train import DEFAULT, QUICK, SFT_TARGET, Recipe, Settings
 PAPER = {"coding": (0.032, 0.063), "tool use": (0.462, 0.408), "memory": (0.543, 0.475)}
 
 _DENSE_CYCLE = ("shift", "rev", "sort")  # task whose dense recipe an extra task takes: comp, rot, sortd, swap, dbl
-# Sparse regime: one agent per kind of run, learning rates 30× apart. SGD moves an entry by lr·|g| per step, so a
-# small lr leaves all but the entries with the largest |g|/|w| below half a bf16 ULP (the sparse agent); the same
-# optimiser 30× larger moves ~half the entries. (Adam moves every entry with a gradient by ~lr per step, so in bf16
+# Sparse regime: every agent SGD, learning rates up to 75× apart. SGD moves an entry by lr·|g| per step, so a small
+# lr (4e-5) leaves all but the entries with the largest |g|/|w| below half a bf16 ULP (the sparse agents: shift,
+# swap); 1e-3..3e-3 moves 20-55 % of the entries. (Adam moves every entry with a gradient by ~lr per step, so in bf16
 # it only keeps changes to small |w|: dense or useless at any lr scanned; see benchmarks/quality.md.)
 SPARSE: dict[str, Recipe] = {
     "shift": Recipe("sgd", 4e-5, 30), "rev": Recipe("sgd", 3e-3, 30), "sort": Recipe("sgd", 2e-3, 40),
