@@ -31,6 +31,13 @@ selection-split accuracy plateaus, with the tuned baselines (``--tuned-baselines
 TIES' density, both chosen on the validation prompts) and the extrapolation control (``--extrapolation``: each
 agent alone, base + s·τ, s = 0.5, 1, 2).
 
+Regimes and N (issue 24): ``--regime dense`` (default) is everything above; ``--regime sparse`` is the paper's
+regime produced by training (``rl_demo/regimes.py``: recipes whose bf16 task vectors change few entries for one
+agent and many for another; the probe is printed next to the paper's numbers). ``--agents N`` (3..8) adds tasks
+of the same kind (``comp``, ``rot``, ``sortd``, ``swap``, ``dbl``; ``rl_demo/lang.py``), one specialist each, in
+either regime. ``--families``: the ``search`` row and each baseline family searched alone (same budget), without
+the over-trained scenario. ``python -m rl_demo.aggregate DIR...`` (from ``examples/``) tabulates seeds.
+
 Seeds are fixed (``--seed``): two runs print the same table (merge times aside). ``--quick`` is the CI setting.
 ``--rsweep`` adds RAM+ at r ∈ {0, 0.05, 0.1, 0.15, 0.2} on the same agents.
 
@@ -57,10 +64,11 @@ from ram_live.store import SnapshotStore
 
 from rl_demo import selection as sel_
 from rl_demo import curvature as curv_
-from rl_demo.lang import TASKS, accuracy, make_prompts
+from rl_demo import regimes
+from rl_demo.lang import ALL_TASKS, accuracy, make_prompts, tasks_for
 from rl_demo.studies import eps_sweep, module_of, plot_results, sign_agreement
-from rl_demo.train import (CONVERGED_QUICK_RECIPE, CONVERGED_RECIPE, DEFAULT, METHODS, N, QUICK, R_SWEEP, SGD_RECIPES,
-                           TA_GRID, TA_GRID_FINE, density_study, grpo, stage, train_base)
+from rl_demo.train import (CONVERGED_QUICK_RECIPE, CONVERGED_RECIPE, R_SWEEP, SGD_RECIPES, TA_GRID, TA_GRID_FINE,
+                           density_study, grpo, stage, train_base)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -81,7 +89,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--search-study", action="store_true",
                         help="--search, and each baseline family searched alone (same budget), the over-trained-"
                              "agent scenario, single agents extrapolated")
-    parser.add_argument("--overtrain", choices=TASKS, default="rev", help="the over-trained agent (--search-study)")
+    parser.add_argument("--regime", choices=("dense", "sparse"), default="dense",
+                        help="dense: today's recipes (default); sparse: the paper's regime (rl_demo/regimes.py)")
+    parser.add_argument("--agents", type=int, default=3, help="number of tasks / specialists, 3..8")
+    parser.add_argument("--families", action="store_true",
+                        help="--search, and each baseline family searched alone (same budget); no scenario study")
+    parser.add_argument("--overtrain", choices=ALL_TASKS, default="rev", help="the over-trained agent (--search-study)")
     parser.add_argument("--overtrain-factor", type=float, default=5.0,
                         help="its task vector's factor (--search-study)")
     parser.add_argument("--converged", action="store_true",
@@ -94,17 +107,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.converged and args.recipes != "mixed":
         parser.error("--converged sets every agent's recipe: not with --recipes")
+    if not 3 <= args.agents <= len(ALL_TASKS):
+        parser.error(f"--agents is 3..{len(ALL_TASKS)}")
+    if args.regime == "sparse" and (args.recipes != "mixed" or args.converged):
+        parser.error("--regime sparse sets every agent's recipe: not with --recipes / --converged")
+    tasks = tasks_for(args.agents)
+    if args.overtrain not in tasks:
+        parser.error(f"--overtrain is one of {tasks}")
+    n = len(tasks)
     args.tuned_baselines |= args.converged
     args.extrapolation |= args.converged
     torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()
-    s = QUICK if args.quick else DEFAULT
+    s, sft_target = regimes.settings(args.regime, tasks, args.quick)
     if args.recipes == "sgd":
-        s = dataclasses.replace(s, recipes={t: dataclasses.replace(r, steps=s.recipes[t].steps)
-                                            for t, r in SGD_RECIPES.items()})
+        s = dataclasses.replace(s, recipes={t: dataclasses.replace(SGD_RECIPES[t], steps=s.recipes[t].steps)
+                                            if t in SGD_RECIPES else dataclasses.replace(
+                                                s.recipes[t], optimizer="sgd", lr=0.001, weight_decay=0.0)
+                                            for t in tasks})
     if args.converged:
         r = CONVERGED_QUICK_RECIPE if args.quick else CONVERGED_RECIPE
-        s = dataclasses.replace(s, recipes={t: r for t in TASKS})
+        s = dataclasses.replace(s, recipes={t: r for t in tasks})
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -112,15 +135,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # held-out test prompts (never trained on: the RL/SFT generators use other seeds; overlap is chance only)
     g_test = torch.Generator().manual_seed(10_000 + args.seed)
-    test = {t: make_prompts(t, g_test, s.n_eval) for t in TASKS}
+    test = {t: make_prompts(t, g_test, s.n_eval) for t in tasks}
     g_val = torch.Generator().manual_seed(20_000 + args.seed)
-    val = {t: make_prompts(t, g_val, s.n_val) for t in TASKS}
+    val = {t: make_prompts(t, g_val, s.n_val) for t in tasks}
     # the selection split of search: its own generator, and no digit string of a test prompt
     sel = sel_.selection_split(test, s.n_sel, args.seed)
 
     # 1. base
     t0 = time.perf_counter()
-    base, sft_info = train_base(s, args.seed, val)
+    base, sft_info = train_base(s, args.seed, val, target=sft_target)
     timings["base_sft"] = time.perf_counter() - t0
     from safetensors.torch import save_file
 
@@ -132,13 +155,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shutil.rmtree(store_dir)
     store = SnapshotStore(store_dir, durable=False)
     rl: dict[str, Any] = {}
-    kept: dict[str, dict[str, Any]] = {t: {} for t in TASKS}  # each agent's final importances (raw, bias-corrected)
+    kept: dict[str, dict[str, Any]] = {t: {} for t in tasks}  # each agent's final importances (raw, bias-corrected)
     t0 = time.perf_counter()
-    for i, task in enumerate(TASKS):
+    for i, task in enumerate(tasks):
         rl[task] = grpo(base, task, s.recipes[task], s, seed=args.seed * 100 + i + 1, store=store, sel=sel[task],
                         keep=kept[task])
     timings["rl"] = time.perf_counter() - t0
-    agents = store.latest_all(TASKS)
+    agents = store.latest_all(tasks)
 
     dstudy: list[dict[str, Any]] = []
     if args.density_study:
@@ -153,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = probe(agents, base=base)
     print("\n" + report.table())
     report.plot(str(out / "probe.png"))
+    print(regimes.paper_table(report, {t: agents[t].density for t in tasks}))
     signs = sign_agreement(agents, base)
     print(f"entries changed by ≥ 2 agents: {signs['shared_entries']:,}; all changing agents agree in sign on "
           f"{signs['sign_agree_share']:.1%} of them")
@@ -168,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows[name], seconds[name] = sel_.scored(model, test), sec
 
     score("base", base, None)
-    for t in TASKS:
+    for t in tasks:
         score(f"specialist {t}", module_of(base, agents[t].to_state_dict()), None)
 
     # tuned TA scale: chosen on the validation prompts (not the test prompts)
@@ -177,10 +201,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for sc in ta_grid:
         m = merge(agents, base=base, method="task_arithmetic", scale=sc)
         v = accuracy(m, val)
-        val_scores[sc] = sum(v.values()) / N
+        val_scores[sc] = sum(v.values()) / n
     best_scale = max(ta_grid, key=lambda x: (val_scores[x], -x))
-    n_methods = len(METHODS) + (len(R_SWEEP) if args.rsweep else 0)
-    for j, (label, method, opts) in enumerate(METHODS, 1):
+    methods = regimes.methods(n)
+    n_methods = len(methods) + (len(R_SWEEP) if args.rsweep else 0)
+    for j, (label, method, opts) in enumerate(methods, 1):
         opts = dict(opts)
         if label == "TA (tuned)":
             opts["scale"] = best_scale
@@ -204,17 +229,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         merged = merge(agents, base=base, method="ties", density=density)
         score("TIES (tuned)", merged, time.perf_counter() - t1)
         options_used["TIES (tuned)"] = {"method": "ties", "density": density}
-    curvature = curv_.curvature_rows(agents, base, {t: kept[t]["bias_corrected"] for t in TASKS}, score, out)
+    curvature = curv_.curvature_rows(agents, base, {t: kept[t]["bias_corrected"] for t in tasks}, score, out)
     options_used.update({k: {"method": v["method"], "importance": v["importance"]} for k, v in curvature.items()})
     sweep: dict[str, Any] = {}
     if args.rsweep:
         counts = None  # the first RAM+ merge counts ρ's inputs; the others reuse them (one pass each)
-        for j, r in enumerate(R_SWEEP, len(METHODS) + 1):
+        for j, r in enumerate(R_SWEEP, len(methods) + 1):
             merged, info = merge(agents, base=base, method="ram_plus", r=r, return_info=True, statistics=counts,
                                  importance=False)
             counts = info.statistics
             acc = accuracy(merged, test)
-            acc["mean"] = sum(acc[t] for t in TASKS) / N
+            acc["mean"] = sum(acc[t] for t in tasks) / n
             sweep[str(r)] = {"acc": acc, "lambdas": dict(info.lambdas or {})}
             stage("merge+score", j, n_methods, t0, f"RAM+ r={r}")
     timings["merge_and_score"] = time.perf_counter() - t0
@@ -222,10 +247,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # 5. selection on the selection split (ram_live.search), scored on the test prompts
     searched: dict[str, Any] = {}
     study: dict[str, Any] = {}
-    if args.search or args.search_study:
+    if args.search or args.search_study or args.families:
         t0 = time.perf_counter()
         searched = sel_.search_rows(agents, base, sel, test, budget=args.search_budget, seed=args.seed,
-                                    families=args.search_study)
+                                    families=args.search_study or args.families)
         for label, row in searched.items():
             rows[label], seconds[label] = row["test"], row["seconds"]["merge"] / max(row["evaluations"], 1)
         searched["search"]["result"].plot(str(out / "search.png"))
@@ -253,11 +278,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     timings["total"] = time.perf_counter() - t_start
 
     # table
-    head = f"{'method':<21}" + "".join(f"{t:>8}" for t in TASKS) + f"{'mean':>8}{'merge s':>9}"
+    head = f"{'method':<21}" + "".join(f"{t:>8}" for t in tasks) + f"{'mean':>8}{'merge s':>9}"
     lines = [head, "-" * len(head)]
     for name, acc in rows.items():
         sec = seconds[name]
-        lines.append(f"{name:<21}" + "".join(f"{acc[t]:>8.3f}" for t in TASKS) + f"{acc['mean']:>8.3f}"
+        lines.append(f"{name:<21}" + "".join(f"{acc[t]:>8.3f}" for t in tasks) + f"{acc['mean']:>8.3f}"
                      + (f"{sec:>9.3f}" if sec is not None else f"{'-':>9}"))
     print(f"\ngreedy exact-match accuracy on held-out prompts (n = {s.n_eval} per task)")
     print("\n".join(lines))
@@ -268,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               + ", ".join(f"{k}: {v:.3f}" for k, v in ties_val.items()) + ")")
     if args.converged:
         print("converged agents, steps (max " + f"{next(iter(s.recipes.values())).steps}): "
-              + ", ".join(f"{t} {rl[t]['steps']}" for t in TASKS))
+              + ", ".join(f"{t} {rl[t]['steps']}" for t in tasks))
     if extrapolation:
         print("each agent alone, extrapolated (base + s·τ), test mean / own task: "
               + curv_.extrapolation_line(extrapolation))
@@ -300,7 +325,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "sft": sft_info, "rl": rl, "accuracy": rows, "merge_seconds": seconds, "options": options_used, "lambdas": lambdas,
         "ta_validation": {str(k): v for k, v in val_scores.items()}, "ta_tuned_scale": best_scale,
         "probe": {"agents": report.to_dict()["agents"], "histogram": report.histogram},
-        "density": {t: agents[t].density for t in TASKS},
+        "density": {t: agents[t].density for t in tasks},
+        "regime": args.regime, "agents": n, "tasks": list(tasks), "sft_target": sft_target,
+        "unique_share": {t: report.agents[t].unique_share for t in tasks},
         "sign_agreement": signs, "r_sweep": sweep, "eps_sweep": eps_rows, "density_study": dstudy, "timings": timings,
         "selection_prompts": s.n_sel, "search_budget": args.search_budget if searched else None,
         "search": {k: sel_.summary(v) for k, v in searched.items()},

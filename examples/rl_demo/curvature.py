@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from ram_live import merge
 
-from .lang import TASKS, accuracy
-from .train import N, TIES_GRID
+from .lang import accuracy
+from .train import TIES_GRID
 
 Data = dict[str, tuple[Tensor, Tensor]]
 CURVATURE = ("RAM (curvature)", "RAM+ (curvature)", "RAM (curvature, bc)")
@@ -28,7 +28,7 @@ EXTRAPOLATION_CONTROL = (0.5, 1.0, 2.0)
 
 def val_mean(model: nn.Module, val: Data) -> float:
     v = accuracy(model, val)
-    return sum(v[t] for t in TASKS) / N
+    return sum(v.values()) / len(v)
 
 
 def tuned_ties(agents: Mapping[str, Any], base: nn.Module, val: Data,

@@ -1,4 +1,5 @@
-"""The demo's token language and model: three checkable digit tasks, a tiny Llama, greedy accuracy."""
+"""The demo's token language and model: checkable digit tasks (three by default, up to eight with ``--agents``),
+a tiny Llama, greedy accuracy."""
 
 from __future__ import annotations
 
@@ -9,24 +10,55 @@ from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 DIGITS = 10
-TASK_TOKEN = {"shift": 10, "rev": 11, "sort": 12}
 EQ = 13
+# The three original tasks keep their tokens (and the 16-token vocabulary: the 3-agent runs are unchanged); the
+# five more of ``--agents`` 4..8 take tokens 14..18 in a 20-token vocabulary.
+TASK_TOKEN = {"shift": 10, "rev": 11, "sort": 12, "comp": 14, "rot": 15, "sortd": 16, "swap": 17, "dbl": 18}
+ALL_TASKS = ("shift", "rev", "sort", "comp", "rot", "sortd", "swap", "dbl")
 VOCAB = 16
-TASKS = ("shift", "rev", "sort")
+TASKS = ALL_TASKS[:3]
+
+
+def tasks_for(n: int) -> tuple[str, ...]:
+    """The first ``n`` tasks (3 ≤ n ≤ 8)."""
+    if not 1 <= n <= len(ALL_TASKS):
+        raise ValueError(f"between 1 and {len(ALL_TASKS)} agents, not {n}")
+    return ALL_TASKS[:n]
+
+
+def vocab_for(tasks: tuple[str, ...]) -> int:
+    """16 tokens while every task token fits (the three original tasks: bit-identical 3-agent runs), else 20."""
+    return VOCAB if max(TASK_TOKEN[t] for t in tasks) < VOCAB else 20
 
 
 def make_prompts(task: str, g: torch.Generator, n: int) -> tuple[Tensor, Tensor]:
     """``n`` prompts of ``task`` and their answers: prompt = [TASK, digits..., '='], answer = digits."""
     digits = torch.randint(0, DIGITS, (n, 5), generator=g)
-    if task == "shift":  # every digit + 3 (mod 10)
-        answer = (digits + 3) % DIGITS
-    elif task == "rev":
-        answer = digits.flip(1)
-    else:
-        answer = digits.sort(dim=1).values
+    answer = solve(task, digits)
     head = torch.full((n, 1), TASK_TOKEN[task])
     eq = torch.full((n, 1), EQ)
     return torch.cat([head, digits, eq], dim=1), answer
+
+
+def solve(task: str, digits: Tensor) -> Tensor:
+    """The checkable answer of ``task`` for rows of 5 digits."""
+    if task == "shift":  # every digit + 3 (mod 10)
+        return (digits + 3) % DIGITS
+    if task == "rev":
+        return digits.flip(1)
+    if task == "sort":
+        return digits.sort(dim=1).values
+    if task == "comp":  # 9 − digit
+        return DIGITS - 1 - digits
+    if task == "rot":  # rotate left by 2
+        return digits.roll(-2, dims=1)
+    if task == "sortd":  # sort descending
+        return digits.sort(dim=1, descending=True).values
+    if task == "swap":  # swap neighbours: d2 d1 d4 d3 d5
+        return digits[:, [1, 0, 3, 2, 4]]
+    if task == "dbl":  # 2·digit (mod 10)
+        return (2 * digits) % DIGITS
+    raise ValueError(f"unknown task {task!r}")
 
 
 def answer_len(task: str) -> int:
@@ -36,9 +68,9 @@ def answer_len(task: str) -> int:
 # -------------------------------------------------------------------------------------------------- the model
 
 
-def build_model(seed: int) -> LlamaForCausalLM:
+def build_model(seed: int, vocab: int = VOCAB, hidden: int = 96, intermediate: int = 256) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=96, intermediate_size=256, num_hidden_layers=3,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=16,
                          tie_word_embeddings=False, use_cache=False)
     return LlamaForCausalLM(config)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ram_live import merge
 
-from .lang import TASKS, accuracy, make_prompts
+from .lang import accuracy, make_prompts
 from .train import N, stage
 
 Data = dict[str, tuple[Tensor, Tensor]]
@@ -41,7 +41,7 @@ EXTRAPOLATION_SCALES = (1.0, 2.0, 4.0)
 def selection_split(test: Data, n: int, seed: int) -> Data:
     """``n`` prompts per task from their own generator, none of whose digit strings is a test prompt's."""
     out: Data = {}
-    for i, task in enumerate(TASKS):
+    for i, task in enumerate(test):
         taken = {tuple(row) for row in test[task][0][:, 1:].tolist()}
         g = torch.Generator().manual_seed(40_000 + 10 * seed + i)
         prompts, answers = [], []
@@ -56,7 +56,7 @@ def selection_split(test: Data, n: int, seed: int) -> Data:
 
 def scored(model: nn.Module, data: Data) -> dict[str, float]:
     acc = accuracy(model, data)
-    acc["mean"] = sum(acc[t] for t in TASKS) / N
+    acc["mean"] = sum(acc[t] for t in data) / len(data)
     return acc
 
 
@@ -152,8 +152,9 @@ def overtrained_study(agents: Mapping[str, Any], base: nn.Module, sel: Data, tes
     """One agent over-trained (τ × factor): the fixed defaults, the settings selected on the normal agents applied
     unchanged (frozen), and every search re-run on the over-trained agents (re-selected)."""
     ot = overtrained(agents, base, name, factor)
+    fixed = {k: ({**v, "scale": 1 / len(agents)} if k == "TA (1/N)" else v) for k, v in DEFAULTS.items()}
     defaults = {label: {"options": opts, "test": scored(merge(ot, base=base, **opts), test)}
-                for label, opts in DEFAULTS.items()}
+                for label, opts in fixed.items()}
     frozen = {label: {"options": row["best"], "test": scored(merge(ot, base=base, **row["best"]), test)}
               for label, row in normal.items()}
     reselected = search_rows(ot, base, sel, test, budget=budget, seed=seed, families=len(normal) > 1, log=log)
@@ -174,9 +175,10 @@ def summary(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def print_table(title: str, rows: Mapping[str, Mapping[str, Any]]) -> None:
     """``{label: {"test": acc, ["selection": s]}}`` as a table."""
-    head = f"{'setting':<24}" + "".join(f"{t:>8}" for t in TASKS) + f"{'mean':>8}{'select':>8}"
+    tasks = [t for t in next(iter(rows.values()))["test"] if t != "mean"]
+    head = f"{'setting':<24}" + "".join(f"{t:>8}" for t in tasks) + f"{'mean':>8}{'select':>8}"
     print(f"\n{title}\n{head}\n{'-' * len(head)}")
     for label, row in rows.items():
         acc, sel = row["test"], row.get("selection")
-        print(f"{label:<24}" + "".join(f"{acc[t]:>8.3f}" for t in TASKS) + f"{acc['mean']:>8.3f}"
+        print(f"{label:<24}" + "".join(f"{acc[t]:>8.3f}" for t in tasks) + f"{acc['mean']:>8.3f}"
               + (f"{sel:>8.3f}" if sel is not None else f"{'-':>8}"))

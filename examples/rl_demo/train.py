@@ -16,7 +16,7 @@ from transformers import LlamaForCausalLM
 from ram_live.importance import adam_importance, empirical_fisher
 from ram_live.store import SnapshotStore
 
-from .lang import TASKS, accuracy, answer_len, answer_logprobs, build_model, generate, make_prompts
+from .lang import TASKS, accuracy, answer_len, answer_logprobs, build_model, generate, make_prompts, vocab_for
 
 @dataclass(frozen=True)
 class Recipe:
@@ -39,6 +39,9 @@ class Settings:
     n_eval: int
     n_val: int
     n_sel: int  # selection prompts per task (disjoint from the test prompts), for search
+    hidden: int = 96  # the model's width (the sparse regime uses a wider one)
+    intermediate: int = 256
+    sft_replay: float = 0.125  # share of its batch a task keeps in SFT once it reached the target (0: none)
 
 
 # Recipes differ the way real agents' do: SGD moves only entries with large gradients (a sparse bf16 task
@@ -97,36 +100,42 @@ def stage(name: str, i: int, n: int, t0: float, extra: str = "") -> None:
 # ------------------------------------------------------------------------------------------------ training
 
 
-def train_base(s: Settings, seed: int, val: dict[str, tuple[Tensor, Tensor]]) -> tuple[LlamaForCausalLM, dict]:
-    """Brief supervised training on the three formats (loss on answer tokens), returned in bf16.
+def train_base(s: Settings, seed: int, val: dict[str, tuple[Tensor, Tensor]],
+               target: float = SFT_TARGET) -> tuple[LlamaForCausalLM, dict]:
+    """Brief supervised training on the tasks of ``val`` (its keys) (loss on answer tokens), returned in bf16.
 
     The tasks are learnt at very different speeds (``shift`` in ~100 steps, ``rev`` in a few hundred, with a
     sudden jump), so a fixed step count leaves one task solved and another not started. To make the base *partly*
-    competent on every task, whatever the seed, a task drops to 1/8 of its batch (replay) once its greedy validation accuracy
-    reaches ``SFT_TARGET`` (checked every 10 steps); SFT ends when every task has reached it, or at ``sft_steps``.
+    competent on every task, whatever the seed, a task drops to ``s.sft_replay`` (1/8) of its batch once its greedy
+    validation accuracy reaches ``target`` (``SFT_TARGET``; checked every 10 steps); SFT ends when every task has reached it, or at
+    ``sft_steps``.
     """
-    model = build_model(seed).train()
+    tasks = tuple(val)
+    replay = s.sft_replay
+    model = build_model(seed, vocab_for(tasks), s.hidden, s.intermediate).train()
     opt = torch.optim.AdamW(model.parameters(), lr=s.sft_lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(seed + 11)
     t0 = time.perf_counter()
-    active = {t: True for t in TASKS}
+    active = {t: True for t in tasks}
     reached: dict[str, int] = {}
     step = 0
     for step in range(1, s.sft_steps + 1):
         loss = torch.zeros(())
-        for task in TASKS:
-            p, a = make_prompts(task, g, s.sft_batch if active[task] else s.sft_batch // 8)
-            loss = loss - answer_logprobs(model, p, a).mean() * (1.0 if active[task] else 0.125)
+        for task in tasks:
+            if not active[task] and replay == 0:
+                continue
+            p, a = make_prompts(task, g, s.sft_batch if active[task] else int(s.sft_batch * replay))
+            loss = loss - answer_logprobs(model, p, a).mean() * (1.0 if active[task] else replay)
         opt.zero_grad()
         loss.backward()
         opt.step()
         if step % 10 == 0:
             acc = accuracy(model, val)
-            for t in TASKS:
-                if active[t] and acc[t] >= SFT_TARGET:
+            for t in tasks:
+                if active[t] and acc[t] >= target:
                     active[t] = False
                     reached[t] = step
-            stage("base (SFT)", step, s.sft_steps, t0, " ".join(f"{t} {acc[t]:.2f}" for t in TASKS))
+            stage("base (SFT)", step, s.sft_steps, t0, " ".join(f"{t} {acc[t]:.2f}" for t in tasks))
             model.train()
             if not any(active.values()):
                 break
