@@ -41,6 +41,8 @@ def load_callable(value: Any, option: str, *, from_cwd: bool = False) -> Callabl
         loaded = importlib.import_module(module)
     except ImportError as exc:
         raise ConfigError(f"{option}={value!r}: cannot import {module!r} ({exc})") from None
+    except Exception as exc:  # the module itself fails while it is imported (SyntaxError, NameError, ...)
+        raise ConfigError(f"{option}={value!r}: importing {module!r} raised {type(exc).__name__}: {exc}") from exc
     fn = getattr(loaded, name, None)
     if fn is None:
         raise ConfigError(f"{option}={value!r}: {module!r} has no function {name!r}")

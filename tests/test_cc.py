@@ -1,4 +1,4 @@
-"""The shared kernel loader (ram_live/cc.py): each family and each part of ram.c is compiled only when a call
+"""The shared kernel loader (ram_live/kernels/cc.py): each family and each part of ram.c is compiled only when a call
 first needs it, once per cache and flags, once per process; RAM_LIVE_NATIVE=0 turns every family off at any
 time; a part that does not build is named with the compiler's message. A wrapper around the real compiler
 records what it was asked to build."""

@@ -1,4 +1,4 @@
-"""The native encoder/decoder of the store's importance codes (ram_live/codes_native.py, csrc/impcodes.c) gives
+"""The native encoder/decoder of the store's importance codes (ram_live/kernels/codes.py, csrc/impcodes.c) gives
 the torch path's bits at every build level this host runs: codes, maxima, decoded importances and refusals, on
 random and edge inputs (zeros, -0.0, denormals, the float32 range's ends, NaN/Inf/negatives), every piece
 encoding, lengths off the vector width, one thread and split over threads."""

@@ -63,7 +63,7 @@ def test_nan_or_non_number_names_the_prompt(llama, tok, bad):
 def test_none_is_not_applicable_as_in_trl(tok):
     evaluate = rewards(PROMPTS[:3], [count_a], tokenizer=tok)
     evaluate.funcs = [lambda completions, **k: [1.0, None, 3.0]]
-    assert evaluate.score(["x", "y", "z"]) == (1.0 + 0 + 3.0) / 3
+    assert evaluate.score(["x", "y", "z"]) == (1.0 + 3.0) / 2  # the unscored prompt is left out (nanmean)
     assert evaluate.metrics["reward/count_a"] == 2.0
 
 
@@ -143,3 +143,8 @@ def test_conversational_prompts_need_a_chat_template(llama):
     tok.chat_template = None
     with pytest.raises(ConfigError, match="chat template"):
         rewards([{"prompt": [{"role": "user", "content": "a"}]}], count_a, tokenizer=tok)(llama)
+
+
+def test_a_column_named_as_an_argument_of_the_reward_functions_is_refused():
+    with pytest.raises(ConfigError, match=r"column\(s\) \['completions'\] would replace"):
+        load_prompts([{"prompt": "a", "completions": "x"}])

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ram_live import merge, search
+from ram_live.errors import EvaluationError
 from ram_live.evaluate import compute_score, rewards
 
 import evaluate_helpers as h
@@ -180,3 +181,36 @@ def test_verl_compute_score_adapter(llama, tok):
     assert evaluate(llama) == sum(1.0 if c.startswith(a[:1]) else 0.0
                                   for c, a in zip(completions, ANSWERS)) / len(PROMPTS)
     assert calls[0] == ("toy", "b", {"i": 0}) and "reward/my_score" in evaluate.metrics
+
+
+def test_the_models_own_generation_config_is_set_aside(tok):
+    """An instruct model ships sampling and penalty settings in its generation_config: greedy stays greedy, and the
+    model's config is back in place afterwards."""
+    m = h.model(0)
+    expected, completions = reference(m, tok, PROMPTS, ANSWERS)
+    m.generation_config.repetition_penalty = 1.3
+    m.generation_config.no_repeat_ngram_size = 2
+    m.generation_config.do_sample = True
+    m.generation_config.top_k = 3
+    saved = m.generation_config
+    evaluate = rewards(rows(), [count_a, starts_right], tokenizer=tok, max_new_tokens=MAX_NEW, batch_size=4,
+                       reward_weights=[1.0, 0.5])
+    assert evaluate(m) == expected
+    assert evaluate.completions == completions
+    assert m.generation_config is saved and m.generation_config.repetition_penalty == 1.3
+
+
+def test_prompts_no_function_scores_are_left_out_of_the_mean(llama, tok):
+    """TRL's nanmean: a prompt every function scores None does not count as 0."""
+    def odd_only(completions, **kwargs):
+        return [1.0 if i % 2 else None for i in range(len(completions))]
+
+    evaluate = rewards(rows(), [odd_only], tokenizer=tok, max_new_tokens=MAX_NEW)
+    assert evaluate(llama) == 1.0
+    assert evaluate.per_prompt[0] is None and evaluate.per_prompt[1] == 1.0
+
+    def never(completions, **kwargs):
+        return [None] * len(completions)
+
+    with pytest.raises(EvaluationError, match="every reward function returned None"):
+        rewards(rows(), [never], tokenizer=tok, max_new_tokens=MAX_NEW)(llama)

@@ -22,6 +22,10 @@ def test_more_threads_than_the_pool_get_their_own():
     got = pool.map_threads(lambda i: threading.current_thread().name, range(pool.POOL_THREADS + 2),
                            pool.POOL_THREADS + 2)
     assert all(n.startswith("ram-live-extra") for n in got)
+    # their threads count as the library's too: what they start runs in them or on threads of its own
+    inner = pool.map_threads(lambda i: (pool.in_pool_thread(), pool.submit(threading.current_thread).result().name),
+                             range(pool.POOL_THREADS + 2), pool.POOL_THREADS + 2)
+    assert all(flag and name.startswith("ram-live-extra") for flag, name in inner)
 
 
 def test_nested_use_from_every_pool_thread_does_not_deadlock():
@@ -53,10 +57,12 @@ def test_a_forked_child_makes_a_pool_of_its_own():
     parent = pool.shared_pool()
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # child: the parent's pool object has no threads here
-        ok = pool.shared_pool() is not parent and pool.map_threads(lambda i: i * 2, range(3)) == [0, 2, 4]
-        os.write(write, b"1" if ok else b"0")
-        os._exit(0)
+    if pid == 0:  # child: the parent's pool object has no threads here; never returns into pytest
+        try:
+            ok = pool.shared_pool() is not parent and pool.map_threads(lambda i: i * 2, range(3)) == [0, 2, 4]
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
     os.close(write)
     assert os.read(read, 1) == b"1"
     os.waitpid(pid, 0)

@@ -37,3 +37,6 @@ def test_from_cwd_imports_a_module_of_the_current_folder(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="cannot import"):
         load_callable("my_scores_x:score", "--eval")
     assert load_callable("my_scores_x:score", "--eval", from_cwd=True)(None) == 1.5
+    (tmp_path / "broken_scores_x.py").write_text("def score(model):\n    return 1\nraise NameError('typo')\n")
+    with pytest.raises(ConfigError, match="importing 'broken_scores_x' raised NameError: typo"):
+        load_callable("broken_scores_x:score", "--eval", from_cwd=True)

@@ -99,14 +99,18 @@ def generate_completions(model: Any, tokenizer: Any, prompt_ids: list[list[int]]
 
     eos = eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    # A complete config of our own, put in place of the model's while generating: transformers fills fields it
+    # was not given (and, in some versions, fields left at their defaults) from model.generation_config, where an
+    # instruct model keeps e.g. repetition_penalty or do_sample=True; greedy here means greedy.
     config = GenerationConfig(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
                               num_beams=1, use_cache=True, pad_token_id=pad, eos_token_id=eos or None,
                               bos_token_id=getattr(model.generation_config, "bos_token_id", None),
+                              repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0,
                               **({"temperature": float(settings.temperature), "top_p": float(settings.top_p),
                                   "top_k": int(settings.top_k)} if settings.do_sample else {}))
     device = _device_of(model)
     out: list[list[int]] = []
-    with _eval_mode(model), torch.no_grad(), _seeded(settings, device):
+    with _eval_mode(model), _generation_config(model, config), torch.no_grad(), _seeded(settings, device):
         for start in range(0, len(prompt_ids), settings.batch_size):
             batch = prompt_ids[start:start + settings.batch_size]
             input_ids, mask = left_pad(batch, pad, device)
@@ -137,6 +141,16 @@ def _eval_mode(model: Any) -> Iterator[None]:
         yield
     finally:
         model.train(training)
+
+
+@contextlib.contextmanager
+def _generation_config(model: Any, config: Any) -> Iterator[None]:
+    saved = model.generation_config
+    model.generation_config = config
+    try:
+        yield
+    finally:
+        model.generation_config = saved
 
 
 @contextlib.contextmanager

@@ -18,6 +18,9 @@ from ..errors import ConfigError
 
 __all__ = ["Prompts", "load_prompts"]
 
+#: Keyword arguments the reward functions get from the evaluation itself (a column of these names is refused).
+RESERVED = frozenset({"prompts", "completions", "completion_ids"})
+
 
 @dataclass(frozen=True)
 class Prompts:
@@ -108,6 +111,10 @@ def _from_rows(rows: list[Any], source: str) -> Prompts:
     kinds = {isinstance(r["prompt"], str) for r in rows}
     if len(kinds) > 1:
         raise ConfigError(f"{source} mixes plain-text and conversational prompts; use one kind")
+    taken = sorted(set(keys or []) & RESERVED)
+    if taken:
+        raise ConfigError(f"{source}: the column(s) {taken} would replace what the reward functions are given under "
+                          f"that name (prompts, completions, completion_ids); rename them")
     columns = {k: [r[k] for r in rows] for k in (keys or []) if k != "prompt"}
     return Prompts([r["prompt"] for r in rows], columns, source)
 

@@ -105,9 +105,16 @@ class Rewards:
         if len(completions) != n:
             raise ConfigError(f"rewards.score: {len(completions)} completions for {n} prompts")
         table = [self._run(i, fn, completions, completion_ids) for i, fn in enumerate(self.funcs)]
-        per_prompt = [sum(w * col[j] for w, col in zip(self.weights, table) if col[j] is not None)
-                      for j in range(n)]
-        score = sum(per_prompt) / n
+        # TRL: a prompt that every function scores None is left out of the mean (nanmean), not counted as 0
+        per_prompt: list[float | None] = [
+            None if all(col[j] is None for col in table)
+            else sum(w * col[j] for w, col in zip(self.weights, table) if col[j] is not None)
+            for j in range(n)]
+        scored = [r for r in per_prompt if r is not None]
+        if not scored:
+            raise EvaluationError(f"every reward function returned None for every one of the {n} prompts: "
+                                  "nothing to score", function=", ".join(self.names), index=None)
+        score = sum(scored) / len(scored)
         metrics = {"reward": score}
         for name, col in zip(self.names, table):
             given = [r for r in col if r is not None]

@@ -50,8 +50,8 @@ from .. import settings
 from ..errors import RamLiveError
 
 __all__ = ["COMMON_FLAGS", "FAMILIES", "Family", "KernelBuildError", "native_enabled", "cache_dir", "host_level",
-           "build_level", "flags", "source", "load", "bind", "kernels", "function", "builds", "prefetch", "load_library",
-           "is_x86"]
+           "build_level", "flags", "source", "load", "bind", "kernels", "function", "builds", "prefetch",
+           "load_library", "is_x86"]
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 #: Flags of every build: no FMA contraction (the torch paths' bits), no errno from math functions.

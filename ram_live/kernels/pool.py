@@ -23,6 +23,7 @@ R = TypeVar("R")
 #: Threads of the shared pool; a call that asks for more gets a pool of its own.
 POOL_THREADS = 8
 _PREFIX = "ram-live-pool"
+_EXTRA = "ram-live-extra"
 _POOL: ThreadPoolExecutor | None = None
 _LOCK = threading.Lock()
 
@@ -37,8 +38,9 @@ def shared_pool() -> ThreadPoolExecutor:
 
 
 def in_pool_thread() -> bool:
-    """Whether the caller is one of the shared pool's threads (which must not wait on that pool)."""
-    return threading.current_thread().name.startswith(_PREFIX)
+    """Whether the caller is one of the library's worker threads, the shared pool's or one of a pool of their own
+    (which must not wait on the shared pool: its threads may all be waiting on them)."""
+    return threading.current_thread().name.startswith((_PREFIX, _EXTRA))
 
 
 def map_threads(fn: Callable[[T], R], items: Iterable[T], threads: int | None = None) -> list[R]:
@@ -54,7 +56,7 @@ def map_threads(fn: Callable[[T], R], items: Iterable[T], threads: int | None = 
         return [fn(x) for x in items]
     threads = min(threads or len(items), len(items))
     if threads > POOL_THREADS or in_pool_thread():
-        with ThreadPoolExecutor(threads, thread_name_prefix="ram-live-extra") as pool:
+        with ThreadPoolExecutor(threads, thread_name_prefix=_EXTRA) as pool:
             return list(pool.map(fn, items))
     return list(shared_pool().map(fn, items))
 

@@ -1,4 +1,5 @@
-"""Native CPU kernels for snapshot capture (:func:`ram_live.store.encoding._encode` on CPU tensors of 2- or 4-byte entries).
+"""Native CPU kernels for snapshot capture (:func:`ram_live.store.encoding._encode` on CPU tensors of 2- or 4-byte
+entries).
 
 One pass over a range of the model and its base: compare the bits, store the mask as the bitmask (entry ``i`` is
 bit ``i % 8`` of byte ``i // 8``: numpy's ``bitorder="little"``, the store's format), the changed values after the

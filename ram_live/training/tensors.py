@@ -1,5 +1,5 @@
-"""Pieces of :mod:`ram_live.training.schedule`: the merge result, and the tensor plumbing of a schedule (the base cut into
-this process's boxes, merged values swapped in and out of a live model)."""
+"""Pieces of :mod:`ram_live.training.schedule`: the merge result, and the tensor plumbing of a schedule (the base cut
+into this process's boxes, merged values swapped in and out of a live model)."""
 
 from __future__ import annotations
 
