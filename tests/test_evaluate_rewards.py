@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ram_live import merge, search
-from ram_live.errors import EvaluationError
+from ram_live.errors import EvaluationError, UnsupportedInputError
 from ram_live.evaluate import compute_score, rewards
 
 import evaluate_helpers as h
@@ -214,3 +214,18 @@ def test_prompts_no_function_scores_are_left_out_of_the_mean(llama, tok):
 
     with pytest.raises(EvaluationError, match="every reward function returned None"):
         rewards(rows(), [never], tokenizer=tok, max_new_tokens=MAX_NEW)(llama)
+
+
+def test_a_folder_is_copied_into_model_index_and_shards_read_as_merge_inputs(tmp_path, tok):
+    """A candidate folder with model= given: its weights (sharded, through its index) go into that one model."""
+    candidate, into = h.model(1), h.model(0)
+    candidate.save_pretrained(tmp_path / "c", max_shard_size="20KB")
+    assert len(list((tmp_path / "c").glob("*.safetensors"))) > 1
+    assert list((tmp_path / "c").glob("*.safetensors.index.json"))
+    evaluate = rewards(rows(), [count_a, starts_right], tokenizer=tok, model=into, max_new_tokens=MAX_NEW,
+                       reward_weights=[1.0, 0.5])
+    assert evaluate(str(tmp_path / "c")) == reference(candidate, tok, PROMPTS, ANSWERS)[0]
+    assert all(torch.equal(a, b) for a, b in zip(into.state_dict().values(), candidate.state_dict().values()))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UnsupportedInputError, match="no \\*.safetensors file"):
+        evaluate(str(tmp_path / "empty"))

@@ -127,12 +127,9 @@ class Resolver:
 
 
 def _read_folder(folder: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
+    """The folder's tensors, read as every merge input is (:class:`~ram_live.io.sources.SafetensorsSource`: the
+    index when there is one, headers checked, regular files only), memory-mapped until copied into the model."""
+    from ..io.sources import SafetensorsSource
 
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise EvaluationError(f"rewards: {folder} holds no .safetensors file")
-    state: dict[str, Any] = {}
-    for f in files:
-        state.update(load_file(os.fspath(f)))
-    return state
+    source = SafetensorsSource(folder)
+    return {key: source.get(key) for key in source.keys()}
