@@ -40,3 +40,12 @@ def test_from_cwd_imports_a_module_of_the_current_folder(tmp_path, monkeypatch):
     (tmp_path / "broken_scores_x.py").write_text("def score(model):\n    return 1\nraise NameError('typo')\n")
     with pytest.raises(ConfigError, match="importing 'broken_scores_x' raised NameError: typo"):
         load_callable("broken_scores_x:score", "--eval", from_cwd=True)
+
+
+def test_a_python_file_path_as_verl_names_its_reward_function(tmp_path):
+    (tmp_path / "my_reward.py").write_text("def compute_score(d, s, g, e=None):\n    return 2.5\n")
+    assert load_callable(f"{tmp_path / 'my_reward.py'}:compute_score", "score")("toy", "x", "y") == 2.5
+    with pytest.raises(ConfigError, match="'nothing'"):
+        load_callable(f"{tmp_path / 'my_reward.py'}:nothing", "score")
+    with pytest.raises(ConfigError, match="no file .*absent.py"):
+        load_callable(f"{tmp_path / 'absent.py'}:compute_score", "score")

@@ -13,8 +13,6 @@ folder (on ``ram.rewards.device``, default CUDA when available) and scored there
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ram_live.errors import ConfigError
@@ -68,7 +66,8 @@ def rewards_evaluation(values: Mapping[str, Any], base_dir: str | None) -> Calla
     if values.get("reward"):
         fn = load_callable(values["reward"], "ram.rewards.reward")
     else:
-        fn = compute_score(_load_score(values.get("compute_score") or "verl.utils.reward_score:default_compute_score"))
+        fn = compute_score(load_callable(values.get("compute_score") or "verl.utils.reward_score:default_compute_score",
+                                         "ram.rewards.compute_score"))
     device = values.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
     state: dict[str, Any] = {}
 
@@ -82,18 +81,3 @@ def rewards_evaluation(values: Mapping[str, Any], base_dir: str | None) -> Calla
 
     return evaluate
 
-
-def _load_score(spec: str) -> Callable[..., Any]:
-    """A dotted path, or verl's ``/path/to/file.py:name``."""
-    file, sep, name = str(spec).rpartition(":")
-    if sep and file.endswith(".py"):
-        if not Path(file).is_file():
-            raise ConfigError(f"ram.rewards.compute_score: no file {file}")
-        module_spec = importlib.util.spec_from_file_location(f"ram_verl_reward_{Path(file).stem}", file)
-        module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
-        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
-        fn = getattr(module, name, None)
-        if not callable(fn):
-            raise ConfigError(f"ram.rewards.compute_score: {file} has no function {name!r}")
-        return fn
-    return load_callable(spec, "ram.rewards.compute_score")

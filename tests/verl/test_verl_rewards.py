@@ -12,7 +12,8 @@ pytest.importorskip("transformers")
 
 from ram_live.errors import ConfigError  # noqa: E402
 from ram_live.integrations.verl import RAMVerl, options_from_mapping  # noqa: E402
-from ram_live.integrations.verl.rewards import _load_score, run_reward_function  # noqa: E402
+from ram_live.integrations.verl.rewards import run_reward_function  # noqa: E402
+from ram_live.loading import load_callable  # noqa: E402
 from ram_live.store import SnapshotStore  # noqa: E402
 
 import evaluate_helpers as h  # noqa: E402
@@ -81,7 +82,7 @@ def test_the_runs_custom_reward_function_file(tmp_path):
     config = {"custom_reward_function": {"path": str(tmp_path / "my_reward.py"), "name": "compute_score"}}
     spec = run_reward_function(config)
     assert spec == f"{tmp_path / 'my_reward.py'}:compute_score"
-    assert _load_score(spec)("toy", "x", "y") == 2.5
+    assert load_callable(spec, "ram.rewards.compute_score")("toy", "x", "y") == 2.5
     assert run_reward_function({"reward": {"custom_reward_function": {"path": "f.py", "name": None}}}) == \
         "f.py:compute_score"
     assert run_reward_function({}) is None
