@@ -141,6 +141,12 @@ def test_a_manifest_with_its_checksum_removed_or_changed_is_refused(tmp_path):
     assert same(read_all(store.root), agent)
 
 
+def flip_last_byte(path):
+    """One bit of the file's last byte flipped: a checksum mismatch, sizes intact."""
+    damaged = bytearray(path.read_bytes())
+    damaged[-1] ^= 0x10
+    path.write_bytes(bytes(damaged))
+
 def test_cli_verify_reports_damage_with_exit_status_1(tmp_path, capsys):
     from ram_live.cli import main
 
@@ -149,9 +155,7 @@ def test_cli_verify_reports_damage_with_exit_status_1(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["checked"] == 3 and report["problems"] == 0
     (data,) = data_files(store.root)
-    damaged = bytearray(data.read_bytes())
-    damaged[-1] ^= 0x10
-    data.write_bytes(bytes(damaged))
+    flip_last_byte(data)
     assert main(["stores", str(store.root), "--verify"]) == 1
     out = capsys.readouterr().out
     assert "checksum mismatch" in out and data.name in out and "1 with problems" in out
@@ -173,9 +177,7 @@ def test_a_store_object_reused_after_a_failed_base_check_fails_the_same_way(tmp_
 
     store, _, _ = build(tmp_path / "s")
     (base_file,) = base_files(store.root)
-    damaged = bytearray(base_file.read_bytes())
-    damaged[-1] ^= 0x10
-    base_file.write_bytes(bytes(damaged))
+    flip_last_byte(base_file)
     store = SnapshotStore(store.root, create=False)
     snaps = store.latest_all()
     errors = _errors(lambda: ram_merge(snaps)) + _errors(lambda: ram_merge(store.latest_all()))
@@ -193,9 +195,7 @@ def test_a_store_object_reused_after_a_failed_snapshot_check_fails_the_same_way(
 
     store, base, _ = build(tmp_path / "s")
     (data,) = data_files(store.root)
-    damaged = bytearray(data.read_bytes())
-    damaged[-1] ^= 0x10
-    data.write_bytes(bytes(damaged))
+    flip_last_byte(data)
     store = SnapshotStore(store.root, create=False)
     snaps = store.latest_all()
     errors = _errors(lambda: ram_merge(snaps)) + _errors(lambda: ram_merge({"a": store.open("a", STEP)}))
