@@ -1,5 +1,6 @@
-"""The threads that share a tensor's chunks: how many (:func:`default_workers`), the pool every merge shares, and
-the walk of the native kernels over a tensor's ranges (every ``workers``-th range per worker)."""
+"""The threads that share a tensor's chunks: how many (:func:`default_workers`), run on the library's one pool
+(:mod:`ram_live.kernels.pool`), and the walk of the native kernels over a tensor's ranges (every ``workers``-th
+range per worker)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from typing import Any, Callable
 
 import torch
 
-from ..kernels.pool import POOL_THREADS, map_threads, shared_pool
+from ..kernels.pool import POOL_THREADS, map_threads
 from .stream import DeltaStream
 
 __all__ = ["NATIVE_CHUNK", "POOL_THREADS", "default_workers", "worker_count", "in_workers", "in_native_workers",
-           "native_walk", "shared_pool"]
+           "native_walk"]
 
 #: Entries per call of the native CPU kernels (threads take every ``workers``-th range of a tensor).
 NATIVE_CHUNK = 1 << 18

@@ -13,9 +13,9 @@ from torch import Tensor
 
 from .. import functional as F
 from ..io.memory import advise_hugepages
+from ..kernels.pool import map_threads
 from ..methods import Activity
 from .errors import CorruptSnapshotError
-from ..kernels.pool import map_threads
 from .format import bits_of
 
 
@@ -112,8 +112,6 @@ def encode(cur: Tensor, base: Tensor, activity: Activity, to_cpu: bool = True, s
         values = values.cpu()
         positions = positions.cpu() if positions is not None else None
     return Encoded(encoding, count, values, positions)
-
-
 
 
 def _scan(np: Any, cn: Any, bn: Any, start: int, end: int) -> tuple[Any, int, list[tuple[str, Any]]]:
