@@ -105,7 +105,6 @@ def generate_completions(model: Any, tokenizer: Any, prompt_ids: list[list[int]]
     config = GenerationConfig(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
                               num_beams=1, use_cache=True, pad_token_id=pad, eos_token_id=eos or None,
                               bos_token_id=getattr(model.generation_config, "bos_token_id", None),
-                              repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0,
                               **({"temperature": float(settings.temperature), "top_p": float(settings.top_p),
                                   "top_k": int(settings.top_k)} if settings.do_sample else {}))
     device = _device_of(model)
