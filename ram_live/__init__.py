@@ -10,9 +10,9 @@ import torch; ``from ram_live import merge`` works as before.
 from __future__ import annotations
 
 import importlib
-import sys
 import importlib.abc
 import importlib.machinery
+import sys
 from types import ModuleType  # (not `import types`: the submodule ram_live.types would replace it here)
 from typing import Any
 

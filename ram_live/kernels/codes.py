@@ -5,8 +5,8 @@ path's bits (tested at every build level).
 Encoding reads a piece's importances once, at its stored entries (all of them, int32/int64 indices or a
 bitmask), block by block: it checks them and writes their codes against the running maximum; codes written
 before the maximum last grew are moved to it afterwards (a pass over those codes only). Tensors of at least
-``SPLIT`` stored entries are split over threads (ctypes releases the GIL). :func:`kernels` is None without a C compiler or with ``RAM_LIVE_NATIVE=0``: the store then
-uses the torch path.
+``SPLIT`` stored entries are split over threads (ctypes releases the GIL). :func:`kernels` is None without a C
+compiler or with ``RAM_LIVE_NATIVE=0``: the store then uses the torch path.
 """
 
 from __future__ import annotations
