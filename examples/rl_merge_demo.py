@@ -64,7 +64,7 @@ from ram_live.store import SnapshotStore
 
 from rl_demo import selection as sel_
 from rl_demo import curvature as curv_
-from rl_demo import regimes
+from rl_demo import regimes, reuse
 from rl_demo.lang import ALL_TASKS, accuracy, make_prompts, tasks_for
 from rl_demo.studies import eps_sweep, module_of, plot_results, sign_agreement
 from rl_demo.train import (CONVERGED_QUICK_RECIPE, CONVERGED_RECIPE, R_SWEEP, SGD_RECIPES, TA_GRID, TA_GRID_FINE,
@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="TA (tuned) on a finer scale grid and a TIES (tuned) row (density), both on validation")
     parser.add_argument("--extrapolation", action="store_true",
                         help="each agent alone, base + s·τ for s = 0.5, 1, 2 (the control for convergence)")
+    parser.add_argument("--reuse-trained", action="store_true",
+                        help="take the base and specialists an earlier run with the same seed and settings left in "
+                             "--out (trained.json/.pt, base.safetensors, store/) instead of training them again")
+    parser.add_argument("--train-only", action="store_true",
+                        help="train the base and specialists, keep them in --out (for --reuse-trained), stop")
     args = parser.parse_args(argv)
     if args.converged and args.recipes != "mixed":
         parser.error("--converged sets every agent's recipe: not with --recipes")
@@ -141,26 +146,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # the selection split of search: its own generator, and no digit string of a test prompt
     sel = sel_.selection_split(test, s.n_sel, args.seed)
 
-    # 1. base
+    # 1. base, 2. specialists through the snapshot store (or both as an earlier run with these settings left them)
     t0 = time.perf_counter()
-    base, sft_info = train_base(s, args.seed, val, target=sft_target)
-    timings["base_sft"] = time.perf_counter() - t0
+    trained = reuse.load(out, args, s, tasks, sft_target) if args.reuse_trained else None
+    if trained is not None:
+        base, store, rl, kept, sft_info = trained
+        timings["reused_training"] = time.perf_counter() - t0
+        print(f"reusing the base and specialists trained earlier in {out}")
+    else:
+        base, sft_info = train_base(s, args.seed, val, target=sft_target)
+        timings["base_sft"] = time.perf_counter() - t0
+        store_dir = out / "store"
+        if store_dir.exists():
+            shutil.rmtree(store_dir)
+        store = SnapshotStore(store_dir, durable=False)
+        rl: dict[str, Any] = {}
+        kept: dict[str, dict[str, Any]] = {t: {} for t in tasks}  # each agent's final importances (raw, bias-corr.)
+        t0 = time.perf_counter()
+        for i, task in enumerate(tasks):
+            rl[task] = grpo(base, task, s.recipes[task], s, seed=args.seed * 100 + i + 1, store=store, sel=sel[task],
+                            keep=kept[task])
+        timings["rl"] = time.perf_counter() - t0
+        reuse.save(out, args, s, tasks, sft_target, base, rl, kept, sft_info)
+    if args.train_only:
+        print(f"trained; kept in {out} for --reuse-trained")
+        return {"trained": str(out)}
     from safetensors.torch import save_file
 
-    save_file({k: v.contiguous() for k, v in base.state_dict().items()}, str(out / "base.safetensors"))
-
-    # 2. specialists, through the snapshot store
-    store_dir = out / "store"
-    if store_dir.exists():
-        shutil.rmtree(store_dir)
-    store = SnapshotStore(store_dir, durable=False)
-    rl: dict[str, Any] = {}
-    kept: dict[str, dict[str, Any]] = {t: {} for t in tasks}  # each agent's final importances (raw, bias-corrected)
-    t0 = time.perf_counter()
-    for i, task in enumerate(tasks):
-        rl[task] = grpo(base, task, s.recipes[task], s, seed=args.seed * 100 + i + 1, store=store, sel=sel[task],
-                        keep=kept[task])
-    timings["rl"] = time.perf_counter() - t0
     agents = store.latest_all(tasks)
 
     dstudy: list[dict[str, Any]] = []

@@ -68,10 +68,15 @@ class RamFields:
     exclude: tuple[str, ...] = _option((), "agents to leave out of the merge, as if they were not passed "
                                            "(comma-separated names); at least one must remain",
                                        parse=_names, metavar="NAMES", kw_only=True)
+    shared: str = _option("mean", "entries two or more agents updated: 'mean' (the paper's RAM: the mean over those "
+                                  "agents) or 'sign' (the mean over those of them whose update has the sign of that "
+                                  "mean: conflict-aware, docs/methods.md); default mean",
+                          choices=("mean", "sign"), kw_only=True)
 
     def __post_init__(self) -> None:
         check_range("eps", self.eps, 0.0)
         check_choice("activity", self.activity, choices(RamFields, "activity"))
+        check_choice("shared", self.shared, choices(RamFields, "shared"))
         if self.lambdas is not None:
             object.__setattr__(self, "lambdas", check_lambdas(self.lambdas))  # a fresh {agent: float}
         object.__setattr__(self, "exclude", check_names("exclude", self.exclude))
@@ -112,7 +117,7 @@ class RamOptions(RamPlusFields):
     naming the option.
 
     Args:
-        variant, r, alpha, eps, activity, rho_scope, lambdas, exclude: see each field's help
+        variant, r, alpha, eps, activity, rho_scope, lambdas, exclude, shared: see each field's help
             (``RamOptions.help()``).
 
     Example:

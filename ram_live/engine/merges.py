@@ -20,23 +20,23 @@ __all__ = ["merge_native", "merge_native_weighted", "merge_fused", "merge_stream
 
 
 def merge_native(stream: DeltaStream, flat: Tensor, kernels: Any, lambdas: Tensor | None, eps: float,
-                 workers: int) -> None:
-    """The native RAM kernel over the stream's ranges, in threads."""
+                 workers: int, sign: bool = False) -> None:
+    """The native RAM kernel over the stream's ranges, in threads (``sign``: RAM's ``shared="sign"``)."""
     def job(worker: int, n_workers: int) -> int:
         return threads.native_walk(stream, worker, n_workers, lambda start, end: kernels.merge(
-            flat, stream.base, stream.tensors, lambdas, eps, start, end))
+            flat, stream.base, stream.tensors, lambdas, eps, start, end, sign=sign))
 
     if any(threads.in_native_workers(stream, workers, job)):
         stream.raise_nonfinite(0, stream.numel, flat)
 
 
 def merge_native_weighted(stream: DeltaStream, flat: Tensor, kernels: Any, importances: list[Tensor],
-                          lambdas: Tensor | None, eps: float, workers: int) -> None:
+                          lambdas: Tensor | None, eps: float, workers: int, sign: bool = False) -> None:
     """:func:`merge_native` with importances; the kernel counts invalid importances with the non-finite
     results, and either names its culprit."""
     def job(worker: int, n_workers: int) -> int:
         return threads.native_walk(stream, worker, n_workers, lambda start, end: kernels.merge_weighted(
-            flat, stream.base, stream.tensors, importances, lambdas, eps, start, end))
+            flat, stream.base, stream.tensors, importances, lambdas, eps, start, end, sign=sign))
 
     if any(threads.in_native_workers(stream, workers, job)):
         stream.validate_auxiliary()
@@ -44,7 +44,7 @@ def merge_native_weighted(stream: DeltaStream, flat: Tensor, kernels: Any, impor
 
 
 def merge_fused(stream: DeltaStream, flat: Tensor, lambdas: Tensor | None, eps: float,
-                importances: list[Tensor] | None = None) -> None:
+                importances: list[Tensor] | None = None, sign: bool = False) -> None:
     """Each chunk merged by the compiled :func:`ram_live.functional.ram_fused_` (with ``importances``:
     :func:`~ram_live.functional.ram_fused_weighted_`) straight into ``flat`` (through a scratch chunk when
     ``flat`` lives on another device)."""
@@ -52,12 +52,13 @@ def merge_fused(stream: DeltaStream, flat: Tensor, lambdas: Tensor | None, eps: 
     scratch = None if flat.device == stream.device else torch.empty(
         min(stream.numel, stream.fused_chunk), dtype=flat.dtype, device=stream.device)
     kernel_fn = F.ram_fused_ if importances is None else F.ram_fused_weighted_
-    for start, end, kernel, base, agents in stream.fused_chunks(kernel_fn, lambdas is None):
+    key = (lambdas is None, "sign") if sign else lambdas is None  # the plain builds keep the compile check's key
+    for start, end, kernel, base, agents in stream.fused_chunks(kernel_fn, key):
         written = flat[start:end] if scratch is None else scratch[: end - start]
         if importances is None:
-            kernel(written, base, agents, lambdas, eps)
+            kernel(written, base, agents, lambdas, eps, sign)
         else:
-            kernel(written, base, agents, [h[start:end] for h in importances], lambdas, eps)
+            kernel(written, base, agents, [h[start:end] for h in importances], lambdas, eps, sign)
         bad += nonfinite(written)
         if scratch is not None:
             flat[start:end].copy_(written)

@@ -33,6 +33,7 @@ from .activity import (
     narrower_dtype,
 )
 from .combine import (
+    elect,
     importance_weights,
     overlap_counts,
     ram_combine,
@@ -50,6 +51,7 @@ __all__ = [
     "activity_mask",
     "overlap_counts",
     "ram_combine",
+    "elect",
     "ram_statistics",
     "rho",
     "ram_lambda",

@@ -22,29 +22,66 @@ class RamAccumulator:
     >>> acc.begin(2); acc.add(0, torch.tensor([0.5, 0.0])); acc.add(1, torch.tensor([0.25, 0.0]))
     >>> acc.merged(torch.tensor([1.0, -0.0]))
     tensor([1.3750, -0.0000])
+
+    ``sign=True`` (the ``shared="sign"`` option): where two or more agents are active, the mean over those whose τ
+    has the sign of Σ τ (all of them where Σ τ is 0). Beside Σ −τ and the count it keeps Σ −τ and the count of the
+    positive and of the negative τ, each added in the agents' order; the native and compiled kernels do the
+    same operations in the same order.
     """
 
     def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
-                 lambdas: Sequence[float] | None = None) -> None:
+                 lambdas: Sequence[float] | None = None, sign: bool = False) -> None:
         capacity = max(capacity, 1)
         self._masks = torch.empty(k, capacity, dtype=dtype, device=device)
         self._buf = torch.empty(4, capacity, dtype=dtype, device=device)
         self.lambdas = None if lambdas is None else torch.tensor(list(lambdas), dtype=dtype, device=device)
+        self.sign = sign
+        self._sides = torch.empty(5, capacity, dtype=dtype, device=device) if sign else None
+        self._side_mask = torch.empty(capacity, dtype=torch.bool, device=device) if sign else None
 
     def begin(self, n: int) -> None:
         self.masks = self._masks[:, :n]
         self.neg_sum, self.count, self.tmp, self.weight = (row[:n] for row in self._buf)
         self.neg_sum.zero_()
         self.count.zero_()
+        if self._sides is not None:
+            self.sides = self._sides[:4, :n].zero_()  # Σ −τ and Σ w over τ > 0, then over τ < 0
+            self.side_tmp, self.side_mask = self._sides[4, :n], self._side_mask[:n]  # type: ignore[index]
 
     def add(self, t: int, delta: Tensor) -> None:
         # counted row by row: a sum over the [K, C] masks would exceed torch's grain and hop threads
         torch.ne(delta, 0, out=self.masks[t])
         self.count.add_(self.masks[t])
         self.neg_sum.sub_(delta)
+        if self.sign:
+            self._add_sides(delta, delta, None)
+
+    def _add_sides(self, delta: Tensor, weighted: Tensor, weight: Tensor | None) -> None:
+        """Σ −(w·τ) and Σ w (w = 1 unweighted) of the positive τ (``sides[0:2]``) and the negative (``[2:4]``)."""
+        for side, compare in ((0, torch.gt), (2, torch.lt)):
+            compare(delta, 0, out=self.side_mask)
+            self.sides[side].sub_(torch.mul(weighted, self.side_mask, out=self.side_tmp))
+            if weight is None:
+                self.sides[side + 1].add_(self.side_mask)
+            else:
+                self.sides[side + 1].add_(torch.mul(weight, self.side_mask, out=self.side_tmp))
+
+    def _elected(self, mean: Tensor) -> Tensor:
+        """``mean`` (Σ −τ / norm) where Σ τ is 0 or NaN, else the elected side's Σ −τ / Σ w (in place)."""
+        pos = torch.div(self.sides[0], self.sides[1], out=self.sides[1])
+        neg = torch.div(self.sides[2], self.sides[3], out=self.sides[3])
+        torch.where(self.neg_sum > 0, neg, mean, out=mean)
+        return torch.where(self.neg_sum < 0, pos, mean, out=mean)
 
     def merged(self, base: Tensor) -> Tensor:
         """θ₀ + τ* for this chunk (a view of internal scratch: copy it out before the next chunk)."""
+        if self.sign:
+            mean = torch.div(self.neg_sum, torch.clamp(self.count, min=1.0, out=self.tmp), out=self.weight)
+            mean = self._elected(mean)
+            if self.lambdas is not None:
+                unique_scaled = torch.mv(self.masks.T, self.lambdas, out=self.tmp).mul_(self.neg_sum)
+                torch.where(self.count == 1.0, unique_scaled, mean, out=mean)
+            return torch.sub(base, mean, out=self.tmp)
         if self.lambdas is None:
             torch.clamp(self.count, min=1.0, out=self.tmp)
             self.neg_sum.div_(self.tmp)
@@ -75,8 +112,8 @@ class WeightedRamAccumulator(RamAccumulator):
     """
 
     def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
-                 lambdas: Sequence[float] | None = None) -> None:
-        super().__init__(capacity, k, device, dtype, lambdas)
+                 lambdas: Sequence[float] | None = None, sign: bool = False) -> None:
+        super().__init__(capacity, k, device, dtype, lambdas, sign)
         capacity = max(capacity, 1)
         self._wbuf = torch.empty(4, capacity, dtype=dtype, device=device)
         self._up = torch.empty(capacity, dtype=torch.bool, device=device)
@@ -100,6 +137,8 @@ class WeightedRamAccumulator(RamAccumulator):
             r = torch.where(self.up, torch.div(self.top, h, out=self.scratch), 1.0)
             self.neg_sum.mul_(r)
             self.total.mul_(r)
+            if self.sign:
+                self.sides.mul_(r)
             torch.where(self.up, h, self.top, out=self.top)
             # h / M where active with M > 0; 1 where active with M = 0; 0 where inactive (h / M may be Inf there)
             w = torch.where((self.top > 0).logical_and_(mask.bool()), torch.div(h, self.top, out=self.scratch), mask)
@@ -108,11 +147,15 @@ class WeightedRamAccumulator(RamAccumulator):
             w = mask
         self.neg_sum.sub_(torch.mul(w, delta, out=self.w))
         self.total.add_(w)
+        if self.sign:
+            self._add_sides(delta, self.w, w)
 
     def merged(self, base: Tensor) -> Tensor:
         """θ₀ + τ* for this chunk (a view of internal scratch: copy it out before the next chunk)."""
         torch.clamp(self.total, min=1.0, out=self.tmp)
         mean = torch.div(self.neg_sum, self.tmp, out=self.scratch)
+        if self.sign:
+            mean = self._elected(mean)
         if self.lambdas is not None:
             unique_scaled = torch.mv(self.masks.T, self.lambdas, out=self.tmp).mul_(self.neg_sum)
             torch.eq(self.count, 1.0, out=self.weight)

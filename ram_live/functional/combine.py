@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["importance_weights", "overlap_counts", "ram_combine", "ram_statistics", "task_arithmetic_combine",
+__all__ = ["elect", "importance_weights", "overlap_counts", "ram_combine", "ram_statistics", "task_arithmetic_combine",
            "task_deltas_"]
 
 
@@ -27,21 +27,32 @@ def overlap_counts(deltas: Tensor) -> Tensor:
     return torch.count_nonzero(deltas, dim=0).to(torch.float32)
 
 
-def ram_combine(deltas: Tensor, lambdas: Tensor | None = None, importance: Tensor | None = None) -> Tensor:
+def ram_combine(deltas: Tensor, lambdas: Tensor | None = None, importance: Tensor | None = None,
+                sign: bool = False) -> Tensor:
     """Paper Eq. 7 on thresholded deltas: 0 where no agent is active, λ_t·τ_t where only agent t is, and the
     mean over the active agents where two or more are. ``lambdas=None`` is plain RAM (λ = 1). ``importance``
-    (``[K, C]``, non-negative): the mean is weighted by it (:func:`importance_weights`)."""
+    (``[K, C]``, non-negative): the mean is weighted by it (:func:`importance_weights`). ``sign``: the shared
+    entries' mean over only the active agents whose τ has the sign of the mean over all of them (:func:`elect`)."""
     counts = overlap_counts(deltas)
-    if importance is None:
-        total, norm = deltas.sum(dim=0), counts
-    else:
-        weights = importance_weights(deltas, importance)
-        total, norm = (deltas * weights).sum(dim=0), weights.sum(dim=0)
-    mean = total.div_(norm.clamp(min=1.0))
+    weights = None if importance is None else importance_weights(deltas, importance)
+    total = deltas.sum(dim=0) if weights is None else (deltas * weights).sum(dim=0)
+    norm = counts if weights is None else weights.sum(dim=0)
+    mean = total / norm.clamp(min=1.0)
+    if sign:
+        agree = elect(deltas, total)
+        kept = deltas * agree if weights is None else deltas * weights * agree
+        kept_norm = agree.sum(dim=0, dtype=deltas.dtype) if weights is None else (weights * agree).sum(dim=0)
+        mean = torch.where(total != 0, kept.sum(dim=0) / kept_norm, mean)
     if lambdas is None:
         return mean
     scaled = lambdas.to(deltas.dtype) @ deltas
     return torch.where(counts == 1, scaled, mean)
+
+
+def elect(deltas: Tensor, total: Tensor) -> Tensor:
+    """Per entry, the agents whose τ has the sign of ``total`` (the shared mean's numerator, Σ τ or Σ w·τ): a
+    ``[K, C]`` bool mask; where ``total`` is 0 or NaN, every agent with τ ≠ 0."""
+    return torch.where(total > 0, deltas > 0, torch.where(total < 0, deltas < 0, deltas != 0))
 
 
 def importance_weights(deltas: Tensor, importance: Tensor) -> Tensor:

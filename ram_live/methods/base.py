@@ -71,6 +71,7 @@ class MethodKernels:
         single_read: with global counts (``needs_statistics``) and an in-memory output, the merge that reads the
             inputs once: merged as λ = 1 while counting, λ applied afterwards where one agent alone updated.
         scaled: whether λ reaches the kernels (the build the compile check warms up).
+        sign: the shared entries' mean over the agents that agree with its sign (RAM's ``shared="sign"``).
 
     Example:
         >>> MethodKernels(scaled=True).native
@@ -81,6 +82,7 @@ class MethodKernels:
     compiled: bool = True
     single_read: bool = False
     scaled: bool = False
+    sign: bool = False
 
 
 @dataclass(frozen=True)

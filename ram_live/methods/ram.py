@@ -35,6 +35,12 @@ class RamConfig(RamFields):
     ``exclude``: names of agents to leave out of the merge, as if they were not passed (the search's
     leave-one-out candidates); at least one agent must remain.
 
+    ``shared`` (every RAM variant; not the paper's rule unless ``"mean"``, the default): ``"sign"`` makes the
+    shared region conflict-aware. Where two or more agents are active, the mean runs over those whose τ has the
+    sign of the plain mean (of Σ w·τ with importances), and the others are left out; where that sum is 0, it stays
+    the plain mean (0). Where every active agent agrees in sign, this is RAM's value, bit for bit, and unique
+    entries and λ are unchanged (docs/methods.md).
+
     >>> cfg = RamConfig(lambdas={"coder": 2.0, "tools": 0.5})
     >>> cfg.lambdas["coder"]
     2.0
@@ -147,7 +153,11 @@ def _ram_needs_statistics(config: RamConfig) -> bool:
 def _ram_accumulator(config: RamConfig, lambdas: Tensor | None, capacity: int, k: int, device: torch.device,
                      dtype: torch.dtype, auxiliary: tuple[str, ...] = ()) -> F.RamAccumulator:
     cls = F.WeightedRamAccumulator if "importance" in auxiliary else F.RamAccumulator
-    return cls(capacity, k, device, dtype, None if lambdas is None else lambdas.tolist())
+    return cls(capacity, k, device, dtype, None if lambdas is None else lambdas.tolist(), sign=_sign(config))
+
+
+def _sign(config: Any) -> bool:
+    return getattr(config, "shared", "mean") == "sign"
 
 
 def ram_kernels(config: Any) -> MethodKernels:
@@ -159,7 +169,8 @@ def ram_kernels(config: Any) -> MethodKernels:
         (True, False)
     """
     scaled = getattr(config, "variant", "ram") != "ram" or getattr(config, "lambdas", None) is not None
-    return MethodKernels(native=True, compiled=True, single_read=True, scaled=scaled)
+    # the single read merges as plain RAM while counting: not the sign rule (that merge counts first, then merges)
+    return MethodKernels(native=True, compiled=True, single_read=not _sign(config), scaled=scaled, sign=_sign(config))
 
 
 def ram_overflow_bound(config: RamConfig, run_state: Any) -> float:
@@ -185,7 +196,8 @@ for _name, _cls, _desc in (
     register_method(
         _name,
         _cls,
-        lambda deltas, ctx, config: F.ram_combine(deltas, ctx.state, (ctx.auxiliary or {}).get("importance")),
+        lambda deltas, ctx, config: F.ram_combine(deltas, ctx.state, (ctx.auxiliary or {}).get("importance"),
+                                                  sign=_sign(config)),
         setup=_ram_setup,
         prepare=_ram_prepare,
         activity=ram_activity,
