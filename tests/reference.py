@@ -21,7 +21,7 @@ def portable_randn(shape, generator: torch.Generator) -> torch.Tensor:
     return (total - 2.0) * _IRWIN_HALL_SCALE
 
 
-def ref_ram(base, agents, variant="ram_plus", r=0.1, alpha=2.0, eps=1e-5, scope="global"):
+def ref_ram(base, agents, variant="ram_plus", r=0.1, alpha=2.0, eps=1e-5, scope="global", shared="mean"):
     keys = [k for k in base if base[k].dtype.is_floating_point]
     taus = {k: torch.stack([a[k].float() - base[k].float() for a in agents]) for k in keys}
     masks = {k: taus[k].abs() > eps for k in keys}
@@ -51,6 +51,11 @@ def ref_ram(base, agents, variant="ram_plus", r=0.1, alpha=2.0, eps=1e-5, scope=
         tau = taus[k].double() * masks[k]
         c = masks[k].sum(0)
         mean = tau.sum(0) / c.clamp(min=1)
+        if shared == "sign":  # the mean over the active agents whose τ has the sign of Σ τ (Σ τ = 0: the mean, 0)
+            total = tau.sum(0)
+            agree = torch.where(total > 0, tau > 0, tau < 0)
+            kept = (tau * agree).sum(0) / agree.sum(0).clamp(min=1)
+            mean = torch.where(total != 0, kept, mean)
         scaled = (torch.tensor(lam, dtype=torch.float64).view(-1, *[1] * (tau.dim() - 1)) * tau).sum(0)
         merged = torch.where(c == 1, scaled, mean)
         out[k] = torch.where(c > 0, base[k].double() + merged, base[k].double()).to(base[k].dtype)

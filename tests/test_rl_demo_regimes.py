@@ -88,7 +88,7 @@ def test_sparse_regime_has_the_papers_density_pattern(sparse_run: dict) -> None:
 def test_sparse_regime_scores_every_row(sparse_run: dict) -> None:
     acc = sparse_run["accuracy"]
     rows = {"base", "TA (1/N)", "TA (tuned)", "TIES", "DARE+TA", "DARE+TIES", "RAM", "RAM+", "RAM+s",
-            "RAM (curvature)", "RAM+ (curvature)", "RAM (curvature, bc)",
+            "RAM (sign)", "RAM+ (sign)", "RAM (curvature)", "RAM+ (curvature)", "RAM (curvature, bc)",
             *(f"specialist {t}" for t in sparse_run["tasks"])}
     assert set(acc) == rows
     for name, row in acc.items():

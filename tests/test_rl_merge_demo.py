@@ -18,8 +18,8 @@ from ram_live.store import SnapshotStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("shift", "rev", "sort")
-METHODS = ("TA (1/N)", "TA (tuned)", "TIES", "DARE+TA", "DARE+TIES", "RAM", "RAM+", "RAM+s", "RAM (curvature)",
-           "RAM+ (curvature)", "RAM (curvature, bc)", "search")
+METHODS = ("TA (1/N)", "TA (tuned)", "TIES", "DARE+TA", "DARE+TIES", "RAM", "RAM+", "RAM+s", "RAM (sign)",
+           "RAM+ (sign)", "RAM (curvature)", "RAM+ (curvature)", "RAM (curvature, bc)", "search")
 BUDGET = 10
 
 

@@ -58,8 +58,9 @@ def test_the_default_space_finds_it_within_budget_and_beats_the_baselines(proble
         result = search(agents, base=base, evaluate=lambda m: distance(m, target), budget=60, progress=seen.append)
     assert seen == result.history  # progress got every trial, in order
     # one count for every RAM-family candidate of one activity rule: here the first, and each other rule the
-    # activity moves try on a RAM+ candidate (they need counts of their own)
-    other_rules = [t for t in result.history if t.family == "activity" and t.method == "ram_plus"]
+    # activity moves try on a RAM+ candidate (they need counts of their own; the shared-rule moves do not)
+    other_rules = [t for t in result.history if t.family == "activity" and t.method == "ram_plus"
+                   and (t.options.get("eps", 1e-5) != 1e-5 or t.options.get("activity", "abs") != "abs")]
     assert len(passes) == result.statistics_passes == 1 + len(other_rules)
     # every arm screened; RAM leads after the screen and gets most of the budget (docs/search.md)
     assert set(result.budgets) == {"ram", "task_arithmetic", "ties", "dare_ties"}
@@ -71,9 +72,12 @@ def test_the_default_space_finds_it_within_budget_and_beats_the_baselines(proble
     assert result.best_score > result.best_baseline.score and result.margin() > 0
     assert result.best_trial.extrapolation == pytest.approx(max(best["lambdas"].values()))
     grid = [t.score for t in result.history if t.family == "ram_plus"]
-    # 13 in the grid; no ρ exceeds 2 here, so the capped α = 2 candidates have the uncapped ones' λ: not merged
-    # again (the same bits), their evaluations go to the λ ascent
-    assert len(grid) == 7 and result.best_score > max(grid)
+    # 14 in the grid; no ρ exceeds 2 here, so the capped α = 2 candidates have the uncapped ones' λ: not merged
+    # again (the same bits), their evaluations go to the λ ascent; the last, the sign-elected shared region, is
+    # merged (its shared entries differ)
+    assert len(grid) == 8 and result.best_score > max(grid)
+    assert [t.options for t in result.history if t.family == "ram_plus" and t.phase == "screen"][-1] == {
+        "r": 0.1, "alpha": 2.0, "shared": "sign"}
     assert {t.phase for t in result.history if t.family == "ram_plus"} == {"screen", "refine"}
 
 
@@ -226,7 +230,7 @@ def test_errors(problem):
         ([{"method": "ram_plus", "r": -1}], r"space entry \[0\]: .*r must be >= 0"),
         ([{"method": "nope"}], r"space entry \[0\]: unknown merge method 'nope'"),
         ({"lambdas": {"stp": 1}}, r"space\['lambdas'\]: unknown setting"),
-        ({"activity": [{"r": 1.0}]}, r"only eps and activity change"),
+        ({"activity": [{"r": 1.0}]}, r"only eps, activity, shared change"),
         ("ram_plus", "space must be None, a list"),
     ]
     for space, message in bad_spaces:

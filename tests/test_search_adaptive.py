@@ -58,11 +58,13 @@ def test_the_leader_gets_most_of_the_budget(agents, base_sd):
         arms[arm] = arms.get(arm, 0) + 1
     assert arms == result.budgets
     screen = [t for t in result.history if t.phase == "screen"]
-    # screening: RAM's 6 grid picks (3 of them of equal effect: no ρ exceeds 2 here, α = 2 is α = ∞), TA 5,
-    # TIES 5, DARE 5; refinement: TA leads, TIES second: round one 14 of the 42 left, 7 / 7; then TA the 28 left
-    assert len(screen) == 18
-    assert result.budgets == {"ram": 3, "task_arithmetic": 5 + 7 + 28, "ties": 5 + 7, "dare_ties": 5}
-    assert [t.phase for t in result.history[18:]] == ["refine"] * 42
+    # screening: RAM's 6 grid picks (2 of them of equal effect: no ρ exceeds 2 here, α = 2 is α = ∞; the last is
+    # the sign-elected shared region), TA 2 scales and 3 per-agent probes, TIES 5, DARE 5; refinement: TA leads,
+    # TIES second: round one 14 of the 41 left, 7 / 7; then TA the 27 left
+    assert len(screen) == 19
+    assert [t.family for t in screen if t.method == "task_arithmetic"] == ["task_arithmetic"] * 2 + ["ta_probe"] * 3
+    assert result.budgets == {"ram": 4, "task_arithmetic": 5 + 7 + 27, "ties": 5 + 7, "dare_ties": 5}
+    assert [t.phase for t in result.history[19:]] == ["refine"] * 41
     assert result.best["method"] == "task_arithmetic" and result.best_trial.family == "ta_weights"
 
 

@@ -63,15 +63,32 @@ def search_table(runs: list[dict[str, Any]]) -> str:
         lines.append(f"| {label} | {ms([x['test']['mean'] for x in rows])} | {ms([x['selection'] for x in rows])} | "
                      + " / ".join(str(x["evaluations"]) for x in rows) + " | "
                      + " / ".join(str(x["best"].get("method")) for x in rows) + " |")
-    gaps = []
-    for r in runs:
-        fam = [v["test"]["mean"] for k, v in r["search"].items() if k != "search"]
-        if fam:
-            gaps.append(r["search"]["search"]["test"]["mean"] - max(fam))
-    if gaps:
-        lines.append("")
-        lines.append("search − best family searched alone (test mean, points, per seed): "
-                     + " / ".join(f"{100 * g:+.1f}" for g in gaps))
+    for split, get in (("test mean", lambda x: x["test"]["mean"]), ("selection", lambda x: x["selection"])):
+        gaps = []
+        for r in runs:
+            fam = [get(v) for k, v in r["search"].items() if k != "search"]
+            if fam:
+                gaps.append(get(r["search"]["search"]) - max(fam))
+        if gaps:
+            lines.append("")
+            lines.append(f"search − best family searched alone ({split}, points, per seed): "
+                         + " / ".join(f"{100 * g:+.1f}" for g in gaps))
+    return "\n".join(lines)
+
+
+#: The paired differences of the mean accuracy that the readings quote (rows present in every run only).
+PAIRS = (("RAM", "TA (1/N)"), ("RAM", "TIES"), ("RAM", "DARE+TIES"), ("RAM", "TA (tuned)"), ("RAM+", "RAM"),
+         ("RAM (sign)", "RAM"), ("RAM+ (sign)", "RAM+"), ("RAM (sign)", "TIES"), ("RAM (sign)", "TA (tuned)"))
+
+
+def paired_table(groups: list[list[dict[str, Any]]]) -> str:
+    """Per N (one group of seeds each): each pair's difference of the mean accuracy, per seed, in points."""
+    pairs = [(a, b) for a, b in PAIRS if all(a in r["accuracy"] and b in r["accuracy"] for g in groups for r in g)]
+    lines = ["| N | " + " | ".join(f"{a} − {b}" for a, b in pairs) + " |", "|---|" + "---|" * len(pairs)]
+    for g in groups:
+        cells = [" / ".join(f"{100 * (r['accuracy'][a]['mean'] - r['accuracy'][b]['mean']):+.1f}" for r in g)
+                 for a, b in pairs]
+        lines.append(f"| {g[0]['agents']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -106,13 +123,15 @@ def main(argv: list[str] | None = None) -> str:
     if argv and argv[0] == "--vs-n":  # --vs-n "runs/a_s*" "runs/b_s*" ...: one glob per N
         import glob
 
-        text = versus_n([load(sorted(glob.glob(pattern))) for pattern in argv[1:]])
+        groups = [load(sorted(glob.glob(pattern))) for pattern in argv[1:]]
+        text = versus_n(groups) + "\n\n" + paired_table(groups)
         print(text)
         return text
     runs = load(argv)
     head = (f"regime {runs[0].get('regime', 'dense')}, N = {runs[0].get('agents', 3)}, seeds "
             + ", ".join(str(r["seed"]) for r in runs) + (", --quick" if runs[0]["quick"] else ""))
-    text = "\n\n".join(x for x in (head, probe_table(runs), accuracy_table(runs), search_table(runs)) if x)
+    text = "\n\n".join(x for x in (head, probe_table(runs), accuracy_table(runs), paired_table([runs]),
+                                   search_table(runs)) if x)
     print(text)
     return text
 

@@ -55,6 +55,8 @@ def methods(n: int) -> list[tuple[str, str, dict[str, Any]]]:
         ("RAM", "ram", {}),
         ("RAM+", "ram_plus", {}),
         ("RAM+s", "ram_plus_soft", {}),
+        ("RAM (sign)", "ram", {"shared": "sign"}),  # conflict-aware shared region (not the paper's rule)
+        ("RAM+ (sign)", "ram_plus", {"shared": "sign"}),
     ]
 
 

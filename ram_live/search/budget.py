@@ -8,7 +8,11 @@ family), ``"task_arithmetic"`` (its scale grid and ``ta_weights``), ``"ties"``, 
 2. **Screening** (with two arms or more): ``SCREEN_SHARE`` of the budget (at least one evaluation per arm), split
    evenly over the arms in their order (the earlier ones get the odd evaluations). An arm with grids screens an
    evenly spaced subset of its grids (:func:`~ram_live.search.space.spread`: first and last included, at most the
-   whole grid); an arm of moves only runs its first moves.
+   whole grid); an arm of moves only runs its first moves. The task-arithmetic arm, when it has ``ta_weights``,
+   also *probes* every agent (:data:`~ram_live.search.moves.PROBE_FACTOR` × one agent's weight at its best
+   screened scale: K evaluations beyond its share, whose grid part then shrinks to ``max(2, share − K)``): a
+   uniform scale cannot show that one agent wants several times the others' weight, and with only the scale
+   screened such an arm lost the screen and the refinement it needed (benchmarks/quality.md, issue 24).
 3. **Refinement**: the arms ranked by their best score so far (ties: the earlier arm). Round one gives
    ``ROUND_SHARE`` of what is left to the top half (rounded up), split evenly, the better ranked first; each
    further round re-ranks and halves the arms again; when one is left it gets everything that remains. An arm's
@@ -73,6 +77,11 @@ class Arm:
         return out + [f for f in ascents if not (f.kind == "lambdas" and "shared_weights" in names)]
 
     @property
+    def probes(self) -> bool:
+        """Whether its screen probes per-agent weights (task arithmetic with ``ta_weights``)."""
+        return any(f.kind == "ta_weights" for f in self.families)
+
+    @property
     def done(self) -> bool:
         return all(_step_id(f) in self.finished for f in self.steps)
 
@@ -131,16 +140,22 @@ def spend(run: Any, families: list[Family]) -> dict[str, int]:
     if len(arms) == 1:
         _refine(arms[0], run.budget - run.used, go)
         return used
+    k = len(run.merger.names)
     for arm, size in zip(arms, screen_sizes(arms, run.budget - run.used)):
         if size <= 0:
             continue
         grid = arm.grid
+        probes = arm.probes and k >= 2 and grid
+        if probes:
+            size = min(len(grid), max(2, size - k))
         if grid:
             picks = [grid[i] for i in spread(len(grid), size)]
             for f in arm.families:
                 mine = [o for g, o in picks if g is f]
                 if mine:
                     go(replace(f, grid=mine), size, arm.name, "screen")
+            if probes:
+                go(Family("ta_probe", arm.families[0].side, "ta_probe"), k, arm.name, "screen")
         else:
             _refine(arm, size, go, phase="screen")
     keep = (len(arms) + 1) // 2

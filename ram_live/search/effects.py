@@ -15,7 +15,7 @@ __all__ = ["effect_key", "extrapolation_of"]
 
 def effect_key(candidate: dict[str, Any], merger: Merger) -> str | None:
     """What a global-λ RAM-family merge does, where known before merging: the activity rule, the excluded
-    agents and λ of each agent with unique entries (λ of the others scales nothing). Two candidates with the
+    agents, λ of each agent with unique entries (λ of the others scales nothing) and the shared rule. Two candidates with the
     same effect give the same bits (plain RAM is λ = 1 bit for bit), so the second is not merged again."""
     method = candidate["method"]
     if method not in RAM_VARIANTS or candidate.get("importance") not in (None, False):
@@ -40,7 +40,7 @@ def effect_key(candidate: dict[str, Any], merger: Merger) -> str | None:
     if counts is not None and tuple(counts.agents) == tuple(names):
         lam = [v if u > 0 else None for v, u in zip(lam, counts.unique.tolist())]
     eps = activity.eps if activity.rule == "abs" else 0.0
-    return json.dumps(["effect", activity.rule, eps, list(exclude), lam])
+    return json.dumps(["effect", activity.rule, eps, list(exclude), lam, config.shared])
 
 
 def extrapolation_of(candidate: dict[str, Any], info: Any, merger: Merger) -> tuple[float, dict[str, float] | None]:

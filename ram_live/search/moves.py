@@ -11,7 +11,10 @@ from .refine import coordinate_ascent
 from .result import Trial
 from .space import BASELINE_SIDE, RAM_SIDE, Family
 
-__all__ = ["Moves"]
+__all__ = ["Moves", "PROBE_FACTOR"]
+
+#: The factor on one agent's weight in the task-arithmetic arm's screening probes.
+PROBE_FACTOR = 3.0
 
 
 class Moves:
@@ -68,7 +71,7 @@ class Moves:
 
     @staticmethod
     def _common(trial: Trial) -> dict[str, Any]:
-        return {k: trial.options[k] for k in ("eps", "activity", "exclude") if k in trial.options}
+        return {k: trial.options[k] for k in ("eps", "activity", "exclude", "shared") if k in trial.options}
 
     def _lambdas(self, family: Family) -> None:
         start = self._ram_start()
@@ -99,6 +102,20 @@ class Moves:
         self._ascend(family, weights, list(range(k)), best.score,
                      lambda v: {"method": "task_arithmetic", "weights": list(v)})
 
+    def _ta_probe(self, family: Family) -> None:
+        """Task arithmetic at the best scale so far with one agent's weight × ``PROBE_FACTOR``, each agent in
+        turn (the screen's look at what per-agent weights buy: one agent may want several times the others')."""
+        tas = [t for t in self.history if t.method == "task_arithmetic" and t.score is not None
+               and "weights" not in t.options]
+        if not tas:
+            return
+        scale = float(max(tas, key=lambda t: (t.score, -t.index)).options.get("scale", 1.0))
+        k = len(self.merger.names)
+        for a in range(k):
+            weights = [scale * (PROBE_FACTOR if i == a else 1.0) for i in range(k)]
+            if self.trial({"method": "task_arithmetic", "weights": weights}) is None:
+                return
+
     def _ascend(self, family: Family, values: list[float], movable: list[int], score: float,
                 build: Callable[[list[float]], dict[str, Any]]) -> None:
         """Coordinate ascent over ``movable`` (in an order drawn from the seed), step ``family.settings["step"]``,
@@ -122,7 +139,10 @@ class Moves:
         start = self.incumbent(RAM_SIDE) or self._ram_start()
         if start is None:
             return
+        plain = {k: v for k, v in start.options.items() if k != "importance"}
         for move in family.grid:
+            if make_config(start.method, **{**plain, **move}) == make_config(start.method, **plain):
+                continue  # the same merge (e.g. shared="mean" on a candidate that leaves it out)
             if self.trial({**start.candidate, **move}) is None:
                 return
 

@@ -23,16 +23,20 @@ __all__ = ["Family", "DEFAULT_SPACE", "parse_space", "arm_of", "spread", "RAM_SI
 
 RAM_SIDE, BASELINE_SIDE = "ram", "baseline"
 
-#: RAM+ r × α: the paper's default first, then plain RAM (r = 0: λ = 1), the uncapped α, the capped one.
+#: RAM+ r × α: the paper's default first, then plain RAM (r = 0: λ = 1), the uncapped α, the capped one; last
+#: the paper's default with the conflict-aware shared region (a screen's spread always takes the first and last).
 RAM_PLUS_GRID: list[dict[str, Any]] = (
     [{"r": 0.1, "alpha": 2.0}, {"r": 0.0, "alpha": 2.0}]
     + [{"r": r, "alpha": math.inf} for r in (0.1, 0.25, 0.5, 1.0, 2.0, 3.0)]
     + [{"r": r, "alpha": 2.0} for r in (0.25, 0.5, 1.0, 2.0, 3.0)]
+    + [{"r": 0.1, "alpha": 2.0, "shared": "sign"}]
 )
 TA_GRID = [{"scale": s} for s in (1.0, 0.5, 0.75, 1.25, 1.5, 2.0, 0.3)]
 TIES_GRID = [{"density": d, "scale": s} for s in (1.0, 1.5, 2.0) for d in (0.2, 0.5, 0.8)]
 DARE_GRID = [{"density": d, "scale": s} for s in (1.0, 1.5, 2.0) for d in (0.5, 0.3, 0.7)]
-ACTIVITY_MOVES = [{"eps": 1e-6}, {"eps": 1e-4}, {"activity": "changed"}]
+ACTIVITY_MOVES = [{"eps": 1e-6}, {"eps": 1e-4}, {"activity": "changed"}, {"shared": "sign"}, {"shared": "mean"}]
+#: What the ``activity`` moves may change of the best RAM candidate.
+MOVE_OPTIONS = ("eps", "activity", "shared")
 
 #: Default grids of grid families (other registered methods: their defaults, one candidate).
 DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
@@ -157,9 +161,9 @@ def _family(name: str, value: Any) -> Family:
             return Family(name, side, name)
         grid = ACTIVITY_MOVES if value in (None, True) else _grid(name, value)
         for i, options in enumerate(grid):
-            unknown = sorted(set(options) - {"eps", "activity"})
+            unknown = sorted(set(options) - set(MOVE_OPTIONS))
             if unknown:
-                raise ConfigError(f"space entry 'activity'[{i}]: only eps and activity change, got {unknown}")
+                raise ConfigError(f"space entry 'activity'[{i}]: only {', '.join(MOVE_OPTIONS)} change, got {unknown}")
             _check_candidate(f"'activity'[{i}]", "ram", options)
         return Family(name, side, "activity", grid=[dict(g) for g in grid])
     if name not in available_methods():
