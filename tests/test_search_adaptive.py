@@ -65,6 +65,9 @@ def test_the_leader_gets_most_of_the_budget(agents, base_sd):
     assert [t.family for t in screen if t.method == "task_arithmetic"] == ["task_arithmetic"] * 2 + ["ta_probe"] * 3
     assert result.budgets == {"ram": 4, "task_arithmetic": 5 + 7 + 27, "ties": 5 + 7, "dare_ties": 5}
     assert [t.phase for t in result.history[19:]] == ["refine"] * 41
+    # the probed arm refines its weights first, not more uniform scales
+    assert [t.family for t in result.history if t.phase == "refine" and t.method == "task_arithmetic"][0] == \
+        "ta_weights"
     assert result.best["method"] == "task_arithmetic" and result.best_trial.family == "ta_weights"
 
 
@@ -147,3 +150,23 @@ def test_cached_ties_thresholds_give_the_bits_of_a_plain_merge(agents, base_sd):
     plain = merge(agents, base=base_sd, method="ties", densities=[0.2, 0.5, 0.2], scale=2.0)
     assert all(torch.equal(merged[k], plain[k]) for k in plain)
     assert len(merger.thresholds) == len(agents) * len(base_sd) * len(densities)  # all were cached already
+
+
+def test_the_probes_find_an_agent_that_wants_several_times_the_others_weight(base_sd, monkeypatch):
+    """The optimum is task arithmetic with one agent at 5 and the others at 0.6 (an under-trained agent that
+    needs extrapolating): a uniform scale misses it. With the probes the screen sees the direction, and the
+    refinement climbs it from the best probe; without them the same budget ends far lower."""
+    from ram_live.search import budget
+
+    names = ("a", "b", "c")
+    agents = dict(zip(names, make_agents(base_sd, [0.6] * 3, scale=0.05)))
+    target = merge(agents, base=base_sd, method="task_arithmetic", weights=[5.0, 0.6, 0.6])
+    alone = search(agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=60,
+                   space=["task_arithmetic", "ta_weights"])
+    probed = search(agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=60)
+    probes = [t.options["weights"] for t in probed.history if t.family == "ta_probe"]
+    assert probes == [[3.0, 1.0, 1.0], [1.0, 3.0, 1.0], [1.0, 1.0, 3.0]]  # at the best screened scale, 1
+    monkeypatch.setattr(budget.Arm, "probes", property(lambda self: False))
+    unprobed = search(agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=60)
+    assert not any(t.family == "ta_probe" for t in unprobed.history)
+    assert alone.best_score > -0.02 and probed.best_score > -0.06 and unprobed.best_score < -0.15

@@ -10,9 +10,11 @@ family), ``"task_arithmetic"`` (its scale grid and ``ta_weights``), ``"ties"``, 
    evenly spaced subset of its grids (:func:`~ram_live.search.space.spread`: first and last included, at most the
    whole grid); an arm of moves only runs its first moves. The task-arithmetic arm, when it has ``ta_weights``,
    also *probes* every agent (:data:`~ram_live.search.moves.PROBE_FACTOR` × one agent's weight at its best
-   screened scale: K evaluations beyond its share, whose grid part then shrinks to ``max(2, share − K)``): a
+   screened scale: K evaluations beyond its share, whose grid part then shrinks to ``max(2, share − K)``), and
+   its refinement runs the weight ascent (from the best probe or scale) before the rest of the scale grid: a
    uniform scale cannot show that one agent wants several times the others' weight, and with only the scale
-   screened such an arm lost the screen and the refinement it needed (benchmarks/quality.md, issue 24).
+   screened, or the refinement spent on more uniform scales, such an arm lost to arms it would have beaten
+   (benchmarks/quality.md, issue 24).
 3. **Refinement**: the arms ranked by their best score so far (ties: the earlier arm). Round one gives
    ``ROUND_SHARE`` of what is left to the top half (rounded up), split evenly, the better ranked first; each
    further round re-ranks and halves the arms again; when one is left it gets everything that remains. An arm's
@@ -51,6 +53,7 @@ class Arm:
     families: list[Family]
     order: int
     finished: set[str] = field(default_factory=set)
+    probed: bool = False  # its screen probed per-agent weights
 
     @property
     def grid(self) -> list[tuple[Family, dict[str, Any]]]:
@@ -74,7 +77,10 @@ class Arm:
         first = [f for f in out if f.kind in ("grid", "local", "importance")]
         out = sorted(first, key=lambda f: f.kind == "importance") + [f for f in out if all(f is not g for g in first)]
         ascents = [f for f in self.families if f.kind in ASCENTS]
-        return out + [f for f in ascents if not (f.kind == "lambdas" and "shared_weights" in names)]
+        ascents = [f for f in ascents if not (f.kind == "lambdas" and "shared_weights" in names)]
+        if self.probed:  # the screen probed per-agent weights: refine them first, the scale grid's rest after
+            return ascents + out
+        return out + ascents
 
     @property
     def probes(self) -> bool:
@@ -156,6 +162,7 @@ def spend(run: Any, families: list[Family]) -> dict[str, int]:
                     go(replace(f, grid=mine), size, arm.name, "screen")
             if probes:
                 go(Family("ta_probe", arm.families[0].side, "ta_probe"), k, arm.name, "screen")
+                arm.probed = True
         else:
             _refine(arm, size, go, phase="screen")
     keep = (len(arms) + 1) // 2
