@@ -32,6 +32,16 @@ def test_merge_with_method_options(files, capsys):
     assert_bit_identical(load_file(out), expected)
 
 
+def test_merge_with_the_sign_elected_shared_region(files):
+    tmp, base, agents, paths = files
+    out = tmp / "sign.safetensors"
+    assert main(["merge", *paths, "--base", str(tmp / "base.safetensors"), "--out", str(out), "--method", "ram_plus",
+                 "--shared", "sign", "--quiet"]) == 0
+    expected = merge(agents, base=base, method="ram_plus", shared="sign")
+    assert_bit_identical(load_file(out), expected)
+    assert any(not torch.equal(expected[k], v) for k, v in merge(agents, base=base, method="ram_plus").items())
+
+
 def test_errors_are_one_line_with_exit_code(files, capsys):
     tmp, base, agents, paths = files
     code = main(["merge", *paths, "--base", str(tmp / "base.safetensors"), "--out", str(tmp / "o"),

@@ -55,16 +55,17 @@ def test_the_default_space_finds_it_within_budget_and_beats_the_baselines(proble
         monkeypatch.setattr(engine, name, lambda *a, _real=real, _n=name, **k: passes.append(_n) or _real(*a, **k))
     seen = []
     with pytest.warns(ExtrapolationWarning, match=r"scales an agent.s task vector by 2\.9\d* \(> 2\)"):
-        result = search(agents, base=base, evaluate=lambda m: distance(m, target), budget=60, progress=seen.append)
+        result = search(agents, base=base, evaluate=lambda m: distance(m, target), budget=70, progress=seen.append)
     assert seen == result.history  # progress got every trial, in order
     # one count for every RAM-family candidate of one activity rule: here the first, and each other rule the
     # activity moves try on a RAM+ candidate (they need counts of their own; the shared-rule moves do not)
     other_rules = [t for t in result.history if t.family == "activity" and t.method == "ram_plus"
                    and (t.options.get("eps", 1e-5) != 1e-5 or t.options.get("activity", "abs") != "abs")]
-    assert len(passes) == result.statistics_passes == 1 + len(other_rules)
+    rules = {(t.options.get("eps", 1e-5), t.options.get("activity", "abs")) for t in other_rules}
+    assert len(passes) == result.statistics_passes == 1 + len(rules)
     # every arm screened; RAM leads after the screen and gets most of the budget (docs/search.md)
     assert set(result.budgets) == {"ram", "task_arithmetic", "ties", "dare_ties"}
-    assert sum(result.budgets.values()) == 60 and result.budgets["ram"] > 30
+    assert sum(result.budgets.values()) == 70 and result.budgets["ram"] > 35
     assert {t.family for t in result.history} >= {"ram_plus", "shared_weights", "task_arithmetic", "ties",
                                                   "dare_ties"}
     best = result.best

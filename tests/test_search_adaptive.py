@@ -59,12 +59,12 @@ def test_the_leader_gets_most_of_the_budget(agents, base_sd):
     assert arms == result.budgets
     screen = [t for t in result.history if t.phase == "screen"]
     # screening: RAM's 6 grid picks (2 of them of equal effect: no ρ exceeds 2 here, α = 2 is α = ∞; the last is
-    # the sign-elected shared region), TA 2 scales and 3 per-agent probes, TIES 5, DARE 5; refinement: TA leads,
-    # TIES second: round one 14 of the 41 left, 7 / 7; then TA the 27 left
-    assert len(screen) == 19
-    assert [t.family for t in screen if t.method == "task_arithmetic"] == ["task_arithmetic"] * 2 + ["ta_probe"] * 3
-    assert result.budgets == {"ram": 4, "task_arithmetic": 5 + 7 + 27, "ties": 5 + 7, "dare_ties": 5}
-    assert [t.phase for t in result.history[19:]] == ["refine"] * 41
+    # the sign-elected shared region), TA 5 scales and 3 per-agent probes, TIES 5, DARE 5; refinement: TA leads,
+    # TIES second: round one 13 of the 38 left, 7 / 6; then TA the 25 left
+    assert len(screen) == 22
+    assert [t.family for t in screen if t.method == "task_arithmetic"] == ["task_arithmetic"] * 5 + ["ta_probe"] * 3
+    assert result.budgets == {"ram": 4, "task_arithmetic": 8 + 7 + 25, "ties": 5 + 6, "dare_ties": 5}
+    assert [t.phase for t in result.history[22:]] == ["refine"] * 38
     # the probed arm refines its weights first, not more uniform scales
     assert [t.family for t in result.history if t.phase == "refine" and t.method == "task_arithmetic"][0] == \
         "ta_weights"
@@ -152,21 +152,31 @@ def test_cached_ties_thresholds_give_the_bits_of_a_plain_merge(agents, base_sd):
     assert len(merger.thresholds) == len(agents) * len(base_sd) * len(densities)  # all were cached already
 
 
-def test_the_probes_find_an_agent_that_wants_several_times_the_others_weight(base_sd, monkeypatch):
-    """The optimum is task arithmetic with one agent at 5 and the others at 0.6 (an under-trained agent that
-    needs extrapolating): a uniform scale misses it. With the probes the screen sees the direction, and the
-    refinement climbs it from the best probe; without them the same budget ends far lower."""
+def test_the_probes_and_what_follows_them(base_sd, monkeypatch):
+    """Task arithmetic's screen probes each agent at 3 × the best screened scale (the others at that scale); its
+    refinement then starts with the weight ascent, from the best probe when one beat every scale. A narrowed
+    space (the family alone) neither probes nor reorders."""
     from ram_live.search import budget
 
     names = ("a", "b", "c")
     agents = dict(zip(names, make_agents(base_sd, [0.6] * 3, scale=0.05)))
     target = merge(agents, base=base_sd, method="task_arithmetic", weights=[5.0, 0.6, 0.6])
-    alone = search(agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=60,
+    result = search(agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=60)
+    probes = [t for t in result.history if t.family == "ta_probe"]
+    scales = [t for t in result.history if t.family == "task_arithmetic" and t.phase == "screen"]
+    s = max(scales, key=lambda t: t.score).options["scale"]
+    assert [t.options["weights"] for t in probes] == [[3 * s, s, s], [s, 3 * s, s], [s, s, 3 * s]]
+    assert {t.phase for t in probes} == {"screen"} and len(scales) == 5
+    refine = [t for t in result.history if t.phase == "refine" and t.method == "task_arithmetic"]
+    start = max(scales + probes, key=lambda t: t.score)
+    assert refine[0].family == "ta_weights" and start.family == "ta_probe"
+    first = refine[0].options["weights"]  # one coordinate of the best probe's weights moved by one step
+    assert sum(abs(x - y) > 1e-9 for x, y in zip(first, start.options["weights"])) == 1
+    assert result.best["method"] == "task_arithmetic"
+    alone = search(agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=20,
                    space=["task_arithmetic", "ta_weights"])
-    probed = search(agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=60)
-    probes = [t.options["weights"] for t in probed.history if t.family == "ta_probe"]
-    assert probes == [[3.0, 1.0, 1.0], [1.0, 3.0, 1.0], [1.0, 1.0, 3.0]]  # at the best screened scale, 1
+    assert not any(t.family == "ta_probe" for t in alone.history)
+    assert [t.family for t in alone.history[:7]] == ["task_arithmetic"] * 7
     monkeypatch.setattr(budget.Arm, "probes", property(lambda self: False))
     unprobed = search(agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=60)
     assert not any(t.family == "ta_probe" for t in unprobed.history)
-    assert alone.best_score > -0.02 and probed.best_score > -0.06 and unprobed.best_score < -0.15

@@ -10,11 +10,10 @@ family), ``"task_arithmetic"`` (its scale grid and ``ta_weights``), ``"ties"``, 
    evenly spaced subset of its grids (:func:`~ram_live.search.space.spread`: first and last included, at most the
    whole grid); an arm of moves only runs its first moves. The task-arithmetic arm, when it has ``ta_weights``,
    also *probes* every agent (:data:`~ram_live.search.moves.PROBE_FACTOR` × one agent's weight at its best
-   screened scale: K evaluations beyond its share, whose grid part then shrinks to ``max(2, share − K)``), and
-   its refinement runs the weight ascent (from the best probe or scale) before the rest of the scale grid: a
-   uniform scale cannot show that one agent wants several times the others' weight, and with only the scale
-   screened, or the refinement spent on more uniform scales, such an arm lost to arms it would have beaten
-   (benchmarks/quality.md, issue 24).
+   screened scale: K evaluations beyond its share), and its refinement runs the weight ascent (from the best
+   probe or scale) before the rest of the scale grid: a uniform scale cannot show that one agent wants several
+   times the others' weight, and with only the scale screened, or the refinement spent on more uniform scales,
+   such an arm lost to arms it would have beaten (benchmarks/quality.md, issue 24).
 3. **Refinement**: the arms ranked by their best score so far (ties: the earlier arm). Round one gives
    ``ROUND_SHARE`` of what is left to the top half (rounded up), split evenly, the better ranked first; each
    further round re-ranks and halves the arms again; when one is left it gets everything that remains. An arm's
@@ -152,8 +151,6 @@ def spend(run: Any, families: list[Family]) -> dict[str, int]:
             continue
         grid = arm.grid
         probes = arm.probes and k >= 2 and grid
-        if probes:
-            size = min(len(grid), max(2, size - k))
         if grid:
             picks = [grid[i] for i in spread(len(grid), size)]
             for f in arm.families:
