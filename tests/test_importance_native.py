@@ -8,7 +8,7 @@ import torch
 import ram_live.kernels.importance as wnative
 import ram_live.kernels.ram as native
 from ram_live import functional as F
-from ram_live import ram_merge
+from ram_live import merge, ram_merge
 from ram_live.engine import compiler_available
 from tests.conftest import assert_bit_identical
 from tests.test_importance import VARIANTS, _agents, _base, _eager, _importances, reference
@@ -181,3 +181,19 @@ def test_sign_where_the_agents_agree_is_the_plain_weighted_merge_bit_for_bit(dty
                 assert kernels.merge_weighted(signed, base, agents, importances, lambdas, 1e-5, 0, n, sign=True) == 0
                 assert kernels.merge_weighted(plain, base, agents, importances, lambdas, 1e-5, 0, n) == 0
                 assert torch.equal(_bits(signed), _bits(plain)), (name, out_dtype, lambdas is not None)
+
+
+@needs_kernels
+def test_sign_with_importances_through_merge_runs_native_with_the_eager_bits(monkeypatch):
+    monkeypatch.setattr("ram_live.engine.threads.NATIVE_CHUNK", 64)  # several ranges per tensor, shared by two threads
+    base = _base()
+    agents = _agents(base)
+    importance = _importances(base, list(agents))
+    kw = dict(importance=importance, method="ram_plus", shared="sign", workers=2, return_info=True)
+    fast, info = merge(agents, base, **kw)
+    slow, slow_info = _eager(monkeypatch, merge, agents, base, **kw)
+    assert info.extra["kernels"] == {"native": 3}, info.extra
+    assert slow_info.extra["kernels"] == {"eager": 3}
+    assert_bit_identical(fast, slow)
+    plain = merge(agents, base, importance=importance, method="ram_plus")
+    assert any(not torch.equal(fast[k], plain[k]) for k in base), "the rule changed shared entries"

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+import ram_live
 import ram_live.kernels.ram as native
 from ram_live import functional as F
 from ram_live import ram_merge
@@ -475,3 +476,22 @@ def test_sign_where_the_agents_agree_is_the_plain_merge_bit_for_bit(in_dtype, k)
                 assert kernels.merge(signed, base, agents, lambdas, 1e-5, 0, n, sign=True) == 0
                 assert kernels.merge(plain, base, agents, lambdas, 1e-5, 0, n) == 0
                 assert torch.equal(_bits(signed), _bits(plain)), (name, out_dtype, lambdas is not None)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sign_through_merge_runs_native_with_the_torch_paths_bits(monkeypatch, base_sd, dtype):
+    monkeypatch.setattr("ram_live.engine.threads.NATIVE_CHUNK", 64)  # several ranges per tensor, shared by two threads
+    base = {k: v.to(dtype) for k, v in base_sd.items()}
+    agents = {f"agent_{i}": a for i, a in enumerate(make_agents(base, [0.5, 0.6, 0.7], scale=0.05))}  # τ ≷ 0
+    kw = dict(base=base, method="ram_plus", shared="sign", return_info=True, workers=2)
+    fast, info = ram_live.merge(agents, **kw)
+    with monkeypatch.context() as m:
+        m.setattr(native, "_KERNELS", None)
+        slow, slow_info = ram_live.merge(agents, **kw)
+    assert info.extra["kernels"] == {"native": len(base)}, info.extra
+    assert slow_info.extra["kernels"] == {"eager": len(base)}, slow_info.extra
+    assert_bit_identical(fast, slow)
+    assert info.lambdas == slow_info.lambdas
+    plain = ram_live.merge(agents, base=base, method="ram_plus", workers=2)
+    assert any(not torch.equal(fast[k], plain[k]) for k in base), "the rule changed shared entries"
