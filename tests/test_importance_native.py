@@ -7,10 +7,12 @@ import torch
 
 import ram_live.kernels.importance as wnative
 import ram_live.kernels.ram as native
-from ram_live import ram_merge
+from ram_live import functional as F
+from ram_live import merge, ram_merge
 from ram_live.engine import compiler_available
 from tests.conftest import assert_bit_identical
 from tests.test_importance import VARIANTS, _agents, _base, _eager, _importances, reference
+from tests.test_ram_native import _conflicting
 
 needs_kernels = pytest.mark.skipif(wnative.kernels() is None or native.kernels() is None,
                                    reason="no C compiler: native kernels unavailable")
@@ -112,3 +114,86 @@ def test_compiled_equals_eager_bits(monkeypatch):
             same = {n: {k: torch.full(v.shape, 2.0) for k, v in base.items()} for n in agents}
             assert_bit_identical(ram_merge(agents, base, importance=same, compile=True, **case),
                                  ram_merge(agents, base, compile=True, **case))
+
+
+def _accumulated(base, agents, importances, lambdas, eps, out_dtype, sign):
+    """The torch accumulator's θ* (``WeightedRamAccumulator``, ``sign`` as ``shared="sign"``) in ``out_dtype``."""
+    b = base.float()
+    acc = F.WeightedRamAccumulator(b.numel(), len(agents), torch.device("cpu"),
+                                   lambdas=None if lambdas is None else lambdas.tolist(), sign=sign)
+    acc.begin(b.numel())
+    for t, (a, h) in enumerate(zip(agents, importances)):
+        acc.add(t, torch.hardshrink(a.float() - b, eps), importance=h.float())
+    return acc.merged(b).to(out_dtype)
+
+
+def _bits(t):
+    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+def _signed_inputs(k, n, dtype, imp_dtype, seed, agree=False):
+    """Agents from ``test_ram_native``'s conflicting data (``agree``: one sign per entry), importances over 60
+    decades with a fifth of them 0 and ties (``tests.test_importance._importances``)."""
+    base, agents = _conflicting(k, n, dtype, seed, agree)
+    names = [f"a{t}" for t in range(k)]
+    h = _importances({"v": base}, names, seed=seed, dtype=imp_dtype)
+    return base, agents, [h[name]["v"] for name in names]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("imp_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 11])
+def test_sign_gives_the_weighted_accumulators_bits(dtype, imp_dtype, k):
+    """``sign=True`` on both builds: the bits of ``WeightedRamAccumulator(sign=True)``, RAM and RAM+, either
+    output dtype, on ranges with odd starts and tails (the side sums rescaled with S and W)."""
+    builds = {"native": wnative.kernels(), "portable": wnative.build((*native.FLAGS, "-mno-avx512f"))}
+    n = 1237
+    base, agents, importances = _signed_inputs(k, n, dtype, imp_dtype, seed=400 + k)
+    changed = 0
+    for lambdas in (None, 1.0 + torch.rand(k, generator=torch.Generator().manual_seed(k))):
+        for out_dtype in (torch.float32, torch.bfloat16):
+            want = _accumulated(base, agents, importances, lambdas, 1e-5, out_dtype, sign=True)
+            plain = _accumulated(base, agents, importances, lambdas, 1e-5, out_dtype, sign=False)
+            changed += int((want != plain).sum())
+            for name, kernels in builds.items():
+                for start, end in [(0, n), (3, 999), (1000, 1031), (17, 49)]:
+                    out = torch.full((n,), 7.0, dtype=out_dtype)
+                    assert kernels.merge_weighted(out, base, agents, importances, lambdas, 1e-5, start, end,
+                                                  sign=True) == 0
+                    assert torch.equal(_bits(out[start:end]), _bits(want[start:end])), \
+                        (name, out_dtype, lambdas is not None, start, end)
+                    assert (out[:start] == 7).all() and (out[end:] == 7).all(), (name, "wrote outside its range")
+    assert k == 1 or changed > 100, "the data has conflicts the rule resolves"
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 11])
+def test_sign_where_the_agents_agree_is_the_plain_weighted_merge_bit_for_bit(dtype, k):
+    builds = {"native": wnative.kernels(), "portable": wnative.build((*native.FLAGS, "-mno-avx512f"))}
+    n = 1237
+    base, agents, importances = _signed_inputs(k, n, dtype, torch.float32, seed=500 + k, agree=True)
+    for lambdas in (None, 1.0 + torch.rand(k, generator=torch.Generator().manual_seed(k))):
+        for out_dtype in (torch.float32, torch.bfloat16):
+            for name, kernels in builds.items():
+                signed, plain = torch.empty(n, dtype=out_dtype), torch.empty(n, dtype=out_dtype)
+                assert kernels.merge_weighted(signed, base, agents, importances, lambdas, 1e-5, 0, n, sign=True) == 0
+                assert kernels.merge_weighted(plain, base, agents, importances, lambdas, 1e-5, 0, n) == 0
+                assert torch.equal(_bits(signed), _bits(plain)), (name, out_dtype, lambdas is not None)
+
+
+@needs_kernels
+def test_sign_with_importances_through_merge_runs_native_with_the_eager_bits(monkeypatch):
+    monkeypatch.setattr("ram_live.engine.threads.NATIVE_CHUNK", 64)  # several ranges per tensor, shared by two threads
+    base = _base()
+    agents = _agents(base)
+    importance = _importances(base, list(agents))
+    kw = dict(importance=importance, method="ram_plus", shared="sign", workers=2, return_info=True)
+    fast, info = merge(agents, base, **kw)
+    slow, slow_info = _eager(monkeypatch, merge, agents, base, **kw)
+    assert info.extra["kernels"] == {"native": 3}, info.extra
+    assert slow_info.extra["kernels"] == {"eager": 3}
+    assert_bit_identical(fast, slow)
+    plain = merge(agents, base, importance=importance, method="ram_plus")
+    assert any(not torch.equal(fast[k], plain[k]) for k in base), "the rule changed shared entries"

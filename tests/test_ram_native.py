@@ -7,7 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+import ram_live
 import ram_live.kernels.ram as native
+from ram_live import functional as F
 from ram_live import ram_merge
 from ram_live.errors import NonFiniteError
 from tests.conftest import assert_bit_identical, make_agents, snapshot
@@ -396,3 +398,100 @@ def test_counts_track_the_largest_task_vector_and_base_magnitudes(dtype):
         assert not kernels.counts(base, agents, 1e-5, 0, 512, act, uni, amax)
         assert not kernels.counts(base, agents, 1e-5, 512, 1000, act, uni, amax)
         assert torch.equal(amax, want), (name, amax)
+
+
+def _accumulated(base, agents, lambdas, eps, out_dtype, sign):
+    """The torch accumulator's θ* (``RamAccumulator``, ``sign`` as ``shared="sign"``) in ``out_dtype``."""
+    b = base.float()
+    acc = F.RamAccumulator(b.numel(), len(agents), torch.device("cpu"),
+                           lambdas=None if lambdas is None else lambdas.tolist(), sign=sign)
+    acc.begin(b.numel())
+    for t, a in enumerate(agents):
+        acc.add(t, torch.hardshrink(a.float() - b, eps))
+    return acc.merged(b).to(out_dtype)
+
+
+def _bits(t):
+    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+def _conflicting(k, n, dtype, seed, agree=False):
+    """A base and k agents that disagree in sign on many entries (``agree``: all τ of one entry share its sign),
+    with entries 0..63 where the first two agents move by +0.25 and -0.25 exactly (Σ τ = 0 where the others stay
+    put, 0..31) and entries where τ is under eps."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(n, generator=g).to(dtype)
+    base[:64] = torch.round(base[:64].float() * 8) / 8  # ± 0.25 exact in bfloat16 too
+    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+    agents = []
+    for t in range(k):
+        tau = torch.randn(n, generator=g) * 0.1 * (torch.rand(n, generator=g) < 0.7)
+        a = (base.float() + (tau.abs() * sign if agree else tau)).to(dtype)
+        a[100 + t: 140 + t] = base[100 + t: 140 + t].float() + 1e-6  # sub-eps moves (f32) or no move (bf16)
+        if t < 2 and not agree:
+            a[:64] = base[:64].float() + (0.25 if t == 0 else -0.25)
+        elif not agree:
+            a[:32] = base[:32]
+        agents.append(a)
+    return base, agents
+
+
+@needs_kernels
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 11])
+def test_sign_gives_the_torch_accumulators_bits(in_dtype, k):
+    """``sign=True`` (``shared="sign"``) on both builds: the bits of ``RamAccumulator(sign=True)``, RAM and RAM+,
+    either output dtype, on ranges with odd starts and tails."""
+    builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
+    n = 1237
+    base, agents = _conflicting(k, n, in_dtype, seed=200 + k)
+    changed = 0
+    for lambdas in (None, 1.0 + torch.rand(k, generator=torch.Generator().manual_seed(k))):
+        for out_dtype in (torch.float32, torch.bfloat16):
+            want = _accumulated(base, agents, lambdas, 1e-5, out_dtype, sign=True)
+            changed += int((want != _accumulated(base, agents, lambdas, 1e-5, out_dtype, sign=False)).sum())
+            if k >= 2:
+                assert torch.equal(want[:32], base[:32].to(out_dtype)), "Σ τ = 0: the plain mean, 0"
+            for name, kernels in builds.items():
+                for start, end in [(0, n), (3, 999), (1000, 1031), (17, 49)]:
+                    out = torch.full((n,), 7.0, dtype=out_dtype)
+                    assert kernels.merge(out, base, agents, lambdas, 1e-5, start, end, sign=True) == 0
+                    assert torch.equal(_bits(out[start:end]), _bits(want[start:end])), \
+                        (name, out_dtype, lambdas is not None, start, end)
+                    assert (out[:start] == 7).all() and (out[end:] == 7).all(), (name, "wrote outside its range")
+    assert k == 1 or changed > 100, "the data has conflicts the rule resolves"
+
+
+@needs_kernels
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 11])
+def test_sign_where_the_agents_agree_is_the_plain_merge_bit_for_bit(in_dtype, k):
+    builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
+    n = 1237
+    base, agents = _conflicting(k, n, in_dtype, seed=300 + k, agree=True)
+    for lambdas in (None, 1.0 + torch.rand(k, generator=torch.Generator().manual_seed(k))):
+        for out_dtype in (torch.float32, torch.bfloat16):
+            for name, kernels in builds.items():
+                signed, plain = torch.empty(n, dtype=out_dtype), torch.empty(n, dtype=out_dtype)
+                assert kernels.merge(signed, base, agents, lambdas, 1e-5, 0, n, sign=True) == 0
+                assert kernels.merge(plain, base, agents, lambdas, 1e-5, 0, n) == 0
+                assert torch.equal(_bits(signed), _bits(plain)), (name, out_dtype, lambdas is not None)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sign_through_merge_runs_native_with_the_torch_paths_bits(monkeypatch, base_sd, dtype):
+    monkeypatch.setattr("ram_live.engine.threads.NATIVE_CHUNK", 64)  # several ranges per tensor, shared by two threads
+    base = {k: v.to(dtype) for k, v in base_sd.items()}
+    agents = {f"agent_{i}": a for i, a in enumerate(make_agents(base, [0.5, 0.6, 0.7], scale=0.05))}  # τ ≷ 0
+    kw = dict(base=base, method="ram_plus", shared="sign", return_info=True, workers=2)
+    fast, info = ram_live.merge(agents, **kw)
+    with monkeypatch.context() as m:
+        m.setattr(native, "_KERNELS", None)
+        slow, slow_info = ram_live.merge(agents, **kw)
+    assert info.extra["kernels"] == {"native": len(base)}, info.extra
+    assert slow_info.extra["kernels"] == {"eager": len(base)}, slow_info.extra
+    assert_bit_identical(fast, slow)
+    assert info.lambdas == slow_info.lambdas
+    plain = ram_live.merge(agents, base=base, method="ram_plus", workers=2)
+    assert any(not torch.equal(fast[k], plain[k]) for k in base), "the rule changed shared entries"

@@ -28,9 +28,23 @@ static inline void load_imp32(int in_dtype, int imp_dtype, const void *p, int64_
         *hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(x, 1)), 16));
     }
 }
-/* agent t's share of 16 entries (first: t == 0, where S = W = 0 and no rescaling is needed) */
+/* shared="sign"'s sums of 16 entries, weighted as S and W: over the positive tau (sp = -sum w tau, wp = sum w) and
+   the negative ones (sn, wn), rescaled with S and W */
+typedef struct { __m512 sp, wp, sn, wn; } wsides16;
+/* where active and tau > 0 (< 0): that side's sums take -w tau and w (wd: w tau, the product S takes; a NaN tau,
+   counted as positive, makes ns NaN: the plain mean then) */
+static inline __attribute__((always_inline)) void wside16(__mmask16 m, __m512 d, __m512 wd, __m512 w, wsides16 *sd) {
+    const __mmask16 neg = _mm512_mask_cmp_ps_mask(m, d, _mm512_setzero_ps(), _CMP_LT_OQ), pos = m & ~neg;
+    sd->sp = _mm512_mask_sub_ps(sd->sp, pos, sd->sp, wd);
+    sd->wp = _mm512_mask_add_ps(sd->wp, pos, sd->wp, w);
+    sd->sn = _mm512_mask_sub_ps(sd->sn, neg, sd->sn, wd);
+    sd->wn = _mm512_mask_add_ps(sd->wn, neg, sd->wn, w);
+}
+/* agent t's share of 16 entries (first: t == 0, where S = W = 0 and no rescaling is needed); sd (sign, else
+   NULL): the sides' sums */
 static inline __attribute__((always_inline)) void wagent16(__m512 a, __m512 b, __m512 h, __m512 eps, __m512 lt,
-        int plus, int first, __m512 *ns, __m512 *ws, __m512 *top, __m512 *cnt, __m512 *lam, __mmask16 *bad) {
+        int plus, int first, __m512 *ns, __m512 *ws, __m512 *top, __m512 *cnt, __m512 *lam, __mmask16 *bad,
+        wsides16 *sd) {
     const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
     const __m512 d = _mm512_sub_ps(a, b);
     const __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(d), eps, _CMP_NLE_UQ);
@@ -42,6 +56,7 @@ static inline __attribute__((always_inline)) void wagent16(__m512 a, __m512 b, _
         *top = _mm512_maskz_mov_ps(m, h);
         *ns = _mm512_mask_sub_ps(*ns, m, *ns, d);
         *ws = _mm512_mask_add_ps(*ws, m, *ws, one);
+        if (sd) wside16(m, d, d, one, sd);
         return;
     }
     if (!m) return;
@@ -53,21 +68,35 @@ static inline __attribute__((always_inline)) void wagent16(__m512 a, __m512 b, _
     const __m512 q = _mm512_mask_div_ps(one, up | pos, num, den);
     *ns = _mm512_mask_mul_ps(*ns, up, *ns, q);
     *ws = _mm512_mask_mul_ps(*ws, up, *ws, q);
+    if (sd) {
+        sd->sp = _mm512_mask_mul_ps(sd->sp, up, sd->sp, q);
+        sd->wp = _mm512_mask_mul_ps(sd->wp, up, sd->wp, q);
+        sd->sn = _mm512_mask_mul_ps(sd->sn, up, sd->sn, q);
+        sd->wn = _mm512_mask_mul_ps(sd->wn, up, sd->wn, q);
+    }
     *top = _mm512_mask_mov_ps(*top, up, h);
-    const __m512 w = _mm512_mask_mov_ps(q, up, one);
-    *ns = _mm512_mask_sub_ps(*ns, m, *ns, _mm512_mul_ps(w, d));
+    const __m512 w = _mm512_mask_mov_ps(q, up, one), wd = _mm512_mul_ps(w, d);
+    *ns = _mm512_mask_sub_ps(*ns, m, *ns, wd);
     *ws = _mm512_mask_add_ps(*ws, m, *ws, w);
+    if (sd) wside16(m, d, wd, w, sd);
 }
-/* theta* = b - (cnt == 1 ? ns * lam : ns / max(ws, 1)) */
+/* theta* = b - (cnt == 1 ? ns * lam : ns / max(ws, 1)); sd (sign, else NULL): the weighted mean of the negative
+   side where ns > 0, of the positive side where ns < 0 (NaN: the plain weighted mean) */
 static inline __attribute__((always_inline)) __m512 wtheta16(__m512 b, __m512 ns, __m512 ws, __m512 cnt, __m512 lam,
-                                                             int plus) {
-    const __m512 one = _mm512_set1_ps(1.0f);
-    __m512 r = _mm512_div_ps(ns, _mm512_mask_mov_ps(ws, _mm512_cmp_ps_mask(ws, one, _CMP_LT_OQ), one));
+                                                             int plus, const wsides16 *sd) {
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    __m512 num = ns, den = _mm512_mask_mov_ps(ws, _mm512_cmp_ps_mask(ws, one, _CMP_LT_OQ), one);
+    if (sd) {  /* the quotient chosen by its operands: one division */
+        const __mmask16 gt = _mm512_cmp_ps_mask(ns, zero, _CMP_GT_OQ), lt = _mm512_cmp_ps_mask(ns, zero, _CMP_LT_OQ);
+        num = _mm512_mask_mov_ps(_mm512_mask_mov_ps(num, gt, sd->sn), lt, sd->sp);
+        den = _mm512_mask_mov_ps(_mm512_mask_mov_ps(den, gt, sd->wn), lt, sd->wp);
+    }
+    __m512 r = _mm512_div_ps(num, den);
     if (plus) r = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(cnt, one, _CMP_EQ_OQ), ns, lam);
     return _mm512_sub_ps(b, r);
 }
 static inline __attribute__((always_inline)) int64_t wmerge_range(
-        int in_dtype, int imp_dtype, int out_dtype, int plus, const void *base, const void *const *agents,
+        int in_dtype, int imp_dtype, int out_dtype, int plus, int sign, const void *base, const void *const *agents,
         const void *const *imps, int k, const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
     const __m512 ve = _mm512_set1_ps(eps), zero = _mm512_setzero_ps();
     int64_t bad = 0;
@@ -76,32 +105,36 @@ static inline __attribute__((always_inline)) int64_t wmerge_range(
         __m512 be, bo, ae, ao, he, ho;
         __m512 ns_e = zero, ns_o = zero, w_e = zero, w_o = zero, t_e = zero, t_o = zero;
         __m512 c_e = zero, c_o = zero, l_e = zero, l_o = zero;
+        wsides16 sd_e = {zero, zero, zero, zero}, sd_o = sd_e;
         __mmask16 bad_h = 0;  /* lanes with a bad importance in some agent */
         load32(in_dtype, base, s, n, &be, &bo);
         for (int t = 0; t < k; t++) {
             const __m512 lt = plus ? _mm512_set1_ps(lambdas[t]) : zero;
             load32(in_dtype, agents[t], s, n, &ae, &ao);
             load_imp32(in_dtype, imp_dtype, imps[t], s, n, &he, &ho);
-            wagent16(ae, be, he, ve, lt, plus, t == 0, &ns_e, &w_e, &t_e, &c_e, &l_e, &bad_h);
-            wagent16(ao, bo, ho, ve, lt, plus, t == 0, &ns_o, &w_o, &t_o, &c_o, &l_o, &bad_h);
+            wagent16(ae, be, he, ve, lt, plus, t == 0, &ns_e, &w_e, &t_e, &c_e, &l_e, &bad_h, sign ? &sd_e : NULL);
+            wagent16(ao, bo, ho, ve, lt, plus, t == 0, &ns_o, &w_o, &t_o, &c_o, &l_o, &bad_h, sign ? &sd_o : NULL);
         }
         bad += __builtin_popcount((uint32_t)bad_h);
-        bad += store32(in_dtype, out_dtype, out, s, n, wtheta16(be, ns_e, w_e, c_e, l_e, plus),
-                       wtheta16(bo, ns_o, w_o, c_o, l_o, plus));
+        bad += store32(in_dtype, out_dtype, out, s, n, wtheta16(be, ns_e, w_e, c_e, l_e, plus, sign ? &sd_e : NULL),
+                       wtheta16(bo, ns_o, w_o, c_o, l_o, plus, sign ? &sd_o : NULL));
     }
     return bad;
 }
-#define W(I, H, O, P, K) wmerge_range(I, H, O, P, base, agents, imps, K, lambdas, eps, out, start, end)
-#define BY_K4(I, H, O, P) switch (k) { case 1: return W(I, H, O, P, 1); case 2: return W(I, H, O, P, 2);          \
-        case 3: return W(I, H, O, P, 3); case 4: return W(I, H, O, P, 4); default: return W(I, H, O, P, k); }
-#define BY_PLUS(I, H, O) if (lambdas) { BY_K4(I, H, O, 1) } BY_K4(I, H, O, 0)
+#define W(I, H, O, P, S, K) wmerge_range(I, H, O, P, S, base, agents, imps, K, lambdas, eps, out, start, end)
+#define BY_K4(I, H, O, P, S) switch (k) {                                                                      \
+        case 1: return W(I, H, O, P, S, 1); case 2: return W(I, H, O, P, S, 2);                               \
+        case 3: return W(I, H, O, P, S, 3); case 4: return W(I, H, O, P, S, 4); default: return W(I, H, O, P, S, k); }
+#define BY_PLUS(I, H, O, S) if (lambdas) { BY_K4(I, H, O, 1, S) } BY_K4(I, H, O, 0, S)
 #else
+/* sides (sign, else NULL): shared="sign"'s sums, 4 rows of BLOCK (wmerge_range's sp, wp, sn, wn) */
 #define WBLOCK(NAME, T, FROM, H, HFROM)                                                                          \
 static int64_t NAME(const T *base, const T *const *agents, const H *const *imps, int k, const float *lambdas,     \
                     float eps, int64_t s, int n, float *restrict b, float *restrict ns, float *restrict ws,        \
-                    float *restrict top, float *restrict cnt, float *restrict lam) {                              \
+                    float *restrict top, float *restrict cnt, float *restrict lam, float *restrict sides) {       \
     int32_t bad = 0;                                                                                           \
     for (int i = 0; i < n; i++) { b[i] = FROM(base[s + i]); ns[i] = ws[i] = top[i] = cnt[i] = lam[i] = 0.0f; } \
+    if (sides) memset(sides, 0, 4 * BLOCK * sizeof *sides);                                                    \
     for (int t = 0; t < k; t++) {                                                                              \
         const T *restrict a = agents[t] + s;                                                                   \
         const H *restrict hp = imps[t] + s;                                                                    \
@@ -121,11 +154,18 @@ static int64_t NAME(const T *base, const T *const *agents, const H *const *imps,
                 const int up = act && h > top[i];                                                              \
                 const float r = up ? top[i] / h : 1.0f;                                                        \
                 ns[i] = ns[i] * r; ws[i] = ws[i] * r;                                                          \
+                if (sides)                                                                                     \
+                    for (int j = 0; j < 4; j++) sides[j * BLOCK + i] = sides[j * BLOCK + i] * r;               \
                 top[i] = up ? h : top[i];                                                                      \
                 w = act ? (top[i] > 0.0f ? h / top[i] : 1.0f) : 0.0f;                                          \
             }                                                                                                  \
             ns[i] = ns[i] - w * d;                                                                             \
             ws[i] = ws[i] + w;                                                                                 \
+            if (sides && (d > 0.0f || d < 0.0f)) {                                                             \
+                float *side = sides + (d > 0.0f ? 0 : 2 * BLOCK);                                              \
+                side[i] = side[i] - w * d;                                                                     \
+                side[BLOCK + i] = side[BLOCK + i] + w;                                                         \
+            }                                                                                                  \
         }                                                                                                      \
     }                                                                                                          \
     return bad;                                                                                                \
@@ -148,30 +188,34 @@ int ram_weighted_simd_bits(void) {
 #ifndef FAST
 /* the portable loops: blocks of BLOCK entries (wblock_*), then theta* per entry */
 static inline __attribute__((always_inline)) int64_t wmerge_blocks(
-        int in_dtype, int imp_dtype, int out_dtype, const void *base, const void *const *agents,
+        int in_dtype, int imp_dtype, int out_dtype, int sign, const void *base, const void *const *agents,
         const void *const *imps, int k, const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
     float b[BLOCK] __attribute__((aligned(64))), ns[BLOCK] __attribute__((aligned(64)));
     float ws[BLOCK] __attribute__((aligned(64))), top[BLOCK] __attribute__((aligned(64)));
     float cnt[BLOCK] __attribute__((aligned(64))), lam[BLOCK] __attribute__((aligned(64)));
+    float sides_buf[4 * BLOCK] __attribute__((aligned(64)));
+    float *sides = sign ? sides_buf : NULL;
     int64_t bad = 0;
     for (int64_t s = start; s < end; s += BLOCK) {
         int n = (int)(end - s < BLOCK ? end - s : BLOCK);
         if (in_dtype == 1)
             bad += (imp_dtype == 1 ? wblock_bf16_bf16((const uint16_t *)base, (const uint16_t *const *)agents,
                                                       (const uint16_t *const *)imps, k, lambdas, eps, s, n, b, ns, ws,
-                                                      top, cnt, lam)
+                                                      top, cnt, lam, sides)
                                    : wblock_bf16_f32((const uint16_t *)base, (const uint16_t *const *)agents,
                                                      (const float *const *)imps, k, lambdas, eps, s, n, b, ns, ws, top,
-                                                     cnt, lam));
+                                                     cnt, lam, sides));
         else
             bad += (imp_dtype == 1 ? wblock_f32_bf16((const float *)base, (const float *const *)agents,
                                                      (const uint16_t *const *)imps, k, lambdas, eps, s, n, b, ns, ws,
-                                                     top, cnt, lam)
+                                                     top, cnt, lam, sides)
                                    : wblock_f32_f32((const float *)base, (const float *const *)agents,
                                                     (const float *const *)imps, k, lambdas, eps, s, n, b, ns, ws, top,
-                                                    cnt, lam));
+                                                    cnt, lam, sides));
         for (int i = 0; i < n; i++) {
-            const float mean = ns[i] / (ws[i] < 1.0f ? 1.0f : ws[i]);
+            float mean = ns[i] / (ws[i] < 1.0f ? 1.0f : ws[i]);
+            if (sides && ns[i] > 0.0f) mean = sides[2 * BLOCK + i] / sides[3 * BLOCK + i];
+            if (sides && ns[i] < 0.0f) mean = sides[i] / sides[BLOCK + i];
             const float r = b[i] - ((lambdas && cnt[i] == 1.0f) ? ns[i] * lam[i] : mean);
             bad += nonfinite_as(out_dtype, r);
             if (out_dtype == 1) ((uint16_t *)out)[s + i] = to_bf16(r); else ((float *)out)[s + i] = r;
@@ -231,17 +275,18 @@ WALWAYS int wany(wvi m) {
 #endif
 }
 #define WNV 4  /* vectors per step: independent lanes to overlap the quotients' latency */
-WALWAYS int64_t wmerge_vec(int in_dtype, int imp_dtype, int out_dtype, int plus, const void *base,
+/* sign: shared="sign"'s sums as wmerge_range's (sp, wp, sn, wn), and the mean of the side of ns's sign */
+WALWAYS int64_t wmerge_vec(int in_dtype, int imp_dtype, int out_dtype, int plus, int sign, const void *base,
                            const void *const *agents, const void *const *imps, int k, const float *lambdas,
                            float eps, void *out, int64_t start, int64_t end) {
     const wvf one = wsplat(1.0f), zero = wsplat(0.0f), ve = wsplat(eps), inf = (wvf)wsplatu(0x7F800000u);
     wvi bad = (wvi)wsplatu(0);  /* per lane: entries with a bad importance or a non-finite result */
     for (int64_t s = start; s + WNV * WL <= end; s += WNV * WL) {
-        wvf b[WNV], ns[WNV], ws[WNV], top[WNV], cnt[WNV], lam[WNV];
+        wvf b[WNV], ns[WNV], ws[WNV], top[WNV], cnt[WNV], lam[WNV], sp[WNV], wp[WNV], sn[WNV], wn[WNV];
         wvi badh[WNV];
         for (int v = 0; v < WNV; v++) {
             b[v] = wload(in_dtype, base, s + v * WL);
-            ns[v] = ws[v] = top[v] = cnt[v] = lam[v] = zero;
+            ns[v] = ws[v] = top[v] = cnt[v] = lam[v] = sp[v] = wp[v] = sn[v] = wn[v] = zero;
             badh[v] = (wvi)wsplatu(0);
         }
         for (int t = 0; t < k; t++) {
@@ -252,10 +297,17 @@ WALWAYS int64_t wmerge_vec(int in_dtype, int imp_dtype, int out_dtype, int plus,
                 badh[v] |= ~(wvi)(h >= zero) | (wvi)(h == inf);
                 cnt[v] = wsel(m, cnt[v] + one, cnt[v]);
                 if (plus) lam[v] = wsel(m, wsplat(lambdas[t]), lam[v]);
+                const wvi dn = m & (wvi)(d < zero), dp = m & ~dn;
                 if (t == 0) {
                     top[v] = wsel(m, h, zero);
                     ns[v] = wsel(m, ns[v] - d, ns[v]);
                     ws[v] = wsel(m, ws[v] + one, ws[v]);
+                    if (sign) {
+                        sp[v] = wsel(dp, sp[v] - d, sp[v]);
+                        wp[v] = wsel(dp, wp[v] + one, wp[v]);
+                        sn[v] = wsel(dn, sn[v] - d, sn[v]);
+                        wn[v] = wsel(dn, wn[v] + one, wn[v]);
+                    }
                     continue;
                 }
                 if (!wany(m)) continue;
@@ -264,14 +316,32 @@ WALWAYS int64_t wmerge_vec(int in_dtype, int imp_dtype, int out_dtype, int plus,
                 const wvf q = wsel(up | pos, wsel(up, top[v], h) / wsel(up, h, top[v]), one);
                 ns[v] = wsel(up, ns[v] * q, ns[v]);
                 ws[v] = wsel(up, ws[v] * q, ws[v]);
+                if (sign) {
+                    sp[v] = wsel(up, sp[v] * q, sp[v]);
+                    wp[v] = wsel(up, wp[v] * q, wp[v]);
+                    sn[v] = wsel(up, sn[v] * q, sn[v]);
+                    wn[v] = wsel(up, wn[v] * q, wn[v]);
+                }
                 top[v] = wsel(up, h, top[v]);
-                const wvf w = wsel(up, one, q);
-                ns[v] = wsel(m, ns[v] - w * d, ns[v]);
+                const wvf w = wsel(up, one, q), wd = w * d;
+                ns[v] = wsel(m, ns[v] - wd, ns[v]);
                 ws[v] = wsel(m, ws[v] + w, ws[v]);
+                if (sign) {
+                    sp[v] = wsel(dp, sp[v] - wd, sp[v]);
+                    wp[v] = wsel(dp, wp[v] + w, wp[v]);
+                    sn[v] = wsel(dn, sn[v] - wd, sn[v]);
+                    wn[v] = wsel(dn, wn[v] + w, wn[v]);
+                }
             }
         }
         for (int v = 0; v < WNV; v++) {
-            wvf r = ns[v] / wsel((wvi)(ws[v] < one), one, ws[v]);
+            wvf num = ns[v], den = wsel((wvi)(ws[v] < one), one, ws[v]);
+            if (sign) {
+                const wvi gt = (wvi)(ns[v] > zero), lt = (wvi)(ns[v] < zero);
+                num = wsel(lt, sp[v], wsel(gt, sn[v], num));
+                den = wsel(lt, wp[v], wsel(gt, wn[v], den));
+            }
+            wvf r = num / den;
             if (plus) r = wsel((wvi)(cnt[v] == one), ns[v] * lam[v], r);
             r = b[v] - r;
             wstore(out_dtype, out, s + v * WL, r);
@@ -284,26 +354,29 @@ WALWAYS int64_t wmerge_vec(int in_dtype, int imp_dtype, int out_dtype, int plus,
     return total;
 }
 /* the vector loop, then the block loops for the last < WNV * WL entries */
-WALWAYS int64_t wmerge_portable(int in_dtype, int imp_dtype, int out_dtype, int plus, const void *base,
+WALWAYS int64_t wmerge_portable(int in_dtype, int imp_dtype, int out_dtype, int plus, int sign, const void *base,
                                 const void *const *agents, const void *const *imps, int k, const float *lambdas,
                                 float eps, void *out, int64_t start, int64_t end) {
     const int64_t tail = end - (end - start) % (WNV * WL);
-    int64_t bad = wmerge_vec(in_dtype, imp_dtype, out_dtype, plus, base, agents, imps, k, lambdas, eps, out,
+    int64_t bad = wmerge_vec(in_dtype, imp_dtype, out_dtype, plus, sign, base, agents, imps, k, lambdas, eps, out,
                              start, tail);
     if (tail < end)
-        bad += wmerge_blocks(in_dtype, imp_dtype, out_dtype, base, agents, imps, k, lambdas, eps, out, tail, end);
+        bad += wmerge_blocks(in_dtype, imp_dtype, out_dtype, sign, base, agents, imps, k, lambdas, eps, out, tail,
+                             end);
     return bad;
 }
-#define WPORT(I, H, O, P) return wmerge_portable(I, H, O, P, base, agents, imps, k, lambdas, eps, out, start, end);
+#define WPORT(I, H, O, P, S) return wmerge_portable(I, H, O, P, S, base, agents, imps, k, lambdas, eps, out, start, \
+                                                    end);
 #endif
 
 /* The build in parts (see ram.c): ram_live/kernels/cc.py compiles each part (-DRAM_PART=n) into a library of its own
    when a call first needs it, one per input and importance dtype (ram_live/kernels/importance.py's PARTS); part
    0 is ram_weighted_simd_bits alone. Compiled without RAM_PART, one library holds every part.
 
-   theta* over [start, end) into out, the shared entries' mean weighted by imps; lambdas NULL: RAM. Returns the
-   number of non-finite results plus (at least 1 where there are any) bad importances: 0 iff all is well.
-   dtype codes: 0 float32, 1 bfloat16. */
+   theta* over [start, end) into out, the shared entries' mean weighted by imps; lambdas NULL: RAM; sign nonzero:
+   shared="sign" (the weighted mean of the agents whose tau has the sign of the weighted sum). Returns the number
+   of non-finite results plus (at least 1 where there are any) bad importances: 0 iff all is well. dtype codes: 0
+   float32, 1 bfloat16. */
 #define RAM_PARTS 5
 #ifdef RAM_PART
 #define IN_PART(n) (RAM_PART == (n))
@@ -311,12 +384,14 @@ WALWAYS int64_t wmerge_portable(int in_dtype, int imp_dtype, int out_dtype, int 
 #define IN_PART(n) 1
 #endif
 #define WEIGHTED_ARGS int out_dtype, const void *base, const void *const *agents, const void *const *imps, int k, \
-                      const float *lambdas, float eps, void *out, int64_t start, int64_t end
+                      const float *lambdas, float eps, void *out, int64_t start, int64_t end, int sign
 #ifdef FAST
-#define WEIGHTED(I, H) if (out_dtype == I) { BY_PLUS(I, H, I) } return W(I, H, out_dtype, lambdas != 0, k);
+#define WEIGHTED(I, H) if (out_dtype == I) { if (sign) { BY_PLUS(I, H, I, 1) } BY_PLUS(I, H, I, 0) }          \
+                       return sign ? W(I, H, out_dtype, lambdas != 0, 1, k) : W(I, H, out_dtype, lambdas != 0, 0, k);
 #else
-#define WEIGHTED(I, H) if (lambdas) { if (out_dtype == 1) { WPORT(I, H, 1, 1) } WPORT(I, H, 0, 1) }           \
-                       if (out_dtype == 1) { WPORT(I, H, 1, 0) } WPORT(I, H, 0, 0)
+#define WEIGHTED(I, H) if (sign) { WSIGNED(I, H, 1) } WSIGNED(I, H, 0)
+#define WSIGNED(I, H, S) if (lambdas) { if (out_dtype == 1) { WPORT(I, H, 1, 1, S) } WPORT(I, H, 0, 1, S) }  \
+                         if (out_dtype == 1) { WPORT(I, H, 1, 0, S) } WPORT(I, H, 0, 0, S)
 #endif
 #if IN_PART(1)
 int64_t ram_merge_weighted_bf16_bf16(WEIGHTED_ARGS) { WEIGHTED(1, 1) }

@@ -37,48 +37,68 @@ static inline __attribute__((always_inline)) __mmask16 agent16m(__m512 a, __m512
     *cnt = _mm512_mask_add_ps(*cnt, m, *cnt, _mm512_set1_ps(1.0f));
     return m;
 }
-/* ... and, where active, lam = lambda_t */
+/* shared="sign"'s sums of 16 entries: the sum of -tau and the count of the positive tau (sp, cp), the sum of -tau
+   of the negative ones (sn; their count is cnt - cp, exact in float32) */
+typedef struct { __m512 sp, cp, sn; } sides16;
+/* ... and, where active, lam = lambda_t; sd (sign, else NULL): where active and tau > 0 (< 0), that side's sums
+   (a NaN tau, counted as positive, makes ns NaN: the plain mean then) */
 static inline __attribute__((always_inline)) void agent16(__m512 a, __m512 b, __m512 eps, __m512 lt, int plus,
-                                                          __m512 *ns, __m512 *cnt, __m512 *lam) {
+                                                          __m512 *ns, __m512 *cnt, __m512 *lam, sides16 *sd) {
     __mmask16 m = agent16m(a, b, eps, ns, cnt);
     if (plus) *lam = _mm512_mask_mov_ps(*lam, m, lt);
+    if (sd) {
+        const __m512 d = _mm512_sub_ps(a, b);
+        const __mmask16 neg = _mm512_mask_cmp_ps_mask(m, d, _mm512_setzero_ps(), _CMP_LT_OQ), pos = m & ~neg;
+        sd->sp = _mm512_mask_sub_ps(sd->sp, pos, sd->sp, d);
+        sd->cp = _mm512_mask_add_ps(sd->cp, pos, sd->cp, _mm512_set1_ps(1.0f));
+        sd->sn = _mm512_mask_sub_ps(sd->sn, neg, sd->sn, d);
+    }
 }
-/* theta* = b - (cnt == 1 ? ns * lam : ns / max(cnt, 1)) (RAM: always the mean) */
-static inline __attribute__((always_inline)) __m512 theta16(__m512 b, __m512 ns, __m512 cnt, __m512 lam, int plus) {
-    const __m512 one = _mm512_set1_ps(1.0f);
-    __m512 r = _mm512_div_ps(ns, _mm512_mask_mov_ps(cnt, _mm512_cmp_ps_mask(cnt, one, _CMP_LT_OQ), one));
+/* theta* = b - (cnt == 1 ? ns * lam : ns / max(cnt, 1)) (RAM: always the mean); sd (sign, else NULL): the mean
+   of the negative side where ns > 0, of the positive side where ns < 0 (NaN: the plain mean) */
+static inline __attribute__((always_inline)) __m512 theta16(__m512 b, __m512 ns, __m512 cnt, __m512 lam, int plus,
+                                                            const sides16 *sd) {
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    __m512 num = ns, den = _mm512_mask_mov_ps(cnt, _mm512_cmp_ps_mask(cnt, one, _CMP_LT_OQ), one);
+    if (sd) {  /* the quotient chosen by its operands: one division */
+        const __mmask16 gt = _mm512_cmp_ps_mask(ns, zero, _CMP_GT_OQ), lt = _mm512_cmp_ps_mask(ns, zero, _CMP_LT_OQ);
+        num = _mm512_mask_mov_ps(_mm512_mask_mov_ps(num, gt, sd->sn), lt, sd->sp);
+        den = _mm512_mask_mov_ps(_mm512_mask_sub_ps(den, gt, cnt, sd->cp), lt, sd->cp);
+    }
+    __m512 r = _mm512_div_ps(num, den);
     if (plus) r = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(cnt, one, _CMP_EQ_OQ), ns, lam);
     return _mm512_sub_ps(b, r);
 }
 static inline __attribute__((always_inline)) int64_t merge_range(
-        int in_dtype, int out_dtype, int plus, const void *base, const void *const *agents, int k,
+        int in_dtype, int out_dtype, int plus, int sign, const void *base, const void *const *agents, int k,
         const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
     const __m512 ve = _mm512_set1_ps(eps), zero = _mm512_setzero_ps();
     int64_t bad = 0;
     for (int64_t s = start; s < end; s += 32) {
         int n = (int)(end - s < 32 ? end - s : 32);
         __m512 be, bo, ae, ao, ns_e = zero, ns_o = zero, c_e = zero, c_o = zero, l_e = zero, l_o = zero;
+        sides16 sd_e = {zero, zero, zero}, sd_o = sd_e;
         load32(in_dtype, base, s, n, &be, &bo);
         for (int t = 0; t < k; t++) {
             const __m512 lt = plus ? _mm512_set1_ps(lambdas[t]) : zero;
             load32(in_dtype, agents[t], s, n, &ae, &ao);
-            agent16(ae, be, ve, lt, plus, &ns_e, &c_e, &l_e);
-            agent16(ao, bo, ve, lt, plus, &ns_o, &c_o, &l_o);
+            agent16(ae, be, ve, lt, plus, &ns_e, &c_e, &l_e, sign ? &sd_e : NULL);
+            agent16(ao, bo, ve, lt, plus, &ns_o, &c_o, &l_o, sign ? &sd_o : NULL);
         }
-        bad += store32(in_dtype, out_dtype, out, s, n, theta16(be, ns_e, c_e, l_e, plus),
-                       theta16(bo, ns_o, c_o, l_o, plus));
+        bad += store32(in_dtype, out_dtype, out, s, n, theta16(be, ns_e, c_e, l_e, plus, sign ? &sd_e : NULL),
+                       theta16(bo, ns_o, c_o, l_o, plus, sign ? &sd_o : NULL));
     }
     return bad;
 }
 static inline __attribute__((always_inline)) int64_t merge_by_k(
-        int in_dtype, int out_dtype, int plus, const void *base, const void *const *agents, int k,
+        int in_dtype, int out_dtype, int plus, int sign, const void *base, const void *const *agents, int k,
         const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
-#define F(UNUSED, K) merge_range(in_dtype, out_dtype, plus, base, agents, K, lambdas, eps, out, start, end)
+#define F(UNUSED, K) merge_range(in_dtype, out_dtype, plus, sign, base, agents, K, lambdas, eps, out, start, end)
     BY_K(F, 0)
 #undef F
 }
-#define MERGE_RANGE(I, O, P) merge_by_k(I, O, P, base, agents, k, lambdas, eps, out, start, end)
-#define MERGE_ANY_K(I, O, P) merge_range(I, O, P, base, agents, k, lambdas, eps, out, start, end)
+#define MERGE_RANGE(I, O, P, S) merge_by_k(I, O, P, S, base, agents, k, lambdas, eps, out, start, end)
+#define MERGE_ANY_K(I, O, P, S) merge_range(I, O, P, S, base, agents, k, lambdas, eps, out, start, end)
 /* the set bits of each of 16 words (the nibble-table count where the CPU lacks VPOPCNTDQ) */
 #ifdef __AVX512VPOPCNTDQ__
 #define POPCNT16(v) _mm512_popcnt_epi32(v)
@@ -145,8 +165,8 @@ static inline __attribute__((always_inline)) int64_t unscaled_range(
             w[j] = _cvtmask32_u32(_mm512_kunpackw(_mm512_mask_test_epi32_mask(uo, oo, bit),
                                                  _mm512_mask_test_epi32_mask(ue, oe, bit)));
         }
-        __m512 re = _mm512_mask_mov_ps(theta16(be, ns_e, _mm512_cvtepi32_ps(ce), zero, 0), ue, v_e);
-        __m512 ro = _mm512_mask_mov_ps(theta16(bo, ns_o, _mm512_cvtepi32_ps(co), zero, 0), uo, v_o);
+        __m512 re = _mm512_mask_mov_ps(theta16(be, ns_e, _mm512_cvtepi32_ps(ce), zero, 0, NULL), ue, v_e);
+        __m512 ro = _mm512_mask_mov_ps(theta16(bo, ns_o, _mm512_cvtepi32_ps(co), zero, 0, NULL), uo, v_o);
         bad += store32(dtype, dtype, out, s, n, re, ro);
         if (++g == 16 || s + 32 >= end) {  /* count: popcounts of 16 groups' masks at once */
             const __mmask16 live = (__mmask16)((1u << g) - 1u);
@@ -201,8 +221,8 @@ static inline __attribute__((always_inline)) int64_t unscaled_small(
         }
         for (int j = 0; j < p; j++) planes[(s >> 5) * p + j] = w[j];
         const __mmask16 ue = _cvtu32_mask16(uu & 0xFFFFu), uo = _cvtu32_mask16(uu >> 16);
-        __m512 re = _mm512_mask_mov_ps(theta16(be, ns_e, c_e, zero, 0), ue, v_e);
-        __m512 ro = _mm512_mask_mov_ps(theta16(bo, ns_o, c_o, zero, 0), uo, v_o);
+        __m512 re = _mm512_mask_mov_ps(theta16(be, ns_e, c_e, zero, 0, NULL), ue, v_e);
+        __m512 ro = _mm512_mask_mov_ps(theta16(bo, ns_o, c_o, zero, 0, NULL), uo, v_o);
         bad += store32(dtype, dtype, out, s, n, re, ro);
     }
     for (int t = 0; t < k; t++) { active[t] += act[t]; unique[t] += uni[t]; }
@@ -300,7 +320,7 @@ int ram_simd_bits(void) {
 #define IN_PART(n) 1
 #endif
 #define MERGE_ARGS int out_dtype, const void *base, const void *const *agents, int k, const float *lambdas, \
-                   float eps, void *out, int64_t start, int64_t end
+                   float eps, void *out, int64_t start, int64_t end, int sign
 #define UNSCALED_ARGS const void *base, const void *const *agents, int k, float eps, void *out, int64_t start, \
                       int64_t end, uint32_t *planes, int p, int64_t *active, int64_t *unique
 #define COUNTS_ARGS const void *base, const void *const *agents, int k, float eps, int64_t start, int64_t end, \
@@ -308,25 +328,28 @@ int ram_simd_bits(void) {
 #define RESCALE_ARGS const void *base, void *out, const uint32_t *planes, int p, const float *lambdas, int k, \
                      int64_t start, int64_t end
 
-/* theta* over [start, end) into out (of out_dtype); lambdas NULL: RAM. Returns the number of non-finite results.
-   An output of another dtype than the inputs' is rare: k stays a variable there. */
+/* theta* over [start, end) into out (of out_dtype); lambdas NULL: RAM; sign nonzero: shared="sign" (the mean of
+   the agents whose tau has the sign of the sum of tau). Returns the number of non-finite results. An output of
+   another dtype than the inputs' is rare: k stays a variable there. */
+#ifdef FAST
+/* M(I, O, P, S) with P (RAM+) and S (sign) constants */
+#define BY_PS(M, I, O) (sign ? (lambdas ? M(I, O, 1, 1) : M(I, O, 0, 1)) : (lambdas ? M(I, O, 1, 0) : M(I, O, 0, 0)))
+#endif
 #if IN_PART(1)
 int64_t ram_merge_bf16(MERGE_ARGS) {
 #ifdef FAST
-    return out_dtype == 1 ? (lambdas ? MERGE_RANGE(1, 1, 1) : MERGE_RANGE(1, 1, 0))
-                          : (lambdas ? MERGE_ANY_K(1, 0, 1) : MERGE_ANY_K(1, 0, 0));
+    return out_dtype == 1 ? BY_PS(MERGE_RANGE, 1, 1) : BY_PS(MERGE_ANY_K, 1, 0);
 #else
-    return vmerge_dispatch_1(out_dtype, base, agents, k, lambdas, eps, out, start, end);
+    return vmerge_dispatch_1(out_dtype, base, agents, k, lambdas, eps, out, start, end, sign);
 #endif
 }
 #endif
 #if IN_PART(2)
 int64_t ram_merge_f32(MERGE_ARGS) {
 #ifdef FAST
-    return out_dtype == 1 ? (lambdas ? MERGE_ANY_K(0, 1, 1) : MERGE_ANY_K(0, 1, 0))
-                          : (lambdas ? MERGE_RANGE(0, 0, 1) : MERGE_RANGE(0, 0, 0));
+    return out_dtype == 1 ? BY_PS(MERGE_ANY_K, 0, 1) : BY_PS(MERGE_RANGE, 0, 0);
 #else
-    return vmerge_dispatch_0(out_dtype, base, agents, k, lambdas, eps, out, start, end);
+    return vmerge_dispatch_0(out_dtype, base, agents, k, lambdas, eps, out, start, end, sign);
 #endif
 }
 #endif

@@ -104,12 +104,18 @@ static void pad_inputs(tail_inputs *t, int dtype, const void *base, const void *
     t->base = t->pad[0];
 }
 
-/* theta* of 32 entries from s into r; returns the non-finite lanes (as out_dtype) among the first n */
-ALWAYS int32_t vmerge_group(int in_dtype, int out_dtype, int plus, const void *base, const void *const *agents,
-                            int k, const float *lambdas, vf eps, int64_t s, int n, vf r[NV]) {
+/* theta* of 32 entries from s into r; returns the non-finite lanes (as out_dtype) among the first n. sign: also
+   the sum of -tau and the count of the positive tau (sp, cp) and the sum of -tau of the negative ones (sn, over
+   cnt - cp of them), and the mean of the side of ns's sign (ram.c's agent16 and theta16). */
+ALWAYS int32_t vmerge_group(int in_dtype, int out_dtype, int plus, int sign, const void *base,
+                            const void *const *agents, int k, const float *lambdas, vf eps, int64_t s, int n,
+                            vf r[NV]) {
     const vf one = splatf(1.0f), zero = splatf(0.0f);
-    vf b[NV], ns[NV], cnt[NV], lam[NV];
-    for (int q = 0; q < NV; q++) { b[q] = loadv(in_dtype, base, s + LANES * q); ns[q] = cnt[q] = lam[q] = zero; }
+    vf b[NV], ns[NV], cnt[NV], lam[NV], sp[NV], cp[NV], sn[NV];
+    for (int q = 0; q < NV; q++) {
+        b[q] = loadv(in_dtype, base, s + LANES * q);
+        ns[q] = cnt[q] = lam[q] = sp[q] = cp[q] = sn[q] = zero;
+    }
     for (int t = 0; t < k; t++) {
         const vf lt = splatf(plus ? lambdas[t] : 0.0f);
         for (int q = 0; q < NV; q++) {
@@ -118,11 +124,23 @@ ALWAYS int32_t vmerge_group(int in_dtype, int out_dtype, int plus, const void *b
             ns[q] = ns[q] - (vf)((vi)d & m);
             cnt[q] = cnt[q] + (vf)((vi)one & m);
             if (plus) lam[q] = self(m, lt, lam[q]);
+            if (sign) {
+                const vi neg = m & (vi)(d < zero), pos = m & ~neg;
+                sp[q] = sp[q] - (vf)((vi)d & pos);
+                cp[q] = cp[q] + (vf)((vi)one & pos);
+                sn[q] = sn[q] - (vf)((vi)d & neg);
+            }
         }
     }
     vi bad = (vi)zero;
     for (int q = 0; q < NV; q++) {
-        const vf mean = ns[q] / self((vi)(cnt[q] < one), one, cnt[q]);
+        vf num = ns[q], den = self((vi)(cnt[q] < one), one, cnt[q]);
+        if (sign) {
+            const vi gt = (vi)(ns[q] > zero), lt = (vi)(ns[q] < zero);
+            num = self(lt, sp[q], self(gt, sn[q], num));
+            den = self(lt, cp[q], self(gt, cnt[q] - cp[q], den));
+        }
+        const vf mean = num / den;
         r[q] = b[q] - (plus ? self((vi)(cnt[q] == one), ns[q] * lam[q], mean) : mean);
         const vi lanes = (vi)LANE_INDEX + LANES * q < n;
         bad -= nonfinitev(out_dtype, r[q]) & lanes;
@@ -131,18 +149,18 @@ ALWAYS int32_t vmerge_group(int in_dtype, int out_dtype, int plus, const void *b
 }
 
 /* the tail's group: one instance for all dtypes and k (the same operations) */
-static __attribute__((noinline)) int32_t vmerge_tail(int in_dtype, int out_dtype, int plus, const void *base,
-        const void *const *agents, int k, const float *lambdas, vf eps, int n, vf r[NV]) {
-    return vmerge_group(in_dtype, out_dtype, plus, base, agents, k, lambdas, eps, 0, n, r);
+static __attribute__((noinline)) int32_t vmerge_tail(int in_dtype, int out_dtype, int plus, int sign,
+        const void *base, const void *const *agents, int k, const float *lambdas, vf eps, int n, vf r[NV]) {
+    return vmerge_group(in_dtype, out_dtype, plus, sign, base, agents, k, lambdas, eps, 0, n, r);
 }
 
-ALWAYS int64_t vmerge(int in_dtype, int out_dtype, int plus, const void *base, const void *const *agents, int k,
-                      const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
+ALWAYS int64_t vmerge(int in_dtype, int out_dtype, int plus, int sign, const void *base, const void *const *agents,
+                      int k, const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
     const vf veps = splatf(eps);
     int64_t bad = 0, s = start;
     vf r[NV];
     for (; s + GROUP <= end; s += GROUP) {
-        bad += vmerge_group(in_dtype, out_dtype, plus, base, agents, k, lambdas, veps, s, GROUP, r);
+        bad += vmerge_group(in_dtype, out_dtype, plus, sign, base, agents, k, lambdas, veps, s, GROUP, r);
         for (int q = 0; q < NV; q++) storev(out_dtype, out, s + LANES * q, r[q]);
     }
     if (s < end) {
@@ -150,7 +168,7 @@ ALWAYS int64_t vmerge(int in_dtype, int out_dtype, int plus, const void *base, c
         tail_inputs t;
         unsigned char o[GROUP * 4];
         pad_inputs(&t, in_dtype, base, agents, k, s, n);
-        bad += vmerge_tail(in_dtype, out_dtype, plus, t.base, t.agents, k, lambdas, veps, n, r);
+        bad += vmerge_tail(in_dtype, out_dtype, plus, sign, t.base, t.agents, k, lambdas, veps, n, r);
         for (int q = 0; q < NV; q++) storev(out_dtype, o, LANES * q, r[q]);
         memcpy((char *)out + s * (out_dtype == 1 ? 2 : 4), o, (size_t)n * (out_dtype == 1 ? 2 : 4));
     }
@@ -332,32 +350,38 @@ ALWAYS int64_t vrescale(int dtype, const void *base, void *out, const uint32_t *
     }
     return bad;
 }
-/* One function per (dtype, RAM / RAM+, K = 1..8), each compiled apart with its constants (inlined all into
-   one, GCC optimised the later instances worse), called through tables; other cases take k as a variable. One
-   table and dispatch per input dtype (D), each used by one part of ram.c's build: a part compiles only the
-   functions it references. */
+/* One function per (dtype, RAM / RAM+, mean / sign, K = 1..8), each compiled apart with its constants (inlined
+   all into one, GCC optimised the later instances worse), called through tables; other cases take k as a
+   variable. One table and dispatch per input dtype (D), each used by one part of ram.c's build: a part compiles
+   only the functions it references. */
 #define VM_ARGS const void *base, const void *const *agents, const float *lambdas, float eps, void *out, \
                 int64_t start, int64_t end
-#define DEF_VM(D, P, K) static __attribute__((noinline)) int64_t vm_##D##_##P##_##K(VM_ARGS) { \
-    return vmerge(D, D, P, base, agents, K, lambdas, eps, out, start, end); }
-#define DEF_VM_K(D, P) DEF_VM(D, P, 1) DEF_VM(D, P, 2) DEF_VM(D, P, 3) DEF_VM(D, P, 4) \
-                       DEF_VM(D, P, 5) DEF_VM(D, P, 6) DEF_VM(D, P, 7) DEF_VM(D, P, 8)
-DEF_VM_K(0, 0) DEF_VM_K(0, 1) DEF_VM_K(1, 0) DEF_VM_K(1, 1)
-#define VM_ROW(D, P) {vm_##D##_##P##_1, vm_##D##_##P##_2, vm_##D##_##P##_3, vm_##D##_##P##_4, \
-                      vm_##D##_##P##_5, vm_##D##_##P##_6, vm_##D##_##P##_7, vm_##D##_##P##_8}
+#define DEF_VM(D, P, S, K) static __attribute__((noinline)) int64_t vm_##D##_##P##_##S##_##K(VM_ARGS) { \
+    return vmerge(D, D, P, S, base, agents, K, lambdas, eps, out, start, end); }
+#define DEF_VM_K(D, P, S) DEF_VM(D, P, S, 1) DEF_VM(D, P, S, 2) DEF_VM(D, P, S, 3) DEF_VM(D, P, S, 4) \
+                          DEF_VM(D, P, S, 5) DEF_VM(D, P, S, 6) DEF_VM(D, P, S, 7) DEF_VM(D, P, S, 8)
+DEF_VM_K(0, 0, 0) DEF_VM_K(0, 1, 0) DEF_VM_K(1, 0, 0) DEF_VM_K(1, 1, 0)
+DEF_VM_K(0, 0, 1) DEF_VM_K(0, 1, 1) DEF_VM_K(1, 0, 1) DEF_VM_K(1, 1, 1)
+#define VM_ROW(D, P, S) {vm_##D##_##P##_##S##_1, vm_##D##_##P##_##S##_2, vm_##D##_##P##_##S##_3,             \
+                         vm_##D##_##P##_##S##_4, vm_##D##_##P##_##S##_5, vm_##D##_##P##_##S##_6,             \
+                         vm_##D##_##P##_##S##_7, vm_##D##_##P##_##S##_8}
 
-static __attribute__((noinline)) int64_t vmerge_any(int in_dtype, int out_dtype, int plus, const void *base,
-        const void *const *agents, int k, const float *lambdas, float eps, void *out, int64_t start, int64_t end) {
-    return vmerge(in_dtype, out_dtype, plus, base, agents, k, lambdas, eps, out, start, end);
+static __attribute__((noinline)) int64_t vmerge_any(int in_dtype, int out_dtype, int plus, int sign,
+        const void *base, const void *const *agents, int k, const float *lambdas, float eps, void *out,
+        int64_t start, int64_t end) {
+    return sign ? vmerge(in_dtype, out_dtype, plus, 1, base, agents, k, lambdas, eps, out, start, end)
+                : vmerge(in_dtype, out_dtype, plus, 0, base, agents, k, lambdas, eps, out, start, end);
 }
 #define DEF_VMERGE_DISPATCH(D)                                                                                 \
-static int64_t (*const vm_table_##D[2][8])(VM_ARGS) = {VM_ROW(D, 0), VM_ROW(D, 1)};                           \
+static int64_t (*const vm_table_##D[2][2][8])(VM_ARGS) = {{VM_ROW(D, 0, 0), VM_ROW(D, 1, 0)},                 \
+                                                         {VM_ROW(D, 0, 1), VM_ROW(D, 1, 1)}};                \
 static int64_t vmerge_dispatch_##D(int out_dtype, const void *base, const void *const *agents, int k,         \
-                                   const float *lambdas, float eps, void *out, int64_t start, int64_t end) {   \
+                                   const float *lambdas, float eps, void *out, int64_t start, int64_t end,     \
+                                   int sign) {                                                                 \
     const int plus = lambdas != NULL;                                                                          \
     if (out_dtype == D && k >= 1 && k <= 8)                                                                    \
-        return vm_table_##D[plus][k - 1](base, agents, lambdas, eps, out, start, end);                         \
-    return vmerge_any(D, out_dtype, plus, base, agents, k, lambdas, eps, out, start, end);                     \
+        return vm_table_##D[sign != 0][plus][k - 1](base, agents, lambdas, eps, out, start, end);              \
+    return vmerge_any(D, out_dtype, plus, sign != 0, base, agents, k, lambdas, eps, out, start, end);          \
 }
 DEF_VMERGE_DISPATCH(0)
 DEF_VMERGE_DISPATCH(1)

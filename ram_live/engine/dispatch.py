@@ -104,7 +104,7 @@ def _fast_kernel(kernels: MethodKernels, activity: Activity, state: Any, stream:
     lambdas = None if state is None else state.to(device=stream.device, dtype=stream.dtype)
     if stream.auxiliary:
         return _weighted_kernel(kernels, stream, flat, activity, lambdas, workers)
-    native = native_for(stream, activity, flat) if kernels.native and not kernels.sign else None
+    native = native_for(stream, activity, flat) if kernels.native else None
     if native is not None:
         return "native", functools.partial(merge_native, kernels=native[0], lambdas=lambdas, eps=native[1],
                                            workers=workers, sign=kernels.sign)
@@ -122,7 +122,7 @@ def _weighted_kernel(kernels: MethodKernels, stream: DeltaStream, flat: Tensor, 
     importances = stream.auxiliary.get("importance")
     if importances is None or len(stream.auxiliary) != 1:
         return None
-    native = native_for(stream, activity, flat, entries=()) if kernels.native and not kernels.sign else None
+    native = native_for(stream, activity, flat, entries=()) if kernels.native else None
     weighted = None if native is None else importance_native.kernels()
     if (weighted is not None and importance_native.supports(stream.base, importances)
             and weighted.ready(stream.base.dtype, importances[0].dtype)):

@@ -32,7 +32,7 @@ _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_f
 #: importance.c's parts (its RAM_PART numbers) by (input, importance) dtype codes (:data:`DTYPES`): each a library
 #: of its own, built on its first call; part 0 (``ram_weighted_simd_bits`` alone) is :func:`build`'s check.
 PARTS = {(1, 1): 1, (1, 0): 2, (0, 1): 3, (0, 0): 4}
-_SIGNATURE = [_I32, _P, _P, _P, _I32, _P, _F32, _P, _I64, _I64]
+_SIGNATURE = [_I32, _P, _P, _P, _I32, _P, _F32, _P, _I64, _I64, _I32]
 _NAMES = {0: "f32", 1: "bf16"}
 
 
@@ -59,16 +59,19 @@ class Kernels:
         return cc.builds(lambda: self._fn(DTYPES[dtype], DTYPES[importance_dtype]))
 
     def merge_weighted(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], importances: Sequence[Tensor],
-                       lambdas: Tensor | None, eps: float, start: int, end: int) -> int:
+                       lambdas: Tensor | None, eps: float, start: int, end: int, sign: bool = False) -> int:
         """θ* of flat entries ``[start, end)`` into ``out`` with the shared entries' mean weighted by
-        ``importances`` (flat, one per agent); ``lambdas``: float32 λ per agent or None. Returns the number of
-        non-finite results plus a positive count where some importance is negative, NaN or Inf (0: all valid)."""
+        ``importances`` (flat, one per agent); ``lambdas``: float32 λ per agent or None; ``sign``: RAM's
+        ``shared="sign"`` (:class:`~ram_live.functional.WeightedRamAccumulator`'s ``sign``). Returns the number
+        of non-finite results plus a positive count where some importance is negative, NaN or Inf (0: all
+        valid)."""
         k = len(agents)
         ptrs = (ctypes.c_void_p * k)(*(a.data_ptr() for a in agents))
         imps = (ctypes.c_void_p * k)(*(h.data_ptr() for h in importances))
         lam = None if lambdas is None else ctypes.c_void_p(lambdas.data_ptr())
         fn = self._fn(DTYPES[base.dtype], DTYPES[importances[0].dtype])
-        return int(fn(DTYPES[out.dtype], base.data_ptr(), ptrs, imps, k, lam, eps, out.data_ptr(), start, end))
+        return int(fn(DTYPES[out.dtype], base.data_ptr(), ptrs, imps, k, lam, eps, out.data_ptr(), start, end,
+                      int(sign)))
 
 
 def supports(base: Tensor, importances: Sequence[Tensor]) -> bool:

@@ -42,7 +42,7 @@ _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_f
 #: its own, built on its first call; part 0 (``ram_simd_bits`` alone) is :func:`build`'s check that the compiler
 #: takes the source and these flags.
 PARTS = {"merge": (2, 1), "merge_unscaled": (4, 3), "counts": (6, 5), "rescale": (8, 7)}
-_SIGNATURES = {"merge": [_I32, _P, _P, _I32, _P, _F32, _P, _I64, _I64],
+_SIGNATURES = {"merge": [_I32, _P, _P, _I32, _P, _F32, _P, _I64, _I64, _I32],
                "merge_unscaled": [_P, _P, _I32, _F32, _P, _I64, _I64, _P, _I32, _P, _P],
                "counts": [_P, _P, _I32, _F32, _I64, _I64, _P, _P, _P],
                "rescale": [_P, _P, _P, _I32, _P, _I32, _I64, _I64]}
@@ -76,13 +76,14 @@ class Kernels:
         return cc.builds(lambda: [self._fn(entry, DTYPES[dtype]) for entry in entries])
 
     def merge(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, eps: float,
-              start: int, end: int) -> int:
+              start: int, end: int, sign: bool = False) -> int:
         """θ* of flat entries ``[start, end)`` of ``base``/``agents`` into ``out`` (flat, same length);
-        ``lambdas``: float32 λ per agent (RAM+) or None. Returns how many results are not finite."""
+        ``lambdas``: float32 λ per agent (RAM+) or None; ``sign``: RAM's ``shared="sign"``
+        (:class:`~ram_live.functional.RamAccumulator`'s ``sign``). Returns how many results are not finite."""
         ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
         lam = None if lambdas is None else ctypes.c_void_p(lambdas.data_ptr())
         return int(self._fn("merge", DTYPES[base.dtype])(DTYPES[out.dtype], base.data_ptr(), ptrs, len(agents),
-                                                         lam, eps, out.data_ptr(), start, end))
+                                                         lam, eps, out.data_ptr(), start, end, int(sign)))
 
     def merge_unscaled(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], eps: float, start: int, end: int,
                        planes: Tensor, active: Tensor, unique: Tensor) -> int:
