@@ -125,9 +125,11 @@ def test_the_parts_give_the_bits_of_the_whole_source_in_one_library(compiler):
         fn.argtypes, fn.restype = native._SIGNATURES["merge"], ctypes.c_int64
         for lam in (None, lambdas):
             want, got = torch.empty_like(base), torch.empty_like(base)
-            fn(code, base.data_ptr(), ptrs, k, None if lam is None else lam.data_ptr(), 1e-5, want.data_ptr(), 0, n)
-            parts.merge(got, base, agents, lam, 1e-5, 0, n)
-            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (dtype, lam)
+            for sign in (False, True):
+                fn(code, base.data_ptr(), ptrs, k, None if lam is None else lam.data_ptr(), 1e-5, want.data_ptr(), 0,
+                   n, int(sign))
+                parts.merge(got, base, agents, lam, 1e-5, 0, n, sign=sign)
+                assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (dtype, lam, sign)
 
 
 @needs_cc

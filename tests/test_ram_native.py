@@ -36,7 +36,7 @@ def test_native_equals_eager_bits_and_counts(monkeypatch, base_sd, dtype, out_dt
     for name, start in (("merge", -2), ("merge_unscaled", 4)):
         kernel = getattr(native.Kernels, name)
         monkeypatch.setattr(native.Kernels, name,
-                            lambda self, *a, k=kernel, i=start: calls.append(a[i]) or k(self, *a))
+                            lambda self, *a, k=kernel, i=start, **kw: calls.append(a[i]) or k(self, *a, **kw))
     base = {k: v.to(dtype) for k, v in base_sd.items()}
     base["layers.0.b"][:3] = -0.0
     agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)

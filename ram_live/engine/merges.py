@@ -24,7 +24,7 @@ def merge_native(stream: DeltaStream, flat: Tensor, kernels: Any, lambdas: Tenso
     """The native RAM kernel over the stream's ranges, in threads (``sign``: RAM's ``shared="sign"``)."""
     def job(worker: int, n_workers: int) -> int:
         return threads.native_walk(stream, worker, n_workers, lambda start, end: kernels.merge(
-            flat, stream.base, stream.tensors, lambdas, eps, start, end, **({"sign": True} if sign else {})))
+            flat, stream.base, stream.tensors, lambdas, eps, start, end, sign=sign))
 
     if any(threads.in_native_workers(stream, workers, job)):
         stream.raise_nonfinite(0, stream.numel, flat)
@@ -36,7 +36,7 @@ def merge_native_weighted(stream: DeltaStream, flat: Tensor, kernels: Any, impor
     results, and either names its culprit."""
     def job(worker: int, n_workers: int) -> int:
         return threads.native_walk(stream, worker, n_workers, lambda start, end: kernels.merge_weighted(
-            flat, stream.base, stream.tensors, importances, lambdas, eps, start, end, **({"sign": True} if sign else {})))
+            flat, stream.base, stream.tensors, importances, lambdas, eps, start, end, sign=sign))
 
     if any(threads.in_native_workers(stream, workers, job)):
         stream.validate_auxiliary()
