@@ -214,8 +214,9 @@ def store_rows(args: argparse.Namespace) -> list[dict]:
                 for dtype in (torch.bfloat16, torch.float32):  # how the stored importances are read
                     sources = {n: ImportanceSource(s, dtype) for n, s in with_snaps.items()}
                     a, b, ca, cb = interleaved(
-                        lambda: ram_live.ram_merge(plain_snaps, variant=variant),
-                        lambda: ram_live.ram_merge(with_snaps, variant=variant, importance=sources), 2 * args.reps)
+                        lambda p=plain_snaps, v=variant: ram_live.ram_merge(p, variant=v),
+                        lambda w=with_snaps, v=variant, s=sources: ram_live.ram_merge(w, variant=v, importance=s),
+                        2 * args.reps)
                     row = _ratio_row(a, b, ca, cb, k=k, variant=variant, params=params, level=_level(),
                                      read_as=str(dtype).removeprefix("torch."))
                     rows.append(row)
@@ -269,10 +270,11 @@ def main(argv: list[str] | None = None) -> int:
             for variant in args.variants:
                 info: dict = {}
 
-                def plain() -> object:
+                def plain(agents: list = agents, base: dict = base, variant: str = variant) -> object:
                     return ram_live.ram_merge(agents, base=base, variant=variant)
 
-                def weighted() -> object:
+                def weighted(agents: list = agents, base: dict = base, variant: str = variant,
+                             imps: list = imps) -> object:
                     out, info["w"] = ram_live.ram_merge(agents, base=base, variant=variant, importance=imps,
                                                         return_info=True)
                     return out
