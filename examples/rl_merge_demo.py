@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         options_used[label] = {"method": method, **opts}
         if info.lambdas:
             lambdas[label] = dict(info.lambdas)
-        if method in ("ram", "ram_plus"):
+        if label in ("RAM", "RAM+"):  # the paper's rule (not the sign rows, which use the same methods)
             save_file({k: v.contiguous() for k, v in merged.state_dict().items()},
                       str(out / f"merged_{method}.safetensors"))
         stage("merge+score", j, n_methods, t0, label)
