@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         timings["reused_training"] = time.perf_counter() - t0
         print(f"reusing the base and specialists trained earlier in {out}")
     else:
+        reuse.forget(out)
         base, sft_info = train_base(s, args.seed, val, target=sft_target)
         timings["base_sft"] = time.perf_counter() - t0
         store_dir = out / "store"

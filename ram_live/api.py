@@ -243,7 +243,8 @@ def ram_merge(
             λ = 1; ``"ram_plus"``: λ_t = 1 + r·clip(ρ_t, 0, alpha), paper defaults r=0.1, alpha=2;
             ``"ram_plus_soft"``: λ_t = 1 + r·ρ_t/(1+ρ_t)), ``rho_scope`` (``"global"``: one ρ per agent over the
             whole model, the paper; ``"tensor"``: mergekit's ``ramplus_tl``), ``activity`` (``"abs"``: |τ| > eps,
-            the paper; ``"changed"``: the stored value differs), ``lambdas``, ``exclude``. The authors' script:
+            the paper; ``"changed"``: the stored value differs), ``lambdas``, ``exclude``, ``shared`` (``"sign"``:
+            the conflict-aware shared region, docs/methods.md). The authors' script:
             ``r=0.2, alpha=1.0``; mergekit ``ramplus_tl``: ``r=0.1, alpha=0.2, rho_scope="tensor"``.
         **kwargs: RAM options as keywords (``variant="ram", r=0.2``: put over ``options``), and :func:`merge`'s
             keywords (``out``, ``inplace``, ``device``, ``dtype``, ``chunk_numel``, ``max_shard_bytes``,

@@ -256,10 +256,12 @@ def test_compiled_kernels_give_the_same_bits_and_counts(base_sd, dtype, no_nativ
     agents[0]["layers.0.b"][0] = 0.0  # +0 against the base's -0: unchanged under "changed", τ = 0
     cases = [dict(variant="ram"), dict(variant="ram_plus"), dict(variant="ram_plus_soft", r=0.3),
              dict(variant="ram_plus", rho_scope="tensor", alpha=0.2), dict(variant="ram_plus", activity="changed"),
-             dict(variant="ram_plus", eps=0.02)]
+             dict(variant="ram_plus", eps=0.02), dict(variant="ram", shared="sign"),
+             dict(variant="ram_plus", shared="sign")]
     for case in cases:
         eager, e_info = ram_merge(agents, base=base, chunk_numel=100, return_info=True, compile=False, **case)
         fused, f_info = ram_merge(agents, base=base, chunk_numel=100, return_info=True, compile=True, **case)
+        assert f_info.extra["compiled"] and "compiled" in f_info.extra["kernels"], case
         assert_bit_identical(fused, eager)
         assert f_info.lambdas == e_info.lambdas, case
         if e_info.statistics is not None:

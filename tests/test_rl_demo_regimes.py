@@ -65,13 +65,46 @@ def test_agents_out_of_range_is_an_argument_error() -> None:
     assert proc.returncode == 2 and "--agents" in proc.stderr
 
 
+SPARSE_ARGS = ["--regime", "sparse", "--quick"]
+
+
 @pytest.fixture(scope="module")
-def sparse_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def sparse_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rl_demo_sparse")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), "--regime", "sparse",
-                           "--quick", "--out", str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), *SPARSE_ARGS,
+                           "--out", str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads((out / "results.json").read_text())
+    return out
+
+
+@pytest.fixture(scope="module")
+def sparse_run(sparse_dir: Path) -> dict:
+    return json.loads((sparse_dir / "results.json").read_text())
+
+
+def test_reuse_trained_gives_the_same_table_without_training(sparse_dir: Path, sparse_run: dict) -> None:
+    """--reuse-trained merges the agents the run left (no training: every row bit for bit); a folder whose
+    settings differ, or whose training did not finish (no trained.json), is not taken."""
+    import argparse
+
+    from rl_demo import regimes, reuse
+    from rl_demo.lang import tasks_for
+
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), *SPARSE_ARGS,
+                           "--out", str(sparse_dir), "--reuse-trained"], capture_output=True, text=True,
+                          timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    again = json.loads((sparse_dir / "results.json").read_text())
+    assert "reused_training" in again["timings"] and "rl" not in again["timings"]
+    assert again["accuracy"] == sparse_run["accuracy"] and again["density"] == sparse_run["density"]
+    tasks = tasks_for(3)
+    s, target = regimes.settings("sparse", tasks, True)
+    args = argparse.Namespace(seed=0, threads=1)
+    assert reuse.load(sparse_dir, args, s, tasks, target) is not None
+    assert reuse.load(sparse_dir, argparse.Namespace(seed=1, threads=1), s, tasks, target) is None
+    assert reuse.load(sparse_dir, args, regimes.settings("dense", tasks, True)[0], tasks, target) is None
+    reuse.forget(sparse_dir)
+    assert reuse.load(sparse_dir, args, s, tasks, target) is None
 
 
 def test_sparse_regime_has_the_papers_density_pattern(sparse_run: dict) -> None:

@@ -152,12 +152,10 @@ def test_cached_ties_thresholds_give_the_bits_of_a_plain_merge(agents, base_sd):
     assert len(merger.thresholds) == len(agents) * len(base_sd) * len(densities)  # all were cached already
 
 
-def test_the_probes_and_what_follows_them(base_sd, monkeypatch):
+def test_the_probes_and_what_follows_them(base_sd):
     """Task arithmetic's screen probes each agent at 3 × the best screened scale (the others at that scale); its
     refinement then starts with the weight ascent, from the best probe when one beat every scale. A narrowed
     space (the family alone) neither probes nor reorders."""
-    from ram_live.search import budget
-
     names = ("a", "b", "c")
     agents = dict(zip(names, make_agents(base_sd, [0.6] * 3, scale=0.05)))
     target = merge(agents, base=base_sd, method="task_arithmetic", weights=[5.0, 0.6, 0.6])
@@ -177,6 +175,29 @@ def test_the_probes_and_what_follows_them(base_sd, monkeypatch):
                    space=["task_arithmetic", "ta_weights"])
     assert not any(t.family == "ta_probe" for t in alone.history)
     assert [t.family for t in alone.history[:7]] == ["task_arithmetic"] * 7
-    monkeypatch.setattr(budget.Arm, "probes", property(lambda self: False))
-    unprobed = search(agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=60)
-    assert not any(t.family == "ta_probe" for t in unprobed.history)
+
+
+def test_the_probes_come_after_every_arms_screen():
+    """With a small budget and many agents the probes get what the screens leave, never an arm's screen."""
+    from ram_live.search.budget import spend
+
+    class Run:  # the search loop's interface to spend(): each family takes its whole allowance
+        def __init__(self, budget, k):
+            self.budget, self.used, self.history = budget, 0, []
+            self.merger = type("M", (), {"names": [f"a{i}" for i in range(k)]})()
+
+        def run_family(self, family, allowance):
+            n = min(allowance, self.budget - self.used, len(family.grid) if family.kind == "grid" else 10 ** 6)
+            self.used += n
+            self.history += [type("T", (), {"phase": None, "family": family.name})() for _ in range(n)]
+            return False
+
+        def best_of(self, arm):
+            return None
+
+    for budget, k in ((10, 8), (8, 5), (60, 8)):
+        run = Run(budget, k)
+        used = spend(run, parse_space(None))
+        screened = [t.family for t in run.history if t.phase == "screen"]
+        assert {"ram_plus", "task_arithmetic", "ties", "dare_ties"} <= set(screened), (budget, k, used)
+        assert screened.index("ta_probe") > max(i for i, f in enumerate(screened) if f == "dare_ties")

@@ -120,7 +120,7 @@ def versus_n(groups: list[list[dict[str, Any]]]) -> str:
 
 def main(argv: list[str] | None = None) -> str:
     argv = argv if argv is not None else sys.argv[1:]
-    if argv and argv[0] == "--vs-n":  # --vs-n "runs/a_s*" "runs/b_s*" ...: one glob per N
+    if argv and argv[0] == "--vs-n":  # --vs-n "runs/a_s?" "runs/b_s?" ...: one glob per N
         import glob
 
         groups = [load(sorted(glob.glob(pattern))) for pattern in argv[1:]]

@@ -4,14 +4,16 @@ Training is deterministic for a seed and settings (the demo's tables repeat bit 
 the same seed and settings may skip it and merge, score and search the very same agents: that is how the issue-24
 studies re-measured every merge and search row after a library change without retraining. What is kept:
 ``base.safetensors``, the snapshot store (``store/``), and ``trained.pt`` (per-agent training logs and the final
-importances the curvature rows use) with ``trained.json``, the settings they were trained with. A folder whose
-settings differ is not reused (the run trains again and overwrites it).
+importances the curvature rows use) with ``trained.json``, the settings they were trained with, written last
+(:func:`forget` removes it before a training starts, so a folder whose training was cut off is never taken). A
+folder whose settings differ is not reused (the run trains again and overwrites it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +25,28 @@ from ram_live.store import SnapshotStore
 
 from .lang import build_model, vocab_for
 
-__all__ = ["key", "load", "save"]
+__all__ = ["forget", "key", "load", "save"]
 
 
 def key(args: Any, s: Any, tasks: tuple[str, ...], sft_target: float) -> dict[str, Any]:
-    """What training depends on: the seed, the tasks, the SFT target and every setting (recipes included)."""
-    settings = {k: (vars(v) if dataclasses.is_dataclass(v) else v) for k, v in dataclasses.asdict(s).items()}
-    return json.loads(json.dumps({"seed": args.seed, "tasks": list(tasks), "sft_target": sft_target,
-                                  "settings": settings}, default=str))
+    """What training depends on: the seed, the torch threads (float reductions), the tasks, the SFT target and
+    every setting (recipes included)."""
+    return json.loads(json.dumps({"seed": args.seed, "threads": args.threads, "tasks": list(tasks),
+                                  "sft_target": sft_target, "settings": dataclasses.asdict(s)}, default=str))
+
+
+def forget(out: Path) -> None:
+    """Before a training writes into ``out``: what is there stops counting as a finished training."""
+    (out / "trained.json").unlink(missing_ok=True)
 
 
 def save(out: Path, args: Any, s: Any, tasks: tuple[str, ...], sft_target: float, base: nn.Module,
          rl: dict[str, Any], kept: dict[str, Any], sft_info: dict[str, Any]) -> None:
     save_file({k: v.contiguous() for k, v in base.state_dict().items()}, str(out / "base.safetensors"))
     torch.save({"rl": rl, "kept": kept, "sft": sft_info}, out / "trained.pt")
-    (out / "trained.json").write_text(json.dumps(key(args, s, tasks, sft_target), indent=1))
+    tmp = out / "trained.json.tmp"
+    tmp.write_text(json.dumps(key(args, s, tasks, sft_target), indent=1))
+    os.replace(tmp, out / "trained.json")  # last, and whole: it marks the training as finished
 
 
 def load(out: Path, args: Any, s: Any, tasks: tuple[str, ...], sft_target: float

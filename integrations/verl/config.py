@@ -53,7 +53,7 @@ class RAMVerlOptions(HoldsRamOptions):
         keep_merged: keep only the newest ``keep_merged`` merged folders (None: all).
         merged_dtype: dtype of the merged weights: ``"auto"`` (the base model's), ``"bf16"``, ``"fp16"``, ``"fp32"``.
         agents: merge only these agents (default: every agent of the store).
-        variant, r, alpha, eps, activity, rho_scope, lambdas, exclude: RAM's options, the fields of
+        variant, r, alpha, eps, activity, rho_scope, lambdas, exclude, shared: RAM's options, the fields of
             :class:`~ram_live.options.RamOptions` (as in :func:`ram_live.ram_merge`), held together in ``ram``
             (``opts.variant`` etc. read it).
         evaluate: dotted path of ``fn(merged_dir: str, step: int) -> dict[str, float]`` (``pkg.mod.fn`` or

@@ -60,16 +60,18 @@ def resolve_compile(compile: bool | str, device: torch.device, agent_entries: in
     return compiler_available(device.type)
 
 
-def compiler_works(device: torch.device, k: int, weighted: bool, importance: bool = False) -> bool:
+def compiler_works(device: torch.device, k: int, weighted: bool, importance: bool = False, sign: bool = False
+                   ) -> bool:
     """Build (or load from the cache) the dynamic-shape RAM kernel on a tiny input, so that a missing or broken
     toolchain falls back to the eager path with a warning before anything is written."""
     try:
         zeros = torch.zeros(3, device=device)
         lambdas = torch.ones(k, device=device) if weighted else None
-        F.compiled(F.ram_fused_, key=(k, not weighted))(zeros.clone(), zeros, [zeros] * k, lambdas, 0.0)
+        key = (k, (not weighted, "sign") if sign else not weighted)  # merge_fused's keys
+        F.compiled(F.ram_fused_, key=key)(zeros.clone(), zeros, [zeros] * k, lambdas, 0.0, sign)
         if importance:
-            F.compiled(F.ram_fused_weighted_, key=(k, not weighted))(zeros.clone(), zeros, [zeros] * k,
-                                                                       [zeros] * k, lambdas, 0.0)
+            F.compiled(F.ram_fused_weighted_, key=key)(zeros.clone(), zeros, [zeros] * k, [zeros] * k, lambdas,
+                                                       0.0, sign)
         return True
     except Exception as exc:  # noqa: BLE001 - any failure of the toolchain means "merge eagerly"
         warnings.warn(f"torch.compile failed on {device} ({type(exc).__name__}: {str(exc)[:200]}); merging with "

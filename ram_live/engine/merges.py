@@ -52,7 +52,7 @@ def merge_fused(stream: DeltaStream, flat: Tensor, lambdas: Tensor | None, eps: 
     scratch = None if flat.device == stream.device else torch.empty(
         min(stream.numel, stream.fused_chunk), dtype=flat.dtype, device=stream.device)
     kernel_fn = F.ram_fused_ if importances is None else F.ram_fused_weighted_
-    key = (lambdas is None, "sign") if sign else lambdas is None  # the plain builds keep the compile check's key
+    key = (lambdas is None, "sign") if sign else lambdas is None  # as compiler_works warms them
     for start, end, kernel, base, agents in stream.fused_chunks(kernel_fn, key):
         written = flat[start:end] if scratch is None else scratch[: end - start]
         if importances is None:

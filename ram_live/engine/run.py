@@ -72,7 +72,7 @@ def run_merge(
     if compile:
         kernels = method_kernels(method, config)
         compile = compiler_works(run_device, len(names), kernels is not None and kernels.scaled,
-                                 bool(reader.auxiliary))
+                                 bool(reader.auxiliary), kernels is not None and kernels.sign)
     info.extra["compiled"] = compile
     if reader.auxiliary:
         info.extra["auxiliary"] = reader.auxiliary.names

@@ -9,8 +9,8 @@ family), ``"task_arithmetic"`` (its scale grid and ``ta_weights``), ``"ties"``, 
    evenly over the arms in their order (the earlier ones get the odd evaluations). An arm with grids screens an
    evenly spaced subset of its grids (:func:`~ram_live.search.space.spread`: first and last included, at most the
    whole grid); an arm of moves only runs its first moves. The task-arithmetic arm, when it has ``ta_weights``,
-   also *probes* every agent (:data:`~ram_live.search.moves.PROBE_FACTOR` × one agent's weight at its best
-   screened scale: K evaluations beyond its share), and its refinement runs the weight ascent (from the best
+   also *probes* every agent once every arm has screened (:data:`~ram_live.search.moves.PROBE_FACTOR` × one
+   agent's weight at its best screened scale: K evaluations beyond its share), and its refinement runs the weight ascent (from the best
    probe or scale) before the rest of the scale grid: a uniform scale cannot show that one agent wants several
    times the others' weight, and with only the scale screened, or the refinement spent on more uniform scales,
    such an arm lost to arms it would have beaten (benchmarks/quality.md, issue 24).
@@ -150,18 +150,17 @@ def spend(run: Any, families: list[Family]) -> dict[str, int]:
         if size <= 0:
             continue
         grid = arm.grid
-        probes = arm.probes and k >= 2 and grid
         if grid:
             picks = [grid[i] for i in spread(len(grid), size)]
             for f in arm.families:
                 mine = [o for g, o in picks if g is f]
                 if mine:
                     go(replace(f, grid=mine), size, arm.name, "screen")
-            if probes:
-                go(Family("ta_probe", arm.families[0].side, "ta_probe"), k, arm.name, "screen")
-                arm.probed = True
         else:
             _refine(arm, size, go, phase="screen")
+    for arm in arms:  # after every arm's own screen: the probes never take an arm's screening evaluations
+        if arm.probes and k >= 2 and arm.grid and run.used < run.budget:
+            arm.probed = go(Family("ta_probe", arm.families[0].side, "ta_probe"), k, arm.name, "screen")[1] > 0
     keep = (len(arms) + 1) // 2
     while run.used < run.budget:
         alive = sorted((a for a in arms if not a.done), key=lambda a: _rank(run, a))

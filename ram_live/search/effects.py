@@ -15,8 +15,9 @@ __all__ = ["effect_key", "extrapolation_of"]
 
 def effect_key(candidate: dict[str, Any], merger: Merger) -> str | None:
     """What a global-λ RAM-family merge does, where known before merging: the activity rule, the excluded
-    agents, λ of each agent with unique entries (λ of the others scales nothing) and the shared rule. Two candidates with the
-    same effect give the same bits (plain RAM is λ = 1 bit for bit), so the second is not merged again."""
+    agents, λ of each agent with unique entries (λ of the others scales nothing) and the shared rule. Two
+    candidates with the same effect give the same bits (plain RAM is λ = 1 bit for bit), so the second is not
+    merged again."""
     method = candidate["method"]
     if method not in RAM_VARIANTS or candidate.get("importance") not in (None, False):
         return None  # importance-weighted merges: equal effects are not known before merging

@@ -140,9 +140,14 @@ class Moves:
         if start is None:
             return
         plain = {k: v for k, v in start.options.items() if k != "importance"}
+        defaults = make_config(start.method)
         for move in family.grid:
             if make_config(start.method, **{**plain, **move}) == make_config(start.method, **plain):
                 continue  # the same merge (e.g. shared="mean" on a candidate that leaves it out)
-            if self.trial({**start.candidate, **move}) is None:
+            candidate = {**start.candidate, **move}
+            for k in move:  # a default value is left out, as the grids leave it: the same candidate, the same key
+                if getattr(defaults, k) == move[k]:
+                    del candidate[k]
+            if self.trial(candidate) is None:
                 return
 

@@ -70,7 +70,7 @@ class Family:
     name: str
     side: str
     kind: str  # "grid", "explicit", "lambdas", "shared_weights", "ta_weights", "leave_one_out", "activity",
-    # "importance"
+    # "importance", "ta_probe" (the screen's, budget.py)
     grid: list[dict[str, Any]] = field(default_factory=list)
     settings: dict[str, float] = field(default_factory=dict)
     budget: int = 0
