@@ -8,6 +8,7 @@ import importlib.util
 import os
 import shutil
 import warnings
+from typing import Any
 
 import torch
 
@@ -17,7 +18,7 @@ from ..kernels import ram as ram_native
 from .. import functional as F
 from ..errors import ConfigError
 
-__all__ = ["COMPILE_AUTO_MIN", "compiler_available", "resolve_compile", "compiler_works"]
+__all__ = ["COMPILE_AUTO_MIN", "build_key", "compiler_available", "resolve_compile", "compiler_works"]
 
 #: ``compile="auto"`` compiles merges of at least this many agent-entries (Σ numel × K): compiling costs seconds
 #: (a warm cache) to tens of seconds (cold) once per process, which smaller merges do not win back.
@@ -60,6 +61,12 @@ def resolve_compile(compile: bool | str, device: torch.device, agent_entries: in
     return compiler_available(device.type)
 
 
+def build_key(scaled: bool, sign: bool) -> Any:
+    """Which compiled RAM build a merge takes, beside its agent count (:func:`ram_live.functional.compiled`'s
+    ``key``): with or without λ, and the ``shared="sign"`` rule (the plain builds keep their earlier keys)."""
+    return (not scaled, "sign") if sign else not scaled
+
+
 def compiler_works(device: torch.device, k: int, weighted: bool, importance: bool = False, sign: bool = False
                    ) -> bool:
     """Build (or load from the cache) the dynamic-shape RAM kernel on a tiny input, so that a missing or broken
@@ -67,7 +74,7 @@ def compiler_works(device: torch.device, k: int, weighted: bool, importance: boo
     try:
         zeros = torch.zeros(3, device=device)
         lambdas = torch.ones(k, device=device) if weighted else None
-        key = (k, (not weighted, "sign") if sign else not weighted)  # merge_fused's keys
+        key = (k, build_key(weighted, sign))
         F.compiled(F.ram_fused_, key=key)(zeros.clone(), zeros, [zeros] * k, lambdas, 0.0, sign)
         if importance:
             F.compiled(F.ram_fused_weighted_, key=key)(zeros.clone(), zeros, [zeros] * k, [zeros] * k, lambdas,

@@ -14,6 +14,7 @@ from torch import Tensor
 from .. import functional as F
 from ..methods import MergeMethod, TensorContext
 from . import threads
+from .compiling import build_key
 from .stream import DeltaStream, nonfinite
 
 __all__ = ["merge_native", "merge_native_weighted", "merge_fused", "merge_streaming", "merge_stacked"]
@@ -52,8 +53,7 @@ def merge_fused(stream: DeltaStream, flat: Tensor, lambdas: Tensor | None, eps: 
     scratch = None if flat.device == stream.device else torch.empty(
         min(stream.numel, stream.fused_chunk), dtype=flat.dtype, device=stream.device)
     kernel_fn = F.ram_fused_ if importances is None else F.ram_fused_weighted_
-    key = (lambdas is None, "sign") if sign else lambdas is None  # as compiler_works warms them
-    for start, end, kernel, base, agents in stream.fused_chunks(kernel_fn, key):
+    for start, end, kernel, base, agents in stream.fused_chunks(kernel_fn, build_key(lambdas is not None, sign)):
         written = flat[start:end] if scratch is None else scratch[: end - start]
         if importances is None:
             kernel(written, base, agents, lambdas, eps, sign)

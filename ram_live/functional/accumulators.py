@@ -24,9 +24,9 @@ class RamAccumulator:
     tensor([1.3750, -0.0000])
 
     ``sign=True`` (the ``shared="sign"`` option): where two or more agents are active, the mean over those whose τ
-    has the sign of Σ τ (all of them where Σ τ is 0). Beside Σ −τ and the count it keeps Σ −τ and the count of the
-    positive and of the negative τ, each added in the agents' order; the native and compiled kernels do the
-    same operations in the same order.
+    has the sign of Σ τ (all of them where Σ τ is 0). Beside Σ −τ and the count it keeps Σ −τ of the positive
+    and of the negative τ and the count of the positive ones, each added in the agents' order (the negative count
+    is the count less the positive); the native and compiled kernels do the same operations in the same order.
     """
 
     def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -57,14 +57,15 @@ class RamAccumulator:
             self._add_sides(delta, delta, None)
 
     def _add_sides(self, delta: Tensor, weighted: Tensor, weight: Tensor | None) -> None:
-        """Σ −(w·τ) and Σ w (w = 1 unweighted) of the positive τ (``sides[0:2]``) and the negative (``[2:4]``)."""
+        """Σ −(w·τ) and Σ w of the positive τ (``sides[0:2]``) and the negative (``[2:4]``); unweighted (w = 1)
+        the negative count is left to :meth:`merged`, which derives it from the count (exact: small integers)."""
         for side, compare in ((0, torch.gt), (2, torch.lt)):
             compare(delta, 0, out=self.side_mask)
             self.sides[side].sub_(torch.mul(weighted, self.side_mask, out=self.side_tmp))
-            if weight is None:
-                self.sides[side + 1].add_(self.side_mask)
-            else:
+            if weight is not None:
                 self.sides[side + 1].add_(torch.mul(weight, self.side_mask, out=self.side_tmp))
+            elif side == 0:
+                self.sides[1].add_(self.side_mask)
 
     def _elected(self, mean: Tensor) -> Tensor:
         """``mean`` (Σ −τ / norm) where Σ τ is 0 or NaN, else the elected side's Σ −τ / Σ w (in place)."""
@@ -77,6 +78,7 @@ class RamAccumulator:
         """θ₀ + τ* for this chunk (a view of internal scratch: copy it out before the next chunk)."""
         if self.sign:
             mean = torch.div(self.neg_sum, torch.clamp(self.count, min=1.0, out=self.tmp), out=self.weight)
+            torch.sub(self.count, self.sides[1], out=self.sides[3])  # the negative τ: all active ones but the positive
             mean = self._elected(mean)
             if self.lambdas is not None:
                 unique_scaled = torch.mv(self.masks.T, self.lambdas, out=self.tmp).mul_(self.neg_sum)

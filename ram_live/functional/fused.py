@@ -37,7 +37,7 @@ def ram_fused_(out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Ten
             lam = lam + mask * lambdas[t]
     mean = neg_sum / count.clamp(min=1.0)
     if sign:
-        mean = _elected(sides, neg_sum, mean)
+        mean = _elected([*sides[:3], count - sides[1]], neg_sum, mean)
     if lambdas is not None:
         mean = torch.where(count == 1.0, neg_sum * lam, mean)
     merged = base_f - mean
@@ -50,7 +50,10 @@ def _add_sides(sides: list[Tensor], delta: Tensor, weighted: Tensor, weight: Ten
     out = []
     for side, where in ((0, delta > 0), (2, delta < 0)):
         out.append(sides[side] - torch.where(where, weighted, 0.0))
-        out.append(sides[side + 1] + (where.float() if weight is None else torch.where(where, weight, 0.0)))
+        if weight is not None:
+            out.append(sides[side + 1] + torch.where(where, weight, 0.0))
+        else:  # unweighted, the negative count is derived at the end
+            out.append(sides[1] + where.float() if side == 0 else sides[3])
     return out
 
 
