@@ -45,6 +45,22 @@ def base_sd():
     }
 
 
+@pytest.fixture(scope="module")
+def tok():
+    """The evaluate tests' tiny tokenizer (``tests/evaluate_helpers.py``; imported here only when asked for)."""
+    import evaluate_helpers
+
+    return evaluate_helpers.tokenizer()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    """The evaluate tests' tiny Llama, seed 0 (``tests/evaluate_helpers.py``)."""
+    import evaluate_helpers
+
+    return evaluate_helpers.model(0)
+
+
 @pytest.fixture
 def no_native(monkeypatch):
     """Run the torch paths: the native CPU kernels switched off for the test."""

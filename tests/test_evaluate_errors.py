@@ -14,16 +14,6 @@ import evaluate_helpers as h
 from evaluate_helpers import PROMPTS, count_a
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return h.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return h.model(0)
-
-
 def test_a_raising_reward_names_the_function_and_the_prompt(llama, tok):
     def picky(completions, **kwargs):
         out = []

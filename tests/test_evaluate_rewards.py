@@ -30,16 +30,6 @@ def reference(m, tok, prompts, answers, weights=(1.0, 0.5)) -> tuple[float, list
     return sum(per_prompt) / len(per_prompt), completions
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return h.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return h.model(0)
-
-
 def rows():
     return [{"prompt": p, "answer": a} for p, a in zip(PROMPTS, ANSWERS)]
 

@@ -7,12 +7,12 @@ import torch
 
 import ram_live.kernels.importance as wnative
 import ram_live.kernels.ram as native
-from ram_live import functional as F
 from ram_live import merge, ram_merge
 from ram_live.engine import compiler_available
 from tests.conftest import assert_bit_identical
 from tests.test_importance import VARIANTS, _agents, _base, _eager, _importances, reference
-from tests.test_ram_native import _conflicting
+from tests.test_ram_native import (_accumulated, _builds, _check_ranges, _check_sign_is_plain,
+                                    _conflicting)
 
 needs_kernels = pytest.mark.skipif(wnative.kernels() is None or native.kernels() is None,
                                    reason="no C compiler: native kernels unavailable")
@@ -42,7 +42,7 @@ def test_native_equals_eager_bits(monkeypatch, dtype, imp_dtype, out_dtype, k):
 @pytest.mark.parametrize("imp_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("plus", [False, True])
 def test_vector_and_portable_builds_give_the_same_bits(dtype, imp_dtype, plus):
-    builds = {"native": wnative.kernels(), "portable": wnative.build((*native.FLAGS, "-mno-avx512f"))}
+    builds = _builds(wnative)
     assert builds["portable"] is not None and builds["portable"].simd_bits == 0
     from ram_live.kernels import cc
 
@@ -78,7 +78,7 @@ def test_vector_and_portable_builds_give_the_same_bits(dtype, imp_dtype, plus):
 def test_native_counts_bad_importances_in_both_builds():
     base = torch.zeros(100)
     agents = [torch.zeros(100), torch.zeros(100)]
-    for kernels in (wnative.kernels(), wnative.build((*native.FLAGS, "-mno-avx512f"))):
+    for kernels in _builds(wnative).values():
         for bad in (-1.0, float("nan"), float("inf")):
             h = [torch.ones(100), torch.ones(100)]
             h[1][77] = bad
@@ -116,21 +116,6 @@ def test_compiled_equals_eager_bits(monkeypatch):
                                  ram_merge(agents, base, compile=True, **case))
 
 
-def _accumulated(base, agents, importances, lambdas, eps, out_dtype, sign):
-    """The torch accumulator's θ* (``WeightedRamAccumulator``, ``sign`` as ``shared="sign"``) in ``out_dtype``."""
-    b = base.float()
-    acc = F.WeightedRamAccumulator(b.numel(), len(agents), torch.device("cpu"),
-                                   lambdas=None if lambdas is None else lambdas.tolist(), sign=sign)
-    acc.begin(b.numel())
-    for t, (a, h) in enumerate(zip(agents, importances)):
-        acc.add(t, torch.hardshrink(a.float() - b, eps), importance=h.float())
-    return acc.merged(b).to(out_dtype)
-
-
-def _bits(t):
-    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
-
-
 def _signed_inputs(k, n, dtype, imp_dtype, seed, agree=False):
     """Agents from ``test_ram_native``'s conflicting data (``agree``: one sign per entry), importances over 60
     decades with a fifth of them 0 and ties (``tests.test_importance._importances``)."""
@@ -147,23 +132,17 @@ def _signed_inputs(k, n, dtype, imp_dtype, seed, agree=False):
 def test_sign_gives_the_weighted_accumulators_bits(dtype, imp_dtype, k):
     """``sign=True`` on both builds: the bits of ``WeightedRamAccumulator(sign=True)``, RAM and RAM+, either
     output dtype, on ranges with odd starts and tails (the side sums rescaled with S and W)."""
-    builds = {"native": wnative.kernels(), "portable": wnative.build((*native.FLAGS, "-mno-avx512f"))}
-    n = 1237
-    base, agents, importances = _signed_inputs(k, n, dtype, imp_dtype, seed=400 + k)
+    builds = _builds(wnative)
+    base, agents, importances = _signed_inputs(k, 1237, dtype, imp_dtype, seed=400 + k)
     changed = 0
     for lambdas in (None, 1.0 + torch.rand(k, generator=torch.Generator().manual_seed(k))):
         for out_dtype in (torch.float32, torch.bfloat16):
-            want = _accumulated(base, agents, importances, lambdas, 1e-5, out_dtype, sign=True)
-            plain = _accumulated(base, agents, importances, lambdas, 1e-5, out_dtype, sign=False)
+            want = _accumulated(base, agents, lambdas, 1e-5, out_dtype, sign=True, importances=importances)
+            plain = _accumulated(base, agents, lambdas, 1e-5, out_dtype, sign=False, importances=importances)
             changed += int((want != plain).sum())
-            for name, kernels in builds.items():
-                for start, end in [(0, n), (3, 999), (1000, 1031), (17, 49)]:
-                    out = torch.full((n,), 7.0, dtype=out_dtype)
-                    assert kernels.merge_weighted(out, base, agents, importances, lambdas, 1e-5, start, end,
-                                                  sign=True) == 0
-                    assert torch.equal(_bits(out[start:end]), _bits(want[start:end])), \
-                        (name, out_dtype, lambdas is not None, start, end)
-                    assert (out[:start] == 7).all() and (out[end:] == 7).all(), (name, "wrote outside its range")
+            _check_ranges(builds, lambda kernels, out, start, end: kernels.merge_weighted(
+                out, base, agents, importances, lambdas, 1e-5, start, end, sign=True), want,
+                (out_dtype, lambdas is not None))
     assert k == 1 or changed > 100, "the data has conflicts the rule resolves"
 
 
@@ -171,16 +150,13 @@ def test_sign_gives_the_weighted_accumulators_bits(dtype, imp_dtype, k):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 11])
 def test_sign_where_the_agents_agree_is_the_plain_weighted_merge_bit_for_bit(dtype, k):
-    builds = {"native": wnative.kernels(), "portable": wnative.build((*native.FLAGS, "-mno-avx512f"))}
+    builds = _builds(wnative)
     n = 1237
     base, agents, importances = _signed_inputs(k, n, dtype, torch.float32, seed=500 + k, agree=True)
     for lambdas in (None, 1.0 + torch.rand(k, generator=torch.Generator().manual_seed(k))):
         for out_dtype in (torch.float32, torch.bfloat16):
-            for name, kernels in builds.items():
-                signed, plain = torch.empty(n, dtype=out_dtype), torch.empty(n, dtype=out_dtype)
-                assert kernels.merge_weighted(signed, base, agents, importances, lambdas, 1e-5, 0, n, sign=True) == 0
-                assert kernels.merge_weighted(plain, base, agents, importances, lambdas, 1e-5, 0, n) == 0
-                assert torch.equal(_bits(signed), _bits(plain)), (name, out_dtype, lambdas is not None)
+            _check_sign_is_plain(builds, lambda kernels, out, sign: kernels.merge_weighted(
+                out, base, agents, importances, lambdas, 1e-5, 0, n, sign=sign), n, out_dtype, (lambdas is not None,))
 
 
 @needs_kernels

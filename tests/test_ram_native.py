@@ -27,6 +27,35 @@ def _eager(monkeypatch, **kw):
         return ram_merge(**kw)
 
 
+def _bits(t):
+    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+def _builds(module):
+    """The kernels of ``module`` (``ram_live.kernels.ram`` or ``.importance``) at this host's level and portable."""
+    return {"native": module.kernels(), "portable": module.build((*native.FLAGS, "-mno-avx512f"))}
+
+
+def _check_ranges(builds, run, want, label):
+    """On ranges with odd starts and tails, ``run(kernels, out, start, end)`` of each build returns 0, writes
+    ``want``'s bits there and nothing outside."""
+    n = want.numel()
+    for name, kernels in builds.items():
+        for start, end in [(0, n), (3, 999), (1000, 1031), (5, 6), (17, 49)]:
+            out = torch.full((n,), 7.0, dtype=want.dtype)
+            assert run(kernels, out, start, end) == 0
+            assert torch.equal(_bits(out[start:end]), _bits(want[start:end])), (name, *label, start, end)
+            assert (out[:start] == 7).all() and (out[end:] == 7).all(), (name, "wrote outside its range")
+
+
+def _check_sign_is_plain(builds, run, n, out_dtype, label):
+    """``run(kernels, out, sign)`` of each build gives the same bits with ``sign`` on and off (the agents agree)."""
+    for name, kernels in builds.items():
+        signed, plain = torch.empty(n, dtype=out_dtype), torch.empty(n, dtype=out_dtype)
+        assert run(kernels, signed, True) == 0 and run(kernels, plain, False) == 0
+        assert torch.equal(_bits(signed), _bits(plain)), (name, out_dtype, *label)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("out_dtype", [None, torch.float32, torch.bfloat16])
 @needs_kernels
@@ -95,7 +124,7 @@ def _reference(base, agents, lambdas, eps, out_dtype):
 def test_vector_and_portable_builds_give_the_reference_bits(in_dtype, out_dtype, plus):
     """The AVX-512 kernels (where the CPU has it) and the portable loops (built without AVX-512) against Eq. 7
     in torch, on ranges with odd starts and tails, -0, sub-eps, eps-boundary and shared entries."""
-    builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
+    builds = _builds(native)
     assert builds["portable"] is not None and builds["portable"].simd_bits == 0
     from ram_live.kernels import cc
 
@@ -115,14 +144,9 @@ def test_vector_and_portable_builds_give_the_reference_bits(in_dtype, out_dtype,
     agents[1][:40:6] = 0.0  # +0 against the base's -0: inactive
     lambdas = torch.tensor([1.7, 0.5, 2.0, 1.25, 3.0]) if plus else None
     want, active, unique = _reference(base, agents, lambdas, 1e-5, out_dtype)
+    _check_ranges(builds, lambda kernels, out, start, end: kernels.merge(out, base, agents, lambdas, 1e-5, start,
+                                                                         end), want, ())
     for name, kernels in builds.items():
-        for start, end in [(0, n), (3, 999), (1000, 1031), (5, 6), (17, 49)]:
-            out = torch.full((n,), 7.0, dtype=out_dtype)
-            assert kernels.merge(out, base, agents, lambdas, 1e-5, start, end) == 0
-            assert torch.equal(out[start:end].view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32),
-                               want[start:end].view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32)), \
-                (name, start, end)
-            assert (out[:start] == 7).all() and (out[end:] == 7).all(), (name, "wrote outside its range")
         act, uni = torch.zeros(5, dtype=torch.int64), torch.zeros(5, dtype=torch.int64)
         assert not kernels.counts(base, agents, 1e-5, 0, 600, act, uni)
         assert not kernels.counts(base, agents, 1e-5, 600, n, act, uni)
@@ -217,7 +241,7 @@ def test_the_kernels_build_wherever_a_c_compiler_is_found():
 def test_single_read_kernels_give_the_two_pass_bits(dtype, k):
     """merge_unscaled then rescale (both builds) equal Eq. 7 with λ, count as ram_counts does, and catch NaN/Inf
     in an agent (first kernel) or in the base (the second kernel where one agent alone then counts as moved)."""
-    builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
+    builds = _builds(native)
     g = torch.Generator().manual_seed(k)
     n = 1000 + k
     base = torch.randn(n, generator=g).to(dtype)
@@ -370,7 +394,7 @@ def test_a_result_that_rounds_to_inf_in_bfloat16_counts_as_not_finite():
     lambdas = torch.tensor([1.1])
     r = base.float() - (0.0 - (agents[0].float() - base.float())) * 1.1
     assert torch.isfinite(r).all() and not torch.isfinite(r.bfloat16()).any()
-    builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
+    builds = _builds(native)
     for name, kernels in builds.items():
         assert kernels.merge(torch.empty(40, dtype=torch.bfloat16), base, agents, lambdas, 1e-5, 0, 40) == 40, name
         assert kernels.merge(torch.empty(40), base, agents, lambdas, 1e-5, 0, 40) == 0, name
@@ -385,7 +409,7 @@ def test_a_result_that_rounds_to_inf_in_bfloat16_counts_as_not_finite():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_counts_track_the_largest_task_vector_and_base_magnitudes(dtype):
     """(max |τ|, max |θ₀|) over the ranges counted, both builds: what lets an in-place merge skip its dry run."""
-    builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
+    builds = _builds(native)
     g = torch.Generator().manual_seed(3)
     base = (torch.randn(1000, generator=g) * 0.1).to(dtype)
     base[777] = -40.0
@@ -400,19 +424,21 @@ def test_counts_track_the_largest_task_vector_and_base_magnitudes(dtype):
         assert torch.equal(amax, want), (name, amax)
 
 
-def _accumulated(base, agents, lambdas, eps, out_dtype, sign):
-    """The torch accumulator's θ* (``RamAccumulator``, ``sign`` as ``shared="sign"``) in ``out_dtype``."""
+def _accumulated(base, agents, lambdas, eps, out_dtype, sign, importances=None):
+    """The torch accumulator's θ* (``RamAccumulator``; with ``importances`` ``WeightedRamAccumulator``; ``sign``
+    as ``shared="sign"``) in ``out_dtype``."""
     b = base.float()
-    acc = F.RamAccumulator(b.numel(), len(agents), torch.device("cpu"),
-                           lambdas=None if lambdas is None else lambdas.tolist(), sign=sign)
+    cls = F.RamAccumulator if importances is None else F.WeightedRamAccumulator
+    acc = cls(b.numel(), len(agents), torch.device("cpu"),
+              lambdas=None if lambdas is None else [float(x) for x in lambdas], sign=sign)
     acc.begin(b.numel())
     for t, a in enumerate(agents):
-        acc.add(t, torch.hardshrink(a.float() - b, eps))
+        delta = torch.hardshrink(a.float() - b, eps)
+        if importances is None:
+            acc.add(t, delta)
+        else:
+            acc.add(t, delta, importance=importances[t].float())
     return acc.merged(b).to(out_dtype)
-
-
-def _bits(t):
-    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
 
 
 def _conflicting(k, n, dtype, seed, agree=False):
@@ -442,9 +468,8 @@ def _conflicting(k, n, dtype, seed, agree=False):
 def test_sign_gives_the_torch_accumulators_bits(in_dtype, k):
     """``sign=True`` (``shared="sign"``) on both builds: the bits of ``RamAccumulator(sign=True)``, RAM and RAM+,
     either output dtype, on ranges with odd starts and tails."""
-    builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
-    n = 1237
-    base, agents = _conflicting(k, n, in_dtype, seed=200 + k)
+    builds = _builds(native)
+    base, agents = _conflicting(k, 1237, in_dtype, seed=200 + k)
     changed = 0
     for lambdas in (None, 1.0 + torch.rand(k, generator=torch.Generator().manual_seed(k))):
         for out_dtype in (torch.float32, torch.bfloat16):
@@ -452,13 +477,8 @@ def test_sign_gives_the_torch_accumulators_bits(in_dtype, k):
             changed += int((want != _accumulated(base, agents, lambdas, 1e-5, out_dtype, sign=False)).sum())
             if k >= 2:
                 assert torch.equal(want[:32], base[:32].to(out_dtype)), "Σ τ = 0: the plain mean, 0"
-            for name, kernels in builds.items():
-                for start, end in [(0, n), (3, 999), (1000, 1031), (17, 49)]:
-                    out = torch.full((n,), 7.0, dtype=out_dtype)
-                    assert kernels.merge(out, base, agents, lambdas, 1e-5, start, end, sign=True) == 0
-                    assert torch.equal(_bits(out[start:end]), _bits(want[start:end])), \
-                        (name, out_dtype, lambdas is not None, start, end)
-                    assert (out[:start] == 7).all() and (out[end:] == 7).all(), (name, "wrote outside its range")
+            _check_ranges(builds, lambda kernels, out, start, end: kernels.merge(
+                out, base, agents, lambdas, 1e-5, start, end, sign=True), want, (out_dtype, lambdas is not None))
     assert k == 1 or changed > 100, "the data has conflicts the rule resolves"
 
 
@@ -466,16 +486,13 @@ def test_sign_gives_the_torch_accumulators_bits(in_dtype, k):
 @pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 11])
 def test_sign_where_the_agents_agree_is_the_plain_merge_bit_for_bit(in_dtype, k):
-    builds = {"native": native.kernels(), "portable": native.build((*native.FLAGS, "-mno-avx512f"))}
+    builds = _builds(native)
     n = 1237
     base, agents = _conflicting(k, n, in_dtype, seed=300 + k, agree=True)
     for lambdas in (None, 1.0 + torch.rand(k, generator=torch.Generator().manual_seed(k))):
         for out_dtype in (torch.float32, torch.bfloat16):
-            for name, kernels in builds.items():
-                signed, plain = torch.empty(n, dtype=out_dtype), torch.empty(n, dtype=out_dtype)
-                assert kernels.merge(signed, base, agents, lambdas, 1e-5, 0, n, sign=True) == 0
-                assert kernels.merge(plain, base, agents, lambdas, 1e-5, 0, n) == 0
-                assert torch.equal(_bits(signed), _bits(plain)), (name, out_dtype, lambdas is not None)
+            _check_sign_is_plain(builds, lambda kernels, out, sign: kernels.merge(
+                out, base, agents, lambdas, 1e-5, 0, n, sign=sign), n, out_dtype, (lambdas is not None,))
 
 
 @needs_kernels

@@ -12,6 +12,7 @@ from ram_live import functional as F
 
 from conftest import make_agents
 from reference import ref_ram
+from test_ram_native import _accumulated
 
 NAMES = ("coder", "tools", "memory")
 
@@ -48,16 +49,10 @@ def test_against_the_float64_reference(base_sd, variant):
 
 
 def _streamed(taus, lambdas=None, importance=None, sign=True):
-    k, n = taus.shape
-    cls = F.WeightedRamAccumulator if importance is not None else F.RamAccumulator
-    acc = cls(n, k, torch.device("cpu"), lambdas=lambdas, sign=sign)
-    acc.begin(n)
-    for t in range(k):
-        if importance is None:
-            acc.add(t, taus[t])
-        else:
-            acc.add(t, taus[t], importance=importance[t])
-    return acc.merged(torch.zeros(n)).clone()
+    """The streaming accumulator's τ* of task vectors ``taus`` ``[K, N]`` (on a base of zeros)."""
+    n = taus.shape[1]
+    return _accumulated(torch.zeros(n), list(taus), lambdas, 0.0, torch.float32, sign,
+                        importances=None if importance is None else list(importance))
 
 
 def _taus(k, n, seed, same_sign=False):
