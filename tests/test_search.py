@@ -108,7 +108,11 @@ def test_every_trial_reproduces_bit_for_bit_and_the_output_is_reused(problem, ki
     assert len(outputs) == len(result.history) == 14
     want_type = torch.nn.Module if kind == "module" else dict
     assert all(isinstance(o, want_type) for o in objects)
-    assert all(o is objects[0] for o in objects)  # one scratch output, written again by every candidate
+    if kind == "module":
+        assert all(o is objects[0] for o in objects)  # one scratch module, written again by every candidate
+    else:  # a new dict per candidate over one set of reused tensors
+        assert len({id(o) for o in objects}) == len(objects)
+        assert all(o[k] is objects[0][k] for o in objects for k in o)
     assert objects[0] is not base_in
     for trial, out in zip(result.history, outputs):
         again = merge(agents_in, base=base_in, **trial.candidate)
@@ -219,7 +223,10 @@ def test_errors(problem):
         search(agents, base=base, evaluate=boom, budget=3)
     assert isinstance(info.value.__cause__, ValueError)
     assert info.value.candidate == {"method": "ram_plus", "r": 0.1, "alpha": 2.0}
-    for bad in (math.nan, math.inf, "0.5", None, torch.tensor([1.0, 2.0])):
+    import numpy as np
+
+    for bad in (math.nan, math.inf, "0.5", None, torch.tensor([1.0, 2.0]), 10**400, -(10**400), True,
+                np.array([1.0, 2.0]), np.float64("nan"), complex(1, 0), b"1"):
         with pytest.raises(SearchError, match="must return a finite number"):
             search(agents, base=base, evaluate=lambda m, b=bad: b, budget=2)
     for budget in (0, -1, 1.5, True, "60"):
@@ -309,3 +316,14 @@ def test_candidates_of_equal_effect_are_merged_once(problem):
                     space=space)
     assert [t.candidate for t in result.history] == [space[0], space[4]]  # λ = 1 four ways: plain RAM once
     assert len(calls) == 2
+
+
+def test_scores_of_every_real_kind_are_taken_as_their_value(problem):
+    import numpy as np
+    from fractions import Fraction
+
+    agents, base, _ = problem
+    for good, want in ((np.float64(0.25), 0.25), (np.int64(3), 3.0), (np.array(0.5), 0.5), (np.array([0.5]), 0.5),
+                       (torch.tensor(1.5), 1.5), (torch.tensor([2.5]), 2.5), (Fraction(1, 4), 0.25), (10**300, 1e300)):
+        result = search(agents, base=base, evaluate=lambda m, g=good: g, budget=1)
+        assert result.best_score == want, good

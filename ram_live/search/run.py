@@ -33,9 +33,11 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
            importance: Any = None) -> SearchResult:
     """Pick the merge of ``models`` that scores best on ``evaluate`` (higher is better), within ``budget`` calls.
 
-    Every candidate is merged into one reused output (a scratch module for a module base, one dict of tensors for
-    a state-dict or path base: at most one model more in memory) and handed to ``evaluate`` — the same object
-    each time, so copy what you keep. RAM-family counts are taken once per activity rule and reused.
+    Every candidate is merged into one reused output (a scratch module for a module base, one set of tensors for
+    a state-dict or path base, in a new dict per candidate: at most one model more in memory) and handed to
+    ``evaluate``; the tensors are written again by the next candidate, so copy what you keep. Whatever ``evaluate``
+    does to what it is handed (rebinding or deleting entries, converting or replacing a module's parameters),
+    the next candidate is scored on its own merge. RAM-family counts are taken once per activity rule and reused.
 
     Default ``space``: RAM+ ``r`` × ``alpha`` with α uncapped (``math.inf``) and capped at 2; per-agent λ on
     unique entries jointly with per-agent weights in the shared mean (``shared_weights``, a coordinate ascent from
@@ -131,6 +133,22 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
             f"(> {EXTRAPOLATION_FAR:g}): it extrapolates past what that agent learned; check it on data the "
             "selection did not see (confirm=)"), stacklevel=2)
     return result
+
+
+def finite_score(raw: Any) -> float | None:
+    """``raw`` as a finite float (a one-element tensor or array is taken as its value), or None when it is not a
+    real number or does not fit a float (NaN, ±inf, an integer too large for a float, a bool, a string)."""
+    if isinstance(raw, Tensor) and raw.numel() == 1:
+        raw = raw.item()
+    elif hasattr(raw, "item") and getattr(raw, "size", None) == 1 and not isinstance(raw, numbers.Real):
+        raw = raw.item()  # a one-element numpy array
+    if not isinstance(raw, numbers.Real) or isinstance(raw, bool):
+        return None
+    try:
+        value = float(raw)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def importance_variants(importance: Any) -> dict[str, Any]:
@@ -239,12 +257,11 @@ class _Run(Moves, Refinements):
                               candidate=candidate) from exc
         seconds = time.perf_counter() - t0
         self.evaluate_seconds += seconds
-        if isinstance(raw, Tensor) and raw.numel() == 1:
-            raw = raw.item()
-        if not isinstance(raw, numbers.Real) or isinstance(raw, bool) or not math.isfinite(float(raw)):
-            raise SearchError(f"{what} returned {raw!r} for candidate {label}: it must return a finite number "
+        score = finite_score(raw)
+        if score is None:
+            raise SearchError(f"{what} returned {raw!r:.80} for candidate {label}: it must return a finite number "
                               "(higher is better)", candidate=candidate)
-        return float(raw), seconds
+        return score, seconds
 
     def incumbent(self, side: str) -> Trial | None:
         scored = [t for t in self.history if t.side == side and t.score is not None]

@@ -1,9 +1,12 @@
 """One reused output for every candidate of a search, and the merger that writes each candidate into it.
 
 A module base gets one scratch module of its structure (allocated once, as a plain merge would); a state-dict or
-path base one dict of output tensors. Each candidate's merge overwrites every entry of it, reading the inputs
-where they are (the base is never written). RAM-family counts are taken once per activity rule and reused through
-``statistics=``.
+path base one set of output tensors, handed out in a new dict per candidate. Each candidate's merge overwrites
+every entry, reading the inputs where they are (the base is never written). Whatever the evaluation does to what
+it was handed (rebinding a dict's entries, deleting keys, replacing or converting a module's parameters), the next
+candidate is evaluated on its own merge: a dict is never handed out twice, and a scratch module whose tensors are
+no longer the ones the merge writes is rebuilt. RAM-family counts are taken once per activity rule and reused
+through ``statistics=``.
 """
 
 from __future__ import annotations
@@ -29,18 +32,34 @@ __all__ = ["ModuleTarget", "DictTarget", "Merger"]
 class ModuleTarget:
     """A :class:`~ram_live.io.sinks.ModuleSink` whose structural copy of the base is made once and written again by
     every merge (buffers are copied from the base each time, so an evaluation that changes them changes
-    nothing for the next candidate)."""
+    nothing for the next candidate).
+
+    Before each merge the scratch module is checked: if the evaluation replaced, removed, moved or converted any
+    of its tensors (``module.weight = nn.Parameter(...)``, ``module.half()``, ``module.to("cuda")``), a new scratch
+    copy is made, so no candidate is scored on tensors the merge did not write. Training flags are reset to the
+    base's."""
 
     revisable = True
 
     def __init__(self, base: nn.Module) -> None:
+        self._base = base
         self._sink = ModuleSink(base, inplace=False)
-        self._begun = False
+        self._handed: dict[str, tuple[int, int, torch.dtype, torch.device, tuple[int, ...]]] | None = None
+        self.rebuilds = 0
 
     def begin(self, plan: Any, specs: Mapping[str, TensorSpec]) -> None:
-        if not self._begun:
+        if self._handed is not None and not self._intact():
+            self._handed = None
+            self.rebuilds += 1
+        if self._handed is None:
             self._sink.begin(plan, specs)
-            self._begun = True
+            self._handed = _fingerprint(self._sink.module)
+        for scratch, base in zip(self._sink.module.modules(), self._base.modules()):
+            scratch.training = base.training
+
+    def _intact(self) -> bool:
+        module = self._sink.module
+        return module is not None and _fingerprint(module) == self._handed
 
     def destination(self, key: str, spec: TensorSpec) -> Tensor:
         return self._sink.destination(key, spec)
@@ -61,51 +80,69 @@ class ModuleTarget:
         pass  # the scratch module stays: the next candidate overwrites it
 
 
+def _fingerprint(module: nn.Module) -> dict[str, tuple[int, int, torch.dtype, torch.device, tuple[int, ...]]]:
+    """Each state-dict entry's object, storage, dtype, device and shape: what must not change between merges."""
+    out = {}
+    for key, t in module.state_dict(keep_vars=True).items():
+        data = t.detach()
+        out[key] = (id(t), data.data_ptr(), data.dtype, data.device, tuple(data.shape))
+    return out
+
+
 class DictTarget:
-    """One dict of output tensors (the base's keys, shapes, dtypes; on ``device`` or the base's), allocated at
-    the first merge and overwritten by each; :meth:`finish` returns the same dict object every time."""
+    """One set of output tensors (the base's keys, shapes, dtypes; on ``device`` or the base's), allocated at
+    the first merge and overwritten by each; :meth:`finish` returns a new dict of them every time, so an
+    evaluation that rebinds or deletes entries of the dict it was handed changes nothing for the next candidate."""
 
     revisable = True
 
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device
         self.out: dict[str, Tensor] = {}
-        self._result: dict[str, Tensor] | None = None
         self.order: tuple[str, ...] = ()
 
     def begin(self, plan: Any, specs: Mapping[str, TensorSpec]) -> None:
         self.order = plan.keys
 
     def destination(self, key: str, spec: TensorSpec) -> Tensor:
-        if key not in self.out:
-            self.out[key] = torch.empty(spec.shape, dtype=spec.dtype, device=self.device or spec.device)
+        device = self.device or spec.device
+        if not _fits(self.out.get(key), spec.shape, spec.dtype, device):
+            self.out[key] = torch.empty(spec.shape, dtype=spec.dtype, device=device)
         return self.out[key]
 
     def commit(self, key: str) -> None:
         pass
 
     def copy_from_base(self, key: str, tensor: Tensor) -> None:
-        if key in self.out:
+        device = self.device or tensor.device
+        if _fits(self.out.get(key), tuple(tensor.shape), tensor.dtype, device):
             self.out[key].copy_(tensor)
         else:
-            self.out[key] = tensor.to(device=self.device or tensor.device, copy=True)
+            self.out[key] = tensor.to(device=device, copy=True)
 
     def alias(self, alias: str, canonical: str) -> None:
         self.out[alias] = self.out[canonical]
 
     def finish(self) -> dict[str, Tensor]:
-        if self._result is None:
-            self._result = {k: self.out[k] for k in self.order}
-        return self._result
+        return {k: self.out[k] for k in self.order}
 
     def abort(self) -> None:
         pass
 
 
+def _fits(t: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
+    """``t`` can be written as the output of this shape, dtype and device (an evaluation may have set ``.data``)."""
+    if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dtype or not t.is_contiguous():
+        return False
+    want = torch.device(device)
+    return t.device.type == want.type and (want.index is None or t.device.index == want.index)
+
+
 class Merger:
     """Sources opened once, one reused target, and the RAM counts per (activity rule, excluded agents).
 
-    ``merge(candidate)`` → ``(merged, info, seconds)``; ``merged`` is the same object every call."""
+    ``merge(candidate)`` → ``(merged, info, seconds)``; ``merged`` holds the same reused tensors every call (a
+    module base: the same scratch module while the evaluation leaves its tensors in place)."""
 
     def __init__(self, models: Models, base: Model | None, *, device: str | torch.device | None = None,
                  workers: int | None = None) -> None:

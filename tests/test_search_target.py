@@ -1,0 +1,151 @@
+"""ram_live.search.target: whatever an evaluation does to what it is handed, every candidate of a search is
+scored on its own merge (never on a stale one), and merge(**candidate) re-makes what was scored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ram_live import merge, search
+
+from conftest import make_agents, snapshot
+
+pytestmark = pytest.mark.filterwarnings("ignore::ram_live.ExtrapolationWarning")
+
+SPACE = [{"method": "ram"}, {"method": "task_arithmetic", "scale": 0.5}, {"method": "ram_plus", "r": 0.5},
+         {"method": "task_arithmetic", "scale": 2.0}, {"method": "ties", "density": 0.3}]
+
+
+def _rebind_float64(sd):
+    for k in list(sd):
+        sd[k] = sd[k].double()
+
+
+def _rebind_clone(sd):
+    for k in list(sd):
+        sd[k] = sd[k].clone().mul_(3.0)
+
+
+def _delete_keys(sd):
+    for k in list(sd)[::2]:
+        del sd[k]
+
+
+def _clear(sd):
+    sd.clear()
+
+
+def _set_data_other_shape(sd):
+    for k in list(sd):
+        sd[k].data = torch.zeros(1)
+
+
+def _in_place(sd):
+    for v in sd.values():
+        v.mul_(-7.0)
+
+
+DICT_EDITS = [_rebind_float64, _rebind_clone, _delete_keys, _clear, _set_data_other_shape, _in_place]
+
+
+@pytest.mark.parametrize("edit", DICT_EDITS, ids=[f.__name__.strip("_") for f in DICT_EDITS])
+def test_an_evaluation_that_edits_the_dict_it_is_handed_never_scores_a_stale_merge(base_sd, edit):
+    agents = dict(zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6], scale=0.05)))
+    seen = []
+
+    def evaluate(merged):
+        seen.append(snapshot(merged))
+        score = float(sum(v.double().sum() for v in merged.values()))
+        edit(merged)
+        return score
+
+    result = search(agents, base=base_sd, evaluate=evaluate, budget=len(SPACE), space=SPACE)
+    assert len(seen) == len(SPACE)
+    for trial, state in zip(result.history, seen):
+        again = merge(agents, base=base_sd, **trial.candidate)
+        assert sorted(state) == sorted(again)
+        assert all(torch.equal(state[k], again[k]) for k in again), trial.label()
+    scores = [t.score for t in result.history]
+    assert len(set(scores)) == len(scores)  # different merges, different scores
+
+
+def _module(sd):
+    m = torch.nn.Module()
+    for k, v in sd.items():
+        parent = m
+        *path, leaf = k.split(".")
+        for p in path:
+            if not hasattr(parent, p):
+                parent.add_module(p, torch.nn.Module())
+            parent = getattr(parent, p)
+        parent.register_parameter(leaf, torch.nn.Parameter(v.clone()))
+    return m
+
+
+def _replace_parameter(m):
+    m.embed.weight = torch.nn.Parameter(torch.zeros_like(m.embed.weight))
+
+
+def _convert_dtype(m):
+    m.double()
+
+
+def _delete_parameter(m):
+    del m.head.weight
+
+
+def _swap_submodule(m):
+    m.layers = torch.nn.Module()
+
+
+def _in_place_module(m):
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(-7.0)
+
+
+def _training_flag(m):
+    m.layers.train(False)
+
+
+MODULE_EDITS = [_replace_parameter, _convert_dtype, _delete_parameter, _swap_submodule, _in_place_module,
+                _training_flag]
+
+
+@pytest.mark.parametrize("edit", MODULE_EDITS, ids=[f.__name__.strip("_") for f in MODULE_EDITS])
+def test_an_evaluation_that_edits_the_module_it_is_handed_never_scores_a_stale_merge(base_sd, edit):
+    base = _module(base_sd)
+    agents = {n: _module(a) for n, a in zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6], scale=0.05))}
+    seen, flags = [], []
+
+    def evaluate(module):
+        seen.append(snapshot(module))
+        flags.append([m.training for m in module.modules()])
+        score = float(sum(p.detach().double().sum() for p in module.parameters()))
+        edit(module)
+        return score
+
+    result = search(agents, base=base, evaluate=evaluate, budget=len(SPACE), space=SPACE)
+    for trial, state in zip(result.history, seen):
+        again = merge(agents, base=base, **trial.candidate).state_dict()
+        assert sorted(state) == sorted(again)
+        assert all(torch.equal(state[k], again[k]) and state[k].dtype == again[k].dtype for k in again), trial.label()
+    assert all(f == [m.training for m in base.modules()] for f in flags)
+    assert all(torch.equal(v, base_sd[k]) for k, v in base.state_dict().items())  # the base is untouched
+
+
+def test_an_evaluation_that_leaves_the_output_alone_gets_the_same_tensors_every_time(base_sd):
+    """The reuse the search relies on for memory: no edits, no new allocation (same storage every candidate)."""
+    agents = dict(zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6], scale=0.05)))
+    base = _module(base_sd)
+    for base_in in (base_sd, base):
+        pointers = []
+
+        def evaluate(merged):
+            sd = merged.state_dict() if isinstance(merged, torch.nn.Module) else merged
+            pointers.append({k: v.data_ptr() for k, v in sd.items()})
+            return 0.0
+
+        search({n: _module(a) if base_in is base else a for n, a in agents.items()}, base=base_in,
+               evaluate=evaluate, budget=len(SPACE), space=SPACE)
+        assert all(p == pointers[0] for p in pointers)
