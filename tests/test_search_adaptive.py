@@ -183,7 +183,7 @@ def test_the_probes_come_after_every_arms_screen():
 
     class Run:  # the search loop's interface to spend(): each family takes its whole allowance
         def __init__(self, budget, k):
-            self.budget, self.used, self.history = budget, 0, []
+            self.budget, self.used, self.history, self.min_cost = budget, 0, [], 1.0
             self.merger = type("M", (), {"names": [f"a{i}" for i in range(k)]})()
 
         def run_family(self, family, allowance):

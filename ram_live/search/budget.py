@@ -13,7 +13,7 @@ family), ``"task_arithmetic"`` (its scale grid and ``ta_weights``), ``"ties"``, 
    agent's weight at its best screened scale: K evaluations beyond its share), and its refinement runs the weight ascent (from the best
    probe or scale) before the rest of the scale grid: a uniform scale cannot show that one agent wants several
    times the others' weight, and with only the scale screened, or the refinement spent on more uniform scales,
-   such an arm lost to arms it would have beaten (benchmarks/quality.md, issue 24).
+   such an arm lost to arms it would have beaten (benchmarks/quality.md, "`search`'s budget rule").
 3. **Refinement**: the arms ranked by their best score so far (ties: the earlier arm). Round one gives
    ``ROUND_SHARE`` of what is left to the top half (rounded up), split evenly, the better ranked first; each
    further round re-ranks and halves the arms again; when one is left it gets everything that remains. An arm's
@@ -111,7 +111,7 @@ def screen_sizes(arms: list[Arm], budget: int) -> list[int]:
     n = len(arms)
     if n == 0:
         return []
-    total = min(budget, max(n, int(math.floor(SCREEN_SHARE * budget + 0.5))))
+    total = int(min(budget, max(n, math.floor(SCREEN_SHARE * budget + 0.5))))
     sizes = [total // n + (1 if i < total % n else 0) for i in range(n)]
     return [min(s, len(a.grid)) if a.grid else s for s, a in zip(sizes, arms)]
 
@@ -142,6 +142,7 @@ def spend(run: Any, families: list[Family]) -> dict[str, int]:
 
     for f in explicit:
         go(f, run.budget - run.used, "explicit", "explicit")
+    # a candidate starts only while run.min_cost (one full evaluation) fits; under a race it may cost less
     if len(arms) == 1:
         _refine(arms[0], run.budget - run.used, go)
         return used
@@ -159,10 +160,10 @@ def spend(run: Any, families: list[Family]) -> dict[str, int]:
         else:
             _refine(arm, size, go, phase="screen")
     for arm in arms:  # after every arm's own screen: the probes never take an arm's screening evaluations
-        if arm.probes and k >= 2 and arm.grid and run.used < run.budget:
+        if arm.probes and k >= 2 and arm.grid and run.budget - run.used >= run.min_cost - 1e-9:
             arm.probed = go(Family("ta_probe", arm.families[0].side, "ta_probe"), k, arm.name, "screen")[1] > 0
     keep = (len(arms) + 1) // 2
-    while run.used < run.budget:
+    while run.budget - run.used >= run.min_cost - 1e-9:
         alive = sorted((a for a in arms if not a.done), key=lambda a: _rank(run, a))
         if not alive:
             break

@@ -46,6 +46,12 @@ class Trial:
     #: When it ran: "explicit", "screen" or "refine" (ram_live.search.budget).
     phase: str | None = None
     importance: str | None = None  # the label of the importances in options["importance"] (shown instead of them)
+    #: The share of the prompts it was scored on (< 1: stopped early by the race, ``score`` is an estimate).
+    fidelity: float = 1.0
+    #: Each task's score on the prompts it saw (an evaluation with the prompt protocol), else None.
+    tasks: dict[str, float] | None = None
+    #: Why it saw fewer prompts: "race" (clearly worse than its side's best on a slice).
+    stop: str | None = None
 
     @property
     def shown(self) -> dict[str, Any]:
@@ -69,7 +75,12 @@ class Trial:
                         "options": self.shown, "score": self.score, "confirm_score": self.confirm_score,
                         "merge_seconds": self.merge_seconds, "evaluate_seconds": self.evaluate_seconds,
                         "extrapolation": self.extrapolation, "lambdas": self.lambdas, "error": self.error,
-                        "phase": self.phase})
+                        "phase": self.phase, "fidelity": self.fidelity, "tasks": self.tasks,
+                        "stop": self.stop})
+
+
+def _short(name: str, width: int = 10) -> str:
+    return name if len(name) <= width else name[:width - 1] + "…"
 
 
 def _copy(options: dict[str, Any]) -> dict[str, Any]:
@@ -128,28 +139,36 @@ def from_json(value: Any) -> Any:
 @dataclass
 class SearchResult:
     """The outcome of :func:`ram_live.search`. ``best``: ``merge(models, base=base, **result.best)`` reproduces
-    the winner bit for bit. ``history``: every trial in order. Seconds: ``merge_seconds`` (every merge, the
+    the winner bit for bit; the winner and the best baseline are chosen among the trials scored on every prompt.
+    ``history``: every trial in order. ``budget``: as given (``60`` or ``"20x"``); ``spent``: what the trials cost,
+    in candidates or full evaluations' worth of prompts. Seconds: ``merge_seconds`` (every merge, the
     confirmation re-merges included), ``evaluate_seconds`` (every call of ``evaluate`` and ``confirm``),
     ``overhead_seconds`` (the rest: opening inputs, bookkeeping)."""
 
     history: list[Trial]
-    budget: int
+    budget: int | str
     seed: int
     agents: tuple[str, ...]
     merge_seconds: float = 0.0
     evaluate_seconds: float = 0.0
     overhead_seconds: float = 0.0
     statistics_passes: int = 0
-    budgets: dict[str, int] = field(default_factory=dict)
+    budgets: dict[str, float] = field(default_factory=dict)
+    spent: float = 0.0
 
     @property
     def scored(self) -> list[Trial]:
         return [t for t in self.history if t.score is not None]
 
     @property
+    def complete(self) -> list[Trial]:
+        """The trials scored on every prompt (all of them without a race)."""
+        return [t for t in self.scored if t.fidelity >= 1.0]
+
+    @property
     def best_trial(self) -> Trial:
-        """The highest score; ties go to the earlier trial."""
-        return max(self.scored, key=lambda t: (t.score, -t.index))
+        """The highest score among the trials scored on every prompt; ties go to the earlier trial."""
+        return max(self.complete or self.scored, key=lambda t: (t.score, -t.index))
 
     @property
     def best(self) -> dict[str, Any]:
@@ -162,12 +181,12 @@ class SearchResult:
     @property
     def best_baseline(self) -> Trial | None:
         """The best trial of a baseline (task arithmetic, TIES, DARE, linear), or None when none ran."""
-        baselines = [t for t in self.scored if t.side == BASELINE_SIDE]
+        baselines = [t for t in self.complete if t.side == BASELINE_SIDE]
         return max(baselines, key=lambda t: (t.score, -t.index)) if baselines else None
 
     @property
     def best_ram(self) -> Trial | None:
-        ram = [t for t in self.scored if t.side == RAM_SIDE]
+        ram = [t for t in self.complete if t.side == RAM_SIDE]
         return max(ram, key=lambda t: (t.score, -t.index)) if ram else None
 
     @property
@@ -184,12 +203,21 @@ class SearchResult:
         a summary of the winner, the best baseline and the time split."""
         best = self.best_trial.index
         confirm = any(t.confirm_score is not None for t in self.history)
-        head = f"{'#':>3}  {'family':<16} {'score':>11}" + (f" {'confirm':>11}" if confirm else "") + \
+        raced = any(t.fidelity < 1.0 for t in self.history)
+        tasks = list(dict.fromkeys(k for t in self.history for k in (t.tasks or {})))
+        shown_tasks = tasks if len(tasks) > 1 else []
+        head = f"{'#':>3}  {'family':<16} {'score':>11}" + (f" {'seen':>5}" if raced else "") + \
+            "".join(f" {_short(k):>10}" for k in shown_tasks) + (f" {'confirm':>11}" if confirm else "") + \
             f" {'extrap':>7} {'merge s':>8} {'eval s':>8}  candidate"
         lines = [head]
         for t in self.history:
-            score = "failed" if t.score is None else f"{t.score:.6g}"
+            score = "failed" if t.score is None else f"{t.score:.6g}" + ("~" if t.stop else "")
             row = f"{t.index:>3}{'*' if t.index == best else ' '} {t.family:<16} {score:>11}"
+            if raced:
+                row += f" {t.fidelity:>5.0%}"
+            for k in shown_tasks:
+                v = (t.tasks or {}).get(k)
+                row += f" {'' if v is None else f'{v:.4g}':>10}"
             if confirm:
                 row += f" {'' if t.confirm_score is None else f'{t.confirm_score:.6g}':>11}"
             row += (f" {t.extrapolation:>6.3g}{'!' if t.extrapolates else ' '} {t.merge_seconds:>8.3f} "
@@ -201,7 +229,13 @@ class SearchResult:
         if baseline is not None:
             lines.append(f"best baseline: {baseline.label()}  score {baseline.score:.6g}  "
                          f"(margin {self.margin():+.6g})")
-        lines.append(f"{len(self.history)} trials, budget {self.budget}, {self.statistics_passes} statistics "
+        if raced:
+            lines.append("~: stopped early by the race (seen: share of the prompts); the score is an estimate below "
+                         "its side's best at the time, and never wins")
+        if shown_tasks and self.best_trial.tasks:
+            lines.append("best per task: " + ", ".join(f"{k} {v:.4g}" for k, v in self.best_trial.tasks.items()))
+        lines.append(f"{len(self.history)} trials, budget {self.budget} (spent {self.spent:.3g}), "
+                     f"{self.statistics_passes} statistics "
                      f"pass(es); merge {self.merge_seconds:.2f} s, evaluate {self.evaluate_seconds:.2f} s, "
                      f"other {self.overhead_seconds:.2f} s")
         return "\n".join(lines)
@@ -212,7 +246,7 @@ class SearchResult:
         baseline = self.best_baseline
         return to_json({
             "best": {"method": self.best_trial.method, **self.best_trial.shown}, "best_score": self.best_score,
-            "best_index": self.best_trial.index,
+            "best_index": self.best_trial.index, "best_tasks": self.best_trial.tasks, "spent": self.spent,
             "best_extrapolation": self.best_trial.extrapolation,
             "best_baseline": None if baseline is None else baseline.candidate,
             "best_baseline_score": None if baseline is None else baseline.score,

@@ -20,6 +20,7 @@ from .moves import Moves
 from .budget import spend
 from .refine import Refinements
 from .space import DEFAULT_SPACE, Family, parse_space, side_of
+from .fidelity import Scored, Scorer, _NotANumber, parse_budget, parse_fidelity
 from .target import Merger
 
 __all__ = ["search"]
@@ -27,10 +28,10 @@ __all__ = ["search"]
 Evaluate = Callable[[Any], float]
 
 
-def search(models: Models, base: Model | None = None, evaluate: Evaluate | None = None, *, budget: int = 60,
+def search(models: Models, base: Model | None = None, evaluate: Evaluate | None = None, *, budget: int | str = 60,
            space: Any = None, seed: int = 0, progress: Any = None, confirm: Evaluate | None = None,
            confirm_top: int = 3, device: Any = None, workers: int | None = None,
-           importance: Any = None) -> SearchResult:
+           importance: Any = None, fidelity: Any = None) -> SearchResult:
     """Pick the merge of ``models`` that scores best on ``evaluate`` (higher is better), within ``budget`` calls.
 
     Every candidate is merged into one reused output (a scratch module for a module base, one set of tensors for
@@ -57,7 +58,9 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
         base: their base model.
         evaluate: ``evaluate(merged) -> float`` on held-out data; ``merged`` is a module for a module base, a
             state dict for a state-dict or path base.
-        budget: the most ``evaluate`` calls (an int >= 1).
+        budget: the most candidates scored (an int >= 1), or prompt-evaluations as ``"20x"`` (twenty full
+            evaluations' worth of prompts: with ``fidelity="halving"`` a candidate stopped on a slice costs only
+            the prompts it saw; an evaluation without the prompt protocol costs 1 per candidate).
         space: what to try (None: the default above).
         seed: orders the coordinate ascents and seeds DARE's masks; the same seed gives the same history.
         progress: a callable given each :class:`Trial` as it is scored, or a :class:`~ram_live.progress.ProgressHook`.
@@ -74,6 +77,12 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
             importances (a store's ``latest_all()``): those, as the variant ``"store"``; RAM-family candidates
             without them then say ``"importance": False`` (so that ``merge`` does not pick the stored ones).
 
+        fidelity: None (every candidate on every prompt), ``"halving"`` or a
+            :class:`~ram_live.search.fidelity.Halving`: each candidate is raced against its side's best on nested,
+            stratified slices of the prompts and stopped where it is clearly worse (needs an evaluation with the
+            prompt protocol, as :func:`ram_live.evaluate.rewards` has; :mod:`ram_live.search.fidelity`). With
+            that protocol every trial also records each task's score (``Trial.tasks``).
+
     Returns:
         A :class:`SearchResult`; ``merge(models, base=base, **result.best)`` reproduces the winner bit for bit.
 
@@ -89,9 +98,10 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
         raise ConfigError(f"evaluate must be a callable merged -> float, got {evaluate!r}")
     if confirm is not None and not callable(confirm):
         raise ConfigError(f"confirm must be a callable merged -> float, got {confirm!r}")
-    for name, value in (("budget", budget), ("confirm_top", confirm_top)):
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+    units, in_prompts = parse_budget(budget)
+    halving = parse_fidelity(fidelity)
+    if not isinstance(confirm_top, numbers.Integral) or isinstance(confirm_top, bool) or confirm_top < 1:
+        raise ConfigError(f"confirm_top must be an int >= 1, got {confirm_top!r}")
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ConfigError(f"seed must be an int, got {seed!r}")
     variants = importance_variants(importance)
@@ -111,14 +121,15 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
                 raise ConfigError("space names the 'importance' family but search got no importance=")
             family.settings["variants"] = len(variants)
     merger = Merger(models, base, device=device, workers=workers)
-    run = _Run(merger, evaluate, int(budget), int(seed), progress)
+    scorer = Scorer(evaluate, finite_score, halving, in_prompts)
+    run = _Run(merger, scorer, units, int(seed), progress)
     run.importance = variants
     run.plain_needs_false = stored
     run.labels = {id(m): label for label, m in variants.items()}
     budgets = spend(run, families)
     if run.progress_hook is not None:
         run.progress_hook.close()
-    result = SearchResult(run.history, int(budget), int(seed), merger.names, budgets=budgets)
+    result = SearchResult(run.history, budget, int(seed), merger.names, budgets=budgets, spent=run.used)
     if not result.scored:
         raise SearchError("no candidate could be merged and scored (see the trials' errors)")
     if confirm is not None:
@@ -169,14 +180,15 @@ def importance_variants(importance: Any) -> dict[str, Any]:
 
 
 class _Run(Moves, Refinements):
-    def __init__(self, merger: Merger, evaluate: Evaluate, budget: int, seed: int, progress: Any) -> None:
-        self.merger, self.evaluate, self.budget, self.seed = merger, evaluate, budget, seed
+    def __init__(self, merger: Merger, scorer: Scorer, budget: float, seed: int, progress: Any) -> None:
+        self.merger, self.scorer, self.budget, self.seed = merger, scorer, budget, seed
+        self.min_cost = 1.0  # a candidate starts only while its full evaluation fits (then nothing is cut short)
         self.importance: dict[str, Any] = {}
         self.labels: dict[int, str] = {}
         self.plain_needs_false = False  # the models carry stored importances: plain RAM says importance=False
         self.history: list[Trial] = []
         self.seen: dict[str, Trial] = {}
-        self.used = 0
+        self.used = 0.0
         self.merge_seconds = self.evaluate_seconds = 0.0
         self.progress_hook = progress if progress is not None and hasattr(progress, "update") and hasattr(
             progress, "start") else None
@@ -184,7 +196,7 @@ class _Run(Moves, Refinements):
         if progress is not None and self.progress_hook is None and not callable(progress):
             raise ConfigError(f"progress must be a callable taking each Trial, or a ProgressHook; got {progress!r}")
         if self.progress_hook is not None:
-            self.progress_hook.start("search", budget, 0)
+            self.progress_hook.start("search", math.ceil(budget), 0)
 
     # ------------------------------------------------------------------------------------------- one trial
 
@@ -194,7 +206,7 @@ class _Run(Moves, Refinements):
         self.current = family
         if self.left > 0:
             getattr(self, f"_{family.kind}")(family)
-        return self.left > 0 and self.used < self.budget
+        return self._room(self.left) and self._room(self.budget - self.used)
 
     def trial(self, candidate: dict[str, Any]) -> Trial | None:
         """Merge and score ``candidate`` (a repeat costs nothing: its earlier trial), or None when the family's or
@@ -206,7 +218,7 @@ class _Run(Moves, Refinements):
         effect = effect_key(candidate, self.merger)
         if key in self.seen or effect in self.seen:
             return self.seen[key if key in self.seen else effect]  # type: ignore[index]
-        if self.left <= 0 or self.used >= self.budget:
+        if not (self._room(self.left) and self._room(self.budget - self.used)):
             return None
         family = self.current
         index = len(self.history)
@@ -223,11 +235,12 @@ class _Run(Moves, Refinements):
             self.seen[key] = trial
             return trial
         self.merge_seconds += merge_s
-        self.used += 1
-        self.left -= 1
-        score, eval_s = self._score(self.evaluate, merged, candidate, label, "evaluate")
+        scored, eval_s = self._race(merged, candidate, label)
+        self.used += scored.cost
+        self.left -= scored.cost
         extrapolation, lambdas = extrapolation_of(candidate, info, self.merger)
-        trial = self._record(family, candidate, score, merge_s, eval_s, extrapolation, lambdas, None)
+        trial = self._record(family, candidate, scored.score, merge_s, eval_s, extrapolation, lambdas, None)
+        trial.fidelity, trial.tasks, trial.stop = scored.fidelity, scored.tasks, scored.stop
         self.seen[key] = trial
         effect = effect or effect_key(candidate, self.merger)  # the counts may be known now
         if effect is not None:
@@ -247,6 +260,23 @@ class _Run(Moves, Refinements):
             self.progress_hook.update(f"{trial.label()} -> {score}", 0)
         return trial
 
+    def _room(self, left: float) -> bool:
+        return left >= self.min_cost - 1e-9
+
+    def _race(self, merged: Any, candidate: dict[str, Any], label: str) -> tuple[Scored, float]:
+        t0 = time.perf_counter()
+        try:
+            scored = self.scorer.score(merged, side_of(candidate["method"]))
+        except _NotANumber as exc:
+            raise SearchError(f"evaluate returned {exc.raw!r:.80} for candidate {label}: it must return a finite "
+                              "number (higher is better)", candidate=candidate) from None
+        except Exception as exc:
+            raise SearchError(f"evaluate raised {type(exc).__name__} on candidate {label}: {exc}",
+                              candidate=candidate) from exc
+        seconds = time.perf_counter() - t0
+        self.evaluate_seconds += seconds
+        return scored, seconds
+
     def _score(self, fn: Evaluate, merged: Any, candidate: dict[str, Any], label: str, what: str
                ) -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -264,7 +294,7 @@ class _Run(Moves, Refinements):
         return score, seconds
 
     def incumbent(self, side: str) -> Trial | None:
-        scored = [t for t in self.history if t.side == side and t.score is not None]
+        scored = [t for t in self.history if t.side == side and t.score is not None and t.fidelity >= 1.0]
         return max(scored, key=lambda t: (t.score, -t.index)) if scored else None
 
     # ------------------------------------------------------------------------------------------- confirm

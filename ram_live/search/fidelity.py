@@ -1,0 +1,248 @@
+"""How a search scores a candidate: on every prompt, or raced against its side's best on nested, stratified slices
+of the prompts (multi-fidelity successive halving).
+
+**The prompt protocol.** An evaluation that scores prompts one by one (:func:`ram_live.evaluate.rewards` does)
+exposes, beside ``evaluate(merged) -> float``:
+
+- ``prompt_tasks() -> list[str]``: each prompt's task (its group; one task for all is fine);
+- ``prompt_scores(merged, indices) -> list[float | None]``: the score of each of those prompts (None: not
+  scored, left out as TRL's ``nanmean`` leaves it out);
+- ``aggregate(values) -> (score, {task: score})``: the objective over a ``{prompt index: score}`` mapping (the
+  mean over tasks, their weighted mean or the worst task), and each task's score.
+
+With it, ``search`` can show every task's score for every candidate, count its budget in prompts (``"20x"``:
+twenty full evaluations' worth) and race.
+
+**The race** (``fidelity="halving"``, :class:`Halving`). Slices are nested: each task's prompts in a seeded order,
+the first ``⌈f·n_task⌉`` (at least one) of each task at fraction ``f``; the fractions are ``min_fraction``,
+``min_fraction·eta``, ... and 1. A candidate is scored on the smallest slice and compared, prompt by prompt, with
+the best full-scored candidate of its side (RAM or baseline) on the same prompts: it goes on to the next slice
+unless it is worse by more than ``z`` standard errors of the paired differences. A candidate stopped early keeps
+the estimate ``reference score + (its slice score − the reference's slice score)``, which is below the
+reference's score, so it never wins; the winner and every baseline the table calls best saw every prompt. The first
+candidate of each side, and every candidate without the protocol, is scored on every prompt. A candidate starts
+only while the budget could pay for all of its prompts, so no promising candidate is cut short by the budget.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from ..errors import ConfigError
+
+__all__ = ["Halving", "Scored", "Scorer", "parse_budget", "parse_fidelity", "prompt_protocol"]
+
+Values = dict[int, "float | None"]
+
+
+@dataclass(frozen=True)
+class Halving:
+    """The multi-fidelity race.
+
+    Args:
+        eta: each slice is ``eta`` times the previous one (> 1).
+        min_fraction: the first slice's share of the prompts (in (0, 1]).
+        z: how many standard errors of the paired per-prompt differences a candidate may trail its side's best
+            by on a slice and still go on (>= 0; 0: go on only when not behind).
+        seed: orders each task's prompts (the slices).
+
+    >>> Halving().fractions
+    (0.1111111111111111, 0.3333333333333333, 1.0)
+    """
+
+    eta: float = 3.0
+    min_fraction: float = 1.0 / 9.0
+    z: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not _real(self.eta) or not self.eta > 1:
+            raise ConfigError(f"Halving: eta must be a number > 1, got {self.eta!r}")
+        if not _real(self.min_fraction) or not 0 < self.min_fraction <= 1:
+            raise ConfigError(f"Halving: min_fraction must be in (0, 1], got {self.min_fraction!r}")
+        if not _real(self.z) or not 0 <= self.z < math.inf:
+            raise ConfigError(f"Halving: z must be a finite number >= 0, got {self.z!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"Halving: seed must be an int, got {self.seed!r}")
+
+    @property
+    def fractions(self) -> tuple[float, ...]:
+        out, f = [], float(self.min_fraction)
+        while f < 1.0 - 1e-12:
+            out.append(f)
+            f *= self.eta
+        return (*out, 1.0)
+
+
+def parse_fidelity(fidelity: Any) -> Halving | None:
+    """``search``'s ``fidelity=``: None/"full" (every candidate on every prompt), "halving" or a :class:`Halving`."""
+    if fidelity is None or fidelity == "full":
+        return None
+    if fidelity == "halving":
+        return Halving()
+    if isinstance(fidelity, Halving):
+        return fidelity
+    raise ConfigError(f"fidelity must be None, 'full', 'halving' or a Halving(...), got {fidelity!r:.80}")
+
+
+def parse_budget(budget: Any) -> tuple[float, bool]:
+    """``search``'s ``budget=``: an int (candidates: each costs 1 whatever it saw) or ``"20x"`` (prompt-evaluations,
+    in full evaluations' worth). Returns ``(units, in_prompts)``."""
+    if isinstance(budget, str):
+        text = budget.strip().lower()
+        if text.endswith("x"):
+            try:
+                value = float(text[:-1])
+            except ValueError:
+                value = math.nan
+            if math.isfinite(value) and value > 0:
+                return value, True
+        raise ConfigError(f"budget must be an int >= 1 (candidates) or a string like '20x' (twenty full "
+                          f"evaluations' worth of prompts), got {budget!r:.80}")
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ConfigError(f"budget must be an int >= 1 (candidates) or a string like '20x', got {budget!r:.80}")
+    return float(budget), False
+
+
+def prompt_protocol(evaluate: Any) -> bool:
+    """Whether ``evaluate`` scores prompts one by one (the protocol above)."""
+    return all(callable(getattr(evaluate, name, None)) for name in ("prompt_tasks", "prompt_scores", "aggregate"))
+
+
+@dataclass
+class Scored:
+    """A candidate's score: ``score`` (the objective on every prompt, or a stopped candidate's estimate),
+    ``cost`` (in full evaluations), ``fidelity`` (share of the prompts seen), ``tasks`` (each task's score on the
+    prompts seen), ``values`` (per prompt, for the race) and why it stopped early."""
+
+    score: float
+    cost: float
+    fidelity: float = 1.0
+    tasks: dict[str, float] | None = None
+    values: Values | None = None
+    stop: str | None = None  # "race": clearly worse than its side's best on a slice
+
+
+@dataclass
+class Scorer:
+    """Scores candidates for a search: ``score(merged, side) -> Scored``."""
+
+    evaluate: Callable[[Any], Any]
+    finite: Callable[[Any], "float | None"]
+    halving: Halving | None = None
+    in_prompts: bool = False
+    best: dict[str, Scored] = field(default_factory=dict)  # side -> the best full-scored candidate
+    slices: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.protocol = prompt_protocol(self.evaluate)
+        if self.halving is not None and not self.protocol:
+            raise ConfigError("fidelity='halving' needs an evaluation that scores prompts one by one "
+                              "(ram_live.evaluate.rewards, or prompt_tasks/prompt_scores/aggregate: "
+                              "docs/search.md); this evaluate is a plain callable")
+        self.n = 0
+        if self.protocol:
+            tasks = list(self.evaluate.prompt_tasks())
+            self.n = len(tasks)
+            if self.n == 0:
+                raise ConfigError("the evaluation has no prompts")
+            if self.halving is not None:
+                self.slices = nested_slices(tasks, self.halving.fractions, self.halving.seed)
+
+    def score(self, merged: Any, side: str) -> Scored:
+        if not self.protocol:
+            raw = self.evaluate(merged)
+            value = self.finite(raw)
+            if value is None:
+                raise _NotANumber(raw)
+            return Scored(value, 1.0)
+        reference = self.best.get(side) if self.halving is not None else None
+        values: Values = {}
+        stop = None
+        plan = self.slices if reference is not None else [list(range(self.n))]
+        for rung, indices in enumerate(plan):
+            new = [i for i in indices if i not in values]
+            values.update(zip(new, self._prompt_scores(merged, new)))
+            if rung == len(plan) - 1:
+                break
+            if self._behind(values, reference, indices):  # type: ignore[arg-type]
+                stop = "race"
+                break
+        fidelity = len(values) / self.n
+        score, tasks = self._aggregate(values)
+        if fidelity < 1.0:
+            ref_score, _ = self._aggregate({i: reference.values[i] for i in values})  # type: ignore[union-attr]
+            score = reference.score + (score - ref_score)  # type: ignore[union-attr]
+        cost = fidelity if self.in_prompts else 1.0
+        scored = Scored(score, cost, fidelity, tasks, values, stop)
+        if fidelity >= 1.0 and (side not in self.best or score > self.best[side].score):
+            self.best[side] = scored
+        return scored
+
+    def _behind(self, values: Values, reference: Scored, indices: Sequence[int]) -> bool:
+        """Whether the candidate trails ``reference`` on ``indices`` by more than ``z`` paired standard errors."""
+        mine, theirs = self._aggregate({i: values[i] for i in indices}), \
+            self._aggregate({i: reference.values[i] for i in indices})  # type: ignore[index]
+        gap = mine[0] - theirs[0]
+        diffs = [values[i] - reference.values[i] for i in indices  # type: ignore[index, operator]
+                 if values[i] is not None and reference.values[i] is not None]  # type: ignore[index]
+        se = _std(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+        return gap < -self.halving.z * se  # type: ignore[union-attr]
+
+    def _prompt_scores(self, merged: Any, indices: list[int]) -> list[float | None]:
+        out = list(self.evaluate.prompt_scores(merged, indices))
+        if len(out) != len(indices):
+            raise _NotANumber(f"prompt_scores gave {len(out)} scores for {len(indices)} prompts")
+        checked: list[float | None] = []
+        for v in out:
+            x = None if v is None else self.finite(v)
+            if v is not None and x is None:
+                raise _NotANumber(v)
+            checked.append(x)
+        return checked
+
+    def _aggregate(self, values: Mapping[int, float | None]) -> tuple[float, dict[str, float]]:
+        score, tasks = self.evaluate.aggregate(dict(values))
+        value = self.finite(score)
+        if value is None:
+            raise _NotANumber(score)
+        return value, {str(k): float(v) for k, v in dict(tasks).items()}
+
+
+class _NotANumber(Exception):
+    """What the evaluation gave is not a finite number (the search turns it into a SearchError)."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__(raw)
+        self.raw = raw
+
+
+def nested_slices(tasks: Sequence[str], fractions: Sequence[float], seed: int) -> list[list[int]]:
+    """For each fraction, the sorted prompt indices of its slice: of each task's prompts (in a seeded order), the
+    first ``⌈f·n_task⌉``, at least one; each slice holds the previous one.
+
+    >>> nested_slices(["a", "a", "b", "b", "b", "b"], [0.25, 1.0], seed=0)[0]
+    [1, 2]
+    """
+    by_task: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        by_task.setdefault(t, []).append(i)
+    rng = random.Random(seed)
+    order = {t: rng.sample(ids, len(ids)) for t, ids in sorted(by_task.items())}
+    out = []
+    for f in fractions:
+        picked = [i for ids in order.values() for i in ids[:max(1, math.ceil(f * len(ids) - 1e-9))]]
+        out.append(sorted(picked))
+    return out
+
+
+def _std(xs: Sequence[float]) -> float:
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def _real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -1,0 +1,168 @@
+"""ram_live.search.fidelity: the prompt protocol, per-task scores, budgets in prompts, and the multi-fidelity race
+(stratified nested slices, paired comparison with the side's best, estimates of stopped candidates by hand)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from ram_live import ConfigError, SearchError, merge, search
+from ram_live.search.fidelity import Halving, nested_slices, parse_budget
+
+from conftest import make_agents
+
+pytestmark = pytest.mark.filterwarnings("ignore::ram_live.ExtrapolationWarning")
+
+TARGET = {"coder": 2.0, "tools": 0.5, "memory": 3.0}
+
+
+class PromptEval:
+    """Prompt i of task t scores -|merged - target_t|² (per key, summed) + a fixed per-prompt offset: a candidate's
+    score differences are the same on every prompt of a task, as a paired comparison assumes."""
+
+    def __init__(self, targets: dict[str, dict], per_task: int = 9, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.tasks = [t for t in targets for _ in range(per_task)]
+        self.offsets = (torch.randn(len(self.tasks), generator=g) * 0.01).tolist()
+        self.targets = targets
+        self.calls: list[list[int]] = []
+
+    def prompt_tasks(self):
+        return list(self.tasks)
+
+    def prompt_scores(self, merged, indices):
+        self.calls.append(list(indices))
+        dist = {t: -sum(float(((merged[k].double() - tg[k].double()) ** 2).sum()) for k in tg)
+                for t, tg in self.targets.items()}
+        return [dist[self.tasks[i]] + self.offsets[i] for i in indices]
+
+    def aggregate(self, values):
+        groups: dict[str, list[float]] = {}
+        for i, v in values.items():
+            if v is not None:
+                groups.setdefault(self.tasks[i], []).append(v)
+        tasks = {t: sum(vs) / len(vs) for t, vs in groups.items()}
+        return sum(tasks.values()) / len(tasks), tasks
+
+    def __call__(self, merged):
+        return self.aggregate(dict(enumerate(self.prompt_scores(merged, range(len(self.tasks))))))[0]
+
+
+@pytest.fixture
+def problem(base_sd):
+    agents = dict(zip(TARGET, make_agents(base_sd, [0.3, 0.3, 0.3], scale=0.05)))
+    targets = {"math": merge(agents, base=base_sd, method="ram", lambdas=TARGET),
+               "code": merge(agents, base=base_sd, method="ram", lambdas={"coder": 2.5, "tools": 0.5, "memory": 2.0})}
+    return agents, base_sd, PromptEval(targets)
+
+
+def test_nested_slices_hold_every_task_and_each_other():
+    tasks = ["a"] * 10 + ["b"] * 3 + ["c"] * 1
+    slices = nested_slices(tasks, Halving().fractions, seed=1)
+    assert [len(s) for s in slices] == [2 + 1 + 1, 4 + 1 + 1, 14]  # ⌈10/9⌉, ⌈3/9⌉, 1; ⌈10/3⌉, 1, 1
+    for small, big in zip(slices, slices[1:]):
+        assert set(small) <= set(big)
+    for s in slices:
+        assert {tasks[i] for i in s} == {"a", "b", "c"}
+    assert nested_slices(tasks, [0.5, 1.0], seed=1) == nested_slices(tasks, [0.5, 1.0], seed=1)
+    assert nested_slices(tasks, [0.5, 1.0], seed=1) != nested_slices(tasks, [0.5, 1.0], seed=2)
+
+
+def test_every_trial_records_each_task_and_the_full_score_is_the_aggregate(problem):
+    agents, base, ev = problem
+    result = search(agents, base=base, evaluate=ev, budget=8, space=["ram_plus", "task_arithmetic"])
+    for t in result.history:
+        merged = merge(agents, base=base, **t.candidate)
+        assert t.fidelity == 1.0 and set(t.tasks) == {"math", "code"}
+        assert t.score == pytest.approx(ev(merged), abs=1e-12)
+        assert sum(t.tasks.values()) / 2 == pytest.approx(t.score, abs=1e-12)
+    table = result.table()
+    assert "math" in table and "code" in table and "best per task" in table
+    saved = json.loads(json.dumps(result.to_dict()))
+    assert saved["best_tasks"] == result.best_trial.tasks and saved["history"][0]["tasks"] == result.history[0].tasks
+
+
+def test_the_race_stops_clearly_worse_candidates_on_a_slice_and_estimates_them_by_hand(problem):
+    agents, base, ev = problem
+    n = len(ev.tasks)
+    result = search(agents, base=base, evaluate=ev, budget="6x", fidelity="halving", seed=0)
+    stopped = [t for t in result.history if t.fidelity < 1.0]
+    assert all(t.stop == "race" for t in stopped) and all(t.stop is None for t in result.complete)
+    assert any(t.stop == "race" for t in stopped), "some candidate should be stopped by the race"
+    assert result.best_trial.fidelity == 1.0 and result.best_baseline.fidelity == 1.0
+    # the cost: every prompt seen once per candidate, within the budget
+    assert result.spent == pytest.approx(sum(t.fidelity for t in result.history if t.score is not None))
+    assert result.spent <= 6.0 + 1e-9
+    assert sum(len(c) for c in ev.calls) == pytest.approx(result.spent * n)
+    # a stopped candidate: reference score + (its slice score - the reference's), by hand
+    for t in stopped:
+        side_best = [r for r in result.history[:t.index] if r.side == t.side and r.fidelity == 1.0]
+        ref = max(side_best, key=lambda r: (r.score, -r.index))
+        seen = nested_slices(ev.tasks, Halving().fractions, 0)[[len(s) for s in nested_slices(
+            ev.tasks, Halving().fractions, 0)].index(round(t.fidelity * n))]
+        mine = ev.aggregate(dict(zip(seen, ev.prompt_scores(merge(agents, base=base, **t.candidate), seen))))[0]
+        theirs = ev.aggregate(dict(zip(seen, ev.prompt_scores(merge(agents, base=base, **ref.candidate), seen))))[0]
+        assert t.score == pytest.approx(ref.score + (mine - theirs), abs=1e-9)
+        assert t.score < ref.score
+    assert "~" in result.table()
+
+
+def test_with_the_same_prompt_budget_the_race_tries_more_candidates_and_finds_as_good_a_merge(problem):
+    agents, base, ev = problem
+    full = search(agents, base=base, evaluate=ev, budget="12x")
+    raced = search(agents, base=base, evaluate=ev, budget="12x", fidelity="halving")
+    assert len(full.history) == 12 and full.spent == 12
+    assert len(raced.history) > len(full.history)
+    assert raced.best_score >= full.best_score - 1e-12
+    again = merge(agents, base=base, **raced.best)
+    assert raced.best_score == pytest.approx(ev(again), abs=1e-12)
+
+
+def test_an_int_budget_counts_candidates_whatever_they_saw(problem):
+    agents, base, ev = problem
+    result = search(agents, base=base, evaluate=ev, budget=10, fidelity="halving")
+    assert len(result.history) == 10 and result.spent == 10
+
+
+def test_a_plain_callable_with_a_prompt_budget_costs_one_per_candidate(problem):
+    agents, base, ev = problem
+    result = search(agents, base=base, evaluate=lambda m: ev(m), budget="5x")
+    assert len(result.history) == 5 and all(t.tasks is None for t in result.history)
+
+
+def test_errors(problem):
+    agents, base, ev = problem
+    for bad in ("x", "0x", "-2x", "nanx", "infx", "20", 0, 2.5, True):
+        with pytest.raises(ConfigError, match="budget must be an int >= 1"):
+            search(agents, base=base, evaluate=ev, budget=bad)
+    with pytest.raises(ConfigError, match="fidelity='halving' needs an evaluation that scores prompts"):
+        search(agents, base=base, evaluate=lambda m: 0.0, budget=3, fidelity="halving")
+    for bad in ("fast", 3, Halving):
+        with pytest.raises(ConfigError, match="fidelity must be"):
+            search(agents, base=base, evaluate=ev, budget=3, fidelity=bad)
+    for kwargs, message in (({"eta": 1}, "eta"), ({"min_fraction": 0}, "min_fraction"), ({"z": -1}, "z"),
+                            ({"z": math.inf}, "z"), ({"seed": 1.5}, "seed")):
+        with pytest.raises(ConfigError, match=message):
+            Halving(**kwargs)
+
+    class Short(PromptEval):
+        def prompt_scores(self, merged, indices):
+            return super().prompt_scores(merged, indices)[:-1]
+
+    class Nan(PromptEval):
+        def prompt_scores(self, merged, indices):
+            return [math.nan] * len(indices)
+
+    class Raises(PromptEval):
+        def prompt_scores(self, merged, indices):
+            raise RuntimeError("worker lost")
+
+    for cls, message in ((Short, "gave 17 scores for 18 prompts"), (Nan, "returned nan"),
+                         (Raises, "raised RuntimeError on candidate #0 .*worker lost")):
+        with pytest.raises(SearchError, match=message):
+            search(agents, base=base, evaluate=cls(ev.targets), budget=3)
+    assert parse_budget("20x") == (20.0, True) and parse_budget(" 2.5X ") == (2.5, True)
+    assert parse_budget(7) == (7.0, False)
