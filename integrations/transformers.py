@@ -44,6 +44,25 @@ __all__ = ["RAMTrainerCallback", "SingleAgentWarning"]
 #: the live callback of each state key: transformers rebuilds a callback from its JSON args on resume
 _LIVE: "weakref.WeakValueDictionary[str, RAMTrainerCallback]" = weakref.WeakValueDictionary()
 
+#: TRL's vLLM trainers push the model's weights to vLLM before a generation only when ``state.global_step`` differs
+#: from this attribute (TRL 1.16: GRPOTrainer._generate_single_turn and _generate, RLOOTrainer, ...)
+VLLM_SYNC_MARKER = "_last_loaded_step"
+
+
+def uses_vllm(trainer: Any, args: Any = None) -> bool:
+    """Whether the trainer (or its arguments: TRL's ``use_vllm``) generates with vLLM."""
+    return bool(getattr(trainer, "use_vllm", False) or getattr(args, "use_vllm", False))
+
+
+def sharding_refusal(model: Any) -> str | None:
+    """Why the callback cannot merge into ``model`` in place: DeepSpeed ZeRO-3 (parameters partitioned into empty
+    placeholders) or FSDP1 (flat parameters); None otherwise (plain, DDP, FSDP2/DTensor models)."""
+    if any(hasattr(p, "ds_id") for p in getattr(model, "parameters", lambda: [])()):
+        return "DeepSpeed ZeRO-3 partitions the parameters (each holds an empty placeholder outside forward)"
+    if any(type(m).__name__ == "FullyShardedDataParallel" for m in getattr(model, "modules", lambda: [])()):
+        return "FSDP1 flattens and shards the parameters (use FSDP2, whose parameters are DTensors)"
+    return None
+
 
 class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
     r"""Snapshots of this run's agent into a shared :class:`~ram_live.store.SnapshotStore`; periodic RAM merges of
@@ -71,10 +90,11 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             store it with the snapshot, so that merges of a store whose agents all have them are curvature-aware
             (docs/curvature.md). Optimizers without ``exp_avg_sq`` (SGD, Adafactor): snapshots without
             importances, one ``NoImportanceWarning``, merges fall back to plain RAM. ``None``: never.
-        importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (off by default: the issue measured
-            0.923 without, 0.915 with; only ratios between agents matter, and agents at different steps are
-            reweighted by it).
-        trainer: the trainer (or call :meth:`bind` once it exists).
+        importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (off by default: between Adam agents at
+            similar steps raw and corrected tie, 79.4 % both on the RL demo, benchmarks/quality.md; only ratios
+            between agents matter, and agents at different steps are reweighted by it).
+        trainer: the trainer (or call :meth:`bind` once it exists). Required for TRL trainers generating with vLLM
+            (``use_vllm=True``): after each merge their next generation pushes the agent's weights to vLLM again.
         _from_checkpoint: set in the arguments saved with the checkpoint: transformers rebuilds the callback from
             them (``restore_callback_states_from_checkpoint``), and the rebuilt one takes ``evaluate``, ``base``,
             ``search`` and the trainer from the callback it replaces.
@@ -199,10 +219,20 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
                        model: Any = None, processing_class: Any = None, **kwargs: Any) -> None:
         if hasattr(model, "peft_config") and hasattr(model, "base_model"):
             raise ConfigError(
-                f"RAMTrainerCallback({self.agent!r}): the model is a PeftModel; merging LoRA's A and B factors entry by "
-                "entry is not merging the adapters (the product of averages is not the average of products). Save "
+                f"RAMTrainerCallback({self.agent!r}): the model is a PeftModel; merging LoRA's A and B factors entry "
+                "by entry is not merging the adapters (the product of averages is not the average of products). Save "
                 "each agent's adapter and merge them in ΔW space: ram_live.peft.ram_merge_adapter_files")
         self._processor = processing_class if processing_class is not None else kwargs.get("tokenizer")
+        why = sharding_refusal(model)
+        if why is not None:
+            raise ConfigError(f"RAMTrainerCallback({self.agent!r}): unsupported model sharding: {why}")
+        if uses_vllm(self.trainer, args):
+            if self.trainer is None:
+                raise ConfigError(
+                    f"RAMTrainerCallback({self.agent!r}): the trainer generates with vLLM (use_vllm=True): bind it "
+                    "(callback.bind(trainer)), so that after each merge the agent's weights are pushed to vLLM again "
+                    "(an evaluation of the generalist may have pushed the generalist's)")
+            self._vllm_marker()
         if state.global_step > 0 and self._restored is None:
             saved = self._find_state(state)
             if saved is not None:
@@ -243,14 +273,35 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         if evaluate == "trainer":
             evaluate = self._trainer_evaluate
         epoch = int(state.epoch) if state.epoch is not None else None
-        metrics = self.schedule.merge_and_evaluate(model, state.global_step, epoch, evaluate)
-        result = self.last_result = self.schedule.last_result
-        assert result is not None
-        warn_single_agent(f"RAMTrainerCallback({self.agent!r})", result)
-        if self.merged_dir is not None:
-            self._save(model, result, state)
+        try:
+            metrics = self.schedule.merge_and_evaluate(model, state.global_step, epoch, evaluate)
+            result = self.last_result = self.schedule.last_result
+            assert result is not None
+            warn_single_agent(f"RAMTrainerCallback({self.agent!r})", result)
+            if self.merged_dir is not None:
+                self._save(model, result, state)
+        finally:  # the generalist was swapped in and out: vLLM may hold it now
+            self._force_vllm_resync()
         self._log(state, metrics)
         return metrics
+
+    def _vllm_marker(self) -> str:
+        """The bound vLLM trainer's weight-sync marker; a ``ConfigError`` if this TRL version has none."""
+        if not hasattr(self.trainer, VLLM_SYNC_MARKER):
+            raise ConfigError(
+                f"RAMTrainerCallback({self.agent!r}): {type(self.trainer).__name__} generates with vLLM but has no "
+                f"{VLLM_SYNC_MARKER!r} (a TRL version this callback does not know): the agent's weights could not be "
+                "pushed to vLLM again after a merge, and its rollouts could sample the generalist. Use the TRL "
+                "version the callback is tested with (1.16), or use_vllm=False")
+        return VLLM_SYNC_MARKER
+
+    def _force_vllm_resync(self) -> None:
+        """Make the bound trainer's next generation push the model's weights (the agent's, swapped back) to vLLM:
+        TRL skips the push while ``_last_loaded_step == state.global_step``, and an evaluation of the generalist at
+        this step (``trainer.evaluate()``, or any ``evaluate`` generating through the trainer) pushed the
+        generalist's. Costs one extra push per merge."""
+        if uses_vllm(self.trainer):
+            setattr(self.trainer, self._vllm_marker(), -1)
 
     def _trainer_evaluate(self, model: Any) -> dict[str, float]:
         if self.trainer is None:
