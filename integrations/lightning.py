@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - depends on the environment
         from pytorch_lightning.utilities.rank_zero import rank_zero_warn  # type: ignore[no-redef]
     except ImportError as exc:
         raise ImportError(
-            "ram_live.integrations.lightning needs Lightning: pip install 'ram-live[lightning]'"
+            'ram_live.integrations.lightning needs Lightning: pip install -e ".[lightning]" (in the ram-live clone)'
         ) from exc
 
 from ..errors import RamLiveError
@@ -119,9 +119,9 @@ class RAMCallback(ScheduleAdapter, Callback):
             snapshot, so that merges of a store whose agents all have them are curvature-aware
             (docs/curvature.md). Optimizers without ``exp_avg_sq`` (SGD, Adafactor): snapshots without
             importances, one ``NoImportanceWarning``, merges fall back to plain RAM. ``None``: never.
-        importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (off by default: the issue measured
-            0.923 without, 0.915 with; only ratios between agents matter, and agents at different steps are
-            reweighted by it).
+        importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (off by default: between Adam agents at
+            similar steps raw and corrected tie, 79.4 % both on the RL demo, benchmarks/quality.md; only ratios
+            between agents matter, and agents at different steps are reweighted by it).
         **schedule_options: ``snapshot_activity``, ``snapshot_eps``, ``keep``, ``agents``, ``async_write``,
             ``durable``, ``search`` above, the other options of :class:`~ram_live.RAMSchedule`, and RAM's options
             as keywords (``variant="ram", r=0.2``, put over ``ram``); any other name is a ``ConfigError``.

@@ -28,8 +28,8 @@ try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
     from transformers.trainer_callback import ExportableState
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("ram_live.integrations.transformers needs transformers: pip install 'ram-live[trl]' "
-                      "(or 'ram-live[transformers]')") from exc
+    raise ImportError('ram_live.integrations.transformers needs transformers: pip install -e ".[trl]" '
+                      '(or ".[transformers]"; in the ram-live clone)') from exc
 
 from ..errors import ConfigError, RamLiveError
 from ..training.tensors import ScheduleAdapter

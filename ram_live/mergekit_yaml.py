@@ -6,7 +6,7 @@
 
 Methods both libraries have: ``linear``, ``task_arithmetic``, ``ties``, ``dare_linear``, ``dare_ties``, ``ram``
 and ``ramplus_tl``. docs/mergekit.md maps every key and says where the results differ. Needs PyYAML
-(``pip install "ram-live[yaml]"``), imported when a file is read.
+(in the ram-live clone: ``pip install -e ".[yaml]"``), imported when a file is read.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def from_mergekit_yaml(path: str | os.PathLike[str]) -> MergekitPlan:
     try:
         import yaml
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError("reading mergekit YAML needs PyYAML: pip install 'ram-live[yaml]'") from exc
+        raise ConfigError('reading mergekit YAML needs PyYAML: pip install -e ".[yaml]" '
+                          '(in the ram-live clone)') from exc
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:

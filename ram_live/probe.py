@@ -181,14 +181,14 @@ class ProbeReport:
         }
 
     def plot(self, path: str) -> str:
-        """Heatmaps of per-layer density and unique share per agent, saved to ``path`` (needs ``ram-live[plot]``)."""
+        """Heatmaps of per-layer density and unique share per agent, saved to ``path`` (needs the ``plot`` extra)."""
         try:
             import matplotlib
 
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError("report.plot needs matplotlib: pip install 'ram-live[plot]'") from exc
+            raise ImportError('report.plot needs matplotlib: pip install -e ".[plot]" (in the ram-live clone)') from exc
         layers = self.layers()
         names = list(layers)
         density = [[layers[layer][a].density for layer in names] for a in self.agent_names]

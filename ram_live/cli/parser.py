@@ -87,7 +87,7 @@ def _probe(sub: Any) -> None:
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="the report as JSON: alone (or '-') on stdout instead of the table; with FILE, written "
                         "there next to the table")
-    p.add_argument("--plot", metavar="PNG", help="save per-layer heatmaps (needs ram-live[plot])")
+    p.add_argument("--plot", metavar="PNG", help="save per-layer heatmaps (needs the plot extra)")
 
 
 def _merge(sub: Any) -> None:
@@ -96,7 +96,7 @@ def _merge(sub: Any) -> None:
     m.add_argument("--out", required=True, help="output folder (HF layout) or file.safetensors")
     m.add_argument("--method", default="ram_plus", help=f"merge method: {_METHODS_HELP} (default: ram_plus)")
     m.add_argument("--config", metavar="YML", help="a mergekit YAML config: models, base, method and options "
-                                                   "come from it (needs ram-live[yaml]; see docs/mergekit.md)")
+                                                   "come from it (needs the yaml extra; see docs/mergekit.md)")
     m.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="method option, e.g. -O density=0.2 -O weights=[1,2]; repeatable")
     ram_arguments(m, _MERGE_RAM_OPTIONS, given_only=True)

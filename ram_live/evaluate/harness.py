@@ -1,7 +1,7 @@
 """``lm_eval(tasks, ...)``: lm-eval-harness tasks on the in-memory model (no save, no reload) as an
 ``evaluate(model) -> float`` for :func:`ram_live.search`; the full results are kept on the evaluator.
 
-Needs the optional extra ``lm-eval`` (``pip install 'ram_live[lm-eval]'``).
+Needs the optional extra ``lm-eval`` (in the ram-live clone: ``pip install -e ".[lm-eval]"``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def _lm_eval() -> Any:
         import lm_eval.models.huggingface  # noqa: F401
         import lm_eval.tasks  # noqa: F401
     except ImportError as exc:
-        raise ConfigError("ram_live.evaluate.lm_eval needs lm-eval-harness: pip install 'ram_live[lm-eval]'") from exc
+        raise ConfigError('ram_live.evaluate.lm_eval needs lm-eval-harness: pip install -e ".[lm-eval]" '
+                          '(in the ram-live clone)') from exc
     return lm_eval
 
 

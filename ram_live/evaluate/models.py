@@ -22,8 +22,8 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError as exc:
-        raise ConfigError("ram_live.evaluate generates with Hugging Face transformers: pip install "
-                          "'ram_live[transformers]'") from exc
+        raise ConfigError('ram_live.evaluate generates with Hugging Face transformers: pip install -e '
+                          '".[transformers]" (in the ram-live clone)') from exc
     return transformers
 
 

@@ -18,7 +18,7 @@ def _import_peft() -> Any:
         from peft.tuners.lora import layer as lora_layer  # noqa: F401
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
         raise MissingDependencyError(
-            "merging a live PeftModel needs the `peft` package: pip install 'ram-live[peft]'"
+            'merging a live PeftModel needs the `peft` package: pip install -e ".[peft]" (in the ram-live clone)'
         ) from exc
     return peft
 

@@ -38,7 +38,8 @@ def plot_result(result: PlottedResult, path: Path) -> Path:
     except ImportError as exc:  # pragma: no cover - depends on the environment
         from ..errors import ConfigError
 
-        raise ConfigError("SearchResult.plot needs matplotlib (pip install 'ram-live[plot]')") from exc
+        raise ConfigError('SearchResult.plot needs matplotlib (in the ram-live clone: pip install -e '
+                          '".[plot]")') from exc
     families = list(dict.fromkeys(t.family for t in result.scored))
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(families) + 2), 4.5))
     marked = False
