@@ -7,6 +7,7 @@ The test prompts are only ever scored, never used for choosing: every choice rea
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,7 +17,7 @@ from torch import Tensor, nn
 
 from ram_live import merge
 
-from .lang import accuracy, make_prompts
+from .lang import accuracy, generate, make_prompts
 from .train import N, stage
 
 Data = dict[str, tuple[Tensor, Tensor]]
@@ -65,25 +66,81 @@ def mean_accuracy(data: Data) -> Callable[[nn.Module], float]:
     return lambda model: scored(model, data)["mean"]
 
 
-def search_row(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data, *, budget: int, seed: int,
-               space: Any = None) -> dict[str, Any]:
-    """One ``ram_live.search`` on the selection split; the winner re-made with ``merge(**best)`` and scored on
-    the test prompts. Times: search wall, evaluate, and the rest (overhead)."""
+class PromptAccuracy:
+    """:func:`mean_accuracy` with ``search``'s prompt protocol (ram_live/search/fidelity.py): prompts are numbered
+    task by task in ``data``'s order; a prompt scores 1.0 when its greedy answer matches exactly, else 0.0.
+
+    ``prompt_scores`` generates only the prompts asked for, one batch per task, in float32 on the model's stored
+    weights (as :func:`~rl_demo.lang.accuracy`); ``aggregate`` is the mean over tasks of each task's mean, each
+    task's mean taken in float32 as ``accuracy`` takes it, so that on every prompt (one batch per task) the score
+    is bit for bit ``mean_accuracy(data)``'s.
+    """
+
+    def __init__(self, data: Data) -> None:
+        self.data = data
+        self.tasks = [t for t, (p, _) in data.items() for _ in range(len(p))]
+        self.start: dict[str, int] = {}
+        for i, t in enumerate(self.tasks):
+            self.start.setdefault(t, i)
+
+    def prompt_tasks(self) -> list[str]:
+        return list(self.tasks)
+
+    @torch.no_grad()
+    def prompt_scores(self, model: nn.Module, indices: Any) -> list[float]:
+        indices = [int(i) for i in indices]
+        if not indices:
+            return []
+        m = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
+        m.eval()
+        out: dict[int, float] = {}
+        by_task: dict[str, list[int]] = {}
+        for i in indices:
+            by_task.setdefault(self.tasks[i], []).append(i)
+        for task, ids in by_task.items():
+            prompts, answers = self.data[task]
+            rows = torch.tensor([i - self.start[task] for i in ids])
+            hit = (generate(m, prompts[rows], answers.shape[1]) == answers[rows]).all(1)
+            out.update(zip(ids, hit.float().tolist()))
+        return [out[i] for i in indices]
+
+    def aggregate(self, values: Mapping[int, float | None]) -> tuple[float, dict[str, float]]:
+        groups: dict[str, list[float]] = {}
+        for i, v in values.items():
+            if v is not None:
+                groups.setdefault(self.tasks[i], []).append(float(v))
+        tasks = {t: float(torch.tensor(groups[t], dtype=torch.float32).mean()) for t in self.data if t in groups}
+        return sum(tasks.values()) / len(tasks), tasks
+
+    def __call__(self, model: nn.Module) -> float:
+        return self.aggregate(dict(enumerate(self.prompt_scores(model, range(len(self.tasks))))))[0]
+
+
+def search_row(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data, *, budget: int | str, seed: int,
+               space: Any = None, fidelity: Any = None) -> dict[str, Any]:
+    """One ``ram_live.search`` on the selection split (scored by :class:`PromptAccuracy`); the winner re-made with
+    ``merge(**best)`` and scored on the test prompts. ``budget``: candidates (an int) or prompt-evaluations
+    (``"20x"``); ``fidelity``: as ``search``'s (``"halving"``: the race). Times: search wall, evaluate, and the
+    rest (overhead); ``prompt_evaluations``: the prompts the trials were scored on, in all."""
     from ram_live import search
 
     t0 = time.perf_counter()
     name = "search" if space is None else f"search {next(iter(space))}"
-    best = [float("-inf"), 0]  # best score so far, evaluations so far
+    in_prompts = isinstance(budget, str)
+    total = float(budget.strip().lower().rstrip("x")) if in_prompts else float(budget)
+    shown = max(1, round(total))
+    best = [float("-inf"), 0.0]  # best score so far, budget used so far
 
     def progress(trial: Any) -> None:
         if trial.score is not None:
-            best[0], best[1] = max(best[0], trial.score), best[1] + 1
-        stage(name[:14], best[1], budget, t0, f"best {best[0]:.3f}")
+            best[0], best[1] = max(best[0], trial.score), best[1] + (trial.fidelity if in_prompts else 1)
+        stage(name[:14], min(shown, int(best[1] + 1e-9)), shown, t0, f"best {best[0]:.3f}")
 
-    result = search(agents, base=base, evaluate=mean_accuracy(sel), budget=budget, seed=seed, space=space,
-                    progress=progress)
-    if best[1] < budget:  # the space ran out before the budget: end the bar's line
-        stage(name[:14], budget, budget, t0, f"best {best[0]:.3f} ({best[1]} evaluations)")
+    evaluate = PromptAccuracy(sel)
+    result = search(agents, base=base, evaluate=evaluate, budget=budget, seed=seed, space=space,
+                    progress=progress, fidelity=fidelity)
+    if int(best[1] + 1e-9) < shown:  # the space (or the room for one more full candidate) ran out: end the line
+        stage(name[:14], shown, shown, t0, f"best {best[0]:.3f} ({best[1]:.3g} spent)")
     wall = time.perf_counter() - t0
     merged = merge(agents, base=base, **result.best)
     best_trial = result.best_trial
@@ -91,6 +148,9 @@ def search_row(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data
     return {
         "best": result.best, "selection": result.best_score, "test": scored(merged, test),
         "evaluations": len(result.scored), "extrapolation": best_trial.extrapolation,
+        "budget": budget, "fidelity": None if fidelity is None else str(fidelity), "spent": result.spent,
+        "prompt_evaluations": round(sum(t.fidelity for t in result.scored) * len(evaluate.tasks)),
+        "full_fidelity": len(result.complete),
         "best_baseline": None if baseline is None else {"method": baseline.method, **baseline.options,
                                                         "selection": baseline.score},
         "best_ram": None if result.best_ram is None else {**result.best_ram.candidate,
