@@ -128,7 +128,9 @@ class Scored:
 
 @dataclass
 class Scorer:
-    """Scores candidates for a search: ``score(merged, side) -> Scored``."""
+    """Scores candidates for a search: ``score(merged, reference) -> Scored`` (``reference``: what the race runs
+    against, :meth:`reference` of the candidate's side; None: every prompt); :meth:`record` keeps each side's
+    best."""
 
     evaluate: Callable[[Any], Any]
     finite: Callable[[Any], "float | None"]
@@ -152,14 +154,22 @@ class Scorer:
             if self.halving is not None:
                 self.slices = nested_slices(tasks, self.halving.fractions, self.halving.seed)
 
-    def score(self, merged: Any, side: str) -> Scored:
+    def reference(self, side: str) -> Scored | None:
+        """The best full-scored candidate of ``side`` so far, when racing (else None)."""
+        return self.best.get(side) if self.halving is not None else None
+
+    def record(self, side: str, scored: Scored) -> None:
+        """Take ``scored`` as ``side``'s reference if it saw every prompt and beats the one so far."""
+        if scored.fidelity >= 1.0 and (side not in self.best or scored.score > self.best[side].score):
+            self.best[side] = scored
+
+    def score(self, merged: Any, reference: Scored | None) -> Scored:
         if not self.protocol:
             raw = self.evaluate(merged)
             value = self.finite(raw)
             if value is None:
                 raise _NotANumber(raw)
             return Scored(value, 1.0)
-        reference = self.best.get(side) if self.halving is not None else None
         values: Values = {}
         stop = None
         plan = self.slices if reference is not None else [list(range(self.n))]
@@ -177,10 +187,7 @@ class Scorer:
             ref_score, _ = self._aggregate({i: reference.values[i] for i in values})  # type: ignore[union-attr]
             score = reference.score + (score - ref_score)  # type: ignore[union-attr]
         cost = fidelity if self.in_prompts else 1.0
-        scored = Scored(score, cost, fidelity, tasks, values, stop)
-        if fidelity >= 1.0 and (side not in self.best or score > self.best[side].score):
-            self.best[side] = scored
-        return scored
+        return Scored(score, cost, fidelity, tasks, values, stop)
 
     def _behind(self, values: Values, reference: Scored, indices: Sequence[int]) -> bool:
         """Whether the candidate trails ``reference`` on ``indices`` by more than ``z`` paired standard errors."""

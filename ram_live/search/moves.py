@@ -31,32 +31,36 @@ class Moves:
     def incumbent(self, side: str) -> Trial | None:
         raise NotImplementedError
 
+    def prefetch(self, candidates: list[dict[str, Any]]) -> None:
+        """What :meth:`trial` will be asked next, in order (started ahead by the worker pool, if any)."""
+
+    def _trials(self, candidates: list[dict[str, Any]]) -> bool:
+        """Each candidate in turn (prefetched together); False when the budget ran out."""
+        self.prefetch(candidates)
+        return all(self.trial(c) is not None for c in candidates)
+
     def _explicit(self, family: Family) -> None:
-        for candidate in family.grid:
-            if self.trial(dict(candidate)) is None:
-                return
+        self._trials([dict(c) for c in family.grid])
 
     def _grid(self, family: Family) -> None:
+        candidates = []
         for options in family.grid:
             candidate = {"method": family.name, **options}
             if family.name.startswith("dare") and "seed" not in options:
                 candidate["seed"] = self.seed
-            if self.trial(candidate) is None:
-                return
+            candidates.append(candidate)
+        self._trials(candidates)
 
     def _importance(self, family: Family) -> None:
         """Curvature-aware RAM: each importance variant with plain RAM, then with the best RAM-side candidate so
         far (its options kept, the importances added), in the variants' order."""
-        for mapping in self.importance.values():
-            if self.trial({"method": "ram", "importance": mapping}) is None:
-                return
+        if not self._trials([{"method": "ram", "importance": m} for m in self.importance.values()]):
+            return
         best = self.incumbent(RAM_SIDE)
         if best is None or best.options.get("importance") not in (None, False) or best.method == "ram" and \
                 set(best.options) <= {"importance"}:
             return
-        for mapping in self.importance.values():
-            if self.trial({**best.candidate, "importance": mapping}) is None:  # replaces a False
-                return
+        self._trials([{**best.candidate, "importance": m} for m in self.importance.values()])  # replaces a False
 
     def _ram_start(self) -> Trial | None:
         """The RAM side's best trial if its merge has λ per agent; else RAM with λ = 1 (tried now) with that
@@ -111,10 +115,8 @@ class Moves:
             return
         scale = float(max(tas, key=lambda t: (t.score, -t.index)).options.get("scale", 1.0))
         k = len(self.merger.names)
-        for a in range(k):
-            weights = [scale * (PROBE_FACTOR if i == a else 1.0) for i in range(k)]
-            if self.trial({"method": "task_arithmetic", "weights": weights}) is None:
-                return
+        self._trials([{"method": "task_arithmetic", "weights": [scale * (PROBE_FACTOR if i == a else 1.0)
+                                                                for i in range(k)]} for a in range(k)])
 
     def _ascend(self, family: Family, values: list[float], movable: list[int], score: float,
                 build: Callable[[list[float]], dict[str, Any]]) -> None:
@@ -122,7 +124,7 @@ class Moves:
         never below 0 (:func:`~ram_live.search.refine.coordinate_ascent`)."""
         n = len(values)
         coordinate_ascent(self.trial, self.seed, family, values, [movable], score, build, [1.0] * n, [0.0] * n,
-                          [math.inf] * n)
+                          [math.inf] * n, prefetch=self.prefetch)
 
     def _leave_one_out(self, family: Family) -> None:
         start = self._ram_start()
@@ -130,10 +132,8 @@ class Moves:
             return
         common = self._common(start)
         excluded = list(common.pop("exclude", []))
-        for name in start.lambdas:
-            kept = {a: v for a, v in start.lambdas.items() if a != name}
-            if self.trial({"method": "ram", **common, "lambdas": kept, "exclude": excluded + [name]}) is None:
-                return
+        self._trials([{"method": "ram", **common, "lambdas": {a: v for a, v in start.lambdas.items() if a != name},
+                       "exclude": excluded + [name]} for name in start.lambdas])
 
     def _activity(self, family: Family) -> None:
         start = self.incumbent(RAM_SIDE) or self._ram_start()

@@ -84,8 +84,10 @@ class Refinements:
 
     def _ascend_scaled(self, family: Family, values: list[float], groups: Sequence[Sequence[int]], score: float,
                        build: Callable[[list[float]], dict[str, Any]], mults: Sequence[float],
-                       lower: Sequence[float], upper: Sequence[float]) -> None:
-        coordinate_ascent(self.trial, self.seed, family, values, groups, score, build, mults, lower, upper)
+                       lower: Sequence[float], upper: Sequence[float],
+                      prefetch: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+        coordinate_ascent(self.trial, self.seed, family, values, groups, score, build, mults, lower, upper,
+                          prefetch=self.prefetch)  # type: ignore[attr-defined]
 
     def best_of(self, arm: str) -> float | None:
         """The best score of the trials that scored for ``arm`` (``"ram"``: every RAM variant)."""
@@ -96,11 +98,13 @@ class Refinements:
 def coordinate_ascent(trial: Callable[[dict[str, Any]], Trial | None], seed: int, family: Family,
                       values: list[float], groups: Sequence[Sequence[int]], score: float,
                       build: Callable[[list[float]], dict[str, Any]], mults: Sequence[float],
-                      lower: Sequence[float], upper: Sequence[float]) -> None:
+                      lower: Sequence[float], upper: Sequence[float],
+                      prefetch: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
     """Coordinate ascent: the coordinates visited group by group (each group in an order drawn from ``seed``);
     per coordinate, step up by ``step × mults[i]`` while the score improves, else down, within ``[lower[i],
     upper[i]]``; after a sweep without improvement halve the step; stop below ``family``'s ``min_step`` or when
-    ``trial`` returns None (the budget is spent)."""
+    ``trial`` returns None (the budget is spent). Before each step ``prefetch`` is told it, the step after it and
+    the other direction's first step (a worker pool scores those while the loop waits for the first)."""
     rng = random.Random(seed)
     order: list[int] = []
     for group in groups:
@@ -117,6 +121,11 @@ def coordinate_ascent(trial: Callable[[dict[str, Any]], Trial | None], seed: int
                     value = round(values[i] + direction * step * mults[i], 12)
                     if value < lower[i] or value > upper[i]:
                         break
+                    if prefetch is not None:  # this step, the next one if it improves, the other way if not
+                        ahead = [value, round(value + direction * step * mults[i], 12)]
+                        if not moved and direction > 0:
+                            ahead.append(round(values[i] - step * mults[i], 12))
+                        prefetch([build(values[:i] + [v] + values[i + 1:]) for v in ahead if lower[i] <= v <= upper[i]])
                     tried = trial(build(values[:i] + [value] + values[i + 1:]))
                     if tried is None:
                         return

@@ -20,7 +20,9 @@ from .moves import Moves
 from .budget import spend
 from .refine import Refinements
 from .space import DEFAULT_SPACE, Family, parse_space, side_of
-from .fidelity import Scored, Scorer, _NotANumber, parse_budget, parse_fidelity
+from .fidelity import Scorer, parse_budget, parse_fidelity
+from .outcome import run_candidate, side_reference
+from .parallel import Pool, check_parallel
 from .target import Merger
 
 __all__ = ["search"]
@@ -31,7 +33,8 @@ Evaluate = Callable[[Any], float]
 def search(models: Models, base: Model | None = None, evaluate: Evaluate | None = None, *, budget: int | str = 60,
            space: Any = None, seed: int = 0, progress: Any = None, confirm: Evaluate | None = None,
            confirm_top: int = 3, device: Any = None, workers: int | None = None,
-           importance: Any = None, fidelity: Any = None) -> SearchResult:
+           importance: Any = None, fidelity: Any = None, parallel: int = 1,
+           ray_address: str | None = None) -> SearchResult:
     """Pick the merge of ``models`` that scores best on ``evaluate`` (higher is better), within ``budget`` calls.
 
     Every candidate is merged into one reused output (a scratch module for a module base, one set of tensors for
@@ -82,6 +85,11 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
             stratified slices of the prompts and stopped where it is clearly worse (needs an evaluation with the
             prompt protocol, as :func:`ram_live.evaluate.rewards` has; :mod:`ram_live.search.fidelity`). With
             that protocol every trial also records each task's score (``Trial.tasks``).
+        parallel: candidates scored at once by worker processes (or Ray actors), each merging its own candidate
+            from the shared inputs; the trials, the winner and the table are those of ``parallel=1``
+            (:mod:`ram_live.search.parallel`). ``evaluate`` must then be picklable.
+        ray_address: use Ray for the workers (``"local"``: a local Ray; an address: that cluster). Inside a Ray
+            job (``ray.is_initialized()``) Ray is used without it.
 
     Returns:
         A :class:`SearchResult`; ``merge(models, base=base, **result.best)`` reproduces the winner bit for bit.
@@ -100,6 +108,9 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
         raise ConfigError(f"confirm must be a callable merged -> float, got {confirm!r}")
     units, in_prompts = parse_budget(budget)
     halving = parse_fidelity(fidelity)
+    n_workers = check_parallel(parallel)
+    if ray_address is not None and not isinstance(ray_address, str):
+        raise ConfigError(f"ray_address must be a string ('local' or a Ray address), got {ray_address!r:.80}")
     if not isinstance(confirm_top, numbers.Integral) or isinstance(confirm_top, bool) or confirm_top < 1:
         raise ConfigError(f"confirm_top must be an int >= 1, got {confirm_top!r}")
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
@@ -126,7 +137,13 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
     run.importance = variants
     run.plain_needs_false = stored
     run.labels = {id(m): label for label, m in variants.items()}
-    budgets = spend(run, families)
+    if n_workers > 1 or ray_address is not None:
+        run.pool = Pool(n_workers, (models, base, device, workers, scorer), ray_address)
+    try:
+        budgets = spend(run, families)
+    finally:
+        if run.pool is not None:
+            run.pool.close()
     if run.progress_hook is not None:
         run.progress_hook.close()
     result = SearchResult(run.history, budget, int(seed), merger.names, budgets=budgets, spent=run.used)
@@ -183,6 +200,8 @@ class _Run(Moves, Refinements):
     def __init__(self, merger: Merger, scorer: Scorer, budget: float, seed: int, progress: Any) -> None:
         self.merger, self.scorer, self.budget, self.seed = merger, scorer, budget, seed
         self.min_cost = 1.0  # a candidate starts only while its full evaluation fits (then nothing is cut short)
+        self.pool: Pool | None = None
+        self.left = 0.0
         self.importance: dict[str, Any] = {}
         self.labels: dict[int, str] = {}
         self.plain_needs_false = False  # the models carry stored importances: plain RAM says importance=False
@@ -208,13 +227,34 @@ class _Run(Moves, Refinements):
             getattr(self, f"_{family.kind}")(family)
         return self._room(self.left) and self._room(self.budget - self.used)
 
-    def trial(self, candidate: dict[str, Any]) -> Trial | None:
-        """Merge and score ``candidate`` (a repeat costs nothing: its earlier trial), or None when the family's or
-        the search's budget is spent."""
+    def _prepare(self, candidate: dict[str, Any]) -> tuple[dict[str, Any], str, str | None]:
+        """The candidate as it is merged, its key (options as JSON, importances by label) and that label."""
         if self.plain_needs_false and candidate["method"] in RAM_VARIANTS and "importance" not in candidate:
             candidate = {**candidate, "importance": False}
         label_of = self.labels.get(id(candidate.get("importance"))) if "importance" in candidate else None
         key = json.dumps(to_json({**candidate, "importance": label_of} if label_of else candidate), sort_keys=True)
+        return candidate, key, label_of
+
+    def prefetch(self, candidates: list[dict[str, Any]]) -> None:
+        """Tell the worker pool (``parallel`` > 1) what :meth:`trial` will be asked next, in that order: the ones
+        not seen yet are started now, as many as the budget could pay for; what was prefetched before and is not
+        in this plan is dropped."""
+        if self.pool is None:
+            return
+        planned = []
+        for candidate in candidates:
+            candidate, key, _ = self._prepare(candidate)
+            if key not in self.seen and effect_key(candidate, self.merger) not in self.seen:
+                planned.append((key, candidate))
+        self.pool.discard(k for k in list(self.pool.pending) if k not in {k for k, _ in planned})
+        room = int(min(self.left, self.budget - self.used) + 1e-9)
+        for key, candidate in planned[:max(0, room)]:
+            self.pool.submit(key, candidate, side_reference(self.scorer, candidate))
+
+    def trial(self, candidate: dict[str, Any]) -> Trial | None:
+        """Merge and score ``candidate`` (a repeat costs nothing: its earlier trial), or None when the family's or
+        the search's budget is spent."""
+        candidate, key, label_of = self._prepare(candidate)
         effect = effect_key(candidate, self.merger)
         if key in self.seen or effect in self.seen:
             return self.seen[key if key in self.seen else effect]  # type: ignore[index]
@@ -226,20 +266,35 @@ class _Run(Moves, Refinements):
         if label_of:
             shown["importance"] = label_of
         label = f"#{index} {candidate['method']}({describe(shown)})"
-        try:
-            merged, info, merge_s = self.merger.merge(candidate)
-        except NonFiniteError as exc:
-            if exc.agent is not None or not self.history:
-                raise  # an input holds NaN/Inf: every candidate would fail
-            trial = self._record(family, candidate, None, 0.0, 0.0, math.nan, None, str(exc))
+        reference = side_reference(self.scorer, candidate)
+        if self.pool is not None:
+            outcome = self.pool.score(key, candidate, reference, label)
+        else:
+            outcome = run_candidate(self.merger, self.scorer, candidate, reference)
+        if outcome.statistics is not None and outcome.statistics[0] not in self.merger.statistics:
+            self.merger.statistics[outcome.statistics[0]] = outcome.statistics[1]
+            self.merger.statistics_passes += 1
+        if outcome.nonfinite is not None:
+            if outcome.nonfinite.agent is not None or not self.history:
+                raise outcome.nonfinite  # an input holds NaN/Inf: every candidate would fail
+            trial = self._record(family, candidate, None, 0.0, 0.0, math.nan, None, str(outcome.nonfinite))
             self.seen[key] = trial
             return trial
-        self.merge_seconds += merge_s
-        scored, eval_s = self._race(merged, candidate, label)
+        self.merge_seconds += outcome.merge_seconds
+        self.evaluate_seconds += outcome.evaluate_seconds
+        if outcome.not_a_number is not None:
+            raise SearchError(f"evaluate returned {outcome.not_a_number} for candidate {label}: it must return a "
+                              "finite number (higher is better)", candidate=candidate)
+        if outcome.raised is not None:
+            exc = outcome.raised
+            raise SearchError(f"evaluate raised {type(exc).__name__} on candidate {label}: {exc}",
+                              candidate=candidate) from exc
+        scored = outcome.scored
+        self.scorer.record(side_of(candidate["method"]), scored)
         self.used += scored.cost
         self.left -= scored.cost
-        extrapolation, lambdas = extrapolation_of(candidate, info, self.merger)
-        trial = self._record(family, candidate, scored.score, merge_s, eval_s, extrapolation, lambdas, None)
+        trial = self._record(family, candidate, scored.score, outcome.merge_seconds, outcome.evaluate_seconds,
+                             outcome.extrapolation, outcome.lambdas, None)
         trial.fidelity, trial.tasks, trial.stop = scored.fidelity, scored.tasks, scored.stop
         self.seen[key] = trial
         effect = effect or effect_key(candidate, self.merger)  # the counts may be known now
@@ -262,20 +317,6 @@ class _Run(Moves, Refinements):
 
     def _room(self, left: float) -> bool:
         return left >= self.min_cost - 1e-9
-
-    def _race(self, merged: Any, candidate: dict[str, Any], label: str) -> tuple[Scored, float]:
-        t0 = time.perf_counter()
-        try:
-            scored = self.scorer.score(merged, side_of(candidate["method"]))
-        except _NotANumber as exc:
-            raise SearchError(f"evaluate returned {exc.raw!r:.80} for candidate {label}: it must return a finite "
-                              "number (higher is better)", candidate=candidate) from None
-        except Exception as exc:
-            raise SearchError(f"evaluate raised {type(exc).__name__} on candidate {label}: {exc}",
-                              candidate=candidate) from exc
-        seconds = time.perf_counter() - t0
-        self.evaluate_seconds += seconds
-        return scored, seconds
 
     def _score(self, fn: Evaluate, merged: Any, candidate: dict[str, Any], label: str, what: str
                ) -> tuple[float, float]:

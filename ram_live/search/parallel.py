@@ -1,0 +1,201 @@
+"""``search(..., parallel=N)``: candidates merged and scored by N workers ahead of the search loop, which takes
+their outcomes in its own order, so the trials, the winner and the table are those of one process.
+
+The loop tells the pool what it will try next where it knows (a grid, the probes, leave-one-out, both directions of
+an ascent step); each worker merges its candidate into an output of its own, from the shared inputs (files are
+memory-mapped by each worker; in-memory tensors go to shared memory once, never copied per worker), and scores it.
+The loop then runs its trials in order as one process would: an outcome computed against the reference the loop
+has at that point (always, without a race) is taken as it is; otherwise, or for a candidate nobody prefetched, a
+worker scores it now. Every score comes from a worker, so all of them are computed alike; speculation costs wall
+time only where it guessed wrong.
+
+Workers are local processes (``spawn``) by default, or Ray actors when ``ray_address`` is given or the search runs
+inside a Ray job (``ray.is_initialized()``): ``evaluate`` and the inputs must be picklable (a module-level
+function or an object; not a lambda). Each worker sees ``RAM_LIVE_WORKER`` (0..N-1), e.g. to pick its GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from ..errors import ConfigError, SearchError
+from .fidelity import Scored, Scorer
+from .outcome import Outcome, run_candidate
+from .target import Merger
+
+__all__ = ["Pool", "check_parallel"]
+
+_STATE: dict[str, Any] = {}
+
+
+def check_parallel(parallel: Any) -> int:
+    """``parallel=`` as a worker count (1: no pool)."""
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ConfigError(f"parallel must be an int >= 1 (candidates scored at once), got {parallel!r:.80}")
+    return parallel
+
+
+def _init_worker(counter: Any, payload: tuple[Any, ...], threads: int) -> None:
+    """A process worker's start: its index, its thread share, its own merger and scorer."""
+    import torch
+
+    with counter.get_lock():
+        index = counter.value
+        counter.value += 1
+    os.environ["RAM_LIVE_WORKER"] = str(index)
+    torch.set_num_threads(threads)
+    _STATE["worker"] = _Worker(*payload)
+
+
+def _work(candidate: dict[str, Any], reference: Scored | None) -> Outcome:
+    return _STATE["worker"].run(candidate, reference)
+
+
+class _Worker:
+    """A worker's own merger (one output of its own) and scorer."""
+
+    def __init__(self, models: Any, base: Any, device: Any, workers: Any, scorer: Scorer) -> None:
+        self.merger = Merger(models, base, device=device, workers=workers)
+        self.scorer = scorer
+
+    def run(self, candidate: dict[str, Any], reference: Scored | None) -> Outcome:
+        out = run_candidate(self.merger, self.scorer, candidate, reference)
+        if out.raised is not None:
+            out.raised = _portable(out.raised)
+        return out
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a RuntimeError with its type and message."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+class Pool:
+    """N workers scoring prefetched candidates. ``submit`` starts one; ``take`` returns its outcome if it was
+    computed against ``reference`` (the same object the loop holds now), else None."""
+
+    def __init__(self, n: int, payload: tuple[Any, ...], ray_address: str | None = None) -> None:
+        self.n = n
+        self.pending: dict[str, tuple[Future | Any, Scored | None]] = {}
+        self.ray = _use_ray(ray_address)
+        try:
+            pickle.dumps(payload[-1].evaluate)
+        except Exception as exc:
+            raise ConfigError(f"parallel={n} sends evaluate to worker processes, but it cannot be pickled "
+                              f"({type(exc).__name__}: {exc}); pass a module-level function or an object "
+                              "(not a lambda or a closure), or parallel=1") from None
+        if self.ray is not None:
+            self._actors = _ray_actors(self.ray, n, payload, ray_address)
+            self._next = 0
+            self._executor = None
+        else:
+            import torch.multiprocessing as tmp
+
+            ctx = tmp.get_context("spawn")
+            threads = max(1, (os.cpu_count() or 1) // n)
+            self._executor = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_worker,
+                                                 initargs=(ctx.Value("i", 0), payload, threads))
+
+    def submit(self, key: str, candidate: dict[str, Any], reference: Scored | None) -> None:
+        if key in self.pending and self.pending[key][1] is reference:
+            return
+        self.discard([key])
+        if self._executor is not None:
+            future = self._executor.submit(_work, candidate, reference)
+        else:
+            actor = self._actors[self._next % len(self._actors)]
+            self._next += 1
+            future = actor.run.remote(candidate, reference)
+        self.pending[key] = (future, reference)
+
+    def busy(self) -> int:
+        return len(self.pending)
+
+    def discard(self, keys: Any) -> None:
+        """Forget these prefetched candidates (the loop will not ask for them): cancelled if not started."""
+        for key in list(keys):
+            future, _ = self.pending.pop(key, (None, None))
+            if future is None:
+                continue
+            if self._executor is not None:
+                future.cancel()
+            else:
+                self.ray.cancel(future)
+
+    def score(self, key: str, candidate: dict[str, Any], reference: Scored | None, label: str) -> Outcome:
+        """The outcome of ``candidate`` against ``reference``: prefetched, or computed by a worker now."""
+        outcome = self.take(key, reference, label)
+        if outcome is None:
+            self.submit(key, candidate, reference)
+            outcome = self.take(key, reference, label)
+        return outcome  # type: ignore[return-value]
+
+    def take(self, key: str, reference: Scored | None, label: str) -> Outcome | None:
+        if key not in self.pending:
+            return None
+        future, used = self.pending.pop(key)
+        try:
+            outcome = future.result() if self._executor is not None else self.ray.get(future)
+        except BrokenProcessPool:
+            raise SearchError(f"an evaluation worker died while scoring candidate {label} (killed, or out of "
+                              "memory); the search stopped, nothing was written") from None
+        except Exception as exc:
+            if type(exc).__name__ in ("RayActorError", "WorkerCrashedError", "ActorDiedError"):
+                first = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines() or [type(exc).__name__]
+                raise SearchError(f"a Ray evaluation worker died while scoring candidate {label}: {first[0]}") \
+                    from None
+            raise
+        return outcome if used is reference else None
+
+    def close(self) -> None:
+        if self._executor is not None:
+            for future, _ in self.pending.values():
+                future.cancel()
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        elif self.ray is not None:
+            for actor in self._actors:
+                self.ray.kill(actor)
+        self.pending.clear()
+
+
+def _use_ray(address: str | None) -> Any:
+    """The ``ray`` module when the search should use Ray (an address given, or inside a Ray job), else None."""
+    if address is None:
+        try:
+            import ray
+        except ImportError:
+            return None
+        return ray if ray.is_initialized() else None
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(f"ray_address={address!r} needs Ray: pip install -e \".[ray]\" (or pip install ray)") \
+            from None
+    return ray
+
+
+def _ray_actors(ray: Any, n: int, payload: tuple[Any, ...], address: str | None) -> list[Any]:
+    if not ray.is_initialized():
+        ray.init(address=None if address == "local" else address, ignore_reinit_error=True,
+                 include_dashboard=False, log_to_driver=False)
+
+    @ray.remote
+    class RayWorker:
+        def __init__(self, index: int, payload: tuple[Any, ...]) -> None:
+            os.environ["RAM_LIVE_WORKER"] = str(index)
+            self.worker = _Worker(*payload)
+
+        def run(self, candidate: dict[str, Any], reference: Scored | None) -> Outcome:
+            return self.worker.run(candidate, reference)
+
+    ref = ray.put(payload)
+    return [RayWorker.remote(i, ref) for i in range(n)]

@@ -1,0 +1,118 @@
+"""ram_live.search.parallel: parallel=N gives the trials, winner and table of parallel=1 (with and without the race,
+process workers and a local Ray), failures in a worker are the errors of one process, a killed worker is a
+library error."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from ram_live import ConfigError, SearchError, search
+
+from conftest import make_agents
+from test_search_fidelity import TARGET, PromptEval
+
+pytestmark = pytest.mark.filterwarnings("ignore::ram_live.ExtrapolationWarning")
+
+
+@pytest.fixture
+def problem(base_sd, tmp_path):
+    from ram_live import merge
+
+    agents = dict(zip(TARGET, make_agents(base_sd, [0.3, 0.3, 0.3], scale=0.05)))
+    targets = {"math": merge(agents, base=base_sd, method="ram", lambdas=TARGET),
+               "code": merge(agents, base=base_sd, method="ram", lambdas={"coder": 2.5, "tools": 0.5, "memory": 2.0})}
+    paths = {}
+    for name, sd in [("base", base_sd), *agents.items()]:
+        (tmp_path / name).mkdir()
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / name / "model.safetensors"))
+        paths[name] = tmp_path / name
+    return agents, base_sd, PromptEval(targets), paths
+
+
+def _rows(result):
+    return [(t.index, t.family, t.method, repr(t.options), t.score, t.fidelity, t.tasks, t.stop, t.extrapolation,
+             t.phase) for t in result.history]
+
+
+def _table(result):
+    """The table without its timing columns and time line."""
+    lines = result.table().splitlines()
+    return [line[:line.find("  ", 60)] if i else line for i, line in enumerate(lines) if "merge" not in line
+            or i == 0]
+
+
+@pytest.mark.parametrize("fidelity", [None, "halving"])
+def test_two_process_workers_give_the_one_process_search(problem, fidelity):
+    agents, base, ev, paths = problem
+    kwargs = dict(budget="10x", fidelity=fidelity, seed=1)
+    one = search(agents, base=base, evaluate=ev, **kwargs)
+    two = search(agents, base=base, evaluate=ev, parallel=2, **kwargs)
+    assert _rows(two) == _rows(one)
+    assert two.best == one.best and two.spent == one.spent and two.statistics_passes == one.statistics_passes
+    assert _table(two) == _table(one)
+    # files: each worker memory-maps them itself
+    files = search({n: paths[n] for n in agents}, base=paths["base"], evaluate=ev, parallel=3, **kwargs)
+    assert _rows(files) == _rows(one)
+
+
+def test_a_local_ray_gives_the_one_process_search(problem):
+    ray = pytest.importorskip("ray")
+    agents, base, ev, _ = problem
+    one = search(agents, base=base, evaluate=ev, budget="8x", fidelity="halving")
+    # the test's evaluation class lives in tests/: the Ray workers need it on their path (a user's is installed)
+    here = os.path.dirname(os.path.abspath(__file__))
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}},
+             include_dashboard=False, log_to_driver=False)
+    try:  # inside a Ray job: search uses it without an address
+        on_ray = search(agents, base=base, evaluate=ev, budget="8x", fidelity="halving", parallel=2)
+    finally:
+        ray.shutdown()
+    assert _rows(on_ray) == _rows(one) and on_ray.best == one.best
+
+
+class Raises(PromptEval):
+    def prompt_scores(self, merged, indices):
+        if len(self.calls) >= 0 and float(next(iter(merged.values())).sum()) != 0.0:
+            raise KeyError("reward column 'answer' missing")
+        return super().prompt_scores(merged, indices)
+
+
+class Dies(PromptEval):
+    def prompt_scores(self, merged, indices):
+        if os.environ.get("RAM_LIVE_WORKER") is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().prompt_scores(merged, indices)
+
+
+def test_a_failure_in_a_worker_is_the_error_of_one_process(problem):
+    agents, base, ev, _ = problem
+    errors = []
+    for parallel in (1, 2):
+        with pytest.raises(SearchError) as info:
+            search(agents, base=base, evaluate=Raises(ev.targets), budget=4, parallel=parallel)
+        errors.append(info.value)
+    assert str(errors[0]) == str(errors[1])
+    assert "raised KeyError on candidate #0" in str(errors[1]) and "'answer' missing" in str(errors[1])
+    assert type(errors[1].__cause__) is KeyError and errors[1].candidate == errors[0].candidate
+
+
+def test_a_killed_worker_is_a_library_error(problem):
+    agents, base, ev, _ = problem
+    with pytest.raises(SearchError, match="an evaluation worker died while scoring candidate #0"):
+        search(agents, base=base, evaluate=Dies(ev.targets), budget=4, parallel=2)
+
+
+def test_bad_parallel_options(problem):
+    agents, base, ev, _ = problem
+    for bad in (0, -1, 1.5, "2", True):
+        with pytest.raises(ConfigError, match="parallel must be an int >= 1"):
+            search(agents, base=base, evaluate=ev, budget=2, parallel=bad)
+    with pytest.raises(ConfigError, match="cannot be pickled.*not a lambda"):
+        search(agents, base=base, evaluate=lambda m: 0.0, budget=2, parallel=2)
+    with pytest.raises(ConfigError, match="ray_address must be a string"):
+        search(agents, base=base, evaluate=ev, budget=2, ray_address=3)
