@@ -146,8 +146,10 @@ class Pool:
         try:
             outcome = future.result() if self._executor is not None else self.ray.get(future)
         except BrokenProcessPool:
-            raise SearchError(f"an evaluation worker died while scoring candidate {label} (killed, or out of "
-                              "memory); the search stopped, nothing was written") from None
+            raise SearchError(f"an evaluation worker died while scoring candidate {label} (killed, out of memory, "
+                              "or it could not start: worker processes re-import the main module, so a script "
+                              "needs `if __name__ == \"__main__\":`, and evaluate's class must be importable); "
+                              "the search stopped, nothing was written") from None
         except Exception as exc:
             if type(exc).__name__ in ("RayActorError", "WorkerCrashedError", "ActorDiedError"):
                 first = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines() or [type(exc).__name__]
