@@ -27,8 +27,9 @@ def load_callable(value: Any, option: str, *, from_cwd: bool = False) -> Callabl
         from_cwd: make the current folder importable first (the CLI's ``--eval my_evals:score``).
 
     Raises:
-        ConfigError: naming ``option`` and the path, when the path is malformed, its module does not import, or
-            it names nothing callable.
+        ConfigError: naming ``option`` and the path, when the path is malformed, its module does not import
+            (also when importing it calls ``sys.exit``: any exception but ``KeyboardInterrupt``), or it names
+            nothing callable.
 
     >>> load_callable("math:sqrt", "evaluate")(4.0)
     2.0
@@ -55,8 +56,13 @@ def load_callable(value: Any, option: str, *, from_cwd: bool = False) -> Callabl
         raise
     except ImportError as exc:
         raise ConfigError(f"{option}={value!r}: cannot import {module!r} ({exc})") from None
-    except Exception as exc:  # the module itself fails while it is imported (SyntaxError, NameError, ...)
-        raise ConfigError(f"{option}={value!r}: importing {module!r} raised {type(exc).__name__}: {exc}") from exc
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as exc:  # the module calls sys.exit() (or exit()) at import: never a silent exit 0
+        raise ConfigError(f"{option}={value!r}: importing {module!r} called sys.exit({exc.code!r})") from None
+    except BaseException as exc:  # the module itself fails while it is imported (SyntaxError, NameError, ...)
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise ConfigError(f"{option}={value!r}: importing {module!r} raised {detail}") from exc
     fn = getattr(loaded, name, None)
     if fn is None:
         raise ConfigError(f"{option}={value!r}: {module!r} has no function {name!r}")

@@ -49,3 +49,21 @@ def test_a_python_file_path_as_verl_names_its_reward_function(tmp_path):
         load_callable(f"{tmp_path / 'my_reward.py'}:nothing", "score")
     with pytest.raises(ConfigError, match="no file .*absent.py"):
         load_callable(f"{tmp_path / 'absent.py'}:compute_score", "score")
+
+
+@pytest.mark.parametrize("body, message", [
+    ("import sys\nsys.exit(0)\n", "importing 'exits_at_import_{i}' called sys.exit(0)"),
+    ("raise SystemExit('bye')\n", "importing 'exits_at_import_{i}' called sys.exit('bye')"),
+    ("exit()\n", "importing 'exits_at_import_{i}' called sys.exit(None)"),
+    ("raise GeneratorExit\n", "importing 'exits_at_import_{i}' raised GeneratorExit"),
+])
+def test_a_module_that_exits_while_imported_is_a_config_error(tmp_path, monkeypatch, body, message):
+    i = len(body)  # a module name of its own per case (a failed import leaves nothing in sys.modules anyway)
+    (tmp_path / f"exits_at_import_{i}.py").write_text(body + "def score(model):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_callable(f"exits_at_import_{i}:score", "--reward", from_cwd=True)
+    assert str(info.value) == f"--reward='exits_at_import_{i}:score': " + message.format(i=i)
+    (tmp_path / "interrupted_q.py").write_text("raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C stays Ctrl-C
+        load_callable("interrupted_q:score", "--reward", from_cwd=True)

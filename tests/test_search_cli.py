@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+import zlib
 
 import pytest
 import torch
@@ -29,6 +31,14 @@ def held_out(merged) -> float:
 
 def doubled(merged) -> float:
     return 2 * held_out(merged)
+
+
+def too_large(merged) -> int:
+    return 10**400  # an int no float holds
+
+
+def exits(merged) -> float:
+    sys.exit(0)  # user code ending the process: never a silent success
 
 
 @pytest.fixture
@@ -86,3 +96,44 @@ def test_search_json_to_stdout_and_errors(folders, capsys):
     assert not (tmp / "p").exists()
     assert main(["search", *args, "--eval", "test_search_cli:held_out", "--out", str(tmp / "o")]) == 2
     assert "exists and is not empty" in capsys.readouterr().err  # refused before the search runs
+
+
+def _one_line_error(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ram-live: error: ") and "Traceback" not in captured.err, captured
+    return lines[0]
+
+
+@pytest.mark.parametrize("body, code, message", [
+    ("import sys\nsys.exit(0)\n", 2, "--eval='{name}:score': importing '{name}' called sys.exit(0)"),
+    ("raise SystemExit(3)\n", 2, "--eval='{name}:score': importing '{name}' called sys.exit(3)"),
+    ("import json\njson.loads('{{')\n", 2, "--eval='{name}:score': importing '{name}' raised JSONDecodeError: "),
+    ("raise RuntimeError('two\\nlines')\n", 2, "importing '{name}' raised RuntimeError: two lines"),
+])
+def test_user_code_that_exits_or_fails_while_imported_is_one_line_and_writes_nothing(folders, capsys, monkeypatch,
+                                                                                    body, code, message):
+    tmp, paths, agents, base = folders
+    name = f"eval_at_import_{zlib.crc32(body.encode())}"
+    (tmp / f"{name}.py").write_text(body + "def score(merged):\n    return 0.0\n")
+    monkeypatch.chdir(tmp)
+    status = main(["search", *(str(paths[n]) for n in LAMBDAS), "--base", str(paths["base"]),
+                   "--eval", f"{name}:score", "--budget", "3", "--out", str(tmp / "p")])
+    assert status == code
+    assert message.format(name=name) in _one_line_error(capsys)
+    assert not (tmp / "p").exists()
+
+
+@pytest.mark.parametrize("function, code, message", [
+    ("too_large", 2, "evaluate returned 1000000000"),
+    ("exits", 1, "ram-live: error: user code called sys.exit(0) during the command"),
+])
+def test_an_evaluation_that_exits_or_overflows_is_one_line_and_writes_nothing(folders, capsys, function, code,
+                                                                              message):
+    tmp, paths, agents, base = folders
+    status = main(["search", *(str(paths[n]) for n in LAMBDAS), "--base", str(paths["base"]),
+                   "--eval", f"test_search_cli:{function}", "--budget", "3", "--out", str(tmp / "p")])
+    assert status == code
+    line = _one_line_error(capsys)
+    assert message in line and len(line) < 400, line
+    assert not (tmp / "p").exists()

@@ -60,13 +60,16 @@ def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
 
     def run() -> int:
-        if args.command == "search":  # here, not in .commands, which .search imports
-            from .search import run_search
+        from .quiet import quiet_libraries
 
-            return run_search(args)
-        from .commands import run as run_parsed
+        with quiet_libraries(getattr(args, "quiet", False)):
+            if args.command == "search":  # here, not in .commands, which .search imports
+                from .search import run_search
 
-        return run_parsed(args)
+                return run_search(args)
+            from .commands import run as run_parsed
+
+            return run_parsed(args)
 
     return run_command(run, "ram-live", args.debug)
 
@@ -76,11 +79,18 @@ def run_command(run: Callable[[], int], prog: str, debug: bool,
     """``run()``'s exit status, its errors reported in one line on stderr: a :class:`RamLiveError` (bad input or
     settings) as ``<prog>: error: <message>``, status 2; one of ``unexpected`` as ``<prog>: error: <Type>:
     <message>``, status 1. ``debug`` re-raises them instead (the traceback). A closed stdout
-    (``BrokenPipeError``) is passed on for :func:`main` to end quietly."""
+    (``BrokenPipeError``) is passed on for :func:`main` to end quietly. The commands never exit by ``SystemExit``:
+    one that reaches here came from user code (an evaluation or reward function calling ``sys.exit``), and is an
+    error, status 1 (never a silent status 0 with nothing done)."""
     try:
         return run()
     except BrokenPipeError:
         raise
+    except SystemExit as exc:
+        if debug:
+            raise
+        print(f"{prog}: error: user code called sys.exit({exc.code!r}) during the command", file=sys.stderr)
+        return 1
     except RamLiveError as exc:
         if debug:
             raise
