@@ -1,6 +1,7 @@
 """The ram-live command line: probe and merge from files, one-line errors with exit codes."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -95,3 +96,20 @@ def test_stores_and_merge_from_a_store(tmp_path, base_sd, capsys):
     assert_bit_identical(load_file(tmp_path / "m.safetensors"), expected)
     assert main(["merge", "--store", str(tmp_path / "store"), "--base", "x", "--out", str(tmp_path / "o")]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_quiet_switches_huggingface_hub_bars_off_for_the_command_only(monkeypatch):
+    hub = pytest.importorskip("huggingface_hub.utils.tqdm")
+    from ram_live.cli.quiet import quiet_libraries
+
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
+    before = hub.are_progress_bars_disabled()
+    with quiet_libraries(False):
+        assert hub.are_progress_bars_disabled() == before and "TRANSFORMERS_VERBOSITY" not in os.environ
+    with quiet_libraries(True):
+        assert hub.are_progress_bars_disabled() and os.environ["TRANSFORMERS_VERBOSITY"] == "error"
+    assert hub.are_progress_bars_disabled() == before and "TRANSFORMERS_VERBOSITY" not in os.environ
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")
+    with pytest.raises(KeyError), quiet_libraries(True):  # restored when the command fails too
+        raise KeyError("x")
+    assert hub.are_progress_bars_disabled() == before and os.environ["TRANSFORMERS_VERBOSITY"] == "info"

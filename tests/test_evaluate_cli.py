@@ -4,6 +4,9 @@ the chosen merge's score is the hand-written greedy loop's on the saved winner."
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -73,7 +76,7 @@ def test_errors_are_one_line(folders, capsys):
     tmp = folders
     assert main(args(tmp, "--reward", "toy_rewards:broken")) == 2  # a SearchError, the EvaluationError in it
     err = capsys.readouterr().err
-    assert "reward function 'broken' returned 8 rewards for 7 prompts" in err and "Traceback" not in err
+    assert "reward function 'broken' returned" in err and "rewards for 7 prompts" in err and "Traceback" not in err
     (tmp / "empty.jsonl").write_text("")
     bad = args(tmp, "--reward", "toy_rewards:length")
     bad[bad.index("--prompts") + 1] = str(tmp / "empty.jsonl")
@@ -83,3 +86,72 @@ def test_errors_are_one_line(folders, capsys):
     assert "--eval MODULE:FUNCTION, or --reward" in capsys.readouterr().err
     assert main(args(tmp, "--reward", "toy_rewards:nope")) == 2
     assert "--reward='toy_rewards:nope'" in capsys.readouterr().err
+
+
+def _one_line_error(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ram-live: error: ") and "Traceback" not in captured.err, captured
+    return lines[0]
+
+
+def test_a_reward_module_that_exits_while_imported_is_an_error_not_a_silent_success(folders, capsys):
+    tmp = folders
+    (tmp / "exiting_rewards.py").write_text("import sys\nsys.exit(0)\n" + REWARDS)
+    assert main(args(tmp, "--reward", "exiting_rewards:length")) == 2
+    line = _one_line_error(capsys)
+    assert "--reward='exiting_rewards:length': importing 'exiting_rewards' called sys.exit(0)" in line
+    (tmp / "failing_rewards.py").write_text("import json\njson.loads('{')\n" + REWARDS)
+    assert main(args(tmp, "--reward", "failing_rewards:length")) == 2
+    assert "importing 'failing_rewards' raised JSONDecodeError: " in _one_line_error(capsys)
+    assert not (tmp / "best").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n', "line 2: not UTF-8"),
+    (b'{"prompt": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "line 1: nested too deeply"),
+], ids=["latin-1 byte", "deep nesting"])
+def test_a_bad_prompts_file_is_one_line_and_writes_nothing(folders, capsys, content, message):
+    # the library's checks (ram_live/evaluate/prompts.py) seen through the command: one line, no traceback, no --out
+    tmp = folders
+    (tmp / "bad.jsonl").write_bytes(content)
+    bad = args(tmp, "--reward", "toy_rewards:length")
+    bad[bad.index("--prompts") + 1] = str(tmp / "bad.jsonl")
+    assert main(bad) == 2
+    line = _one_line_error(capsys)
+    assert "bad.jsonl" in line and message in line and len(line) < 300, line
+    assert not (tmp / "best").exists()
+
+
+BAR = ("Loading weights", "Loading checkpoint shards", "%|", "it/s]", "\r")
+
+
+def test_quiet_silences_the_loading_bars_and_restores_the_settings(folders, capsys):
+    tmp = folders
+    logging = h.transformers.utils.logging
+    was = logging.is_progress_bar_enabled()
+    logging.enable_progress_bar()  # whatever other tests did: bars on, as for a user
+    try:
+        assert main(args(tmp, "--reward", "toy_rewards:length")) == 0
+        assert "Loading weights" in capsys.readouterr().err  # what --quiet must silence (transformers' tqdm bar)
+        before = (logging.is_progress_bar_enabled(), logging.get_verbosity())
+        assert main(args(tmp, "--reward", "toy_rewards:length", "--quiet", "--force")) == 0
+        captured = capsys.readouterr()
+        assert not [b for b in BAR if b in captured.err], captured.err
+        assert captured.out == ""
+        assert (logging.is_progress_bar_enabled(), logging.get_verbosity()) == before  # restored after the command
+    finally:
+        (logging.enable_progress_bar if was else logging.disable_progress_bar)()
+
+
+def test_quiet_silences_transformers_first_imported_by_the_command(folders):
+    # in a fresh process transformers is imported during the command (by --reward's model): it must start quiet
+    tmp = folders
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    env.pop("TRANSFORMERS_VERBOSITY", None)
+    done = subprocess.run([sys.executable, "-m", "ram_live", *args(tmp, "--reward", "toy_rewards:length", "--quiet")],
+                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not [b for b in BAR if b in done.stderr], done.stderr
+    assert done.stdout == "" and (tmp / "best" / "search.json").is_file()
