@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import deque
+from decimal import Decimal
+from fractions import Fraction
 
+import numpy as np
 import pytest
+import torch
 
 from ram_live import search
 from ram_live.errors import ConfigError, EvaluationError, SearchError
 from ram_live.evaluate import load_prompts, rewards
 
 import evaluate_helpers as h
-from evaluate_helpers import PROMPTS, count_a
+from evaluate_helpers import PROMPTS, count_a, length
 
 
 def test_a_raising_reward_names_the_function_and_the_prompt(llama, tok):
@@ -138,3 +144,212 @@ def test_conversational_prompts_need_a_chat_template(llama):
 def test_a_column_named_as_an_argument_of_the_reward_functions_is_refused():
     with pytest.raises(ConfigError, match=r"column\(s\) \['completions'\] would replace"):
         load_prompts([{"prompt": "a", "completions": "x"}])
+
+
+# ------------------------------------------------------------------- hostile returns of a reward function
+
+def returning(value):
+    def shaped(completions, **kwargs):
+        return value
+    return shaped
+
+
+def score_of(tok, fn, weights=None) -> float:
+    """``fn``'s score on seven fixed completions (no generation)."""
+    return rewards(PROMPTS, fn, tokenizer=tok, reward_weights=weights).score(["x"] * len(PROMPTS))
+
+
+@pytest.mark.parametrize("value, what", [
+    ({j: 1.0 for j in range(7)}, "a dict"), (np.ones((7, 2)), "a 2-D ndarray of shape"),
+    (torch.ones(7, 2), "a 2-D Tensor of shape"), (np.ones((7, 1)), "a 2-D ndarray"), (np.float64(2.0), "a 0-D"),
+    (torch.tensor(1.0), "a 0-D Tensor"), ("1111111", "a str"), (b"\x01" * 7, "a bytes"),
+    ({0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0}, "a set"), (frozenset(range(7)), "a frozenset"), (1.0, "a float"),
+    (None, "a NoneType")])
+def test_a_return_that_is_not_a_sequence_of_numbers_names_the_function(tok, value, what):
+    with pytest.raises(EvaluationError, match=rf"reward function 'shaped' returned {what}.*not a sequence of "
+                       "rewards") as info:
+        score_of(tok, returning(value))
+    assert info.value.function == "shaped" and info.value.index is None
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ([[1.0, 2.0]], "not a number"), (np.array([1.0]), "not a number"), (torch.tensor([1.0]), "not a number"),
+    (10**400, "too large for a float"), (Fraction(10**400), "too large for a float"),
+    (Decimal("1e400"), "too large for a float"), (Decimal("NaN"), "not finite"), (Decimal("sNaN"), "not a number"),
+    (np.float32("inf"), "not finite"), (np.bool_(True), "not a number"), (1 + 0j, "not a number"),
+    (torch.tensor(True), "not a number"), (torch.empty((), device="meta"), "not a number")])
+def test_a_value_that_is_not_a_finite_number_names_the_function_and_the_prompt(tok, bad, reason):
+    values = [0.0] * 7
+    values[4] = bad
+    with pytest.raises(EvaluationError, match=rf"'shaped' returned .* for prompt 4: {reason}") as info:
+        score_of(tok, returning(values))
+    assert info.value.function == "shaped" and info.value.index == 4
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "generator", "deque", "object ndarray", "ndarray",
+                                  "float32 ndarray", "tensor", "float16 tensor", "0-d items"])
+def test_sequences_of_numbers_still_score_exactly(tok, kind):
+    with_none = [0.5, 1.0, 2.0, None, 4.0, 0.25, 3.0]  # None: not applicable, left out of the mean
+    nums = [0.5, 1.0, 2.0, 0.0, 4.0, 0.25, 3.0]
+    given = {"list": with_none, "tuple": tuple(with_none), "generator": (v for v in with_none),
+             "deque": deque(with_none), "object ndarray": np.array(with_none, dtype=object),
+             "ndarray": np.array(nums), "float32 ndarray": np.array(nums, dtype=np.float32),
+             "tensor": torch.tensor(nums), "float16 tensor": torch.tensor(nums, dtype=torch.float16),
+             "0-d items": [np.array(v) if j % 2 else torch.tensor(v) for j, v in enumerate(nums)]}[kind]
+    expected = 10.75 / 6 if kind in ("list", "tuple", "generator", "deque", "object ndarray") else 10.75 / 7
+    assert score_of(tok, returning(given)) == expected
+
+
+def test_numbers_of_every_kind_are_their_float(tok):
+    values = [Fraction(1, 4), Decimal("0.5"), np.int64(3), np.float32(0.25), np.uint8(2), 10**300, True and 1]
+    expected = [0.25, 0.5, 3.0, 0.25, 2.0, 1e300, 1.0]
+    evaluate = rewards(PROMPTS, returning(values), tokenizer=tok)
+    assert evaluate.score(["x"] * 7) == sum(expected) / 7
+    assert evaluate.per_prompt == expected
+
+
+def test_an_iterable_that_raises_while_read_names_the_function(tok):
+    def lazy(completions, **kwargs):
+        for j, _ in enumerate(completions):
+            if j == 3:
+                raise KeyError("missing answer")
+            yield 1.0
+
+    with pytest.raises(EvaluationError, match=r"'lazy' returned an iterable that raised KeyError while its rewards "
+                       r"were read at prompt 3: 'missing answer'") as info:
+        score_of(tok, lazy)
+    assert info.value.function == "lazy" and info.value.index == 3 and isinstance(info.value.__cause__, KeyError)
+
+    class Broken:
+        def __iter__(self):
+            raise OSError("disk\ngone")
+
+    with pytest.raises(EvaluationError, match=r"'shaped' returned an iterable that raised OSError while its rewards "
+                       r"were read at prompt 0: disk gone$") as info:
+        score_of(tok, returning(Broken()))
+    assert isinstance(info.value.__cause__, OSError)
+
+
+def test_an_endless_iterable_is_read_no_further_than_one_past_the_prompts(tok):
+    with pytest.raises(EvaluationError, match=r"'shaped' returned more than 7 rewards for 7 prompts") as info:
+        score_of(tok, returning(itertools.count()))
+    assert info.value.function == "shaped"
+    with pytest.raises(EvaluationError, match=r"'shaped' returned 8 rewards for 7 prompts"):
+        score_of(tok, returning(np.zeros(8)))
+
+
+def test_finite_rewards_whose_weighted_sum_overflows(tok):
+    big = returning([1e308] * 7)
+    with pytest.raises(EvaluationError, match=r"the rewards overflow: prompt 0's weighted sum is inf") as info:
+        rewards(PROMPTS, [big, big], tokenizer=tok).score(["x"] * 7)
+    assert info.value.index == 0
+    with pytest.raises(EvaluationError, match=r"the rewards overflow: the sum over the prompts is inf") as info:
+        score_of(tok, big)
+    assert info.value.index is None
+
+
+@pytest.mark.parametrize("weights, what", [
+    (1.0, "got a float"), ("1", "got a str"), ({0: 1.0}, "got a dict"), ((w for w in [1.0]), "an iterator"),
+    ({1.0}, "got a set"), (np.ones((1, 1)), "got a 2-D ndarray"), ([10**400], r"reward_weights\[0\] is .*too large"),
+    ([True], r"reward_weights\[0\] is True: not a number"), (["1"], r"reward_weights\[0\] is '1'"),
+    ([math.inf], r"reward_weights\[0\] is inf: not finite"), ([1.0, 2.0], "got 2")])
+def test_reward_weights_of_the_wrong_type(tok, weights, what):
+    with pytest.raises(ConfigError, match=rf"rewards: reward_weights must be 1 finite numbers .*{what}"):
+        rewards(PROMPTS, count_a, tokenizer=tok, reward_weights=weights)
+
+
+@pytest.mark.parametrize("weights", [[2.0], (2,), np.array([2.0]), torch.tensor([2.0]), [Fraction(2)],
+                                     [np.float32(2.0)], [torch.tensor(2.0)]])
+def test_reward_weights_as_lists_tuples_and_arrays(tok, weights):
+    assert score_of(tok, returning([1.0] * 7), weights=weights) == 2.0
+
+
+# ------------------------------------------------------------------------------------- options and models
+
+@pytest.mark.parametrize("option, value, message", [
+    ("seed", -1, r"seed must be an int in \[0, 2\*\*63 - 1\], got -1"), ("seed", 2**63, "seed must be an int"),
+    ("seed", True, "seed must be"), ("seed", 1.0, "seed must be"), ("seed", "3", "seed must be"),
+    ("temperature", math.nan, "temperature must be a finite number > 0, got nan"),
+    ("temperature", math.inf, "temperature must be"), ("temperature", 0, "temperature must be"),
+    ("temperature", True, "temperature must be"), ("temperature", "1", "temperature must be"),
+    ("top_p", math.nan, r"top_p must be a number in \(0, 1\]"), ("top_p", 0.0, "top_p must be"),
+    ("top_p", 1.5, "top_p must be"), ("top_p", True, "top_p must be"),
+    ("top_k", -1, r"top_k must be an int >= 0 \(0: no top-k cut\), got -1"), ("top_k", 2.5, "top_k must be"),
+    ("top_k", True, "top_k must be"), ("top_k", "5", "top_k must be")])
+def test_generation_options_out_of_range(tok, option, value, message):
+    with pytest.raises(ConfigError, match=f"rewards: {message}"):
+        rewards(PROMPTS, count_a, tokenizer=tok, do_sample=True, **{option: value})
+
+
+def test_the_largest_seed_samples(llama, tok):
+    kwargs = dict(tokenizer=tok, max_new_tokens=3, do_sample=True, top_k=5, temperature=0.7)
+    a = rewards(PROMPTS[:3], length, seed=2**63 - 1, **kwargs)
+    assert a(llama) == rewards(PROMPTS[:3], length, seed=2**63 - 1, **kwargs)(llama)
+    assert a.completions and all(isinstance(c, str) for c in a.completions)
+
+
+@pytest.mark.parametrize("bad, what", [
+    (3, "a int"), ({"vocab": 1}, "a dict"), (math, "a module"), (object(), "a object"),
+    (h.transformers.PreTrainedTokenizerFast, r"the class \w+ \(a class: load one with \.from_pretrained"),
+    (lambda texts: {"input_ids": [[1]]}, "a function")])
+def test_a_tokenizer_of_the_wrong_type_is_refused_when_built(bad, what):
+    with pytest.raises(ConfigError, match=rf"rewards: tokenizer must be a tokenizer .*got {what}"):
+        rewards(PROMPTS, count_a, tokenizer=bad)
+
+
+def test_a_model_on_the_meta_device(llama, tok):
+    with torch.device("meta"):
+        empty = h.transformers.LlamaForCausalLM(h.config())
+    with pytest.raises(EvaluationError, match=r"the evaluated LlamaForCausalLM has 'model.embed_tokens.weight' on "
+                       "the meta device"):
+        rewards(PROMPTS, count_a, tokenizer=tok, max_new_tokens=2)(empty)
+    with pytest.raises(ConfigError, match=r"rewards: model= has 'model.embed_tokens.weight' on the meta device"):
+        rewards(PROMPTS, count_a, tokenizer=tok, model=empty)
+    with pytest.raises(ConfigError, match=r"model must be a module or a Hugging Face folder, got the class"):
+        rewards(PROMPTS, count_a, tokenizer=tok, model=h.transformers.LlamaForCausalLM)
+    sd = dict(llama.state_dict())
+    sd["lm_head.weight"] = sd["lm_head.weight"].to("meta")
+    with pytest.raises(EvaluationError, match=r"the state dict holds 'lm_head.weight' on the meta device"):
+        rewards(PROMPTS, count_a, tokenizer=tok, model=h.model(1))(sd)
+
+
+def test_a_model_offloaded_by_accelerate_is_not_refused(llama, tok):
+    """Its weights are on meta, loaded by its hooks: it scores as the plain model does."""
+    accelerate = pytest.importorskip("accelerate")
+    offloaded = h.model(0)
+    accelerate.cpu_offload(offloaded, execution_device=torch.device("cpu"))
+    assert all(p.is_meta for p in offloaded.parameters())
+    evaluate = rewards(PROMPTS, length, tokenizer=tok, max_new_tokens=4)
+    assert evaluate(offloaded) == evaluate(llama)
+
+
+def whitespace_tokenizer():
+    """A tokenizer that splits on whitespace and adds no BOS: a blank prompt is zero tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tk = Tokenizer(models.WordLevel(h.VOCAB, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return h.transformers.PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", unk_token="<unk>",
+                                                  pad_token="<pad>", padding_side="left")
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 16])
+def test_a_prompt_of_zero_tokens_is_refused_before_generating(llama, monkeypatch, batch_size):
+    def no_generate(*args, **kwargs):
+        raise AssertionError("generate was called")
+
+    monkeypatch.setattr(llama, "generate", no_generate)
+    evaluate = rewards(["a", "b", "  \t "], count_a, tokenizer=whitespace_tokenizer(), batch_size=batch_size)
+    with pytest.raises(ConfigError, match=r"the prompts list, row 2: the prompt is zero tokens with this tokenizer"):
+        evaluate(llama)
+
+
+def test_a_chat_template_that_raises_names_the_prompt(llama):
+    tok = h.tokenizer()
+    tok.chat_template = ("{% if messages[0]['role'] != 'user' %}{{ raise_exception('the first message must be the "
+                         "user\\'s') }}{% endif %}" + h.CHAT)
+    chats = [{"prompt": [{"role": r, "content": "a"}]} for r in ["user", "user", "system", "user"]]
+    with pytest.raises(ConfigError, match=r"the prompts list, row 2: the tokenizer's chat template raised "
+                       r"\w+: the first message must be the user's") as info:
+        rewards(chats, count_a, tokenizer=tok, max_new_tokens=2)(llama)
+    assert info.value.__cause__ is not None

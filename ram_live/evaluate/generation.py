@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 from ..errors import ConfigError
+from .checks import finite_float, one_line, short
 
 __all__ = ["GenerationSettings", "generate_completions", "tokenize_prompts", "eos_ids"]
+
+#: The largest ``seed``: seeds are ints in [0, 2**63 - 1] (a signed 64-bit int; torch takes them all).
+SEED_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,11 @@ class GenerationSettings:
         batch_size: prompts per ``generate`` call.
         do_sample: sample instead of greedy decoding (then ``temperature``, ``top_p``, ``top_k``, ``seed`` apply;
             the same seed every call, so every candidate sees the same random numbers).
+        temperature: a finite number > 0. top_p: a number in (0, 1]. top_k: an int >= 0 (0: no top-k cut).
+        seed: an int in [0, 2**63 - 1].
+
+    Raises:
+        ConfigError: an option out of its range or of the wrong type, naming the option.
     """
 
     max_new_tokens: int = 64
@@ -42,39 +51,79 @@ class GenerationSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"rewards: {name} must be an int >= 1, got {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ConfigError(f"rewards: seed must be an int, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(f"rewards: seed must be an int in [0, 2**63 - 1], got {short(self.seed)}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"rewards: top_k must be an int >= 0 (0: no top-k cut), got {short(self.top_k)}")
         if not isinstance(self.do_sample, bool):
-            raise ConfigError(f"rewards: do_sample must be True or False, got {self.do_sample!r}")
-        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
-            raise ConfigError(f"rewards: temperature must be a number > 0, got {self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ConfigError(f"rewards: top_p must be in (0, 1], got {self.top_p!r}")
+            raise ConfigError(f"rewards: do_sample must be True or False, got {short(self.do_sample)}")
+        if not _number_in(self.temperature, lambda t: t > 0):
+            raise ConfigError(f"rewards: temperature must be a finite number > 0, got {short(self.temperature)}")
+        if not _number_in(self.top_p, lambda p: 0 < p <= 1):
+            raise ConfigError(f"rewards: top_p must be a number in (0, 1], got {short(self.top_p)}")
+
+
+def _number_in(value: Any, ok: Callable[[float], bool]) -> bool:
+    try:
+        return ok(finite_float(value))
+    except ValueError:
+        return False
 
 
 def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     """The tokens that end a completion: the tokenizer's EOS and the model's generation config's."""
     ids: list[int] = []
-    for value in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+    for value in (getattr(tokenizer, "eos_token_id", None),
+                  getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if v is not None and int(v) not in ids:
                 ids.append(int(v))
     return ids
 
 
-def tokenize_prompts(tokenizer: Any, prompts: list[Any], conversational: bool) -> list[list[int]]:
+def tokenize_prompts(tokenizer: Any, prompts: list[Any], conversational: bool,
+                     where: Callable[[int], str] | None = None) -> list[list[int]]:
     """Each prompt's token ids, as TRL tokenizes them (a chat template with the generation prompt for
-    conversations; the tokenizer's own special tokens for text)."""
+    conversations; the tokenizer's own special tokens for text).
+
+    Raises:
+        ConfigError: the tokenizer (or its chat template) raises on a prompt, or a prompt is zero tokens (a
+            tokenizer that adds no BOS): named by ``where(i)`` (default ``"prompt i"``).
+    """
+    where = where or (lambda i: f"prompt {i}")
     if conversational:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ConfigError("conversational prompts need a tokenizer with a chat template (tokenizer.chat_template "
                               "is None)")
-        out = []
-        for p in prompts:
-            ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)
-            out.append(list(ids["input_ids"]))
-        return out
-    return [list(ids) for ids in tokenizer(prompts)["input_ids"]]
+
+        def encode(batch: list[Any]) -> list[list[int]]:
+            return [list(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
+                                                       return_dict=True)["input_ids"]) for p in batch]
+    else:
+        def encode(batch: list[Any]) -> list[list[int]]:
+            return [list(ids) for ids in tokenizer(batch)["input_ids"]]
+
+    what = "the tokenizer's chat template" if conversational else "the tokenizer"
+    try:
+        out = encode(prompts)
+    except Exception as exc:
+        i = next((j for j in range(len(prompts)) if _raises(encode, prompts[j])), 0)
+        raise ConfigError(f"{where(i)}: {what} raised {type(exc).__name__}: {one_line(exc)}") from exc
+    if len(out) != len(prompts):
+        raise ConfigError(f"{what} returned {len(out)} token lists for {len(prompts)} prompts")
+    empty = next((i for i, ids in enumerate(out) if not ids), None)
+    if empty is not None:
+        raise ConfigError(f"{where(empty)}: the prompt is zero tokens with this tokenizer (it adds no BOS token); "
+                          "generation needs at least one token")
+    return out
+
+
+def _raises(encode: Callable[[list[Any]], Any], prompt: Any) -> bool:
+    try:
+        encode([prompt])
+    except Exception:
+        return True
+    return False
 
 
 def left_pad(batch: list[list[int]], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,8 +146,12 @@ def generate_completions(model: Any, tokenizer: Any, prompt_ids: list[list[int]]
     flag is restored after)."""
     from transformers import GenerationConfig
 
+    empty = next((i for i, ids in enumerate(prompt_ids) if not ids), None)
+    if empty is not None:
+        raise ConfigError(f"prompt {empty} is zero tokens; generation needs at least one token")
     eos = eos_ids(model, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else (eos[0] if eos else 0)
     # A complete config of our own, put in place of the model's while generating: transformers fills fields it
     # was not given (and, in some versions, fields left at their defaults) from model.generation_config, where an
     # instruct model keeps e.g. repetition_penalty or do_sample=True; greedy here means greedy.
@@ -127,8 +180,15 @@ def _cut(ids: list[int], eos: list[int]) -> list[int]:
 
 
 def _device_of(model: Any) -> torch.device:
+    """The device of the model's first weight not on meta; for a model offloaded with accelerate (its weights on
+    meta), its hooks' execution device."""
     for p in model.parameters():
-        return p.device
+        if not p.is_meta:
+            return p.device
+    for sub in model.modules():
+        device = getattr(getattr(sub, "_hf_hook", None), "execution_device", None)
+        if device is not None:
+            return torch.device(device)
     return torch.device("cpu")
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, EvaluationError
+from .checks import meta_tensor
 
 __all__ = ["Resolver", "generator_of", "load_model"]
 
@@ -56,8 +57,12 @@ class Resolver:
     loaded at first use."""
 
     def __init__(self, model: Any = None, tokenizer: Any = None) -> None:
-        if model is not None and not isinstance(model, (str, os.PathLike)) and not hasattr(model, "state_dict"):
-            raise ConfigError(f"rewards: model must be a module or a Hugging Face folder, got {type(model).__name__}")
+        if model is not None and not isinstance(model, (str, os.PathLike)) and (
+                isinstance(model, type) or not hasattr(model, "state_dict")):
+            raise ConfigError(f"rewards: model must be a module or a Hugging Face folder, got {_kind(model)}")
+        if model is not None and not isinstance(model, (str, os.PathLike)):
+            _not_meta(model, "model=", ConfigError)
+        _check_tokenizer(tokenizer)
         self._model, self._tokenizer = model, tokenizer
         self._ready_tokenizer: Any = None
 
@@ -78,8 +83,9 @@ class Resolver:
             model = self._target()
             self._copy_into(model, merged, "the state dict")
             return model, self.tokenizer(None)
-        if hasattr(merged, "state_dict"):
+        if hasattr(merged, "state_dict") and not isinstance(merged, type):
             model = generator_of(merged)
+            _not_meta(model, f"the evaluated {type(model).__name__}", EvaluationError)
             return model, self.tokenizer(None, model)
         raise EvaluationError(f"rewards: cannot evaluate a {type(merged).__name__}; a module, a state dict or a "
                               "Hugging Face folder is expected")
@@ -98,21 +104,24 @@ class Resolver:
                 source = _transformers().AutoTokenizer.from_pretrained(os.fspath(source))
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"rewards: cannot load a tokenizer from {source}: {exc}") from None
-        if source.pad_token_id is None:  # generation pads on the left with EOS
-            source.pad_token = source.eos_token
+            _check_tokenizer(source)
+        if getattr(source, "pad_token_id", None) is None and getattr(source, "eos_token", None) is not None:
+            source.pad_token = source.eos_token  # generation pads on the left with EOS
         self._ready_tokenizer = source
         return source
 
     def _target(self) -> Any:
         if isinstance(self._model, (str, os.PathLike)):
             self._model = load_model(Path(self._model))
-        return generator_of(self._model)
+        target = generator_of(self._model)
+        _not_meta(target, "model=", ConfigError)
+        return target
 
     @staticmethod
     def _copy_into(model: Any, state: Mapping[str, Any], what: str) -> None:
         """Copy ``state`` into ``model``'s tensors; a key it lacks must be tied to one it has."""
         own = model.state_dict()
-        unexpected = sorted(set(state) - set(own))
+        unexpected = sorted(set(state) - set(own), key=str)
         if unexpected:
             raise EvaluationError(f"rewards: {what} has keys the model lacks: {unexpected[:5]} (is model= the base's "
                                   "structure?)")
@@ -120,10 +129,36 @@ class Resolver:
         missing = sorted(k for k in set(own) - set(state) if own[k].data_ptr() not in given)
         if missing:
             raise EvaluationError(f"rewards: {what} lacks the model's keys {missing[:5]}")
+        on_meta = next((k for k, v in state.items() if getattr(v, "is_meta", False)), None)
+        if on_meta is not None:
+            raise EvaluationError(f"rewards: {what} holds {on_meta!r} on the meta device (a tensor without data)")
         try:
             model.load_state_dict(dict(state), strict=False)
         except RuntimeError as exc:
             raise EvaluationError(f"rewards: cannot load {what} into the model: {exc}") from None
+
+
+def _kind(value: Any) -> str:
+    return f"the class {value.__name__}" if isinstance(value, type) else f"a {type(value).__name__}"
+
+
+def _check_tokenizer(tokenizer: Any) -> None:
+    """A tokenizer is None, a folder (str or path), or an object that is called on texts and has ``batch_decode``."""
+    if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+        return
+    if isinstance(tokenizer, type) or not callable(tokenizer) or not callable(getattr(tokenizer, "batch_decode", None)):
+        hint = " (a class: load one with .from_pretrained(folder))" if isinstance(tokenizer, type) else ""
+        raise ConfigError(f"rewards: tokenizer must be a tokenizer (callable, with batch_decode) or the folder of one, "
+                          f"got {_kind(tokenizer)}{hint}")
+
+
+def _not_meta(model: Any, what: str, error: type[ConfigError] | type[EvaluationError]) -> None:
+    """Refuse a module with weights on the meta device (no data: built under ``init_empty_weights`` or
+    ``device="meta"``); one offloaded by accelerate, whose hooks load them, passes."""
+    name = meta_tensor(model) if callable(getattr(model, "named_modules", None)) else None
+    if name is not None:
+        raise error(f"rewards: {what} has {name!r} on the meta device (a tensor without data); load the weights "
+                    "(e.g. from_pretrained, or to_empty(device=...) then load_state_dict) before evaluating it")
 
 
 def _read_folder(folder: Path) -> dict[str, Any]:

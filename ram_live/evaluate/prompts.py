@@ -2,8 +2,9 @@
 functions as keyword lists.
 
 Accepted: a list of strings; a list of dicts (or a ``datasets.Dataset``) with a ``prompt`` column; a JSONL file
-(one JSON object a line, each with ``prompt``). A prompt is a string, or a conversation (a list of
-``{"role": ..., "content": ...}`` messages, rendered through the tokenizer's chat template).
+(UTF-8, a byte-order mark allowed; one JSON object a line, each with ``prompt``). A prompt is a non-empty string,
+or a conversation (a list of ``{"role": ..., "content": ...}`` messages, rendered through the tokenizer's chat
+template).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError
+from .checks import one_line, short
 
 __all__ = ["Prompts", "load_prompts"]
 
@@ -24,14 +26,20 @@ RESERVED = frozenset({"prompts", "completions", "completion_ids"})
 
 @dataclass(frozen=True)
 class Prompts:
-    """Loaded prompts: ``prompts[i]`` (a string or a list of messages) and ``columns[name][i]``."""
+    """Loaded prompts: ``prompts[i]`` (a string or a list of messages) and ``columns[name][i]``; ``lines[i]``: the
+    file line prompt ``i`` came from (None when not from a file)."""
 
     prompts: list[Any]
     columns: dict[str, list[Any]]
     source: str
+    lines: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+    def where(self, i: int) -> str:
+        """Where prompt ``i`` came from, for messages: ``"<file>, line 5"`` or ``"the prompts list, row 4"``."""
+        return _where(self.source, self.lines)(i)
 
     @property
     def conversational(self) -> bool:
@@ -55,59 +63,92 @@ def load_prompts(prompts: Any) -> Prompts:
     if isinstance(prompts, Prompts):
         return prompts
     if isinstance(prompts, (str, os.PathLike)):
-        return _from_rows(_read_jsonl(Path(prompts)), str(prompts))
+        rows, lines = _read_jsonl(Path(prompts))
+        return _from_rows(rows, str(prompts), lines)
     if hasattr(prompts, "column_names") and hasattr(prompts, "to_list"):  # a datasets.Dataset
         if "prompt" not in prompts.column_names:
             raise ConfigError(f"the prompts dataset has no 'prompt' column (its columns: {prompts.column_names})")
         return _from_rows(prompts.to_list(), "the prompts dataset")
     if isinstance(prompts, Sequence) and not isinstance(prompts, (bytes, bytearray)):
-        rows = list(prompts)
-        if rows and all(isinstance(p, str) for p in rows):
-            return _from_rows([{"prompt": p} for p in rows], "the prompts list")
-        return _from_rows(rows, "the prompts list")
+        return _from_rows([{"prompt": p} if isinstance(p, str) else p for p in prompts], "the prompts list")
     raise ConfigError(f"prompts must be a list of strings, a list of dicts with 'prompt', a datasets.Dataset or a "
                       f"JSONL path; got {type(prompts).__name__}")
 
 
-def _read_jsonl(path: Path) -> list[Any]:
+def _read_jsonl(path: Path) -> tuple[list[Any], list[int]]:
+    """The file's rows and the line each came from (blank lines skipped)."""
     if not path.is_file():
         raise ConfigError(f"prompts file {path} does not exist (or is not a file)")
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"prompts file {path}, line {number}: not JSON ({exc.msg}); one JSON object a "
-                                  "line with a 'prompt' key is expected") from None
+    rows, lines = [], []
+    expected = "one JSON object a line with a 'prompt' key is expected"
+    try:
+        with open(path, encoding="utf-8-sig") as fh:  # a byte-order mark at the start is skipped
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"prompts file {path}, line {number}: not JSON ({exc.msg}); {expected}"
+                                      ) from None
+                except RecursionError:
+                    raise ConfigError(f"prompts file {path}, line {number}: nested too deeply for the JSON parser; "
+                                      f"{expected}") from None
+                except ValueError as exc:  # e.g. an integer beyond Python's digit limit
+                    raise ConfigError(f"prompts file {path}, line {number}: unreadable JSON ({one_line(exc, 120)}); "
+                                      f"{expected}") from None
+                lines.append(number)
+    except UnicodeDecodeError:
+        number, column = _bad_utf8(path)
+        raise ConfigError(f"prompts file {path}, line {number}: not UTF-8 (an undecodable byte at column {column}); "
+                          "save the file as UTF-8") from None
     if not rows:
-        raise ConfigError(f"prompts file {path} is empty: one JSON object a line with a 'prompt' key is expected")
-    return rows
+        raise ConfigError(f"prompts file {path} is empty: {expected}")
+    return rows, lines
 
 
-def _from_rows(rows: list[Any], source: str) -> Prompts:
+def _bad_utf8(path: Path) -> tuple[int, int]:
+    """The line and column (1-based, in bytes) of the file's first byte that is not UTF-8."""
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, 1):  # a UTF-8 sequence never holds the byte of "\n"
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return number, exc.start + 1
+    return 0, 0
+
+
+def _where(source: str, lines: list[int] | None) -> Callable[[int], str]:
+    if lines is not None:
+        return lambda i: f"{source}, line {lines[i]}"
+    return lambda i: f"{source}, row {i}"
+
+
+def _from_rows(rows: list[Any], source: str, lines: list[int] | None = None) -> Prompts:
     if not rows:
         raise ConfigError(f"{source} is empty: at least one prompt is needed")
-    where = (lambda i: f"{source}, line {i + 1}") if source not in ("the prompts list", "the prompts dataset") \
-        else (lambda i: f"{source}, row {i}")
+    where = _where(source, lines)
     keys: list[str] | None = None
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
-            raise ConfigError(f"{where(i)}: a prompt row must be a string or an object with 'prompt', "
-                              f"got {type(row).__name__}")
+            kind = "a JSON object with a 'prompt' key" if lines is not None else "a string or a dict with 'prompt'"
+            raise ConfigError(f"{where(i)}: a prompt row must be {kind}, got {type(row).__name__} {short(row)}")
+        odd = [k for k in row if not isinstance(k, str)]
+        if odd:
+            raise ConfigError(f"{where(i)}: column names must be strings (they become keyword arguments of the "
+                              f"reward functions), got {short(odd[0])}")
         if "prompt" not in row:
-            raise ConfigError(f"{where(i)}: no 'prompt' key (its keys: {sorted(row)})")
+            raise ConfigError(f"{where(i)}: no 'prompt' key (its keys: {short(sorted(row))})")
         prompt = row["prompt"]
         if not (isinstance(prompt, str) or _is_conversation(prompt)):
             raise ConfigError(f"{where(i)}: 'prompt' must be a string or a list of {{'role', 'content'}} messages, "
-                              f"got {prompt!r:.80}")
+                              f"got {short(prompt)}")
+        _check_text(prompt, where(i))
         if keys is None:
             keys = sorted(row)
         elif sorted(row) != keys:
-            raise ConfigError(f"{where(i)}: its keys {sorted(row)} differ from the first row's {keys} (every row "
-                              "needs the same columns: they are passed to the reward functions as lists)")
+            raise ConfigError(f"{where(i)}: its keys {short(sorted(row))} differ from the first row's {short(keys)} "
+                              "(every row needs the same columns: they are passed to the reward functions as lists)")
     kinds = {isinstance(r["prompt"], str) for r in rows}
     if len(kinds) > 1:
         raise ConfigError(f"{source} mixes plain-text and conversational prompts; use one kind")
@@ -116,7 +157,21 @@ def _from_rows(rows: list[Any], source: str) -> Prompts:
         raise ConfigError(f"{source}: the column(s) {taken} would replace what the reward functions are given under "
                           f"that name (prompts, completions, completion_ids); rename them")
     columns = {k: [r[k] for r in rows] for k in (keys or []) if k != "prompt"}
-    return Prompts([r["prompt"] for r in rows], columns, source)
+    return Prompts([r["prompt"] for r in rows], columns, source, lines)
+
+
+def _check_text(prompt: Any, where: str) -> None:
+    """Refuse an empty prompt string (zero tokens with a tokenizer that adds no BOS) and text the tokenizer cannot
+    encode (an unpaired surrogate, as a JSON ``\\ud800`` escape gives)."""
+    if isinstance(prompt, str) and not prompt:
+        raise ConfigError(f"{where}: the prompt is an empty string; generation needs a prompt to continue")
+    texts = [prompt] if isinstance(prompt, str) else [m["content"] for m in prompt if isinstance(m["content"], str)]
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"{where}: the prompt holds {text[exc.start]!r} at character {exc.start}, an unpaired "
+                              "surrogate that no tokenizer encodes (UTF-8 text is expected)") from None
 
 
 def _is_conversation(prompt: Any) -> bool:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import inspect
 import math
-import numbers
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError, EvaluationError
+from .checks import one_line, reward_list, weight_list
 from .generation import GenerationSettings, generate_completions, tokenize_prompts
 from .models import Resolver
 from .prompts import Prompts, load_prompts
@@ -37,7 +37,8 @@ def rewards(prompts: Any, reward_funcs: RewardFunc | Sequence[RewardFunc], *, to
             of them. A verl ``compute_score`` goes through :func:`~ram_live.evaluate.compute_score`.
         tokenizer: a tokenizer or a folder to load one from (None: the evaluated folder's, or ``model``'s).
         max_new_tokens, batch_size: generation length and prompts per ``generate`` call.
-        reward_weights: one weight per reward function (TRL's ``GRPOConfig.reward_weights``).
+        reward_weights: one weight per reward function (TRL's ``GRPOConfig.reward_weights``): a list, tuple or 1-D
+            array of finite numbers.
         model: what a state dict is loaded into (a module, or an HF folder loaded once): needed when the
             evaluation is handed a state dict (``search`` with a state-dict or path base, ``ram-live search``).
         do_sample, temperature, top_p, top_k, seed: sampling instead of greedy decoding (default greedy).
@@ -71,15 +72,7 @@ class Rewards:
                 raise ConfigError(f"rewards: a reward function must be callable, got {fn!r:.80}")
         self.funcs = funcs
         self.names = _unique([_name(fn) for fn in funcs])
-        if reward_weights is None:
-            self.weights = [1.0] * len(funcs)
-        else:
-            weights = list(reward_weights)
-            if len(weights) != len(funcs) or not all(
-                    isinstance(w, numbers.Real) and not isinstance(w, bool) and math.isfinite(w) for w in weights):
-                raise ConfigError(f"rewards: reward_weights must be {len(funcs)} finite numbers (one per reward "
-                                  f"function), got {reward_weights!r}")
-            self.weights = [float(w) for w in weights]
+        self.weights = [1.0] * len(funcs) if reward_weights is None else weight_list(reward_weights, len(funcs))
         self.prompts = prompts
         self.settings = settings
         self.resolver = Resolver(model=model, tokenizer=tokenizer)
@@ -115,6 +108,11 @@ class Rewards:
             raise EvaluationError(f"every reward function returned None for every one of the {n} prompts: "
                                   "nothing to score", function=", ".join(self.names), index=None)
         score = sum(scored) / len(scored)
+        if not math.isfinite(score):  # finite rewards whose weighted sum (or its total) overflows
+            j = next((j for j, r in enumerate(per_prompt) if r is not None and not math.isfinite(r)), None)
+            where = f"prompt {j}'s weighted sum" if j is not None else "the sum over the prompts"
+            raise EvaluationError(f"the rewards overflow: {where} is {score if j is None else per_prompt[j]} "
+                                  "(rewards or weights near float's limit)", function=", ".join(self.names), index=j)
         metrics = {"reward": score}
         for name, col in zip(self.names, table):
             given = [r for r in col if r is not None]
@@ -132,7 +130,8 @@ class Rewards:
     def _prompt_ids(self, tokenizer: Any) -> list[list[int]]:
         key = id(tokenizer)
         if key not in self._ids:
-            self._ids = {key: tokenize_prompts(tokenizer, self.prompts.prompts, self.prompts.conversational)}
+            self._ids = {key: tokenize_prompts(tokenizer, self.prompts.prompts, self.prompts.conversational,
+                                               self.prompts.where)}
         return self._ids[key]
 
     def _run(self, which: int, fn: RewardFunc, completions: list[Any], completion_ids: Any) -> list[float | None]:
@@ -150,28 +149,9 @@ class Rewards:
         except Exception as exc:
             index = _first_failing(call, len(completions))
             where = f"prompt {index}" if index is not None else f"prompts 0..{len(completions) - 1}"
-            raise EvaluationError(f"reward function {name!r} raised {type(exc).__name__} on {where}: {exc}",
+            raise EvaluationError(f"reward function {name!r} raised {type(exc).__name__} on {where}: {one_line(exc)}",
                                   function=name, index=index) from exc
-        try:
-            values = list(out)
-        except TypeError:
-            raise EvaluationError(f"reward function {name!r} returned {type(out).__name__}, not a list of rewards "
-                                  f"(one per prompt, {len(completions)})", function=name) from None
-        if len(values) != len(completions):
-            raise EvaluationError(f"reward function {name!r} returned {len(values)} rewards for {len(completions)} "
-                                  "prompts (one per prompt is needed)", function=name)
-        checked: list[float | None] = []
-        for j, v in enumerate(values):
-            if v is None:
-                checked.append(None)
-                continue
-            if hasattr(v, "item") and getattr(v, "numel", lambda: 1)() == 1:
-                v = v.item()
-            if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(float(v)):
-                raise EvaluationError(f"reward function {name!r} returned {v!r} for prompt {j}: a reward must be a "
-                                      "finite number (or None: not applicable)", function=name, index=j)
-            checked.append(float(v))
-        return checked
+        return reward_list(out, name, len(completions))
 
 
 def _first_failing(call: Callable[[Sequence[int]], Any], n: int) -> int | None:
