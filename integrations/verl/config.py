@@ -18,10 +18,11 @@ from typing import Any, Mapping, Sequence
 from ram_live.errors import ConfigError
 from ram_live.options import HoldsRamOptions, RamOptions
 
-__all__ = ["DTYPES", "WEIGHTS", "RAMVerlOptions", "options_from_mapping", "options_from_verl"]
+__all__ = ["DTYPES", "SPARSIFY", "WEIGHTS", "RAMVerlOptions", "options_from_mapping", "options_from_verl"]
 
 WEIGHTS = ("master", "bf16", "fp16", "fp32")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
+SPARSIFY = ("auto", "topk", "relative", None)
 
 
 @dataclass
@@ -43,6 +44,13 @@ class RAMVerlOptions(HoldsRamOptions):
         lora: ``"auto"`` (LoRA checkpoints are detected by their ``lora_A``/``lora_B`` tensors), ``True`` or
             ``False``. A LoRA snapshot holds base + ΔW (ΔW = s·B·A per target module, in float32).
         lora_rank, lora_alpha: override what ``lora_train_meta.json`` / verl's ``actor_rollout_ref.model`` say.
+        sparsify, density, threshold: the activity rule on LoRA ΔW at merge time, ``sparsify=`` of
+            :mod:`ram_live.peft` (its :class:`~ram_live.peft.TopK` / :class:`~ram_live.peft.RelativeThreshold`):
+            ``"auto"`` (default: ``TopK(0.5)``, :data:`~ram_live.peft.RECOMMENDED_SPARSIFY`), ``"topk"`` (keep the
+            ``density`` fraction of largest |ΔW| per agent and module; default 0.2), ``"relative"`` (keep |ΔW| >
+            ``threshold``·RMS(ΔW); default 1.0) or ``None`` (|τ| > eps: on dense ΔW a plain mean). Merges of LoRA
+            snapshots then use ``eps=0`` (the rule decides what is active); full-weight snapshots are merged as
+            they are (their task vectors are sparse already).
         max_part_bytes: a snapshot's changed values are written in part files of about this size (the most
             memory the encoding holds at once, besides one rank's memory-mapped shard file).
     Merging:
@@ -88,6 +96,9 @@ class RAMVerlOptions(HoldsRamOptions):
     lora: Any = "auto"
     lora_rank: int | None = None
     lora_alpha: float | None = None
+    sparsify: str | None = "auto"
+    density: float | None = None
+    threshold: float | None = None
     max_part_bytes: int = 1 << 30
     merge_every: int | None = None
     merged_dir: str | None = None
@@ -137,6 +148,7 @@ class RAMVerlOptions(HoldsRamOptions):
             _float("lora_alpha", self.lora_alpha)
         if self.lora not in ("auto", True, False):
             raise ConfigError(f"ram.lora must be 'auto', true or false, got {self.lora!r}")
+        self.lora_rule()
         if self.agents is not None:
             if isinstance(self.agents, str) or not isinstance(self.agents, Sequence):
                 raise ConfigError(f"ram.agents must be a list of agent names, got {self.agents!r}")
@@ -168,6 +180,28 @@ class RAMVerlOptions(HoldsRamOptions):
             if self.merge_every is None:
                 raise ConfigError("ram.search is set but ram.merge_every is not: nothing would be searched")
         return self
+
+    def lora_rule(self) -> Any:
+        """The activity rule the merge applies to LoRA ΔW (``ram.sparsify``, ``ram.density``, ``ram.threshold``), a
+        :class:`~ram_live.peft.TopK` / :class:`~ram_live.peft.RelativeThreshold`, or None (|τ| > eps); built by
+        :mod:`ram_live.peft`'s own ``sparsify=`` rules and checks (a bad value: a ConfigError naming the key)."""
+        from ram_live.peft.sparsify import RelativeThreshold, TopK, sparsify_rule
+
+        _choice("sparsify", self.sparsify, SPARSIFY)
+        for name, kind in (("density", "topk"), ("threshold", "relative")):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if self.sparsify != kind:
+                raise ConfigError(f"ram.{name} is the parameter of ram.sparsify={kind}; got ram.sparsify="
+                                  f"{self.sparsify!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"ram.{name} must be a number; got {value!r}")
+            try:
+                return TopK(value) if kind == "topk" else RelativeThreshold(value)
+            except ConfigError as exc:
+                raise ConfigError(f"ram.{name}: {exc}") from None
+        return sparsify_rule(self.sparsify, self.ram.variant)
 
     @classmethod
     def keys(cls) -> list[str]:

@@ -1,12 +1,14 @@
 """The ΔW = s · B A of a LoRA actor checkpoint: its factors gathered from every rank's shards, then read with
-:func:`ram_live.peft.lora_deltas` from a PEFT adapter folder written for the purpose (a temporary one)."""
+:func:`ram_live.peft.lora_deltas` from a PEFT adapter folder written for the purpose (a temporary one); and, at
+merge time, LoRA snapshots as the agents "base + sparsified ΔW" that :mod:`ram_live.peft` merges into a base
+(:func:`sparsified_agents`, the ``ram.sparsify`` rule)."""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor
@@ -15,7 +17,7 @@ from .checkpoint import LORA_RE, ActorCheckpoint, hf_key
 from .common import VerlIntegrationError
 from .config import RAMVerlOptions
 
-__all__ = ["checkpoint_lora_deltas"]
+__all__ = ["checkpoint_lora_deltas", "is_lora_snapshot", "lora_targets", "sparsified_agents"]
 
 
 def _gather_factors(ckpt: ActorCheckpoint) -> dict[str, Tensor]:
@@ -64,3 +66,48 @@ def checkpoint_lora_deltas(ckpt: ActorCheckpoint, opts: RAMVerlOptions) -> tuple
                        "use_rslora": False, "fan_in_fan_out": False, "bias": "none"}, fh)
         deltas = lora_deltas(tmp, "verl")
     return deltas, {"lora_rank": r, "lora_alpha": alpha}
+
+
+def is_lora_snapshot(snap: Any) -> bool:
+    """Whether a store snapshot was taken from a LoRA checkpoint (its manifest's ``extra.verl.lora``)."""
+    return bool(((snap.manifest.get("extra") or {}).get("verl") or {}).get("lora"))
+
+
+def lora_targets(snap: Any) -> list[str]:
+    """The weights a LoRA snapshot changed (its target modules'): the tensors with a piece of changed entries;
+    every other tensor of such a snapshot is the base's."""
+    return [k for k, t in snap.manifest["tensors"].items() if any(p.get("count") for p in t["pieces"])]
+
+
+class _SnapshotDelta:
+    """One target weight's ΔW as its snapshot holds it: τ = snapshot − base in float32 (what ram_live.peft's
+    ``Factor.delta`` gives for an adapter)."""
+
+    def __init__(self, snap: Any, base: Any, key: str) -> None:
+        self.snap, self.base, self.key = snap, base, key
+
+    def delta(self, device: torch.device | None = None) -> Tensor:
+        agent = self.snap.get(self.key)
+        dev = device or agent.device
+        return agent.to(device=dev, dtype=torch.float32) - self.base.get(self.key).to(dev, torch.float32)
+
+
+def sparsified_agents(snaps: Mapping[str, Any], rule: Any, activity: Any) -> tuple[dict[str, Any], Any]:
+    """``({agent: source}, base)``: each LoRA snapshot as :mod:`ram_live.peft`'s agent "base + ΔW_t" with its
+    ΔW_t = τ_t sparsified by ``rule`` (a :class:`~ram_live.peft.TopK` / :class:`~ram_live.peft.RelativeThreshold`)
+    per target weight, read lazily in float64; the other tensors are the base's. Merged with ``eps=0`` this is
+    :func:`ram_live.peft.ram_merge_adapter_files` ``(..., into_base=True, sparsify=rule)`` on adapters of those ΔW.
+
+    Args:
+        snaps: the store's snapshots by agent, all LoRA snapshots of one base.
+        rule: the sparsifying rule.
+        activity: the :class:`~ram_live.methods.Activity` the per-adapter density counts use.
+    """
+    from ram_live.peft.deltas import AdapterDeltas, BasePlusDeltaSource
+
+    base = next(iter(snaps.values())).base_source()
+    agents = {}
+    for name, snap in snaps.items():
+        factors = {k.removesuffix(".weight"): _SnapshotDelta(snap, base, k) for k in lora_targets(snap)}
+        agents[name] = BasePlusDeltaSource(base, AdapterDeltas(name, factors, rule, activity))  # type: ignore[arg-type]
+    return agents, base

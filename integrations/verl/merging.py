@@ -10,6 +10,7 @@ import os
 import shutil
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
@@ -19,6 +20,7 @@ from torch import Tensor
 from ram_live import functional as F
 from ram_live.errors import ConfigError
 from ram_live.methods import Activity
+from ram_live.options import RamOptions
 from ram_live.store import SnapshotStore, ram_statistics
 
 from .common import VerlIntegrationError, copy_side_files
@@ -50,16 +52,36 @@ def _float(value: Any) -> float:
     return float(value)
 
 
-def _counts(snaps: dict[str, Any], info: Any, o: Any) -> tuple[list[int], list[int], int]:
+def _counts(snaps: dict[str, Any], info: Any, o: Any, agents: dict[str, Any] | None = None,
+            ram: RamOptions | None = None) -> tuple[list[int], list[int], int]:
     """Per agent the active and unique entries and the entries merged: the merge's own counts when it took
-    global ones, else a statistics pass with its activity rule."""
+    global ones, else a statistics pass with its activity rule (on ``agents``, the merged sources, when given)."""
     names = list(snaps)
-    if info.statistics is not None and o.rho_scope == "global":
+    ram = ram or o.ram
+    if info.statistics is not None and ram.rho_scope == "global":
         total = sum(snaps[names[0]].base_source().spec(k).numel for k in _merged_keys(snaps[names[0]]))
         return info.statistics.active.tolist(), info.statistics.unique.tolist(), total
-    stats = ram_statistics(next(iter(snaps.values())).base_source(), list(snaps.values()),
-                           Activity(o.activity, o.eps))  # type: ignore[arg-type]
+    stats = ram_statistics(next(iter(snaps.values())).base_source(), list((agents or snaps).values()),
+                           Activity(ram.activity, ram.eps))  # type: ignore[arg-type]
     return stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
+
+
+def _lora_merge(snaps: dict[str, Any], o: RAMVerlOptions) -> tuple[dict[str, Any] | None, Any, RamOptions, Any]:
+    """``(agents, base, options, rule)`` of the merge: LoRA snapshots under ``ram.sparsify`` as the agents
+    "base + sparsified ΔW" with ``eps=0`` (:func:`.lora.sparsified_agents`), else ``(None, None, o.ram, None)``."""
+    from .lora import is_lora_snapshot, sparsified_agents
+
+    rule = o.lora_rule()
+    lora = [n for n, s in snaps.items() if is_lora_snapshot(s)]
+    if rule is None or not lora:
+        return None, None, o.ram, None
+    if len(lora) != len(snaps):
+        raise VerlIntegrationError(
+            f"ram.sparsify={o.sparsify!r} applies to LoRA snapshots, and the store mixes LoRA agents "
+            f"({', '.join(lora)}) with full-weight ones ({', '.join(n for n in snaps if n not in lora)}); set "
+            "ram.agents to merge one kind, or ram.sparsify=null")
+    agents, base = sparsified_agents(snaps, rule, Activity(o.ram.activity, o.ram.eps))  # type: ignore[arg-type]
+    return agents, base, replace(o.ram, eps=0.0), rule
 
 
 def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
@@ -77,7 +99,8 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
     snaps = ram.store.latest_all(o.agents)
     if not snaps:
         raise VerlIntegrationError(f"{ram.store.root}: no snapshot to merge")
-    searched = result = None
+    searched = result = agents = rule = None
+    used = o.ram
     try:
         if o.search is not None:  # the merge ram_live.search picks (integrations/verl/search.py)
             from .search import search_merge
@@ -85,9 +108,11 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
             searched, result = search_merge(ram, snaps, step, root)
             _, info = merge(snaps, out=building, dtype=ram.out_dtype(), return_info=True, **result.best)
         else:
-            _, info = ram_merge(snaps, out=building, dtype=ram.out_dtype(), options=o.ram, return_info=True)
+            agents, base, used, rule = _lora_merge(snaps, o)
+            _, info = ram_merge(agents or snaps, base, out=building, dtype=ram.out_dtype(), options=used,
+                                return_info=True)
         names = list(snaps)
-        active, unique, total = _counts(snaps, info, o)
+        active, unique, total = _counts(snaps, info, o, agents, used)
         rho = {n: F.rho(float(u), float(a)) for n, a, u in zip(names, active, unique)}
         lambdas = {} if searched else {n: F.ram_lambda(rho[n], o.variant, o.r, o.alpha) for n in names}
         if info.lambdas is not None and o.rho_scope == "global":
@@ -95,7 +120,8 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
         density = {n: a / total if total else 0.0 for n, a in zip(names, active)}
         if ram.base_dir is not None:
             copy_side_files(ram.base_dir, building)
-        record = {"step": step, "agents": {n: s.step for n, s in snaps.items()}, **o.ram.to_dict(),
+        record = {"step": step, "agents": {n: s.step for n, s in snaps.items()}, **used.to_dict(),
+                  "sparsify": str(rule) if rule is not None else None,
                   "lambda": lambdas, "rho": {n: (v if math.isfinite(v) else None) for n, v in rho.items()},
                   "density": density, "weights": o.weights, "store": str(ram.store.root)}
         if searched is not None:
