@@ -117,11 +117,12 @@ class PromptAccuracy:
 
 
 def search_row(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data, *, budget: int | str, seed: int,
-               space: Any = None, fidelity: Any = None) -> dict[str, Any]:
+               space: Any = None, fidelity: Any = None, parallel: int = 1) -> dict[str, Any]:
     """One ``ram_live.search`` on the selection split (scored by :class:`PromptAccuracy`); the winner re-made with
     ``merge(**best)`` and scored on the test prompts. ``budget``: candidates (an int) or prompt-evaluations
-    (``"20x"``); ``fidelity``: as ``search``'s (``"halving"``: the race). Times: search wall, evaluate, and the
-    rest (overhead); ``prompt_evaluations``: the prompts the trials were scored on, in all."""
+    (``"20x"``); ``fidelity``, ``parallel``: as ``search``'s (``"halving"``: the race; ``parallel`` > 1: worker
+    processes). Times: search wall, evaluate, and the rest (overhead); ``prompt_evaluations``: the prompts the
+    trials were scored on, in all."""
     from ram_live import search
 
     t0 = time.perf_counter()
@@ -137,8 +138,9 @@ def search_row(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data
         stage(name[:14], min(shown, int(best[1] + 1e-9)), shown, t0, f"best {best[0]:.3f}")
 
     evaluate = PromptAccuracy(sel)
+    more = {"parallel": parallel} if parallel != 1 else {}  # (a search without parallel= runs the rest)
     result = search(agents, base=base, evaluate=evaluate, budget=budget, seed=seed, space=space,
-                    progress=progress, fidelity=fidelity)
+                    progress=progress, fidelity=fidelity, **more)
     if int(best[1] + 1e-9) < shown:  # the space (or the room for one more full candidate) ran out: end the line
         stage(name[:14], shown, shown, t0, f"best {best[0]:.3f} ({best[1]:.3g} spent)")
     wall = time.perf_counter() - t0
@@ -150,7 +152,7 @@ def search_row(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data
         "evaluations": len(result.scored), "extrapolation": best_trial.extrapolation,
         "budget": budget, "fidelity": None if fidelity is None else str(fidelity), "spent": result.spent,
         "prompt_evaluations": round(sum(t.fidelity for t in result.scored) * len(evaluate.tasks)),
-        "full_fidelity": len(result.complete),
+        "full_fidelity": len(result.complete), "parallel": parallel,
         "best_baseline": None if baseline is None else {"method": baseline.method, **baseline.options,
                                                         "selection": baseline.score},
         "best_ram": None if result.best_ram is None else {**result.best_ram.candidate,
