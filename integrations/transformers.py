@@ -1,7 +1,8 @@
 """transformers / TRL callback: snapshot this run's task vector every n steps (or at each checkpoint save) into a
 store shared by several agents' runs, and every m steps merge the latest snapshot of every agent there with RAM
 into a generalist, evaluate it, save it and log it. Works with every ``transformers.Trainer``, TRL's
-``GRPOTrainer``, ``PPOTrainer``-style trainers built on it, ``SFTTrainer`` and so on.
+``GRPOTrainer``, ``PPOTrainer``-style trainers built on it, ``SFTTrainer`` and so on. With a ``PeftModel`` (TRL's
+``peft_config=``) the snapshots are the LoRA adapter's factors and the merges are in ΔW space (``._peft_agent``).
 
 >>> from ram_live.integrations.transformers import RAMTrainerCallback                    # doctest: +SKIP
 >>> callback = RAMTrainerCallback("runs/ram", agent="coder", snapshot_every=50, merge_every=200,
@@ -38,6 +39,7 @@ from ..training.schedule import MergeResult, RAMSchedule, metric_float
 from ..training.search import save_next_to
 from ..store import SnapshotStore
 from ._common import AdamImportance, SingleAgentWarning, importance_option, save_generalist, warn_single_agent
+from ._peft_agent import LoraSchedule, is_peft_model, lora_options
 
 __all__ = ["RAMTrainerCallback", "SingleAgentWarning"]
 
@@ -93,6 +95,11 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (off by default: between Adam agents at
             similar steps raw and corrected tie, 79.4 % both on the RL demo, benchmarks/quality.md; only ratios
             between agents matter, and agents at different steps are reweighted by it).
+        sparsify, into_base, svd_options: LoRA runs only (the model is a ``PeftModel``; docs/callbacks.md): the
+            activity rule for the adapters' dense ΔW (``"auto"``: ``TopK(0.5)`` for the RAM family, ``TopK(d)``,
+            ``RelativeThreshold(t)``, None), folding the merged ΔW into the base weights instead of re-factoring it
+            into a new adapter, and the re-factorisation's :class:`~ram_live.peft.SvdOptions`, as in
+            :func:`ram_live.peft.ram_merge_adapters`. Snapshots are then the adapter's A/B factors.
         trainer: the trainer (or call :meth:`bind` once it exists). Required for TRL trainers generating with vLLM
             (``use_vllm=True``): after each merge their next generation pushes the agent's weights to vLLM again.
         _from_checkpoint: set in the arguments saved with the checkpoint: transformers rebuilds the callback from
@@ -125,6 +132,9 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         trainer: Any = None,
         importance: str | None = "adam",
         importance_bias_correction: bool = False,
+        sparsify: Any = "auto",
+        into_base: bool = False,
+        svd_options: Any = None,
         _from_checkpoint: bool = False,
         **schedule_options: Any,
     ) -> None:
@@ -136,6 +146,7 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         RAMSchedule.check_options(schedule_options, "RAMTrainerCallback")
         self.schedule = RAMSchedule(store, agent, snapshot_every=snapshot_every, merge_every=merge_every, ram=ram,
                                     **schedule_options)
+        self._lora = lora_options(sparsify, into_base, svd_options, self.schedule.ram.variant)
         # the JSON arguments a resumed run rebuilds the callback from (search: taken from the live instance)
         given = {k: list(v) if k == "agents" and v is not None else v for k, v in schedule_options.items()
                  if k not in RamOptions.names() and k != "search"}
@@ -143,7 +154,8 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
                       "merge_every": merge_every, "snapshot_on_save": snapshot_on_save,
                       "merged_dir": str(merged_dir) if merged_dir is not None else None,
                       "ram": self.schedule.ram.to_dict(), "snapshot_on_train_end": snapshot_on_train_end,
-                      "importance": importance, "importance_bias_correction": importance_bias_correction, **given}
+                      "importance": importance, "importance_bias_correction": importance_bias_correction,
+                      **self._lora, **given}
         self.agent = agent
         self.base = base
         self.evaluate = evaluate
@@ -217,11 +229,12 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: Any = None, processing_class: Any = None, **kwargs: Any) -> None:
-        if hasattr(model, "peft_config") and hasattr(model, "base_model"):
-            raise ConfigError(
-                f"RAMTrainerCallback({self.agent!r}): the model is a PeftModel; merging LoRA's A and B factors entry "
-                "by entry is not merging the adapters (the product of averages is not the average of products). Save "
-                "each agent's adapter and merge them in ΔW space: ram_live.peft.ram_merge_adapter_files")
+        lora = is_peft_model(model)
+        if lora and not isinstance(self.schedule, LoraSchedule):  # merged in ΔW space (the state: a checkpoint's)
+            self.schedule = LoraSchedule.adopt(self.schedule, self._lora, (self._restored or {}).get("schedule"))
+        elif not lora and self._lora != lora_options("auto", False, None, "ram"):
+            raise ConfigError(f"RAMTrainerCallback({self.agent!r}): sparsify=, into_base= and svd_options= apply to "
+                              "LoRA runs (a PeftModel) only")
         self._processor = processing_class if processing_class is not None else kwargs.get("tokenizer")
         why = sharding_refusal(model)
         if why is not None:
@@ -238,6 +251,9 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             if saved is not None:
                 self._load(saved)
         base = self.base
+        if lora:
+            self.schedule.attach(model, base=base)
+            return
         if base is None and self.schedule.base_fingerprint is None and state.global_step > 0:
             if not self.store.has_base():
                 raise RamLiveError(f"RAMTrainerCallback({self.agent!r}): resuming at step {state.global_step} from a "
@@ -318,7 +334,11 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         """``merged_dir/step-<N>``: the generalist swapped into the model and ``save_pretrained`` (main process)."""
         if state.is_world_process_zero:
             assert self.merged_dir is not None
-            self.saved.append(str(save_generalist(self.schedule, model, result, self.merged_dir, self._processor)))
+            if isinstance(self.schedule, LoraSchedule):  # a PEFT folder (a model folder with into_base=True)
+                self.saved.append(str(self.schedule.save(model, result, self.merged_dir, self._processor)))
+            else:
+                self.saved.append(str(save_generalist(self.schedule, model, result, self.merged_dir,
+                                                      self._processor)))
             if "search" in result.extra:  # the search's record (the chosen options) next to the generalist
                 save_next_to(self.saved[-1], result.extra["search"], durable=self.schedule.durable)
 

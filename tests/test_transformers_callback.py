@@ -168,13 +168,3 @@ def test_grpo_search_setting_saves_its_choice_next_to_the_generalist(tmp_path: P
     assert _score(generalist)["loglik"] == pytest.approx(cb.history[0]["ram/search/best_score"], rel=1e-6)
     assert cb.history[0]["ram/loglik"] == pytest.approx(cb.history[0]["ram/search/best_score"], rel=1e-6)
 
-
-def test_a_peft_model_is_refused_with_the_adapter_merge_named(tmp_path: Path) -> None:
-    peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(_model(), peft.LoraConfig(r=2, target_modules=["q_proj"]))
-    cb = RAMTrainerCallback(tmp_path / "store", "a", snapshot_every=1)
-    state = transformers.TrainerState()
-    with pytest.raises(ram_live.ConfigError, match="ram_merge_adapter_files"):
-        cb.on_train_begin(transformers.TrainingArguments(str(tmp_path / "out"), report_to="none", use_cpu=True),
-                          state, transformers.TrainerControl(), model=model)
-    assert not (tmp_path / "store").exists()
