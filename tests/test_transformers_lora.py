@@ -318,6 +318,9 @@ def test_lora_options_are_checked_and_apply_to_peft_models_only(tmp_path: Path) 
 
         _begin(RAMTrainerCallback(tmp_path / "s", "a", search=SearchSetting(metric="x", budget=2)),
                get_peft_model(_model(), _lora()))
+    with pytest.raises(ConfigError, match="snapshot_activity='abs'"):
+        _begin(RAMTrainerCallback(tmp_path / "s", "a", snapshot_activity="abs", snapshot_eps=1e-3),
+               get_peft_model(_model(), _lora()))
     with pytest.raises(ConfigError, match="base= is for full-model runs"):
         _begin(RAMTrainerCallback(tmp_path / "s", "a", base=_model()), get_peft_model(_model(), _lora()))
     with warnings.catch_warnings():  # a plain model with the default LoRA options: the full-model callback
