@@ -15,6 +15,7 @@ from .methods import RamStatistics, get_method, make_config
 from .options import RamOptions
 from .progress import ProgressHook, TerminalProgress
 from .io.distributed import Distributed
+from .io.hub import resolve_model
 from .io.sinks import DistributedSafetensorsSink, ModuleSink, SafetensorsSink, StateDictSink
 from .importance import importance_sources
 from .io.sources import SafetensorsSource, TensorSource, ZerosSource, as_source, check_agent_names, iter_named
@@ -202,7 +203,8 @@ def merge(
             raise ConfigError("process_group with modules whose parameters are not DTensors: pass out= (each rank "
                               "writes its shards), or shard the modules (FSDP2/DTensor) to merge them in place")
     if out is not None:
-        copy_from = Path(base) if isinstance(base, (str, os.PathLike)) and Path(base).is_dir() else None
+        folder = resolve_model(base, what="base") if isinstance(base, (str, os.PathLike)) else None  # id: cached
+        copy_from = Path(folder) if folder is not None and Path(folder).is_dir() else None
         split = dist is not None and not dist.sharded
         sink: Any = (DistributedSafetensorsSink if split else SafetensorsSink)(
             out, copy_from=copy_from, dtype=dtype, max_shard_bytes=max_shard_bytes

@@ -83,8 +83,8 @@ def from_mergekit_yaml(path: str | os.PathLike[str]) -> MergekitPlan:
     """Read a mergekit YAML config (the file ``mergekit-yaml`` takes) into a :class:`MergekitPlan`.
 
     Args:
-        path: the YAML file. Model paths are local folders, relative to the working directory as in mergekit
-            (ram_live downloads nothing).
+        path: the YAML file. Model paths are local folders, relative to the working directory as in mergekit,
+            or Hugging Face ids (``org/name[@revision]``) found in the local cache (ram_live downloads nothing).
 
     Raises :class:`ConfigError` naming every key ram_live does not support, and for methods other than those
     above.
@@ -144,7 +144,7 @@ def plan_from_mergekit(config: Any, source: str = "config") -> MergekitPlan:
         unsupported += [f"{where}.parameters.{k}" for k in own if k not in known]
         unsupported += [f"{where}.parameters.{k} (one value per merge: put it in the top-level parameters)"
                         for k in own if k in known and k in _SHARED]
-        name = _name(ref, models)
+        name = _name(ref if ref == entry["model"] else entry["model"].partition("@")[0], models)  # id: its name
         models[name] = ref
         params[name] = {**shared, **own}
     if unsupported:
@@ -182,8 +182,13 @@ def _model_ref(value: Any, where: str, source: str) -> str:
         raise ConfigError(f"{source}: {where} {value!r}: 'model+lora' references are not supported (merge the "
                           "LoRA into its model first, or use ram_live.peft)")
     if not Path(value).is_dir() and not value.endswith(".safetensors"):
-        raise ConfigError(f"{source}: {where} {value!r} is not a local folder (ram_live downloads nothing; "
-                          "paths are relative to the working directory, as in mergekit)")
+        from .io.hub import cached_snapshot
+
+        folder = cached_snapshot(value, what=f"{source}: {where}")  # org/name[@revision] in the local HF cache
+        if folder is None:
+            raise ConfigError(f"{source}: {where} {value!r} is not a local folder (ram_live downloads nothing; "
+                              "paths are relative to the working directory, as in mergekit)")
+        return str(folder)
     return value
 
 

@@ -38,7 +38,9 @@ def _evaluation(args: argparse.Namespace) -> Callable[[Any], float]:
         raise ConfigError("search needs --eval MODULE:FUNCTION, or --reward MODULE:FUNCTION with --prompts FILE")
     if not args.prompts:
         raise ConfigError("--reward needs --prompts FILE.jsonl (one JSON object a line with a 'prompt' key)")
-    if not args.base or not (Path(args.base) / "config.json").is_file():
+    from ..io.hub import resolve_model
+
+    if not args.base or not (Path(resolve_model(args.base, what="--base")) / "config.json").is_file():
         raise ConfigError("--reward needs --base FOLDER, a Hugging Face model folder (its config and tokenizer "
                           "build the model each candidate is generated with)")
     from ..evaluate import load_prompts, rewards

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, EvaluationError
+from ..io.hub import resolve_model
 from .checks import meta_tensor
 
 __all__ = ["Resolver", "generator_of", "load_model"]
@@ -30,7 +31,7 @@ def _transformers() -> Any:
 
 def load_model(folder: str | os.PathLike) -> Any:
     """``AutoModelForCausalLM.from_pretrained(folder)``, with library errors."""
-    folder = Path(folder)
+    folder = Path(resolve_model(folder, what="rewards: model"))  # a cached Hugging Face id: its folder
     if not (folder / "config.json").is_file():
         raise ConfigError(f"rewards: {folder} is not a Hugging Face model folder (no config.json)")
     try:
@@ -101,7 +102,8 @@ class Resolver:
             raise ConfigError("rewards: no tokenizer: pass rewards(..., tokenizer=<a tokenizer or its folder>)")
         if isinstance(source, (str, os.PathLike)):
             try:
-                source = _transformers().AutoTokenizer.from_pretrained(os.fspath(source))
+                source = _transformers().AutoTokenizer.from_pretrained(
+                    os.fspath(resolve_model(source, what="rewards: tokenizer")))  # ids: the local cache only
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"rewards: cannot load a tokenizer from {source}: {exc}") from None
             _check_tokenizer(source)

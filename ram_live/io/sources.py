@@ -259,7 +259,9 @@ def as_source(obj: Any, name: str) -> TensorSource:
     if isinstance(obj, nn.Module):
         return ModuleSource(obj, name)
     if isinstance(obj, (str, os.PathLike)):
-        return SafetensorsSource(obj, name)
+        from .hub import resolve_model
+
+        return SafetensorsSource(resolve_model(obj, what=name), name)  # a cached Hugging Face id: its folder
     if isinstance(obj, Mapping):
         return StateDictSource(obj, name)
     if isinstance(obj, TensorSource):

@@ -1,0 +1,186 @@
+"""Models by Hugging Face id (``org/name[@revision]``), resolved from the local cache only (ram_live/io/hub.py), in
+every path that takes a model: the API, the CLI, mergekit YAML and the evaluation's model/tokenizer. The cache is
+built in tmp_path with the hub's own layout (blobs, refs, snapshot symlinks) and pointed at by HF_HUB_CACHE; the
+network is switched off for every test."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import assert_bit_identical, make_agents
+from ram_live import merge, probe, ram_merge
+from ram_live.errors import ConfigError, UnsupportedInputError
+from ram_live.io.hub import cached_snapshot, hub_cache, resolve_model, split_id
+
+pytest.importorskip("huggingface_hub")
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Any connection attempt fails the test: resolution is local_files_only."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("ram_live tried to reach the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def _commit(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def add_to_cache(cache: Path, repo: str, files: dict[str, bytes], ref: str | None = "main") -> Path:
+    """One snapshot of ``repo`` in the hub cache layout: ``models--org--name/blobs/<sha>``,
+    ``snapshots/<commit>/<file>`` symlinks to them, ``refs/<ref>`` holding the commit; returns the snapshot folder."""
+    root = cache / ("models--" + repo.replace("/", "--"))
+    commit = _commit(f"{repo}/{ref}/{sorted(files)}/{[hashlib.sha256(b).hexdigest() for b in files.values()]}")
+    snap = root / "snapshots" / commit
+    snap.mkdir(parents=True, exist_ok=True)
+    (root / "blobs").mkdir(exist_ok=True)
+    for name, data in files.items():
+        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        os.symlink(os.path.relpath(blob, snap), snap / name)
+    if ref is not None:
+        (root / "refs").mkdir(exist_ok=True)
+        (root / "refs" / ref).write_text(commit)
+    return snap
+
+
+def _model_files(sd: dict[str, torch.Tensor], tmp: Path) -> dict[str, bytes]:
+    save_file(sd, tmp / "w.safetensors")
+    return {"model.safetensors": (tmp / "w.safetensors").read_bytes(),
+            "config.json": json.dumps({"model_type": "toy"}).encode()}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch, base_sd):
+    """HF_HUB_CACHE = tmp_path/hub with org/base, org/a, org/b (main) and org/a at tag v2 (other weights);
+    returns ``(cache, {name: snapshot folder}, {name: state dict})``."""
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.chdir(tmp_path)  # relative ids are not folders here
+    a, b, a2 = make_agents(base_sd, [0.1, 0.3, 0.2], seed=3)
+    models = {"base": base_sd, "a": a, "b": b}
+    folders = {n: add_to_cache(hub, f"org/{n}", _model_files(sd, tmp_path)) for n, sd in models.items()}
+    folders["a@v2"] = add_to_cache(hub, "org/a", _model_files(a2, tmp_path), ref="v2")
+    models["a@v2"] = a2
+    return hub, folders, models
+
+
+def test_merge_by_id_equals_merge_of_the_snapshot_folder(cache, tmp_path):
+    hub, folders, _ = cache
+    by_id = merge({"a": "org/a", "b": "org/b"}, base="org/base")
+    by_folder = merge({"a": str(folders["a"]), "b": str(folders["b"])}, base=str(folders["base"]))
+    assert_bit_identical(by_id, by_folder)
+    out = ram_merge({"a": "org/a", "b": "org/b"}, base="org/base", out=tmp_path / "merged")
+    assert_bit_identical(load_file(Path(out) / "model.safetensors"), by_folder)
+    assert (Path(out) / "config.json").is_file()  # the base's side files, copied from its snapshot folder
+    report = probe({"a": "org/a", "b": "org/b"}, base="org/base")
+    assert report.statistics() is not None
+
+
+def test_a_revision_resolves_to_its_snapshot(cache):
+    hub, folders, models = cache
+    assert resolve_model("org/a@v2") == str(folders["a@v2"])
+    assert resolve_model("org/a@main") == resolve_model("org/a") == str(folders["a"])
+    commit = folders["a@v2"].name
+    assert resolve_model(f"org/a@{commit}") == str(folders["a@v2"])  # a commit hash: its snapshot folder
+    by_rev = merge({"a": "org/a@v2", "b": "org/b"}, base="org/base")
+    assert_bit_identical(by_rev, merge({"a": models["a@v2"], "b": models["b"]}, base=models["base"]))
+    assert not torch.equal(by_rev["layers.0.w"], merge({"a": "org/a", "b": "org/b"}, base="org/base")["layers.0.w"])
+
+
+@pytest.mark.parametrize("ref", ["org/missing", "org/a@nope", "missing-model"])
+def test_an_id_not_in_the_cache_is_a_one_line_error_naming_it(cache, ref):
+    with pytest.raises(ConfigError) as err:
+        merge({"a": ref, "b": "org/b"}, base="org/base")
+    message = str(err.value)
+    assert repr(ref) in message and "\n" not in message and "local Hugging Face cache" in message
+    assert message.startswith("a: ")  # the agent at fault
+
+
+def test_paths_are_not_ids_and_keep_their_error(cache, tmp_path):
+    for text in ("./org/a", "/org/a", "~/org/a", "org/a/b", "..", "a.safetensors", "org\\a", "org/a@"):
+        assert split_id(text) is None, text
+    assert split_id("org/a@v2") == ("org/a", "v2") and split_id("gpt2") == ("gpt2", None)
+    with pytest.raises(UnsupportedInputError, match="no such file"):
+        merge({"a": "org/a/b", "b": "org/b"}, base="org/base")
+    local = tmp_path / "org" / "a"  # an existing folder wins over the cached id of that name
+    local.mkdir(parents=True)
+    assert resolve_model("org/a") == "org/a"
+
+
+def test_without_huggingface_hub_an_id_is_a_missing_path(cache, monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import fails
+    assert cached_snapshot("org/a") is None and resolve_model("org/a") == "org/a"
+    with pytest.raises(UnsupportedInputError, match="no such file"):
+        merge({"a": "org/a", "b": "org/b"}, base="org/base")
+
+
+def test_hf_home_and_the_default_cache(cache, monkeypatch, tmp_path):
+    hub, folders, _ = cache
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # tmp_path/hub is the cache
+    assert hub_cache() == hub and resolve_model("org/b") == str(folders["b"])
+    monkeypatch.delenv("HF_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hub_cache() == tmp_path / "xdg" / "huggingface" / "hub"
+    with pytest.raises(ConfigError, match="org/b"):
+        resolve_model("org/b")
+
+
+def test_cli_takes_ids(cache, tmp_path, capsys):
+    from ram_live.cli import main
+
+    hub, folders, _ = cache
+    assert main(["merge", "org/a", "org/b", "--base", "org/base", "--out", str(tmp_path / "cli")]) == 0
+    by_folder = merge({"a": str(folders["a"]), "b": str(folders["b"])}, base=str(folders["base"]))
+    assert_bit_identical(load_file(tmp_path / "cli" / "model.safetensors"), by_folder)
+    capsys.readouterr()
+    assert main(["merge", "org/a", "org/nope", "--base", "org/base", "--out", str(tmp_path / "cli2")]) == 2
+    err = capsys.readouterr().err
+    assert "'org/nope'" in err and err.count("\n") == 1
+
+
+def test_mergekit_yaml_takes_ids(cache, tmp_path):
+    pytest.importorskip("yaml")
+    from ram_live.mergekit_yaml import from_mergekit_yaml
+
+    hub, folders, _ = cache
+    config = tmp_path / "ram.yml"
+    config.write_text("merge_method: ram\nbase_model: org/base\nmodels:\n  - model: org/a@v2\n  - model: org/b\n")
+    plan = from_mergekit_yaml(config)
+    assert plan.base == str(folders["base"])
+    assert plan.models == {"a": str(folders["a@v2"]), "b": str(folders["b"])}
+    config.write_text("merge_method: ram\nbase_model: org/base\nmodels:\n  - model: org/gone\n")
+    with pytest.raises(ConfigError, match=r"models\[0\]\.model: 'org/gone' is not a local folder"):
+        from_mergekit_yaml(config)
+
+
+def test_evaluation_model_and_tokenizer_by_id(cache, tmp_path, tok, llama):
+    from ram_live.evaluate.models import Resolver, load_model
+
+    hub, _, _ = cache
+    tok.save_pretrained(tmp_path / "tok")
+    llama.save_pretrained(tmp_path / "llama")
+    for repo, folder in (("org/tok", tmp_path / "tok"), ("org/llama", tmp_path / "llama")):
+        add_to_cache(hub, repo, {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()})
+    loaded = load_model("org/llama")
+    assert all(torch.equal(v, llama.state_dict()[k]) for k, v in loaded.state_dict().items())
+    tokenizer = Resolver(tokenizer="org/tok").tokenizer(None)
+    assert tokenizer("1+2")["input_ids"] == tok("1+2")["input_ids"]
+    with pytest.raises(ConfigError, match="'org/no-llama'"):
+        load_model("org/no-llama")
+    with pytest.raises(ConfigError, match="'org/no-tok'"):
+        Resolver(tokenizer="org/no-tok").tokenizer(None)
