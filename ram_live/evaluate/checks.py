@@ -9,7 +9,7 @@ import numbers
 import reprlib
 from collections.abc import Mapping, Set
 from itertools import chain, islice
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ConfigError, EvaluationError
 
@@ -78,15 +78,23 @@ def _is_array(value: Any) -> bool:
     return getattr(value, "ndim", None) == 1 and callable(getattr(value, "tolist", None))
 
 
-def reward_list(out: Any, name: str, n: int) -> list[float | None]:
-    """A reward function's return as one float (or None: not applicable) per prompt.
+def reward_list(out: Any, name: str, n: int, where: Callable[[int], tuple[int, str]] | None = None,
+                unit: str = "prompts") -> list[float | None]:
+    """A reward function's return as one float (or None: not applicable) per row.
 
     Accepted: a list, tuple, 1-D numpy array or tensor, or any other iterable of numbers or None. Raises
-    :class:`EvaluationError` naming the function (and the prompt, for a bad value)."""
+    :class:`EvaluationError` naming the function (and the prompt, for a bad value).
+
+    Args:
+        out: what the function returned. name: the function's name. n: the rows it was called on.
+        where: row ``j``'s prompt index and its name in messages (default ``(j, "prompt j")``).
+        unit: what the rows are, in messages (``"prompts"``, or ``"completions"`` with k samples a prompt).
+    """
+    where = where or (lambda j: (j, f"prompt {j}"))
     why = _not_a_sequence(out)
     if why is not None:
         raise EvaluationError(f"reward function {name!r} returned {why}, not a sequence of rewards (one number per "
-                              f"prompt, {n} prompts)", function=name)
+                              f"{unit[:-1]}, {n} {unit})", function=name)
     values: list[Any] = []
     try:
         if _is_array(out):
@@ -95,14 +103,14 @@ def reward_list(out: Any, name: str, n: int) -> list[float | None]:
             for v in islice(out, n + 1):  # a generator raises here; one endless stops after n + 1
                 values.append(v)
     except Exception as exc:
-        at = len(values) if len(values) < n else None
-        where = f" at prompt {at}" if at is not None else ""
+        at = where(len(values)) if len(values) < n else None
         raise EvaluationError(f"reward function {name!r} returned an iterable that raised {type(exc).__name__} "
-                              f"while its rewards were read{where}: {one_line(exc)}", function=name, index=at) from exc
+                              f"while its rewards were read{f' at {at[1]}' if at else ''}: {one_line(exc)}",
+                              function=name, index=at[0] if at else None) from exc
     if len(values) != n:
         count = len(values) if len(values) < n or _is_array(out) else f"more than {n}"
-        raise EvaluationError(f"reward function {name!r} returned {count} rewards for {n} prompts (one per "
-                              "prompt is needed)", function=name)
+        raise EvaluationError(f"reward function {name!r} returned {count} rewards for {n} {unit} (one per "
+                              f"{unit[:-1]} is needed)", function=name)
     checked: list[float | None] = []
     for j, v in enumerate(values):
         if v is None:
@@ -111,9 +119,10 @@ def reward_list(out: Any, name: str, n: int) -> list[float | None]:
         try:
             checked.append(finite_float(v))
         except ValueError as exc:
-            raise EvaluationError(f"reward function {name!r} returned {short(v)} for prompt {j}: {exc}; a reward "
+            index, label = where(j)
+            raise EvaluationError(f"reward function {name!r} returned {short(v)} for {label}: {exc}; a reward "
                                   "must be a finite number (or None: not applicable)", function=name,
-                                  index=j) from None
+                                  index=index) from None
     return checked
 
 

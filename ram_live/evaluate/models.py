@@ -4,6 +4,10 @@
 the candidate swapped in), a state dict (a state-dict or path base; ``ram-live search``) or, in verl, a Hugging
 Face folder. A module is used as it is (no copy); a state dict is copied into ``model`` (given once); a folder is
 loaded into ``model`` when one is given, else with ``AutoModelForCausalLM.from_pretrained``.
+
+``device=`` / ``dtype=``: where and in what precision a folder (``model=`` given as a folder, or a candidate
+folder without ``model=``) is loaded. A module handed in (``model=`` or the evaluated one) is never copied or
+moved: one that is elsewhere, or in another dtype, is refused with a :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from ..errors import ConfigError, EvaluationError
 from ..io.hub import resolve_model
 from .checks import meta_tensor
 
-__all__ = ["Resolver", "generator_of", "load_model"]
+__all__ = ["Resolver", "generator_of", "load_model", "device_of", "parse_device", "parse_dtype"]
 
 
 def _transformers() -> Any:
@@ -29,15 +33,79 @@ def _transformers() -> Any:
     return transformers
 
 
-def load_model(folder: str | os.PathLike) -> Any:
-    """``AutoModelForCausalLM.from_pretrained(folder)``, with library errors."""
+def load_model(folder: str | os.PathLike, device: Any = None, dtype: Any = None) -> Any:
+    """``AutoModelForCausalLM.from_pretrained(folder)`` (in ``dtype``, then moved to ``device``, when given), with
+    library errors."""
     folder = Path(resolve_model(folder, what="rewards: model"))  # a cached Hugging Face id: its folder
     if not (folder / "config.json").is_file():
         raise ConfigError(f"rewards: {folder} is not a Hugging Face model folder (no config.json)")
+    transformers = _transformers()
+    kwargs = {}
+    if dtype is not None:  # transformers 5 names it dtype; 4.x torch_dtype
+        kwargs["dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"] = dtype
     try:
-        return _transformers().AutoModelForCausalLM.from_pretrained(os.fspath(folder))
+        model = transformers.AutoModelForCausalLM.from_pretrained(os.fspath(folder), **kwargs)
     except (OSError, ValueError) as exc:
         raise EvaluationError(f"rewards: cannot load the model in {folder}: {exc}") from None
+    return model.to(device) if device is not None else model
+
+
+def parse_device(device: Any) -> Any:
+    """``device=`` as a ``torch.device`` (None stays None)."""
+    import torch
+
+    if device is None:
+        return None
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise ConfigError(f"rewards: device must be a device name ('cuda', 'cuda:1', 'cpu'), an index or a "
+                          f"torch.device, got {_kind(device)}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"rewards: device={device!r} is not a device: {exc}") from None
+
+
+def parse_dtype(dtype: Any) -> Any:
+    """``dtype=`` as a floating ``torch.dtype``: one, or its name (``"bfloat16"``, ``"torch.float16"``)."""
+    import torch
+
+    if dtype is None:
+        return None
+    value = getattr(torch, dtype.removeprefix("torch."), None) if isinstance(dtype, str) else dtype
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise ConfigError(f"rewards: dtype must be a floating torch dtype or its name ('bfloat16', 'float16', "
+                          f"'float32'), got {dtype!r:.80}")
+    return value
+
+
+def device_of(model: Any) -> Any:
+    """The device of the model's first weight not on meta; for a model offloaded with accelerate (its weights on
+    meta), its hooks' execution device."""
+    import torch
+
+    for p in model.parameters():
+        if not p.is_meta:
+            return p.device
+    for sub in model.modules():
+        device = getattr(getattr(sub, "_hf_hook", None), "execution_device", None)
+        if device is not None:
+            return torch.device(device)
+    return torch.device("cpu")
+
+
+def _check_placement(model: Any, device: Any, dtype: Any, what: str) -> None:
+    """Refuse a module handed in that is not on ``device`` or not in ``dtype`` (it is never copied or moved)."""
+    if device is not None:
+        actual = device_of(model)
+        if actual.type != device.type or (device.index is not None and actual.index != device.index):
+            raise ConfigError(f"rewards: {what} is on {actual}, and device={str(device)!r} was asked; a module is "
+                              f"evaluated where it is, never copied: move it there (.to({str(device)!r})) or leave "
+                              "device=None")
+    if dtype is not None:
+        actual_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        if actual_dtype is not None and actual_dtype != dtype:
+            raise ConfigError(f"rewards: {what} is in {actual_dtype}, and dtype={dtype} was asked; a module is "
+                              f"evaluated as it is, never copied: convert it (.to({dtype})) or leave dtype=None")
 
 
 def generator_of(module: Any) -> Any:
@@ -57,21 +125,28 @@ class Resolver:
     """Turns what the evaluation is handed into ``(model, tokenizer)``; ``model``/``tokenizer`` may be folders,
     loaded at first use."""
 
-    def __init__(self, model: Any = None, tokenizer: Any = None) -> None:
+    def __init__(self, model: Any = None, tokenizer: Any = None, device: Any = None, dtype: Any = None) -> None:
         if model is not None and not isinstance(model, (str, os.PathLike)) and (
                 isinstance(model, type) or not hasattr(model, "state_dict")):
             raise ConfigError(f"rewards: model must be a module or a Hugging Face folder, got {_kind(model)}")
+        self.device, self.dtype = parse_device(device), parse_dtype(dtype)
         if model is not None and not isinstance(model, (str, os.PathLike)):
             _not_meta(model, "model=", ConfigError)
+            _check_placement(model, self.device, self.dtype, f"model= ({type(model).__name__})")
         _check_tokenizer(tokenizer)
         self._model, self._tokenizer = model, tokenizer
         self._ready_tokenizer: Any = None
+
+    @property
+    def given_tokenizer(self) -> Any:
+        """The ``tokenizer=`` given (a tokenizer or a folder), or None."""
+        return self._tokenizer
 
     def resolve(self, merged: Any) -> tuple[Any, Any]:
         if isinstance(merged, (str, os.PathLike)):
             folder = Path(merged)
             if self._model is None:
-                model = load_model(folder)
+                model = load_model(folder, self.device, self.dtype)
             else:
                 model = self._target()
                 self._copy_into(model, _read_folder(folder), f"folder {folder}")
@@ -87,6 +162,7 @@ class Resolver:
         if hasattr(merged, "state_dict") and not isinstance(merged, type):
             model = generator_of(merged)
             _not_meta(model, f"the evaluated {type(model).__name__}", EvaluationError)
+            _check_placement(model, self.device, self.dtype, f"the evaluated {type(model).__name__}")
             return model, self.tokenizer(None, model)
         raise EvaluationError(f"rewards: cannot evaluate a {type(merged).__name__}; a module, a state dict or a "
                               "Hugging Face folder is expected")
@@ -114,7 +190,7 @@ class Resolver:
 
     def _target(self) -> Any:
         if isinstance(self._model, (str, os.PathLike)):
-            self._model = load_model(Path(self._model))
+            self._model = load_model(Path(self._model), self.device, self.dtype)
         target = generator_of(self._model)
         _not_meta(target, "model=", ConfigError)
         return target

@@ -2,9 +2,10 @@
 functions as keyword lists.
 
 Accepted: a list of strings; a list of dicts (or a ``datasets.Dataset``) with a ``prompt`` column; a JSONL file
-(UTF-8, a byte-order mark allowed; one JSON object a line, each with ``prompt``). A prompt is a non-empty string,
-or a conversation (a list of ``{"role": ..., "content": ...}`` messages, rendered through the tokenizer's chat
-template).
+(UTF-8, a byte-order mark allowed; one JSON object a line, each with ``prompt``); a parquet file (``*.parquet``,
+verl's ``data.val_files``: ``prompt`` a list of chat messages, ``data_source``, ``reward_model: {"ground_truth":
+...}``, ``extra_info``), read with ``pyarrow``. A prompt is a non-empty string, or a conversation (a list of
+``{"role": ..., "content": ...}`` messages, rendered through the tokenizer's chat template).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from .checks import one_line, short
 
 __all__ = ["Prompts", "load_prompts"]
 
-#: Keyword arguments the reward functions get from the evaluation itself (a column of these names is refused).
-RESERVED = frozenset({"prompts", "completions", "completion_ids"})
+#: Keyword arguments the reward functions get from the evaluation itself, as TRL passes them (a column of these
+#: names is refused).
+RESERVED = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ def load_prompts(prompts: Any) -> Prompts:
 
     Args:
         prompts: a list of strings, a list of dicts with ``prompt``, a ``datasets.Dataset``, a ``Prompts``, or
-            the path of a JSONL file.
+            the path of a JSONL file or of a parquet file (``*.parquet``, verl's layout).
 
     Raises:
         ConfigError: an empty or malformed input (naming the file and line, or the row).
@@ -63,6 +65,8 @@ def load_prompts(prompts: Any) -> Prompts:
     if isinstance(prompts, Prompts):
         return prompts
     if isinstance(prompts, (str, os.PathLike)):
+        if Path(prompts).suffix.lower() == ".parquet":
+            return _from_rows(_read_parquet(Path(prompts)), f"prompts file {prompts}")
         rows, lines = _read_jsonl(Path(prompts))
         return _from_rows(rows, str(prompts), lines)
     if hasattr(prompts, "column_names") and hasattr(prompts, "to_list"):  # a datasets.Dataset
@@ -72,7 +76,26 @@ def load_prompts(prompts: Any) -> Prompts:
     if isinstance(prompts, Sequence) and not isinstance(prompts, (bytes, bytearray)):
         return _from_rows([{"prompt": p} if isinstance(p, str) else p for p in prompts], "the prompts list")
     raise ConfigError(f"prompts must be a list of strings, a list of dicts with 'prompt', a datasets.Dataset or a "
-                      f"JSONL path; got {type(prompts).__name__}")
+                      f"JSONL or parquet path; got {type(prompts).__name__}")
+
+
+def _read_parquet(path: Path) -> list[Any]:
+    """The rows of a parquet file, as plain Python values (structs as dicts, lists as lists)."""
+    if not path.is_file():
+        raise ConfigError(f"prompts file {path} does not exist (or is not a file)")
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError(f"prompts file {path}: reading parquet needs pyarrow (it comes with datasets): "
+                          "pip install pyarrow") from None
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow's ArrowInvalid / OSError on a file that is not parquet
+        raise ConfigError(f"prompts file {path}: not a readable parquet file ({type(exc).__name__}: "
+                          f"{one_line(exc, 160)})") from None
+    if not rows:
+        raise ConfigError(f"prompts file {path} is empty: at least one row with a 'prompt' column is expected")
+    return rows
 
 
 def _read_jsonl(path: Path) -> tuple[list[Any], list[int]]:
@@ -155,7 +178,7 @@ def _from_rows(rows: list[Any], source: str, lines: list[int] | None = None) -> 
     taken = sorted(set(keys or []) & RESERVED)
     if taken:
         raise ConfigError(f"{source}: the column(s) {taken} would replace what the reward functions are given under "
-                          f"that name (prompts, completions, completion_ids); rename them")
+                          f"that name ({', '.join(sorted(RESERVED))}); rename them")
     columns = {k: [r[k] for r in rows] for k in (keys or []) if k != "prompt"}
     return Prompts([r["prompt"] for r in rows], columns, source, lines)
 

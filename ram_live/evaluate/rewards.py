@@ -1,22 +1,31 @@
 """``rewards(prompts, reward_funcs, tokenizer=...)``: the RL run's own reward functions as ``evaluate(model) ->
 float`` for :func:`ram_live.search`, ``SearchSetting`` and ``ram-live search``.
 
-The score is TRL's GRPO reward, averaged over the prompts: per prompt ``Σ_i w_i · r_i`` over the reward functions
-(``reward_weights``, default all 1; a ``None`` reward skips that function for that prompt, as TRL's ``nansum``
-does), then the mean over prompts.
+A completion's reward is TRL's GRPO reward: ``Σ_i w_i · r_i`` over the reward functions (``reward_weights``,
+default all 1; a ``None`` reward skips that function, as TRL's ``nansum`` does). A prompt's score is its
+completion's reward, or with ``samples=k`` the mean over its k completions (``mean@k``) or ``pass@k``
+(:mod:`.samples`). The score is the objective over the tasks (:mod:`.tasks`): by default the mean over the
+prompts' ``data_source`` groups (one group: the mean over the prompts).
+
+It is also the **prompt protocol** of :mod:`ram_live.search.fidelity`: ``prompt_tasks()``,
+``prompt_scores(merged, indices)`` and ``aggregate(values)``, with ``evaluate(merged) ==
+aggregate(prompt_scores(merged, all))[0]`` exactly.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..errors import ConfigError, EvaluationError
-from .checks import one_line, reward_list, weight_list
-from .generation import GenerationSettings, generate_completions, tokenize_prompts
+from .calling import Batch, call_rewards
+from .checks import short, weight_list
+from .engines import Engine, completions_of
+from .generation import GenerationSettings
 from .models import Resolver
 from .prompts import Prompts, load_prompts
+from .samples import Metric, check_samples, parse_metric
+from .tasks import AUTO, Tasks, group
 
 __all__ = ["Rewards", "rewards"]
 
@@ -25,45 +34,67 @@ RewardFunc = Callable[..., Sequence[Any]]
 
 def rewards(prompts: Any, reward_funcs: RewardFunc | Sequence[RewardFunc], *, tokenizer: Any = None,
             max_new_tokens: int = 64, batch_size: int = 16, reward_weights: Sequence[float] | None = None,
-            model: Any = None, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
-            top_k: int = 0, seed: int = 0) -> Rewards:
-    """An evaluation ``evaluate(model) -> float``: generate a completion for each prompt, score it with the reward
-    functions, return the weighted mean reward (higher is better).
+            model: Any = None, do_sample: bool | None = None, temperature: float = 1.0, top_p: float = 1.0,
+            top_k: int = 0, seed: int = 0, task: Any = AUTO, objective: str | None = None,
+            weights: Mapping[str, float] | None = None, samples: int = 1, metric: str | None = None,
+            pass_threshold: float = 1.0, device: Any = None, dtype: Any = None, stop: str | Sequence[str] | None = None,
+            include_stop: bool = False, eos_token_id: int | Sequence[int] | None = None,
+            generate: Callable[..., Any] | None = None) -> Rewards:
+    """An evaluation ``evaluate(model) -> float``: generate completions for each prompt, score them with the
+    reward functions, return the objective over the tasks (higher is better).
 
     Args:
-        prompts: a list of strings; a list of dicts, a ``datasets.Dataset`` or a JSONL path with a ``prompt``
-            column (its other columns go to the reward functions as keyword lists, as in TRL).
-        reward_funcs: TRL-style ``fn(prompts, completions, completion_ids, **columns) -> list[float]``, or a list
-            of them. A verl ``compute_score`` goes through :func:`~ram_live.evaluate.compute_score`.
+        prompts: a list of strings; a list of dicts, a ``datasets.Dataset``, a JSONL path or a parquet path
+            (verl's layout) with a ``prompt`` column (its other columns go to the reward functions as keyword lists).
+        reward_funcs: TRL-style ``fn(prompts, completions, completion_ids, **columns) -> list[float]`` (``async
+            def`` too), or a list of them. A verl ``compute_score`` goes through :func:`~.compute_score`.
         tokenizer: a tokenizer or a folder to load one from (None: the evaluated folder's, or ``model``'s).
-        max_new_tokens, batch_size: generation length and prompts per ``generate`` call.
-        reward_weights: one weight per reward function (TRL's ``GRPOConfig.reward_weights``): a list, tuple or 1-D
-            array of finite numbers.
-        model: what a state dict is loaded into (a module, or an HF folder loaded once): needed when the
-            evaluation is handed a state dict (``search`` with a state-dict or path base, ``ram-live search``).
-        do_sample, temperature, top_p, top_k, seed: sampling instead of greedy decoding (default greedy).
+        max_new_tokens, batch_size: completion length and completions per ``generate`` call.
+        reward_weights: one weight per reward function (TRL's ``GRPOConfig.reward_weights``).
+        model: what a state dict is loaded into (a module, or an HF folder loaded once).
+        do_sample, temperature, top_p, top_k, seed: sampling (default: greedy when ``samples`` is 1, sampling
+            otherwise), seeded per prompt.
+        task: the column grouping prompts into tasks (default ``data_source`` when present; None: one task).
+        objective, weights: ``"mean"`` over tasks (default), ``"min"`` (the worst task) or ``weights={task: w}``
+            (a weighted mean; every task needs a weight, 0 leaves one out).
+        samples, metric, pass_threshold: k completions a prompt, scored ``"mean@k"`` (default) or ``"pass@k"``
+            / ``"pass@K"`` (K <= k), a completion passing when its reward is >= ``pass_threshold`` (1.0).
+        device, dtype: where and how a loaded folder lives (a module handed in is used where it is, never copied;
+            one elsewhere is refused).
+        stop, include_stop, eos_token_id: stop strings (the completion ends before the first, or after it with
+            ``include_stop``), and the token ids that end a completion (default: the tokenizer's and model's EOS).
+        generate: ``fn(merged, prompts, settings, seeds) -> list[list[str]]``, the user's engine (vLLM, SGLang, a
+            server) in place of Hugging Face ``generate``: see ``docs/evaluate.md``.
 
-    >>> evaluate = rewards("held_out.jsonl", [correct], tokenizer=tok, max_new_tokens=128)   # doctest: +SKIP
-    >>> result = ram_live.search(agents, base=base, evaluate=evaluate)                     # doctest: +SKIP
-    >>> evaluate.metrics                                          # doctest: +SKIP
-    {'reward': 0.62, 'reward/correct': 0.62}
+    >>> evaluate = rewards("val.parquet", compute_score(my_score), tokenizer=tok, samples=8, metric="pass@1")  # doctest: +SKIP
+    >>> evaluate(model), evaluate.metrics                                         # doctest: +SKIP
+    (0.62, {'reward': 0.62, 'reward/gsm8k': 0.7, 'reward/math': 0.54, 'reward/my_score': 0.6})
     """
+    samples = check_samples(samples)
+    if do_sample is None:
+        do_sample = samples > 1
     settings = GenerationSettings(max_new_tokens=max_new_tokens, batch_size=batch_size, do_sample=do_sample,
-                                  temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    return Rewards(load_prompts(prompts), reward_funcs, settings, tokenizer=tokenizer,
-                   reward_weights=reward_weights, model=model)
+                                  temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, samples=samples,
+                                  stop=stop, include_stop=include_stop, eos_token_id=eos_token_id)  # type: ignore[arg-type]
+    loaded = load_prompts(prompts)
+    return Rewards(loaded, reward_funcs, settings, tokenizer=tokenizer, reward_weights=reward_weights, model=model,
+                   tasks=group(loaded, task, objective, weights), metric=parse_metric(metric, samples, pass_threshold),
+                   device=device, dtype=dtype, generate=generate)
 
 
 class Rewards:
     """The evaluation :func:`rewards` returns. Call it on a module (a ``generate``-capable model, or one that
-    holds one), a state dict (loaded into ``model``) or a Hugging Face folder; it returns the mean reward.
+    holds one), a state dict (loaded into ``model``) or a Hugging Face folder; it returns the objective.
 
-    After a call: ``metrics`` (``{"reward": score, "reward/<function>": its mean, ...}``), ``completions`` and
-    ``per_prompt`` (the combined reward of each prompt)."""
+    After a call: ``metrics`` (``{"reward": score, "reward/<task>": ..., "reward/<function>": its mean, ...}``),
+    ``tasks`` (each task's score), ``completions`` (per prompt; a list of k with ``samples=k``) and ``per_prompt``
+    (each prompt's score). ``trainer_state``: what reward functions get as ``trainer_state`` (None)."""
 
     def __init__(self, prompts: Prompts, reward_funcs: RewardFunc | Sequence[RewardFunc],
                  settings: GenerationSettings, *, tokenizer: Any = None,
-                 reward_weights: Sequence[float] | None = None, model: Any = None) -> None:
+                 reward_weights: Sequence[float] | None = None, model: Any = None, tasks: Tasks | None = None,
+                 metric: Metric | None = None, device: Any = None, dtype: Any = None,
+                 generate: Callable[..., Any] | None = None) -> None:
         funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         if not funcs:
             raise ConfigError("rewards: reward_funcs is empty; give at least one reward function")
@@ -75,105 +106,145 @@ class Rewards:
         self.weights = [1.0] * len(funcs) if reward_weights is None else weight_list(reward_weights, len(funcs))
         self.prompts = prompts
         self.settings = settings
-        self.resolver = Resolver(model=model, tokenizer=tokenizer)
-        self._ids: dict[int, list[list[int]]] = {}  # prompt ids per tokenizer (tokenized once)
+        self.task_groups = tasks or group(prompts)
+        self.metric = metric or parse_metric(None, settings.samples)
+        if self.task_groups.column is not None:
+            clash = sorted(set(self.task_groups.names) & set(self.names))
+            if clash:
+                raise ConfigError(f"rewards: {short(clash)} name both a task and a reward function, and would both be "
+                                  f"logged as reward/{clash[0]}; rename the function (its __name__) or pass task=None")
+        self.resolver = Resolver(model=model, tokenizer=tokenizer, device=device, dtype=dtype)
+        if generate is not None and not callable(generate):
+            raise ConfigError(f"rewards: generate must be a callable fn(merged, prompts, settings, seeds), got "
+                              f"{short(generate)}")
+        self.engine = Engine(prompts, settings, self.resolver, generate)
+        self.trainer_state: Any = None
         self.metrics: dict[str, float] = {}
+        self.tasks: dict[str, float] = {}
         self.completions: list[Any] = []
-        self.per_prompt: list[float] = []
+        self.per_prompt: list[float | None] = []
+        self._table: list[list[float | None]] = []  # per function, per row of the last prompt_scores call
+
+    # ------------------------------------------------------------------------------------------- protocol
+
+    def prompt_tasks(self) -> list[str]:
+        """Each prompt's task."""
+        return list(self.task_groups.of)
+
+    def prompt_scores(self, merged: Any, indices: Iterable[int]) -> list[float | None]:
+        """Generate and score only the prompts ``indices`` (in the prompts' order, whatever order they are given
+        in); each one's score (None: no reward function scored it), in the order of ``indices``."""
+        wanted = self._indices(indices)
+        todo = sorted(set(wanted))
+        texts, ids = self.engine.run(merged, todo)
+        return self._score_rows(todo, texts, ids, wanted)
+
+    def aggregate(self, values: Mapping[int, float | None] | Sequence[float | None]
+                  ) -> tuple[float, dict[str, float]]:
+        """The objective over ``{prompt index: score}`` (a list: prompts 0, 1, ...) and each task's score."""
+        if not isinstance(values, Mapping):
+            values = dict(enumerate(values))
+        bad = next((i for i in values if isinstance(i, bool) or not isinstance(i, int)
+                    or not 0 <= i < len(self.prompts)), None)
+        if bad is not None:
+            raise ConfigError(f"rewards.aggregate: {short(bad)} is not a prompt index (0..{len(self.prompts) - 1})")
+        score, table = self.task_groups.aggregate(values)
+        if score is None:
+            raise EvaluationError(f"every reward function returned None for every one of the {len(values)} prompts: "
+                                  "nothing to score", function=", ".join(self.names), index=None)
+        bad_task = next((t for t, s in table.items() if not math.isfinite(s)), None)
+        if bad_task is not None or not math.isfinite(score):
+            where = "the sum over the prompts" + (f" of task {bad_task!r}" if len(table) > 1 and bad_task else "")
+            if bad_task is None and self.task_groups.objective == "weighted" and math.isnan(score):
+                raise EvaluationError(f"only tasks of weight 0 were scored ({short(sorted(table))}): the weighted "
+                                      "objective has nothing to weigh", function=", ".join(self.names), index=None)
+            raise EvaluationError(f"the rewards overflow: {where} is {table.get(bad_task, score)} (rewards or "
+                                  "weights near float's limit)", function=", ".join(self.names), index=None)
+        return score, table
+
+    # ------------------------------------------------------------------------------------------- calls
 
     def __call__(self, merged: Any, step: int | None = None) -> float:
-        """The mean reward of ``merged`` (``step``: verl's keyword, unused)."""
-        model, tokenizer = self.resolver.resolve(merged)
-        completion_ids = generate_completions(model, tokenizer, self._prompt_ids(tokenizer), self.settings)
-        texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        if self.prompts.conversational:
-            completions: list[Any] = [[{"role": "assistant", "content": t}] for t in texts]
-        else:
-            completions = texts
-        return self.score(completions, completion_ids)
+        """The objective on every prompt (``step``: verl's keyword, unused)."""
+        values = self.prompt_scores(merged, range(len(self.prompts)))
+        return self._finish(values)
 
     def score(self, completions: list[Any], completion_ids: list[list[int]] | None = None) -> float:
-        """Score given completions (one per prompt) with the reward functions; sets ``metrics``, ``per_prompt``."""
-        n = len(self.prompts)
-        if len(completions) != n:
-            raise ConfigError(f"rewards.score: {len(completions)} completions for {n} prompts")
-        table = [self._run(i, fn, completions, completion_ids) for i, fn in enumerate(self.funcs)]
-        # TRL: a prompt that every function scores None is left out of the mean (nanmean), not counted as 0
-        per_prompt: list[float | None] = [
-            None if all(col[j] is None for col in table)
-            else sum(w * col[j] for w, col in zip(self.weights, table) if col[j] is not None)
-            for j in range(n)]
-        scored = [r for r in per_prompt if r is not None]
-        if not scored:
-            raise EvaluationError(f"every reward function returned None for every one of the {n} prompts: "
-                                  "nothing to score", function=", ".join(self.names), index=None)
-        score = sum(scored) / len(scored)
-        if not math.isfinite(score):  # finite rewards whose weighted sum (or its total) overflows
-            j = next((j for j, r in enumerate(per_prompt) if r is not None and not math.isfinite(r)), None)
-            where = f"prompt {j}'s weighted sum" if j is not None else "the sum over the prompts"
-            raise EvaluationError(f"the rewards overflow: {where} is {score if j is None else per_prompt[j]} "
-                                  "(rewards or weights near float's limit)", function=", ".join(self.names), index=j)
-        metrics = {"reward": score}
-        for name, col in zip(self.names, table):
-            given = [r for r in col if r is not None]
-            metrics[f"reward/{name}"] = sum(given) / len(given) if given else math.nan
-        self.metrics, self.completions, self.per_prompt = metrics, completions, per_prompt
-        return score
+        """Score given completions (``samples`` per prompt, prompt-major) without generating; sets ``metrics``."""
+        n, k = len(self.prompts), self.settings.samples
+        if len(completions) != n * k:
+            raise ConfigError(f"rewards.score: {len(completions)} completions for {n} prompts"
+                              + (f" x {k} samples" if k > 1 else ""))
+        todo = list(range(n))
+        return self._finish(self._score_rows(todo, list(completions), completion_ids, todo))
 
     def details(self, merged: Any) -> dict[str, Any]:
-        """Call on ``merged`` and return the metrics, the completions and each prompt's combined reward."""
+        """Call on ``merged`` and return the metrics, the completions and each prompt's score."""
         self(merged)
         return {**self.metrics, "completions": self.completions, "per_prompt": self.per_prompt}
 
+    def logged_metrics(self) -> dict[str, float]:
+        """The last call's metrics as the training callbacks log them (under ``ram/``): ``reward``,
+        ``reward/<function>`` and each task's score as ``eval/<task>``."""
+        out = {"reward": self.metrics["reward"]} if self.metrics else {}
+        out.update({f"reward/{name}": self.metrics[f"reward/{name}"] for name in self.names
+                    if f"reward/{name}" in self.metrics})
+        if self.task_groups.column is not None:
+            out.update({f"eval/{t}": s for t, s in self.tasks.items()})
+        return out
+
     # ------------------------------------------------------------------------------------------- internals
 
-    def _prompt_ids(self, tokenizer: Any) -> list[list[int]]:
-        key = id(tokenizer)
-        if key not in self._ids:
-            self._ids = {key: tokenize_prompts(tokenizer, self.prompts.prompts, self.prompts.conversational,
-                                               self.prompts.where)}
-        return self._ids[key]
+    def _indices(self, indices: Iterable[int]) -> list[int]:
+        out = list(indices)
+        n = len(self.prompts)
+        bad = next((i for i in out if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n), None)
+        if bad is not None:
+            raise ConfigError(f"rewards.prompt_scores: {short(bad)} is not a prompt index (0..{n - 1})")
+        return out
 
-    def _run(self, which: int, fn: RewardFunc, completions: list[Any], completion_ids: Any) -> list[float | None]:
-        name = self.names[which]
-        rows = range(len(completions))
+    def _score_rows(self, todo: list[int], texts: list[Any], ids: list[list[int]] | None,
+                    wanted: list[int]) -> list[float | None]:
+        """Score the completions of the prompts ``todo`` (k rows each); the scores of ``wanted``."""
+        k = self.settings.samples
+        prompt_of = [i for i in todo for _ in range(k)]
+        completions = completions_of(texts, self.prompts.conversational)
+        batch = Batch([self.prompts.prompts[i] for i in prompt_of], completions, ids,
+                      {c: [v[i] for i in prompt_of] for c, v in self.prompts.columns.items()}, prompt_of,
+                      [j for _ in todo for j in range(k)], k, self.trainer_state)
+        table = call_rewards(self.funcs, self.names, batch)
+        combined: list[float | None] = []
+        for j in range(len(prompt_of)):
+            given = [(w, col[j]) for w, col in zip(self.weights, table) if col[j] is not None]
+            value = sum(w * r for w, r in given) if given else None  # TRL's nansum; all None: not scored
+            if value is not None and not math.isfinite(value):
+                raise EvaluationError(f"the rewards overflow: {batch.where(j)[1]}'s weighted sum is {value} (rewards "
+                                      "or weights near float's limit)", function=", ".join(self.names),
+                                      index=prompt_of[j])
+            combined.append(value)
+        scores = {i: self.metric.score(combined[p * k:(p + 1) * k]) for p, i in enumerate(todo)}
+        bad = next((i for i, s in scores.items() if s is not None and not math.isfinite(s)), None)
+        if bad is not None:
+            raise EvaluationError(f"the rewards overflow: prompt {bad}'s mean over its {k} samples is {scores[bad]}",
+                                  function=", ".join(self.names), index=bad)
+        self._table, self._last = table, (todo, completions, scores)
+        return [scores[i] for i in wanted]
 
-        def call(sel: Sequence[int]) -> Any:
-            kwargs = {"prompts": [self.prompts.prompts[j] for j in sel], "completions": [completions[j] for j in sel],
-                      "completion_ids": None if completion_ids is None else [completion_ids[j] for j in sel],
-                      **{k: [v[j] for j in sel] for k, v in self.prompts.columns.items()}}
-            return fn(**_accepted(fn, kwargs))
-
-        try:
-            out = call(rows)
-        except Exception as exc:
-            index = _first_failing(call, len(completions))
-            where = f"prompt {index}" if index is not None else f"prompts 0..{len(completions) - 1}"
-            raise EvaluationError(f"reward function {name!r} raised {type(exc).__name__} on {where}: {one_line(exc)}",
-                                  function=name, index=index) from exc
-        return reward_list(out, name, len(completions))
-
-
-def _first_failing(call: Callable[[Sequence[int]], Any], n: int) -> int | None:
-    """The first prompt whose call raises on its own (None if none does)."""
-    for j in range(n):
-        try:
-            call([j])
-        except Exception:
-            return j
-    return None
-
-
-def _accepted(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` as ``fn`` takes them: all of them with ``**kwargs``, else the ones it names."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return kwargs
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return kwargs
-    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return {k: v for k, v in kwargs.items() if k in names}
+    def _finish(self, values: list[float | None]) -> float:
+        """Aggregate a full call's scores and set ``metrics``, ``tasks``, ``completions``, ``per_prompt``."""
+        score, table = self.aggregate(values)
+        metrics = {"reward": score}
+        if self.task_groups.column is not None:
+            metrics.update({f"reward/{t}": s for t, s in table.items()})
+        for name, col in zip(self.names, self._table):
+            given = [r for r in col if r is not None]
+            metrics[f"reward/{name}"] = sum(given) / len(given) if given else math.nan
+        k = self.settings.samples
+        _, completions, _ = self._last
+        self.metrics, self.tasks, self.per_prompt = metrics, table, list(values)
+        self.completions = completions if k == 1 else [completions[p * k:(p + 1) * k]
+                                                       for p in range(len(self.prompts))]
+        return score
 
 
 def _name(fn: Any) -> str:
@@ -187,4 +258,3 @@ def _unique(names: list[str]) -> list[str]:
         seen[n] = seen.get(n, 0) + 1
         out.append(n if seen[n] == 1 else f"{n}_{seen[n]}")
     return out
-
