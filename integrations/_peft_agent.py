@@ -182,9 +182,7 @@ class LoraSchedule(RAMSchedule):
                               f"{factors[small].rank} at module {small!r}, so it could not be swapped in for the "
                               "evaluation: use one rank for every module, svd_options=SvdOptions(rank=...) or "
                               "into_base=True")
-        out = super().attach(live, base={k: torch.zeros_like(v) for k, v in live.items()}, collective=collective)
-        self.importance_from = None
-        return out
+        return super().attach(live, base={k: torch.zeros_like(v) for k, v in live.items()}, collective=collective)
 
     def _live(self) -> dict[str, Tensor]:
         """The live factors by store key (``<module>.lora_A`` / ``.lora_B``; the parameters, not copies)."""
