@@ -16,12 +16,24 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import assert_bit_identical, make_agents
 from ram_live import merge, probe, ram_merge
 from ram_live.errors import ConfigError, UnsupportedInputError
 from ram_live.io.hub import cached_snapshot, hub_cache, resolve_model, split_id
 
 pytest.importorskip("huggingface_hub")
+
+
+def make_agents(base: dict[str, torch.Tensor], densities: list[float], seed: int) -> list[dict[str, torch.Tensor]]:
+    """Agents = base + sparse random deltas of the given densities."""
+    g = torch.Generator().manual_seed(seed)
+    return [{k: v + torch.randn(v.shape, generator=g) * 0.01 * (torch.rand(v.shape, generator=g) < d)
+             for k, v in base.items()} for d in densities]
+
+
+def assert_bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)), k
 
 
 @pytest.fixture(autouse=True)
@@ -98,6 +110,20 @@ def test_a_revision_resolves_to_its_snapshot(cache):
     by_rev = merge({"a": "org/a@v2", "b": "org/b"}, base="org/base")
     assert_bit_identical(by_rev, merge({"a": models["a@v2"], "b": models["b"]}, base=models["base"]))
     assert not torch.equal(by_rev["layers.0.w"], merge({"a": "org/a", "b": "org/b"}, base="org/base")["layers.0.w"])
+
+
+def test_a_model_fetched_in_part_resolves(cache):
+    """huggingface_hub >= 1.x records the repo's file list when it downloads (trees/<commit>.json): files the user
+    did not fetch (here pytorch_model.bin) do not make the cached snapshot "incomplete" for ram_live."""
+    snap = pytest.importorskip("huggingface_hub._snapshot_download")
+    if not hasattr(snap, "write_tree_cache") or not hasattr(snap, "TreeCacheEntry"):
+        pytest.skip("this huggingface_hub keeps no tree listing")
+    hub, folders, _ = cache
+    entry = lambda size: snap.TreeCacheEntry(size=size, blob_id="0" * 40, lfs_sha256=None, lfs_size=None,
+                                             xet_hash=None)
+    files = {"model.safetensors": entry(1), "config.json": entry(1), "pytorch_model.bin": entry(1)}
+    snap.write_tree_cache(str(hub / "models--org--b"), folders["b"].name, files)
+    assert resolve_model("org/b") == str(folders["b"])
 
 
 @pytest.mark.parametrize("ref", ["org/missing", "org/a@nope", "missing-model"])

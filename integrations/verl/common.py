@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ram_live.errors import ConfigError, RamLiveError
+from ram_live.io.hub import cached_snapshot, split_id
 
 __all__ = ["DTYPE_OF", "SIDE_SKIP", "VERL_DTYPES", "VerlIntegrationError", "copy_side_files", "load_evaluate",
            "resolve_base"]
@@ -25,8 +26,21 @@ class VerlIntegrationError(RamLiveError, ValueError):
     """A verl checkpoint or setting the integration cannot use (names the file or key at fault)."""
 
 
+def _fetch(repo: str, revision: str | None) -> Path | None:
+    """The model files of hub id ``repo`` downloaded into the Hugging Face cache (None when that fails)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        patterns = ["*.safetensors", "*.safetensors.index.json", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=patterns))
+    except Exception:
+        return None
+
+
 def resolve_base(path: str) -> Path:
-    """A local Hugging Face folder for ``path``: the folder itself, or a hub id already in the local cache."""
+    """A local Hugging Face folder for ``path``: the folder itself; a hub id (``org/name[@revision]``) in the local
+    cache (:func:`ram_live.io.hub.cached_snapshot`), else fetched, as verl fetches ``model.path``; ``hdfs://...``
+    copied by verl."""
     p = Path(os.path.expanduser(path))
     if p.is_dir():
         return p
@@ -39,18 +53,13 @@ def resolve_base(path: str) -> Path:
                 return local
         except Exception:
             pass
-    elif path.count("/") == 1 and not p.exists():  # a hub id, as verl's model.path may be: cached, else fetched
+    elif not p.exists() and (parts := split_id(path)) is not None:  # a hub id, as verl's model.path may be
         try:
-            from huggingface_hub import snapshot_download
-
-            patterns = ["*.safetensors", "*.safetensors.index.json", "*.json", "*.txt", "*.model", "*.tiktoken",
-                        "*.jinja"]
-            try:
-                return Path(snapshot_download(path, local_files_only=True, allow_patterns=patterns))
-            except Exception:
-                return Path(snapshot_download(path, allow_patterns=patterns))
-        except Exception:
-            pass
+            folder = cached_snapshot(path, what="ram.base")  # the local cache (ram_live.io.hub), as everywhere
+        except ConfigError:  # not cached: fetched, as verl's own workers fetch model.path (not with HF_HUB_OFFLINE=1)
+            folder = _fetch(*parts) if "/" in parts[0] else None
+        if folder is not None:
+            return folder
     raise ConfigError(f"ram.base: {path!r} is not a local Hugging Face model folder (nor a cached hub model); set "
                       "+ram.base=<local folder of the base model>")
 

@@ -79,8 +79,10 @@ def cached_snapshot(text: str, *, what: str = "model") -> Path | None:
         return None
     repo, revision = parts
     cache = hub_cache()
-    try:
-        folder = snapshot_download(repo, revision=revision, cache_dir=str(cache), local_files_only=True)
+    try:  # the completeness check of newer huggingface_hub on config.json only: a model fetched in part
+        # (--include "*.safetensors" "*.json") resolves; a weight file that is missing is then the reader's error
+        folder = snapshot_download(repo, revision=revision, cache_dir=str(cache), local_files_only=True,
+                                   allow_patterns=["config.json"])
     except (OSError, ValueError) as exc:  # LocalEntryNotFoundError, IncompleteSnapshotError, HFValidationError
         at = f" at revision {revision!r}" if revision else ""
         raise ConfigError(
