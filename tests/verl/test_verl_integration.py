@@ -214,6 +214,9 @@ def test_startup_validation_names_the_setting(verl_run, tmp_path):
         (("actor_rollout_ref.actor.checkpoint.async_save=true",), {}, "async_save"),
         (("+ram.base=/nonexistent/model",), {}, "ram.base"),
         (("+ram.evaluate=no_such_module.fn",), {}, "ram.evaluate"),
+        (("+ram.sparsify=topq",), {}, "ram.sparsify"),  # LoRA's activity rule (test_verl_lora.py)
+        (("+ram.sparsify=topk", "+ram.density=2.0"), {}, "ram.density"),
+        (("+ram.density=0.1",), {}, "ram.density"),
         ((), {"agent": "bad/name"}, "ram.agent"),
     ]
     for extra, kwargs, message in cases:
