@@ -99,6 +99,12 @@ def test_merge_by_id_equals_merge_of_the_snapshot_folder(cache, tmp_path):
     assert (Path(out) / "config.json").is_file()  # the base's side files, copied from its snapshot folder
     report = probe({"a": "org/a", "b": "org/b"}, base="org/base")
     assert report.statistics() is not None
+    from ram_live.search import search
+
+    scored = []
+    result = search({"a": "org/a", "b": "org/b"}, base="org/base", budget=2,
+                    evaluate=lambda merged: scored.append(float(merged["layers.0.w"].sum())) or scored[-1])
+    assert len(scored) == 2 and result is not None
 
 
 def test_a_revision_resolves_to_its_snapshot(cache):
