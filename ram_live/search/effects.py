@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from ..methods import RAM_VARIANTS, get_method, lambda_bound, lambdas_from_counts, make_config
+from ..methods import RAM_VARIANTS, lambda_bound, lambdas_from_counts, make_config
 from .target import Merger
 
 __all__ = ["effect_key", "extrapolation_of"]
@@ -21,13 +21,13 @@ def effect_key(candidate: dict[str, Any], merger: Merger) -> str | None:
     method = candidate["method"]
     if method not in RAM_VARIANTS or candidate.get("importance") not in (None, False):
         return None  # importance-weighted merges: equal effects are not known before merging
-    config = make_config(method, **{k: v for k, v in candidate.items() if k not in ("method", "importance")})
+    config = make_config(method, **merger.options_of(candidate))
     if getattr(config, "rho_scope", "global") != "global":
         return None
-    activity = get_method(method).activity(config)
-    exclude = tuple(config.exclude)
+    key = merger.count_key(candidate, config)  # (activity, exclude[, an adapter search's sparsifying rule])
+    activity, exclude = key[0], key[1]
     names = [a for a in merger.names if a not in exclude]
-    counts = merger.counts(activity, exclude)
+    counts = merger.statistics.get(key)
     if config.lambdas is not None:
         if set(config.lambdas) != set(names):
             return None  # the merge says what is wrong
@@ -41,18 +41,18 @@ def effect_key(candidate: dict[str, Any], merger: Merger) -> str | None:
     if counts is not None and tuple(counts.agents) == tuple(names):
         lam = [v if u > 0 else None for v, u in zip(lam, counts.unique.tolist())]
     eps = activity.eps if activity.rule == "abs" else 0.0
-    return json.dumps(["effect", activity.rule, eps, list(exclude), lam, config.shared])
+    return json.dumps(["effect", activity.rule, eps, list(exclude), lam, config.shared, *key[2:]])
 
 
 def extrapolation_of(candidate: dict[str, Any], info: Any, merger: Merger) -> tuple[float, dict[str, float] | None]:
     method = candidate["method"]
-    config = make_config(method, **{k: v for k, v in candidate.items() if k not in ("method", "importance")})
+    config = make_config(method, **merger.options_of(candidate))
     if method in RAM_VARIANTS:
         if info.lambdas is None:
             bound = lambda_bound(config)
             return (bound if math.isfinite(bound) else math.nan), None
         lambdas = dict(info.lambdas)
-        counts = info.statistics or merger.counts(get_method(method).activity(config))
+        counts = info.statistics or merger.counts_of({k: v for k, v in candidate.items() if k != "exclude"})
         values = list(lambdas.values())
         if counts is not None and tuple(counts.agents) == tuple(info.agents):
             values = [lambdas[a] for a, u in zip(info.agents, counts.unique.tolist()) if u > 0]

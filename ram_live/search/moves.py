@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ..methods import get_method, make_config
+from ..methods import make_config
 from .refine import coordinate_ascent
 from .result import Trial
 from .space import BASELINE_SIDE, RAM_SIDE, Family
@@ -46,7 +46,7 @@ class Moves:
         candidates = []
         for options in family.grid:
             candidate = {"method": family.name, **options}
-            if family.name.startswith("dare") and "seed" not in options:
+            if family.name.startswith("dare") and "seed" not in options and self.merger.dare_seed:
                 candidate["seed"] = self.seed
             candidates.append(candidate)
         self._trials(candidates)
@@ -75,7 +75,8 @@ class Moves:
 
     @staticmethod
     def _common(trial: Trial) -> dict[str, Any]:
-        return {k: trial.options[k] for k in ("eps", "activity", "exclude", "shared") if k in trial.options}
+        return {k: trial.options[k] for k in ("eps", "activity", "exclude", "shared", "sparsify")
+                if k in trial.options}
 
     def _lambdas(self, family: Family) -> None:
         start = self._ram_start()
@@ -83,8 +84,7 @@ class Moves:
             return
         common = self._common(start)
         names = list(start.lambdas)  # type: ignore[arg-type]
-        counts = self.merger.counts(get_method("ram").activity(make_config("ram", **{
-            k: v for k, v in common.items() if k != "exclude"})), ())
+        counts = self.merger.counts_of({"method": "ram", **{k: v for k, v in common.items() if k != "exclude"}})
         movable = names
         if counts is not None and not common.get("exclude"):
             movable = [a for a, u in zip(counts.agents, counts.unique.tolist()) if u > 0 and a in names]
@@ -135,11 +135,27 @@ class Moves:
         self._trials([{"method": "ram", **common, "lambdas": {a: v for a, v in start.lambdas.items() if a != name},
                        "exclude": excluded + [name]} for name in start.lambdas])
 
+    def _sparsify(self, family: Family) -> None:
+        """LoRA adapters (:mod:`ram_live.search.adapters`): the best RAM-side candidate so far with each activity
+        rule of the family; one equal to the default (``sparsify="auto"``'s) leaves ``sparsify`` out."""
+        from ..peft.sparsify import sparsify_rule
+
+        start = self.incumbent(RAM_SIDE) or self._ram_start()
+        if start is None:
+            return
+        candidates = []
+        for move in family.grid:
+            candidate = {**start.candidate, **move}
+            if sparsify_rule(move["sparsify"], start.method) == sparsify_rule("auto", start.method):
+                del candidate["sparsify"]
+            candidates.append(candidate)
+        self._trials(candidates)
+
     def _activity(self, family: Family) -> None:
         start = self.incumbent(RAM_SIDE) or self._ram_start()
         if start is None:
             return
-        plain = {k: v for k, v in start.options.items() if k != "importance"}
+        plain = self.merger.options_of(start.candidate)
         defaults = make_config(start.method)
         for move in family.grid:
             if make_config(start.method, **{**plain, **move}) == make_config(start.method, **plain):

@@ -44,10 +44,9 @@ def run_candidate(merger: Merger, scorer: Scorer, candidate: dict[str, Any], ref
         return Outcome(nonfinite=exc)
     out = Outcome(merge_seconds=merge_s)
     method = get_method(candidate["method"])
-    config = make_config(candidate["method"], **{k: v for k, v in candidate.items() if k not in ("method",
-                                                                                             "importance")})
+    config = make_config(candidate["method"], **merger.options_of(candidate))
     if method.needs_statistics(config) and info.statistics is not None:
-        out.statistics = ((method.activity(config), tuple(getattr(config, "exclude", ()))), info.statistics)
+        out.statistics = (merger.count_key(candidate, config), info.statistics)
     t0 = time.perf_counter()
     try:
         out.scored = scorer.score(merged, reference)

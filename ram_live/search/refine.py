@@ -15,7 +15,7 @@ import random
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
-from ..methods import get_method, make_config
+from ..methods import make_config
 from .result import Trial
 from .space import LOCAL_STEPS, Family, arm_of
 
@@ -44,8 +44,7 @@ class Refinements:
             return
         common = self._common(start)  # type: ignore[attr-defined]
         names = list(start.lambdas)
-        counts = self.merger.counts(get_method("ram").activity(make_config("ram", **{
-            k: v for k, v in common.items() if k != "exclude"})), ())
+        counts = self.merger.counts_of({"method": "ram", **{k: v for k, v in common.items() if k != "exclude"}})
         movable = names
         if counts is not None and not common.get("exclude"):
             movable = [a for a, u in zip(counts.agents, counts.unique.tolist()) if u > 0 and a in names]
@@ -76,7 +75,7 @@ class Refinements:
         if "densities" in best.options or "weights" in best.options:
             return
         rest = {k: v for k, v in best.options.items() if k not in ("density", "scale")}
-        config = make_config(family.name, **best.options)
+        config = make_config(family.name, **self.merger.options_of(best.candidate))
         values = [float(config.density), float(getattr(config, "scale", 1.0))]
         self._ascend_scaled(family, values, [[0, 1]], best.score,  # type: ignore[arg-type]
                             lambda v: {"method": family.name, **rest, "density": v[0], "scale": v[1]},

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,10 +115,13 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def to_json(value: Any) -> Any:
-    """``value`` with ±inf as the strings "inf"/"-inf" and tuples as lists (strict JSON); :func:`from_json`
-    undoes it."""
+    """``value`` with ±inf as the strings "inf"/"-inf", tuples as lists and an adapter search's activity rules as
+    ``["topk", density]`` / ``["relative", threshold]`` (strict JSON); :func:`from_json` undoes it."""
     if isinstance(value, float) and math.isinf(value):
         return "inf" if value > 0 else "-inf"
+    rules = sys.modules.get("ram_live.peft.sparsify")  # a rule is an instance of its classes: loaded if there is one
+    if rules is not None and isinstance(value, (rules.TopK, rules.RelativeThreshold)):
+        return ["topk", value.density] if isinstance(value, rules.TopK) else ["relative", value.threshold]
     if isinstance(value, dict):
         return {k: to_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -129,8 +133,8 @@ def from_json(value: Any) -> Any:
     """The inverse of :func:`to_json`: ``merge(models, base=base, **from_json(saved["best"]))``."""
     if value in ("inf", "-inf"):
         return math.inf if value == "inf" else -math.inf
-    if isinstance(value, dict):
-        return {k: from_json(v) for k, v in value.items()}
+    if isinstance(value, dict):  # an activity rule ["topk", 0.3] as ram_merge_adapter_files's sparsify= takes it
+        return {k: tuple(v) if k == "sparsify" and isinstance(v, list) else from_json(v) for k, v in value.items()}
     if isinstance(value, list):
         return [from_json(v) for v in value]
     return value

@@ -24,6 +24,7 @@ from .fidelity import Scorer, parse_budget, parse_fidelity
 from .outcome import run_candidate, side_reference
 from .parallel import Pool, check_parallel
 from .target import Merger
+from .adapters import AdapterMerger, adapter_agents, adapter_space, check_families
 
 __all__ = ["search"]
 
@@ -34,7 +35,7 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
            space: Any = None, seed: int = 0, progress: Any = None, confirm: Evaluate | None = None,
            confirm_top: int = 3, device: Any = None, workers: int | None = None,
            importance: Any = None, fidelity: Any = None, parallel: int = 1,
-           ray_address: str | None = None) -> SearchResult:
+           ray_address: str | None = None, adapters: Any = None) -> SearchResult:
     """Pick the merge of ``models`` that scores best on ``evaluate`` (higher is better), within ``budget`` calls.
 
     Every candidate is merged into one reused output (a scratch module for a module base, one set of tensors for
@@ -90,6 +91,12 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
             (:mod:`ram_live.search.parallel`). ``evaluate`` must then be picklable.
         ray_address: use Ray for the workers (``"local"``: a local Ray; an address: that cluster). Inside a Ray
             job (``ray.is_initialized()``) Ray is used without it.
+        adapters: with a live ``PeftModel`` as ``models``, the names of its LoRA adapters to merge (None: all).
+            LoRA adapters are agents as adapter folders (``models``: a list or a mapping of folders with
+            ``adapter_config.json``, and ``base=``) or as a ``PeftModel`` (no ``base=``); merged into the base
+            weights, with the activity rule's density searched on the RAM side; ``ram_merge_adapter_files(folders,
+            base=base, into_base=True, **result.best)`` (or ``ram_merge_adapters(peft_model, adapters,
+            into_base=True, **result.best)``) re-makes the winner (:mod:`ram_live.search.adapters`).
 
     Returns:
         A :class:`SearchResult`; ``merge(models, base=base, **result.best)`` reproduces the winner bit for bit.
@@ -115,6 +122,9 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
         raise ConfigError(f"confirm_top must be an int >= 1, got {confirm_top!r}")
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ConfigError(f"seed must be an int, got {seed!r}")
+    adapter_input = adapter_agents(models, base, adapters)  # None: full models
+    if adapter_input is not None:
+        space = adapter_space(space, importance, n_workers, ray_address)
     variants = importance_variants(importance)
     stored = False
     if importance is None:
@@ -126,12 +136,14 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
     if variants and (space is None or isinstance(space, (list, tuple)) and "importance" not in space):
         space = [*(space or DEFAULT_SPACE), "importance"]
     families = parse_space(space)
+    check_families(families, adapter_input is not None)
     for family in families:
         if family.kind == "importance":
             if not variants:
                 raise ConfigError("space names the 'importance' family but search got no importance=")
             family.settings["variants"] = len(variants)
-    merger = Merger(models, base, device=device, workers=workers)
+    merger = Merger(models, base, device=device, workers=workers) if adapter_input is None else AdapterMerger(
+        adapter_input, device=device, workers=workers)
     scorer = Scorer(evaluate, finite_score, halving, in_prompts)
     run = _Run(merger, scorer, units, int(seed), progress)
     run.importance = variants

@@ -44,9 +44,12 @@ DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
     "ram_plus_soft": [{"r": r} for r in (0.1, 0.5, 1.0, 2.0)],
     "dare_linear": [{"density": d, "scale": s} for s in (1.0, 1.5) for d in (0.5, 0.3, 0.7)],
 }
+#: The densities the ``sparsify`` move tries, ``TopK(d)``, on LoRA adapters (the candidates without ``sparsify`` have
+#: the default, TopK(0.5); ram_live.search.adapters).
+SPARSIFY_DENSITIES = (0.3, 0.7, 0.2)
 #: Move families: (side, what they change).
 MOVES = {"lambdas": RAM_SIDE, "shared_weights": RAM_SIDE, "leave_one_out": RAM_SIDE, "activity": RAM_SIDE,
-         "ta_weights": BASELINE_SIDE, "importance": RAM_SIDE}
+         "ta_weights": BASELINE_SIDE, "importance": RAM_SIDE, "sparsify": RAM_SIDE}
 #: Coordinate-ascent families.
 ASCENTS = ("lambdas", "shared_weights", "ta_weights")
 #: The default space, in the order measured to matter on the RAM side, then the baselines.
@@ -70,7 +73,7 @@ class Family:
     name: str
     side: str
     kind: str  # "grid", "explicit", "lambdas", "shared_weights", "ta_weights", "leave_one_out", "activity",
-    # "importance", "ta_probe" (the screen's, budget.py)
+    # "importance", "sparsify" (adapters), "ta_probe" (the screen's, budget.py)
     grid: list[dict[str, Any]] = field(default_factory=list)
     settings: dict[str, float] = field(default_factory=dict)
     budget: int = 0
@@ -133,7 +136,11 @@ def _grid(entry: str, value: Any) -> list[dict[str, Any]]:
 
 def _check_candidate(entry: str, method: str, options: Mapping[str, Any]) -> None:
     try:
-        make_config(method, **{k: v for k, v in options.items() if k != "importance"})
+        if "sparsify" in options:  # an adapter search's activity rule (what ram_merge_adapter_files takes)
+            from ..peft.sparsify import sparsify_rule
+
+            sparsify_rule(options["sparsify"], method)
+        make_config(method, **{k: v for k, v in options.items() if k not in ("importance", "sparsify")})
     except ConfigError as exc:
         raise ConfigError(f"space entry {entry}: {exc}") from None
 
@@ -159,6 +166,8 @@ def _family(name: str, value: Any) -> Family:
             if value not in (None, True):
                 raise ConfigError(f"space[{name!r}] takes True, got {value!r}")
             return Family(name, side, name)
+        if name == "sparsify":
+            return Family(name, side, name, grid=_sparsify_grid(value))
         grid = ACTIVITY_MOVES if value in (None, True) else _grid(name, value)
         for i, options in enumerate(grid):
             unknown = sorted(set(options) - set(MOVE_OPTIONS))
@@ -174,6 +183,25 @@ def _family(name: str, value: Any) -> Family:
     for i, options in enumerate(grid):
         _check_candidate(f"{name!r}[{i}]", name, options)
     return Family(name, side_of(name), "grid", grid=[dict(g) for g in grid], user_grid=user)
+
+
+def _sparsify_grid(value: Any) -> list[dict[str, Any]]:
+    """The ``sparsify`` family's moves: ``TopK(d)`` for the default densities, or the given activity rules (as
+    ``ram_merge_adapter_files``'s ``sparsify=`` takes them: ``TopK(0.3)``, ``("topk", 0.3)``, ``None``, ...)."""
+    from ..peft.sparsify import TopK, sparsify_rule
+
+    if value in (None, True):
+        return [{"sparsify": TopK(d)} for d in SPARSIFY_DENSITIES]
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or not value:
+        raise ConfigError(f"space['sparsify'] takes True or a non-empty list of activity rules (TopK(0.3), ...), "
+                          f"got {value!r:.80}")
+    out = []
+    for i, rule in enumerate(value):
+        try:
+            out.append({"sparsify": sparsify_rule(rule, "ram")})
+        except ConfigError as exc:
+            raise ConfigError(f"space entry 'sparsify'[{i}]: {exc}") from None
+    return out
 
 
 def parse_space(space: Any) -> list[Family]:

@@ -144,9 +144,12 @@ class Merger:
     ``merge(candidate)`` → ``(merged, info, seconds)``; ``merged`` holds the same reused tensors every call (a
     module base: the same scratch module while the evaluation leaves its tensors in place)."""
 
+    #: Whether DARE candidates carry the search's seed (an adapter search's entry points take ``seed=`` as the SVD's).
+    dare_seed = True
+
     def __init__(self, models: Models, base: Model | None, *, device: str | torch.device | None = None,
                  workers: int | None = None) -> None:
-        self.agents, self.base_src = input_sources(models, base)
+        self.agents, self.base_src = self._sources(models, base)
         self.names = tuple(a.name for a in self.agents)
         try:
             self.device = torch.device(device) if device is not None else None
@@ -161,12 +164,33 @@ class Merger:
         self.thresholds: dict[tuple[str, str, float], float | None] = {}
         self._ties: Any = None
 
+    def _sources(self, models: Any, base: Any) -> tuple[list[Any], Any]:
+        """The agents' and the base's sources (an adapter search: :mod:`ram_live.search.adapters`)."""
+        return input_sources(models, base)
+
+    def options_of(self, candidate: Mapping[str, Any]) -> dict[str, Any]:
+        """``candidate``'s options as its method's config is made of them (not its importances)."""
+        return {k: v for k, v in candidate.items() if k not in ("method", "importance")}
+
+    def count_key(self, candidate: Mapping[str, Any], config: Any = None) -> tuple[Any, ...]:
+        """The key of the RAM counts ``candidate``'s merge takes: its activity rule and its excluded agents."""
+        config = config if config is not None else make_config(candidate["method"], **self.options_of(candidate))
+        return get_method(candidate["method"]).activity(config), tuple(getattr(config, "exclude", ()))
+
+    def counts_of(self, candidate: Mapping[str, Any]) -> RamStatistics | None:
+        """The counts taken so far that ``candidate``'s merge would take, if any."""
+        return self.statistics.get(self.count_key(candidate))
+
+    def agents_for(self, candidate: Mapping[str, Any]) -> list[Any]:
+        """The agents' sources ``candidate`` is merged from."""
+        return self.agents
+
     def counts(self, activity: Any, exclude: tuple[str, ...] = ()) -> RamStatistics | None:
         """The counts taken so far for this activity rule and these excluded agents, if any."""
         return self.statistics.get((activity, exclude))
 
     def merge(self, candidate: Mapping[str, Any]) -> tuple[Any, MergeInfo, float]:
-        options = {k: v for k, v in candidate.items() if k not in ("method", "importance")}
+        options = self.options_of(candidate)
         importance = candidate.get("importance")
         aux = None
         if importance is not None and importance is not False:
@@ -175,10 +199,10 @@ class Merger:
             aux = {"importance": importance_sources(importance, list(self.names))}
         method = self._cached(get_method(candidate["method"]))
         config = make_config(candidate["method"], **options)
-        key = (method.activity(config), tuple(getattr(config, "exclude", ())))
+        key = self.count_key(candidate, config)
         reuse = self.statistics.get(key) if method.needs_statistics(config) else None
         t0 = time.perf_counter()
-        info = run_merge(self.base_src, self.agents, method, config, self.target, device=self.device,
+        info = run_merge(self.base_src, self.agents_for(candidate), method, config, self.target, device=self.device,
                          workers=self.workers, statistics=reuse, auxiliary=aux)
         merged = self.target.finish()
         seconds = time.perf_counter() - t0
