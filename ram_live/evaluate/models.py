@@ -135,6 +135,7 @@ class Resolver:
             _check_placement(model, self.device, self.dtype, f"model= ({type(model).__name__})")
         _check_tokenizer(tokenizer)
         self._model, self._tokenizer = model, tokenizer
+        self._folder = model if isinstance(model, (str, os.PathLike)) else None  # model= as a folder: its tokenizer
         self._ready_tokenizer: Any = None
 
     @property
@@ -172,7 +173,7 @@ class Resolver:
             return self._ready_tokenizer
         source = self._tokenizer
         if source is None:
-            source = folder if folder is not None else self._model if isinstance(self._model, (str, os.PathLike)) \
+            source = folder if folder is not None else self._folder if self._folder is not None \
                 else getattr(getattr(model, "config", None), "_name_or_path", None) or None
         if source is None:
             raise ConfigError("rewards: no tokenizer: pass rewards(..., tokenizer=<a tokenizer or its folder>)")

@@ -14,6 +14,7 @@ aggregate(prompt_scores(merged, all))[0]`` exactly.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -248,6 +249,9 @@ class Rewards:
 
 
 def _name(fn: Any) -> str:
+    """A reward function's name, as TRL names it: a ``functools.partial``'s function's."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 

@@ -371,7 +371,7 @@ class RAMSchedule(HoldsRamOptions):
             metrics.update(search_metrics(result.extra["search"]))
         if fn is not None:
             with self.swapped(model, result):  # floats taken inside: a score may be a view of the weights
-                scores = {k: metric_float(v) for k, v in (fn(model) or {}).items()}
+                scores = {k: metric_float(v) for k, v in _as_metrics(fn, fn(model)).items()}
             for key, value in scores.items():
                 metrics[key if key.startswith("ram/") else f"ram/{key}"] = value
         self.history.append({"step": float(step), **metrics})
@@ -398,3 +398,12 @@ class RAMSchedule(HoldsRamOptions):
         self.snapshots = int(state.get("snapshots", 0))
         self.merges = int(state.get("merges", 0))
         self.last_search = state.get("last_search")
+
+
+def _as_metrics(fn: Any, value: Any) -> Mapping[str, Any]:
+    """An evaluation's return as metrics: a dict as it is; a number as ``eval``, or, from an evaluation that names
+    its own (``ram_live.evaluate.rewards``: ``reward``, ``reward/<fn>``, ``eval/<task>``), those."""
+    if value is None or isinstance(value, Mapping):
+        return value or {}
+    logged = getattr(fn, "logged_metrics", None)
+    return logged() if callable(logged) else {"eval": value}
