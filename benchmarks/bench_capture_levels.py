@@ -2,7 +2,7 @@
 
     python benchmarks/bench_capture_levels.py     # 16 M entries, bf16 and float32, 0.5 %, 3 %, 50 %, 100 % changed
 
-Each level's kernel (``ram_live.kernels.select.build`` with that level's flags: AVX-512 where the host has it, AVX2, the
+Each level's kernel (``ram_live.store.native_select.build`` with that level's flags: AVX-512 where the host has it, AVX2, the
 generic loops) and numpy encode the same pair, interleaved, best of 5 (docs/store.md).
 """
 
@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import ram_live.kernels.select as select_module
+import ram_live.store.native_select as select_module
 from _host import cpu_label
 from ram_live.kernels import cc
 from ram_live.store.encoding import _encode_native, _encode_numpy

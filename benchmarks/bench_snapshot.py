@@ -52,7 +52,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ram_live.kernels.select import kernels
+from ram_live.store.native_select import kernels
 from ram_live.store import SnapshotStore, fingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -112,7 +112,7 @@ def verification(store: SnapshotStore, base: dict[str, torch.Tensor], reps: int)
     """``store.verify()`` of the base in GB/s (best and median of ``reps``), and the CRC-32 alone in memory."""
     import zlib
 
-    from ram_live.kernels.crc import allow_wide, native_crc32
+    from ram_live.store.native_crc import allow_wide, native_crc32
     from ram_live.store.checksum import crc_range
 
     times = []

@@ -18,9 +18,9 @@ import torch
 import ram_live.kernels.importance as wnative
 import ram_live.kernels.probe as pnative
 import ram_live.kernels.ram as native
-import ram_live.kernels.select as select_native
+import ram_live.store.native_select as select_native
 from ram_live.kernels import cc
-from ram_live.kernels import crc as crc_native
+from ram_live.store import native_crc as crc_native
 
 REAL_CC = shutil.which(os.environ.get("CC", "cc"))
 needs_cc = pytest.mark.skipif(REAL_CC is None or not cc.native_enabled(), reason="no C compiler")

@@ -1,4 +1,4 @@
-"""The native encoder/decoder of the store's importance codes (ram_live/kernels/codes.py, csrc/impcodes.c) gives
+"""The native encoder/decoder of the store's importance codes (ram_live/store/native_codes.py, csrc/impcodes.c) gives
 the torch path's bits at every build level this host runs: codes, maxima, decoded importances and refusals, on
 random and edge inputs (zeros, -0.0, denormals, the float32 range's ends, NaN/Inf/negatives), every piece
 encoding, lengths off the vector width, one thread and split over threads."""
@@ -10,7 +10,7 @@ import torch
 
 from ram_live.kernels import cc
 
-from ram_live.kernels import codes as codes_native
+from ram_live.store import native_codes as codes_native
 from ram_live.errors import InputMismatchError
 from ram_live.store.encoding import Encoded, pack_bits
 from ram_live.store.importance import (decode_piece, decode_piece_torch, encode_active, encode_active_torch,

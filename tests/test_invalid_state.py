@@ -68,7 +68,7 @@ def test_ram_lambdas_and_counts_missing():
 
 
 def test_native_importance_encoder_refuses_a_dense_count_other_than_the_size():
-    from ram_live.kernels import codes as codes_native
+    from ram_live.store import native_codes as codes_native
 
     lib = codes_native.kernels()
     if lib is None:

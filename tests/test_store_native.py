@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import ram_live.kernels.select as select_module
+import ram_live.store.native_select as select_module
 import ram_live.store.encoding as store_module
 from ram_live.kernels import cc
 from ram_live.settings import SIMD_LEVELS

@@ -1,6 +1,6 @@
 """CRC-32 (zlib's, the one of gzip, zip and PNG) of data files, over several threads at once.
 
-Each thread computes the CRC of one contiguous range (the PCLMULQDQ kernel of :mod:`ram_live.kernels.crc`, else
+Each thread computes the CRC of one contiguous range (the PCLMULQDQ kernel of :mod:`ram_live.store.native_crc`, else
 ``zlib.crc32``; both release the GIL); the ranges' CRCs are then combined (:func:`crc32_combine`, zlib's own
 method: multiplication by x^(8n) modulo the polynomial), so the result is the plain CRC-32 of the whole file,
 the one ``python -c "import zlib; print(f'{zlib.crc32(open(F, "rb").read()):08x}')"`` prints.
@@ -52,7 +52,7 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
 
 def crc_range(buffers: Sequence[memoryview], crc: int = 0) -> int:
     """The running CRC-32 ``crc`` continued over ``buffers`` (writable views go to the native kernel)."""
-    from ..kernels.crc import native_crc32
+    from .native_crc import native_crc32
 
     fn = native_crc32()
     for buf in buffers:

@@ -189,8 +189,8 @@ def _encode_numpy(np: Any, cur: Tensor, base: Tensor) -> Encoded:
 
 
 def _native() -> Any:
-    """The compiled selection kernels (:mod:`ram_live.kernels.select`), or None: the numpy path."""
-    from ..kernels.select import kernels
+    """The compiled selection kernels (:mod:`ram_live.store.native_select`), or None: the numpy path."""
+    from .native_select import kernels
 
     return kernels()
 
@@ -241,10 +241,10 @@ def _ranges(n: int, workers: int, align: int) -> list[tuple[int, int]]:
 
 
 def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor, split: bool = True) -> Encoded:
-    """The CPU path with :mod:`ram_live.kernels.select`'s kernels: one pass per range of the tensor (ranges over
+    """The CPU path with :mod:`ram_live.store.native_select`'s kernels: one pass per range of the tensor (ranges over
     threads) writes the bitmask, the changed values and (while they may still be the smaller encoding) the int32
     indices, each range at its own offset; the ranges' values and indices are then moved together."""
-    from ..kernels.select import ALIGN
+    from .native_select import ALIGN
 
     cn = bits_of(cur).reshape(-1).numpy()
     bn = bits_of(base).reshape(-1).numpy()

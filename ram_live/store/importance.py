@@ -10,7 +10,7 @@ keeps some). The top octave is capped at 2039 (a maximum from 1.9375 · 2^127 up
 decodes as Inf). A snapshot's importances read back as a :class:`TensorSource` of bfloat16 tensors (exact: a
 decoded importance has a 3-bit mantissa; float32 on request, the same values) of the parameters' shapes, zero
 at inactive entries (never used: RAM weights only active agents). The native encoder and decoder
-(:mod:`ram_live.kernels.codes`) run where they can; the torch paths here give the same bits everywhere else.
+(:mod:`ram_live.store.native_codes`) run where they can; the torch paths here give the same bits everywhere else.
 
 >>> writer.snapshot(model, step=50, importance=adam_importance(opt, model))               # doctest: +SKIP
 >>> snap = store.latest("coder"); snap.importance.get("w")                                # doctest: +SKIP
@@ -107,7 +107,7 @@ def check_values(flat: Tensor, where: Tensor | None, key: str, agent: str) -> No
 def encode_active(flat: Tensor, enc: Encoded, key: str, agent: str) -> tuple[Tensor, float] | None:
     """The codes of ``flat`` (a tensor's importances) at ``enc``'s stored entries, on the CPU, and their maximum;
     None for a piece that stores nothing. Those entries are checked (:func:`check_values`); the others are
-    never stored nor used. The native encoder (:mod:`ram_live.kernels.codes`) where it runs, else torch: the
+    never stored nor used. The native encoder (:mod:`ram_live.store.native_codes`) where it runs, else torch: the
     same bits."""
     if enc.encoding == "none":
         return None
@@ -125,7 +125,7 @@ def _native_kind(enc: Encoded) -> str:
 def _encode_native(flat: Tensor, enc: Encoded) -> tuple[Tensor, float] | None:
     """:func:`encode_active` by the native encoder, or None where it does not run or finds a bad importance (the
     torch path then names it)."""
-    from ..kernels.codes import DTYPES, kernels
+    from .native_codes import DTYPES, kernels
 
     pos = enc.positions
     if (flat.device.type != "cpu" or flat.dtype not in DTYPES or not flat.is_contiguous()
@@ -241,7 +241,7 @@ def decode_piece(codes: Tensor, maximum: float, encoding: str, positions: Tensor
     """A stored piece's importances as ``dtype`` (float32 or bfloat16: the same values), flat, 0 at the entries
     it does not store (native decoder where it runs, else torch: the same bits), or None where its positions do
     not match its codes."""
-    from ..kernels.codes import kernels
+    from .native_codes import kernels
 
     lib = kernels()
     want = {"dense": (None,), "indices": (torch.int32, torch.int64), "bitmask": (torch.uint8,)}.get(encoding, ())

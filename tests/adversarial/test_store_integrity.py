@@ -12,7 +12,7 @@ from test_store_helpers import STEP, base_files, build, data_files, manifest_pat
 
 from ram_live.errors import RamLiveError
 from ram_live.store import CorruptSnapshotError, SnapshotStore
-from ram_live.kernels.crc import allow_wide, native_crc32
+from ram_live.store.native_crc import allow_wide, native_crc32
 from ram_live.store.checksum import crc_range, crc32, crc32_combine
 
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import cc
-from .pool import map_threads
+from ..kernels import cc
+from ..kernels.pool import map_threads
 from ..errors import InvalidStateError
 from ..io.memory import advise_hugepages
 

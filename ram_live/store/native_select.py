@@ -21,7 +21,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from . import cc
+from ..kernels import cc
 
 ALIGN = 256  # entries: the ranges a tensor is split into for threads start at multiples of this (whole bytes)
 

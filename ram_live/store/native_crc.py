@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 
-from . import cc
+from ..kernels import cc
 
 
 def native_crc32() -> Callable[[int, int, int], int] | None:
