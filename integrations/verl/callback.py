@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .config import options_from_verl
+from .dotted import get_dotted
 from .common import VERL_DTYPES, VerlIntegrationError
 from .core import RAMVerl
 
@@ -28,8 +29,6 @@ log = logging.getLogger("ram_live.verl")
 
 def _master_dtype(config: Any) -> torch.dtype | None:
     """The dtype verl keeps the actor's weights in (``actor.fsdp_config.model_dtype``; fp32 when unset)."""
-    from .config import get_dotted
-
     value = get_dotted(config, "actor_rollout_ref.actor.fsdp_config.model_dtype")
     if value is None:
         return torch.float32

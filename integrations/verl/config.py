@@ -18,6 +18,9 @@ from typing import Any, Mapping, Sequence
 from ram_live.errors import ConfigError
 from ram_live.options import HoldsRamOptions, RamOptions
 
+from .dotted import get_dotted, plain as _plain
+from .rewards import check_rewards, run_reward_function
+
 __all__ = ["DTYPES", "SPARSIFY", "WEIGHTS", "RAMVerlOptions", "options_from_mapping", "options_from_verl"]
 
 WEIGHTS = ("master", "bf16", "fp16", "fp32")
@@ -160,8 +163,6 @@ class RAMVerlOptions(HoldsRamOptions):
         if self.base is not None:
             self.base = os.fspath(self.base)
         if self.rewards is not None:
-            from .rewards import check_rewards
-
             if self.evaluate is not None:
                 raise ConfigError("set ram.evaluate or ram.rewards (the run's reward on held-out prompts), not both")
             self.rewards = check_rewards(_plain(self.rewards))
@@ -237,29 +238,6 @@ def options_from_mapping(values: Mapping[str, Any] | None, **defaults: Any) -> R
     return RAMVerlOptions(**merged, ram=ram).validate()
 
 
-def get_dotted(cfg: Any, dotted: str, default: Any = None) -> Any:
-    """``cfg``'s value at the dotted path (``"trainer.save_freq"``), or ``default`` where a part is missing."""
-    node = cfg
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        try:
-            node = node.get(part, None) if hasattr(node, "get") else getattr(node, part, None)
-        except Exception:  # an OmegaConf interpolation that does not resolve
-            return default
-    return default if node is None else node
-
-
-def _plain(node: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover - verl always brings omegaconf
-        return node
-    if isinstance(node, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(node, resolve=True)
-    return node
-
-
 def options_from_verl(config: Any) -> RAMVerlOptions:
     """The ``ram`` group of a verl trainer config (``DictConfig``), validated, with verl's own settings checked:
     checkpoints are saved (``trainer.save_freq > 0``) with the model (``checkpoint.save_contents``), by the
@@ -311,7 +289,5 @@ def options_from_verl(config: Any) -> RAMVerlOptions:
     if opts.base is None:
         raise ConfigError("ram.base is not set and the config has no actor_rollout_ref.model.path")
     if opts.rewards is not None and not opts.rewards.get("compute_score") and not opts.rewards.get("reward"):
-        from .rewards import run_reward_function
-
         opts.rewards["compute_score"] = run_reward_function(config)  # the run's own reward (None: verl's default)
     return opts

@@ -18,6 +18,8 @@ from typing import Any, Callable, Mapping
 from ram_live.errors import ConfigError
 from ram_live.loading import load_callable
 
+from .dotted import get_dotted
+
 __all__ = ["KEYS", "check_rewards", "rewards_evaluation", "run_reward_function"]
 
 KEYS = ("prompts", "compute_score", "reward", "max_new_tokens", "batch_size", "device")
@@ -45,8 +47,6 @@ def check_rewards(values: Any) -> dict[str, Any]:
 
 def run_reward_function(config: Any) -> str | None:
     """``"<path>:<name>"`` of the verl run's ``custom_reward_function`` (top level, or under ``reward``), if set."""
-    from .config import get_dotted
-
     for where in ("custom_reward_function", "reward.custom_reward_function"):
         path = get_dotted(config, f"{where}.path")
         if path:

@@ -40,3 +40,34 @@ def test_every_public_name_resolves():
     for name in NAMES:
         assert getattr(v, name).__name__ == name
     assert v.RAMVerl is RAMVerl and v.VerlIntegrationError is VerlIntegrationError
+
+
+def _relative_imports(path) -> set[str]:
+    """The sibling modules ``path`` imports (``from .x import ...``), at the top or inside functions."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+
+
+def test_the_package_has_no_import_circle():
+    """No module of integrations/verl reaches itself through its sibling imports (lazy ones included): ``config``
+    and ``rewards`` share :mod:`.dotted` instead of importing each other."""
+    from pathlib import Path
+
+    import ram_live.integrations.verl as v
+
+    folder = Path(v.__file__).parent
+    graph = {p.stem: _relative_imports(p) for p in folder.glob("*.py")}
+    assert "config" not in graph["rewards"] and "dotted" in graph["rewards"]
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            name = todo.pop()
+            assert name != start, f"import circle through {start}"
+            if name not in seen:
+                seen.add(name)
+                todo.extend(graph.get(name, ()))
+    from ram_live.integrations.verl import config, dotted, rewards
+
+    assert config.get_dotted is dotted.get_dotted and rewards.get_dotted is dotted.get_dotted
