@@ -34,7 +34,7 @@ from .errors import (
 
 _EXPORTS: dict[str, str] = {  # public name -> the submodule it comes from, imported on first use
     "merge": ".api", "merge_task_vectors": ".api", "ram_merge": ".api",
-    "MergeInfo": ".engine",
+    "MergeInfo": ".types",
     "Activity": ".methods", "DareLinearConfig": ".methods", "DareTiesConfig": ".methods", "LinearConfig": ".methods",
     "RamConfig": ".methods", "RamPlusConfig": ".methods", "RamPlusSoftConfig": ".methods",
     "TaskArithmeticConfig": ".methods", "TiesConfig": ".methods", "available_methods": ".methods",

@@ -9,7 +9,9 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from .engine import DEFAULT_CHUNK_NUMEL, MergeInfo, run_merge
+from .engine.run import run_merge
+from .engine.stream import DEFAULT_CHUNK_NUMEL
+from .types import MergeInfo
 from .errors import ConfigError, MissingBaseError, NoAgentsError
 from .methods import RamStatistics, get_method, make_config
 from .options import RamOptions

@@ -20,7 +20,9 @@ from .kernels import probe as probe_native
 from . import functional as F
 from .kernels.probe import ProbeCounts
 from .api import Model, Models, check_run_options, input_sources
-from .engine import DEFAULT_CHUNK_NUMEL, DeltaStream, Reader, build_plan, digest_update, inputs_digest
+from .engine.plan import build_plan
+from .engine.reader import Reader
+from .engine.stream import DEFAULT_CHUNK_NUMEL, DeltaStream, digest_update, inputs_digest
 from .engine.threads import in_native_workers, native_walk, worker_count
 from .errors import ConfigError
 from .methods import RAM_VARIANTS, Activity, RamPlusConfig, RamStatistics, ram_activity

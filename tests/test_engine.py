@@ -17,7 +17,7 @@ from ram_live import (
     merge,
     ram_merge,
 )
-from ram_live.engine import build_plan
+from ram_live.engine.plan import build_plan
 from ram_live.io.sources import as_source
 from tests.conftest import assert_bit_identical, make_agents, snapshot
 

@@ -8,7 +8,7 @@ import torch
 import ram_live.kernels.importance as wnative
 import ram_live.kernels.ram as native
 from ram_live import merge, ram_merge
-from ram_live.engine import compiler_available
+from ram_live.engine.compiling import compiler_available
 from tests.conftest import assert_bit_identical
 from tests.test_importance import VARIANTS, _agents, _base, _eager, _importances, reference
 from tests.test_ram_native import (_accumulated, _builds, _check_ranges, _check_sign_is_plain,

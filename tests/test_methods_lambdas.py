@@ -124,7 +124,7 @@ def test_lambdas_from_the_snapshot_store(base_sd, agents, tmp_path):
 
 
 def test_compiled_kernels_take_given_lambdas(base_sd, agents, no_native):
-    from ram_live.engine import compiler_available
+    from ram_live.engine.compiling import compiler_available
 
     if not compiler_available("cpu"):
         pytest.skip("no C++ compiler for torch.compile")

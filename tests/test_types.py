@@ -124,5 +124,5 @@ def test_importing_ram_live_types_first_keeps_the_package_working() -> None:
 
     code = ("import ram_live.types, ram_live\nimport ram_live.probe, ram_live.search.run\n"
             "assert callable(ram_live.probe) and callable(ram_live.search)\n"
-            "assert ram_live.types.Plan is ram_live.engine.Plan\n")
+            "import ram_live.engine.plan\nassert ram_live.types.Plan is ram_live.engine.plan.Plan\n")
     subprocess.run([sys.executable, "-W", "error::ImportWarning", "-c", code], check=True)

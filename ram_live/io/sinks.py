@@ -37,7 +37,7 @@ MERGE_HUGEPAGES = False
 class Sink(Protocol):
     """Where merged tensors go. A sink may set ``revisable = True`` when its destinations are fresh tensors that
     stay in memory until :meth:`finish` and may be written again: then RAM+ reads its inputs once (see
-    :func:`ram_live.engine.run_merge`)."""
+    :func:`ram_live.engine.run.run_merge`)."""
 
     def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None: ...
 

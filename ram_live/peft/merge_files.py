@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ..engine import DEFAULT_CHUNK_NUMEL
+from ..engine.stream import DEFAULT_CHUNK_NUMEL
 from ..io.outputs import rename_noreplace
 from ..errors import ConfigError, InputMismatchError, OutputExistsError
 from ..io.outputs import temp_folder

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from ..engine import DEFAULT_CHUNK_NUMEL
+from ..engine.stream import DEFAULT_CHUNK_NUMEL
 from ..errors import ConfigError
 from .configs import merged_fan_in_fan_out, new_config_fields
 from .factors import AdapterSet

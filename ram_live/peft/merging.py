@@ -9,7 +9,8 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor
 
-from ..engine import MergeInfo, run_merge
+from ..engine.run import run_merge
+from ..types import MergeInfo
 from ..errors import ConfigError
 from ..methods import Activity, get_method, make_config
 from ..io.sources import TensorSpec, as_source

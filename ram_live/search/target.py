@@ -19,7 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from ..api import Model, Models, input_sources
-from ..engine import MergeInfo, run_merge
+from ..engine.run import run_merge
+from ..types import MergeInfo
 from ..errors import ConfigError
 from .. import functional as F
 from ..methods import RamStatistics, agent_densities, get_method, make_config, ties_prepare

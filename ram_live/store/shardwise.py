@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from .. import functional as F
-from ..engine import DEFAULT_CHUNK_NUMEL, DeltaStream, build_plan
+from ..engine.plan import build_plan
+from ..engine.stream import DEFAULT_CHUNK_NUMEL, DeltaStream
 from ..methods import Activity
 from ..io.sources import TensorSource
 from .collective import Collective, LocalCollective

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..api import ram_merge
-from ..engine import DEFAULT_CHUNK_NUMEL
+from ..engine.stream import DEFAULT_CHUNK_NUMEL
 from ..errors import ConfigError, InvalidStateError
 from ..options import HoldsRamOptions, RamOptions
 from .tensors import (  # noqa: F401 (MergeResult, swap_tensors, metric_float: re-exported)

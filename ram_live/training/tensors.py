@@ -79,7 +79,7 @@ def metric_float(value: Any) -> float:
 
 def _global_numel(base: LocalModel, agents: Sequence[Any], collective: Collective) -> int:
     """Entries the merge merges, over all ranks (each box counted once)."""
-    from ..engine import build_plan
+    from ..engine.plan import build_plan
 
     plan = build_plan(base, agents)
     mine = sum(base.tensors[k].tensor.numel() for k in plan.merge if base.tensors[k].owner)
