@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ram_live.errors import ConfigError, RamLiveError
-from ram_live.io.hub import cached_snapshot, split_id
+from ram_live.io.hub import cached_snapshot
 
 __all__ = ["DTYPE_OF", "SIDE_SKIP", "VERL_DTYPES", "VerlIntegrationError", "copy_side_files", "load_evaluate",
            "resolve_base"]
@@ -26,21 +26,18 @@ class VerlIntegrationError(RamLiveError, ValueError):
     """A verl checkpoint or setting the integration cannot use (names the file or key at fault)."""
 
 
-def _fetch(repo: str, revision: str | None) -> Path | None:
-    """The model files of hub id ``repo`` downloaded into the Hugging Face cache (None when that fails)."""
-    try:
-        from huggingface_hub import snapshot_download
-
-        patterns = ["*.safetensors", "*.safetensors.index.json", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
-        return Path(snapshot_download(repo, revision=revision, allow_patterns=patterns))
-    except Exception:
-        return None
-
-
 def resolve_base(path: str) -> Path:
-    """A local Hugging Face folder for ``path``: the folder itself; a hub id (``org/name[@revision]``) in the local
-    cache (:func:`ram_live.io.hub.cached_snapshot`), else fetched, as verl fetches ``model.path``; ``hdfs://...``
-    copied by verl."""
+    """A local Hugging Face folder for ``path``, never downloading from the hub at run time (the rule of
+    :mod:`ram_live.io.hub`, as for every other model path): the folder itself; a hub id (``org/name[@revision]``)
+    as the local cache's snapshot (:func:`ram_live.io.hub.cached_snapshot`); ``hdfs://...`` copied by verl.
+
+    Args:
+        path: ``ram.base`` (by default verl's ``actor_rollout_ref.model.path``).
+
+    Raises:
+        ConfigError: naming ``ram.base`` and the id or path: an id the local cache does not hold (fetch it first,
+            e.g. ``huggingface-cli download <id>``), or a path that is no folder.
+    """
     p = Path(os.path.expanduser(path))
     if p.is_dir():
         return p
@@ -53,11 +50,8 @@ def resolve_base(path: str) -> Path:
                 return local
         except Exception:
             pass
-    elif not p.exists() and (parts := split_id(path)) is not None:  # a hub id, as verl's model.path may be
-        try:
-            folder = cached_snapshot(path, what="ram.base")  # the local cache (ram_live.io.hub), as everywhere
-        except ConfigError:  # not cached: fetched, as verl's own workers fetch model.path (not with HF_HUB_OFFLINE=1)
-            folder = _fetch(*parts) if "/" in parts[0] else None
+    elif not p.exists():  # a hub id, as verl's model.path may be: the local cache only (a ConfigError naming it)
+        folder = cached_snapshot(path, what="ram.base")
         if folder is not None:
             return folder
     raise ConfigError(f"ram.base: {path!r} is not a local Hugging Face model folder (nor a cached hub model); set "
