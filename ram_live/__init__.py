@@ -10,8 +10,6 @@ import torch; ``from ram_live import merge`` works as before.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import sys
 from types import ModuleType  # (not `import types`: the submodule ram_live.types would replace it here)
 from typing import Any
@@ -97,33 +95,3 @@ class _Package(ModuleType):
 
 _SHADOWED = frozenset(n for n, m in _EXPORTS.items() if m == "." + n)
 sys.modules[__name__].__class__ = _Package
-
-
-#: Public modules that moved into packages: their old import paths stay valid and give the same module object.
-MOVED_MODULES: dict[str, str] = {
-    "ram_live.schedule": "ram_live.training.schedule", "ram_live.schedule_search": "ram_live.training.search",
-    "ram_live.sources": "ram_live.io.sources", "ram_live.sinks": "ram_live.io.sinks",
-    "ram_live.distributed": "ram_live.io.distributed", "ram_live.dtensor": "ram_live.io.dtensor",
-    "ram_live.safetensors_io": "ram_live.io.safetensors_io", "ram_live.memory": "ram_live.io.memory",
-}
-
-
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports an old path of :data:`MOVED_MODULES` as the module at its new path (one module object, two names)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MOVED_MODULES:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        module = importlib.import_module(MOVED_MODULES[spec.name])
-        spec.loader_state = module.__spec__  # importlib replaces __spec__ after this: put the real one back below
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        module.__spec__ = module.__spec__.loader_state
-
-
-if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
-    sys.meta_path.append(_MovedModules())
