@@ -67,16 +67,17 @@ def rewards(prompts: Any, reward_funcs: RewardFunc | Sequence[RewardFunc], *, to
         generate: ``fn(merged, prompts, settings, seeds) -> list[list[str]]``, the user's engine (vLLM, SGLang, a
             server) in place of Hugging Face ``generate``: see ``docs/evaluate.md``.
 
-    >>> evaluate = rewards("val.parquet", compute_score(my_score), tokenizer=tok, samples=8, metric="pass@1")  # doctest: +SKIP
-    >>> evaluate(model), evaluate.metrics                                         # doctest: +SKIP
-    (0.62, {'reward': 0.62, 'reward/gsm8k': 0.7, 'reward/math': 0.54, 'reward/my_score': 0.6})
+    >>> evaluate = rewards("val.parquet", compute_score(fn), tokenizer=tok, samples=8, metric="pass@1") # doctest: +SKIP
+    >>> evaluate(model), evaluate.metrics                                    # doctest: +SKIP
+    (0.62, {'reward': 0.62, 'reward/gsm8k': 0.7, 'reward/math': 0.54, 'reward/fn': 0.6})
     """
     samples = check_samples(samples)
     if do_sample is None:
         do_sample = samples > 1
     settings = GenerationSettings(max_new_tokens=max_new_tokens, batch_size=batch_size, do_sample=do_sample,
                                   temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, samples=samples,
-                                  stop=stop, include_stop=include_stop, eos_token_id=eos_token_id)  # type: ignore[arg-type]
+                                  stop=stop, include_stop=include_stop,  # type: ignore[arg-type]
+                                  eos_token_id=eos_token_id)  # type: ignore[arg-type]
     loaded = load_prompts(prompts)
     return Rewards(loaded, reward_funcs, settings, tokenizer=tokenizer, reward_weights=reward_weights, model=model,
                    tasks=group(loaded, task, objective, weights), metric=parse_metric(metric, samples, pass_threshold),
@@ -150,17 +151,19 @@ class Rewards:
         if bad is not None:
             raise ConfigError(f"rewards.aggregate: {short(bad)} is not a prompt index (0..{len(self.prompts) - 1})")
         score, table = self.task_groups.aggregate(values)
-        if score is None:
+        funcs = ", ".join(self.names)
+        if score is None and not table:
             raise EvaluationError(f"every reward function returned None for every one of the {len(values)} prompts: "
-                                  "nothing to score", function=", ".join(self.names), index=None)
-        bad_task = next((t for t, s in table.items() if not math.isfinite(s)), None)
-        if bad_task is not None or not math.isfinite(score):
-            where = "the sum over the prompts" + (f" of task {bad_task!r}" if len(table) > 1 and bad_task else "")
-            if bad_task is None and self.task_groups.objective == "weighted" and math.isnan(score):
-                raise EvaluationError(f"only tasks of weight 0 were scored ({short(sorted(table))}): the weighted "
-                                      "objective has nothing to weigh", function=", ".join(self.names), index=None)
-            raise EvaluationError(f"the rewards overflow: {where} is {table.get(bad_task, score)} (rewards or "
-                                  "weights near float's limit)", function=", ".join(self.names), index=None)
+                                  "nothing to score", function=funcs, index=None)
+        if score is None:
+            raise EvaluationError(f"only tasks of weight 0 were scored ({short(sorted(table))}): the weighted "
+                                  "objective has nothing to weigh", function=funcs, index=None)
+        over = next((t for t, s in table.items() if not math.isfinite(s)), None)
+        if over is not None or not math.isfinite(score):
+            where = ("the objective over the tasks" if over is None else "the sum over the prompts"
+                     + (f" of task {over!r}" if len(table) > 1 else ""))
+            raise EvaluationError(f"the rewards overflow: {where} is {score if over is None else table[over]} "
+                                  "(rewards or weights near float's limit)", function=funcs, index=None)
         return score, table
 
     # ------------------------------------------------------------------------------------------- calls

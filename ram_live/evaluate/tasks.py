@@ -9,7 +9,6 @@ objective and of the table.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +47,8 @@ class Tasks:
 
     def aggregate(self, values: Mapping[int, float | None]) -> tuple[float | None, dict[str, float]]:
         """The objective over ``{prompt index: score}`` and each task's score (the mean of its scored prompts, in
-        prompt order); ``(None, {})`` when no prompt is scored. Tasks without a scored prompt are left out."""
+        prompt order). Tasks without a scored prompt are left out; the objective is None when no task is left (or,
+        weighted, when only tasks of weight 0 are)."""
         sums: dict[str, list[float]] = {}
         for i in sorted(values):
             v = values[i]
@@ -64,7 +64,7 @@ class Tasks:
             w = self.weights or {}
             total = sum(w[t] for t in table)
             if total == 0:
-                return math.nan, table  # only tasks of weight 0 were scored: the caller names them
+                return None, table
             return sum(w[t] * s for t, s in table.items()) / total, table
         return sum(scores) / len(scores), table
 
