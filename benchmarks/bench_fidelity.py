@@ -109,11 +109,20 @@ def reach(steps: list[dict[str, Any]], target: float) -> int | None:
 
 
 def library() -> dict[str, Any]:
-    """The commit the library runs from, and whether ram_live/ differs from it (other work in progress)."""
-    def git(*cmd: str) -> str:
-        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+    """Where ram_live is imported from, its commit (git, or a ``COMMIT`` file beside it in an exported copy:
+    ``git archive HEAD | tar -x -C DIR``, which keeps a long run away from edits made meanwhile) and whether
+    ram_live/ differs from that commit."""
+    import ram_live
 
-    return {"commit": git("rev-parse", "HEAD"), "ram_live_changed": git("status", "--short", "ram_live").splitlines()}
+    where = Path(ram_live.__file__).resolve().parents[1]
+
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", *cmd], cwd=where, capture_output=True, text=True, check=False).stdout.strip()
+
+    stamp = where / "COMMIT"
+    commit = stamp.read_text().strip() if stamp.exists() else git("rev-parse", "HEAD")
+    changed = [] if stamp.exists() else git("status", "--short", "ram_live").splitlines()
+    return {"path": str(where), "commit": commit, "ram_live_changed": changed}
 
 
 def parallel_run(regime: str, n: int, seed: int, args: argparse.Namespace) -> dict[str, Any]:
