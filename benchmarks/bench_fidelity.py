@@ -147,7 +147,8 @@ def parallel_run(regime: str, n: int, seed: int, args: argparse.Namespace) -> di
         one, two = rows[f"{label} parallel=1"], rows[f"{label} parallel=2"]
         two["same_trials_as_parallel_1"] = one["scores"] == two["scores"]
     return {"run": name, "regime": regime, "agents": n, "seed": seed, "selection_per_task": per_task,
-            "inputs": "state dicts (no stored importances)", "threads": args.threads, "cpu": cpu_label(), "cpus": os.cpu_count(), "library": library(), "rows": rows}
+            "inputs": "state dicts (no stored importances)", "threads": args.threads, "cpu": cpu_label(),
+            "cpus": os.cpu_count(), "library": library(), "rows": rows}
 
 
 def parallel_table(res: dict[str, Any]) -> str:
