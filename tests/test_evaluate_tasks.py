@@ -164,8 +164,6 @@ def test_search_with_halving_fills_the_per_task_table(tok):
 
 
 def test_the_schedule_logs_tasks_as_ram_eval(tmp_path, tok):
-    from ram_live.store import SnapshotStore  # noqa: F401 (the store the schedule writes)
-
     evaluate = rewards(rows(), [h.count_a], tokenizer=tok, max_new_tokens=4)
     sched = RAMSchedule(tmp_path / "store", "a", merge_every=2, durable=False, evaluate=evaluate)
     model = h.model(0)
