@@ -126,6 +126,7 @@ class Rewards:
         self.completions: list[Any] = []
         self.per_prompt: list[float | None] = []
         self._table: list[list[float | None]] = []  # per function, per row of the last prompt_scores call
+        self._last: tuple[list[int], list[Any], dict[int, float | None]] = ([], [], {})  # its prompts, completions
 
     # ------------------------------------------------------------------------------------------- protocol
 
