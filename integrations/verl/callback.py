@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from .config import options_from_verl
-from .dotted import get_dotted
 from .common import VERL_DTYPES, VerlIntegrationError
+from .config import options_from_verl
 from .core import RAMVerl
+from .dotted import get_dotted
 
 __all__ = ["RAMTrainerMixin", "RAMVerlHooks", "callback_class"]  # RAMCheckpointCallback: module __getattr__
 

@@ -18,14 +18,23 @@ from typing import Any, Mapping, Sequence
 from ram_live.errors import ConfigError
 from ram_live.options import HoldsRamOptions, RamOptions
 
-from .dotted import get_dotted, plain as _plain
+from .dotted import get_dotted
+from .dotted import plain as _plain
+from .remote import check_eval_resources, check_eval_timeout
 from .rewards import check_rewards, run_reward_function
 
-__all__ = ["DTYPES", "SPARSIFY", "WEIGHTS", "RAMVerlOptions", "options_from_mapping", "options_from_verl"]
+__all__ = ["DTYPES", "EVAL_RESOURCES", "EVAL_RESOURCES_CPU", "EVAL_TIMEOUT", "SPARSIFY", "WEIGHTS", "RAMVerlOptions",
+           "options_from_mapping", "options_from_verl"]
 
 WEIGHTS = ("master", "bf16", "fp16", "fp32")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 SPARSIFY = ("auto", "topk", "relative", None)
+#: the evaluation actor's Ray resources when ``ram.eval_resources`` is not set: one whole GPU
+EVAL_RESOURCES = {"num_gpus": 1}
+#: ... and with ``ram.rewards.device=cpu``: one CPU of a Ray worker (still not the driver)
+EVAL_RESOURCES_CPU = {"num_cpus": 1}
+#: ``ram.eval_timeout``'s default, in seconds
+EVAL_TIMEOUT = 3600.0
 
 
 @dataclass
@@ -79,6 +88,13 @@ class RAMVerlOptions(HoldsRamOptions):
             ``search`` uses, maximising ``reward``): ``+ram.rewards.prompts=held_out.jsonl`` (verl's rows),
             optional ``compute_score`` / ``reward`` (default: verl's ``custom_reward_function``, else its
             ``default_compute_score``), ``max_new_tokens``, ``batch_size``, ``device`` (:mod:`.rewards`).
+        eval_resources: inside a Ray job (verl's driver), the evaluations (``evaluate``, ``rewards``, ``search``'s)
+            run in one Ray actor, never on the driver (:mod:`.remote`); its ``.options(...)``: ``num_gpus``,
+            ``num_cpus``, ``memory``, ``resources`` (custom resources), ``accelerator_type``. Default
+            :data:`EVAL_RESOURCES` (``{"num_gpus": 1}``; :data:`EVAL_RESOURCES_CPU` with ``rewards.device=cpu``).
+            A cluster without a GPU is refused at start-up unless these ask for none. Outside Ray: unused.
+        eval_timeout: seconds the evaluation actor may take to be placed (first evaluation) and each evaluation to
+            finish (default :data:`EVAL_TIMEOUT`, an hour); past it, an EvaluationError naming this key.
         durable: fsync snapshot files before their manifest.
         importance: ``"adam"`` (default): store each rank's ``exp_avg_sq`` boxes from the checkpoint's
             ``optim_world_size_W_rank_R.pt`` with the snapshot (never gathered; :mod:`.optim`), so merges of a
@@ -111,6 +127,8 @@ class RAMVerlOptions(HoldsRamOptions):
     evaluate: str | None = None
     search: Any = None
     rewards: Any = None
+    eval_resources: Any = None
+    eval_timeout: float = EVAL_TIMEOUT
     durable: bool = True
     importance: str | None = "adam"
     importance_bias_correction: bool = False
@@ -166,6 +184,8 @@ class RAMVerlOptions(HoldsRamOptions):
             if self.evaluate is not None:
                 raise ConfigError("set ram.evaluate or ram.rewards (the run's reward on held-out prompts), not both")
             self.rewards = check_rewards(_plain(self.rewards))
+        self.eval_resources = check_eval_resources(_plain(self.eval_resources))
+        self.eval_timeout = check_eval_timeout(self.eval_timeout)
         if self.search is not None:
             from ram_live.training.search import SearchSetting
 

@@ -8,8 +8,9 @@
 >>> ram.merge(step=20)                                  # -> merged_dir/global_step_20      # doctest: +SKIP
 
 The jobs live in their own modules: :mod:`.snapshot` (a checkpoint's shards into a snapshot), :mod:`.lora`
-(ΔW of a LoRA checkpoint), :mod:`.merging` (the merge, its record and metrics), :mod:`.common` (dtype names,
-the base folder, the evaluate function).
+(ΔW of a LoRA checkpoint), :mod:`.merging` (the merge, its record and metrics), :mod:`.evaluation` (the
+evaluations, in this process or a Ray actor: :mod:`.remote`), :mod:`.common` (dtype names, the base folder, the
+evaluate function).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ram_live.errors import ConfigError, RamLiveError
-from ram_live.methods import Activity
 from ram_live.io.sources import SafetensorsSource
+from ram_live.methods import Activity
 from ram_live.store import LocalTensor, SnapshotStore
 
 from .checkpoint import LORA_RE, ActorCheckpoint
 from .common import DTYPE_OF, VerlIntegrationError, load_evaluate, resolve_base
 from .config import RAMVerlOptions
+from .evaluation import build_evaluations
 from .merging import merge_latest
 from .pieces import BaseWriter, PieceWriter
 from .snapshot import CheckpointCounts, CheckpointReader
@@ -52,11 +54,9 @@ class RAMVerl:
         self.opts = options
         self.store = SnapshotStore(options.store, durable=options.durable)
         self.base_dir = resolve_base(options.base) if options.base else None
-        self.evaluate = load_evaluate(options.evaluate) if options.evaluate else None
-        if options.rewards is not None:  # the run's reward on held-out prompts (integrations/verl/rewards.py)
-            from .rewards import rewards_evaluation
-
-            self.evaluate = rewards_evaluation(options.rewards, self.base_dir)
+        #: the run's evaluations: here outside Ray, in a Ray actor inside a Ray job (:mod:`.evaluation`)
+        self.evaluations = build_evaluations(options, self.base_dir)
+        self.evaluate = self.evaluations.evaluate
         self.fingerprint: str | None = None
         self.dtype: torch.dtype | None = None  # the store's (and every snapshot's) dtype
         self.history: list[dict[str, float]] = []
@@ -203,6 +203,10 @@ class RAMVerl:
         self.last_merge_step = step
         return metrics
 
+    def close(self) -> None:
+        """Free the evaluation actor (inside Ray), if any; a later evaluation starts a new one."""
+        self.evaluations.close()
+
     # ------------------------------------------------------------------------------------------- the save event
 
     def should_snapshot(self, save_index: int) -> bool:
@@ -229,6 +233,8 @@ class RAMVerl:
             if self.last_snapshot_step != global_step:  # merge this step's weights, not an older snapshot's
                 metrics.update(self.snapshot(checkpoint_dir, global_step))
             metrics.update(self.merge(global_step))
+        if last:
+            self.close()  # the run ends: the evaluation actor's GPU is freed
         if metrics:
             self.history.append({"step": float(global_step), **metrics})
             if log_fn is not None:

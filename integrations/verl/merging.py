@@ -36,6 +36,7 @@ class MergeHost(Protocol):
     store: SnapshotStore
     base_dir: Path | None
     evaluate: Callable[..., Mapping[str, Any]] | None
+    evaluations: Any  # .evaluation.Evaluations: ``evaluate``, ``search``, ``confirm`` (here or in a Ray actor)
 
     def out_dtype(self) -> torch.dtype | None: ...
 

@@ -8,7 +8,9 @@ extra_info)``), else ``ram.rewards.reward`` (a TRL-style reward function), else 
 ``custom_reward_function.path``/``.name`` when set, else ``verl.utils.reward_score.default_compute_score``. The
 prompts file holds verl's rows (``prompt``, ``data_source``, ``reward_model: {"ground_truth": ...}``,
 ``extra_info``) as JSONL. The candidate folder's weights are copied into one model loaded once from the base
-folder (on ``ram.rewards.device``, default CUDA when available) and scored there.
+folder (on ``ram.rewards.device``, default CUDA when available) and scored there. Inside a Ray job (verl's driver)
+all of this happens in the evaluation actor (:mod:`.remote`, on ``ram.eval_resources``: a GPU by default), never on
+the driver; ``ram.rewards.device=cpu`` there asks for a CPU Ray worker instead.
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ KEYS = ("prompts", "compute_score", "reward", "max_new_tokens", "batch_size", "d
 
 
 def check_rewards(values: Any) -> dict[str, Any]:
-    """The ``ram.rewards`` group as a plain dict, its keys and prompts file checked (naming the key at fault)."""
+    """The ``ram.rewards`` group as a plain dict, its keys and prompts file checked (naming the key at fault).
+
+    Args:
+        values: the group (a mapping).
+    """
     if not isinstance(values, Mapping):
         raise ConfigError(f"ram.rewards must be a mapping (+ram.rewards.prompts=FILE ...), got {values!r}")
     unknown = sorted(set(values) - set(KEYS))
@@ -46,7 +52,11 @@ def check_rewards(values: Any) -> dict[str, Any]:
 
 
 def run_reward_function(config: Any) -> str | None:
-    """``"<path>:<name>"`` of the verl run's ``custom_reward_function`` (top level, or under ``reward``), if set."""
+    """``"<path>:<name>"`` of the verl run's ``custom_reward_function`` (top level, or under ``reward``), if set.
+
+    Args:
+        config: verl's trainer config.
+    """
     for where in ("custom_reward_function", "reward.custom_reward_function"):
         path = get_dotted(config, f"{where}.path")
         if path:
@@ -55,7 +65,16 @@ def run_reward_function(config: Any) -> str | None:
 
 
 def rewards_evaluation(values: Mapping[str, Any], base_dir: str | None) -> Callable[..., dict[str, float]]:
-    """``fn(merged_dir, step) -> {"reward": mean, "reward/<fn>": ...}`` for ``ram.evaluate``/``ram.search``."""
+    """``fn(merged_dir, step) -> {"reward": mean, "reward/<fn>": ...}`` for ``ram.evaluate``/``ram.search``; the
+    model is loaded at its first call, in the process that calls it (the evaluation actor inside Ray).
+
+    Args:
+        values: the checked ``ram.rewards`` group.
+        base_dir: the base model's folder (its tokenizer, and the model each candidate's weights go into).
+
+    Raises:
+        ConfigError: no base folder, or a reward function path that does not load (naming its key).
+    """
     import torch
 
     from ram_live.evaluate import compute_score, rewards

@@ -1,10 +1,12 @@
 """``ram.search`` for verl: each merge is the one :func:`ram_live.search` picks with the user's held-out evaluation.
 
 The evaluation is verl's kind, ``fn(merged_dir: str, step: int) -> dict | float`` (``ram.search.evaluate``, else
-``ram.evaluate``): each candidate is written to one reused folder under ``merged_dir`` (weights in the merged
-dtype, the base's config and tokenizer files) and evaluated there. The winner is merged into
-``merged_dir/global_step_<N>`` as without search; its ``ram_merge.json`` gains ``"search"`` (the chosen options:
-``ram_live.merge(..., **record["best"])``) and ``ram_search.json`` holds every candidate's score.
+``ram.evaluate`` / ``ram.rewards``): this process writes each candidate to one reused folder under ``merged_dir``
+(weights in the merged dtype, the base's config and tokenizer files) and evaluates it there with one call: in
+this process, or inside a Ray job in the evaluation actor (:mod:`.remote`), which reads the folder by path. The
+winner is merged into ``merged_dir/global_step_<N>`` as without search; its ``ram_merge.json`` gains ``"search"``
+(the chosen options: ``ram_live.merge(..., **record["best"])``) and ``ram_search.json`` holds every candidate's
+score. The candidates are scored one at a time (``ram_live.search``'s ``parallel=`` is not used here).
 
 >>> +ram.search.budget=60 +ram.search.metric=acc +ram.search.evaluate=my_pkg.evals:held_out   # doctest: +SKIP
 """
@@ -25,6 +27,7 @@ from .common import copy_side_files
 
 __all__ = ["search_merge"]
 
+
 def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path) -> tuple[dict[str, Any], Any]:
     """Run the search of ``ram.opts.search`` over ``snaps`` (the store's latest snapshots) on the store's base;
     returns the record (with ``"best"``) and the :class:`~ram_live.search.SearchResult`."""
@@ -33,8 +36,8 @@ def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path) -> t
     from ram_live.search import search
 
     setting: SearchSetting = ram.opts.search
-    fn = setting.evaluation(ram.evaluate)
-    confirm = setting.confirmation()
+    fn = ram.evaluations.search  # here, or in the Ray actor (integrations/verl/evaluation.py): one call a candidate
+    confirm = ram.evaluations.confirm
     dtype = ram.out_dtype()
     candidate = root / f".search_step_{step}-{uuid.uuid4().hex[:8]}"
 

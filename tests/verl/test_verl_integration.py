@@ -217,6 +217,8 @@ def test_startup_validation_names_the_setting(verl_run, tmp_path):
         (("+ram.sparsify=topq",), {}, "ram.sparsify"),  # LoRA's activity rule (test_verl_lora.py)
         (("+ram.sparsify=topk", "+ram.density=2.0"), {}, "ram.density"),
         (("+ram.density=0.1",), {}, "ram.density"),
+        (("+ram.eval_timeout=0",), {}, "ram.eval_timeout"),  # where the evaluation runs in Ray (test_verl_remote.py)
+        (("+ram.eval_resources.num_gpu=1",), {}, "ram.eval_resources option(s) num_gpu"),
         ((), {"agent": "bad/name"}, "ram.agent"),
     ]
     for extra, kwargs, message in cases:
