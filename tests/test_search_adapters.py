@@ -167,6 +167,25 @@ def test_the_density_that_wins_is_in_best_and_remade(base, folders):
     assert "sparsify=topk(density=0.2)" in result.table()
 
 
+def test_the_default_adapter_space_finds_the_density(base, folders):
+    """Without ``space=``: the adapter space (its RAM+ grid, the density move, the baselines) within the budget; an
+    evaluation that wants the plain-RAM merge at TopK(0.3) gets it."""
+    from ram_live.search.adapters import ADAPTER_RAM_PLUS_GRID
+
+    wanted = ram_merge_adapter_files(folders, base=base, into_base=True, method="ram", sparsify=TopK(0.3))
+    target = {k: v.double() for k, v in wanted.state_dict().items()}
+
+    def near(merged) -> float:
+        return -float(sum((v.double() - target[k]).abs().sum() for k, v in merged.state_dict().items()))
+
+    result = search(folders, base=base, evaluate=near, budget=40)
+    assert result.spent <= 40
+    assert {"ram_plus", "sparsify", "task_arithmetic", "ties", "dare_ties"} <= {t.family for t in result.history}
+    assert all(t.options in ADAPTER_RAM_PLUS_GRID for t in result.history if t.family == "ram_plus")
+    assert not any(t.family == "activity" and "eps" in t.options for t in result.history)
+    assert result.best_score == 0.0 and result.best["sparsify"] == TopK(0.3)
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc)
     assert isinstance(exc, RamLiveError) and "\n" not in text

@@ -26,6 +26,7 @@ winner could not be re-made), and worker processes (``parallel=1`` only).
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,12 +46,24 @@ from ..peft.svd_options import SvdOptions
 from .space import Family
 from .target import Merger
 
-__all__ = ["ADAPTER_SPACE", "AdapterAgents", "AdapterMerger", "adapter_agents", "adapter_space", "check_families"]
+__all__ = ["ADAPTER_SPACE", "ADAPTER_RAM_PLUS_GRID", "AdapterAgents", "AdapterMerger", "adapter_agents",
+           "adapter_space", "check_families"]
 
-#: The default space of an adapter search: the default one with the ``sparsify`` move after the RAM+ grid, and the
-#: λ ascent (``lambdas``) in place of ``shared_weights`` (whose importances the adapter entry points do not take).
-ADAPTER_SPACE = ("ram_plus", "sparsify", "lambdas", "leave_one_out", "activity", "task_arithmetic", "ties",
-                 "dare_ties", "ta_weights")
+#: The RAM+ grid of an adapter search: the paper's default first, plain RAM (λ = 1), small r (λ > 1 measured to lose
+#: on LoRA deltas: docs/peft.md, benchmarks/quality.md), the conflict-aware shared region last; with the default
+#: rule, TopK(0.5). Six points: a screen of ``budget=60`` takes them all, and the arm's refinement starts with the
+#: density.
+ADAPTER_RAM_PLUS_GRID = [{"r": 0.1, "alpha": 2.0}, {"r": 0.0, "alpha": 2.0}, {"r": 0.25, "alpha": 2.0},
+                         {"r": 0.1, "alpha": math.inf}, {"r": 0.5, "alpha": math.inf},
+                         {"r": 0.1, "alpha": 2.0, "shared": "sign"}]
+#: The default space of an adapter search: the RAM+ grid above, the ``sparsify`` move (the activity rule's density),
+#: the λ ascent (``lambdas``, in place of ``shared_weights``, whose importances the adapter entry points do not
+#: take), leave-one-out, the shared-region moves (``eps`` moves change nothing where the rule decides what is
+#: active); the baselines as in the default space.
+ADAPTER_SPACE: dict[str, Any] = {
+    "ram_plus": ADAPTER_RAM_PLUS_GRID, "sparsify": None, "lambdas": None, "leave_one_out": None,
+    "activity": [{"shared": "sign"}, {"shared": "mean"}], "task_arithmetic": None, "ties": None, "dare_ties": None,
+    "ta_weights": None}
 #: The activity rule's spelling in the agents' own reports (what a merge counts is the merge's own rule).
 _REPORTED = Activity("abs", 1e-5)
 
@@ -157,7 +170,7 @@ def adapter_space(space: Any, importance: Any, parallel: int, ray_address: str |
     if parallel > 1 or ray_address is not None:
         raise ConfigError(f"parallel={parallel}: a search over adapters scores its candidates in one process (its "
                           "workers would need the adapters' merger); pass parallel=1 and no ray_address")
-    return ADAPTER_SPACE if space is None else space
+    return dict(ADAPTER_SPACE) if space is None else space
 
 
 def check_families(families: list[Family], adapters: bool) -> None:
