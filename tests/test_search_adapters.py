@@ -125,8 +125,9 @@ def test_folders_every_trial_is_remade_bit_for_bit_by_ram_merge_adapter_files(ba
 
 def test_untargeted_modules_keep_the_base_bits_and_counts_are_taken_once_per_rule(base, folders):
     recorder = Recorder()
-    result = search(folders, base=base, evaluate=recorder, budget=12,
+    result = search(folders, base=base, evaluate=recorder, budget=12, confirm=lambda merged: 1.0, confirm_top=2,
                     space={"ram_plus": [{"r": 0.1, "alpha": 2.0}, {"r": 1.0, "alpha": 2.0}], "sparsify": True})
+    assert sorted(t.confirm_score for t in result.history if t.confirm_score is not None) == [1.0, 1.0]
     untouched = [k for k in base.state_dict() if "k_proj" in k or "mlp" in k or "norm" in k]
     assert untouched
     for seen in recorder.seen:
@@ -184,6 +185,20 @@ def test_the_default_adapter_space_finds_the_density(base, folders):
     assert all(t.options in ADAPTER_RAM_PLUS_GRID for t in result.history if t.family == "ram_plus")
     assert not any(t.family == "activity" and "eps" in t.options for t in result.history)
     assert result.best_score == 0.0 and result.best["sparsify"] == TopK(0.3)
+
+
+def test_rules_go_to_json_and_back_as_sparsify_takes_them():
+    from ram_live.peft import RelativeThreshold
+    from ram_live.peft.sparsify import sparsify_rule
+    from ram_live.search import to_json
+
+    best = {"method": "ram", "sparsify": TopK(0.3), "lambdas": {"code": 1.0}}
+    back = from_json(json.loads(json.dumps(to_json(best))))
+    assert back == {"method": "ram", "sparsify": ("topk", 0.3), "lambdas": {"code": 1.0}}
+    assert sparsify_rule(back["sparsify"], "ram") == TopK(0.3)
+    relative = from_json(json.loads(json.dumps(to_json({"sparsify": RelativeThreshold(1.5)}))))["sparsify"]
+    assert sparsify_rule(relative, "ram") == RelativeThreshold(1.5)
+    assert from_json(to_json({"sparsify": None})) == {"sparsify": None}
 
 
 def _one_line(exc: BaseException) -> str:

@@ -58,8 +58,8 @@ ADAPTER_RAM_PLUS_GRID = [{"r": 0.1, "alpha": 2.0}, {"r": 0.0, "alpha": 2.0}, {"r
                          {"r": 0.1, "alpha": 2.0, "shared": "sign"}]
 #: The default space of an adapter search: the RAM+ grid above, the ``sparsify`` move (the activity rule's density),
 #: the λ ascent (``lambdas``, in place of ``shared_weights``, whose importances the adapter entry points do not
-#: take), leave-one-out, the shared-region moves (``eps`` moves change nothing where the rule decides what is
-#: active); the baselines as in the default space.
+#: take), leave-one-out, the shared-region moves (the ``eps`` moves hardly change what a rule keeps: it decides what
+#: is active); the baselines as in the default space.
 ADAPTER_SPACE: dict[str, Any] = {
     "ram_plus": ADAPTER_RAM_PLUS_GRID, "sparsify": None, "lambdas": None, "leave_one_out": None,
     "activity": [{"shared": "sign"}, {"shared": "mean"}], "task_arithmetic": None, "ties": None, "dare_ties": None,
