@@ -238,7 +238,7 @@ def test_errors_come_back_as_the_local_error(ray_cluster, rewards_run, monkeypat
 
 def test_a_cluster_without_gpu_is_refused_at_start_up(ray_cluster, rewards_run):
     tmp = rewards_run
-    prompts = {"prompts": str(tmp / "val.jsonl")}
+    prompts = {"prompts": str(tmp / "val.jsonl"), "compute_score": "test_verl_remote:length_score"}
 
     def build(**extra) -> RAMVerl:
         return RAMVerl(_options(tmp, tmp / "base", "m", **extra))
