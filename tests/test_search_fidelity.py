@@ -121,10 +121,10 @@ def test_with_the_same_prompt_budget_the_race_tries_more_candidates_and_finds_as
     assert raced.best_score == pytest.approx(ev(again), abs=1e-12)
 
 
-def test_an_int_budget_counts_candidates_whatever_they_saw(problem):
+def test_the_race_needs_a_prompt_budget(problem):
     agents, base, ev = problem
-    result = search(agents, base=base, evaluate=ev, budget=10, fidelity="halving")
-    assert len(result.history) == 10 and result.spent == 10
+    with pytest.raises(ConfigError, match=r"fidelity='halving' needs a budget in prompt-evaluations \(budget='10x'"):
+        search(agents, base=base, evaluate=ev, budget=10, fidelity="halving")
 
 
 def test_a_plain_callable_with_a_prompt_budget_costs_one_per_candidate(problem):
@@ -138,11 +138,14 @@ def test_errors(problem):
     for bad in ("x", "0x", "-2x", "nanx", "infx", "20", 0, 2.5, True):
         with pytest.raises(ConfigError, match="budget must be an int >= 1"):
             search(agents, base=base, evaluate=ev, budget=bad)
+    for small in ("0.5x", "0.999x"):
+        with pytest.raises(ConfigError, match="cannot pay for one candidate on every prompt"):
+            search(agents, base=base, evaluate=ev, budget=small)
     with pytest.raises(ConfigError, match="fidelity='halving' needs an evaluation that scores prompts"):
-        search(agents, base=base, evaluate=lambda m: 0.0, budget=3, fidelity="halving")
+        search(agents, base=base, evaluate=lambda m: 0.0, budget="3x", fidelity="halving")
     for bad in ("fast", 3, Halving):
         with pytest.raises(ConfigError, match="fidelity must be"):
-            search(agents, base=base, evaluate=ev, budget=3, fidelity=bad)
+            search(agents, base=base, evaluate=ev, budget="3x", fidelity=bad)
     for kwargs, message in (({"eta": 1}, "eta"), ({"min_fraction": 0}, "min_fraction"), ({"z": -1}, "z"),
                             ({"z": math.inf}, "z"), ({"seed": 1.5}, "seed")):
         with pytest.raises(ConfigError, match=message):
@@ -166,3 +169,22 @@ def test_errors(problem):
             search(agents, base=base, evaluate=cls(ev.targets), budget=3)
     assert parse_budget("20x") == (20.0, True) and parse_budget(" 2.5X ") == (2.5, True)
     assert parse_budget(7) == (7.0, False)
+
+
+def test_an_ascent_never_builds_on_a_race_estimate():
+    """coordinate_ascent takes a step only onto a trial scored on every prompt: a stopped candidate's estimate,
+    however high, is not an improvement to start from."""
+    from ram_live.search.refine import coordinate_ascent
+    from ram_live.search.result import Trial
+    from ram_live.search.space import Family
+
+    def trial(candidate):
+        x = candidate["x"]
+        # x = 1 looks best but was stopped early by the race; the true optimum x = -1 was scored in full
+        return Trial(0, "f", "m", candidate, {1.0: 9.0, -1.0: 1.0}.get(x, -5.0), 0.0, 0.0, 1.0,
+                     fidelity=0.1 if x == 1.0 else 1.0)
+
+    values = [0.0]
+    coordinate_ascent(trial, 0, Family("f", "ram", "lambdas", settings={"step": 1.0, "min_step": 1.0}), values, [[0]],
+                      0.0, lambda v: {"x": v[0]}, [1.0], [-1.0], [1.0])
+    assert values == [-1.0]

@@ -116,3 +116,48 @@ def test_bad_parallel_options(problem):
         search(agents, base=base, evaluate=lambda m: 0.0, budget=2, parallel=2)
     with pytest.raises(ConfigError, match="ray_address must be a string"):
         search(agents, base=base, evaluate=ev, budget=2, ray_address=3)
+
+
+class Threads(PromptEval):
+    def prompt_scores(self, merged, indices):
+        return [float(torch.get_num_threads())] * len(indices)
+
+
+def test_workers_compute_with_the_search_process_thread_count(problem):
+    """Float sums can depend on the thread count: the workers use the search process's."""
+    agents, base, ev, _ = problem
+    one = search(agents, base=base, evaluate=Threads(ev.targets), budget=2)
+    two = search(agents, base=base, evaluate=Threads(ev.targets), budget=2, parallel=2)
+    assert [t.score for t in two.history] == [t.score for t in one.history] == [float(torch.get_num_threads())] * 2
+
+
+class KillOn(PromptEval):
+    """Records every candidate it scores (by its merged head); kills its process on the one named ``victim``."""
+
+    def __init__(self, targets, log, victim=None):
+        super().__init__(targets)
+        self.log, self.victim = log, victim
+
+    def prompt_scores(self, merged, indices):
+        mark = f"{float(merged['head.weight'].double().sum()):.12e}"
+        if mark == self.victim and os.environ.get("RAM_LIVE_WORKER") is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        with open(self.log, "a") as fh:
+            fh.write(mark + "\n")
+        return super().prompt_scores(merged, indices)
+
+
+def test_a_worker_that_dies_on_a_candidate_the_search_never_needed_costs_only_a_restart(problem, tmp_path):
+    agents, base, ev, _ = problem
+    kw = dict(budget=14, space=["task_arithmetic", "ta_weights"], seed=0)
+    logs = {}
+    for p in (1, 2):
+        log = tmp_path / f"log{p}"
+        search(agents, base=base, evaluate=KillOn(ev.targets, str(log)), parallel=p, **kw)
+        logs[p] = log.read_text().split()
+    speculative = [m for m in logs[2] if m not in set(logs[1])]
+    assert speculative, "parallel=2 prefetched a candidate parallel=1 never scored"
+    one = search(agents, base=base, evaluate=KillOn(ev.targets, str(tmp_path / "a")), **kw)
+    two = search(agents, base=base, evaluate=KillOn(ev.targets, str(tmp_path / "b"), victim=speculative[0]),
+                 parallel=2, **kw)
+    assert _rows(two) == _rows(one)

@@ -149,3 +149,61 @@ def test_an_evaluation_that_leaves_the_output_alone_gets_the_same_tensors_every_
         search({n: _module(a) if base_in is base else a for n, a in agents.items()}, base=base_in,
                evaluate=evaluate, budget=len(SPACE), space=SPACE)
         assert all(p == pointers[0] for p in pointers)
+
+
+class _Buffered(torch.nn.Module):
+    def __init__(self, sd):
+        super().__init__()
+        self.inner = _module(sd)
+        self.register_buffer("scale", torch.ones(()), persistent=False)
+
+    def forward(self):
+        return sum(p.sum() for p in self.inner.parameters()) * self.scale
+
+
+def test_state_outside_the_state_dict_does_not_reach_the_next_candidate(base_sd):
+    """Non-persistent buffers, gradients and hooks an evaluation leaves on the scratch module: every candidate is
+    still scored as a fresh merge would be."""
+    base = _Buffered(base_sd)
+    agents = {n: _Buffered(a) for n, a in zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6], scale=0.05))}
+
+    def score(module):
+        return float(module().detach()) + float(sum(0 if p.grad is None else p.grad.sum() for p in
+                                                    module.parameters()))
+
+    def evaluate(module):
+        value = score(module)
+        module.scale.mul_(2.0)
+        module().backward()  # leaves .grad
+        module.register_forward_hook(lambda m, i, o: o * 10)
+        return value
+
+    result = search(agents, base=base, evaluate=evaluate, budget=len(SPACE), space=SPACE)
+    for trial in result.history:
+        assert trial.score == score(merge(agents, base=base, **trial.candidate)), trial.label()
+
+
+def test_each_slice_of_a_race_sees_the_merge_itself(base_sd):
+    """An evaluation that rebinds or scales entries inside prompt_scores: the race's later slices are scored on
+    the candidate merged anew, not on what the earlier call left."""
+    from test_search_fidelity import PromptEval
+
+    agents = dict(zip(("coder", "tools", "memory"), make_agents(base_sd, [0.3, 0.3, 0.3], scale=0.05)))
+    targets = {"math": merge(agents, base=base_sd, method="ram", lambdas={"coder": 2.0, "tools": 0.5, "memory": 3.0})}
+
+    class Rebinds(PromptEval):
+        def prompt_scores(self, merged, indices):
+            self.calls.append(snapshot(merged))
+            out = super().prompt_scores(merged, indices)
+            merged["head.weight"] = merged["head.weight"] * 0.9
+            merged["embed.weight"].mul_(0.5)
+            del merged["layers.0.w"]
+            return out
+
+    ev = Rebinds(targets)
+    clean = PromptEval(targets)
+    raced = search(agents, base=base_sd, evaluate=ev, budget="6x", fidelity="halving")
+    reference = search(agents, base=base_sd, evaluate=clean, budget="6x", fidelity="halving")
+    assert [(t.candidate, t.score, t.fidelity) for t in raced.history] == \
+        [(t.candidate, t.score, t.fidelity) for t in reference.history]
+    assert any(t.fidelity < 1 for t in raced.history)

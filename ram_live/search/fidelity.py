@@ -98,8 +98,11 @@ def parse_budget(budget: Any) -> tuple[float, bool]:
                 value = float(text[:-1])
             except ValueError:
                 value = math.nan
-            if math.isfinite(value) and value > 0:
+            if math.isfinite(value) and value >= 1:
                 return value, True
+            if math.isfinite(value) and value > 0:
+                raise ConfigError(f"budget={budget!r} cannot pay for one candidate on every prompt: a prompt budget "
+                                  "is at least '1x'")
         raise ConfigError(f"budget must be an int >= 1 (candidates) or a string like '20x' (twenty full "
                           f"evaluations' worth of prompts), got {budget!r:.80}")
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
@@ -163,7 +166,9 @@ class Scorer:
         if scored.fidelity >= 1.0 and (side not in self.best or scored.score > self.best[side].score):
             self.best[side] = scored
 
-    def score(self, merged: Any, reference: Scored | None) -> Scored:
+    def score(self, merged: Any, reference: Scored | None, again: Callable[[], Any] | None = None) -> Scored:
+        """Score ``merged``; ``again()`` gives the candidate merged anew for each later slice of a race (so that
+        whatever one ``prompt_scores`` call did to what it was handed, the next one sees the merge itself)."""
         if not self.protocol:
             raw = self.evaluate(merged)
             value = self.finite(raw)
@@ -175,7 +180,10 @@ class Scorer:
         plan = self.slices if reference is not None else [list(range(self.n))]
         for rung, indices in enumerate(plan):
             new = [i for i in indices if i not in values]
-            values.update(zip(new, self._prompt_scores(merged, new)))
+            if new:  # (slices can coincide when a task has few prompts)
+                if values and again is not None:
+                    merged = again()
+                values.update(zip(new, self._prompt_scores(merged, new)))
             if rung == len(plan) - 1:
                 break
             if self._behind(values, reference, indices):  # type: ignore[arg-type]

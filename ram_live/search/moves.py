@@ -71,7 +71,7 @@ class Moves:
         common = self._common(best) if best is not None else {}
         kept = [a for a in self.merger.names if a not in common.get("exclude", ())]
         trial = self.trial({"method": "ram", **common, "lambdas": dict.fromkeys(kept, 1.0)})
-        return trial if trial is not None and trial.score is not None else None
+        return trial if trial is not None and trial.complete else None
 
     @staticmethod
     def _common(trial: Trial) -> dict[str, Any]:
@@ -96,7 +96,7 @@ class Moves:
         best = self.incumbent(BASELINE_SIDE)
         k = len(self.merger.names)
         if best is None or best.method != "task_arithmetic":
-            tas = [t for t in self.history if t.method == "task_arithmetic" and t.score is not None]
+            tas = [t for t in self.history if t.method == "task_arithmetic" and t.complete]
             best = max(tas, key=lambda t: (t.score, -t.index)) if tas else self.trial(
                 {"method": "task_arithmetic"})
         if best is None or best.score is None:
@@ -109,7 +109,7 @@ class Moves:
     def _ta_probe(self, family: Family) -> None:
         """Task arithmetic at the best scale so far with one agent's weight × ``PROBE_FACTOR``, each agent in
         turn (the screen's look at what per-agent weights buy: one agent may want several times the others')."""
-        tas = [t for t in self.history if t.method == "task_arithmetic" and t.score is not None
+        tas = [t for t in self.history if t.method == "task_arithmetic" and t.complete
                and "weights" not in t.options]
         if not tas:
             return

@@ -84,37 +84,58 @@ class Pool:
     computed against ``reference`` (the same object the loop holds now), else None."""
 
     def __init__(self, n: int, payload: tuple[Any, ...], ray_address: str | None = None) -> None:
-        self.n = n
+        import torch
+
+        self.n, self.payload, self.ray_address = n, payload, ray_address
         self.pending: dict[str, tuple[Future | Any, Scored | None]] = {}
         self.ray = _use_ray(ray_address)
+        self._started_ray = False
+        self._executor: ProcessPoolExecutor | None = None
+        # the workers compute as this process does: the same thread count (float sums can depend on it)
+        self.threads = torch.get_num_threads()
         try:
-            pickle.dumps(payload[-1].evaluate)
+            pickle.Pickler(_Discard()).dump(payload[-1].evaluate)  # checked without holding a copy
         except Exception as exc:
             raise ConfigError(f"parallel={n} sends evaluate to worker processes, but it cannot be pickled "
                               f"({type(exc).__name__}: {exc}); pass a module-level function or an object "
                               "(not a lambda or a closure), or parallel=1") from None
         if self.ray is not None:
+            self._started_ray = not self.ray.is_initialized()
             self._actors = _ray_actors(self.ray, n, payload, ray_address)
             self._next = 0
-            self._executor = None
         else:
-            import torch.multiprocessing as tmp
+            self._start()
 
-            ctx = tmp.get_context("spawn")
-            threads = max(1, (os.cpu_count() or 1) // n)
-            self._executor = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_worker,
-                                                 initargs=(ctx.Value("i", 0), payload, threads))
+    def _start(self) -> None:
+        import torch.multiprocessing as tmp
+
+        ctx = tmp.get_context("spawn")
+        self._executor = ProcessPoolExecutor(max_workers=self.n, mp_context=ctx, initializer=_init_worker,
+                                             initargs=(ctx.Value("i", 0), self.payload, self.threads))
 
     def submit(self, key: str, candidate: dict[str, Any], reference: Scored | None) -> None:
         if key in self.pending and self.pending[key][1] is reference:
             return
         self.discard([key])
-        if self._executor is not None:
-            future = self._executor.submit(_work, candidate, reference)
-        else:
-            actor = self._actors[self._next % len(self._actors)]
-            self._next += 1
-            future = actor.run.remote(candidate, reference)
+        try:
+            if self._executor is not None:
+                future = self._executor.submit(_work, candidate, reference)
+            else:
+                actor = self._actors[self._next % len(self._actors)]
+                self._next += 1
+                future = actor.run.remote(candidate, reference)
+        except BrokenProcessPool:
+            raise  # handled by score()
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise ConfigError(f"parallel={self.n} sends the agents, the base and evaluate to worker processes, and "
+                              f"one of them cannot be pickled ({type(exc).__name__}: {exc}); use parallel=1") \
+                from None
+        except RuntimeError as exc:
+            if "Too many open files" in str(exc):
+                raise ConfigError(f"parallel={self.n}: sharing the in-memory inputs with the workers needs one file "
+                                  "descriptor per tensor and hit the limit (raise it: ulimit -n; or pass the agents "
+                                  "and base as checkpoint folders, which each worker memory-maps)") from None
+            raise
         self.pending[key] = (future, reference)
 
     def busy(self) -> int:
@@ -132,12 +153,33 @@ class Pool:
                 self.ray.cancel(future)
 
     def score(self, key: str, candidate: dict[str, Any], reference: Scored | None, label: str) -> Outcome:
-        """The outcome of ``candidate`` against ``reference``: prefetched, or computed by a worker now."""
-        outcome = self.take(key, reference, label)
-        if outcome is None:
-            self.submit(key, candidate, reference)
+        """The outcome of ``candidate`` against ``reference``: prefetched, or computed by a worker now. A worker
+        that dies on a prefetched candidate (one the loop may never ask for) costs a restart of the pool, and this
+        candidate is scored again on its own; one that dies on it alone is a :class:`SearchError`."""
+        try:
             outcome = self.take(key, reference, label)
-        return outcome  # type: ignore[return-value]
+            if outcome is None:
+                self.submit(key, candidate, reference)
+                outcome = self.take(key, reference, label)
+            return outcome  # type: ignore[return-value]
+        except BrokenProcessPool:
+            pass
+        self._restart()
+        try:
+            self.submit(key, candidate, reference)
+            return self.take(key, reference, label)  # type: ignore[return-value]
+        except BrokenProcessPool:
+            self._restart()
+            raise SearchError(f"an evaluation worker died while scoring candidate {label} (killed, out of memory, "
+                              "or it could not start: worker processes re-import the main module, so a script "
+                              "needs `if __name__ == \"__main__\":`, and evaluate's class must be importable); "
+                              "the search stopped, nothing was written") from None
+
+    def _restart(self) -> None:
+        self.pending.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._start()
 
     def take(self, key: str, reference: Scored | None, label: str) -> Outcome | None:
         if key not in self.pending:
@@ -146,10 +188,7 @@ class Pool:
         try:
             outcome = future.result() if self._executor is not None else self.ray.get(future)
         except BrokenProcessPool:
-            raise SearchError(f"an evaluation worker died while scoring candidate {label} (killed, out of memory, "
-                              "or it could not start: worker processes re-import the main module, so a script "
-                              "needs `if __name__ == \"__main__\":`, and evaluate's class must be importable); "
-                              "the search stopped, nothing was written") from None
+            raise
         except Exception as exc:
             if type(exc).__name__ in ("RayActorError", "WorkerCrashedError", "ActorDiedError"):
                 first = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines() or [type(exc).__name__]
@@ -158,15 +197,28 @@ class Pool:
             raise
         return outcome if used is reference else None
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """Stop the workers; ``abort`` (the search is failing or interrupted): without waiting for their work."""
         if self._executor is not None:
             for future, _ in self.pending.values():
                 future.cancel()
+            if abort:
+                for process in list(getattr(self._executor, "_processes", {}).values()):
+                    process.terminate()
             self._executor.shutdown(wait=True, cancel_futures=True)
         elif self.ray is not None:
             for actor in self._actors:
                 self.ray.kill(actor)
+            if self._started_ray:  # a Ray this search started ends with it
+                self.ray.shutdown()
         self.pending.clear()
+
+
+class _Discard:
+    """A file that forgets what is written to it (a pickling check that holds no copy)."""
+
+    def write(self, data: Any) -> int:
+        return len(data)
 
 
 def _use_ray(address: str | None) -> Any:

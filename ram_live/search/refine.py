@@ -68,7 +68,7 @@ class Refinements:
     def _local(self, family: Family) -> None:
         """Density × scale steps around the best trial of ``family.name`` (density ± 0.1 within [0.05, 1], scale
         ± 0.25, ≥ 0), by the coordinate ascent."""
-        tried = [t for t in self.history if t.method == family.name and t.score is not None]
+        tried = [t for t in self.history if t.method == family.name and t.complete]
         if not tried:
             return
         best = max(tried, key=lambda t: (t.score, -t.index))
@@ -90,7 +90,7 @@ class Refinements:
 
     def best_of(self, arm: str) -> float | None:
         """The best score of the trials that scored for ``arm`` (``"ram"``: every RAM variant)."""
-        scores = [t.score for t in self.history if t.score is not None and arm_of(t.method) == arm]
+        scores = [t.score for t in self.history if t.complete and arm_of(t.method) == arm]
         return max(scores) if scores else None
 
 
@@ -128,7 +128,7 @@ def coordinate_ascent(trial: Callable[[dict[str, Any]], Trial | None], seed: int
                     tried = trial(build(values[:i] + [value] + values[i + 1:]))
                     if tried is None:
                         return
-                    if tried.score is None or tried.score <= score:
+                    if not tried.complete or tried.score <= score:  # a race's estimate is no step to build on
                         break
                     values[i], score, moved, improved = value, tried.score, True, True
                 if moved:

@@ -55,6 +55,11 @@ class Trial:
     stop: str | None = None
 
     @property
+    def complete(self) -> bool:
+        """Scored on every prompt (not failed, not stopped early by the race): what moves and winners build on."""
+        return self.score is not None and self.fidelity >= 1.0
+
+    @property
     def shown(self) -> dict[str, Any]:
         """The options with the importances as their label (``"importance": "raw"``): JSON and tables."""
         return {**self.options, "importance": self.importance} if self.importance is not None else self.options
@@ -115,10 +120,13 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def to_json(value: Any) -> Any:
-    """``value`` with ±inf as the strings "inf"/"-inf", tuples as lists and an adapter search's activity rules as
-    ``["topk", density]`` / ``["relative", threshold]`` (strict JSON); :func:`from_json` undoes it."""
-    if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
+    """``value`` with ±inf and NaN as the strings "inf"/"-inf"/"nan", tuples as lists, numpy scalars as numbers
+    and an adapter search's activity rules as ``["topk", density]`` / ``["relative", threshold]`` (strict JSON);
+    :func:`from_json` undoes it."""
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0 and not isinstance(value, (int, float)):
+        value = value.item()  # a numpy scalar (or 0-d array) given as an option or score
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
     rules = sys.modules.get("ram_live.peft.sparsify")  # a rule is an instance of its classes: loaded if there is one
     if rules is not None and isinstance(value, (rules.TopK, rules.RelativeThreshold)):
         return ["topk", value.density] if isinstance(value, rules.TopK) else ["relative", value.threshold]
@@ -131,8 +139,8 @@ def to_json(value: Any) -> Any:
 
 def from_json(value: Any) -> Any:
     """The inverse of :func:`to_json`: ``merge(models, base=base, **from_json(saved["best"]))``."""
-    if value in ("inf", "-inf"):
-        return math.inf if value == "inf" else -math.inf
+    if value in ("inf", "-inf", "nan"):
+        return float(value)
     if isinstance(value, dict):  # an activity rule ["topk", 0.3] as ram_merge_adapter_files's sparsify= takes it
         return {k: tuple(v) if k == "sparsify" and isinstance(v, list) else from_json(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -167,7 +175,7 @@ class SearchResult:
     @property
     def complete(self) -> list[Trial]:
         """The trials scored on every prompt (all of them without a race)."""
-        return [t for t in self.scored if t.fidelity >= 1.0]
+        return [t for t in self.scored if t.complete]
 
     @property
     def best_trial(self) -> Trial:

@@ -115,6 +115,10 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
         raise ConfigError(f"confirm must be a callable merged -> float, got {confirm!r}")
     units, in_prompts = parse_budget(budget)
     halving = parse_fidelity(fidelity)
+    if halving is not None and not in_prompts:
+        raise ConfigError(f"fidelity='halving' needs a budget in prompt-evaluations (budget='{budget}x', not "
+                          f"{budget!r}): under a budget of candidates a candidate stopped early costs as much as one "
+                          "scored on every prompt, and the race would only lose information")
     n_workers = check_parallel(parallel)
     if ray_address is not None and not isinstance(ray_address, str):
         raise ConfigError(f"ray_address must be a string ('local' or a Ray address), got {ray_address!r:.80}")
@@ -153,9 +157,12 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
         run.pool = Pool(n_workers, (models, base, device, workers, scorer), ray_address)
     try:
         budgets = spend(run, families)
-    finally:
+    except BaseException:
         if run.pool is not None:
-            run.pool.close()
+            run.pool.close(abort=True)
+        raise
+    if run.pool is not None:
+        run.pool.close()
     if run.progress_hook is not None:
         run.progress_hook.close()
     result = SearchResult(run.history, budget, int(seed), merger.names, budgets=budgets, spent=run.used)
@@ -189,6 +196,11 @@ def finite_score(raw: Any) -> float | None:
     except (OverflowError, ValueError, TypeError):
         return None
     return value if math.isfinite(value) else None
+
+
+def _by_identity(value: Any) -> str:
+    """A candidate's key for what JSON cannot hold (an explicit candidate's importance tensors): the object."""
+    return f"<{type(value).__name__} {id(value)}>"
 
 
 def importance_variants(importance: Any) -> dict[str, Any]:
@@ -244,7 +256,8 @@ class _Run(Moves, Refinements):
         if self.plain_needs_false and candidate["method"] in RAM_VARIANTS and "importance" not in candidate:
             candidate = {**candidate, "importance": False}
         label_of = self.labels.get(id(candidate.get("importance"))) if "importance" in candidate else None
-        key = json.dumps(to_json({**candidate, "importance": label_of} if label_of else candidate), sort_keys=True)
+        key = json.dumps(to_json({**candidate, "importance": label_of} if label_of else candidate), sort_keys=True,
+                         default=_by_identity)
         return candidate, key, label_of
 
     def prefetch(self, candidates: list[dict[str, Any]]) -> None:
@@ -347,7 +360,7 @@ class _Run(Moves, Refinements):
         return score, seconds
 
     def incumbent(self, side: str) -> Trial | None:
-        scored = [t for t in self.history if t.side == side and t.score is not None and t.fidelity >= 1.0]
+        scored = [t for t in self.history if t.side == side and t.complete]
         return max(scored, key=lambda t: (t.score, -t.index)) if scored else None
 
     # ------------------------------------------------------------------------------------------- confirm

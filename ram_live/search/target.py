@@ -36,16 +36,17 @@ class ModuleTarget:
     nothing for the next candidate).
 
     Before each merge the scratch module is checked: if the evaluation replaced, removed, moved or converted any
-    of its tensors (``module.weight = nn.Parameter(...)``, ``module.half()``, ``module.to("cuda")``), a new scratch
-    copy is made, so no candidate is scored on tensors the merge did not write. Training flags are reset to the
-    base's."""
+    of its tensors (``module.weight = nn.Parameter(...)``, ``module.half()``, ``module.to("cuda")``), or added or
+    removed a hook or a submodule, a new scratch copy is made, so no candidate is scored on tensors the merge did
+    not write. Otherwise training flags are reset to the base's, non-persistent buffers are copied from the base
+    and gradients are cleared: nothing an evaluation leaves behind reaches the next candidate."""
 
     revisable = True
 
     def __init__(self, base: nn.Module) -> None:
         self._base = base
         self._sink = ModuleSink(base, inplace=False)
-        self._handed: dict[str, tuple[int, int, torch.dtype, torch.device, tuple[int, ...]]] | None = None
+        self._handed: dict[str, Any] | None = None
         self.rebuilds = 0
 
     def begin(self, plan: Any, specs: Mapping[str, TensorSpec]) -> None:
@@ -55,8 +56,16 @@ class ModuleTarget:
         if self._handed is None:
             self._sink.begin(plan, specs)
             self._handed = _fingerprint(self._sink.module)
-        for scratch, base in zip(self._sink.module.modules(), self._base.modules()):
+        module = self._sink.module
+        for scratch, base in zip(module.modules(), self._base.modules()):
             scratch.training = base.training
+        with torch.no_grad():
+            base_buffers = dict(self._base.named_buffers())
+            for name, buf in module.named_buffers():
+                if name in base_buffers and name not in self._handed:  # non-persistent: not in the state dict
+                    buf.copy_(base_buffers[name])
+        for p in module.parameters():
+            p.grad = None
 
     def _intact(self) -> bool:
         module = self._sink.module
@@ -81,12 +90,21 @@ class ModuleTarget:
         pass  # the scratch module stays: the next candidate overwrites it
 
 
-def _fingerprint(module: nn.Module) -> dict[str, tuple[int, int, torch.dtype, torch.device, tuple[int, ...]]]:
-    """Each state-dict entry's object, storage, dtype, device and shape: what must not change between merges."""
-    out = {}
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+          "_load_state_dict_pre_hooks")
+
+
+def _fingerprint(module: nn.Module) -> dict[str, Any]:
+    """Each state-dict entry's object, storage, dtype, device and shape, each non-persistent buffer's, and each
+    submodule's class and hooks: what must not change between merges."""
+    out: dict[str, Any] = {}
     for key, t in module.state_dict(keep_vars=True).items():
         data = t.detach()
         out[key] = (id(t), data.data_ptr(), data.dtype, data.device, tuple(data.shape))
+    for key, t in module.named_buffers():
+        out.setdefault(f"buffer:{key}", (id(t), t.data_ptr(), t.dtype, t.device, tuple(t.shape)))
+    for name, sub in module.named_modules():
+        out[f"module:{name}"] = (id(sub), type(sub), tuple(len(getattr(sub, h, None) or ()) for h in _HOOKS))
     return out
 
 
@@ -133,7 +151,7 @@ class DictTarget:
 
 def _fits(t: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
     """``t`` can be written as the output of this shape, dtype and device (an evaluation may have set ``.data``)."""
-    if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dtype or not t.is_contiguous():
+    if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dtype or not t.is_contiguous() or t.requires_grad:
         return False
     want = torch.device(device)
     return t.device.type == want.type and (want.index is None or t.device.index == want.index)
