@@ -327,3 +327,13 @@ def test_scores_of_every_real_kind_are_taken_as_their_value(problem):
                        (torch.tensor(1.5), 1.5), (torch.tensor([2.5]), 2.5), (Fraction(1, 4), 0.25), (10**300, 1e300)):
         result = search(agents, base=base, evaluate=lambda m, g=good: g, budget=1)
         assert result.best_score == want, good
+
+
+def test_explicit_candidates_with_importance_tensors_are_keyed_by_the_object(problem):
+    agents, base, target = problem
+    imps = {n: {k: torch.rand_like(v) for k, v in sd.items()} for n, sd in agents.items()}
+    space = [{"method": "ram", "importance": imps}, {"method": "ram", "importance": imps}, {"method": "ram"}]
+    result = search(agents, base=base, evaluate=lambda m: distance(m, target), budget=3, space=space)
+    assert len(result.history) == 2  # the repeat of the same mapping is a repeat
+    again = merge(agents, base=base, **result.history[0].candidate)
+    assert result.history[0].score == distance(again, target)

@@ -188,3 +188,20 @@ def test_an_ascent_never_builds_on_a_race_estimate():
     coordinate_ascent(trial, 0, Family("f", "ram", "lambdas", settings={"step": 1.0, "min_step": 1.0}), values, [[0]],
                       0.0, lambda v: {"x": v[0]}, [1.0], [-1.0], [1.0])
     assert values == [-1.0]
+
+
+def test_json_stays_strict_with_nan_task_scores_and_numpy_options(problem):
+    import numpy as np
+
+    agents, base, ev = problem
+
+    class NanTask(PromptEval):
+        def aggregate(self, values):
+            score, tasks = super().aggregate(values)
+            return score, {**tasks, "empty": math.nan}
+
+    result = search(agents, base=base, evaluate=NanTask(ev.targets), budget=2,
+                    space=[{"method": "task_arithmetic", "scale": np.float32(0.5)}, {"method": "ram"}])
+    history = json.loads(json.dumps(result.to_dict(), allow_nan=False))["history"]
+    assert all(h["tasks"]["empty"] == "nan" for h in history)
+    assert [h["options"] for h in history if h["method"] == "task_arithmetic"] == [{"scale": 0.5}]

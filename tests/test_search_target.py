@@ -45,7 +45,12 @@ def _in_place(sd):
         v.mul_(-7.0)
 
 
-DICT_EDITS = [_rebind_float64, _rebind_clone, _delete_keys, _clear, _set_data_other_shape, _in_place]
+def _requires_grad(sd):
+    for v in sd.values():
+        v.requires_grad_(True)
+
+
+DICT_EDITS = [_rebind_float64, _rebind_clone, _delete_keys, _clear, _set_data_other_shape, _in_place, _requires_grad]
 
 
 @pytest.mark.parametrize("edit", DICT_EDITS, ids=[f.__name__.strip("_") for f in DICT_EDITS])
