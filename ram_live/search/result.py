@@ -99,8 +99,10 @@ def describe(options: dict[str, Any]) -> str:
     """Short ``k=v`` text of options (λ and weights rounded to 3 digits)."""
     parts = []
     for k, v in options.items():
-        if isinstance(v, dict):
+        if isinstance(v, dict) and all(isinstance(x, (int, float)) for x in v.values()):
             v = "{" + ", ".join(f"{a}: {x:.3g}" for a, x in v.items()) + "}"
+        elif isinstance(v, dict):  # per-agent importances given as tensors: their agents
+            v = "{" + ", ".join(f"{a}: ..." for a in v) + "}"
         elif isinstance(v, (list, tuple)):
             v = "[" + ", ".join(f"{x:.3g}" if isinstance(x, float) else str(x) for x in v) + "]"
         parts.append(f"{k}={v}")
