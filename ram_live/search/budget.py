@@ -10,10 +10,11 @@ family), ``"task_arithmetic"`` (its scale grid and ``ta_weights``), ``"ties"``, 
    evenly spaced subset of its grids (:func:`~ram_live.search.space.spread`: first and last included, at most the
    whole grid); an arm of moves only runs its first moves. The task-arithmetic arm, when it has ``ta_weights``,
    also *probes* every agent once every arm has screened (:data:`~ram_live.search.moves.PROBE_FACTOR` × one
-   agent's weight at its best screened scale: K evaluations beyond its share), and its refinement runs the weight ascent (from the best
-   probe or scale) before the rest of the scale grid: a uniform scale cannot show that one agent wants several
-   times the others' weight, and with only the scale screened, or the refinement spent on more uniform scales,
-   such an arm lost to arms it would have beaten (benchmarks/quality.md, "`search`'s budget rule").
+   agent's weight at its best screened scale: K evaluations beyond its share), and its refinement runs the weight
+   ascent (from the best probe or scale) before the rest of the scale grid: a uniform scale cannot show that one
+   agent wants several times the others' weight, and with only the scale screened, or the refinement spent on more
+   uniform scales, such an arm lost to arms it would have beaten (benchmarks/quality.md, "`search`'s budget
+   rule").
 3. **Refinement**: the arms ranked by their best score so far (ties: the earlier arm). Round one gives
    ``ROUND_SHARE`` of what is left to the top half (rounded up), split evenly, the better ranked first; each
    further round re-ranks and halves the arms again; when one is left it gets everything that remains. An arm's

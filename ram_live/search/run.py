@@ -12,10 +12,10 @@ from typing import Any, Callable
 from torch import Tensor
 
 from ..api import Model, Models
-from ..errors import ConfigError, NonFiniteError, SearchError
+from ..errors import ConfigError, SearchError
 from ..methods import RAM_VARIANTS
 from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult, Trial, describe, to_json
-from .effects import effect_key, extrapolation_of
+from .effects import effect_key
 from .moves import Moves
 from .budget import spend
 from .refine import Refinements
