@@ -52,12 +52,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ram_live.store.native_select import kernels
-from ram_live.store import SnapshotStore, fingerprint
+from ram_live.store.native_select import kernels  # noqa: E402
+from ram_live.store import SnapshotStore, fingerprint  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _host import cpu_label
-from bench_merge import model_specs
+from _host import cpu_label  # noqa: E402
+from bench_merge import model_specs  # noqa: E402
 
 DENSITIES = (0.005, 0.03, 0.5, 1.0)
 TARGET = 2.0

@@ -16,8 +16,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_checks import compare
-from gpu_checks.runner import Runner, Skip
+from gpu_checks import compare  # noqa: E402
+from gpu_checks.runner import Runner, Skip  # noqa: E402
 
 MERGES = ("RAM", "RAM+", "RAM curvature", "TA", "TIES", "DARE-TIES")
 RAN = ("device", "inputs", "floor", *(f"{m} eager" for m in MERGES), "probe", "peft", "distributed",

@@ -12,11 +12,11 @@ from torch import nn
 
 L = pytest.importorskip("lightning")
 
-from ram_live.integrations.lightning import RAMCallback, SingleAgentWarning, UnsupportedStrategyError
+from ram_live.integrations.lightning import RAMCallback, SingleAgentWarning, UnsupportedStrategyError  # noqa: E402
 
-from ram_live import probe, ram_merge
-from ram_live.training.schedule import RAMSchedule
-from ram_live.store import BaseMismatchError, SnapshotStore
+from ram_live import probe, ram_merge  # noqa: E402
+from ram_live.training.schedule import RAMSchedule  # noqa: E402
+from ram_live.store import BaseMismatchError, SnapshotStore  # noqa: E402
 
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
 warnings.filterwarnings("ignore", ".*LeafSpec.*")

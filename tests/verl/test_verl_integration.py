@@ -18,13 +18,13 @@ verl = pytest.importorskip("verl.trainer", reason="verl is not installed: bash s
 pytestmark = [pytest.mark.filterwarnings(r"ignore:.*engine is not available"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-import torch
-from safetensors.torch import load_file
-from verl_helpers import CALLBACK, compose, run_overrides
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from verl_helpers import CALLBACK, compose, run_overrides  # noqa: E402
 
-from ram_live import ram_merge
-from ram_live.errors import ConfigError, UnsupportedInputError
-from ram_live.store import (
+from ram_live import ram_merge  # noqa: E402
+from ram_live.errors import ConfigError, UnsupportedInputError  # noqa: E402
+from ram_live.store import (  # noqa: E402
     BaseMismatchError,
     LocalModel,
     LocalTensor,
