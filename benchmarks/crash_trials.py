@@ -155,7 +155,7 @@ def crash_trials(trials: int, seed: int, store_dir: str | None = None, max_delay
         else:
             results["exited_early"] += 1
             results["failures"].append(f"trial {trial}: writer exited with {proc.returncode}: {err[-500:]}")
-        done = {int(l.split()[1]) for l in (line + out).splitlines() if l.startswith("committed")}
+        done = {int(ln.split()[1]) for ln in (line + out).splitlines() if ln.startswith("committed")}
         committed |= done
         try:
             store = SnapshotStore(tmp)
@@ -207,7 +207,7 @@ def concurrency(seconds: float, store_dir: str | None = None) -> dict:
     for w in writers:
         w.send_signal(signal.SIGKILL)
         w_out, _ = w.communicate()
-        commits.append(sum(1 for l in w_out.splitlines() if l.startswith("committed")))
+        commits.append(sum(1 for ln in w_out.splitlines() if ln.startswith("committed")))
     try:
         summary = json.loads(out.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):

@@ -313,12 +313,22 @@ def selftest(root: Path) -> bool:
     # and a sub-epsilon move on a tiny weight is dropped from sum and count.
     base = {"w": torch.zeros(8, dtype=torch.bfloat16)}
     base["w"][4:] = 1.0
-    a0 = base["w"].clone(); a1 = base["w"].clone(); a2 = base["w"].clone()
-    a0[0] = 0.5; a1[0] = 0.25                      # shared by 2 -> 0.375
-    a0[1] = 0.5; a1[1] = 0.25; a2[1] = 4e-6        # third is sub-epsilon -> still 0.375
+    a0 = base["w"].clone()
+    a1 = base["w"].clone()
+    a2 = base["w"].clone()
+    # shared by 2 -> 0.375
+    a0[0] = 0.5
+    a1[0] = 0.25
+    # third is sub-epsilon -> still 0.375
+    a0[1] = 0.5
+    a1[1] = 0.25
+    a2[1] = 4e-6
     a2[2] = 4e-6                                   # only sub-epsilon move -> stays 0
     a2[3] = 2e-5                                   # above epsilon, unique -> 2e-5 (bf16)
-    a0[4] = 1.5; a1[4] = 1.5; a2[4] = 0.5          # shared by 3 -> 1 + (0.5+0.5-0.5)/3
+    # shared by 3 -> 1 + (0.5+0.5-0.5)/3
+    a0[4] = 1.5
+    a1[4] = 1.5
+    a2[4] = 0.5
     _write_case(root / "active", base, [{"w": a0}, {"w": a1}, {"w": a2}])
     exp = torch.tensor([0.375, 0.375, 0.0, float(a2[3]), 1 + 0.5 / 3, 1, 1, 1])
     for dtype in ("auto", "float32"):
@@ -332,13 +342,19 @@ def selftest(root: Path) -> bool:
     # clipped to alpha = 0.2 -> lambda = 1.02); agent 1 only shared (rho -> inf -> 1.02);
     # agent 2 only unique (rho = 0 -> lambda = 1).
     base = {"w": torch.zeros(40, dtype=torch.bfloat16)}
-    a0 = base["w"].clone(); a1 = base["w"].clone(); a2 = base["w"].clone()
-    a0[0:10] = 0.5; a0[10:20] = 0.25; a1[10:20] = 0.75; a2[20:30] = 0.125
+    a0 = base["w"].clone()
+    a1 = base["w"].clone()
+    a2 = base["w"].clone()
+    a0[0:10] = 0.5
+    a0[10:20] = 0.25
+    a1[10:20] = 0.75
+    a2[20:30] = 0.125
     _write_case(root / "lambda", base, [{"w": a0}, {"w": a1}, {"w": a2}])
     out, res = run_case(root / "lambda", "ramplus_tl", "float32")
     got = out["w"]
     check("ramplus_tl lambda (defaults r=0.1, alpha=0.2)",
-          torch.allclose(got[0:10], torch.full((10,), 0.5 * 1.02)) and torch.allclose(got[10:20], torch.full((10,), 0.5))
+          torch.allclose(got[0:10], torch.full((10,), 0.5 * 1.02))
+          and torch.allclose(got[10:20], torch.full((10,), 0.5))
           and torch.allclose(got[20:30], torch.full((10,), 0.125)) and bool((got[30:] == 0).all()),
           f"unique(agent0, rho=1)={float(got[0]):.6f} shared={float(got[10]):.6f} "
           f"unique(agent2, rho=0)={float(got[20]):.6f} params={res['params_used']}")
@@ -347,8 +363,8 @@ def selftest(root: Path) -> bool:
           f"unique(agent0, rho=1)={float(out['w'][0]):.6f} (expected {0.5 * 1.1})")
 
     print("\n".join(report))
-    print(f"selftest: {sum(l.startswith('[PASS') for l in report)} passed, "
-          f"{sum(l.startswith('[FAIL') for l in report)} failed")
+    print(f"selftest: {sum(line.startswith('[PASS') for line in report)} passed, "
+          f"{sum(line.startswith('[FAIL') for line in report)} failed")
     return ok
 
 

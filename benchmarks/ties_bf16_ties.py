@@ -26,7 +26,8 @@ for density in (0.2, 0.5):
         taus = [a[k] for a in agents]
         peft = pmu.ties(taus, torch.tensor(W), density, "total")
         d = out[k] - peft
-        num += float(d.norm() ** 2); den += float(peft.norm() ** 2)
+        num += float(d.norm() ** 2)
+        den += float(peft.norm() ** 2)
         tied = torch.zeros(shapes[k], dtype=torch.bool)
         for t in taus:
             thr = F.magnitude_threshold(t, density)
@@ -45,7 +46,8 @@ print("float32 max |diff| norm:", r)
 def exact_k(t, density):
     k = int(density * t.numel())
     order = torch.sort(t.abs().reshape(-1), descending=True, stable=True).indices[:k]
-    m = torch.zeros(t.numel(), dtype=torch.bool); m[order] = True
+    m = torch.zeros(t.numel(), dtype=torch.bool)
+    m[order] = True
     return t * m.view_as(t)
 for density in (0.2, 0.5):
     num = den = 0.0
@@ -53,5 +55,6 @@ for density in (0.2, 0.5):
         taus = [a[k] for a in agents]
         peft = pmu.ties(taus, torch.tensor(W), density, "total")
         mine = pmu.ties([exact_k(t, density) for t in taus], torch.tensor(W), 1.0, "total")
-        num += float((mine - peft).norm() ** 2); den += float(peft.norm() ** 2)
+        num += float((mine - peft).norm() ** 2)
+        den += float(peft.norm() ** 2)
     print(f"exactly-k (lowest index) density {density}: |exact_k - peft| / |peft| = {(num / den) ** 0.5:.4%}")
