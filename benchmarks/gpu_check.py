@@ -80,7 +80,10 @@ def run_all(args: argparse.Namespace) -> tuple[Runner, dict[str, Any]]:
     # Order: what is cheap and sure first; the cold compiles and TIES / DARE (a kthvalue per tensor and agent,
     # slow on CUDA) last, so that the budget, if it runs out, cuts the least predictable checks.
     s = holder["s"] if runner.run("inputs", setup).status == "pass" else None
-    eager = lambda o, lb: merges.check_merge(s, lb, False, args.small, o)
+
+    def eager(o, lb):
+        return merges.check_merge(s, lb, False, args.small, o)
+
     if s is not None:
         runner.run("floor", lambda o: merges.check_floor(s, o))
         for label in merges.COMPILED:

@@ -125,8 +125,10 @@ def test_a_model_fetched_in_part_resolves(cache):
     if not hasattr(snap, "write_tree_cache") or not hasattr(snap, "TreeCacheEntry"):
         pytest.skip("this huggingface_hub keeps no tree listing")
     hub, folders, _ = cache
-    entry = lambda size: snap.TreeCacheEntry(size=size, blob_id="0" * 40, lfs_sha256=None, lfs_size=None,
-                                             xet_hash=None)
+
+    def entry(size):
+        return snap.TreeCacheEntry(size=size, blob_id="0" * 40, lfs_sha256=None, lfs_size=None, xet_hash=None)
+
     files = {"model.safetensors": entry(1), "config.json": entry(1), "pytorch_model.bin": entry(1)}
     snap.write_tree_cache(str(hub / "models--org--b"), folders["b"].name, files)
     assert resolve_model("org/b") == str(folders["b"])

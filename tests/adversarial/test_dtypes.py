@@ -20,7 +20,10 @@ METHODS = ["ram", "ram_plus", "ties", "task_arithmetic", "linear", "dare_ties"]
 
 def _inputs(extra: dict[str, torch.Tensor]):
     base = {"w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), **extra}
-    copies = lambda: {k: v.clone() for k, v in extra.items()}
+
+    def copies():
+        return {k: v.clone() for k, v in extra.items()}
+
     agents = {"a": {"w": base["w"] + torch.tensor([[0.5, 0.0], [0.0, 0.0]]), **copies()},
               "b": {"w": base["w"] + torch.tensor([[0.0, 0.0], [0.0, -1.0]]), **copies()}}
     return base, agents

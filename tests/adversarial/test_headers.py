@@ -107,7 +107,10 @@ def test_too_short(tmp_path):
 
 def _every_dtype() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    bits = lambda n, dtype: torch.randint(0, 256, (n * dtype.itemsize,), generator=g, dtype=torch.uint8).view(dtype)
+
+    def bits(n, dtype):
+        return torch.randint(0, 256, (n * dtype.itemsize,), generator=g, dtype=torch.uint8).view(dtype)
+
     out = {f"t_{d}".replace("torch.", ""): bits(6, d).view(2, 3) for d in (
         torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
         torch.int8, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2,
