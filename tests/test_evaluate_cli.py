@@ -155,3 +155,27 @@ def test_quiet_silences_transformers_first_imported_by_the_command(folders):
     assert done.returncode == 0, done.stderr
     assert not [b for b in BAR if b in done.stderr], done.stderr
     assert done.stdout == "" and (tmp / "best" / "search.json").is_file()
+
+
+def test_search_by_task_with_a_prompt_budget_and_the_race(folders, capsys):
+    """--task groups the prompts (each trial's task scores in search.json), --budget 4x --fidelity halving races
+    the candidates; the winner's score is the mean over the tasks of the hand-written greedy loop's rewards."""
+    tmp = folders
+    with open(tmp / "prompts.jsonl", "w") as f:
+        for i, (p, a) in enumerate(zip(PROMPTS, ANSWERS)):
+            f.write(json.dumps({"prompt": p, "answer": a, "kind": "even" if i % 2 == 0 else "odd"}) + "\n")
+    code = main(args(tmp, "--reward", "toy_rewards:length", "--task", "kind", "--fidelity", "halving",
+                     "--budget", "4x", "--space", '["task_arithmetic", "ties"]'))
+    assert code == 0, capsys.readouterr().err
+    data = json.loads((tmp / "best" / "search.json").read_text())
+    assert all(set(t["tasks"]) == {"even", "odd"} for t in data["history"])
+    assert data["spent"] <= 4.0 and data["budget"] == "4x"
+    winner = h.transformers.AutoModelForCausalLM.from_pretrained(tmp / "best")
+    tok = h.transformers.AutoTokenizer.from_pretrained(tmp / "best")
+    lengths = [float(len(tok.decode(h.greedy(winner, tok, tok(p)["input_ids"], 6), skip_special_tokens=True)))
+               for p in PROMPTS]
+    even, odd = lengths[0::2], lengths[1::2]
+    assert data["best_score"] == pytest.approx((sum(even) / len(even) + sum(odd) / len(odd)) / 2, abs=1e-12)
+    with pytest.raises(SystemExit) as exit_:
+        main(args(tmp, "--reward", "toy_rewards:length", "--budget", "2.5", "--force"))
+    assert exit_.value.code == 2 and "argument --budget: '2.5' is neither" in capsys.readouterr().err

@@ -160,11 +160,32 @@ def _search(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None
                    help="evaluation: a function state_dict -> float (higher is better), e.g. mypkg.evals:held_out")
     s.add_argument("--reward", action="append", default=None, metavar="MODULE:FUNCTION",
                    help="instead of --eval: a TRL-style reward function (repeatable), scored on --prompts")
-    s.add_argument("--prompts", default=None, metavar="JSONL",
-                   help="held-out prompts for --reward: one JSON object a line with 'prompt' (+ reward columns)")
+    s.add_argument("--prompts", default=None, metavar="FILE",
+                   help="held-out prompts for --reward: JSONL (one object a line with 'prompt' + reward columns) or "
+                        "parquet in verl's layout")
     s.add_argument("--max-new-tokens", type=int, default=64, help="completion length for --reward (default 64)")
+    s.add_argument("--task", default=None, metavar="COLUMN",
+                   help="--reward: the column that groups prompts into tasks (default: data_source when present; "
+                        "'none': one group)")
+    s.add_argument("--objective", choices=("mean", "min"), default=None,
+                   help="--reward: the mean over tasks (default) or the worst task")
+    s.add_argument("--samples", type=int, default=1, metavar="K",
+                   help="--reward: completions per prompt (K > 1 samples; default 1, greedy)")
+    s.add_argument("--metric", default=None, metavar="mean@k|pass@k",
+                   help="--reward with --samples: a prompt's score (default mean@k)")
+    s.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="--reward: a stop string (repeatable): completions are cut before it")
     s.add_argument("--out", required=True, help="output folder: the best merge, search.json, table.txt")
-    s.add_argument("--budget", type=int, default=60, help="the most evaluations (default 60)")
+    s.add_argument("--budget", type=_budget, default=60, metavar="N|Nx",
+                   help="the most candidates (default 60), or prompt-evaluations as e.g. 20x (twenty full "
+                        "evaluations' worth of prompts)")
+    s.add_argument("--fidelity", choices=("full", "halving"), default="full",
+                   help="halving: race candidates on slices of the prompts, stop the clearly worse early (needs "
+                        "--reward and a budget like 20x); default full")
+    s.add_argument("--parallel", type=int, default=1, metavar="N",
+                   help="candidates scored at once by N worker processes (or Ray with --ray-address); default 1")
+    s.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                   help="score candidates on Ray ('local' or a cluster address) with --parallel")
     s.add_argument("--seed", type=int, default=0, help="orders the coordinate ascents, seeds DARE (default 0)")
     s.add_argument("--space", default=None, metavar="JSON",
                    help="what to try, as JSON: a list of families/candidates or {family: grid} (default: all)")
@@ -174,6 +195,17 @@ def _search(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None
     s.add_argument("--plot", metavar="PNG", help="also save the scores by family (needs matplotlib)")
     s.add_argument("--json", action="store_true", help="print search.json to stdout instead of the table")
     _force(s)
+
+
+def _budget(text: str) -> int | str:
+    """``--budget``: an int (candidates) or ``"20x"`` (prompt-evaluations; checked by the search)."""
+    if text.strip().lower().endswith("x"):
+        return text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of candidates (60) nor of full "
+                                         "evaluations' worth of prompts (20x)") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
