@@ -125,8 +125,8 @@ def test_state_dict_keeps_the_record_and_same_seed_same_choice(setup, tmp_path):
 
 
 def test_setting_validation_and_errors(setup):
-    for bad in ({"budget": 0}, {"budget": True}, {"mode": "up"}, {"metric": ""}, {"evaluate": 3},
-                {"confirm_top": 0}):
+    for bad in ({"budget": 0}, {"budget": True}, {"budget": "0.5x"}, {"budget": "lots"}, {"fidelity": "fast"},
+                {"mode": "up"}, {"metric": ""}, {"evaluate": 3}, {"confirm_top": 0}):
         with pytest.raises(ConfigError):
             SearchSetting(**bad)
     with pytest.raises(ConfigError, match="unknown search option"):
@@ -187,3 +187,55 @@ def test_ddp_ranks_choose_the_same_merge_on_scores_averaged_over_ranks(setup, tm
     m = _net()
     m.load_state_dict(merge(snaps, base=base_sd, **load_choice(store / "_search" / "b" / "step_4.json")))
     assert ranks[0]["score"] == pytest.approx((_distance(m, target) + _distance(m, other)) / 2, rel=1e-9)
+
+
+class _PromptDistance:
+    """A prompt-by-prompt evaluation (the protocol search races on): prompt i of task t scores the negated
+    distance of the model to target t; every prompt of a task scores alike."""
+
+    def __init__(self, targets: dict[str, dict[str, torch.Tensor]], per_task: int = 9):
+        self.targets, self.tasks = targets, [t for t in targets for _ in range(per_task)]
+        self.models = []
+
+    def prompt_tasks(self):
+        return list(self.tasks)
+
+    def prompt_scores(self, model, indices):
+        self.models.append(model)
+        dist = {t: -_distance(model, tg) for t, tg in self.targets.items()}
+        return [dist[self.tasks[i]] for i in indices]
+
+    def aggregate(self, values):
+        tasks = {t: sum(v for i, v in values.items() if self.tasks[i] == t) /
+                 sum(1 for i in values if self.tasks[i] == t) for t in dict.fromkeys(self.tasks[i] for i in values)}
+        return sum(tasks.values()) / len(tasks), tasks
+
+    def __call__(self, model):
+        return self.aggregate(dict(enumerate(self.prompt_scores(model, range(len(self.tasks))))))[0]
+
+
+def test_a_prompt_budget_races_on_the_training_model_and_logs_each_task(setup):
+    store, base_sd, b, target = setup
+    other = {k: v * 1.01 for k, v in target.items()}
+    ev = _PromptDistance({"math": target, "code": other})
+    setting = SearchSetting(evaluate=ev, budget="6x", fidelity="halving", seed=1)
+    sched = RAMSchedule(store, "b", merge_every=4, search=setting, durable=False)
+    sched.attach(_net())
+    before = _copy(b)
+    metrics = sched.on_step(b, 4)
+    assert ev.models and all(m is b for m in ev.models)  # every slice scored on the training model, swapped in
+    for k, v in before.items():
+        assert torch.equal(_bits(b.state_dict()[k]), _bits(v)), k
+    rec = sched.last_search
+    snaps = SnapshotStore(store).latest_all(["a", "b"])
+    m = _net()
+    m.load_state_dict(merge(snaps, base=base_sd, **load_choice(rec["file"])))
+    assert metrics["ram/search/task/math"] == pytest.approx(-_distance(m, target), rel=1e-12)
+    assert metrics["ram/search/task/code"] == pytest.approx(-_distance(m, other), rel=1e-12)
+    body = json.loads(open(rec["file"]).read())
+    assert any(t["fidelity"] < 1 for t in body["history"]["history"])  # the race stopped some candidates early
+    plain = RAMSchedule(store, "b", merge_every=4, durable=False, search=SearchSetting(
+        evaluate=lambda m: 1.0, budget="3x", fidelity="halving"))
+    plain.attach(_net())
+    with pytest.raises(ConfigError, match="fidelity='halving' needs an evaluation that scores prompts"):
+        plain.on_step(b, 8)

@@ -57,9 +57,9 @@ def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path) -> t
     t0 = time.perf_counter()
     try:
         with torch.no_grad():
-            result = search(dict(snaps), base=base, evaluate=wrap(fn), budget=setting.budget, space=setting.space,
-                            seed=setting.seed, confirm=wrap(confirm) if confirm is not None else None,
-                            confirm_top=setting.confirm_top)
+            result = search(dict(snaps), base=base, evaluate=wrap(fn), budget=setting.budget,
+                            fidelity=setting.fidelity, space=setting.space, seed=setting.seed,
+                            confirm=wrap(confirm) if confirm is not None else None, confirm_top=setting.confirm_top)
     finally:
         shutil.rmtree(candidate, ignore_errors=True)
     return record_of(setting, result, step=step, seconds=time.perf_counter() - t0), result

@@ -43,7 +43,11 @@ class SearchSetting:
         metric: the key of the returned dict to optimise (also found under ``ram/<metric>``); may be omitted when
             the dict has exactly one key or the evaluation returns a number.
         mode: ``"max"`` (higher is better, default) or ``"min"`` (a loss).
-        budget: evaluate calls per merge (a hard cap, >= 1).
+        budget: evaluate calls per merge (a hard cap, >= 1), or prompt-evaluations as ``"20x"`` (an evaluation
+            with the prompt protocol, e.g. :func:`ram_live.evaluate.rewards`).
+        fidelity: as in :func:`ram_live.search`: None or ``"halving"`` (the race; needs ``"20x"``-style budget and
+            an evaluation with the prompt protocol). With that protocol the winner's per-task scores are logged
+            (``ram/search/task/<task>``).
         space, seed: as in :func:`ram_live.search` (``None``: its default space).
         confirm, confirm_top: a second held-out evaluation (same kind as ``evaluate``) for the best
             ``confirm_top`` candidates, reported next to the selection score.
@@ -57,15 +61,21 @@ class SearchSetting:
     evaluate: Callable[..., Any] | str | None = None
     metric: str | None = None
     mode: str = "max"
-    budget: int = 60
+    budget: int | str = 60
+    fidelity: str | None = None
     space: Any = None
     seed: int = 0
     confirm: Callable[..., Any] | str | None = None
     confirm_top: int = 3
 
     def __post_init__(self) -> None:
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
-            raise ConfigError(f"search budget must be an int >= 1 (evaluate calls per merge), got {self.budget!r}")
+        from ..search.fidelity import parse_budget, parse_fidelity
+
+        try:
+            parse_budget(self.budget)
+            parse_fidelity(self.fidelity)
+        except ConfigError as exc:
+            raise ConfigError(f"search {exc}") from None
         if isinstance(self.confirm_top, bool) or not isinstance(self.confirm_top, int) or self.confirm_top < 1:
             raise ConfigError(f"search confirm_top must be an int >= 1, got {self.confirm_top!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
@@ -116,7 +126,8 @@ class SearchSetting:
             elif f"ram/{self.metric}" in value:
                 value = value[f"ram/{self.metric}"]
             else:
-                raise ConfigError(f"search metric {self.metric!r} is not among the evaluation's metrics {sorted(value)}")
+                raise ConfigError(f"search metric {self.metric!r} is not among the evaluation's metrics "
+                                  f"{sorted(value)}")
         number = float(value.detach().float().mean().item()) if isinstance(value, Tensor) else float(value)
         return number if self.mode == "max" else -number
 
@@ -144,6 +155,7 @@ def record_of(setting: SearchSetting, result: Any, *, step: int, seconds: float)
         "step": int(step), "metric": setting.metric, "mode": setting.mode, "budget": setting.budget,
         "best": _jsonable(dict(result.best)),
         "best_score": setting.metric_value(float(result.best_score)),
+        "best_tasks": _jsonable(result.best_trial.tasks),
         "best_baseline": None if baseline is None else {
             "method": baseline.method, "options": _jsonable(dict(baseline.options)),
             "score": setting.metric_value(float(baseline.score))},
@@ -163,6 +175,9 @@ def search_metrics(record: Mapping[str, Any], prefix: str = "ram/search/") -> di
         out[f"{prefix}best_baseline_score"] = float(record["best_baseline"]["score"])
     for key, value in record["seconds"].items():
         out[f"{prefix}{key}_seconds"] = float(value)
+    for task, value in (record.get("best_tasks") or {}).items():
+        if _finite(value):
+            out[f"{prefix}task/{task}"] = float(value)
     ex = record.get("extrapolation")
     if isinstance(ex, (int, float)) and math.isfinite(ex):
         out[f"{prefix}extrapolation"] = float(ex)
@@ -234,6 +249,8 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
     from ..search import search
     from ..store import LocalModel
 
+    from ..search.fidelity import prompt_protocol
+
     setting: SearchSetting = schedule.search
     if schedule.sharded:
         raise ConfigError("search= needs whole tensors in each process (single device or DDP); this model's "
@@ -253,12 +270,17 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
                 total = c.all_reduce_sum_(torch.tensor([score], dtype=torch.float64))
                 score = float(total.item()) / c.world_size
             return score
+        if prompt_protocol(fn) and setting.mode == "max":
+            return _SwappedPrompts(fn, evaluate, live, model, c)
+        if setting.fidelity not in (None, "full"):
+            raise ConfigError(f"search fidelity={setting.fidelity!r} needs an evaluation that scores prompts one by "
+                              "one (ram_live.evaluate.rewards) and mode='max'")
         return evaluate
 
     confirm = setting.confirmation()
     t0 = time.perf_counter()
     result = search(dict(agents), base=base, evaluate=wrap(setting.evaluation(fallback)),
-                    budget=setting.budget, space=setting.space, seed=setting.seed,
+                    budget=setting.budget, space=setting.space, seed=setting.seed, fidelity=setting.fidelity,
                     confirm=wrap(confirm) if confirm is not None else None, confirm_top=setting.confirm_top)
     seconds = time.perf_counter() - t0
     tensors, info = merge(dict(agents), base=base, return_info=True, chunk_numel=schedule.chunk_numel,
@@ -269,6 +291,42 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
     if c.rank == 0:
         save_record(path, record, result, durable=schedule.durable)
     return _tensors_of(tensors), info, record
+
+
+class _SwappedPrompts:
+    """The prompt protocol of an evaluation such as :func:`ram_live.evaluate.rewards`, with each candidate swapped
+    into the training model for ``prompt_scores`` (restored after); under DDP each prompt's score is averaged over
+    the ranks, so every rank races alike. (``mode="min"`` does not apply: rewards are higher-is-better.)"""
+
+    def __init__(self, fn: Any, evaluate: Callable[[Any], float], live: Any, model: Any, collective: Any) -> None:
+        self.fn, self._evaluate, self.live, self.model, self.c = fn, evaluate, live, model, collective
+
+    def __call__(self, merged: Any) -> float:
+        return self._evaluate(merged)
+
+    def prompt_tasks(self) -> list[str]:
+        return list(self.fn.prompt_tasks())
+
+    def aggregate(self, values: Mapping[int, float | None]) -> Any:
+        return self.fn.aggregate(values)
+
+    def prompt_scores(self, merged: Any, indices: Any) -> list[float | None]:
+        import torch
+
+        from .tensors import swap_tensors
+
+        tensors = _tensors_of(merged)
+        swap_tensors(self.live, tensors)
+        try:
+            out = list(self.fn.prompt_scores(self.model, indices))
+        finally:
+            swap_tensors(self.live, tensors)
+        if self.c.world_size > 1:
+            given = torch.tensor([math.nan if v is None else float(v) for v in out], dtype=torch.float64)
+            total = self.c.all_reduce_sum_(torch.nan_to_num(given, nan=0.0))
+            seen = self.c.all_reduce_sum_((~torch.isnan(given)).double())
+            out = [None if n == 0 else float(t) / float(n) for t, n in zip(total.tolist(), seen.tolist())]
+        return out
 
 
 def _tensors_of(merged: Any) -> dict[str, Tensor]:
