@@ -23,7 +23,7 @@
    and re-selected) and every agent alone extrapolated (base + s·τ, s = 1, 2, 4), to see how much of a gain is
    extrapolation. The test prompts are never used to choose anything.
 
-Curvature-aware RAM (issue 20): every snapshot carries the agent's importances (Adam/AdamW: ``exp_avg_sq`` from
+Curvature-aware RAM: every snapshot carries the agent's importances (Adam/AdamW: ``exp_avg_sq`` from
 the live optimizer; the SGD agent: a Fisher of its final policy), and three rows use them: ``RAM (curvature)``,
 ``RAM+ (curvature)`` (the stored raw ``exp_avg_sq``) and ``RAM (curvature, bc)`` (bias-corrected, float32); the
 plain RAM rows pass ``importance=False``. ``--converged``: every agent Adam at lr 1e-4, trained until its
@@ -31,7 +31,7 @@ selection-split accuracy plateaus, with the tuned baselines (``--tuned-baselines
 TIES' density, both chosen on the validation prompts) and the extrapolation control (``--extrapolation``: each
 agent alone, base + s·τ, s = 0.5, 1, 2).
 
-Regimes and N (issue 24): ``--regime dense`` (default) is everything above; ``--regime sparse`` is the paper's
+Regimes and N: ``--regime dense`` (default) is everything above; ``--regime sparse`` is the paper's
 regime produced by training (``rl_demo/regimes.py``: recipes whose bf16 task vectors change few entries for one
 agent and many for another; the probe is printed next to the paper's numbers). ``--agents N`` (3..8) adds tasks
 of the same kind (``comp``, ``rot``, ``sortd``, ``swap``, ``dbl``; ``rl_demo/lang.py``), one specialist each, in
@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "settings": {"sft_steps": s.sft_steps, "recipes": {t: vars(r) for t, r in s.recipes.items()},
                      "prompts_per_step": s.prompts_per_step, "group": s.group, "n_eval": s.n_eval},
         "parameters": sum(p.numel() for p in base.parameters()),
-        "sft": sft_info, "rl": rl, "accuracy": rows, "merge_seconds": seconds, "options": options_used, "lambdas": lambdas,
+        "sft": sft_info, "rl": rl, "accuracy": rows, "merge_seconds": seconds, "options": options_used,
+        "lambdas": lambdas,
         "ta_validation": {str(k): v for k, v in val_scores.items()}, "ta_tuned_scale": best_scale,
         "probe": {"agents": report.to_dict()["agents"], "histogram": report.histogram},
         "density": {t: agents[t].density for t in tasks},

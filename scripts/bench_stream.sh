@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Streaming-from-disk benchmark (issues 7, 18): RAM / RAM+ on sharded HF folders vs the floor (the merge's reads and
+# Streaming-from-disk benchmark: RAM / RAM+ on sharded HF folders vs the floor (the merge's reads and
 # writes with its threads, no arithmetic) and mergekit-yaml's ram, peak RSS and seconds, cold and warm; the CPU
 # (AVX-512 / AVX2) in the heading (see benchmarks/bench_stream.py; --quick ~2 min on a busy 2-vCPU VM).
 set -euo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tests whose expectations could depend on the CPU (digests, native kernels, probe, snapshot capture), run
-# again under torch's AVX2 dispatch with the AVX2 build of the native kernels, then under torch's scalar dispatch
-# (issue 27): an expectation that holds on one CPU only fails here on any x86-64 host. Uses test.sh's environment;
+# again under torch's AVX2 dispatch with the AVX2 build of the native kernels, then under torch's scalar dispatch:
+# an expectation that holds on one CPU only fails here on any x86-64 host. Uses test.sh's environment;
 # both runs always run, the exit status is the first failing run's pytest status (0 when both pass).
 set -euo pipefail
 . "$(dirname "$0")/env.sh"

@@ -1,4 +1,4 @@
-"""Tables over seeds (issue 24): mean ± sample std of every accuracy row, the probe (density, unique share,
+"""Tables over seeds: mean ± sample std of every accuracy row, the probe (density, unique share,
 overlap histogram) and the search rows, from several ``results.json``.
 
 Run: ``python -m rl_demo.aggregate runs/sparse3_s0 runs/sparse3_s1 runs/sparse3_s2`` (from ``examples/``).

@@ -1,4 +1,4 @@
-"""Curvature-aware RAM in the demo (issue 20): the curvature rows, the tuned TIES baseline, the extrapolation
+"""Curvature-aware RAM in the demo: the curvature rows, the tuned TIES baseline, the extrapolation
 control and the lines they print.
 
 The specialists' snapshots carry their importances (``train.grpo``: Adam's raw ``exp_avg_sq``; the SGD agent a

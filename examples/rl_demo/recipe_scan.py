@@ -1,4 +1,4 @@
-"""Recipe scan for the sparse regime (issue 24): one base, one specialist per (task, recipe), its bf16 density and
+"""Recipe scan for the sparse regime: one base, one specialist per (task, recipe), its bf16 density and
 its own-task gain; the changed-entry masks are kept so unique shares can be computed for any choice of three.
 
 Run: ``python -m rl_demo.recipe_scan --out runs/scan_s0 --seed 0 [--target 0.6] [--tasks shift,rev,sort]``

@@ -1,4 +1,4 @@
-"""The demo's two regimes (issue 24) and its N-agent settings.
+"""The demo's two regimes and its N-agent settings.
 
 * ``dense`` (default): today's recipes (SGD / Adam / AdamW per task); extra tasks of ``--agents`` > 3 cycle those
   three recipes. The 3-agent dense run is bit-identical to the demo before this module existed.

@@ -74,7 +74,7 @@ METHODS: list[tuple[str, str, dict[str, Any]]] = [
     ("RAM+", "ram_plus", {}),
     ("RAM+s", "ram_plus_soft", {}),
 ]
-# ``--converged`` (issue 20): every agent Adam at one lr (so their exp_avg_sq are comparable), trained until its
+# ``--converged``: every agent Adam at one lr (so their exp_avg_sq are comparable), trained until its
 # own task's accuracy on the selection split stops improving (checked at every snapshot), at most ``steps``.
 CONVERGED_RECIPE = Recipe("adam", 1e-4, 160, plateau=2)
 CONVERGED_QUICK_RECIPE = Recipe("adam", 1e-4, 60, plateau=2)
@@ -107,8 +107,8 @@ def train_base(s: Settings, seed: int, val: dict[str, tuple[Tensor, Tensor]],
     The tasks are learnt at very different speeds (``shift`` in ~100 steps, ``rev`` in a few hundred, with a
     sudden jump), so a fixed step count leaves one task solved and another not started. To make the base *partly*
     competent on every task, whatever the seed, a task drops to ``s.sft_replay`` (1/8) of its batch once its greedy
-    validation accuracy reaches ``target`` (``SFT_TARGET``; checked every 10 steps); SFT ends when every task has reached it, or at
-    ``sft_steps``.
+    validation accuracy reaches ``target`` (``SFT_TARGET``; checked every 10 steps); SFT ends when every task has
+    reached it, or at ``sft_steps``.
     """
     tasks = tuple(val)
     replay = s.sft_replay
@@ -156,7 +156,7 @@ def grpo(base: nn.Module, task: str, recipe: Recipe, s: Settings, seed: int, sto
          keep: dict[str, dict[str, Tensor]] | None = None) -> Any:
     """On-policy GRPO from the bf16 base with float32 master weights; bf16 snapshots into ``store``.
 
-    Every snapshot carries the agent's importances (issue 20): Adam/AdamW's raw ``exp_avg_sq`` from the live
+    Every snapshot carries the agent's importances: Adam/AdamW's raw ``exp_avg_sq`` from the live
     optimizer at that step; an SGD agent has none, so its last snapshot carries :func:`policy_fisher` instead.
     ``keep`` (if given) receives the final importances in float32: ``{"raw": ..., "bias_corrected": ...}`` (the
     Fisher is both). With ``recipe.plateau`` and ``sel`` (this task's selection prompts) training stops early
