@@ -197,8 +197,8 @@ class RAMCallback(ScheduleAdapter, Callback):
         if base is None and self.schedule.base_fingerprint is None and trainer.ckpt_path is not None:
             if not self.schedule.store.has_base():
                 raise RamLiveError(
-                    f"RAMCallback({self.agent!r}): resuming from {trainer.ckpt_path}, which holds no RAMCallback state, "
-                    "and the store has no base: the module's weights are no longer the base; pass base=..."
+                    f"RAMCallback({self.agent!r}): resuming from {trainer.ckpt_path}, which holds no RAMCallback "
+                    "state, and the store has no base: the module's weights are no longer the base; pass base=..."
                 )
             rank_zero_warn(f"RAMCallback({self.agent!r}): resuming without RAM state; using the store's base")
             base = "store"
@@ -225,7 +225,8 @@ class RAMCallback(ScheduleAdapter, Callback):
                 self.merge_now(trainer, pl_module)
             assert self.last_result is not None
             result = self.last_result
-            swap_tensors(LocalModel.from_obj(pl_module, name=self.agent), result.tensors)  # result now holds the agent's
+            # result now holds the agent's
+            swap_tensors(LocalModel.from_obj(pl_module, name=self.agent), result.tensors)
             self.agent_state, self.last_result = result.tensors, None
 
     def state_dict(self) -> dict[str, Any]:
@@ -261,7 +262,8 @@ class RAMCallback(ScheduleAdapter, Callback):
         """Merge the latest snapshot of every agent now, evaluate, log; returns the logged metrics."""
         evaluate = self._evaluate
         if evaluate is None and is_overridden("validation_step", pl_module):
-            evaluate = lambda module: self._validate(trainer, module)
+            def evaluate(module: pl.LightningModule) -> dict[str, float]:
+                return self._validate(trainer, module)
         metrics = self.schedule.merge_and_evaluate(pl_module, trainer.global_step, trainer.current_epoch,
                                                    evaluate if callable(evaluate) else None)
         result = self.last_result = self.schedule.last_result

@@ -71,7 +71,8 @@ class ModuleSink:
         else:
             memo: dict[int, Any] = {}
             for p in self.base.parameters(recurse=True):
-                memo[id(p)] = nn.Parameter(advise_hugepages(torch.empty_like(p), MERGE_HUGEPAGES), requires_grad=p.requires_grad)
+                memo[id(p)] = nn.Parameter(advise_hugepages(torch.empty_like(p), MERGE_HUGEPAGES),
+                                           requires_grad=p.requires_grad)
             self.module = copy.deepcopy(self.base, memo)
         self._tensors = self.module.state_dict(keep_vars=True)
 

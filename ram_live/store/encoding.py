@@ -20,8 +20,8 @@ from .format import bits_of
 
 
 def pack_bits(mask: Tensor) -> Tensor:
-    """bool ``[n]`` → uint8 ``[ceil(n/8)]``; element ``8b + j`` is bit ``j`` of byte ``b`` (numpy ``bitorder="little"``).
-    On the mask's device."""
+    """bool ``[n]`` → uint8 ``[ceil(n/8)]``; element ``8b + j`` is bit ``j`` of byte ``b`` (numpy
+    ``bitorder="little"``). On the mask's device."""
     n = mask.numel()
     m = mask.reshape(-1).view(torch.uint8)
     pad = (-n) % 8

@@ -49,7 +49,8 @@ def _box_hash(t: Tensor, offsets: Sequence[int], global_shape: Sequence[int]) ->
     for d in range(1, dims):
         view = [1] * (dims - 1)
         view[d - 1] = shape[d]
-        inner = inner + ((torch.arange(shape[d], device=device, dtype=torch.int64) + offsets[d]) * strides[d]).view(view)
+        index = torch.arange(shape[d], device=device, dtype=torch.int64) + offsets[d]
+        inner = inner + (index * strides[d]).view(view)
     inner = inner.reshape(-1)
     wide = t.element_size() == 8
     flat = t.reshape(rows, -1) if dims else t.reshape(1, 1)

@@ -9,10 +9,11 @@ Each entry is read once and the output is only what changed; numpy needs several
 The C source (``ram_live/csrc/select.c``) is built at the build level of :mod:`ram_live.kernels.cc`
 (``RAM_LIVE_SIMD``): with AVX-512 (BW, VBMI2) 32 (16) entries a step compressed by ``vpcompressw``/``vpcompressd``;
 with AVX2 the loops of ``csrc/select_vec.h`` (compare and movemask, 8 entries compressed a shuffle, its control
-from a table); at every other level (the x86-64 baseline, NEON) its generic vector-extension loops. Integer compares and copies only:
-every level writes the same bytes (tested at each). The generic loops were measured slower than numpy on the
-x86-64 baseline (docs/store.md), so :func:`kernels`, the capture's choice, leaves them to the tests
-(:func:`build`); it is None there, without a compiler, or with ``RAM_LIVE_NATIVE=0``: the numpy path then.
+from a table); at every other level (the x86-64 baseline, NEON) its generic vector-extension loops. Integer
+compares and copies only: every level writes the same bytes (tested at each). The generic loops were measured
+slower than numpy on the x86-64 baseline (docs/store.md), so :func:`kernels`, the capture's choice, leaves them to
+the tests (:func:`build`); it is None there, without a compiler, or with ``RAM_LIVE_NATIVE=0``: the numpy path
+then.
 """
 
 from __future__ import annotations

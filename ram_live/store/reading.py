@@ -138,8 +138,8 @@ class Snapshot(_ManifestTable):
         self._base = store.base_source(device)
         if manifest["base_fingerprint"] != self._base.fingerprint:
             raise BaseMismatchError(
-                f"snapshot {agent!r} step {step} was taken against base {manifest['base_fingerprint']}, but the store's "
-                f"base is {self._base.fingerprint}"
+                f"snapshot {agent!r} step {step} was taken against base {manifest['base_fingerprint']}, "
+                f"but the store's base is {self._base.fingerprint}"
             )
         where = f"agent {agent!r} step {step}"
         for key, entry in self._tensors.items():

@@ -177,7 +177,8 @@ class RAMSchedule(HoldsRamOptions):
             store_fp = self.store.base_fingerprint
             if resumed is not None and store_fp != resumed:
                 raise BaseMismatchError(
-                    f"this run was trained against base {resumed}, but the store {self.store.root} holds base {store_fp}"
+                    f"this run was trained against base {resumed}, "
+                    f"but the store {self.store.root} holds base {store_fp}"
                 )
             local = _load_base(self.store, live)
             trusted = store_fp
@@ -363,7 +364,8 @@ class RAMSchedule(HoldsRamOptions):
 
     def merge_and_evaluate(self, model: Any, step: int, epoch: int | None = None,
                            evaluate: Callable[[Any], Mapping[str, Any]] | None = None) -> dict[str, float]:
-        """:meth:`merge`, then ``evaluate(model)`` with the merged weights swapped in; the metrics, ``ram/``-prefixed."""
+        """:meth:`merge`, then ``evaluate(model)`` with the merged weights swapped in; the metrics,
+        ``ram/``-prefixed."""
         fn = evaluate or self.evaluate
         result = self.last_result = self.merge(model, step, epoch, fn)
         metrics = result.metrics()

@@ -197,7 +197,8 @@ def _like(given: LocalModel, live: LocalModel) -> LocalModel:
         if g is None:
             raise BaseMismatchError(f"the given base has no tensor {key!r}")
         if g.global_shape != t.global_shape:
-            raise BaseMismatchError(f"tensor {key!r}: the given base has shape {g.global_shape}, the model {t.global_shape}")
+            raise BaseMismatchError(f"tensor {key!r}: the given base has shape {g.global_shape}, "
+                                    f"the model {t.global_shape}")
         if g.box == t.box:
             data = g.tensor
         elif g.full:
