@@ -2,8 +2,8 @@
 
     python benchmarks/bench_capture_levels.py     # 16 M entries, bf16 and float32, 0.5 %, 3 %, 50 %, 100 % changed
 
-Each level's kernel (``ram_live.store.native_select.build`` with that level's flags: AVX-512 where the host has it, AVX2, the
-generic loops) and numpy encode the same pair, interleaved, best of 5 (docs/store.md).
+Each level's kernel (``ram_live.store.native_select.build`` with that level's flags: AVX-512 where the host has it,
+AVX2, the generic loops) and numpy encode the same pair, interleaved, best of 5 (docs/store.md).
 """
 
 from __future__ import annotations

@@ -130,7 +130,8 @@ def model_specs(quick: bool | str = False) -> list[tuple[str, tuple[int, ...]]]:
     ]
 
 
-def build_inputs(quick: bool | str, k: int, seed: int = SEED) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
+def build_inputs(quick: bool | str, k: int,
+                 seed: int = SEED) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
     """The bf16 base and ``k`` agents. Agent t is the same tensor for every k (prefix-stable), and the same in
     every process, so a fresh measurement process rebuilds exactly what the timing process merged."""
     if k > len(DENSITIES):
@@ -711,8 +712,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time ram_merge(..., compile=True) for RAM and RAM+ (first call reported apart)")
     ap.add_argument("--idle-wait", type=float,
                     help=f"before each timed run wait up to this many seconds for other processes to leave the "
-                         f"CPUs (< {CONTENDED * 100:.0f}%% busy); at most {IDLE_BUDGET:g} s in all (quick: 20 s); 0: never "
-                         f"wait (default {IDLE_WAIT:g}; quick: 2)")
+                         f"CPUs (< {CONTENDED * 100:.0f}%% busy); at most {IDLE_BUDGET:g} s in all (quick: 20 s); "
+                         f"0: never wait (default {IDLE_WAIT:g}; quick: 2)")
     ap.add_argument("--json", help="write all results to this JSON file")
     ap.add_argument("--profile", type=int, nargs="+", metavar="K",
                     help="only profile one ram_merge per K (cProfile + torch.profiler) and exit")
@@ -788,7 +789,8 @@ def main(argv: list[str] | None = None) -> int:
             row["floor"] = row["floor_bytes"] / bw
             print(f"K={k}: copy_ {bw / 1e9:.1f} GB/s -> floor {row['floor']:.3f} s", flush=True)
 
-            times, result, busy = timed(lambda subset=subset: run_method("ram", subset, base), reps, device, keep_last=True)
+            times, result, busy = timed(lambda subset=subset: run_method("ram", subset, base), reps, device,
+                                        keep_last=True)
             row["ram"], row["ram_all"], row["ram_others_cpu"] = min(times), times, busy
             ram_out = result[0]
             row["kernels"] = result[1].extra.get("kernels")
@@ -796,7 +798,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  ram       {row['ram']:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in times)}; "
                   f"others' CPU share in the best run {busy:.0%}; tensors per kernel {row['kernels']})", flush=True)
 
-            times, result, busy = timed(lambda subset=subset: run_method("ram_plus", subset, base), reps, device, keep_last=True)
+            times, result, busy = timed(lambda subset=subset: run_method("ram_plus", subset, base), reps, device,
+                                        keep_last=True)
             row["ram_plus"], row["ram_plus_all"], row["ram_plus_others_cpu"] = min(times), times, busy
             info = result[1]
             row["lambdas"] = info.lambdas
@@ -832,10 +835,12 @@ def main(argv: list[str] | None = None) -> int:
             row["inplace_ram"], row["inplace_ram_plus"] = min(ram_pair), min(plus_pair)
             row["inplace_ram_all"], row["inplace_ram_plus_all"] = ram_pair, plus_pair
             row["inplace_pair_ratio"] = statistics.median(p / r for p, r in zip(plus_pair, ram_pair))
-            print(f"  in place, interleaved pairs: RAM {row['inplace_ram']:.3f} s, RAM+ {row['inplace_ram_plus']:.3f} s "
-                  f"(best); RAM+ / RAM median {row['inplace_pair_ratio']:.2f}x", flush=True)
+            print(f"  in place, interleaved pairs: RAM {row['inplace_ram']:.3f} s, "
+                  f"RAM+ {row['inplace_ram_plus']:.3f} s (best); RAM+ / RAM median {row['inplace_pair_ratio']:.2f}x",
+                  flush=True)
 
-            times, report, busy = timed(lambda subset=subset: run_method("probe", subset, base), reps, device, keep_last=True)
+            times, report, busy = timed(lambda subset=subset: run_method("probe", subset, base), reps, device,
+                                        keep_last=True)
             row["probe"], row["probe_all"], row["probe_others_cpu"] = min(times), times, busy
             row["densities"] = {n: report.agents[n].density for n in report.agent_names}
             row["histogram"] = report.histogram
@@ -903,7 +908,8 @@ def main(argv: list[str] | None = None) -> int:
                     mk = run_mergekit(folder, "auto", None, args.mergekit_reps)
                     row["mergekit_bf16"] = mk["seconds"]
                     row["mergekit_bf16_info"] = mk
-                    print(f"  mergekit ram bf16     {mk['seconds']:.3f} s (others' CPU {mk['others_cpu']:.0%})", flush=True)
+                    print(f"  mergekit ram bf16     {mk['seconds']:.3f} s (others' CPU {mk['others_cpu']:.0%})",
+                          flush=True)
                 shutil.rmtree(folder)
             ram_out = None
             rows.append(row)
@@ -960,8 +966,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['k']} | {r['copy_bandwidth'] / 1e9:.1f} | {r['floor']:.4f} | {r['ram']:.3f} "
               f"({r['ram_x_floor']:.1f}x) | {r['ram_plus']:.3f} ({r['ram_plus_x_floor']:.1f}x, "
               f"{r['ram_plus_x_ram']:.2f}x) | {r['ram_plus_reused']:.3f} ({r['ram_plus_reused_x_ram']:.2f}x) | "
-              f"{r['pair_ratio']:.2f}x; {r['pair_extra'] * 1e3:+.0f} ms | {r['two_pass_bound']:.2f}, {r['one_read_bound']:.2f} | "
-              f"{r['inplace_ram']:.3f}, {r['inplace_ram_plus']:.3f} ({r['inplace_pair_ratio']:.2f}x) | {r['probe']:.2f} ({r['probe_x_floor']:.1f}x) | {mk32} | {mk16} | "
+              f"{r['pair_ratio']:.2f}x; {r['pair_extra'] * 1e3:+.0f} ms | "
+              f"{r['two_pass_bound']:.2f}, {r['one_read_bound']:.2f} | "
+              f"{r['inplace_ram']:.3f}, {r['inplace_ram_plus']:.3f} ({r['inplace_pair_ratio']:.2f}x) | "
+              f"{r['probe']:.2f} ({r['probe_x_floor']:.1f}x) | {mk32} | {mk16} | "
               f"{check} | {r['ram_others_cpu']:.0%}/{r['ram_plus_others_cpu']:.0%}/{r['probe_others_cpu']:.0%} |")
 
     if args.eager:
@@ -1026,7 +1034,8 @@ def main(argv: list[str] | None = None) -> int:
             detail = "  (" + ", ".join(f"K={r['k']}: {per_k[name](r)[1]}" for r in rows) + ")"
         elif memory:
             worst = max(memory, key=lambda m: m["extra"] / m["target"])
-            detail = f"  (worst: {worst['method']} K={worst['k']}, {fmt_mb(worst['extra'])} of {fmt_mb(worst['target'])} MiB)"
+            detail = (f"  (worst: {worst['method']} K={worst['k']}, {fmt_mb(worst['extra'])} "
+                      f"of {fmt_mb(worst['target'])} MiB)")
         print(f"- {verdict(ok)}: {name}{detail}")
     print("- (not a target) RAM+ / RAM in place, pairs: " + ", ".join(
         f"K={r['k']}: {r['inplace_pair_ratio']:.2f}x" for r in rows))

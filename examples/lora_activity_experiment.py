@@ -22,7 +22,8 @@ Set-up (all on CPU, one thread, nothing downloaded):
   adapter at the default rank (the largest input rank, 16) and at the sum of the ranks (48), with the whole
   adapter's relative re-factorisation error.
 
-Run: ``python examples/lora_activity_experiment.py [--seeds 10] [--steps 80] [--out results.json]`` (≈ 10 min on 2 cores).
+Run: ``python examples/lora_activity_experiment.py [--seeds 10] [--steps 80] [--out results.json]``
+(≈ 10 min on 2 cores).
 """
 
 from __future__ import annotations
