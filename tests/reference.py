@@ -32,7 +32,8 @@ def ref_ram(base, agents, variant="ram_plus", r=0.1, alpha=2.0, eps=1e-5, scope=
             active = sum(int(masks[k][t].sum()) for k in ks)
             unique = sum(int((masks[k][t] & (masks[k].sum(0) == 1)).sum()) for k in ks)
             shared = active - unique
-            rho = shared / unique if unique else math.inf  # the spec: +inf without a unique entry, also with none active
+            # the spec: +inf without a unique entry, also with none active
+            rho = shared / unique if unique else math.inf
             if variant == "ram":
                 lam.append(1.0)
             elif variant == "ram_plus":

@@ -102,14 +102,17 @@ def test_streaming_releases_mapped_pages_range_by_range(tmp_path, base_sd, monke
     read, written = [], []
     release, done = MappedSafetensors.release, SafetensorsWriter.done
     monkeypatch.setattr(MappedSafetensors, "release",
-                        lambda self, key, start=0, stop=None: read.append((key, start, stop)) or release(self, key, start, stop))
+                        lambda self, key, start=0, stop=None: read.append((key, start, stop))
+                        or release(self, key, start, stop))
     monkeypatch.setattr(SafetensorsWriter, "done",
-                        lambda self, key, start=0, stop=None: written.append((key, start, stop)) or done(self, key, start, stop))
+                        lambda self, key, start=0, stop=None: written.append((key, start, stop))
+                        or done(self, key, start, stop))
     monkeypatch.setattr("ram_live.engine.threads.NATIVE_CHUNK", 64)
     for variant in ("ram", "ram_plus"):
         read.clear()
         written.clear()
-        out = ram_merge(paths, base=tmp_path / "base.safetensors", variant=variant, out=tmp_path / f"{variant}.safetensors")
+        out = ram_merge(paths, base=tmp_path / "base.safetensors", variant=variant,
+                        out=tmp_path / f"{variant}.safetensors")
         assert_bit_identical(load_file(out), ram_merge(agents, base=base, variant=variant))
         big = max(base, key=lambda k: base[k].numel())
         n = base[big].numel()

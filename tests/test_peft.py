@@ -221,7 +221,8 @@ def test_rslora_scaled_once(base):
     for name in ("code", "tool"):
         a = layer.lora_A[name].weight
         assert layer.scaling[name] == pytest.approx(8 / math.sqrt(a.shape[0]))
-    expected = sum(layer.lora_B[n].weight @ layer.lora_A[n].weight * 8 / math.sqrt(layer.r[n]) for n in ("code", "tool"))
+    expected = sum(layer.lora_B[n].weight @ layer.lora_A[n].weight * 8 / math.sqrt(layer.r[n])
+                   for n in ("code", "tool"))
     assert_close(layer.get_delta_weight("sum"), expected.detach(), rtol=1e-5)
 
 
@@ -243,7 +244,8 @@ def test_modules_missing_from_an_adapter_count_as_zero(base):
     assert_close(merged(ram, v), code[v], rtol=1e-5)          # RAM: a module one adapter targets is unique to it
     assert_close(merged(ram, o), tool[o], rtol=1e-5)
     ram_merge_adapters(model, ["code", "tool"], "ram_adapter", method="ram", sparsify=None, eps=0.0)
-    assert model.peft_config["ram_adapter"].target_modules == {q, v, o} | {k.replace("layers.0", "layers.1") for k in (q, v, o)}
+    assert model.peft_config["ram_adapter"].target_modules == {q, v, o} | {k.replace("layers.0", "layers.1")
+                                                                          for k in (q, v, o)}
     assert_close(delta_of(model, "ram_adapter")[o], tool[o], rtol=1e-5)
 
 
@@ -316,7 +318,8 @@ def test_into_base_device_dtype_and_inplace(base):
 
 
 def test_folders_merge_like_the_live_model(base, tmp_path):
-    model = peft_model(base, {"code": lora(r=4), "tool": lora(r=8, use_rslora=True, target_modules=["q_proj", "o_proj"]),
+    model = peft_model(base, {"code": lora(r=4),
+                              "tool": lora(r=8, use_rslora=True, target_modules=["q_proj", "o_proj"]),
                               "memory": lora(rank_pattern={"v_proj": 2}, alpha_pattern={"q_proj": 5})})
     names = ["code", "tool", "memory"]
     model.save_pretrained(tmp_path / "ad", selected_adapters=names)

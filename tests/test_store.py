@@ -52,7 +52,8 @@ def _moved(base, density, seed, keys=None):
             out[k] = v.clone()
             continue
         mask = torch.rand(v.shape, generator=g) < density
-        out[k] = torch.where(mask, (v.double() + 0.5 + torch.rand(v.shape, generator=g, dtype=torch.float64)).to(v.dtype), v)
+        moved = (v.double() + 0.5 + torch.rand(v.shape, generator=g, dtype=torch.float64)).to(v.dtype)
+        out[k] = torch.where(mask, moved, v)
     return out
 
 
@@ -183,7 +184,8 @@ def test_readers_trust_only_manifests(store):
     assert store.latest("a").step == 1
     assert sorted(p.name for p in store.gc(grace_s=3600)) == []
     removed = store.gc(grace_s=0)
-    assert sorted(p.name for p in removed) == [".tmp-1234-000000000003.json", "000000000002-deadbeef0000.p0.safetensors"]
+    assert sorted(p.name for p in removed) == [".tmp-1234-000000000003.json",
+                                               "000000000002-deadbeef0000.p0.safetensors"]
     assert store.latest("a").step == 1
 
 
