@@ -105,7 +105,7 @@ def test_against_the_float64_reference(monkeypatch, dtype, path):
     agents = _agents(base)
     importance = _importances(base, list(agents))
     run = merge if path == "native" else (lambda *a, **k: _eager(monkeypatch, merge, *a, **k))
-    merged = run(agents, base, variant="ram", importance=importance, dtype=torch.float32)
+    merged = run(agents, base, method="ram", importance=importance, dtype=torch.float32)
     ref = reference(base, agents, importance)
     for k in base:
         torch.testing.assert_close(merged[k].double(), ref[k], rtol=2e-6, atol=1e-7)

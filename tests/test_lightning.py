@@ -157,7 +157,7 @@ def test_evaluate_callable_sees_the_merged_weights_and_probe_numbers_match(tmp_p
         seen.update(_copy(module))
         return {"score": torch.tensor(0.75), "ram/custom": 2}
 
-    ram = RAMCallback(store, "b", snapshot_every=3, merge_every=3, evaluate=evaluate, variant="ram",
+    ram = RAMCallback(store, "b", snapshot_every=3, merge_every=3, evaluate=evaluate, ram={"method": "ram"},
                       async_write=True, durable=False)
     model_b = Net()
     _trainer([ram], 3).fit(model_b, _loader(_data("b")))

@@ -32,7 +32,7 @@ def twin() -> Iterator[Any]:
 
     def register(**fields: Any) -> str:
         _REGISTRY.pop(TWIN, None)
-        register_method(TWIN, RamConfig, ram.combine, **{**{k: v for k, v in hooks.items() if k != "configure"}, **fields})
+        register_method(TWIN, RamConfig, ram.combine, **{**hooks, **fields})
         return TWIN
 
     yield register

@@ -304,7 +304,7 @@ def test_in_memory_ram_plus_reads_the_inputs_once_with_the_two_pass_bits(monkeyp
     agents = make_agents(base, [0.05, 0.5, 0.6, 0.3], scale=0.05)
     before = [snapshot(a) for a in (*agents, base)]
     one, one_info = merge(agents, base=base, method=variant, r=0.3, return_info=True, workers=2)
-    two, two_info = _two_pass(monkeypatch, models=agents, base=base, variant=variant, r=0.3, return_info=True)
+    two, two_info = _two_pass(monkeypatch, models=agents, base=base, method=variant, r=0.3, return_info=True)
     assert_bit_identical(one, two)
     assert (one_info.passes, two_info.passes) == (1, 2) and one_info.extra["single_read"] == len(base)
     assert one_info.lambdas == two_info.lambdas and one_info.statistics.fingerprint == two_info.statistics.fingerprint

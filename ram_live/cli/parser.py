@@ -1,5 +1,6 @@
 """The ``ram-live`` argument parser, built without importing torch (``ram-live --help`` stays fast): the method
-names are a static tuple that ``tests/test_cli_conventions.py`` keeps equal to :func:`ram_live.available_methods`.
+names are the baselines' static names and RAM's short names (:data:`ram_live.ram_config.RAM_METHODS`), which
+``tests/test_cli_conventions.py`` keeps equal to :func:`ram_live.available_methods`.
 """
 
 from __future__ import annotations
@@ -8,13 +9,13 @@ import argparse
 from typing import Any, Callable, Collection
 
 from .. import __version__
-from ..ram_config import flat_fields
+from ..ram_config import RAM_METHODS, flat_fields
 
 __all__ = ["build_parser", "METHOD_NAMES", "DTYPE_NAMES", "PROBE_OPTIONS", "common_options", "ram_arguments",
            "ram_flags"]
 
 #: The registered merge methods (``ram_live.available_methods()`` without importing torch).
-METHOD_NAMES = ("dare_linear", "dare_ties", "linear", "ram", "ram_plus", "ram_plus_soft", "task_arithmetic", "ties")
+METHOD_NAMES = tuple(sorted(("dare_linear", "dare_ties", "linear", "task_arithmetic", "ties", *RAM_METHODS)))
 #: ``--dtype`` spellings -> the torch dtype's name.
 DTYPE_NAMES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
                "fp32": "float32", "float32": "float32"}

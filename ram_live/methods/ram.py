@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .. import functional as F
 from ..errors import ConfigError, InvalidStateError
-from ..ram_config import RAM_METHODS, Given, RamConfig, Unit
+from ..ram_config import RAM_METHODS, RULES, Given, RamConfig, Unit
 from ..types import Activity
 from .base import MethodKernels, RunContext, TensorView
 from .registry import register_method
@@ -164,10 +164,10 @@ for _name in RAM_METHODS:
         activity=ram_activity,
         needs_statistics=_ram_needs_statistics,
         accumulator=_ram_accumulator,
-        description=_DESCRIPTIONS[_name],
+        description=_DESCRIPTIONS.get(_name) or (RULES[_name].__doc__ or "").split("\n")[0],
         auxiliary=("importance",),
         check_auxiliary=check_importance,
         kernels=ram_kernels,
         overflow_bound=ram_overflow_bound,
-        configure=configure_ram,
+        configure=lambda _, config, options, short=_name: configure_ram(short, config, options),
     )
