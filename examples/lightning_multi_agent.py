@@ -10,7 +10,7 @@ store every 25 steps and merging the latest snapshot of every agent there every 
 ``ram/``, e.g. ``ram/acc_task2``). Since task t's inputs are zero outside block t, its run changes its own block of
 the first layer only (unique updates) and every later layer (shared updates): the case RAM is made for.
 
-At the end the generalist is merged from the store (``merge(store.latest_all())``: no model in memory
+At the end the generalist is merged from the store (``ram_merge(store.latest_all())``: no model in memory
 needed) and compared with the base, each specialist and plain averaging, as a table.
 """
 
@@ -28,7 +28,7 @@ import torch
 from ram_live.integrations.lightning import RAMCallback
 from torch import nn
 
-from ram_live import merge, probe
+from ram_live import RamConfig, Unit, merge, probe, ram_merge
 from ram_live.store import SnapshotStore
 
 TASKS = ("task0", "task1", "task2")
@@ -128,8 +128,8 @@ def main() -> None:
     latest = store.latest_all()
     base_model = Net()
     base_model.load_state_dict(base_state)
-    generalist, info = merge(latest, base=base_model, return_info=True)          # RAM+ (paper defaults)
-    plain = merge(latest, base=base_model, method="ram")
+    generalist, info = ram_merge(latest, base=base_model, return_info=True)          # RAM+ (paper defaults)
+    plain = ram_merge(latest, base_model, RamConfig(lam=Unit()))                    # RAM (λ = 1)
     average = merge(latest, base=base_model, method="linear")                       # plain averaging
     ties = merge(latest, base=base_model, method="ties", density=0.2)
 

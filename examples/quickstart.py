@@ -10,7 +10,7 @@ What it shows, step by step:
    measured, not chosen: the probe reports it.
 3. ``probe``: per agent, how many entries it changed, how many of them no other agent touched (unique),
    ρ and RAM+'s λ; pairwise overlap; ``probe.png`` draws density and unique share per layer.
-4. The two entry points the README quotes: ``merge(...)`` and ``merge(..., method="ties", density=0.2)``.
+4. The two entry points the README quotes: ``ram_merge(...)`` and ``merge(..., method="ties", density=0.2)``.
 5. Every method of ``ram_live.available_methods()``, timed, and scored on each agent's own task by the share
    of that specialist's loss improvement over the base the merged model keeps (100 % = as good as the
    specialist, 0 % = no better than the base), once as returned (a module in the base's dtype, bf16) and once
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import ram_live
-from ram_live import merge, probe
+from ram_live import merge, probe, ram_merge
 
 SEQ_LEN = 32
 STEPS = 60
@@ -141,7 +141,7 @@ def main() -> None:
     # 4. The two entry points, as the README quotes them.
     coder, tools, memory = agents["coder"], agents["tools"], agents["memory"]
     before = {k: v.clone() for k, v in base.state_dict().items()}
-    generalist = merge([coder, tools, memory], base=base)
+    generalist = ram_merge([coder, tools, memory], base=base)
     assert isinstance(generalist, LlamaForCausalLM) and generalist is not base
     assert all(torch.equal(before[k], v) for k, v in base.state_dict().items()), "the base was modified"
     ties_model = merge([coder, tools, memory], base=base, method="ties", density=0.2)

@@ -91,7 +91,8 @@ class RAMCallback(ScheduleAdapter, Callback):
             module's ``validation_step`` over the validation dataloaders instead (when it has them); ``False``
             only logs the probe numbers.
         ram: the merges' :class:`~ram_live.RamConfig` (default ``RamConfig()``: RAM+), or its flat mapping
-            (``{"method": "ram", "eps": 0.0}``, :meth:`~ram_live.RamConfig.to_dict`), as in :class:`~ram_live.RAMSchedule`.
+            (``{"method": "ram", "eps": 0.0}``, :meth:`~ram_live.RamConfig.to_dict`), as in
+            :class:`~ram_live.RAMSchedule`.
         snapshot_activity, snapshot_eps: ``"changed"`` (lossless, default) or ``"abs"`` (keep |τ| > snapshot_eps).
         keep: keep only this run's newest ``keep`` snapshots.
         agents: merge only these agents (default: every agent of the store).

@@ -29,7 +29,8 @@ from typing import Any, ClassVar, Union
 from .errors import ConfigError
 from .option_checks import check_choice, check_lambdas, check_names, check_range
 
-__all__ = ["FLAT_NAMES", "Given", "Lam", "RAM_METHODS", "RULES", "RamConfig", "RhoClip", "RhoSoft", "Unit", "flat_fields"]
+__all__ = ["FLAT_NAMES", "Given", "Lam", "RAM_METHODS", "RULES", "RamConfig", "RhoClip", "RhoSoft", "Unit",
+           "flat_fields"]
 
 
 def _json_mapping(text: str) -> Any:
@@ -299,11 +300,17 @@ class RamConfig:
         return {"method": method, **options}
 
 
-#: The flat keywords, in the order the CLI lists them.
-FLAT_NAMES = ("r", "alpha", "eps", "activity", "rho_scope", "lambdas", "exclude", "shared")
+#: The flat keywords, in the order the CLI lists them: the rules' parameters, then the config's fields.
+FLAT_NAMES = tuple(dict.fromkeys(f.name for rule in RULES.values() for f in dataclasses.fields(rule))) + (
+    "eps", "activity", "rho_scope", "lambdas", "exclude", "shared")
 
 
 def flat_fields() -> Iterator[dataclasses.Field]:
-    """The flat keywords' fields (:data:`FLAT_NAMES`, from the rules and the config), with their CLI help."""
-    fields = {f.name: f for cls in (Given, RhoClip, RamConfig) for f in dataclasses.fields(cls)}
+    """The flat keywords' fields (:data:`FLAT_NAMES`, from the rules and the config; a parameter's first
+    declaration with CLI help wins), with their CLI help."""
+    fields: dict[str, dataclasses.Field] = {}
+    for cls in (Given, *RULES.values(), RamConfig):
+        for f in dataclasses.fields(cls):
+            if f.name not in fields or "help" not in fields[f.name].metadata:
+                fields[f.name] = f
     return (fields[name] for name in FLAT_NAMES)

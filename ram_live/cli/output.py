@@ -64,7 +64,8 @@ def replacing(out: Path, force: bool) -> Iterator[None]:
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` with dataclasses as dicts (a :class:`~ram_live.RamConfig` as ``{"method": ..., keyword: value}``), enums as values, tensors as lists, paths as strings and non-finite
+    """``value`` with dataclasses as dicts (a :class:`~ram_live.RamConfig` as ``{"method": ..., keyword: value}``),
+    enums as values, tensors as lists, paths as strings and non-finite
     floats as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (``json.dumps(..., allow_nan=False)`` then works)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)

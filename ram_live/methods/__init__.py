@@ -5,7 +5,8 @@ A method is a stateless ``combine(deltas[K, C], ctx, config) -> τ*[C]`` plus op
 thresholds, DARE generators, tensor-local λ), and what it declares about itself: ``kernels`` (the engine's fast
 kernels it may run, :class:`MethodKernels`) and ``overflow_bound``. One module per family: :mod:`.linear`,
 :mod:`.task_arithmetic`, :mod:`.ties`, :mod:`.dare`, :mod:`.ram`; :mod:`.base` and :mod:`.registry` hold the
-machinery, :mod:`ram_live.option_checks` the option checks and :mod:`ram_live.ram_config` RAM's one config. Register your own:
+machinery, :mod:`ram_live.option_checks` the option checks and :mod:`ram_live.ram_config` RAM's one config.
+Register your own:
 
 >>> @register_method("median", MedianConfig)                     # doctest: +SKIP
 ... def median(deltas, ctx, config):
