@@ -294,6 +294,16 @@ class RamConfig:
             options["exclude"] = list(options["exclude"])
         return self.method, options
 
+    def record(self) -> dict[str, Any]:
+        """Every keyword with its value, ``{"method": ..., option: value}`` (:meth:`flat` with ``defaults``), for
+        reports and JSON output; a rule of your own as ``"lam": {"rule": its class name, field: value}``."""
+        if isinstance(self.lam, (Unit, RhoClip, RhoSoft, Given)):
+            method, options = self.flat(defaults=True)
+            return {"method": method, **options}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "lam"}
+        lam = dataclasses.asdict(self.lam) if dataclasses.is_dataclass(self.lam) else {}
+        return {"method": self.method, "lam": {"rule": type(self.lam).__name__, **lam}, **fields}
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able ``{"method": ..., option: value}`` (:meth:`flat`), read back by :meth:`from_dict`."""
         method, options = self.flat()

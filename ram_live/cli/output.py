@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..ram_config import Given, RamConfig, RhoClip, RhoSoft, Unit
+from ..ram_config import RamConfig
 from ..io.outputs import rename_noreplace
 from ..errors import ConfigError
 
@@ -73,9 +73,8 @@ def jsonable(value: Any) -> Any:
         return value
     if isinstance(value, enum.Enum):
         return jsonable(value.value)
-    if isinstance(value, RamConfig) and type(value.lam) in (Unit, RhoClip, RhoSoft, Given):
-        method, options = value.flat(defaults=True)  # RAM's config as its flat spelling, every keyword
-        return jsonable({"method": method, **options})
+    if isinstance(value, RamConfig):
+        return jsonable(value.record())  # RAM's config as its flat spelling, every keyword
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
