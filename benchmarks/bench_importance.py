@@ -1,9 +1,9 @@
-"""What curvature-aware RAM costs: ``ram_merge(..., importance=...)`` against plain RAM of the same models.
+"""What curvature-aware RAM costs: ``merge(..., importance=...)`` against plain RAM of the same models.
 
     python benchmarks/bench_importance.py                 # ~67 M bf16 parameters, K = 2 and 3, 10 pairs each
     python benchmarks/bench_importance.py --reps 3 --size quick --json out.json
     python benchmarks/bench_importance.py --snapshot --size quick   # a snapshot with importances vs without
-    python benchmarks/bench_importance.py --from-store --size quick # ram_merge(store.latest_all()): with vs without
+    python benchmarks/bench_importance.py --from-store --size quick # merge(store.latest_all()): with vs without
     RAM_LIVE_SIMD=avx2 python benchmarks/bench_importance.py ...    # the AVX2 build on an AVX-512 host
 
 Inputs: bench_merge's bf16 base and agents (same seeds, densities 3 %, 46 %, 54 %), shaped like one Llama-style
@@ -19,7 +19,7 @@ float32 importances + 4K, bfloat16 + 2K.
 
 ``--snapshot``: ``writer.snapshot`` (capture + write, not durable) of an agent of 4.3 M (``--size quick``) or
 134 M bf16 parameters with importances (float32 and bfloat16) against the same snapshot without, interleaved,
-at several densities. ``--from-store``: ``ram_merge(store.latest_all())`` of K snapshots that carry importances
+at several densities. ``--from-store``: ``merge(store.latest_all())`` of K snapshots that carry importances
 (the store's 8-bit codes, read back as bfloat16, the default, and as float32) against the same snapshots
 without, interleaved. Target of both: <= 1.5 x. ``RAM_LIVE_SIMD=avx2`` measures the AVX2 build on an AVX-512
 host; the heading names the CPU and the level the kernels were built for.
@@ -184,7 +184,7 @@ def snapshot_rows(args: argparse.Namespace) -> list[dict]:
 
 
 def store_rows(args: argparse.Namespace) -> list[dict]:
-    """``ram_merge(store.latest_all())`` with stored importances (every agent) vs the same snapshots without."""
+    """``merge(store.latest_all())`` with stored importances (every agent) vs the same snapshots without."""
     import shutil
     import tempfile
 
@@ -206,7 +206,7 @@ def store_rows(args: argparse.Namespace) -> list[dict]:
                     st.writer(f"a{i}", base).snapshot(agent, 1, importance=imps[i] if w == "with" else None)
             del agents, imps
             plain_snaps, with_snaps = (stores[w].latest_all() for w in ("plain", "with"))
-            _, info = ram_live.ram_merge(with_snaps, return_info=True)
+            _, info = ram_live.merge(with_snaps, return_info=True)
             assert info.extra.get("importance") == "store", info.extra
             print(f"K={k}: merge with stored importances: kernels {info.extra.get('kernels')}", flush=True)
             params = sum(v.numel() for v in base.values())
@@ -214,8 +214,8 @@ def store_rows(args: argparse.Namespace) -> list[dict]:
                 for dtype in (torch.bfloat16, torch.float32):  # how the stored importances are read
                     sources = {n: ImportanceSource(s, dtype) for n, s in with_snaps.items()}
                     a, b, ca, cb = interleaved(
-                        lambda p=plain_snaps, v=variant: ram_live.ram_merge(p, variant=v),
-                        lambda w=with_snaps, v=variant, s=sources: ram_live.ram_merge(w, variant=v, importance=s),
+                        lambda p=plain_snaps, v=variant: ram_live.merge(p, method=v),
+                        lambda w=with_snaps, v=variant, s=sources: ram_live.merge(w, method=v, importance=s),
                         2 * args.reps)
                     row = _ratio_row(a, b, ca, cb, k=k, variant=variant, params=params, level=_level(),
                                      read_as=str(dtype).removeprefix("torch."))
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=["ram", "ram_plus"])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--snapshot", action="store_true", help="only: a snapshot with importances vs without")
-    parser.add_argument("--from-store", action="store_true", help="only: ram_merge(store.latest_all()) with vs "
+    parser.add_argument("--from-store", action="store_true", help="only: merge(store.latest_all()) with vs "
                         "without stored importances")
     parser.add_argument("--densities", type=float, nargs="+", default=[0.005, 0.03, 0.5, 1.0])
     parser.add_argument("--torch-encoder", action="store_true", help="--snapshot with the importance codes' torch "
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                           f" GB/s ({v['wall'] / best['plain']['wall']:.2f} x plain; bytes "
                           f"{v['bytes_per_entry'] / (2 * k + 4):.2f} x)" for name, v in best.items()), flush=True)
     tiny_base, tiny_agents = bm.build_inputs("tiny", 2)
-    ram_live.ram_merge(tiny_agents, base=tiny_base, importance=importances(tiny_base, 2, torch.float32))  # builds
+    ram_live.merge(tiny_agents, base=tiny_base, importance=importances(tiny_base, 2, torch.float32))  # builds
     for k in args.ks:
         base, agents = bm.build_inputs(args.size, k)
         params = sum(v.numel() for v in base.values())
@@ -271,11 +271,11 @@ def main(argv: list[str] | None = None) -> int:
                 info: dict = {}
 
                 def plain(agents: list = agents, base: dict = base, variant: str = variant) -> object:
-                    return ram_live.ram_merge(agents, base=base, variant=variant)
+                    return ram_live.merge(agents, base=base, method=variant)
 
                 def weighted(agents: list = agents, base: dict = base, variant: str = variant,
                              imps: list = imps) -> object:
-                    out, info["w"] = ram_live.ram_merge(agents, base=base, variant=variant, importance=imps,
+                    out, info["w"] = ram_live.merge(agents, base=base, method=variant, importance=imps,
                                                         return_info=True)
                     return out
 

@@ -24,7 +24,7 @@ changed entry is "active" for the paper's rule and every other entry has delta e
   names the CPU (``_host.cpu_label()``: model name, AVX-512 / AVX2). Also printed: the
   time to write one *new* output (allocation + first-touch page faults, which a merge returning a fresh state
   dict pays too, and which the floor leaves out).
-* RAM (``ram_merge(..., variant="ram")``), RAM+ (``variant="ram_plus"``, global rho; into a state dict it
+* RAM (``merge(..., method="ram")``), RAM+ (``variant="ram_plus"``, global rho; into a state dict it
   reads the inputs once: the merge counts and records who alone changed what, then lambda is applied from the
   base and the output) and ``probe``: wall time of the call from state dicts to the returned state dict /
   report, best of ``--reps``, each call on a collected heap trimmed by ``malloc_trim(0)`` (so that it faults
@@ -442,9 +442,9 @@ def run_method(method: str, agents: list[dict[str, torch.Tensor]], base: dict[st
     import ram_live
 
     if method == "ram":
-        return ram_live.ram_merge(agents, base=base, variant="ram", return_info=True, **options)
+        return ram_live.merge(agents, base=base, method="ram", return_info=True, **options)
     if method == "ram_plus":
-        return ram_live.ram_merge(agents, base=base, variant="ram_plus", return_info=True, **options)
+        return ram_live.merge(agents, base=base, method="ram_plus", return_info=True, **options)
     if method == "probe":
         return ram_live.probe(agents, base=base)
     raise ValueError(method)
@@ -615,7 +615,7 @@ def compare(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> d
 
 
 def profile(ks: list[int], quick: bool, device: torch.device, variant: str, top: int) -> None:
-    """One ``ram_merge`` per K under cProfile (every thread: ram_live shares a tensor's chunks among worker
+    """One ``merge`` per K under cProfile (every thread: ram_live shares a tensor's chunks among worker
     threads on CPU; C calls such as ``torch.sub`` show each op's time), then under torch.profiler with
     ``workers=1`` (torch.profiler records the calling thread's ops only)."""
     import cProfile
@@ -635,7 +635,7 @@ def profile(ks: list[int], quick: bool, device: torch.device, variant: str, top:
     for k in ks:
         subset = agents[:k]
         def fn(subset: list[dict[str, torch.Tensor]] = subset, **kw: Any) -> Any:
-            return ram_live.ram_merge(subset, base=base, variant=variant, **kw)
+            return ram_live.merge(subset, base=base, method=variant, **kw)
 
         fn()  # warm-up
         plain, _, share_plain = timed_once(fn, device)
@@ -670,7 +670,7 @@ def profile(ks: list[int], quick: bool, device: torch.device, variant: str, top:
         for p in threads:
             stats.add(p)
         stats.sort_stats("tottime").print_stats(top)
-        print(f"\n## cProfile: ram_merge(variant={variant!r}), K={k}: {plain:.2f} s without the profiler "
+        print(f"\n## cProfile: merge(method={variant!r}), K={k}: {plain:.2f} s without the profiler "
               f"(others' CPU {share_plain:.0%}), {wall:.2f} s under it (others' CPU {c.share:.0%}); main thread + "
               f"{len(threads)} worker threads, times summed over threads, sorted by tottime\n")
         print(stream.getvalue())
@@ -685,7 +685,7 @@ def profile(ks: list[int], quick: bool, device: torch.device, variant: str, top:
             wall = time.perf_counter() - t0
         del out
         sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        print(f"\n## torch.profiler: ram_merge(variant={variant!r}{', workers=1' if one_thread else ''}), K={k}: "
+        print(f"\n## torch.profiler: merge(method={variant!r}{', workers=1' if one_thread else ''}), K={k}: "
               f"{wall:.2f} s under the profiler (others' CPU {c.share:.0%}; sorted by {sort})\n")
         print(tp.key_averages().table(sort_by=sort, row_limit=top))
 
@@ -709,14 +709,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eager", action="store_true",
                     help="also time RAM and RAM+ on the torch eager path (native kernels off)")
     ap.add_argument("--compile", action="store_true",
-                    help="also time ram_merge(..., compile=True) for RAM and RAM+ (first call reported apart)")
+                    help="also time merge(..., compile=True) for RAM and RAM+ (first call reported apart)")
     ap.add_argument("--idle-wait", type=float,
                     help=f"before each timed run wait up to this many seconds for other processes to leave the "
                          f"CPUs (< {CONTENDED * 100:.0f}%% busy); at most {IDLE_BUDGET:g} s in all (quick: 20 s); "
                          f"0: never wait (default {IDLE_WAIT:g}; quick: 2)")
     ap.add_argument("--json", help="write all results to this JSON file")
     ap.add_argument("--profile", type=int, nargs="+", metavar="K",
-                    help="only profile one ram_merge per K (cProfile + torch.profiler) and exit")
+                    help="only profile one merge per K (cProfile + torch.profiler) and exit")
     ap.add_argument("--profile-variant", default="ram", choices=("ram", "ram_plus"))
     ap.add_argument("--profile-top", type=int, default=25)
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
@@ -896,7 +896,7 @@ def main(argv: list[str] | None = None) -> int:
                 theirs = load_file(str(saved))
                 row["check_bf16"] = compare(ram_out, theirs)
                 ram_out = None
-                ours32 = ram_live.ram_merge(subset, base=base, variant="ram", dtype=torch.float32)
+                ours32 = ram_live.merge(subset, base=base, method="ram", dtype=torch.float32)
                 row["check_f32"] = compare(ours32, theirs)
                 del ours32, theirs
                 saved.unlink()

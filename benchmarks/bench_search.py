@@ -2,7 +2,7 @@
 
     python benchmarks/bench_search.py [--hidden 512] [--layers 6] [--agents 3] [--budget 60] [--module]
 
-Prints, in one run: each candidate's merge time against one plain ``ram_merge`` of the same models and against a
+Prints, in one run: each candidate's merge time against one plain ``merge`` of the same models and against a
 plain ``merge()`` of the family's first candidate (new output each time), per family; the search's time split
 (merge / evaluate / other) and the share of everything but the evaluation; the extra peak resident memory of the
 search and of one plain merge per method, against one model's bytes (Linux: VmHWM, reset through
@@ -22,7 +22,7 @@ import torch
 from _host import cpu_label
 from torch import nn
 
-from ram_live import merge, ram_merge, search
+from ram_live import merge, search
 from ram_live.search import Trial
 from ram_live.search.target import Merger
 
@@ -131,8 +131,8 @@ def main() -> None:
         ties_cache_row(agents_in, base_in)
         return
 
-    ram_merge(agents_in, base=base_in)  # warm-up: native kernels, pools
-    plain_s = timed(lambda: ram_merge(agents_in, base=base_in), 7)
+    merge(agents_in, base=base_in)  # warm-up: native kernels, pools
+    plain_s = timed(lambda: merge(agents_in, base=base_in), 7)
     argv = [a for a in sys.argv[1:]]
     plain_peak = {m: peak_in_subprocess(m, argv) for m in ("ram_plus", "task_arithmetic", "ties", "dare_ties")}
     search_peak, ram_peak = peak_in_subprocess("search", argv), peak_in_subprocess("search-ram", argv)
@@ -141,28 +141,28 @@ def main() -> None:
     t0 = time.perf_counter()
     result = search(agents_in, base=base_in, evaluate=evaluate, budget=args.budget)
     wall = time.perf_counter() - t0
-    merger = Merger(agents_in, base_in)  # candidates again, each merged 3 times between plain ram_merge calls
+    merger = Merger(agents_in, base_in)  # candidates again, each merged 3 times between plain merge calls
     merger.merge({"method": "ram_plus"})
 
     params = sum(p.numel() for p in base.parameters())
     print(f"model: {args.layers} x Linear({args.hidden}) = {params / 1e6:.2f} M parameters ({model_bytes / 1e6:.1f} MB "
           f"float32), {args.agents} agents, {'module' if args.module else 'state-dict'} base, "
           f"{torch.get_num_threads()} threads, {cpu_label()}")
-    print(f"plain ram_merge (default RAM+: counts + merge, new output): median {plain_s * 1e3:.2f} ms of 7")
+    print(f"plain merge (default RAM+: counts + merge, new output): median {plain_s * 1e3:.2f} ms of 7")
     by_family: dict[str, list[Trial]] = {}
     for t in result.history:
         if t.score is not None:
             by_family.setdefault(t.family, []).append(t)
     print("candidate merge time (the family's best, re-merged into the search's output 3 times between plain "
-          "merges, medians): / plain ram_merge; / a plain merge() of the same candidate; during the search")
+          "merges, medians): / plain merge; / a plain merge() of the same candidate; during the search")
     for family, trials in by_family.items():
         best = max(trials, key=lambda t: t.score)
-        pairs = [(timed(lambda: merger.merge(best.candidate), 1), timed(lambda: ram_merge(agents_in, base=base_in), 1),
+        pairs = [(timed(lambda: merger.merge(best.candidate), 1), timed(lambda: merge(agents_in, base=base_in), 1),
                   timed(lambda: merge(agents_in, base=base_in, **best.candidate), 1)) for _ in range(3)]
         mine, plain, same = (statistics.median(x) for x in zip(*pairs))
         during = statistics.median(t.merge_seconds for t in trials) / plain_s
-        print(f"  {family:<16} n={len(trials):>2}  {mine * 1e3:8.2f} ms   / ram_merge {mine / plain:6.2f}   "
-              f"/ same candidate {mine / same:5.2f}   during the search / ram_merge {during:6.2f}")
+        print(f"  {family:<16} n={len(trials):>2}  {mine * 1e3:8.2f} ms   / merge {mine / plain:6.2f}   "
+              f"/ same candidate {mine / same:5.2f}   during the search / merge {during:6.2f}")
     total = result.total_seconds
     print(f"search: {len(result.history)} trials in {wall:.3f} s wall; merge {result.merge_seconds:.3f} s, evaluate "
           f"{result.evaluate_seconds:.3f} s, other {result.overhead_seconds:.3f} s; "

@@ -171,7 +171,7 @@ def importance_quality(seed: int = 0) -> dict:
     largest change of the merged values, relative to the largest |τ*| of the reference."""
     from torch import nn
 
-    from ram_live import adam_importance, ram_merge
+    from ram_live import adam_importance, merge
 
     torch.manual_seed(seed)
 
@@ -193,12 +193,12 @@ def importance_quality(seed: int = 0) -> dict:
         agents[f"a{i}"] = {k: v.detach().clone() for k, v in m.state_dict().items()}
         imps[f"a{i}"] = adam_importance(opt, m)
         store.writer(f"a{i}", base=base).snapshot(m, step=200, importance=imps[f"a{i}"])
-    ref = ram_merge(agents, base=base, importance=imps)
+    ref = merge(agents, base=base, importance=imps)
     tau = max(float((ref[k] - base[k]).abs().max()) for k in ref)
-    rows = {"store codes": ram_merge(store.latest_all()),
-            "bf16 importances": ram_merge(agents, base=base, importance={
+    rows = {"store codes": merge(store.latest_all()),
+            "bf16 importances": merge(agents, base=base, importance={
                 a: {k: v.bfloat16() for k, v in d.items()} for a, d in imps.items()}),
-            "plain RAM (scale)": ram_merge(agents, base=base)}
+            "plain RAM (scale)": merge(agents, base=base)}
     out = {name: max(float((m[k] - ref[k]).abs().max()) for k in ref) / tau for name, m in rows.items()}
     for name, v in out.items():
         print(f"{name:>18}: max |merged - merged with float32 importances| / max |tau*| = {v:.2e}")

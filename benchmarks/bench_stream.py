@@ -41,8 +41,8 @@ What it does
    * ``single-thread copy + write: not a floor``: the floor of issue 7, kept for comparison (one thread memcpys
      each tensor out of the mmap into one buffer, then ``write()``; RAM beat it, 0.86 × cold). Not with
      ``--no-single-thread``.
-   * ``ram_live RAM`` / ``ram_live RAM+``: ``ram_live.ram_merge([agent folders], base=base folder, out=folder,
-     variant="ram" | "ram_plus", max_shard_bytes=--shard-bytes)``; RAM+ is two passes (global ρ).
+   * ``ram_live RAM`` / ``ram_live RAM+``: ``ram_live.merge([agent folders], base=base folder, out=folder,
+     method="ram" | "ram_plus", max_shard_bytes=--shard-bytes)``; RAM+ is two passes (global ρ).
    * ``mergekit ram``: ``mergekit-yaml`` (0.1.5, from ``benchmarks/.venv-mergekit``, built by
      ``benchmarks/mergekit_env.sh``) with ``merge_method: ram``, ``base_model:`` the base folder, ``models:`` the
      agents, ``dtype: bfloat16``, options ``--lazy-unpickle --no-copy-tokenizer --no-write-model-card
@@ -61,7 +61,7 @@ What it does
    (wall × cores): other users' load.
 3. **Verification** (a child, after the timings, on the warm outputs): the RAM and RAM+ outputs load with
    ``LlamaForCausalLM.from_pretrained`` and give finite logits; on a few tensors, the RAM output equals
-   ``ram_merge`` of the same tensors in memory, and both RAM and RAM+ equal a by-hand float32 evaluation of
+   ``merge`` of the same tensors in memory, and both RAM and RAM+ equal a by-hand float32 evaluation of
    Eq. 7 (λ_t of RAM+ from the run's ``MergeInfo``); mergekit's output is compared with ram_live's RAM.
 4. **Targets**: peak RSS ≤ 4 × the largest tensor + 500 MB; seconds (``+fsync``) ≤ 1.5 × the floor of the same
    cache state, for RAM (RAM+ reported against the same bound). Every heading names the CPU (``cpu_label()``:
@@ -571,7 +571,7 @@ def child_ram(spec: dict[str, Any]) -> dict[str, Any]:
 
     base_rss = proc_status().get("VmRSS")
     t0 = time.time()
-    _, info = ram_live.ram_merge(spec["agents"], base=spec["base"], out=spec["out"], variant=spec["variant"],
+    _, info = ram_live.merge(spec["agents"], base=spec["base"], out=spec["out"], method=spec["variant"],
                                  max_shard_bytes=spec["shard_bytes"], return_info=True,
                                  compile=spec.get("compile", "auto"))
     t1 = time.time()
@@ -680,7 +680,7 @@ def child_verify(spec: dict[str, Any]) -> dict[str, Any]:
         if lambdas:
             lam = torch.tensor([lambdas[f"agent_{t}"] for t in range(len(ags))]).view(-1, *[1] * b.dim())
             expect["ram_live RAM+"] = (b32 + torch.where(c == 1, (tz * lam).sum(0), mean)).to(torch.bfloat16)
-        mem = ram_live.ram_merge([{key: a} for a in ags], base={key: b}, variant="ram")[key]
+        mem = ram_live.merge([{key: a} for a in ags], base={key: b}, method="ram")[key]
         got_ram = None
         for label, out in spec["outputs"].items():
             got = read(Path(out), key)
@@ -1089,7 +1089,7 @@ def render(runs: list[dict[str, Any]], gen: dict[str, Any], largest: int, rss_ta
             if "bitwise_equal_to_eager" in res:
                 bits.append(f"= eager output bit for bit: {res['bitwise_equal_to_eager']}")
             if "bitwise_equal_in_memory_ram_merge" in res:
-                bits.append(f"= in-memory ram_merge: {res['bitwise_equal_in_memory_ram_merge']}")
+                bits.append(f"= in-memory merge: {res['bitwise_equal_in_memory_ram_merge']}")
             if "equal_by_hand" in res:
                 bits.append(f"= Eq. 7 by hand: {res['equal_by_hand']:.4%} (max |Δ| {res['max_abs_diff_by_hand']:.2g})")
             if "equal_to_ram_live_ram" in res:

@@ -87,7 +87,7 @@ def writer_main(store_dir: str, agent: str, keep: int | None, limit: int | None)
 
 
 def merger_main(store_dir: str, seconds: float) -> None:
-    from ram_live import ram_merge
+    from ram_live import merge
     from ram_live.store import SnapshotNotFoundError, SnapshotStore
 
     base = make_base()
@@ -111,8 +111,8 @@ def merger_main(store_dir: str, seconds: float) -> None:
                     errors.append(f"torn read: {agent} step {snap.step} tensor {k}")
             reads += 1
         if len(snaps) >= 2 and reads % 4 == 0:
-            merged = ram_merge(snaps)
-            ref = ram_merge({a: expected(base, a, s.step) for a, s in snaps.items()}, base=base)
+            merged = merge(snaps)
+            ref = merge({a: expected(base, a, s.step) for a, s in snaps.items()}, base=base)
             if any(not torch.equal(merged[k], ref[k]) for k in ref):
                 errors.append("merge from the store differs from the merge of the expected weights")
             merges += 1
@@ -129,7 +129,7 @@ def _spawn(*args: str) -> subprocess.Popen:
 
 
 def crash_trials(trials: int, seed: int, store_dir: str | None = None, max_delay: float = 0.6) -> dict:
-    from ram_live import ram_merge
+    from ram_live import merge
     from ram_live.store import SnapshotStore
 
     rng = random.Random(seed)
@@ -174,8 +174,8 @@ def crash_trials(trials: int, seed: int, store_dir: str | None = None, max_delay
                 results["snapshots_checked"] += 1
             if listed:
                 latest = store.latest("crash")
-                merged = ram_merge({"crash": latest})
-                want = ram_merge({"crash": expected(base, "crash", latest.step)}, base=base)
+                merged = merge({"crash": latest})
+                want = merge({"crash": expected(base, "crash", latest.step)}, base=base)
                 if any(not torch.equal(merged[k], want[k]) for k in want):
                     results["failures"].append(f"trial {trial}: merge of the latest snapshot != merge of its weights")
             folder = Path(tmp) / "crash"

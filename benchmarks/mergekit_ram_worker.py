@@ -15,7 +15,7 @@ imports it: this file is meant to run in a subprocess under ``benchmarks/.venv-m
 How mergekit is called
 ----------------------
 ``mergekit.merge_methods.get(variant)`` returns the registered method object (``@merge_method``
-turns ``ram_merge`` / ``ramplus_tl_merge`` into a ``FunctionalGroupMergeMethod``). Its public,
+turns ``merge`` / ``ramplus_tl_merge`` into a ``FunctionalGroupMergeMethod``). Its public,
 stateless ``__call__(groups, *, parameters, dtype, out_dtype)`` is what mergekit's graph adapter
 ``ExecuteMergeMethodTask.execute`` ends up running (through ``_execute_resolved``) for every output
 tensor. Per tensor key this worker builds ``TensorGroup.from_tensors([base, agent_0, ...],

@@ -28,7 +28,7 @@ import torch
 from ram_live.integrations.lightning import RAMCallback
 from torch import nn
 
-from ram_live import merge, probe, ram_merge
+from ram_live import RamConfig, Unit, merge, probe, ram_merge
 from ram_live.store import SnapshotStore
 
 TASKS = ("task0", "task1", "task2")
@@ -129,7 +129,7 @@ def main() -> None:
     base_model = Net()
     base_model.load_state_dict(base_state)
     generalist, info = ram_merge(latest, base=base_model, return_info=True)          # RAM+ (paper defaults)
-    plain = ram_merge(latest, base=base_model, variant="ram")
+    plain = ram_merge(latest, base_model, RamConfig(lam=Unit()))                    # RAM (λ = 1)
     average = merge(latest, base=base_model, method="linear")                       # plain averaging
     ties = merge(latest, base=base_model, method="ties", density=0.2)
 

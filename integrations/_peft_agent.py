@@ -26,7 +26,6 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, InputMismatchError, RamLiveError
-from ..options import RamOptions
 from ..peft.factors import AdapterSet, Factor, weight_key
 from ..peft.merging import finish_report, merge_in_delta_space, merge_into_base, prepare_merge
 from ..peft.refactoring import Refactored, make_refactorer
@@ -111,7 +110,7 @@ class LoraSchedule(RAMSchedule):
     def __init__(self, store: Any, agent: str, *, sparsify: Any = "auto", into_base: bool = False,
                  svd_options: SvdOptions | Mapping[str, Any] | None = None, **options: Any) -> None:
         super().__init__(store, agent, **options)
-        self._init_lora(lora_options(sparsify, into_base, svd_options, self.ram.variant))
+        self._init_lora(lora_options(sparsify, into_base, svd_options, self.ram.method))
 
     @classmethod
     def adopt(cls, schedule: RAMSchedule, options: Mapping[str, Any],
@@ -262,9 +261,8 @@ class LoraSchedule(RAMSchedule):
         picks, sources = _open_latest(self, LocalModel.from_obj(self._live(), name=self.agent), step)
         adapters = self._adapter_set(picks, sources)
         ram = self.ram
-        defaults = RamOptions(variant=ram.variant).method_options()
-        options = {k: v for k, v in ram.method_options().items() if v != defaults[k]}  # eps: 0 with a rule
-        prep = prepare_merge(adapters, ram.variant, options, self.sparsify)
+        method, options = ram.flat()  # the keywords that differ from the defaults (eps: 0 with a rule)
+        prep = prepare_merge(adapters, method, options, self.sparsify)
         report = AdapterMergeReport(adapters.names, "base weights" if self.into_base else "adapter")
         factors: dict[str, Refactored] = {}
         with torch.no_grad():
@@ -282,11 +280,11 @@ class LoraSchedule(RAMSchedule):
                     tensors[f"{m}.lora_A"], tensors[f"{m}.lora_B"] = f.A, f.B
             finish_report(prep, info, report, warn_dense=True)
         names = list(picks)
-        lambdas = dict(info.lambdas or ({n: 1.0 for n in names} if ram.variant == "ram" else {}))
+        lambdas = dict(info.lambdas or ({n: 1.0 for n in names} if ram.method == "ram" else {}))
         self.last_merge_step = step
         self.merges += 1
         return LoraMergeResult(step, tensors, picks, lambdas, dict(info.rho or {}), dict(report.active),
-                               time.perf_counter() - t0, ram.variant, adapters=adapters, factors=factors,
+                               time.perf_counter() - t0, ram.method, adapters=adapters, factors=factors,
                                report=report)
 
     def _adapter_set(self, picks: Mapping[str, int], sources: Mapping[str, Any]) -> AdapterSet:

@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - depends on the environment
         ) from exc
 
 from ..errors import RamLiveError
-from ..options import RamOptions
+from ..ram_config import RamConfig
 from ..training.tensors import ScheduleAdapter, swap_tensors
 from ..training.schedule import MergeResult, RAMSchedule, metric_float
 from ..training.search import save_next_to
@@ -90,8 +90,9 @@ class RAMCallback(ScheduleAdapter, Callback):
         evaluate: ``evaluate(module) -> dict`` called with the merged weights swapped in; ``None`` runs the
             module's ``validation_step`` over the validation dataloaders instead (when it has them); ``False``
             only logs the probe numbers.
-        ram: the merges' :class:`~ram_live.options.RamOptions` (or a mapping of its fields), as in
-            :func:`ram_live.ram_merge`.
+        ram: the merges' :class:`~ram_live.RamConfig` (default ``RamConfig()``: RAM+), or its flat mapping
+            (``{"method": "ram", "eps": 0.0}``, :meth:`~ram_live.RamConfig.to_dict`), as in
+            :class:`~ram_live.RAMSchedule`.
         snapshot_activity, snapshot_eps: ``"changed"`` (lossless, default) or ``"abs"`` (keep |τ| > snapshot_eps).
         keep: keep only this run's newest ``keep`` snapshots.
         agents: merge only these agents (default: every agent of the store).
@@ -123,8 +124,8 @@ class RAMCallback(ScheduleAdapter, Callback):
             similar steps raw and corrected tie, 79.4 % both on the RL demo, benchmarks/quality.md; only ratios
             between agents matter, and agents at different steps are reweighted by it).
         **schedule_options: ``snapshot_activity``, ``snapshot_eps``, ``keep``, ``agents``, ``async_write``,
-            ``durable``, ``search`` above, the other options of :class:`~ram_live.RAMSchedule`, and RAM's options
-            as keywords (``variant="ram", r=0.2``, put over ``ram``); any other name is a ``ConfigError``.
+            ``durable``, ``search`` above, the other options of :class:`~ram_live.RAMSchedule`; any other name
+            (RAM's options among them: they go in ``ram=RamConfig(...)``) is a ``ConfigError``.
     """
 
     def __init__(
@@ -135,7 +136,7 @@ class RAMCallback(ScheduleAdapter, Callback):
         snapshot_every: int | None = None,
         merge_every: int | None = None,
         evaluate: Callable[[Any], Mapping[str, Any]] | bool | None = None,
-        ram: RamOptions | Mapping[str, Any] | None = None,
+        ram: RamConfig | Mapping[str, Any] | None = None,
         *,
         snapshot_on_train_end: bool = True,
         val_batches: int | None = None,

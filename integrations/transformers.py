@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..errors import ConfigError, RamLiveError
 from ..training.tensors import ScheduleAdapter
-from ..options import RamOptions
+from ..ram_config import RamConfig
 from ..training.schedule import MergeResult, RAMSchedule, metric_float
 from ..training.search import save_next_to
 from ..store import SnapshotStore
@@ -84,8 +84,9 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             trainer's ``eval_*``); ``None``: only the probe numbers.
         merged_dir: save every generalist as ``merged_dir/step-<N>`` (``save_pretrained`` with the run's
             tokenizer/processor; written to a temporary name and renamed), on the main process.
-        ram: the merges' :class:`~ram_live.options.RamOptions` (or a mapping of its fields), as in
-            :func:`ram_live.ram_merge`; saved with the checkpoint's arguments as ``ram`` (:meth:`RamOptions.to_dict`).
+        ram: the merges' :class:`~ram_live.RamConfig` (default ``RamConfig()``: RAM+), or its flat mapping
+            (``{"method": "ram", "eps": 0.0}``); saved with the checkpoint's arguments as ``ram``
+            (:meth:`RamConfig.to_dict`).
         snapshot_on_train_end: take a last snapshot when training ends.
         importance: ``"adam"`` (default): at each snapshot read Adam's ``exp_avg_sq`` from the live optimizer
             (the ``optimizer`` the trainer passes to its callbacks; ``ram_live.importance.adam_importance``) and
@@ -107,9 +108,8 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             ``search`` and the trainer from the callback it replaces.
         **schedule_options: the options of :class:`~ram_live.RAMSchedule` (``snapshot_activity``,
             ``snapshot_eps``, ``keep``, ``agents``, ``async_write``, ``durable``, ...; ``search``: a
-            :class:`~ram_live.training.search.SearchSetting`, each merge the one :func:`ram_live.search` picks) and
-            RAM's options as keywords (``variant="ram", r=0.2``, put over ``ram``); any other name is a
-            ``ConfigError``.
+            :class:`~ram_live.training.search.SearchSetting`, each merge the one :func:`ram_live.search` picks); any
+            other name (RAM's options among them: they go in ``ram=RamConfig(...)``) is a ``ConfigError``.
 
     Example:
         >>> cb = RAMTrainerCallback("runs/ram", "coder", snapshot_every=10, merge_every=50,
@@ -126,7 +126,7 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         snapshot_on_save: bool = False,
         evaluate: Callable[[Any], Mapping[str, Any]] | str | None = None,
         merged_dir: str | os.PathLike[str] | None = None,
-        ram: RamOptions | Mapping[str, Any] | None = None,
+        ram: RamConfig | Mapping[str, Any] | None = None,
         *,
         snapshot_on_train_end: bool = True,
         trainer: Any = None,
@@ -146,10 +146,10 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         RAMSchedule.check_options(schedule_options, "RAMTrainerCallback")
         self.schedule = RAMSchedule(store, agent, snapshot_every=snapshot_every, merge_every=merge_every, ram=ram,
                                     **schedule_options)
-        self._lora = lora_options(sparsify, into_base, svd_options, self.schedule.ram.variant)
+        self._lora = lora_options(sparsify, into_base, svd_options, self.schedule.ram.method)
         # the JSON arguments a resumed run rebuilds the callback from (search: taken from the live instance)
         given = {k: list(v) if k == "agents" and v is not None else v for k, v in schedule_options.items()
-                 if k not in RamOptions.names() and k != "search"}
+                 if k != "search"}
         self._args = {"store": str(store), "agent": agent, "snapshot_every": snapshot_every,
                       "merge_every": merge_every, "snapshot_on_save": snapshot_on_save,
                       "merged_dir": str(merged_dir) if merged_dir is not None else None,

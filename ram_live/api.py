@@ -13,8 +13,8 @@ from .engine.run import run_merge
 from .engine.stream import DEFAULT_CHUNK_NUMEL
 from .types import MergeInfo
 from .errors import ConfigError, MissingBaseError, NoAgentsError
-from .methods import RamStatistics, get_method, make_config
-from .options import RamOptions
+from .methods import RamStatistics, get_method, make_config, method_of_config
+from .ram_config import RamConfig
 from .progress import ProgressHook, TerminalProgress
 from .io.distributed import Distributed
 from .io.hub import resolve_model
@@ -25,7 +25,7 @@ from .io.sources import SafetensorsSource, TensorSource, ZerosSource, as_source,
 #: What ``dtype=`` may ask merged tensors to be stored as.
 OUTPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-__all__ = ["merge", "ram_merge", "merge_task_vectors", "RamOptions"]
+__all__ = ["merge", "ram_merge", "merge_task_vectors"]
 
 Model = nn.Module | Mapping[str, Tensor] | str | os.PathLike | TensorSource
 Models = Sequence[Model] | Mapping[str, Model]
@@ -98,7 +98,7 @@ def _carried_base(agents: list[TensorSource]) -> TensorSource:
 
 def merge_task_vectors(
     task_vectors: Sequence[Mapping[str, Tensor]] | Mapping[str, Mapping[str, Tensor]],
-    method: str = "ram_plus",
+    method: str | None = None,
     *,
     return_info: bool = False,
     chunk_numel: int = DEFAULT_CHUNK_NUMEL,
@@ -122,7 +122,7 @@ def merge_task_vectors(
 def merge(
     models: Models,
     base: Model | None = None,
-    method: str = "ram_plus",
+    method: str | None = None,
     *,
     inplace: bool = False,
     out: str | os.PathLike[str] | None = None,
@@ -140,7 +140,10 @@ def merge(
     importance: Any = None,
     **options: Any,
 ) -> Any:
-    """Merge ``models`` (agents fine-tuned from ``base``) with ``method``; ``options`` go to its config.
+    """Merge ``models`` (agents fine-tuned from ``base``) with ``method`` (default: ``config``'s method, or
+    ``"ram_plus"``); ``options`` go to its config, or ``config`` is the method's config (``RamConfig(...)``,
+    ``TiesConfig(...)``). A method name and a config that disagree (``method="ram", config=RamConfig()``, which
+    is RAM+) are a :class:`~ram_live.errors.ConfigError`; so are RAM options given both ways.
 
     Returns what ``base`` is: a new ``nn.Module`` of the base's structure (inputs untouched), the base itself
     with ``inplace=True``, or a state dict (also for a path base); with ``out=`` writes safetensors (a file
@@ -178,6 +181,8 @@ def merge(
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP
     """
     dev = check_run_options(device, chunk_numel, workers)
+    if method is None:
+        method = method_of_config(config) if config is not None else "ram_plus"
     method_obj = get_method(method)
     cfg = make_config(method, config, **options)
     agents, base_src = input_sources(models, base)
@@ -234,39 +239,41 @@ def merge(
 def ram_merge(
     models: Models,
     base: Model | None = None,
-    *,
-    options: RamOptions | Mapping[str, Any] | None = None,
+    config: RamConfig | None = None,
     **kwargs: Any,
 ) -> Any:
-    """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``: :func:`merge` with the method
-    and its options given by a :class:`~ram_live.options.RamOptions`.
+    """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``: :func:`merge` with a
+    :class:`~ram_live.ram_config.RamConfig` (default ``RamConfig()``: RAM+ with the paper's r = 0.1, α = 2).
 
     Args:
         models, base: the agents and the model they were trained from (see :func:`merge` for inputs and outputs).
-        options: a :class:`~ram_live.options.RamOptions` (or a mapping of its fields): ``variant`` (``"ram"``:
-            λ = 1; ``"ram_plus"``: λ_t = 1 + r·clip(ρ_t, 0, alpha), paper defaults r=0.1, alpha=2;
-            ``"ram_plus_soft"``: λ_t = 1 + r·ρ_t/(1+ρ_t)), ``rho_scope`` (``"global"``: one ρ per agent over the
-            whole model, the paper; ``"tensor"``: mergekit's ``ramplus_tl``), ``activity`` (``"abs"``: |τ| > eps,
-            the paper; ``"changed"``: the stored value differs), ``lambdas``, ``exclude``, ``shared`` (``"sign"``:
-            the conflict-aware shared region, docs/methods.md). The authors' script:
-            ``r=0.2, alpha=1.0``; mergekit ``ramplus_tl``: ``r=0.1, alpha=0.2, rho_scope="tensor"``.
-        **kwargs: RAM options as keywords (``variant="ram", r=0.2``: put over ``options``), and :func:`merge`'s
-            keywords (``out``, ``inplace``, ``device``, ``dtype``, ``chunk_numel``, ``max_shard_bytes``,
-            ``return_info``, ``progress``, ``workers``, ``process_group``, ``compile``, ``statistics``,
-            ``importance``: ``{agent: importances}`` for curvature-aware RAM, docs/curvature.md). Any other name
-            is a :class:`~ram_live.errors.ConfigError` naming it.
+        config: the merge: ``lam`` (``Unit()``: λ = 1; ``RhoClip(r, alpha)``: λ_t = 1 + r·clip(ρ_t, 0, alpha);
+            ``RhoSoft(r)``: λ_t = 1 + r·ρ_t/(1+ρ_t); ``Given({agent: λ})``), ``rho_scope``, ``activity``, ``eps``,
+            ``exclude``, ``shared``. The authors' script: ``RhoClip(r=0.2, alpha=1.0)``; mergekit ``ramplus_tl``:
+            ``RamConfig(lam=RhoClip(r=0.1, alpha=0.2), rho_scope="tensor")``.
+        **kwargs: :func:`merge`'s keywords (``out``, ``inplace``, ``device``, ``dtype``, ``chunk_numel``,
+            ``max_shard_bytes``, ``return_info``, ``progress``, ``workers``, ``process_group``, ``compile``,
+            ``statistics``, ``importance``: ``{agent: importances}`` for curvature-aware RAM, docs/curvature.md).
+
+    Returns:
+        What :func:`merge` returns.
+
+    Raises:
+        ConfigError: ``method=`` or flat RAM options (``r=0.2``: put them in the config, or call
+            ``merge(models, base, method="ram_plus", r=0.2)``), or a config that is not a :class:`RamConfig`.
 
     >>> generalist = ram_merge([coder, tool_agent, memory_agent], base=base_model)          # doctest: +SKIP
-    >>> generalist = ram_merge(agents, base=base_model, options=RamOptions(r=0.2, alpha=1.0))  # doctest: +SKIP
-    >>> generalist, info = ram_merge(agents, base=base_model, return_info=True)
-    ... info.lambdas                                                                          # doctest: +SKIP
-    >>> sweep = [ram_merge(agents, base=base_model, r=r, statistics=info.statistics)        # doctest: +SKIP
-    ...          for r in (0.05, 0.1, 0.2)]                       # one pass each: the counts are reused
+    >>> generalist = ram_merge(agents, base_model, RamConfig(lam=RhoClip(r=0.2, alpha=1.0)))  # doctest: +SKIP
+    >>> sweep = [ram_merge(agents, base_model, RamConfig(lam=RhoClip(r=r)), statistics=info.statistics)
+    ...          for r in (0.05, 0.1, 0.2)]                       # doctest: +SKIP
     """
-    for name in ("method", "config"):
-        if name in kwargs:
-            raise ConfigError(f"ram_merge takes no {name}=: the RAM variant is options.variant (or variant=); "
-                              "merge(models, base, method=...) runs any method")
-    opts = RamOptions.of(options, where="ram_merge",
-                         **{k: kwargs.pop(k) for k in RamOptions.names() if k in kwargs})
-    return merge(models, base, opts.variant, **kwargs, **opts.method_options())
+    if "method" in kwargs:
+        raise ConfigError("ram_merge takes no method=: the config is the method (RamConfig(lam=...)); "
+                          "merge(models, base, method=...) runs any method")
+    flat = sorted(set(kwargs) & {f for m in ("ram", "ram_plus", "ram_plus_soft") for f in RamConfig.flat_names(m)})
+    if flat:
+        raise ConfigError(f"ram_merge takes the RAM options in config=RamConfig(...), not as keywords "
+                          f"({', '.join(flat)}); or merge(models, base, method='ram_plus', {flat[0]}=...)")
+    if config is not None and not isinstance(config, RamConfig):
+        raise ConfigError(f"ram_merge: config must be a RamConfig, got {type(config).__name__}")
+    return merge(models, base, config=config if config is not None else RamConfig(), **kwargs)

@@ -63,6 +63,18 @@ class MergekitPlan:
     options: dict[str, Any] = field(default_factory=dict)
     dtype: torch.dtype | None = None
 
+    def config(self) -> Any:
+        """The method's config: for ``ram`` / ``ramplus_tl`` a :class:`~ram_live.RamConfig`
+        (``ramplus_tl``: ``RamConfig(lam=RhoClip(r, alpha), rho_scope="tensor")``), which
+        ``merge(models, base, config=plan.config())`` runs as :meth:`merge` does.
+
+        Raises:
+            ConfigError: options the method does not take.
+        """
+        from .methods import make_config
+
+        return make_config(self.method, **self.options)
+
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of :func:`ram_live.merge` besides the models and the base."""
         return {"method": self.method, "dtype": self.dtype, **self.options}

@@ -1,5 +1,5 @@
-"""The value checks of options, torch-free (``ram-live --help`` and :mod:`ram_live.options` import no torch):
-each raises :class:`~ram_live.errors.ConfigError` naming the option."""
+"""The value checks of every method's options, in one module and torch-free (``ram-live --help`` and
+:mod:`ram_live.ram_config` import no torch): each raises :class:`~ram_live.errors.ConfigError` naming the option."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["FLOAT32_MAX", "Lambdas", "check_choice", "check_finite", "check_lambdas", "check_names", "check_range"]
+__all__ = ["FLOAT32_MAX", "Lambdas", "check_choice", "check_densities", "check_finite", "check_lambdas", "check_names",
+           "check_range", "check_weights"]
 
 #: Options are applied to float32 task vectors: a value beyond float32's range is as useless as ±Inf.
 FLOAT32_MAX = 3.4028234663852886e38
@@ -45,7 +46,7 @@ def check_names(option: str, names: Any) -> tuple[str, ...]:
 
 class Lambdas(dict):
     """``{agent: λ}`` held by a frozen config: a dict (JSON, ``==``, ``isinstance(x, dict)`` as before) that hashes
-    by its items, so configs and :class:`~ram_live.RamOptions` holding one hash (search caches, sets). Do not edit
+    by its items, so configs holding one hash (:class:`~ram_live.Given`) (search caches, sets). Do not edit
     it in place: the config's hash would change."""
 
     def __hash__(self) -> int:  # type: ignore[override]
@@ -63,3 +64,27 @@ def check_lambdas(lambdas: Any) -> Lambdas:
         check_finite(f"lambdas[{name!r}]", value)
         out[name] = float(value)
     return out
+
+
+def check_weights(weights: Sequence[float] | None) -> None:
+    """``weights``: None, or finite numbers, one per agent (a tensor's ``tolist()``)."""
+    if weights is None:
+        return
+    if isinstance(weights, (Mapping, str, bytes)) or not isinstance(weights, Collection):
+        raise ConfigError(
+            f"weights must be a sequence of numbers, one per agent in the agents' order, got {type(weights).__name__}"
+        )
+    for i, w in enumerate(weights.tolist() if callable(getattr(weights, "tolist", None)) else weights):
+        check_finite(f"weights[{i}]", w)
+
+
+def check_densities(densities: Sequence[float] | None, positive: bool) -> None:
+    """``densities``: None, or numbers in [0, 1] (``positive``: > 0, as DARE rescales by 1/density)."""
+    if densities is None:
+        return
+    if isinstance(densities, (Mapping, str, bytes)) or not isinstance(densities, Collection):
+        raise ConfigError(f"densities must be a sequence of numbers, one per agent, got {type(densities).__name__}")
+    for i, d in enumerate(densities):
+        check_range(f"densities[{i}]", d, 0.0, 1.0)
+        if positive and d == 0:
+            raise ConfigError(f"densities[{i}] must be > 0 for DARE (survivors are rescaled by 1/density)")

@@ -25,8 +25,8 @@ from .engine.reader import Reader
 from .engine.stream import DEFAULT_CHUNK_NUMEL, DeltaStream, digest_update, inputs_digest
 from .engine.threads import in_native_workers, native_walk, worker_count
 from .errors import ConfigError
-from .methods import RAM_VARIANTS, Activity, RamPlusConfig, RamStatistics, ram_activity
-from .options import RamOptions
+from .methods import RAM_METHODS, Activity, RamStatistics, ram_activity
+from .ram_config import RamConfig, RhoClip
 
 __all__ = ["probe", "ProbeReport", "AgentStats"]
 
@@ -213,7 +213,7 @@ class ProbeReport:
 
 def _lambdas(active: int, unique: int, r: float, alpha: float) -> dict[str, float]:
     value = F.rho(unique, active)
-    return {v: F.ram_lambda(value, v, r, alpha) for v in RAM_VARIANTS}
+    return {v: F.ram_lambda(value, v, r, alpha) for v in RAM_METHODS}
 
 
 def _torch_counts(stream: DeltaStream, k: int) -> ProbeCounts:
@@ -268,7 +268,7 @@ def probe(
     models: Models,
     base: Model | None = None,
     *,
-    options: RamOptions | None = None,
+    config: RamConfig | None = None,
     device: str | torch.device | None = None,
     chunk_numel: int = DEFAULT_CHUNK_NUMEL,
     workers: int | None = None,
@@ -279,22 +279,33 @@ def probe(
     other inputs through torch ops; both give the same counts.
 
     Args:
-        options: a :class:`~ram_live.RamOptions`; the probe reads its :data:`PROBE_OPTIONS` (``eps``,
-            ``activity``: the activity rule; ``r``, ``alpha``: the λ it reports per variant).
-        ram_options: those four as keywords (``eps=0.0``), put over ``options``.
+        config: a :class:`~ram_live.RamConfig`; the probe reads ``eps`` and ``activity`` (the activity rule) and
+            its λ rule's ``r``, ``alpha`` where it has them (the λ it reports per method; else the defaults).
+        ram_options: :data:`PROBE_OPTIONS` as keywords (``eps=0.0, r=0.2``), instead of ``config``.
+
+    Returns:
+        The :class:`ProbeReport`.
+
+    Raises:
+        ConfigError: an option that does not change a probe, ``config`` with keywords, or an invalid value.
 
     >>> report = probe({"coder": coder, "tools": tool_agent}, base=base_model)   # doctest: +SKIP
     >>> report.agents["coder"].rho, report.agents["coder"].lambdas["ram_plus"]    # doctest: +SKIP
     """
     unread = sorted(set(ram_options) - set(PROBE_OPTIONS))
     if unread:
-        RamOptions.check_names(unread, "probe", others=("options", "device", "chunk_numel", "workers"))
         raise ConfigError(f"probe: option(s) {', '.join(map(repr, unread))} do not change a probe; it reads "
-                          f"{', '.join(PROBE_OPTIONS)}")
-    opts = RamOptions.of(options, where="probe", **ram_options)
-    eps, r, alpha = opts.eps, opts.r, opts.alpha
+                          f"{', '.join(PROBE_OPTIONS)} (or config=RamConfig(...))")
+    if config is not None and ram_options:
+        raise ConfigError("probe: give config= or the options as keywords, not both")
+    if config is not None and not isinstance(config, RamConfig):
+        raise ConfigError(f"probe: config must be a RamConfig, got {type(config).__name__}")
+    if config is None:
+        lam = RhoClip(**{k: ram_options[k] for k in ("r", "alpha") if k in ram_options})
+        config = RamConfig(lam=lam, **{k: ram_options[k] for k in ("eps", "activity") if k in ram_options})
+    defaults = RhoClip()
+    r, alpha = getattr(config.lam, "r", defaults.r), getattr(config.lam, "alpha", defaults.alpha)
     dev = check_run_options(device, chunk_numel, workers)
-    config = RamPlusConfig(eps=eps, activity=opts.activity, r=r, alpha=alpha)
     rule = ram_activity(config)
     agents, base_src = input_sources(models, base)
     plan = build_plan(base_src, agents)

@@ -85,9 +85,9 @@ def test_lightning_stores_exp_avg_sq_and_merges_use_it(tmp_path: Path) -> None:
             assert active.any()
             assert torch.equal(snap.importance.get(name), _stored(v, active)), (step, name)
     _fit(tmp_path, "b", 1)
-    from ram_live import ram_merge
+    from ram_live import merge
 
-    _, info = ram_merge(store.latest_all(), return_info=True)
+    _, info = merge(store.latest_all(), return_info=True)
     assert info.extra["importance"] == "store"
 
 

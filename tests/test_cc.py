@@ -228,11 +228,11 @@ def test_a_part_that_does_not_build_falls_back_to_the_torch_path(tmp_path, monke
 
     agents = {f"a{i}": model(i) for i in (1, 2, 3)}
     monkeypatch.setenv("RAM_LIVE_NATIVE", "0")
-    want = ram_live.ram_merge(agents, base=model(0), variant=variant)
+    want = ram_live.merge(agents, base=model(0), method=variant)
     monkeypatch.delenv("RAM_LIVE_NATIVE")
     monkeypatch.setattr(native, "_KERNELS", failing)
     target = model(0)
-    got, info = ram_live.ram_merge(agents, base=target, variant=variant, inplace=inplace, return_info=True)
+    got, info = ram_live.merge(agents, base=target, method=variant, inplace=inplace, return_info=True)
     assert info.extra["kernels"].get("native", 0) >= 1 and info.extra["kernels"].get("eager", 0) >= 1
     for (name, a), b in zip(want.state_dict().items(), got.state_dict().values()):
         assert torch.equal(a.view(torch.uint8) if a.dtype == torch.bfloat16 else a,

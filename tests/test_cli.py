@@ -78,7 +78,7 @@ def test_torchrun_distributed_merge(files):
 
 
 def test_stores_and_merge_from_a_store(tmp_path, base_sd, capsys):
-    from ram_live import SnapshotStore, ram_merge
+    from ram_live import SnapshotStore, merge
 
     store = SnapshotStore(tmp_path / "store", durable=False)
     agents = dict(zip(["coder", "tools"], make_agents(base_sd, [0.05, 0.5])))
@@ -92,7 +92,7 @@ def test_stores_and_merge_from_a_store(tmp_path, base_sd, capsys):
     assert {(r["agent"], r["step"]) for r in rows} == {("coder", 10), ("tools", 20)}
     assert main(["merge", "--store", str(tmp_path / "store"), "--out", str(tmp_path / "m.safetensors"),
                  "--quiet"]) == 0
-    expected = ram_merge({n: agents[n] for n in sorted(agents)}, base=base_sd)
+    expected = merge({n: agents[n] for n in sorted(agents)}, base=base_sd)
     assert_bit_identical(load_file(tmp_path / "m.safetensors"), expected)
     assert main(["merge", "--store", str(tmp_path / "store"), "--base", "x", "--out", str(tmp_path / "o")]) == 2
     assert "not both" in capsys.readouterr().err

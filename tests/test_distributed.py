@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import save_file
 
-from ram_live import ram_merge, merge
+from ram_live import merge
 from tests.conftest import assert_bit_identical, make_agents
 
 
@@ -63,7 +63,7 @@ def _failing_merge(rank, tmp):
 
     paths = [str(tmp / f"a{i}.safetensors") for i in range(2)]
     with pytest.raises(RamLiveError) as info:
-        ram_merge(paths, base=str(tmp / "base.safetensors"), out=tmp / "out", process_group=True)
+        merge(paths, base=str(tmp / "base.safetensors"), out=tmp / "out", process_group=True)
     assert isinstance(info.value, NonFiniteError) or "another rank failed" in str(info.value)
 
 
@@ -91,7 +91,7 @@ def _dtensor_merge(rank, tmp):
         return module
 
     base, agents = sharded(sds["base"]), [sharded(a) for a in sds["agents"]]
-    merged = ram_merge(agents, base=base, inplace=True, process_group=True)
+    merged = merge(agents, base=base, inplace=True, process_group=True)
     assert merged is base
     full = {k: p.full_tensor() for k, p in base.named_parameters()}
     if rank == 0:
@@ -103,7 +103,7 @@ def test_dtensor_shards_merge_in_place_without_gathering(tmp_path, base_sd):
     torch.save({"base": base_sd, "agents": agents}, tmp_path / "inputs.pt")
     spawn(_dtensor_merge, tmp_path)
     got = torch.load(tmp_path / "merged.pt", weights_only=True)
-    expected = ram_merge(agents, base=base_sd)
+    expected = merge(agents, base=base_sd)
     assert_bit_identical(got, {k.replace(".", "_"): v for k, v in expected.items()})
 
 
@@ -122,7 +122,7 @@ def _fsdp2_merge(rank, tmp):
 
     base, agents = model(sds["base"]), [model(a) for a in sds["agents"]]
     local_before = [p.to_local().clone() for p in agents[0].parameters()]
-    merged, info = ram_merge(agents, base=base, inplace=True, process_group=True, return_info=True)
+    merged, info = merge(agents, base=base, inplace=True, process_group=True, return_info=True)
     assert all(torch.equal(p.to_local(), q) for p, q in zip(agents[0].parameters(), local_before))
     full = {k: v.full_tensor() for k, v in merged.state_dict().items()}
     if rank == 0:
@@ -137,6 +137,6 @@ def test_fsdp2_fully_sharded_models_merge_in_place(tmp_path):
     torch.save({"base": base, "agents": agents}, tmp_path / "inputs.pt")
     spawn(_fsdp2_merge, tmp_path)
     got = torch.load(tmp_path / "merged.pt", weights_only=True)
-    expected, info = ram_merge(agents, base=base, return_info=True)
+    expected, info = merge(agents, base=base, return_info=True)
     assert_bit_identical(got["merged"], expected)
     assert got["lambdas"] == info.lambdas  # counts all-reduced: the global λ, not a per-rank one

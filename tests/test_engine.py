@@ -15,7 +15,6 @@ from ram_live import (
     RamLiveError,
     UnsupportedInputError,
     merge,
-    ram_merge,
 )
 from ram_live.engine.plan import build_plan
 from ram_live.io.sources import as_source
@@ -25,7 +24,7 @@ from tests.conftest import assert_bit_identical, make_agents, snapshot
 def _expect(exc, match, agents, base, **kw):
     before = [snapshot(a) for a in agents] + [snapshot(base)]
     with pytest.raises(exc, match=match) as info:
-        ram_merge(agents, base=base, **kw)
+        merge(agents, base=base, **kw)
     for obj, s in zip([*agents, base], before):
         assert_bit_identical(snapshot(obj), s)
     assert isinstance(info.value, RamLiveError)
@@ -81,37 +80,37 @@ def test_inplace_failure_leaves_base_untouched():
 
 def test_no_agents_and_missing_base(base_sd):
     with pytest.raises(NoAgentsError):
-        ram_merge([], base=base_sd)
+        merge([], base=base_sd)
     with pytest.raises(NoAgentsError):
-        ram_merge({}, base=base_sd)
+        merge({}, base=base_sd)
     with pytest.raises(MissingBaseError, match="base="):
-        ram_merge(make_agents(base_sd, [0.5]))
+        merge(make_agents(base_sd, [0.5]))
 
 
 def test_unsupported_inputs(base_sd):
     with pytest.raises(UnsupportedInputError, match="agent_0: cannot merge a int"):
-        ram_merge([3], base=base_sd)
+        merge([3], base=base_sd)
     with pytest.raises(UnsupportedInputError, match="single model"):
-        ram_merge(base_sd, base=base_sd)
+        merge(base_sd, base=base_sd)
     with pytest.raises(UnsupportedInputError, match="no such file"):
-        ram_merge(["/nonexistent/model"], base=base_sd)
+        merge(["/nonexistent/model"], base=base_sd)
 
 
 def test_base_of_another_architecture():
     base = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
     other = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
     with pytest.raises(InputMismatchError, match=r"'0\.weight'.*\[6, 4\].*\[8, 4\]"):
-        ram_merge([other], base=base)
+        merge([other], base=base)
 
 
 def test_bad_options(base_sd):
     agents = make_agents(base_sd, [0.5])
-    for kwargs, match in [({"variant": "ram++"}, "variant"), ({"activity": "rel"}, "activity"),
+    for kwargs, match in [({"method": "ram++"}, "unknown merge method"), ({"activity": "rel"}, "activity"),
                           ({"rho_scope": "layer"}, "rho_scope"), ({"eps": -1.0}, "eps"), ({"r": -0.1}, "r must")]:
         with pytest.raises(RamLiveError, match=match):
-            ram_merge(agents, base=base_sd, **kwargs)
+            merge(agents, base=base_sd, **kwargs)
     with pytest.raises(RamLiveError, match="inplace"):
-        ram_merge(agents, base=base_sd, inplace=True)
+        merge(agents, base=base_sd, inplace=True)
 
 
 def test_plan_buffers_aliases_and_non_float():
@@ -140,7 +139,7 @@ def _merge_in_child(queue):
     torch.set_num_threads(1)  # torch's own OpenMP threads are not fork-safe; ours are what is tested
     g = torch.Generator().manual_seed(3)
     base = {"w": torch.randn(300_000, generator=g)}
-    merged = ram_merge(_make(base, [0.3, 0.5]), base=base, workers=2)
+    merged = merge(_make(base, [0.3, 0.5]), base=base, workers=2)
     queue.put(int(merged["w"].view(torch.int32).long().sum()))  # a checksum of the bits
 
 
@@ -150,7 +149,7 @@ def test_a_forked_child_merges_after_the_parent_did(base_sd):
 
     g = torch.Generator().manual_seed(3)
     base = {"w": torch.randn(300_000, generator=g)}
-    merged = ram_merge(make_agents(base, [0.3, 0.5]), base=base, workers=2)  # the shared pool exists now
+    merged = merge(make_agents(base, [0.3, 0.5]), base=base, workers=2)  # the shared pool exists now
     want = int(merged["w"].view(torch.int32).long().sum())
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
@@ -187,7 +186,7 @@ def test_in_place_merge_that_overflows_leaves_the_base_untouched(dtype):
                   inplace=True)
     assert err.key == "1.weight"
     _expect(NonFiniteError, "merged value at flat index 0 overflows", agents, base)  # a new module
-    merged, info = ram_merge(agents, base=base, inplace=True, variant="ram", return_info=True)  # λ = 1: fits
+    merged, info = merge(agents, base=base, inplace=True, method="ram", return_info=True)  # λ = 1: fits
     assert merged is base and float(base[1].weight[0, 0].detach()) == torch.finfo(dtype).max
     # only the tensor whose magnitudes the validation pass could not clear was merged twice
     assert info.extra["dry_run"] == 1 and info.passes == 3
@@ -214,13 +213,13 @@ def test_meta_tensors_device_and_dtype_options_are_library_errors(base_sd):
     with torch.device("meta"):
         meta = nn.Linear(4, 4)
     with pytest.raises(UnsupportedInputError, match=r"'weight' is on the meta device"):
-        ram_merge([meta], base=meta)
+        merge([meta], base=meta)
     for device in ("nope", "meta"):
         with pytest.raises(ConfigError, match="device="):
-            ram_merge(agents, base=base_sd, device=device)
+            merge(agents, base=base_sd, device=device)
     for dtype in (torch.int32, torch.bool, torch.complex64, "bfloat16"):
         with pytest.raises(ConfigError, match="dtype= must be one of"):
-            ram_merge(agents, base=base_sd, dtype=dtype)
+            merge(agents, base=base_sd, dtype=dtype)
 
 
 class _WithExtraState(nn.Module):
@@ -243,7 +242,7 @@ def test_a_module_with_extra_state_merges_and_keeps_the_bases():
     agent.note = {"steps": 9}
     with torch.no_grad():
         agent.lin.weight.add_(1.0)
-    merged = ram_merge([agent], base=base, variant="ram")
+    merged = merge([agent], base=base, method="ram")
     assert merged.note == {"steps": 3} and torch.equal(merged.lin.weight, agent.lin.weight)
 
 
@@ -259,7 +258,7 @@ def test_an_agent_that_unties_what_the_base_ties_is_an_error():
     assert err.agent == "agent_0" and err.key == "1.weight"
     same = {k: v.clone() for k, v in agent.state_dict().items()}  # untied copies, equal values: fine
     same["1.weight"] = same["0.weight"].clone()
-    merged = ram_merge([same], base=base, variant="ram")
+    merged = merge([same], base=base, method="ram")
     assert merged[1].weight is merged[0].weight and torch.equal(merged[0].weight, same["0.weight"])
 
 
@@ -291,11 +290,11 @@ def test_tied_module_with_folders_that_leave_the_tied_name_out(tmp_path):
         agents.append(agent)
     base.save_pretrained(tmp_path / "base")
     assert "lm_head.weight" not in load_keys(tmp_path / "a0")
-    want = ram_merge(agents, base=base)
-    got = ram_merge([tmp_path / "a0", tmp_path / "a1"], base=base)
+    want = merge(agents, base=base)
+    got = merge([tmp_path / "a0", tmp_path / "a1"], base=base)
     assert got.lm_head.weight is got.model.embed_tokens.weight
     assert_bit_identical(got.state_dict(), want.state_dict())
-    from_folder = ram_merge(agents, base=tmp_path / "base")
+    from_folder = merge(agents, base=tmp_path / "base")
     assert "lm_head.weight" not in from_folder
     assert torch.equal(from_folder["model.embed_tokens.weight"], want.model.embed_tokens.weight)
 
@@ -310,7 +309,7 @@ def load_keys(folder):
 def test_an_index_whose_weight_map_is_not_a_mapping(tmp_path, base_sd):
     (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": ["model.safetensors"]}')
     with pytest.raises(UnsupportedInputError, match="weight_map is not a mapping"):
-        ram_merge([tmp_path], base=base_sd)
+        merge([tmp_path], base=base_sd)
 
 
 @pytest.mark.parametrize("native", ["1", "0"])
@@ -323,6 +322,6 @@ def test_the_eps_rule_is_strict_for_every_float32_delta(monkeypatch, eps, native
 
     monkeypatch.setattr(native_mod, "_KERNELS", False if native == "1" else None)
     tau = torch.tensor(eps, dtype=torch.float32)
-    merged = ram_merge([{"w": tau.repeat(40)}], base={"w": torch.zeros(40)}, variant="ram", eps=eps)["w"]
+    merged = merge([{"w": tau.repeat(40)}], base={"w": torch.zeros(40)}, method="ram", eps=eps)["w"]
     want = tau if float(tau) > eps else torch.tensor(0.0)
     assert torch.equal(merged, want.repeat(40)), (eps, float(tau))

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ram_live import NonFiniteError, ram_merge, merge
+from ram_live import NonFiniteError, merge
 from tests.conftest import assert_bit_identical, make_agents, snapshot
 
 
@@ -24,9 +24,9 @@ def _bf16_files(tmp_path, base_sd):
 
 def test_safetensors_files_in_state_dict_out(tmp_path, base_sd):
     base, agents, paths = _bf16_files(tmp_path, base_sd)
-    from_disk = ram_merge(paths, base=tmp_path / "base.safetensors")
-    assert_bit_identical(from_disk, ram_merge(agents, base=base))
-    out = ram_merge(paths, base=tmp_path / "base.safetensors", out=tmp_path / "merged.safetensors")
+    from_disk = merge(paths, base=tmp_path / "base.safetensors")
+    assert_bit_identical(from_disk, merge(agents, base=base))
+    out = merge(paths, base=tmp_path / "base.safetensors", out=tmp_path / "merged.safetensors")
     assert out == tmp_path / "merged.safetensors"
     assert_bit_identical(load_file(out), from_disk)
 
@@ -58,7 +58,7 @@ def test_sharded_hf_folders_in_and_out(tmp_path, llama_folders):
     transformers = pytest.importorskip("transformers")
     root, base, agents = llama_folders
     assert len(list((root / "base").glob("*.safetensors"))) > 1  # really sharded, with an index
-    live = ram_merge(agents, base=base)
+    live = merge(agents, base=base)
     out = merge([root / f"agent{i}" for i in range(3)], base=root / "base", method="ram_plus",
                 out=tmp_path / "merged", max_shard_bytes=20_000)
     files = sorted(p.name for p in out.iterdir())
@@ -78,15 +78,15 @@ def test_failed_file_merge_writes_nothing(tmp_path, base_sd):
     agents = make_agents(base_sd, [0.5, 0.5])
     agents[1]["head.weight"][2, 2] = float("nan")  # the last tensor: earlier ones are already merged
     with pytest.raises(NonFiniteError):
-        ram_merge(agents, base=base_sd, out=tmp_path / "out")
+        merge(agents, base=base_sd, out=tmp_path / "out")
     with pytest.raises(NonFiniteError):
-        ram_merge(agents, base=base_sd, out=tmp_path / "out.safetensors")
+        merge(agents, base=base_sd, out=tmp_path / "out.safetensors")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_output_dtype_option(base_sd):
     agents = make_agents(base_sd, [0.5])
-    out = ram_merge(agents, base=base_sd, dtype=torch.bfloat16)
+    out = merge(agents, base=base_sd, dtype=torch.bfloat16)
     assert all(v.dtype == torch.bfloat16 for v in out.values())
 
 
@@ -111,9 +111,9 @@ def test_streaming_releases_mapped_pages_range_by_range(tmp_path, base_sd, monke
     for variant in ("ram", "ram_plus"):
         read.clear()
         written.clear()
-        out = ram_merge(paths, base=tmp_path / "base.safetensors", variant=variant,
-                        out=tmp_path / f"{variant}.safetensors")
-        assert_bit_identical(load_file(out), ram_merge(agents, base=base, variant=variant))
+        out = merge(paths, base=tmp_path / "base.safetensors", method=variant,
+                    out=tmp_path / f"{variant}.safetensors")
+        assert_bit_identical(load_file(out), merge(agents, base=base, method=variant))
         big = max(base, key=lambda k: base[k].numel())
         n = base[big].numel()
         assert n > 64

@@ -96,11 +96,11 @@ BOUNDARY = {  # name: (base, agent, eps, active entries by hand for "abs")
 @pytest.mark.parametrize("case", sorted(BOUNDARY))
 @pytest.mark.parametrize("rule", ["abs", "changed"])
 def test_count_active_equals_the_merge_at_the_float_boundary(case, rule):
-    from ram_live import ram_merge
+    from ram_live import merge
     from ram_live.methods import Activity
 
     base, agent, eps, by_hand = BOUNDARY[case]
-    _, info = ram_merge([{"w": agent}, {"w": base.clone()}], base={"w": base}, variant="ram_plus", eps=eps,
+    _, info = merge([{"w": agent}, {"w": base.clone()}], base={"w": base}, method="ram_plus", eps=eps,
                         activity=rule, return_info=True)
     merge_active = int(info.statistics.active[0])
     assert merge_active == (by_hand if rule == "abs" else int((agent != base).sum()))
@@ -124,9 +124,9 @@ def test_active_mask_changed_across_dtypes_compares_in_the_narrower():
     bf16_base = base.to(torch.bfloat16)
     # against a bf16 base, 1 + 2^-9 rounds to 1.0 in bf16: unchanged there
     assert F.active_mask(agent, bf16_base, rule).tolist() == [False, True, False]
-    from ram_live import ram_merge
+    from ram_live import merge
 
-    _, info = ram_merge([{"w": agent}, {"w": bf16_base.clone()}], base={"w": bf16_base}, variant="ram_plus",
+    _, info = merge([{"w": agent}, {"w": bf16_base.clone()}], base={"w": bf16_base}, method="ram_plus",
                         activity="changed", return_info=True)
     assert int(info.statistics.active[0]) == F.count_active(agent, bf16_base, rule) == 1
     assert F.narrower_dtype(torch.float32, torch.bfloat16) == torch.bfloat16

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ram_live import merge, probe, ram_merge
+from ram_live import merge, probe
 from ram_live.errors import ConfigError, UnsupportedInputError
 from ram_live.io.hub import cached_snapshot, hub_cache, resolve_model, split_id
 
@@ -94,7 +94,7 @@ def test_merge_by_id_equals_merge_of_the_snapshot_folder(cache, tmp_path):
     by_id = merge({"a": "org/a", "b": "org/b"}, base="org/base")
     by_folder = merge({"a": str(folders["a"]), "b": str(folders["b"])}, base=str(folders["base"]))
     assert_bit_identical(by_id, by_folder)
-    out = ram_merge({"a": "org/a", "b": "org/b"}, base="org/base", out=tmp_path / "merged")
+    out = merge({"a": "org/a", "b": "org/b"}, base="org/base", out=tmp_path / "merged")
     assert_bit_identical(load_file(Path(out) / "model.safetensors"), by_folder)
     assert (Path(out) / "config.json").is_file()  # the base's side files, copied from its snapshot folder
     report = probe({"a": "org/a", "b": "org/b"}, base="org/base")

@@ -13,12 +13,12 @@ from safetensors.torch import save_file
 
 import ram_live
 import ram_live.kernels.ram as native
-from ram_live import ConfigError, InputMismatchError, merge, ram_merge
+from ram_live import ConfigError, InputMismatchError, merge
 from ram_live import functional as F
 from tests.conftest import assert_bit_identical, snapshot
 
-VARIANTS = [dict(variant="ram"), dict(variant="ram_plus"), dict(variant="ram_plus_soft", r=0.3),
-            dict(variant="ram_plus", rho_scope="tensor", alpha=0.2), dict(variant="ram", eps=0.0)]
+VARIANTS = [dict(method="ram"), dict(method="ram_plus"), dict(method="ram_plus_soft", r=0.3),
+            dict(method="ram_plus", rho_scope="tensor", alpha=0.2), dict(method="ram", eps=0.0)]
 
 
 def _base(dtype=torch.float32, seed=3):
@@ -87,11 +87,11 @@ def test_hand_computed():
               "b": {"w": torch.tensor([1.0, 2.5, 3.0, 4.25, 5.25])}}
     importance = {"a": {"w": torch.tensor([1.0, 2.0, 1.0, 0.0, 1e-30])},
                   "b": {"w": torch.tensor([1.0, 1.0, 1.0, 0.0, 3e-30])}}
-    merged = ram_merge(agents, base, variant="ram", importance=importance)["w"]
+    merged = merge(agents, base, method="ram", importance=importance)["w"]
     # unique: a's τ; shared (2:1): (0.25 + 0.5·0.5)/1.5; none: the base; both 0: the plain mean; tiny: 1:3
     expected = torch.tensor([1.5, 2.0 + 0.5 / 1.5, 3.0, 4.5, 5.0 + (0.5 / 3 + 0.25) / (1 + 1 / 3)])
     torch.testing.assert_close(merged, expected, rtol=0, atol=1e-6)
-    plus = ram_merge(agents, base, variant="ram_plus", importance=importance, return_info=True)
+    plus = merge(agents, base, method="ram_plus", importance=importance, return_info=True)
     lam = plus[1].lambdas["a"]
     assert lam > 1
     torch.testing.assert_close(plus[0]["w"][0], torch.tensor(1.0 + 0.5 * lam))
@@ -104,12 +104,12 @@ def test_against_the_float64_reference(monkeypatch, dtype, path):
     base = _base(dtype)
     agents = _agents(base)
     importance = _importances(base, list(agents))
-    run = ram_merge if path == "native" else (lambda *a, **k: _eager(monkeypatch, ram_merge, *a, **k))
-    merged = run(agents, base, variant="ram", importance=importance, dtype=torch.float32)
+    run = merge if path == "native" else (lambda *a, **k: _eager(monkeypatch, merge, *a, **k))
+    merged = run(agents, base, method="ram", importance=importance, dtype=torch.float32)
     ref = reference(base, agents, importance)
     for k in base:
         torch.testing.assert_close(merged[k].double(), ref[k], rtol=2e-6, atol=1e-7)
-    plain = ram_merge(agents, base, variant="ram", dtype=torch.float32)
+    plain = merge(agents, base, method="ram", dtype=torch.float32)
     assert any(not torch.equal(plain[k], merged[k]) for k in base)
 
 
@@ -119,7 +119,7 @@ def test_against_the_float64_reference(monkeypatch, dtype, path):
 def test_equal_importances_are_ram_bit_for_bit(monkeypatch, case, path, dtype):
     base = _base(dtype)
     agents = _agents(base)
-    run = ram_merge if path == "native" else (lambda *a, **k: _eager(monkeypatch, ram_merge, *a, **k))
+    run = merge if path == "native" else (lambda *a, **k: _eager(monkeypatch, merge, *a, **k))
     plain = run(agents, base, **case)
     for value in (1.0, 3e-38, 1e-45, 7.5, 1e38, 0.0):  # 1e-45: a subnormal
         same = {n: {k: torch.full(v.shape, value) for k, v in base.items()} for n in agents}
@@ -136,8 +136,8 @@ def test_equal_importances_in_place_and_stacked(monkeypatch):
     module = torch.nn.Module()
     for k, v in base.items():
         module.register_parameter(k, torch.nn.Parameter(v.clone()))
-    plain = ram_merge(agents, base, variant="ram_plus")
-    ram_merge(agents, module, variant="ram_plus", importance=same, inplace=True)
+    plain = merge(agents, base, method="ram_plus")
+    merge(agents, module, method="ram_plus", importance=same, inplace=True)
     assert_bit_identical(plain, {k: v.detach() for k, v in module.state_dict().items()})
     tau = torch.stack([agents[n]["v"] - base["v"] for n in agents])
     tau = F.apply_activity_(tau, 1e-5)
@@ -151,12 +151,12 @@ def test_zero_importances_are_the_plain_mean():
     base = _base()
     agents = _agents(base)
     zero = {n: {k: torch.zeros(v.shape) for k, v in base.items()} for n in agents}
-    assert_bit_identical(ram_merge(agents, base, variant="ram_plus"),
-                         ram_merge(agents, base, variant="ram_plus", importance=zero))
+    assert_bit_identical(merge(agents, base, method="ram_plus"),
+                         merge(agents, base, method="ram_plus", importance=zero))
     # one agent with importance 0 against others with importance > 0 weighs nothing where they are active
     h = _importances(base, list(agents))
     h["a0"] = {k: torch.zeros(v.shape) for k, v in base.items()}
-    merged = ram_merge(agents, base, variant="ram", importance=h)
+    merged = merge(agents, base, method="ram", importance=h)
     ref = reference(base, agents, h)
     for k in base:
         torch.testing.assert_close(merged[k].double(), ref[k], rtol=2e-6, atol=1e-7)
@@ -170,13 +170,13 @@ def test_safetensors_and_sequence_importances(tmp_path):
     for n, sd in h.items():
         paths[n] = tmp_path / f"{n}.safetensors"
         save_file(sd, paths[n])
-    from_dicts = ram_merge(agents, base, importance=h)
-    assert_bit_identical(from_dicts, ram_merge(agents, base, importance={n: str(p) for n, p in paths.items()}))
-    assert_bit_identical(from_dicts, ram_merge(list(agents.values()), base,
+    from_dicts = merge(agents, base, importance=h)
+    assert_bit_identical(from_dicts, merge(agents, base, importance={n: str(p) for n, p in paths.items()}))
+    assert_bit_identical(from_dicts, merge(list(agents.values()), base,
                                                importance=[h[n] for n in agents]))
     half = {n: {k: v.to(torch.bfloat16) for k, v in sd.items()} for n, sd in h.items()}
-    assert_bit_identical(ram_merge(agents, base, importance=half),
-                         ram_merge(agents, base, importance={n: {k: v.float() for k, v in sd.items()}
+    assert_bit_identical(merge(agents, base, importance=half),
+                         merge(agents, base, importance={n: {k: v.float() for k, v in sd.items()}
                                                              for n, sd in half.items()}))
 
 
@@ -186,7 +186,7 @@ def test_excluded_agent_needs_no_importance():
     h = _importances(base, list(agents))
     del h["a2"]
     two = {n: agents[n] for n in ("a0", "a1")}
-    assert_bit_identical(ram_merge(two, base, variant="ram", importance=h),
+    assert_bit_identical(merge(two, base, method="ram", importance=h),
                          merge(agents, base, method="ram", exclude=["a2"], importance=h))
 
 
@@ -204,11 +204,11 @@ def test_invalid_values_name_agent_and_tensor(monkeypatch, bad, path):
     before = snapshot(module)
     with pytest.raises(InputMismatchError, match=r"importance of agent 'a1', tensor 'v': flat index 1234") as err:
         if path == "inplace":
-            ram_merge(agents, module, importance=h, inplace=True)
+            merge(agents, module, importance=h, inplace=True)
         elif path == "eager":
-            _eager(monkeypatch, ram_merge, agents, base, importance=h)
+            _eager(monkeypatch, merge, agents, base, importance=h)
         else:
-            ram_merge(agents, base, importance=h)
+            merge(agents, base, importance=h)
     assert err.value.agent == "a1" and err.value.key == "v"
     assert_bit_identical(before, snapshot(module))  # nothing written
 
@@ -219,29 +219,29 @@ def test_wrong_shape_missing_tensor_missing_agent():
     h = _importances(base, list(agents))
     wrong = {**h, "a0": {**h["a0"], "w": torch.ones(29, 37)}}
     with pytest.raises(InputMismatchError, match=r"importance of agent 'a0', tensor 'w': shape \[29, 37\]"):
-        ram_merge(agents, base, importance=wrong)
+        merge(agents, base, importance=wrong)
     missing = {**h, "a2": {k: v for k, v in h["a2"].items() if k != "b"}}
     with pytest.raises(InputMismatchError, match=r"importance of agent 'a2' has no tensor 'b'"):
-        ram_merge(agents, base, importance=missing)
+        merge(agents, base, importance=missing)
     with pytest.raises(ConfigError, match=r"no entry for agent\(s\) 'a1'"):
-        ram_merge(agents, base, importance={n: v for n, v in h.items() if n != "a1"})
+        merge(agents, base, importance={n: v for n, v in h.items() if n != "a1"})
     with pytest.raises(ConfigError, match=r"unknown agent\(s\) 'zz'"):
-        ram_merge(agents, base, importance={**h, "zz": h["a0"]})
+        merge(agents, base, importance={**h, "zz": h["a0"]})
     with pytest.raises(ConfigError, match=r"method 'ties' takes no importance"):
         merge(agents, base, method="ties", importance=h)
     with pytest.raises(InputMismatchError, match="not floating point"):
-        ram_merge(agents, base, importance={**h, "a0": {k: torch.ones(v.shape, dtype=torch.int32)
+        merge(agents, base, importance={**h, "a0": {k: torch.ones(v.shape, dtype=torch.int32)
                                                         for k, v in base.items()}})
     with pytest.raises(ConfigError, match="must map each agent"):
-        ram_merge(agents, base, importance=h["a0"])
+        merge(agents, base, importance=h["a0"])
 
 
 def test_lambdas_and_rho_do_not_depend_on_importances():
     """RAM+ counts as without importances (same λ, ρ), in two passes: the one-read route takes no importances."""
     base = _base(torch.bfloat16)
     agents = _agents(base)
-    _, plain = ram_merge(agents, base, return_info=True)
-    _, weighted = ram_merge(agents, base, importance=_importances(base, list(agents)), return_info=True)
+    _, plain = merge(agents, base, return_info=True)
+    _, weighted = merge(agents, base, importance=_importances(base, list(agents)), return_info=True)
     assert plain.passes == 1 and weighted.passes == 2
     assert weighted.lambdas == plain.lambdas and weighted.rho == plain.rho
     assert weighted.extra["auxiliary"] == ("importance",)

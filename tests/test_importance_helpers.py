@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from ram_live import ConfigError, adam_importance, empirical_fisher, ram_merge
+from ram_live import ConfigError, adam_importance, empirical_fisher, merge
 
 
 def _trained(seed: int, steps: int = 3, opt_cls=torch.optim.AdamW, **opt_kw):
@@ -110,7 +110,7 @@ def test_adam_importances_feed_a_merge():
             opt.step()
         agents[name] = model
         importance[name] = adam_importance(opt, model, bias_correction=True)
-    merged, info = ram_merge(agents, base, variant="ram", importance=importance, return_info=True)
-    plain = ram_merge(agents, base, variant="ram")
+    merged, info = merge(agents, base, method="ram", importance=importance, return_info=True)
+    plain = merge(agents, base, method="ram")
     assert info.extra["importance"] == "given"
     assert any(not torch.equal(p, q) for p, q in zip(merged.parameters(), plain.parameters()))

@@ -7,7 +7,7 @@ import torch
 
 import ram_live.kernels.importance as wnative
 import ram_live.kernels.ram as native
-from ram_live import merge, ram_merge
+from ram_live import merge
 from ram_live.engine.compiling import compiler_available
 from tests.conftest import assert_bit_identical
 from tests.test_importance import VARIANTS, _agents, _base, _eager, _importances, reference
@@ -30,8 +30,8 @@ def test_native_equals_eager_bits(monkeypatch, dtype, imp_dtype, out_dtype, k):
     importance = _importances(base, list(agents), dtype=imp_dtype)
     for case in VARIANTS:
         kw = dict(importance=importance, dtype=out_dtype, workers=2, return_info=True, **case)
-        fast, info = ram_merge(agents, base, **kw)
-        slow, slow_info = _eager(monkeypatch, ram_merge, agents, base, **kw)
+        fast, info = merge(agents, base, **kw)
+        slow, slow_info = _eager(monkeypatch, merge, agents, base, **kw)
         assert info.extra["kernels"] == {"native": 3}, info.extra
         assert slow_info.extra["kernels"] == {"eager": 3}
         assert_bit_identical(fast, slow)
@@ -93,10 +93,10 @@ def test_unsupported_importances_fall_back_to_the_eager_kernels():
     agents = _agents(base)
     importance = _importances(base, list(agents))
     half = {n: {k: v.clamp(max=6e4).half() for k, v in sd.items()} for n, sd in importance.items()}
-    merged, info = ram_merge(agents, base, importance=half, return_info=True)
+    merged, info = merge(agents, base, importance=half, return_info=True)
     assert info.extra["kernels"] == {"eager": 3}
     as_float = {n: {k: v.float() for k, v in sd.items()} for n, sd in half.items()}
-    assert_bit_identical(merged, ram_merge(agents, base, importance=as_float))
+    assert_bit_identical(merged, merge(agents, base, importance=as_float))
 
 
 @pytest.mark.skipif(not compiler_available("cpu"), reason="no C++ compiler for torch.compile")
@@ -106,14 +106,14 @@ def test_compiled_equals_eager_bits(monkeypatch):
     importance = _importances(base, list(agents))
     with monkeypatch.context() as m:
         m.setattr(native, "_KERNELS", None)
-        for case in (dict(variant="ram"), dict(variant="ram_plus")):
-            compiled, info = ram_merge(agents, base, importance=importance, compile=True, return_info=True, **case)
+        for case in (dict(method="ram"), dict(method="ram_plus")):
+            compiled, info = merge(agents, base, importance=importance, compile=True, return_info=True, **case)
             assert info.extra["kernels"] == {"compiled": 3}, info.extra
-            eager = ram_merge(agents, base, importance=importance, compile=False, **case)
+            eager = merge(agents, base, importance=importance, compile=False, **case)
             assert_bit_identical(compiled, eager)
             same = {n: {k: torch.full(v.shape, 2.0) for k, v in base.items()} for n in agents}
-            assert_bit_identical(ram_merge(agents, base, importance=same, compile=True, **case),
-                                 ram_merge(agents, base, compile=True, **case))
+            assert_bit_identical(merge(agents, base, importance=same, compile=True, **case),
+                                 merge(agents, base, compile=True, **case))
 
 
 def _signed_inputs(k, n, dtype, imp_dtype, seed, agree=False):

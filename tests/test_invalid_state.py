@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ram_live import ConfigError, InvalidStateError, RAMSchedule, RamLiveError, merge, register_method
-from ram_live.methods import RamConfig, RamPlusConfig, RunContext, _REGISTRY, get_method
+from ram_live.methods import RamConfig, RunContext, _REGISTRY, get_method
 from ram_live.methods.ram import given_lambdas
 from ram_live.io.sinks import ModuleSink, SafetensorsSink
 from ram_live.store import BaseMismatchError
@@ -60,11 +60,11 @@ def test_statistics_without_an_activity_rule_name_the_tensor():
 
 
 def test_ram_lambdas_and_counts_missing():
-    with pytest.raises(ConfigError, match=r"ram: no lambdas to take \(lambdas=None"):
+    with pytest.raises(ConfigError, match=r"ram_plus: no lambdas to take \(lam=RhoClip"):
         given_lambdas(RamConfig(), ["a"])
     setup = get_method("ram_plus").setup
     with pytest.raises(InvalidStateError, match="ram_plus with rho_scope='global' needs the RAM counts"):
-        setup(RamPlusConfig(), RunContext(("a", "b"), None, torch.device("cpu")))
+        setup(RamConfig(), RunContext(("a", "b"), None, torch.device("cpu")))
 
 
 def test_native_importance_encoder_refuses_a_dense_count_other_than_the_size():

@@ -14,7 +14,7 @@ L = pytest.importorskip("lightning")
 
 from ram_live.integrations.lightning import RAMCallback, SingleAgentWarning, UnsupportedStrategyError  # noqa: E402
 
-from ram_live import probe, ram_merge  # noqa: E402
+from ram_live import merge, probe  # noqa: E402
 from ram_live.training.schedule import RAMSchedule  # noqa: E402
 from ram_live.store import BaseMismatchError, SnapshotStore  # noqa: E402
 
@@ -115,7 +115,7 @@ def test_merge_equals_ram_merge_of_live_models_and_validation_swap_restores(tmp_
     result = ram.last_result
     assert result.step == 4 and result.agents == {"a": 6, "b": 4}
     live = {"a": model_a, "b": _module(after.at[4])}  # modules: buffers marked (taken from the base)
-    ref, info = ram_merge(live, base=_module(base), return_info=True)
+    ref, info = merge(live, base=_module(base), return_info=True)
     ref = _copy(ref)
     for k in ref:
         assert _same(result.tensors[k], ref[k]), k
@@ -157,12 +157,12 @@ def test_evaluate_callable_sees_the_merged_weights_and_probe_numbers_match(tmp_p
         seen.update(_copy(module))
         return {"score": torch.tensor(0.75), "ram/custom": 2}
 
-    ram = RAMCallback(store, "b", snapshot_every=3, merge_every=3, evaluate=evaluate, variant="ram",
+    ram = RAMCallback(store, "b", snapshot_every=3, merge_every=3, evaluate=evaluate, ram={"method": "ram"},
                       async_write=True, durable=False)
     model_b = Net()
     _trainer([ram], 3).fit(model_b, _loader(_data("b")))
     live = {"a": model_a, "b": model_b}
-    ref = _copy(ram_merge(live, base=_module(base), variant="ram"))
+    ref = _copy(merge(live, base=_module(base), method="ram"))
     for k in ref:
         assert _same(seen[k], ref[k]), k
     h = ram.history[0]
@@ -256,7 +256,7 @@ def test_schedule_in_a_plain_loop(tmp_path):
             if metrics:
                 scores.append(metrics)
     assert len(scores) == 2 and scores[1]["ram/agents"] == 2.0
-    ref = ram_merge({n: m for n, m in models.items()}, base=base)
+    ref = merge({n: m for n, m in models.items()}, base=base)
     assert scores[1]["ram/w0"] == pytest.approx(float(ref.weight[0, 0]))
     assert scores[1]["ram/y/snapshot_step"] == 4.0
 
@@ -323,7 +323,7 @@ def test_merged_dir_and_load_generalist_like_weight_averaging(tmp_path):
     trainer.fit(model, _loader(_data("a")))
     assert ram.saved == [str(tmp_path / "merged" / f"step-{n}.safetensors") for n in (2, 4)]
     s = SnapshotStore(store)
-    want = ram_merge({"a": s.open("a", 4), "b": s.open("b", 2)}, base=s.base_source())
+    want = merge({"a": s.open("a", 4), "b": s.open("b", 2)}, base=s.base_source())
     saved = load_file(ram.saved[-1])
     # the module holds the generalist (parameters merged, buffers the base's), bit for bit the file's
     got = _copy(model)
@@ -380,7 +380,7 @@ def test_merged_dir_saves_a_pretrained_folder_when_the_module_wraps_one(tmp_path
     assert ram.saved == [str(folder)] and (folder / "config.json").exists()
     loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
     s = SnapshotStore(store)
-    want = ram_merge({"a": s.open("a", 2), "b": s.open("b", 2)}, base=s.base_source())
+    want = merge({"a": s.open("a", 2), "b": s.open("b", 2)}, base=s.base_source())
     for k, v in loaded.state_dict().items():
         assert _same(v, want["model." + k]), k
     # the module itself was swapped back: it holds the agent's weights

@@ -24,7 +24,7 @@ pytest.importorskip("lightning")
 
 from safetensors.torch import load_file
 
-from ram_live import ram_merge
+from ram_live import merge
 from ram_live.store import SnapshotStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -230,8 +230,8 @@ def _check_common(tmp_path, parts):
     # the generalist equals RAM+ of the live weights (and of the snapshots, read here)
     live = {a: load_file(str(tmp_path / f"live_{a}_4.safetensors")) for a in ("a", "b")}
     base = {k: store.base_source().get(k).clone() for k in store.base_source().keys()}
-    ref, info = ram_merge(live, base=base, return_info=True)
-    from_store = ram_merge({a: store.open(a, 4) for a in ("a", "b")})
+    ref, info = merge(live, base=base, return_info=True)
+    from_store = merge({a: store.open(a, 4) for a in ("a", "b")})
     for k in ref:
         assert _same(from_store[k], ref[k]), k
     assert history["ram/a/lambda"] == pytest.approx(info.lambdas["a"])

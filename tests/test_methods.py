@@ -248,17 +248,17 @@ def test_ram_merge_refuses_non_finite_options(option, value):
     base = {"w": torch.zeros(4, 4)}
     agents = [{"w": torch.ones(4, 4)}, {"w": 2 * torch.ones(4, 4)}]
     if option == "alpha" and value == float("inf"):  # no clip (documented)
-        assert ram_live.RamPlusConfig(alpha=value).alpha == value
+        assert ram_live.RhoClip(alpha=value).alpha == value
         return
-    with pytest.raises(ConfigError, match=rf"^{option} must be a finite number"):  # checked by RamOptions
-        ram_live.ram_merge(agents, base=base, **{option: value})
+    with pytest.raises(ConfigError, match=rf"^{option} must be a finite number"):  # checked by the config
+        ram_live.merge(agents, base=base, **{option: value})
     with pytest.raises(ConfigError, match=rf"^{option} must be a finite number"):
-        ram_live.RamPlusConfig(**{option: value})
+        (ram_live.RamConfig if option == "eps" else ram_live.RhoClip)(**{option: value})
 
 
 def test_range_checks_still_apply():
     with pytest.raises(ConfigError, match=r"^r must be >= 0.0, got -1$"):
-        ram_live.RamPlusConfig(r=-1)
+        ram_live.RhoClip(r=-1)
     with pytest.raises(ConfigError, match=r"^density must be in \[0.0, 1.0\], got 1.5$"):
         ram_live.TiesConfig(density=1.5)
     with pytest.raises(ConfigError, match=r"^scale must be a finite number.*got '2'$"):
@@ -293,9 +293,9 @@ def test_unknown_option_with_a_config_object():
     base = {"w": torch.zeros(4, 4)}
     agents = [{"w": torch.ones(4, 4)}, {"w": 2 * torch.ones(4, 4)}]
     with pytest.raises(ConfigError, match=r"unknown option\(s\) 'zz' for method 'ram_plus'; its options are: .*alpha"):
-        merge(agents, base=base, method="ram_plus", config=ram_live.RamPlusConfig(), zz=1)
-    with pytest.raises(ConfigError, match=r"^invalid options for method 'ram_plus': r must be a finite number"):
-        merge(agents, base=base, method="ram_plus", config=ram_live.RamPlusConfig(), r=float("nan"))
+        merge(agents, base=base, method="ram_plus", zz=1)
+    with pytest.raises(ConfigError, match=r"in the config or as keywords of method='ram_plus', not both"):
+        merge(agents, base=base, method="ram_plus", config=ram_live.RamConfig(), r=0.2)
     out = merge(agents, base=base, method="task_arithmetic", config=ram_live.TaskArithmeticConfig(scale=2.0),
                 weights=[1.0, 0.5])
     assert out["w"].unique().tolist() == [4.0]

@@ -14,7 +14,8 @@ import torch
 import ram_live.kernels.ram as native
 from ram_live import functional as F
 from ram_live import merge
-from ram_live.methods import (_REGISTRY, Activity, MethodKernels, RamPlusConfig, get_method, lambda_bound, ram_kernels,
+from ram_live.ram_config import Given, RamConfig, RhoClip, Unit
+from ram_live.methods import (_REGISTRY, Activity, MethodKernels, get_method, lambda_bound, ram_kernels,
                               register_method)
 from tests.conftest import assert_bit_identical, make_agents
 
@@ -31,7 +32,7 @@ def twin() -> Iterator[Any]:
 
     def register(**fields: Any) -> str:
         _REGISTRY.pop(TWIN, None)
-        register_method(TWIN, RamPlusConfig, ram.combine, **{**hooks, **fields})
+        register_method(TWIN, RamConfig, ram.combine, **{**hooks, **fields})
         return TWIN
 
     yield register
@@ -125,11 +126,11 @@ def test_the_overflow_bound_is_the_methods(base_sd, agents, twin) -> None:
 
 
 def test_rams_bound_is_its_largest_lambda() -> None:
-    assert lambda_bound(RamPlusConfig(r=0.3, alpha=2.0)) == pytest.approx(1.6)
-    assert lambda_bound(RamPlusConfig(r=0.3, alpha=math.inf)) == math.inf
-    assert lambda_bound(RamPlusConfig(r=0.3), torch.tensor([1.25, -2.5, 1.0])) == 2.5  # the merge's own λ
-    assert lambda_bound(RamPlusConfig(lambdas={"a": -3.0, "b": 0.5})) == 3.0
-    assert get_method("ram").overflow_bound(get_method("ram").config_cls(), None) == 1.0
+    assert lambda_bound(RamConfig(lam=RhoClip(r=0.3, alpha=2.0))) == pytest.approx(1.6)
+    assert lambda_bound(RamConfig(lam=RhoClip(r=0.3, alpha=math.inf))) == math.inf
+    assert lambda_bound(RamConfig(lam=RhoClip(r=0.3)), torch.tensor([1.25, -2.5, 1.0])) == 2.5  # the merge's own λ
+    assert lambda_bound(RamConfig(lam=Given({"a": -3.0, "b": 0.5}))) == 3.0
+    assert get_method("ram").overflow_bound(RamConfig(lam=Unit()), None) == 1.0
     assert {n: get_method(n).kernels is not None for n in ("ram", "ram_plus", "ram_plus_soft", "ties", "linear")} \
         == {"ram": True, "ram_plus": True, "ram_plus_soft": True, "ties": False, "linear": False}
-    assert ram_kernels(RamPlusConfig()).scaled and not ram_kernels(get_method("ram").config_cls()).scaled
+    assert ram_kernels(RamConfig()).scaled and not ram_kernels(RamConfig(lam=Unit())).scaled

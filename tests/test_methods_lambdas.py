@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ram_live import ConfigError, RamPlusConfig, SnapshotStore, merge
+from ram_live import ConfigError, Given, RamConfig, RhoClip, SnapshotStore, merge
 from ram_live import functional as F
 
 from conftest import assert_bit_identical, make_agents
@@ -203,12 +203,12 @@ def test_options_need_statistics_only_where_they_count():
     from ram_live.methods import get_method
 
     needs = get_method("ram_plus").needs_statistics
-    assert needs(RamPlusConfig()) and needs(RamPlusConfig(alpha=math.inf))
-    assert not needs(RamPlusConfig(lambdas={"a": 2.0}))
-    assert RamPlusConfig(alpha=math.inf).alpha == math.inf
+    assert needs(RamConfig()) and needs(RamConfig(lam=RhoClip(alpha=math.inf)))
+    assert not needs(RamConfig(lam=Given({"a": 2.0})))
+    assert RhoClip(alpha=math.inf).alpha == math.inf
     given = {"a": 2.0}
-    cfg = RamPlusConfig(lambdas=given)
+    cfg = RamConfig(lam=Given(given))
     given["a"] = 5.0
-    assert cfg.lambdas == {"a": 2.0}  # a copy
+    assert cfg.lam.lambdas == {"a": 2.0}  # a copy
     with pytest.raises(ConfigError, match="alpha must be a finite number"):
-        RamPlusConfig(alpha=-math.inf)
+        RhoClip(alpha=-math.inf)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from ram_live import ConfigError, probe, ram_merge
+from ram_live import ConfigError, probe, merge
 from tests.conftest import make_agents
 
 
@@ -31,7 +31,7 @@ def test_probe_hand_case():
 def test_probe_agrees_with_the_merge(base_sd):
     agents = make_agents(base_sd, [0.03, 0.46, 0.54])
     report = probe(agents, base=base_sd)
-    _, info = ram_merge(agents, base=base_sd, return_info=True)
+    _, info = merge(agents, base=base_sd, return_info=True)
     for name in info.agents:
         assert report.agents[name].lambdas["ram_plus"] == pytest.approx(info.lambdas[name])
         assert report.agents[name].active == int(info.statistics.active[list(info.agents).index(name)])
@@ -70,5 +70,5 @@ def test_probe_validates_its_options_as_the_merge(options, name):
     with pytest.raises(ConfigError, match=rf"^{name} must be") as probed:
         probe(agents, base=base, **options)
     with pytest.raises(ConfigError, match=rf"{name} must be") as merged:
-        ram_merge(agents, base=base, **options)
+        merge(agents, base=base, **options)
     assert str(merged.value).endswith(str(probed.value))

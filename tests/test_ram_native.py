@@ -10,21 +10,21 @@ from torch import nn
 import ram_live
 import ram_live.kernels.ram as native
 from ram_live import functional as F
-from ram_live import ram_merge
+from ram_live import merge
 from ram_live.errors import NonFiniteError
 from tests.conftest import assert_bit_identical, make_agents, snapshot
 
 needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no C compiler: native kernels unavailable")
 
-CASES = [dict(variant="ram"), dict(variant="ram_plus"), dict(variant="ram_plus_soft", r=0.3),
-         dict(variant="ram_plus", rho_scope="tensor", alpha=0.2), dict(variant="ram_plus", activity="changed"),
-         dict(variant="ram", eps=0.02)]
+CASES = [dict(method="ram"), dict(method="ram_plus"), dict(method="ram_plus_soft", r=0.3),
+         dict(method="ram_plus", rho_scope="tensor", alpha=0.2), dict(method="ram_plus", activity="changed"),
+         dict(method="ram", eps=0.02)]
 
 
 def _eager(monkeypatch, **kw):
     with monkeypatch.context() as m:
         m.setattr(native, "_KERNELS", None)
-        return ram_merge(**kw)
+        return merge(**kw)
 
 
 def _bits(t):
@@ -72,7 +72,7 @@ def test_native_equals_eager_bits_and_counts(monkeypatch, base_sd, dtype, out_dt
     agents[0]["layers.0.b"][0] = 0.0  # +0 against the base's -0
     for case in CASES:
         kw = dict(models=agents, base=base, return_info=True, dtype=out_dtype, workers=2, **case)
-        fast, f_info = ram_merge(**kw)
+        fast, f_info = merge(**kw)
         slow, s_info = _eager(monkeypatch, **kw)
         assert_bit_identical(fast, slow)
         assert 0 in calls and 64 in calls, "the native kernels did not run"
@@ -195,7 +195,7 @@ def test_native_names_non_finite_inputs(base_sd, bad, variant):
     agents[1]["layers.1.w"][2, 3] = bad
     before = snapshot(agents[1])
     with pytest.raises(NonFiniteError, match=r"'layers\.1\.w' of agent 'agent_1' holds (nan|inf) at flat index 35"):
-        ram_merge(agents, base=base_sd, variant=variant)
+        merge(agents, base=base_sd, method=variant)
     assert_bit_identical(agents[1], before)
 
 
@@ -204,7 +204,7 @@ def test_overflowing_task_vectors_are_reported(base_sd):
     base = {k: torch.full_like(v, -3e38) for k, v in base_sd.items()}
     agents = [{k: torch.full_like(v, 3e38) for k, v in base_sd.items()}]
     with pytest.raises(NonFiniteError, match="overflows"):
-        ram_merge(agents, base=base, variant="ram")
+        merge(agents, base=base, method="ram")
 
 
 def test_supports_only_what_it_computes_exactly():
@@ -293,7 +293,7 @@ def test_single_read_kernels_give_the_two_pass_bits(dtype, k):
 def _two_pass(monkeypatch, **kw):
     with monkeypatch.context() as m:
         m.setattr("ram_live.engine.run.reads_once", lambda *a: False)
-        return ram_merge(**kw)
+        return merge(**kw)
 
 
 @needs_kernels
@@ -303,8 +303,8 @@ def test_in_memory_ram_plus_reads_the_inputs_once_with_the_two_pass_bits(monkeyp
     base = {k: v.bfloat16() for k, v in base_sd.items()}
     agents = make_agents(base, [0.05, 0.5, 0.6, 0.3], scale=0.05)
     before = [snapshot(a) for a in (*agents, base)]
-    one, one_info = ram_merge(agents, base=base, variant=variant, r=0.3, return_info=True, workers=2)
-    two, two_info = _two_pass(monkeypatch, models=agents, base=base, variant=variant, r=0.3, return_info=True)
+    one, one_info = merge(agents, base=base, method=variant, r=0.3, return_info=True, workers=2)
+    two, two_info = _two_pass(monkeypatch, models=agents, base=base, method=variant, r=0.3, return_info=True)
     assert_bit_identical(one, two)
     assert (one_info.passes, two_info.passes) == (1, 2) and one_info.extra["single_read"] == len(base)
     assert one_info.lambdas == two_info.lambdas and one_info.statistics.fingerprint == two_info.statistics.fingerprint
@@ -325,7 +325,7 @@ def test_single_read_merges_what_the_kernels_do_not_take_after_the_counts(monkey
     destination = StateDictSink.destination
     monkeypatch.setattr(StateDictSink, "destination", lambda self, key, spec: taken.append(key)
                         or destination(self, key, spec))
-    one, info = ram_merge(agents, base=base, return_info=True)
+    one, info = merge(agents, base=base, return_info=True)
     assert sorted(taken) == sorted(base), "each destination is taken once"
     assert_bit_identical(one, _two_pass(monkeypatch, models=agents, base=base))
     assert info.passes == 2 and info.extra["single_read"] == len(base) - 1
@@ -343,12 +343,12 @@ def test_single_read_on_live_modules_and_not_in_place(monkeypatch):
             for p in agent.parameters():
                 p.add_(torch.randn_like(p) * (torch.rand_like(p) < density))
         agents.append(agent)
-    merged, info = ram_merge(agents, base=base, return_info=True)
+    merged, info = merge(agents, base=base, return_info=True)
     assert info.passes == 1 and info.extra["single_read"] == 4
     two = _two_pass(monkeypatch, models=agents, base=base)
     assert_bit_identical(merged.state_dict(), two.state_dict())
     target = copy.deepcopy(base)
-    _, in_place = ram_merge(agents, base=target, inplace=True, return_info=True)  # validates, then writes
+    _, in_place = merge(agents, base=target, inplace=True, return_info=True)  # validates, then writes
     assert in_place.passes == 2 and in_place.extra["dry_run"] == 0 and "single_read" not in in_place.extra
     assert_bit_identical(target.state_dict(), two.state_dict())
 
@@ -360,7 +360,7 @@ def test_single_read_names_a_non_finite_base_under_an_entry_one_agent_moved(base
     base = {k: v.clone() for k, v in base_sd.items()}
     base["layers.1.w"].view(-1)[moved] = math.nan
     with pytest.raises(NonFiniteError, match=rf"'layers\.1\.w' of the base holds nan at flat index {moved}"):
-        ram_merge(agents, base=base)
+        merge(agents, base=base)
 
 
 @needs_kernels
@@ -372,16 +372,16 @@ def test_single_read_keeps_its_owner_maps_within_the_memory_bound(monkeypatch, b
     many = {f"layers.{i}.w": torch.randn(64, generator=g).bfloat16() for i in range(40)}  # 40 small tensors
     agents = make_agents(many, [0.05, 0.3, 0.5, 0.5, 0.6, 0.2, 0.4, 0.7], scale=0.1)
     two = _two_pass(monkeypatch, models=agents, base=many)
-    part, info = ram_merge(agents, base=many, return_info=True)
+    part, info = merge(agents, base=many, return_info=True)
     # 2 × 128 B of budget, 2 groups × 4 planes × 4 B = 32 B of map per tensor: 8 tensors in one read
     assert info.passes == 2 and info.extra["single_read"] == 8
     assert_bit_identical(part, two)
     monkeypatch.setenv("RAM_LIVE_SINGLE_READ", "1")
-    one, info = ram_merge(agents, base=many, return_info=True)
+    one, info = merge(agents, base=many, return_info=True)
     assert info.passes == 1 and info.extra["single_read"] == 40
     assert_bit_identical(one, two)
     monkeypatch.setenv("RAM_LIVE_SINGLE_READ", "0")
-    _, info = ram_merge(make_agents(base_sd, [0.1, 0.5]), base=base_sd, return_info=True)
+    _, info = merge(make_agents(base_sd, [0.1, 0.5]), base=base_sd, return_info=True)
     assert info.passes == 2 and "single_read" not in info.extra
 
 

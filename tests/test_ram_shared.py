@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ram_live import ConfigError, RamOptions, merge
+from ram_live import ConfigError, RamConfig, Unit, merge
 from ram_live import functional as F
 
 from conftest import make_agents
@@ -121,9 +121,9 @@ def test_through_merge_with_importances_and_files(base_sd, tmp_path):
 
 
 def test_options_and_errors():
-    assert RamOptions(variant="ram", shared="sign").method_options()["shared"] == "sign"
-    assert RamOptions().shared == "mean"
+    assert RamConfig(lam=Unit(), shared="sign").flat() == ("ram", {"shared": "sign"})
+    assert RamConfig().shared == "mean"
     with pytest.raises(ConfigError, match="shared"):
         merge({"a": {"w": torch.ones(2)}}, base={"w": torch.zeros(2)}, method="ram", shared="median")
     with pytest.raises(ConfigError, match="shared"):
-        RamOptions(shared="vote")
+        RamConfig(shared="vote")

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ram_live import ram_merge
+from ram_live import merge
 from tests.reference import ref_ram
 
 
@@ -17,7 +17,8 @@ def test_reference_rho_is_inf_for_an_agent_that_changed_nothing() -> None:
     idle = {"w": base["w"].clone()}
     for variant, r, alpha in (("ram_plus", 0.5, 2.0), ("ram_plus_soft", 0.5, 2.0)):
         expected, lam = ref_ram(base, [mover, idle], variant=variant, r=r, alpha=alpha)
-        merged, info = ram_merge([mover, idle], base=base, variant=variant, r=r, alpha=alpha, return_info=True)
+        clip = {"alpha": alpha} if variant == "ram_plus" else {}  # RAM+s has no alpha
+        merged, info = merge([mover, idle], base=base, method=variant, r=r, return_info=True, **clip)
         # ρ = +∞ for the idle agent: RAM+ clips it to α, RAM+s saturates at 1 (the spec), never ρ = 0.
         assert lam[1] == (1 + r * alpha if variant == "ram_plus" else 1 + r)
         assert info.lambdas is not None and math.isclose(list(info.lambdas.values())[1], lam[1])

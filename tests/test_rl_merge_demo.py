@@ -70,7 +70,7 @@ def test_ram_output_equals_the_engine_merge_of_the_saved_agents(run: tuple[Path,
     base = load_file(str(out / "base.safetensors"))
     for variant in ("ram", "ram_plus"):
         saved = load_file(str(out / f"merged_{variant}.safetensors"))
-        mine = ram_live.ram_merge(agents, base=base, variant=variant, importance=False)
+        mine = ram_live.merge(agents, base=base, method=variant, importance=False)
         assert set(mine) == set(saved)
         for k, v in saved.items():
             assert mine[k].dtype == v.dtype == torch.bfloat16, k

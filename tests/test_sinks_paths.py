@@ -123,9 +123,9 @@ def test_failed_split_merge_removes_the_folders_it_created(tmp_path, base_sd):
 
 def test_folder_outputs_get_the_mode_of_a_plain_mkdir(tmp_path, base_sd):
     """mkdtemp makes its folder 0700; the renamed output folder must be readable as any folder made here is."""
-    from ram_live import ram_merge
+    from ram_live import merge
 
     agents = make_agents(base_sd, [0.5])
-    out = ram_merge(agents, base=base_sd, out=tmp_path / "merged")
+    out = merge(agents, base=base_sd, out=tmp_path / "merged")
     (tmp_path / "plain").mkdir()
     assert out.stat().st_mode & 0o777 == (tmp_path / "plain").stat().st_mode & 0o777

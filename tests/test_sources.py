@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ram_live import ram_merge
+from ram_live import merge
 from ram_live.io.sources import RenamedSource, as_source
 from ram_live.store import SnapshotStore
 
@@ -21,10 +21,10 @@ def test_a_mapping_names_sources_by_its_keys_even_two_snapshots_of_one_agent(tmp
     store.snapshot("coder", early, 1)
     store.snapshot("coder", late, 2)
     snaps = {"coder_early": store.open("coder", 1), "coder_late": store.open("coder", 2)}
-    merged, info = ram_merge(snaps, variant="ram_plus", return_info=True)
+    merged, info = merge(snaps, method="ram_plus", return_info=True)
     assert info.agents == ("coder_early", "coder_late")
     assert set(info.lambdas) == {"coder_early", "coder_late"}
-    expected = ram_merge({"coder_early": early, "coder_late": late}, base=base, variant="ram_plus")
+    expected = merge({"coder_early": early, "coder_late": late}, base=base, method="ram_plus")
     for k in base:
         assert torch.equal(merged[k], expected[k]), k
     wrapped = as_source(snaps["coder_late"], "x")

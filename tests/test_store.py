@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from ram_live import probe, ram_merge
+from ram_live import probe, merge
 from ram_live.errors import ConfigError, InputMismatchError, RamLiveError
 from ram_live.store import (
     BaseMismatchError,
@@ -308,8 +308,8 @@ def test_ram_merge_straight_from_the_store_equals_the_live_merge(store):
     assert list(latest) == ["coder", "memory", "tools"]  # by name
     latest = {name: latest[name] for name in agents}  # the live merge's order (float sums depend on it)
     for variant in ("ram", "ram_plus", "ram_plus_soft"):
-        ours, info = ram_merge(latest, variant=variant, return_info=True)  # no base=: the store's
-        ref, ref_info = ram_merge(agents, base=base, variant=variant, return_info=True)
+        ours, info = merge(latest, method=variant, return_info=True)  # no base=: the store's
+        ref, ref_info = merge(agents, base=base, method=variant, return_info=True)
         _assert_same(ours, ref)
         assert info.lambdas == ref_info.lambdas
     assert probe(latest).to_dict()["agents"] == probe(agents, base=base).to_dict()["agents"]
@@ -317,7 +317,7 @@ def test_ram_merge_straight_from_the_store_equals_the_live_merge(store):
     other = SnapshotStore(store.root.parent / "other", durable=False)
     other.writer("x", _base(5)).snapshot(_base(5), 1)
     with pytest.raises(RamLiveError, match="different base"):
-        ram_merge({"coder": latest["coder"], "x": other.latest("x")})
+        merge({"coder": latest["coder"], "x": other.latest("x")})
 
 
 def test_lossy_abs_snapshots_merge_like_the_live_agents(store):
@@ -334,7 +334,7 @@ def test_lossy_abs_snapshots_merge_like_the_live_agents(store):
     snap = store.latest("a")
     assert snap.manifest["activity"] == {"rule": "abs", "eps": 1e-5} and not snap.lossless
     assert snap.changed < snap.numel * 0.6
-    _assert_same(ram_merge(store.latest_all()), ram_merge(agents, base=base))
+    _assert_same(merge(store.latest_all()), merge(agents, base=base))
 
 
 class _Tied(nn.Module):
@@ -359,7 +359,7 @@ def test_modules_with_tied_weights_and_buffers(store):
     assert snap.spec("norm.running_mean").is_buffer and not snap.spec("emb.weight").is_buffer
     assert _bits_equal(snap.get("head.weight"), agent.emb.weight.detach())
     assert _bits_equal(snap.get("norm.running_mean"), agent.norm.running_mean)
-    merged = ram_merge({"a": snap}, base=base)  # a module out; buffers from the base; tie kept
+    merged = merge({"a": snap}, base=base)  # a module out; buffers from the base; tie kept
     assert merged.head.weight is merged.emb.weight
     assert torch.equal(merged.emb.weight, agent.emb.weight) and torch.equal(merged.norm.running_mean,
                                                                             base.norm.running_mean)
@@ -415,15 +415,15 @@ def test_pieces_boxes_and_restricted_merges(store):
             # a box across both pieces
             box = ((1, 2), (sd[k].shape[0] - 2, 3))
             assert _bits_equal(snaps[name].get_box(k, *box), sd[k][1:-1, 2:5])
-    ref, info = ram_merge(agents, base=base, return_info=True)
+    ref, info = merge(agents, base=base, return_info=True)
     # restricted sources (what each rank of a sharded merge reads), here with the whole model as one box
     full_sources = {n: s.restrict(whole.boxes(), n) for n, s in snaps.items()}
-    merged, info2 = ram_merge(full_sources, base=whole, return_info=True)
+    merged, info2 = merge(full_sources, base=whole, return_info=True)
     _assert_same(merged, ref)
     assert info2.lambdas == info.lambdas
     half = {k: ((0, 0), (v.shape[0] // 2, v.shape[1])) for k, v in base.items()}
-    merged_half = ram_merge({n: s.restrict(half, n) for n, s in snaps.items()}, variant="ram")
-    ref_ram = ram_merge(agents, base=base, variant="ram")
+    merged_half = merge({n: s.restrict(half, n) for n, s in snaps.items()}, method="ram")
+    ref_ram = merge(agents, base=base, method="ram")
     for k, v in merged_half.items():
         assert _bits_equal(v, ref_ram[k][: v.shape[0]])
 
@@ -472,8 +472,8 @@ def test_lossy_snapshot_keeps_what_the_merge_counts_at_eps(tmp_path, case, how):
     assert snap.changed == by_hand
     kept = snap.get("w")
     assert int((kept != base).sum()) == by_hand
-    merged = ram_merge([{"w": agent}, {"w": base.clone()}], base={"w": base}, variant="ram", eps=eps)
-    from_snapshot = ram_merge([store.latest("a"), {"w": base.clone()}], base={"w": base}, variant="ram", eps=eps)
+    merged = merge([{"w": agent}, {"w": base.clone()}], base={"w": base}, method="ram", eps=eps)
+    from_snapshot = merge([store.latest("a"), {"w": base.clone()}], base={"w": base}, method="ram", eps=eps)
     assert torch.equal(merged["w"].view(torch.int16 if case == "bf16" else torch.int32),
                        from_snapshot["w"].view(torch.int16 if case == "bf16" else torch.int32))
     assert int((merged["w"] != base).sum()) == by_hand

@@ -1,5 +1,5 @@
 """Importances stored with snapshots (issue 20): kept at the active entries as 8-bit log codes, read back as a
-TensorSource, checksummed and validated like the rest; ram_merge(store.latest_all()) uses them when every agent
+TensorSource, checksummed and validated like the rest; merge(store.latest_all()) uses them when every agent
 has them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from ram_live import merge, ram_merge
+from ram_live import merge
 from ram_live.errors import InputMismatchError
 from ram_live.store import CorruptSnapshotError, SnapshotStore, StoreWarning
 from ram_live.store.importance import ImportanceSource, dequantize, quantize
@@ -96,28 +96,28 @@ def test_store_latest_all_merges_with_stored_importances(tmp_path):
     base, agents, imps = _setup(tmp_path)
     store = _write(tmp_path, base, agents, imps)
     snaps = store.latest_all()
-    merged, info = ram_merge(snaps, return_info=True)
+    merged, info = merge(snaps, return_info=True)
     assert info.extra["importance"] == "store"
     given = {n: s.importance.to_state_dict() if hasattr(s.importance, "to_state_dict") else
              {k: s.importance.get(k) for k in s.importance.keys()} for n, s in snaps.items()}
-    expect, info2 = ram_merge({n: s.to_state_dict() for n, s in snaps.items()}, base=store.base_source(),
+    expect, info2 = merge({n: s.to_state_dict() for n, s in snaps.items()}, base=store.base_source(),
                               importance=given, return_info=True)
     assert info2.extra["importance"] == "given"
     for k in ("w", "v"):
         assert torch.equal(merged[k], expect[k])
-    plain = ram_merge({n: s.to_state_dict() for n, s in snaps.items()}, base=store.base_source())
+    plain = merge({n: s.to_state_dict() for n, s in snaps.items()}, base=store.base_source())
     assert not torch.equal(merged["w"], plain["w"])  # the importances change the shared entries
 
 
 def test_store_without_or_with_partial_importances(tmp_path):
     base, agents, imps = _setup(tmp_path)
     store = _write(tmp_path / "none", base, agents, imps, which=())
-    plain_sd = ram_merge({n: s.to_state_dict() for n, s in store.latest_all().items()}, base=store.base_source())
-    merged, info = ram_merge(store.latest_all(), return_info=True)
+    plain_sd = merge({n: s.to_state_dict() for n, s in store.latest_all().items()}, base=store.base_source())
+    merged, info = merge(store.latest_all(), return_info=True)
     assert "importance" not in info.extra and torch.equal(merged["w"], plain_sd["w"])
     part = _write(tmp_path / "part", base, agents, imps, which=("a0", "a2"))
     with pytest.warns(StoreWarning, match="'a1'"):
-        merged2, info2 = ram_merge(part.latest_all(), return_info=True)
+        merged2, info2 = merge(part.latest_all(), return_info=True)
     assert "importance" not in info2.extra and torch.equal(merged2["w"], plain_sd["w"])
 
 

@@ -99,9 +99,9 @@ def test_grpo_merges_saves_and_resumes(tmp_path: Path, monkeypatch: pytest.Monke
     assert [h["step"] for h in cb.history] == [2.0, 4.0]
     assert cb.saved == [str(tmp_path / "merged" / "step-2"), str(tmp_path / "merged" / "step-4")]
     assert ram_live.SnapshotStore(store).steps("vowels") == [2, 4]
-    # the saved generalist is ram_merge of the latest snapshots (vowels@4, spaces@3), bit for bit
+    # the saved generalist is merge of the latest snapshots (vowels@4, spaces@3), bit for bit
     s = ram_live.SnapshotStore(store)
-    want = ram_live.ram_merge({"vowels": s.open("vowels", 4), "spaces": s.open("spaces", 3)},
+    want = ram_live.merge({"vowels": s.open("vowels", 4), "spaces": s.open("spaces", 3)},
                               base=s.base_source())
     saved = load_file(str(tmp_path / "merged" / "step-4" / "model.safetensors"))
     assert set(saved) == set(want)

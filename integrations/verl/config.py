@@ -16,15 +16,15 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 from ram_live.errors import ConfigError
-from ram_live.options import HoldsRamOptions, RamOptions
+from ram_live.ram_config import FLAT_NAMES, RamConfig
 
 from .dotted import get_dotted
 from .dotted import plain as _plain
 from .remote import check_eval_resources, check_eval_timeout
 from .rewards import check_rewards, run_reward_function
 
-__all__ = ["DTYPES", "EVAL_RESOURCES", "EVAL_RESOURCES_CPU", "EVAL_TIMEOUT", "SPARSIFY", "WEIGHTS", "RAMVerlOptions",
-           "options_from_mapping", "options_from_verl"]
+__all__ = ["DTYPES", "EVAL_RESOURCES", "EVAL_RESOURCES_CPU", "EVAL_TIMEOUT", "RAM_KEYS", "SPARSIFY", "WEIGHTS",
+           "RAMVerlOptions", "options_from_mapping", "options_from_verl"]
 
 WEIGHTS = ("master", "bf16", "fp16", "fp32")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -35,10 +35,12 @@ EVAL_RESOURCES = {"num_gpus": 1}
 EVAL_RESOURCES_CPU = {"num_cpus": 1}
 #: ``ram.eval_timeout``'s default, in seconds
 EVAL_TIMEOUT = 3600.0
+#: The ``ram.*`` keys of RAM's config: ``ram.variant`` (the short method name) and the flat keywords.
+RAM_KEYS = ("variant", *FLAT_NAMES)
 
 
 @dataclass
-class RAMVerlOptions(HoldsRamOptions):
+class RAMVerlOptions:
     """Options of the verl integration (the ``ram`` config group; the keys are the field names).
 
     Snapshots:
@@ -73,9 +75,11 @@ class RAMVerlOptions(HoldsRamOptions):
         keep_merged: keep only the newest ``keep_merged`` merged folders (None: all).
         merged_dtype: dtype of the merged weights: ``"auto"`` (the base model's), ``"bf16"``, ``"fp16"``, ``"fp32"``.
         agents: merge only these agents (default: every agent of the store).
-        variant, r, alpha, eps, activity, rho_scope, lambdas, exclude, shared: RAM's options, the fields of
-            :class:`~ram_live.options.RamOptions` (as in :func:`ram_live.ram_merge`), held together in ``ram``
-            (``opts.variant`` etc. read it).
+        variant, r, alpha, eps, activity, rho_scope, lambdas, exclude, shared: RAM's config, the keys users
+            had: ``ram.variant`` is the short method name (``ram``, ``ram_plus``, ``ram_plus_soft``) and the others
+            its flat keywords (``merge(method=variant, r=..., ...)``); held as one :class:`~ram_live.RamConfig` in
+            ``ram`` (``opts.ram.lam``, ``opts.ram.method``). A key the variant does not take (``ram.r`` with
+            ``ram.variant=ram``, ``ram.alpha`` with ``ram_plus_soft``) is refused.
         evaluate: dotted path of ``fn(merged_dir: str, step: int) -> dict[str, float]`` (``pkg.mod.fn`` or
             ``pkg.mod:fn``), called after each merge; its scores are logged as ``ram/<name>``.
         search: the options of a :class:`~ram_live.training.search.SearchSetting` (``+ram.search.budget=60
@@ -132,8 +136,8 @@ class RAMVerlOptions(HoldsRamOptions):
     durable: bool = True
     importance: str | None = "adam"
     importance_bias_correction: bool = False
-    #: the RAM options (the ``ram.variant``, ``ram.r``, ... keys)
-    ram: RamOptions = field(default_factory=RamOptions, repr=False)
+    #: RAM's config (the ``ram.variant``, ``ram.r``, ... keys)
+    ram: RamConfig = field(default_factory=RamConfig, repr=False)
     # filled from verl's config (not ram.* keys a user sets)
     save_freq: int | None = field(default=None, repr=False)
     checkpoint_root: str | None = field(default=None, repr=False)
@@ -164,7 +168,7 @@ class RAMVerlOptions(HoldsRamOptions):
             if getattr(self, name) is not None:
                 _int(name, getattr(self, name), minimum=1)
         _float("snapshot_eps", self.snapshot_eps)
-        self.ram = RamOptions.from_mapping(self.ram, prefix="ram.")
+        self.ram = RamConfig.from_dict(self.ram, prefix="ram.", method_key="variant")
         if self.lora_alpha is not None:
             _float("lora_alpha", self.lora_alpha)
         if self.lora not in ("auto", True, False):
@@ -222,12 +226,12 @@ class RAMVerlOptions(HoldsRamOptions):
                 return TopK(value) if kind == "topk" else RelativeThreshold(value)
             except ConfigError as exc:
                 raise ConfigError(f"ram.{name}: {exc}") from None
-        return sparsify_rule(self.sparsify, self.ram.variant)
+        return sparsify_rule(self.sparsify, self.ram.method)
 
     @classmethod
     def keys(cls) -> list[str]:
-        """The ``ram.*`` keys: the integration's own and the RAM options'."""
-        return [f.name for f in fields(cls) if f.repr] + list(RamOptions.names())
+        """The ``ram.*`` keys: the integration's own and RAM's config's (:data:`RAM_KEYS`)."""
+        return [f.name for f in fields(cls) if f.repr] + list(RAM_KEYS)
 
 
 def _choice(name: str, value: Any, allowed: Sequence[Any]) -> None:
@@ -254,7 +258,8 @@ def options_from_mapping(values: Mapping[str, Any] | None, **defaults: Any) -> R
         raise ConfigError(f"unknown ram option(s) {', '.join('ram.' + u for u in unknown)}; the options are: "
                           f"{', '.join(allowed)}")
     merged = {**{k: v for k, v in defaults.items() if v is not None}, **values}
-    ram = RamOptions.from_mapping({k: merged.pop(k) for k in RamOptions.names() if k in merged}, prefix="ram.")
+    ram = RamConfig.from_dict({k: merged.pop(k) for k in RAM_KEYS if k in merged}, prefix="ram.",
+                              method_key="variant")
     return RAMVerlOptions(**merged, ram=ram).validate()
 
 

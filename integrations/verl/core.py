@@ -134,7 +134,7 @@ class RAMVerl:
         specs = {k: (tuple(base.spec(k).shape), base.spec(k).dtype) for k in base.keys()}
         writer = PieceWriter(self.store, self.opts.agent, step, specs, fp, activity=self.opts.snapshot_activity,
                              eps=self.opts.snapshot_eps)
-        counts = CheckpointCounts(Activity(self.opts.activity, self.opts.eps))  # type: ignore[arg-type]
+        counts = CheckpointCounts(Activity(self.opts.ram.activity, self.opts.ram.eps))  # type: ignore[arg-type]
         try:
             read = self.reader.lora if lora else self.reader.full
             info = read(ckpt, writer, base, specs, dtype, counts)
@@ -157,7 +157,7 @@ class RAMVerl:
             f"ram/{a}/snapshot_seconds": time.perf_counter() - t0,
         }
         log.info("ram_live: %s step %s: %.4f of %d entries changed (%.4f with |τ| > %g), %.1f MB in %.1f s",
-                 a, step, metrics[f"ram/{a}/changed"], snap.numel, metrics[f"ram/{a}/active"], self.opts.eps,
+                 a, step, metrics[f"ram/{a}/changed"], snap.numel, metrics[f"ram/{a}/active"], self.opts.ram.eps,
                  metrics[f"ram/{a}/snapshot_mb"], metrics[f"ram/{a}/snapshot_seconds"])
         return metrics
 

@@ -20,7 +20,7 @@ from torch import Tensor
 from ram_live import functional as F
 from ram_live.errors import ConfigError
 from ram_live.methods import Activity
-from ram_live.options import RamOptions
+from ram_live.ram_config import Given, RamConfig
 from ram_live.store import SnapshotStore, ram_statistics
 
 from .common import VerlIntegrationError, copy_side_files
@@ -54,7 +54,7 @@ def _float(value: Any) -> float:
 
 
 def _counts(snaps: dict[str, Any], info: Any, o: Any, agents: dict[str, Any] | None = None,
-            ram: RamOptions | None = None) -> tuple[list[int], list[int], int]:
+            ram: RamConfig | None = None) -> tuple[list[int], list[int], int]:
     """Per agent the active and unique entries and the entries merged: the merge's own counts when it took
     global ones, else a statistics pass with its activity rule (on ``agents``, the merged sources, when given)."""
     names = list(snaps)
@@ -67,8 +67,8 @@ def _counts(snaps: dict[str, Any], info: Any, o: Any, agents: dict[str, Any] | N
     return stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
 
 
-def _lora_merge(snaps: dict[str, Any], o: RAMVerlOptions) -> tuple[dict[str, Any] | None, Any, RamOptions, Any]:
-    """``(agents, base, options, rule)`` of the merge: LoRA snapshots under ``ram.sparsify`` as the agents
+def _lora_merge(snaps: dict[str, Any], o: RAMVerlOptions) -> tuple[dict[str, Any] | None, Any, RamConfig, Any]:
+    """``(agents, base, config, rule)`` of the merge: LoRA snapshots under ``ram.sparsify`` as the agents
     "base + sparsified ΔW" with ``eps=0`` (:func:`.lora.sparsified_agents`), else ``(None, None, o.ram, None)``."""
     from .lora import is_lora_snapshot, sparsified_agents
 
@@ -83,6 +83,12 @@ def _lora_merge(snaps: dict[str, Any], o: RAMVerlOptions) -> tuple[dict[str, Any
             "ram.agents to merge one kind, or ram.sparsify=null")
     agents, base = sparsified_agents(snaps, rule, Activity(o.ram.activity, o.ram.eps))  # type: ignore[arg-type]
     return agents, base, replace(o.ram, eps=0.0), rule
+
+
+def _ram_record(config: RamConfig) -> dict[str, Any]:
+    """RAM's config in ``ram_merge.json`` as the ``ram.*`` keys: ``variant`` and every keyword it takes."""
+    method, options = config.flat(defaults=True)
+    return {"variant": method, **options}
 
 
 def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
@@ -110,18 +116,19 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
             _, info = merge(snaps, out=building, dtype=ram.out_dtype(), return_info=True, **result.best)
         else:
             agents, base, used, rule = _lora_merge(snaps, o)
-            _, info = ram_merge(agents or snaps, base, out=building, dtype=ram.out_dtype(), options=used,
+            _, info = ram_merge(agents or snaps, base, out=building, dtype=ram.out_dtype(), config=used,
                                 return_info=True)
         names = list(snaps)
         active, unique, total = _counts(snaps, info, o, agents, used)
         rho = {n: F.rho(float(u), float(a)) for n, a, u in zip(names, active, unique)}
-        lambdas = {} if searched else {n: F.ram_lambda(rho[n], o.variant, o.r, o.alpha) for n in names}
-        if info.lambdas is not None and o.rho_scope == "global":
+        given = isinstance(used.lam, Given)
+        lambdas = {} if searched or given else {n: used.lam.value(rho[n]) for n in names}
+        if info.lambdas is not None and (used.rho_scope == "global" or given):
             lambdas.update(info.lambdas)
         density = {n: a / total if total else 0.0 for n, a in zip(names, active)}
         if ram.base_dir is not None:
             copy_side_files(ram.base_dir, building)
-        record = {"step": step, "agents": {n: s.step for n, s in snaps.items()}, **used.to_dict(),
+        record = {"step": step, "agents": {n: s.step for n, s in snaps.items()}, **_ram_record(used),
                   "sparsify": str(rule) if rule is not None else None,
                   "lambda": lambdas, "rho": {n: (v if math.isfinite(v) else None) for n, v in rho.items()},
                   "density": density, "weights": o.weights, "store": str(ram.store.root)}

@@ -48,13 +48,13 @@ def _option(text: str) -> tuple[str, Any]:
 
 def method_options(args: argparse.Namespace) -> dict[str, Any]:
     """The method's options of ``merge`` / ``merge-adapters``: ``-O KEY=VALUE`` and the RAM flags given."""
-    from ..methods import RAM_VARIANTS
+    from ..methods import RAM_METHODS
 
     options = dict(_option(o) for o in args.option)
     flags = ram_flags(args)
-    if flags and args.method not in RAM_VARIANTS:
+    if flags and args.method not in RAM_METHODS:
         raise ConfigError(f"{', '.join('--' + n.replace('_', '-') for n in flags)}: RAM options, for --method "
-                          f"{', '.join(RAM_VARIANTS)}, not {args.method} (its options go in -O KEY=VALUE)")
+                          f"{', '.join(RAM_METHODS)}, not {args.method} (its options go in -O KEY=VALUE)")
     both = sorted(set(flags) & set(options))
     if both:
         raise ConfigError(f"{', '.join(both)}: given both as a flag and as -O; give each option once")

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..ram_config import RamConfig
 from ..io.outputs import rename_noreplace
 from ..errors import ConfigError
 
@@ -63,7 +64,8 @@ def replacing(out: Path, force: bool) -> Iterator[None]:
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` with dataclasses as dicts, enums as values, tensors as lists, paths as strings and non-finite
+    """``value`` with dataclasses as dicts (a :class:`~ram_live.RamConfig` as ``{"method": ..., keyword: value}``),
+    enums as values, tensors as lists, paths as strings and non-finite
     floats as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (``json.dumps(..., allow_nan=False)`` then works)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
@@ -71,6 +73,8 @@ def jsonable(value: Any) -> Any:
         return value
     if isinstance(value, enum.Enum):
         return jsonable(value.value)
+    if isinstance(value, RamConfig):
+        return jsonable(value.record())  # RAM's config as its flat spelling, every keyword
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):

@@ -1,21 +1,21 @@
 """The ``ram-live`` argument parser, built without importing torch (``ram-live --help`` stays fast): the method
-names are a static tuple that ``tests/test_cli_conventions.py`` keeps equal to :func:`ram_live.available_methods`.
+names are the baselines' static names and RAM's short names (:data:`ram_live.ram_config.RAM_METHODS`), which
+``tests/test_cli_conventions.py`` keeps equal to :func:`ram_live.available_methods`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import Any, Callable, Collection
 
 from .. import __version__
-from ..options import RamOptions
+from ..ram_config import RAM_METHODS, flat_fields
 
 __all__ = ["build_parser", "METHOD_NAMES", "DTYPE_NAMES", "PROBE_OPTIONS", "common_options", "ram_arguments",
            "ram_flags"]
 
 #: The registered merge methods (``ram_live.available_methods()`` without importing torch).
-METHOD_NAMES = ("dare_linear", "dare_ties", "linear", "ram", "ram_plus", "ram_plus_soft", "task_arithmetic", "ties")
+METHOD_NAMES = tuple(sorted(("dare_linear", "dare_ties", "linear", "task_arithmetic", "ties", *RAM_METHODS)))
 #: ``--dtype`` spellings -> the torch dtype's name.
 DTYPE_NAMES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
                "fp32": "float32", "float32": "float32"}
@@ -46,12 +46,13 @@ def common_options(p: argparse.ArgumentParser) -> None:
 
 
 def ram_arguments(p: argparse.ArgumentParser, names: Collection[str], *, given_only: bool = False) -> None:
-    """``--<option>`` flags for the named fields of :class:`~ram_live.options.RamOptions` (``rho_scope`` as
-    ``--rho-scope``), their help, choices and parsing from the dataclass. ``given_only``: a flag not given is not
+    """``--<option>`` flags for the named flat keywords of :class:`~ram_live.RamConfig` and its λ rules
+    (:func:`ram_live.ram_config.flat_fields`; ``rho_scope`` as ``--rho-scope``), their help, choices and parsing
+    from the dataclasses' fields. ``given_only``: a flag not given is not
     in the namespace (the method's own default applies); else its default is the field's."""
-    group = p.add_argument_group("RAM options", "fields of ram_live.RamOptions" + (
+    group = p.add_argument_group("RAM options", "fields of ram_live.RamConfig and its λ rule" + (
         " (for the RAM methods ram, ram_plus, ram_plus_soft)" if given_only else ""))
-    for f in dataclasses.fields(RamOptions):
+    for f in flat_fields():
         if f.name not in names:
             continue
         meta = f.metadata
@@ -73,11 +74,11 @@ def _parsed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 def ram_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The RAM options in a parsed namespace (those given, under ``given_only``)."""
-    return {n: getattr(args, n) for n in RamOptions.names() if hasattr(args, n)}
+    return {f.name: getattr(args, f.name) for f in flat_fields() if hasattr(args, f.name)}
 
 
-#: The RAM flags of merge and merge-adapters: every option but ``variant`` (that is ``--method``).
-_MERGE_RAM_OPTIONS = tuple(n for n in RamOptions.names() if n != "variant")
+#: The RAM flags of merge and merge-adapters: every flat keyword (the λ rule is ``--method``).
+_MERGE_RAM_OPTIONS = tuple(f.name for f in flat_fields())
 
 
 def _probe(sub: Any) -> None:

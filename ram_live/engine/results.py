@@ -10,6 +10,7 @@ from torch import Tensor
 
 from .. import functional as F
 from ..errors import ConfigError
+from ..ram_config import Given
 from ..types import Activity, MergeInfo, RamStatistics
 
 __all__ = ["record_lambdas", "check_reusable", "stamped"]
@@ -18,7 +19,7 @@ __all__ = ["record_lambdas", "check_reusable", "stamped"]
 def record_lambdas(info: MergeInfo, run_state: Any) -> None:
     """λ and ρ per agent in ``info`` where the run state is one λ per agent computed from counts."""
     statistics, names = info.statistics, info.agents
-    given = getattr(info.config, "lambdas", None) is not None
+    given = isinstance(getattr(info.config, "lam", None), Given)  # λ given per agent, no counts
     if isinstance(run_state, Tensor) and (statistics is not None or given) and run_state.numel() == len(names):
         info.lambdas = dict(zip(names, map(float, run_state.tolist())))
     if info.lambdas is not None and statistics is not None:

@@ -1,8 +1,9 @@
-"""The RAM+ λ formula, once: ρ from the counts, λ from ρ (every caller — the merge, the probe, the schedules,
-the integrations — computes λ with these two)."""
+"""ρ from the counts, and λ from ρ by a short method name (the formulas are the λ rules of
+:mod:`ram_live.ram_config`; the probe, the schedules and the integrations call these two)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 __all__ = ["ram_lambda", "rho"]
@@ -22,13 +23,9 @@ def ram_lambda(rho_value: float, variant: str, r: float, alpha: float) -> float:
     >>> ram_lambda(rho(unique=2, active=6), "ram_plus", r=0.1, alpha=1.0)   # ρ = 2, clipped to α = 1
     1.1
     """
-    if variant == "ram":
-        return 1.0
-    if variant == "ram_plus":
-        if math.isinf(alpha) and math.isinf(rho_value):
-            return 1.0
-        return 1.0 + r * min(max(rho_value, 0.0), alpha)
-    if variant == "ram_plus_soft":
-        share = 1.0 if math.isinf(rho_value) else rho_value / (1.0 + rho_value)
-        return 1.0 + r * share
-    raise ValueError(f"unknown RAM variant {variant!r}")
+    from ..ram_config import RULES  # the formulas live with the rules
+
+    if variant not in RULES:
+        raise ValueError(f"unknown RAM variant {variant!r}")
+    names = {f.name for f in dataclasses.fields(RULES[variant])}
+    return RULES[variant](**{k: v for k, v in (("r", r), ("alpha", alpha)) if k in names}).value(rho_value)

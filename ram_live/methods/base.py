@@ -3,16 +3,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from ..types import Activity, RamStatistics
 
-__all__ = ["RunContext", "TensorContext", "TensorView", "Combine", "MethodKernels", "MergeMethod"]
+__all__ = ["RunContext", "TensorContext", "TensorView", "Combine", "MethodKernels", "MergeMethod", "agent_weights",
+           "agent_densities", "scaled"]
 
 
 @dataclass(frozen=True)
@@ -115,3 +117,33 @@ class MergeMethod:
     #: unbounded). An in-place merge skips the dry run of a tensor where max |θ₀| + B · K · max |τ| fits its
     #: dtype; without a bound every tensor gets one.
     overflow_bound: Callable[[Any, Any], float] | None = None
+    #: ``configure(name, config, options) -> config``: builds the config of ``merge(method=name, config=...,
+    #: **options)`` where the default (``config_cls(**options)``, or ``config`` with options put over it) does not
+    #: fit, e.g. RAM's one :class:`~ram_live.ram_config.RamConfig` for three short names.
+    configure: Callable[[str, Any, dict[str, Any]], Any] | None = None
+
+
+def agent_weights(weights: Sequence[float] | None, ctx: RunContext) -> Tensor:
+    """One weight per agent, in float64 (the combines cast them to the deltas' dtype: float64 inputs keep them
+    exact)."""
+    k = len(ctx.agents)
+    if weights is None:
+        return torch.ones(k, dtype=torch.float64, device=ctx.device)
+    if len(weights) != k:
+        raise ConfigError(f"weights has {len(weights)} entries for {k} agents ({', '.join(ctx.agents)})")
+    return torch.tensor([float(w) for w in weights], dtype=torch.float64, device=ctx.device)
+
+
+def agent_densities(config: Any, agents: Sequence[str]) -> list[float]:
+    """The density of each agent: ``densities`` (checked against the agents) or ``density`` for all."""
+    if config.densities is None:
+        return [float(config.density)] * len(agents)
+    if len(config.densities) != len(agents):
+        raise ConfigError(f"densities has {len(config.densities)} entries for {len(agents)} agents "
+                          f"({', '.join(agents)})")
+    return [float(d) for d in config.densities]
+
+
+def scaled(tau: Tensor, scale: float) -> Tensor:
+    """``tau`` times ``scale`` (in place; untouched for 1)."""
+    return tau if scale == 1.0 else tau.mul_(scale)

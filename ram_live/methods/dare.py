@@ -11,7 +11,8 @@ from torch import Tensor
 from .. import functional as F
 from ..errors import ConfigError
 from .base import TensorContext, TensorView
-from .checks import agent_densities, agent_weights, check_densities, check_finite, check_range, check_weights, scaled
+from ..option_checks import check_densities, check_finite, check_range, check_weights
+from .base import agent_densities, agent_weights, scaled
 from .registry import register_method
 from .ties import check_election, ties_elect
 

@@ -11,7 +11,8 @@ from torch import Tensor
 from .. import functional as F
 from ..errors import ConfigError
 from .base import RunContext
-from .checks import agent_weights, check_weights
+from ..option_checks import check_weights
+from .base import agent_weights
 from .registry import register_method
 
 __all__ = ["LinearConfig"]

@@ -1,11 +1,10 @@
-"""RAM, RAM+ and RAM+s: the disjoint mean over the agents that updated an entry, unique entries kept (RAM+:
-rescaled by λ_t from the overlap ratio ρ_t); their configs, λ, the importance check, and the fast kernels and
-overflow bound they declare to the engine."""
+"""RAM, RAM+ and RAM+s: the disjoint mean over the agents that updated an entry, unique entries kept (scaled by
+the config's λ rule); the engine's hooks for :class:`~ram_live.ram_config.RamConfig`, λ, the importance check, and
+the fast kernels and overflow bound they declare. The config and its λ rules are in :mod:`ram_live.ram_config`."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -13,76 +12,31 @@ from torch import Tensor
 
 from .. import functional as F
 from ..errors import ConfigError, InvalidStateError
-from ..options import RAM_VARIANTS, RamFields, RamPlusFields
+from ..ram_config import RAM_METHODS, RULES, Given, RamConfig, Unit
 from ..types import Activity
 from .base import MethodKernels, RunContext, TensorView
 from .registry import register_method
 
-__all__ = ["RAM_VARIANTS", "RamConfig", "RamPlusConfig", "RamPlusSoftConfig", "given_lambdas", "lambda_bound",
-           "lambdas_from_counts", "ram_activity", "ram_kernels", "ram_overflow_bound", "check_importance"]
-
-
-
-@dataclass(frozen=True)
-class RamConfig(RamFields):
-    """RAM (paper Eq. 7, λ = 1): mean over the active agents where ≥ 2 updated, the one agent's τ where one
-    did, the base where none did. ``activity``/``eps``: see :class:`~ram_live.types.Activity`.
-
-    ``lambdas`` (every RAM variant): ``{agent: λ_t}`` for **every** merged agent, the factor on the entries that
-    agent alone updated, instead of the ρ-derived λ (ρ is not counted then: no statistics pass; ``r``/``alpha``
-    are unused). Names not among the merged agents, and merged agents left out, are :class:`ConfigError` naming
-    them. λ_t = 1 for every agent is plain RAM, bit for bit. Any finite λ is taken (λ > 1 extrapolates τ_t).
-    ``exclude``: names of agents to leave out of the merge, as if they were not passed (the search's
-    leave-one-out candidates); at least one agent must remain.
-
-    ``shared`` (every RAM variant; not the paper's rule unless ``"mean"``, the default): ``"sign"`` makes the
-    shared region conflict-aware. Where two or more agents are active, the mean runs over those whose τ has the
-    sign of the plain mean (of Σ w·τ with importances), and the others are left out; where that sum is 0, it stays
-    the plain mean (0). Where every active agent agrees in sign, this is RAM's value, bit for bit, and unique
-    entries and λ are unchanged (docs/methods.md).
-
-    >>> cfg = RamConfig(lambdas={"coder": 2.0, "tools": 0.5})
-    >>> cfg.lambdas["coder"]
-    2.0
-    """
-
-    variant = "ram"
-
-
-@dataclass(frozen=True)
-class RamPlusConfig(RamConfig, RamPlusFields):
-    """RAM+: unique entries of agent t scaled by λ_t = 1 + r · clip(ρ_t, 0, alpha) (paper: r=0.1, α=2).
-
-    ``alpha=math.inf``: no clip, λ_t = 1 + r · max(ρ_t, 0). An agent with ρ_t = +∞ (no unique entry) has no
-    entry for λ_t to scale; it is reported as 1 + r · alpha for a finite ``alpha`` and as 1.0 for an uncapped
-    one. The authors' script is ``r=0.2, alpha=1.0``; mergekit's ``ramplus_tl`` is ``r=0.1, alpha=0.2,
-    rho_scope="tensor"``."""
-
-    variant = "ram_plus"
-
-
-@dataclass(frozen=True)
-class RamPlusSoftConfig(RamPlusConfig):
-    """RAM+s: λ_t = 1 + r · ρ_t / (1 + ρ_t) = 1 + r · shared_t / active_t (``alpha`` is unused)."""
-
-    variant = "ram_plus_soft"
+__all__ = ["RAM_METHODS", "RamConfig", "given_lambdas", "lambda_bound", "lambdas_from_counts", "ram_activity",
+           "ram_kernels", "ram_overflow_bound", "check_importance"]
 
 
 # ----------------------------------------------------------------------------------------------- λ
 
 
 def given_lambdas(config: RamConfig, agents: Sequence[str]) -> list[float]:
-    """``config.lambdas`` in the agents' order; :class:`ConfigError` naming unknown and missing agents."""
-    if config.lambdas is None:
-        raise ConfigError(f"{config.variant}: no lambdas to take (lambdas=None: λ comes from the counts)")
-    unknown = [n for n in config.lambdas if n not in agents]
-    missing = [n for n in agents if n not in config.lambdas]
+    """``Given`` λ in the agents' order; :class:`ConfigError` naming unknown and missing agents."""
+    if not isinstance(config.lam, Given):
+        raise ConfigError(f"{config.method}: no lambdas to take (lam={config.lam!r}: λ comes from the counts)")
+    lambdas = config.lam.lambdas
+    unknown = [n for n in lambdas if n not in agents]
+    missing = [n for n in agents if n not in lambdas]
     if unknown or missing:
         parts = ([f"unknown agent(s) {', '.join(map(repr, unknown))}"] if unknown else []) + (
             [f"no λ for agent(s) {', '.join(map(repr, missing))}"] if missing else [])
         raise ConfigError(f"lambdas: {'; '.join(parts)} (the merged agents are {', '.join(map(repr, agents))}; "
                           "name every one of them)")
-    return [config.lambdas[n] for n in agents]
+    return [lambdas[n] for n in agents]
 
 
 def lambda_bound(config: RamConfig, run_lambdas: Tensor | None = None) -> float:
@@ -90,34 +44,21 @@ def lambda_bound(config: RamConfig, run_lambdas: Tensor | None = None) -> float:
     an uncapped α and tensor-local ρ); ``run_lambdas``: the merge's global λ, where known."""
     if isinstance(run_lambdas, Tensor) and run_lambdas.numel():
         return max(1.0, float(run_lambdas.abs().max()))
-    if config.lambdas is not None:
-        return max([1.0] + [abs(v) for v in config.lambdas.values()])
-    r = getattr(config, "r", 0.0)
-    if config.variant == "ram":
-        return 1.0
-    if config.variant == "ram_plus_soft":
-        return 1.0 + r
-    return 1.0 + r * config.alpha
+    return config.lam.bound()
 
 
 def lambdas_from_counts(config: RamConfig, active: Tensor, unique: Tensor) -> list[float]:
-    """λ_t per agent from per-agent counts, for ``config``'s variant (:func:`ram_live.functional.ram_lambda` of
-    :func:`ram_live.functional.rho`)."""
-    r = getattr(config, "r", 0.0)
-    alpha = getattr(config, "alpha", math.inf)
-    return [
-        F.ram_lambda(F.rho(float(u), float(a)), config.variant, r, alpha)
-        for a, u in zip(active.tolist(), unique.tolist())
-    ]
+    """λ_t per agent from per-agent counts: ``config.lam.value`` of :func:`ram_live.functional.rho`."""
+    return [config.lam.value(F.rho(float(u), float(a))) for a, u in zip(active.tolist(), unique.tolist())]
 
 
 def _ram_setup(config: RamConfig, ctx: RunContext) -> Tensor | None:
-    if config.lambdas is not None:
+    if isinstance(config.lam, Given):
         return torch.tensor(given_lambdas(config, ctx.agents), dtype=torch.float64, device=ctx.device)
-    if config.variant == "ram" or getattr(config, "rho_scope", "global") == "tensor":
+    if not config.lam.uses_rho or config.rho_scope == "tensor":
         return None
     if ctx.statistics is None:  # a method registered with this setup but without needs_statistics
-        raise InvalidStateError(f"{config.variant} with rho_scope='global' needs the RAM counts of the statistics "
+        raise InvalidStateError(f"{config.method} with rho_scope='global' needs the RAM counts of the statistics "
                                 "pass, and the run has none (does the method declare needs_statistics?)")
     return torch.tensor(
         lambdas_from_counts(config, ctx.statistics.active, ctx.statistics.unique),
@@ -127,10 +68,8 @@ def _ram_setup(config: RamConfig, ctx: RunContext) -> Tensor | None:
 
 
 def _ram_prepare(config: RamConfig, view: TensorView, run_lambdas: Tensor | None) -> Tensor | None:
-    if config.lambdas is not None:
-        return run_lambdas
-    if config.variant == "ram":
-        return None
+    if not config.lam.uses_rho:
+        return run_lambdas  # given λ, or None for λ = 1
     if config.rho_scope == "global":
         return run_lambdas
     stats = view.statistics(ram_activity(config))
@@ -147,7 +86,7 @@ def ram_activity(config: RamConfig) -> Activity:
 
 
 def _ram_needs_statistics(config: RamConfig) -> bool:
-    return config.lambdas is None and config.variant != "ram" and config.rho_scope == "global"
+    return config.lam.uses_rho and config.rho_scope == "global"
 
 
 def _ram_accumulator(config: RamConfig, lambdas: Tensor | None, capacity: int, k: int, device: torch.device,
@@ -161,14 +100,14 @@ def _sign(config: Any) -> bool:
 
 
 def ram_kernels(config: Any) -> MethodKernels:
-    """Every fast kernel (they compute RAM's rule); λ reaches them for RAM+ variants or given ``lambdas``. Another
-    method that computes RAM's rule may declare it too, with a config of its own (no ``variant``: plain RAM).
+    """Every fast kernel (they compute RAM's rule); λ reaches them for every λ rule but :class:`Unit`. Another
+    method that computes RAM's rule may declare it too, with a config of its own (no ``lam``: plain RAM).
 
     Example:
-        >>> ram_kernels(RamPlusConfig()).scaled, ram_kernels(RamConfig()).scaled
+        >>> ram_kernels(RamConfig()).scaled, ram_kernels(RamConfig(lam=Unit())).scaled
         (True, False)
     """
-    scaled = getattr(config, "variant", "ram") != "ram" or getattr(config, "lambdas", None) is not None
+    scaled = not isinstance(getattr(config, "lam", Unit()), Unit)
     # the single read merges as plain RAM while counting: not the sign rule (that merge counts first, then merges)
     return MethodKernels(native=True, compiled=True, single_read=not _sign(config), scaled=scaled, sign=_sign(config))
 
@@ -188,14 +127,36 @@ def check_importance(name: str, flat: Tensor) -> tuple[int, str] | None:
     return index, f"holds {value} (importances must be finite and >= 0)"
 
 
-for _name, _cls, _desc in (
-    ("ram", RamConfig, "RAM: disjoint mean over active agents, unique entries kept"),
-    ("ram_plus", RamPlusConfig, "RAM+: RAM with unique entries rescaled by λ_t = 1 + r·clip(ρ_t, 0, α)"),
-    ("ram_plus_soft", RamPlusSoftConfig, "RAM+s: λ_t = 1 + r·ρ_t/(1 + ρ_t)"),
-):
+def configure_ram(method: str, config: RamConfig | None, options: dict[str, Any]) -> RamConfig:
+    """The config of ``merge(method=method, config=config, **options)``: ``config`` as given, or built from the flat
+    keywords (:meth:`RamConfig.from_flat`).
+
+    Raises:
+        ConfigError: a config that is not a :class:`RamConfig`, whose λ rule disagrees with ``method``, or given
+            together with flat options.
+    """
+    if config is None:
+        return RamConfig.from_flat(method, **options)
+    if not isinstance(config, RamConfig):
+        raise ConfigError(f"method {method!r} takes a RamConfig, got {type(config).__name__}")
+    if options:
+        raise ConfigError(f"give the RAM options in the config or as keywords of method={method!r}, not both "
+                          f"(got config= and {', '.join(sorted(options))}=)")
+    if not config.agrees(method):
+        raise ConfigError(f"method={method!r} and config with lam={config.lam!r} disagree: that config is "
+                          f"method {config.method!r} (pass the config alone, or the method name and keywords)")
+    return config
+
+
+_DESCRIPTIONS = {
+    "ram": "RAM: disjoint mean over active agents, unique entries kept",
+    "ram_plus": "RAM+: RAM with unique entries rescaled by λ_t = 1 + r·clip(ρ_t, 0, α)",
+    "ram_plus_soft": "RAM+s: λ_t = 1 + r·ρ_t/(1 + ρ_t)",
+}
+for _name in RAM_METHODS:
     register_method(
         _name,
-        _cls,
+        RamConfig,
         lambda deltas, ctx, config: F.ram_combine(deltas, ctx.state, (ctx.auxiliary or {}).get("importance"),
                                                   sign=_sign(config)),
         setup=_ram_setup,
@@ -203,9 +164,10 @@ for _name, _cls, _desc in (
         activity=ram_activity,
         needs_statistics=_ram_needs_statistics,
         accumulator=_ram_accumulator,
-        description=_desc,
+        description=_DESCRIPTIONS.get(_name) or (RULES[_name].__doc__ or "").split("\n")[0],
         auxiliary=("importance",),
         check_auxiliary=check_importance,
         kernels=ram_kernels,
         overflow_bound=ram_overflow_bound,
+        configure=lambda _, config, options, short=_name: configure_ram(short, config, options),
     )

@@ -8,7 +8,7 @@ from typing import Any
 from ..errors import ConfigError, MethodExistsError, UnknownMethodError
 from .base import Combine, MergeMethod
 
-__all__ = ["register_method", "get_method", "available_methods", "make_config"]
+__all__ = ["register_method", "get_method", "available_methods", "make_config", "method_of_config"]
 
 _REGISTRY: dict[str, MergeMethod] = {}
 
@@ -65,6 +65,8 @@ def available_methods() -> list[str]:
 def make_config(name: str, config: Any = None, **options: Any) -> Any:
     """Build ``name``'s config from keyword options (over ``config``'s where given), naming any unknown option."""
     method = get_method(name)
+    if method.configure is not None:
+        return method.configure(name, config, options)
     if config is not None and not isinstance(config, method.config_cls):
         raise ConfigError(f"method {name!r} takes a {method.config_cls.__name__}, got {type(config).__name__}")
     known = {f.name for f in dataclasses.fields(method.config_cls)}
@@ -80,3 +82,21 @@ def make_config(name: str, config: Any = None, **options: Any) -> Any:
         return dataclasses.replace(config, **options) if config is not None else method.config_cls(**options)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid options for method {name!r}: {exc}") from exc
+
+
+def method_of_config(config: Any) -> str:
+    """The method name a config runs as (``merge(models, base, config=config)``): its ``method`` attribute where
+    it has one (:class:`~ram_live.ram_config.RamConfig`), else the one method registered with its class.
+
+    Raises:
+        ConfigError: no method, or several, take that config class.
+    """
+    own = getattr(config, "method", None)
+    if isinstance(own, str) and own in _REGISTRY:
+        return own
+    names = [n for n, m in _REGISTRY.items() if isinstance(config, m.config_cls)]
+    exact = [n for n in names if type(config) is _REGISTRY[n].config_cls]
+    if len(exact) == 1 or len(names) == 1:
+        return (exact or names)[0]
+    raise ConfigError(f"no single merge method takes a {type(config).__name__} "
+                      f"({', '.join(names) or 'none registered'}): pass method= too")

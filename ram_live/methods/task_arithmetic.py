@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .. import functional as F
-from .checks import agent_weights, check_finite, check_weights, scaled
+from ..option_checks import check_finite, check_weights
+from .base import agent_weights, scaled
 from .registry import register_method
 
 __all__ = ["TaskArithmeticConfig"]

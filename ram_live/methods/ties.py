@@ -10,8 +10,8 @@ from torch import Tensor
 
 from .. import functional as F
 from .base import TensorView
-from .checks import (agent_densities, agent_weights, check_choice, check_densities, check_finite, check_range,
-                     check_weights, scaled)
+from ..option_checks import check_choice, check_densities, check_finite, check_range, check_weights
+from .base import agent_densities, agent_weights, scaled
 from .registry import register_method
 
 __all__ = ["TiesConfig", "ties_prepare", "ties_elect", "check_election"]

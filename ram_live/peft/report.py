@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..ram_config import RamConfig
+
 
 @dataclass
 class ModuleReport:
@@ -60,7 +62,10 @@ class AdapterMergeReport:
         def num(x: float | None) -> float | None | str:
             return None if x is None else ("inf" if math.isinf(x) else float(x))
 
-        config = self.config.__dict__ if hasattr(self.config, "__dict__") else self.config
+        if isinstance(self.config, RamConfig):
+            config = self.config.record()  # RAM's config as its flat keywords
+        else:
+            config = self.config.__dict__ if hasattr(self.config, "__dict__") else self.config
         return {
             "adapters": list(self.adapters),
             "target": self.target,

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .. import functional as F
 from ..errors import ConfigError
-from ..methods import RAM_VARIANTS as RAM_FAMILY
+from ..methods import RAM_METHODS as RAM_FAMILY
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from ..methods import RAM_VARIANTS
+from ..methods import RAM_METHODS
 
 #: PEFT combination types that are ram_live's methods: ΔW-space merges re-factored by SVD
 _SAME = {"svd": "task_arithmetic", "ties_svd": "ties", "dare_linear_svd": "dare_linear",
@@ -80,7 +80,7 @@ def peft_spellings(method: str, rank: int | None, options: dict[str, Any], *, me
     if details:
         raise ConfigError(f"{', '.join(details)}: PEFT's torch.linalg.svd settings have no counterpart; ram_live "
                           "chooses the factorization with svd='exact'|'randomized' (and oversample=, niter=)")
-    if "density" in opts and method in RAM_VARIANTS:
+    if "density" in opts and method in RAM_METHODS:
         raise ConfigError(f"density= is TIES/DARE's option (PEFT's add_weighted_adapter takes it for those); for "
                           f"{method} on LoRA deltas the fraction of each ΔW that counts as updated is "
                           f"sparsify=TopK({opts['density']!r})")

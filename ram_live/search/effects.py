@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from ..methods import RAM_VARIANTS, lambda_bound, lambdas_from_counts, make_config
+from ..methods import RAM_METHODS, lambda_bound, lambdas_from_counts, make_config
 from .target import Merger
 
 __all__ = ["effect_key", "extrapolation_of"]
@@ -19,7 +19,7 @@ def effect_key(candidate: dict[str, Any], merger: Merger) -> str | None:
     candidates with the same effect give the same bits (plain RAM is λ = 1 bit for bit), so the second is not
     merged again."""
     method = candidate["method"]
-    if method not in RAM_VARIANTS or candidate.get("importance") not in (None, False):
+    if method not in RAM_METHODS or candidate.get("importance") not in (None, False):
         return None  # importance-weighted merges: equal effects are not known before merging
     config = make_config(method, **merger.options_of(candidate))
     if getattr(config, "rho_scope", "global") != "global":
@@ -28,11 +28,12 @@ def effect_key(candidate: dict[str, Any], merger: Merger) -> str | None:
     activity, exclude = key[0], key[1]
     names = [a for a in merger.names if a not in exclude]
     counts = merger.statistics.get(key)
-    if config.lambdas is not None:
-        if set(config.lambdas) != set(names):
+    given = getattr(config.lam, "lambdas", None)
+    if given is not None:
+        if set(given) != set(names):
             return None  # the merge says what is wrong
-        lam: list[float | None] = [config.lambdas[a] for a in names]
-    elif method == "ram":
+        lam: list[float | None] = [given[a] for a in names]
+    elif not config.lam.uses_rho:
         lam = [1.0] * len(names)
     elif counts is not None:
         lam = list(lambdas_from_counts(config, counts.active, counts.unique))
@@ -47,7 +48,7 @@ def effect_key(candidate: dict[str, Any], merger: Merger) -> str | None:
 def extrapolation_of(candidate: dict[str, Any], info: Any, merger: Merger) -> tuple[float, dict[str, float] | None]:
     method = candidate["method"]
     config = make_config(method, **merger.options_of(candidate))
-    if method in RAM_VARIANTS:
+    if method in RAM_METHODS:
         if info.lambdas is None:
             bound = lambda_bound(config)
             return (bound if math.isfinite(bound) else math.nan), None

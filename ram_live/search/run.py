@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..api import Model, Models
 from ..errors import ConfigError, SearchError
-from ..methods import RAM_VARIANTS
+from ..methods import RAM_METHODS
 from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult, Trial, describe, to_json
 from .effects import effect_key
 from .moves import Moves
@@ -253,7 +253,7 @@ class _Run(Moves, Refinements):
 
     def _prepare(self, candidate: dict[str, Any]) -> tuple[dict[str, Any], str, str | None]:
         """The candidate as it is merged, its key (options as JSON, importances by label) and that label."""
-        if self.plain_needs_false and candidate["method"] in RAM_VARIANTS and "importance" not in candidate:
+        if self.plain_needs_false and candidate["method"] in RAM_METHODS and "importance" not in candidate:
             candidate = {**candidate, "importance": False}
         label_of = self.labels.get(id(candidate.get("importance"))) if "importance" in candidate else None
         key = json.dumps(to_json({**candidate, "importance": label_of} if label_of else candidate), sort_keys=True,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..methods import RAM_VARIANTS, available_methods, make_config
+from ..methods import RAM_METHODS, available_methods, make_config
 
 __all__ = ["Family", "DEFAULT_SPACE", "parse_space", "arm_of", "spread", "RAM_SIDE", "BASELINE_SIDE"]
 
@@ -100,12 +100,12 @@ class Family:
 
 
 def side_of(method: str) -> str:
-    return RAM_SIDE if method in RAM_VARIANTS else BASELINE_SIDE
+    return RAM_SIDE if method in RAM_METHODS else BASELINE_SIDE
 
 
 def arm_of(method: str) -> str:
     """The arm a merge of ``method`` scores for: ``"ram"`` for every RAM variant, else the method itself."""
-    return RAM_SIDE if method in RAM_VARIANTS else method
+    return RAM_SIDE if method in RAM_METHODS else method
 
 
 def spread(n: int, k: int) -> list[int]:

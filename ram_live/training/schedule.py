@@ -28,7 +28,7 @@ from typing import Any
 from ..api import ram_merge
 from ..engine.stream import DEFAULT_CHUNK_NUMEL
 from ..errors import ConfigError, InvalidStateError
-from ..options import HoldsRamOptions, RamOptions
+from ..ram_config import RamConfig
 from .tensors import (  # noqa: F401 (MergeResult, swap_tensors, metric_float: re-exported)
     MergeResult, _like, _load_base, _open_latest, _probe_numbers, _stored_importance, swap_tensors, metric_float,
 )
@@ -56,14 +56,14 @@ def every(n: int | None, step: int) -> bool:
     return bool(n) and step > 0 and step % int(n) == 0  # type: ignore[operator]
 
 
-class RAMSchedule(HoldsRamOptions):
+class RAMSchedule:
     """Snapshots of one agent into a shared :class:`~ram_live.store.SnapshotStore`, and periodic RAM merges of the
     latest snapshot of every agent there.
 
     ``snapshot_every`` / ``merge_every``: in steps (None: never; override :meth:`should_snapshot` /
-    :meth:`should_merge` for other rules). ``ram``: the merges' :class:`~ram_live.options.RamOptions` (or a
-    mapping of its fields); its fields as keywords (``variant="ram", r=0.2``) are put over it, as in
-    :func:`ram_live.ram_merge`; :attr:`ram` holds them (``schedule.variant`` etc. read it).
+    :meth:`should_merge` for other rules). ``ram``: the merges' :class:`~ram_live.RamConfig` (default
+    ``RamConfig()``, RAM+), or its flat mapping ``{"method": "ram", "eps": 0.0}`` (:meth:`RamConfig.to_dict`);
+    :attr:`ram` holds the config.
     ``snapshot_activity``: ``"changed"`` (lossless, default) or ``"abs"`` (keep |τ| > ``snapshot_eps`` only).
     ``keep``: prune this agent's snapshots to the newest ``keep``. ``agents``: merge
     only these agents (default: every agent in the store). ``evaluate(model) -> dict``: called with the merged
@@ -83,7 +83,7 @@ class RAMSchedule(HoldsRamOptions):
         snapshot_every: int | None = None,
         merge_every: int | None = None,
         evaluate: Callable[[Any], Mapping[str, Any]] | None = None,
-        ram: RamOptions | Mapping[str, Any] | None = None,
+        ram: RamConfig | Mapping[str, Any] | None = None,
         snapshot_activity: str = "changed",
         snapshot_eps: float = 0.0,
         keep: int | None = None,
@@ -93,13 +93,13 @@ class RAMSchedule(HoldsRamOptions):
         durable: bool = True,
         chunk_numel: int = DEFAULT_CHUNK_NUMEL,
         search: SearchSetting | Mapping[str, Any] | None = None,
-        **ram_options: Any,
+        **unknown: Any,
     ) -> None:
         for name, value in (("snapshot_every", snapshot_every), ("merge_every", merge_every), ("keep", keep)):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ConfigError(f"{name} must be a non-negative int or None, got {value!r}")
-        self.check_options(ram_options, "RAMSchedule")
-        self.ram = RamOptions.of(ram, **ram_options)
+        self.check_options(unknown, "RAMSchedule")  # a ConfigError naming them (RAM's go in ram=)
+        self.ram = RamConfig.from_dict(ram, where="RAMSchedule")
         if snapshot_activity not in ("changed", "abs"):
             raise ConfigError(f"snapshot_activity must be 'changed' or 'abs', got {snapshot_activity!r}")
         SnapshotStore.check_agent(agent)
@@ -137,15 +137,21 @@ class RAMSchedule(HoldsRamOptions):
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
-        """The keyword options of the constructor (``ram`` among them; not RAM's own fields)."""
-        skip = {"self", "store", "agent", "ram_options"}
+        """The keyword options of the constructor (``ram`` among them)."""
+        skip = {"self", "store", "agent", "unknown"}
         return tuple(n for n in inspect.signature(cls.__init__).parameters if n not in skip)
 
     @classmethod
     def check_options(cls, names: Any, where: str) -> None:
-        """:class:`~ram_live.errors.ConfigError` naming the names that are neither a constructor option nor a RAM
-        option (``where``: the caller, e.g. a callback that passes its keywords on)."""
-        RamOptions.check_names(names, where, others=cls.option_names())
+        """:class:`~ram_live.errors.ConfigError` naming the names that are not constructor options (``where``: the
+        caller, e.g. a callback that passes its keywords on); RAM's options go in ``ram=RamConfig(...)``."""
+        unknown = sorted(set(names) - set(cls.option_names()))
+        if unknown:
+            flat = {f for m in ("ram", "ram_plus", "ram_plus_soft") for f in RamConfig.flat_names(m)} | {"variant"}
+            hint = ("; RAM's options go in ram=RamConfig(...) (or a mapping {'method': ..., option: value})"
+                    if set(unknown) & flat else "")
+            raise ConfigError(f"{where}: unknown option(s) {', '.join(map(repr, unknown))}{hint}; its options "
+                              f"are: {', '.join(cls.option_names())}")
 
     # ------------------------------------------------------------------------------------------- set-up
 
@@ -324,7 +330,7 @@ class RAMSchedule(HoldsRamOptions):
             else:
                 agents.append(s)
         distributed = self.sharded and self.collective.world_size > 1
-        variant, searched = self.ram.variant, None
+        variant, searched = self.ram.method, None
         if self.search is not None:  # candidates are swapped into the model: read this agent from its snapshot
             named = {a.name: self.store.open(a.name, picks[a.name]) if isinstance(sources[a.name], LocalModel)
                      else a for a in agents}
@@ -335,7 +341,7 @@ class RAMSchedule(HoldsRamOptions):
             with warnings.catch_warnings():  # a partial set was reported once already
                 warnings.filterwarnings("ignore", message="snapshots of .* carry importances")
                 tensors, info = ram_merge(
-                    {a.name: a for a in agents}, base=base, options=self.ram, chunk_numel=self.chunk_numel,
+                    {a.name: a for a in agents}, base=base, config=self.ram, chunk_numel=self.chunk_numel,
                     return_info=True, importance=importance, **({"process_group": True} if distributed else {}),
                 )
             if how is not None:

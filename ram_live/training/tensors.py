@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..ram_config import Given
 from ..store import (
     BaseMismatchError,
     Collective,
@@ -161,7 +162,8 @@ def _probe_numbers(sched: Any, info: Any, base: LocalModel, agents: Sequence[Any
                                collective=sched.collective if distributed else None,
                                chunk_numel=sched.chunk_numel)
         active, unique, total = stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
-    if info.lambdas is not None and (opts.rho_scope == "global" or opts.lambdas is not None):
+    given = isinstance(opts.lam, Given)
+    if info.lambdas is not None and (opts.rho_scope == "global" or given):
         lambdas = dict(info.lambdas)
     for name, a, u in zip(names, active, unique):
         density[name] = a / total if total else 0.0
@@ -170,10 +172,12 @@ def _probe_numbers(sched: Any, info: Any, base: LocalModel, agents: Sequence[Any
             continue  # λ as the chosen merge reported them (none for the baselines)
         if name in lambdas or name in opts.exclude:
             continue
-        if opts.variant == "ram" and opts.lambdas is None:
+        if given:
+            continue
+        if not opts.lam.uses_rho:
             lambdas[name] = 1.0
-        elif opts.rho_scope == "global" and opts.lambdas is None:
-            lambdas[name] = F.ram_lambda(rho[name], opts.variant, opts.r, opts.alpha)
+        elif opts.rho_scope == "global":
+            lambdas[name] = opts.lam.value(rho[name])
     return lambdas, rho, density
 
 

@@ -173,40 +173,40 @@ def _errors(merge, times=3):
 
 
 def test_a_store_object_reused_after_a_failed_base_check_fails_the_same_way(tmp_path):
-    from ram_live import ram_merge
+    from ram_live import merge
 
     store, _, _ = build(tmp_path / "s")
     (base_file,) = base_files(store.root)
     flip_last_byte(base_file)
     store = SnapshotStore(store.root, create=False)
     snaps = store.latest_all()
-    errors = _errors(lambda: ram_merge(snaps)) + _errors(lambda: ram_merge(store.latest_all()))
+    errors = _errors(lambda: merge(snaps)) + _errors(lambda: merge(store.latest_all()))
     assert len(set(errors)) == 1, errors  # the second and later uses: the first error again, never an assert
     cls, message, file = errors[0]
     assert cls is CorruptSnapshotError and file == base_file.name and base_file.name in message
     assert "checksum mismatch" in message and "base" in message
     # the base is shared, so a snapshot whose own files are intact cannot merge either
     with pytest.raises(CorruptSnapshotError, match=base_file.name):
-        ram_merge({"other": store.open("other", STEP)})
+        merge({"other": store.open("other", STEP)})
 
 
 def test_a_store_object_reused_after_a_failed_snapshot_check_fails_the_same_way(tmp_path):
-    from ram_live import ram_merge
+    from ram_live import merge
 
     store, base, _ = build(tmp_path / "s")
     (data,) = data_files(store.root)
     flip_last_byte(data)
     store = SnapshotStore(store.root, create=False)
     snaps = store.latest_all()
-    errors = _errors(lambda: ram_merge(snaps)) + _errors(lambda: ram_merge({"a": store.open("a", STEP)}))
+    errors = _errors(lambda: merge(snaps)) + _errors(lambda: merge({"a": store.open("a", STEP)}))
     assert len(set(errors)) == 1, errors
     cls, message, file = errors[0]
     assert cls is CorruptSnapshotError and file == data.name and data.name in message and "'a'" in message
     assert errors[0][1].count("checksum mismatch") == 1
     # the intact snapshot of the same store object (same cached base) still merges, bit for bit as a fresh one
     other = snaps["other"]
-    got = ram_merge({"other": other})
-    want = ram_merge({"other": SnapshotStore(store.root, create=False).open("other", STEP)})
+    got = merge({"other": other})
+    want = merge({"other": SnapshotStore(store.root, create=False).open("other", STEP)})
     assert same(got, want)
     assert same(other.to_state_dict(), read_all(store.root, "other"))
     assert not same(got, base)  # the merge moved the weights (not a no-op)

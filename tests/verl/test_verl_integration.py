@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from verl_helpers import CALLBACK, compose, run_overrides  # noqa: E402
 
-from ram_live import ram_merge  # noqa: E402
+from ram_live import merge  # noqa: E402
 from ram_live.errors import ConfigError, UnsupportedInputError  # noqa: E402
 from ram_live.store import (  # noqa: E402
     BaseMismatchError,
@@ -178,7 +178,7 @@ def test_checkpoint_callback_built_by_verl_snapshots_merges_and_logs(verl_run, c
     store = SnapshotStore(verl_run.store)
     importance = {name: store.open(name, 2).importance for name in ("coder", "tools")}
     assert all(v is not None for v in importance.values())
-    expected, info = ram_merge({"coder": _ref(verl_run, "coder_2"), "tools": _ref(verl_run, "tools_2")},
+    expected, info = merge({"coder": _ref(verl_run, "coder_2"), "tools": _ref(verl_run, "tools_2")},
                                base=base32, dtype=torch.bfloat16, importance=importance, return_info=True)
     got = load_file(merged / "model.safetensors")
     assert sorted(got) == sorted(expected)
@@ -417,5 +417,5 @@ def test_snapshots_carry_exp_avg_sq_from_the_optimizer_shards(verl_run):
             assert torch.equal(got[box], want), key
             checked += 1
     assert checked >= 4
-    _, info = ram_merge({"coder": snap, "coder_again": store.open("coder", 2)}, return_info=True)
+    _, info = merge({"coder": snap, "coder_again": store.open("coder", 2)}, return_info=True)
     assert info.extra["importance"] == "store"
