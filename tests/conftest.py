@@ -19,6 +19,20 @@ def make_agents(base: dict[str, torch.Tensor], densities, scale=0.01, seed=0, dt
     return agents
 
 
+def module_of(sd: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A module whose parameters are copies of ``sd``'s tensors, nested by the keys' dotted names."""
+    m = torch.nn.Module()
+    for k, v in sd.items():
+        parent = m
+        *path, leaf = k.split(".")
+        for p in path:
+            if not hasattr(parent, p):
+                parent.add_module(p, torch.nn.Module())
+            parent = getattr(parent, p)
+        parent.register_parameter(leaf, torch.nn.Parameter(v.clone()))
+    return m
+
+
 def snapshot(obj):
     """A deep, bit-exact copy of a state dict or module's state dict, to compare against later."""
     sd = obj.state_dict() if isinstance(obj, torch.nn.Module) else obj

@@ -17,7 +17,7 @@ from ram_live import ConfigError, ExtrapolationWarning, SearchError, merge, sear
 from ram_live.search import from_json
 from ram_live.search.space import parse_space
 
-from conftest import make_agents, snapshot
+from conftest import make_agents, module_of, snapshot
 
 pytestmark = pytest.mark.filterwarnings("ignore::ram_live.ExtrapolationWarning")
 
@@ -88,8 +88,8 @@ def test_the_default_space_finds_it_within_budget_and_beats_the_baselines(proble
 def test_every_trial_reproduces_bit_for_bit_and_the_output_is_reused(problem, kind, tmp_path):
     agents, base, target = problem
     if kind == "module":
-        base_in = _module(base)
-        agents_in = {n: _module(a) for n, a in agents.items()}
+        base_in = module_of(base)
+        agents_in = {n: module_of(a) for n, a in agents.items()}
     elif kind == "path":
         base_in = _save(tmp_path / "base", base)
         agents_in = {n: _save(tmp_path / n, a) for n, a in agents.items()}
@@ -127,19 +127,6 @@ def test_every_trial_reproduces_bit_for_bit_and_the_output_is_reused(problem, ki
         assert all(torch.equal(state[k], snapshot(agents_in[name])[k]) for k in state)
     if before_base is not None:
         assert all(torch.equal(before_base[k], snapshot(base_in)[k]) for k in before_base)
-
-
-def _module(sd):
-    m = torch.nn.Module()
-    for k, v in sd.items():
-        parent = m
-        *path, leaf = k.split(".")
-        for p in path:
-            if not hasattr(parent, p):
-                parent.add_module(p, torch.nn.Module())
-            parent = getattr(parent, p)
-        parent.register_parameter(leaf, torch.nn.Parameter(v.clone()))
-    return m
 
 
 def _save(folder, sd):

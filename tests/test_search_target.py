@@ -8,7 +8,7 @@ import torch
 
 from ram_live import merge, search
 
-from conftest import make_agents, snapshot
+from conftest import make_agents, module_of, snapshot
 
 pytestmark = pytest.mark.filterwarnings("ignore::ram_live.ExtrapolationWarning")
 
@@ -74,19 +74,6 @@ def test_an_evaluation_that_edits_the_dict_it_is_handed_never_scores_a_stale_mer
     assert len(set(scores)) == len(scores)  # different merges, different scores
 
 
-def _module(sd):
-    m = torch.nn.Module()
-    for k, v in sd.items():
-        parent = m
-        *path, leaf = k.split(".")
-        for p in path:
-            if not hasattr(parent, p):
-                parent.add_module(p, torch.nn.Module())
-            parent = getattr(parent, p)
-        parent.register_parameter(leaf, torch.nn.Parameter(v.clone()))
-    return m
-
-
 def _replace_parameter(m):
     m.embed.weight = torch.nn.Parameter(torch.zeros_like(m.embed.weight))
 
@@ -119,8 +106,8 @@ MODULE_EDITS = [_replace_parameter, _convert_dtype, _delete_parameter, _swap_sub
 
 @pytest.mark.parametrize("edit", MODULE_EDITS, ids=[f.__name__.strip("_") for f in MODULE_EDITS])
 def test_an_evaluation_that_edits_the_module_it_is_handed_never_scores_a_stale_merge(base_sd, edit):
-    base = _module(base_sd)
-    agents = {n: _module(a) for n, a in zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6], scale=0.05))}
+    base = module_of(base_sd)
+    agents = {n: module_of(a) for n, a in zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6], scale=0.05))}
     seen, flags = [], []
 
     def evaluate(module):
@@ -142,7 +129,7 @@ def test_an_evaluation_that_edits_the_module_it_is_handed_never_scores_a_stale_m
 def test_an_evaluation_that_leaves_the_output_alone_gets_the_same_tensors_every_time(base_sd):
     """The reuse the search relies on for memory: no edits, no new allocation (same storage every candidate)."""
     agents = dict(zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6], scale=0.05)))
-    base = _module(base_sd)
+    base = module_of(base_sd)
     for base_in in (base_sd, base):
         pointers = []
 
@@ -151,7 +138,7 @@ def test_an_evaluation_that_leaves_the_output_alone_gets_the_same_tensors_every_
             pointers.append({k: v.data_ptr() for k, v in sd.items()})
             return 0.0
 
-        search({n: _module(a) if base_in is base else a for n, a in agents.items()}, base=base_in,
+        search({n: module_of(a) if base_in is base else a for n, a in agents.items()}, base=base_in,
                evaluate=evaluate, budget=len(SPACE), space=SPACE)
         assert all(p == pointers[0] for p in pointers)
 
@@ -159,7 +146,7 @@ def test_an_evaluation_that_leaves_the_output_alone_gets_the_same_tensors_every_
 class _Buffered(torch.nn.Module):
     def __init__(self, sd):
         super().__init__()
-        self.inner = _module(sd)
+        self.inner = module_of(sd)
         self.register_buffer("scale", torch.ones(()), persistent=False)
 
     def forward(self):
