@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -196,6 +197,54 @@ def one_run(regime: str, n: int, seed: int, args: argparse.Namespace) -> dict[st
 # ---------------------------------------------------------------------------------------------------- tables
 
 
+def stops(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Every candidate the race stopped, merged again and scored on every selection prompt (after the run, so
+    that the run's times are untouched): its full score against its side's best at the time it was stopped (a
+    *wrong stop*: it was not worse), and against the raced search's winner."""
+    from ram_live import merge
+    from ram_live.search import from_json
+    from ram_live.search.fidelity import Halving
+    from rl_demo.selection import PromptAccuracy
+
+    regime, n, seed = run["regime"], run["agents"], run["seed"]
+    name = run_name(regime, n, seed, run["quick"])
+    base, agents = trained(regime, n, seed, run["quick"], run["threads"], args.out / "train" / name)
+    _, sel, _ = splits(regime, n, seed, run["quick"], run["selection_per_task"])
+    evaluate = PromptAccuracy(sel)
+    history = run["rows"][RACED]["history"]["history"]
+    winner = run["rows"][RACED]["selection"]
+    out = []
+    for t in history:
+        if t["stop"] is None or t["score"] is None:
+            continue
+        options = from_json(t["options"])
+        if options.get("importance") == "store":  # the snapshots' own importances: merge takes them unasked
+            del options["importance"]
+        full = evaluate(merge(agents, base=base, method=t["method"], **options))
+        ref = max(h["score"] for h in history[:t["index"]]
+                  if h["side"] == t["side"] and h["fidelity"] >= 1.0 and h["score"] is not None)
+        out.append({"index": t["index"], "family": t["family"], "fidelity": t["fidelity"], "estimate": t["score"],
+                    "full": full, "reference": ref, "wrong_stop": full >= ref - TOLERANCE,
+                    "beats_winner": full > winner + TOLERANCE})
+    first = max(1, math.ceil(Halving().fractions[0] * run["selection_per_task"] - 1e-9)) / run["selection_per_task"]
+    return {"run": name, "regime": regime, "agents": n, "seed": seed, "winner": winner, "first_slice": first,
+            "stopped": out}
+
+
+def stops_table(results: list[dict[str, Any]]) -> str:
+    lines = ["| setting | seed | stopped | at the 1st slice | at the 2nd | wrong stops (full ≥ its reference) | "
+             "would have beaten the winner | full − estimate, mean (points) |", "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: (r["regime"], r["agents"], r["seed"])):
+        st = r["stopped"]
+        first = r["first_slice"]
+        gaps = [100 * (x["full"] - x["estimate"]) for x in st]
+        early = sum(x["fidelity"] <= first + 1e-9 for x in st)
+        lines.append(f"| {r['regime']} N={r['agents']} | {r['seed']} | {len(st)} | {early} | {len(st) - early} | "
+                     f"{sum(x['wrong_stop'] for x in st)} | {sum(x['beats_winner'] for x in st)} | "
+                     f"{statistics.mean(gaps) if gaps else 0:+.1f} |")
+    return "\n".join(lines)
+
+
 def ms(xs: list[float], k: float = 100.0, digits: int = 1) -> str:
     if not xs:
         return "–"
@@ -254,6 +303,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_fidelity")
     parser.add_argument("--redo", action="store_true", help="run again where a run's JSON is there")
     parser.add_argument("--table-only", action="store_true", help="only the table of the JSONs in --out")
+    parser.add_argument("--stops", action="store_true",
+                        help="after the runs: every candidate the race stopped, scored on every selection prompt")
     parser.add_argument("--parallel-on", default="dense:8:0", metavar="REGIME:N:SEED",
                         help="the setting of the parallel=1 / 2 wall times ('none': skip them)")
     args = parser.parse_args()
@@ -295,6 +346,17 @@ def main() -> None:
     if par is not None:
         print()
         print(parallel_table(par))
+    if args.stops and runs:
+        checked = []
+        for run in runs:
+            path = args.out / f"stops_{run['run']}.json"
+            if path.exists() and not args.redo:
+                checked.append(json.loads(path.read_text()))
+            elif not args.table_only:
+                checked.append(stops(run, args))
+                path.write_text(json.dumps(checked[-1], indent=1) + "\n")
+        print()
+        print(stops_table(checked))
 
 
 if __name__ == "__main__":
