@@ -1,4 +1,4 @@
-"""Multi-fidelity selection (issue 34) on the RL demo's agents: ``search`` with a budget of twenty full evaluations'
+"""Multi-fidelity selection on the RL demo's agents: ``search`` with a budget of twenty full evaluations'
 worth of prompts (``"20x"``) with and without the race (``fidelity="halving"``), today's search at 20 and 60
 candidates, and each baseline family searched alone at 20, on the same selection split; every winner scored on the
 test prompts (never used for choosing).
