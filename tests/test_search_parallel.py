@@ -161,3 +161,18 @@ def test_a_worker_that_dies_on_a_candidate_the_search_never_needed_costs_only_a_
     two = search(agents, base=base, evaluate=KillOn(ev.targets, str(tmp_path / "b"), victim=speculative[0]),
                  parallel=2, **kw)
     assert _rows(two) == _rows(one)
+
+
+def test_store_snapshots_and_checkpoint_files_go_to_the_workers_as_files(problem, tmp_path):
+    """A store's snapshots (memory-mapped, checksummed files) and safetensors checkpoints are sent to the workers
+    as where they lie: each worker opens them itself, and the search is the one-process search."""
+    from ram_live.store import SnapshotStore
+
+    agents, base, ev, _ = problem
+    store = SnapshotStore(tmp_path / "store")
+    for name, sd in agents.items():
+        store.writer(name, base=base).snapshot(sd, step=1)
+    snaps = store.latest_all()
+    one = search(snaps, evaluate=ev, budget="6x", fidelity="halving")
+    two = search(store.latest_all(), evaluate=ev, budget="6x", fidelity="halving", parallel=2)
+    assert _rows(two) == _rows(one) and two.best == one.best

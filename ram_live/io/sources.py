@@ -155,6 +155,10 @@ class SafetensorsSource:
     merged, not for the model.
     """
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its path (a search's worker process maps the files itself)."""
+        return (SafetensorsSource, (self.path, self.name, str(self.device)))
+
     def __init__(self, path: str | os.PathLike[str], name: str | None = None, device: str | torch.device = "cpu"):
         self.path = Path(path)
         self.name = name or self.path.name

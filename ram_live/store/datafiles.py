@@ -119,6 +119,7 @@ class DataFile:
         from safetensors import safe_open
 
         self.entry, self.where = entry, where
+        self._args = (folder, entry, where, agent, step)
         self.err = {"agent": agent, "step": step, "file": entry.name}
         path = folder / entry.name
         fd = open_regular(path, where, self.err)
@@ -141,6 +142,10 @@ class DataFile:
         self._lock = threading.Lock()
         self.verified = entry.crc32 is None
         self._damage = ""  # why the checksum check failed, once it has: every later use fails the same way
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as where it lies (a search's worker process opens, maps and checks the file again)."""
+        return (DataFile, self._args)
 
     def fail(self, message: str) -> NoReturn:
         raise CorruptSnapshotError(f"{self.where}: data file {self.entry.name}: {message}", **self.err)
