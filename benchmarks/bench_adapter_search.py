@@ -46,7 +46,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import ram_live  # noqa: E402
 from ram_live.peft import ram_merge_adapters  # noqa: E402
-from ram_live.search.adapters import ADAPTER_SPACE  # noqa: E402
+from ram_live.selection.adapters import ADAPTER_SPACE  # noqa: E402
 
 FIXED = {"RAM+ r=0.1 α=2, TopK(0.5) (paper defaults, ram_merge_adapters' default)": {},
          "RAM, TopK(0.5)": {"method": "ram"},

@@ -202,8 +202,8 @@ def stops(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     that the run's times are untouched): its full score against its side's best at the time it was stopped (a
     *wrong stop*: it was not worse), and against the raced search's winner."""
     from ram_live import merge
-    from ram_live.search import from_json
-    from ram_live.search.fidelity import Halving
+    from ram_live.selection import from_json
+    from ram_live.selection.fidelity import Halving
     from rl_demo.selection import PromptAccuracy
 
     regime, n, seed = run["regime"], run["agents"], run["seed"]

@@ -23,8 +23,8 @@ from _host import cpu_label
 from torch import nn
 
 from ram_live import merge, search
-from ram_live.search import Trial
-from ram_live.search.target import Merger
+from ram_live.selection import Trial
+from ram_live.selection.target import Merger
 
 
 def make_model(hidden: int, layers: int, seed: int) -> nn.Module:
@@ -186,7 +186,7 @@ def main() -> None:
 def ties_cache_row(agents_in, base_in) -> None:
     """The default TIES grid merged by a search's merger with its threshold cache (filled by one pass over the
     grid first, as a search fills it) and by one without, candidate by candidate in turn; medians."""
-    from ram_live.search.space import TIES_GRID
+    from ram_live.selection.space import TIES_GRID
 
     cached, uncached = Merger(agents_in, base_in), Merger(agents_in, base_in)
     uncached._cached = lambda method: method  # TIES' own prepare: thresholds computed in every merge

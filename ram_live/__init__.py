@@ -10,8 +10,6 @@ import torch; ``from ram_live import merge`` works as before.
 from __future__ import annotations
 
 import importlib
-import sys
-from types import ModuleType  # (not `import types`: the submodule ram_live.types would replace it here)
 from typing import Any
 
 from .errors import (
@@ -43,9 +41,9 @@ _EXPORTS: dict[str, str] = {  # public name -> the submodule it comes from, impo
     "RelativeThreshold": ".peft", "TopK": ".peft", "UnsupportedAdapterError": ".peft", "lora_deltas": ".peft",
     "ram_merge_adapter_files": ".peft", "ram_merge_adapters": ".peft", "refactor": ".peft",
     "adam_importance": ".importance", "empirical_fisher": ".importance",
-    "ProbeReport": ".probe", "probe": ".probe",
+    "ProbeReport": ".probing", "probe": ".probing",
     "MergeResult": ".training.schedule", "RAMSchedule": ".training.schedule",
-    "ExtrapolationWarning": ".search", "SearchResult": ".search", "search": ".search",
+    "ExtrapolationWarning": ".selection", "SearchResult": ".selection", "search": ".selection",
     "BaseMismatchError": ".store", "CorruptSnapshotError": ".store", "Snapshot": ".store",
     "SnapshotNotFoundError": ".store", "SnapshotStore": ".store", "SnapshotWriter": ".store", "StoreError": ".store",
 }
@@ -81,17 +79,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(ModuleType):
-    """``ram_live.probe`` and ``ram_live.search`` are functions that share their name with a submodule: importing
-    the submodule (``import ram_live.probe``) sets the package's attribute to the module; keep the function."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _SHADOWED and isinstance(value, ModuleType):
-            value = getattr(value, name, value)
-        super().__setattr__(name, value)
-
-
-_SHADOWED = frozenset(n for n, m in _EXPORTS.items() if m == "." + n)
-sys.modules[__name__].__class__ = _Package

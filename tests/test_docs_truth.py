@@ -138,11 +138,12 @@ def resolves(name: str) -> str | None:
     return None
 
 
-def test_resolver_catches_a_shadowed_submodule_name():
+def test_resolver_resolves_modules_and_refuses_attributes_a_function_lacks():
     assert resolves("ram_live.training.search.SearchSetting") is None
     assert resolves("ram_live.merge") is None
+    assert resolves("ram_live.selection.DEFAULT_SPACE") is None  # the package of ram_live.search (the function)
+    assert resolves("ram_live.selection.space.DEFAULT_SPACE") is None
     assert resolves("ram_live.search.DEFAULT_SPACE") is not None  # ram_live.search is the function
-    assert resolves("ram_live.search.space.DEFAULT_SPACE") is not None  # ... also after import ram_live.search.space
     assert resolves("ram_live.no_such_name") is not None
 
 

@@ -9,7 +9,7 @@ import torch
 from ram_live import RAMSchedule, search
 from ram_live.errors import ConfigError, EvaluationError
 from ram_live.evaluate import rewards
-from ram_live.search.fidelity import prompt_protocol
+from ram_live.selection.fidelity import prompt_protocol
 
 import evaluate_helpers as h
 from evaluate_helpers import ANSWERS, PROMPTS

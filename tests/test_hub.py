@@ -99,7 +99,7 @@ def test_merge_by_id_equals_merge_of_the_snapshot_folder(cache, tmp_path):
     assert (Path(out) / "config.json").is_file()  # the base's side files, copied from its snapshot folder
     report = probe({"a": "org/a", "b": "org/b"}, base="org/base")
     assert report.statistics() is not None
-    from ram_live.search import search
+    from ram_live.selection import search
 
     scored = []
     result = search({"a": "org/a", "b": "org/b"}, base="org/base", budget=2,

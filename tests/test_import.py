@@ -24,8 +24,9 @@ def test_every_public_name_imports_lazily():
     code = (
         "import sys, ram_live\n"
         "assert 'torch' not in sys.modules\n"
-        "import ram_live.probe, ram_live.search.run\n"  # importing the submodules keeps the functions
-        "assert callable(ram_live.probe) and callable(ram_live.search)\n"
+        "import ram_live.probing, ram_live.selection.run\n"  # the modules have names of their own: no shadowing
+        "assert callable(ram_live.probe) and callable(ram_live.search) and ram_live.selection.run.search is "
+        "ram_live.search\n"
         "from ram_live import *\n"
         "missing = [n for n in ram_live.__all__ if n not in globals()]\n"
         "assert not missing, missing\n"

@@ -97,7 +97,7 @@ def test_curvature_row_is_the_merge_with_the_stored_importances(run: tuple[Path,
 
 
 def test_search_row_is_merge_of_best_and_within_budget(run: tuple[Path, dict]) -> None:
-    from ram_live.search import from_json
+    from ram_live.selection import from_json
 
     out, res = run
     row = res["search"]["search"]

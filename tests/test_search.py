@@ -14,8 +14,8 @@ from safetensors.torch import save_file
 
 import ram_live
 from ram_live import ConfigError, ExtrapolationWarning, SearchError, merge, search
-from ram_live.search import from_json
-from ram_live.search.space import parse_space
+from ram_live.selection import from_json
+from ram_live.selection.space import parse_space
 
 from conftest import make_agents, module_of, snapshot
 
@@ -251,7 +251,7 @@ def test_a_candidate_whose_merge_overflows_is_recorded_not_fatal():
 def test_exported_from_the_package():
     assert ram_live.search is search and "search" in ram_live.__all__
     assert issubclass(SearchError, ram_live.RamLiveError) and issubclass(ExtrapolationWarning, UserWarning)
-    assert sys.modules["ram_live.search.run"].search is search
+    assert sys.modules["ram_live.selection.run"].search is search
 
 
 def test_a_progress_hook_and_buffers_an_evaluation_changes(problem):

@@ -1,4 +1,4 @@
-"""``search`` over LoRA / PEFT adapters (ram_live.search.adapters), with the real ``peft`` on a tiny Llama built
+"""``search`` over LoRA / PEFT adapters (ram_live.selection.adapters), with the real ``peft`` on a tiny Llama built
 offline: adapter folders and a live PeftModel, the activity rule's density searched on the RAM side, every trial
 re-made bit for bit by the adapter entry points, and bad input refused in one line naming the agent."""
 
@@ -19,7 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from ram_live import search  # noqa: E402
 from ram_live.errors import ConfigError, InputMismatchError, RamLiveError, UnsupportedInputError  # noqa: E402
 from ram_live.peft import TopK, ram_merge_adapter_files, ram_merge_adapters  # noqa: E402
-from ram_live.search import from_json  # noqa: E402
+from ram_live.selection import from_json  # noqa: E402
 
 from conftest import assert_bit_identical, snapshot  # noqa: E402
 
@@ -171,7 +171,7 @@ def test_the_density_that_wins_is_in_best_and_remade(base, folders):
 def test_the_default_adapter_space_finds_the_density(base, folders):
     """Without ``space=``: the adapter space (its RAM+ grid, the density move, the baselines) within the budget; an
     evaluation that wants the plain-RAM merge at TopK(0.3) gets it."""
-    from ram_live.search.adapters import ADAPTER_RAM_PLUS_GRID
+    from ram_live.selection.adapters import ADAPTER_RAM_PLUS_GRID
 
     wanted = ram_merge_adapter_files(folders, base=base, into_base=True, method="ram", sparsify=TopK(0.3))
     target = {k: v.double() for k, v in wanted.state_dict().items()}
@@ -190,7 +190,7 @@ def test_the_default_adapter_space_finds_the_density(base, folders):
 def test_rules_go_to_json_and_back_as_sparsify_takes_them():
     from ram_live.peft import RelativeThreshold
     from ram_live.peft.sparsify import sparsify_rule
-    from ram_live.search import to_json
+    from ram_live.selection import to_json
 
     best = {"method": "ram", "sparsify": TopK(0.3), "lambdas": {"code": 1.0}}
     back = from_json(json.loads(json.dumps(to_json(best))))

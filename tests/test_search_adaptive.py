@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from ram_live import ConfigError, merge, search
-from ram_live.search.budget import arms_of, refine_shares, screen_sizes
-from ram_live.search.space import TA_GRID, parse_space, spread
-from ram_live.search.target import Merger
+from ram_live.selection.budget import arms_of, refine_shares, screen_sizes
+from ram_live.selection.space import TA_GRID, parse_space, spread
+from ram_live.selection.target import Merger
 
 from conftest import make_agents, snapshot
 
@@ -179,7 +179,7 @@ def test_the_probes_and_what_follows_them(base_sd):
 
 def test_the_probes_come_after_every_arms_screen():
     """With a small budget and many agents the probes get what the screens leave, never an arm's screen."""
-    from ram_live.search.budget import spend
+    from ram_live.selection.budget import spend
 
     class Run:  # the search loop's interface to spend(): each family takes its whole allowance
         def __init__(self, budget, k):

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from ram_live import merge
 from ram_live.cli import main
-from ram_live.search import from_json
+from ram_live.selection import from_json
 
 from conftest import make_agents
 

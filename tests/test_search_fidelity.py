@@ -1,4 +1,4 @@
-"""ram_live.search.fidelity: the prompt protocol, per-task scores, budgets in prompts, and the multi-fidelity race
+"""ram_live.selection.fidelity: the prompt protocol, per-task scores, budgets in prompts, and the multi-fidelity race
 (stratified nested slices, paired comparison with the side's best, estimates of stopped candidates by hand)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ram_live import ConfigError, SearchError, merge, search
-from ram_live.search.fidelity import Halving, nested_slices, parse_budget
+from ram_live.selection.fidelity import Halving, nested_slices, parse_budget
 
 from conftest import make_agents
 
@@ -174,9 +174,9 @@ def test_errors(problem):
 def test_an_ascent_never_builds_on_a_race_estimate():
     """coordinate_ascent takes a step only onto a trial scored on every prompt: a stopped candidate's estimate,
     however high, is not an improvement to start from."""
-    from ram_live.search.refine import coordinate_ascent
-    from ram_live.search.result import Trial
-    from ram_live.search.space import Family
+    from ram_live.selection.refine import coordinate_ascent
+    from ram_live.selection.result import Trial
+    from ram_live.selection.space import Family
 
     def trial(candidate):
         x = candidate["x"]

@@ -1,4 +1,4 @@
-"""ram_live.search.parallel: parallel=N gives the trials, winner and table of parallel=1 (with and without the race,
+"""ram_live.selection.parallel: parallel=N gives the trials, winner and table of parallel=1 (with and without the race,
 process workers and a local Ray), failures in a worker are the errors of one process, a killed worker is a
 library error."""
 

@@ -1,4 +1,4 @@
-"""ram_live.search.target: whatever an evaluation does to what it is handed, every candidate of a search is
+"""ram_live.selection.target: whatever an evaluation does to what it is handed, every candidate of a search is
 scored on its own merge (never on a stale one), and merge(**candidate) re-makes what was scored."""
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ def test_grpo_merges_saves_and_resumes(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_grpo_search_setting_saves_its_choice_next_to_the_generalist(tmp_path: Path) -> None:
-    pytest.importorskip("ram_live.search")
+    pytest.importorskip("ram_live.selection")
     from ram_live.training.search import SearchSetting, load_choice
 
     store = tmp_path / "store"

@@ -84,7 +84,7 @@ def test_the_graph_sees_relative_type_only_and_package_imports() -> None:
     assert "ram_live.types" in graph["ram_live.io.sources"]
     assert "ram_live.types" in graph["ram_live.io.sinks"]
     assert "ram_live.io.dtensor" in graph["ram_live.io.distributed"]
-    assert any(m.startswith("ram_live.functional") for m in graph["ram_live.probe"])
+    assert any(m.startswith("ram_live.functional") for m in graph["ram_live.probing"])
 
 
 def test_tensor_spec_plan_and_merge_info_by_hand() -> None:
@@ -122,7 +122,7 @@ def test_importing_ram_live_types_first_keeps_the_package_working() -> None:
     import subprocess
     import sys
 
-    code = ("import ram_live.types, ram_live\nimport ram_live.probe, ram_live.search.run\n"
+    code = ("import ram_live.types, ram_live\nimport ram_live.probing, ram_live.selection.run\n"
             "assert callable(ram_live.probe) and callable(ram_live.search)\n"
             "import ram_live.engine.plan\nassert ram_live.types.Plan is ram_live.engine.plan.Plan\n")
     subprocess.run([sys.executable, "-W", "error::ImportWarning", "-c", code], check=True)

@@ -67,7 +67,7 @@ def mean_accuracy(data: Data) -> Callable[[nn.Module], float]:
 
 
 class PromptAccuracy:
-    """:func:`mean_accuracy` with ``search``'s prompt protocol (ram_live/search/fidelity.py): prompts are numbered
+    """:func:`mean_accuracy` with ``search``'s prompt protocol (ram_live/selection/fidelity.py): prompts are numbered
     task by task in ``data``'s order; a prompt scores 1.0 when its greedy answer matches exactly, else 0.0.
 
     ``prompt_scores`` generates only the prompts asked for, one batch per task, in float32 on the model's stored
@@ -227,7 +227,7 @@ def overtrained_study(agents: Mapping[str, Any], base: nn.Module, sel: Data, tes
 
 def summary(row: Mapping[str, Any]) -> dict[str, Any]:
     """A search row without the SearchResult object, its table and full history as JSON."""
-    from ram_live.search import to_json
+    from ram_live.selection import to_json
 
     out = {k: to_json(v) for k, v in row.items() if k != "result"}
     if "result" in row:

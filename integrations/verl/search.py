@@ -30,10 +30,10 @@ __all__ = ["search_merge"]
 
 def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path) -> tuple[dict[str, Any], Any]:
     """Run the search of ``ram.opts.search`` over ``snaps`` (the store's latest snapshots) on the store's base;
-    returns the record (with ``"best"``) and the :class:`~ram_live.search.SearchResult`."""
+    returns the record (with ``"best"``) and the :class:`~ram_live.selection.SearchResult`."""
     from safetensors.torch import save_file
 
-    from ram_live.search import search
+    from ram_live.selection import search
 
     setting: SearchSetting = ram.opts.search
     fn = ram.evaluations.search  # here, or in the Ray actor (integrations/verl/evaluation.py): one call a candidate

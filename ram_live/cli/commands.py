@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from ..probe import probe
+    from ..probing import probe
 
     if args.json not in (None, "-") and ("=" in args.json or args.json.endswith(".safetensors")
                                          or os.path.isdir(args.json)):

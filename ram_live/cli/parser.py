@@ -21,7 +21,7 @@ DTYPE_NAMES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "f
                "fp32": "float32", "float32": "float32"}
 _METHODS_HELP = ", ".join(METHOD_NAMES)
 #: The RAM options ``probe`` takes (it reports λ for every variant).
-PROBE_OPTIONS = ("r", "alpha", "eps", "activity")  # ram_live.probe.PROBE_OPTIONS (the parser imports no torch)
+PROBE_OPTIONS = ("r", "alpha", "eps", "activity")  # ram_live.probing.PROBE_OPTIONS (the parser imports no torch)
 
 
 def _debug(p: argparse.ArgumentParser) -> None:

@@ -77,8 +77,8 @@ def _search_into(args: argparse.Namespace, out: Path) -> int:
     from .commands import inputs
     from ..api import merge
     from ..io.outputs import output_target
-    from ..search.result import from_json
-    from ..search.run import search
+    from ..selection.result import from_json
+    from ..selection.run import search
 
     output_target(out, single=False)  # before a long search: a non-empty or unusable --out is refused now
     space = None

@@ -7,7 +7,7 @@ completion's reward, or with ``samples=k`` the mean over its k completions (``me
 (:mod:`.samples`). The score is the objective over the tasks (:mod:`.tasks`): by default the mean over the
 prompts' ``data_source`` groups (one group: the mean over the prompts).
 
-It is also the **prompt protocol** of :mod:`ram_live.search.fidelity`: ``prompt_tasks()``,
+It is also the **prompt protocol** of :mod:`ram_live.selection.fidelity`: ``prompt_tasks()``,
 ``prompt_scores(merged, indices)`` and ``aggregate(values)``, with ``evaluate(merged) ==
 aggregate(prompt_scores(merged, all))[0]`` exactly.
 """

@@ -69,7 +69,7 @@ class SearchSetting:
     confirm_top: int = 3
 
     def __post_init__(self) -> None:
-        from ..search.fidelity import parse_budget, parse_fidelity
+        from ..selection.fidelity import parse_budget, parse_fidelity
 
         try:
             parse_budget(self.budget)
@@ -246,10 +246,10 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
 
     from ..api import merge
     from .tensors import swap_tensors
-    from ..search import search
+    from ..selection import search
     from ..store import LocalModel
 
-    from ..search.fidelity import prompt_protocol
+    from ..selection.fidelity import prompt_protocol
 
     setting: SearchSetting = schedule.search
     if schedule.sharded:

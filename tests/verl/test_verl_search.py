@@ -16,7 +16,7 @@ from ram_live.integrations.verl import RAMVerl, options_from_mapping
 from ram_live.training.search import SearchSetting, load_choice
 from ram_live.store import SnapshotStore
 
-pytest.importorskip("ram_live.search")
+pytest.importorskip("ram_live.selection")
 
 
 def _base() -> dict[str, torch.Tensor]:

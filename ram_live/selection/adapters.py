@@ -193,7 +193,7 @@ class AdapterMerger(Merger):
 
     Args:
         agents: from :func:`adapter_agents`.
-        device, workers: as for :class:`~ram_live.search.target.Merger`.
+        device, workers: as for :class:`~ram_live.selection.target.Merger`.
     """
 
     dare_seed = False  # ram_merge_adapter_files takes seed= as the SVD's: DARE keeps its own seed, 0

@@ -7,9 +7,9 @@ family), ``"task_arithmetic"`` (its scale grid and ``ta_weights``), ``"ties"``, 
 1. **Explicit** candidates of ``space=`` first, all of them (as far as the budget goes).
 2. **Screening** (with two arms or more): ``SCREEN_SHARE`` of the budget (at least one evaluation per arm), split
    evenly over the arms in their order (the earlier ones get the odd evaluations). An arm with grids screens an
-   evenly spaced subset of its grids (:func:`~ram_live.search.space.spread`: first and last included, at most the
+   evenly spaced subset of its grids (:func:`~ram_live.selection.space.spread`: first and last included, at most the
    whole grid); an arm of moves only runs its first moves. The task-arithmetic arm, when it has ``ta_weights``,
-   also *probes* every agent once every arm has screened (:data:`~ram_live.search.moves.PROBE_FACTOR` × one
+   also *probes* every agent once every arm has screened (:data:`~ram_live.selection.moves.PROBE_FACTOR` × one
    agent's weight at its best screened scale: K evaluations beyond its share), and its refinement runs the weight
    ascent (from the best probe or scale) before the rest of the scale grid: a uniform scale cannot show that one
    agent wants several times the others' weight, and with only the scale screened, or the refinement spent on more

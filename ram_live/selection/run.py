@@ -48,7 +48,7 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
     unique entries jointly with per-agent weights in the shared mean (``shared_weights``, a coordinate ascent from
     the best so far; ``lambdas`` alone without it); leaving one agent out; ``eps``/``activity``; and, for a fair
     comparison, task arithmetic's scale then per-agent weights (``ta_weights``), TIES and DARE-TIES density ×
-    scale (then local steps). The budget is adaptive (:mod:`ram_live.search.budget`): every arm (RAM, task
+    scale (then local steps). The budget is adaptive (:mod:`ram_live.selection.budget`): every arm (RAM, task
     arithmetic, TIES, DARE-TIES) screens a spread of its grid on about 35 % of it; the rest goes to refining the
     best arms by successive halving (the leader gets most, a runner-up some). A ``space`` of one arm (e.g.
     ``["task_arithmetic", "ta_weights"]``, ``{"ties": grid}``, ``["ram_plus", "lambdas"]``) gives it the whole
@@ -82,13 +82,13 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
             without them then say ``"importance": False`` (so that ``merge`` does not pick the stored ones).
 
         fidelity: None (every candidate on every prompt), ``"halving"`` or a
-            :class:`~ram_live.search.fidelity.Halving`: each candidate is raced against its side's best on nested,
+            :class:`~ram_live.selection.fidelity.Halving`: each candidate is raced against its side's best on nested,
             stratified slices of the prompts and stopped where it is clearly worse (needs an evaluation with the
-            prompt protocol, as :func:`ram_live.evaluate.rewards` has; :mod:`ram_live.search.fidelity`). With
+            prompt protocol, as :func:`ram_live.evaluate.rewards` has; :mod:`ram_live.selection.fidelity`). With
             that protocol every trial also records each task's score (``Trial.tasks``).
         parallel: candidates scored at once by worker processes (or Ray actors), each merging its own candidate
             from the shared inputs; the trials, the winner and the table are those of ``parallel=1``
-            (:mod:`ram_live.search.parallel`). ``evaluate`` must then be picklable.
+            (:mod:`ram_live.selection.parallel`). ``evaluate`` must then be picklable.
         ray_address: use Ray for the workers (``"local"``: a local Ray; an address: that cluster). Inside a Ray
             job (``ray.is_initialized()``) Ray is used without it.
         adapters: with a live ``PeftModel`` as ``models``, the names of its LoRA adapters to merge (None: all).
@@ -96,7 +96,7 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
             ``adapter_config.json``, and ``base=``) or as a ``PeftModel`` (no ``base=``); merged into the base
             weights, with the activity rule's density searched on the RAM side; ``ram_merge_adapter_files(folders,
             base=base, into_base=True, **result.best)`` (or ``ram_merge_adapters(peft_model, adapters,
-            into_base=True, **result.best)``) re-makes the winner (:mod:`ram_live.search.adapters`).
+            into_base=True, **result.best)``) re-makes the winner (:mod:`ram_live.selection.adapters`).
 
     Returns:
         A :class:`SearchResult`; ``merge(models, base=base, **result.best)`` reproduces the winner bit for bit.

@@ -9,7 +9,7 @@ __all__ = ["plot_result", "PlottedResult"]
 
 
 class PlottedResult(Protocol):
-    """What the plot reads of a :class:`~ram_live.search.SearchResult` (declared here, so this module does not
+    """What the plot reads of a :class:`~ram_live.selection.SearchResult` (declared here, so this module does not
     import the result's)."""
 
     @property

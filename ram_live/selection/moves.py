@@ -121,7 +121,7 @@ class Moves:
     def _ascend(self, family: Family, values: list[float], movable: list[int], score: float,
                 build: Callable[[list[float]], dict[str, Any]]) -> None:
         """Coordinate ascent over ``movable`` (in an order drawn from the seed), step ``family.settings["step"]``,
-        never below 0 (:func:`~ram_live.search.refine.coordinate_ascent`)."""
+        never below 0 (:func:`~ram_live.selection.refine.coordinate_ascent`)."""
         n = len(values)
         coordinate_ascent(self.trial, self.seed, family, values, [movable], score, build, [1.0] * n, [0.0] * n,
                           [math.inf] * n, prefetch=self.prefetch)
@@ -136,7 +136,7 @@ class Moves:
                        "exclude": excluded + [name]} for name in start.lambdas])
 
     def _sparsify(self, family: Family) -> None:
-        """LoRA adapters (:mod:`ram_live.search.adapters`): the best RAM-side candidate so far with each activity
+        """LoRA adapters (:mod:`ram_live.selection.adapters`): the best RAM-side candidate so far with each activity
         rule of the family; one equal to the default (``sparsify="auto"``'s) leaves ``sparsify`` out."""
         from ..peft.sparsify import sparsify_rule
 

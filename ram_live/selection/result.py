@@ -44,7 +44,7 @@ class Trial:
     lambdas: dict[str, float] | None = None
     confirm_score: float | None = None
     error: str | None = None
-    #: When it ran: "explicit", "screen" or "refine" (ram_live.search.budget).
+    #: When it ran: "explicit", "screen" or "refine" (ram_live.selection.budget).
     phase: str | None = None
     importance: str | None = None  # the label of the importances in options["importance"] (shown instead of them)
     #: The share of the prompts it was scored on (< 1: stopped early by the race, ``score`` is an estimate).

@@ -1,4 +1,4 @@
-"""Refinement moves beyond :mod:`ram_live.search.moves`: RAM's joint ascent on per-agent λ and per-agent weights
+"""Refinement moves beyond :mod:`ram_live.selection.moves`: RAM's joint ascent on per-agent λ and per-agent weights
 in the shared mean (``shared_weights``), and local density × scale steps around a TIES/DARE grid's best.
 
 A per-agent weight in the shared mean is a per-agent constant importance (docs/curvature.md): on an entry that two
@@ -26,7 +26,7 @@ WEIGHT_STEP = 0.5
 
 
 class Refinements:
-    """Mixed into the search loop next to :class:`~ram_live.search.moves.Moves`."""
+    """Mixed into the search loop next to :class:`~ram_live.selection.moves.Moves`."""
 
     merger: Any
     seed: int

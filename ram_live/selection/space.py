@@ -5,7 +5,7 @@ merge method with a list of option settings; a *move* family changes the best ca
 (per-agent λ, shared weights or task-arithmetic weights by coordinate ascent, leaving one agent out, another
 activity rule). Families belong to a side (the RAM family, or the baselines) and to an *arm*: every RAM-side
 family is the arm ``"ram"``; a baseline family is the arm of its method (``ta_weights`` is ``task_arithmetic``'s).
-How the budget goes to the arms: :mod:`ram_live.search.budget`.
+How the budget goes to the arms: :mod:`ram_live.selection.budget`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
     "dare_linear": [{"density": d, "scale": s} for s in (1.0, 1.5) for d in (0.5, 0.3, 0.7)],
 }
 #: The densities the ``sparsify`` move tries, ``TopK(d)``, on LoRA adapters (the candidates without ``sparsify`` have
-#: the default, TopK(0.5); ram_live.search.adapters).
+#: the default, TopK(0.5); ram_live.selection.adapters).
 SPARSIFY_DENSITIES = (0.3, 0.7, 0.2)
 #: Move families: (side, what they change).
 MOVES = {"lambdas": RAM_SIDE, "shared_weights": RAM_SIDE, "leave_one_out": RAM_SIDE, "activity": RAM_SIDE,
@@ -68,7 +68,7 @@ class Family:
     """One family of a search: ``grid`` (candidates' options for grid families and the activity moves),
     ``settings`` (the coordinate ascent's ``step``/``min_step``), ``user_grid`` (the grid was given in ``space=``:
     exactly those candidates, no local steps around them), ``budget`` (unused: the arms share the budget, see
-    :mod:`ram_live.search.budget`)."""
+    :mod:`ram_live.selection.budget`)."""
 
     name: str
     side: str

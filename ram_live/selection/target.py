@@ -184,7 +184,7 @@ class Merger:
         self._ties: Any = None
 
     def _sources(self, models: Any, base: Any) -> tuple[list[Any], Any]:
-        """The agents' and the base's sources (an adapter search: :mod:`ram_live.search.adapters`)."""
+        """The agents' and the base's sources (an adapter search: :mod:`ram_live.selection.adapters`)."""
         return input_sources(models, base)
 
     def options_of(self, candidate: Mapping[str, Any]) -> dict[str, Any]:
