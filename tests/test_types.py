@@ -10,15 +10,20 @@ import torch
 from ram_live.types import Activity, MergeInfo, Plan, RamStatistics, TensorSpec
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ram_live"
+#: installed as ram_live.integrations (setup.py maps the folder): part of the graph
+INTEGRATIONS = PACKAGE.parent / "integrations"
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    if path.is_relative_to(INTEGRATIONS):
+        parts = ("ram_live", "integrations", *path.relative_to(INTEGRATIONS).with_suffix("").parts)
+    else:
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {_module_name(p): p for p in [*PACKAGE.rglob("*.py"), *INTEGRATIONS.rglob("*.py")]}
 
 
 def import_graph() -> dict[str, set[str]]:

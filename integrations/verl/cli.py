@@ -49,7 +49,7 @@ def _value(text: str) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (0; 2 for bad input or settings; 1 otherwise)."""
     args = build_parser().parse_args(argv)
-    from ram_live.cli import run_command
+    from ram_live.cli.running import run_command
 
     return run_command(lambda: _run(args), "ram-live verl-snapshot", args.debug, unexpected=(Exception,))
 
