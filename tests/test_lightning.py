@@ -264,7 +264,7 @@ def test_schedule_in_a_plain_loop(tmp_path):
 def test_search_setting_picks_the_merge_with_the_validation_loop_logs_and_saves_it(tmp_path):
     """search=SearchSetting(metric="val_loss", mode="min"): every candidate scored by the module's own
     validation loop (weights swapped in and back), the winner merged, logged under ram/search/*, saved."""
-    pytest.importorskip("ram_live.search")
+    pytest.importorskip("ram_live.selection")
     from ram_live import merge
     from ram_live.training.search import SearchSetting, load_choice
 

@@ -15,7 +15,7 @@ from ram_live.training.schedule import RAMSchedule
 from ram_live.training.search import SearchSetting, load_choice, search_metrics
 from ram_live.store import SnapshotStore
 
-pytest.importorskip("ram_live.search")
+pytest.importorskip("ram_live.selection")
 
 
 def _net(seed: int = 0) -> nn.Module:

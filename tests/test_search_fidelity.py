@@ -7,49 +7,14 @@ import json
 import math
 
 import pytest
-import torch
 
 from ram_live import ConfigError, SearchError, merge, search
 from ram_live.selection.fidelity import Halving, nested_slices, parse_budget
 
 from conftest import make_agents
+from search_evals import TARGET, PromptEval
 
 pytestmark = pytest.mark.filterwarnings("ignore::ram_live.ExtrapolationWarning")
-
-TARGET = {"coder": 2.0, "tools": 0.5, "memory": 3.0}
-
-
-class PromptEval:
-    """Prompt i of task t scores -|merged - target_t|² (per key, summed) + a fixed per-prompt offset: a candidate's
-    score differences are the same on every prompt of a task, as a paired comparison assumes."""
-
-    def __init__(self, targets: dict[str, dict], per_task: int = 9, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
-        self.tasks = [t for t in targets for _ in range(per_task)]
-        self.offsets = (torch.randn(len(self.tasks), generator=g) * 0.01).tolist()
-        self.targets = targets
-        self.calls: list[list[int]] = []
-
-    def prompt_tasks(self):
-        return list(self.tasks)
-
-    def prompt_scores(self, merged, indices):
-        self.calls.append(list(indices))
-        dist = {t: -sum(float(((merged[k].double() - tg[k].double()) ** 2).sum()) for k in tg)
-                for t, tg in self.targets.items()}
-        return [dist[self.tasks[i]] + self.offsets[i] for i in indices]
-
-    def aggregate(self, values):
-        groups: dict[str, list[float]] = {}
-        for i, v in values.items():
-            if v is not None:
-                groups.setdefault(self.tasks[i], []).append(v)
-        tasks = {t: sum(vs) / len(vs) for t, vs in groups.items()}
-        return sum(tasks.values()) / len(tasks), tasks
-
-    def __call__(self, merged):
-        return self.aggregate(dict(enumerate(self.prompt_scores(merged, range(len(self.tasks))))))[0]
-
 
 @pytest.fixture
 def problem(base_sd):

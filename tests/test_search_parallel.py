@@ -5,7 +5,6 @@ library error."""
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from safetensors.torch import save_file
 from ram_live import ConfigError, SearchError, search
 
 from conftest import make_agents
-from test_search_fidelity import TARGET, PromptEval
+from search_evals import TARGET, Dies, KillOn, PromptEval, Raises, Threads
 
 pytestmark = pytest.mark.filterwarnings("ignore::ram_live.ExtrapolationWarning")
 
@@ -75,20 +74,6 @@ def test_a_local_ray_gives_the_one_process_search(problem):
     assert _rows(on_ray) == _rows(one) and on_ray.best == one.best
 
 
-class Raises(PromptEval):
-    def prompt_scores(self, merged, indices):
-        if len(self.calls) >= 0 and float(next(iter(merged.values())).sum()) != 0.0:
-            raise KeyError("reward column 'answer' missing")
-        return super().prompt_scores(merged, indices)
-
-
-class Dies(PromptEval):
-    def prompt_scores(self, merged, indices):
-        if os.environ.get("RAM_LIVE_WORKER") is not None:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return super().prompt_scores(merged, indices)
-
-
 def test_a_failure_in_a_worker_is_the_error_of_one_process(problem):
     agents, base, ev, _ = problem
     errors = []
@@ -118,33 +103,12 @@ def test_bad_parallel_options(problem):
         search(agents, base=base, evaluate=ev, budget=2, ray_address=3)
 
 
-class Threads(PromptEval):
-    def prompt_scores(self, merged, indices):
-        return [float(torch.get_num_threads())] * len(indices)
-
-
 def test_workers_compute_with_the_search_process_thread_count(problem):
     """Float sums can depend on the thread count: the workers use the search process's."""
     agents, base, ev, _ = problem
     one = search(agents, base=base, evaluate=Threads(ev.targets), budget=2)
     two = search(agents, base=base, evaluate=Threads(ev.targets), budget=2, parallel=2)
     assert [t.score for t in two.history] == [t.score for t in one.history] == [float(torch.get_num_threads())] * 2
-
-
-class KillOn(PromptEval):
-    """Records every candidate it scores (by its merged head); kills its process on the one named ``victim``."""
-
-    def __init__(self, targets, log, victim=None):
-        super().__init__(targets)
-        self.log, self.victim = log, victim
-
-    def prompt_scores(self, merged, indices):
-        mark = f"{float(merged['head.weight'].double().sum()):.12e}"
-        if mark == self.victim and os.environ.get("RAM_LIVE_WORKER") is not None:
-            os.kill(os.getpid(), signal.SIGKILL)
-        with open(self.log, "a") as fh:
-            fh.write(mark + "\n")
-        return super().prompt_scores(merged, indices)
 
 
 def test_a_worker_that_dies_on_a_candidate_the_search_never_needed_costs_only_a_restart(problem, tmp_path):

@@ -178,7 +178,7 @@ def test_state_outside_the_state_dict_does_not_reach_the_next_candidate(base_sd)
 def test_each_slice_of_a_race_sees_the_merge_itself(base_sd):
     """An evaluation that rebinds or scales entries inside prompt_scores: the race's later slices are scored on
     the candidate merged anew, not on what the earlier call left."""
-    from test_search_fidelity import PromptEval
+    from search_evals import PromptEval
 
     agents = dict(zip(("coder", "tools", "memory"), make_agents(base_sd, [0.3, 0.3, 0.3], scale=0.05)))
     targets = {"math": merge(agents, base=base_sd, method="ram", lambdas={"coder": 2.0, "tools": 0.5, "memory": 3.0})}
