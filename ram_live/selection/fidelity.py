@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -204,7 +205,7 @@ class Scorer:
         gap = mine[0] - theirs[0]
         diffs = [values[i] - reference.values[i] for i in indices  # type: ignore[index, operator]
                  if values[i] is not None and reference.values[i] is not None]  # type: ignore[index]
-        se = _std(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+        se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
         return gap < -self.halving.z * se  # type: ignore[union-attr]
 
     def _prompt_scores(self, merged: Any, indices: list[int]) -> list[float | None]:
@@ -252,11 +253,6 @@ def nested_slices(tasks: Sequence[str], fractions: Sequence[float], seed: int) -
         picked = [i for ids in order.values() for i in ids[:max(1, math.ceil(f * len(ids) - 1e-9))]]
         out.append(sorted(picked))
     return out
-
-
-def _std(xs: Sequence[float]) -> float:
-    m = sum(xs) / len(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
 def _real(x: Any) -> bool:

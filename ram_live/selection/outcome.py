@@ -32,7 +32,6 @@ class Outcome:
     nonfinite: NonFiniteError | None = None
     not_a_number: str | None = None  # repr of what the evaluation returned
     raised: BaseException | None = None
-    reference: Any = None  # identity of the reference the race ran against (None: no race)
 
 
 def run_candidate(merger: Merger, scorer: Scorer, candidate: dict[str, Any], reference: Scored | None

@@ -138,9 +138,6 @@ class Pool:
             raise
         self.pending[key] = (future, reference)
 
-    def busy(self) -> int:
-        return len(self.pending)
-
     def discard(self, keys: Any) -> None:
         """Forget these prefetched candidates (the loop will not ask for them): cancelled if not started."""
         for key in list(keys):
@@ -187,9 +184,7 @@ class Pool:
         future, used = self.pending.pop(key)
         try:
             outcome = future.result() if self._executor is not None else self.ray.get(future)
-        except BrokenProcessPool:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # (a BrokenProcessPool is passed on as it is: score() restarts the pool)
             if type(exc).__name__ in ("RayActorError", "WorkerCrashedError", "ActorDiedError"):
                 first = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines() or [type(exc).__name__]
                 raise SearchError(f"a Ray evaluation worker died while scoring candidate {label}: {first[0]}") \

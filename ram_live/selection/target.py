@@ -47,12 +47,10 @@ class ModuleTarget:
         self._base = base
         self._sink = ModuleSink(base, inplace=False)
         self._handed: dict[str, Any] | None = None
-        self.rebuilds = 0
 
     def begin(self, plan: Any, specs: Mapping[str, TensorSpec]) -> None:
         if self._handed is not None and not self._intact():
             self._handed = None
-            self.rebuilds += 1
         if self._handed is None:
             self._sink.begin(plan, specs)
             self._handed = _fingerprint(self._sink.module)

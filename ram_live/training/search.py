@@ -12,9 +12,10 @@ merged generalist (see :func:`save_record`; read them back with :func:`load_choi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -245,7 +246,6 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
     import torch
 
     from ..api import merge
-    from .tensors import swap_tensors
     from ..selection import search
     from ..store import LocalModel
 
@@ -260,12 +260,8 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
 
     def wrap(fn: Callable[..., Any]) -> Callable[[Any], float]:
         def evaluate(merged: Any) -> float:
-            tensors = _tensors_of(merged)
-            swap_tensors(live, tensors)
-            try:  # the score is taken while swapped in: it may be a view of the weights
+            with _swapped_in(live, merged):  # the score is taken while swapped in: it may be a view of the weights
                 score = setting.score(fn(model))
-            finally:
-                swap_tensors(live, tensors)
             if c.world_size > 1:
                 total = c.all_reduce_sum_(torch.tensor([score], dtype=torch.float64))
                 score = float(total.item()) / c.world_size
@@ -313,20 +309,27 @@ class _SwappedPrompts:
     def prompt_scores(self, merged: Any, indices: Any) -> list[float | None]:
         import torch
 
-        from .tensors import swap_tensors
-
-        tensors = _tensors_of(merged)
-        swap_tensors(self.live, tensors)
-        try:
+        with _swapped_in(self.live, merged):
             out = list(self.fn.prompt_scores(self.model, indices))
-        finally:
-            swap_tensors(self.live, tensors)
         if self.c.world_size > 1:
             given = torch.tensor([math.nan if v is None else float(v) for v in out], dtype=torch.float64)
             total = self.c.all_reduce_sum_(torch.nan_to_num(given, nan=0.0))
             seen = self.c.all_reduce_sum_((~torch.isnan(given)).double())
             out = [None if n == 0 else float(t) / float(n) for t, n in zip(total.tolist(), seen.tolist())]
         return out
+
+
+@contextlib.contextmanager
+def _swapped_in(live: Any, merged: Any) -> Iterator[None]:
+    """``merged``'s tensors swapped into the training model ``live`` while the block runs, swapped back after."""
+    from .tensors import swap_tensors
+
+    tensors = _tensors_of(merged)
+    swap_tensors(live, tensors)
+    try:
+        yield
+    finally:
+        swap_tensors(live, tensors)
 
 
 def _tensors_of(merged: Any) -> dict[str, Tensor]:
