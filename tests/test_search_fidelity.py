@@ -128,6 +128,13 @@ def test_errors(problem):
         def prompt_scores(self, merged, indices):
             raise RuntimeError("worker lost")
 
+    class NoTasks(PromptEval):
+        def prompt_tasks(self):
+            return 7
+
+    with pytest.raises(ConfigError, match=r"prompt_tasks\(\) failed \(TypeError: .*it must return each prompt's task"):
+        search(agents, base=base, evaluate=NoTasks(ev.targets), budget=3)
+
     for cls, message in ((Short, "gave 17 scores for 18 prompts"), (Nan, "returned nan"),
                          (Raises, "raised RuntimeError on candidate #0 .*worker lost")):
         with pytest.raises(SearchError, match=message):

@@ -151,7 +151,11 @@ class Scorer:
                               "docs/search.md); this evaluate is a plain callable")
         self.n = 0
         if self.protocol:
-            tasks = list(self.evaluate.prompt_tasks())
+            try:  # (only the grouping matters: each prompt's task as text)
+                tasks = [str(t) for t in self.evaluate.prompt_tasks()]
+            except Exception as exc:
+                raise ConfigError(f"the evaluation's prompt_tasks() failed ({type(exc).__name__}: {exc}); it must "
+                                  "return each prompt's task") from exc
             self.n = len(tasks)
             if self.n == 0:
                 raise ConfigError("the evaluation has no prompts")
