@@ -1,6 +1,6 @@
 """File-system steps of writing outputs safely: reserving bytes before a file is mapped, writing without mmap,
-temporary folders that say whether their writer is alive, removing those of killed writers, and a final rename
-that never replaces what someone else created meanwhile.
+temporary folders that say whether their writer is alive, removing those of killed writers, and publishing a
+finished output (index, side files, a final rename that never replaces what someone else created meanwhile).
 
 >>> removed = clean_stale(Path("checkpoints"), min_age=0)        # doctest: +SKIP
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import json
 import os
 import re
 import shutil
@@ -17,12 +18,14 @@ import stat
 import struct
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
-from ..errors import ConfigError, OutOfSpaceError
+from ..errors import ConfigError, OutOfSpaceError, OutputExistsError
 
 __all__ = ["reserve", "write_all", "temp_folder", "locked_temp_folder", "unlock", "clean_stale",
-           "rename_noreplace", "is_full", "output_target", "make_folders", "STALE_AGE"]
+           "rename_noreplace", "rename_output", "publish_folder", "copy_side_files", "remove_created", "is_full",
+           "output_target", "make_folders", "STALE_AGE"]
 
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _NO_RESERVE = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS}
@@ -270,3 +273,61 @@ def make_folders(folder: Path) -> list[Path]:
             continue
         created.append(f)
     return created[::-1]
+
+
+def remove_created(folders: list[Path]) -> None:
+    """Remove ``folders`` (:func:`make_folders`' list, deepest first) while they are empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def rename_output(source: Path, target: Path, path: Path) -> None:
+    """The final rename of ``source`` to ``target`` (the output ``path`` resolved), never over something another
+    process created meanwhile (:class:`OutputExistsError`)."""
+    try:
+        rename_noreplace(source, target)
+    except OSError as exc:
+        if isinstance(exc, FileExistsError) or exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR,
+                                                              errno.EISDIR):
+            raise OutputExistsError(f"output {path} was created by another process while the merge ran; "
+                                    "it is left as it is and the merge's result removed") from None
+        raise
+
+
+def copy_side_files(copy_from: Path | None, folder: Path) -> None:
+    """Config, tokenizer and other non-weight files of the base folder ``copy_from`` into ``folder``."""
+    if copy_from is not None and copy_from.is_dir():
+        for f in copy_from.iterdir():
+            if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".pt")):
+                shutil.copy2(f, folder / f.name)
+
+
+def publish_folder(tmp: Path, target: Path, path: Path, weight_map: Mapping[str, str], total: int,
+                   copy_from: Path | None, *, replace_empty: bool) -> None:
+    """Publish the finished temporary folder ``tmp`` as the output ``path`` (resolved: ``target``): the index
+    (unless the folder is one ``model.safetensors``), ``copy_from``'s config/tokenizer files, then the atomic
+    rename. ``replace_empty``: ``target`` was an empty folder the user gave, replaced unless something was
+    written into it meanwhile (:class:`OutputExistsError`); a full disk is an :class:`OutOfSpaceError`."""
+    try:
+        if set(weight_map.values()) != {"model.safetensors"}:
+            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        copy_side_files(copy_from, tmp)
+    except OSError as exc:
+        if is_full(exc):
+            raise OutOfSpaceError(f"no space left on device writing {path} (index, config and tokenizer "
+                                  f"files): {exc.strerror}") from None
+        raise
+    if replace_empty:
+        try:
+            target.rmdir()
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise OutputExistsError(f"output {path}: something was written into it while the merge "
+                                        "ran; it is left as it is and the merge's result removed") from None
+            if exc.errno != errno.ENOENT:
+                raise
+    rename_output(tmp, target, path)

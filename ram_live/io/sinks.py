@@ -9,8 +9,6 @@ nothing behind.
 from __future__ import annotations
 
 import copy
-import errno
-import json
 import os
 import shutil
 from pathlib import Path
@@ -19,10 +17,10 @@ from typing import Any, Mapping, Protocol
 import torch
 from torch import Tensor, nn
 
-from .outputs import (clean_stale, is_full, lock, locked_temp_folder, make_folders,
-                       output_target as _output_target, rename_noreplace, unlock)
+from .outputs import (clean_stale, lock, locked_temp_folder, make_folders, output_target as _output_target,
+                      publish_folder, remove_created, rename_output, unlock)
 from .dtensor import local_tensor
-from ..errors import ConfigError, InvalidStateError, OutOfSpaceError, OutputExistsError
+from ..errors import ConfigError, InvalidStateError
 from .memory import advise_hugepages, empty
 from .safetensors_io import SafetensorsWriter
 from ..types import Plan, TensorSpec
@@ -240,40 +238,13 @@ class SafetensorsSink:
             self.abort()
 
     def _publish(self, weight_map: Mapping[str, str], total: int) -> None:
-        """Index (unless the folder is one ``model.safetensors``), config/tokenizer files, then the atomic rename
-        of the temporary folder."""
+        """Index, side files and the final rename of the temporary folder (:func:`~.outputs.publish_folder`)."""
         tmp = self._folder("publish")
-        try:
-            if set(weight_map.values()) != {"model.safetensors"}:
-                index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-                (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-            self._copy_side_files()
-        except OSError as exc:
-            if is_full(exc):
-                raise OutOfSpaceError(f"no space left on device writing {self.path} (index, config and tokenizer "
-                                      f"files): {exc.strerror}") from None
-            raise
-        if self._existed:
-            try:
-                self._target.rmdir()
-            except OSError as exc:
-                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-                    raise OutputExistsError(f"output {self.path}: something was written into it while the merge "
-                                            "ran; it is left as it is and the merge's result removed") from None
-                if exc.errno != errno.ENOENT:
-                    raise
-        self._rename(tmp)
+        publish_folder(tmp, self._target, self.path, weight_map, total, self.copy_from, replace_empty=self._existed)
 
     def _rename(self, source: Path) -> None:
         """The final rename, never over something another process created meanwhile."""
-        try:
-            rename_noreplace(source, self._target)
-        except OSError as exc:
-            if isinstance(exc, FileExistsError) or exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR,
-                                                                  errno.EISDIR):
-                raise OutputExistsError(f"output {self.path} was created by another process while the merge ran; "
-                                        "it is left as it is and the merge's result removed") from None
-            raise
+        rename_output(source, self._target, self.path)
 
     def _folder(self, doing: str) -> Path:
         """The temporary output folder (:class:`InvalidStateError` before ``begin``, or after ``finish``/``abort``)."""
@@ -281,14 +252,6 @@ class SafetensorsSink:
             raise InvalidStateError(f"{type(self).__name__} for {self.path}: cannot {doing} before begin(), or after "
                                     "finish() or abort() (one merge per begin)")
         return self._tmp
-
-    def _copy_side_files(self) -> None:
-        """Config, tokenizer and other non-weight files of the base folder."""
-        tmp = self._folder("copy the side files")
-        if self.copy_from is not None and self.copy_from.is_dir():
-            for f in self.copy_from.iterdir():
-                if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".pt")):
-                    shutil.copy2(f, tmp / f.name)
 
     def abort(self) -> None:
         for writer in self._writers:
@@ -303,11 +266,7 @@ class SafetensorsSink:
 
     def _remove_created(self) -> None:
         """Remove the folders :meth:`begin` created for the output, deepest first, while they are empty."""
-        for folder in self._created:
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        remove_created(self._created)
         self._created = []
 
 

@@ -128,7 +128,7 @@ def test_a_real_full_tmpfs_gives_the_error_not_sigbus(tmp_path):
                                            ("merged", "folder"), ("merged", "empty folder")])
 def test_an_output_created_during_the_merge_is_never_replaced(tmp_path, inputs, monkeypatch, out, intruder):
     target = tmp_path / out
-    real = ram_live.io.sinks.rename_noreplace
+    real = outputs.rename_noreplace
 
     def racing(src, dst):
         if intruder == "file":
@@ -139,7 +139,7 @@ def test_an_output_created_during_the_merge_is_never_replaced(tmp_path, inputs, 
                 (dst / "theirs.txt").write_text("someone else's")
         return real(src, dst)
 
-    monkeypatch.setattr(ram_live.io.sinks, "rename_noreplace", racing)
+    monkeypatch.setattr(outputs, "rename_noreplace", racing)
     with pytest.raises(OutputExistsError, match="created by another process while the merge ran"):
         _merge(inputs, target)
     if intruder == "file":
@@ -156,8 +156,8 @@ def test_writing_into_a_given_empty_folder_while_it_is_merged_into(tmp_path, inp
     into it meanwhile makes it someone else's: an error, the file kept."""
     target = tmp_path / "merged"
     target.mkdir()
-    real = ram_live.io.sinks.rename_noreplace
-    monkeypatch.setattr(ram_live.io.sinks, "rename_noreplace", lambda s, d: real(s, d))
+    real = outputs.rename_noreplace
+    monkeypatch.setattr(outputs, "rename_noreplace", lambda s, d: real(s, d))
     path = _merge(inputs, target)
     assert_bit_identical(load_file(str(path / "model.safetensors")), _want(inputs))
     other = tmp_path / "other"
