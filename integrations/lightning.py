@@ -44,7 +44,7 @@ from ..errors import RamLiveError
 from ..ram_config import RamConfig
 from ..training.tensors import ScheduleAdapter, swap_tensors
 from ..training.schedule import MergeResult, RAMSchedule, metric_float
-from ..training.search import save_next_to
+from ..training.search_record import save_next_to
 from ..store import LocalCollective, LocalModel, SnapshotStore, TorchCollective
 from ._common import AdamImportance, SingleAgentWarning, importance_option, save_generalist, warn_single_agent
 

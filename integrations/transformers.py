@@ -36,7 +36,7 @@ from ..errors import ConfigError, RamLiveError
 from ..training.tensors import ScheduleAdapter
 from ..ram_config import RamConfig
 from ..training.schedule import MergeResult, RAMSchedule, metric_float
-from ..training.search import save_next_to
+from ..training.search_record import save_next_to
 from ..store import SnapshotStore
 from ._common import AdamImportance, SingleAgentWarning, importance_option, save_generalist, warn_single_agent
 from ._peft_agent import LoraSchedule, is_peft_model, lora_options

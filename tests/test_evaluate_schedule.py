@@ -7,7 +7,8 @@ import torch
 
 from ram_live import RAMSchedule, merge
 from ram_live.evaluate import rewards
-from ram_live.training.search import SearchSetting, load_choice
+from ram_live.training.search import SearchSetting
+from ram_live.training.search_record import load_choice
 from ram_live.store import SnapshotStore
 
 import evaluate_helpers as h

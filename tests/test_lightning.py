@@ -266,7 +266,8 @@ def test_search_setting_picks_the_merge_with_the_validation_loop_logs_and_saves_
     validation loop (weights swapped in and back), the winner merged, logged under ram/search/*, saved."""
     pytest.importorskip("ram_live.selection")
     from ram_live import merge
-    from ram_live.training.search import SearchSetting, load_choice
+    from ram_live.training.search import SearchSetting
+    from ram_live.training.search_record import load_choice
 
     store = tmp_path / "store"
     base = _copy(Net())

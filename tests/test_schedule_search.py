@@ -12,7 +12,8 @@ from torch import nn
 from ram_live import merge
 from ram_live.errors import ConfigError, RamLiveError
 from ram_live.training.schedule import RAMSchedule
-from ram_live.training.search import SearchSetting, load_choice, search_metrics
+from ram_live.training.search import SearchSetting, search_metrics
+from ram_live.training.search_record import load_choice
 from ram_live.store import SnapshotStore
 
 pytest.importorskip("ram_live.selection")

@@ -152,7 +152,8 @@ def test_grpo_merges_saves_and_resumes(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_grpo_search_setting_saves_its_choice_next_to_the_generalist(tmp_path: Path) -> None:
     pytest.importorskip("ram_live.selection")
-    from ram_live.training.search import SearchSetting, load_choice
+    from ram_live.training.search import SearchSetting
+    from ram_live.training.search_record import load_choice
 
     store = tmp_path / "store"
     _trainer(tmp_path / "b", _spaces, 2, RAMTrainerCallback(store, "spaces", snapshot_every=2)).train()

@@ -133,7 +133,7 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
                   "lambda": lambdas, "rho": {n: (v if math.isfinite(v) else None) for n, v in rho.items()},
                   "density": density, "weights": o.weights, "store": str(ram.store.root)}
         if searched is not None:
-            from ram_live.training.search import save_record
+            from ram_live.training.search_record import save_record
 
             record.update(variant=searched["best"]["method"], search=searched)
             save_record(building / "ram_search.json", searched, result, durable=False)

@@ -3,7 +3,8 @@
 
 At each merge the callback runs :func:`ram_live.search` over the latest snapshot of every agent with the user's
 evaluation on held-out data, merges the winner, logs ``ram/search/*`` and saves the chosen options next to the
-merged generalist (see :func:`save_record`; read them back with :func:`load_choice`).
+merged generalist (:mod:`.search_record`: :func:`~.search_record.save_record`, read back with
+:func:`~.search_record.load_choice`).
 
 >>> setting = SearchSetting(evaluate=lambda model: {"acc": held_out_accuracy(model)}, metric="acc",   # doctest: +SKIP
 ...                         budget=60)
@@ -24,8 +25,9 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..loading import load_callable
+from .search_record import jsonable, save_record
 
-__all__ = ["SearchSetting", "load_choice", "record_of", "save_next_to", "save_record", "search_metrics"]
+__all__ = ["SearchSetting", "record_of", "search_metrics"]
 
 MODES = ("max", "min")
 
@@ -141,7 +143,7 @@ class SearchSetting:
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            out[f.name] = _name_of(v) if callable(v) else _jsonable(v)
+            out[f.name] = _name_of(v) if callable(v) else jsonable(v)
         return out
 
 
@@ -154,14 +156,14 @@ def record_of(setting: SearchSetting, result: Any, *, step: int, seconds: float)
     baseline = result.best_baseline
     return {
         "step": int(step), "metric": setting.metric, "mode": setting.mode, "budget": setting.budget,
-        "best": _jsonable(dict(result.best)),
+        "best": jsonable(dict(result.best)),
         "best_score": setting.metric_value(float(result.best_score)),
-        "best_tasks": _jsonable(result.best_trial.tasks),
+        "best_tasks": jsonable(result.best_trial.tasks),
         "best_baseline": None if baseline is None else {
-            "method": baseline.method, "options": _jsonable(dict(baseline.options)),
+            "method": baseline.method, "options": jsonable(dict(baseline.options)),
             "score": setting.metric_value(float(baseline.score))},
         "evaluations": len(result.scored), "agents": list(result.agents),
-        "extrapolation": _jsonable(result.best_trial.extrapolation),
+        "extrapolation": jsonable(result.best_trial.extrapolation),
         "seconds": {"total": seconds, "merge": float(result.merge_seconds), "evaluate": float(result.evaluate_seconds),
                     "overhead": float(result.overhead_seconds)},
         "setting": setting.describe(),
@@ -195,43 +197,6 @@ def search_metrics(record: Mapping[str, Any], prefix: str = "ram/search/") -> di
         elif _finite(value):
             out[f"{prefix}option/{key}"] = float(value)
     return out
-
-
-def save_record(path: str | Path, record: Mapping[str, Any], result: Any = None, *, durable: bool = True) -> Path:
-    """Write ``record`` (and ``result.to_dict()`` as ``"history"``) as JSON, atomically."""
-    from ..store.files import write_json
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    body = dict(record)
-    if result is not None:
-        body["history"] = _jsonable(result.to_dict())
-    write_json(path, body, durable)
-    return path
-
-
-def save_next_to(generalist: str | Path, record: Mapping[str, Any], *, durable: bool = True) -> Path:
-    """Write ``record`` next to a saved generalist: ``<folder>/ram_search.json`` inside a model folder, else
-    ``<name>.search.json`` beside a file (``step-200.safetensors`` → ``step-200.search.json``)."""
-    generalist = Path(generalist)
-    path = generalist / "ram_search.json" if generalist.is_dir() else generalist.with_suffix(".search.json")
-    return save_record(path, record, durable=durable)
-
-
-def load_choice(path: str | Path) -> dict[str, Any]:
-    """The chosen options of a saved record: ``merge(models, base=base, **load_choice(path))`` re-makes the merge.
-
-    Example:
-        >>> options = load_choice("runs/ram/_search/coder/step_200.json")               # doctest: +SKIP
-    """
-    import json
-
-    try:
-        body = json.loads(Path(path).read_text())
-        best = body["best"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{path}: not a search record ({exc})") from None
-    return _numbers(best)
 
 
 # ----------------------------------------------------------------------------------------------- RAMSchedule
@@ -354,28 +319,3 @@ def _name_of(fn: Any) -> str:
 
 def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, Tensor):
-        return _jsonable(x.tolist())
-    if x is None or isinstance(x, (str, int, float, bool)):
-        return x
-    return str(x)
-
-
-def _numbers(x: Any) -> Any:
-    if x in ("inf", "-inf", "nan"):
-        return float(x)
-    if isinstance(x, dict):
-        return {k: _numbers(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_numbers(v) for v in x]
-    return x
-

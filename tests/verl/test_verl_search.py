@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 from ram_live import merge
 from ram_live.errors import ConfigError
 from ram_live.integrations.verl import RAMVerl, options_from_mapping
-from ram_live.training.search import SearchSetting, load_choice
+from ram_live.training.search import SearchSetting
+from ram_live.training.search_record import load_choice
 from ram_live.store import SnapshotStore
 
 pytest.importorskip("ram_live.selection")
