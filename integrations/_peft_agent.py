@@ -3,6 +3,7 @@ snapshots are the trained adapter's A and B factors (a store whose base is all z
 itself: adapter-sized on disk), its merges are :mod:`ram_live.peft`'s ΔW-space merge of every agent's latest
 adapter, re-factored into a new adapter (or folded into the base weights with ``into_base=True``), and its
 generalist is swapped into the live ``PeftModel`` for evaluation and saved as a PEFT folder (or a model folder).
+The snapshots' metadata and the checks against the store's other agents are :mod:`._lora_store`'s.
 
 Every agent of one store must train an adapter of the same target modules and ranks on the same base model (its
 fingerprint is kept with every snapshot); anything else is an error naming the agent and the module.
@@ -12,9 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -25,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError, InputMismatchError, RamLiveError
+from ..errors import ConfigError, RamLiveError
 from ..peft.factors import AdapterSet, Factor, weight_key
 from ..peft.merging import finish_report, merge_in_delta_space, merge_into_base, prepare_merge
 from ..peft.refactoring import Refactored, make_refactorer
@@ -35,13 +34,9 @@ from ..peft.svd_options import SvdOptions
 from ..store import BaseMismatchError, LocalModel, fingerprint
 from ..training.schedule import MergeResult, RAMSchedule
 from ..training.tensors import _open_latest, swap_tensors
+from ._lora_store import EXTRA_KEY, adapter_set, base_state, check_store, snapshot_meta
 
 __all__ = ["LoraMergeResult", "LoraSchedule", "is_peft_model", "lora_options"]
-
-#: the key of a LoRA snapshot's metadata in its manifest's ``extra``
-EXTRA_KEY = "peft"
-#: a LoRA layer's own tensors in a PeftModel's state dict (dropped from the base model's)
-_LORA_TENSOR = re.compile(r"\.lora_(A|B|embedding_A|embedding_B|magnitude_vector)\.")
 
 
 def is_peft_model(model: Any) -> bool:
@@ -64,16 +59,6 @@ def lora_options(sparsify: Any, into_base: Any, svd_options: Any, variant: str) 
                if isinstance(rule, RelativeThreshold) else None)
     return {"sparsify": "auto" if sparsify == "auto" else spelled, "into_base": into_base,
             "svd_options": dataclasses.asdict(svd)}
-
-
-def _json_config(config: Any) -> dict[str, Any]:
-    """An adapter's ``LoraConfig`` as JSON values (sets as sorted lists, enums as their values)."""
-    def default(value: Any) -> Any:
-        if isinstance(value, (set, frozenset)):
-            return sorted(value)
-        return getattr(value, "value", str(value))
-
-    return {**json.loads(json.dumps(config.to_dict(), default=default)), "inference_mode": True}  # as PEFT saves it
 
 
 @dataclass
@@ -164,16 +149,13 @@ class LoraSchedule(RAMSchedule):
         live = self._live()
         if LocalModel.from_obj(live).sharded:
             raise ConfigError(f"{who}: sharded (DTensor) LoRA factors are not supported")
-        fp = fingerprint(self._base_state(root))
+        fp = fingerprint(base_state(root))
         if self.model_fingerprint is not None and fp != self.model_fingerprint:
             raise BaseMismatchError(f"{who}: the PeftModel's base model ({fp}) is not the one this run was trained "
                                     f"on ({self.model_fingerprint})")
         self.model_fingerprint = fp
-        self._meta = {"kind": "lora", "adapter": adapter, "base_fingerprint": fp,
-                      "modules": {m: {"scaling": f.scaling, "kind": f.kind, "transpose": f.transpose}
-                                  for m, f in factors.items()},
-                      "config": _json_config(model.peft_config[adapter])}
-        self._check_store(live)
+        self._meta = snapshot_meta(adapter, fp, factors, model.peft_config[adapter])
+        check_store(self.store, self.agent, live, fp)
         rank = self.svd_options.rank or max(f.rank for f in factors.values())
         small = min(factors, key=lambda m: factors[m].rank)
         if not self.into_base and rank > factors[small].rank:
@@ -189,53 +171,6 @@ class LoraSchedule(RAMSchedule):
         for m, f in sorted(self._factors.items()):
             out[f"{m}.lora_A"], out[f"{m}.lora_B"] = f.A, f.B
         return out
-
-    @staticmethod
-    def _base_state(root: Any) -> dict[str, Tensor]:
-        """The base model's tensors under its own names (LoRA tensors dropped, ``.base_layer`` removed)."""
-        return {k.replace(".base_layer.", "."): v for k, v in root.state_dict(keep_vars=True).items()
-                if not _LORA_TENSOR.search(k)}
-
-    def _check_store(self, live: Mapping[str, Tensor]) -> None:
-        """Target modules, ranks and dtypes against the store's base; the base model against the other agents'."""
-        who, store = f"agent {self.agent!r}", self.store
-        others = [a for a in store.agents() if a != self.agent]
-        theirs = f"the store's adapters (agents {', '.join(map(repr, others))})" if others else "the store's adapters"
-        if store.has_base():
-            src = store.base_source()
-            keys = set(src.keys())
-            if not any(k.endswith(".lora_A") for k in keys):
-                raise ConfigError(f"{who}: {store.root} holds full-model snapshots; give the LoRA runs their own store")
-            for key in sorted(keys ^ set(live)):
-                module = key.rsplit(".", 1)[0]
-                does, do = ("targets", "do not") if key in live else ("does not target", "do")
-                raise InputMismatchError(f"{who} {does} module {module!r}, which {theirs} {do}: every agent of a "
-                                         "store must target the same modules", key=module, agent=self.agent)
-            for key in sorted(live):
-                spec, t, module = src.spec(key), live[key], key.rsplit(".", 1)[0]
-                mine, there = tuple(t.shape), tuple(spec.shape)
-                if mine == there and spec.dtype == t.dtype:
-                    continue
-                r, io = (0, 1) if key.endswith("_A") else (1, 0)  # A: [r, in], B: [out, r]
-                r_mine, r_there = mine[r], there[r]
-                if len(mine) == len(there) == 2 and r_mine != r_there and mine[io] == there[io]:
-                    what = f"has rank {r_mine}, {theirs} rank {r_there} (one rank per module in a store)"
-                elif mine != there:
-                    what = f"has factors of shape {list(mine)}, {theirs} {list(there)} (another base model?)"
-                else:
-                    what = f"has {t.dtype} factors, {theirs} {spec.dtype}"
-                raise InputMismatchError(f"{who}: module {module!r} {what}", key=module, agent=self.agent)
-        for name in others:
-            meta = self._meta_of(name, store.latest(name).manifest)
-            if meta["base_fingerprint"] != self.model_fingerprint:
-                raise BaseMismatchError(f"{who}'s adapter is trained on another base model ({self.model_fingerprint})"
-                                        f" than agent {name!r}'s ({meta['base_fingerprint']})")
-
-    def _meta_of(self, name: str, manifest: Mapping[str, Any]) -> Mapping[str, Any]:
-        meta = (manifest.get("extra") or {}).get(EXTRA_KEY)
-        if not isinstance(meta, Mapping) or meta.get("kind") != "lora":
-            raise ConfigError(f"agent {name!r}'s snapshots in {self.store.root} are not LoRA adapter snapshots")
-        return meta
 
     # ------------------------------------------------------------------------------------------- actions
 
@@ -259,7 +194,7 @@ class LoraSchedule(RAMSchedule):
             self.collective.barrier()
         t0 = time.perf_counter()
         picks, sources = _open_latest(self, LocalModel.from_obj(self._live(), name=self.agent), step)
-        adapters = self._adapter_set(picks, sources)
+        adapters = adapter_set(self.store, picks, sources, self._meta, self.model_fingerprint, sorted(self._factors))
         ram = self.ram
         method, options = ram.flat()  # the keywords that differ from the defaults (eps: 0 with a rule)
         prep = prepare_merge(adapters, method, options, self.sparsify)
@@ -286,23 +221,6 @@ class LoraSchedule(RAMSchedule):
         return LoraMergeResult(step, tensors, picks, lambdas, dict(info.rho or {}), dict(report.active),
                                time.perf_counter() - t0, ram.method, adapters=adapters, factors=factors,
                                report=report)
-
-    def _adapter_set(self, picks: Mapping[str, int], sources: Mapping[str, Any]) -> AdapterSet:
-        """Every picked agent's factors (the store's, or this run's live ones) with the scalings they were trained
-        with; a base model other than this run's is a :class:`BaseMismatchError` naming the agent."""
-        factors: dict[str, dict[str, Factor]] = {}
-        configs: dict[str, Any] = {}
-        for name, src in sources.items():
-            meta = self._meta if isinstance(src, LocalModel) else self._meta_of(name, src.manifest)
-            if meta["base_fingerprint"] != self.model_fingerprint:
-                raise BaseMismatchError(f"agent {name!r}'s adapter (step {picks[name]}) is trained on another base "
-                                        f"model ({meta['base_fingerprint']}) than this run's "
-                                        f"({self.model_fingerprint})")
-            factors[name] = {m: Factor(src.get(f"{m}.lora_A"), src.get(f"{m}.lora_B"), float(info["scaling"]),
-                                       info["kind"], bool(info["transpose"]))
-                             for m, info in sorted(meta["modules"].items())}
-            configs[name] = meta["config"]
-        return AdapterSet(tuple(sources), factors, sorted(self._factors), configs)
 
     # ------------------------------------------------------------------------------------------- the generalist
 
@@ -352,7 +270,7 @@ class LoraSchedule(RAMSchedule):
             shutil.rmtree(tmp)
         if self.into_base:
             _, root = tuner_of(model)
-            state = self._base_state(root)
+            state = base_state(root)
             state.update({k: v.to(state[k].dtype) for k, v in result.tensors.items()})
             root.save_pretrained(tmp, state_dict={k: v.detach() for k, v in state.items()}, safe_serialization=True)
         else:
