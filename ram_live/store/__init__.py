@@ -37,8 +37,9 @@ manifest is), :mod:`.checksum` (CRC-32 over threads), :mod:`.datafiles` (data fi
 checksum, opened and verified), :mod:`.files` (atomic writes, manifests read back, removals),
 :mod:`.maintenance` (prune and gc removals), :mod:`.verify` (the store's check),
 :mod:`.collective` (collectives), :mod:`.local` (a process's part of a model), :mod:`.hashing` (fingerprints),
-:mod:`.encoding` (change encodings), :mod:`.writer` (capture), :mod:`.reading` (the base and snapshots read
-back), :mod:`.snapshot_store` (the store folder), :mod:`.shardwise` (shard-wise statistics), :mod:`.errors`.
+:mod:`.encoding` (change encodings), :mod:`.writer` (capture), :mod:`.committing` (part files written, the
+ranks' parts gathered, manifests committed), :mod:`.reading` (the base and snapshots read back),
+:mod:`.snapshot_store` (the store folder), :mod:`.shardwise` (shard-wise statistics), :mod:`.errors`.
 The modules below :mod:`.snapshot_store` see the store only through the small protocols they declare
 (:class:`.reading.StoreFolder`, :class:`.writer.SnapshotTarget`, :class:`.verify.CheckedStore`), so no module
 of the package imports one above it. Names imported as ``X as X`` are public but, as before the split, outside

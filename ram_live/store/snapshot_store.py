@@ -1,4 +1,5 @@
-"""The store folder (:class:`SnapshotStore`): its base, agents and snapshots; parts and manifests written."""
+"""The store folder (:class:`SnapshotStore`): its base, agents and snapshots listed, opened, pruned and verified;
+parts and manifests are written by :mod:`.committing`."""
 
 from __future__ import annotations
 
@@ -12,23 +13,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError, InputMismatchError, UnsupportedInputError
+from ..errors import ConfigError
 from ..methods import Activity
+from . import committing
 from .collective import Collective, LocalCollective
-from .datafiles import write_datafile
-from .encoding import encode
 from .errors import BaseMismatchError, CorruptSnapshotError, SnapshotNotFoundError, StoreError
 from .files import read_json, real_folder, write_json
 from .format import (
     AGENT_RE,
     BASE_DIR,
     BASE_FORMAT,
-    SNAPSHOT_FORMAT,
     STORE_FORMAT,
     STORE_VERSION,
     VERSION,
-    check_nonce,
-    check_rank,
     check_step,
     manifest_name,
     manifest_step,
@@ -36,12 +33,11 @@ from .format import (
 from .hashing import fingerprint
 from .local import LocalModel, LocalTensor
 from .maintenance import collect_garbage, remove_snapshot, remove_unreferenced
-from .manifest import Checked, check_base, check_snapshot, compose_manifest
+from .manifest import Checked, check_base, compose_manifest
 from .reading import Snapshot, SnapshotInfo, StoreBase
 from .verify import VerifyReport, verify_store
-from .importance import HEAD as IMPORTANCE_HEAD
-from .importance import IMPORTANCE_VERSION, ImportanceSource, encode_active, local_importance
-from .writer import CaptureTotals, SnapshotTotals, SnapshotWriter, activity_rule, piece_entry, takes_importance
+from .importance import ImportanceSource
+from .writer import SnapshotTotals, SnapshotWriter, activity_rule
 
 
 class SnapshotStore:
@@ -160,33 +156,12 @@ class SnapshotStore:
                         tensors: Mapping[str, LocalTensor]) -> dict[str, Any]:
         """Write ``tensors`` (this writer's boxes of the base, dense) as the part file ``rank`` of the base in
         ``folder`` (the store's ``_base``); returns the part (``{"file", "pieces"}``) for :meth:`compose_manifest`."""
-        name = f"base-{check_nonce(nonce)}.p{check_rank(rank)}.safetensors"
-        data = {f"{k}@{rank}": t.tensor.detach().cpu() for k, t in tensors.items()}
-        entry = write_datafile(folder / name, data, {"format": BASE_FORMAT}, self.durable)
-        pieces = {
-            k: [{"offsets": list(t.offsets), "shape": list(t.tensor.shape), "values": f"{k}@{rank}"}]
-            for k, t in tensors.items()
-        }
-        return {"file": entry, "pieces": pieces}
+        return committing.write_base_part(folder, nonce, rank, tensors, self.durable)
 
     def exchange_parts(self, folder: Path, stem: str, part: dict[str, Any] | None,
-                        collective: Collective) -> list[dict[str, Any]]:
+                       collective: Collective) -> list[dict[str, Any]]:
         """Rank 0 learns every rank's part (sidecar JSON files on the shared folder, then a barrier)."""
-        if collective.world_size == 1:
-            return [part] if part is not None else []
-        sidecar = folder / f".{stem}.p{collective.rank}.part.json"
-        write_json(sidecar, part, durable=False)
-        collective.barrier()
-        parts = []
-        if collective.rank == 0:
-            for r in range(collective.world_size):
-                path = folder / f".{stem}.p{r}.part.json"
-                p = read_json(path)
-                if p is not None:
-                    parts.append(p)
-        collective.barrier()
-        sidecar.unlink(missing_ok=True)
-        return parts
+        return committing.exchange_parts(folder, stem, part, collective)
 
     compose_manifest = staticmethod(compose_manifest)  # part-level API (integrations/verl/pieces.py)
 
@@ -312,24 +287,9 @@ class SnapshotStore:
         base = self.base_source()
         local = LocalModel.from_obj(model)
         rule = activity_rule(activity, eps)
-        parts, total = [], CaptureTotals()
-        pieces: dict[str, list[dict[str, Any]]] = {}
-        tensors: dict[str, Tensor] = {}
-        if local.sharded:
-            raise UnsupportedInputError("store.snapshot takes whole tensors; use a writer for sharded models")
-        imps = {key: local_importance(importance, key, t.tensor.shape, agent, t.tensor.device)
-                for key, t in local.tensors.items() if importance is not None and takes_importance(t)}
-        for key, t in local.tensors.items():
-            b = base.get(key).to(t.tensor.device)
-            if b.dtype != t.tensor.dtype or tuple(b.shape) != tuple(t.tensor.shape):
-                raise InputMismatchError(f"tensor {key!r} does not match the store's base", key=key, agent=agent)
-            enc = encode(t.tensor.reshape(-1), b.reshape(-1), rule)
-            imp = encode_active(imps[key], enc, key, agent) if key in imps else None
-            pieces[key] = [piece_entry(key, 0, t, enc, tensors, imp)]
-            total.add(t, enc)
-        nonce = uuid.uuid4().hex[:12]
-        parts.append(self.write_part(agent, step, nonce, 0, tensors, pieces))
-        return self.commit_snapshot(agent, step, parts, local, base.fingerprint, rule, total, epoch, extra)
+        tensors, pieces, totals = committing.capture_whole(base, local, agent, rule, importance)
+        part = self.write_part(agent, step, uuid.uuid4().hex[:12], 0, tensors, pieces)
+        return self.commit_snapshot(agent, step, [part], local, base.fingerprint, rule, totals, epoch, extra)
 
     def write_part(self, agent: str, step: int, nonce: str, rank: int, tensors: dict[str, Tensor],
                    pieces: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -337,10 +297,7 @@ class SnapshotStore:
         snapshot): ``tensors`` are the changed values and positions that ``pieces`` (key → piece entries) name.
         Returns the part (``{"file", "pieces"}``) for :meth:`commit_snapshot`; no reader sees it before then."""
         folder = self.root / self.check_agent(agent)
-        folder.mkdir(parents=True, exist_ok=True)
-        name = f"{check_step(step):012d}-{check_nonce(nonce)}.p{check_rank(rank)}.safetensors"
-        entry = write_datafile(folder / name, tensors, {"format": SNAPSHOT_FORMAT}, self.durable)
-        return {"file": entry, "pieces": pieces}
+        return committing.write_part(folder, step, nonce, rank, tensors, pieces, self.durable)
 
     def commit_snapshot(self, agent: str, step: int, parts: Sequence[Mapping[str, Any]], local: LocalModel,
                         fp: str, rule: Activity, totals: SnapshotTotals, epoch: int | None,
@@ -350,36 +307,6 @@ class SnapshotStore:
         base's fingerprint, ``rule`` the activity it was taken with, ``totals`` its counts. A step taken again
         replaces the old snapshot (whose files no longer referenced are removed)."""
         step = check_step(step)
-        now = time.time()
-        head = {
-            "format": SNAPSHOT_FORMAT, "version": VERSION, "agent": agent, "step": int(step),
-            "epoch": None if epoch is None else int(epoch), "time": now,
-            "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-            "base_fingerprint": fp, "dtype": totals.dtype(),
-            "activity": {"rule": rule.rule} if rule.rule == "changed" else {"rule": rule.rule, "eps": rule.eps},
-            "parts": len(parts), "extra": dict(extra or {}),
-        }
-        if any("importance" in p for part in parts for ps in part["pieces"].values() for p in ps):
-            head["version"] = IMPORTANCE_VERSION  # readers before version 3 would refuse the new fields
-            head["importance"] = dict(IMPORTANCE_HEAD)
-        manifest = self.compose_manifest(parts, local, head)
-        files_bytes = sum(int(f["bytes"]) for f in manifest["files"])
-        manifest["stats"] = {"numel": totals.numel, "changed": totals.changed, "bytes": files_bytes,
-                             "dense_bytes": totals.dense_bytes}
-        try:
-            checked = check_snapshot(manifest, agent, step)  # never write what a reader refuses
-        except CorruptSnapshotError as exc:
-            raise StoreError(f"refusing to commit an invalid manifest: {exc}") from None
-        folder = self.root / agent
-        path = folder / manifest_name(step)
-        try:
-            old = read_json(path)
-        except StoreError:  # none, or unreadable: its files (if any) are left to gc
-            old = None
-        write_json(path, manifest, self.durable)
-        if isinstance(old, dict) and isinstance(old.get("files"), list):  # a re-taken step (resumed run)
-            keep = {f["name"] for f in manifest["files"]}
-            names = [f.get("name") for f in old["files"] if isinstance(f, dict)]
-            remove_unreferenced(folder, [n for n in names if not isinstance(n, str) or n not in keep], step=step)
+        manifest, checked = committing.commit_manifest(self.root / agent, agent, step, parts, local, fp, rule,
+                                                       totals, epoch, extra, self.durable)
         return Snapshot(self, agent, step, manifest, checked=checked)
-
