@@ -144,7 +144,7 @@ def snapshot_rows(args: argparse.Namespace) -> list[dict]:
     from ram_live.store import SnapshotStore
 
     if args.torch_encoder:
-        import ram_live.store.importance as stored
+        import ram_live.store.importance_codes as stored
 
         stored._encode_native = lambda flat, enc: None  # encode_active then takes encode_active_torch
     size = "quick" if args.size in ("quick", "tiny") else "full"
@@ -184,13 +184,13 @@ def snapshot_rows(args: argparse.Namespace) -> list[dict]:
 
 
 def store_rows(args: argparse.Namespace) -> list[dict]:
-    """``merge(store.latest_all())`` with stored importances (every agent) vs the same snapshots without."""
+    """``merge(store.latest_all(), importance="stored")`` (every agent's) vs the same snapshots without."""
     import shutil
     import tempfile
 
     import ram_live
     from ram_live.store import SnapshotStore
-    from ram_live.store.importance import ImportanceSource
+    from ram_live.store.importance_codes import ImportanceSource
 
     print(f"CPU: {cpu_label()}, kernels built for {_level()}, {torch.get_num_threads()} torch threads; git "
           f"{bm.git_state()}; load {bm.loadavg()}; {2 * args.reps} interleaved pairs", flush=True)
@@ -206,8 +206,8 @@ def store_rows(args: argparse.Namespace) -> list[dict]:
                     st.writer(f"a{i}", base).snapshot(agent, 1, importance=imps[i] if w == "with" else None)
             del agents, imps
             plain_snaps, with_snaps = (stores[w].latest_all() for w in ("plain", "with"))
-            _, info = ram_live.merge(with_snaps, return_info=True)
-            assert info.extra.get("importance") == "store", info.extra
+            _, info = ram_live.merge(with_snaps, return_info=True, importance="stored")
+            assert info.extra.get("importance") == "stored", info.extra
             print(f"K={k}: merge with stored importances: kernels {info.extra.get('kernels')}", flush=True)
             params = sum(v.numel() for v in base.values())
             for variant in args.variants:

@@ -26,7 +26,7 @@
 Curvature-aware RAM: every snapshot carries the agent's importances (Adam/AdamW: ``exp_avg_sq`` from
 the live optimizer; the SGD agent: a Fisher of its final policy), and three rows use them: ``RAM (curvature)``,
 ``RAM+ (curvature)`` (the stored raw ``exp_avg_sq``) and ``RAM (curvature, bc)`` (bias-corrected, float32); the
-plain RAM rows pass ``importance=False``. ``--converged``: every agent Adam at lr 1e-4, trained until its
+plain RAM rows pass no ``importance`` (None: plain RAM). ``--converged``: every agent Adam at lr 1e-4, trained until its
 selection-split accuracy plateaus, with the tuned baselines (``--tuned-baselines``: TA on a finer scale grid,
 TIES' density, both chosen on the validation prompts) and the extrapolation control (``--extrapolation``: each
 agent alone, base + s·τ, s = 0.5, 1, 2).
@@ -222,8 +222,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         opts = dict(opts)
         if label == "TA (tuned)":
             opts["scale"] = best_scale
-        if method in ("ram", "ram_plus", "ram_plus_soft"):
-            opts["importance"] = False  # plain RAM: not the importances the snapshots carry
         t1 = time.perf_counter()
         merged, info = merge(agents, base=base, method=method, return_info=True, **opts)
         sec = time.perf_counter() - t1
@@ -248,8 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.rsweep:
         counts = None  # the first RAM+ merge counts ρ's inputs; the others reuse them (one pass each)
         for j, r in enumerate(R_SWEEP, len(methods) + 1):
-            merged, info = merge(agents, base=base, method="ram_plus", r=r, return_info=True, statistics=counts,
-                                 importance=False)
+            merged, info = merge(agents, base=base, method="ram_plus", r=r, return_info=True, statistics=counts)
             counts = info.statistics
             acc = accuracy(merged, test)
             acc["mean"] = sum(acc[t] for t in tasks) / n

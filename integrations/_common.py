@@ -16,7 +16,7 @@ __all__ = ["AdamImportance", "NoImportanceWarning", "SingleAgentWarning", "save_
 
 class NoImportanceWarning(UserWarning):
     """The optimizer keeps no Adam second moments (``exp_avg_sq``): snapshots are taken without importances and
-    merges fall back to plain RAM (warned once per callback)."""
+    the callback's merges are plain RAM (warned once per callback)."""
 
 
 class AdamImportance:
@@ -24,10 +24,12 @@ class AdamImportance:
     the model's parameter names, via :func:`ram_live.importance.adam_importance`; None, with one
     :class:`NoImportanceWarning`, when there is no optimizer, it keeps no ``exp_avg_sq`` (SGD, Adafactor), or it
     has no state yet. FSDP2/DTensor parameters: the moments are DTensors too; their local shards are stored with
-    the local shards of the weights."""
+    the local shards of the weights. ``schedule``: its ``importance`` follows the latest read, ``"stored"`` when
+    the moments were stored with the snapshot, None (plain RAM) when not."""
 
-    def __init__(self, owner: str, optimizer: Any, bias_correction: bool = False) -> None:
+    def __init__(self, owner: str, optimizer: Any, bias_correction: bool = False, schedule: Any = None) -> None:
         self.owner, self.optimizer, self.bias_correction = owner, optimizer, bias_correction
+        self.schedule = schedule
         self.warned = False
 
     def __call__(self, model: Any) -> Any:
@@ -43,15 +45,21 @@ class AdamImportance:
             if not any("betas" in g for g in opt.param_groups):
                 raise ConfigError(f"{type(opt).__name__} keeps no 'exp_avg_sq' (no Adam second moments)")
             if any(is_dtensor(p) for p in model.parameters()):
-                return local_adam_importance(opt, model, self.bias_correction)
-            return adam_importance(opt, model, bias_correction=self.bias_correction)
+                found = local_adam_importance(opt, model, self.bias_correction)
+            else:
+                found = adam_importance(opt, model, bias_correction=self.bias_correction)
         except ConfigError as exc:
+            if self.schedule is not None:
+                self.schedule.importance = None
             if not self.warned:
                 self.warned = True
                 warnings.warn(NoImportanceWarning(
-                    f"{self.owner}: snapshots without importances ({exc}); merges of this store fall back to plain "
-                    "RAM (pass importance=None to silence this)"), stacklevel=3)
+                    f"{self.owner}: snapshots without importances ({exc}); this callback's merges are plain RAM "
+                    "(pass importance=None to silence this)"), stacklevel=3)
             return None
+        if self.schedule is not None:
+            self.schedule.importance = "stored"  # the merges weigh by the stored importances
+        return found
 
 
 def local_adam_importance(opt: Any, model: Any, bias_correction: bool) -> dict[str, Any]:

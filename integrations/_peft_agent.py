@@ -121,6 +121,7 @@ class LoraSchedule(RAMSchedule):
         self.into_base = bool(options["into_base"])
         self.svd_options = SvdOptions(**options["svd_options"])
         self.importance_from = None  # the ΔW-space merge weighs no importances
+        self.importance = None
         self.adapter: str | None = None
         self.model_fingerprint: str | None = None  # of the base model the adapter is trained on
         self._factors: dict[str, Factor] = {}

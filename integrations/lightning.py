@@ -117,9 +117,10 @@ class RAMCallback(ScheduleAdapter, Callback):
             :attr:`agent_state` meanwhile.
         importance: ``"adam"`` (default): at each snapshot read Adam's ``exp_avg_sq`` from the live optimizer
             (``ram_live.importance.adam_importance``; FSDP2: each rank's local shards) and store it with the
-            snapshot, so that merges of a store whose agents all have them are curvature-aware
-            (docs/curvature.md). Optimizers without ``exp_avg_sq`` (SGD, Adafactor): snapshots without
-            importances, one ``NoImportanceWarning``, merges fall back to plain RAM. ``None``: never.
+            snapshot, and the merges weigh by them (``importance="stored"``,
+            docs/curvature.md: every agent's picked snapshot must carry them, else a ConfigError naming it).
+            Optimizers without ``exp_avg_sq`` (SGD, Adafactor): snapshots without importances, one
+            ``NoImportanceWarning``, and this callback's merges are plain RAM. ``None``: never, plain RAM.
         importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (off by default: between Adam agents at
             similar steps raw and corrected tie, 79.4 % both on the RL demo, benchmarks/quality.md; only ratios
             between agents matter, and agents at different steps are reweighted by it).
@@ -155,10 +156,10 @@ class RAMCallback(ScheduleAdapter, Callback):
         self.agent = agent
         self._trainer: Any = None
         self.importance = importance
-        if importance == "adam":
+        if importance == "adam":  # stored with every snapshot, and the merges weigh by them while it is
             self.schedule.importance_from = AdamImportance(
                 f"RAMCallback({agent!r})", lambda: (self._trainer.optimizers or [None])[0] if self._trainer else None,
-                importance_bias_correction)
+                importance_bias_correction, self.schedule)
         self._store_name = str(store.root if isinstance(store, SnapshotStore) else store)
         self._base = base
         self._evaluate = evaluate

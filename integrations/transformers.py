@@ -90,9 +90,10 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         snapshot_on_train_end: take a last snapshot when training ends.
         importance: ``"adam"`` (default): at each snapshot read Adam's ``exp_avg_sq`` from the live optimizer
             (the ``optimizer`` the trainer passes to its callbacks; ``ram_live.importance.adam_importance``) and
-            store it with the snapshot, so that merges of a store whose agents all have them are curvature-aware
-            (docs/curvature.md). Optimizers without ``exp_avg_sq`` (SGD, Adafactor): snapshots without
-            importances, one ``NoImportanceWarning``, merges fall back to plain RAM. ``None``: never.
+            store it with the snapshot, and the merges weigh by them (``importance="stored"``,
+            docs/curvature.md: every agent's picked snapshot must carry them, else a ConfigError naming it).
+            Optimizers without ``exp_avg_sq`` (SGD, Adafactor): snapshots without importances, one
+            ``NoImportanceWarning``, and this callback's merges are plain RAM. ``None``: never, plain RAM.
         importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (off by default: between Adam agents at
             similar steps raw and corrected tie, 79.4 % both on the RL demo, benchmarks/quality.md; only ratios
             between agents matter, and agents at different steps are reweighted by it).
@@ -165,10 +166,11 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         self.trainer = trainer
         self._optimizer: Any = None  # the optimizer the trainer passes to the events
         self.importance = importance
-        if importance == "adam":
+        if importance == "adam":  # stored with every snapshot, and the merges weigh by them while it is
             self.schedule.importance_from = AdamImportance(
                 f"RAMTrainerCallback({agent!r})",
-                lambda: self._optimizer or getattr(self.trainer, "optimizer", None), importance_bias_correction)
+                lambda: self._optimizer or getattr(self.trainer, "optimizer", None), importance_bias_correction,
+                self.schedule)
         self.saved: list[str] = []  # the generalists' folders, oldest first
         self.last_result: MergeResult | None = None
         self._processor: Any = None

@@ -19,7 +19,7 @@ from .progress import ProgressHook, TerminalProgress
 from .io.distributed import Distributed
 from .io.hub import resolve_model
 from .io.sinks import DistributedSafetensorsSink, ModuleSink, SafetensorsSink, StateDictSink
-from .importance import importance_sources
+from .importance import resolve_importance
 from .io.sources import SafetensorsSource, TensorSource, ZerosSource, as_source, check_agent_names, iter_named
 
 #: What ``dtype=`` may ask merged tensors to be stored as.
@@ -173,9 +173,9 @@ def merge(
     :func:`ram_live.importance.adam_importance`); the shared entries become the importance-weighted mean of the
     active agents' τ (the plain mean where every active agent's importance is 0; equal importances: RAM's bits).
     Every merged agent needs one with every merged tensor; negative, NaN or Inf entries are errors naming agent
-    and tensor. Without ``importance``, snapshots of a store that all carry importances are weighted by them
-    (``MergeInfo.extra["importance"] == "store"``); when only some do, a StoreWarning and plain RAM;
-    ``importance=False``: plain RAM even then.
+    and tensor. ``importance="stored"``: the importances stored with the store snapshots being merged (every agent
+    must carry them, else a ConfigError naming the agents without). ``importance=None`` (default) is plain RAM,
+    also for snapshots that carry importances. ``MergeInfo.extra["importance"]``: ``"given"`` or ``"stored"``.
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP
@@ -186,14 +186,8 @@ def merge(
     method_obj = get_method(method)
     cfg = make_config(method, config, **options)
     agents, base_src = input_sources(models, base)
-    how = "given"
-    if importance is False:  # none, not even the importances stored with snapshots
-        importance = None
-    elif importance is None and "importance" in getattr(method_obj, "auxiliary", ()):
-        from .store.importance import stored_importance
-
-        importance, how = stored_importance(models)  # snapshots that all carry importances: use them
-    aux = None if importance is None else {"importance": importance_sources(importance, [a.name for a in agents])}
+    weights, how = resolve_importance(importance, agents)  # None: plain RAM; "stored": the snapshots'
+    aux = None if weights is None else {"importance": weights}
     if inplace and not isinstance(base, nn.Module):
         raise ConfigError("inplace=True needs the base to be an nn.Module")
     if inplace and out is not None:
@@ -227,7 +221,7 @@ def merge(
             compile=compile, statistics=statistics,
             auxiliary=aux,
         )
-        if importance is not None:
+        if how is not None:
             info.extra["importance"] = how
         result = sink.finish()
     except BaseException:
@@ -253,7 +247,8 @@ def ram_merge(
             ``RamConfig(lam=RhoClip(r=0.1, alpha=0.2), rho_scope="tensor")``.
         **kwargs: :func:`merge`'s keywords (``out``, ``inplace``, ``device``, ``dtype``, ``chunk_numel``,
             ``max_shard_bytes``, ``return_info``, ``progress``, ``workers``, ``process_group``, ``compile``,
-            ``statistics``, ``importance``: ``{agent: importances}`` for curvature-aware RAM, docs/curvature.md).
+            ``statistics``, ``importance``: None (plain RAM), ``{agent: importances}`` or ``"stored"`` for
+            curvature-aware RAM, docs/curvature.md).
 
     Returns:
         What :func:`merge` returns.

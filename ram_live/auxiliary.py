@@ -8,7 +8,6 @@ values with the method's ``check_auxiliary`` before a tensor's merge is kept (:f
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -16,9 +15,8 @@ from torch import Tensor
 
 from .errors import ConfigError, InputMismatchError
 from .io.sources import TensorSource
-from .types import TensorSpec
 
-__all__ = ["AuxiliaryInputs", "ConstantImportance", "resolve", "validate"]
+__all__ = ["AuxiliaryInputs", "resolve", "validate"]
 
 Check = Callable[[str, Tensor], "tuple[int, str] | None"]
 
@@ -52,38 +50,6 @@ class AuxiliaryInputs:
         return [src for sources in self.sources.values() for src in sources]
 
 
-class ConstantImportance:
-    """One number as an agent's importance at every entry of every tensor: in RAM's shared mean a per-agent
-    weight (τ* = Σ w_t τ_t / Σ w_t over the active agents). Unbound until :func:`resolve` gives it the base's
-    tensors (shapes, device); each read is a float32 tensor of the parameter's shape filled with the value.
-
-    >>> merge(agents, base=base, method="ram", importance={"coder": 1.0, "tools": 0.2})  # doctest: +SKIP
-    """
-
-    def __init__(self, value: float, agent: str, like: TensorSource | None = None) -> None:
-        if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"importance of agent {agent!r}: {value!r} (a number must be finite and >= 0)")
-        self.value, self.agent, self._like = float(value), agent, like
-        self.name = f"importance of {agent} (constant {value:g})"
-
-    def bind(self, like: TensorSource) -> "ConstantImportance":
-        return ConstantImportance(self.value, self.agent, like)
-
-    def keys(self) -> list[str]:
-        return [] if self._like is None else list(self._like.keys())
-
-    def spec(self, key: str) -> TensorSpec:
-        s = self._like.spec(key)  # type: ignore[union-attr]
-        return TensorSpec(tuple(s.shape), torch.float32, s.device)
-
-    def get(self, key: str) -> Tensor:
-        s = self._like.spec(key)  # type: ignore[union-attr]
-        return torch.full(tuple(s.shape), self.value, dtype=torch.float32, device=s.device)
-
-    def aliases(self) -> dict[str, str]:
-        return {}
-
-
 def resolve(method: Any, auxiliary: Mapping[str, Mapping[str, TensorSource]] | None, agents: Sequence[TensorSource],
             merged: Sequence[str], base: TensorSource) -> AuxiliaryInputs:
     """Check ``auxiliary`` (``{input name: {agent name: source}}``) against the method and the plan, reading
@@ -102,8 +68,7 @@ def resolve(method: Any, auxiliary: Mapping[str, Mapping[str, TensorSource]] | N
         if missing:
             raise ConfigError(f"{name}: no entry for agent(s) {', '.join(map(repr, missing))} (give one for every "
                               f"merged agent: {', '.join(map(repr, names))})")
-        chosen = [per_agent[n].bind(base) if isinstance(per_agent[n], ConstantImportance) else per_agent[n]
-                  for n in names]
+        chosen = [_bound(per_agent[n], base) for n in names]
         for agent, src in zip(names, chosen):
             keys = set(src.keys())
             for key in merged:
@@ -120,6 +85,13 @@ def resolve(method: Any, auxiliary: Mapping[str, Mapping[str, TensorSource]] | N
                                              "floating point", key=key, agent=agent)
         sources[name] = chosen
     return AuxiliaryInputs(sources, getattr(method, "check_auxiliary", None))
+
+
+def _bound(source: Any, base: TensorSource) -> TensorSource:
+    """``source`` over the base's tensors where it takes its shapes from them (``bind(base)``: e.g. a constant
+    per agent, :class:`~ram_live.importance.ConstantImportance`), else ``source`` itself."""
+    bind = getattr(source, "bind", None)
+    return bind(base) if callable(bind) else source
 
 
 def validate(key: str, agents: Sequence[str], tensors: Mapping[str, Sequence[Tensor]], check: Check | None) -> None:

@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch import nn
 
+from ram_live.errors import ConfigError
 from ram_live.training.schedule import RAMSchedule
 from ram_live.store import SnapshotStore
-from ram_live.store.importance import quantize, dequantize
+from ram_live.store.importance_codes import quantize, dequantize
 
 L = pytest.importorskip("lightning")
 from ram_live.integrations._common import NoImportanceWarning  # noqa: E402
@@ -87,8 +88,9 @@ def test_lightning_stores_exp_avg_sq_and_merges_use_it(tmp_path: Path) -> None:
     _fit(tmp_path, "b", 1)
     from ram_live import merge
 
-    _, info = merge(store.latest_all(), return_info=True)
-    assert info.extra["importance"] == "store"
+    _, info = merge(store.latest_all(), return_info=True, importance="stored")
+    assert info.extra["importance"] == "stored"
+    assert cb.schedule.importance == "stored"  # importance="adam": the callback's merges weigh by them
 
 
 def test_lightning_bias_correction_and_off(tmp_path: Path) -> None:
@@ -100,6 +102,7 @@ def test_lightning_bias_correction_and_off(tmp_path: Path) -> None:
     assert torch.equal(snap.importance.get(name), _stored(v / (1 - 0.999 ** 4), active))
     _fit(tmp_path / "off", "a", 0, importance=None)
     assert SnapshotStore(tmp_path / "off" / "store").open("a", 4).importance is None
+    assert RAMCallback(tmp_path / "off" / "store", "c", importance=None).schedule.importance is None
 
 
 def test_lightning_sgd_warns_once_and_snapshots_without(tmp_path: Path) -> None:
@@ -117,7 +120,7 @@ def test_schedule_snapshot_importance_and_merge_result(tmp_path: Path) -> None:
     for name, seed in (("a", 1), ("b", 2)):
         m = nn.Linear(4, 3)
         m.load_state_dict(sd0)
-        s = RAMSchedule(tmp_path / "store", name)
+        s = RAMSchedule(tmp_path / "store", name, importance="stored")
         s.attach(m, base=sd0)
         with torch.no_grad():
             m.weight.add_(torch.randn(3, 4, generator=torch.Generator().manual_seed(seed)))
@@ -125,7 +128,28 @@ def test_schedule_snapshot_importance_and_merge_result(tmp_path: Path) -> None:
         s.snapshot(m, 1, importance=imp)
         results[name] = s
     result = results["b"].merge(m, 1)
-    assert result.extra["importance"] == "store"
+    assert result.extra["importance"] == "stored"
+    plain = RAMSchedule(tmp_path / "store", "b")  # importance=None: plain RAM though the snapshots carry them
+    plain.attach(m, base=sd0)
+    assert "importance" not in plain.merge(m, 2).extra
+    with pytest.raises(ConfigError, match="None \\(plain RAM\\) or 'stored'"):
+        RAMSchedule(tmp_path / "store", "b", importance=False)
+
+
+def test_schedule_stored_with_an_agent_without_importances_names_it(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    base = nn.Linear(4, 3)
+    sd0 = {k: v.detach().clone() for k, v in base.state_dict().items()}
+    for name in ("a", "b"):
+        m = nn.Linear(4, 3)
+        m.load_state_dict(sd0)
+        s = RAMSchedule(tmp_path / "store", name, importance="stored")
+        s.attach(m, base=sd0)
+        with torch.no_grad():
+            m.weight.add_(1.0)
+        s.snapshot(m, 1, importance={"weight": torch.ones(3, 4), "bias": torch.ones(3)} if name == "a" else None)
+    with pytest.raises(ConfigError, match=r"agent\(s\) 'b' carry no stored importances"):
+        s.merge(m, 1)
 
 
 def test_trl_grpo_callback_stores_the_live_optimizers_exp_avg_sq(tmp_path: Path) -> None:
@@ -211,7 +235,7 @@ from torch.distributed.fsdp import fully_shard
 from ram_live.integrations._common import AdamImportance
 from ram_live.training.schedule import RAMSchedule
 from ram_live.store import SnapshotStore, TorchCollective
-from ram_live.store.importance import dequantize, quantize
+from ram_live.store.importance_codes import dequantize, quantize
 torch.manual_seed(0)
 m = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
 fully_shard(m, mesh=init_device_mesh("cpu", (1,)))

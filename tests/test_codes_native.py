@@ -13,7 +13,7 @@ from ram_live.kernels import cc
 from ram_live.store import native_codes as codes_native
 from ram_live.errors import InputMismatchError
 from ram_live.store.encoding import Encoded, pack_bits
-from ram_live.store.importance import (decode_piece, decode_piece_torch, encode_active, encode_active_torch,
+from ram_live.store.importance_codes import (decode_piece, decode_piece_torch, encode_active, encode_active_torch,
                                        quantize)
 
 

@@ -70,7 +70,7 @@ def test_ram_output_equals_the_engine_merge_of_the_saved_agents(run: tuple[Path,
     base = load_file(str(out / "base.safetensors"))
     for variant in ("ram", "ram_plus"):
         saved = load_file(str(out / f"merged_{variant}.safetensors"))
-        mine = ram_live.merge(agents, base=base, method=variant, importance=False)
+        mine = ram_live.merge(agents, base=base, method=variant)  # None: plain RAM
         assert set(mine) == set(saved)
         for k, v in saved.items():
             assert mine[k].dtype == v.dtype == torch.bfloat16, k
@@ -79,14 +79,14 @@ def test_ram_output_equals_the_engine_merge_of_the_saved_agents(run: tuple[Path,
 
 def test_curvature_row_is_the_merge_with_the_stored_importances(run: tuple[Path, dict]) -> None:
     """Every specialist's latest snapshot carries importances (Adam: exp_avg_sq; SGD: a Fisher), the curvature
-    row is merge(store.latest_all(), method="ram") bit for bit, and it differs from plain RAM."""
+    row is merge(store.latest_all(), method="ram", importance="stored") bit for bit, and it differs from plain RAM."""
     out, res = run
     store = SnapshotStore(out / "store", create=False)
     agents = store.latest_all(TASKS)
     assert all(agents[t].importance is not None for t in TASKS)
     base = load_file(str(out / "base.safetensors"))
-    mine, info = ram_live.merge(agents, base=base, method="ram", return_info=True)
-    assert info.extra["importance"] == "store"
+    mine, info = ram_live.merge(agents, base=base, method="ram", importance="stored", return_info=True)
+    assert info.extra["importance"] == "stored"
     saved = load_file(str(out / "merged_ram_curvature.safetensors"))
     plain = load_file(str(out / "merged_ram.safetensors"))
     assert set(mine) == set(saved)

@@ -71,7 +71,7 @@ def test_family_without_importance_is_an_error():
         search(agents, base=base, evaluate=lambda m: 0.0, budget=4, space=["ram", "importance"])
 
 
-def test_search_of_store_snapshots_uses_stored_importances_and_best_reproduces(tmp_path):
+def test_search_of_store_snapshots_with_importance_stored_and_best_reproduces(tmp_path):
     from ram_live.store import SnapshotStore
 
     base, agents, raw, _ = _setup()
@@ -79,16 +79,31 @@ def test_search_of_store_snapshots_uses_stored_importances_and_best_reproduces(t
     for name, a in agents.items():
         store.writer(name, base=base).snapshot(a, step=1, importance=raw[name])
     snaps = store.latest_all()
-    stored = merge(snaps, method="ram")  # uses the stored importances by itself
-    plain = merge(snaps, method="ram", importance=False)
+    stored = merge(snaps, method="ram", importance="stored")
+    plain = merge(snaps, method="ram")  # None: plain RAM, though the snapshots carry importances
     assert not torch.equal(stored["w"], plain["w"])
     for goal, uses in ((stored, True), (plain, False)):
         score = lambda m, goal=goal: -sum(float((m[k] - goal[k]).abs().sum()) for k in goal)  # noqa: E731
-        result = search(snaps, evaluate=score, budget=10, space=["ram", "importance"])
-        assert [t.importance for t in result.history if t.family == "importance"][:1] == ["store"]
+        result = search(snaps, evaluate=score, budget=10, space=["ram", "importance"], importance="stored")
+        assert [t.importance for t in result.history if t.family == "importance"][:1] == ["stored"]
         assert result.best_score == 0.0
-        assert (result.best["importance"] is not False) == uses
+        assert (result.best.get("importance") == "stored") == uses
         if not uses:
-            assert result.best == {"method": "ram", "importance": False}
+            assert result.best == {"method": "ram"}
         again = merge(store.latest_all(), **result.best)
         assert all(torch.equal(again[k], goal[k]) for k in goal)
+    untouched = search(snaps, evaluate=lambda m: 0.0, budget=4, space=["ram"])  # None: no importance family
+    assert all(t.family != "importance" and "importance" not in t.options for t in untouched.history)
+
+
+def test_search_stored_without_importances_or_false_is_a_config_error(tmp_path):
+    from ram_live.store import SnapshotStore
+
+    base, agents, raw, _ = _setup()
+    store = SnapshotStore(tmp_path / "store")
+    for name, a in agents.items():
+        store.writer(name, base=base).snapshot(a, step=1, importance=raw[name] if name != "a1" else None)
+    with pytest.raises(ConfigError, match="'a1' carry no stored importances"):
+        search(store.latest_all(), evaluate=lambda m: 0.0, budget=4, importance="stored")
+    with pytest.raises(ConfigError, match="None is plain RAM"):
+        search(agents, base=base, evaluate=lambda m: 0.0, budget=4, importance=False)

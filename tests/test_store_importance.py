@@ -1,6 +1,6 @@
 """Importances stored with snapshots (issue 20): kept at the active entries as 8-bit log codes, read back as a
-TensorSource, checksummed and validated like the rest; merge(store.latest_all()) uses them when every agent
-has them."""
+TensorSource, checksummed and validated like the rest; merge(store.latest_all(), importance="stored") uses them
+(every agent must have them)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from ram_live import merge
-from ram_live.errors import InputMismatchError
-from ram_live.store import CorruptSnapshotError, SnapshotStore, StoreWarning
-from ram_live.store.importance import ImportanceSource, dequantize, quantize
+from ram_live.errors import ConfigError, InputMismatchError
+from ram_live.store import CorruptSnapshotError, SnapshotStore
+from ram_live.store.importance_codes import ImportanceSource, dequantize, quantize
 from ram_live.store.manifest import check_snapshot
 
 
@@ -96,8 +96,8 @@ def test_store_latest_all_merges_with_stored_importances(tmp_path):
     base, agents, imps = _setup(tmp_path)
     store = _write(tmp_path, base, agents, imps)
     snaps = store.latest_all()
-    merged, info = merge(snaps, return_info=True)
-    assert info.extra["importance"] == "store"
+    merged, info = merge(snaps, return_info=True, importance="stored")
+    assert info.extra["importance"] == "stored"
     given = {n: s.importance.to_state_dict() if hasattr(s.importance, "to_state_dict") else
              {k: s.importance.get(k) for k in s.importance.keys()} for n, s in snaps.items()}
     expect, info2 = merge({n: s.to_state_dict() for n, s in snaps.items()}, base=store.base_source(),
@@ -116,9 +116,10 @@ def test_store_without_or_with_partial_importances(tmp_path):
     merged, info = merge(store.latest_all(), return_info=True)
     assert "importance" not in info.extra and torch.equal(merged["w"], plain_sd["w"])
     part = _write(tmp_path / "part", base, agents, imps, which=("a0", "a2"))
-    with pytest.warns(StoreWarning, match="'a1'"):
-        merged2, info2 = merge(part.latest_all(), return_info=True)
+    merged2, info2 = merge(part.latest_all(), return_info=True)  # None: plain RAM, whatever the snapshots carry
     assert "importance" not in info2.extra and torch.equal(merged2["w"], plain_sd["w"])
+    with pytest.raises(ConfigError, match=r"agent\(s\) 'a1' carry no stored importances"):
+        merge(part.latest_all(), importance="stored")
 
 
 def test_bad_importances_are_refused_before_writing(tmp_path):
@@ -203,7 +204,9 @@ def test_merge_reads_store_importances_with_every_method_of_the_family(tmp_path)
     snaps = store.latest_all()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        sd, info = merge(snaps, method="ram_plus", return_info=True)
-        assert info.extra["importance"] == "store"
+        sd, info = merge(snaps, method="ram_plus", return_info=True, importance="stored")
+        assert info.extra["importance"] == "stored"
         _, info = merge(snaps, method="task_arithmetic", scale=0.5, return_info=True)
-        assert "importance" not in info.extra  # other methods take no importances
+        assert "importance" not in info.extra  # plain: no importances asked for
+    with pytest.raises(ConfigError, match="takes no importance"):
+        merge(snaps, method="task_arithmetic", scale=0.5, importance="stored")  # other methods take none

@@ -102,7 +102,7 @@ def test_grpo_merges_saves_and_resumes(tmp_path: Path, monkeypatch: pytest.Monke
     # the saved generalist is merge of the latest snapshots (vowels@4, spaces@3), bit for bit
     s = ram_live.SnapshotStore(store)
     want = ram_live.merge({"vowels": s.open("vowels", 4), "spaces": s.open("spaces", 3)},
-                              base=s.base_source())
+                          base=s.base_source(), importance="stored")  # Adam: the callback's merges weigh by them
     saved = load_file(str(tmp_path / "merged" / "step-4" / "model.safetensors"))
     assert set(saved) == set(want)
     for key, value in want.items():

@@ -2,8 +2,9 @@
 control and the lines they print.
 
 The specialists' snapshots carry their importances (``train.grpo``: Adam's raw ``exp_avg_sq``; the SGD agent a
-policy Fisher), so ``merge(store.latest_all(), method="ram")`` is curvature-aware by itself
-(``MergeInfo.extra["importance"] == "store"``); the plain RAM rows pass ``importance=False``. Nothing here reads
+policy Fisher), so ``merge(store.latest_all(), method="ram", importance="stored")`` is curvature-aware
+(``MergeInfo.extra["importance"] == "stored"``); the plain RAM rows pass no ``importance`` (None: plain
+RAM). Nothing here reads
 the test prompts to choose anything: the tuned rows choose on the validation prompts.
 """
 
@@ -50,16 +51,16 @@ def curvature_rows(agents: Mapping[str, Any], base: nn.Module, bias_corrected: M
     from safetensors.torch import save_file
 
     used: dict[str, dict[str, Any]] = {}
-    for label, method, imp in ((CURVATURE[0], "ram", None), (CURVATURE[1], "ram_plus", None),
+    for label, method, imp in ((CURVATURE[0], "ram", "stored"), (CURVATURE[1], "ram_plus", "stored"),
                                (CURVATURE[2], "ram", bias_corrected)):
         t0 = time.perf_counter()
         merged, info = merge(agents, base=base, method=method, importance=imp, return_info=True)
         sec = time.perf_counter() - t0
         how = info.extra.get("importance")
-        if how != ("store" if imp is None else "given"):
+        if how != ("stored" if imp == "stored" else "given"):
             raise RuntimeError(f"{label}: the merge used importances {how!r} (every snapshot should carry them)")
         score(label, merged, sec)
-        used[label] = {"method": method, "importance": "store (raw exp_avg_sq)" if imp is None
+        used[label] = {"method": method, "importance": "stored (raw exp_avg_sq)" if imp == "stored"
                        else "given (bias-corrected, float32)", "merge_info": how,
                        "lambdas": dict(info.lambdas or {})}
         if label == CURVATURE[0]:

@@ -44,7 +44,7 @@ def eps_sweep(agents: dict[str, Any], base: nn.Module, test: dict[str, tuple[Ten
     for eps in EPS_SWEEP:
         row = {}
         for variant in ("ram", "ram_plus"):
-            merged, info = merge(agents, base=base, method=variant, eps=eps, return_info=True, importance=False)
+            merged, info = merge(agents, base=base, method=variant, eps=eps, return_info=True)
             acc = accuracy(merged, test)
             acc["mean"] = sum(acc[t] for t in test) / len(test)
             row[variant] = acc

@@ -101,10 +101,11 @@ class RAMVerlOptions:
             finish (default :data:`EVAL_TIMEOUT`, an hour); past it, an EvaluationError naming this key.
         durable: fsync snapshot files before their manifest.
         importance: ``"adam"`` (default): store each rank's ``exp_avg_sq`` boxes from the checkpoint's
-            ``optim_world_size_W_rank_R.pt`` with the snapshot (never gathered; :mod:`.optim`), so merges of a
-            store whose agents all have them are curvature-aware (docs/curvature.md); a checkpoint without
-            usable optimizer state (LoRA runs, no ``optimizer`` in ``save_contents``): one warning, a snapshot
-            without. ``null``: never.
+            ``optim_world_size_W_rank_R.pt`` with the snapshot (never gathered; :mod:`.optim`), and the merges
+            weigh by them (``importance="stored"``, docs/curvature.md: a full-weight agent's snapshot without them
+            is a ConfigError naming it; LoRA snapshots never carry them and merge plain); a checkpoint without
+            usable optimizer state (no ``optimizer`` in ``save_contents``): one warning, a snapshot without.
+            ``null``: never, plain RAM.
         importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (default false).
     """
 

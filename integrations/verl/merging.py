@@ -85,6 +85,17 @@ def _lora_merge(snaps: dict[str, Any], o: RAMVerlOptions) -> tuple[dict[str, Any
     return agents, base, replace(o.ram, eps=0.0), rule
 
 
+def stored_importance(snaps: Mapping[str, Any], o: RAMVerlOptions) -> str | None:
+    """The merges' ``importance=``: ``"stored"`` under ``ram.importance=adam`` for full-weight snapshots (each
+    must carry them: a ConfigError names the agents without); None (plain RAM) under ``ram.importance=null`` and
+    for LoRA snapshots, which never carry importances."""
+    from .lora import is_lora_snapshot
+
+    if o.importance != "adam" or any(is_lora_snapshot(s) for s in snaps.values()):
+        return None
+    return "stored"
+
+
 def _ram_record(config: RamConfig) -> dict[str, Any]:
     """RAM's config in ``ram_merge.json`` as the ``ram.*`` keys: ``variant`` and every keyword it takes."""
     method, options = config.flat(defaults=True)
@@ -112,12 +123,12 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
         if o.search is not None:  # the merge ram_live.search picks (integrations/verl/search.py)
             from .search import search_merge
 
-            searched, result = search_merge(ram, snaps, step, root)
+            searched, result = search_merge(ram, snaps, step, root, importance=stored_importance(snaps, o))
             _, info = merge(snaps, out=building, dtype=ram.out_dtype(), return_info=True, **result.best)
         else:
             agents, base, used, rule = _lora_merge(snaps, o)
             _, info = ram_merge(agents or snaps, base, out=building, dtype=ram.out_dtype(), config=used,
-                                return_info=True)
+                                return_info=True, importance=None if agents else stored_importance(snaps, o))
         names = list(snaps)
         active, unique, total = _counts(snaps, info, o, agents, used)
         rho = {n: F.rho(float(u), float(a)) for n, a, u in zip(names, active, unique)}

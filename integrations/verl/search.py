@@ -28,9 +28,11 @@ from .common import copy_side_files
 __all__ = ["search_merge"]
 
 
-def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path) -> tuple[dict[str, Any], Any]:
-    """Run the search of ``ram.opts.search`` over ``snaps`` (the store's latest snapshots) on the store's base;
-    returns the record (with ``"best"``) and the :class:`~ram_live.selection.SearchResult`."""
+def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path, importance: str | None = None
+                 ) -> tuple[dict[str, Any], Any]:
+    """Run the search of ``ram.opts.search`` over ``snaps`` (the store's latest snapshots) on the store's base
+    (``importance``: ``"stored"`` adds the snapshots' stored importances as a variant); returns the record (with
+    ``"best"``) and the :class:`~ram_live.selection.SearchResult`."""
     from safetensors.torch import save_file
 
     from ram_live.selection import search
@@ -59,7 +61,8 @@ def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path) -> t
         with torch.no_grad():
             result = search(dict(snaps), base=base, evaluate=wrap(fn), budget=setting.budget,
                             fidelity=setting.fidelity, space=setting.space, seed=setting.seed,
-                            confirm=wrap(confirm) if confirm is not None else None, confirm_top=setting.confirm_top)
+                            confirm=wrap(confirm) if confirm is not None else None, confirm_top=setting.confirm_top,
+                            importance=importance)
     finally:
         shutil.rmtree(candidate, ignore_errors=True)
     return record_of(setting, result, step=step, seconds=time.perf_counter() - t0), result

@@ -19,7 +19,7 @@ def effect_key(candidate: dict[str, Any], merger: Merger) -> str | None:
     candidates with the same effect give the same bits (plain RAM is λ = 1 bit for bit), so the second is not
     merged again."""
     method = candidate["method"]
-    if method not in RAM_METHODS or candidate.get("importance") not in (None, False):
+    if method not in RAM_METHODS or candidate.get("importance") is not None:
         return None  # importance-weighted merges: equal effects are not known before merging
     config = make_config(method, **merger.options_of(candidate))
     if getattr(config, "rho_scope", "global") != "global":

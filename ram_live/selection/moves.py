@@ -57,10 +57,10 @@ class Moves:
         if not self._trials([{"method": "ram", "importance": m} for m in self.importance.values()]):
             return
         best = self.incumbent(RAM_SIDE)
-        if best is None or best.options.get("importance") not in (None, False) or best.method == "ram" and \
+        if best is None or best.options.get("importance") is not None or best.method == "ram" and \
                 set(best.options) <= {"importance"}:
             return
-        self._trials([{**best.candidate, "importance": m} for m in self.importance.values()])  # replaces a False
+        self._trials([{**best.candidate, "importance": m} for m in self.importance.values()])
 
     def _ram_start(self) -> Trial | None:
         """The RAM side's best trial if its merge has λ per agent; else RAM with λ = 1 (tried now) with that

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..api import Model, Models
 from ..errors import ConfigError, SearchError
-from ..methods import RAM_METHODS
+from ..importance import STORED, resolve_importance
 from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult, Trial, describe, to_json
 from .effects import effect_key
 from .moves import Moves
@@ -77,9 +77,10 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
             the ``importance`` family on the RAM side: each variant with plain RAM, then with the best RAM-side
             candidate so far. A winner that uses them holds the same mapping in ``best["importance"]`` (by
             reference: ``merge(models, base=base, **result.best)`` still reproduces it); JSON and tables show
-            the label (``"given"`` for a single mapping). None with snapshots that all carry stored
-            importances (a store's ``latest_all()``): those, as the variant ``"store"``; RAM-family candidates
-            without them then say ``"importance": False`` (so that ``merge`` does not pick the stored ones).
+            the label (``"given"`` for a single mapping). ``"stored"``: the importances stored with the
+            snapshots searched (a store's ``latest_all()``; every agent must carry them, else a ConfigError naming
+            the agents without), as the variant ``"stored"`` (``best["importance"] == "stored"``; also a variant's
+            value among labelled ones). None (default): no importances, every candidate is plain.
 
         fidelity: None (every candidate on every prompt), ``"halving"`` or a
             :class:`~ram_live.selection.fidelity.Halving`: each candidate is raced against its side's best on nested,
@@ -130,13 +131,6 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
     if adapter_input is not None:
         space = adapter_space(space, importance, n_workers, ray_address)
     variants = importance_variants(importance)
-    stored = False
-    if importance is None:
-        from ..store.importance import stored_importance
-
-        found, _ = stored_importance(models)
-        if found is not None:
-            variants, stored = {"store": found}, True
     if variants and (space is None or isinstance(space, (list, tuple)) and "importance" not in space):
         space = [*(space or DEFAULT_SPACE), "importance"]
     families = parse_space(space)
@@ -150,8 +144,9 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
         adapter_input, device=device, workers=workers)
     scorer = Scorer(evaluate, finite_score, halving, in_prompts)
     run = _Run(merger, scorer, units, int(seed), progress)
+    if STORED in [v for v in variants.values() if isinstance(v, str)]:
+        resolve_importance(STORED, merger.agents)  # a ConfigError naming the agents without, before any trial
     run.importance = variants
-    run.plain_needs_false = stored
     run.labels = {id(m): label for label, m in variants.items()}
     if n_workers > 1 or ray_address is not None:
         run.pool = Pool(n_workers, (models, base, device, workers, scorer), ray_address)
@@ -204,18 +199,23 @@ def _by_identity(value: Any) -> str:
 
 
 def importance_variants(importance: Any) -> dict[str, Any]:
-    """``search``'s ``importance=`` as ``{label: {agent: importances}}``: a mapping of labels to per-agent
-    mappings (every value a mapping whose own values are not tensors), else one variant ``"given"``."""
+    """``search``'s ``importance=`` as ``{label: {agent: importances} or "stored"}``: ``"stored"`` as the variant
+    ``"stored"``; a mapping of labels to per-agent mappings (every value a mapping whose own values are not
+    tensors, or ``"stored"``); else one variant ``"given"``. None: no variants; False: a ConfigError."""
     from collections.abc import Mapping
-
-    from torch import Tensor
 
     if importance is None:
         return {}
+    if importance is False or importance is True:
+        raise ConfigError(f"importance={importance!r}: None is plain RAM (every candidate is plain without "
+                          "importances); pass 'stored' or {agent: importances}")
+    if isinstance(importance, str) and importance == STORED:
+        return {STORED: STORED}
     if not isinstance(importance, Mapping) or not importance:
-        raise ConfigError(f"importance must map agents (or variant labels) to importances, got {importance!r:.80}")
-    if all(isinstance(v, Mapping) and v and not any(isinstance(x, Tensor) for x in v.values())
-           for v in importance.values()):
+        raise ConfigError(f"importance must be 'stored' or map agents (or variant labels) to importances, got "
+                          f"{importance!r:.80}")
+    if all(isinstance(v, str) and v == STORED or isinstance(v, Mapping) and v
+           and not any(isinstance(x, Tensor) for x in v.values()) for v in importance.values()):
         return {str(label): m for label, m in importance.items()}
     return {"given": importance}
 
@@ -228,7 +228,6 @@ class _Run(Moves, Refinements):
         self.left = 0.0
         self.importance: dict[str, Any] = {}
         self.labels: dict[int, str] = {}
-        self.plain_needs_false = False  # the models carry stored importances: plain RAM says importance=False
         self.history: list[Trial] = []
         self.seen: dict[str, Trial] = {}
         self.used = 0.0
@@ -253,8 +252,6 @@ class _Run(Moves, Refinements):
 
     def _prepare(self, candidate: dict[str, Any]) -> tuple[dict[str, Any], str, str | None]:
         """The candidate as it is merged, its key (options as JSON, importances by label) and that label."""
-        if self.plain_needs_false and candidate["method"] in RAM_METHODS and "importance" not in candidate:
-            candidate = {**candidate, "importance": False}
         label_of = self.labels.get(id(candidate.get("importance"))) if "importance" in candidate else None
         key = json.dumps(to_json({**candidate, "importance": label_of} if label_of else candidate), sort_keys=True,
                          default=_by_identity)

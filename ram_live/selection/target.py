@@ -22,6 +22,7 @@ from ..api import Model, Models, input_sources
 from ..engine.run import run_merge
 from ..types import MergeInfo
 from ..errors import ConfigError
+from ..importance import resolve_importance
 from .. import functional as F
 from ..methods import RamStatistics, agent_densities, get_method, make_config, ties_prepare
 from ..io.sinks import ModuleSink
@@ -208,12 +209,8 @@ class Merger:
 
     def merge(self, candidate: Mapping[str, Any]) -> tuple[Any, MergeInfo, float]:
         options = self.options_of(candidate)
-        importance = candidate.get("importance")
-        aux = None
-        if importance is not None and importance is not False:
-            from ..importance import importance_sources
-
-            aux = {"importance": importance_sources(importance, list(self.names))}
+        weights, _ = resolve_importance(candidate.get("importance"), self.agents)
+        aux = None if weights is None else {"importance": weights}
         method = self._cached(get_method(candidate["method"]))
         config = make_config(candidate["method"], **options)
         key = self.count_key(candidate, config)

@@ -28,8 +28,8 @@ from .encoding import encode
 from .errors import CorruptSnapshotError, StoreError
 from .files import read_json, write_json
 from .format import BASE_FORMAT, SNAPSHOT_FORMAT, VERSION, check_nonce, check_rank, check_step, manifest_name
-from .importance import HEAD as IMPORTANCE_HEAD
-from .importance import IMPORTANCE_VERSION, encode_active, local_importance
+from .importance_codes import HEAD as IMPORTANCE_HEAD
+from .importance_codes import IMPORTANCE_VERSION, encode_active, local_importance
 from .local import LocalModel, LocalTensor
 from .maintenance import remove_unreferenced
 from .manifest import Checked, check_snapshot, compose_manifest

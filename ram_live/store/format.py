@@ -153,4 +153,4 @@ def box_of(piece: Mapping[str, Any]) -> Box:
 
 
 
-# the names store/importance.py imports until it takes the public ones
+# the names store/importance_codes.py imports until it takes the public ones

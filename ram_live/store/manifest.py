@@ -12,7 +12,7 @@ A snapshot manifest (format ``ram_live.snapshot``, version 1, 2 or 3) is an obje
   changed entries: ``none`` (count 0, no data), ``dense`` (0 <= count <= n; ``values``), ``indices`` and
   ``bitmask`` (0 <= count <= n; ``values`` and ``positions``), never the same (file, tensor name) twice;
 * ``keys`` (every name, no duplicates) = the tensors and the ``aliases`` (tied name -> tensor);
-* version 3 only, ``importance`` = ``{"encoding": "log8", "steps_per_octave": 8}`` (:mod:`.importance`): then
+* version 3 only, ``importance`` = ``{"encoding": "log8", "steps_per_octave": 8}`` (:mod:`.importance_codes`): then
   every stored piece (encoding other than ``none``) of a floating non-buffer tensor, and no other piece, has
   ``importance`` (a U8 tensor of ``count`` entries, ``n`` for ``dense``) and ``importance_max`` (finite, >= 0);
 * ``stats`` equal to what the tensors and files add up to (numel, changed, bytes, dense_bytes), ``activity``

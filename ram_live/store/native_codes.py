@@ -1,6 +1,6 @@
 """Native CPU encoder and decoder of the snapshot store's 8-bit importance codes (csrc/impcodes.c; the format:
-:mod:`ram_live.store.importance`). Integer operations only: the codes and the decoded importances are the torch
-path's bits (tested at every build level).
+:mod:`ram_live.store.importance_codes`). Integer operations only: the codes and the decoded importances are the
+torch path's bits (tested at every build level).
 
 Encoding reads a piece's importances once, at its stored entries (all of them, int32/int64 indices or a
 bitmask), block by block: it checks them and writes their codes against the running maximum; codes written

@@ -64,7 +64,7 @@ class _ManifestTable:
         return dict(self._aliases)
 
     def records(self) -> Mapping[str, Mapping[str, Any]]:
-        """The manifest's record of each stored tensor (shape, dtype, pieces: what :mod:`.importance` reads);
+        """The manifest's record of each stored tensor (shape, dtype, pieces: what :mod:`.importance_codes` reads);
         read-only by convention: the table is the verified manifest's."""
         return self._tensors
 
@@ -191,10 +191,10 @@ class Snapshot(_ManifestTable):
 
     @property
     def importance(self) -> Any:
-        """The importances stored with this snapshot (a :class:`~ram_live.store.importance.ImportanceSource`:
+        """The importances stored with this snapshot (a :class:`~ram_live.store.importance_codes.ImportanceSource`:
         float32, the parameters' shapes, 0 at entries the snapshot did not store), or None when it has none.
-        ``merge(..., importance={name: snap.importance, ...})`` takes it; ``ram_merge(store.latest_all())`` uses
-        it by itself when every agent has one."""
+        ``merge(..., importance={name: snap.importance, ...})`` takes it, and
+        ``ram_merge(store.latest_all(), importance="stored")`` takes every agent's."""
         if "importance" not in self.manifest:
             return None
         return self.store.importance_source(self)

@@ -36,7 +36,7 @@ from .maintenance import collect_garbage, remove_snapshot, remove_unreferenced
 from .manifest import Checked, check_base, compose_manifest
 from .reading import Snapshot, SnapshotInfo, StoreBase
 from .verify import VerifyReport, verify_store
-from .importance import ImportanceSource
+from .importance_codes import ImportanceSource
 from .writer import SnapshotTotals, SnapshotWriter, activity_rule
 
 

@@ -16,7 +16,7 @@ from ..methods import Activity
 from .collective import Collective, LocalCollective
 from .encoding import Encoded, encode_many
 from .format import dtype_name
-from .importance import encode_active, local_importance
+from .importance_codes import encode_active, local_importance
 from .local import LocalModel, LocalTensor
 from .reading import Snapshot
 
@@ -149,7 +149,7 @@ class SnapshotWriter:
             epoch, extra: recorded in the manifest.
             importance: ``{parameter name: non-negative tensor of its shape}`` (e.g.
                 :func:`ram_live.importance.adam_importance`; DTensors: their local shards are kept with the
-                local shards of the weights), stored at the snapshot's active entries (:mod:`.importance`).
+                local shards of the weights), stored at the snapshot's active entries (:mod:`.importance_codes`).
 
         Example:
             >>> writer.snapshot(model, step=50, importance=adam_importance(opt, model))      # doctest: +SKIP

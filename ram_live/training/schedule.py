@@ -21,7 +21,6 @@ import contextlib
 import inspect
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +28,7 @@ from ..api import ram_merge
 from ..engine.stream import DEFAULT_CHUNK_NUMEL
 from ..errors import ConfigError, InvalidStateError
 from ..ram_config import RamConfig
+from ..importance.sources import check_importance_option
 from .tensors import (  # noqa: F401 (MergeResult, swap_tensors, metric_float: re-exported)
     MergeResult, _like, _load_base, _open_latest, _probe_numbers, _stored_importance, swap_tensors, metric_float,
 )
@@ -73,6 +73,9 @@ class RAMSchedule:
     then the one :func:`ram_live.search` picks with that held-out evaluation (single device or DDP); the metrics
     gain ``ram/search/*``, :attr:`MergeResult.extra` ``["search"]`` and :attr:`last_search` hold the record, also
     saved to ``<store>/_search/<agent>/step_<N>.json`` and kept in :meth:`state_dict`.
+    ``importance``: None (default: plain RAM) or ``"stored"``: every merge (and search) weighs the shared entries
+    by the importances stored with the picked snapshots (:meth:`snapshot`'s ``importance=``, or
+    :attr:`importance_from`); a picked snapshot without them is a ConfigError naming its agent at the merge.
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class RAMSchedule:
         durable: bool = True,
         chunk_numel: int = DEFAULT_CHUNK_NUMEL,
         search: SearchSetting | Mapping[str, Any] | None = None,
+        importance: str | None = None,
         **unknown: Any,
     ) -> None:
         for name, value in (("snapshot_every", snapshot_every), ("merge_every", merge_every), ("keep", keep)):
@@ -120,6 +124,7 @@ class RAMSchedule:
         self._executor: Any = None
         self.chunk_numel = chunk_numel
         self.search = SearchSetting.from_mapping(search)
+        self.importance = check_importance_option(importance, "RAMSchedule")
         self.last_search: dict[str, Any] | None = None  # the record of the latest searched merge
         # counters (state_dict)
         self.last_snapshot_step = self.last_merge_step = -1
@@ -256,8 +261,8 @@ class RAMSchedule:
         With ``async_write`` (replicated models) the changed values are captured now and written to disk by a
         background thread while training goes on; returns None then (:meth:`flush` waits for the write).
         ``importance``: ``{parameter name: tensor}`` stored with it at its active entries (e.g.
-        ``adam_importance(optimizer, model)``; DTensors: their local shards); merges use stored importances
-        when every agent's snapshot has them (docs/curvature.md)."""
+        ``adam_importance(optimizer, model)``; DTensors: their local shards); merges weigh by them under
+        ``importance="stored"`` (docs/curvature.md)."""
         self._require()
         c = self.collective
         snap = None
@@ -337,15 +342,13 @@ class RAMSchedule:
             tensors, info, searched = schedule_search(self, model, named, base, step, evaluate or self.evaluate)
             variant = str(searched["best"]["method"])
         else:
-            importance, how = _stored_importance(self, picks, sources, base)
-            with warnings.catch_warnings():  # a partial set was reported once already
-                warnings.filterwarnings("ignore", message="snapshots of .* carry importances")
-                tensors, info = ram_merge(
-                    {a.name: a for a in agents}, base=base, config=self.ram, chunk_numel=self.chunk_numel,
-                    return_info=True, importance=importance, **({"process_group": True} if distributed else {}),
-                )
-            if how is not None:
-                info.extra["importance"] = how
+            importance = _stored_importance(self, picks, sources, base) if self.importance is not None else None
+            tensors, info = ram_merge(
+                {a.name: a for a in agents}, base=base, config=self.ram, chunk_numel=self.chunk_numel,
+                return_info=True, importance=importance, **({"process_group": True} if distributed else {}),
+            )
+            if importance is not None:
+                info.extra["importance"] = "stored"
         lambdas, rho, density = _probe_numbers(self, info, base, agents, names, distributed,
                                                searched=searched is not None)
         self.last_merge_step = step

@@ -242,7 +242,8 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
     t0 = time.perf_counter()
     result = search(dict(agents), base=base, evaluate=wrap(setting.evaluation(fallback)),
                     budget=setting.budget, space=setting.space, seed=setting.seed, fidelity=setting.fidelity,
-                    confirm=wrap(confirm) if confirm is not None else None, confirm_top=setting.confirm_top)
+                    confirm=wrap(confirm) if confirm is not None else None, confirm_top=setting.confirm_top,
+                    importance=schedule.importance)
     seconds = time.perf_counter() - t0
     tensors, info = merge(dict(agents), base=base, return_info=True, chunk_numel=schedule.chunk_numel,
                           **result.best)

@@ -128,18 +128,18 @@ def _open_latest(sched: Any, live: LocalModel, step: int) -> tuple[dict[str, int
 
 
 def _stored_importance(sched: Any, picks: dict[str, int], sources: dict[str, Any],
-                       base: LocalModel) -> tuple[dict[str, Any] | None, str | None]:
-    """The picked snapshots' stored importances (this process's boxes when sharded) when every agent has them;
-    None (and a StoreWarning when only some have them) otherwise."""
-    from ..store.importance import resolve_stored
+                       base: LocalModel) -> dict[str, Any]:
+    """The picked snapshots' stored importances (this process's boxes when sharded), every agent's
+    (``importance="stored"``); a ConfigError names the agents whose snapshots carry none."""
+    from ..importance.sources import stored_importance_of, stored_sources
 
     per_agent = {}
     for name, src in sources.items():
         snap = sched.store.open(name, picks[name]) if isinstance(src, LocalModel) else src
         if snap.importance is not None and sched.sharded:
             snap = snap.restrict(base.boxes(), name)
-        per_agent[name] = snap.importance
-    return resolve_stored(per_agent, stacklevel=4)
+        per_agent[name] = stored_importance_of(snap)
+    return stored_sources(per_agent)
 
 
 def _probe_numbers(sched: Any, info: Any, base: LocalModel, agents: Sequence[Any], names: list[str], distributed: bool,

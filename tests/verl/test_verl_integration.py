@@ -395,7 +395,7 @@ def test_snapshots_carry_exp_avg_sq_from_the_optimizer_shards(verl_run):
     """The callback's snapshots (coder, FSDP2 on 2 ranks) store each rank's exp_avg_sq box read from
     optim_world_size_2_rank_R.pt (never gathered); read back, they are the all-gathered moments at the changed
     entries, in the store's codes; a merge of coder and tools snapshots uses them."""
-    from ram_live.store.importance import dequantize, quantize
+    from ram_live.store.importance_codes import dequantize, quantize
 
     store = SnapshotStore(verl_run.store)
     snap = store.open("coder", 2)
@@ -417,5 +417,5 @@ def test_snapshots_carry_exp_avg_sq_from_the_optimizer_shards(verl_run):
             assert torch.equal(got[box], want), key
             checked += 1
     assert checked >= 4
-    _, info = merge({"coder": snap, "coder_again": store.open("coder", 2)}, return_info=True)
-    assert info.extra["importance"] == "store"
+    _, info = merge({"coder": snap, "coder_again": store.open("coder", 2)}, return_info=True, importance="stored")
+    assert info.extra["importance"] == "stored"

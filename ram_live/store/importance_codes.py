@@ -1,5 +1,6 @@
-"""Importances stored with a snapshot (curvature-aware RAM, docs/curvature.md): kept only at the snapshot's active
-entries, next to its changed values, as 8-bit log-scale codes with one float32 maximum per piece.
+"""The codec of the importances stored with a snapshot (the concept: :mod:`ram_live.importance`): kept only at
+the snapshot's active entries, next to its changed values, as 8-bit log-scale codes with one float32 maximum per
+piece.
 
 Only ratios between agents matter, entry by entry, so a code keeps an importance to within a relative 1/16
 (±6.25 %): a code is the float32's exponent and mantissa rounded to 3 bits, counted down from the piece's
@@ -19,7 +20,6 @@ at inactive entries (never used: RAM weights only active agents). The native enc
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ from ..io.distributed import is_dtensor
 from ..errors import ConfigError, InputMismatchError
 from ..io.sources import TensorSpec
 from .encoding import Encoded, unpack_bits
-from .errors import CorruptSnapshotError, StoreWarning
+from .errors import CorruptSnapshotError
 from .format import Box, box_of, intersect
 
 if TYPE_CHECKING:
@@ -270,34 +270,3 @@ def has_importance(entry: Mapping[str, Any]) -> bool:
     """Whether a manifest's tensor entry is one that carries importances (a floating non-buffer tensor)."""
     return not entry.get("buffer") and entry["dtype"] in ("float64", "float32", "float16", "bfloat16",
                                                           "float8_e4m3fn", "float8_e5m2")
-
-
-def stored_importance(models: Any) -> tuple[dict[str, Any] | None, str | None]:
-    """The importances a merge of ``models`` takes from the store: ``({agent name: source}, "store")`` when every
-    agent is a snapshot with importances; ``(None, None)`` when none has them or the agents are not all
-    snapshots; ``(None, None)`` and a :class:`StoreWarning` when only some have them (plain RAM for all)."""
-    if isinstance(models, Mapping):
-        items = list(models.items())
-    elif isinstance(models, Sequence) and not isinstance(models, (str, bytes)):
-        items = [(getattr(m, "name", str(i)), m) for i, m in enumerate(models)]
-    else:
-        return None, None
-    if not items or not all(hasattr(m, "importance") for _, m in items):
-        return None, None
-    return resolve_stored({name: m.importance for name, m in items}, stacklevel=4)
-
-
-def resolve_stored(per_agent: Mapping[str, Any], stacklevel: int = 3) -> tuple[dict[str, Any] | None, str | None]:
-    """``{agent: importance source or None}`` → what a merge uses: all of them (``"store"``) when every agent has
-    one, none when none has, none and a :class:`StoreWarning` naming the agents without when only some have."""
-    have = {n: s for n, s in per_agent.items() if s is not None}
-    if not have:
-        return None, None
-    if len(have) < len(per_agent):
-        missing = sorted(str(n) for n in per_agent if per_agent[n] is None)
-        warnings.warn(StoreWarning(
-            f"snapshots of {', '.join(map(repr, sorted(map(str, have))))} carry importances but those of "
-            f"{', '.join(map(repr, missing))} do not: merging without importances (plain RAM); pass importance= "
-            "for every agent to weigh them"), stacklevel=stacklevel)
-        return None, None
-    return have, "store"
