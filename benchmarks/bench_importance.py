@@ -57,8 +57,8 @@ def kernel_times(k: int, numel: int, reps: int) -> dict[str, dict[str, float]]:
     entries per input: the plain RAM merge, the weighted one with float32 and with bfloat16 importances, and the
     copy floor (``copy_`` of as many bytes as the plain merge reads and writes); calls interleaved, so that other
     processes' load falls on all alike. Also the bytes each moves per entry."""
-    import ram_live.kernels.importance as wnative
-    import ram_live.kernels.ram as native
+    import ram_live.methods.ram.native_weighted as wnative
+    import ram_live.methods.ram.native as native
 
     g = torch.Generator().manual_seed(3)
     base = torch.randn(numel, generator=g).to(torch.bfloat16)

@@ -462,7 +462,7 @@ def ramplus_bounds(k: int) -> tuple[float, float]:
     >>> [round(b, 2) for b in ramplus_bounds(2)], [round(b, 2) for b in ramplus_bounds(8)]
     ([1.75, 1.81], [1.9, 1.35])
     """
-    from ram_live.kernels.ram import plane_count
+    from ram_live.methods.ram.native import plane_count
 
     ram = 2 * k + 4
     return (ram + 2 * k + 2) / ram, (ram + 6 + plane_count(k) / 4) / ram
@@ -851,7 +851,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"entries by c=0..K: {', '.join(f'{c / n_params:.1%}' for c in row['histogram'])}", flush=True)
 
             if args.eager:  # the torch-ops path, as where no C compiler is found
-                import ram_live.kernels.ram as native
+                import ram_live.methods.ram.native as native
 
                 saved_kernels, native._KERNELS = native._KERNELS, None
                 try:

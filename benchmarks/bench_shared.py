@@ -16,7 +16,7 @@ import torch
 
 from _host import cpu_label
 from ram_live import merge
-from ram_live.kernels import ram as ram_native
+from ram_live.methods.ram import native as ram_native
 
 
 def inputs(entries: int, k: int, dtype: torch.dtype) -> tuple[dict, dict]:

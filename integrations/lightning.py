@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - depends on the environment
         ) from exc
 
 from ..errors import RamLiveError
-from ..ram_config import RamConfig
+from ..methods.ram.config import RamConfig
 from ..training.tensors import ScheduleAdapter, swap_tensors
 from ..training.schedule import MergeResult, RAMSchedule, metric_float
 from ..training.search_record import save_next_to

@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..errors import ConfigError, RamLiveError
 from ..training.tensors import ScheduleAdapter
-from ..ram_config import RamConfig
+from ..methods.ram.config import RamConfig
 from ..training.schedule import MergeResult, RAMSchedule, metric_float
 from ..training.search_record import save_next_to
 from ..store import SnapshotStore

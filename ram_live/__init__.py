@@ -31,9 +31,8 @@ from .errors import (
 _EXPORTS: dict[str, str] = {  # public name -> the submodule it comes from, imported on first use
     "merge": ".api", "merge_task_vectors": ".api", "ram_merge": ".api",
     "MergeInfo": ".types",
-    "Activity": ".methods", "DareLinearConfig": ".methods", "DareTiesConfig": ".methods", "LinearConfig": ".methods",
-    "RamConfig": ".ram_config", "Unit": ".ram_config", "RhoClip": ".ram_config", "RhoSoft": ".ram_config",
-    "Given": ".ram_config",
+    "Activity": ".types", "DareLinearConfig": ".methods", "DareTiesConfig": ".methods", "LinearConfig": ".methods",
+    **{n: ".methods.ram.config" for n in ("RamConfig", "Unit", "RhoClip", "RhoSoft", "Given")},
     "TaskArithmeticConfig": ".methods", "TiesConfig": ".methods", "available_methods": ".methods",
     "get_method": ".methods", "register_method": ".methods",
     "MergekitPlan": ".mergekit_yaml", "from_mergekit_yaml": ".mergekit_yaml",

@@ -14,7 +14,7 @@ from .engine.stream import DEFAULT_CHUNK_NUMEL
 from .types import MergeInfo
 from .errors import ConfigError, MissingBaseError, NoAgentsError
 from .methods import RamStatistics, get_method, make_config, method_of_config
-from .ram_config import RamConfig
+from .methods.ram.config import RamConfig
 from .progress import ProgressHook, TerminalProgress
 from .io.distributed import Distributed
 from .io.hub import resolve_model
@@ -237,7 +237,7 @@ def ram_merge(
     **kwargs: Any,
 ) -> Any:
     """Reinforced Agent Merging (paper Eq. 7) of agents RL-trained from ``base``: :func:`merge` with a
-    :class:`~ram_live.ram_config.RamConfig` (default ``RamConfig()``: RAM+ with the paper's r = 0.1, α = 2).
+    :class:`~ram_live.methods.ram.config.RamConfig` (default ``RamConfig()``: RAM+ with the paper's r = 0.1, α = 2).
 
     Args:
         models, base: the agents and the model they were trained from (see :func:`merge` for inputs and outputs).

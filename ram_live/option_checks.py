@@ -1,5 +1,6 @@
 """The value checks of every method's options, in one module and torch-free (``ram-live --help`` and
-:mod:`ram_live.ram_config` import no torch): each raises :class:`~ram_live.errors.ConfigError` naming the option."""
+:mod:`ram_live.methods.ram.config` import no torch): each raises
+:class:`~ram_live.errors.ConfigError` naming the option."""
 
 from __future__ import annotations
 

@@ -25,8 +25,11 @@ from .engine.reader import Reader
 from .engine.stream import DEFAULT_CHUNK_NUMEL, DeltaStream, digest_update, inputs_digest
 from .engine.threads import in_native_workers, native_walk, worker_count
 from .errors import ConfigError
-from .methods import RAM_METHODS, Activity, RamStatistics, ram_activity
-from .ram_config import RamConfig, RhoClip
+from .methods.ram.config import RAM_METHODS
+from .methods.ram.lambdas import ram_lambda, rho
+from .methods.ram.method import ram_activity
+from .types import Activity, RamStatistics
+from .methods.ram.config import RamConfig, RhoClip
 
 __all__ = ["probe", "ProbeReport", "AgentStats"]
 
@@ -59,7 +62,7 @@ class AgentStats:
 
     @property
     def rho(self) -> float:
-        return F.rho(self.unique, self.active)
+        return rho(self.unique, self.active)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -212,8 +215,8 @@ class ProbeReport:
 
 
 def _lambdas(active: int, unique: int, r: float, alpha: float) -> dict[str, float]:
-    value = F.rho(unique, active)
-    return {v: F.ram_lambda(value, v, r, alpha) for v in RAM_METHODS}
+    value = rho(unique, active)
+    return {v: ram_lambda(value, v, r, alpha) for v in RAM_METHODS}
 
 
 def _torch_counts(stream: DeltaStream, k: int) -> ProbeCounts:

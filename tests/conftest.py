@@ -78,7 +78,7 @@ def llama():
 @pytest.fixture
 def no_native(monkeypatch):
     """Run the torch paths: the native CPU kernels switched off for the test."""
-    import ram_live.kernels.ram as native
+    import ram_live.methods.ram.native as native
 
     monkeypatch.setattr(native, "_KERNELS", None)
 

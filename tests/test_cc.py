@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import ram_live.kernels.importance as wnative
+import ram_live.methods.ram.native_weighted as wnative
 import ram_live.kernels.probe as pnative
-import ram_live.kernels.ram as native
+import ram_live.methods.ram.native as native
 import ram_live.store.native_select as select_native
 from ram_live.kernels import cc
 from ram_live.store import native_crc as crc_native

@@ -318,7 +318,7 @@ def test_the_eps_rule_is_strict_for_every_float32_delta(monkeypatch, eps, native
     """|τ| > eps exactly: a float32 τ equal to eps rounded to float32 is active where that rounding went up
     (1e-3, 0.1, 3e-4), inactive where it went down (1e-5), on the native and the torch path."""
     monkeypatch.setenv("RAM_LIVE_NATIVE", native)
-    import ram_live.kernels.ram as native_mod
+    import ram_live.methods.ram.native as native_mod
 
     monkeypatch.setattr(native_mod, "_KERNELS", False if native == "1" else None)
     tau = torch.tensor(eps, dtype=torch.float32)

@@ -93,7 +93,7 @@ def test_output_dtype_option(base_sd):
 def test_streaming_releases_mapped_pages_range_by_range(tmp_path, base_sd, monkeypatch):
     """With the native kernels, file inputs and file outputs drop each merged range's pages (not whole tensors
     at the end), and the result is unchanged."""
-    import ram_live.kernels.ram as native
+    import ram_live.methods.ram.native as native
     from ram_live.io.safetensors_io import MappedSafetensors, SafetensorsWriter
 
     if native.kernels() is None:

@@ -4,16 +4,17 @@ import pytest
 import torch
 
 from ram_live import functional as F
+from ram_live.methods import ram as R
 
 
 def test_ram_combine_hand_case():
     d = torch.tensor([[0.5, 0.0, 0.2, 0.0, -0.3],
                       [0.0, 0.0, 0.4, 0.0, 0.1],
                       [0.0, 0.0, 0.0, 0.7, 0.2]])
-    assert torch.allclose(F.ram_combine(d), torch.tensor([0.5, 0.0, 0.3, 0.7, 0.0]), atol=1e-7)
+    assert torch.allclose(R.ram_combine(d), torch.tensor([0.5, 0.0, 0.3, 0.7, 0.0]), atol=1e-7)
     lam = torch.tensor([1.1, 1.2, 1.3])
     expected = torch.tensor([0.55, 0.0, 0.3, 0.91, 0.0])
-    assert torch.allclose(F.ram_combine(d, lam), expected, atol=1e-6)
+    assert torch.allclose(R.ram_combine(d, lam), expected, atol=1e-6)
 
 
 def test_apply_activity_is_strict_at_eps():
@@ -34,17 +35,17 @@ def test_statistics_counts():
 
 @pytest.mark.parametrize("unique,active,expected", [(2, 6, 2.0), (0, 5, math.inf), (0, 0, math.inf), (4, 4, 0.0)])
 def test_rho(unique, active, expected):
-    assert F.rho(unique, active) == expected
+    assert R.rho(unique, active) == expected
 
 
 def test_lambda_variants():
-    assert F.ram_lambda(1.5, "ram", 0.1, 2.0) == 1.0
-    assert F.ram_lambda(1.5, "ram_plus", 0.1, 2.0) == pytest.approx(1.15)
-    assert F.ram_lambda(5.0, "ram_plus", 0.1, 2.0) == pytest.approx(1.2)  # clipped at alpha
-    assert F.ram_lambda(math.inf, "ram_plus", 0.1, 2.0) == pytest.approx(1.2)
-    assert F.ram_lambda(5.0, "ram_plus", 0.2, 1.0) == pytest.approx(1.2)  # the authors' script
-    assert F.ram_lambda(1.0, "ram_plus_soft", 0.1, 2.0) == pytest.approx(1.05)
-    assert F.ram_lambda(math.inf, "ram_plus_soft", 0.1, 2.0) == pytest.approx(1.1)
+    assert R.ram_lambda(1.5, "ram", 0.1, 2.0) == 1.0
+    assert R.ram_lambda(1.5, "ram_plus", 0.1, 2.0) == pytest.approx(1.15)
+    assert R.ram_lambda(5.0, "ram_plus", 0.1, 2.0) == pytest.approx(1.2)  # clipped at alpha
+    assert R.ram_lambda(math.inf, "ram_plus", 0.1, 2.0) == pytest.approx(1.2)
+    assert R.ram_lambda(5.0, "ram_plus", 0.2, 1.0) == pytest.approx(1.2)  # the authors' script
+    assert R.ram_lambda(1.0, "ram_plus_soft", 0.1, 2.0) == pytest.approx(1.05)
+    assert R.ram_lambda(math.inf, "ram_plus_soft", 0.1, 2.0) == pytest.approx(1.1)
 
 
 def test_magnitude_threshold_keeps_top_k():
@@ -150,17 +151,19 @@ def test_count_active_in_chunks_equals_one_pass(monkeypatch):
     assert 0 < whole < 10_001
 
 
-def test_the_package_keeps_every_name_of_the_module():
-    """``ram_live.functional`` was one module; every name it exported resolves the same way from the package."""
-    before = ["task_deltas_", "apply_activity_", "activity_mask", "overlap_counts", "ram_combine", "ram_statistics",
-              "rho", "ram_lambda", "task_arithmetic_combine", "magnitude_threshold", "trim_", "ties_combine",
-              "dare_drop_", "stable_seed", "RamAccumulator", "WeightedRamAccumulator", "importance_weights",
-              "ram_fused_weighted_", "RamCounter", "ram_fused_", "ram_counts_fused", "compiled"]
-    assert set(before) <= set(F.__all__)
-    from ram_live.functional import lambdas
-
+def test_rams_names_live_in_its_room_and_the_rest_in_functional():
+    """RAM's rule, λ and fast paths moved out of ``ram_live.functional`` into ``ram_live.methods.ram`` (no shims);
+    every other name still resolves from the package, and each name lives in one place only."""
+    room = ["overlap_counts", "ram_combine", "rho", "ram_lambda", "RamAccumulator", "WeightedRamAccumulator",
+            "importance_weights", "ram_fused_weighted_", "ram_fused_"]
+    kept = ["task_deltas_", "apply_activity_", "activity_mask", "ram_statistics", "task_arithmetic_combine",
+            "magnitude_threshold", "trim_", "ties_combine", "dare_drop_", "stable_seed", "RamCounter",
+            "ram_counts_fused"]
+    assert set(kept) <= set(F.__all__) and not set(room) & set(F.__all__)
+    assert set(room) <= set(R.__all__) and not set(kept) & set(R.__all__)
     for name in F.__all__:
         assert getattr(F, name) is not None
-    assert F.ram_lambda is lambdas.ram_lambda and F.rho is lambdas.rho
-    assert F.rho(0, 0) == math.inf and F.ram_lambda(math.inf, "ram_plus", 0.1, math.inf) == 1.0
-    assert F.ram_lambda(math.inf, "ram_plus", 0.1, 2.0) == pytest.approx(1.2)
+    for name in R.__all__:
+        assert getattr(R, name) is not None
+    assert R.rho(0, 0) == math.inf and R.ram_lambda(math.inf, "ram_plus", 0.1, math.inf) == 1.0
+    assert R.ram_lambda(math.inf, "ram_plus", 0.1, 2.0) == pytest.approx(1.2)

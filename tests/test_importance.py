@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import save_file
 
 import ram_live
-import ram_live.kernels.ram as native
+import ram_live.methods.ram.native as native
 from ram_live import ConfigError, InputMismatchError, merge
 from ram_live import functional as F
+from ram_live.methods import ram as R
 from tests.conftest import assert_bit_identical, snapshot
 
 VARIANTS = [dict(method="ram"), dict(method="ram_plus"), dict(method="ram_plus_soft", r=0.3),
@@ -142,9 +143,9 @@ def test_equal_importances_in_place_and_stacked(monkeypatch):
     tau = torch.stack([agents[n]["v"] - base["v"] for n in agents])
     tau = F.apply_activity_(tau, 1e-5)
     h = torch.full_like(tau, 0.5)
-    assert torch.equal(F.ram_combine(tau, importance=h), F.ram_combine(tau))
+    assert torch.equal(R.ram_combine(tau, importance=h), R.ram_combine(tau))
     lam = torch.tensor([1.1, 1.2, 1.3])
-    assert torch.equal(F.ram_combine(tau, lam, importance=h), F.ram_combine(tau, lam))
+    assert torch.equal(R.ram_combine(tau, lam, importance=h), R.ram_combine(tau, lam))
 
 
 def test_zero_importances_are_the_plain_mean():
@@ -253,7 +254,8 @@ def test_stacked_combine_path_takes_importances():
 
     from ram_live.methods import _REGISTRY
 
-    stacked = dataclasses.replace(ram_live.get_method("ram"), name="ram_stacked_importance_test", accumulator=None)
+    stacked = dataclasses.replace(ram_live.get_method("ram"), name="ram_stacked_importance_test", accumulator=None,
+                                  kernels=None)
     _REGISTRY[stacked.name] = stacked
     try:
         base = _base()

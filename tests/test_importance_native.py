@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ram_live.kernels.importance as wnative
-import ram_live.kernels.ram as native
+import ram_live.methods.ram.native_weighted as wnative
+import ram_live.methods.ram.native as native
 from ram_live import merge
 from ram_live.engine.compiling import compiler_available
 from tests.conftest import assert_bit_identical

@@ -17,9 +17,9 @@ import hashlib
 import pytest
 import torch
 
-import ram_live.kernels.importance as wnative
+import ram_live.methods.ram.native_weighted as wnative
 import ram_live.kernels.probe as pnative
-import ram_live.kernels.ram as native
+import ram_live.methods.ram.native as native
 from ram_live.settings import SIMD_LEVELS
 from tests.reference import portable_randn
 

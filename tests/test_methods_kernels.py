@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-import ram_live.kernels.ram as native
-from ram_live import functional as F
+import ram_live.methods.ram.native as native
+from ram_live.methods import ram as R
 from ram_live import merge
-from ram_live.ram_config import Given, RamConfig, RhoClip, Unit
-from ram_live.methods import (_REGISTRY, Activity, MethodKernels, get_method, lambda_bound, ram_kernels,
-                              register_method)
+from ram_live.methods.ram.config import Given, RamConfig, RhoClip, Unit
+from ram_live.methods import _REGISTRY, Activity, MethodKernels, get_method, register_method
+from ram_live.methods.ram.method import ram_kernels
+from ram_live.methods.ram.lambdas import lambda_bound
 from tests.conftest import assert_bit_identical, make_agents
 
 needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no C compiler: native kernels unavailable")
@@ -52,11 +53,11 @@ class ActiveMeanConfig:
 
 
 def _active_mean_accumulator(config, state, capacity, k, device, dtype, auxiliary=()):  # noqa: ANN001, ANN202
-    return F.RamAccumulator(capacity, k, device, dtype, None)
+    return R.RamAccumulator(capacity, k, device, dtype, None)
 
 
 def _register_active_mean(name: str, **fields: Any) -> None:
-    register_method(name, ActiveMeanConfig, lambda deltas, ctx, config: F.ram_combine(deltas),
+    register_method(name, ActiveMeanConfig, lambda deltas, ctx, config: R.ram_combine(deltas),
                     activity=lambda config: Activity(eps=config.eps), accumulator=_active_mean_accumulator, **fields)
 
 
@@ -99,11 +100,15 @@ def test_without_declared_kernels_the_same_method_runs_eagerly_with_the_same_bit
 
 @needs_kernels
 def test_the_engine_honours_what_the_kernels_allow(base_sd, agents, twin) -> None:
-    """``native=False`` and ``single_read=False``: the method's counts still go through the native counter (that
-    is the statistics pass, not the method's kernel), its merge through the eager accumulator."""
-    name = twin(kernels=lambda config: MethodKernels(native=False, single_read=False, scaled=True))
+    """Declaring only RAM's counter: the statistics pass counts natively, the merge runs the eager accumulator and
+    nothing reads once; declaring only the merge: the counts are the engine's torch ones, the merge native."""
+    name = twin(kernels=lambda config: MethodKernels(count=ram_kernels(config).count))
     out, info = merge(agents, base=base_sd, method=name, r=0.3, return_info=True)
     assert info.extra["kernels"] == {"eager": len(base_sd)} and info.passes == 2
+    assert_bit_identical(out, merge(agents, base=base_sd, method="ram_plus", r=0.3))
+    name = twin(kernels=lambda config: MethodKernels(merge=ram_kernels(config).merge))
+    out, info = merge(agents, base=base_sd, method=name, r=0.3, return_info=True)
+    assert info.extra["kernels"] == {"native": len(base_sd)} and info.passes == 2
     assert_bit_identical(out, merge(agents, base=base_sd, method="ram_plus", r=0.3))
 
 
@@ -133,4 +138,5 @@ def test_rams_bound_is_its_largest_lambda() -> None:
     assert get_method("ram").overflow_bound(RamConfig(lam=Unit()), None) == 1.0
     assert {n: get_method(n).kernels is not None for n in ("ram", "ram_plus", "ram_plus_soft", "ties", "linear")} \
         == {"ram": True, "ram_plus": True, "ram_plus_soft": True, "ties": False, "linear": False}
-    assert ram_kernels(RamConfig()).scaled and not ram_kernels(RamConfig(lam=Unit())).scaled
+    assert ram_kernels(RamConfig()).single_read is not None
+    assert ram_kernels(RamConfig(shared="sign")).single_read is None  # the sign rule counts first, then merges

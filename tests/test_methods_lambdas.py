@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from ram_live import ConfigError, Given, RamConfig, RhoClip, SnapshotStore, merge
-from ram_live import functional as F
+from ram_live.methods import ram as R
 
 from conftest import assert_bit_identical, make_agents
 
@@ -60,7 +60,7 @@ GIVEN = {"coder": 2.5, "tools": 0.5, "memory": 1.75}
 @pytest.mark.parametrize("method", ["ram", "ram_plus", "ram_plus_soft"])
 def test_given_lambdas_equal_the_hand_computation(base_sd, agents, native, method, monkeypatch):
     if not native:
-        import ram_live.kernels.ram as native_mod
+        import ram_live.methods.ram.native as native_mod
 
         monkeypatch.setattr(native_mod, "_KERNELS", None)
     merged, info = merge(agents, base=base_sd, method=method, lambdas=GIVEN, return_info=True)
@@ -72,7 +72,7 @@ def test_given_lambdas_equal_the_hand_computation(base_sd, agents, native, metho
 @pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 def test_lambdas_of_one_are_plain_ram_bit_for_bit(base_sd, agents, native, monkeypatch):
     if not native:
-        import ram_live.kernels.ram as native_mod
+        import ram_live.methods.ram.native as native_mod
 
         monkeypatch.setattr(native_mod, "_KERNELS", None)
     base = {k: v.clone() for k, v in base_sd.items()}
@@ -158,7 +158,7 @@ def test_uncapped_alpha_for_an_agent_without_unique_entries(base_sd):
     assert info.rho == {"a": math.inf, "b": 2.0}
     assert info.lambdas == {"a": 1.0, "b": 5.0}  # ρ = +∞: reported as 1.0 (it scales nothing)
     assert torch.equal(merged["w"], torch.tensor([1.0, 2.0, 10.0, 0, 0, 0, 0, 0]))
-    assert F.ram_lambda(math.inf, "ram_plus", 2.0, 3.0) == 7.0  # capped: 1 + r·α, as before
+    assert R.ram_lambda(math.inf, "ram_plus", 2.0, 3.0) == 7.0  # capped: 1 + r·α, as before
 
 
 def test_uncapped_alpha_in_place_checks_overflow(base_sd):

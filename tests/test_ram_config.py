@@ -20,11 +20,12 @@ import torch
 from safetensors.torch import load_file
 
 import ram_live
+import ram_live.methods.ram.lambdas
 from ram_live import ConfigError, Given, RamConfig, RhoClip, RhoSoft, Unit, merge, probe, ram_merge
 from ram_live.cli import main
 from ram_live.cli.parser import PROBE_OPTIONS, build_parser
 from ram_live.methods import get_method, make_config
-from ram_live.ram_config import FLAT_NAMES, RAM_METHODS, flat_fields
+from ram_live.methods.ram.config import FLAT_NAMES, RAM_METHODS, flat_fields
 from ram_live.training.schedule import RAMSchedule
 from tests.conftest import assert_bit_identical, make_agents
 from tests.test_merge_digests import _digest, _models
@@ -128,7 +129,7 @@ def test_lambda_rules_values_and_bounds():
     assert RhoClip(r=0.1, alpha=math.inf).value(math.inf) == 1.0 and RhoClip(alpha=math.inf).bound() == math.inf
     assert RhoSoft(r=0.3).value(rho) == 1.0 + 0.3 * (2.0 / 3.0) and RhoSoft(r=0.3).value(math.inf) == 1.3
     assert Given({"a": -3.0, "b": 0.5}).bound() == 3.0
-    assert ram_live.functional.ram_lambda(rho, "ram_plus_soft", 0.3, 2.0) == RhoSoft(r=0.3).value(rho)
+    assert ram_live.methods.ram.lambdas.ram_lambda(rho, "ram_plus_soft", 0.3, 2.0) == RhoSoft(r=0.3).value(rho)
     for bad, match in [(lambda: RhoClip(r=-1), r"^r must be >= 0.0"), (lambda: RhoSoft(r=math.nan), "^r must be"),
                        (lambda: Given([1.0]), "lambdas must be a mapping"), (lambda: RamConfig(lam="ram"), "lam must"),
                        (lambda: RamConfig(eps=-1.0), "^eps must"), (lambda: RamConfig(shared="vote"), "shared"),

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import ram_live
-import ram_live.kernels.ram as native
-from ram_live import functional as F
+import ram_live.methods.ram.native as native
+from ram_live.methods import ram as R
 from ram_live import merge
 from ram_live.errors import NonFiniteError
 from tests.conftest import assert_bit_identical, make_agents, snapshot
@@ -32,7 +32,7 @@ def _bits(t):
 
 
 def _builds(module):
-    """The kernels of ``module`` (``ram_live.kernels.ram`` or ``.importance``) at this host's level and portable."""
+    """The kernels of ``module`` (``native`` or ``native_weighted``) at this host's level and portable."""
     return {"native": module.kernels(), "portable": module.build((*native.FLAGS, "-mno-avx512f"))}
 
 
@@ -292,7 +292,7 @@ def test_single_read_kernels_give_the_two_pass_bits(dtype, k):
 
 def _two_pass(monkeypatch, **kw):
     with monkeypatch.context() as m:
-        m.setattr("ram_live.engine.run.reads_once", lambda *a: False)
+        m.setattr("ram_live.methods.ram.method.reads_once", lambda *a: False)
         return merge(**kw)
 
 
@@ -428,7 +428,7 @@ def _accumulated(base, agents, lambdas, eps, out_dtype, sign, importances=None):
     """The torch accumulator's θ* (``RamAccumulator``; with ``importances`` ``WeightedRamAccumulator``; ``sign``
     as ``shared="sign"``) in ``out_dtype``."""
     b = base.float()
-    cls = F.RamAccumulator if importances is None else F.WeightedRamAccumulator
+    cls = R.RamAccumulator if importances is None else R.WeightedRamAccumulator
     acc = cls(b.numel(), len(agents), torch.device("cpu"),
               lambdas=None if lambdas is None else [float(x) for x in lambdas], sign=sign)
     acc.begin(b.numel())

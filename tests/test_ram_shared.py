@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ram_live import ConfigError, RamConfig, Unit, merge
-from ram_live import functional as F
+from ram_live.methods import ram as R
 
 from conftest import make_agents
 from reference import ref_ram
@@ -75,11 +75,11 @@ def test_the_torch_paths_agree_bit_for_bit(k, weighted):
         fused = torch.empty(1003)
         lam_t = None if lam is None else torch.tensor(lam)
         if h is None:
-            F.ram_fused_(fused, torch.zeros(1003), list(taus), lam_t, 0.0, True)
+            R.ram_fused_(fused, torch.zeros(1003), list(taus), lam_t, 0.0, True)
         else:
-            F.ram_fused_weighted_(fused, torch.zeros(1003), list(taus), list(h), lam_t, 0.0, True)
+            R.ram_fused_weighted_(fused, torch.zeros(1003), list(taus), list(h), lam_t, 0.0, True)
         assert torch.equal(fused, streamed)
-        stacked = F.ram_combine(taus, lam_t, h, sign=True)
+        stacked = R.ram_combine(taus, lam_t, h, sign=True)
         torch.testing.assert_close(stacked, streamed, rtol=2e-6, atol=1e-7)
 
 
@@ -89,7 +89,7 @@ def test_where_the_agents_agree_it_is_ram_bit_for_bit(weighted):
     h = torch.rand(5, 777, generator=torch.Generator().manual_seed(1)) if weighted else None
     for lam in (None, [2.0, 1.0, 0.5, 1.0, 3.0]):
         assert torch.equal(_streamed(taus, lam, h, sign=True), _streamed(taus, lam, h, sign=False))
-    assert torch.equal(F.ram_combine(-taus, sign=True), F.ram_combine(-taus))
+    assert torch.equal(R.ram_combine(-taus, sign=True), R.ram_combine(-taus))
 
 
 def test_elected_mean_with_importances_by_hand():
@@ -99,7 +99,7 @@ def test_elected_mean_with_importances_by_hand():
     # mean -0.25 / 1.5); the same importances with the positive side heavier elect it: (1·1 + 4·2) / 5
     assert torch.equal(_streamed(taus, importance=h), torch.tensor([-1.0]))
     assert torch.equal(_streamed(taus, importance=torch.tensor([[1.0], [4.0], [1.0]])), torch.tensor([1.8]))
-    assert torch.equal(F.ram_combine(taus, importance=h, sign=True), torch.tensor([-1.0]))
+    assert torch.equal(R.ram_combine(taus, importance=h, sign=True), torch.tensor([-1.0]))
 
 
 def test_through_merge_with_importances_and_files(base_sd, tmp_path):

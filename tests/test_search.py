@@ -47,12 +47,13 @@ def test_the_lambda_ascent_finds_the_optimum_exactly(problem):
 
 def test_the_default_space_finds_it_within_budget_and_beats_the_baselines(problem, monkeypatch):
     import ram_live.engine.run as engine
+    import ram_live.methods.ram.method as ram_method
 
     agents, base, target = problem
     passes = []
-    for name in ("statistics_pass", "single_read_pass"):
-        real = getattr(engine, name)
-        monkeypatch.setattr(engine, name, lambda *a, _real=real, _n=name, **k: passes.append(_n) or _real(*a, **k))
+    for module, name in ((engine, "statistics_pass"), (ram_method, "single_read_pass")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _n=name, **k: passes.append(_n) or _real(*a, **k))
     seen = []
     with pytest.warns(ExtrapolationWarning, match=r"scales an agent.s task vector by 2\.9\d* \(> 2\)"):
         # 70: task arithmetic's 3 probes (issue 24) take evaluations the λ ascent had at 60, where it now stops

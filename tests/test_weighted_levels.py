@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ram_live.kernels import cc
-import ram_live.kernels.importance as weighted
+import ram_live.methods.ram.native_weighted as weighted
 
 
 def _levels() -> list[str]:

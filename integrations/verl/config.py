@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 from ram_live.errors import ConfigError
-from ram_live.ram_config import FLAT_NAMES, RamConfig
+from ram_live.methods.ram.config import FLAT_NAMES, RamConfig
 
 from .dotted import get_dotted
 from .dotted import plain as _plain

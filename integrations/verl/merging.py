@@ -1,6 +1,7 @@
 """The latest snapshot of every agent merged into ``merged_dir/global_step_<N>`` (a Hugging Face folder with
 ``ram_merge.json``), evaluated, old merges pruned; the ``ram/*`` merge metrics, with ρ and λ from
-:func:`ram_live.functional.rho` / :func:`~ram_live.functional.ram_lambda` (the merge's own formula)."""
+:func:`~ram_live.methods.ram.lambdas.rho` / :func:`~ram_live.methods.ram.lambdas.ram_lambda` (the merge's
+own formula)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from typing import Any, Callable, Mapping, Protocol
 import torch
 from torch import Tensor
 
-from ram_live import functional as F
 from ram_live.errors import ConfigError
 from ram_live.methods import Activity
-from ram_live.ram_config import Given, RamConfig
+from ram_live.methods.ram.config import Given, RamConfig
+from ram_live.methods.ram.lambdas import rho as rho_of
 from ram_live.store import SnapshotStore, ram_statistics
 
 from .common import VerlIntegrationError, copy_side_files
@@ -131,7 +132,7 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
                                 return_info=True, importance=None if agents else stored_importance(snaps, o))
         names = list(snaps)
         active, unique, total = _counts(snaps, info, o, agents, used)
-        rho = {n: F.rho(float(u), float(a)) for n, a, u in zip(names, active, unique)}
+        rho = {n: rho_of(float(u), float(a)) for n, a, u in zip(names, active, unique)}
         given = isinstance(used.lam, Given)
         lambdas = {} if searched or given else {n: used.lam.value(rho[n]) for n in names}
         if info.lambdas is not None and (used.rho_scope == "global" or given):

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..ram_config import RamConfig
+from ..methods.ram.config import RamConfig
 from ..io.outputs import rename_noreplace
 from ..errors import ConfigError
 

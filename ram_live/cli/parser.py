@@ -1,5 +1,5 @@
 """The ``ram-live`` argument parser, built without importing torch (``ram-live --help`` stays fast): the method
-names are the baselines' static names and RAM's short names (:data:`ram_live.ram_config.RAM_METHODS`), which
+names are the baselines' static names and RAM's short names (:data:`ram_live.methods.ram.config.RAM_METHODS`), which
 ``tests/test_cli_conventions.py`` keeps equal to :func:`ram_live.available_methods`.
 """
 
@@ -9,7 +9,7 @@ import argparse
 from typing import Any, Callable, Collection
 
 from .. import __version__
-from ..ram_config import RAM_METHODS, flat_fields
+from ..methods.ram.config import RAM_METHODS, flat_fields
 
 __all__ = ["build_parser", "METHOD_NAMES", "DTYPE_NAMES", "PROBE_OPTIONS", "common_options", "ram_arguments",
            "ram_flags"]
@@ -47,7 +47,7 @@ def common_options(p: argparse.ArgumentParser) -> None:
 
 def ram_arguments(p: argparse.ArgumentParser, names: Collection[str], *, given_only: bool = False) -> None:
     """``--<option>`` flags for the named flat keywords of :class:`~ram_live.RamConfig` and its λ rules
-    (:func:`ram_live.ram_config.flat_fields`; ``rho_scope`` as ``--rho-scope``), their help, choices and parsing
+    (:func:`ram_live.methods.ram.config.flat_fields`; ``rho_scope`` as ``--rho-scope``), their help, choices and parsing
     from the dataclasses' fields. ``given_only``: a flag not given is not
     in the namespace (the method's own default applies); else its default is the field's."""
     group = p.add_argument_group("RAM options", "fields of ram_live.RamConfig and its λ rule" + (

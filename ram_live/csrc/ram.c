@@ -1,4 +1,4 @@
-/* RAM's native CPU kernels (ram_live/kernels/ram.py): the merge, the counts, and RAM+ in one read
+/* RAM's native CPU kernels (ram_live/methods/ram/native.py): the merge, the counts, and RAM+ in one read
    (merge_unscaled + rescale). Built by ram_live/kernels/cc.py; see that module's doc for the flags of each level. */
 #include <stdint.h>
 #include <string.h>
@@ -310,7 +310,7 @@ int ram_simd_bits(void) {
 }
 
 /* The build in parts: ram_live/kernels/cc.py compiles each part (-DRAM_PART=n, 1 <= n < RAM_PARTS) into a library of
-   its own when a call first needs it (ram_live/kernels/ram.py's PARTS: each entry point for each input dtype;
+   its own when a call first needs it (ram_live/methods/ram/native.py's PARTS: each entry point for each input dtype;
    part 0 is ram_simd_bits alone, the check that the compiler takes the source). Compiled once without RAM_PART,
    one library holds every part. dtype codes: 0 float32, 1 bfloat16. */
 #define RAM_PARTS 9

@@ -1,5 +1,6 @@
-"""``compile=``: whether a merge runs the ``torch.compile`` kernels (:func:`resolve_compile`), and a check that the
-toolchain builds them before anything is written (:func:`compiler_works`)."""
+"""``compile=``: whether a merge runs a method's ``torch.compile`` kernels (:func:`resolve_compile`), a check that
+the toolchain builds them before anything is written (:func:`compiler_works`), and the one cache of compiled
+builds (:func:`compiled`)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,16 @@ import functools
 import importlib.util
 import os
 import shutil
+import types
 import warnings
 from typing import Any
 
 import torch
 
-from ..kernels import cc
-
-from ..kernels import ram as ram_native
-from .. import functional as F
 from ..errors import ConfigError
+from ..methods.base import MethodKernels
 
-__all__ = ["COMPILE_AUTO_MIN", "build_key", "compiler_available", "resolve_compile", "compiler_works"]
+__all__ = ["COMPILE_AUTO_MIN", "compiled", "compiler_available", "resolve_compile", "compiler_works"]
 
 #: ``compile="auto"`` compiles merges of at least this many agent-entries (Σ numel × K): compiling costs seconds
 #: (a warm cache) to tens of seconds (cold) once per process, which smaller merges do not win back.
@@ -36,13 +35,15 @@ def compiler_available(device_type: str) -> bool:
     return False
 
 
-def resolve_compile(compile: bool | str, device: torch.device, agent_entries: int) -> bool:
-    """``compile`` of :func:`ram_live.merge` as a decision. ``"auto"``, by what the host has:
+def resolve_compile(compile: bool | str, device: torch.device, agent_entries: int,
+                    kernels: MethodKernels | None = None) -> bool:
+    """``compile`` of :func:`ram_live.merge` as a decision (``kernels``: the method's fast paths). ``"auto"``, by
+    what the host has:
 
-    * fewer than :data:`COMPILE_AUTO_MIN` agent-entries: never (the compile would cost more than it saves);
-    * CPU with the native kernels built at a vector level (AVX-512, AVX2 or NEON: ``ram_live.kernels.cc.build_level``):
-      never, the native kernels run at a few times the copy floor, faster than inductor's code, and there is
-      nothing to compile per process;
+    * a method with no compiled kernels (no ``warm_up``), or fewer than :data:`COMPILE_AUTO_MIN` agent-entries:
+      never (the compile would cost more than it saves);
+    * CPU where the method's native kernels are built at a vector level (``kernels.native()``; AVX-512, AVX2 or
+      NEON): never, they run at a few times the copy floor, faster than inductor's code;
     * otherwise (GPUs; CPUs without native kernels, or with only the baseline ``scalar`` build, where inductor
       generates code for the CPU's own instructions): compile where a toolchain is available.
 
@@ -54,33 +55,43 @@ def resolve_compile(compile: bool | str, device: torch.device, agent_entries: in
         return compile
     if compile != "auto":
         raise ConfigError(f"compile must be True, False or 'auto', got {compile!r}")
-    if agent_entries < COMPILE_AUTO_MIN:
+    if kernels is None or kernels.warm_up is None or agent_entries < COMPILE_AUTO_MIN:
         return False
-    if device.type == "cpu" and ram_native.kernels() is not None and cc.build_level() != "scalar":
+    if device.type == "cpu" and kernels.native is not None and kernels.native():
         return False
     return compiler_available(device.type)
 
 
-def build_key(scaled: bool, sign: bool) -> Any:
-    """Which compiled RAM build a merge takes, beside its agent count (:func:`ram_live.functional.compiled`'s
-    ``key``): with or without λ, and the ``shared="sign"`` rule (the plain builds keep their earlier keys)."""
-    return (not scaled, "sign") if sign else not scaled
-
-
-def compiler_works(device: torch.device, k: int, weighted: bool, importance: bool = False, sign: bool = False
-                   ) -> bool:
-    """Build (or load from the cache) the dynamic-shape RAM kernel on a tiny input, so that a missing or broken
-    toolchain falls back to the eager path with a warning before anything is written."""
+def compiler_works(kernels: MethodKernels | None, device: torch.device, k: int, auxiliary: bool) -> bool:
+    """Build (or load from the cache) the method's compiled kernels on a tiny input (``kernels.warm_up``), so that
+    a missing or broken toolchain falls back to the eager path with a warning before anything is written."""
+    if kernels is None or kernels.warm_up is None:
+        return True
     try:
-        zeros = torch.zeros(3, device=device)
-        lambdas = torch.ones(k, device=device) if weighted else None
-        key = (k, build_key(weighted, sign))
-        F.compiled(F.ram_fused_, key=key)(zeros.clone(), zeros, [zeros] * k, lambdas, 0.0, sign)
-        if importance:
-            F.compiled(F.ram_fused_weighted_, key=key)(zeros.clone(), zeros, [zeros] * k, [zeros] * k, lambdas,
-                                                       0.0, sign)
+        kernels.warm_up(device, k, auxiliary)
         return True
     except Exception as exc:  # noqa: BLE001 - any failure of the toolchain means "merge eagerly"
         warnings.warn(f"torch.compile failed on {device} ({type(exc).__name__}: {str(exc)[:200]}); merging with "
                       "the eager kernels instead (same results, slower)", RuntimeWarning, stacklevel=3)
         return False
+
+
+_COMPILED: dict[tuple[str, bool, Any], Any] = {}
+
+
+def compiled(kernel: Any, static: bool = False, key: Any = None) -> Any:
+    """``kernel`` (a method's fused expression, or :func:`~ram_live.functional.counting.ram_counts_fused`) compiled
+    once per process and per ``key``.
+
+    ``static=True`` specialises on the chunk's length (the engine's full chunks: reductions then run several
+    times faster); the dynamic-shape build takes each tensor's last, shorter chunk. Callers key builds (RAM: by
+    the number of agents, whether λ is given and the shared rule). Each build compiles a private copy of the
+    function: Dynamo caches graphs per code object, so builds of one function would share, evict and (past its
+    recompile limit) silently drop each other's graphs.
+    """
+    name = (kernel.__name__, static, key)
+    if name not in _COMPILED:
+        private = types.FunctionType(kernel.__code__.replace(), kernel.__globals__, kernel.__name__,
+                                     kernel.__defaults__, kernel.__closure__)
+        _COMPILED[name] = torch.compile(private, dynamic=not static)
+    return _COMPILED[name]

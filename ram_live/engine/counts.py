@@ -1,35 +1,20 @@
-"""One tensor's RAM counts (active and unique entries per agent) by each kind of kernel: native CPU, compiled,
-torch ops. :func:`ram_live.engine.dispatch.count_tensor` picks one."""
+"""One tensor's activity counts (active and unique entries per agent) by the engine's own counters: compiled
+(:func:`fused_statistics`) and torch ops (:func:`torch_statistics`), and the threaded walk a native counter runs
+in (:func:`native_counts`). :func:`ram_live.engine.dispatch.count_tensor` picks one, after a method's own."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-from .. import functional as F
+from ..functional.counting import RamCounter, ram_counts_fused
 from ..types import RamStatistics
 from . import threads
 from .stream import DeltaStream
 
-__all__ = ["native_statistics", "native_counts", "fused_statistics", "torch_statistics"]
-
-
-def native_statistics(stream: DeltaStream, k: int, kernels: Any, eps: float, workers: int,
-                      amax: list[tuple[float, float]] | None = None) -> RamStatistics:
-    """The counts by the native kernels; ``amax``: gets (max |τ|, max |θ₀|) appended."""
-    tops: dict[int, Tensor] = {}  # per worker (keyed by its counts tensor): max |τ|, max |θ₀|
-
-    def count(start: int, end: int, active: Tensor, unique: Tensor) -> int:
-        top = None if amax is None else tops.setdefault(id(active), torch.zeros(2))
-        return int(kernels.counts(stream.base, stream.tensors, eps, start, end, active, unique, top))
-
-    stats = native_counts(stream, k, workers, count)
-    if amax is not None and tops:
-        top = torch.stack(list(tops.values())).amax(0)
-        amax.append((float(top[0]), float(top[1])))
-    return stats
+__all__ = ["native_counts", "fused_statistics", "torch_statistics"]
 
 
 def native_counts(stream: DeltaStream, k: int, workers: int,
@@ -50,11 +35,11 @@ def native_counts(stream: DeltaStream, k: int, workers: int,
 
 
 def fused_statistics(stream: DeltaStream, k: int, eps: float) -> RamStatistics:
-    """The counts by the compiled :func:`ram_live.functional.ram_counts_fused`."""
+    """The counts by the compiled :func:`~ram_live.functional.counting.ram_counts_fused`."""
     active = torch.zeros(k, dtype=torch.float64, device=stream.device)
     unique = torch.zeros_like(active)
     check = torch.zeros((), dtype=torch.float32, device=stream.device)
-    for _, _, kernel, base, agents in stream.fused_chunks(F.ram_counts_fused):
+    for _, _, kernel, base, agents in stream.fused_chunks(ram_counts_fused):
         a, u, c = kernel(base, agents, eps)
         active += a
         unique += u
@@ -67,9 +52,9 @@ def fused_statistics(stream: DeltaStream, k: int, eps: float) -> RamStatistics:
 
 def torch_statistics(stream: DeltaStream, k: int, workers: int = 1,
                      amax: list[tuple[float, float]] | None = None) -> RamStatistics:
-    """The counts by torch ops, one agent at a time per chunk (:class:`ram_live.functional.RamCounter`)."""
-    def job(worker: int, n_workers: int) -> tuple[F.RamCounter, Tensor | None]:
-        counter = F.RamCounter(stream.stream_chunk, k, stream.device, stream.dtype)
+    """The counts by torch ops, one agent at a time per chunk (:class:`~ram_live.functional.counting.RamCounter`)."""
+    def job(worker: int, n_workers: int) -> tuple[RamCounter, Tensor | None]:
+        counter = RamCounter(stream.stream_chunk, k, stream.device, stream.dtype)
         top = None if amax is None else torch.zeros(2, dtype=stream.dtype, device=stream.device)
         for _, base_f, agents in stream.streamed(worker, n_workers):
             counter.begin(base_f.numel())

@@ -1,4 +1,4 @@
-"""The passes over the inputs: the statistics pass (RAM counts over every merged tensor), the in-place dry run,
+"""The passes over the inputs: the statistics pass (activity counts over every merged tensor), the in-place dry run,
 and the merge pass (each tensor into the sink, then the copied and tied keys)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..io import memory
-from ..methods import MergeMethod
+from ..methods.base import MergeMethod, MethodKernels
 from ..progress import ProgressHook
 from ..io.sinks import Sink
 from ..types import Activity, MergeInfo, Plan, RamStatistics, TensorSpec
@@ -35,6 +35,7 @@ class Job:
     chunk_numel: int
     workers: int | None
     compile: bool = False
+    kernels: MethodKernels | None = None  # the method's fast paths for this config
     workspace: dict[Any, Tensor] = field(default_factory=dict)
 
 
@@ -50,10 +51,12 @@ def statistics_pass(
     digest: Any = None,
     amax: dict[str, tuple[float, float]] | None = None,
     check_auxiliary: bool = False,
+    kernels: MethodKernels | None = None,
 ) -> RamStatistics:
-    """Pass 1: RAM counts over every merged tensor (also checks that every input is finite); ``digest``: fed
+    """Pass 1: activity counts over every merged tensor (also checks that every input is finite); ``digest``: fed
     by :func:`digest_update` for every tensor; ``amax``: gets (max |τ|, max |θ₀|) per tensor where the kernels
-    track them; ``check_auxiliary``: also validates the method's auxiliary inputs (the in-place validation pass)."""
+    track them; ``check_auxiliary``: also validates the method's auxiliary inputs (the in-place validation pass);
+    ``kernels``: the method's fast paths (its counter runs first)."""
     k = len(reader.agents)
     active = torch.zeros(k, dtype=torch.int64)
     unique = torch.zeros_like(active)
@@ -68,7 +71,7 @@ def statistics_pass(
             digest_update(digest, stream)
         stream.range_done = reader.range_releaser(key)
         tops: list[tuple[float, float]] | None = None if amax is None else []
-        stats = count_tensor(stream, k, worker_count(workers, device), tops)
+        stats = count_tensor(stream, k, worker_count(workers, device), tops, kernels)
         if check_auxiliary:
             reader.stream(stream).validate_auxiliary()
         if tops:
@@ -156,12 +159,13 @@ def merge_tensor(job: Job, key: str, run_state: Any, digest: Any = None, dest: T
     if digest is not None:
         digest_update(digest, stream)
     stream.range_done = reader.range_releaser(key, sink)
-    state = method.prepare(config, StreamView(stream), run_state) if method.prepare else None
+    state = method.prepare(config, StreamView(stream, job.kernels), run_state) if method.prepare else None
     if dest is None:
         dest = sink.destination(key, reader.base.spec(key))
     flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,
                                                                    device=dest.device)
-    kind, kernel = merge_kernel(method, config, state, run_state, stream, flat, worker_count(job.workers, dev))
+    kind, kernel = merge_kernel(method, config, state, run_state, stream, flat, worker_count(job.workers, dev),
+                                job.kernels)
     info.count_kernel(kind)
     if stream.auxiliary and kind != "native":  # the native kernels check the values as they go
         stream.validate_auxiliary()

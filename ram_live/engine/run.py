@@ -12,7 +12,7 @@ import torch
 from ..auxiliary import resolve as resolve_auxiliary
 from ..io.distributed import Distributed, RemoteRankError
 from ..errors import ConfigError
-from ..methods import MergeMethod, RunContext
+from ..methods.base import MergeMethod, RunContext
 from ..progress import ProgressHook
 from ..io.sinks import Sink
 from ..io.sources import TensorSource
@@ -22,8 +22,7 @@ from .dispatch import method_kernels
 from .passes import Job, dry_run, merge_pass, statistics_pass
 from .plan import build_plan, kept_agents
 from .reader import Reader, check_ties_and_copies
-from .results import check_reusable, record_lambdas, stamped
-from .single_read import reads_once, single_read_pass
+from .results import check_reusable, stamped
 from .stream import DEFAULT_CHUNK_NUMEL, inputs_digest
 
 __all__ = ["run_merge"]
@@ -68,23 +67,24 @@ def run_merge(
     names = reader.names
     info = MergeInfo(method=method.name, config=config, agents=names)
     run_device = device or (base.spec(plan.merge[0]).device if plan.merge else torch.device("cpu"))
-    compile = resolve_compile(compile, run_device, sum(specs[key].numel for key in plan.merge) * len(names))
+    kernels = method_kernels(method, config)
+    compile = resolve_compile(compile, run_device, sum(specs[key].numel for key in plan.merge) * len(names), kernels)
     if compile:
-        kernels = method_kernels(method, config)
-        compile = compiler_works(run_device, len(names), kernels is not None and kernels.scaled,
-                                 bool(reader.auxiliary), kernels is not None and kernels.sign)
+        compile = compiler_works(kernels, run_device, len(names), bool(reader.auxiliary))
     info.extra["compiled"] = compile
     if reader.auxiliary:
         info.extra["auxiliary"] = reader.auxiliary.names
-    job = Job(reader, method, config, sink, method.activity(config), info, chunk_numel, workers, compile)
+    job = Job(reader, method, config, sink, method.activity(config), info, chunk_numel, workers, compile, kernels)
     activity = job.activity or Activity()
 
     if (statistics is None and not validate_first and dist is None and not compile and not reader.auxiliary
-            and reads_once(method, config, sink, len(names))):
+            and kernels is not None and kernels.single_read is not None and kernels.reads_once is not None
+            and method.needs_statistics(config) and kernels.reads_once(sink, len(names))):
         digest = inputs_digest()
-        counts, run_state = single_read_pass(job, plan, specs, progress, run_device, digest)
+        counts, run_state = kernels.single_read(job, plan, specs, progress, run_device, digest)
         info.statistics = stamped(counts, names, activity, counted, digest)
-        record_lambdas(info, run_state)
+        if method.record is not None:
+            method.record(config, info, run_state)
         info.seconds = time.perf_counter() - t0
         return info
     amax: dict[str, tuple[float, float]] = {}
@@ -96,7 +96,8 @@ def run_merge(
                                  validate_first)
         info.passes = 2
     run_state = method.setup(config, RunContext(names, info.statistics, run_device)) if method.setup else None
-    record_lambdas(info, run_state)
+    if method.record is not None:
+        method.record(config, info, run_state)
     if validate_first:  # in place: nothing is written until every merged value is known to fit
         _validate(job, plan, specs, run_state, amax, dist)
         info.passes += 1 if info.extra["dry_run"] else 0
@@ -114,7 +115,7 @@ def _count(job: Job, plan: Plan, activity: Activity, progress: ProgressHook | No
     digest = inputs_digest()
     try:
         counts = statistics_pass(job.reader, plan, activity, job.chunk_numel, job.workspace, progress, job.workers,
-                                 job.compile, digest, amax, check_auxiliary=validate)
+                                 job.compile, digest, amax, check_auxiliary=validate, kernels=job.kernels)
     except BaseException:
         if dist is not None:  # this rank's error wins over the remote one
             try:

@@ -18,6 +18,7 @@ from .. import functional as F
 from ..auxiliary import validate as validate_auxiliary
 from ..errors import NonFiniteError
 from ..types import Activity
+from .compiling import compiled
 
 __all__ = ["DEFAULT_CHUNK_NUMEL", "STREAM_CHUNK", "FUSED_CHUNK_MAX", "DeltaStream", "first_nonfinite", "nonfinite",
            "inputs_digest", "digest_update"]
@@ -200,7 +201,7 @@ class DeltaStream:
         key = (len(self.tensors), key)
         for start in range(0, self.numel, chunk):
             end = min(self.numel, start + chunk)
-            yield (start, end, F.compiled(kernel, static=end - start == chunk, key=key), self.base[start:end],
+            yield (start, end, compiled(kernel, static=end - start == chunk, key=key), self.base[start:end],
                    [t[start:end] for t in self.tensors])
 
     def delta(self, index: int) -> Tensor:

@@ -1,4 +1,4 @@
-"""RAM's combine on a chunk of thresholded deltas ``[K, C]`` (paper Eq. 7), its statistics, and task arithmetic."""
+"""Task vectors of a chunk and task arithmetic's combine (PEFT's ``task_arithmetic``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["elect", "importance_weights", "overlap_counts", "ram_combine", "ram_statistics", "task_arithmetic_combine",
-           "task_deltas_"]
+__all__ = ["task_arithmetic_combine", "task_deltas_"]
 
 
 def task_deltas_(out: Tensor, base: Tensor, agents: Sequence[Tensor]) -> Tensor:
@@ -20,64 +19,6 @@ def task_deltas_(out: Tensor, base: Tensor, agents: Sequence[Tensor]) -> Tensor:
             row.copy_(agent)
             row.sub_(base)
     return out
-
-
-def overlap_counts(deltas: Tensor) -> Tensor:
-    """c_i = Σ_t m_t,i as float32 (deltas already thresholded)."""
-    return torch.count_nonzero(deltas, dim=0).to(torch.float32)
-
-
-def ram_combine(deltas: Tensor, lambdas: Tensor | None = None, importance: Tensor | None = None,
-                sign: bool = False) -> Tensor:
-    """Paper Eq. 7 on thresholded deltas: 0 where no agent is active, λ_t·τ_t where only agent t is, and the
-    mean over the active agents where two or more are. ``lambdas=None`` is plain RAM (λ = 1). ``importance``
-    (``[K, C]``, non-negative): the mean is weighted by it (:func:`importance_weights`). ``sign``: the shared
-    entries' mean over only the active agents whose τ has the sign of the mean over all of them (:func:`elect`)."""
-    counts = overlap_counts(deltas)
-    weights = None if importance is None else importance_weights(deltas, importance)
-    total = deltas.sum(dim=0) if weights is None else (deltas * weights).sum(dim=0)
-    norm = counts if weights is None else weights.sum(dim=0)
-    mean = total / norm.clamp(min=1.0)
-    if sign:
-        agree = elect(deltas, total)
-        kept = deltas * agree if weights is None else deltas * weights * agree
-        kept_norm = agree.sum(dim=0, dtype=deltas.dtype) if weights is None else (weights * agree).sum(dim=0)
-        mean = torch.where(total != 0, kept.sum(dim=0) / kept_norm, mean)
-    if lambdas is None:
-        return mean
-    scaled = lambdas.to(deltas.dtype) @ deltas
-    return torch.where(counts == 1, scaled, mean)
-
-
-def elect(deltas: Tensor, total: Tensor) -> Tensor:
-    """Per entry, the agents whose τ has the sign of ``total`` (the shared mean's numerator, Σ τ or Σ w·τ): a
-    ``[K, C]`` bool mask; where ``total`` is 0 or NaN, every agent with τ ≠ 0."""
-    return torch.where(total > 0, deltas > 0, torch.where(total < 0, deltas < 0, deltas != 0))
-
-
-def importance_weights(deltas: Tensor, importance: Tensor) -> Tensor:
-    """Weights w_t = h_t / max over the active agents of h (1 where that max is 0; 0 for inactive agents), per
-    entry, for thresholded ``deltas`` and importances ``h`` (both ``[K, C]``). Equal importances give weights of
-    exactly 1.0: the weighted mean is then the plain one, bit for bit."""
-    active = deltas != 0
-    h = importance.to(deltas.dtype)
-    top = torch.where(active, h, 0.0).amax(dim=0)
-    weights = torch.where(top > 0, h / torch.where(top > 0, top, 1.0), 1.0)
-    return torch.where(active, weights, 0.0)
-
-
-def ram_statistics(deltas: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per agent, the number of active and of unique entries, and the histogram of c = 0..K (all int64).
-
-    ``deltas`` must already be thresholded.
-    """
-    k = deltas.shape[0]
-    mask = deltas != 0
-    counts = mask.sum(dim=0)
-    active = mask.sum(dim=1)
-    unique = (mask & (counts == 1)).sum(dim=1)
-    histogram = torch.bincount(counts, minlength=k + 1)
-    return active, unique, histogram
 
 
 def task_arithmetic_combine(deltas: Tensor, weights: Tensor) -> Tensor:

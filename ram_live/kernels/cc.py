@@ -12,7 +12,7 @@ aarch64 → ``-march=armv8-a`` (NEON), anything else → the compiler's baseline
 :mod:`ram_live.settings`) forces a lower level, e.g. the AVX2 build on an AVX-512 host. Contraction into FMAs
 stays off at every level, so all of them give the same bits.
 
-A large source is built in parts (``ram.c``: each entry point for each input dtype; ``importance.c``: each pair
+A large source is built in parts (``ram.c``: each entry point for each input dtype; ``ram_weighted.c``: each pair
 of input and importance dtypes; ``-DRAM_PART=n``, the source putting each part's functions under ``#if``), each
 a library of its own, built when a call first needs it (:func:`function`), so a first merge compiles only the
 code it runs. Every library lands in
@@ -85,7 +85,7 @@ class Family:
 #: The kernel families, by the name :func:`load` takes.
 FAMILIES: dict[str, Family] = {
     "ram": Family("ram.c", "ram", entry_part=0),
-    "importance": Family("importance.c", "ram_weighted", entry_part=0),
+    "ram_weighted": Family("ram_weighted.c", "ram_weighted", entry_part=0),
     "probe": Family("probe.c", "ram_probe"),
     "impcodes": Family("impcodes.c", "impcodes"),
     "select": Family("select.c", "select"),

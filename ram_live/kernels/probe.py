@@ -21,9 +21,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from . import ram as ram_native
 from . import cc
-from .ram import DTYPES, FLAGS, MAX_AGENTS
+from .layout import DTYPES, FLAGS, MAX_AGENTS, supports as layout_supports
 
 __all__ = ["MAX_AGENTS", "FLAGS", "ProbeCounts", "Kernel", "build", "kernel", "supports"]
 
@@ -74,7 +73,7 @@ class Kernel:
 def supports(base: Tensor, agents: Sequence[Tensor]) -> bool:
     """Whether the kernel takes these flat tensors: CPU, contiguous, one dtype of float32/bfloat16, at most
     :data:`MAX_AGENTS` agents (the merge kernels' rule)."""
-    return ram_native.supports(None, base, agents)
+    return layout_supports(None, base, agents)
 
 
 def build(flags: Sequence[str] | None = None) -> Kernel | None:

@@ -60,31 +60,35 @@ Combine = Callable[[Tensor, TensorContext, Any], Tensor]
 
 @dataclass(frozen=True)
 class MethodKernels:
-    """The engine's fast kernels a method may run for one config.
-
-    They compute RAM's rule on float32 task vectors: the mean of the active agents' τ where several updated an
-    entry, ``λ_t · τ_t`` where agent ``t`` alone did (λ from the method's per-tensor state, one per agent, or 1),
-    the importance-weighted mean where the method's ``"importance"`` auxiliary input is given. A method whose
-    accumulator computes exactly that for a config may declare them (``ram_live.methods.ram.ram_kernels``).
+    """The fast paths a method declares for one config. The engine runs them where they take a tensor and knows
+    nothing else of them; the method's accumulator (or ``combine``) runs everywhere else, and every fast path must
+    give its bits. RAM declares its own in :mod:`ram_live.methods.ram.fast`.
 
     Args:
-        native: the native CPU kernels (``ram_live.kernels.ram``, ``ram_live.kernels.importance``).
-        compiled: the ``torch.compile`` kernels (``compile=True``; ``ram_live.functional.ram_fused_``).
-        single_read: with global counts (``needs_statistics``) and an in-memory output, the merge that reads the
-            inputs once: merged as λ = 1 while counting, λ applied afterwards where one agent alone updated.
-        scaled: whether λ reaches the kernels (the build the compile check warms up).
-        sign: the shared entries' mean over the agents that agree with its sign (RAM's ``shared="sign"``).
+        merge: ``merge(stream, out, state, workers) -> (kind, kernel) | None``: a kernel that merges this tensor
+            (``kernel(stream, out)``, ``kind`` "native" or "compiled", reported in ``MergeInfo.extra["kernels"]``),
+            or None where none takes it.
+        count: ``count(stream, k, workers, amax) -> RamStatistics | None``: the tensor's activity counts by a fast
+            kernel, or None (the engine's torch or compiled counter runs).
+        reads_once: ``reads_once(sink, k) -> bool``: whether :attr:`single_read` applies to this merge.
+        single_read: ``single_read(job, plan, specs, progress, device, digest) -> (statistics, run_state)``: the
+            whole merge in one read of the inputs (counts and merge together), where :attr:`reads_once` says so.
+        warm_up: ``warm_up(device, k, auxiliary) -> None``: builds the compiled kernels on a tiny input before
+            anything is written; it raises where the toolchain fails, and the engine then merges eagerly.
+        native: ``native() -> bool``: whether vector-level native CPU kernels are built here (``compile="auto"``
+            then does not compile on CPU).
 
     Example:
-        >>> MethodKernels(scaled=True).native
+        >>> MethodKernels().merge is None
         True
     """
 
-    native: bool = True
-    compiled: bool = True
-    single_read: bool = False
-    scaled: bool = False
-    sign: bool = False
+    merge: Callable[..., Any] | None = None
+    count: Callable[..., Any] | None = None
+    reads_once: Callable[[Any, int], bool] | None = None
+    single_read: Callable[..., Any] | None = None
+    warm_up: Callable[[torch.device, int, bool], None] | None = None
+    native: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,8 +114,8 @@ class MergeMethod:
     #: ``check_auxiliary(name, flat)``: ``(index, reason)`` of the first invalid entry of one agent's auxiliary
     #: tensor, or None; the engine raises naming the agent and tensor.
     check_auxiliary: Callable[[str, Tensor], tuple[int, str] | None] | None = None
-    #: ``kernels(config)``: the fast kernels the engine may run instead of ``accumulator`` for this config (the
-    #: engine uses them only where the method has an accumulator, which they must match bit for bit), or None.
+    #: ``kernels(config)``: the fast paths the engine may run for this config (:class:`MethodKernels`; they must
+    #: give the bits of ``accumulator``, or of ``combine`` without one), or None.
     kernels: Callable[[Any], MethodKernels | None] | None = None
     #: ``overflow_bound(config, run_state) -> B`` with |τ*| ≤ B · K · max_t |τ_t| at every entry (``math.inf``:
     #: unbounded). An in-place merge skips the dry run of a tensor where max |θ₀| + B · K · max |τ| fits its
@@ -119,8 +123,11 @@ class MergeMethod:
     overflow_bound: Callable[[Any, Any], float] | None = None
     #: ``configure(name, config, options) -> config``: builds the config of ``merge(method=name, config=...,
     #: **options)`` where the default (``config_cls(**options)``, or ``config`` with options put over it) does not
-    #: fit, e.g. RAM's one :class:`~ram_live.ram_config.RamConfig` for three short names.
+    #: fit, e.g. RAM's one :class:`~ram_live.methods.ram.config.RamConfig` for three short names.
     configure: Callable[[str, Any, dict[str, Any]], Any] | None = None
+    #: ``record(config, info, run_state)``: what the method reports in its :class:`~ram_live.types.MergeInfo` once
+    #: ``setup`` ran (RAM: λ and ρ per agent).
+    record: Callable[[Any, Any, Any], None] | None = None
 
 
 def agent_weights(weights: Sequence[float] | None, ctx: RunContext) -> Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any
 
 from ..errors import ConfigError, MethodExistsError, UnknownMethodError
@@ -11,6 +12,17 @@ from .base import Combine, MergeMethod
 __all__ = ["register_method", "get_method", "available_methods", "make_config", "method_of_config"]
 
 _REGISTRY: dict[str, MergeMethod] = {}
+#: The built-in families, registered when the registry is first asked (their modules import torch).
+_BUILTINS = ("linear", "task_arithmetic", "ties", "dare", "ram.method")
+_loaded = False
+
+
+def _load_builtins() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in _BUILTINS:
+            importlib.import_module(f"ram_live.methods.{module}")
 
 
 def register_method(
@@ -36,6 +48,8 @@ def register_method(
         ...     return deltas.median(dim=0).values
     """
 
+    _load_builtins()
+
     def _register(fn: Combine) -> Combine:
         if name in _REGISTRY:
             raise MethodExistsError(f"a merge method named {name!r} is already registered")
@@ -49,6 +63,7 @@ def register_method(
 
 def get_method(name: str) -> MergeMethod:
     """The method registered under ``name``; :class:`UnknownMethodError` listing the available ones."""
+    _load_builtins()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -59,6 +74,7 @@ def get_method(name: str) -> MergeMethod:
 
 def available_methods() -> list[str]:
     """The registered methods' names, sorted."""
+    _load_builtins()
     return sorted(_REGISTRY)
 
 
@@ -86,11 +102,12 @@ def make_config(name: str, config: Any = None, **options: Any) -> Any:
 
 def method_of_config(config: Any) -> str:
     """The method name a config runs as (``merge(models, base, config=config)``): its ``method`` attribute where
-    it has one (:class:`~ram_live.ram_config.RamConfig`), else the one method registered with its class.
+    it has one (:class:`~ram_live.methods.ram.config.RamConfig`), else the one method registered with its class.
 
     Raises:
         ConfigError: no method, or several, take that config class.
     """
+    _load_builtins()
     own = getattr(config, "method", None)
     if isinstance(own, str) and own in _REGISTRY:
         return own

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ram_config import RamConfig
+from ..methods.ram.config import RamConfig
 
 
 @dataclass

@@ -7,7 +7,8 @@ import json
 import math
 from typing import Any
 
-from ..methods import RAM_METHODS, lambda_bound, lambdas_from_counts, make_config
+from ..methods import RAM_METHODS, make_config
+from ..methods.ram.lambdas import lambda_bound, lambdas_from_counts
 from .target import Merger
 
 __all__ = ["effect_key", "extrapolation_of"]

@@ -27,8 +27,8 @@ from typing import Any
 from ..api import ram_merge
 from ..engine.stream import DEFAULT_CHUNK_NUMEL
 from ..errors import ConfigError, InvalidStateError
-from ..ram_config import RamConfig
 from ..importance.sources import check_importance_option
+from ..methods.ram.config import RamConfig
 from .tensors import (  # noqa: F401 (MergeResult, swap_tensors, metric_float: re-exported)
     MergeResult, _like, _load_base, _open_latest, _probe_numbers, _stored_importance, swap_tensors, metric_float,
 )

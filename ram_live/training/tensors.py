@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..ram_config import Given
+from ..methods.ram.config import Given
 from ..store import (
     BaseMismatchError,
     Collective,
@@ -145,7 +145,7 @@ def _stored_importance(sched: Any, picks: dict[str, int], sources: dict[str, Any
 def _probe_numbers(sched: Any, info: Any, base: LocalModel, agents: Sequence[Any], names: list[str], distributed: bool,
                    *, searched: bool) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """λ, ρ and density per agent of a schedule's merge (λ as the merge reported them when it was searched)."""
-    from .. import functional as F
+    from ..methods.ram.lambdas import rho as rho_of
     from ..methods import Activity
     from ..store import LocalCollective, ram_statistics
 
@@ -167,7 +167,7 @@ def _probe_numbers(sched: Any, info: Any, base: LocalModel, agents: Sequence[Any
         lambdas = dict(info.lambdas)
     for name, a, u in zip(names, active, unique):
         density[name] = a / total if total else 0.0
-        rho[name] = F.rho(float(u), float(a))
+        rho[name] = rho_of(float(u), float(a))
         if searched:
             continue  # λ as the chosen merge reported them (none for the baselines)
         if name in lambdas or name in opts.exclude:

@@ -1,5 +1,6 @@
-"""Streaming RAM over one chunk, one agent at a time: the merged values (:class:`RamAccumulator`, weighted by
-importances: :class:`WeightedRamAccumulator`) and the statistics (:class:`RamCounter`)."""
+"""Streaming RAM over one chunk, one agent at a time (no ``[K, C]`` stack of task vectors): the merged values
+(:class:`RamAccumulator`; the shared mean weighted by importances: :class:`WeightedRamAccumulator`). The engine's
+eager path; same bits as :func:`.reference.ram_combine`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["RamAccumulator", "RamCounter", "WeightedRamAccumulator"]
+__all__ = ["RamAccumulator", "WeightedRamAccumulator"]
 
 
 class RamAccumulator:
@@ -163,50 +164,3 @@ class WeightedRamAccumulator(RamAccumulator):
             torch.eq(self.count, 1.0, out=self.weight)
             mean = torch.lerp(mean, unique_scaled, self.weight, out=self.neg_sum)
         return torch.sub(base, mean, out=self.tmp)
-
-
-class RamCounter:
-    """Streaming RAM statistics: per agent the active and unique entries (and, optionally, the histogram of c).
-
-    Also sums Σ −τ so that :meth:`finite` can tell whether any input was NaN/Inf.
-    """
-
-    def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
-                 histogram: bool = False) -> None:
-        capacity = max(capacity, 1)
-        self._masks = torch.empty(k, capacity, dtype=dtype, device=device)
-        self._buf = torch.empty(3, capacity, dtype=dtype, device=device)
-        self.k = k
-        self.unique = torch.zeros(k, dtype=torch.float64, device=device)
-        self.active = torch.zeros(k, dtype=torch.float64, device=device)
-        self.histogram = torch.zeros(k + 1, dtype=torch.int64, device=device) if histogram else None
-        self.check = torch.zeros((), dtype=dtype, device=device)
-
-    def begin(self, n: int) -> None:
-        self.n = n
-        self.masks = self._masks[:, :n]
-        self.neg_sum, self.count, self.is_one = (row[:n] for row in self._buf)
-        self.neg_sum.zero_()
-        self.count.zero_()
-
-    def add(self, t: int, delta: Tensor) -> None:
-        torch.ne(delta, 0, out=self.masks[t])
-        self.count.add_(self.masks[t])
-        self.neg_sum.sub_(delta)
-
-    def end(self) -> None:
-        """Fold the chunk: unique = masks @ [c == 1] (a GEMV), active = row sums of the masks."""
-        torch.eq(self.count, 1.0, out=self.is_one)
-        self.unique += torch.mv(self.masks, self.is_one).double()
-        self.active += self.masks.sum(dim=1).double()
-        if self.histogram is not None:
-            self.histogram += torch.bincount(self.count.to(torch.int64), minlength=self.k + 1)
-        self.check += self.neg_sum.sum()
-
-    def finite(self) -> bool:
-        """Whether every delta added so far was finite (NaN/Inf propagate into Σ −τ)."""
-        return bool(torch.isfinite(self.check))
-
-    def result(self) -> tuple[Tensor, Tensor, Tensor]:
-        histogram = self.histogram.cpu() if self.histogram is not None else torch.zeros(self.k + 1, dtype=torch.int64)
-        return (self.active.round().to(torch.int64).cpu(), self.unique.round().to(torch.int64).cpu(), histogram)

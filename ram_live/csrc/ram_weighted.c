@@ -1,4 +1,4 @@
-/* Curvature-aware RAM's native CPU kernel (ram_live/kernels/importance.py). Built by ram_live/kernels/cc.py. */
+/* Curvature-aware RAM's native CPU kernel (ram_live/methods/ram/native_weighted.py). Built by ram_live/kernels/cc.py. */
 #include <stdint.h>
 #include <string.h>
 
@@ -370,7 +370,7 @@ WALWAYS int64_t wmerge_portable(int in_dtype, int imp_dtype, int out_dtype, int 
 #endif
 
 /* The build in parts (see ram.c): ram_live/kernels/cc.py compiles each part (-DRAM_PART=n) into a library of its own
-   when a call first needs it, one per input and importance dtype (ram_live/kernels/importance.py's PARTS); part
+   when a call first needs it, one per input and importance dtype (ram_live/methods/ram/native_weighted.py's PARTS); part
    0 is ram_weighted_simd_bits alone. Compiled without RAM_PART, one library holds every part.
 
    theta* over [start, end) into out, the shared entries' mean weighted by imps; lambdas NULL: RAM; sign nonzero:

@@ -10,34 +10,31 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import settings
-
-from ..kernels import ram as ram_native
-
-from ..io import memory
-from ..methods import MergeMethod, RunContext
-from ..progress import ProgressHook
-from ..io.sinks import Sink
-from ..types import Activity, Plan, RamStatistics, TensorSpec
-from . import threads
-from .counts import native_counts
-from .dispatch import StreamView, count_tensor, method_kernels, native_for
-from .passes import Job, finish_pass, merge_tensor
-from .reader import check_equal
-from .stream import DeltaStream, digest_update
-from .threads import worker_count
+from ... import settings
+from ...engine import threads
+from ...engine.counts import native_counts
+from ...engine.dispatch import StreamView, count_tensor
+from ...engine.passes import Job, finish_pass, merge_tensor
+from ...engine.reader import check_equal
+from ...engine.stream import DeltaStream, digest_update
+from ...engine.threads import worker_count
+from ...io import memory
+from ...io.sinks import Sink
+from ...progress import ProgressHook
+from ...types import Activity, Plan, RamStatistics, TensorSpec
+from ..base import RunContext
+from . import native as ram_native
+from .fast import native_for
 
 __all__ = ["reads_once", "owner_map_budget", "owner_map_arena", "single_read_pass", "merge_unscaled", "rescale"]
 
 
-def reads_once(method: MergeMethod, config: Any, sink: Sink, k: int) -> bool:
-    """Whether a merge that needs global counts reads its inputs once where it can (:func:`single_read_pass`): a
-    method that declares the single-read kernel and needs the counts, a sink whose fresh destinations stay in
-    memory, and the native kernels for this many agents (``RAM_LIVE_SINGLE_READ=0``: never). The caller rules out
-    ``validate_first``, reused counts, ``dist`` and ``compile``."""
-    kernels = method_kernels(method, config)
+def reads_once(sink: Sink, k: int) -> bool:
+    """Whether a merge that needs global counts reads its inputs once (:func:`single_read_pass`): a sink whose fresh
+    destinations stay in memory, and the native kernels for this many agents (``RAM_LIVE_SINGLE_READ=0``: never).
+    The engine rules out ``validate_first``, reused counts, ``dist``, ``compile`` and methods without global
+    counts."""
     return (settings.single_read() != "0"
-            and kernels is not None and kernels.single_read and method.needs_statistics(config)
             and bool(getattr(sink, "revisable", False))
             and k <= ram_native.MAX_UNSCALED_AGENTS and ram_native.kernels() is not None)
 
@@ -63,7 +60,7 @@ def single_read_pass(job: Job, plan: Plan, specs: dict[str, TensorSpec], progres
                       run_device: torch.device, digest: Any) -> tuple[RamStatistics, Any]:
     """RAM+ with global ρ reading the agents once: λ scales only the entries one agent alone changed, so each
     tensor is merged as RAM (those entries keep the agent's own value) while the same read counts, and an owner map
-    (:func:`ram_live.kernels.ram.plane_count` bits per entry) records who changed them alone; once every count is
+    (:func:`.native.plane_count` bits per entry) records who changed them alone; once every count is
     in, λ is applied there from the base and the output. The bits equal the two-pass merge's (same float32 ops in
     the same order). Tensors the native kernels do not take, and those whose owner map would pass
     :func:`owner_map_budget`, are counted in the first loop and merged after it (read twice).
@@ -125,7 +122,7 @@ def merge_unscaled(job: Job, key: str, digest: Any, planes: Tensor | None
     flat = dest.view(-1) if planes is not None and dest.is_contiguous() and dest.dtype == stream.base.dtype else None
     native = None if flat is None else native_for(stream, activity, flat, entries=("merge_unscaled", "rescale"))
     if flat is None or native is None:
-        stats, planes = count_tensor(stream, k, workers), None
+        stats, planes = count_tensor(stream, k, workers, kernels=job.kernels), None
     else:
         kernels, eps = native
         out, owners = flat, planes
@@ -142,7 +139,8 @@ def rescale(job: Job, key: str, flat: Tensor, planes: Tensor, run_state: Any) ->
     base_t, agent_ts, dev = reader.read(key)
     stream = DeltaStream(key, base_t, agent_ts, reader.names, dev, job.chunk_numel, job.activity, job.workspace)
     stream.range_done = reader.range_releaser(key)
-    state = job.method.prepare(job.config, StreamView(stream), run_state) if job.method.prepare else run_state
+    view = StreamView(stream, job.kernels)
+    state = job.method.prepare(job.config, view, run_state) if job.method.prepare else run_state
     lambdas = state.to(dtype=torch.float32).contiguous()
     kernels = ram_native.kernels()
     workers = worker_count(job.workers, dev)

@@ -1,17 +1,16 @@
 """RAM as single expressions over the K + 1 inputs of a chunk, for ``torch.compile`` to fuse into one pass
-(``merge(..., compile=True)``), and their compiled builds (:func:`compiled`)."""
+(``merge(..., compile=True)``; built by :func:`ram_live.engine.compiling.compiled`)."""
 
 from __future__ import annotations
 
-import types
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from .activity import active_delta
+from ...functional.activity import active_delta
 
-__all__ = ["compiled", "ram_counts_fused", "ram_fused_", "ram_fused_weighted_"]
+__all__ = ["ram_fused_", "ram_fused_weighted_"]
 
 
 def ram_fused_(out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, eps: float,
@@ -107,43 +106,3 @@ def ram_fused_weighted_(out: Tensor, base: Tensor, agents: Sequence[Tensor], imp
     merged = base_f - mean
     out.copy_(merged)
     return merged.sum()
-
-
-def ram_counts_fused(base: Tensor, agents: Sequence[Tensor], eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """RAM statistics of one chunk in one expression (for ``torch.compile``): per agent the active and unique
-    entries (float32, exact for chunks of fewer than 2^24 entries), and Σ τ over every agent (NaN/Inf in any
-    input show there). Same rule as :class:`RamCounter`."""
-    base_f = base.float()
-    count = torch.zeros_like(base_f)
-    check = torch.zeros_like(base_f)
-    masks = []
-    for agent in agents:
-        delta = active_delta(agent, base_f, eps)
-        mask = (delta != 0).float()  # float sums vectorise (bool sums do not); exact below 2^24 per chunk
-        masks.append(mask)
-        count = count + mask
-        check = check + delta
-    one = (count == 1.0).float()
-    active = torch.stack([m.sum() for m in masks])
-    unique = torch.stack([(m * one).sum() for m in masks])
-    return active, unique, check.sum()
-
-
-_COMPILED: dict[tuple[str, bool, Any], Any] = {}
-
-
-def compiled(kernel: Any, static: bool = False, key: Any = None) -> Any:
-    """``kernel`` (:func:`ram_fused_` or :func:`ram_counts_fused`) compiled once per process and per ``key``.
-
-    ``static=True`` specialises on the chunk's length (the engine's full chunks: reductions then run several
-    times faster); the dynamic-shape build takes each tensor's last, shorter chunk. The engine keys builds by
-    the number of agents and whether λ is given. Each build compiles a private copy of the function: Dynamo
-    caches graphs per code object, so builds of one function would share, evict and (past its recompile limit)
-    silently drop each other's graphs.
-    """
-    name = (kernel.__name__, static, key)
-    if name not in _COMPILED:
-        private = types.FunctionType(kernel.__code__.replace(), kernel.__globals__, kernel.__name__,
-                                     kernel.__defaults__, kernel.__closure__)
-        _COMPILED[name] = torch.compile(private, dynamic=not static)
-    return _COMPILED[name]

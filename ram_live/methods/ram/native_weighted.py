@@ -1,8 +1,8 @@
-"""Native CPU kernel of curvature-aware RAM: :mod:`ram_live.kernels.ram`'s merge with the shared entries' mean
+"""Native CPU kernel of curvature-aware RAM: :mod:`ram_live.methods.ram.native`'s merge with the shared entries' mean
 weighted by each agent's importances, which are read chunk by chunk beside the agents (one more input each, no
 scratch: the extra memory stays that of the plain merge).
 
-The operations and their order are :class:`ram_live.functional.WeightedRamAccumulator`'s (an online maximum M of
+The operations and their order are :class:`~.accumulators.WeightedRamAccumulator`'s (an online maximum M of
 the active agents' importances; S = −Σ w·τ, W = Σ w with w = h / M, rescaled by M_old / M_new when the maximum
 grows; w = 1 where M = 0), compiled without contraction into FMAs, so both give the same bits (tested). The
 kernel also counts importances that are negative, NaN or Inf (with the non-finite results: the engine then names
@@ -22,14 +22,14 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from . import cc
-from .ram import DTYPES, FLAGS, MAX_AGENTS
+from ...kernels import cc
+from ...kernels.layout import DTYPES, FLAGS, MAX_AGENTS
 
 __all__ = ["Kernels", "FLAGS", "build", "kernels", "supports"]
 
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-#: importance.c's parts (its RAM_PART numbers) by (input, importance) dtype codes (:data:`DTYPES`): each a library
+#: ram_weighted.c's parts (its RAM_PART numbers) by (input, importance) dtype codes (:data:`DTYPES`): each a library
 #: of its own, built on its first call; part 0 (``ram_weighted_simd_bits`` alone) is :func:`build`'s check.
 PARTS = {(1, 1): 1, (1, 0): 2, (0, 1): 3, (0, 0): 4}
 _SIGNATURE = [_I32, _P, _P, _P, _I32, _P, _F32, _P, _I64, _I64, _I32]
@@ -49,7 +49,7 @@ class Kernels:
         fn = self._functions.get((in_dtype, imp_dtype))
         if fn is None:
             name = f"ram_merge_weighted_{_NAMES[in_dtype]}_{_NAMES[imp_dtype]}"
-            fn = cc.function("importance", PARTS[in_dtype, imp_dtype], name, self.flags, _SIGNATURE, _I64)
+            fn = cc.function("ram_weighted", PARTS[in_dtype, imp_dtype], name, self.flags, _SIGNATURE, _I64)
             self._functions[(in_dtype, imp_dtype)] = fn
         return fn
 
@@ -62,7 +62,7 @@ class Kernels:
                        lambdas: Tensor | None, eps: float, start: int, end: int, sign: bool = False) -> int:
         """θ* of flat entries ``[start, end)`` into ``out`` with the shared entries' mean weighted by
         ``importances`` (flat, one per agent); ``lambdas``: float32 λ per agent or None; ``sign``: RAM's
-        ``shared="sign"`` (:class:`~ram_live.functional.WeightedRamAccumulator`'s ``sign``). Returns the number
+        ``shared="sign"`` (:class:`~.accumulators.WeightedRamAccumulator`'s ``sign``). Returns the number
         of non-finite results plus a positive count where some importance is negative, NaN or Inf (0: all
         valid)."""
         k = len(agents)
@@ -75,8 +75,9 @@ class Kernels:
 
 
 def supports(base: Tensor, importances: Sequence[Tensor]) -> bool:
-    """Whether the kernel takes these importances (the agents and output are :func:`ram_live.kernels.ram.supports`'
-    business): CPU, contiguous, as long as the base, one dtype of float32/bfloat16."""
+    """Whether the kernel takes these importances (the agents and output are
+    :func:`ram_live.kernels.layout.supports`' business): CPU, contiguous, as long as the base, one dtype of
+    float32/bfloat16."""
     return (0 < len(importances) <= MAX_AGENTS and importances[0].dtype in DTYPES
             and all(h.device.type == "cpu" and h.is_contiguous() and h.numel() == base.numel()
                     and h.dtype == importances[0].dtype for h in importances))
@@ -89,7 +90,7 @@ _KERNELS: Kernels | None | bool = False
 def build(flags: Sequence[str] | None = None) -> Kernels | None:
     """The kernel compiled with ``flags`` (default: this host's build level; each part built on first use, once
     per machine, loaded once per process), or None where it cannot be built."""
-    return cc.bind("importance", _bind, flags)
+    return cc.bind("ram_weighted", _bind, flags)
 
 
 def _bind(lib: Any, flags: tuple[str, ...]) -> Kernels:
@@ -100,4 +101,4 @@ def _bind(lib: Any, flags: tuple[str, ...]) -> Kernels:
 def kernels() -> Kernels | None:
     """The compiled kernel of this host's level, built on first use (once per machine); None where it cannot be
     or ``RAM_LIVE_NATIVE=0``."""
-    return cc.kernels("importance", _bind) if _KERNELS is False else _KERNELS
+    return cc.kernels("ram_weighted", _bind) if _KERNELS is False else _KERNELS

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
-from .errors import ConfigError
-from .option_checks import check_choice, check_lambdas, check_names, check_range
+from ...errors import ConfigError
+from ...option_checks import check_choice, check_lambdas, check_names, check_range
 
 __all__ = ["FLAT_NAMES", "Given", "Lam", "RAM_METHODS", "RULES", "RamConfig", "RhoClip", "RhoSoft", "Unit",
            "flat_fields"]

@@ -3,7 +3,7 @@
 (:meth:`Kernels.merge_unscaled`, which merges as RAM while counting and records who alone changed what, then
 :meth:`Kernels.rescale`, which applies λ there once the counts are in).
 
-The same float32 operations in the same order as :class:`ram_live.functional.RamAccumulator` and
+The same float32 operations in the same order as :class:`ram_live.methods.ram.accumulators.RamAccumulator` and
 :class:`~ram_live.functional.RamCounter` (τ = θ_t − θ₀; ``hardshrink``'s rule; Σ −τ; the mean over active agents
 or λ·τ where one agent is active; θ₀ − that), compiled without contraction into FMAs, so both give the same bits
 (tested); bfloat16 outputs round to nearest even as torch does. On CPUs with AVX-512 (F, BW, DQ) 32 entries of
@@ -25,16 +25,14 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from . import cc
+from ...kernels import cc
+from ...kernels.layout import DTYPES, FLAGS, MAX_AGENTS, supports
 
-MAX_AGENTS = 32
+__all__ = ["DTYPES", "FLAGS", "MAX_AGENTS", "MAX_UNSCALED_AGENTS", "Kernels", "build", "kernels", "plane_count",
+           "planes_numel", "supports"]
+
 #: Most agents :meth:`Kernels.merge_unscaled` takes (owner + 1 in at most 5 planes).
 MAX_UNSCALED_AGENTS = 31
-DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-
-#: The flags of this host's build level (:func:`ram_live.kernels.cc.flags`): AVX-512 (F, BW, DQ) loops where the CPU
-#: has them, the portable vector loops (AVX2, NEON, baseline) elsewhere.
-FLAGS = cc.flags() if cc.native_enabled() else cc.COMMON_FLAGS
 
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -79,7 +77,7 @@ class Kernels:
               start: int, end: int, sign: bool = False) -> int:
         """θ* of flat entries ``[start, end)`` of ``base``/``agents`` into ``out`` (flat, same length);
         ``lambdas``: float32 λ per agent (RAM+) or None; ``sign``: RAM's ``shared="sign"``
-        (:class:`~ram_live.functional.RamAccumulator`'s ``sign``). Returns how many results are not finite."""
+        (:class:`~.accumulators.RamAccumulator`'s ``sign``). Returns how many results are not finite."""
         ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
         lam = None if lambdas is None else ctypes.c_void_p(lambdas.data_ptr())
         return int(self._fn("merge", DTYPES[base.dtype])(DTYPES[out.dtype], base.data_ptr(), ptrs, len(agents),
@@ -132,15 +130,6 @@ def plane_count(k: int) -> int:
 def planes_numel(numel: int, k: int) -> int:
     """int32 words of the owner planes of a tensor of ``numel`` entries."""
     return -(-numel // 32) * plane_count(k)
-
-
-def supports(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> bool:
-    """Whether the kernels take these flat tensors: CPU, contiguous, one input dtype of float32/bfloat16, an
-    output of either, at most :data:`MAX_AGENTS` agents."""
-    tensors = [base, *agents] + ([] if out is None else [out])
-    return (base.dtype in DTYPES and 0 < len(agents) <= MAX_AGENTS
-            and all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
-            and all(a.dtype == base.dtype for a in agents) and (out is None or out.dtype in DTYPES))
 
 
 #: Tests' seam: None forces the torch paths, False (the default) leaves :func:`kernels` to the shared loader.
