@@ -13,10 +13,9 @@ merged generalist (:mod:`.search_record`: :func:`~.search_record.save_record`, r
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..loading import load_callable
+from .candidates import SwappedPrompts, swapped_in, tensors_of
 from .search_record import jsonable, save_record
 
 __all__ = ["SearchSetting", "record_of", "search_metrics"]
@@ -54,6 +54,10 @@ class SearchSetting:
         space, seed: as in :func:`ram_live.search` (``None``: its default space).
         confirm, confirm_top: a second held-out evaluation (same kind as ``evaluate``) for the best
             ``confirm_top`` candidates, reported next to the selection score.
+
+    Raises:
+        ConfigError: an option is not valid (budget, fidelity, confirm_top, seed, mode, metric, or an evaluate /
+            confirm that is neither a callable, a dotted path nor None).
 
     Example:
         >>> s = SearchSetting(evaluate=lambda m: {"loss": 0.5}, metric="loss", mode="min", budget=20)
@@ -95,7 +99,17 @@ class SearchSetting:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | SearchSetting | None) -> SearchSetting | None:
-        """From a plain mapping (a config group such as verl's ``ram.search``); unknown keys raise."""
+        """From a plain mapping (a config group such as verl's ``ram.search``).
+
+        Args:
+            values: the options by name, a setting (returned as it is) or None.
+
+        Returns:
+            The setting, or None for None.
+
+        Raises:
+            ConfigError: ``values`` is not a mapping, holds an unknown option, or an option is not valid.
+        """
         if values is None or isinstance(values, SearchSetting):
             return values
         if not isinstance(values, Mapping):
@@ -107,17 +121,45 @@ class SearchSetting:
         return cls(**dict(values))
 
     def evaluation(self, fallback: Callable[..., Any] | None = None) -> Callable[..., Any]:
-        """The selection evaluation as a callable: ``evaluate`` (a dotted path loaded), else ``fallback``."""
+        """The selection evaluation as a callable: ``evaluate`` (a dotted path loaded), else ``fallback``.
+
+        Args:
+            fallback: the callback's own evaluation, used when ``evaluate`` is None.
+
+        Returns:
+            The evaluation.
+
+        Raises:
+            ConfigError: neither is given, or the dotted path does not load.
+        """
         fn = load_callable(self.evaluate, "search evaluate") if self.evaluate is not None else fallback
         if fn is None:
             raise ConfigError("search needs an evaluation: set SearchSetting(evaluate=...) or the callback's evaluate")
         return fn
 
     def confirmation(self) -> Callable[..., Any] | None:
+        """The confirming evaluation as a callable (a dotted path loaded).
+
+        Returns:
+            ``confirm``, or None when not set.
+
+        Raises:
+            ConfigError: the dotted path does not load.
+        """
         return load_callable(self.confirm, "search confirm") if self.confirm is not None else None
 
     def score(self, value: Any) -> float:
-        """The number ``search`` maximises, from what the evaluation returned (negated for ``mode="min"``)."""
+        """The number ``search`` maximises, from what the evaluation returned.
+
+        Args:
+            value: a number, a tensor (its mean) or a dict of metrics (``metric``, or ``ram/<metric>``, picked).
+
+        Returns:
+            The metric's value, negated for ``mode="min"``.
+
+        Raises:
+            ConfigError: the dict lacks ``metric``, or has several keys and no ``metric`` is set.
+        """
         if isinstance(value, Mapping):
             if self.metric is None:
                 if len(value) != 1:
@@ -135,11 +177,22 @@ class SearchSetting:
         return number if self.mode == "max" else -number
 
     def metric_value(self, score: float) -> float:
-        """The metric's own value of a search score (undoes the sign of ``mode="min"``)."""
+        """The metric's own value of a search score.
+
+        Args:
+            score: a score :meth:`score` returned.
+
+        Returns:
+            The metric's value (the sign of ``mode="min"`` undone).
+        """
         return score if self.mode == "max" else -score
 
     def describe(self) -> dict[str, Any]:
-        """The setting as JSON-able values (callables by name)."""
+        """The setting as JSON-able values.
+
+        Returns:
+            Option name → value (callables as ``module:qualname``).
+        """
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
@@ -225,14 +278,14 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
 
     def wrap(fn: Callable[..., Any]) -> Callable[[Any], float]:
         def evaluate(merged: Any) -> float:
-            with _swapped_in(live, merged):  # the score is taken while swapped in: it may be a view of the weights
+            with swapped_in(live, merged):  # the score is taken while swapped in: it may be a view of the weights
                 score = setting.score(fn(model))
             if c.world_size > 1:
                 total = c.all_reduce_sum_(torch.tensor([score], dtype=torch.float64))
                 score = float(total.item()) / c.world_size
             return score
         if prompt_protocol(fn) and setting.mode == "max":
-            return _SwappedPrompts(fn, evaluate, live, model, c)
+            return SwappedPrompts(fn, evaluate, live, model, c)
         if setting.fidelity not in (None, "full"):
             raise ConfigError(f"search fidelity={setting.fidelity!r} needs an evaluation that scores prompts one by "
                               "one (ram_live.evaluate.rewards) and mode='max'")
@@ -252,59 +305,7 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
     record["file"] = str(path)
     if c.rank == 0:
         save_record(path, record, result, durable=schedule.durable)
-    return _tensors_of(tensors), info, record
-
-
-class _SwappedPrompts:
-    """The prompt protocol of an evaluation such as :func:`ram_live.evaluate.rewards`, with each candidate swapped
-    into the training model for ``prompt_scores`` (restored after); under DDP each prompt's score is averaged over
-    the ranks, so every rank races alike. (``mode="min"`` does not apply: rewards are higher-is-better.)"""
-
-    def __init__(self, fn: Any, evaluate: Callable[[Any], float], live: Any, model: Any, collective: Any) -> None:
-        self.fn, self._evaluate, self.live, self.model, self.c = fn, evaluate, live, model, collective
-
-    def __call__(self, merged: Any) -> float:
-        return self._evaluate(merged)
-
-    def prompt_tasks(self) -> list[str]:
-        return list(self.fn.prompt_tasks())
-
-    def aggregate(self, values: Mapping[int, float | None]) -> Any:
-        return self.fn.aggregate(values)
-
-    def prompt_scores(self, merged: Any, indices: Any) -> list[float | None]:
-        import torch
-
-        with _swapped_in(self.live, merged):
-            out = list(self.fn.prompt_scores(self.model, indices))
-        if self.c.world_size > 1:
-            given = torch.tensor([math.nan if v is None else float(v) for v in out], dtype=torch.float64)
-            total = self.c.all_reduce_sum_(torch.nan_to_num(given, nan=0.0))
-            seen = self.c.all_reduce_sum_((~torch.isnan(given)).double())
-            out = [None if n == 0 else float(t) / float(n) for t, n in zip(total.tolist(), seen.tolist())]
-        return out
-
-
-@contextlib.contextmanager
-def _swapped_in(live: Any, merged: Any) -> Iterator[None]:
-    """``merged``'s tensors swapped into the training model ``live`` while the block runs, swapped back after."""
-    from .tensors import swap_tensors
-
-    tensors = _tensors_of(merged)
-    swap_tensors(live, tensors)
-    try:
-        yield
-    finally:
-        swap_tensors(live, tensors)
-
-
-def _tensors_of(merged: Any) -> dict[str, Tensor]:
-    if isinstance(merged, Mapping):
-        return dict(merged)
-    tensors = getattr(merged, "tensors", None)  # a LocalModel
-    if isinstance(tensors, Mapping):
-        return {k: getattr(t, "tensor", t) for k, t in tensors.items()}
-    return dict(merged.state_dict())
+    return tensors_of(tensors), info, record
 
 
 # ----------------------------------------------------------------------------------------------- helpers
