@@ -298,7 +298,13 @@ class BoxSource:
 
 @dataclass(frozen=True)
 class SnapshotInfo:
-    """A snapshot as listed (its manifest is read on :meth:`open` / :attr:`manifest`)."""
+    """A snapshot as listed (its manifest is read on :meth:`open` / :attr:`manifest`).
+
+    Attributes:
+        store: the store it is in.
+        agent: the agent's name.
+        step: the snapshot's step.
+    """
 
     store: StoreFolder = field(repr=False)
     agent: str
@@ -313,5 +319,13 @@ class SnapshotInfo:
         return read_json(self.path)
 
     def open(self, device: torch.device | str = "cpu") -> Snapshot:
+        """Open the snapshot (:meth:`SnapshotStore.open <ram_live.store.SnapshotStore.open>`).
+
+        Args:
+            device: where its tensors are read to.
+
+        Returns:
+            The :class:`Snapshot`.
+        """
         return self.store.open(self.agent, self.step, device=device)
 

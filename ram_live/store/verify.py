@@ -63,7 +63,13 @@ class VerifyEntry:
 
 @dataclass
 class VerifyReport:
-    """Every base and snapshot checked, with the problems found (``ok``: none)."""
+    """Every base and snapshot checked, with the problems found (``ok``: none).
+
+    Attributes:
+        root: the store's folder.
+        entries: one :class:`VerifyEntry` per base or snapshot checked.
+        seconds: how long the check took.
+    """
 
     root: str
     entries: list[VerifyEntry] = field(default_factory=list)
@@ -87,11 +93,21 @@ class VerifyReport:
         return sum(e.bytes for e in self.entries)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-able values.
+
+        Returns:
+            The totals and every entry.
+        """
         return {"store": self.root, "ok": self.ok, "checked": len(self.entries), "problems": len(self.problems),
                 "unverified": len(self.unverified), "bytes": self.bytes, "seconds": self.seconds,
                 "entries": [asdict(e) for e in self.entries]}
 
     def table(self) -> str:
+        """The report as a text table.
+
+        Returns:
+            One line per entry, then the totals.
+        """
         lines = [f"{'what':<32}{'files':>6}{'checked MB':>12}  result"]
         for e in self.entries:
             result = e.problem or ("ok" if e.checksummed else "ok (no checksums: written by an older ram_live)")

@@ -121,6 +121,21 @@ class SnapshotWriter:
     ``activity="changed"`` (default) is lossless. ``activity="abs"`` keeps only entries with |τ| > ``eps``: the
     reconstruction is then the base elsewhere, which RAM (whose rule drops those entries anyway) merges identically
     when its own ``eps`` is at least the snapshot's.
+
+    Args:
+        store: the store (a :class:`~ram_live.store.SnapshotStore`).
+        agent: the agent's name.
+        base: the base model (module, state dict or source; DTensor parameters: this rank's shards).
+        activity: ``"changed"`` or ``"abs"``.
+        eps: the threshold of ``"abs"``.
+        collective: the ranks' collective (default: this process alone).
+        clone_base: keep a copy of ``base``, not the live tensors.
+        writer: ``False`` on ranks that hold a replica and must not write (DDP ranks > 0).
+        trusted_fingerprint: see above.
+
+    Raises:
+        ConfigError: ``agent``, ``activity`` or ``eps`` is not valid.
+        BaseMismatchError: the store's base is another one.
     """
 
     def __init__(self, store: SnapshotTarget, agent: str, base: Any, *, activity: str = "changed", eps: float = 0.0,
@@ -151,6 +166,13 @@ class SnapshotWriter:
                 :func:`ram_live.importance.adam_importance`; DTensors: their local shards are kept with the
                 local shards of the weights), stored at the snapshot's active entries (:mod:`.importance_codes`).
 
+        Returns:
+            The new :class:`Snapshot` on rank 0, None on the other ranks.
+
+        Raises:
+            InputMismatchError: the model's tensors differ from the base's (keys, shapes, dtypes).
+            ConfigError: ``step`` or ``importance`` is not valid.
+
         Example:
             >>> writer.snapshot(model, step=50, importance=adam_importance(opt, model))      # doctest: +SKIP
         """
@@ -160,7 +182,15 @@ class SnapshotWriter:
 
     def capture(self, model: Any, importance: Mapping[str, Tensor] | None = None) -> Capture:
         """The changed values of every owned tensor (and their ``importance``, see :meth:`snapshot`), on the CPU
-        (the part of a snapshot a rank writes). Importances are checked before anything is written."""
+        (the part of a snapshot a rank writes). Importances are checked before anything is written.
+
+        Args:
+            model: the agent (module, state dict, source or :class:`LocalModel`).
+            importance: per-parameter importances, as :meth:`snapshot` takes them.
+
+        Returns:
+            The :class:`Capture`, for :meth:`write`.
+        """
         local = model if isinstance(model, LocalModel) else LocalModel.from_obj(model, name=self.agent)
         tensors: dict[str, Tensor] = {}
         pieces: dict[str, list[dict[str, Any]]] = {}
@@ -181,7 +211,17 @@ class SnapshotWriter:
 
     def write(self, capture: Capture, step: int, *, epoch: int | None = None,
               extra: Mapping[str, Any] | None = None) -> Snapshot | None:
-        """Write a :meth:`capture` (possibly in another thread): part files, then rank 0's manifest."""
+        """Write a :meth:`capture` (possibly in another thread): part files, then rank 0's manifest.
+
+        Args:
+            capture: what :meth:`capture` took.
+            step: the training step (names the snapshot).
+            epoch: recorded in the manifest.
+            extra: JSON-able values kept in the manifest's ``extra``.
+
+        Returns:
+            The new :class:`Snapshot` on rank 0, None on the other ranks.
+        """
         c = self.collective
         nonce = c.broadcast_json(uuid.uuid4().hex[:12]) if c.world_size > 1 else uuid.uuid4().hex[:12]
         part = self.store.write_part(self.agent, step, nonce, c.rank, capture.tensors, capture.pieces) \
