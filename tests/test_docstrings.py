@@ -70,8 +70,6 @@ PENDING = {
     "ram_live.MergekitPlan.merge", "ram_live.ProbeReport", "ram_live.ProbeReport.layers",
     "ram_live.ProbeReport.plot", "ram_live.ProbeReport.statistics", "ram_live.ProbeReport.table",
     "ram_live.ProbeReport.to_dict", "ram_live.RelativeThreshold", "ram_live.RelativeThreshold.cut",
-    "ram_live.SearchResult", "ram_live.SearchResult.margin", "ram_live.SearchResult.plot",
-    "ram_live.SearchResult.save", "ram_live.SearchResult.table", "ram_live.SearchResult.to_dict",
     "ram_live.Snapshot", "ram_live.Snapshot.aliases", "ram_live.Snapshot.base_source", "ram_live.Snapshot.get",
     "ram_live.Snapshot.get_box", "ram_live.Snapshot.keys", "ram_live.Snapshot.records",
     "ram_live.Snapshot.restrict", "ram_live.Snapshot.spec", "ram_live.Snapshot.stored",

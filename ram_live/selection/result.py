@@ -157,7 +157,22 @@ class SearchResult:
     ``history``: every trial in order. ``budget``: as given (``60`` or ``"20x"``); ``spent``: what the trials cost,
     in candidates or full evaluations' worth of prompts. Seconds: ``merge_seconds`` (every merge, the
     confirmation re-merges included), ``evaluate_seconds`` (every call of ``evaluate`` and ``confirm``),
-    ``overhead_seconds`` (the rest: opening inputs, bookkeeping)."""
+    ``overhead_seconds`` (the rest: opening inputs, bookkeeping).
+
+    Attributes:
+        history: every trial, in order.
+        budget: the budget as given.
+        seed: the search's seed.
+        agents: the agents' names, in order.
+        merge_seconds, evaluate_seconds, overhead_seconds: the time split above.
+        statistics_passes: merges that computed statistics (counts) later merges reuse.
+        budgets: the evaluations each arm of the search space used.
+        spent: what the trials cost.
+
+    Example:
+        >>> result = ram_live.search(models, base=base, evaluate=score, budget=60)          # doctest: +SKIP
+        >>> merged = ram_live.merge(models, base=base, **result.best)                       # doctest: +SKIP
+    """
 
     history: list[Trial]
     budget: int | str
@@ -208,13 +223,21 @@ class SearchResult:
         return self.merge_seconds + self.evaluate_seconds + self.overhead_seconds
 
     def margin(self) -> float | None:
-        """Best score minus the best baseline's (0 when a baseline wins), or None without baselines."""
+        """How far the winner beats the best baseline.
+
+        Returns:
+            Best score minus the best baseline's (0 when a baseline wins), or None without baselines.
+        """
         baseline = self.best_baseline
         return None if baseline is None else self.best_score - float(baseline.score)  # type: ignore[arg-type]
 
     def table(self) -> str:
         """Every trial, in order (``*``: the winner; ``!``: extrapolates past :data:`EXTRAPOLATION_FAR`), then
-        a summary of the winner, the best baseline and the time split."""
+        a summary of the winner, the best baseline and the time split.
+
+        Returns:
+            The table as text.
+        """
         best = self.best_trial.index
         confirm = any(t.confirm_score is not None for t in self.history)
         raced = any(t.fidelity < 1.0 for t in self.history)
@@ -255,8 +278,11 @@ class SearchResult:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able (strict JSON: α = ∞ is the string "inf"; :func:`from_json` turns ``best`` back into
-        options)."""
+        """The result as JSON-able values.
+
+        Returns:
+            Strict JSON values (α = ∞ is the string "inf"; :func:`from_json` turns ``best`` back into options).
+        """
         baseline = self.best_baseline
         return to_json({
             "best": {"method": self.best_trial.method, **self.best_trial.shown}, "best_score": self.best_score,
@@ -271,14 +297,28 @@ class SearchResult:
         })
 
     def save(self, folder: str | Path) -> None:
-        """``search.json`` and ``table.txt`` in ``folder`` (written atomically)."""
+        """Write ``search.json`` (:meth:`to_dict`) and ``table.txt`` (:meth:`table`), each atomically.
+
+        Args:
+            folder: where they go (made if missing).
+        """
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         _write_atomic(folder / "search.json", json.dumps(self.to_dict(), indent=2) + "\n")
         _write_atomic(folder / "table.txt", self.table() + "\n")
 
     def plot(self, path: str | Path) -> Path:
-        """A PNG of the scores by family, the winner and the best baseline marked (needs matplotlib)."""
+        """A PNG of the scores by family, the winner and the best baseline marked.
+
+        Args:
+            path: the PNG's path.
+
+        Returns:
+            ``path``.
+
+        Raises:
+            ConfigError: matplotlib is not installed.
+        """
         from .plot import plot_result
 
         return plot_result(self, Path(path))
