@@ -104,9 +104,21 @@ def merge_task_vectors(
     chunk_numel: int = DEFAULT_CHUNK_NUMEL,
     **options: Any,
 ) -> Any:
-    """Merge task vectors τ_t given directly (``{key: τ}`` per agent, e.g. LoRA ΔW) into τ* ``{key: τ*}``.
+    """Merge task vectors τ_t given directly (``{key: τ}`` per agent, e.g. LoRA ΔW) into τ* ``{key: τ*}``:
+    :func:`merge` of ``θ₀ + τ_t`` onto a base θ₀ = 0.
 
-    Same methods and options as :func:`merge`; equivalent to merging ``θ₀ + τ_t`` onto a base θ₀ = 0.
+    Args:
+        task_vectors: ``{key: τ}`` per agent, a sequence or a mapping from agent name.
+        method: as in :func:`merge` (default ``"ram_plus"``).
+        return_info: also return the :class:`~ram_live.types.MergeInfo`.
+        chunk_numel: entries per chunk.
+        **options: :func:`merge`'s other keywords and the method's options.
+
+    Returns:
+        τ* as ``{key: tensor}`` (with ``return_info=True``: ``(τ*, MergeInfo)``).
+
+    Raises:
+        NoAgentsError: no task vectors; otherwise what :func:`merge` raises.
 
     >>> tau = merge_task_vectors([{"w": d1}, {"w": d2}], method="ram", eps=0.0)      # doctest: +SKIP
     """
@@ -140,42 +152,61 @@ def merge(
     importance: Any = None,
     **options: Any,
 ) -> Any:
-    """Merge ``models`` (agents fine-tuned from ``base``) with ``method`` (default: ``config``'s method, or
-    ``"ram_plus"``); ``options`` go to its config, or ``config`` is the method's config (``RamConfig(...)``,
-    ``TiesConfig(...)``). A method name and a config that disagree (``method="ram", config=RamConfig()``, which
-    is RAM+) are a :class:`~ram_live.errors.ConfigError`; so are RAM options given both ways.
+    """Merge ``models`` (agents fine-tuned from ``base``) with ``method``, tensor by tensor, on the device where the
+    weights are, inputs untouched. Parameters are merged; buffers and non-float tensors come from the base.
 
-    Returns what ``base`` is: a new ``nn.Module`` of the base's structure (inputs untouched), the base itself
-    with ``inplace=True``, or a state dict (also for a path base); with ``out=`` writes safetensors (a file
-    ``*.safetensors`` or a Hugging Face folder, sharded at ``max_shard_bytes``, with the base folder's config and
-    tokenizer files) and returns its path. Parameters are merged; buffers and
-    non-float tensors come from the base. ``return_info=True`` returns ``(result, MergeInfo)``;
-    ``progress=True`` draws a progress bar on stderr (or pass a :class:`~ram_live.progress.ProgressHook`);
-    ``workers``: CPU threads that share each tensor's chunks (default: torch's thread count, at most 8).
-    ``process_group``: merge across the ranks of an initialised torch.distributed group (``True``: the default
-    group): checkpoints are split tensor by tensor (each rank writes its shards of ``out=``; without ``out=``
-    each rank returns a state dict of its own tensors), DTensor-sharded modules merge their local shards.
-    Kernels (RAM family; all give the same bits): on CPU, native C kernels for float32/bfloat16 inputs (built once
-    per machine with ``cc``; ``RAM_LIVE_NATIVE=0`` turns them off); ``compile=True`` uses ``torch.compile``-fused
-    kernels instead (each process compiles once per number of agents: seconds with a warm inductor cache, tens
-    of seconds cold); ``compile="auto"`` (default) compiles merges of at least 4 G agent-entries (Σ numel × K)
-    where a toolchain is there (Triton on CUDA/XPU, a C++ compiler on CPU), except on CPU when the native kernels
-    are available (they are faster); ``False`` never compiles. A toolchain that fails falls
-    back to torch ops with a warning before anything is written; so do float16/float64 and mixed dtypes.
-    ``statistics``: RAM+ with global ρ counts every agent's active and unique entries in a first pass; pass the
-    counts of an earlier merge or probe of the same inputs (``info.statistics``, ``report.statistics()``) to
-    skip it, e.g. in a sweep over ``r`` or ``alpha``. They must come from the same agents (names, order), the
-    same activity rule and the same tensors (checked, and a digest of every tensor's first and last 64 entries:
-    swapped or further-trained checkpoints are refused, a change only in the middle of tensors is not seen);
-    methods that need no global counts ignore them, and ``inplace=True`` counts again (its first pass validates).
-    ``importance`` (RAM family; docs/curvature.md): ``{agent name: importances}``, each a state dict, a
-    ``.safetensors`` file/folder or a TensorSource of non-negative tensors of the parameters' shapes (e.g.
-    :func:`ram_live.importance.adam_importance`); the shared entries become the importance-weighted mean of the
-    active agents' τ (the plain mean where every active agent's importance is 0; equal importances: RAM's bits).
-    Every merged agent needs one with every merged tensor; negative, NaN or Inf entries are errors naming agent
-    and tensor. ``importance="stored"``: the importances stored with the store snapshots being merged (every agent
-    must carry them, else a ConfigError naming the agents without). ``importance=None`` (default) is plain RAM,
-    also for snapshots that carry importances. ``MergeInfo.extra["importance"]``: ``"given"`` or ``"stored"``.
+    Args:
+        models: the agents: ``nn.Module`` s, state dicts, safetensors files or Hugging Face folders (or cached
+            ``org/name[@revision]`` ids), store snapshots, any :class:`~ram_live.io.sources.TensorSource`; a
+            sequence, or a mapping from agent name.
+        base: the model they were trained from (same kinds); None where the agents carry it (store snapshots).
+        method: a registered method's name (``"ram"``, ``"ram_plus"``, ``"ram_plus_soft"``, ``"ties"``,
+            ``"dare_ties"``, ...); default: ``config``'s method, else ``"ram_plus"``.
+        inplace: write the merge into ``base`` (an ``nn.Module``), after a validation pass.
+        out: write safetensors there (a ``*.safetensors`` file or a Hugging Face folder, sharded at
+            ``max_shard_bytes``, with the base folder's config and tokenizer files) and return its path.
+        device: where to merge (default: where each tensor is).
+        dtype: the stored dtype of a state-dict or file output (float16, bfloat16, float32, float64).
+        chunk_numel: entries per chunk (extra memory does not grow with the number of agents).
+        max_shard_bytes: largest safetensors shard of ``out=``.
+        return_info: also return a :class:`~ram_live.types.MergeInfo` (kernels, passes, λ and ρ, seconds).
+        progress: ``True`` draws a bar on stderr; or a :class:`~ram_live.progress.ProgressHook`.
+        workers: CPU threads that share each tensor's chunks (default: torch's thread count, at most 8).
+        process_group: merge across the ranks of an initialised torch.distributed group (``True``: the default
+            group): checkpoints are split tensor by tensor (each rank writes its shards of ``out=``, or returns a
+            state dict of its own tensors), DTensor-sharded modules merge their local shards.
+        compile: ``True`` runs a method's ``torch.compile`` kernels (RAM's: compiled once per process and number
+            of agents); ``"auto"`` (default) compiles merges of at least 4 G agent-entries where a toolchain is
+            there, except on CPU where the native C kernels are built (they are faster); ``False`` never. A
+            toolchain that fails falls back to torch ops with a warning before anything is written. Every kernel
+            of the RAM family gives the same bits (``RAM_LIVE_NATIVE=0`` turns the native ones off).
+        statistics: the counts of an earlier merge or probe of the same inputs (``info.statistics``,
+            ``report.statistics()``), to skip RAM+'s counting pass, e.g. in a sweep over ``r``. Checked: the same
+            agents (names, order), activity rule and tensors (and a digest of each tensor's first and last 64
+            entries). Methods without global counts ignore them; ``inplace=True`` counts again.
+        config: the method's config (``RamConfig(...)``, ``TiesConfig(...)``); it names the method.
+        importance: curvature-aware RAM (docs/curvature.md). None (default): plain RAM, also for snapshots that
+            carry importances. ``{agent name: importances}``: each a state dict, a ``.safetensors`` file/folder, a
+            TensorSource or a number, of non-negative values of the parameters' shapes (e.g.
+            :func:`ram_live.importance.adam_importance`); the shared entries become the importance-weighted mean of
+            the active agents' τ (equal importances: RAM's bits). ``"stored"``: the importances stored with the
+            store snapshots being merged. ``MergeInfo.extra["importance"]`` says ``"given"`` or ``"stored"``.
+        **options: the method's options as keywords (``r=0.2``, ``density=0.2``), instead of ``config``.
+
+    Returns:
+        What ``base`` is: a new ``nn.Module`` of the base's structure, the base itself with ``inplace=True``, or a
+        state dict (also for a path base); the path written with ``out=``; with ``return_info=True``,
+        ``(result, MergeInfo)``.
+
+    Raises:
+        ConfigError: an unknown option or a bad value; a method name and a config that disagree
+            (``method="ram", config=RamConfig()``, which is RAM+); RAM options given both ways; ``importance=``
+            other than None, a mapping or ``"stored"``, or ``"stored"`` where an agent carries none (named).
+        UnknownMethodError: ``method`` is not registered.
+        NoAgentsError / MissingBaseError: no agents, or no base to merge onto.
+        InputMismatchError: names, shapes or dtypes that disagree, or invalid importances (agent and tensor named).
+        NonFiniteError: a NaN/Inf input or merged value (tensor and agent named), before an in-place merge writes.
+        OutputExistsError / OutOfSpaceError: ``out=`` exists, or the disk cannot hold it (nothing left behind).
 
     >>> merged = merge([coder, tool_agent], base=base_model, method="ties", density=0.2)   # doctest: +SKIP
     >>> sd = merge({"a": sd_a, "b": sd_b}, base=base_sd, method="task_arithmetic", scale=0.5)  # doctest: +SKIP

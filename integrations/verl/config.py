@@ -102,10 +102,10 @@ class RAMVerlOptions:
         durable: fsync snapshot files before their manifest.
         importance: ``"adam"`` (default): store each rank's ``exp_avg_sq`` boxes from the checkpoint's
             ``optim_world_size_W_rank_R.pt`` with the snapshot (never gathered; :mod:`.optim`), and the merges
-            weigh by them (``importance="stored"``, docs/curvature.md: a full-weight agent's snapshot without them
-            is a ConfigError naming it; LoRA snapshots never carry them and merge plain); a checkpoint without
-            usable optimizer state (no ``optimizer`` in ``save_contents``): one warning, a snapshot without.
-            ``null``: never, plain RAM.
+            weigh by them (``importance="stored"``, docs/curvature.md); a checkpoint without usable optimizer state
+            (no ``optimizer`` in ``save_contents``): one warning, a snapshot without. Merges are plain RAM where no
+            agent's snapshots carry importances (LoRA snapshots never do), and a ConfigError naming the agents
+            without where only some do. ``null``: never, plain RAM.
         importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (default false).
     """
 

@@ -87,12 +87,15 @@ def _lora_merge(snaps: dict[str, Any], o: RAMVerlOptions) -> tuple[dict[str, Any
 
 
 def stored_importance(snaps: Mapping[str, Any], o: RAMVerlOptions) -> str | None:
-    """The merges' ``importance=``: ``"stored"`` under ``ram.importance=adam`` for full-weight snapshots (each
-    must carry them: a ConfigError names the agents without); None (plain RAM) under ``ram.importance=null`` and
-    for LoRA snapshots, which never carry importances."""
+    """The merges' ``importance=``: ``"stored"`` under ``ram.importance=adam`` for full-weight snapshots that carry
+    importances (every one must: a ConfigError names the agents without); None (plain RAM) under
+    ``ram.importance=null``, for LoRA snapshots, and where no snapshot carries any (checkpoints saved without the
+    optimizer's state: the snapshot step logged it once per agent)."""
     from .lora import is_lora_snapshot
 
     if o.importance != "adam" or any(is_lora_snapshot(s) for s in snaps.values()):
+        return None
+    if all(getattr(s, "importance", None) is None for s in snaps.values()):
         return None
     return "stored"
 

@@ -73,8 +73,8 @@ class CheckpointReader:
             stored[:] = [imp is not None]
             if imp is None and not self.warned_importance:
                 self.warned_importance = True
-                log.warning("ram_live: %s: snapshots without importances (%s); merges with ram.importance=adam "
-                            "refuse them (ram.importance=null: plain RAM)", self.opts.agent, why)
+                log.warning("ram_live: %s: snapshots without importances (%s); merges are plain RAM where no "
+                            "agent's snapshots carry them, refused where some do", self.opts.agent, why)
         if imp is not None:
             for alias, target in shards.aliases.items():
                 imp[alias] = imp[target]

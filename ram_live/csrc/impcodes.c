@@ -1,4 +1,4 @@
-/* The snapshot store's 8-bit importance codes (ram_live/kernels/codes.py; the format: ram_live/store/importance.py).
+/* The snapshot store's 8-bit importance codes (ram_live/kernels/codes.py; the format: ram_live/store/importance_codes.py).
    Built by ram_live/kernels/cc.py. Integer operations only, so every build level gives the bits of the torch path.
 
    ram_imp_encode reads the importances at a piece's stored entries once (all of them, at int32/int64 indices or

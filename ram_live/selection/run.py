@@ -1,9 +1,8 @@
-"""The search loop: merge each candidate into the one reused output, evaluate it, move on."""
+"""``search``: its options checked, the merger, scorer and space built, the families run within the budget
+(:class:`~.loop.SearchRun`, the loop), the result checked and confirmed."""
 
 from __future__ import annotations
 
-import json
-import math
 import numbers
 import time
 import warnings
@@ -14,16 +13,13 @@ from torch import Tensor
 from ..api import Model, Models
 from ..errors import ConfigError, SearchError
 from ..importance import STORED, resolve_importance
-from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult, Trial, describe, to_json
-from .effects import effect_key
-from .moves import Moves
+from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult
 from .budget import spend
-from .refine import Refinements
-from .space import DEFAULT_SPACE, Family, parse_space, side_of
+from .space import DEFAULT_SPACE, parse_space
 from .fidelity import Scorer, parse_budget, parse_fidelity
-from .outcome import run_candidate, side_reference
 from .parallel import Pool, check_parallel
 from .target import Merger
+from .loop import SearchRun, finite_score
 from .adapters import AdapterMerger, adapter_agents, adapter_space, check_families
 
 __all__ = ["search"]
@@ -143,7 +139,7 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
     merger = Merger(models, base, device=device, workers=workers) if adapter_input is None else AdapterMerger(
         adapter_input, device=device, workers=workers)
     scorer = Scorer(evaluate, finite_score, halving, in_prompts)
-    run = _Run(merger, scorer, units, int(seed), progress)
+    run = SearchRun(merger, scorer, units, int(seed), progress)
     if STORED in [v for v in variants.values() if isinstance(v, str)]:
         resolve_importance(STORED, merger.agents)  # a ConfigError naming the agents without, before any trial
     run.importance = variants
@@ -177,27 +173,6 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
     return result
 
 
-def finite_score(raw: Any) -> float | None:
-    """``raw`` as a finite float (a one-element tensor or array is taken as its value), or None when it is not a
-    real number or does not fit a float (NaN, ±inf, an integer too large for a float, a bool, a string)."""
-    if isinstance(raw, Tensor) and raw.numel() == 1:
-        raw = raw.item()
-    elif hasattr(raw, "item") and getattr(raw, "size", None) == 1 and not isinstance(raw, numbers.Real):
-        raw = raw.item()  # a one-element numpy array
-    if not isinstance(raw, numbers.Real) or isinstance(raw, bool):
-        return None
-    try:
-        value = float(raw)
-    except (OverflowError, ValueError, TypeError):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def _by_identity(value: Any) -> str:
-    """A candidate's key for what JSON cannot hold (an explicit candidate's importance tensors): the object."""
-    return f"<{type(value).__name__} {id(value)}>"
-
-
 def importance_variants(importance: Any) -> dict[str, Any]:
     """``search``'s ``importance=`` as ``{label: {agent: importances} or "stored"}``: ``"stored"`` as the variant
     ``"stored"``; a mapping of labels to per-agent mappings (every value a mapping whose own values are not
@@ -218,154 +193,3 @@ def importance_variants(importance: Any) -> dict[str, Any]:
            and not any(isinstance(x, Tensor) for x in v.values()) for v in importance.values()):
         return {str(label): m for label, m in importance.items()}
     return {"given": importance}
-
-
-class _Run(Moves, Refinements):
-    def __init__(self, merger: Merger, scorer: Scorer, budget: float, seed: int, progress: Any) -> None:
-        self.merger, self.scorer, self.budget, self.seed = merger, scorer, budget, seed
-        self.min_cost = 1.0  # a candidate starts only while its full evaluation fits (then nothing is cut short)
-        self.pool: Pool | None = None
-        self.left = 0.0
-        self.importance: dict[str, Any] = {}
-        self.labels: dict[int, str] = {}
-        self.history: list[Trial] = []
-        self.seen: dict[str, Trial] = {}
-        self.used = 0.0
-        self.merge_seconds = self.evaluate_seconds = 0.0
-        self.progress_hook = progress if progress is not None and hasattr(progress, "update") and hasattr(
-            progress, "start") else None
-        self.callback = progress if progress is not None and self.progress_hook is None else None
-        if progress is not None and self.progress_hook is None and not callable(progress):
-            raise ConfigError(f"progress must be a callable taking each Trial, or a ProgressHook; got {progress!r}")
-        if self.progress_hook is not None:
-            self.progress_hook.start("search", math.ceil(budget), 0)
-
-    # ------------------------------------------------------------------------------------------- one trial
-
-    def run_family(self, family: Family, allowance: int) -> bool:
-        """Run ``family`` with at most ``allowance`` new evaluations; True when it ran to its end (budget left)."""
-        self.left = allowance
-        self.current = family
-        if self.left > 0:
-            getattr(self, f"_{family.kind}")(family)
-        return self._room(self.left) and self._room(self.budget - self.used)
-
-    def _prepare(self, candidate: dict[str, Any]) -> tuple[dict[str, Any], str, str | None]:
-        """The candidate as it is merged, its key (options as JSON, importances by label) and that label."""
-        label_of = self.labels.get(id(candidate.get("importance"))) if "importance" in candidate else None
-        key = json.dumps(to_json({**candidate, "importance": label_of} if label_of else candidate), sort_keys=True,
-                         default=_by_identity)
-        return candidate, key, label_of
-
-    def prefetch(self, candidates: list[dict[str, Any]]) -> None:
-        """Tell the worker pool (``parallel`` > 1) what :meth:`trial` will be asked next, in that order: the ones
-        not seen yet are started now, as many as the budget could pay for; what was prefetched before and is not
-        in this plan is dropped."""
-        if self.pool is None:
-            return
-        planned = []
-        for candidate in candidates:
-            candidate, key, _ = self._prepare(candidate)
-            if key not in self.seen and effect_key(candidate, self.merger) not in self.seen:
-                planned.append((key, candidate))
-        self.pool.discard(k for k in list(self.pool.pending) if k not in {k for k, _ in planned})
-        room = int(min(self.left, self.budget - self.used) + 1e-9)
-        for key, candidate in planned[:max(0, room)]:
-            self.pool.submit(key, candidate, side_reference(self.scorer, candidate))
-
-    def trial(self, candidate: dict[str, Any]) -> Trial | None:
-        """Merge and score ``candidate`` (a repeat costs nothing: its earlier trial), or None when the family's or
-        the search's budget is spent."""
-        candidate, key, label_of = self._prepare(candidate)
-        effect = effect_key(candidate, self.merger)
-        if key in self.seen or effect in self.seen:
-            return self.seen[key if key in self.seen else effect]  # type: ignore[index]
-        if not (self._room(self.left) and self._room(self.budget - self.used)):
-            return None
-        family = self.current
-        index = len(self.history)
-        shown = {k: v for k, v in candidate.items() if k != "method"}
-        if label_of:
-            shown["importance"] = label_of
-        label = f"#{index} {candidate['method']}({describe(shown)})"
-        reference = side_reference(self.scorer, candidate)
-        if self.pool is not None:
-            outcome = self.pool.score(key, candidate, reference, label)
-        else:
-            outcome = run_candidate(self.merger, self.scorer, candidate, reference)
-        if outcome.statistics is not None and outcome.statistics[0] not in self.merger.statistics:
-            self.merger.statistics[outcome.statistics[0]] = outcome.statistics[1]
-            self.merger.statistics_passes += 1
-        if outcome.nonfinite is not None:
-            if outcome.nonfinite.agent is not None or not self.history:
-                raise outcome.nonfinite  # an input holds NaN/Inf: every candidate would fail
-            trial = self._record(family, candidate, None, 0.0, 0.0, math.nan, None, str(outcome.nonfinite))
-            self.seen[key] = trial
-            return trial
-        self.merge_seconds += outcome.merge_seconds
-        self.evaluate_seconds += outcome.evaluate_seconds
-        if outcome.not_a_number is not None:
-            raise SearchError(f"evaluate returned {outcome.not_a_number} for candidate {label}: it must return a "
-                              "finite number (higher is better)", candidate=candidate)
-        if outcome.raised is not None:
-            exc = outcome.raised
-            raise SearchError(f"evaluate raised {type(exc).__name__} on candidate {label}: {exc}",
-                              candidate=candidate) from exc
-        scored = outcome.scored
-        self.scorer.record(side_of(candidate["method"]), scored)
-        self.used += scored.cost
-        self.left -= scored.cost
-        trial = self._record(family, candidate, scored.score, outcome.merge_seconds, outcome.evaluate_seconds,
-                             outcome.extrapolation, outcome.lambdas, None)
-        trial.fidelity, trial.tasks, trial.stop = scored.fidelity, scored.tasks, scored.stop
-        self.seen[key] = trial
-        effect = effect or effect_key(candidate, self.merger)  # the counts may be known now
-        if effect is not None:
-            self.seen.setdefault(effect, trial)
-        return trial
-
-    def _record(self, family: Family, candidate: dict[str, Any], score: float | None, merge_s: float,
-                eval_s: float, extrapolation: float, lambdas: dict[str, float] | None, error: str | None) -> Trial:
-        options = {k: v for k, v in candidate.items() if k != "method"}
-        trial = Trial(len(self.history), family.name, candidate["method"], options, score, merge_s, eval_s,
-                      extrapolation, side_of(candidate["method"]), lambdas, error=error,
-                      importance=self.labels.get(id(options.get("importance"))) if "importance" in options else None)
-        self.history.append(trial)
-        if self.callback is not None:
-            self.callback(trial)
-        elif self.progress_hook is not None:
-            self.progress_hook.update(f"{trial.label()} -> {score}", 0)
-        return trial
-
-    def _room(self, left: float) -> bool:
-        return left >= self.min_cost - 1e-9
-
-    def _score(self, fn: Evaluate, merged: Any, candidate: dict[str, Any], label: str, what: str
-               ) -> tuple[float, float]:
-        t0 = time.perf_counter()
-        try:
-            raw = fn(merged)
-        except Exception as exc:
-            raise SearchError(f"{what} raised {type(exc).__name__} on candidate {label}: {exc}",
-                              candidate=candidate) from exc
-        seconds = time.perf_counter() - t0
-        self.evaluate_seconds += seconds
-        score = finite_score(raw)
-        if score is None:
-            raise SearchError(f"{what} returned {raw!r:.80} for candidate {label}: it must return a finite number "
-                              "(higher is better)", candidate=candidate)
-        return score, seconds
-
-    def incumbent(self, side: str) -> Trial | None:
-        scored = [t for t in self.history if t.side == side and t.complete]
-        return max(scored, key=lambda t: (t.score, -t.index)) if scored else None
-
-    # ------------------------------------------------------------------------------------------- confirm
-
-    def confirm(self, fn: Evaluate, result: SearchResult, top: int) -> None:
-        ranked = sorted(result.scored, key=lambda t: (-t.score, t.index))[:top]  # type: ignore[operator]
-        for trial in ranked:
-            merged, _, merge_s = self.merger.merge(trial.candidate)
-            self.merge_seconds += merge_s
-            trial.confirm_score, _ = self._score(fn, merged, trial.candidate, f"#{trial.index} {trial.label()}",
-                                                 "confirm")

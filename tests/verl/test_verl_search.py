@@ -85,3 +85,24 @@ def test_search_options_are_validated_with_the_ram_group(tmp_path):
         options_from_mapping({**common, "search": {"budget": 4}})
     with pytest.raises(ConfigError, match="merge_every"):
         options_from_mapping({**common, "merge_every": None, "search": {"evaluate": "math:sqrt"}})
+
+
+def test_the_merges_importance_follows_what_the_snapshots_carry():
+    """``ram.importance=adam``: "stored" where the snapshots carry importances (a mix is then refused by the merge,
+    naming the agents without); plain RAM where none does (checkpoints saved without the optimizer's state) and
+    for LoRA snapshots; ``null``: always plain."""
+    from types import SimpleNamespace
+
+    from ram_live.integrations.verl.config import RAMVerlOptions
+    from ram_live.integrations.verl.merging import stored_importance
+
+    def snap(importance, lora=False):
+        return SimpleNamespace(importance=importance, manifest={"extra": {"verl": {"lora": lora}}})
+
+    adam, off = RAMVerlOptions(agent="a"), RAMVerlOptions(agent="a", importance=None)
+    assert adam.importance == "adam"
+    assert stored_importance({"a": snap(object()), "b": snap(object())}, adam) == "stored"
+    assert stored_importance({"a": snap(object()), "b": snap(None)}, adam) == "stored"  # the merge names "b"
+    assert stored_importance({"a": snap(None), "b": snap(None)}, adam) is None
+    assert stored_importance({"a": snap(None, lora=True), "b": snap(None, lora=True)}, adam) is None
+    assert stored_importance({"a": snap(object()), "b": snap(object())}, off) is None
