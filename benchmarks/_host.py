@@ -23,8 +23,14 @@ def cpu_model() -> str:
     """``lscpu``'s "Model name", else /proc/cpuinfo's "model name", else :func:`platform.processor`."""
     if shutil.which("lscpu"):
         try:
-            out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False, timeout=10,
-                                 env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"}).stdout
+            out = subprocess.run(
+                ["lscpu"],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=10,
+                env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"},
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             out = ""
         for line in out.splitlines():
@@ -39,7 +45,7 @@ def cpu_model() -> str:
 
 @functools.lru_cache(maxsize=1)
 def cpu_isa() -> str:
-    """"AVX-512" when /proc/cpuinfo's flags have ``avx512f``, else "AVX2" with ``avx2``, else the machine's arch."""
+    """ "AVX-512" when /proc/cpuinfo's flags have ``avx512f``, else "AVX2" with ``avx2``, else the machine's arch."""
     return isa_of(_cpuinfo(), platform.machine())
 
 

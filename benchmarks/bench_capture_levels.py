@@ -32,11 +32,14 @@ REPS = 5
 def main() -> None:
     torch.set_num_threads(1)
     host = cc.host_level()
-    levels = [lv for lv in ("avx512", "avx2", "scalar") if lv == host or lv == "scalar" or
-              (lv == "avx2" and host == "avx512")]
+    levels = [
+        lv for lv in ("avx512", "avx2", "scalar") if lv == host or lv == "scalar" or (lv == "avx2" and host == "avx512")
+    ]
     builds = {lv: select_module.build(cc.flags(lv)) for lv in levels}
-    print(f"CPU {cpu_label()}, load {os.getloadavg()[0]:.1f}, builds "
-          + ", ".join(f"{lv}: {'none' if k is None else k.simd_bits}" for lv, k in builds.items()))
+    print(
+        f"CPU {cpu_label()}, load {os.getloadavg()[0]:.1f}, builds "
+        + ", ".join(f"{lv}: {'none' if k is None else k.simd_bits}" for lv, k in builds.items())
+    )
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32):
         base = torch.rand(N, generator=g).to(dtype)
@@ -53,8 +56,11 @@ def main() -> None:
                     else:
                         _encode_native(np, kernels, cur, base, split=False)
                     best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
-            print(f"{str(dtype):15} {density:6}: "
-                  + "  ".join(f"{name} {t / N * 1e9:.3f}" for name, t in best.items()) + "  ns/entry")
+            print(
+                f"{str(dtype):15} {density:6}: "
+                + "  ".join(f"{name} {t / N * 1e9:.3f}" for name, t in best.items())
+                + "  ns/entry"
+            )
     print(f"load {os.getloadavg()[0]:.1f}")
 
 

@@ -38,15 +38,20 @@ def plain_loop(m, tok, prompts: list[str], max_new: int, batch_size: int) -> lis
     out = []
     with torch.no_grad():
         for s in range(0, len(prompts), batch_size):
-            enc = tok(prompts[s:s + batch_size], return_tensors="pt", padding=True)
-            gen = m.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id)
-            out.extend(gen[:, enc["input_ids"].shape[1]:].tolist())
+            enc = tok(prompts[s : s + batch_size], return_tensors="pt", padding=True)
+            gen = m.generate(
+                **enc,
+                max_new_tokens=max_new,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
+            out.extend(gen[:, enc["input_ids"].shape[1] :].tolist())
     return out
 
 
 def cut(ids: list[int], eos: int) -> list[int]:
-    return ids[:ids.index(eos) + 1] if eos in ids else ids
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
 
 
 def main() -> None:
@@ -60,15 +65,15 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=6)
     args = ap.parse_args()
     tok = h.tokenizer()
-    prompts = [(h.PROMPTS[i % len(h.PROMPTS)] + " " + h.CHARS[i % 26] * (i % 5)).strip()
-               for i in range(args.prompts)]
+    prompts = [(h.PROMPTS[i % len(h.PROMPTS)] + " " + h.CHARS[i % 26] * (i % 5)).strip() for i in range(args.prompts)]
     base = model(args.hidden, args.layers, 0)
-    evaluate = rewards(prompts, h.length, tokenizer=tok, max_new_tokens=args.max_new_tokens,
-                       batch_size=args.batch_size)
+    evaluate = rewards(prompts, h.length, tokenizer=tok, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
     n_params = sum(p.numel() for p in base.parameters())
     print(f"## bench_evaluate ({cpu_label()}, torch threads {torch.get_num_threads()})")
-    print(f"Llama {n_params / 1e6:.2f} M parameters (hidden {args.hidden}, {args.layers} layers, float32), "
-          f"{args.prompts} prompts, max_new_tokens {args.max_new_tokens}, batch {args.batch_size}")
+    print(
+        f"Llama {n_params / 1e6:.2f} M parameters (hidden {args.hidden}, {args.layers} layers, float32), "
+        f"{args.prompts} prompts, max_new_tokens {args.max_new_tokens}, batch {args.batch_size}"
+    )
 
     plain_loop(base, tok, prompts, args.max_new_tokens, args.batch_size)  # warm-up
     evaluate(base)
@@ -84,9 +89,11 @@ def main() -> None:
     same = evaluate.per_prompt == expected
     ratio = statistics.median(ours) / statistics.median(theirs)
     ratios = [a / b for a, b in zip(ours, theirs)]
-    print(f"plain generate loop: {statistics.median(theirs):.3f} s   rewards(): {statistics.median(ours):.3f} s "
-          f"(medians of {args.repeats})   ratio {ratio:.3f} (per repetition {min(ratios):.3f}–{max(ratios):.3f}; "
-          f"target <= 1.1)   same tokens: {same}")
+    print(
+        f"plain generate loop: {statistics.median(theirs):.3f} s   rewards(): {statistics.median(ours):.3f} s "
+        f"(medians of {args.repeats})   ratio {ratio:.3f} (per repetition {min(ratios):.3f}–{max(ratios):.3f}; "
+        f"target <= 1.1)   same tokens: {same}"
+    )
 
     agents = {f"agent{i}": model(args.hidden, args.layers, i + 1).state_dict() for i in range(2)}
     with torch.no_grad():  # agents near the base: a base plus a sparse change
@@ -97,9 +104,11 @@ def main() -> None:
     t0 = time.perf_counter()
     result = search(agents, base=base, evaluate=evaluate, budget=args.budget)
     wall = time.perf_counter() - t0
-    print(f"search (budget {args.budget}, module base): wall {wall:.2f} s, evaluate {result.evaluate_seconds:.2f} s "
-          f"({100 * result.evaluate_seconds / wall:.1f} %), merge {result.merge_seconds:.2f} s "
-          f"({100 * result.merge_seconds / wall:.1f} %), other {result.overhead_seconds:.2f} s")
+    print(
+        f"search (budget {args.budget}, module base): wall {wall:.2f} s, evaluate {result.evaluate_seconds:.2f} s "
+        f"({100 * result.evaluate_seconds / wall:.1f} %), merge {result.merge_seconds:.2f} s "
+        f"({100 * result.merge_seconds / wall:.1f} %), other {result.overhead_seconds:.2f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,22 @@ def trained(regime: str, n: int, seed: int, quick: bool, threads: int, folder: P
     args = argparse.Namespace(seed=seed, threads=threads)
     got = reuse.load(folder, args, s, tasks, target)
     if got is None:
-        cmd = [sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), "--regime", regime, "--agents", str(n),
-               "--seed", str(seed), "--threads", str(threads), "--train-only", "--reuse-trained", "--out", str(folder)]
+        cmd = [
+            sys.executable,
+            str(ROOT / "examples" / "rl_merge_demo.py"),
+            "--regime",
+            regime,
+            "--agents",
+            str(n),
+            "--seed",
+            str(seed),
+            "--threads",
+            str(threads),
+            "--train-only",
+            "--reuse-trained",
+            "--out",
+            str(folder),
+        ]
         if quick:
             cmd.append("--quick")
         print("training:", " ".join(cmd), flush=True)
@@ -99,8 +113,17 @@ def trace(result: Any, n_prompts: int) -> list[dict[str, Any]]:
             prompts += round(t.fidelity * n_prompts)
             if t.fidelity >= 1.0:
                 best = t.score if best is None else max(best, t.score)
-        out.append({"index": t.index, "family": t.family, "fidelity": t.fidelity, "score": t.score,
-                    "stop": t.stop, "prompts": prompts, "best_full": best})
+        out.append(
+            {
+                "index": t.index,
+                "family": t.family,
+                "fidelity": t.fidelity,
+                "score": t.score,
+                "stop": t.stop,
+                "prompts": prompts,
+                "best_full": best,
+            }
+        )
     return out
 
 
@@ -143,25 +166,46 @@ def parallel_run(regime: str, n: int, seed: int, args: argparse.Namespace) -> di
             load0 = os.getloadavg()[0]
             row = search_row(agents, base, sel, test, seed=seed, parallel=workers, **ROWS[label])
             rows[f"{label} parallel={workers}"] = {
-                "wall": row["seconds"]["wall"], "selection": row["selection"], "test": row["test"]["mean"],
-                "scores": [t.score for t in row["result"].history], "load_before": load0,
-                "load_after": os.getloadavg()[0]}
-            print(f"{name} {label} parallel={workers}: {row['seconds']['wall']:.1f} s, selection "
-                  f"{row['selection']:.3f}", flush=True)
+                "wall": row["seconds"]["wall"],
+                "selection": row["selection"],
+                "test": row["test"]["mean"],
+                "scores": [t.score for t in row["result"].history],
+                "load_before": load0,
+                "load_after": os.getloadavg()[0],
+            }
+            print(
+                f"{name} {label} parallel={workers}: {row['seconds']['wall']:.1f} s, selection {row['selection']:.3f}",
+                flush=True,
+            )
         one, two = rows[f"{label} parallel=1"], rows[f"{label} parallel=2"]
         two["same_trials_as_parallel_1"] = one["scores"] == two["scores"]
-    return {"run": name, "regime": regime, "agents": n, "seed": seed, "selection_per_task": per_task,
-            "inputs": "state dicts (no stored importances)", "threads": args.threads, "cpu": cpu_label(),
-            "cpus": os.cpu_count(), "library": library(), "rows": rows}
+    return {
+        "run": name,
+        "regime": regime,
+        "agents": n,
+        "seed": seed,
+        "selection_per_task": per_task,
+        "inputs": "state dicts (no stored importances)",
+        "threads": args.threads,
+        "cpu": cpu_label(),
+        "cpus": os.cpu_count(),
+        "library": library(),
+        "rows": rows,
+    }
 
 
 def parallel_table(res: dict[str, Any]) -> str:
-    lines = [f"| {res['regime']} N={res['agents']} seed {res['seed']} | wall s, parallel=1 | wall s, parallel=2 | "
-             "2 / 1 | same trials |", "|---|---|---|---|---|"]
+    lines = [
+        f"| {res['regime']} N={res['agents']} seed {res['seed']} | wall s, parallel=1 | wall s, parallel=2 | "
+        "2 / 1 | same trials |",
+        "|---|---|---|---|---|",
+    ]
     for label in ("20x full", "20x halving"):
         one, two = res["rows"][f"{label} parallel=1"], res["rows"][f"{label} parallel=2"]
-        lines.append(f"| {label} | {one['wall']:.1f} | {two['wall']:.1f} | {two['wall'] / one['wall']:.2f} | "
-                     f"{'yes' if two['same_trials_as_parallel_1'] else 'no'} |")
+        lines.append(
+            f"| {label} | {one['wall']:.1f} | {two['wall']:.1f} | {two['wall'] / one['wall']:.2f} | "
+            f"{'yes' if two['same_trials_as_parallel_1'] else 'no'} |"
+        )
     return "\n".join(lines)
 
 
@@ -176,22 +220,44 @@ def one_run(regime: str, n: int, seed: int, args: argparse.Namespace) -> dict[st
         row = search_row(agents, base, sel, test, seed=seed, **kwargs)
         steps = trace(row["result"], n_prompts)
         out = summary(row)
-        out.update({"label": label, "trace": steps, "load_before": load0, "load_after": os.getloadavg()[0],
-                    "gap": row["selection"] - row["test"]["mean"],
-                    "evaluations_worth": row["prompt_evaluations"] / n_prompts})
+        out.update(
+            {
+                "label": label,
+                "trace": steps,
+                "load_before": load0,
+                "load_after": os.getloadavg()[0],
+                "gap": row["selection"] - row["test"]["mean"],
+                "evaluations_worth": row["prompt_evaluations"] / n_prompts,
+            }
+        )
         rows[label] = out
-        print(f"{name} {label:<20} test {row['test']['mean']:.3f} selection {row['selection']:.3f} "
-              f"spent {out['evaluations_worth']:.2f}x {row['evaluations']} candidates "
-              f"({row['full_fidelity']} full) {row['seconds']['wall']:.1f} s", flush=True)
+        print(
+            f"{name} {label:<20} test {row['test']['mean']:.3f} selection {row['selection']:.3f} "
+            f"spent {out['evaluations_worth']:.2f}x {row['evaluations']} candidates "
+            f"({row['full_fidelity']} full) {row['seconds']['wall']:.1f} s",
+            flush=True,
+        )
     target = rows[REFERENCE]["selection"]
     for row in rows.values():
         row["reach_reference_prompts"] = reach(row["trace"], target)
     same = [t["score"] for t in rows["20x full"]["trace"]] == [t["score"] for t in rows["20 (today)"]["trace"]]
-    return {"run": name, "regime": regime, "agents": n, "seed": seed, "quick": args.quick,
-            "selection_per_task": per_task, "prompts": n_prompts, "test_per_task": len(next(iter(test.values()))[0]),
-            "threads": args.threads, "cpu": cpu_label(), "library": library(), "reference": REFERENCE,
-            "reference_selection": target,
-            "20x_full_equals_20": same, "rows": rows}
+    return {
+        "run": name,
+        "regime": regime,
+        "agents": n,
+        "seed": seed,
+        "quick": args.quick,
+        "selection_per_task": per_task,
+        "prompts": n_prompts,
+        "test_per_task": len(next(iter(test.values()))[0]),
+        "threads": args.threads,
+        "cpu": cpu_label(),
+        "library": library(),
+        "reference": REFERENCE,
+        "reference_selection": target,
+        "20x_full_equals_20": same,
+        "rows": rows,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- tables
@@ -221,27 +287,51 @@ def stops(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         if options.get("importance") == "store":  # the snapshots' own importances: merge takes them unasked
             del options["importance"]
         full = evaluate(merge(agents, base=base, method=t["method"], **options))
-        ref = max(h["score"] for h in history[:t["index"]]
-                  if h["side"] == t["side"] and h["fidelity"] >= 1.0 and h["score"] is not None)
-        out.append({"index": t["index"], "family": t["family"], "fidelity": t["fidelity"], "estimate": t["score"],
-                    "full": full, "reference": ref, "wrong_stop": full >= ref - TOLERANCE,
-                    "beats_winner": full > winner + TOLERANCE})
+        ref = max(
+            h["score"]
+            for h in history[: t["index"]]
+            if h["side"] == t["side"] and h["fidelity"] >= 1.0 and h["score"] is not None
+        )
+        out.append(
+            {
+                "index": t["index"],
+                "family": t["family"],
+                "fidelity": t["fidelity"],
+                "estimate": t["score"],
+                "full": full,
+                "reference": ref,
+                "wrong_stop": full >= ref - TOLERANCE,
+                "beats_winner": full > winner + TOLERANCE,
+            }
+        )
     first = max(1, math.ceil(Halving().fractions[0] * run["selection_per_task"] - 1e-9)) / run["selection_per_task"]
-    return {"run": name, "regime": regime, "agents": n, "seed": seed, "winner": winner, "first_slice": first,
-            "stopped": out}
+    return {
+        "run": name,
+        "regime": regime,
+        "agents": n,
+        "seed": seed,
+        "winner": winner,
+        "first_slice": first,
+        "stopped": out,
+    }
 
 
 def stops_table(results: list[dict[str, Any]]) -> str:
-    lines = ["| setting | seed | stopped | at the 1st slice | at the 2nd | wrong stops (full ≥ its reference) | "
-             "would have beaten the winner | full − estimate, mean (points) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| setting | seed | stopped | at the 1st slice | at the 2nd | wrong stops (full ≥ its reference) | "
+        "would have beaten the winner | full − estimate, mean (points) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in sorted(results, key=lambda r: (r["regime"], r["agents"], r["seed"])):
         st = r["stopped"]
         first = r["first_slice"]
         gaps = [100 * (x["full"] - x["estimate"]) for x in st]
         early = sum(x["fidelity"] <= first + 1e-9 for x in st)
-        lines.append(f"| {r['regime']} N={r['agents']} | {r['seed']} | {len(st)} | {early} | {len(st) - early} | "
-                     f"{sum(x['wrong_stop'] for x in st)} | {sum(x['beats_winner'] for x in st)} | "
-                     f"{statistics.mean(gaps) if gaps else 0:+.1f} |")
+        lines.append(
+            f"| {r['regime']} N={r['agents']} | {r['seed']} | {len(st)} | {early} | {len(st) - early} | "
+            f"{sum(x['wrong_stop'] for x in st)} | {sum(x['beats_winner'] for x in st)} | "
+            f"{statistics.mean(gaps) if gaps else 0:+.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -258,8 +348,11 @@ def table(runs: list[dict[str, Any]]) -> str:
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in runs:
         groups.setdefault((r["regime"], r["agents"]), []).append(r)
-    lines = ["| setting | search | test mean % | selection % | gap (sel − test) | spent (× full eval) | "
-             "candidates (full) | wall s |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| setting | search | test mean % | selection % | gap (sel − test) | spent (× full eval) | "
+        "candidates (full) | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for (regime, n), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         for label in ROWS:
             got = [r["rows"][label] for r in rs if label in r["rows"]]
@@ -267,13 +360,19 @@ def table(runs: list[dict[str, Any]]) -> str:
                 continue
             cands = ms([g["evaluations"] for g in got], 1, 1)
             full = ms([g["full_fidelity"] for g in got], 1, 1)
-            lines.append(f"| {regime} N={n} ({len(got)} seeds) | {label} | {ms([g['test']['mean'] for g in got])} | "
-                         f"{ms([g['selection'] for g in got])} | {ms([g['gap'] for g in got])} | "
-                         f"{ms([g['evaluations_worth'] for g in got], 1, 2)} | {cands} ({full}) | "
-                         f"{ms([g['seconds']['wall'] for g in got], 1, 1)} |")
-    lines += ["", "| setting | seed | 60 (today): selection %, its best found at (× full eval) | 20x halving: "
-              "selection % | halving reaches the 60's score at (× full eval) | 60 / that | the 60's own / that | "
-              "20x full reaches it at |", "|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {regime} N={n} ({len(got)} seeds) | {label} | {ms([g['test']['mean'] for g in got])} | "
+                f"{ms([g['selection'] for g in got])} | {ms([g['gap'] for g in got])} | "
+                f"{ms([g['evaluations_worth'] for g in got], 1, 2)} | {cands} ({full}) | "
+                f"{ms([g['seconds']['wall'] for g in got], 1, 1)} |"
+            )
+    lines += [
+        "",
+        "| setting | seed | 60 (today): selection %, its best found at (× full eval) | 20x halving: "
+        "selection % | halving reaches the 60's score at (× full eval) | 60 / that | the 60's own / that | "
+        "20x full reaches it at |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for (regime, n), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         for r in sorted(rs, key=lambda r: r["seed"]):
             ref, raced = r["rows"][REFERENCE], r["rows"][RACED]
@@ -286,8 +385,10 @@ def table(runs: list[dict[str, Any]]) -> str:
             fair = "–" if got is None else f"{ref['reach_reference_prompts'] / got:.1f}"
             plain = r["rows"]["20x full"]["reach_reference_prompts"]
             plain_at = "not reached" if plain is None else f"{plain / r['prompts']:.0f}"
-            lines.append(f"| {regime} N={n} | {r['seed']} | {100 * ref['selection']:.1f}, {own:.0f} | "
-                         f"{100 * raced['selection']:.1f} | {at} | {fewer} | {fair} | {plain_at} |")
+            lines.append(
+                f"| {regime} N={n} | {r['seed']} | {100 * ref['selection']:.1f}, {own:.0f} | "
+                f"{100 * raced['selection']:.1f} | {at} | {fewer} | {fair} | {plain_at} |"
+            )
     return "\n".join(lines)
 
 
@@ -296,17 +397,28 @@ def main() -> None:
     parser.add_argument("--regimes", nargs="+", default=["dense", "sparse"], choices=["dense", "sparse"])
     parser.add_argument("--agents", nargs="+", type=int, default=[3, 8])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--full", dest="quick", action="store_false",
-                        help="the demo's default settings (default: --quick: 300 test, 100 selection prompts/task)")
+    parser.add_argument(
+        "--full",
+        dest="quick",
+        action="store_false",
+        help="the demo's default settings (default: --quick: 300 test, 100 selection prompts/task)",
+    )
     parser.add_argument("--n-sel", type=int, default=None, help="selection prompts per task (default: the demo's)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (training and evaluation)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_fidelity")
     parser.add_argument("--redo", action="store_true", help="run again where a run's JSON is there")
     parser.add_argument("--table-only", action="store_true", help="only the table of the JSONs in --out")
-    parser.add_argument("--stops", action="store_true",
-                        help="after the runs: every candidate the race stopped, scored on every selection prompt")
-    parser.add_argument("--parallel-on", default="dense:8:0", metavar="REGIME:N:SEED",
-                        help="the setting of the parallel=1 / 2 wall times ('none': skip them)")
+    parser.add_argument(
+        "--stops",
+        action="store_true",
+        help="after the runs: every candidate the race stopped, scored on every selection prompt",
+    )
+    parser.add_argument(
+        "--parallel-on",
+        default="dense:8:0",
+        metavar="REGIME:N:SEED",
+        help="the setting of the parallel=1 / 2 wall times ('none': skip them)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging

@@ -69,12 +69,18 @@ def kernel_times(k: int, numel: int, reps: int) -> dict[str, dict[str, float]]:
     src = torch.zeros((k + 2) * numel // 2, dtype=torch.bfloat16)  # copy_: reads and writes (2K + 4) bytes/entry
     dst = torch.zeros_like(src)
     plain, weighted = native.kernels(), wnative.kernels()
-    calls = {"plain": (lambda: plain.merge(out, base, agents, None, 1e-5, 0, numel), 2 * k + 4),
-             "importance float32": (lambda: weighted.merge_weighted(out, base, agents, imps32, None, 1e-5, 0,
-                                                                   numel), 6 * k + 4),
-             "importance bfloat16": (lambda: weighted.merge_weighted(out, base, agents, imps16, None, 1e-5, 0,
-                                                                    numel), 4 * k + 4),
-             "copy_ floor": (lambda: dst.copy_(src), 2 * k + 4)}
+    calls = {
+        "plain": (lambda: plain.merge(out, base, agents, None, 1e-5, 0, numel), 2 * k + 4),
+        "importance float32": (
+            lambda: weighted.merge_weighted(out, base, agents, imps32, None, 1e-5, 0, numel),
+            6 * k + 4,
+        ),
+        "importance bfloat16": (
+            lambda: weighted.merge_weighted(out, base, agents, imps16, None, 1e-5, 0, numel),
+            4 * k + 4,
+        ),
+        "copy_ floor": (lambda: dst.copy_(src), 2 * k + 4),
+    }
     best = {name: {"wall": float("inf"), "cpu": float("inf"), "bytes_per_entry": b} for name, (_, b) in calls.items()}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -116,11 +122,18 @@ def interleaved(first, second, reps: int) -> tuple[list[float], list[float], lis
     return a, b, ca, cb
 
 
-def _ratio_row(a: list[float], b: list[float], ca: list[float] | None = None, cb: list[float] | None = None,
-               **fields) -> dict:
-    row = dict(fields, plain_best=min(a), plain_median=statistics.median(a), with_best=min(b),
-               with_median=statistics.median(b), ratio_best=min(b) / min(a),
-               ratio_median=statistics.median([y / x for x, y in zip(a, b)]))
+def _ratio_row(
+    a: list[float], b: list[float], ca: list[float] | None = None, cb: list[float] | None = None, **fields
+) -> dict:
+    row = dict(
+        fields,
+        plain_best=min(a),
+        plain_median=statistics.median(a),
+        with_best=min(b),
+        with_median=statistics.median(b),
+        ratio_best=min(b) / min(a),
+        ratio_median=statistics.median([y / x for x, y in zip(a, b)]),
+    )
     if ca and cb:
         row.update(plain_cpu_best=min(ca), with_cpu_best=min(cb), cpu_ratio_best=min(cb) / min(ca))
     return row
@@ -128,10 +141,13 @@ def _ratio_row(a: list[float], b: list[float], ca: list[float] | None = None, cb
 
 def _print_ratio(label: str, row: dict) -> None:
     cpu = f", CPU time {row['cpu_ratio_best']:.2f} x" if "cpu_ratio_best" in row else ""
-    print(f"{label}: without best {row['plain_best'] * 1e3:.1f} ms median {row['plain_median'] * 1e3:.1f} ms | "
-          f"with best {row['with_best'] * 1e3:.1f} ms median {row['with_median'] * 1e3:.1f} ms | ratio of bests "
-          f"{row['ratio_best']:.2f} x, median of pairs {row['ratio_median']:.2f} x{cpu} "
-          f"[{'PASS' if row['ratio_best'] <= 1.5 else 'FAIL'} <= 1.5 x]", flush=True)
+    print(
+        f"{label}: without best {row['plain_best'] * 1e3:.1f} ms median {row['plain_median'] * 1e3:.1f} ms | "
+        f"with best {row['with_best'] * 1e3:.1f} ms median {row['with_median'] * 1e3:.1f} ms | ratio of bests "
+        f"{row['ratio_best']:.2f} x, median of pairs {row['ratio_median']:.2f} x{cpu} "
+        f"[{'PASS' if row['ratio_best'] <= 1.5 else 'FAIL'} <= 1.5 x]",
+        flush=True,
+    )
 
 
 def snapshot_rows(args: argparse.Namespace) -> list[dict]:
@@ -150,10 +166,13 @@ def snapshot_rows(args: argparse.Namespace) -> list[dict]:
     size = "quick" if args.size in ("quick", "tiny") else "full"
     base = bs.build(size, torch.device("cpu"))
     numel = sum(t.numel() for t in base.values())
-    print(f"CPU: {cpu_label()}, kernels built for {_level()}, importance codes by the "
-          f"{'torch' if args.torch_encoder else 'native'} encoder, {torch.get_num_threads()} torch threads; git "
-          f"{bm.git_state()}; load {bm.loadavg()}; snapshot of {numel / 1e6:.1f} M bf16 parameters, "
-          f"{2 * args.reps} interleaved pairs", flush=True)
+    print(
+        f"CPU: {cpu_label()}, kernels built for {_level()}, importance codes by the "
+        f"{'torch' if args.torch_encoder else 'native'} encoder, {torch.get_num_threads()} torch threads; git "
+        f"{bm.git_state()}; load {bm.loadavg()}; snapshot of {numel / 1e6:.1f} M bf16 parameters, "
+        f"{2 * args.reps} interleaved pairs",
+        flush=True,
+    )
     tmp = Path(tempfile.mkdtemp(prefix="ram-bench-imp-"))
     rows = []
     try:
@@ -192,8 +211,11 @@ def store_rows(args: argparse.Namespace) -> list[dict]:
     from ram_live.store import SnapshotStore
     from ram_live.store.importance_codes import ImportanceSource
 
-    print(f"CPU: {cpu_label()}, kernels built for {_level()}, {torch.get_num_threads()} torch threads; git "
-          f"{bm.git_state()}; load {bm.loadavg()}; {2 * args.reps} interleaved pairs", flush=True)
+    print(
+        f"CPU: {cpu_label()}, kernels built for {_level()}, {torch.get_num_threads()} torch threads; git "
+        f"{bm.git_state()}; load {bm.loadavg()}; {2 * args.reps} interleaved pairs",
+        flush=True,
+    )
     tmp = Path(tempfile.mkdtemp(prefix="ram-bench-imp-store-"))
     rows = []
     try:
@@ -216,12 +238,25 @@ def store_rows(args: argparse.Namespace) -> list[dict]:
                     a, b, ca, cb = interleaved(
                         lambda p=plain_snaps, v=variant: ram_live.merge(p, method=v),
                         lambda w=with_snaps, v=variant, s=sources: ram_live.merge(w, method=v, importance=s),
-                        2 * args.reps)
-                    row = _ratio_row(a, b, ca, cb, k=k, variant=variant, params=params, level=_level(),
-                                     read_as=str(dtype).removeprefix("torch."))
+                        2 * args.reps,
+                    )
+                    row = _ratio_row(
+                        a,
+                        b,
+                        ca,
+                        cb,
+                        k=k,
+                        variant=variant,
+                        params=params,
+                        level=_level(),
+                        read_as=str(dtype).removeprefix("torch."),
+                    )
                     rows.append(row)
-                    _print_ratio(f"K={k} {variant:9s} {params / 1e6:.1f} M from the store, importances read as "
-                                 f"{row['read_as']:8s}", row)
+                    _print_ratio(
+                        f"K={k} {variant:9s} {params / 1e6:.1f} M from the store, importances read as "
+                        f"{row['read_as']:8s}",
+                        row,
+                    )
             del base, plain_snaps, with_snaps, stores
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -237,11 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=["ram", "ram_plus"])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--snapshot", action="store_true", help="only: a snapshot with importances vs without")
-    parser.add_argument("--from-store", action="store_true", help="only: merge(store.latest_all()) with vs "
-                        "without stored importances")
+    parser.add_argument(
+        "--from-store", action="store_true", help="only: merge(store.latest_all()) with vs without stored importances"
+    )
     parser.add_argument("--densities", type=float, nargs="+", default=[0.005, 0.03, 0.5, 1.0])
-    parser.add_argument("--torch-encoder", action="store_true", help="--snapshot with the importance codes' torch "
-                        "path (the native encoder off, every other kernel on): the reference it replaced")
+    parser.add_argument(
+        "--torch-encoder",
+        action="store_true",
+        help="--snapshot with the importance codes' torch "
+        "path (the native encoder off, every other kernel on): the reference it replaced",
+    )
     args = parser.parse_args(argv)
     if args.snapshot or args.from_store:
         rows = snapshot_rows(args) if args.snapshot else store_rows(args)
@@ -250,16 +290,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import ram_live
 
-    print(f"CPU: {cpu_label()}, kernels built for {_level()}, {torch.get_num_threads()} torch threads; git "
-          f"{bm.git_state()}; load {bm.loadavg()}")
+    print(
+        f"CPU: {cpu_label()}, kernels built for {_level()}, {torch.get_num_threads()} torch threads; git "
+        f"{bm.git_state()}; load {bm.loadavg()}"
+    )
     rows: list[dict] = []
     for k in args.ks:
         best = kernel_times(k, 1 << 23, 3 * args.reps)
         rows.append(dict(k=k, kernel=best))
-        print(f"kernel alone, K={k}, 8.4 M bf16 entries per input, one thread, best of {3 * args.reps} (wall): "
-              + ", ".join(f"{name} {v['wall'] * 1e3:.1f} ms = {v['bytes_per_entry'] * (1 << 23) / v['wall'] / 1e9:.1f}"
-                          f" GB/s ({v['wall'] / best['plain']['wall']:.2f} x plain; bytes "
-                          f"{v['bytes_per_entry'] / (2 * k + 4):.2f} x)" for name, v in best.items()), flush=True)
+        print(
+            f"kernel alone, K={k}, 8.4 M bf16 entries per input, one thread, best of {3 * args.reps} (wall): "
+            + ", ".join(
+                f"{name} {v['wall'] * 1e3:.1f} ms = {v['bytes_per_entry'] * (1 << 23) / v['wall'] / 1e9:.1f}"
+                f" GB/s ({v['wall'] / best['plain']['wall']:.2f} x plain; bytes "
+                f"{v['bytes_per_entry'] / (2 * k + 4):.2f} x)"
+                for name, v in best.items()
+            ),
+            flush=True,
+        )
     tiny_base, tiny_agents = bm.build_inputs("tiny", 2)
     ram_live.merge(tiny_agents, base=tiny_base, importance=importances(tiny_base, 2, torch.float32))  # builds
     for k in args.ks:
@@ -273,18 +321,30 @@ def main(argv: list[str] | None = None) -> int:
                 def plain(agents: list = agents, base: dict = base, variant: str = variant) -> object:
                     return ram_live.merge(agents, base=base, method=variant)
 
-                def weighted(agents: list = agents, base: dict = base, variant: str = variant,
-                             imps: list = imps) -> object:
-                    out, info["w"] = ram_live.merge(agents, base=base, method=variant, importance=imps,
-                                                        return_info=True)
+                def weighted(
+                    agents: list = agents, base: dict = base, variant: str = variant, imps: list = imps
+                ) -> object:
+                    out, info["w"] = ram_live.merge(
+                        agents, base=base, method=variant, importance=imps, return_info=True
+                    )
                     return out
 
                 a, b, ca, cb = interleaved(plain, weighted, 2 * args.reps)
-                row = _ratio_row(a, b, ca, cb, k=k, variant=variant, params=params, imp_dtype=imp_name,
-                                 kernels=info["w"].extra.get("kernels"))
+                row = _ratio_row(
+                    a,
+                    b,
+                    ca,
+                    cb,
+                    k=k,
+                    variant=variant,
+                    params=params,
+                    imp_dtype=imp_name,
+                    kernels=info["w"].extra.get("kernels"),
+                )
                 rows.append(row)
-                _print_ratio(f"K={k} {variant:9s} {params / 1e6:.1f} M importances {imp_name:8s} kernels "
-                             f"{row['kernels']}", row)
+                _print_ratio(
+                    f"K={k} {variant:9s} {params / 1e6:.1f} M importances {imp_name:8s} kernels {row['kernels']}", row
+                )
             del imps
         del base, agents
     if args.json:

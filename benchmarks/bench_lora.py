@@ -45,8 +45,15 @@ NAMES = ["code", "tool", "memory"]
 def build(hidden: int, layers: int, rank: int, targets: list[str], seed: int = 0):
     torch.manual_seed(seed)
     heads = max(1, hidden // 128)
-    config = LlamaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=256, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=hidden,
+        intermediate_size=256,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=64,
+    )
     with torch.device("meta"):
         meta = LlamaForCausalLM(config)
     base = meta.to_empty(device="cpu")
@@ -107,10 +114,13 @@ def main() -> None:
     targets = args.targets.split(",")
     model = build(args.hidden, args.layers, args.rank, targets)
     n_modules = len(targets) * args.layers
-    print(f"{n_modules} target modules of {args.hidden}x{args.hidden}, 3 adapters of rank {args.rank} -> rank "
-          f"{args.rank}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{cpu_label()} x {os.cpu_count()}, "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"{n_modules} target modules of {args.hidden}x{args.hidden}, 3 adapters of rank {args.rank} -> rank "
+        f"{args.rank}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{cpu_label()} x {os.cpu_count()}, "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     weights = [1 / 3] * 3
     rows = []
     expected = truth(model, "task_arithmetic")
@@ -128,23 +138,53 @@ def main() -> None:
         return row
 
     print("task_arithmetic, weights 1/3 (the merge PEFT's svd path does):")
-    peft_row = run("PEFT add_weighted_adapter(svd)",
-                   lambda: model.add_weighted_adapter(NAMES, weights, "peft_svd", combination_type="svd",
-                                                      svd_rank=args.rank), "peft_svd", expected)
-    exact_row = run("ram_live svd='exact'",
-                    lambda: ram_merge_adapters(model, NAMES, "exact", method="task_arithmetic", weights=weights,
-                                               rank=args.rank, svd="exact"), "exact", expected)
-    rand_row = run(f"ram_live svd='randomized' (niter={args.niter})",
-                   lambda: ram_merge_adapters(model, NAMES, "rand", method="task_arithmetic", weights=weights,
-                                              rank=args.rank, svd="randomized", oversample=args.oversample,
-                                              niter=args.niter), "rand", expected)
+    peft_row = run(
+        "PEFT add_weighted_adapter(svd)",
+        lambda: model.add_weighted_adapter(NAMES, weights, "peft_svd", combination_type="svd", svd_rank=args.rank),
+        "peft_svd",
+        expected,
+    )
+    exact_row = run(
+        "ram_live svd='exact'",
+        lambda: ram_merge_adapters(
+            model, NAMES, "exact", method="task_arithmetic", weights=weights, rank=args.rank, svd="exact"
+        ),
+        "exact",
+        expected,
+    )
+    rand_row = run(
+        f"ram_live svd='randomized' (niter={args.niter})",
+        lambda: ram_merge_adapters(
+            model,
+            NAMES,
+            "rand",
+            method="task_arithmetic",
+            weights=weights,
+            rank=args.rank,
+            svd="randomized",
+            oversample=args.oversample,
+            niter=args.niter,
+        ),
+        "rand",
+        expected,
+    )
     print("ram_plus, default activity rule (full-rank ΔW*; error against the exact truncation's ΔW*):")
     reports = {}
 
     def ram(label: str, svd: str):
         def go():
-            _, reports[label] = ram_merge_adapters(model, NAMES, label, method="ram_plus", rank=args.rank, svd=svd,
-                                                   oversample=args.oversample, niter=args.niter, return_info=True)
+            _, reports[label] = ram_merge_adapters(
+                model,
+                NAMES,
+                label,
+                method="ram_plus",
+                rank=args.rank,
+                svd=svd,
+                oversample=args.oversample,
+                niter=args.niter,
+                return_info=True,
+            )
+
         return go
 
     ram_exact = run("ram_live ram_plus svd='exact'", ram("ram_exact", "exact"), "ram_exact", None)
@@ -167,10 +207,21 @@ def main() -> None:
     print(f"total {time.perf_counter() - t_start:.0f} s")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"args": vars(args), "modules": n_modules, "rows": rows, "summary": summary,
-                       "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                       "machine": cpu_label(),
-                       "loadavg": os.getloadavg()}, fh, indent=2)
+            json.dump(
+                {
+                    "args": vars(args),
+                    "modules": n_modules,
+                    "rows": rows,
+                    "summary": summary,
+                    "torch": torch.__version__,
+                    "threads": torch.get_num_threads(),
+                    "cpus": os.cpu_count(),
+                    "machine": cpu_label(),
+                    "loadavg": os.getloadavg(),
+                },
+                fh,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -130,8 +130,9 @@ def model_specs(quick: bool | str = False) -> list[tuple[str, tuple[int, ...]]]:
     ]
 
 
-def build_inputs(quick: bool | str, k: int,
-                 seed: int = SEED) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
+def build_inputs(
+    quick: bool | str, k: int, seed: int = SEED
+) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
     """The bf16 base and ``k`` agents. Agent t is the same tensor for every k (prefix-stable), and the same in
     every process, so a fresh measurement process rebuilds exactly what the timing process merged."""
     if k > len(DENSITIES):
@@ -236,8 +237,9 @@ def wait_for_idle(window: float = 0.5) -> float:
     return waited
 
 
-def timed(fn: Callable[[], Any], reps: int, device: torch.device, keep_last: bool = False
-          ) -> tuple[list[float], Any, float]:
+def timed(
+    fn: Callable[[], Any], reps: int, device: torch.device, keep_last: bool = False
+) -> tuple[list[float], Any, float]:
     """Wall seconds of ``fn()`` ``reps`` times (output freed between runs, the last kept when ``keep_last``);
     returns (times, last output, others' CPU share during the fastest run). While the fastest run was
     contended (see :data:`CONTENDED`), runs again."""
@@ -246,8 +248,11 @@ def timed(fn: Callable[[], Any], reps: int, device: torch.device, keep_last: boo
     out = None
     r = 0
     start = time.perf_counter()
-    while r < reps or (r < reps + _idle["retries"] and time.perf_counter() - start < RETRY_SECONDS
-                       and shares[times.index(min(times))] > CONTENDED):
+    while r < reps or (
+        r < reps + _idle["retries"]
+        and time.perf_counter() - start < RETRY_SECONDS
+        and shares[times.index(min(times))] > CONTENDED
+    ):
         out = None
         seconds, out, share = timed_once(fn, device)
         times.append(seconds)
@@ -277,8 +282,9 @@ def timed_once(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any,
     return seconds, out, c.share
 
 
-def copy_bandwidth(srcs: list[dict[str, torch.Tensor]], dst: dict[str, torch.Tensor], device: torch.device,
-                   reps: int = 3) -> tuple[float, float]:
+def copy_bandwidth(
+    srcs: list[dict[str, torch.Tensor]], dst: dict[str, torch.Tensor], device: torch.device, reps: int = 3
+) -> tuple[float, float]:
     """Bytes/s of ``dst[key].copy_(src[key])`` over every key of every source (read + write counted); the
     destination is pre-touched by the first repetition. On CPU torch's intra-op threads (which ``copy_`` splits
     its work among) are the merge's workers during the copy. Returns (best bandwidth, best seconds)."""
@@ -302,8 +308,13 @@ def copy_bandwidth(srcs: list[dict[str, torch.Tensor]], dst: dict[str, torch.Ten
     return moved / best, best
 
 
-def paired(first: Callable[[], Any], second: Callable[[], Any], reps: int, device: torch.device,
-           before: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
+def paired(
+    first: Callable[[], Any],
+    second: Callable[[], Any],
+    reps: int,
+    device: torch.device,
+    before: Callable[[], None] | None = None,
+) -> tuple[list[float], list[float]]:
     """``reps`` pairs of runs, the order alternating and each output freed before the next run, so that both
     calls of a pair meet the same allocator and page-fault state: their ratio and difference are steadier than
     the ratio of two separate best-of series. ``before``: called (untimed) before every run."""
@@ -317,15 +328,17 @@ def paired(first: Callable[[], Any], second: Callable[[], Any], reps: int, devic
     return a, b
 
 
-def inplace_target(base: dict[str, torch.Tensor], agents: list[dict[str, torch.Tensor]]
-                   ) -> tuple[torch.nn.Module, list[dict[str, torch.Tensor]], Callable[[], None]]:
+def inplace_target(
+    base: dict[str, torch.Tensor], agents: list[dict[str, torch.Tensor]]
+) -> tuple[torch.nn.Module, list[dict[str, torch.Tensor]], Callable[[], None]]:
     """A module holding a copy of ``base`` (its keys under ``p.``, dots as ``_``), the agents keyed to match, and
     a function that copies the base back into the module: for merges with ``inplace=True``, which write into
     memory that is already there (no new output to fault in)."""
     name = {key: key.replace(".", "_") for key in base}
     module = torch.nn.Module()
     module.p = torch.nn.ParameterDict(
-        {name[key]: torch.nn.Parameter(t.clone(), requires_grad=False) for key, t in base.items()})
+        {name[key]: torch.nn.Parameter(t.clone(), requires_grad=False) for key, t in base.items()}
+    )
     named = [{f"p.{name[key]}": t for key, t in agent.items()} for agent in agents]
 
     def restore() -> None:
@@ -425,10 +438,22 @@ def verdict(ok: bool | None) -> str:
 def git_state() -> str:
     """The commit benchmarked, and whether ram_live/ has uncommitted changes."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True,
-                              text=True, cwd=str(ROOT), timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "ram_live"], check=False,
-                               capture_output=True, text=True, cwd=str(ROOT), timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            check=False,
+            capture_output=True,
+            text=True,
+            cwd=str(ROOT),
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "ram_live"],
+            check=False,
+            capture_output=True,
+            text=True,
+            cwd=str(ROOT),
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (head or "unknown") + (" + uncommitted changes in ram_live/" if dirty else "")
@@ -437,8 +462,9 @@ def git_state() -> str:
 # --------------------------------------------------------------------------------------------- methods
 
 
-def run_method(method: str, agents: list[dict[str, torch.Tensor]], base: dict[str, torch.Tensor],
-               **options: Any) -> Any:
+def run_method(
+    method: str, agents: list[dict[str, torch.Tensor]], base: dict[str, torch.Tensor], **options: Any
+) -> Any:
     import ram_live
 
     if method == "ram":
@@ -525,13 +551,21 @@ def memory_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def measure_memory(method: str, k: int, quick: bool, device: str) -> dict[str, Any]:
     spec = json.dumps({"method": method, "k": k, "quick": quick, "device": device})
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_memory-child", spec],
-                          check=False, capture_output=True, text=True, cwd=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--_memory-child", spec],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=str(ROOT),
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"memory child ({method}, K={k}) failed:\n{proc.stderr[-4000:]}")
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    extra = report["extra_cuda"] if device.startswith("cuda") else (
-        report["extra_hwm"] if report["extra_hwm"] is not None else report["extra_sampled"])
+    extra = (
+        report["extra_cuda"]
+        if device.startswith("cuda")
+        else (report["extra_hwm"] if report["extra_hwm"] is not None else report["extra_sampled"])
+    )
     report["extra"] = extra
     # Target: output + 2 x largest tensor (for the probe, whose output is a report, just 2 x largest).
     report["target"] = report["output_bytes"] + 2 * report["largest_tensor_bytes"]
@@ -545,8 +579,9 @@ def measure_memory(method: str, k: int, quick: bool, device: str) -> dict[str, A
 def mergekit_available() -> tuple[bool, str]:
     if not MERGEKIT_PY.exists():
         return False, f"{MERGEKIT_PY.relative_to(ROOT)} missing (build it: bash benchmarks/mergekit_env.sh)"
-    proc = subprocess.run([str(MERGEKIT_PY), "-c", "import mergekit.merge_methods.ram"], check=False,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(MERGEKIT_PY), "-c", "import mergekit.merge_methods.ram"], check=False, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         return False, f"mergekit not importable in {MERGEKIT_PY.parent.parent}: {proc.stderr.strip()[-300:]}"
     return True, "mergekit 0.1.5 env found"
@@ -587,8 +622,20 @@ def run_mergekit(inputs: Path, dtype: str, save: Path | None, reps: int, tries: 
 
 def _run_mergekit_once(inputs: Path, dtype: str, save: Path | None, reps: int) -> dict[str, Any]:
     out = inputs / f"mergekit-{dtype}.json"
-    cmd = [str(MERGEKIT_PY), str(WORKER), "--inputs", str(inputs), "--out", str(out), "--variant", "ram",
-           "--dtype", dtype, "--repeat", str(reps)]
+    cmd = [
+        str(MERGEKIT_PY),
+        str(WORKER),
+        "--inputs",
+        str(inputs),
+        "--out",
+        str(out),
+        "--variant",
+        "ram",
+        "--dtype",
+        dtype,
+        "--repeat",
+        str(reps),
+    ]
     if save is not None:
         cmd += ["--save", str(save)]
     t0 = time.perf_counter()
@@ -634,6 +681,7 @@ def profile(ks: list[int], quick: bool, device: torch.device, variant: str, top:
     one_thread = {"workers": 1} if "workers" in inspect.signature(ram_live.ram_merge).parameters else {}
     for k in ks:
         subset = agents[:k]
+
         def fn(subset: list[dict[str, torch.Tensor]] = subset, **kw: Any) -> Any:
             return ram_live.merge(subset, base=base, method=variant, **kw)
 
@@ -670,9 +718,11 @@ def profile(ks: list[int], quick: bool, device: torch.device, variant: str, top:
         for p in threads:
             stats.add(p)
         stats.sort_stats("tottime").print_stats(top)
-        print(f"\n## cProfile: merge(method={variant!r}), K={k}: {plain:.2f} s without the profiler "
-              f"(others' CPU {share_plain:.0%}), {wall:.2f} s under it (others' CPU {c.share:.0%}); main thread + "
-              f"{len(threads)} worker threads, times summed over threads, sorted by tottime\n")
+        print(
+            f"\n## cProfile: merge(method={variant!r}), K={k}: {plain:.2f} s without the profiler "
+            f"(others' CPU {share_plain:.0%}), {wall:.2f} s under it (others' CPU {c.share:.0%}); main thread + "
+            f"{len(threads)} worker threads, times summed over threads, sorted by tottime\n"
+        )
         print(stream.getvalue())
 
         gc.collect()
@@ -685,8 +735,10 @@ def profile(ks: list[int], quick: bool, device: torch.device, variant: str, top:
             wall = time.perf_counter() - t0
         del out
         sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        print(f"\n## torch.profiler: merge(method={variant!r}{', workers=1' if one_thread else ''}), K={k}: "
-              f"{wall:.2f} s under the profiler (others' CPU {c.share:.0%}; sorted by {sort})\n")
+        print(
+            f"\n## torch.profiler: merge(method={variant!r}{', workers=1' if one_thread else ''}), K={k}: "
+            f"{wall:.2f} s under the profiler (others' CPU {c.share:.0%}; sorted by {sort})\n"
+        )
         print(tp.key_averages().table(sort_by=sort, row_limit=top))
 
 
@@ -694,29 +746,45 @@ def profile(ks: list[int], quick: bool, device: torch.device, variant: str, top:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="small sizes (3.4 M params), K = 2, 3, no mergekit")
     ap.add_argument("--ks", type=int, nargs="+", help="agent counts (default 2 3 5 8; quick: 2 3)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     ap.add_argument("--reps", type=int, help="timed repetitions per method, best kept (default 2; quick: 3)")
     ap.add_argument("--no-mergekit", action="store_true", help="skip the mergekit column")
     ap.add_argument("--mergekit-max-k", type=int, help="run mergekit only for K up to this (default: all)")
-    ap.add_argument("--no-mergekit-bf16", action="store_true",
-                    help="run mergekit with --dtype float32 only (skip its default bf16 compute)")
+    ap.add_argument(
+        "--no-mergekit-bf16",
+        action="store_true",
+        help="run mergekit with --dtype float32 only (skip its default bf16 compute)",
+    )
     ap.add_argument("--mergekit-reps", type=int, default=1, help="mergekit passes per run, best kept (default 1)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
-    ap.add_argument("--eager", action="store_true",
-                    help="also time RAM and RAM+ on the torch eager path (native kernels off)")
-    ap.add_argument("--compile", action="store_true",
-                    help="also time merge(..., compile=True) for RAM and RAM+ (first call reported apart)")
-    ap.add_argument("--idle-wait", type=float,
-                    help=f"before each timed run wait up to this many seconds for other processes to leave the "
-                         f"CPUs (< {CONTENDED * 100:.0f}%% busy); at most {IDLE_BUDGET:g} s in all (quick: 20 s); "
-                         f"0: never wait (default {IDLE_WAIT:g}; quick: 2)")
+    ap.add_argument(
+        "--eager", action="store_true", help="also time RAM and RAM+ on the torch eager path (native kernels off)"
+    )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time merge(..., compile=True) for RAM and RAM+ (first call reported apart)",
+    )
+    ap.add_argument(
+        "--idle-wait",
+        type=float,
+        help=f"before each timed run wait up to this many seconds for other processes to leave the "
+        f"CPUs (< {CONTENDED * 100:.0f}%% busy); at most {IDLE_BUDGET:g} s in all (quick: 20 s); "
+        f"0: never wait (default {IDLE_WAIT:g}; quick: 2)",
+    )
     ap.add_argument("--json", help="write all results to this JSON file")
-    ap.add_argument("--profile", type=int, nargs="+", metavar="K",
-                    help="only profile one merge per K (cProfile + torch.profiler) and exit")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        nargs="+",
+        metavar="K",
+        help="only profile one merge per K (cProfile + torch.profiler) and exit",
+    )
     ap.add_argument("--profile-variant", default="ram", choices=("ram", "ram_plus"))
     ap.add_argument("--profile-top", type=int, default=25)
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
@@ -739,10 +807,19 @@ def main(argv: list[str] | None = None) -> int:
 
     ks = args.ks or ([2, 3] if args.quick else [2, 3, 5, 8])
     reps = args.reps or (3 if args.quick else 2)
-    use_mergekit, mk_note = (False, "skipped (--no-mergekit)") if args.no_mergekit else (
-        (False, "skipped (--quick)") if args.quick else (
-            (False, "skipped (mergekit's worker runs on CPU; this is a --device cuda run)")
-            if device.type == "cuda" else mergekit_available()))
+    use_mergekit, mk_note = (
+        (False, "skipped (--no-mergekit)")
+        if args.no_mergekit
+        else (
+            (False, "skipped (--quick)")
+            if args.quick
+            else (
+                (False, "skipped (mergekit's worker runs on CPU; this is a --device cuda run)")
+                if device.type == "cuda"
+                else mergekit_available()
+            )
+        )
+    )
     mk_max_k = args.mergekit_max_k or max(ks)
     run_start = time.perf_counter()
     load_start = loadavg()
@@ -753,13 +830,19 @@ def main(argv: list[str] | None = None) -> int:
     n_params = sum(math.prod(s) for _, s in specs)
     print(f"# ram_live merge benchmark ({cpu_label()})\n")
     git = git_state()
-    print(f"- ram_live {ram_live.__version__} at {git}, torch {torch.__version__}, {torch.get_num_threads()} threads "
-          f"(the merge's workers and the copy_ floor's: {merge_workers()}), CPU {cpu_label()} x {os.cpu_count()}"
-          + (f", GPU {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""))
-    print(f"- model: {len(specs)} bf16 tensors, {n_params:,} parameters "
-          f"({n_params * 2 / 2**20:,.0f} MiB per model), largest {max(specs, key=lambda s: math.prod(s[1]))}")
-    print(f"- agents' densities: {', '.join(f'{d:.0%}' for d in DENSITIES[:max(ks)])}; device {device}; "
-          f"best of {reps} runs")
+    print(
+        f"- ram_live {ram_live.__version__} at {git}, torch {torch.__version__}, {torch.get_num_threads()} threads "
+        f"(the merge's workers and the copy_ floor's: {merge_workers()}), CPU {cpu_label()} x {os.cpu_count()}"
+        + (f", GPU {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
+    )
+    print(
+        f"- model: {len(specs)} bf16 tensors, {n_params:,} parameters "
+        f"({n_params * 2 / 2**20:,.0f} MiB per model), largest {max(specs, key=lambda s: math.prod(s[1]))}"
+    )
+    print(
+        f"- agents' densities: {', '.join(f'{d:.0%}' for d in DENSITIES[: max(ks)])}; device {device}; "
+        f"best of {reps} runs"
+    )
     print(f"- mergekit: {mk_note}")
     sys.stdout.flush()
 
@@ -773,8 +856,11 @@ def main(argv: list[str] | None = None) -> int:
     dst = {k: torch.empty_like(v) for k, v in base.items()}
     _, warm_copy = copy_bandwidth([base], dst, device)
     fresh = fresh_output_seconds(base, device)
-    print(f"- one {model_bytes / 2**20:,.0f} MiB output: copy_ into a pre-touched one {warm_copy:.3f} s, into a new "
-          f"one (alloc + first touch) {fresh:.3f} s; the floor below uses the pre-touched figure\n", flush=True)
+    print(
+        f"- one {model_bytes / 2**20:,.0f} MiB output: copy_ into a pre-touched one {warm_copy:.3f} s, into a new "
+        f"one (alloc + first touch) {fresh:.3f} s; the floor below uses the pre-touched figure\n",
+        flush=True,
+    )
 
     tmp = Path(tempfile.mkdtemp(prefix="ram-bench-")) if use_mergekit else None
     master_saved = False
@@ -789,66 +875,98 @@ def main(argv: list[str] | None = None) -> int:
             row["floor"] = row["floor_bytes"] / bw
             print(f"K={k}: copy_ {bw / 1e9:.1f} GB/s -> floor {row['floor']:.3f} s", flush=True)
 
-            times, result, busy = timed(lambda subset=subset: run_method("ram", subset, base), reps, device,
-                                        keep_last=True)
+            times, result, busy = timed(
+                lambda subset=subset: run_method("ram", subset, base), reps, device, keep_last=True
+            )
             row["ram"], row["ram_all"], row["ram_others_cpu"] = min(times), times, busy
             ram_out = result[0]
             row["kernels"] = result[1].extra.get("kernels")
             result = None
-            print(f"  ram       {row['ram']:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in times)}; "
-                  f"others' CPU share in the best run {busy:.0%}; tensors per kernel {row['kernels']})", flush=True)
+            print(
+                f"  ram       {row['ram']:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in times)}; "
+                f"others' CPU share in the best run {busy:.0%}; tensors per kernel {row['kernels']})",
+                flush=True,
+            )
 
-            times, result, busy = timed(lambda subset=subset: run_method("ram_plus", subset, base), reps, device,
-                                        keep_last=True)
+            times, result, busy = timed(
+                lambda subset=subset: run_method("ram_plus", subset, base), reps, device, keep_last=True
+            )
             row["ram_plus"], row["ram_plus_all"], row["ram_plus_others_cpu"] = min(times), times, busy
             info = result[1]
             row["lambdas"] = info.lambdas
             row["rho"] = {n: (v if math.isfinite(v) else str(v)) for n, v in (info.rho or {}).items()}
             counts = info.statistics
             result = info = None
-            print(f"  ram_plus  {row['ram_plus']:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in times)}; "
-                  f"others' CPU {busy:.0%})", flush=True)
+            print(
+                f"  ram_plus  {row['ram_plus']:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in times)}; "
+                f"others' CPU {busy:.0%})",
+                flush=True,
+            )
             # RAM+ with the counts of the run above (statistics=): the merge pass alone, as in a sweep over r
-            times, _, busy = timed(lambda subset=subset: run_method("ram_plus", subset, base, statistics=counts),
-                                   reps, device)
+            times, _, busy = timed(
+                lambda subset=subset: run_method("ram_plus", subset, base, statistics=counts), reps, device
+            )
             row["ram_plus_reused"], row["ram_plus_reused_all"] = min(times), times
             counts = None
-            print(f"  ram_plus with reused counts {row['ram_plus_reused']:.3f} s  (runs: "
-                  f"{', '.join(f'{t:.3f}' for t in times)}; others' CPU {busy:.0%})", flush=True)
+            print(
+                f"  ram_plus with reused counts {row['ram_plus_reused']:.3f} s  (runs: "
+                f"{', '.join(f'{t:.3f}' for t in times)}; others' CPU {busy:.0%})",
+                flush=True,
+            )
 
-            ram_pair, plus_pair = paired(lambda subset=subset: run_method("ram", subset, base),
-                                         lambda subset=subset: run_method("ram_plus", subset, base), reps, device)
+            ram_pair, plus_pair = paired(
+                lambda subset=subset: run_method("ram", subset, base),
+                lambda subset=subset: run_method("ram_plus", subset, base),
+                reps,
+                device,
+            )
             row["pair_ram_all"], row["pair_ram_plus_all"] = ram_pair, plus_pair
             row["pair_ratio"] = statistics.median(p / r for p, r in zip(plus_pair, ram_pair))
             row["pair_extra"] = statistics.median(p - r for p, r in zip(plus_pair, ram_pair))
-            print(f"  interleaved RAM / RAM+ pairs: RAM+ / RAM median {row['pair_ratio']:.2f}x, RAM+ - RAM median "
-                  f"{row['pair_extra'] * 1e3:.0f} ms (RAM {', '.join(f'{t:.3f}' for t in ram_pair)}; RAM+ "
-                  f"{', '.join(f'{t:.3f}' for t in plus_pair)})", flush=True)
+            print(
+                f"  interleaved RAM / RAM+ pairs: RAM+ / RAM median {row['pair_ratio']:.2f}x, RAM+ - RAM median "
+                f"{row['pair_extra'] * 1e3:.0f} ms (RAM {', '.join(f'{t:.3f}' for t in ram_pair)}; RAM+ "
+                f"{', '.join(f'{t:.3f}' for t in plus_pair)})",
+                flush=True,
+            )
 
             # In place (inplace=True into a module): no new output to fault in, and RAM reads the inputs twice too
             # (bad input must be found before the base is touched), so RAM+ reuses that pass's counts.
             module, named, restore = inplace_target(base, subset)
-            ram_pair, plus_pair = paired(lambda: run_method("ram", named, module, inplace=True),
-                                         lambda: run_method("ram_plus", named, module, inplace=True), reps, device,
-                                         before=restore)
+            ram_pair, plus_pair = paired(
+                lambda: run_method("ram", named, module, inplace=True),
+                lambda: run_method("ram_plus", named, module, inplace=True),
+                reps,
+                device,
+                before=restore,
+            )
             module = named = restore = None
             row["inplace_ram"], row["inplace_ram_plus"] = min(ram_pair), min(plus_pair)
             row["inplace_ram_all"], row["inplace_ram_plus_all"] = ram_pair, plus_pair
             row["inplace_pair_ratio"] = statistics.median(p / r for p, r in zip(plus_pair, ram_pair))
-            print(f"  in place, interleaved pairs: RAM {row['inplace_ram']:.3f} s, "
-                  f"RAM+ {row['inplace_ram_plus']:.3f} s (best); RAM+ / RAM median {row['inplace_pair_ratio']:.2f}x",
-                  flush=True)
+            print(
+                f"  in place, interleaved pairs: RAM {row['inplace_ram']:.3f} s, "
+                f"RAM+ {row['inplace_ram_plus']:.3f} s (best); RAM+ / RAM median {row['inplace_pair_ratio']:.2f}x",
+                flush=True,
+            )
 
-            times, report, busy = timed(lambda subset=subset: run_method("probe", subset, base), reps, device,
-                                        keep_last=True)
+            times, report, busy = timed(
+                lambda subset=subset: run_method("probe", subset, base), reps, device, keep_last=True
+            )
             row["probe"], row["probe_all"], row["probe_others_cpu"] = min(times), times, busy
             row["densities"] = {n: report.agents[n].density for n in report.agent_names}
             row["histogram"] = report.histogram
             report = None
-            print(f"  probe     {row['probe']:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in times)}; "
-                  f"others' CPU {busy:.0%})", flush=True)
-            print(f"  measured densities {', '.join(f'{d:.2%}' for d in row['densities'].values())}; "
-                  f"entries by c=0..K: {', '.join(f'{c / n_params:.1%}' for c in row['histogram'])}", flush=True)
+            print(
+                f"  probe     {row['probe']:.3f} s  (runs: {', '.join(f'{t:.3f}' for t in times)}; "
+                f"others' CPU {busy:.0%})",
+                flush=True,
+            )
+            print(
+                f"  measured densities {', '.join(f'{d:.2%}' for d in row['densities'].values())}; "
+                f"entries by c=0..K: {', '.join(f'{c / n_params:.1%}' for c in row['histogram'])}",
+                flush=True,
+            )
 
             if args.eager:  # the torch-ops path, as where no C compiler is found
                 import ram_live.methods.ram.native as native
@@ -856,8 +974,9 @@ def main(argv: list[str] | None = None) -> int:
                 saved_kernels, native._KERNELS = native._KERNELS, None
                 try:
                     for method in ("ram", "ram_plus"):
-                        times, _, busy = timed(lambda subset=subset, method=method: run_method(
-                            method, subset, base), reps, device)
+                        times, _, busy = timed(
+                            lambda subset=subset, method=method: run_method(method, subset, base), reps, device
+                        )
                         row[f"{method}_eager"], row[f"{method}_eager_all"] = min(times), times
                         print(f"  {method}, torch eager path: {min(times):.3f} s (others' CPU {busy:.0%})", flush=True)
                 finally:
@@ -868,12 +987,18 @@ def main(argv: list[str] | None = None) -> int:
                     t1 = time.perf_counter()
                     run_method(method, subset, base, compile=True)  # compiles (or loads the compile cache)
                     row[f"{method}_compile_first"] = time.perf_counter() - t1
-                    times, _, busy = timed(lambda subset=subset, method=method: run_method(
-                        method, subset, base, compile=True), reps, device)
+                    times, _, busy = timed(
+                        lambda subset=subset, method=method: run_method(method, subset, base, compile=True),
+                        reps,
+                        device,
+                    )
                     row[f"{method}_compile"], row[f"{method}_compile_all"] = min(times), times
                     row[f"{method}_compile_others_cpu"] = busy
-                    print(f"  {method}, compile=True: {min(times):.3f} s (first call "
-                          f"{row[f'{method}_compile_first']:.1f} s; others' CPU {busy:.0%})", flush=True)
+                    print(
+                        f"  {method}, compile=True: {min(times):.3f} s (first call "
+                        f"{row[f'{method}_compile_first']:.1f} s; others' CPU {busy:.0%})",
+                        flush=True,
+                    )
 
             if use_mergekit and k <= mk_max_k:
                 assert tmp is not None
@@ -891,8 +1016,11 @@ def main(argv: list[str] | None = None) -> int:
                 mk = run_mergekit(folder, "float32", saved, args.mergekit_reps)
                 row["mergekit_f32"] = mk["seconds"]
                 row["mergekit_f32_info"] = mk
-                print(f"  mergekit ram float32  {mk['seconds']:.3f} s (merge calls only; "
-                      f"{mk['wall_with_loading']:.1f} s with loading; others' CPU {mk['others_cpu']:.0%})", flush=True)
+                print(
+                    f"  mergekit ram float32  {mk['seconds']:.3f} s (merge calls only; "
+                    f"{mk['wall_with_loading']:.1f} s with loading; others' CPU {mk['others_cpu']:.0%})",
+                    flush=True,
+                )
                 theirs = load_file(str(saved))
                 row["check_bf16"] = compare(ram_out, theirs)
                 ram_out = None
@@ -900,16 +1028,21 @@ def main(argv: list[str] | None = None) -> int:
                 row["check_f32"] = compare(ours32, theirs)
                 del ours32, theirs
                 saved.unlink()
-                print(f"  check vs mergekit float32: ram (float32 out) max|diff| "
-                      f"{row['check_f32']['max_abs_diff']:.3g}; ram (bf16 out) max|diff| "
-                      f"{row['check_bf16']['max_abs_diff']:.3g}, {row['check_bf16']['differ_after_rounding']:,} "
-                      f"of {row['check_bf16']['numel']:,} differ after rounding to bf16", flush=True)
+                print(
+                    f"  check vs mergekit float32: ram (float32 out) max|diff| "
+                    f"{row['check_f32']['max_abs_diff']:.3g}; ram (bf16 out) max|diff| "
+                    f"{row['check_bf16']['max_abs_diff']:.3g}, {row['check_bf16']['differ_after_rounding']:,} "
+                    f"of {row['check_bf16']['numel']:,} differ after rounding to bf16",
+                    flush=True,
+                )
                 if not args.no_mergekit_bf16:
                     mk = run_mergekit(folder, "auto", None, args.mergekit_reps)
                     row["mergekit_bf16"] = mk["seconds"]
                     row["mergekit_bf16_info"] = mk
-                    print(f"  mergekit ram bf16     {mk['seconds']:.3f} s (others' CPU {mk['others_cpu']:.0%})",
-                          flush=True)
+                    print(
+                        f"  mergekit ram bf16     {mk['seconds']:.3f} s (others' CPU {mk['others_cpu']:.0%})",
+                        flush=True,
+                    )
                 shutil.rmtree(folder)
             ram_out = None
             rows.append(row)
@@ -930,9 +1063,12 @@ def main(argv: list[str] | None = None) -> int:
             for method in METHODS:
                 m = measure_memory(method, k, args.quick, args.device)
                 memory.append(m)
-                print(f"  K={k} {method:<9} extra {fmt_mb(m['extra'])} MiB "
-                      f"(sampled {fmt_mb(m['extra_sampled'])}), target {fmt_mb(m['target'])} MiB: "
-                      f"{verdict(m['pass'])}", flush=True)
+                print(
+                    f"  K={k} {method:<9} extra {fmt_mb(m['extra'])} MiB "
+                    f"(sampled {fmt_mb(m['extra_sampled'])}), target {fmt_mb(m['target'])} MiB: "
+                    f"{verdict(m['pass'])}",
+                    flush=True,
+                )
 
     # ----------------------------------------------------------------------------------------- summary
     for row in rows:
@@ -951,80 +1087,118 @@ def main(argv: list[str] | None = None) -> int:
 
     dev_label = "HBM" if device.type == "cuda" else "RAM"
     print(f"\n## Results ({device}, {cpu_label()}, {n_params / 1e6:.1f} M bf16 params, seconds, best of {reps})\n")
-    head = ["K", f"copy_ GB/s ({dev_label})", "floor s", "RAM s (x floor)", "RAM+ s (x floor, x RAM)",
-            "RAM+ reused counts s (x RAM)", "RAM+ / RAM interleaved pairs (median; RAM+ - RAM)",
-            "RAM+ / RAM at the floor: two passes, one read", "in place: RAM s, RAM+ s (pairs: RAM+ / RAM)",
-            "probe s (x floor)", "mergekit f32 s (RAM speedup)", "mergekit bf16 s (RAM speedup)",
-            "max|RAM - mk f32|", "others' CPU % (RAM/RAM+/probe)"]
+    head = [
+        "K",
+        f"copy_ GB/s ({dev_label})",
+        "floor s",
+        "RAM s (x floor)",
+        "RAM+ s (x floor, x RAM)",
+        "RAM+ reused counts s (x RAM)",
+        "RAM+ / RAM interleaved pairs (median; RAM+ - RAM)",
+        "RAM+ / RAM at the floor: two passes, one read",
+        "in place: RAM s, RAM+ s (pairs: RAM+ / RAM)",
+        "probe s (x floor)",
+        "mergekit f32 s (RAM speedup)",
+        "mergekit bf16 s (RAM speedup)",
+        "max|RAM - mk f32|",
+        "others' CPU % (RAM/RAM+/probe)",
+    ]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---:" for _ in head) + "|")
     for r in rows:
         mk32 = f"{r['mergekit_f32']:.2f} ({r['speedup_f32']:.1f}x)" if "mergekit_f32" in r else "n/a"
         mk16 = f"{r['mergekit_bf16']:.2f} ({r['speedup_bf16']:.1f}x)" if "mergekit_bf16" in r else "n/a"
-        check = (f"{r['check_f32']['max_abs_diff']:.2g} (bf16 out: {r['check_bf16']['max_abs_diff']:.2g}, "
-                 f"{r['check_bf16']['differ_after_rounding']} differ)") if "check_f32" in r else "n/a"
-        print(f"| {r['k']} | {r['copy_bandwidth'] / 1e9:.1f} | {r['floor']:.4f} | {r['ram']:.3f} "
-              f"({r['ram_x_floor']:.1f}x) | {r['ram_plus']:.3f} ({r['ram_plus_x_floor']:.1f}x, "
-              f"{r['ram_plus_x_ram']:.2f}x) | {r['ram_plus_reused']:.3f} ({r['ram_plus_reused_x_ram']:.2f}x) | "
-              f"{r['pair_ratio']:.2f}x; {r['pair_extra'] * 1e3:+.0f} ms | "
-              f"{r['two_pass_bound']:.2f}, {r['one_read_bound']:.2f} | "
-              f"{r['inplace_ram']:.3f}, {r['inplace_ram_plus']:.3f} ({r['inplace_pair_ratio']:.2f}x) | "
-              f"{r['probe']:.2f} ({r['probe_x_floor']:.1f}x) | {mk32} | {mk16} | "
-              f"{check} | {r['ram_others_cpu']:.0%}/{r['ram_plus_others_cpu']:.0%}/{r['probe_others_cpu']:.0%} |")
+        check = (
+            (
+                f"{r['check_f32']['max_abs_diff']:.2g} (bf16 out: {r['check_bf16']['max_abs_diff']:.2g}, "
+                f"{r['check_bf16']['differ_after_rounding']} differ)"
+            )
+            if "check_f32" in r
+            else "n/a"
+        )
+        print(
+            f"| {r['k']} | {r['copy_bandwidth'] / 1e9:.1f} | {r['floor']:.4f} | {r['ram']:.3f} "
+            f"({r['ram_x_floor']:.1f}x) | {r['ram_plus']:.3f} ({r['ram_plus_x_floor']:.1f}x, "
+            f"{r['ram_plus_x_ram']:.2f}x) | {r['ram_plus_reused']:.3f} ({r['ram_plus_reused_x_ram']:.2f}x) | "
+            f"{r['pair_ratio']:.2f}x; {r['pair_extra'] * 1e3:+.0f} ms | "
+            f"{r['two_pass_bound']:.2f}, {r['one_read_bound']:.2f} | "
+            f"{r['inplace_ram']:.3f}, {r['inplace_ram_plus']:.3f} ({r['inplace_pair_ratio']:.2f}x) | "
+            f"{r['probe']:.2f} ({r['probe_x_floor']:.1f}x) | {mk32} | {mk16} | "
+            f"{check} | {r['ram_others_cpu']:.0%}/{r['ram_plus_others_cpu']:.0%}/{r['probe_others_cpu']:.0%} |"
+        )
 
     if args.eager:
-        print(f"\n## The torch eager path ({cpu_label()}; native kernels off, as without a C compiler; seconds, "
-              "best of the runs)\n")
+        print(
+            f"\n## The torch eager path ({cpu_label()}; native kernels off, as without a C compiler; seconds, "
+            "best of the runs)\n"
+        )
         print("| K | RAM s (x floor) | RAM+ s (x RAM eager) | default path faster by RAM / RAM+ |")
         print("|---:|---:|---:|---:|")
         for r in rows:
-            print(f"| {r['k']} | {r['ram_eager']:.3f} ({r['ram_eager'] / r['floor']:.1f}x) | "
-                  f"{r['ram_plus_eager']:.3f} ({r['ram_plus_eager'] / r['ram_eager']:.2f}x) | "
-                  f"{r['ram_eager'] / r['ram']:.1f}x / {r['ram_plus_eager'] / r['ram_plus']:.1f}x |")
+            print(
+                f"| {r['k']} | {r['ram_eager']:.3f} ({r['ram_eager'] / r['floor']:.1f}x) | "
+                f"{r['ram_plus_eager']:.3f} ({r['ram_plus_eager'] / r['ram_eager']:.2f}x) | "
+                f"{r['ram_eager'] / r['ram']:.1f}x / {r['ram_plus_eager'] / r['ram_plus']:.1f}x |"
+            )
 
     if args.compile:
-        print(f"\n## With compile=True ({cpu_label()}; torch.compile-fused kernels; seconds, best of the runs after "
-              "the first)\n")
-        print("| K | RAM s (x floor) | RAM+ s (x RAM compiled) | first calls RAM / RAM+ s | vs default RAM / RAM+ | "
-              "RAM speedup vs mergekit f32 | others' CPU % |")
+        print(
+            f"\n## With compile=True ({cpu_label()}; torch.compile-fused kernels; seconds, best of the runs after "
+            "the first)\n"
+        )
+        print(
+            "| K | RAM s (x floor) | RAM+ s (x RAM compiled) | first calls RAM / RAM+ s | vs default RAM / RAM+ | "
+            "RAM speedup vs mergekit f32 | others' CPU % |"
+        )
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             mk = f"{r['mergekit_f32'] / r['ram_compile']:.1f}x" if "mergekit_f32" in r else "n/a"
-            print(f"| {r['k']} | {r['ram_compile']:.3f} ({r['ram_compile'] / r['floor']:.1f}x) | "
-                  f"{r['ram_plus_compile']:.3f} ({r['ram_plus_compile'] / r['ram_compile']:.2f}x) | "
-                  f"{r['ram_compile_first']:.1f} / {r['ram_plus_compile_first']:.1f} | "
-                  f"{r['ram'] / r['ram_compile']:.1f}x / {r['ram_plus'] / r['ram_plus_compile']:.1f}x faster | {mk} | "
-                  f"{r['ram_compile_others_cpu']:.0%}/{r['ram_plus_compile_others_cpu']:.0%} |")
+            print(
+                f"| {r['k']} | {r['ram_compile']:.3f} ({r['ram_compile'] / r['floor']:.1f}x) | "
+                f"{r['ram_plus_compile']:.3f} ({r['ram_plus_compile'] / r['ram_compile']:.2f}x) | "
+                f"{r['ram_compile_first']:.1f} / {r['ram_plus_compile_first']:.1f} | "
+                f"{r['ram'] / r['ram_compile']:.1f}x / {r['ram_plus'] / r['ram_plus_compile']:.1f}x faster | {mk} | "
+                f"{r['ram_compile_others_cpu']:.0%}/{r['ram_plus_compile_others_cpu']:.0%} |"
+            )
 
     if memory:
-        print(f"\n## Extra peak memory over the inputs ({cpu_label()}; MiB; fresh process per row; "
-              f"{'CUDA max_memory_allocated' if device.type == 'cuda' else 'VmHWM after clear_refs'})\n")
+        print(
+            f"\n## Extra peak memory over the inputs ({cpu_label()}; MiB; fresh process per row; "
+            f"{'CUDA max_memory_allocated' if device.type == 'cuda' else 'VmHWM after clear_refs'})\n"
+        )
         print("| K | method | extra peak | (RSS sampler) | output | 2 x largest tensor | target | |")
         print("|---:|---|---:|---:|---:|---:|---:|---|")
         for m in memory:
-            print(f"| {m['k']} | {m['method']} | {fmt_mb(m['extra'])} | {fmt_mb(m['extra_sampled'])} | "
-                  f"{fmt_mb(m['output_bytes'])} | {fmt_mb(2 * m['largest_tensor_bytes'])} | {fmt_mb(m['target'])} | "
-                  f"{verdict(m['pass'])} |")
+            print(
+                f"| {m['k']} | {m['method']} | {fmt_mb(m['extra'])} | {fmt_mb(m['extra_sampled'])} | "
+                f"{fmt_mb(m['output_bytes'])} | {fmt_mb(2 * m['largest_tensor_bytes'])} | {fmt_mb(m['target'])} | "
+                f"{verdict(m['pass'])} |"
+            )
 
     def overall(values: list[bool]) -> bool | None:
         return None if not values else all(values)
 
     targets = {
         f"RAM <= {TARGET_FLOOR:g}x floor ({device.type})": overall([r["pass_floor"] for r in rows]),
-        f"RAM >= {TARGET_MERGEKIT:g}x faster than mergekit ram (float32 compute)":
-            overall([r["pass_mergekit_f32"] for r in rows if "pass_mergekit_f32" in r]),
-        f"RAM >= {TARGET_MERGEKIT:g}x faster than mergekit ram (its default bf16 compute)":
-            overall([r["pass_mergekit_bf16"] for r in rows if "pass_mergekit_bf16" in r]),
+        f"RAM >= {TARGET_MERGEKIT:g}x faster than mergekit ram (float32 compute)": overall(
+            [r["pass_mergekit_f32"] for r in rows if "pass_mergekit_f32" in r]
+        ),
+        f"RAM >= {TARGET_MERGEKIT:g}x faster than mergekit ram (its default bf16 compute)": overall(
+            [r["pass_mergekit_bf16"] for r in rows if "pass_mergekit_bf16" in r]
+        ),
         f"RAM+ <= {TARGET_RAMPLUS:g}x RAM": overall([r["pass_ramplus"] for r in rows]),
-        "extra peak memory <= output + 2 x largest tensor (RAM, RAM+, probe)":
-            overall([m["pass"] for m in memory]),
+        "extra peak memory <= output + 2 x largest tensor (RAM, RAM+, probe)": overall([m["pass"] for m in memory]),
     }
     per_k = {
         f"RAM <= {TARGET_FLOOR:g}x floor ({device.type})": lambda r: (r["pass_floor"], f"{r['ram_x_floor']:.1f}x"),
-        f"RAM >= {TARGET_MERGEKIT:g}x faster than mergekit ram (float32 compute)":
-            lambda r: (r.get("pass_mergekit_f32"), f"{r['speedup_f32']:.1f}x" if "speedup_f32" in r else "-"),
-        f"RAM >= {TARGET_MERGEKIT:g}x faster than mergekit ram (its default bf16 compute)":
-            lambda r: (r.get("pass_mergekit_bf16"), f"{r['speedup_bf16']:.1f}x" if "speedup_bf16" in r else "-"),
+        f"RAM >= {TARGET_MERGEKIT:g}x faster than mergekit ram (float32 compute)": lambda r: (
+            r.get("pass_mergekit_f32"),
+            f"{r['speedup_f32']:.1f}x" if "speedup_f32" in r else "-",
+        ),
+        f"RAM >= {TARGET_MERGEKIT:g}x faster than mergekit ram (its default bf16 compute)": lambda r: (
+            r.get("pass_mergekit_bf16"),
+            f"{r['speedup_bf16']:.1f}x" if "speedup_bf16" in r else "-",
+        ),
         f"RAM+ <= {TARGET_RAMPLUS:g}x RAM": lambda r: (r["pass_ramplus"], f"{r['ram_plus_x_ram']:.2f}x"),
     }
     print(f"\n## Targets ({cpu_label()})\n")
@@ -1034,33 +1208,55 @@ def main(argv: list[str] | None = None) -> int:
             detail = "  (" + ", ".join(f"K={r['k']}: {per_k[name](r)[1]}" for r in rows) + ")"
         elif memory:
             worst = max(memory, key=lambda m: m["extra"] / m["target"])
-            detail = (f"  (worst: {worst['method']} K={worst['k']}, {fmt_mb(worst['extra'])} "
-                      f"of {fmt_mb(worst['target'])} MiB)")
+            detail = (
+                f"  (worst: {worst['method']} K={worst['k']}, {fmt_mb(worst['extra'])} "
+                f"of {fmt_mb(worst['target'])} MiB)"
+            )
         print(f"- {verdict(ok)}: {name}{detail}")
-    print("- (not a target) RAM+ / RAM in place, pairs: " + ", ".join(
-        f"K={r['k']}: {r['inplace_pair_ratio']:.2f}x" for r in rows))
+    print(
+        "- (not a target) RAM+ / RAM in place, pairs: "
+        + ", ".join(f"K={r['k']}: {r['inplace_pair_ratio']:.2f}x" for r in rows)
+    )
     if args.quick:
-        print("- --quick is a smoke test: the targets are meant for the full size (fixed overheads of a few MiB "
-              "and cache-resident inputs make its ratios meaningless)")
+        print(
+            "- --quick is a smoke test: the targets are meant for the full size (fixed overheads of a few MiB "
+            "and cache-resident inputs make its ratios meaningless)"
+        )
     if not use_mergekit:
         print(f"- mergekit: {mk_note}")
     elif mk_max_k < max(ks):
         print(f"- mergekit run for K <= {mk_max_k} only (--mergekit-max-k)")
     total = time.perf_counter() - run_start
-    print(f"\nbenchmark wall time: {total:.0f} s, of which {_idle['waited']:.0f} s waiting for other processes to "
-          f"leave the CPUs; load average at start {load_start}, at end {loadavg()}. "
-          f"'others' CPU' is the share of this machine's CPUs other processes used during the best timed run "
-          f"(a run above {CONTENDED:.0%} gets retried): high values mean the timings are inflated.")
+    print(
+        f"\nbenchmark wall time: {total:.0f} s, of which {_idle['waited']:.0f} s waiting for other processes to "
+        f"leave the CPUs; load average at start {load_start}, at end {loadavg()}. "
+        f"'others' CPU' is the share of this machine's CPUs other processes used during the best timed run "
+        f"(a run above {CONTENDED:.0%} gets retried): high values mean the timings are inflated."
+    )
 
     if args.json:
         payload = {
-            "config": {"quick": args.quick, "ks": ks, "reps": reps, "device": str(device), "params": n_params,
-                       "tensors": len(specs), "densities": list(DENSITIES[: max(ks)]), "seed": SEED,
-                       "mergekit": mk_note, "mergekit_max_k": mk_max_k if use_mergekit else None},
+            "config": {
+                "quick": args.quick,
+                "ks": ks,
+                "reps": reps,
+                "device": str(device),
+                "params": n_params,
+                "tensors": len(specs),
+                "densities": list(DENSITIES[: max(ks)]),
+                "seed": SEED,
+                "mergekit": mk_note,
+                "mergekit_max_k": mk_max_k if use_mergekit else None,
+            },
             "git": git,
-            "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_label(),
-                        "cpus": os.cpu_count(), "python": platform.python_version(),
-                        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None},
+            "machine": {
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "cpu": cpu_label(),
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            },
             "output_copy_seconds": {"pre_touched": warm_copy, "fresh": fresh},
             "rows": rows,
             "memory": memory,

@@ -63,8 +63,7 @@ def reset_peak() -> bool:
 def setup(args: argparse.Namespace):
     """The base, the agents (modules), the inputs as passed (modules or state dicts), and the evaluation."""
     base = make_model(args.hidden, args.layers, 0)
-    agents = {f"agent{i}": fine_tuned(base, d, i + 1)
-              for i, d in enumerate([0.05, 0.3, 0.6, 0.2, 0.4][: args.agents])}
+    agents = {f"agent{i}": fine_tuned(base, d, i + 1) for i, d in enumerate([0.05, 0.3, 0.6, 0.2, 0.4][: args.agents])}
     if not args.module:
         base_in = {k: v.detach() for k, v in base.state_dict().items()}
         agents_in = {n: {k: v.detach() for k, v in a.state_dict().items()} for n, a in agents.items()}
@@ -104,8 +103,9 @@ def peak_of(what: str, base_in, agents_in, evaluate, budget: int) -> int:
 
 
 def peak_in_subprocess(what: str, argv: list[str]) -> int:
-    out = subprocess.run([sys.executable, __file__, *argv, "--peak", what], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, *argv, "--peak", what], capture_output=True, text=True, check=True
+    ).stdout
     return int(out.strip().splitlines()[-1])
 
 
@@ -118,8 +118,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="rows of the evaluation's forward pass")
     parser.add_argument("--module", action="store_true", help="module base (default: state dicts)")
     parser.add_argument("--peak", default=None, help=argparse.SUPPRESS)  # internal: one peak measurement
-    parser.add_argument("--ties-only", action="store_true",
-                        help="only the TIES threshold cache's row (cached vs uncached candidates)")
+    parser.add_argument(
+        "--ties-only", action="store_true", help="only the TIES threshold cache's row (cached vs uncached candidates)"
+    )
     args = parser.parse_args()
 
     base, agents, base_in, agents_in, evaluate = setup(args)
@@ -145,38 +146,56 @@ def main() -> None:
     merger.merge({"method": "ram_plus"})
 
     params = sum(p.numel() for p in base.parameters())
-    print(f"model: {args.layers} x Linear({args.hidden}) = {params / 1e6:.2f} M parameters ({model_bytes / 1e6:.1f} MB "
-          f"float32), {args.agents} agents, {'module' if args.module else 'state-dict'} base, "
-          f"{torch.get_num_threads()} threads, {cpu_label()}")
+    print(
+        f"model: {args.layers} x Linear({args.hidden}) = {params / 1e6:.2f} M parameters ({model_bytes / 1e6:.1f} MB "
+        f"float32), {args.agents} agents, {'module' if args.module else 'state-dict'} base, "
+        f"{torch.get_num_threads()} threads, {cpu_label()}"
+    )
     print(f"plain merge (default RAM+: counts + merge, new output): median {plain_s * 1e3:.2f} ms of 7")
     by_family: dict[str, list[Trial]] = {}
     for t in result.history:
         if t.score is not None:
             by_family.setdefault(t.family, []).append(t)
-    print("candidate merge time (the family's best, re-merged into the search's output 3 times between plain "
-          "merges, medians): / plain merge; / a plain merge() of the same candidate; during the search")
+    print(
+        "candidate merge time (the family's best, re-merged into the search's output 3 times between plain "
+        "merges, medians): / plain merge; / a plain merge() of the same candidate; during the search"
+    )
     for family, trials in by_family.items():
         best = max(trials, key=lambda t: t.score)
-        pairs = [(timed(lambda: merger.merge(best.candidate), 1), timed(lambda: merge(agents_in, base=base_in), 1),
-                  timed(lambda: merge(agents_in, base=base_in, **best.candidate), 1)) for _ in range(3)]
+        pairs = [
+            (
+                timed(lambda: merger.merge(best.candidate), 1),
+                timed(lambda: merge(agents_in, base=base_in), 1),
+                timed(lambda: merge(agents_in, base=base_in, **best.candidate), 1),
+            )
+            for _ in range(3)
+        ]
         mine, plain, same = (statistics.median(x) for x in zip(*pairs))
         during = statistics.median(t.merge_seconds for t in trials) / plain_s
-        print(f"  {family:<16} n={len(trials):>2}  {mine * 1e3:8.2f} ms   / merge {mine / plain:6.2f}   "
-              f"/ same candidate {mine / same:5.2f}   during the search / merge {during:6.2f}")
+        print(
+            f"  {family:<16} n={len(trials):>2}  {mine * 1e3:8.2f} ms   / merge {mine / plain:6.2f}   "
+            f"/ same candidate {mine / same:5.2f}   during the search / merge {during:6.2f}"
+        )
     total = result.total_seconds
-    print(f"search: {len(result.history)} trials in {wall:.3f} s wall; merge {result.merge_seconds:.3f} s, evaluate "
-          f"{result.evaluate_seconds:.3f} s, other {result.overhead_seconds:.3f} s; "
-          f"all but evaluate {(total - result.evaluate_seconds) / total:.1%} of total, other alone "
-          f"{result.overhead_seconds / total:.2%}; statistics passes {result.statistics_passes}")
+    print(
+        f"search: {len(result.history)} trials in {wall:.3f} s wall; merge {result.merge_seconds:.3f} s, evaluate "
+        f"{result.evaluate_seconds:.3f} s, other {result.overhead_seconds:.3f} s; "
+        f"all but evaluate {(total - result.evaluate_seconds) / total:.1%} of total, other alone "
+        f"{result.overhead_seconds / total:.2%}; statistics passes {result.statistics_passes}"
+    )
     r_total = ram_only.total_seconds
-    print(f"RAM-family-only search ({len(ram_only.history)} trials): merge {ram_only.merge_seconds:.3f} s, evaluate "
-          f"{ram_only.evaluate_seconds:.3f} s, other {ram_only.overhead_seconds:.3f} s; all but evaluate "
-          f"{(r_total - ram_only.evaluate_seconds) / r_total:.1%}")
+    print(
+        f"RAM-family-only search ({len(ram_only.history)} trials): merge {ram_only.merge_seconds:.3f} s, evaluate "
+        f"{ram_only.evaluate_seconds:.3f} s, other {ram_only.overhead_seconds:.3f} s; all but evaluate "
+        f"{(r_total - ram_only.evaluate_seconds) / r_total:.1%}"
+    )
     if reset_peak():
-        print(f"extra peak RSS (fresh process each): search {search_peak / 1e6:.1f} MB = "
-              f"{search_peak / model_bytes:.2f} x one model; RAM-family-only search {ram_peak / 1e6:.1f} MB = "
-              f"{ram_peak / model_bytes:.2f} x; one plain merge: "
-              + ", ".join(f"{m} {v / 1e6:.1f} MB ({v / model_bytes:.2f} x)" for m, v in plain_peak.items()))
+        print(
+            f"extra peak RSS (fresh process each): search {search_peak / 1e6:.1f} MB = "
+            f"{search_peak / model_bytes:.2f} x one model; RAM-family-only search {ram_peak / 1e6:.1f} MB = "
+            f"{ram_peak / model_bytes:.2f} x; one plain merge: "
+            + ", ".join(f"{m} {v / 1e6:.1f} MB ({v / model_bytes:.2f} x)" for m, v in plain_peak.items())
+        )
     else:
         print("extra peak RSS: not measurable here (/proc/self/clear_refs not writable)")
     print(f"best: {result.best_trial.label()} score {result.best_score:.6g}")
@@ -195,9 +214,11 @@ def ties_cache_row(agents_in, base_in) -> None:
         cached.merge(c)
     pairs = [(timed(lambda: cached.merge(c), 1), timed(lambda: uncached.merge(c), 1)) for c in grid]
     with_, without = (statistics.median(x) for x in zip(*pairs))
-    print(f"TIES candidate merge, default grid ({len(grid)}), medians: thresholds cached {with_ * 1e3:.1f} ms, "
-          f"computed each time {without * 1e3:.1f} ms ({with_ / without:.2f} x); cache "
-          f"{len(cached.thresholds)} floats")
+    print(
+        f"TIES candidate merge, default grid ({len(grid)}), medians: thresholds cached {with_ * 1e3:.1f} ms, "
+        f"computed each time {without * 1e3:.1f} ms ({with_ / without:.2f} x); cache "
+        f"{len(cached.thresholds)} floats"
+    )
 
 
 def timed(fn, n: int) -> float:

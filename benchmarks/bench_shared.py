@@ -57,11 +57,15 @@ def main() -> None:
                         times: dict[str, list[float]] = {"mean": [], "sign": []}
                         for _ in range(args.reps):  # interleaved
                             for shared in times:
-                                times[shared] += best_of(lambda s=shared: merge(agents, base=base, method=method,
-                                                                                 shared=s), 1)
+                                times[shared] += best_of(
+                                    lambda s=shared: merge(agents, base=base, method=method, shared=s), 1
+                                )
                         mean, sign = min(times["mean"]), min(times["sign"])
-                        print(f"{path:6s} {str(dtype)[6:]:8s} K={k} {method:8s}: mean {mean * 1e3:8.1f} ms, "
-                              f"sign {sign * 1e3:8.1f} ms, sign / mean {sign / mean:.2f}", flush=True)
+                        print(
+                            f"{path:6s} {str(dtype)[6:]:8s} K={k} {method:8s}: mean {mean * 1e3:8.1f} ms, "
+                            f"sign {sign * 1e3:8.1f} ms, sign / mean {sign / mean:.2f}",
+                            flush=True,
+                        )
         finally:
             ram_native._KERNELS = saved
 

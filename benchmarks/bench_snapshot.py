@@ -63,7 +63,6 @@ DENSITIES = (0.005, 0.03, 0.5, 1.0)
 TARGET = 2.0
 
 
-
 def _capture_label() -> str:
     """The CPU capture's path: the native kernel's loops (AVX-512 or portable, and the build level) or numpy."""
     from ram_live.kernels import cc
@@ -72,6 +71,7 @@ def _capture_label() -> str:
     if found is None:
         return "numpy"
     return f"native {'avx512 loops' if found.simd_bits == 512 else 'portable loops'} ({cc.build_level()} build)"
+
 
 def build(size: str, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
     base = {}
@@ -136,17 +136,32 @@ def verification(store: SnapshotStore, base: dict[str, torch.Tensor], reps: int)
                 kernels[name] = rate(lambda: crc_range([view]))
         allow_wide(True)
     kernels["zlib.crc32"] = rate(lambda: zlib.crc32(view))
-    out = {"bytes": nbytes, "verify_best_s": min(times), "verify_median_s": statistics.median(times),
-           "verify_gb_s": nbytes / min(times) / 1e9, "verify_median_gb_s": nbytes / statistics.median(times) / 1e9,
-           "crc32_in_memory_gb_s": kernels}
-    print(f"verify (store.verify(), base {nbytes / 2**20:.0f} MiB, page cache warm): best {min(times) * 1e3:.0f} ms "
-          f"= {out['verify_gb_s']:.2f} GB/s, median {out['verify_median_gb_s']:.2f} GB/s; CRC-32 in memory, 1 thread: "
-          + ", ".join(f"{k} {v:.1f} GB/s" for k, v in kernels.items()))
+    out = {
+        "bytes": nbytes,
+        "verify_best_s": min(times),
+        "verify_median_s": statistics.median(times),
+        "verify_gb_s": nbytes / min(times) / 1e9,
+        "verify_median_gb_s": nbytes / statistics.median(times) / 1e9,
+        "crc32_in_memory_gb_s": kernels,
+    }
+    print(
+        f"verify (store.verify(), base {nbytes / 2**20:.0f} MiB, page cache warm): best {min(times) * 1e3:.0f} ms "
+        f"= {out['verify_gb_s']:.2f} GB/s, median {out['verify_median_gb_s']:.2f} GB/s; CRC-32 in memory, 1 thread: "
+        + ", ".join(f"{k} {v:.1f} GB/s" for k, v in kernels.items())
+    )
     return out
 
 
-def importance_row(writer, agent: dict[str, torch.Tensor], plain_captures: list[float], plain_write: float,
-                   plain_bytes: int, reps: int, device: torch.device, step: int) -> dict:
+def importance_row(
+    writer,
+    agent: dict[str, torch.Tensor],
+    plain_captures: list[float],
+    plain_write: float,
+    plain_bytes: int,
+    reps: int,
+    device: torch.device,
+    step: int,
+) -> dict:
     """The snapshot of ``agent`` with importances: best capture and write of ``reps``, ratios to the plain one."""
     g = torch.Generator(device=device).manual_seed(5)
     imp = {k: torch.randn(v.shape, generator=g, device=device).square_() * 1e-6 for k, v in agent.items()}
@@ -160,9 +175,14 @@ def importance_row(writer, agent: dict[str, torch.Tensor], plain_captures: list[
     assert snap is not None and snap.importance is not None
     capture_s, write_s = min(captures), min(writes)
     plain = min(plain_captures) + plain_write
-    return {"capture_s": capture_s, "write_s": write_s, "snapshot_s": capture_s + write_s,
-            "snapshot_x_plain": (capture_s + write_s) / plain, "bytes": snap.bytes,
-            "bytes_x_plain": snap.bytes / plain_bytes}
+    return {
+        "capture_s": capture_s,
+        "write_s": write_s,
+        "snapshot_s": capture_s + write_s,
+        "snapshot_x_plain": (capture_s + write_s) / plain,
+        "bytes": snap.bytes,
+        "bytes_x_plain": snap.bytes / plain_bytes,
+    }
 
 
 def importance_quality(seed: int = 0) -> dict:
@@ -195,10 +215,13 @@ def importance_quality(seed: int = 0) -> dict:
         store.writer(f"a{i}", base=base).snapshot(m, step=200, importance=imps[f"a{i}"])
     ref = merge(agents, base=base, importance=imps)
     tau = max(float((ref[k] - base[k]).abs().max()) for k in ref)
-    rows = {"store codes": merge(store.latest_all()),
-            "bf16 importances": merge(agents, base=base, importance={
-                a: {k: v.bfloat16() for k, v in d.items()} for a, d in imps.items()}),
-            "plain RAM (scale)": merge(agents, base=base)}
+    rows = {
+        "store codes": merge(store.latest_all()),
+        "bf16 importances": merge(
+            agents, base=base, importance={a: {k: v.bfloat16() for k, v in d.items()} for a, d in imps.items()}
+        ),
+        "plain RAM (scale)": merge(agents, base=base),
+    }
     out = {name: max(float((m[k] - ref[k]).abs().max()) for k in ref) / tau for name, m in rows.items()}
     for name, v in out.items():
         print(f"{name:>18}: max |merged - merged with float32 importances| / max |tau*| = {v:.2e}")
@@ -230,14 +253,22 @@ def main() -> None:
     dense_bytes = numel * 2
     tmp = Path(a.dir or tempfile.mkdtemp(prefix="ram-bench-snap-"))
     results: dict = {
-        "size": size, "parameters": numel, "dense_bytes": dense_bytes, "device": str(device),
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_label(),
-        "load_avg": os.getloadavg()[0], "densities": {},
+        "size": size,
+        "parameters": numel,
+        "dense_bytes": dense_bytes,
+        "device": str(device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": cpu_label(),
+        "load_avg": os.getloadavg()[0],
+        "densities": {},
         "cpu_capture": _capture_label(),
     }
-    print(f"model: {numel:,} bf16 parameters ({dense_bytes / 2**20:.0f} MiB dense), device {device}, "
-          f"CPU {cpu_label()}, "
-          f"{torch.get_num_threads()} threads, load {results['load_avg']:.1f}, CPU capture: {results['cpu_capture']}")
+    print(
+        f"model: {numel:,} bf16 parameters ({dense_bytes / 2**20:.0f} MiB dense), device {device}, "
+        f"CPU {cpu_label()}, "
+        f"{torch.get_num_threads()} threads, load {results['load_avg']:.1f}, CPU capture: {results['cpu_capture']}"
+    )
 
     dst = {k: v.clone() for k, v in base.items()}  # pre-touched destination
 
@@ -257,13 +288,17 @@ def main() -> None:
     writer = store.writer("agent", base, clone_base=False)
     results["writer_setup_s"] = time.perf_counter() - t0  # fingerprint + writing the base once
     del dst
-    print(f"writer set-up (fingerprint {results['fingerprint_s']:.2f} s + base written once): "
-          f"{results['writer_setup_s']:.2f} s")
+    print(
+        f"writer set-up (fingerprint {results['fingerprint_s']:.2f} s + base written once): "
+        f"{results['writer_setup_s']:.2f} s"
+    )
     if hasattr(store, "verify"):  # the store checks checksums (issue 16)
         results["verify"] = verification(store, base, a.reps)
-    head = f"{'density':>8} {'capture':>9} {'x copy_':>8} {'write':>8} {'w med':>8} {'fsync':>8} {'f med':>8} " \
-           f"{'snapshot':>9} {'x copy_':>8} " \
-           f"{'MiB':>8} {'x dense':>8} {'rebuild':>8}"
+    head = (
+        f"{'density':>8} {'capture':>9} {'x copy_':>8} {'write':>8} {'w med':>8} {'fsync':>8} {'f med':>8} "
+        f"{'snapshot':>9} {'x copy_':>8} "
+        f"{'MiB':>8} {'x dense':>8} {'rebuild':>8}"
+    )
     print(head)
     print("-" * len(head))
     step = 0
@@ -306,39 +341,62 @@ def main() -> None:
         exact = all(torch.equal(rebuilt[k].view(torch.int16), agent[k].cpu().view(torch.int16)) for k in agent)
         snapshot_s = t_capture + t_write
         row = {
-            "copy_s": t_copy, "capture_s": t_capture, "capture_x_copy": t_capture / t_copy, "write_s": t_write,
-            "write_fsync_s": t_fsync, "write_median_s": med_write, "write_fsync_median_s": med_fsync,
-            "writes_s": writes, "writes_fsync_s": durable_writes, "snapshot_s": snapshot_s,
+            "copy_s": t_copy,
+            "capture_s": t_capture,
+            "capture_x_copy": t_capture / t_copy,
+            "write_s": t_write,
+            "write_fsync_s": t_fsync,
+            "write_median_s": med_write,
+            "write_fsync_median_s": med_fsync,
+            "writes_s": writes,
+            "writes_fsync_s": durable_writes,
+            "snapshot_s": snapshot_s,
             "snapshot_x_copy": snapshot_s / t_copy,
-            "bytes": snap.bytes, "bytes_x_dense": snap.bytes / dense_bytes, "changed": snap.changed,
-            "captured_bytes": capture.nbytes, "rebuild_s": t_rebuild, "bit_exact": exact, "encodings": encodings,
+            "bytes": snap.bytes,
+            "bytes_x_dense": snap.bytes / dense_bytes,
+            "changed": snap.changed,
+            "captured_bytes": capture.nbytes,
+            "rebuild_s": t_rebuild,
+            "bit_exact": exact,
+            "encodings": encodings,
             "capture_pass": t_capture / t_copy <= TARGET,
         }
         if not a.no_importance:
-            row["importance"] = importance_row(writer, agent, capture_times, t_write, snap.bytes, a.reps, device,
-                                               step)
+            row["importance"] = importance_row(writer, agent, capture_times, t_write, snap.bytes, a.reps, device, step)
             step += a.reps
         results["densities"][str(density)] = row
-        print(f"{density:>8.1%} {t_capture * 1e3:>7.0f}ms {row['capture_x_copy']:>7.2f}x {t_write * 1e3:>6.1f}ms "
-              f"{med_write * 1e3:>6.1f}ms "
-              f"{t_fsync * 1e3:>6.0f}ms {med_fsync * 1e3:>6.0f}ms {snapshot_s * 1e3:>7.0f}ms "
-              f"{row['snapshot_x_copy']:>7.2f}x "
-              f"{snap.bytes / 2**20:>8.1f} {row['bytes_x_dense']:>8.3f} {t_rebuild * 1e3:>6.0f}ms"
-              f"  {'exact' if exact else 'NOT EXACT'} {encodings}")
+        print(
+            f"{density:>8.1%} {t_capture * 1e3:>7.0f}ms {row['capture_x_copy']:>7.2f}x {t_write * 1e3:>6.1f}ms "
+            f"{med_write * 1e3:>6.1f}ms "
+            f"{t_fsync * 1e3:>6.0f}ms {med_fsync * 1e3:>6.0f}ms {snapshot_s * 1e3:>7.0f}ms "
+            f"{row['snapshot_x_copy']:>7.2f}x "
+            f"{snap.bytes / 2**20:>8.1f} {row['bytes_x_dense']:>8.3f} {t_rebuild * 1e3:>6.0f}ms"
+            f"  {'exact' if exact else 'NOT EXACT'} {encodings}"
+        )
         if "importance" in row:
             r = row["importance"]
-            print(f"{'+ imp':>8} {r['capture_s'] * 1e3:>7.0f}ms {'':>8} {r['write_s'] * 1e3:>6.1f}ms {'':>8} {'':>8} "
-                  f"{'':>8} {r['snapshot_s'] * 1e3:>7.0f}ms {r['snapshot_x_plain']:>7.2f}x {r['bytes'] / 2**20:>8.1f} "
-                  f"{r['bytes_x_plain']:>7.3f}x  (x: vs the snapshot without importances)")
+            print(
+                f"{'+ imp':>8} {r['capture_s'] * 1e3:>7.0f}ms {'':>8} {r['write_s'] * 1e3:>6.1f}ms {'':>8} {'':>8} "
+                f"{'':>8} {r['snapshot_s'] * 1e3:>7.0f}ms {r['snapshot_x_plain']:>7.2f}x {r['bytes'] / 2**20:>8.1f} "
+                f"{r['bytes_x_plain']:>7.3f}x  (x: vs the snapshot without importances)"
+            )
         del agent, rebuilt, capture, snap, captures
         store.prune(0, "agent")
     if not a.no_importance:
-        print("target: a snapshot with importances <= 1.5x one without: " + ", ".join(
-            f"{d}: time {r['importance']['snapshot_x_plain']:.2f}x, bytes {r['importance']['bytes_x_plain']:.2f}x"
-            for d, r in results["densities"].items()))
-    print(f"target: capture <= {TARGET:.0f}x copy_: " + ", ".join(
-        f"{d}: {'PASS' if r['capture_pass'] else 'FAIL'} ({r['capture_x_copy']:.2f}x)"
-        for d, r in results["densities"].items()))
+        print(
+            "target: a snapshot with importances <= 1.5x one without: "
+            + ", ".join(
+                f"{d}: time {r['importance']['snapshot_x_plain']:.2f}x, bytes {r['importance']['bytes_x_plain']:.2f}x"
+                for d, r in results["densities"].items()
+            )
+        )
+    print(
+        f"target: capture <= {TARGET:.0f}x copy_: "
+        + ", ".join(
+            f"{d}: {'PASS' if r['capture_pass'] else 'FAIL'} ({r['capture_x_copy']:.2f}x)"
+            for d, r in results["densities"].items()
+        )
+    )
     results["load_avg_end"] = os.getloadavg()[0]
     print(f"load average at the end: {results['load_avg_end']:.1f}")
     if a.json:

@@ -104,11 +104,25 @@ CHUNK = 1 << 20  # elements per generation step
 SINGLE_THREAD = "single-thread copy + write: not a floor"
 
 # ~1.0 B parameters, 2.0 GB in bf16: TinyLlama's widths with 16 layers of full multi-head attention.
-FULL = {"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16,
-        "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 2048}
+FULL = {
+    "vocab_size": 32000,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "max_position_embeddings": 2048,
+}
 # ~58 M parameters, 117 MB.
-QUICK = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
-         "num_attention_heads": 8, "num_key_value_heads": 8, "max_position_embeddings": 512}
+QUICK = {
+    "vocab_size": 32000,
+    "hidden_size": 512,
+    "intermediate_size": 1408,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 512,
+}
 
 
 # ============================================================================================ small helpers
@@ -178,8 +192,12 @@ def resident_bytes(paths: list[Path]) -> int | None:
     if not paths or shutil.which("fincore") is None:
         return None
     try:
-        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES", *map(str, paths)],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES", *map(str, paths)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return sum(int(x) for x in out.split())
     except (subprocess.CalledProcessError, ValueError):
         return None
@@ -292,8 +310,11 @@ def child_generate(spec: dict[str, Any]) -> dict[str, Any]:
     weight_map: dict[str, str] = {}
     buf = {f"f{i}": torch.empty(CHUNK) for i in range(6)}
     buf.update({f"bf{i}": torch.empty(CHUNK, dtype=torch.bfloat16) for i in range(3)})
-    buf.update(b0=torch.empty(CHUNK, dtype=torch.bool), b1=torch.empty(CHUNK, dtype=torch.bool),
-               u8=torch.empty(CHUNK, dtype=torch.uint8))
+    buf.update(
+        b0=torch.empty(CHUNK, dtype=torch.bool),
+        b1=torch.empty(CHUNK, dtype=torch.bool),
+        u8=torch.empty(CHUNK, dtype=torch.uint8),
+    )
     for i, shard in enumerate(shards):
         name = shard_name(i, len(shards))
         order = sorted(shard)  # safetensors sorts a file's tensors by name
@@ -399,8 +420,9 @@ def child_floor(spec: dict[str, Any]) -> dict[str, Any]:
     for i, shard in enumerate(shards):
         name = shard_name(i, len(shards))
         with open(out / name, "wb", buffering=0) as fo:
-            st_write_header(fo, [(k, base_where[k][2], base_where[k][3], base_where[k][5] - base_where[k][4])
-                                 for k in shard])
+            st_write_header(
+                fo, [(k, base_where[k][2], base_where[k][3], base_where[k][5] - base_where[k][4]) for k in shard]
+            )
             for key in shard:
                 out_map[key] = name
                 for _, where in indexes:
@@ -571,12 +593,26 @@ def child_ram(spec: dict[str, Any]) -> dict[str, Any]:
 
     base_rss = proc_status().get("VmRSS")
     t0 = time.time()
-    _, info = ram_live.merge(spec["agents"], base=spec["base"], out=spec["out"], method=spec["variant"],
-                                 max_shard_bytes=spec["shard_bytes"], return_info=True,
-                                 compile=spec.get("compile", "auto"))
+    _, info = ram_live.merge(
+        spec["agents"],
+        base=spec["base"],
+        out=spec["out"],
+        method=spec["variant"],
+        max_shard_bytes=spec["shard_bytes"],
+        return_info=True,
+        compile=spec.get("compile", "auto"),
+    )
     t1 = time.time()
-    return {"t_start": t0, "t_end": t1, "base_rss": base_rss, "lambdas": info.lambdas, "rho": info.rho,
-            "passes": info.passes, "engine_seconds": info.seconds, "compiled": info.extra.get("compiled")}
+    return {
+        "t_start": t0,
+        "t_end": t1,
+        "base_rss": base_rss,
+        "lambdas": info.lambdas,
+        "rho": info.rho,
+        "passes": info.passes,
+        "engine_seconds": info.seconds,
+        "compiled": info.extra.get("compiled"),
+    }
 
 
 MERGEKIT_WRAPPER = r"""
@@ -659,9 +695,12 @@ def child_verify(spec: dict[str, Any]) -> dict[str, Any]:
         ids = torch.arange(1, 9).unsqueeze(0)
         with torch.no_grad():
             logits = model(ids).logits
-        report["loads"][label] = {"ok": bool(torch.isfinite(logits).all()), "seconds": time.perf_counter() - t0,
-                                  "parameters": sum(p.numel() for p in model.parameters()),
-                                  "dtype": str(next(model.parameters()).dtype)}
+        report["loads"][label] = {
+            "ok": bool(torch.isfinite(logits).all()),
+            "seconds": time.perf_counter() - t0,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "dtype": str(next(model.parameters()).dtype),
+        }
         del model, logits
 
     lambdas = spec.get("lambdas") or {}
@@ -674,8 +713,11 @@ def child_verify(spec: dict[str, Any]) -> dict[str, Any]:
         c = active.sum(0)
         tz = taus * active
         mean = tz.sum(0) / c.clamp(min=1)
-        entry: dict[str, Any] = {"numel": b.numel(), "shared": float((c >= 2).float().mean()),
-                                 "unique": float((c == 1).float().mean())}
+        entry: dict[str, Any] = {
+            "numel": b.numel(),
+            "shared": float((c >= 2).float().mean()),
+            "unique": float((c == 1).float().mean()),
+        }
         expect = {"ram_live RAM": (b32 + torch.where(c == 1, tz.sum(0), mean)).to(torch.bfloat16)}
         if lambdas:
             lam = torch.tensor([lambdas[f"agent_{t}"] for t in range(len(ags))]).view(-1, *[1] * b.dim())
@@ -731,8 +773,7 @@ class Sampler(threading.Thread):
         self.join()
 
 
-def spawn(cmd: list[str], result: Path, env: dict[str, str] | None = None, log: Path | None = None
-          ) -> dict[str, Any]:
+def spawn(cmd: list[str], result: Path, env: dict[str, str] | None = None, log: Path | None = None) -> dict[str, Any]:
     """Run ``cmd`` as a fresh process, sample its RSS, return its result file's JSON plus process figures."""
     busy0 = cpu_busy_seconds()
     t0 = time.time()
@@ -750,8 +791,13 @@ def spawn(cmd: list[str], result: Path, env: dict[str, str] | None = None, log: 
         tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
         raise RuntimeError(f"{Path(cmd[0]).name} … {cmd[-1][:200]} exited with {proc.returncode}\n{tail}")
     out = json.loads(result.read_text())
-    out.update(wall=wall, cpu_seconds=own, others_cpu=max(0.0, busy - own) / (wall * (os.cpu_count() or 1)),
-               samples=sampler.samples, t_spawn=t0)
+    out.update(
+        wall=wall,
+        cpu_seconds=own,
+        others_cpu=max(0.0, busy - own) / (wall * (os.cpu_count() or 1)),
+        samples=sampler.samples,
+        t_spawn=t0,
+    )
     return out
 
 
@@ -760,8 +806,9 @@ def python_child(spec: dict[str, Any], workdir: Path, env: dict[str, str] | None
     spec = {**spec, "result": str(result)}
     log = workdir / f"log-{spec['kind']}-{time.time_ns()}.txt"
     try:
-        return spawn([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)], result,
-                     env=env, log=log)
+        return spawn(
+            [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)], result, env=env, log=log
+        )
     finally:
         result.unlink(missing_ok=True)
 
@@ -796,8 +843,10 @@ def wait_for_quiet(max_load: float, budget: list[float], label: str) -> dict[str
     start = time.time()
     load = loadavg()
     while load >= max_load and budget[0] > 0:
-        print(f"  [{label}] load average {load:.2f} ≥ {max_load}: waiting "
-              f"(≤ {budget[0]:.0f} s of waiting left)", flush=True)
+        print(
+            f"  [{label}] load average {load:.2f} ≥ {max_load}: waiting (≤ {budget[0]:.0f} s of waiting left)",
+            flush=True,
+        )
         nap = min(30.0, budget[0])
         time.sleep(nap)
         budget[0] -= nap
@@ -815,25 +864,37 @@ def drop_caches() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="~117 MB model, no mergekit (~1–2 min)")
     ap.add_argument("--json", metavar="FILE", help="write every figure (and the RSS curves) here")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (inputs and outputs)")
     ap.add_argument("--workdir", help="work folder (default: a new folder under /tmp)")
     ap.add_argument("--no-mergekit", action="store_true", help="skip mergekit-yaml")
-    ap.add_argument("--compile", action="store_true",
-                    help="also run RAM and RAM+ with compile=True (each call in a fresh process: compile included)")
-    ap.add_argument("--no-single-thread", action="store_true",
-                    help="skip the single-thread copy + write row (the old floor, which merges beat)")
-    ap.add_argument("--cold", choices=("fadvise", "drop_caches", "none"), default="fadvise",
-                    help="how to make the inputs cold: evict this benchmark's files (default), drop every cache "
-                         "of the machine (root), or no cold runs")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also run RAM and RAM+ with compile=True (each call in a fresh process: compile included)",
+    )
+    ap.add_argument(
+        "--no-single-thread",
+        action="store_true",
+        help="skip the single-thread copy + write row (the old floor, which merges beat)",
+    )
+    ap.add_argument(
+        "--cold",
+        choices=("fadvise", "drop_caches", "none"),
+        default="fadvise",
+        help="how to make the inputs cold: evict this benchmark's files (default), drop every cache "
+        "of the machine (root), or no cold runs",
+    )
     ap.add_argument("--layers", type=int, help="override the number of decoder layers")
     ap.add_argument("--shard-bytes", type=int, help="shard size of inputs and outputs (default 1e9; quick 5e7)")
     ap.add_argument("--max-load", type=float, default=1.5, help="wait for a 1-min load average below this")
-    ap.add_argument("--max-wait", type=float, help="seconds of waiting for a quiet machine, in all "
-                                                    "(default 900; 0 with --quick)")
+    ap.add_argument(
+        "--max-wait", type=float, help="seconds of waiting for a quiet machine, in all (default 900; 0 with --quick)"
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -861,18 +922,26 @@ def main(argv: list[str] | None = None) -> int:
     est = 2 * (2 * v * h + n_l * (2 * h * h + 2 * h * kv + 3 * h * i_) + (2 * n_l + 1) * h)
     k = len(DENSITIES)
     need = est * (k + 1) + est * (3 if use_mergekit else 2) + 500 * MB
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="ram_live_bench_stream-",
-                                                                            dir="/tmp"))
+    workdir = (
+        Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="ram_live_bench_stream-", dir="/tmp"))
+    )
     workdir.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(workdir).free
     if free < need:
         print(f"not enough disk in {workdir}: {free / 1e9:.1f} GB free, ~{need / 1e9:.1f} GB needed", file=sys.stderr)
         return 2
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     try:
-        return _bench(args, config, shard_bytes, budget, max_wait, use_mergekit, mergekit_note, workdir, env, est,
-                      t_bench)
+        return _bench(
+            args, config, shard_bytes, budget, max_wait, use_mergekit, mergekit_note, workdir, env, est, t_bench
+        )
     finally:
         if args.keep:
             print(f"\nkept {workdir}")
@@ -880,14 +949,37 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _bench(args: argparse.Namespace, config: dict[str, Any], shard_bytes: int, budget: list[float],
-           max_wait: float, use_mergekit: bool, mergekit_note: str, workdir: Path, env: dict[str, str],
-           est: int, t_bench: float) -> int:
+def _bench(
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    shard_bytes: int,
+    budget: list[float],
+    max_wait: float,
+    use_mergekit: bool,
+    mergekit_note: str,
+    workdir: Path,
+    env: dict[str, str],
+    est: int,
+    t_bench: float,
+) -> int:
     workers = merge_workers()
-    print(f"work folder {workdir}; model ≈ {est / 1e9:.2f} GB bf16; load average {loadavg():.2f}; CPU "
-          f"{cpu_label()} × {os.cpu_count()}, the merge's threads {workers}", flush=True)
-    gen = python_child({"kind": "generate", "config": config, "densities": list(DENSITIES), "seed": SEED,
-                        "shard_bytes": shard_bytes, "workdir": str(workdir / "inputs")}, workdir, env)
+    print(
+        f"work folder {workdir}; model ≈ {est / 1e9:.2f} GB bf16; load average {loadavg():.2f}; CPU "
+        f"{cpu_label()} × {os.cpu_count()}, the merge's threads {workers}",
+        flush=True,
+    )
+    gen = python_child(
+        {
+            "kind": "generate",
+            "config": config,
+            "densities": list(DENSITIES),
+            "seed": SEED,
+            "shard_bytes": shard_bytes,
+            "workdir": str(workdir / "inputs"),
+        },
+        workdir,
+        env,
+    )
     folders = {n: Path(p) for n, p in gen["folders"].items()}
     base = folders["base"]
     agents = [folders[f"agent_{t}"] for t in range(len(DENSITIES))]
@@ -896,25 +988,37 @@ def _bench(args: argparse.Namespace, config: dict[str, Any], shard_bytes: int, b
     largest = gen["largest_tensor_bytes"]
     rss_target = 4 * largest + 500 * MB
     hist = gen["overlap_histogram"]
-    print(f"inputs: {gen['parameters'] / 1e9:.3f} B parameters, {gen['tensors']} tensors, {gen['shards']} shards "
-          f"of ≤ {shard_bytes / MB:,.0f} MB per folder; model {gen['model_bytes'] / 1e9:.2f} GB, inputs "
-          f"{input_bytes / 1e9:.2f} GB (base + {len(agents)} agents); largest tensor {gen['largest_tensor']} "
-          f"{largest / MB:,.0f} MB; generated in {gen['seconds']:.0f} s", flush=True)
-    print("agents' changed entries: " + ", ".join(f"agent_{t} {d:.1%}" for t, d in enumerate(gen["density"]))
-          + "; entries changed by c agents: "
-          + ", ".join(f"c={c} {n / gen['parameters']:.1%}" for c, n in enumerate(hist)), flush=True)
+    print(
+        f"inputs: {gen['parameters'] / 1e9:.3f} B parameters, {gen['tensors']} tensors, {gen['shards']} shards "
+        f"of ≤ {shard_bytes / MB:,.0f} MB per folder; model {gen['model_bytes'] / 1e9:.2f} GB, inputs "
+        f"{input_bytes / 1e9:.2f} GB (base + {len(agents)} agents); largest tensor {gen['largest_tensor']} "
+        f"{largest / MB:,.0f} MB; generated in {gen['seconds']:.0f} s",
+        flush=True,
+    )
+    print(
+        "agents' changed entries: "
+        + ", ".join(f"agent_{t} {d:.1%}" for t, d in enumerate(gen["density"]))
+        + "; entries changed by c agents: "
+        + ", ".join(f"c={c} {n / gen['parameters']:.1%}" for c, n in enumerate(hist)),
+        flush=True,
+    )
 
     floors: list[tuple[str, dict[str, Any] | None]] = [
         (f"floor (pread/pwrite ×{workers})", {"kind": "floor_parallel", "io": "pread"}),
-        (f"floor (mmap ×{workers})", {"kind": "floor_parallel", "io": "mmap"})]
+        (f"floor (mmap ×{workers})", {"kind": "floor_parallel", "io": "mmap"}),
+    ]
     plan = list(floors)
     if not args.no_single_thread:
         plan.append((SINGLE_THREAD, {"kind": "floor", "io": "mmap"}))
-    plan += [("ram_live RAM", {"kind": "ram", "variant": "ram"}),
-             ("ram_live RAM+", {"kind": "ram", "variant": "ram_plus"})]
+    plan += [
+        ("ram_live RAM", {"kind": "ram", "variant": "ram"}),
+        ("ram_live RAM+", {"kind": "ram", "variant": "ram_plus"}),
+    ]
     if args.compile:  # a fresh process per run: the call includes compiling (or loading inductor's cache)
-        plan += [("ram_live RAM compiled", {"kind": "ram", "variant": "ram", "compile": True}),
-                 ("ram_live RAM+ compiled", {"kind": "ram", "variant": "ram_plus", "compile": True})]
+        plan += [
+            ("ram_live RAM compiled", {"kind": "ram", "variant": "ram", "compile": True}),
+            ("ram_live RAM+ compiled", {"kind": "ram", "variant": "ram_plus", "compile": True}),
+        ]
     if use_mergekit:
         plan.append(("mergekit ram", None))
     plan += [(f"{label} #2", job) for label, job in floors]  # order effects: the floors bracket the runs
@@ -940,86 +1044,169 @@ def _bench(args: argparse.Namespace, config: dict[str, Any], shard_bytes: int, b
             if job is None:
                 r = run_mergekit(base, agents, out, shard_bytes, workdir, env)
             else:
-                spec = {**job, "out": str(out), "shard_bytes": shard_bytes, "base": str(base),
-                        "agents": [str(a) for a in agents], "inputs": [str(base)] + [str(a) for a in agents]}
+                spec = {
+                    **job,
+                    "out": str(out),
+                    "shard_bytes": shard_bytes,
+                    "base": str(base),
+                    "agents": [str(a) for a in agents],
+                    "inputs": [str(base)] + [str(a) for a in agents],
+                }
                 r = python_child(spec, workdir, env)
             r["curve"] = curve_summary(r)
-            r.update(label=label, cache=cache, evicted_with=how, resident_before=resident,
-                     resident_share=None if resident is None else resident / input_bytes,
-                     load_end=loadavg(), **quiet)
+            r.update(
+                label=label,
+                cache=cache,
+                evicted_with=how,
+                resident_before=resident,
+                resident_share=None if resident is None else resident / input_bytes,
+                load_end=loadavg(),
+                **quiet,
+            )
             r["call_s"] = r["t_end"] - r["t_start"]
             r["synced_s"] = r["t_synced"] - r["t_start"]
             r["out_bytes"] = sum(f.stat().st_size for f in files_of(out) if f.suffix == ".safetensors")
             if r.get("lambdas"):
                 lambdas = r["lambdas"]
             runs.append(r)
-            print(f"  {label:15s} {cache}: {r['call_s']:6.2f} s call, {r['synced_s']:6.2f} s +fsync, peak RSS "
-                  f"{fmt_mb(r['vm_hwm'])} (after imports {fmt_mb(r['base_rss'])}); inputs cached before: "
-                  + ("?" if resident is None else f"{resident / input_bytes:.0%}")
-                  + f"; load {quiet['load_at_start']:.2f}, others' CPU {r['others_cpu']:.0%}", flush=True)
+            print(
+                f"  {label:15s} {cache}: {r['call_s']:6.2f} s call, {r['synced_s']:6.2f} s +fsync, peak RSS "
+                f"{fmt_mb(r['vm_hwm'])} (after imports {fmt_mb(r['base_rss'])}); inputs cached before: "
+                + ("?" if resident is None else f"{resident / input_bytes:.0%}")
+                + f"; load {quiet['load_at_start']:.2f}, others' CPU {r['others_cpu']:.0%}",
+                flush=True,
+            )
             if cache == caches[-1] and label.startswith(("ram_live", "mergekit")):
                 keep_out[label] = str(out)
             else:
                 shutil.rmtree(out, ignore_errors=True)
 
     print("verifying the outputs …", flush=True)
-    verify_keys = ["model.norm.weight", "model.layers.0.self_attn.k_proj.weight",
-                   f"model.layers.{config['num_hidden_layers'] - 1}.mlp.down_proj.weight",
-                   "model.layers.0.input_layernorm.weight"]
-    verification = python_child({"kind": "verify", "base": str(base), "agents": [str(a) for a in agents],
-                                 "outputs": keep_out, "keys": verify_keys, "lambdas": lambdas}, workdir, env)
+    verify_keys = [
+        "model.norm.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+        f"model.layers.{config['num_hidden_layers'] - 1}.mlp.down_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+    ]
+    verification = python_child(
+        {
+            "kind": "verify",
+            "base": str(base),
+            "agents": [str(a) for a in agents],
+            "outputs": keep_out,
+            "keys": verify_keys,
+            "lambdas": lambdas,
+        },
+        workdir,
+        env,
+    )
     for key in ("samples", "t_spawn", "wall", "cpu_seconds", "others_cpu"):
         verification.pop(key, None)
 
-    report = render(runs, gen, largest, rss_target, input_bytes, verification, lambdas, budget, max_wait,
-                    mergekit_note, args, time.time() - t_bench, workers)
+    report = render(
+        runs,
+        gen,
+        largest,
+        rss_target,
+        input_bytes,
+        verification,
+        lambdas,
+        budget,
+        max_wait,
+        mergekit_note,
+        args,
+        time.time() - t_bench,
+        workers,
+    )
     print(report)
     if args.json:
-        payload = {"config": config, "shard_bytes": shard_bytes, "inputs": gen, "input_bytes": input_bytes,
-                   "largest_tensor_bytes": largest, "rss_target": rss_target, "runs": runs,
-                   "verification": verification, "lambdas": lambdas, "cpu_count": os.cpu_count(),
-                   "cpu": cpu_label(), "merge_workers": workers,
-                   "wall_s": time.time() - t_bench, "waiting_left_s": budget[0], "max_wait_s": max_wait,
-                   "mergekit": mergekit_note or use_mergekit}
+        payload = {
+            "config": config,
+            "shard_bytes": shard_bytes,
+            "inputs": gen,
+            "input_bytes": input_bytes,
+            "largest_tensor_bytes": largest,
+            "rss_target": rss_target,
+            "runs": runs,
+            "verification": verification,
+            "lambdas": lambdas,
+            "cpu_count": os.cpu_count(),
+            "cpu": cpu_label(),
+            "merge_workers": workers,
+            "wall_s": time.time() - t_bench,
+            "waiting_left_s": budget[0],
+            "max_wait_s": max_wait,
+            "mergekit": mergekit_note or use_mergekit,
+        }
         Path(args.json).write_text(json.dumps(payload, indent=1, default=str) + "\n")
         print(f"wrote {args.json}")
     return 0
 
 
-def run_mergekit(base: Path, agents: list[Path], out: Path, shard_bytes: int, workdir: Path,
-                 env: dict[str, str]) -> dict[str, Any]:
+def run_mergekit(
+    base: Path, agents: list[Path], out: Path, shard_bytes: int, workdir: Path, env: dict[str, str]
+) -> dict[str, Any]:
     cfg = workdir / "mergekit-ram.yml"
     lines = ["merge_method: ram", f"base_model: {base}", "models:"]
     lines += [f"  - model: {a}" for a in agents]
     lines += ["dtype: bfloat16", ""]
     cfg.write_text("\n".join(lines))
     result = workdir / f"result-mergekit-{time.time_ns()}.json"
-    argv = [str(cfg), str(out), "--lazy-unpickle", "--no-copy-tokenizer", "--no-write-model-card",
-            "--out-shard-size", str(shard_bytes), "--no-cuda", "--device", "cpu", "--quiet"]
+    argv = [
+        str(cfg),
+        str(out),
+        "--lazy-unpickle",
+        "--no-copy-tokenizer",
+        "--no-write-model-card",
+        "--out-shard-size",
+        str(shard_bytes),
+        "--no-cuda",
+        "--device",
+        "cpu",
+        "--quiet",
+    ]
     spec = {"argv": argv, "out": str(out), "result": str(result)}
     log = workdir / f"log-mergekit-{time.time_ns()}.txt"
     menv = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     try:
-        return spawn([str(MERGEKIT_VENV / "bin/python"), "-c", MERGEKIT_WRAPPER, json.dumps(spec)], result,
-                     env=menv, log=log)
+        return spawn(
+            [str(MERGEKIT_VENV / "bin/python"), "-c", MERGEKIT_WRAPPER, json.dumps(spec)], result, env=menv, log=log
+        )
     finally:
         result.unlink(missing_ok=True)
 
 
-def render(runs: list[dict[str, Any]], gen: dict[str, Any], largest: int, rss_target: float, input_bytes: int,
-           verification: dict[str, Any], lambdas: dict[str, float] | None, budget: list[float], max_wait: float,
-           mergekit_note: str, args: argparse.Namespace, wall: float, workers: int) -> str:
+def render(
+    runs: list[dict[str, Any]],
+    gen: dict[str, Any],
+    largest: int,
+    rss_target: float,
+    input_bytes: int,
+    verification: dict[str, Any],
+    lambdas: dict[str, float] | None,
+    budget: list[float],
+    max_wait: float,
+    mergekit_note: str,
+    args: argparse.Namespace,
+    wall: float,
+    workers: int,
+) -> str:
     floor: dict[str, dict[str, Any]] = {}  # per cache state, the fastest of the parallel floor runs (+fsync)
     for r in runs:
         if r["label"].startswith("floor (") and (
-                r["cache"] not in floor or r["synced_s"] < floor[r["cache"]]["synced_s"]):
+            r["cache"] not in floor or r["synced_s"] < floor[r["cache"]]["synced_s"]
+        ):
             floor[r["cache"]] = r
-    title = (f"## Streaming merge of {gen['parameters'] / 1e9:.2f} B bf16 parameters "
-             f"({gen['model_bytes'] / 1e9:.2f} GB per model), base + {len(gen['density'])} agents "
-             f"({input_bytes / 1e9:.2f} GB in); {cpu_label()} × {os.cpu_count()} CPUs, {workers} merge threads")
+    title = (
+        f"## Streaming merge of {gen['parameters'] / 1e9:.2f} B bf16 parameters "
+        f"({gen['model_bytes'] / 1e9:.2f} GB per model), base + {len(gen['density'])} agents "
+        f"({input_bytes / 1e9:.2f} GB in); {cpu_label()} × {os.cpu_count()} CPUs, {workers} merge threads"
+    )
     lines = ["", title, ""]
-    lines.append("| run | cache | inputs cached before | seconds (call) | seconds (+fsync) | × floor (+fsync) "
-                 "| × floor (call) | peak RSS (VmHWM) | after imports | load at start | others' CPU |")
+    lines.append(
+        "| run | cache | inputs cached before | seconds (call) | seconds (+fsync) | × floor (+fsync) "
+        "| × floor (call) | peak RSS (VmHWM) | after imports | load at start | others' CPU |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         f = floor.get(r["cache"])
@@ -1030,13 +1217,21 @@ def render(runs: list[dict[str, Any]], gen: dict[str, Any], largest: int, rss_ta
             f"| {r['label']} | {r['cache']} | {res} | {r['call_s']:.2f} | {r['synced_s']:.2f} | "
             f"{'—' if x_sync is None else f'{x_sync:.2f}×'} | {'—' if x_call is None else f'{x_call:.2f}×'} | "
             f"{fmt_mb(r['vm_hwm'])} | {fmt_mb(r['base_rss'])} | {r['load_at_start']:.2f}"
-            f"{'' if r['quiet'] else ' (busy)'} | {r['others_cpu']:.0%} |")
-    targets = (f"Targets: peak RSS ≤ 4 × largest tensor ({largest / MB:,.0f} MB) + 500 MB = "
-               f"{rss_target / MB:,.0f} MB; seconds (+fsync) ≤ 1.5 × the floor of the same cache state (the "
-               f"fastest run of the two parallel floors, {workers} threads as the merge; the × floor columns use "
-               "it too).")
-    lines += ["", targets, "", "| run | cache | peak RSS | RSS target | seconds ≤ 1.5 × floor | verdict |",
-              "|---|---|---|---|---|---|"]
+            f"{'' if r['quiet'] else ' (busy)'} | {r['others_cpu']:.0%} |"
+        )
+    targets = (
+        f"Targets: peak RSS ≤ 4 × largest tensor ({largest / MB:,.0f} MB) + 500 MB = "
+        f"{rss_target / MB:,.0f} MB; seconds (+fsync) ≤ 1.5 × the floor of the same cache state (the "
+        f"fastest run of the two parallel floors, {workers} threads as the merge; the × floor columns use "
+        "it too)."
+    )
+    lines += [
+        "",
+        targets,
+        "",
+        "| run | cache | peak RSS | RSS target | seconds ≤ 1.5 × floor | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
     verdicts = []
     for r in runs:
         if not r["label"].startswith("ram_live"):
@@ -1045,41 +1240,63 @@ def render(runs: list[dict[str, Any]], gen: dict[str, Any], largest: int, rss_ta
         rss_ok = r["vm_hwm"] <= rss_target
         t_ok = f is not None and r["synced_s"] <= 1.5 * f["synced_s"]
         verdicts.append((r["label"], r["cache"], rss_ok, t_ok))
-        lines.append(f"| {r['label']} | {r['cache']} | {fmt_mb(r['vm_hwm'])} | {'PASS' if rss_ok else 'FAIL'} | "
-                     f"{r['synced_s']:.2f} s vs {1.5 * f['synced_s']:.2f} s: {'PASS' if t_ok else 'FAIL'} | "
-                     f"{'PASS' if rss_ok and t_ok else 'FAIL'} |")
+        lines.append(
+            f"| {r['label']} | {r['cache']} | {fmt_mb(r['vm_hwm'])} | {'PASS' if rss_ok else 'FAIL'} | "
+            f"{r['synced_s']:.2f} s vs {1.5 * f['synced_s']:.2f} s: {'PASS' if t_ok else 'FAIL'} | "
+            f"{'PASS' if rss_ok and t_ok else 'FAIL'} |"
+        )
     mk = [r for r in runs if r["label"] == "mergekit ram"]
     for r in mk:
-        lines.append(f"| mergekit ram (reference) | {r['cache']} | {fmt_mb(r['vm_hwm'])} | "
-                     f"{'PASS' if r['vm_hwm'] <= rss_target else 'FAIL'} | {r['synced_s']:.1f} s vs "
-                     f"{1.5 * floor[r['cache']]['synced_s']:.1f} s: "
-                     f"{'PASS' if r['synced_s'] <= 1.5 * floor[r['cache']]['synced_s'] else 'FAIL'} | — |")
+        lines.append(
+            f"| mergekit ram (reference) | {r['cache']} | {fmt_mb(r['vm_hwm'])} | "
+            f"{'PASS' if r['vm_hwm'] <= rss_target else 'FAIL'} | {r['synced_s']:.1f} s vs "
+            f"{1.5 * floor[r['cache']]['synced_s']:.1f} s: "
+            f"{'PASS' if r['synced_s'] <= 1.5 * floor[r['cache']]['synced_s'] else 'FAIL'} | — |"
+        )
     merges = [r for r in runs if r["label"].startswith(("ram_live", "mergekit")) and r["cache"] in floor]
     if merges:
         low = min(merges, key=lambda r: r["synced_s"] / floor[r["cache"]]["synced_s"])
         x_low = low["synced_s"] / floor[low["cache"]]["synced_s"]
-        lines += ["", f"Floor check (every merge reads every input byte and writes every output byte, so none "
-                      f"can beat the floor): lowest × floor (+fsync) {x_low:.2f}× ({low['label']}, {low['cache']}): "
-                      + ("PASS" if x_low >= 1.0 else "FAIL: a merge beat the floor, so it is no floor here")]
-    lines += ["", ("RSS during the timed part (sampled every 10 ms from the parent; peak = highest sample, "
-                   "anon/file = anonymous vs file-backed pages at the peak):"), "",
-              "| run | cache | samples | median | peak | at s | anon / file at peak | curve (max per bin) |",
-              "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Floor check (every merge reads every input byte and writes every output byte, so none "
+            f"can beat the floor): lowest × floor (+fsync) {x_low:.2f}× ({low['label']}, {low['cache']}): "
+            + ("PASS" if x_low >= 1.0 else "FAIL: a merge beat the floor, so it is no floor here"),
+        ]
+    lines += [
+        "",
+        (
+            "RSS during the timed part (sampled every 10 ms from the parent; peak = highest sample, "
+            "anon/file = anonymous vs file-backed pages at the peak):"
+        ),
+        "",
+        "| run | cache | samples | median | peak | at s | anon / file at peak | curve (max per bin) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         c = r["curve"]
         if not c:
             continue
-        lines.append(f"| {r['label']} | {r['cache']} | {c['samples']} | {fmt_mb(c['median_during_call'])} | "
-                     f"{fmt_mb(c['peak_during_call'])} | {c['peak_at_s']:.1f} | {fmt_mb(c['anon_at_peak'])} / "
-                     f"{fmt_mb(c['file_at_peak'])} | `{c['spark']}` |")
+        lines.append(
+            f"| {r['label']} | {r['cache']} | {c['samples']} | {fmt_mb(c['median_during_call'])} | "
+            f"{fmt_mb(c['peak_during_call'])} | {c['peak_at_s']:.1f} | {fmt_mb(c['anon_at_peak'])} / "
+            f"{fmt_mb(c['file_at_peak'])} | `{c['spark']}` |"
+        )
     if lambdas:
         ram_plus = next((r for r in runs if r["label"] == "ram_live RAM+"), {})
-        lines += ["", "RAM+ λ: " + ", ".join(f"{n} {v:.4f}" for n, v in lambdas.items()) + "; ρ: "
-                  + ", ".join(f"{n} {v:.3f}" for n, v in (ram_plus.get("rho") or {}).items())]
+        lines += [
+            "",
+            "RAM+ λ: "
+            + ", ".join(f"{n} {v:.4f}" for n, v in lambdas.items())
+            + "; ρ: "
+            + ", ".join(f"{n} {v:.3f}" for n, v in (ram_plus.get("rho") or {}).items()),
+        ]
     lines += ["", "Verification:"]
     for label, v in verification.get("loads", {}).items():
-        lines.append(f"- {label}: `LlamaForCausalLM.from_pretrained` → {v['parameters'] / 1e9:.3f} B {v['dtype']} "
-                     f"parameters, finite logits: {v['ok']} ({v['seconds']:.1f} s)")
+        lines.append(
+            f"- {label}: `LlamaForCausalLM.from_pretrained` → {v['parameters'] / 1e9:.3f} B {v['dtype']} "
+            f"parameters, finite logits: {v['ok']} ({v['seconds']:.1f} s)"
+        )
     for key, entry in verification.get("keys", {}).items():
         parts = []
         for label, res in entry.items():
@@ -1093,21 +1310,26 @@ def render(runs: list[dict[str, Any]], gen: dict[str, Any], largest: int, rss_ta
             if "equal_by_hand" in res:
                 bits.append(f"= Eq. 7 by hand: {res['equal_by_hand']:.4%} (max |Δ| {res['max_abs_diff_by_hand']:.2g})")
             if "equal_to_ram_live_ram" in res:
-                bits.append(f"{res['dtype']}, = ram_live RAM: {res['equal_to_ram_live_ram']:.2%} "
-                            f"(max |Δ| {res['max_abs_diff_to_ram_live_ram']:.2g})")
+                bits.append(
+                    f"{res['dtype']}, = ram_live RAM: {res['equal_to_ram_live_ram']:.2%} "
+                    f"(max |Δ| {res['max_abs_diff_to_ram_live_ram']:.2g})"
+                )
             bits.append(f"c=0 keep base bits: {res['c0_entries_keep_base_bits']}")
             parts.append(f"{label} [{'; '.join(bits)}]")
-        lines.append(f"- `{key}` ({entry['numel']:,} entries, {entry['shared']:.1%} shared, "
-                     f"{entry['unique']:.1%} unique): " + "; ".join(parts))
+        lines.append(
+            f"- `{key}` ({entry['numel']:,} entries, {entry['shared']:.1%} shared, "
+            f"{entry['unique']:.1%} unique): " + "; ".join(parts)
+        )
     notes = []
     waited = sum(r["waited_s"] for r in runs)
     busy = [f"{r['label']} {r['cache']}" for r in runs if not r["quiet"]]
-    notes.append(f"waited {waited:.0f} s in all for a 1-min load average < {args.max_load}"
-                 + (f"; started above it (waiting budget of {max_wait:.0f} s spent): {', '.join(busy)}" if busy
-                    else ""))
+    notes.append(
+        f"waited {waited:.0f} s in all for a 1-min load average < {args.max_load}"
+        + (f"; started above it (waiting budget of {max_wait:.0f} s spent): {', '.join(busy)}" if busy else "")
+    )
     cold = [r for r in runs if r["cache"] == "cold"]
     if cold:
-        notes.append("cold runs: inputs evicted with " + ", ".join(sorted({str(r['evicted_with']) for r in cold})))
+        notes.append("cold runs: inputs evicted with " + ", ".join(sorted({str(r["evicted_with"]) for r in cold})))
     if mergekit_note:
         notes.append(mergekit_note)
     lines += ["", "Notes: " + "; ".join(notes) + f". Benchmark wall time {wall:.0f} s."]

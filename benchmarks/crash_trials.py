@@ -33,8 +33,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SHAPES = {"emb": ((256, 512), torch.bfloat16), "w1": ((128, 512), torch.float32), "w2": ((512, 128), torch.bfloat16),
-          "b": ((1000,), torch.float32), "scale": ((), torch.float32)}
+SHAPES = {
+    "emb": ((256, 512), torch.bfloat16),
+    "w1": ((128, 512), torch.float32),
+    "w2": ((512, 128), torch.bfloat16),
+    "b": ((1000,), torch.float32),
+    "scale": ((), torch.float32),
+}
 DENSITIES = (0.005, 0.02, 0.1, 0.3, 0.6)
 
 
@@ -124,8 +129,9 @@ def merger_main(store_dir: str, seconds: float) -> None:
 
 def _spawn(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def crash_trials(trials: int, seed: int, store_dir: str | None = None, max_delay: float = 0.6) -> dict:
@@ -136,8 +142,15 @@ def crash_trials(trials: int, seed: int, store_dir: str | None = None, max_delay
     tmp = store_dir or tempfile.mkdtemp(prefix="ram-crash-")
     base = make_base()
     committed: set[int] = set()
-    results = {"trials": trials, "killed": 0, "exited_early": 0, "snapshots_checked": 0, "orphans_seen": 0,
-               "in_flight_visible": 0, "failures": []}
+    results = {
+        "trials": trials,
+        "killed": 0,
+        "exited_early": 0,
+        "snapshots_checked": 0,
+        "orphans_seen": 0,
+        "in_flight_visible": 0,
+        "failures": [],
+    }
     for trial in range(trials):
         proc = _spawn("--worker", "writer", "--store", tmp, "--agent", "crash")
         assert proc.stdout is not None
@@ -182,8 +195,11 @@ def crash_trials(trials: int, seed: int, store_dir: str | None = None, max_delay
             referenced = set()
             for step in listed:
                 referenced |= {f["name"] for f in store.open("crash", step).manifest["files"]}
-            orphans = [p for p in folder.iterdir() if not p.name.endswith(".json") and p.name not in referenced] \
-                if folder.exists() else []
+            orphans = (
+                [p for p in folder.iterdir() if not p.name.endswith(".json") and p.name not in referenced]
+                if folder.exists()
+                else []
+            )
             results["orphans_seen"] += len(orphans)
             store.gc(grace_s=0)
             for step in sorted(listed):

@@ -49,8 +49,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, help="timed runs per merge, best reported (default 2; --small 1)")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds after which checks are skipped")
     ap.add_argument("--no-compile", action="store_true", help="skip the compile=True merges")
-    ap.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's; --device cpu --small: 1, "
-                    "since tiny tensors on a busy shared host spend their time in OpenMP hand-offs)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="torch's CPU threads (default: torch's; --device cpu --small: 1, "
+        "since tiny tensors on a busy shared host spend their time in OpenMP hand-offs)",
+    )
     return ap.parse_args(argv)
 
 
@@ -63,9 +67,16 @@ def run_all(args: argparse.Namespace) -> tuple[Runner, dict[str, Any]]:
     threads = args.threads or (1 if args.small and device.type == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
-    meta: dict[str, Any] = {"device": str(device), "small": args.small, "params": sizes.params,
-                            "hidden": sizes.hidden, "layers": sizes.layers, "k": 3,
-                            "threads": torch.get_num_threads(), "git": bench_merge.git_state()}
+    meta: dict[str, Any] = {
+        "device": str(device),
+        "small": args.small,
+        "params": sizes.params,
+        "hidden": sizes.hidden,
+        "layers": sizes.layers,
+        "k": 3,
+        "threads": torch.get_num_threads(),
+        "git": bench_merge.git_state(),
+    }
     dev = runner.run("device", lambda o: _device(device, o))
     if dev.status != "pass":
         return runner, meta
@@ -90,10 +101,16 @@ def run_all(args: argparse.Namespace) -> tuple[Runner, dict[str, Any]]:
             runner.run(f"{label} eager", lambda o, lb=label: eager(o, lb), needs_s=5.0)
         runner.run("probe", lambda o: merges.check_probe(s, o), needs_s=5.0)
     runner.run("peft", lambda o: extras.check_peft(device, o), needs_s=10.0)
-    runner.run("distributed", lambda o: extras.check_distributed(
-        device, o, timeout=min(DIST_TIMEOUT_S, max(30.0, runner.left() - 30))), needs_s=30.0)
-    runner.run("cuda tests", lambda o: extras.check_cuda_tests(
-        device, o, timeout=min(TESTS_TIMEOUT_S, max(30.0, runner.left() - 10))), needs_s=60.0)
+    runner.run(
+        "distributed",
+        lambda o: extras.check_distributed(device, o, timeout=min(DIST_TIMEOUT_S, max(30.0, runner.left() - 30))),
+        needs_s=30.0,
+    )
+    runner.run(
+        "cuda tests",
+        lambda o: extras.check_cuda_tests(device, o, timeout=min(TESTS_TIMEOUT_S, max(30.0, runner.left() - 10))),
+        needs_s=60.0,
+    )
     if s is not None:
         for label in merges.COMPILED:
             runner.run(f"{label} compile", lambda o, lb=label: _compiled(s, lb, args, o), needs_s=60.0)
@@ -126,12 +143,23 @@ def table(runner: Runner, meta: dict[str, Any]) -> str:
     o = runner.outcomes
     dev = o["device"].result if "device" in o else {}
     floor = o["floor"].result if "floor" in o else {}
-    lines = [(f"## GPU readiness ({dev.get('name', meta['device'])}, {_fmt(dev.get('memory_gib'), '.0f')} GiB; "
-             f"{meta['params'] / 1e6:,.1f} M bf16 parameters, K = {meta['k']}; git {meta['git']})"), "",
-             (f"copy floor: {_fmt(floor.get('gb_per_s'), '.1f')} GB/s over {_fmt(floor.get('copied_gb'), '.2f')} GB "
-             f"moved ({_fmt(floor.get('seconds'), '.4f')} s)"), "",
-             ("| check | status | s | x floor | kernels | extra peak / output | vs CPU: max ULP, share differing "
-             "| vs float64 ULP | targets | note |"), "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            f"## GPU readiness ({dev.get('name', meta['device'])}, {_fmt(dev.get('memory_gib'), '.0f')} GiB; "
+            f"{meta['params'] / 1e6:,.1f} M bf16 parameters, K = {meta['k']}; git {meta['git']})"
+        ),
+        "",
+        (
+            f"copy floor: {_fmt(floor.get('gb_per_s'), '.1f')} GB/s over {_fmt(floor.get('copied_gb'), '.2f')} GB "
+            f"moved ({_fmt(floor.get('seconds'), '.4f')} s)"
+        ),
+        "",
+        (
+            "| check | status | s | x floor | kernels | extra peak / output | vs CPU: max ULP, share differing "
+            "| vs float64 ULP | targets | note |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, out in o.items():
         r = out.result
         vs = r.get("vs_cpu")
@@ -142,19 +170,31 @@ def table(runner: Runner, meta: dict[str, Any]) -> str:
         note = out.reason or "; ".join(out.problems)
         if not note and "first_call_s" in r:
             note = f"first call {r['first_call_s']:.1f} s"
-        lines.append(f"| {name} | {out.status} | {_fmt(r.get('seconds', out.seconds), '.3f')} | "
-                     f"{_fmt(r.get('x_floor'))} | {kernels} | {_fmt(r.get('extra_over_output'))} | {vs_s} | "
-                     f"{_fmt(ref, 'd')} | {targets} | {note[:160]} |")
+        lines.append(
+            f"| {name} | {out.status} | {_fmt(r.get('seconds', out.seconds), '.3f')} | "
+            f"{_fmt(r.get('x_floor'))} | {kernels} | {_fmt(r.get('extra_over_output'))} | {vs_s} | "
+            f"{_fmt(ref, 'd')} | {targets} | {note[:160]} |"
+        )
     summary = runner.summary()
-    lines += ["", (f"{summary['pass']} passed, {summary['fail']} failed, {summary['error']} errors, "
-              f"{summary['skipped']} skipped in {runner.elapsed():.1f} s (budget {runner.budget_s:.0f} s)")]
+    lines += [
+        "",
+        (
+            f"{summary['pass']} passed, {summary['fail']} failed, {summary['error']} errors, "
+            f"{summary['skipped']} skipped in {runner.elapsed():.1f} s (budget {runner.budget_s:.0f} s)"
+        ),
+    ]
     return "\n".join(lines)
 
 
 def report(runner: Runner, meta: dict[str, Any]) -> dict[str, Any]:
     """The JSON report: meta, every check's outcome, the summary."""
-    return {"meta": meta, "checks": {n: o.to_dict() for n, o in runner.outcomes.items()},
-            "summary": runner.summary(), "elapsed_s": runner.elapsed(), "budget_s": runner.budget_s}
+    return {
+        "meta": meta,
+        "checks": {n: o.to_dict() for n, o in runner.outcomes.items()},
+        "summary": runner.summary(),
+        "elapsed_s": runner.elapsed(),
+        "budget_s": runner.budget_s,
+    }
 
 
 def _jsonable(x: Any) -> Any:

@@ -116,8 +116,9 @@ def resolve_params(method, given: Dict[str, float]) -> Dict[str, float]:
     return {name: given.get(name, p.default) for name, p in names.items()}
 
 
-def merge_model(base, agents, variant: str, given: Dict[str, float], dtype_name: str,
-                path: str = "method", repeat: int = 1):
+def merge_model(
+    base, agents, variant: str, given: Dict[str, float], dtype_name: str, path: str = "method", repeat: int = 1
+):
     """Merge every tensor with mergekit; return (merged, seconds_per_pass, params_used)."""
     from mergekit import merge_methods
     from mergekit.merge_methods.base import TensorGroup
@@ -141,8 +142,10 @@ def merge_model(base, agents, variant: str, given: Dict[str, float], dtype_name:
         from mergekit.common import ImmutableMap, ModelReference
         from mergekit.merge_methods.task_adapter import ExecuteMergeMethodTask, TensorDictWrapper
 
-        refs = [ModelReference.model_validate({"model": {"path": name}})
-                for name in ["base"] + [f"agent_{k}" for k in range(len(agents))]]
+        refs = [
+            ModelReference.model_validate({"model": {"path": name}})
+            for name in ["base"] + [f"agent_{k}" for k in range(len(agents))]
+        ]
         tasks, tensors = {}, {}
         for key in keys:
             tasks[key] = ExecuteMergeMethodTask(
@@ -181,15 +184,19 @@ def run(args) -> dict:
     base, agents = load_inputs(Path(args.inputs))
     given = {k: v for k, v in (("epsilon", args.epsilon), ("r", args.r), ("alpha", args.alpha)) if v is not None}
     merged, seconds_all, params_used = merge_model(
-        base, agents, args.variant, given, args.dtype, path=args.path, repeat=args.repeat)
+        base, agents, args.variant, given, args.dtype, path=args.path, repeat=args.repeat
+    )
     result = {
         "mergekit_version": version("mergekit"),
         "torch_version": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "variant": args.variant,
         "path": args.path,
-        "compute_dtype": args.dtype if args.dtype != "auto" else "auto (promoted input dtype: "
-        + ",".join(sorted({str(t.dtype).replace("torch.", "") for t in base.values()})) + ")",
+        "compute_dtype": args.dtype
+        if args.dtype != "auto"
+        else "auto (promoted input dtype: "
+        + ",".join(sorted({str(t.dtype).replace("torch.", "") for t in base.values()}))
+        + ")",
         "out_dtype": sorted({str(t.dtype).replace("torch.", "") for t in merged.values()}),
         "seconds": min(seconds_all),
         "seconds_all": seconds_all,
@@ -208,6 +215,7 @@ def run(args) -> dict:
 
 
 # --------------------------------------------------------------------------- selftest
+
 
 def _write_case(d: Path, base: Dict[str, torch.Tensor], agents: List[Dict[str, torch.Tensor]]):
     d.mkdir(parents=True, exist_ok=True)
@@ -240,10 +248,18 @@ def selftest(root: Path) -> bool:
         return (torch.randn(t.shape, generator=g) * scale).to(torch.float32)
 
     def run_case(d, variant, dtype, path="method", **p):
-        ns = argparse.Namespace(inputs=str(d), out=str(d / f"{variant}-{dtype}-{path}.json"),
-                                variant=variant, repeat=1, save=str(d / f"{variant}-{dtype}-{path}.safetensors"),
-                                dtype=dtype, path=path, epsilon=p.get("epsilon"), r=p.get("r"),
-                                alpha=p.get("alpha"))
+        ns = argparse.Namespace(
+            inputs=str(d),
+            out=str(d / f"{variant}-{dtype}-{path}.json"),
+            variant=variant,
+            repeat=1,
+            save=str(d / f"{variant}-{dtype}-{path}.safetensors"),
+            dtype=dtype,
+            path=path,
+            epsilon=p.get("epsilon"),
+            r=p.get("r"),
+            alpha=p.get("alpha"),
+        )
         res = run(ns)
         return load_file(ns.save), res
 
@@ -254,14 +270,20 @@ def selftest(root: Path) -> bool:
     for variant in VARIANTS:
         for dtype in ("auto", "float32"):
             out, res = run_case(root / "random", variant, dtype)
-            check(f"random {variant} dtype={dtype}", all(out[k].shape == base[k].shape for k in base),
-                  f"n_tensors={res['n_tensors']} n_params={res['n_params']} out_dtype={res['out_dtype']} "
-                  f"seconds={res['seconds']:.6f} params={res['params_used']}")
+            check(
+                f"random {variant} dtype={dtype}",
+                all(out[k].shape == base[k].shape for k in base),
+                f"n_tensors={res['n_tensors']} n_params={res['n_params']} out_dtype={res['out_dtype']} "
+                f"seconds={res['seconds']:.6f} params={res['params_used']}",
+            )
     # The graph-adapter path must agree with the direct call.
     a, _ = run_case(root / "random", "ram", "auto", path="task")
     b, _ = run_case(root / "random", "ram", "auto", path="method")
-    check("random ram: ExecuteMergeMethodTask.execute == method call",
-          all(torch.equal(a[k], b[k]) for k in base), "bit-identical")
+    check(
+        "random ram: ExecuteMergeMethodTask.execute == method call",
+        all(torch.equal(a[k], b[k]) for k in base),
+        "bit-identical",
+    )
 
     # Case B: disjoint sparse deltas -> base + sum of deltas (each agent's own value where it moved).
     base = rand_base()
@@ -272,7 +294,7 @@ def selftest(root: Path) -> bool:
         for t in range(K):
             if len(agents) <= t:
                 agents.append({})
-            idx = perm[t * n:(t + 1) * n]
+            idx = perm[t * n : (t + 1) * n]
             a = v.clone().flatten()
             a[idx] = (a[idx].float() + delta_like(a[idx], 0.02)).to(torch.bfloat16)
             agents[t][key] = a.view_as(v)
@@ -287,13 +309,18 @@ def selftest(root: Path) -> bool:
             d = max(_maxdiff(out[k], exp_sum[k]) for k in base)
             n_off = sum(int((out[k].float() != exp_sum[k]).sum()) for k in base)
             if dtype == "float32":
-                check(f"disjoint {variant} dtype={dtype} == base + sum(deltas)", d == 0.0,
-                      f"max|diff|={d:.3g}, mismatching elements={n_off}")
+                check(
+                    f"disjoint {variant} dtype={dtype} == base + sum(deltas)",
+                    d == 0.0,
+                    f"max|diff|={d:.3g}, mismatching elements={n_off}",
+                )
             else:
                 # bf16 arithmetic: tau = bf16(a - b) and b + tau may each round.
-                check(f"disjoint {variant} dtype={dtype} ~= base + sum(deltas) (bf16 rounding)",
-                      d <= 2 ** -7 * max(float(base[k].abs().max()) for k in base) * 4,
-                      f"max|diff|={d:.3g}, mismatching elements={n_off} of {sum(v.numel() for v in base.values())}")
+                check(
+                    f"disjoint {variant} dtype={dtype} ~= base + sum(deltas) (bf16 rounding)",
+                    d <= 2**-7 * max(float(base[k].abs().max()) for k in base) * 4,
+                    f"max|diff|={d:.3g}, mismatching elements={n_off} of {sum(v.numel() for v in base.values())}",
+                )
 
     # Case C: identical deltas in all agents -> base + delta (mean over active agents, not K*delta).
     base = rand_base()
@@ -305,9 +332,11 @@ def selftest(root: Path) -> bool:
             d = max(_maxdiff(out[k], one[k]) for k in base)
             n_off = sum(int((out[k].float() != one[k].float()).sum()) for k in base)
             label = "==" if dtype == "float32" else "~= (bf16 rounding)"
-            check(f"identical {variant} dtype={dtype} {label} base + delta",
-                  d == 0.0 if dtype == "float32" else d < 1e-2,
-                  f"max|diff|={d:.3g}, mismatching elements={n_off}")
+            check(
+                f"identical {variant} dtype={dtype} {label} base + delta",
+                d == 0.0 if dtype == "float32" else d < 1e-2,
+                f"max|diff|={d:.3g}, mismatching elements={n_off}",
+            )
 
     # Case D: an element moved by 2 of 3 agents -> mean over the 2 active ones, not /3;
     # and a sub-epsilon move on a tiny weight is dropped from sum and count.
@@ -323,8 +352,8 @@ def selftest(root: Path) -> bool:
     a0[1] = 0.5
     a1[1] = 0.25
     a2[1] = 4e-6
-    a2[2] = 4e-6                                   # only sub-epsilon move -> stays 0
-    a2[3] = 2e-5                                   # above epsilon, unique -> 2e-5 (bf16)
+    a2[2] = 4e-6  # only sub-epsilon move -> stays 0
+    a2[3] = 2e-5  # above epsilon, unique -> 2e-5 (bf16)
     # shared by 3 -> 1 + (0.5+0.5-0.5)/3
     a0[4] = 1.5
     a1[4] = 1.5
@@ -334,9 +363,11 @@ def selftest(root: Path) -> bool:
     for dtype in ("auto", "float32"):
         out, _ = run_case(root / "active", "ram", dtype)
         got = out["w"].float()
-        check(f"active-only mean + sub-epsilon drop, ram dtype={dtype}",
-              torch.allclose(got, exp, rtol=1e-2, atol=0) and got[2] == 0,
-              f"got {[round(x, 6) for x in got.tolist()]} expected {[round(x, 6) for x in exp.tolist()]}")
+        check(
+            f"active-only mean + sub-epsilon drop, ram dtype={dtype}",
+            torch.allclose(got, exp, rtol=1e-2, atol=0) and got[2] == 0,
+            f"got {[round(x, 6) for x in got.tolist()]} expected {[round(x, 6) for x in exp.tolist()]}",
+        )
 
     # Case E: ramplus_tl's lambda, per tensor: agent 0 has 10 unique + 10 shared entries (rho = 1,
     # clipped to alpha = 0.2 -> lambda = 1.02); agent 1 only shared (rho -> inf -> 1.02);
@@ -352,19 +383,27 @@ def selftest(root: Path) -> bool:
     _write_case(root / "lambda", base, [{"w": a0}, {"w": a1}, {"w": a2}])
     out, res = run_case(root / "lambda", "ramplus_tl", "float32")
     got = out["w"]
-    check("ramplus_tl lambda (defaults r=0.1, alpha=0.2)",
-          torch.allclose(got[0:10], torch.full((10,), 0.5 * 1.02))
-          and torch.allclose(got[10:20], torch.full((10,), 0.5))
-          and torch.allclose(got[20:30], torch.full((10,), 0.125)) and bool((got[30:] == 0).all()),
-          f"unique(agent0, rho=1)={float(got[0]):.6f} shared={float(got[10]):.6f} "
-          f"unique(agent2, rho=0)={float(got[20]):.6f} params={res['params_used']}")
+    check(
+        "ramplus_tl lambda (defaults r=0.1, alpha=0.2)",
+        torch.allclose(got[0:10], torch.full((10,), 0.5 * 1.02))
+        and torch.allclose(got[10:20], torch.full((10,), 0.5))
+        and torch.allclose(got[20:30], torch.full((10,), 0.125))
+        and bool((got[30:] == 0).all()),
+        f"unique(agent0, rho=1)={float(got[0]):.6f} shared={float(got[10]):.6f} "
+        f"unique(agent2, rho=0)={float(got[20]):.6f} params={res['params_used']}",
+    )
     out, res = run_case(root / "lambda", "ramplus_tl", "float32", r=0.1, alpha=2.0)
-    check("ramplus_tl lambda with paper alpha=2.0", torch.allclose(out["w"][0:10], torch.full((10,), 0.5 * 1.1)),
-          f"unique(agent0, rho=1)={float(out['w'][0]):.6f} (expected {0.5 * 1.1})")
+    check(
+        "ramplus_tl lambda with paper alpha=2.0",
+        torch.allclose(out["w"][0:10], torch.full((10,), 0.5 * 1.1)),
+        f"unique(agent0, rho=1)={float(out['w'][0]):.6f} (expected {0.5 * 1.1})",
+    )
 
     print("\n".join(report))
-    print(f"selftest: {sum(line.startswith('[PASS') for line in report)} passed, "
-          f"{sum(line.startswith('[FAIL') for line in report)} failed")
+    print(
+        f"selftest: {sum(line.startswith('[PASS') for line in report)} passed, "
+        f"{sum(line.startswith('[FAIL') for line in report)} failed"
+    )
     return ok
 
 
@@ -375,15 +414,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--variant", choices=VARIANTS, default="ram")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--save", help="save merged tensors to this .safetensors file")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="auto",
-                    help="mergekit compute dtype; auto = mergekit's default (promoted input dtype)")
-    ap.add_argument("--path", choices=("method", "task"), default="method",
-                    help="call the merge method directly, or through ExecuteMergeMethodTask.execute")
+    ap.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="auto",
+        help="mergekit compute dtype; auto = mergekit's default (promoted input dtype)",
+    )
+    ap.add_argument(
+        "--path",
+        choices=("method", "task"),
+        default="method",
+        help="call the merge method directly, or through ExecuteMergeMethodTask.execute",
+    )
     ap.add_argument("--epsilon", type=float, help="mergekit epsilon (default: mergekit's, 1e-5)")
     ap.add_argument("--r", type=float, help="ramplus_tl r (default: mergekit's, 0.1)")
     ap.add_argument("--alpha", type=float, help="ramplus_tl alpha (default: mergekit's, 0.2)")
-    ap.add_argument("--selftest", action="store_true",
-                    help="build tiny bf16 inputs (under --inputs if given, else a temp dir) and check known answers")
+    ap.add_argument(
+        "--selftest",
+        action="store_true",
+        help="build tiny bf16 inputs (under --inputs if given, else a temp dir) and check known answers",
+    )
     args = ap.parse_args(argv)
 
     if args.selftest:

@@ -3,6 +3,7 @@ far an exactly-k rule (lowest index first) is from PEFT (numbers in docs/methods
 
 Run: ``.venv/bin/python benchmarks/ties_bf16_ties.py``
 """
+
 import warnings
 
 import torch
@@ -35,13 +36,17 @@ for density in (0.2, 0.5):
             tied_total += int((t.abs() == thr).sum())
             kept_extra += int((t.abs() >= thr).sum()) - int(density * t.numel())
         outside = max(outside, float(d[~tied].abs().max()))
-    print(f"density {density}: |ours - peft| / |peft| = {(num / den) ** 0.5:.4%}; tied entries at thresholds "
-          f"{tied_total}, kept beyond k {kept_extra}; max |diff| away from tied columns {outside:.3g}")
+    print(
+        f"density {density}: |ours - peft| / |peft| = {(num / den) ** 0.5:.4%}; tied entries at thresholds "
+        f"{tied_total}, kept beyond k {kept_extra}; max |diff| away from tied columns {outside:.3g}"
+    )
 # float32: no ties
 agents32 = [{k: torch.randn(s, generator=g) * 0.02 for k, s in shapes.items()} for _ in W]
 out = merge(agents32, base=base, method="ties", density=0.2, weights=W)
 r = max(float((out[k] - pmu.ties([a[k] for a in agents32], torch.tensor(W), 0.2, "total")).norm()) for k in shapes)
 print("float32 max |diff| norm:", r)
+
+
 # exactly k with a deterministic tie-break (lowest flat index first) against PEFT's topk
 def exact_k(t, density):
     k = int(density * t.numel())
@@ -49,6 +54,8 @@ def exact_k(t, density):
     m = torch.zeros(t.numel(), dtype=torch.bool)
     m[order] = True
     return t * m.view_as(t)
+
+
 for density in (0.2, 0.5):
     num = den = 0.0
     for k in shapes:

@@ -40,9 +40,9 @@ CLASSES = 4
 def task_data(t: int, n: int, seed: int) -> torch.utils.data.TensorDataset:
     g = torch.Generator().manual_seed(seed * 100 + t)
     x = torch.zeros(n, FEATURES)
-    x[:, t * BLOCK:(t + 1) * BLOCK] = torch.randn(n, BLOCK, generator=g)
+    x[:, t * BLOCK : (t + 1) * BLOCK] = torch.randn(n, BLOCK, generator=g)
     teacher = torch.randn(BLOCK, CLASSES, generator=torch.Generator().manual_seed(1000 + t))
-    y = (x[:, t * BLOCK:(t + 1) * BLOCK] @ teacher + 0.3 * torch.randn(n, CLASSES, generator=g)).argmax(dim=1)
+    y = (x[:, t * BLOCK : (t + 1) * BLOCK] @ teacher + 0.3 * torch.randn(n, CLASSES, generator=g)).argmax(dim=1)
     return torch.utils.data.TensorDataset(x, y)
 
 
@@ -53,8 +53,9 @@ class Net(L.LightningModule):
     def __init__(self, lr: float = 3e-3) -> None:
         super().__init__()
         self.lr = lr
-        self.body = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                                  nn.Linear(64, CLASSES))
+        self.body = nn.Sequential(
+            nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, CLASSES)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)
@@ -84,9 +85,17 @@ def scores(model: nn.Module) -> dict[str, float]:
 
 
 def trainer(steps: int, callbacks: list, logdir: Path, name: str) -> L.Trainer:
-    return L.Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=callbacks, enable_progress_bar=False,
-                     enable_model_summary=False, enable_checkpointing=False, log_every_n_steps=25,
-                     logger=L.pytorch.loggers.CSVLogger(logdir, name=name))
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        log_every_n_steps=25,
+        logger=L.pytorch.loggers.CSVLogger(logdir, name=name),
+    )
 
 
 def main() -> None:
@@ -105,8 +114,7 @@ def main() -> None:
     # the base: a short pretraining on the mixture of the three tasks
     base = Net()
     mixture = torch.utils.data.ConcatDataset([task_data(t, 1024, seed=1) for t in range(len(TASKS))])
-    trainer(a.pretrain, [], root, "base").fit(
-        base, torch.utils.data.DataLoader(mixture, batch_size=64, shuffle=True))
+    trainer(a.pretrain, [], root, "base").fit(base, torch.utils.data.DataLoader(mixture, batch_size=64, shuffle=True))
     base_state = {k: v.clone() for k, v in base.state_dict().items()}
 
     # three runs, one per task, from the same base, sharing one store
@@ -120,21 +128,31 @@ def main() -> None:
         trainer(a.steps, [ram], root, name).fit(model, loader)
         specialists[name], callbacks[name] = model, ram
         last = ram.history[-1]
-        print(f"{name}: {a.steps} steps; generalist at step {int(last['step'])} from "
-              f"{int(last['ram/agents'])} agent(s): mean accuracy {last['ram/acc_mean']:.3f}")
+        print(
+            f"{name}: {a.steps} steps; generalist at step {int(last['step'])} from "
+            f"{int(last['ram/agents'])} agent(s): mean accuracy {last['ram/acc_mean']:.3f}"
+        )
 
     # the generalist, straight from the store (any process could do this, while the runs go on)
     store = SnapshotStore(store_dir)
     latest = store.latest_all()
     base_model = Net()
     base_model.load_state_dict(base_state)
-    generalist, info = ram_merge(latest, base=base_model, return_info=True)          # RAM+ (paper defaults)
-    plain = ram_merge(latest, base_model, RamConfig(lam=Unit()))                    # RAM (λ = 1)
-    average = merge(latest, base=base_model, method="linear")                       # plain averaging
+    generalist, info = ram_merge(latest, base=base_model, return_info=True)  # RAM+ (paper defaults)
+    plain = ram_merge(latest, base_model, RamConfig(lam=Unit()))  # RAM (λ = 1)
+    average = merge(latest, base=base_model, method="linear")  # plain averaging
     ties = merge(latest, base=base_model, method="ties", density=0.2)
 
-    rows = [("base", base_model)] + [(f"specialist {n}", m) for n, m in specialists.items()] + [
-        ("average (linear)", average), ("TIES (density 0.2)", ties), ("RAM", plain), ("RAM+ (generalist)", generalist)]
+    rows = (
+        [("base", base_model)]
+        + [(f"specialist {n}", m) for n, m in specialists.items()]
+        + [
+            ("average (linear)", average),
+            ("TIES (density 0.2)", ties),
+            ("RAM", plain),
+            ("RAM+ (generalist)", generalist),
+        ]
+    )
     head = f"{'model':<22}" + "".join(f"{n:>9}" for n in TASKS) + f"{'mean':>9}"
     print()
     print(head)
@@ -145,8 +163,9 @@ def main() -> None:
     print()
     report = probe(latest, base=base_model)
     print(report.table())
-    snaps = ", ".join(f"{n}@{s.step}: {s.bytes / 1024:.1f} KiB ({s.bytes / s.dense_bytes:.0%} of dense)"
-                      for n, s in latest.items())
+    snaps = ", ".join(
+        f"{n}@{s.step}: {s.bytes / 1024:.1f} KiB ({s.bytes / s.dense_bytes:.0%} of dense)" for n, s in latest.items()
+    )
     print(f"\nsnapshots merged: {snaps}")
     print("λ (RAM+): " + ", ".join(f"{n} {v:.3f}" for n, v in (info.lambdas or {}).items()))
     print(f"store: {store_dir}   logs: {root}   ({time.time() - t0:.0f} s)")

@@ -108,8 +108,9 @@ def loss_on(model: torch.nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
     seq, mask = batch
     logits = model(seq).logits[:, :-1]
     target = seq[:, 1:].masked_fill(~mask[:, 1:], -100)
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                             ignore_index=-100)
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100
+    )
 
 
 @torch.no_grad()
@@ -131,8 +132,9 @@ def pretrain(base: LlamaForCausalLM, seed: int, steps: int, lr: float) -> LlamaF
     return base.eval()
 
 
-def train_adapters(base: LlamaForCausalLM, seed: int, steps: int, lr: float, rank: int = RANK,
-                   replay: bool = True) -> Any:
+def train_adapters(
+    base: LlamaForCausalLM, seed: int, steps: int, lr: float, rank: int = RANK, replay: bool = True
+) -> Any:
     """One LoRA adapter per task. With ``replay`` each batch also holds generic data (a stand-in for RL's KL
     penalty to the reference model: the agent keeps the base's behaviour outside its task)."""
     cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS, lora_dropout=0.0)
@@ -189,9 +191,17 @@ def main() -> None:
     t_start = time.perf_counter()
     for seed in range(args.seeds):
         torch.manual_seed(seed)
-        base = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256,
-                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                            max_position_embeddings=64))
+        base = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=128,
+                hidden_size=128,
+                intermediate_size=256,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+            )
+        )
         base = pretrain(base, seed, args.pretrain, 3e-3)
         held_out = {name: task(torch.Generator().manual_seed(10_000 + seed), 256) for name, task in TASKS.items()}
         base_loss = evaluate(base, held_out)
@@ -212,42 +222,55 @@ def main() -> None:
             row["into_base"].append(gains(evaluate(plain, held_out)))
             for rank in (RANK, 3 * RANK):
                 new = f"m{rank}"
-                _, report = ram_merge_adapters(model, names, new, method=method, rank=rank, warn_dense=False,
-                                               return_info=True, **kw)
+                _, report = ram_merge_adapters(
+                    model, names, new, method=method, rank=rank, warn_dense=False, return_info=True, **kw
+                )
                 model.set_adapter(new)
                 row[f"rank{rank}"].append(gains(evaluate(model, held_out)))
                 row[f"err{rank}"].append(report.error)
                 model.delete_adapter(new)
-        print(f"seed {seed} done ({time.perf_counter() - t_start:.0f} s): base {base_loss}, specialists {spec}",
-              flush=True)
+        print(
+            f"seed {seed} done ({time.perf_counter() - t_start:.0f} s): base {base_loss}, specialists {spec}",
+            flush=True,
+        )
 
     def summary(per_seed: list[dict[str, float]]) -> tuple[float, float]:
         means = [statistics.mean(g.values()) for g in per_seed]
         worst = [min(g.values()) for g in per_seed]
         return statistics.mean(means), statistics.mean(worst)
 
-    print(f"\n{args.seeds} seeds × 3 tasks, {args.steps} steps per adapter; gain = share of the specialist's "
-          "improvement kept (mean over tasks / worst task), averaged over seeds\n")
-    header = (f"{'candidate':<26} {'into base':>17} {'adapter r=16':>17} {'err r=16':>8} {'adapter r=48':>17} "
-              f"{'err r=48':>9}")
+    print(
+        f"\n{args.seeds} seeds × 3 tasks, {args.steps} steps per adapter; gain = share of the specialist's "
+        "improvement kept (mean over tasks / worst task), averaged over seeds\n"
+    )
+    header = (
+        f"{'candidate':<26} {'into base':>17} {'adapter r=16':>17} {'err r=16':>8} {'adapter r=48':>17} {'err r=48':>9}"
+    )
     print(header)
     print("-" * len(header))
     table = {}
     for label, row in results.items():
         ib, r8, r24 = summary(row["into_base"]), summary(row["rank16"]), summary(row["rank48"])
         e8, e24 = statistics.mean(row["err16"]), statistics.mean(row["err48"])
-        table[label] = {"into_base": ib, "rank16": r8, "rank48": r24, "err16": e8, "err48": e24,
-                        "per_task_into_base": {n: statistics.mean(g[n] for g in row["into_base"]) for n in TASKS}}
-        print(f"{label:<26} {100 * ib[0]:7.1f}% /{100 * ib[1]:6.1f}% {100 * r8[0]:7.1f}% /{100 * r8[1]:6.1f}% "
-              f"{e8:8.3f} {100 * r24[0]:7.1f}% /{100 * r24[1]:6.1f}% {e24:9.3f}")
+        table[label] = {
+            "into_base": ib,
+            "rank16": r8,
+            "rank48": r24,
+            "err16": e8,
+            "err48": e24,
+            "per_task_into_base": {n: statistics.mean(g[n] for g in row["into_base"]) for n in TASKS},
+        }
+        print(
+            f"{label:<26} {100 * ib[0]:7.1f}% /{100 * ib[1]:6.1f}% {100 * r8[0]:7.1f}% /{100 * r8[1]:6.1f}% "
+            f"{e8:8.3f} {100 * r24[0]:7.1f}% /{100 * r24[1]:6.1f}% {e24:9.3f}"
+        )
     for output in ("into_base", "rank16", "rank48"):
         best = max(table, key=lambda k: table[k][output][0])
         print(f"best {output:<9}: {best} ({100 * table[best][output][0]:.1f} % mean gain)")
     print(f"total {time.perf_counter() - t_start:.0f} s")
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"args": vars(args), "specialists": specialists, "table": table,
-                       "raw": results}, fh, indent=2)
+            json.dump({"args": vars(args), "specialists": specialists, "table": table, "raw": results}, fh, indent=2)
 
 
 if __name__ == "__main__":

@@ -48,10 +48,11 @@ def chain(g: torch.Generator, n: int, lo: int, hi: int, step) -> Tensor:
 
 
 TASKS = {
-    "count": lambda g, n: chain(g, n, 0, 32, lambda x: (x + 5) % 32),          # x, x+5, x+10, ... mod 32
-    "route": lambda g, n: chain(g, n, 32, 80, lambda x: ROUTE[x - 32]),        # a fixed successor table
-    "lookup": lambda g, n: torch.stack(                                        # key, table[key], key, ...
-        [k := torch.randint(80, 112, (n, SEQ // 2), generator=g), TABLE[k - 80]], dim=2).reshape(n, SEQ),
+    "count": lambda g, n: chain(g, n, 0, 32, lambda x: (x + 5) % 32),  # x, x+5, x+10, ... mod 32
+    "route": lambda g, n: chain(g, n, 32, 80, lambda x: ROUTE[x - 32]),  # a fixed successor table
+    "lookup": lambda g, n: torch.stack(  # key, table[key], key, ...
+        [k := torch.randint(80, 112, (n, SEQ // 2), generator=g), TABLE[k - 80]], dim=2
+    ).reshape(n, SEQ),
 }
 CONFIGS = {
     "count": LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS),
@@ -73,8 +74,17 @@ def losses(model, batches: dict[str, Tensor]) -> dict[str, float]:
 def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    base = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ))
+    base = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=SEQ,
+        )
+    )
     base.eval()
 
     # 1. One PeftModel, three adapters, each trained on its own task.
@@ -115,13 +125,17 @@ def main() -> None:
         out = ram_merge_adapter_files(folders, Path(tmp) / "from_disk", method="ram_plus")
         from_disk = PeftModel.from_pretrained(copy.deepcopy(base), out).eval()
         with torch.no_grad():
-            print(f"merged from the folders: max |logit difference| to the live merge "
-                  f"{float((from_disk(x).logits - live).abs().max()):.2e}")
+            print(
+                f"merged from the folders: max |logit difference| to the live merge "
+                f"{float((from_disk(x).logits - live).abs().max()):.2e}"
+            )
 
     # 4. Into the base: a plain model, no adapter.
     plain = ram_merge_adapters(model, names, method="ram_plus", into_base=True)
-    print(f"into_base=True -> {type(plain).__name__} with "
-          f"{sum('lora' in n for n, _ in plain.named_parameters())} LoRA parameters")
+    print(
+        f"into_base=True -> {type(plain).__name__} with "
+        f"{sum('lora' in n for n, _ in plain.named_parameters())} LoRA parameters"
+    )
 
     print("\nheld-out loss per task (lower is better):")
     rows = {"base": losses(base, held_out)}

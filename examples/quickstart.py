@@ -82,14 +82,22 @@ METHOD_OPTIONS: dict[str, dict[str, Any]] = {
 
 def build_base(seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ_LEN,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ_LEN,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(config).to(torch.bfloat16).eval()
 
 
-def finetune(base: nn.Module, task: Task, optimizer: type[torch.optim.Optimizer], options: dict[str, float],
-             seed: int) -> nn.Module:
+def finetune(
+    base: nn.Module, task: Task, optimizer: type[torch.optim.Optimizer], options: dict[str, float], seed: int
+) -> nn.Module:
     """Train a float32 copy of ``base`` for STEPS steps on ``task``; return it in bf16 (as it would be saved)."""
     model = copy.deepcopy(base).float().train()
     opt = optimizer(model.parameters(), **options)
@@ -120,17 +128,23 @@ def main() -> None:
 
     # 1-2. Base and agents.
     base = build_base(args.seed)
-    agents = {name: finetune(base, task, opt, options, seed=args.seed + i + 1)
-              for i, (name, (task, opt, options)) in enumerate(AGENTS.items())}
+    agents = {
+        name: finetune(base, task, opt, options, seed=args.seed + i + 1)
+        for i, (name, (task, opt, options)) in enumerate(AGENTS.items())
+    }
     held_out = torch.Generator().manual_seed(args.seed + 1000)
     eval_batches = {name: task(held_out, 256) for name, (task, _, _) in AGENTS.items()}
     base_loss = {name: task_loss(base, eval_batches[name]) for name in AGENTS}
     own_loss = {name: task_loss(agents[name], eval_batches[name]) for name in AGENTS}
-    print(f"trained {N} agents ({STEPS} steps each) in {time.perf_counter() - t_start:.1f} s; held-out loss on "
-          "own task, base -> specialist:")
+    print(
+        f"trained {N} agents ({STEPS} steps each) in {time.perf_counter() - t_start:.1f} s; held-out loss on "
+        "own task, base -> specialist:"
+    )
     for name, (_, opt, options) in AGENTS.items():
-        print(f"  {name:<7} {opt.__name__:<6} lr={options['lr']:g}  {base_loss[name]:.4f} -> {own_loss[name]:.4f}"
-              f"  ({base_loss[name] - own_loss[name]:.4f} nats)")
+        print(
+            f"  {name:<7} {opt.__name__:<6} lr={options['lr']:g}  {base_loss[name]:.4f} -> {own_loss[name]:.4f}"
+            f"  ({base_loss[name] - own_loss[name]:.4f} nats)"
+        )
 
     # 3. Probe: who changed what.
     report = probe(agents, base=base)
@@ -145,8 +159,10 @@ def main() -> None:
     assert isinstance(generalist, LlamaForCausalLM) and generalist is not base
     assert all(torch.equal(before[k], v) for k, v in base.state_dict().items()), "the base was modified"
     ties_model = merge([coder, tools, memory], base=base, method="ties", density=0.2)
-    print(f"\nram_merge(...) -> new {type(generalist).__name__} ({next(generalist.parameters()).dtype}), "
-          f"base untouched; merge(..., method='ties', density=0.2) -> {type(ties_model).__name__}")
+    print(
+        f"\nram_merge(...) -> new {type(generalist).__name__} ({next(generalist.parameters()).dtype}), "
+        f"base untouched; merge(..., method='ties', density=0.2) -> {type(ties_model).__name__}"
+    )
 
     # 5. Every method: time, and the share of each specialist's improvement the merged model keeps. The merged
     # module comes back in the base's dtype (bf16), where a 1-step update scaled by 1/3 or by λ = 1.2 rounds
@@ -154,8 +170,10 @@ def main() -> None:
     def kept(model: nn.Module) -> dict[str, float]:
         return {n: (base_loss[n] - task_loss(model, eval_batches[n])) / (base_loss[n] - own_loss[n]) for n in AGENTS}
 
-    print("\nshare of each specialist's loss improvement over the base kept by the merged model "
-          "(100% = specialist, 0% = base)")
+    print(
+        "\nshare of each specialist's loss improvement over the base kept by the merged model "
+        "(100% = specialist, 0% = base)"
+    )
     head = f"{'method':<16}{'seconds':>8}" + "".join(f"{n:>8}" for n in AGENTS) + f"{'mean':>8}{'(fp32)':>8}  options"
     print(head + "\n" + "-" * len(head))
     results: dict[str, Any] = {}
@@ -166,25 +184,52 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         merged32 = copy.deepcopy(base).float()
         # the same inputs again: RAM+ takes the probe's counts instead of counting (statistics=; others ignore it)
-        merged32.load_state_dict(merge(agents, base=base.state_dict(), method=method, dtype=torch.float32,
-                                       statistics=report.statistics(), **options))
+        merged32.load_state_dict(
+            merge(
+                agents,
+                base=base.state_dict(),
+                method=method,
+                dtype=torch.float32,
+                statistics=report.statistics(),
+                **options,
+            )
+        )
         share, share32 = kept(merged), kept(merged32)
         mean, mean32 = sum(share.values()) / N, sum(share32.values()) / N
         shown = ", ".join(f"{k}={v:.3g}" for k, v in options.items()) or "defaults"
         if info.lambdas:
             shown = "λ " + " ".join(f"{v:.3f}" for v in info.lambdas.values())
-        print(f"{method:<16}{seconds:>8.3f}" + "".join(f"{share[n]:>8.1%}" for n in AGENTS)
-              + f"{mean:>8.1%}{mean32:>8.1%}  {shown}")
-        results[method] = {"seconds": seconds, "options": options, "kept": share, "kept_fp32": share32,
-                           "lambdas": info.lambdas}
-    print("(fp32): mean of the same merge written as a float32 state dict instead of the bf16 module.\n"
-          "Updates this small act linearly (an agent's own update × 1.5 would score 150 % on its task), so methods\n"
-          "that enlarge steps (λ > 1, DARE's 1/density) score higher here: this is not a benchmark.")
+        print(
+            f"{method:<16}{seconds:>8.3f}"
+            + "".join(f"{share[n]:>8.1%}" for n in AGENTS)
+            + f"{mean:>8.1%}{mean32:>8.1%}  {shown}"
+        )
+        results[method] = {
+            "seconds": seconds,
+            "options": options,
+            "kept": share,
+            "kept_fp32": share32,
+            "lambdas": info.lambdas,
+        }
+    print(
+        "(fp32): mean of the same merge written as a float32 state dict instead of the bf16 module.\n"
+        "Updates this small act linearly (an agent's own update × 1.5 would score 150 % on its task), so methods\n"
+        "that enlarge steps (λ > 1, DARE's 1/density) score higher here: this is not a benchmark."
+    )
 
-    (args.out / "results.json").write_text(json.dumps({
-        "seed": args.seed, "base_loss": base_loss, "specialist_loss": own_loss,
-        "probe": {"agents": report.to_dict()["agents"], "histogram": report.histogram},
-        "methods": results}, indent=2, default=str))
+    (args.out / "results.json").write_text(
+        json.dumps(
+            {
+                "seed": args.seed,
+                "base_loss": base_loss,
+                "specialist_loss": own_loss,
+                "probe": {"agents": report.to_dict()["agents"], "histogram": report.histogram},
+                "methods": results,
+            },
+            indent=2,
+            default=str,
+        )
+    )
     print(f"\nwrote {args.out / 'results.json'}; total {time.perf_counter() - t_start:.1f} s")
 
 

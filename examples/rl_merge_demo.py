@@ -67,8 +67,18 @@ from rl_demo import curvature as curv_
 from rl_demo import regimes, reuse
 from rl_demo.lang import ALL_TASKS, accuracy, make_prompts, tasks_for
 from rl_demo.studies import eps_sweep, module_of, plot_results, sign_agreement
-from rl_demo.train import (CONVERGED_QUICK_RECIPE, CONVERGED_RECIPE, R_SWEEP, SGD_RECIPES, TA_GRID, TA_GRID_FINE,
-                           density_study, grpo, stage, train_base)
+from rl_demo.train import (
+    CONVERGED_QUICK_RECIPE,
+    CONVERGED_RECIPE,
+    R_SWEEP,
+    SGD_RECIPES,
+    TA_GRID,
+    TA_GRID_FINE,
+    density_study,
+    grpo,
+    stage,
+    train_base,
+)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -77,38 +87,72 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="CI setting (about a minute on 2 cores)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 was faster on a busy 2-core box)")
-    parser.add_argument("--density-study", action="store_true",
-                        help="also: density of one task's vector vs optimiser / lr, fp32 vs bf16 storage")
-    parser.add_argument("--recipes", choices=("mixed", "sgd"), default="mixed",
-                        help="mixed: SGD / Adam / AdamW per task (default); sgd: SGD lr 1e-3 for every agent")
+    parser.add_argument(
+        "--density-study",
+        action="store_true",
+        help="also: density of one task's vector vs optimiser / lr, fp32 vs bf16 storage",
+    )
+    parser.add_argument(
+        "--recipes",
+        choices=("mixed", "sgd"),
+        default="mixed",
+        help="mixed: SGD / Adam / AdamW per task (default); sgd: SGD lr 1e-3 for every agent",
+    )
     parser.add_argument("--eps-sweep", action="store_true", help="also RAM/RAM+ at activity thresholds ε > 1e-5")
     parser.add_argument("--rsweep", action="store_true", help="also RAM+ at r in 0, 0.05, 0.1, 0.15, 0.2")
-    parser.add_argument("--search", action="store_true",
-                        help="also the search row: ram_live.search on the selection split (default space)")
+    parser.add_argument(
+        "--search",
+        action="store_true",
+        help="also the search row: ram_live.search on the selection split (default space)",
+    )
     parser.add_argument("--search-budget", type=int, default=60, help="evaluations of each search")
-    parser.add_argument("--search-study", action="store_true",
-                        help="--search, and each baseline family searched alone (same budget), the over-trained-"
-                             "agent scenario, single agents extrapolated")
-    parser.add_argument("--regime", choices=("dense", "sparse"), default="dense",
-                        help="dense: today's recipes (default); sparse: the paper's regime (rl_demo/regimes.py)")
+    parser.add_argument(
+        "--search-study",
+        action="store_true",
+        help="--search, and each baseline family searched alone (same budget), the over-trained-"
+        "agent scenario, single agents extrapolated",
+    )
+    parser.add_argument(
+        "--regime",
+        choices=("dense", "sparse"),
+        default="dense",
+        help="dense: today's recipes (default); sparse: the paper's regime (rl_demo/regimes.py)",
+    )
     parser.add_argument("--agents", type=int, default=3, help="number of tasks / specialists, 3..8")
-    parser.add_argument("--families", action="store_true",
-                        help="--search, and each baseline family searched alone (same budget); no scenario study")
+    parser.add_argument(
+        "--families",
+        action="store_true",
+        help="--search, and each baseline family searched alone (same budget); no scenario study",
+    )
     parser.add_argument("--overtrain", choices=ALL_TASKS, default="rev", help="the over-trained agent (--search-study)")
-    parser.add_argument("--overtrain-factor", type=float, default=5.0,
-                        help="its task vector's factor (--search-study)")
-    parser.add_argument("--converged", action="store_true",
-                        help="every agent Adam (lr 1e-4) until its selection accuracy plateaus; implies "
-                             "--tuned-baselines --extrapolation")
-    parser.add_argument("--tuned-baselines", action="store_true",
-                        help="TA (tuned) on a finer scale grid and a TIES (tuned) row (density), both on validation")
-    parser.add_argument("--extrapolation", action="store_true",
-                        help="each agent alone, base + s·τ for s = 0.5, 1, 2 (the control for convergence)")
-    parser.add_argument("--reuse-trained", action="store_true",
-                        help="take the base and specialists an earlier run with the same seed and settings left in "
-                             "--out (trained.json/.pt, base.safetensors, store/) instead of training them again")
-    parser.add_argument("--train-only", action="store_true",
-                        help="train the base and specialists, keep them in --out (for --reuse-trained), stop")
+    parser.add_argument("--overtrain-factor", type=float, default=5.0, help="its task vector's factor (--search-study)")
+    parser.add_argument(
+        "--converged",
+        action="store_true",
+        help="every agent Adam (lr 1e-4) until its selection accuracy plateaus; implies "
+        "--tuned-baselines --extrapolation",
+    )
+    parser.add_argument(
+        "--tuned-baselines",
+        action="store_true",
+        help="TA (tuned) on a finer scale grid and a TIES (tuned) row (density), both on validation",
+    )
+    parser.add_argument(
+        "--extrapolation",
+        action="store_true",
+        help="each agent alone, base + s·τ for s = 0.5, 1, 2 (the control for convergence)",
+    )
+    parser.add_argument(
+        "--reuse-trained",
+        action="store_true",
+        help="take the base and specialists an earlier run with the same seed and settings left in "
+        "--out (trained.json/.pt, base.safetensors, store/) instead of training them again",
+    )
+    parser.add_argument(
+        "--train-only",
+        action="store_true",
+        help="train the base and specialists, keep them in --out (for --reuse-trained), stop",
+    )
     args = parser.parse_args(argv)
     if args.converged and args.recipes != "mixed":
         parser.error("--converged sets every agent's recipe: not with --recipes")
@@ -126,10 +170,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     hf_logging.set_verbosity_error()
     s, sft_target = regimes.settings(args.regime, tasks, args.quick)
     if args.recipes == "sgd":
-        s = dataclasses.replace(s, recipes={t: dataclasses.replace(SGD_RECIPES[t], steps=s.recipes[t].steps)
-                                            if t in SGD_RECIPES else dataclasses.replace(
-                                                s.recipes[t], optimizer="sgd", lr=0.001, weight_decay=0.0)
-                                            for t in tasks})
+        s = dataclasses.replace(
+            s,
+            recipes={
+                t: dataclasses.replace(SGD_RECIPES[t], steps=s.recipes[t].steps)
+                if t in SGD_RECIPES
+                else dataclasses.replace(s.recipes[t], optimizer="sgd", lr=0.001, weight_decay=0.0)
+                for t in tasks
+            },
+        )
     if args.converged:
         r = CONVERGED_QUICK_RECIPE if args.quick else CONVERGED_RECIPE
         s = dataclasses.replace(s, recipes={t: r for t in tasks})
@@ -165,8 +214,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         kept: dict[str, dict[str, Any]] = {t: {} for t in tasks}  # each agent's final importances (raw, bias-corr.)
         t0 = time.perf_counter()
         for i, task in enumerate(tasks):
-            rl[task] = grpo(base, task, s.recipes[task], s, seed=args.seed * 100 + i + 1, store=store, sel=sel[task],
-                            keep=kept[task])
+            rl[task] = grpo(
+                base,
+                task,
+                s.recipes[task],
+                s,
+                seed=args.seed * 100 + i + 1,
+                store=store,
+                sel=sel[task],
+                keep=kept[task],
+            )
         timings["rl"] = time.perf_counter() - t0
         reuse.save(out, args, s, tasks, sft_target, base, rl, kept, sft_info)
     if args.train_only:
@@ -182,8 +239,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("\ndensity of the sort agent's task vector (30 GRPO steps) vs recipe:")
         print(f"{'optimizer':<10}{'lr':>8}{'fp32 |τ|>1e-5':>15}{'bf16 changed':>14}{'sort acc':>10}")
         for row in dstudy:
-            print(f"{row['optimizer']:<10}{row['lr']:>8g}{row['density_fp32']:>15.1%}{row['density_bf16']:>14.1%}"
-                  f"{row['sort_acc_bf16']:>10.3f}")
+            print(
+                f"{row['optimizer']:<10}{row['lr']:>8g}{row['density_fp32']:>15.1%}{row['density_bf16']:>14.1%}"
+                f"{row['sort_acc_bf16']:>10.3f}"
+            )
 
     # 3. probe
     report = probe(agents, base=base)
@@ -191,8 +250,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report.plot(str(out / "probe.png"))
     print(regimes.paper_table(report, {t: agents[t].density for t in tasks}))
     signs = sign_agreement(agents, base)
-    print(f"entries changed by ≥ 2 agents: {signs['shared_entries']:,}; all changing agents agree in sign on "
-          f"{signs['sign_agree_share']:.1%} of them")
+    print(
+        f"entries changed by ≥ 2 agents: {signs['shared_entries']:,}; all changing agents agree in sign on "
+        f"{signs['sign_agree_share']:.1%} of them"
+    )
 
     # 4. merge and score
     t0 = time.perf_counter()
@@ -230,8 +291,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if info.lambdas:
             lambdas[label] = dict(info.lambdas)
         if label in ("RAM", "RAM+"):  # the paper's rule (not the sign rows, which use the same methods)
-            save_file({k: v.contiguous() for k, v in merged.state_dict().items()},
-                      str(out / f"merged_{method}.safetensors"))
+            save_file(
+                {k: v.contiguous() for k, v in merged.state_dict().items()}, str(out / f"merged_{method}.safetensors")
+            )
         stage("merge+score", j, n_methods, t0, label)
     ties_val: dict[float, float] = {}
     if args.tuned_baselines:
@@ -259,8 +321,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     study: dict[str, Any] = {}
     if args.search or args.search_study or args.families:
         t0 = time.perf_counter()
-        searched = sel_.search_rows(agents, base, sel, test, budget=args.search_budget, seed=args.seed,
-                                    families=args.search_study or args.families)
+        searched = sel_.search_rows(
+            agents,
+            base,
+            sel,
+            test,
+            budget=args.search_budget,
+            seed=args.seed,
+            families=args.search_study or args.families,
+        )
         for label, row in searched.items():
             rows[label], seconds[label] = row["test"], row["seconds"]["merge"] / max(row["evaluations"], 1)
         searched["search"]["result"].plot(str(out / "search.png"))
@@ -271,8 +340,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             t0 = time.perf_counter()
             study["extrapolation"] = sel_.extrapolated(agents, base, test)
             study["overtrained"] = sel_.overtrained_study(
-                agents, base, sel, test, searched, name=args.overtrain, factor=args.overtrain_factor,
-                budget=args.search_budget, seed=args.seed)
+                agents,
+                base,
+                sel,
+                test,
+                searched,
+                name=args.overtrain,
+                factor=args.overtrain_factor,
+                budget=args.search_budget,
+                seed=args.seed,
+            )
             timings["search_study"] = time.perf_counter() - t0
     extrapolation: dict[str, Any] = {}
     if args.extrapolation:
@@ -282,8 +359,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     eps_rows = eps_sweep(agents, base, test) if args.eps_sweep else {}
     if eps_rows:
-        print("RAM / RAM+ mean accuracy vs activity threshold ε: " + ", ".join(
-            f"ε={e}: {v['ram']['mean']:.3f} / {v['ram_plus']['mean']:.3f}" for e, v in eps_rows.items()))
+        print(
+            "RAM / RAM+ mean accuracy vs activity threshold ε: "
+            + ", ".join(f"ε={e}: {v['ram']['mean']:.3f} / {v['ram_plus']['mean']:.3f}" for e, v in eps_rows.items())
+        )
     timings["eps_sweep"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
 
@@ -292,21 +371,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lines = [head, "-" * len(head)]
     for name, acc in rows.items():
         sec = seconds[name]
-        lines.append(f"{name:<21}" + "".join(f"{acc[t]:>8.3f}" for t in tasks) + f"{acc['mean']:>8.3f}"
-                     + (f"{sec:>9.3f}" if sec is not None else f"{'-':>9}"))
+        lines.append(
+            f"{name:<21}"
+            + "".join(f"{acc[t]:>8.3f}" for t in tasks)
+            + f"{acc['mean']:>8.3f}"
+            + (f"{sec:>9.3f}" if sec is not None else f"{'-':>9}")
+        )
     print(f"\ngreedy exact-match accuracy on held-out prompts (n = {s.n_eval} per task)")
     print("\n".join(lines))
-    print(f"TA tuned scale = {best_scale} (validation means: "
-          + ", ".join(f"{k}: {v:.3f}" for k, v in val_scores.items()) + ")")
+    print(
+        f"TA tuned scale = {best_scale} (validation means: "
+        + ", ".join(f"{k}: {v:.3f}" for k, v in val_scores.items())
+        + ")"
+    )
     if ties_val:
-        print(f"TIES tuned density = {options_used['TIES (tuned)']['density']} (validation means: "
-              + ", ".join(f"{k}: {v:.3f}" for k, v in ties_val.items()) + ")")
+        print(
+            f"TIES tuned density = {options_used['TIES (tuned)']['density']} (validation means: "
+            + ", ".join(f"{k}: {v:.3f}" for k, v in ties_val.items())
+            + ")"
+        )
     if args.converged:
-        print("converged agents, steps (max " + f"{next(iter(s.recipes.values())).steps}): "
-              + ", ".join(f"{t} {rl[t]['steps']}" for t in tasks))
+        print(
+            "converged agents, steps (max "
+            + f"{next(iter(s.recipes.values())).steps}): "
+            + ", ".join(f"{t} {rl[t]['steps']}" for t in tasks)
+        )
     if extrapolation:
-        print("each agent alone, extrapolated (base + s·τ), test mean / own task: "
-              + curv_.extrapolation_line(extrapolation))
+        print(
+            "each agent alone, extrapolated (base + s·τ), test mean / own task: "
+            + curv_.extrapolation_line(extrapolation)
+        )
     for label, lam in lambdas.items():
         print(f"λ {label}: " + ", ".join(f"{k} {v:.4f}" for k, v in lam.items()))
     if sweep:
@@ -319,32 +413,63 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sel_.print_table("defaults (no selection)", ot["defaults"])
         sel_.print_table("frozen (settings selected on the normal agents, applied unchanged)", ot["frozen"])
         sel_.print_table("re-selected (search on the over-trained agents)", ot["reselected"])
-        print("\neach agent alone, extrapolated (base + s·τ), test mean / own task: " + "; ".join(
-            f"{a}: " + ", ".join(f"s={k} {v['mean']:.3f}/{v[a]:.3f}" for k, v in by.items())
-            for a, by in study["extrapolation"].items()))
+        print(
+            "\neach agent alone, extrapolated (base + s·τ), test mean / own task: "
+            + "; ".join(
+                f"{a}: " + ", ".join(f"s={k} {v['mean']:.3f}/{v[a]:.3f}" for k, v in by.items())
+                for a, by in study["extrapolation"].items()
+            )
+        )
     print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
 
     result = {
-        "seed": args.seed, "quick": args.quick, "recipes": args.recipes, "threads": args.threads,
-        "converged": args.converged, "tuned_baselines": args.tuned_baselines,
-        "ties_validation": {str(k): v for k, v in ties_val.items()}, "curvature": curvature,
+        "seed": args.seed,
+        "quick": args.quick,
+        "recipes": args.recipes,
+        "threads": args.threads,
+        "converged": args.converged,
+        "tuned_baselines": args.tuned_baselines,
+        "ties_validation": {str(k): v for k, v in ties_val.items()},
+        "curvature": curvature,
         "extrapolation": extrapolation,
-        "settings": {"sft_steps": s.sft_steps, "recipes": {t: vars(r) for t, r in s.recipes.items()},
-                     "prompts_per_step": s.prompts_per_step, "group": s.group, "n_eval": s.n_eval},
+        "settings": {
+            "sft_steps": s.sft_steps,
+            "recipes": {t: vars(r) for t, r in s.recipes.items()},
+            "prompts_per_step": s.prompts_per_step,
+            "group": s.group,
+            "n_eval": s.n_eval,
+        },
         "parameters": sum(p.numel() for p in base.parameters()),
-        "sft": sft_info, "rl": rl, "accuracy": rows, "merge_seconds": seconds, "options": options_used,
+        "sft": sft_info,
+        "rl": rl,
+        "accuracy": rows,
+        "merge_seconds": seconds,
+        "options": options_used,
         "lambdas": lambdas,
-        "ta_validation": {str(k): v for k, v in val_scores.items()}, "ta_tuned_scale": best_scale,
+        "ta_validation": {str(k): v for k, v in val_scores.items()},
+        "ta_tuned_scale": best_scale,
         "probe": {"agents": report.to_dict()["agents"], "histogram": report.histogram},
         "density": {t: agents[t].density for t in tasks},
-        "regime": args.regime, "agents": n, "tasks": list(tasks), "sft_target": sft_target,
+        "regime": args.regime,
+        "agents": n,
+        "tasks": list(tasks),
+        "sft_target": sft_target,
         "unique_share": {t: report.agents[t].unique_share for t in tasks},
-        "sign_agreement": signs, "r_sweep": sweep, "eps_sweep": eps_rows, "density_study": dstudy, "timings": timings,
-        "selection_prompts": s.n_sel, "search_budget": args.search_budget if searched else None,
+        "sign_agreement": signs,
+        "r_sweep": sweep,
+        "eps_sweep": eps_rows,
+        "density_study": dstudy,
+        "timings": timings,
+        "selection_prompts": s.n_sel,
+        "search_budget": args.search_budget if searched else None,
         "search": {k: sel_.summary(v) for k, v in searched.items()},
-        "search_study": {"extrapolation": study.get("extrapolation", {}), "overtrained": {
-            k: ({r: sel_.summary(x) for r, x in v.items()} if isinstance(v, dict) else v)
-            for k, v in study.get("overtrained", {}).items()}},
+        "search_study": {
+            "extrapolation": study.get("extrapolation", {}),
+            "overtrained": {
+                k: ({r: sel_.summary(x) for r, x in v.items()} if isinstance(v, dict) else v)
+                for k, v in study.get("overtrained", {}).items()
+            },
+        },
     }
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
     plot_results(out / "results.png", rows)

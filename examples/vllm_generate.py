@@ -50,8 +50,9 @@ class VLLMGenerate:
         **llm_kwargs: more ``vllm.LLM`` options (``max_model_len``, ``tensor_parallel_size`` ...).
     """
 
-    def __init__(self, model: str, *, gpu_memory_utilization: float = 0.4, dtype: str = "auto",
-                 **llm_kwargs: Any) -> None:
+    def __init__(
+        self, model: str, *, gpu_memory_utilization: float = 0.4, dtype: str = "auto", **llm_kwargs: Any
+    ) -> None:
         from vllm import LLM
 
         self.llm = LLM(model=model, gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, **llm_kwargs)
@@ -72,13 +73,22 @@ class VLLMGenerate:
 
         self.push(merged)
         eos = list(settings.eos_token_id) if settings.eos_token_id else None
-        params = [SamplingParams(
-            n=settings.samples, max_tokens=settings.max_new_tokens, seed=seed,
-            temperature=float(settings.temperature) if settings.do_sample else 0.0,  # 0: greedy
-            top_p=float(settings.top_p), top_k=int(settings.top_k) or -1,  # -1: no top-k cut
-            stop=list(settings.stop) or None, include_stop_str_in_output=settings.include_stop,
-            stop_token_ids=eos, ignore_eos=eos is not None,  # eos_token_id= replaces the EOS set, as in the HF path
-            skip_special_tokens=True) for seed in seeds]
+        params = [
+            SamplingParams(
+                n=settings.samples,
+                max_tokens=settings.max_new_tokens,
+                seed=seed,
+                temperature=float(settings.temperature) if settings.do_sample else 0.0,  # 0: greedy
+                top_p=float(settings.top_p),
+                top_k=int(settings.top_k) or -1,  # -1: no top-k cut
+                stop=list(settings.stop) or None,
+                include_stop_str_in_output=settings.include_stop,
+                stop_token_ids=eos,
+                ignore_eos=eos is not None,  # eos_token_id= replaces the EOS set, as in the HF path
+                skip_special_tokens=True,
+            )
+            for seed in seeds
+        ]
         if prompts and isinstance(prompts[0], list):  # conversations: vLLM renders the chat template
             outputs = self.llm.chat(prompts, sampling_params=params, add_generation_prompt=True, use_tqdm=False)
         else:
@@ -106,8 +116,14 @@ def main() -> None:
 
     base = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.bfloat16).to("cuda")
     engine = VLLMGenerate(args.base)
-    evaluate = rewards(args.prompts, length, tokenizer=args.base, max_new_tokens=args.max_new_tokens,
-                       samples=args.samples, generate=engine)
+    evaluate = rewards(
+        args.prompts,
+        length,
+        tokenizer=args.base,
+        max_new_tokens=args.max_new_tokens,
+        samples=args.samples,
+        generate=engine,
+    )
     print("vLLM:", evaluate(base), evaluate.metrics)
     if args.check:
         plain = rewards(args.prompts, length, tokenizer=args.base, max_new_tokens=args.max_new_tokens)

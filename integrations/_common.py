@@ -53,9 +53,13 @@ class AdamImportance:
                 self.schedule.importance = None
             if not self.warned:
                 self.warned = True
-                warnings.warn(NoImportanceWarning(
-                    f"{self.owner}: snapshots without importances ({exc}); this callback's merges are plain RAM "
-                    "(pass importance=None to silence this)"), stacklevel=3)
+                warnings.warn(
+                    NoImportanceWarning(
+                        f"{self.owner}: snapshots without importances ({exc}); this callback's merges are plain RAM "
+                        "(pass importance=None to silence this)"
+                    ),
+                    stacklevel=3,
+                )
             return None
         if self.schedule is not None:
             self.schedule.importance = "stored"  # the merges weigh by the stored importances
@@ -104,8 +108,12 @@ class SingleAgentWarning(UserWarning):
 
 def warn_single_agent(owner: str, result: MergeResult, stacklevel: int = 3) -> None:
     if len(result.agents) == 1:
-        warnings.warn(f"{owner}: the store holds snapshots of one agent only ({next(iter(result.agents))!r}); the "
-                      "merge is that agent's snapshot", SingleAgentWarning, stacklevel=stacklevel)
+        warnings.warn(
+            f"{owner}: the store holds snapshots of one agent only ({next(iter(result.agents))!r}); the "
+            "merge is that agent's snapshot",
+            SingleAgentWarning,
+            stacklevel=stacklevel,
+        )
 
 
 def _pretrained(module: Any) -> Any:
@@ -116,8 +124,9 @@ def _pretrained(module: Any) -> Any:
     return found[0] if len(found) == 1 else None
 
 
-def save_generalist(schedule: RAMSchedule, module: Any, result: MergeResult, folder: Path,
-                    processor: Any = None) -> Path:
+def save_generalist(
+    schedule: RAMSchedule, module: Any, result: MergeResult, folder: Path, processor: Any = None
+) -> Path:
     """Save the generalist as ``folder/step-<N>``: a ``save_pretrained`` folder (the module, or its one child
     with ``save_pretrained``, with the generalist swapped in; ``processor`` saved alongside), else
     ``folder/step-<N>.safetensors`` of the merged tensors. Written under a temporary name, then renamed."""
@@ -137,7 +146,10 @@ def save_generalist(schedule: RAMSchedule, module: Any, result: MergeResult, fol
     else:
         from safetensors.torch import save_file
 
-        save_file({k: v.detach().cpu().contiguous() for k, v in result.tensors.items()}, str(tmp),
-                  metadata={"format": "pt", "step": str(result.step)})
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in result.tensors.items()},
+            str(tmp),
+            metadata={"format": "pt", "step": str(result.step)},
+        )
     os.replace(tmp, final)
     return final

@@ -30,6 +30,7 @@ _LORA_TENSOR = re.compile(r"\.lora_(A|B|embedding_A|embedding_B|magnitude_vector
 
 def _json_config(config: Any) -> dict[str, Any]:
     """An adapter's ``LoraConfig`` as JSON values (sets as sorted lists, enums as their values)."""
+
     def default(value: Any) -> Any:
         if isinstance(value, (set, frozenset)):
             return sorted(value)
@@ -41,16 +42,22 @@ def _json_config(config: Any) -> dict[str, Any]:
 def snapshot_meta(adapter: str, fingerprint: str, factors: Mapping[str, Factor], config: Any) -> dict[str, Any]:
     """What a LoRA snapshot keeps in ``extra["peft"]``: the adapter's name, its base model's ``fingerprint``, each
     module's scaling, kind and layout, and its ``LoraConfig`` as JSON (``adapter_config.json`` of a saved merge)."""
-    return {"kind": "lora", "adapter": adapter, "base_fingerprint": fingerprint,
-            "modules": {m: {"scaling": f.scaling, "kind": f.kind, "transpose": f.transpose}
-                        for m, f in factors.items()},
-            "config": _json_config(config)}
+    return {
+        "kind": "lora",
+        "adapter": adapter,
+        "base_fingerprint": fingerprint,
+        "modules": {m: {"scaling": f.scaling, "kind": f.kind, "transpose": f.transpose} for m, f in factors.items()},
+        "config": _json_config(config),
+    }
 
 
 def base_state(root: Any) -> dict[str, Tensor]:
     """The base model's tensors under its own names (LoRA tensors dropped, ``.base_layer`` removed)."""
-    return {k.replace(".base_layer.", "."): v for k, v in root.state_dict(keep_vars=True).items()
-            if not _LORA_TENSOR.search(k)}
+    return {
+        k.replace(".base_layer.", "."): v
+        for k, v in root.state_dict(keep_vars=True).items()
+        if not _LORA_TENSOR.search(k)
+    }
 
 
 def meta_of(store: Any, name: str, manifest: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -76,8 +83,12 @@ def check_store(store: Any, agent: str, live: Mapping[str, Tensor], fingerprint:
         for key in sorted(keys ^ set(live)):
             module = key.rsplit(".", 1)[0]
             does, do = ("targets", "do not") if key in live else ("does not target", "do")
-            raise InputMismatchError(f"{who} {does} module {module!r}, which {theirs} {do}: every agent of a "
-                                     "store must target the same modules", key=module, agent=agent)
+            raise InputMismatchError(
+                f"{who} {does} module {module!r}, which {theirs} {do}: every agent of a "
+                "store must target the same modules",
+                key=module,
+                agent=agent,
+            )
         for key in sorted(live):
             spec, t, module = src.spec(key), live[key], key.rsplit(".", 1)[0]
             mine, there = tuple(t.shape), tuple(spec.shape)
@@ -95,12 +106,20 @@ def check_store(store: Any, agent: str, live: Mapping[str, Tensor], fingerprint:
     for name in others:
         meta = meta_of(store, name, store.latest(name).manifest)
         if meta["base_fingerprint"] != fingerprint:
-            raise BaseMismatchError(f"{who}'s adapter is trained on another base model ({fingerprint})"
-                                    f" than agent {name!r}'s ({meta['base_fingerprint']})")
+            raise BaseMismatchError(
+                f"{who}'s adapter is trained on another base model ({fingerprint})"
+                f" than agent {name!r}'s ({meta['base_fingerprint']})"
+            )
 
 
-def adapter_set(store: Any, picks: Mapping[str, int], sources: Mapping[str, Any], own: Mapping[str, Any],
-                fingerprint: str | None, modules: list[str]) -> AdapterSet:
+def adapter_set(
+    store: Any,
+    picks: Mapping[str, int],
+    sources: Mapping[str, Any],
+    own: Mapping[str, Any],
+    fingerprint: str | None,
+    modules: list[str],
+) -> AdapterSet:
     """Every picked agent's factors (the store's, or this run's live ones, whose metadata is ``own``) with the
     scalings they were trained with; a base model other than ``fingerprint`` is a :class:`BaseMismatchError`
     naming the agent."""
@@ -109,10 +128,19 @@ def adapter_set(store: Any, picks: Mapping[str, int], sources: Mapping[str, Any]
     for name, src in sources.items():
         meta = own if isinstance(src, LocalModel) else meta_of(store, name, src.manifest)
         if meta["base_fingerprint"] != fingerprint:
-            raise BaseMismatchError(f"agent {name!r}'s adapter (step {picks[name]}) is trained on another base "
-                                    f"model ({meta['base_fingerprint']}) than this run's ({fingerprint})")
-        factors[name] = {m: Factor(src.get(f"{m}.lora_A"), src.get(f"{m}.lora_B"), float(info["scaling"]),
-                                   info["kind"], bool(info["transpose"]))
-                         for m, info in sorted(meta["modules"].items())}
+            raise BaseMismatchError(
+                f"agent {name!r}'s adapter (step {picks[name]}) is trained on another base "
+                f"model ({meta['base_fingerprint']}) than this run's ({fingerprint})"
+            )
+        factors[name] = {
+            m: Factor(
+                src.get(f"{m}.lora_A"),
+                src.get(f"{m}.lora_B"),
+                float(info["scaling"]),
+                info["kind"],
+                bool(info["transpose"]),
+            )
+            for m, info in sorted(meta["modules"].items())
+        }
         configs[name] = meta["config"]
     return AdapterSet(tuple(sources), factors, modules, configs)

@@ -55,10 +55,18 @@ def lora_options(sparsify: Any, into_base: Any, svd_options: Any, variant: str) 
     if isinstance(svd_options, Mapping):
         svd_options = SvdOptions.of(None, where="svd_options", **svd_options)
     svd = SvdOptions.of(svd_options, where="RAMTrainerCallback")
-    spelled = (["topk", rule.density] if isinstance(rule, TopK) else ["relative", rule.threshold]
-               if isinstance(rule, RelativeThreshold) else None)
-    return {"sparsify": "auto" if sparsify == "auto" else spelled, "into_base": into_base,
-            "svd_options": dataclasses.asdict(svd)}
+    spelled = (
+        ["topk", rule.density]
+        if isinstance(rule, TopK)
+        else ["relative", rule.threshold]
+        if isinstance(rule, RelativeThreshold)
+        else None
+    )
+    return {
+        "sparsify": "auto" if sparsify == "auto" else spelled,
+        "into_base": into_base,
+        "svd_options": dataclasses.asdict(svd),
+    }
 
 
 @dataclass
@@ -92,14 +100,23 @@ class LoraSchedule(RAMSchedule):
         svd_options: the re-factorisation's :class:`~ram_live.peft.SvdOptions` (default rank: the adapters').
     """
 
-    def __init__(self, store: Any, agent: str, *, sparsify: Any = "auto", into_base: bool = False,
-                 svd_options: SvdOptions | Mapping[str, Any] | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        store: Any,
+        agent: str,
+        *,
+        sparsify: Any = "auto",
+        into_base: bool = False,
+        svd_options: SvdOptions | Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(store, agent, **options)
         self._init_lora(lora_options(sparsify, into_base, svd_options, self.ram.method))
 
     @classmethod
-    def adopt(cls, schedule: RAMSchedule, options: Mapping[str, Any],
-              state: Mapping[str, Any] | None = None) -> "LoraSchedule":
+    def adopt(
+        cls, schedule: RAMSchedule, options: Mapping[str, Any], state: Mapping[str, Any] | None = None
+    ) -> "LoraSchedule":
         """This schedule's options, counters and history as a LoRA schedule (``options``: :func:`lora_options`;
         ``state``: a :meth:`state_dict` to load, e.g. the one a checkpoint restored into ``schedule``)."""
         new = cls.__new__(cls)
@@ -114,8 +131,10 @@ class LoraSchedule(RAMSchedule):
         if self.search is not None:
             raise ConfigError(f"{who}: search= is not supported for LoRA runs (it swaps whole weights)")
         if self.snapshot_activity != "changed":
-            raise ConfigError(f"{who}: snapshot_activity='abs' would threshold the A/B factors, not ΔW; LoRA runs "
-                              "snapshot losslessly and pick the active ΔW entries with sparsify=")
+            raise ConfigError(
+                f"{who}: snapshot_activity='abs' would threshold the A/B factors, not ΔW; LoRA runs "
+                "snapshot losslessly and pick the active ΔW entries with sparsify="
+            )
         sparsify = options["sparsify"]
         self.sparsify = tuple(sparsify) if isinstance(sparsify, list) else sparsify
         self.into_base = bool(options["into_base"])
@@ -152,18 +171,22 @@ class LoraSchedule(RAMSchedule):
             raise ConfigError(f"{who}: sharded (DTensor) LoRA factors are not supported")
         fp = fingerprint(base_state(root))
         if self.model_fingerprint is not None and fp != self.model_fingerprint:
-            raise BaseMismatchError(f"{who}: the PeftModel's base model ({fp}) is not the one this run was trained "
-                                    f"on ({self.model_fingerprint})")
+            raise BaseMismatchError(
+                f"{who}: the PeftModel's base model ({fp}) is not the one this run was trained "
+                f"on ({self.model_fingerprint})"
+            )
         self.model_fingerprint = fp
         self._meta = snapshot_meta(adapter, fp, factors, model.peft_config[adapter])
         check_store(self.store, self.agent, live, fp)
         rank = self.svd_options.rank or max(f.rank for f in factors.values())
         small = min(factors, key=lambda m: factors[m].rank)
         if not self.into_base and rank > factors[small].rank:
-            raise ConfigError(f"{who}: the merged adapter's rank {rank} exceeds the live adapter's rank "
-                              f"{factors[small].rank} at module {small!r}, so it could not be swapped in for the "
-                              "evaluation: use one rank for every module, svd_options=SvdOptions(rank=...) or "
-                              "into_base=True")
+            raise ConfigError(
+                f"{who}: the merged adapter's rank {rank} exceeds the live adapter's rank "
+                f"{factors[small].rank} at module {small!r}, so it could not be swapped in for the "
+                "evaluation: use one rank for every module, svd_options=SvdOptions(rank=...) or "
+                "into_base=True"
+            )
         return super().attach(live, base={k: torch.zeros_like(v) for k, v in live.items()}, collective=collective)
 
     def _live(self) -> dict[str, Tensor]:
@@ -175,15 +198,26 @@ class LoraSchedule(RAMSchedule):
 
     # ------------------------------------------------------------------------------------------- actions
 
-    def snapshot(self, model: Any, step: int, epoch: int | None = None, extra: Mapping[str, Any] | None = None,
-                 importance: Mapping[str, Any] | None = None) -> Any:
+    def snapshot(
+        self,
+        model: Any,
+        step: int,
+        epoch: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+        importance: Mapping[str, Any] | None = None,
+    ) -> Any:
         """Write the live adapter's A and B factors (``model``: the PeftModel; its factors are read live), with the
         scalings, config and base-model fingerprint in the manifest's ``extra["peft"]``."""
         self._require()
         return super().snapshot(self._live(), step, epoch, extra={**(extra or {}), EXTRA_KEY: self._meta})
 
-    def merge(self, model: Any, step: int, epoch: int | None = None,
-              evaluate: Callable[[Any], Mapping[str, Any]] | None = None) -> LoraMergeResult:
+    def merge(
+        self,
+        model: Any,
+        step: int,
+        epoch: int | None = None,
+        evaluate: Callable[[Any], Mapping[str, Any]] | None = None,
+    ) -> LoraMergeResult:
         """Merge the latest adapter of every agent in ΔW space (:mod:`ram_live.peft`, this run's included; taken
         now if its latest snapshot is older), re-factored into a new adapter or, ``into_base``, folded into the
         base weights of the targeted modules."""
@@ -204,8 +238,16 @@ class LoraSchedule(RAMSchedule):
         with torch.no_grad():
             if self.into_base:
                 base = {weight_key(m): self._layers[m].get_base_layer().weight for m in adapters.order}
-                tensors, info = merge_into_base(base, prep, inplace=False, out=None, device=None, dtype=None,
-                                                max_shard_bytes=0, chunk_numel=self.chunk_numel)
+                tensors, info = merge_into_base(
+                    base,
+                    prep,
+                    inplace=False,
+                    out=None,
+                    device=None,
+                    dtype=None,
+                    max_shard_bytes=0,
+                    chunk_numel=self.chunk_numel,
+                )
             else:
                 refactorer = make_refactorer(adapters, report, self.svd_options)
                 device = next(iter(self._factors.values())).B.device  # the training device (the store's: cpu)
@@ -219,9 +261,19 @@ class LoraSchedule(RAMSchedule):
         lambdas = dict(info.lambdas or ({n: 1.0 for n in names} if ram.method == "ram" else {}))
         self.last_merge_step = step
         self.merges += 1
-        return LoraMergeResult(step, tensors, picks, lambdas, dict(info.rho or {}), dict(report.active),
-                               time.perf_counter() - t0, ram.method, adapters=adapters, factors=factors,
-                               report=report)
+        return LoraMergeResult(
+            step,
+            tensors,
+            picks,
+            lambdas,
+            dict(info.rho or {}),
+            dict(report.active),
+            time.perf_counter() - t0,
+            ram.method,
+            adapters=adapters,
+            factors=factors,
+            report=report,
+        )
 
     # ------------------------------------------------------------------------------------------- the generalist
 

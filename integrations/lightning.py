@@ -59,8 +59,11 @@ def _strategy_check(strategy: Any) -> str:
     """'single', 'ddp' or 'model_parallel'; raises for anything else."""
     S = pl.strategies
 
-    unsupported = tuple(getattr(S, n) for n in ("DeepSpeedStrategy", "XLAStrategy", "SingleDeviceXLAStrategy",
-                                                  "FSDPStrategy", "XLAFSDPStrategy") if hasattr(S, n))
+    unsupported = tuple(
+        getattr(S, n)
+        for n in ("DeepSpeedStrategy", "XLAStrategy", "SingleDeviceXLAStrategy", "FSDPStrategy", "XLAFSDPStrategy")
+        if hasattr(S, n)
+    )
     if not isinstance(strategy, unsupported):
         if isinstance(strategy, S.ModelParallelStrategy):
             return "model_parallel"
@@ -151,15 +154,19 @@ class RAMCallback(ScheduleAdapter, Callback):
         if evaluate is True:
             raise RamLiveError("evaluate must be a callable, None (validation) or False")
         RAMSchedule.check_options(schedule_options, "RAMCallback")
-        self.schedule = RAMSchedule(store, agent, snapshot_every=snapshot_every, merge_every=merge_every, ram=ram,
-                                    **schedule_options)
+        self.schedule = RAMSchedule(
+            store, agent, snapshot_every=snapshot_every, merge_every=merge_every, ram=ram, **schedule_options
+        )
         self.agent = agent
         self._trainer: Any = None
         self.importance = importance
         if importance == "adam":  # stored with every snapshot, and the merges weigh by them while it is
             self.schedule.importance_from = AdamImportance(
-                f"RAMCallback({agent!r})", lambda: (self._trainer.optimizers or [None])[0] if self._trainer else None,
-                importance_bias_correction, self.schedule)
+                f"RAMCallback({agent!r})",
+                lambda: (self._trainer.optimizers or [None])[0] if self._trainer else None,
+                importance_bias_correction,
+                self.schedule,
+            )
         self._store_name = str(store.root if isinstance(store, SnapshotStore) else store)
         self._base = base
         self._evaluate = evaluate
@@ -208,8 +215,9 @@ class RAMCallback(ScheduleAdapter, Callback):
         self._trainer = trainer  # the importances read trainer.optimizers[0] at each snapshot
         self.schedule.attach(pl_module, base=base, collective=collective)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step, epoch = trainer.global_step, trainer.current_epoch
         s = self.schedule
         if step > s.last_snapshot_step and self.should_snapshot(step, epoch):
@@ -240,13 +248,15 @@ class RAMCallback(ScheduleAdapter, Callback):
         self.saved = list(state_dict.get("saved", []))
         self._loaded_state = True
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         if self.agent_state is not None:
             checkpoint["ram_agent_state"] = {k: v.detach().cpu() for k, v in self.agent_state.items()}
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         saved = checkpoint.get("ram_agent_state")
         if saved is not None:  # the module was saved holding the generalist: train on from the agent's weights
             with torch.no_grad():
@@ -264,10 +274,13 @@ class RAMCallback(ScheduleAdapter, Callback):
         """Merge the latest snapshot of every agent now, evaluate, log; returns the logged metrics."""
         evaluate = self._evaluate
         if evaluate is None and is_overridden("validation_step", pl_module):
+
             def evaluate(module: pl.LightningModule) -> dict[str, float]:
                 return self._validate(trainer, module)
-        metrics = self.schedule.merge_and_evaluate(pl_module, trainer.global_step, trainer.current_epoch,
-                                                   evaluate if callable(evaluate) else None)
+
+        metrics = self.schedule.merge_and_evaluate(
+            pl_module, trainer.global_step, trainer.current_epoch, evaluate if callable(evaluate) else None
+        )
         result = self.last_result = self.schedule.last_result
         assert result is not None
         if trainer.is_global_zero:
@@ -321,8 +334,11 @@ class RAMCallback(ScheduleAdapter, Callback):
         try:
             with torch.no_grad():
                 for i, loader in enumerate(loaders):
-                    limit = self.val_batches if self.val_batches is not None else (
-                        limits[i] if i < len(limits) else float("inf"))
+                    limit = (
+                        self.val_batches
+                        if self.val_batches is not None
+                        else (limits[i] if i < len(limits) else float("inf"))
+                    )
                     for b, batch in enumerate(loader):
                         if b >= limit:
                             break
@@ -341,8 +357,10 @@ class RAMCallback(ScheduleAdapter, Callback):
             names = c.broadcast_json(sorted(sums))
             flat = torch.tensor([x for n in names for x in sums.get(n, [0.0, 0.0])], dtype=torch.float64)
             c.all_reduce_sum_(flat)
-            return {n: float(flat[2 * i] / flat[2 * i + 1]) if flat[2 * i + 1] else float("nan")
-                    for i, n in enumerate(names)}
+            return {
+                n: float(flat[2 * i] / flat[2 * i + 1]) if flat[2 * i + 1] else float("nan")
+                for i, n in enumerate(names)
+            }
         return {n: s / w for n, (s, w) in sums.items() if w}
 
 
@@ -355,8 +373,11 @@ def _same_callback(key: str, cls: str, agent: str, store: str) -> bool:
     if not key.startswith(cls + "{"):
         return False
     try:
-        fields = ast.literal_eval(key[len(cls):])
+        fields = ast.literal_eval(key[len(cls) :])
     except (ValueError, SyntaxError):
         return False
-    return isinstance(fields, dict) and fields.get("agent") == agent and \
-        _resolved(str(fields.get("store", ""))) == _resolved(store)
+    return (
+        isinstance(fields, dict)
+        and fields.get("agent") == agent
+        and _resolved(str(fields.get("store", ""))) == _resolved(store)
+    )

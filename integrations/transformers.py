@@ -29,8 +29,10 @@ try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
     from transformers.trainer_callback import ExportableState
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError('ram_live.integrations.transformers needs transformers: pip install -e ".[trl]" '
-                      '(or ".[transformers]"; in the ram-live clone)') from exc
+    raise ImportError(
+        'ram_live.integrations.transformers needs transformers: pip install -e ".[trl]" '
+        '(or ".[transformers]"; in the ram-live clone)'
+    ) from exc
 
 from ..errors import ConfigError, RamLiveError
 from ..training.tensors import ScheduleAdapter
@@ -145,18 +147,28 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         if evaluate is not None and not callable(evaluate) and evaluate != "trainer":
             raise ConfigError(f"evaluate must be a callable, 'trainer' or None, got {evaluate!r}")
         RAMSchedule.check_options(schedule_options, "RAMTrainerCallback")
-        self.schedule = RAMSchedule(store, agent, snapshot_every=snapshot_every, merge_every=merge_every, ram=ram,
-                                    **schedule_options)
+        self.schedule = RAMSchedule(
+            store, agent, snapshot_every=snapshot_every, merge_every=merge_every, ram=ram, **schedule_options
+        )
         self._lora = lora_options(sparsify, into_base, svd_options, self.schedule.ram.method)
         # the JSON arguments a resumed run rebuilds the callback from (search: taken from the live instance)
-        given = {k: list(v) if k == "agents" and v is not None else v for k, v in schedule_options.items()
-                 if k != "search"}
-        self._args = {"store": str(store), "agent": agent, "snapshot_every": snapshot_every,
-                      "merge_every": merge_every, "snapshot_on_save": snapshot_on_save,
-                      "merged_dir": str(merged_dir) if merged_dir is not None else None,
-                      "ram": self.schedule.ram.to_dict(), "snapshot_on_train_end": snapshot_on_train_end,
-                      "importance": importance, "importance_bias_correction": importance_bias_correction,
-                      **self._lora, **given}
+        given = {
+            k: list(v) if k == "agents" and v is not None else v for k, v in schedule_options.items() if k != "search"
+        }
+        self._args = {
+            "store": str(store),
+            "agent": agent,
+            "snapshot_every": snapshot_every,
+            "merge_every": merge_every,
+            "snapshot_on_save": snapshot_on_save,
+            "merged_dir": str(merged_dir) if merged_dir is not None else None,
+            "ram": self.schedule.ram.to_dict(),
+            "snapshot_on_train_end": snapshot_on_train_end,
+            "importance": importance,
+            "importance_bias_correction": importance_bias_correction,
+            **self._lora,
+            **given,
+        }
         self.agent = agent
         self.base = base
         self.evaluate = evaluate
@@ -169,8 +181,10 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         if importance == "adam":  # stored with every snapshot, and the merges weigh by them while it is
             self.schedule.importance_from = AdamImportance(
                 f"RAMTrainerCallback({agent!r})",
-                lambda: self._optimizer or getattr(self.trainer, "optimizer", None), importance_bias_correction,
-                self.schedule)
+                lambda: self._optimizer or getattr(self.trainer, "optimizer", None),
+                importance_bias_correction,
+                self.schedule,
+            )
         self.saved: list[str] = []  # the generalists' folders, oldest first
         self.last_result: MergeResult | None = None
         self._processor: Any = None
@@ -200,9 +214,17 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
     def state(self) -> dict[str, Any]:
         """``ExportableState``: the JSON constructor arguments and the schedule's state, ``history`` and the saved
         generalists, under this callback's :attr:`state_key`."""
-        return {"args": {**self._args, "_from_checkpoint": True},
-                "attributes": {"ram_state": {"key": self.state_key, "schedule": self.schedule.state_dict(),
-                                             "history": self.history, "saved": list(self.saved)}}}
+        return {
+            "args": {**self._args, "_from_checkpoint": True},
+            "attributes": {
+                "ram_state": {
+                    "key": self.state_key,
+                    "schedule": self.schedule.state_dict(),
+                    "history": self.history,
+                    "saved": list(self.saved),
+                }
+            },
+        }
 
     @property
     def ram_state(self) -> dict[str, Any] | None:
@@ -229,14 +251,23 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
 
     # ------------------------------------------------------------------------------------------- hooks
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                       model: Any = None, processing_class: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: Any = None,
+        processing_class: Any = None,
+        **kwargs: Any,
+    ) -> None:
         lora = is_peft_model(model)
         if lora and not isinstance(self.schedule, LoraSchedule):  # merged in ΔW space (the state: a checkpoint's)
             self.schedule = LoraSchedule.adopt(self.schedule, self._lora, (self._restored or {}).get("schedule"))
         elif not lora and self._lora != lora_options("auto", False, None, "ram"):
-            raise ConfigError(f"RAMTrainerCallback({self.agent!r}): sparsify=, into_base= and svd_options= apply to "
-                              "LoRA runs (a PeftModel) only")
+            raise ConfigError(
+                f"RAMTrainerCallback({self.agent!r}): sparsify=, into_base= and svd_options= apply to "
+                "LoRA runs (a PeftModel) only"
+            )
         self._processor = processing_class if processing_class is not None else kwargs.get("tokenizer")
         why = sharding_refusal(model)
         if why is not None:
@@ -246,7 +277,8 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
                 raise ConfigError(
                     f"RAMTrainerCallback({self.agent!r}): the trainer generates with vLLM (use_vllm=True): bind it "
                     "(callback.bind(trainer)), so that after each merge the agent's weights are pushed to vLLM again "
-                    "(an evaluation of the generalist may have pushed the generalist's)")
+                    "(an evaluation of the generalist may have pushed the generalist's)"
+                )
             self._vllm_marker()
         if state.global_step > 0 and self._restored is None:
             saved = self._find_state(state)
@@ -258,25 +290,30 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             return
         if base is None and self.schedule.base_fingerprint is None and state.global_step > 0:
             if not self.store.has_base():
-                raise RamLiveError(f"RAMTrainerCallback({self.agent!r}): resuming at step {state.global_step} from a "
-                                   "checkpoint without RAM state, and the store has no base: pass base=...")
+                raise RamLiveError(
+                    f"RAMTrainerCallback({self.agent!r}): resuming at step {state.global_step} from a "
+                    "checkpoint without RAM state, and the store has no base: pass base=..."
+                )
             base = "store"
         self.schedule.attach(model, base=base)
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    model: Any = None, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
+    ) -> None:
         step, s = state.global_step, self.schedule
         self._optimizer = kwargs.get("optimizer") or self._optimizer
         epoch = int(state.epoch) if state.epoch is not None else None
         # DefaultFlowCallback ran first: control.should_save says this step's checkpoint is about to be written
-        if step > s.last_snapshot_step and (s.should_snapshot(step, epoch) or self.snapshot_on_save and
-                                            control.should_save):
+        if step > s.last_snapshot_step and (
+            s.should_snapshot(step, epoch) or self.snapshot_on_save and control.should_save
+        ):
             s.snapshot(model, step, epoch)
         if step > s.last_merge_step and s.should_merge(step, epoch):
             self.merge_now(model, state)
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                     model: Any = None, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
+    ) -> None:
         step = state.global_step
         self._optimizer = kwargs.get("optimizer") or self._optimizer
         if self.snapshot_on_train_end and step > 0 and self.schedule.last_snapshot_step < step:
@@ -310,7 +347,8 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
                 f"RAMTrainerCallback({self.agent!r}): {type(self.trainer).__name__} generates with vLLM but has no "
                 f"{VLLM_SYNC_MARKER!r} (a TRL version this callback does not know): the agent's weights could not be "
                 "pushed to vLLM again after a merge, and its rollouts could sample the generalist. Use the TRL "
-                "version the callback is tested with (1.16), or use_vllm=False")
+                "version the callback is tested with (1.16), or use_vllm=False"
+            )
         return VLLM_SYNC_MARKER
 
     def _force_vllm_resync(self) -> None:
@@ -339,8 +377,7 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             if isinstance(self.schedule, LoraSchedule):  # a PEFT folder (a model folder with into_base=True)
                 self.saved.append(str(self.schedule.save(model, result, self.merged_dir, self._processor)))
             else:
-                self.saved.append(str(save_generalist(self.schedule, model, result, self.merged_dir,
-                                                      self._processor)))
+                self.saved.append(str(save_generalist(self.schedule, model, result, self.merged_dir, self._processor)))
             if "search" in result.extra:  # the search's record (the chosen options) next to the generalist
                 save_next_to(self.saved[-1], result.extra["search"], durable=self.schedule.durable)
 

@@ -63,8 +63,10 @@ def check_run_options(device: Any, chunk_numel: Any, workers: Any) -> torch.devi
         raise ConfigError(f"device={device!r}: no {dev.type} device is available here")
     count = backend.device_count() if callable(getattr(backend, "device_count", None)) else 1
     if dev.index is not None and dev.index >= count:
-        raise ConfigError(f"device={device!r}: there {'is' if count == 1 else 'are'} only {count} {dev.type} "
-                          f"device{'' if count == 1 else 's'} here")
+        raise ConfigError(
+            f"device={device!r}: there {'is' if count == 1 else 'are'} only {count} {dev.type} "
+            f"device{'' if count == 1 else 's'} here"
+        )
     return dev
 
 
@@ -127,8 +129,14 @@ def merge_task_vectors(
         raise NoAgentsError("no task vectors to merge")
     check_agent_names([n for n, _ in named])
     agents = [as_source(tv, n) for n, tv in named]
-    return merge(agents, base=ZerosSource(agents[0], "zero base"), method=method, chunk_numel=chunk_numel,
-                 return_info=return_info, **options)
+    return merge(
+        agents,
+        base=ZerosSource(agents[0], "zero base"),
+        method=method,
+        chunk_numel=chunk_numel,
+        return_info=return_info,
+        **options,
+    )
 
 
 def merge(
@@ -229,11 +237,14 @@ def merge(
         raise ConfigError(f"dtype= must be one of {', '.join(map(str, OUTPUT_DTYPES))}, got {dtype!r}")
     dist = None
     if process_group is not None and process_group is not False:
-        dist = Distributed(None if process_group is True else process_group,
-                           sharded=bool(getattr(base_src, "sharded", False)))
+        dist = Distributed(
+            None if process_group is True else process_group, sharded=bool(getattr(base_src, "sharded", False))
+        )
         if not dist.sharded and isinstance(base, nn.Module) and out is None:
-            raise ConfigError("process_group with modules whose parameters are not DTensors: pass out= (each rank "
-                              "writes its shards), or shard the modules (FSDP2/DTensor) to merge them in place")
+            raise ConfigError(
+                "process_group with modules whose parameters are not DTensors: pass out= (each rank "
+                "writes its shards), or shard the modules (FSDP2/DTensor) to merge them in place"
+            )
     if out is not None:
         folder = resolve_model(base, what="base") if isinstance(base, (str, os.PathLike)) else None  # id: cached
         copy_from = Path(folder) if folder is not None and Path(folder).is_dir() else None
@@ -247,9 +258,19 @@ def merge(
         sink = StateDictSink(device=dev if isinstance(base_src, SafetensorsSource) or dev else None, dtype=dtype)
     try:
         info: MergeInfo = run_merge(
-            base_src, agents, method_obj, cfg, sink, device=dev, chunk_numel=chunk_numel, validate_first=inplace,
-            progress=TerminalProgress() if progress is True else (progress or None), workers=workers, dist=dist,
-            compile=compile, statistics=statistics,
+            base_src,
+            agents,
+            method_obj,
+            cfg,
+            sink,
+            device=dev,
+            chunk_numel=chunk_numel,
+            validate_first=inplace,
+            progress=TerminalProgress() if progress is True else (progress or None),
+            workers=workers,
+            dist=dist,
+            compile=compile,
+            statistics=statistics,
             auxiliary=aux,
         )
         if how is not None:
@@ -294,12 +315,16 @@ def ram_merge(
     ...          for r in (0.05, 0.1, 0.2)]                       # doctest: +SKIP
     """
     if "method" in kwargs:
-        raise ConfigError("ram_merge takes no method=: the config is the method (RamConfig(lam=...)); "
-                          "merge(models, base, method=...) runs any method")
+        raise ConfigError(
+            "ram_merge takes no method=: the config is the method (RamConfig(lam=...)); "
+            "merge(models, base, method=...) runs any method"
+        )
     flat = sorted(set(kwargs) & {f for m in ("ram", "ram_plus", "ram_plus_soft") for f in RamConfig.flat_names(m)})
     if flat:
-        raise ConfigError(f"ram_merge takes the RAM options in config=RamConfig(...), not as keywords "
-                          f"({', '.join(flat)}); or merge(models, base, method='ram_plus', {flat[0]}=...)")
+        raise ConfigError(
+            f"ram_merge takes the RAM options in config=RamConfig(...), not as keywords "
+            f"({', '.join(flat)}); or merge(models, base, method='ram_plus', {flat[0]}=...)"
+        )
     if config is not None and not isinstance(config, RamConfig):
         raise ConfigError(f"ram_merge: config must be a RamConfig, got {type(config).__name__}")
     return merge(models, base, config=config if config is not None else RamConfig(), **kwargs)

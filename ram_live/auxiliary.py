@@ -50,8 +50,13 @@ class AuxiliaryInputs:
         return [src for sources in self.sources.values() for src in sources]
 
 
-def resolve(method: Any, auxiliary: Mapping[str, Mapping[str, TensorSource]] | None, agents: Sequence[TensorSource],
-            merged: Sequence[str], base: TensorSource) -> AuxiliaryInputs:
+def resolve(
+    method: Any,
+    auxiliary: Mapping[str, Mapping[str, TensorSource]] | None,
+    agents: Sequence[TensorSource],
+    merged: Sequence[str],
+    base: TensorSource,
+) -> AuxiliaryInputs:
     """Check ``auxiliary`` (``{input name: {agent name: source}}``) against the method and the plan, reading
     nothing: the method takes each input; every merged agent has one (names beyond the merged agents are left
     alone: an ``exclude``d agent may keep its entry); each source has every merged tensor, floating, of the
@@ -66,23 +71,35 @@ def resolve(method: Any, auxiliary: Mapping[str, Mapping[str, TensorSource]] | N
             raise ConfigError(f"method {method.name!r} takes no {name} (it takes: {', '.join(takes) or 'none'})")
         missing = [n for n in names if n not in per_agent]
         if missing:
-            raise ConfigError(f"{name}: no entry for agent(s) {', '.join(map(repr, missing))} (give one for every "
-                              f"merged agent: {', '.join(map(repr, names))})")
+            raise ConfigError(
+                f"{name}: no entry for agent(s) {', '.join(map(repr, missing))} (give one for every "
+                f"merged agent: {', '.join(map(repr, names))})"
+            )
         chosen = [_bound(per_agent[n], base) for n in names]
         for agent, src in zip(names, chosen):
             keys = set(src.keys())
             for key in merged:
                 if key not in keys:
-                    raise InputMismatchError(f"{name} of agent {agent!r} has no tensor {key!r} (every merged tensor "
-                                             "needs one; use ones for entries without information)",
-                                             key=key, agent=agent)
+                    raise InputMismatchError(
+                        f"{name} of agent {agent!r} has no tensor {key!r} (every merged tensor "
+                        "needs one; use ones for entries without information)",
+                        key=key,
+                        agent=agent,
+                    )
                 spec, want = src.spec(key), base.spec(key)
                 if tuple(spec.shape) != tuple(want.shape):
-                    raise InputMismatchError(f"{name} of agent {agent!r}, tensor {key!r}: shape {list(spec.shape)}, "
-                                             f"the parameter's is {list(want.shape)}", key=key, agent=agent)
+                    raise InputMismatchError(
+                        f"{name} of agent {agent!r}, tensor {key!r}: shape {list(spec.shape)}, "
+                        f"the parameter's is {list(want.shape)}",
+                        key=key,
+                        agent=agent,
+                    )
                 if not spec.dtype.is_floating_point:
-                    raise InputMismatchError(f"{name} of agent {agent!r}, tensor {key!r}: dtype {spec.dtype} is not "
-                                             "floating point", key=key, agent=agent)
+                    raise InputMismatchError(
+                        f"{name} of agent {agent!r}, tensor {key!r}: dtype {spec.dtype} is not floating point",
+                        key=key,
+                        agent=agent,
+                    )
         sources[name] = chosen
     return AuxiliaryInputs(sources, getattr(method, "check_auxiliary", None))
 
@@ -102,11 +119,14 @@ def validate(key: str, agents: Sequence[str], tensors: Mapping[str, Sequence[Ten
     for name, per_agent in tensors.items():
         for agent, flat in zip(agents, per_agent):
             for start in range(0, flat.numel(), CHECK_CHUNK):  # chunks: the check's temporaries stay small
-                found = check(name, flat[start:start + CHECK_CHUNK])
+                found = check(name, flat[start : start + CHECK_CHUNK])
                 if found is not None:
                     index, reason = found
-                    raise InputMismatchError(f"{name} of agent {agent!r}, tensor {key!r}: flat index {start + index} "
-                                             f"{reason}", key=key, agent=agent)
+                    raise InputMismatchError(
+                        f"{name} of agent {agent!r}, tensor {key!r}: flat index {start + index} {reason}",
+                        key=key,
+                        agent=agent,
+                    )
 
 
 #: Entries per call of a method's ``check_auxiliary``.

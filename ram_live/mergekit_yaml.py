@@ -37,8 +37,16 @@ _SHARED = frozenset({"normalize", "rescale", "lambda", "int8_mask", "epsilon", "
 #: mergekit's default ``normalize`` per method (merge_methods/registry.py)
 _NORMALIZE = {"linear": True, "task_arithmetic": False, "ties": True, "dare_linear": False, "dare_ties": False}
 _TOP = frozenset({"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source"})
-_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-           "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+}
 
 
 @dataclass
@@ -108,8 +116,9 @@ def from_mergekit_yaml(path: str | os.PathLike[str]) -> MergekitPlan:
     try:
         import yaml
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError('reading mergekit YAML needs PyYAML: pip install -e ".[yaml]" '
-                          '(in the ram-live clone)') from exc
+        raise ConfigError(
+            'reading mergekit YAML needs PyYAML: pip install -e ".[yaml]" (in the ram-live clone)'
+        ) from exc
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -128,14 +137,14 @@ def plan_from_mergekit(config: Any, source: str = "config") -> MergekitPlan:
     unsupported = [f"{k} (top level)" for k in config if k not in _TOP]
     method = config.get("merge_method")
     if method not in METHODS:
-        raise ConfigError(f"{source}: merge_method {method!r} is not one ram_live runs (it runs "
-                          f"{', '.join(METHODS)})")
+        raise ConfigError(f"{source}: merge_method {method!r} is not one ram_live runs (it runs {', '.join(METHODS)})")
     known = _PARAMS[method]
     shared = _params(config.get("parameters"), "parameters", source)
     unsupported += [f"parameters.{k}" for k in shared if k not in known]
     if config.get("tokenizer_source") not in (None, "base"):
-        unsupported.append(f"tokenizer_source: {config['tokenizer_source']!r} (the merge copies the base's "
-                           "tokenizer files only)")
+        unsupported.append(
+            f"tokenizer_source: {config['tokenizer_source']!r} (the merge copies the base's tokenizer files only)"
+        )
     entries = config.get("models")
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{source}: 'models' must be a non-empty list of {{model: path, parameters: ...}}")
@@ -154,8 +163,11 @@ def plan_from_mergekit(config: Any, source: str = "config") -> MergekitPlan:
         if base_ref is not None and Path(ref).resolve() == Path(base_ref).resolve():
             continue  # mergekit takes the base out of the task vectors
         unsupported += [f"{where}.parameters.{k}" for k in own if k not in known]
-        unsupported += [f"{where}.parameters.{k} (one value per merge: put it in the top-level parameters)"
-                        for k in own if k in known and k in _SHARED]
+        unsupported += [
+            f"{where}.parameters.{k} (one value per merge: put it in the top-level parameters)"
+            for k in own
+            if k in known and k in _SHARED
+        ]
         name = _name(ref if ref == entry["model"] else entry["model"].partition("@")[0], models)  # id: its name
         models[name] = ref
         params[name] = {**shared, **own}
@@ -191,15 +203,19 @@ def _model_ref(value: Any, where: str, source: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{source}: {where} must be a model path, got {value!r}")
     if "+" in value and not Path(value).exists():
-        raise ConfigError(f"{source}: {where} {value!r}: 'model+lora' references are not supported (merge the "
-                          "LoRA into its model first, or use ram_live.peft)")
+        raise ConfigError(
+            f"{source}: {where} {value!r}: 'model+lora' references are not supported (merge the "
+            "LoRA into its model first, or use ram_live.peft)"
+        )
     if not Path(value).is_dir() and not value.endswith(".safetensors"):
         from .io.hub import cached_snapshot
 
         folder = cached_snapshot(value, what=f"{source}: {where}")  # org/name[@revision] in the local HF cache
         if folder is None:
-            raise ConfigError(f"{source}: {where} {value!r} is not a local folder (ram_live downloads nothing; "
-                              "paths are relative to the working directory, as in mergekit)")
+            raise ConfigError(
+                f"{source}: {where} {value!r} is not a local folder (ram_live downloads nothing; "
+                "paths are relative to the working directory, as in mergekit)"
+            )
         return str(folder)
     return value
 
@@ -214,9 +230,11 @@ def _name(ref: str, taken: Mapping[str, str]) -> str:
 
 def _scalar(value: Any, what: str, source: str, boolean: bool = False) -> None:
     if isinstance(value, (list, Mapping)):
-        raise ConfigError(f"{source}: {what} is {'a list' if isinstance(value, list) else 'a mapping'} "
-                          f"({value!r}): mergekit interpolates lists over the layers and applies filters per "
-                          "tensor; ram_live takes one value per model: give a number")
+        raise ConfigError(
+            f"{source}: {what} is {'a list' if isinstance(value, list) else 'a mapping'} "
+            f"({value!r}): mergekit interpolates lists over the layers and applies filters per "
+            "tensor; ram_live takes one value per model: give a number"
+        )
     if boolean:
         if not isinstance(value, bool):
             raise ConfigError(f"{source}: {what} must be true or false, got {value!r}")
@@ -233,15 +251,19 @@ def _options(method: str, params: dict[str, dict[str, Any]], shared: dict[str, A
         return opts
     missing = [n for n, p in params.items() if "weight" not in p]
     if missing:
-        raise ConfigError(f"{source}: merge_method {method} needs a weight for every model (mergekit requires "
-                          f"it); none for {', '.join(map(repr, missing))}")
+        raise ConfigError(
+            f"{source}: merge_method {method} needs a weight for every model (mergekit requires "
+            f"it); none for {', '.join(map(repr, missing))}"
+        )
     weights = [float(p["weight"]) for p in params.values()]
     normalize = bool(shared.get("normalize", _NORMALIZE[method]))
     if method == "linear":
         if not normalize and not math.isclose(sum(weights), 1.0, rel_tol=1e-9):
-            raise ConfigError(f"{source}: linear with normalize: false and weights summing to {sum(weights):g} "
-                              "(mergekit's Σ w·θ, not a merge around a base) is not supported; use normalize: true "
-                              "or weights that sum to 1")
+            raise ConfigError(
+                f"{source}: linear with normalize: false and weights summing to {sum(weights):g} "
+                "(mergekit's Σ w·θ, not a merge around a base) is not supported; use normalize: true "
+                "or weights that sum to 1"
+            )
         return {"weights": weights, "normalize": True}
     scale = float(shared.get("lambda", 1.0))
     if method in ("task_arithmetic", "dare_linear") and normalize:
@@ -253,15 +275,17 @@ def _options(method: str, params: dict[str, dict[str, Any]], shared: dict[str, A
     densities = [float(p.get("density", 1.0)) for p in params.values()]
     for name, d in zip(params, densities):
         if not 0.0 <= d <= 1.0 or method.startswith("dare") and d == 0:
-            raise ConfigError(f"{source}: density of model {name!r} must be in {'(0' if 'dare' in method else '[0'}, "
-                              f"1], got {d!r}")
+            raise ConfigError(
+                f"{source}: density of model {name!r} must be in {'(0' if 'dare' in method else '[0'}, 1], got {d!r}"
+            )
     if len(set(densities)) == 1:
         opts["density"] = densities[0]
     else:
         opts["densities"] = densities
     if method.startswith("dare") and shared.get("rescale", True) is False and any(d < 1 for d in densities):
-        raise ConfigError(f"{source}: {method} with rescale: false is not supported (ram_live rescales DARE's "
-                          "survivors by 1/density)")
+        raise ConfigError(
+            f"{source}: {method} with rescale: false is not supported (ram_live rescales DARE's survivors by 1/density)"
+        )
     if method in ("ties", "dare_ties"):
         opts.update(elect_on="weighted", majority_sign="total", divide_by="weights" if normalize else "none")
     return opts

@@ -11,8 +11,17 @@ from typing import Any, Sequence
 
 from .errors import ConfigError
 
-__all__ = ["FLOAT32_MAX", "Lambdas", "check_choice", "check_densities", "check_finite", "check_lambdas", "check_names",
-           "check_range", "check_weights"]
+__all__ = [
+    "FLOAT32_MAX",
+    "Lambdas",
+    "check_choice",
+    "check_densities",
+    "check_finite",
+    "check_lambdas",
+    "check_names",
+    "check_range",
+    "check_weights",
+]
 
 #: Options are applied to float32 task vectors: a value beyond float32's range is as useless as ±Inf.
 FLOAT32_MAX = 3.4028234663852886e38

@@ -122,8 +122,10 @@ class ProbeReport:
             torch.tensor([self.agents[n].active for n in self.agent_names], dtype=torch.int64),
             torch.tensor([self.agents[n].unique for n in self.agent_names], dtype=torch.int64),
             torch.tensor(self.histogram, dtype=torch.int64),
-            agents=tuple(self.agent_names), activity=self.activity,
-            numel=next(iter(self.agents.values())).total if self.agents else 0, fingerprint=self.fingerprint,
+            agents=tuple(self.agent_names),
+            activity=self.activity,
+            numel=next(iter(self.agents.values())).total if self.agents else 0,
+            fingerprint=self.fingerprint,
         )
 
     def layers(self) -> dict[str, dict[str, AgentStats]]:
@@ -142,13 +144,23 @@ class ProbeReport:
         """A text table: per agent, then pairwise overlap and the histogram of c."""
         head = ("agent", "active", "density", "unique", "shared", "uniq%", "rho", "λ ram+", "λ ram+s")
         rows = [head] + [
-            (name, f"{s.active:,}", f"{s.density:.2%}", f"{s.unique:,}", f"{s.shared:,}", f"{s.unique_share:.1%}",
-             _rho_text(s.rho), f"{s.lambdas['ram_plus']:.4f}", f"{s.lambdas['ram_plus_soft']:.4f}")
+            (
+                name,
+                f"{s.active:,}",
+                f"{s.density:.2%}",
+                f"{s.unique:,}",
+                f"{s.shared:,}",
+                f"{s.unique_share:.1%}",
+                _rho_text(s.rho),
+                f"{s.lambdas['ram_plus']:.4f}",
+                f"{s.lambdas['ram_plus_soft']:.4f}",
+            )
             for name, s in ((n, self.agents[n]) for n in self.agent_names)
         ]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]  # from the content: any ρ, any name
-        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                 for r in rows]
+        lines = [
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows
+        ]
         lines.insert(1, "-" * len(lines[0]))
         lines.append("")
         lines.append("pairwise: jaccard (independent masks would give) / cosine")
@@ -162,9 +174,11 @@ class ProbeReport:
         total = sum(self.histogram)
         lines.append("entries by number of agents that updated them (c):")
         lines.append("  " + "  ".join(f"c={c}: {n:,} ({n / total:.1%})" for c, n in enumerate(self.histogram)))
-        lines.append(f"activity rule: {self.activity.rule}"
-                     + (f" (eps={self.activity.eps:g})" if self.activity.rule == "abs" else "")
-                     + f"; RAM+ r={self.r:g} alpha={self.alpha:g}")
+        lines.append(
+            f"activity rule: {self.activity.rule}"
+            + (f" (eps={self.activity.eps:g})" if self.activity.rule == "abs" else "")
+            + f"; RAM+ r={self.r:g} alpha={self.alpha:g}"
+        )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,12 +212,16 @@ class ProbeReport:
         names = list(layers)
         density = [[layers[layer][a].density for layer in names] for a in self.agent_names]
         # a layer the agent did not touch has no unique share: blank, not 0 (which would read "all shared")
-        unique = [[layers[layer][a].unique_share if layers[layer][a].active else math.nan for layer in names]
-                  for a in self.agent_names]
+        unique = [
+            [layers[layer][a].unique_share if layers[layer][a].active else math.nan for layer in names]
+            for a in self.agent_names
+        ]
         width = max(6.0, 0.25 * len(names) + 2)
         fig, axes = plt.subplots(2, 1, figsize=(width, 1.2 * len(self.agent_names) * 2 + 2.5), constrained_layout=True)
-        for ax, data, title in ((axes[0], density, "density (share of entries updated)"),
-                                (axes[1], unique, "unique share (of the agent's updated entries)")):
+        for ax, data, title in (
+            (axes[0], density, "density (share of entries updated)"),
+            (axes[1], unique, "unique share (of the agent's updated entries)"),
+        ):
             image = ax.imshow(data, aspect="auto", vmin=0.0, vmax=1.0, cmap="viridis")
             ax.set_title(title)
             ax.set_yticks(range(len(self.agent_names)), labels=list(self.agent_names))
@@ -251,8 +269,12 @@ def _native_counts(stream: DeltaStream, k: int, activity: Activity, workers: int
 
     def job(worker: int, n_workers: int) -> tuple[ProbeCounts, int]:
         counts = ProbeCounts.zeros(k)
-        bad = native_walk(stream, worker, n_workers, lambda start, end: kernel.probe(
-            stream.base, stream.tensors, eps, start, end, counts))
+        bad = native_walk(
+            stream,
+            worker,
+            n_workers,
+            lambda start, end: kernel.probe(stream.base, stream.tensors, eps, start, end, counts),
+        )
         return counts, bad
 
     results = in_native_workers(stream, workers, job)
@@ -297,8 +319,10 @@ def probe(
     """
     unread = sorted(set(ram_options) - set(PROBE_OPTIONS))
     if unread:
-        raise ConfigError(f"probe: option(s) {', '.join(map(repr, unread))} do not change a probe; it reads "
-                          f"{', '.join(PROBE_OPTIONS)} (or config=RamConfig(...))")
+        raise ConfigError(
+            f"probe: option(s) {', '.join(map(repr, unread))} do not change a probe; it reads "
+            f"{', '.join(PROBE_OPTIONS)} (or config=RamConfig(...))"
+        )
     if config is not None and ram_options:
         raise ConfigError("probe: give config= or the options as keywords, not both")
     if config is not None and not isinstance(config, RamConfig):
@@ -351,5 +375,16 @@ def probe(
             expected[i][j] = (pi * pj / denominator if denominator else 0.0) if i != j else (1.0 if pi else 0.0)
             norm = math.sqrt(float(dots[i, i]) * float(dots[j, j]))
             cosine[i][j] = float(dots[i, j]) / norm if norm else 0.0
-    return ProbeReport(names, per_agent, tensors, jaccard, expected, cosine, totals.histogram.tolist(), rule, r,
-                       alpha, digest.hexdigest())
+    return ProbeReport(
+        names,
+        per_agent,
+        tensors,
+        jaccard,
+        expected,
+        cosine,
+        totals.histogram.tolist(),
+        rule,
+        r,
+        alpha,
+        digest.hexdigest(),
+    )

@@ -49,15 +49,19 @@ class TerminalProgress:
         if self.live and (now - self._last >= self.interval or self.done == self.total):
             self._last = now
             rate = self.bytes / max(now - self.t0, 1e-9)
-            line = (f"[{self.stage}] {self.done}/{self.total} tensors  {_human(self.bytes)}/{_human(self.total_bytes)}"
-                    f"  {_human(rate)}/s  {key}")
+            line = (
+                f"[{self.stage}] {self.done}/{self.total} tensors  {_human(self.bytes)}/{_human(self.total_bytes)}"
+                f"  {_human(rate)}/s  {key}"
+            )
             self.stream.write("\r" + line[:200] + "\x1b[K")
             self.stream.flush()
 
     def close(self) -> None:
         elapsed = time.perf_counter() - self.t0
         rate = self.bytes / max(elapsed, 1e-9)
-        line = (f"[{self.stage}] {self.done}/{self.total} tensors, {_human(self.bytes)} in {elapsed:.1f} s "
-                f"({_human(rate)}/s)")
+        line = (
+            f"[{self.stage}] {self.done}/{self.total} tensors, {_human(self.bytes)} in {elapsed:.1f} s "
+            f"({_human(rate)}/s)"
+        )
         self.stream.write(("\r" + line + "\x1b[K" if self.live else line) + "\n")
         self.stream.flush()

@@ -43,8 +43,10 @@ def assert_bit_identical(a: dict, b: dict) -> None:
     assert sorted(a) == sorted(b)
     for k in a:
         assert a[k].dtype == b[k].dtype, k
-        assert torch.equal(a[k].view(torch.uint8) if a[k].dtype.is_floating_point else a[k],
-                           b[k].view(torch.uint8) if b[k].dtype.is_floating_point else b[k]), k
+        assert torch.equal(
+            a[k].view(torch.uint8) if a[k].dtype.is_floating_point else a[k],
+            b[k].view(torch.uint8) if b[k].dtype.is_floating_point else b[k],
+        ), k
 
 
 @pytest.fixture

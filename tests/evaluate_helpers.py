@@ -12,8 +12,10 @@ CHARS = "abcdefghijklmnopqrstuvwxyz =+0123456789"
 VOCAB = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
 PROMPTS = ["a", "two plus two =", "abc abc", "the cat sat", "zz", "1+1=", "hello there friend"]
 ANSWERS = ["b", "4", "abc", "on", "z", "2", "hi"]
-CHAT = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }} {% endfor %}"
-        "{% if add_generation_prompt %}a:{% endif %}")
+CHAT = (
+    "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}a:{% endif %}"
+)
 
 
 def tokenizer(pad: bool = True) -> transformers.PreTrainedTokenizerFast:
@@ -21,17 +23,27 @@ def tokenizer(pad: bool = True) -> transformers.PreTrainedTokenizerFast:
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
     extra = {"pad_token": "<pad>"} if pad else {}
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", unk_token="<unk>",
-                                               padding_side="left", **extra)
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<eos>", unk_token="<unk>", padding_side="left", **extra
+    )
     tok.chat_template = CHAT
     return tok
 
 
 def config() -> transformers.LlamaConfig:
-    return transformers.LlamaConfig(vocab_size=len(VOCAB), hidden_size=32, intermediate_size=64,
-                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                    max_position_embeddings=128, pad_token_id=0, eos_token_id=1, bos_token_id=1,
-                                    tie_word_embeddings=False)
+    return transformers.LlamaConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+        tie_word_embeddings=False,
+    )
 
 
 def model(seed: int = 0) -> transformers.LlamaForCausalLM:

@@ -27,8 +27,10 @@ class PromptEval:
 
     def prompt_scores(self, merged, indices):
         self.calls.append(list(indices))
-        dist = {t: -sum(float(((merged[k].double() - tg[k].double()) ** 2).sum()) for k in tg)
-                for t, tg in self.targets.items()}
+        dist = {
+            t: -sum(float(((merged[k].double() - tg[k].double()) ** 2).sum()) for k in tg)
+            for t, tg in self.targets.items()
+        }
         return [dist[self.tasks[i]] + self.offsets[i] for i in indices]
 
     def aggregate(self, values):

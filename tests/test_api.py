@@ -203,8 +203,10 @@ def test_mapping_names_agents(base_sd):
 
 def test_merge_front_door_ram_equals_ram_merge(base_sd):
     agents = make_agents(base_sd, [0.1, 0.5])
-    assert_bit_identical(merge(agents, base=base_sd, method="ram_plus_soft", r=0.2),
-                         merge(agents, base=base_sd, method="ram_plus_soft", r=0.2))
+    assert_bit_identical(
+        merge(agents, base=base_sd, method="ram_plus_soft", r=0.2),
+        merge(agents, base=base_sd, method="ram_plus_soft", r=0.2),
+    )
 
 
 @pytest.mark.cuda
@@ -254,10 +256,16 @@ def test_compiled_kernels_give_the_same_bits_and_counts(base_sd, dtype, no_nativ
     base["layers.0.b"][:3] = -0.0
     agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)
     agents[0]["layers.0.b"][0] = 0.0  # +0 against the base's -0: unchanged under "changed", τ = 0
-    cases = [dict(method="ram"), dict(method="ram_plus"), dict(method="ram_plus_soft", r=0.3),
-             dict(method="ram_plus", rho_scope="tensor", alpha=0.2), dict(method="ram_plus", activity="changed"),
-             dict(method="ram_plus", eps=0.02), dict(method="ram", shared="sign"),
-             dict(method="ram_plus", shared="sign")]
+    cases = [
+        dict(method="ram"),
+        dict(method="ram_plus"),
+        dict(method="ram_plus_soft", r=0.3),
+        dict(method="ram_plus", rho_scope="tensor", alpha=0.2),
+        dict(method="ram_plus", activity="changed"),
+        dict(method="ram_plus", eps=0.02),
+        dict(method="ram", shared="sign"),
+        dict(method="ram_plus", shared="sign"),
+    ]
     for case in cases:
         eager, e_info = merge(agents, base=base, chunk_numel=100, return_info=True, compile=False, **case)
         fused, f_info = merge(agents, base=base, chunk_numel=100, return_info=True, compile=True, **case)
@@ -288,8 +296,10 @@ def test_compiled_path_falls_back_for_float64_and_mixed_dtypes(base_sd):
     assert_bit_identical(merge(agents, base=wide, compile=True), merge(agents, base=wide))
     mixed = make_agents(base_sd, [0.2, 0.4], dtype=torch.bfloat16)
     for activity in ("abs", "changed"):
-        assert_bit_identical(merge(mixed, base=base_sd, compile=True, activity=activity),
-                             merge(mixed, base=base_sd, activity=activity))
+        assert_bit_identical(
+            merge(mixed, base=base_sd, compile=True, activity=activity), merge(mixed, base=base_sd, activity=activity)
+        )
+
 
 def test_reused_statistics_give_the_bits_of_a_fresh_merge_in_one_pass(base_sd):
     from ram_live import probe
@@ -304,13 +314,14 @@ def test_reused_statistics_give_the_bits_of_a_fresh_merge_in_one_pass(base_sd):
     for variant, r in [("ram_plus", 0.2), ("ram_plus_soft", 0.05)]:
         fresh, f_info = merge(agents, base=base_sd, method=variant, r=r, return_info=True)
         for stats in (first.statistics, report.statistics()):
-            reused, r_info = merge(agents, base=base_sd, method=variant, r=r, return_info=True,
-                                       statistics=stats)
+            reused, r_info = merge(agents, base=base_sd, method=variant, r=r, return_info=True, statistics=stats)
             assert_bit_identical(reused, fresh)
             assert r_info.passes == 1 and r_info.lambdas == f_info.lambdas
     # ignored where no global counts are needed
-    assert_bit_identical(merge(agents, base=base_sd, method="ram", statistics=first.statistics),
-                         merge(agents, base=base_sd, method="ram"))
+    assert_bit_identical(
+        merge(agents, base=base_sd, method="ram", statistics=first.statistics),
+        merge(agents, base=base_sd, method="ram"),
+    )
 
 
 def test_statistics_of_other_inputs_are_refused(base_sd):
@@ -320,8 +331,10 @@ def test_statistics_of_other_inputs_are_refused(base_sd):
     _, info = merge(agents, base=base_sd, return_info=True)
     smaller = {k: v for k, v in base_sd.items() if k != "layers.1.w"}
     cases = [
-        (dict(models={"agent_1": agents[1], "agent_0": agents[0]}),
-         r"agents \['agent_0', 'agent_1'\], this merge has \['agent_1', 'agent_0'\]"),
+        (
+            dict(models={"agent_1": agents[1], "agent_0": agents[0]}),
+            r"agents \['agent_0', 'agent_1'\], this merge has \['agent_1', 'agent_0'\]",
+        ),
         (dict(models=agents[:1]), r"this merge has \['agent_0'\]"),
         (dict(models=agents, eps=1e-3), "counted with Activity"),
         (dict(models=agents, activity="changed"), "counted with Activity"),
@@ -340,8 +353,10 @@ def test_reused_statistics_of_changed_or_swapped_weights_are_refused_before_outp
 
     agents = make_agents(base_sd, [0.05, 0.5])
     _, info = merge(agents, base=base_sd, return_info=True)
-    assert len(info.statistics.fingerprint) == 32 and probe(agents, base=base_sd).statistics().fingerprint == \
-        info.statistics.fingerprint
+    assert (
+        len(info.statistics.fingerprint) == 32
+        and probe(agents, base=base_sd).statistics().fingerprint == info.statistics.fingerprint
+    )
     trained = {k: v.clone() for k, v in agents[1].items()}
     trained["layers.1.w"].view(-1)[-1] += 0.5  # the agent trained on: same names, same shapes
     out = tmp_path / "merged.safetensors"

@@ -20,8 +20,7 @@ import bench_stream
 
 # bf16 bytes: 700,000 / 74 / 614,400; with shard_bytes 800,000 the floors' output has two shards, [a, b] and [c]
 SHAPES = {"a.weight": (700, 500), "b.bias": (37,), "c.weight": (300, 1024)}
-SHARDS = {"model-00001-of-00002.safetensors": ["a.weight", "b.bias"],
-          "model-00002-of-00002.safetensors": ["c.weight"]}
+SHARDS = {"model-00001-of-00002.safetensors": ["a.weight", "b.bias"], "model-00002-of-00002.safetensors": ["c.weight"]}
 
 
 def _folders(root: Path, n: int) -> list[Path]:
@@ -32,8 +31,11 @@ def _folders(root: Path, n: int) -> list[Path]:
         folder.mkdir()
         weight_map = {}
         for shard, keys in SHARDS.items():
-            save_file({k: torch.randn(SHAPES[k], generator=g).to(torch.bfloat16) for k in keys}, str(folder / shard),
-                      metadata={"format": "pt"})
+            save_file(
+                {k: torch.randn(SHAPES[k], generator=g).to(torch.bfloat16) for k in keys},
+                str(folder / shard),
+                metadata={"format": "pt"},
+            )
             weight_map.update(dict.fromkeys(keys, shard))
         (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
         (folder / "config.json").write_text("{}")
@@ -52,13 +54,15 @@ def _read(folder: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("io", ["pread", "mmap"])
 @pytest.mark.parametrize("chunk", [bench_stream.FLOOR_CHUNK, 5000])
-def test_parallel_floor_writes_the_last_inputs_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, io: str,
-                                                     chunk: int) -> None:
+def test_parallel_floor_writes_the_last_inputs_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, io: str, chunk: int
+) -> None:
     monkeypatch.setattr(bench_stream, "FLOOR_CHUNK", chunk)
     folders = _folders(tmp_path, 3)
     out = tmp_path / "out"
     result = bench_stream.child_floor_parallel(
-        {"inputs": [str(f) for f in folders], "out": str(out), "io": io, "shard_bytes": 800_000})
+        {"inputs": [str(f) for f in folders], "out": str(out), "io": io, "shard_bytes": 800_000}
+    )
     assert result["workers"] >= 1 and result["t_end"] >= result["t_start"]
     assert sorted(p.name for p in out.glob("*.safetensors")) == sorted(SHARDS)
     got, want = _read(out), _read(folders[-1])
@@ -68,8 +72,9 @@ def test_parallel_floor_writes_the_last_inputs_bytes(tmp_path: Path, monkeypatch
         assert torch.equal(got[key].view(torch.int16), want[key].view(torch.int16)), key
     # the single-thread row writes the same bytes
     single = tmp_path / "single"
-    bench_stream.child_floor({"inputs": [str(f) for f in folders], "out": str(single), "io": "mmap",
-                              "shard_bytes": 800_000})
+    bench_stream.child_floor(
+        {"inputs": [str(f) for f in folders], "out": str(single), "io": "mmap", "shard_bytes": 800_000}
+    )
     for shard in SHARDS:
         assert (single / shard).read_bytes() == (out / shard).read_bytes()
 

@@ -56,7 +56,8 @@ class Spy(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, *args):
         opt = trainer.optimizers[0]
         pl_module.seen[trainer.global_step] = {
-            n: opt.state[p]["exp_avg_sq"].clone() for n, p in pl_module.named_parameters() if p in opt.state}
+            n: opt.state[p]["exp_avg_sq"].clone() for n, p in pl_module.named_parameters() if p in opt.state
+        }
 
 
 def _loader(seed):
@@ -68,8 +69,16 @@ def _loader(seed):
 def _fit(tmp_path, agent, seed, opt="adam", **kw):
     module = Net(opt)
     cb = RAMCallback(tmp_path / "store", agent, snapshot_every=2, evaluate=False, **kw)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[Spy(), cb])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Spy(), cb],
+    )
     trainer.fit(module, _loader(seed))
     return module, cb
 
@@ -99,7 +108,7 @@ def test_lightning_bias_correction_and_off(tmp_path: Path) -> None:
     snap = store.open("a", 4)
     name, v = next(iter(module.seen[4].items()))
     active = snap.get(name) != store.base_source().get(name)
-    assert torch.equal(snap.importance.get(name), _stored(v / (1 - 0.999 ** 4), active))
+    assert torch.equal(snap.importance.get(name), _stored(v / (1 - 0.999**4), active))
     _fit(tmp_path / "off", "a", 0, importance=None)
     assert SnapshotStore(tmp_path / "off" / "store").open("a", 4).importance is None
     assert RAMCallback(tmp_path / "off" / "store", "c", importance=None).schedule.importance is None
@@ -165,8 +174,9 @@ def test_trl_grpo_callback_stores_the_live_optimizers_exp_avg_sq(tmp_path: Path)
     class Spy(transformers.TrainerCallback):
         def on_step_end(self, args, state, control, model=None, optimizer=None, **kw):
             opt = getattr(optimizer, "optimizer", optimizer)
-            seen[state.global_step] = {n: opt.state[p]["exp_avg_sq"].clone()
-                                       for n, p in model.named_parameters() if p in opt.state}
+            seen[state.global_step] = {
+                n: opt.state[p]["exp_avg_sq"].clone() for n, p in model.named_parameters() if p in opt.state
+            }
 
     transformers.logging.set_verbosity_error()
     cb = RAMTrainerCallback(tmp_path / "store", "vowels", snapshot_every=2)
@@ -212,7 +222,7 @@ def test_verl_optimizer_file_reader_maps_exp_avg_sq_by_position(tmp_path: Path) 
     for n, p in model.named_parameters():
         assert torch.equal(imp[n], opt.state[p]["exp_avg_sq"])
     bc, _ = rank_importance(actor, 1, 0, keys, shapes, bias_correction=True)
-    assert torch.equal(bc["0.weight"], opt.state[model[0].weight]["exp_avg_sq"] / (1 - 0.99 ** 3.0))
+    assert torch.equal(bc["0.weight"], opt.state[model[0].weight]["exp_avg_sq"] / (1 - 0.99**3.0))
     # an optimizer over some parameters only (LoRA, frozen layers): the positions do not name them
     part = torch.optim.AdamW(model[2].parameters())
     model(torch.randn(2, 4)).sum().backward()
@@ -269,6 +279,10 @@ def test_fsdp2_dtensor_moments_are_stored_as_local_shards(tmp_path: Path) -> Non
 
     script = tmp_path / "fsdp2.py"
     script.write_text(_FSDP2_SCRIPT)
-    out = subprocess.run([sys.executable, str(script), str(tmp_path / "store"), str(29500 + os.getpid() % 400)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "store"), str(29500 + os.getpid() % 400)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "MATCHED 4 OF 4 VERSION 3" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]

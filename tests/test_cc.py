@@ -73,8 +73,9 @@ def test_a_call_builds_only_the_part_it_runs(compiler):
     out, planes = torch.empty_like(base), torch.empty(native.planes_numel(base.numel(), 3), dtype=torch.int32)
     kernels.merge_unscaled(out, base, agents, 1e-5, 0, base.numel(), planes, active, unique)
     _wait_for_prefetches()  # the rescale that RAM+ runs next is built meanwhile
-    assert _parts_built(compiler()) == sorted([0, native.PARTS["counts"][1], native.PARTS["merge_unscaled"][1],
-                                               native.PARTS["rescale"][1]])
+    assert _parts_built(compiler()) == sorted(
+        [0, native.PARTS["counts"][1], native.PARTS["merge_unscaled"][1], native.PARTS["rescale"][1]]
+    )
     before = len(compiler())
     kernels.counts(base, agents, 1e-5, 0, base.numel(), active, unique)
     native.build().counts(base, agents, 1e-5, 0, base.numel(), active, unique)
@@ -126,16 +127,31 @@ def test_the_parts_give_the_bits_of_the_whole_source_in_one_library(compiler):
         for lam in (None, lambdas):
             want, got = torch.empty_like(base), torch.empty_like(base)
             for sign in (False, True):
-                fn(code, base.data_ptr(), ptrs, k, None if lam is None else lam.data_ptr(), 1e-5, want.data_ptr(), 0,
-                   n, int(sign))
+                fn(
+                    code,
+                    base.data_ptr(),
+                    ptrs,
+                    k,
+                    None if lam is None else lam.data_ptr(),
+                    1e-5,
+                    want.data_ptr(),
+                    0,
+                    n,
+                    int(sign),
+                )
                 parts.merge(got, base, agents, lam, 1e-5, 0, n, sign=sign)
                 assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (dtype, lam, sign)
 
 
 @needs_cc
 def test_the_environment_switch_turns_every_family_off_at_any_time(monkeypatch):
-    loaders = {"ram": native.kernels, "importance": wnative.kernels, "probe": pnative.kernel,
-               "select": select_native.kernels, "crc32": crc_native.native_crc32}
+    loaders = {
+        "ram": native.kernels,
+        "importance": wnative.kernels,
+        "probe": pnative.kernel,
+        "select": select_native.kernels,
+        "crc32": crc_native.native_crc32,
+    }
     on = {name: loader() for name, loader in loaders.items()}
     assert on["ram"] is not None and on["importance"] is not None and on["probe"] is not None
     monkeypatch.setenv("RAM_LIVE_NATIVE", "0")
@@ -150,9 +166,11 @@ def broken_family(tmp_path, monkeypatch):
     """A family ``broken`` whose part 2 does not compile (parts 0 and 1 do)."""
     csrc = tmp_path / "csrc"
     csrc.mkdir()
-    (csrc / "broken.c").write_text("int part_zero(void) { return 7; }\n"
-                                   "#if RAM_PART == 1\nint part_one(int x) { return x + 1; }\n#endif\n"
-                                   "#if RAM_PART == 2\nint part_two(void) { return not C; }\n#endif\n")
+    (csrc / "broken.c").write_text(
+        "int part_zero(void) { return 7; }\n"
+        "#if RAM_PART == 1\nint part_one(int x) { return x + 1; }\n#endif\n"
+        "#if RAM_PART == 2\nint part_two(void) { return not C; }\n#endif\n"
+    )
     monkeypatch.setattr(cc, "CSRC", csrc)
     monkeypatch.setitem(cc.FAMILIES, "broken", cc.Family("broken.c", "broken", ("-O0",), entry_part=0))
     return "broken"
@@ -208,8 +226,9 @@ def test_a_part_that_does_not_build_falls_back_to_the_torch_path(tmp_path, monke
     import ram_live
 
     wrapper = tmp_path / "failing-cc"
-    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *-DRAM_PART=[1357]\\ *|*-DRAM_PART=[1357]) exit 1;; esac\n'
-                       f'exec {REAL_CC} "$@"\n')
+    wrapper.write_text(
+        f'#!/bin/sh\ncase "$*" in *-DRAM_PART=[1357]\\ *|*-DRAM_PART=[1357]) exit 1;; esac\nexec {REAL_CC} "$@"\n'
+    )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("CC", str(wrapper))
     monkeypatch.setenv("RAM_LIVE_CACHE", str(tmp_path / "cache"))
@@ -235,5 +254,7 @@ def test_a_part_that_does_not_build_falls_back_to_the_torch_path(tmp_path, monke
     got, info = ram_live.merge(agents, base=target, method=variant, inplace=inplace, return_info=True)
     assert info.extra["kernels"].get("native", 0) >= 1 and info.extra["kernels"].get("eager", 0) >= 1
     for (name, a), b in zip(want.state_dict().items(), got.state_dict().values()):
-        assert torch.equal(a.view(torch.uint8) if a.dtype == torch.bfloat16 else a,
-                           b.view(torch.uint8) if b.dtype == torch.bfloat16 else b), name
+        assert torch.equal(
+            a.view(torch.uint8) if a.dtype == torch.bfloat16 else a,
+            b.view(torch.uint8) if b.dtype == torch.bfloat16 else b,
+        ), name

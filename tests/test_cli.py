@@ -26,8 +26,25 @@ def test_probe_json_and_table(files, capsys):
 def test_merge_with_method_options(files, capsys):
     tmp, base, agents, paths = files
     out = tmp / "ties.safetensors"
-    code = main(["merge", *paths, "--base", str(tmp / "base.safetensors"), "--out", str(out), "--method", "ties",
-                 "-O", "density=0.3", "-O", "weights=[1, 2, 0.5]", "--dtype", "bf16", "--quiet"])
+    code = main(
+        [
+            "merge",
+            *paths,
+            "--base",
+            str(tmp / "base.safetensors"),
+            "--out",
+            str(out),
+            "--method",
+            "ties",
+            "-O",
+            "density=0.3",
+            "-O",
+            "weights=[1, 2, 0.5]",
+            "--dtype",
+            "bf16",
+            "--quiet",
+        ]
+    )
     assert code == 0
     expected = merge(agents, base=base, method="ties", density=0.3, weights=[1, 2, 0.5], dtype=torch.bfloat16)
     assert_bit_identical(load_file(out), expected)
@@ -36,8 +53,24 @@ def test_merge_with_method_options(files, capsys):
 def test_merge_with_the_sign_elected_shared_region(files):
     tmp, base, agents, paths = files
     out = tmp / "sign.safetensors"
-    assert main(["merge", *paths, "--base", str(tmp / "base.safetensors"), "--out", str(out), "--method", "ram_plus",
-                 "--shared", "sign", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "merge",
+                *paths,
+                "--base",
+                str(tmp / "base.safetensors"),
+                "--out",
+                str(out),
+                "--method",
+                "ram_plus",
+                "--shared",
+                "sign",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     expected = merge(agents, base=base, method="ram_plus", shared="sign")
     assert_bit_identical(load_file(out), expected)
     assert any(not torch.equal(expected[k], v) for k, v in merge(agents, base=base, method="ram_plus").items())
@@ -45,8 +78,9 @@ def test_merge_with_the_sign_elected_shared_region(files):
 
 def test_errors_are_one_line_with_exit_code(files, capsys):
     tmp, base, agents, paths = files
-    code = main(["merge", *paths, "--base", str(tmp / "base.safetensors"), "--out", str(tmp / "o"),
-                 "--method", "slerp"])
+    code = main(
+        ["merge", *paths, "--base", str(tmp / "base.safetensors"), "--out", str(tmp / "o"), "--method", "slerp"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "unknown merge method 'slerp'" in err
     code = main(["merge", paths[0], "--base", str(tmp / "missing"), "--out", str(tmp / "o")])
@@ -57,8 +91,21 @@ def test_errors_are_one_line_with_exit_code(files, capsys):
 
 def test_console_entry_point(files):
     tmp, base, agents, paths = files
-    result = subprocess.run([sys.executable, "-m", "ram_live", "merge", *paths, "--base",
-                             str(tmp / "base.safetensors"), "--out", str(tmp / "m")], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ram_live",
+            "merge",
+            *paths,
+            "--base",
+            str(tmp / "base.safetensors"),
+            "--out",
+            str(tmp / "m"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert "[merge] 5/5 tensors" in result.stderr and "lambda: coder=" in result.stdout
     assert (tmp / "m" / "model.safetensors").exists()
@@ -66,9 +113,26 @@ def test_console_entry_point(files):
 
 def test_torchrun_distributed_merge(files):
     tmp, base, agents, paths = files
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-           "ram_live", "merge", *paths, "--base", str(tmp / "base.safetensors"), "--out", str(tmp / "d"),
-           "--distributed", "--max-shard-size", "0.000001", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "ram_live",
+        "merge",
+        *paths,
+        "--base",
+        str(tmp / "base.safetensors"),
+        "--out",
+        str(tmp / "d"),
+        "--distributed",
+        "--max-shard-size",
+        "0.000001",
+        "--quiet",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     from ram_live.io.sources import SafetensorsSource
@@ -90,8 +154,7 @@ def test_stores_and_merge_from_a_store(tmp_path, base_sd, capsys):
     assert main(["stores", str(tmp_path / "store"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["snapshots"]
     assert {(r["agent"], r["step"]) for r in rows} == {("coder", 10), ("tools", 20)}
-    assert main(["merge", "--store", str(tmp_path / "store"), "--out", str(tmp_path / "m.safetensors"),
-                 "--quiet"]) == 0
+    assert main(["merge", "--store", str(tmp_path / "store"), "--out", str(tmp_path / "m.safetensors"), "--quiet"]) == 0
     expected = merge({n: agents[n] for n in sorted(agents)}, base=base_sd)
     assert_bit_identical(load_file(tmp_path / "m.safetensors"), expected)
     assert main(["merge", "--store", str(tmp_path / "store"), "--base", "x", "--out", str(tmp_path / "o")]) == 2

@@ -20,10 +20,17 @@ from ram_live.cli import main  # noqa: E402
 
 from tests.conftest import assert_bit_identical  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning",
-                                        "ignore::ram_live.peft.DenseDeltaWarning")
-LLAMA = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-             num_key_value_heads=1)
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::UserWarning", "ignore::FutureWarning", "ignore::ram_live.peft.DenseDeltaWarning"
+)
+LLAMA = dict(
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +57,12 @@ def test_merge_adapters_writes_what_the_api_writes(adapters, tmp_path, capsys):
     assert main([*argv, "--out", str(tmp_path / "cli"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     path, report = ram_merge_adapter_files(folders, tmp_path / "api", rank=4, sparsify=TopK(0.5), return_info=True)
-    assert_bit_identical(load_file(tmp_path / "cli" / "adapter_model.safetensors"),
-                         load_file(path / "adapter_model.safetensors"))
+    assert_bit_identical(
+        load_file(tmp_path / "cli" / "adapter_model.safetensors"), load_file(path / "adapter_model.safetensors")
+    )
     assert json.loads((tmp_path / "cli" / "adapter_config.json").read_text()) == json.loads(
-        (path / "adapter_config.json").read_text())
+        (path / "adapter_config.json").read_text()
+    )
     assert data["out"] == str(tmp_path / "cli") and data["adapters"] == ["code", "tool"]
     assert data["lambdas"] == report.lambdas and set(report.lambdas) == {"code", "tool"}
     PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / "cli")  # loadable by PEFT
@@ -62,15 +71,29 @@ def test_merge_adapters_writes_what_the_api_writes(adapters, tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err
     assert main([*argv, "--out", str(tmp_path / "cli"), "-q", "--force", "--method", "linear"]) == 0
     linear = ram_merge_adapter_files(folders, tmp_path / "api_linear", method="linear", rank=4, sparsify=TopK(0.5))
-    assert_bit_identical(load_file(tmp_path / "cli" / "adapter_model.safetensors"),
-                         load_file(linear / "adapter_model.safetensors"))
+    assert_bit_identical(
+        load_file(tmp_path / "cli" / "adapter_model.safetensors"), load_file(linear / "adapter_model.safetensors")
+    )
 
 
 def test_merge_adapters_into_the_base(adapters, tmp_path, capsys):
     tmp, base, folders = adapters
     out = tmp_path / "model.safetensors"
-    assert main(["merge-adapters", *map(str, folders.values()), "--into-base", "--base", str(tmp / "base"),
-                 "--out", str(out), "-q"]) == 0
+    assert (
+        main(
+            [
+                "merge-adapters",
+                *map(str, folders.values()),
+                "--into-base",
+                "--base",
+                str(tmp / "base"),
+                "--out",
+                str(out),
+                "-q",
+            ]
+        )
+        == 0
+    )
     expected = ram_merge_adapter_files(list(folders.values()), base=base.state_dict(), into_base=True)
     written = load_file(out)
     assert set(written) <= set(expected)

@@ -73,13 +73,15 @@ def test_help_on_every_option_and_every_method_listed():
 
 @pytest.mark.parametrize("argv", [["--help"], ["merge", "--help"], ["merge-adapters", "--help"], ["--version"]])
 def test_help_imports_no_torch(argv):
-    code = ("import sys, ram_live.cli\n"
-            "try:\n"
-            f"    ram_live.cli.main({argv!r})\n"
-            "except SystemExit as e:\n"
-            "    assert e.code == 0, e.code\n"
-            "heavy = [m for m in ('torch', 'safetensors', 'numpy') if m in sys.modules]\n"
-            "assert not heavy, heavy\n")
+    code = (
+        "import sys, ram_live.cli\n"
+        "try:\n"
+        f"    ram_live.cli.main({argv!r})\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "heavy = [m for m in ('torch', 'safetensors', 'numpy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "ram-live" in result.stdout
@@ -123,12 +125,43 @@ def test_json_of_probe_merge_stores_clean_and_search(files, capsys, monkeypatch)
     assert not stale.exists()
 
     monkeypatch.setenv("RAM_LIVE_TEST_BASE", b)
-    assert main(["search", *paths, "--base", b, "--eval", "test_cli_conventions:score", "--budget", "3",
-                 "--space", '["linear"]', "--out", str(tmp / "s"), "--json"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                *paths,
+                "--base",
+                b,
+                "--eval",
+                "test_cli_conventions:score",
+                "--budget",
+                "3",
+                "--space",
+                '["linear"]',
+                "--out",
+                str(tmp / "s"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result == json.loads((tmp / "s" / "search.json").read_text())
-    search = ["search", *paths, "--base", b, "--eval", "test_cli_conventions:score", "--budget", "2", "--space",
-              '["linear"]', "--out", str(tmp / "s"), "-q"]
+    search = [
+        "search",
+        *paths,
+        "--base",
+        b,
+        "--eval",
+        "test_cli_conventions:score",
+        "--budget",
+        "2",
+        "--space",
+        '["linear"]',
+        "--out",
+        str(tmp / "s"),
+        "-q",
+    ]
     (tmp / "s" / "mine.txt").write_text("old")
     assert main(search) == 2 and "not empty" in capsys.readouterr().err  # refused before searching
     assert main([*search, "--force"]) == 0
@@ -140,8 +173,12 @@ def test_json_of_merge_config(files, capsys):
     pytest.importorskip("yaml")
     tmp, base, agents, paths = files
     config = tmp / "ties.yml"
-    config.write_text("merge_method: ties\nbase_model: " + str(tmp / "base.safetensors") + "\nmodels:\n"
-                      + "".join(f"  - model: {p}\n    parameters: {{weight: 1.0, density: 0.5}}\n" for p in paths))
+    config.write_text(
+        "merge_method: ties\nbase_model: "
+        + str(tmp / "base.safetensors")
+        + "\nmodels:\n"
+        + "".join(f"  - model: {p}\n    parameters: {{weight: 1.0, density: 0.5}}\n" for p in paths)
+    )
     code = main(["merge", "--config", str(config), "--out", str(tmp / "c.safetensors"), "--json", "-q"])
     assert code == 0, capsys.readouterr().err
     data = json.loads(capsys.readouterr().out)
@@ -150,8 +187,19 @@ def test_json_of_merge_config(files, capsys):
 
 def test_errors_stay_one_line_on_stderr_with_json(files, capsys):
     tmp, base, agents, paths = files
-    code = main(["merge", *paths, "--base", str(tmp / "base.safetensors"), "--out", str(tmp / "o"),
-                 "--method", "slerp", "--json"])
+    code = main(
+        [
+            "merge",
+            *paths,
+            "--base",
+            str(tmp / "base.safetensors"),
+            "--out",
+            str(tmp / "o"),
+            "--method",
+            "slerp",
+            "--json",
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 2 and captured.out == "" and captured.err.count("\n") == 1 and "slerp" in captured.err
 
@@ -216,8 +264,21 @@ def test_replacing_never_removes_what_appeared_meanwhile(tmp_path):
 
 def test_distributed_force_is_refused(files, capsys):
     tmp, base, agents, paths = files
-    assert main(["merge", *paths, "--base", str(tmp / "base.safetensors"), "--out", str(tmp / "o"),
-                 "--distributed", "--force"]) == 2
+    assert (
+        main(
+            [
+                "merge",
+                *paths,
+                "--base",
+                str(tmp / "base.safetensors"),
+                "--out",
+                str(tmp / "o"),
+                "--distributed",
+                "--force",
+            ]
+        )
+        == 2
+    )
     assert "--distributed" in capsys.readouterr().err
 
 
@@ -238,9 +299,10 @@ def test_probe_table_columns_fit_any_rho(files):
     lambdas = report.agents[names[0]].lambdas
     # rho = shared / unique: 61728 / 5, 10 / 0 (no unique entry), 0 / 7
     for name, (active, unique) in zip(names, [(61733, 5), (10, 0), (7, 7)]):
-        report.agents[name] = dataclasses.replace(report.agents[name], total=10**6, active=active, unique=unique,
-                                                  lambdas=lambdas)
-    lines = report.table().splitlines()[:2 + len(names)]
+        report.agents[name] = dataclasses.replace(
+            report.agents[name], total=10**6, active=active, unique=unique, lambdas=lambdas
+        )
+    lines = report.table().splitlines()[: 2 + len(names)]
     header, rule, rows = lines[0], lines[1], lines[2:]
     assert {len(line) for line in lines} == {len(header)} and set(rule) == {"-"}
     end = header.index("rho") + len("rho")  # right-aligned: every rho ends under the header's
@@ -248,4 +310,3 @@ def test_probe_table_columns_fit_any_rho(files):
     assert cells == ["12345.600", "inf", "0.000"]
     assert [row.split()[:2] for row in rows] == [[n, f"{report.agents[n].active:,}"] for n in names]
     assert json.dumps(jsonable({"rho": math.inf}), allow_nan=False) == '{"rho": "inf"}'
-

@@ -13,16 +13,24 @@ from ram_live.kernels import cc
 from ram_live.store import native_codes as codes_native
 from ram_live.errors import InputMismatchError
 from ram_live.store.encoding import Encoded, pack_bits
-from ram_live.store.importance_codes import (decode_piece, decode_piece_torch, encode_active, encode_active_torch,
-                                       quantize)
+from ram_live.store.importance_codes import (
+    decode_piece,
+    decode_piece_torch,
+    encode_active,
+    encode_active_torch,
+    quantize,
+)
 
 
 def _builds():
     if not cc.native_enabled():
         return []
     host = cc.host_level()
-    levels = [lv for lv in ("avx512", "avx2", "neon", "scalar")
-              if lv == host or lv == "scalar" or (lv == "avx2" and host == "avx512")]
+    levels = [
+        lv
+        for lv in ("avx512", "avx2", "neon", "scalar")
+        if lv == host or lv == "scalar" or (lv == "avx2" and host == "avx512")
+    ]
     return [(lv, codes_native.build(list(cc.flags(lv)))) for lv in levels]
 
 
@@ -37,8 +45,9 @@ def _values(n: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     e = torch.rand(n, generator=g, dtype=torch.float64) * 277 - 149
     h = torch.exp2(e).clamp_(max=3.4e38).float()
-    special = torch.tensor([0.0, -0.0, 1e-45, 1.1754942e-38, 1.1754944e-38, 3.4028235e38, 1.0, 2.0, 0.75,
-                            1.0625, 1.0624999, 1.1875001])
+    special = torch.tensor(
+        [0.0, -0.0, 1e-45, 1.1754942e-38, 1.1754944e-38, 3.4028235e38, 1.0, 2.0, 0.75, 1.0625, 1.0624999, 1.1875001]
+    )
     pick = torch.randint(0, n, (min(n, 64),), generator=g)
     h[pick] = special[torch.randint(0, len(special), (len(pick),), generator=g)]
     return h
@@ -92,7 +101,7 @@ def test_codes_match_torch(level, dtype, n):
 def test_codes_hand_computed():
     """Codes of a piece with maximum 2.0 (octave 1024 + 8 = 1032): q = octave + 255 - 1032, at least 1, 0 for 0."""
     lib = codes_native.kernels()
-    h = torch.tensor([2.0, 1.0, 1.0625, 1.0624999, 0.0, -0.0, 1e-45, 2.0 ** -40, 1.5])
+    h = torch.tensor([2.0, 1.0, 1.0625, 1.0624999, 0.0, -0.0, 1e-45, 2.0**-40, 1.5])
     codes, m = lib.encode(h, "dense", None, h.numel())
     # 1.0625 = 1 + 1/16 rounds up to 1 + 1/8 (ties away from zero in the integer rounding); 2^-40: 41 octaves
     # below the maximum, past the 31.75 kept: code 1
@@ -115,8 +124,7 @@ def test_growing_maximum_matches_torch(level, order):
         h[-1] = 1e30
     mask = torch.rand(n, generator=torch.Generator().manual_seed(2)) < 0.6
     idx = mask.nonzero().view(-1)
-    for kind, pos, active in (("dense", None, h), ("bitmask", pack_bits(mask), h[mask]),
-                              ("indices64", idx, h[mask])):
+    for kind, pos, active in (("dense", None, h), ("bitmask", pack_bits(mask), h[mask]), ("indices64", idx, h[mask])):
         got = lib.encode(h, kind, pos, active.numel())
         want = quantize(active)
         assert torch.equal(got[0], want[0]) and got[1] == want[1], (kind, order)

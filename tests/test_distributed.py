@@ -29,14 +29,20 @@ def _run(rank: int, world: int, store: str, fn, args) -> None:
 
 def spawn(fn, *args, world: int = 2) -> None:
     with tempfile.TemporaryDirectory(prefix="ram_live_dist_") as tmp:
-        mp.start_processes(_run, args=(world, os.path.join(tmp, "store"), fn, args), nprocs=world,
-                           start_method="spawn")
+        mp.start_processes(_run, args=(world, os.path.join(tmp, "store"), fn, args), nprocs=world, start_method="spawn")
 
 
 def _split_merge(rank, tmp, method, options):
     paths = [str(tmp / f"a{i}.safetensors") for i in range(3)]
-    merge(paths, base=str(tmp / "base.safetensors"), method=method, out=tmp / f"dist-{method}",
-          process_group=True, max_shard_bytes=600, **options)
+    merge(
+        paths,
+        base=str(tmp / "base.safetensors"),
+        method=method,
+        out=tmp / f"dist-{method}",
+        process_group=True,
+        max_shard_bytes=600,
+        **options,
+    )
 
 
 @pytest.mark.parametrize("method,options", [("ram_plus", {}), ("dare_ties", {"density": 0.5})])

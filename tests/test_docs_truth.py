@@ -31,8 +31,11 @@ def rel(path: Path) -> str:
 def source_strings(path: Path) -> list[tuple[int, str]]:
     """Every string constant of a Python file (docstrings, messages; implicit concatenations joined), by line."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
 
 
 def texts(paths: list[Path], *, strings_of_sources: bool) -> list[tuple[str, str]]:
@@ -56,11 +59,13 @@ EXTRAS_OF_OURS = re.compile(r"""(?<![\w-])(?:\.|ram[-_]live)\[([^\]]*)\]""")
 def hint_problems(where: str, text: str) -> list[str]:
     problems = []
     for match in re.finditer(r"ram[-_]live\[", text):
-        problems.append(f"{where}: {text[match.start():match.start() + 30]!r}: ram-live is not on PyPI; "
-                        'install from the clone: pip install -e ".[extra]"')
+        problems.append(
+            f"{where}: {text[match.start() : match.start() + 30]!r}: ram-live is not on PyPI; "
+            'install from the clone: pip install -e ".[extra]"'
+        )
     for match in HINT.finditer(text):
         hint = match.group(0).strip()
-        line = text[match.start():].split("\n", 1)[0]
+        line = text[match.start() :].split("\n", 1)[0]
         for extras in EXTRAS_OF_OURS.findall(line):
             unknown = sorted({e.strip() for e in extras.split(",")} - EXTRAS)
             if unknown:
@@ -76,13 +81,13 @@ def hint_problems(where: str, text: str) -> list[str]:
             if arg.startswith("ram"):
                 problems.append(f"{where}: {hint!r} installs ram-live by name; it is not on PyPI")
             elif arg.startswith(".") and (i == 0 or args[i - 1] not in {"-e", "--editable"}):
-                problems.append(f"{where}: {hint!r}: install the clone editable, as pip install -e \".[extra]\"")
+                problems.append(f'{where}: {hint!r}: install the clone editable, as pip install -e ".[extra]"')
     return problems
 
 
 def test_hint_checker_catches_what_it_should():
     assert not hint_problems("x", 'pip install -e ".[hf,peft]"   # core')
-    assert not hint_problems("x", "needs lm-eval: pip install -e \".[lm-eval]\" (in the ram-live clone)")
+    assert not hint_problems("x", 'needs lm-eval: pip install -e ".[lm-eval]" (in the ram-live clone)')
     assert not hint_problems("x", "pip install torch==2.13.0")
     assert hint_problems("x", "pip install 'ram-live[trl]'")
     assert hint_problems("x", "pip install 'ram_live[trl]'")
@@ -106,8 +111,10 @@ FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(ram_live[\w.]*)[ \t]+import[ \t]+(\
 
 def code_of(text: str) -> str:
     """The code blocks and code spans of a markdown page, one per line."""
-    return "\n".join([m.group(0) for m in FENCE.finditer(text)]
-                     + [m.group(0)[1:-1] for m in INLINE_CODE.finditer(FENCE.sub("", text))])
+    return "\n".join(
+        [m.group(0) for m in FENCE.finditer(text)]
+        + [m.group(0)[1:-1] for m in INLINE_CODE.finditer(FENCE.sub("", text))]
+    )
 
 
 def resolves(name: str) -> str | None:
@@ -199,5 +206,6 @@ def test_no_internal_issue_numbers(kind):
     else:
         sources = texts(SOURCES, strings_of_sources=True)
     found = [f"{where}: {ref!r}" for where, text in sources for ref in issue_references(text)]
-    assert not found, ("internal issue numbers a user cannot look up (say the measurement or the reason):\n"
-                       + "\n".join(found))
+    assert not found, "internal issue numbers a user cannot look up (say the measurement or the reason):\n" + "\n".join(
+        found
+    )

@@ -35,12 +35,22 @@ from typing import Any
 
 import pytest
 
-MODULES = ["ram_live", "ram_live.integrations.lightning", "ram_live.integrations.transformers",
-           "ram_live.integrations.verl", "ram_live.evaluate", "ram_live.peft"]
+MODULES = [
+    "ram_live",
+    "ram_live.integrations.lightning",
+    "ram_live.integrations.transformers",
+    "ram_live.integrations.verl",
+    "ram_live.evaluate",
+    "ram_live.peft",
+]
 
 #: classes that entry points hand out and whose public methods users call (module, name)
-HANDED_OUT = [("ram_live.store", "StoreBase"), ("ram_live.store", "SnapshotInfo"),
-              ("ram_live.store", "VerifyReport"), ("ram_live.training.search", "SearchSetting")]
+HANDED_OUT = [
+    ("ram_live.store", "StoreBase"),
+    ("ram_live.store", "SnapshotInfo"),
+    ("ram_live.store", "VerifyReport"),
+    ("ram_live.training.search", "SearchSetting"),
+]
 
 #: helpers whose call means the caller raises a ConfigError on a bad option
 CHECKS = re.compile(r"\b(check_[a-z_]+|_check[a-z_]*|parse_[a-z_]+|load_callable)\(")
@@ -50,63 +60,134 @@ CHECKS = re.compile(r"\b(check_[a-z_]+|_check[a-z_]*|parse_[a-z_]+|load_callable
 # selection/run.py, training/schedule.py and the importance parts of selection/ and training/); their docstrings
 # get their sections with that move. Remove each skip as it lands.
 SKIP = {
-    "ram_live.merge", "ram_live.ram_merge", "ram_live.merge_task_vectors",  # api.py
-    "ram_live.RamConfig", "ram_live.Unit", "ram_live.RhoClip", "ram_live.RhoSoft", "ram_live.Given",  # ram config
-    "ram_live.LinearConfig", "ram_live.TaskArithmeticConfig", "ram_live.TiesConfig",  # methods/*
-    "ram_live.DareLinearConfig", "ram_live.DareTiesConfig", "ram_live.register_method", "ram_live.get_method",
+    "ram_live.merge",
+    "ram_live.ram_merge",
+    "ram_live.merge_task_vectors",  # api.py
+    "ram_live.RamConfig",
+    "ram_live.Unit",
+    "ram_live.RhoClip",
+    "ram_live.RhoSoft",
+    "ram_live.Given",  # ram config
+    "ram_live.LinearConfig",
+    "ram_live.TaskArithmeticConfig",
+    "ram_live.TiesConfig",  # methods/*
+    "ram_live.DareLinearConfig",
+    "ram_live.DareTiesConfig",
+    "ram_live.register_method",
+    "ram_live.get_method",
     "ram_live.available_methods",
-    "ram_live.adam_importance", "ram_live.empirical_fisher",  # importance
+    "ram_live.adam_importance",
+    "ram_live.empirical_fisher",  # importance
     "ram_live.search",  # selection/run.py
-    "ram_live.RAMSchedule", "ram_live.MergeResult",  # training/schedule.py
+    "ram_live.RAMSchedule",
+    "ram_live.MergeResult",  # training/schedule.py
 }
 
 
 #: entry points whose sections are not written yet (issue 33): each is still checked to lack one, so a name leaves
 #: this list when its docstring is complete (the test says which); add none.
 PENDING = {
-    "ram_live.Activity", "ram_live.Activity.threshold_for", "ram_live.AdapterMergeReport",
-    "ram_live.AdapterMergeReport.table", "ram_live.AdapterMergeReport.to_dict", "ram_live.MergeInfo",
-    "ram_live.MergeInfo.count_kernel", "ram_live.MergekitPlan.config", "ram_live.MergekitPlan.kwargs",
-    "ram_live.MergekitPlan.merge", "ram_live.ProbeReport", "ram_live.ProbeReport.layers",
-    "ram_live.ProbeReport.plot", "ram_live.ProbeReport.statistics", "ram_live.ProbeReport.table",
-    "ram_live.ProbeReport.to_dict", "ram_live.RelativeThreshold", "ram_live.RelativeThreshold.cut",
-    "ram_live.Snapshot", "ram_live.Snapshot.aliases", "ram_live.Snapshot.base_source", "ram_live.Snapshot.get",
-    "ram_live.Snapshot.get_box", "ram_live.Snapshot.keys", "ram_live.Snapshot.records",
-    "ram_live.Snapshot.restrict", "ram_live.Snapshot.spec", "ram_live.Snapshot.stored",
-    "ram_live.Snapshot.to_state_dict", "ram_live.Snapshot.verify", "ram_live.SnapshotStore.compose_manifest",
-    "ram_live.TopK", "ram_live.TopK.cut", "ram_live.evaluate.LmEval", "ram_live.evaluate.Prompts",
-    "ram_live.evaluate.Prompts.where", "ram_live.evaluate.Rewards", "ram_live.evaluate.Rewards.aggregate",
-    "ram_live.evaluate.Rewards.details", "ram_live.evaluate.Rewards.logged_metrics",
-    "ram_live.evaluate.Rewards.prompt_scores", "ram_live.evaluate.Rewards.prompt_tasks",
-    "ram_live.evaluate.Rewards.score", "ram_live.evaluate.compute_score", "ram_live.evaluate.lm_eval",
-    "ram_live.evaluate.load_prompts", "ram_live.evaluate.pass_at_k", "ram_live.evaluate.rewards",
-    "ram_live.from_mergekit_yaml", "ram_live.integrations.lightning.RAMCallback",
+    "ram_live.Activity",
+    "ram_live.Activity.threshold_for",
+    "ram_live.AdapterMergeReport",
+    "ram_live.AdapterMergeReport.table",
+    "ram_live.AdapterMergeReport.to_dict",
+    "ram_live.MergeInfo",
+    "ram_live.MergeInfo.count_kernel",
+    "ram_live.MergekitPlan.config",
+    "ram_live.MergekitPlan.kwargs",
+    "ram_live.MergekitPlan.merge",
+    "ram_live.ProbeReport",
+    "ram_live.ProbeReport.layers",
+    "ram_live.ProbeReport.plot",
+    "ram_live.ProbeReport.statistics",
+    "ram_live.ProbeReport.table",
+    "ram_live.ProbeReport.to_dict",
+    "ram_live.RelativeThreshold",
+    "ram_live.RelativeThreshold.cut",
+    "ram_live.Snapshot",
+    "ram_live.Snapshot.aliases",
+    "ram_live.Snapshot.base_source",
+    "ram_live.Snapshot.get",
+    "ram_live.Snapshot.get_box",
+    "ram_live.Snapshot.keys",
+    "ram_live.Snapshot.records",
+    "ram_live.Snapshot.restrict",
+    "ram_live.Snapshot.spec",
+    "ram_live.Snapshot.stored",
+    "ram_live.Snapshot.to_state_dict",
+    "ram_live.Snapshot.verify",
+    "ram_live.SnapshotStore.compose_manifest",
+    "ram_live.TopK",
+    "ram_live.TopK.cut",
+    "ram_live.evaluate.LmEval",
+    "ram_live.evaluate.Prompts",
+    "ram_live.evaluate.Prompts.where",
+    "ram_live.evaluate.Rewards",
+    "ram_live.evaluate.Rewards.aggregate",
+    "ram_live.evaluate.Rewards.details",
+    "ram_live.evaluate.Rewards.logged_metrics",
+    "ram_live.evaluate.Rewards.prompt_scores",
+    "ram_live.evaluate.Rewards.prompt_tasks",
+    "ram_live.evaluate.Rewards.score",
+    "ram_live.evaluate.compute_score",
+    "ram_live.evaluate.lm_eval",
+    "ram_live.evaluate.load_prompts",
+    "ram_live.evaluate.pass_at_k",
+    "ram_live.evaluate.rewards",
+    "ram_live.from_mergekit_yaml",
+    "ram_live.integrations.lightning.RAMCallback",
     "ram_live.integrations.lightning.RAMCallback.merge_now",
     "ram_live.integrations.lightning.RAMCallback.should_merge",
     "ram_live.integrations.lightning.RAMCallback.should_snapshot",
     "ram_live.integrations.transformers.RAMTrainerCallback",
     "ram_live.integrations.transformers.RAMTrainerCallback.bind",
     "ram_live.integrations.transformers.RAMTrainerCallback.merge_now",
-    "ram_live.integrations.verl.ActorCheckpoint", "ram_live.integrations.verl.ActorCheckpoint.iter_shards",
-    "ram_live.integrations.verl.ActorCheckpoint.load", "ram_live.integrations.verl.ActorCheckpoint.shards",
+    "ram_live.integrations.verl.ActorCheckpoint",
+    "ram_live.integrations.verl.ActorCheckpoint.iter_shards",
+    "ram_live.integrations.verl.ActorCheckpoint.load",
+    "ram_live.integrations.verl.ActorCheckpoint.shards",
     "ram_live.integrations.verl.RAMCheckpointCallback",
-    "ram_live.integrations.verl.RAMCheckpointCallback.on_save", "ram_live.integrations.verl.RAMTrainerMixin",
-    "ram_live.integrations.verl.RAMVerl", "ram_live.integrations.verl.RAMVerl.merge",
-    "ram_live.integrations.verl.RAMVerl.on_save", "ram_live.integrations.verl.RAMVerl.out_dtype",
-    "ram_live.integrations.verl.RAMVerl.prepare", "ram_live.integrations.verl.RAMVerl.save_index",
-    "ram_live.integrations.verl.RAMVerl.should_merge", "ram_live.integrations.verl.RAMVerl.should_snapshot",
-    "ram_live.integrations.verl.RAMVerl.snapshot", "ram_live.integrations.verl.RAMVerlHooks",
-    "ram_live.integrations.verl.RAMVerlHooks.on_save", "ram_live.integrations.verl.RAMVerlOptions",
-    "ram_live.integrations.verl.RAMVerlOptions.keys", "ram_live.integrations.verl.RAMVerlOptions.lora_rule",
-    "ram_live.integrations.verl.RAMVerlOptions.validate", "ram_live.integrations.verl.find_checkpoints",
-    "ram_live.integrations.verl.main", "ram_live.integrations.verl.options_from_mapping",
-    "ram_live.integrations.verl.options_from_verl", "ram_live.lora_deltas", "ram_live.peft.ModuleReport",
-    "ram_live.peft.Refactored", "ram_live.peft.SvdOptions.names", "ram_live.peft.SvdOptions.of",
-    "ram_live.peft.SvdOptions.take", "ram_live.ram_merge_adapter_files", "ram_live.ram_merge_adapters",
-    "ram_live.refactor", "ram_live.store.StoreBase", "ram_live.store.StoreBase.aliases",
-    "ram_live.store.StoreBase.get", "ram_live.store.StoreBase.get_box", "ram_live.store.StoreBase.keys",
-    "ram_live.store.StoreBase.records", "ram_live.store.StoreBase.spec", "ram_live.store.StoreBase.verify",
+    "ram_live.integrations.verl.RAMCheckpointCallback.on_save",
+    "ram_live.integrations.verl.RAMTrainerMixin",
+    "ram_live.integrations.verl.RAMVerl",
+    "ram_live.integrations.verl.RAMVerl.merge",
+    "ram_live.integrations.verl.RAMVerl.on_save",
+    "ram_live.integrations.verl.RAMVerl.out_dtype",
+    "ram_live.integrations.verl.RAMVerl.prepare",
+    "ram_live.integrations.verl.RAMVerl.save_index",
+    "ram_live.integrations.verl.RAMVerl.should_merge",
+    "ram_live.integrations.verl.RAMVerl.should_snapshot",
+    "ram_live.integrations.verl.RAMVerl.snapshot",
+    "ram_live.integrations.verl.RAMVerlHooks",
+    "ram_live.integrations.verl.RAMVerlHooks.on_save",
+    "ram_live.integrations.verl.RAMVerlOptions",
+    "ram_live.integrations.verl.RAMVerlOptions.keys",
+    "ram_live.integrations.verl.RAMVerlOptions.lora_rule",
+    "ram_live.integrations.verl.RAMVerlOptions.validate",
+    "ram_live.integrations.verl.find_checkpoints",
+    "ram_live.integrations.verl.main",
+    "ram_live.integrations.verl.options_from_mapping",
+    "ram_live.integrations.verl.options_from_verl",
+    "ram_live.lora_deltas",
+    "ram_live.peft.ModuleReport",
+    "ram_live.peft.Refactored",
+    "ram_live.peft.SvdOptions.names",
+    "ram_live.peft.SvdOptions.of",
+    "ram_live.peft.SvdOptions.take",
+    "ram_live.ram_merge_adapter_files",
+    "ram_live.ram_merge_adapters",
+    "ram_live.refactor",
+    "ram_live.store.StoreBase",
+    "ram_live.store.StoreBase.aliases",
+    "ram_live.store.StoreBase.get",
+    "ram_live.store.StoreBase.get_box",
+    "ram_live.store.StoreBase.keys",
+    "ram_live.store.StoreBase.records",
+    "ram_live.store.StoreBase.spec",
+    "ram_live.store.StoreBase.verify",
 }
+
 
 def _is_exempt_class(obj: Any) -> bool:
     return isinstance(obj, type) and issubclass(obj, BaseException)

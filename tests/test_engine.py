@@ -105,8 +105,13 @@ def test_base_of_another_architecture():
 
 def test_bad_options(base_sd):
     agents = make_agents(base_sd, [0.5])
-    for kwargs, match in [({"method": "ram++"}, "unknown merge method"), ({"activity": "rel"}, "activity"),
-                          ({"rho_scope": "layer"}, "rho_scope"), ({"eps": -1.0}, "eps"), ({"r": -0.1}, "r must")]:
+    for kwargs, match in [
+        ({"method": "ram++"}, "unknown merge method"),
+        ({"activity": "rel"}, "activity"),
+        ({"rho_scope": "layer"}, "rho_scope"),
+        ({"eps": -1.0}, "eps"),
+        ({"r": -0.1}, "r must"),
+    ]:
         with pytest.raises(RamLiveError, match=match):
             merge(agents, base=base_sd, **kwargs)
     with pytest.raises(RamLiveError, match="inplace"):
@@ -182,8 +187,9 @@ def test_in_place_merge_that_overflows_leaves_the_base_untouched(dtype):
     """Finite inputs whose merged value leaves the dtype's range: NonFiniteError naming the tensor, before the first
     write into the base (the first layer, merged first, fits: it must not be written either)."""
     base, agents = _overflowing(dtype)
-    err = _expect(NonFiniteError, r"tensor '1\.weight': the merged value at flat index 0 overflows", agents, base,
-                  inplace=True)
+    err = _expect(
+        NonFiniteError, r"tensor '1\.weight': the merged value at flat index 0 overflows", agents, base, inplace=True
+    )
     assert err.key == "1.weight"
     _expect(NonFiniteError, "merged value at flat index 0 overflows", agents, base)  # a new module
     merged, info = merge(agents, base=base, inplace=True, method="ram", return_info=True)  # λ = 1: fits
@@ -199,8 +205,12 @@ def test_other_methods_check_what_they_write(base_sd, method):
     agents = make_agents(base, [1.0, 1.0], scale=0.05)
     for a in agents:
         a["layers.1.w"][0, 0] = 6e4
-    options = {"task_arithmetic": dict(scale=2.0), "linear": dict(weights=[1.5, 1.5], normalize=False),
-               "ties": dict(density=1.0, scale=2.0), "dare_linear": dict(density=0.999, scale=2.0)}[method]
+    options = {
+        "task_arithmetic": dict(scale=2.0),
+        "linear": dict(weights=[1.5, 1.5], normalize=False),
+        "ties": dict(density=1.0, scale=2.0),
+        "dare_linear": dict(density=0.999, scale=2.0),
+    }[method]
     before = [snapshot(a) for a in (*agents, base)]
     with pytest.raises(NonFiniteError, match=r"tensor 'layers\.1\.w': the merged value at flat index 0 overflows"):
         merge(agents, base=base, method=method, **options)
@@ -253,8 +263,13 @@ def test_an_agent_that_unties_what_the_base_ties_is_an_error():
     base[1].weight = base[0].weight
     agent = copy.deepcopy(base)
     agent[1].weight = nn.Parameter(agent[0].weight.detach() + 1.0)
-    err = _expect(InputMismatchError, r"tensor '1\.weight': agent 'agent_0' holds other values there than under "
-                  r"'0\.weight'", [agent], base)
+    err = _expect(
+        InputMismatchError,
+        r"tensor '1\.weight': agent 'agent_0' holds other values there than under "
+        r"'0\.weight'",
+        [agent],
+        base,
+    )
     assert err.agent == "agent_0" and err.key == "1.weight"
     same = {k: v.clone() for k, v in agent.state_dict().items()}  # untied copies, equal values: fine
     same["1.weight"] = same["0.weight"].clone()
@@ -267,8 +282,9 @@ def test_a_non_finite_buffer_of_the_base_is_an_error():
     agent = copy.deepcopy(base)
     with torch.no_grad():
         base[1].running_mean[2] = float("nan")
-    err = _expect(NonFiniteError, r"tensor '1\.running_mean' of the base \(a buffer.*nan at flat index 2", [agent],
-                  base)
+    err = _expect(
+        NonFiniteError, r"tensor '1\.running_mean' of the base \(a buffer.*nan at flat index 2", [agent], base
+    )
     assert err.agent == "base"
 
 
@@ -276,8 +292,15 @@ def test_tied_module_with_folders_that_leave_the_tied_name_out(tmp_path):
     """save_pretrained leaves a tied head out of the folder: a tied module base with folder agents, and a folder
     base with tied module agents, merge as the modules do."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     base = transformers.LlamaForCausalLM(config)
     agents = []

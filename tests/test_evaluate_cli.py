@@ -17,7 +17,7 @@ from ram_live.cli import main
 import evaluate_helpers as h
 from evaluate_helpers import ANSWERS, PROMPTS
 
-REWARDS = '''
+REWARDS = """
 def length(prompts, completions, **kwargs):
     return [float(len(c)) for c in completions]
 
@@ -28,7 +28,7 @@ def starts_right(completions, answer):
 
 def broken(completions, **kwargs):
     return [1.0] * (len(completions) + 1)
-'''
+"""
 
 
 @pytest.fixture
@@ -38,8 +38,10 @@ def folders(tmp_path, monkeypatch):
     tok.save_pretrained(tmp_path / "base")
     for i, name in enumerate(["coder", "tools"]):
         g = torch.Generator().manual_seed(10 + i)
-        sd = {k: v + (torch.rand(v.shape, generator=g) < 0.3) * torch.randn(v.shape, generator=g) * 0.5
-              for k, v in base.state_dict().items()}
+        sd = {
+            k: v + (torch.rand(v.shape, generator=g) < 0.3) * torch.randn(v.shape, generator=g) * 0.5
+            for k, v in base.state_dict().items()
+        }
         (tmp_path / name).mkdir()
         save_file(sd, str(tmp_path / name / "model.safetensors"))
     with open(tmp_path / "prompts.jsonl", "w") as f:
@@ -52,9 +54,24 @@ def folders(tmp_path, monkeypatch):
 
 
 def args(tmp, *extra):
-    return ["search", f"coder={tmp / 'coder'}", f"tools={tmp / 'tools'}", "--base", str(tmp / "base"),
-            "--prompts", str(tmp / "prompts.jsonl"), "--max-new-tokens", "6", "--budget", "3",
-            "--space", '["task_arithmetic"]', "--out", str(tmp / "best"), *extra]
+    return [
+        "search",
+        f"coder={tmp / 'coder'}",
+        f"tools={tmp / 'tools'}",
+        "--base",
+        str(tmp / "base"),
+        "--prompts",
+        str(tmp / "prompts.jsonl"),
+        "--max-new-tokens",
+        "6",
+        "--budget",
+        "3",
+        "--space",
+        '["task_arithmetic"]',
+        "--out",
+        str(tmp / "best"),
+        *extra,
+    ]
 
 
 def test_search_with_a_reward_function_end_to_end(folders, capsys):
@@ -64,10 +81,10 @@ def test_search_with_a_reward_function_end_to_end(folders, capsys):
     data = json.loads((tmp / "best" / "search.json").read_text())
     winner = h.transformers.AutoModelForCausalLM.from_pretrained(tmp / "best")
     tok = h.transformers.AutoTokenizer.from_pretrained(tmp / "best")
-    completions = [tok.decode(h.greedy(winner, tok, tok(p)["input_ids"], 6), skip_special_tokens=True)
-                   for p in PROMPTS]
-    expected = sum(float(len(c)) + (1.0 if c.startswith(a[:1]) else 0.0)
-                   for c, a in zip(completions, ANSWERS)) / len(PROMPTS)
+    completions = [tok.decode(h.greedy(winner, tok, tok(p)["input_ids"], 6), skip_special_tokens=True) for p in PROMPTS]
+    expected = sum(float(len(c)) + (1.0 if c.startswith(a[:1]) else 0.0) for c, a in zip(completions, ANSWERS)) / len(
+        PROMPTS
+    )
     assert data["best_score"] == expected and 0 < expected
     assert len({t["score"] for t in data["history"]}) > 1, data["history"]  # the candidates score differently
 
@@ -107,10 +124,14 @@ def test_a_reward_module_that_exits_while_imported_is_an_error_not_a_silent_succ
     assert not (tmp / "best").exists()
 
 
-@pytest.mark.parametrize("content, message", [
-    (b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n', "line 2: not UTF-8"),
-    (b'{"prompt": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "line 1: nested too deeply"),
-], ids=["latin-1 byte", "deep nesting"])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n', "line 2: not UTF-8"),
+        (b'{"prompt": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "line 1: nested too deeply"),
+    ],
+    ids=["latin-1 byte", "deep nesting"],
+)
 def test_a_bad_prompts_file_is_one_line_and_writes_nothing(folders, capsys, content, message):
     # the library's checks (ram_live/evaluate/prompts.py) seen through the command: one line, no traceback, no --out
     tmp = folders
@@ -150,8 +171,14 @@ def test_quiet_silences_transformers_first_imported_by_the_command(folders):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
     env.pop("TRANSFORMERS_VERBOSITY", None)
-    done = subprocess.run([sys.executable, "-m", "ram_live", *args(tmp, "--reward", "toy_rewards:length", "--quiet")],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "ram_live", *args(tmp, "--reward", "toy_rewards:length", "--quiet")],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert not [b for b in BAR if b in done.stderr], done.stderr
     assert done.stdout == "" and (tmp / "best" / "search.json").is_file()
@@ -164,16 +191,30 @@ def test_search_by_task_with_a_prompt_budget_and_the_race(folders, capsys):
     with open(tmp / "prompts.jsonl", "w") as f:
         for i, (p, a) in enumerate(zip(PROMPTS, ANSWERS)):
             f.write(json.dumps({"prompt": p, "answer": a, "kind": "even" if i % 2 == 0 else "odd"}) + "\n")
-    code = main(args(tmp, "--reward", "toy_rewards:length", "--task", "kind", "--fidelity", "halving",
-                     "--budget", "4x", "--space", '["task_arithmetic", "ties"]'))
+    code = main(
+        args(
+            tmp,
+            "--reward",
+            "toy_rewards:length",
+            "--task",
+            "kind",
+            "--fidelity",
+            "halving",
+            "--budget",
+            "4x",
+            "--space",
+            '["task_arithmetic", "ties"]',
+        )
+    )
     assert code == 0, capsys.readouterr().err
     data = json.loads((tmp / "best" / "search.json").read_text())
     assert all(set(t["tasks"]) == {"even", "odd"} for t in data["history"])
     assert data["spent"] <= 4.0 and data["budget"] == "4x"
     winner = h.transformers.AutoModelForCausalLM.from_pretrained(tmp / "best")
     tok = h.transformers.AutoTokenizer.from_pretrained(tmp / "best")
-    lengths = [float(len(tok.decode(h.greedy(winner, tok, tok(p)["input_ids"], 6), skip_special_tokens=True)))
-               for p in PROMPTS]
+    lengths = [
+        float(len(tok.decode(h.greedy(winner, tok, tok(p)["input_ids"], 6), skip_special_tokens=True))) for p in PROMPTS
+    ]
     even, odd = lengths[0::2], lengths[1::2]
     assert data["best_score"] == pytest.approx((sum(even) / len(even) + sum(odd) / len(odd)) / 2, abs=1e-12)
     with pytest.raises(SystemExit) as exit_:

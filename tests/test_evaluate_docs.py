@@ -46,10 +46,14 @@ def test_the_snippet_runs_as_copied(tmp_path):
     code = first_python_block(PAGE.read_text(encoding="utf-8"))
     script = tmp_path / "snippet.py"
     script.write_text(code + "\nprint('snippet finished')\n", encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "HF_HUB_OFFLINE": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, f"docs/evaluate.md's snippet failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     assert proc.stdout.splitlines()[-1] == "snippet finished" and "best:" in proc.stdout
     saved = tmp_path / "generalist"

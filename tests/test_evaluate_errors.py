@@ -30,8 +30,9 @@ def test_a_raising_reward_names_the_function_and_the_prompt(llama, tok):
         return out
 
     evaluate = rewards(PROMPTS, [count_a, picky], tokenizer=tok, max_new_tokens=6)
-    with pytest.raises(EvaluationError, match=r"reward function 'picky' raised ValueError on prompt 5: cannot parse"
-                       ) as info:
+    with pytest.raises(
+        EvaluationError, match=r"reward function 'picky' raised ValueError on prompt 5: cannot parse"
+    ) as info:
         evaluate(llama)
     assert info.value.function == "picky" and info.value.index == 5
     assert isinstance(info.value.__cause__, ValueError)
@@ -71,8 +72,13 @@ def test_search_wraps_it_in_a_search_error(tok):
         raise RuntimeError("no")
 
     with pytest.raises(SearchError) as info:
-        search(agents, base=base, evaluate=rewards(PROMPTS[:2], boom, tokenizer=tok, max_new_tokens=2), budget=1,
-               space=["task_arithmetic"])
+        search(
+            agents,
+            base=base,
+            evaluate=rewards(PROMPTS[:2], boom, tokenizer=tok, max_new_tokens=2),
+            budget=1,
+            space=["task_arithmetic"],
+        )
     assert isinstance(info.value.__cause__, EvaluationError) and info.value.__cause__.index == 0
 
 
@@ -148,9 +154,11 @@ def test_a_column_named_as_an_argument_of_the_reward_functions_is_refused():
 
 # ------------------------------------------------------------------- hostile returns of a reward function
 
+
 def returning(value):
     def shaped(completions, **kwargs):
         return value
+
     return shaped
 
 
@@ -159,25 +167,51 @@ def score_of(tok, fn, weights=None) -> float:
     return rewards(PROMPTS, fn, tokenizer=tok, reward_weights=weights).score(["x"] * len(PROMPTS))
 
 
-@pytest.mark.parametrize("value, what", [
-    ({j: 1.0 for j in range(7)}, "a dict"), (np.ones((7, 2)), "a 2-D ndarray of shape"),
-    (torch.ones(7, 2), "a 2-D Tensor of shape"), (np.ones((7, 1)), "a 2-D ndarray"), (np.float64(2.0), "a 0-D"),
-    (torch.tensor(1.0), "a 0-D Tensor"), ("1111111", "a str"), (b"\x01" * 7, "a bytes"),
-    ({0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0}, "a set"), (frozenset(range(7)), "a frozenset"), (1.0, "a float"),
-    (None, "a NoneType")])
+@pytest.mark.parametrize(
+    "value, what",
+    [
+        ({j: 1.0 for j in range(7)}, "a dict"),
+        (np.ones((7, 2)), "a 2-D ndarray of shape"),
+        (torch.ones(7, 2), "a 2-D Tensor of shape"),
+        (np.ones((7, 1)), "a 2-D ndarray"),
+        (np.float64(2.0), "a 0-D"),
+        (torch.tensor(1.0), "a 0-D Tensor"),
+        ("1111111", "a str"),
+        (b"\x01" * 7, "a bytes"),
+        ({0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0}, "a set"),
+        (frozenset(range(7)), "a frozenset"),
+        (1.0, "a float"),
+        (None, "a NoneType"),
+    ],
+)
 def test_a_return_that_is_not_a_sequence_of_numbers_names_the_function(tok, value, what):
-    with pytest.raises(EvaluationError, match=rf"reward function 'shaped' returned {what}.*not a sequence of "
-                       "rewards") as info:
+    with pytest.raises(
+        EvaluationError,
+        match=rf"reward function 'shaped' returned {what}.*not a sequence of "
+        "rewards",
+    ) as info:
         score_of(tok, returning(value))
     assert info.value.function == "shaped" and info.value.index is None
 
 
-@pytest.mark.parametrize("bad, reason", [
-    ([[1.0, 2.0]], "not a number"), (np.array([1.0]), "not a number"), (torch.tensor([1.0]), "not a number"),
-    (10**400, "too large for a float"), (Fraction(10**400), "too large for a float"),
-    (Decimal("1e400"), "too large for a float"), (Decimal("NaN"), "not finite"), (Decimal("sNaN"), "not a number"),
-    (np.float32("inf"), "not finite"), (np.bool_(True), "not a number"), (1 + 0j, "not a number"),
-    (torch.tensor(True), "not a number"), (torch.empty((), device="meta"), "not a number")])
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        ([[1.0, 2.0]], "not a number"),
+        (np.array([1.0]), "not a number"),
+        (torch.tensor([1.0]), "not a number"),
+        (10**400, "too large for a float"),
+        (Fraction(10**400), "too large for a float"),
+        (Decimal("1e400"), "too large for a float"),
+        (Decimal("NaN"), "not finite"),
+        (Decimal("sNaN"), "not a number"),
+        (np.float32("inf"), "not finite"),
+        (np.bool_(True), "not a number"),
+        (1 + 0j, "not a number"),
+        (torch.tensor(True), "not a number"),
+        (torch.empty((), device="meta"), "not a number"),
+    ],
+)
 def test_a_value_that_is_not_a_finite_number_names_the_function_and_the_prompt(tok, bad, reason):
     values = [0.0] * 7
     values[4] = bad
@@ -186,16 +220,36 @@ def test_a_value_that_is_not_a_finite_number_names_the_function_and_the_prompt(t
     assert info.value.function == "shaped" and info.value.index == 4
 
 
-@pytest.mark.parametrize("kind", ["list", "tuple", "generator", "deque", "object ndarray", "ndarray",
-                                  "float32 ndarray", "tensor", "float16 tensor", "0-d items"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "list",
+        "tuple",
+        "generator",
+        "deque",
+        "object ndarray",
+        "ndarray",
+        "float32 ndarray",
+        "tensor",
+        "float16 tensor",
+        "0-d items",
+    ],
+)
 def test_sequences_of_numbers_still_score_exactly(tok, kind):
     with_none = [0.5, 1.0, 2.0, None, 4.0, 0.25, 3.0]  # None: not applicable, left out of the mean
     nums = [0.5, 1.0, 2.0, 0.0, 4.0, 0.25, 3.0]
-    given = {"list": with_none, "tuple": tuple(with_none), "generator": (v for v in with_none),
-             "deque": deque(with_none), "object ndarray": np.array(with_none, dtype=object),
-             "ndarray": np.array(nums), "float32 ndarray": np.array(nums, dtype=np.float32),
-             "tensor": torch.tensor(nums), "float16 tensor": torch.tensor(nums, dtype=torch.float16),
-             "0-d items": [np.array(v) if j % 2 else torch.tensor(v) for j, v in enumerate(nums)]}[kind]
+    given = {
+        "list": with_none,
+        "tuple": tuple(with_none),
+        "generator": (v for v in with_none),
+        "deque": deque(with_none),
+        "object ndarray": np.array(with_none, dtype=object),
+        "ndarray": np.array(nums),
+        "float32 ndarray": np.array(nums, dtype=np.float32),
+        "tensor": torch.tensor(nums),
+        "float16 tensor": torch.tensor(nums, dtype=torch.float16),
+        "0-d items": [np.array(v) if j % 2 else torch.tensor(v) for j, v in enumerate(nums)],
+    }[kind]
     expected = 10.75 / 6 if kind in ("list", "tuple", "generator", "deque", "object ndarray") else 10.75 / 7
     assert score_of(tok, returning(given)) == expected
 
@@ -215,8 +269,11 @@ def test_an_iterable_that_raises_while_read_names_the_function(tok):
                 raise KeyError("missing answer")
             yield 1.0
 
-    with pytest.raises(EvaluationError, match=r"'lazy' returned an iterable that raised KeyError while its rewards "
-                       r"were read at prompt 3: 'missing answer'") as info:
+    with pytest.raises(
+        EvaluationError,
+        match=r"'lazy' returned an iterable that raised KeyError while its rewards "
+        r"were read at prompt 3: 'missing answer'",
+    ) as info:
         score_of(tok, lazy)
     assert info.value.function == "lazy" and info.value.index == 3 and isinstance(info.value.__cause__, KeyError)
 
@@ -224,8 +281,11 @@ def test_an_iterable_that_raises_while_read_names_the_function(tok):
         def __iter__(self):
             raise OSError("disk\ngone")
 
-    with pytest.raises(EvaluationError, match=r"'shaped' returned an iterable that raised OSError while its rewards "
-                       r"were read at prompt 0: disk gone$") as info:
+    with pytest.raises(
+        EvaluationError,
+        match=r"'shaped' returned an iterable that raised OSError while its rewards "
+        r"were read at prompt 0: disk gone$",
+    ) as info:
         score_of(tok, returning(Broken()))
     assert isinstance(info.value.__cause__, OSError)
 
@@ -248,34 +308,61 @@ def test_finite_rewards_whose_weighted_sum_overflows(tok):
     assert info.value.index is None
 
 
-@pytest.mark.parametrize("weights, what", [
-    (1.0, "got a float"), ("1", "got a str"), ({0: 1.0}, "got a dict"), ((w for w in [1.0]), "an iterator"),
-    ({1.0}, "got a set"), (np.ones((1, 1)), "got a 2-D ndarray"), ([10**400], r"reward_weights\[0\] is .*too large"),
-    ([True], r"reward_weights\[0\] is True: not a number"), (["1"], r"reward_weights\[0\] is '1'"),
-    ([math.inf], r"reward_weights\[0\] is inf: not finite"), ([1.0, 2.0], "got 2")])
+@pytest.mark.parametrize(
+    "weights, what",
+    [
+        (1.0, "got a float"),
+        ("1", "got a str"),
+        ({0: 1.0}, "got a dict"),
+        ((w for w in [1.0]), "an iterator"),
+        ({1.0}, "got a set"),
+        (np.ones((1, 1)), "got a 2-D ndarray"),
+        ([10**400], r"reward_weights\[0\] is .*too large"),
+        ([True], r"reward_weights\[0\] is True: not a number"),
+        (["1"], r"reward_weights\[0\] is '1'"),
+        ([math.inf], r"reward_weights\[0\] is inf: not finite"),
+        ([1.0, 2.0], "got 2"),
+    ],
+)
 def test_reward_weights_of_the_wrong_type(tok, weights, what):
     with pytest.raises(ConfigError, match=rf"rewards: reward_weights must be 1 finite numbers .*{what}"):
         rewards(PROMPTS, count_a, tokenizer=tok, reward_weights=weights)
 
 
-@pytest.mark.parametrize("weights", [[2.0], (2,), np.array([2.0]), torch.tensor([2.0]), [Fraction(2)],
-                                     [np.float32(2.0)], [torch.tensor(2.0)]])
+@pytest.mark.parametrize(
+    "weights",
+    [[2.0], (2,), np.array([2.0]), torch.tensor([2.0]), [Fraction(2)], [np.float32(2.0)], [torch.tensor(2.0)]],
+)
 def test_reward_weights_as_lists_tuples_and_arrays(tok, weights):
     assert score_of(tok, returning([1.0] * 7), weights=weights) == 2.0
 
 
 # ------------------------------------------------------------------------------------- options and models
 
-@pytest.mark.parametrize("option, value, message", [
-    ("seed", -1, r"seed must be an int in \[0, 2\*\*63 - 1\], got -1"), ("seed", 2**63, "seed must be an int"),
-    ("seed", True, "seed must be"), ("seed", 1.0, "seed must be"), ("seed", "3", "seed must be"),
-    ("temperature", math.nan, "temperature must be a finite number > 0, got nan"),
-    ("temperature", math.inf, "temperature must be"), ("temperature", 0, "temperature must be"),
-    ("temperature", True, "temperature must be"), ("temperature", "1", "temperature must be"),
-    ("top_p", math.nan, r"top_p must be a number in \(0, 1\]"), ("top_p", 0.0, "top_p must be"),
-    ("top_p", 1.5, "top_p must be"), ("top_p", True, "top_p must be"),
-    ("top_k", -1, r"top_k must be an int >= 0 \(0: no top-k cut\), got -1"), ("top_k", 2.5, "top_k must be"),
-    ("top_k", True, "top_k must be"), ("top_k", "5", "top_k must be")])
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("seed", -1, r"seed must be an int in \[0, 2\*\*63 - 1\], got -1"),
+        ("seed", 2**63, "seed must be an int"),
+        ("seed", True, "seed must be"),
+        ("seed", 1.0, "seed must be"),
+        ("seed", "3", "seed must be"),
+        ("temperature", math.nan, "temperature must be a finite number > 0, got nan"),
+        ("temperature", math.inf, "temperature must be"),
+        ("temperature", 0, "temperature must be"),
+        ("temperature", True, "temperature must be"),
+        ("temperature", "1", "temperature must be"),
+        ("top_p", math.nan, r"top_p must be a number in \(0, 1\]"),
+        ("top_p", 0.0, "top_p must be"),
+        ("top_p", 1.5, "top_p must be"),
+        ("top_p", True, "top_p must be"),
+        ("top_k", -1, r"top_k must be an int >= 0 \(0: no top-k cut\), got -1"),
+        ("top_k", 2.5, "top_k must be"),
+        ("top_k", True, "top_k must be"),
+        ("top_k", "5", "top_k must be"),
+    ],
+)
 def test_generation_options_out_of_range(tok, option, value, message):
     with pytest.raises(ConfigError, match=f"rewards: {message}"):
         rewards(PROMPTS, count_a, tokenizer=tok, do_sample=True, **{option: value})
@@ -288,10 +375,17 @@ def test_the_largest_seed_samples(llama, tok):
     assert a.completions and all(isinstance(c, str) for c in a.completions)
 
 
-@pytest.mark.parametrize("bad, what", [
-    (3, "a int"), ({"vocab": 1}, "a dict"), (math, "a module"), (object(), "a object"),
-    (h.transformers.PreTrainedTokenizerFast, r"the class \w+ \(a class: load one with \.from_pretrained"),
-    (lambda texts: {"input_ids": [[1]]}, "a function")])
+@pytest.mark.parametrize(
+    "bad, what",
+    [
+        (3, "a int"),
+        ({"vocab": 1}, "a dict"),
+        (math, "a module"),
+        (object(), "a object"),
+        (h.transformers.PreTrainedTokenizerFast, r"the class \w+ \(a class: load one with \.from_pretrained"),
+        (lambda texts: {"input_ids": [[1]]}, "a function"),
+    ],
+)
 def test_a_tokenizer_of_the_wrong_type_is_refused_when_built(bad, what):
     with pytest.raises(ConfigError, match=rf"rewards: tokenizer must be a tokenizer .*got {what}"):
         rewards(PROMPTS, count_a, tokenizer=bad)
@@ -300,8 +394,11 @@ def test_a_tokenizer_of_the_wrong_type_is_refused_when_built(bad, what):
 def test_a_model_on_the_meta_device(llama, tok):
     with torch.device("meta"):
         empty = h.transformers.LlamaForCausalLM(h.config())
-    with pytest.raises(EvaluationError, match=r"the evaluated LlamaForCausalLM has 'model.embed_tokens.weight' on "
-                       "the meta device"):
+    with pytest.raises(
+        EvaluationError,
+        match=r"the evaluated LlamaForCausalLM has 'model.embed_tokens.weight' on "
+        "the meta device",
+    ):
         rewards(PROMPTS, count_a, tokenizer=tok, max_new_tokens=2)(empty)
     with pytest.raises(ConfigError, match=r"rewards: model= has 'model.embed_tokens.weight' on the meta device"):
         rewards(PROMPTS, count_a, tokenizer=tok, model=empty)
@@ -329,8 +426,9 @@ def whitespace_tokenizer():
 
     tk = Tokenizer(models.WordLevel(h.VOCAB, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return h.transformers.PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", unk_token="<unk>",
-                                                  pad_token="<pad>", padding_side="left")
+    return h.transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<eos>", unk_token="<unk>", pad_token="<pad>", padding_side="left"
+    )
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 16])
@@ -346,10 +444,15 @@ def test_a_prompt_of_zero_tokens_is_refused_before_generating(llama, monkeypatch
 
 def test_a_chat_template_that_raises_names_the_prompt(llama):
     tok = h.tokenizer()
-    tok.chat_template = ("{% if messages[0]['role'] != 'user' %}{{ raise_exception('the first message must be the "
-                         "user\\'s') }}{% endif %}" + h.CHAT)
+    tok.chat_template = (
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('the first message must be the "
+        "user\\'s') }}{% endif %}" + h.CHAT
+    )
     chats = [{"prompt": [{"role": r, "content": "a"}]} for r in ["user", "user", "system", "user"]]
-    with pytest.raises(ConfigError, match=r"the prompts list, row 2: the tokenizer's chat template raised "
-                       r"\w+: the first message must be the user's") as info:
+    with pytest.raises(
+        ConfigError,
+        match=r"the prompts list, row 2: the tokenizer's chat template raised "
+        r"\w+: the first message must be the user's",
+    ) as info:
         rewards(chats, count_a, tokenizer=tok, max_new_tokens=2)(llama)
     assert info.value.__cause__ is not None

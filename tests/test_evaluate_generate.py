@@ -25,6 +25,7 @@ def count_a(completions, **kwargs):
 
 # ---------------------------------------------------------------------------------------------- generate=
 
+
 def test_a_fake_generator_is_scored_by_hand():
     seen = {}
 
@@ -54,8 +55,11 @@ def test_a_generator_gets_completion_ids_from_the_tokenizer(tok):
 
     evaluate = rewards(PROMPTS[:2], ids_len, tokenizer=tok, generate=lambda m, p, s, seeds: ["ab", "abc"])
     assert evaluate(None) == 2.5 and got == [[VOCAB["a"], VOCAB["b"]], [VOCAB["a"], VOCAB["b"], VOCAB["c"]]]
-    none_ids = rewards(PROMPTS[:2], lambda completions, completion_ids: [float(completion_ids is None)] * 2,
-                       generate=lambda m, p, s, seeds: ["x", "y"])
+    none_ids = rewards(
+        PROMPTS[:2],
+        lambda completions, completion_ids: [float(completion_ids is None)] * 2,
+        generate=lambda m, p, s, seeds: ["x", "y"],
+    )
     assert none_ids(None) == 1.0
 
 
@@ -73,10 +77,16 @@ def test_conversational_prompts_reach_the_generator_as_messages():
     assert rewards(chats, first, generate=engine)(None) == 1.0 and seen == [c["prompt"] for c in chats]
 
 
-@pytest.mark.parametrize("returned, message", [
-    (None, r"returned None for 7 prompts"), ("abc", r"returned 'abc' for 7 prompts"),
-    ([["a"]] * 6, "returned 6 items for 7 prompts"), ([["a", "b"]] * 7, r"returned \['a', 'b'\] for prompt 0"),
-    ([[1]] * 7, r"returned \[1\] for prompt 0")])
+@pytest.mark.parametrize(
+    "returned, message",
+    [
+        (None, r"returned None for 7 prompts"),
+        ("abc", r"returned 'abc' for 7 prompts"),
+        ([["a"]] * 6, "returned 6 items for 7 prompts"),
+        ([["a", "b"]] * 7, r"returned \['a', 'b'\] for prompt 0"),
+        ([[1]] * 7, r"returned \[1\] for prompt 0"),
+    ],
+)
 def test_a_generator_returning_the_wrong_shape(returned, message):
     with pytest.raises(EvaluationError, match=message):
         rewards(PROMPTS, count_a, generate=lambda m, p, s, seeds: returned)(None)
@@ -94,6 +104,7 @@ def test_a_generator_that_raises_and_a_generator_that_is_not_callable():
 
 
 # ---------------------------------------------------------------------------------------------- TRL's convention
+
 
 def fixed(merged, prompts, settings, seeds):
     return [[p[:2]] * settings.samples for p in prompts]
@@ -121,8 +132,14 @@ def test_async_reward_functions_are_awaited_concurrently():
     expected = [1.0 + 3 * float(p[:2].count("a")) + 0.5 for p in PROMPTS]
     assert evaluate(None) == sum(expected) / len(PROMPTS)
     assert order[:2] == ["fast", "fast"] and started[0] == "slow"  # slow started first, finished last: gathered
-    assert set(evaluate.metrics) == {"reward", "reward/slow", "reward/count_a", "reward/fast", "reward/Judge",
-                                     "reward/fast_2"}
+    assert set(evaluate.metrics) == {
+        "reward",
+        "reward/slow",
+        "reward/count_a",
+        "reward/fast",
+        "reward/Judge",
+        "reward/fast_2",
+    }
 
 
 def test_async_reward_functions_inside_a_running_event_loop():
@@ -170,6 +187,7 @@ def test_trainer_state_and_the_logging_hooks_are_passed_as_trl_passes_them():
 
 # ---------------------------------------------------------------------------------------------- stop, eos
 
+
 def test_cut_text():
     assert cut_text("ab=cd=e", ["="]) == ("ab", True)
     assert cut_text("ab=cd=e", ["=", "cd"], include_stop=True) == ("ab=", True)
@@ -202,11 +220,10 @@ def test_eos_token_id_ends_completions_where_asked(llama, tok):
     evaluate(llama)
     for full, c in zip(plain.completions, evaluate.completions):
         if "w" in full:
-            assert c == full[:full.index("w") + 1]  # w ends it (a plain token: decoded, kept)
+            assert c == full[: full.index("w") + 1]  # w ends it (a plain token: decoded, kept)
     assert any("w" in c for c in plain.completions)
     seen = {}
-    rewards(PROMPTS, count_a, generate=lambda m, p, s, seeds: seen.update(s=s) or ["a"] * len(p),
-            eos_token_id=5)(None)
+    rewards(PROMPTS, count_a, generate=lambda m, p, s, seeds: seen.update(s=s) or ["a"] * len(p), eos_token_id=5)(None)
     assert seen["s"].eos_token_id == (5,)
     with pytest.raises(ConfigError, match="eos_token_id must be a token id"):
         rewards(PROMPTS, count_a, eos_token_id=[-1])
@@ -215,6 +232,7 @@ def test_eos_token_id_ends_completions_where_asked(llama, tok):
 
 
 # ---------------------------------------------------------------------------------------------- device, dtype
+
 
 def test_a_module_elsewhere_is_refused_not_copied(llama, tok):
     with pytest.raises(ConfigError, match=r"the evaluated LlamaForCausalLM is on cpu, and device='meta' was asked"):
@@ -234,7 +252,8 @@ def test_a_folder_is_loaded_in_the_dtype_asked(tmp_path, llama, tok):
     """model= as a folder is loaded once, in dtype= on device=; a state dict is copied into it (its tokenizer too)."""
     llama.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
-    evaluate = rewards(PROMPTS[:2], count_a, max_new_tokens=2, dtype=torch.bfloat16, device="cpu",
-                       model=str(tmp_path / "m"))
+    evaluate = rewards(
+        PROMPTS[:2], count_a, max_new_tokens=2, dtype=torch.bfloat16, device="cpu", model=str(tmp_path / "m")
+    )
     evaluate(llama.state_dict())
     assert {p.dtype for p in evaluate.resolver._model.parameters()} == {torch.bfloat16}

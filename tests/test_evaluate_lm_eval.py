@@ -45,8 +45,9 @@ def accuracy(m, tok) -> float:
 
 def test_accuracy_equals_the_hand_written_loop():
     tok, m = h.tokenizer(), h.model(0)
-    evaluate = lm_eval("ram_toy_choice", metric="acc", tokenizer=tok, include_path=TASKS, include_defaults=False,
-                       batch_size=4)
+    evaluate = lm_eval(
+        "ram_toy_choice", metric="acc", tokenizer=tok, include_path=TASKS, include_defaults=False, batch_size=4
+    )
     expected = accuracy(m, tok)
     assert evaluate(m) == expected
     assert evaluate.metrics == {"ram_toy_choice": expected}
@@ -64,8 +65,9 @@ def test_search_takes_it():
 
 
 def test_a_metric_the_task_lacks():
-    evaluate = lm_eval("ram_toy_choice", metric="exact_match", tokenizer=h.tokenizer(), include_path=TASKS,
-                       include_defaults=False)
+    evaluate = lm_eval(
+        "ram_toy_choice", metric="exact_match", tokenizer=h.tokenizer(), include_path=TASKS, include_defaults=False
+    )
     with pytest.raises(EvaluationError, match=r"task 'ram_toy_choice' reports no 'exact_match,none'"):
         evaluate(h.model(0))
 

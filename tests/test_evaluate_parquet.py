@@ -20,9 +20,16 @@ SOURCES = ["openai/gsm8k", "openai/gsm8k", "math", "openai/gsm8k", "math", "math
 
 
 def verl_rows():
-    return [{"data_source": s, "prompt": [{"role": "user", "content": p}], "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": a}, "extra_info": {"split": "test", "index": i}}
-            for i, (p, a, s) in enumerate(zip(PROMPTS, ANSWERS, SOURCES))]
+    return [
+        {
+            "data_source": s,
+            "prompt": [{"role": "user", "content": p}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": a},
+            "extra_info": {"split": "test", "index": i},
+        }
+        for i, (p, a, s) in enumerate(zip(PROMPTS, ANSWERS, SOURCES))
+    ]
 
 
 def write(path, rows):
@@ -50,10 +57,14 @@ def test_scored_with_a_verl_compute_score_per_data_source(tmp_path, llama, tok):
     evaluate = rewards(str(path), compute_score(my_score), tokenizer=tok, max_new_tokens=6)
     score = evaluate(llama)
     # by hand: each conversation through the chat template, greedily, one prompt at a time
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-             for p in PROMPTS]
-    outs = [tok.decode(h.greedy(llama, tok, tok(t, add_special_tokens=False)["input_ids"], 6),
-                       skip_special_tokens=True) for t in texts]
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+        for p in PROMPTS
+    ]
+    outs = [
+        tok.decode(h.greedy(llama, tok, tok(t, add_special_tokens=False)["input_ids"], 6), skip_special_tokens=True)
+        for t in texts
+    ]
     per = [1.0 if o[:1] in a else 0.0 for o, a in zip(outs, ANSWERS)]
     tasks = {s: [r for r, s2 in zip(per, SOURCES) if s2 == s] for s in ["openai/gsm8k", "math"]}
     table = {s: sum(v) / len(v) for s, v in tasks.items()}

@@ -29,21 +29,26 @@ def test_bytes_that_are_not_utf8_name_the_line(tmp_path):
 
 def test_a_byte_order_mark_is_accepted(tmp_path):
     plain = load_prompts(write(tmp_path, '{"prompt": "é", "answer": 1}\n{"prompt": "b", "answer": 2}\n'.encode()))
-    bom = load_prompts(write(tmp_path, '\ufeff{"prompt": "é", "answer": 1}\r\n{"prompt": "b", "answer": 2}\r\n'
-                             .encode(), "bom.jsonl"))
+    bom = load_prompts(
+        write(tmp_path, '\ufeff{"prompt": "é", "answer": 1}\r\n{"prompt": "b", "answer": 2}\r\n'.encode(), "bom.jsonl")
+    )
     assert bom.prompts == plain.prompts == ["é", "b"] and bom.columns == plain.columns == {"answer": [1, 2]}
 
 
-@pytest.mark.parametrize("line, message", [
-    ("[" * 100_000, "nested too deeply for the JSON parser"),
-    ('{"prompt": "a", "n": ' + "1" * 5000 + "}", r"unreadable JSON \(Exceeds the limit"),
-    ("[1, 2]", "a prompt row must be a JSON object with a 'prompt' key, got list"),
-    ('"just text"', "a prompt row must be a JSON object with a 'prompt' key, got str"),
-    ("null", "a prompt row must be a JSON object .* got NoneType None"), ("3", "a prompt row must be .* got int 3"),
-    ('{"prompt": ""}', "the prompt is an empty string"),
-    ('{"prompt": "a\\ud800b"}', r"the prompt holds '\\ud800' at character 1, an unpaired surrogate"),
-    ('{"prompt": [{"role": "user", "content": "\\udfff"}]}', r"the prompt holds '\\udfff' .* unpaired surrogate"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("[" * 100_000, "nested too deeply for the JSON parser"),
+        ('{"prompt": "a", "n": ' + "1" * 5000 + "}", r"unreadable JSON \(Exceeds the limit"),
+        ("[1, 2]", "a prompt row must be a JSON object with a 'prompt' key, got list"),
+        ('"just text"', "a prompt row must be a JSON object with a 'prompt' key, got str"),
+        ("null", "a prompt row must be a JSON object .* got NoneType None"),
+        ("3", "a prompt row must be .* got int 3"),
+        ('{"prompt": ""}', "the prompt is an empty string"),
+        ('{"prompt": "a\\ud800b"}', r"the prompt holds '\\ud800' at character 1, an unpaired surrogate"),
+        ('{"prompt": [{"role": "user", "content": "\\udfff"}]}', r"the prompt holds '\\udfff' .* unpaired surrogate"),
+    ],
+)
 def test_a_bad_line_names_its_line_after_blank_lines(tmp_path, line, message):
     path = write(tmp_path, ('{"prompt": "a"}\n\n   \n' + line + "\n").encode())  # the bad row is on line 4
     with pytest.raises(ConfigError, match=rf"p.jsonl, line 4: {message}"):
@@ -56,14 +61,17 @@ def test_where_names_the_file_line_or_the_row(tmp_path):
     assert load_prompts(["a", "b"]).where(1) == "the prompts list, row 1"
 
 
-@pytest.mark.parametrize("rows, message", [
-    (["a", ""], "row 1: the prompt is an empty string"),
-    ([{"prompt": "a"}, {"prompt": ""}], "row 1: the prompt is an empty string"),
-    (["a\ud800"], r"row 0: the prompt holds '\\ud800'"),
-    ([{"prompt": "a", 1: "x"}], "row 0: column names must be strings .* got 1"),
-    ([{"prompt": "a", ("k",): "x"}], r"row 0: column names must be strings .* got \('k',\)"),
-    (["a", {"prompt": "b", "answer": "x"}], r"row 1: its keys \['answer', 'prompt'\] differ"),
-])
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        (["a", ""], "row 1: the prompt is an empty string"),
+        ([{"prompt": "a"}, {"prompt": ""}], "row 1: the prompt is an empty string"),
+        (["a\ud800"], r"row 0: the prompt holds '\\ud800'"),
+        ([{"prompt": "a", 1: "x"}], "row 0: column names must be strings .* got 1"),
+        ([{"prompt": "a", ("k",): "x"}], r"row 0: column names must be strings .* got \('k',\)"),
+        (["a", {"prompt": "b", "answer": "x"}], r"row 1: its keys \['answer', 'prompt'\] differ"),
+    ],
+)
 def test_bad_rows_in_memory(rows, message):
     with pytest.raises(ConfigError, match=rf"the prompts list, {message}"):
         load_prompts(rows)

@@ -36,22 +36,30 @@ def rows():
 
 def test_score_equals_the_hand_written_greedy_loop(llama, tok):
     expected, completions = reference(llama, tok, PROMPTS, ANSWERS)
-    evaluate = rewards(rows(), [count_a, starts_right], tokenizer=tok, max_new_tokens=MAX_NEW, batch_size=4,
-                       reward_weights=[1.0, 0.5])
+    evaluate = rewards(
+        rows(), [count_a, starts_right], tokenizer=tok, max_new_tokens=MAX_NEW, batch_size=4, reward_weights=[1.0, 0.5]
+    )
     assert evaluate(llama) == expected
     assert evaluate.completions == completions
     assert any(completions) and len(set(completions)) > 1  # not vacuous: the model writes different things
     assert evaluate.metrics["reward"] == expected
     assert evaluate.metrics["reward/count_a"] == sum(c.count("a") for c in completions) / len(PROMPTS)
     assert evaluate.metrics["reward/starts_right"] == sum(
-        1.0 if c.startswith(a[:1]) else 0.0 for c, a in zip(completions, ANSWERS)) / len(PROMPTS)
+        1.0 if c.startswith(a[:1]) else 0.0 for c, a in zip(completions, ANSWERS)
+    ) / len(PROMPTS)
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 7, 16])
 def test_batching_changes_nothing(llama, tok, batch_size):
     expected, completions = reference(llama, tok, PROMPTS, ANSWERS)
-    evaluate = rewards(rows(), [count_a, starts_right], tokenizer=tok, max_new_tokens=MAX_NEW,
-                       batch_size=batch_size, reward_weights=[1.0, 0.5])
+    evaluate = rewards(
+        rows(),
+        [count_a, starts_right],
+        tokenizer=tok,
+        max_new_tokens=MAX_NEW,
+        batch_size=batch_size,
+        reward_weights=[1.0, 0.5],
+    )
     assert evaluate(llama) == expected and evaluate.completions == completions
 
 
@@ -67,8 +75,9 @@ def test_no_pad_token_pads_with_eos(llama):
     tok = h.tokenizer(pad=False)
     assert tok.pad_token_id is None
     expected, completions = reference(llama, h.tokenizer(), PROMPTS, ANSWERS)
-    evaluate = rewards(rows(), [count_a, starts_right], tokenizer=tok, max_new_tokens=MAX_NEW, batch_size=7,
-                       reward_weights=[1.0, 0.5])
+    evaluate = rewards(
+        rows(), [count_a, starts_right], tokenizer=tok, max_new_tokens=MAX_NEW, batch_size=7, reward_weights=[1.0, 0.5]
+    )
     assert evaluate(llama) == expected and evaluate.completions == completions
 
 
@@ -110,16 +119,19 @@ def agents_and_base():
     agents = {}
     for i, name in enumerate(["coder", "tools"]):
         g = torch.Generator().manual_seed(10 + i)
-        sd = {k: v + (torch.rand(v.shape, generator=g) < 0.3) * torch.randn(v.shape, generator=g) * 0.5
-              for k, v in base.state_dict().items()}
+        sd = {
+            k: v + (torch.rand(v.shape, generator=g) < 0.3) * torch.randn(v.shape, generator=g) * 0.5
+            for k, v in base.state_dict().items()
+        }
         agents[name] = sd
     return agents, base
 
 
 def test_search_takes_it_as_is_module_base(tok):
     agents, base = agents_and_base()
-    evaluate = rewards(rows(), [count_a, starts_right], tokenizer=tok, max_new_tokens=MAX_NEW,
-                       reward_weights=[1.0, 0.5])
+    evaluate = rewards(
+        rows(), [count_a, starts_right], tokenizer=tok, max_new_tokens=MAX_NEW, reward_weights=[1.0, 0.5]
+    )
     result = search(agents, base=base, evaluate=evaluate, budget=3, space=["task_arithmetic"])
     assert len(result.scored) == 3
     # each trial's score is the hand-written loop's on that candidate's merge
@@ -131,8 +143,14 @@ def test_search_takes_it_as_is_module_base(tok):
 
 def test_search_with_a_state_dict_base_loads_into_model(tok):
     agents, base = agents_and_base()
-    evaluate = rewards(rows(), [count_a, starts_right], tokenizer=tok, max_new_tokens=MAX_NEW,
-                       reward_weights=[1.0, 0.5], model=h.model(5))
+    evaluate = rewards(
+        rows(),
+        [count_a, starts_right],
+        tokenizer=tok,
+        max_new_tokens=MAX_NEW,
+        reward_weights=[1.0, 0.5],
+        model=h.model(5),
+    )
     result = search(agents, base=base.state_dict(), evaluate=evaluate, budget=2, space=["task_arithmetic"])
     for trial in result.scored:
         merged = h.model(0)
@@ -164,12 +182,15 @@ def test_verl_compute_score_adapter(llama, tok):
         calls.append((data_source, ground_truth, extra_info))
         return {"score": 1.0 if solution_str.startswith(ground_truth[:1]) else 0.0, "acc": 0.0}
 
-    verl_rows = [{"prompt": p, "data_source": "toy", "reward_model": {"ground_truth": a}, "extra_info": {"i": i}}
-                 for i, (p, a) in enumerate(zip(PROMPTS, ANSWERS))]
+    verl_rows = [
+        {"prompt": p, "data_source": "toy", "reward_model": {"ground_truth": a}, "extra_info": {"i": i}}
+        for i, (p, a) in enumerate(zip(PROMPTS, ANSWERS))
+    ]
     evaluate = rewards(verl_rows, compute_score(my_score), tokenizer=tok, max_new_tokens=MAX_NEW)
     _, completions = reference(llama, tok, PROMPTS, ANSWERS)
-    assert evaluate(llama) == sum(1.0 if c.startswith(a[:1]) else 0.0
-                                  for c, a in zip(completions, ANSWERS)) / len(PROMPTS)
+    assert evaluate(llama) == sum(1.0 if c.startswith(a[:1]) else 0.0 for c, a in zip(completions, ANSWERS)) / len(
+        PROMPTS
+    )
     assert calls[0] == ("toy", "b", {"i": 0}) and "reward/my_score" in evaluate.metrics
 
 
@@ -183,8 +204,9 @@ def test_the_models_own_generation_config_is_set_aside(tok):
     m.generation_config.do_sample = True
     m.generation_config.top_k = 3
     saved = m.generation_config
-    evaluate = rewards(rows(), [count_a, starts_right], tokenizer=tok, max_new_tokens=MAX_NEW, batch_size=4,
-                       reward_weights=[1.0, 0.5])
+    evaluate = rewards(
+        rows(), [count_a, starts_right], tokenizer=tok, max_new_tokens=MAX_NEW, batch_size=4, reward_weights=[1.0, 0.5]
+    )
     assert evaluate(m) == expected
     assert evaluate.completions == completions
     assert m.generation_config is saved and m.generation_config.repetition_penalty == 1.3
@@ -192,6 +214,7 @@ def test_the_models_own_generation_config_is_set_aside(tok):
 
 def test_prompts_no_function_scores_are_left_out_of_the_mean(llama, tok):
     """TRL's nanmean: a prompt every function scores None does not count as 0."""
+
     def odd_only(completions, **kwargs):
         return [1.0 if i % 2 else None for i in range(len(completions))]
 
@@ -212,8 +235,9 @@ def test_a_folder_is_copied_into_model_index_and_shards_read_as_merge_inputs(tmp
     candidate.save_pretrained(tmp_path / "c", max_shard_size="20KB")
     assert len(list((tmp_path / "c").glob("*.safetensors"))) > 1
     assert list((tmp_path / "c").glob("*.safetensors.index.json"))
-    evaluate = rewards(rows(), [count_a, starts_right], tokenizer=tok, model=into, max_new_tokens=MAX_NEW,
-                       reward_weights=[1.0, 0.5])
+    evaluate = rewards(
+        rows(), [count_a, starts_right], tokenizer=tok, model=into, max_new_tokens=MAX_NEW, reward_weights=[1.0, 0.5]
+    )
     assert evaluate(str(tmp_path / "c")) == reference(candidate, tok, PROMPTS, ANSWERS)[0]
     assert all(torch.equal(a, b) for a, b in zip(into.state_dict().values(), candidate.state_dict().values()))
     (tmp_path / "empty").mkdir()

@@ -23,7 +23,7 @@ SAMPLED = {"p0": ["a", "", "", ""], "p1": ["a", "aa", "", "a"], "p2": ["", "", "
 
 
 def fixed(merged, prompts, settings, seeds):
-    return [SAMPLED[p][:settings.samples] for p in prompts]
+    return [SAMPLED[p][: settings.samples] for p in prompts]
 
 
 def count_a(completions, **kwargs):
@@ -68,8 +68,9 @@ def test_mean_at_k_and_pass_at_k_scores_by_hand():
 
 
 def test_one_sample_mean_is_the_plain_score_bit_for_bit(llama, tok):
-    assert rewards(PROMPTS, h.count_a, tokenizer=tok, max_new_tokens=6, metric="mean@k")(llama) == \
-        rewards(PROMPTS, h.count_a, tokenizer=tok, max_new_tokens=6)(llama)
+    assert rewards(PROMPTS, h.count_a, tokenizer=tok, max_new_tokens=6, metric="mean@k")(llama) == rewards(
+        PROMPTS, h.count_a, tokenizer=tok, max_new_tokens=6
+    )(llama)
 
 
 def test_k_samples_are_seeded_and_independent_of_the_batch(llama, tok):
@@ -98,16 +99,22 @@ def test_sampling_follows_top_k(llama, tok):
     assert top1.completions == [[c, c] for c in greedy.completions]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(samples=0), "samples must be an int >= 1"), (dict(samples=-2), "samples must be an int >= 1"),
-    (dict(samples=True), "samples must be an int >= 1"), (dict(samples=2.0), "samples must be an int >= 1"),
-    (dict(samples=2, do_sample=False), "greedy completions of a prompt are all the same"),
-    (dict(samples=4, metric="pass@5"), r"needs 1 <= K <= samples \(4\)"),
-    (dict(samples=4, metric="pass"), "metric must be 'mean@k' or 'pass@k'"),
-    (dict(samples=4, metric="mean@2"), "mean@k averages every sample"),
-    (dict(samples=4, metric="best@4"), "metric must be"), (dict(metric=1), "metric must be"),
-    (dict(metric="pass@k", pass_threshold=float("nan")), "pass_threshold must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(samples=0), "samples must be an int >= 1"),
+        (dict(samples=-2), "samples must be an int >= 1"),
+        (dict(samples=True), "samples must be an int >= 1"),
+        (dict(samples=2.0), "samples must be an int >= 1"),
+        (dict(samples=2, do_sample=False), "greedy completions of a prompt are all the same"),
+        (dict(samples=4, metric="pass@5"), r"needs 1 <= K <= samples \(4\)"),
+        (dict(samples=4, metric="pass"), "metric must be 'mean@k' or 'pass@k'"),
+        (dict(samples=4, metric="mean@2"), "mean@k averages every sample"),
+        (dict(samples=4, metric="best@4"), "metric must be"),
+        (dict(metric=1), "metric must be"),
+        (dict(metric="pass@k", pass_threshold=float("nan")), "pass_threshold must be a finite number"),
+    ],
+)
 def test_bad_sample_options(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         rewards(list(SAMPLED), count_a, generate=fixed, **kwargs)

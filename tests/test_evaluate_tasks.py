@@ -51,8 +51,13 @@ def test_grouped_by_data_source_by_default_mean_over_tasks():
     assert table == {"gsm8k": 0.5, "math": 1.0, "code": 3.0}  # the hand computation itself
     assert expected != sum(t.count("a") for t in TEXTS) / len(TEXTS)  # not the mean over prompts
     assert evaluate.tasks == table and list(evaluate.tasks) == ["gsm8k", "math", "code"]
-    assert evaluate.metrics == {"reward": expected, "reward/gsm8k": 0.5, "reward/math": 1.0, "reward/code": 3.0,
-                                "reward/count_a": sum(t.count("a") for t in TEXTS) / len(TEXTS)}
+    assert evaluate.metrics == {
+        "reward": expected,
+        "reward/gsm8k": 0.5,
+        "reward/math": 1.0,
+        "reward/code": 3.0,
+        "reward/count_a": sum(t.count("a") for t in TEXTS) / len(TEXTS),
+    }
     assert evaluate.prompt_tasks() == SOURCES
 
 
@@ -80,21 +85,29 @@ def test_one_task_equals_the_mean_over_prompts_on_a_real_model(llama, tok):
     assert one(llama) == plain(llama) and one.metrics["reward/x"] == plain.metrics["reward"]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(task="source"), r"task='source' is not a column of the prompts \(their columns: \['answer', "
-                          r"'data_source'\]\)"),
-    (dict(task=3), "task must be a column name"),
-    (dict(weights={"gsm8k": 1.0, "math": 1.0, "code": 1.0, "chess": 1.0}), "weights name the task 'chess', which "
-                                                                          "no prompt has"),
-    (dict(weights={"gsm8k": 1.0}), r"weights give no weight to the task\(s\) \['math', 'code'\]"),
-    (dict(weights={"gsm8k": -1.0, "math": 1.0, "code": 1.0}), "weight of task 'gsm8k' is -1.0"),
-    (dict(weights={"gsm8k": float("nan"), "math": 1.0, "code": 1.0}), "weight of task 'gsm8k' is nan: not finite"),
-    (dict(weights={"gsm8k": 0, "math": 0, "code": 0}), "the weights sum to 0"),
-    (dict(weights=[1.0]), "weights must be a dict"),
-    (dict(objective="median"), "objective must be 'mean', 'min' or 'weighted'"),
-    (dict(objective="weighted"), "objective='weighted' needs weights="),
-    (dict(objective="min", weights={"gsm8k": 1.0, "math": 1.0, "code": 1.0}), "weights= makes the objective"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(task="source"),
+            r"task='source' is not a column of the prompts \(their columns: \['answer', "
+            r"'data_source'\]\)",
+        ),
+        (dict(task=3), "task must be a column name"),
+        (
+            dict(weights={"gsm8k": 1.0, "math": 1.0, "code": 1.0, "chess": 1.0}),
+            "weights name the task 'chess', which no prompt has",
+        ),
+        (dict(weights={"gsm8k": 1.0}), r"weights give no weight to the task\(s\) \['math', 'code'\]"),
+        (dict(weights={"gsm8k": -1.0, "math": 1.0, "code": 1.0}), "weight of task 'gsm8k' is -1.0"),
+        (dict(weights={"gsm8k": float("nan"), "math": 1.0, "code": 1.0}), "weight of task 'gsm8k' is nan: not finite"),
+        (dict(weights={"gsm8k": 0, "math": 0, "code": 0}), "the weights sum to 0"),
+        (dict(weights=[1.0]), "weights must be a dict"),
+        (dict(objective="median"), "objective must be 'mean', 'min' or 'weighted'"),
+        (dict(objective="weighted"), "objective='weighted' needs weights="),
+        (dict(objective="min", weights={"gsm8k": 1.0, "math": 1.0, "code": 1.0}), "weights= makes the objective"),
+    ],
+)
 def test_bad_task_options_are_one_line_config_errors(kwargs, message):
     with pytest.raises(ConfigError, match=message) as info:
         rewards(rows(), count_a, generate=fixed, **kwargs)
@@ -146,16 +159,17 @@ def agents_and_base():
     agents = {}
     for i, name in enumerate(["coder", "tools"]):
         g = torch.Generator().manual_seed(10 + i)
-        agents[name] = {k: v + (torch.rand(v.shape, generator=g) < 0.3) * torch.randn(v.shape, generator=g) * 0.5
-                        for k, v in base.state_dict().items()}
+        agents[name] = {
+            k: v + (torch.rand(v.shape, generator=g) < 0.3) * torch.randn(v.shape, generator=g) * 0.5
+            for k, v in base.state_dict().items()
+        }
     return agents, base
 
 
 def test_search_with_halving_fills_the_per_task_table(tok):
     agents, base = agents_and_base()
     evaluate = rewards(rows(), [h.count_a, h.starts_right], tokenizer=tok, max_new_tokens=4)
-    result = search(agents, base=base, evaluate=evaluate, fidelity="halving", budget="6x",
-                    space=["task_arithmetic"])
+    result = search(agents, base=base, evaluate=evaluate, fidelity="halving", budget="6x", space=["task_arithmetic"])
     assert result.scored and all(set(t.tasks) == {"gsm8k", "math", "code"} for t in result.scored)
     full = [t for t in result.scored if t.fidelity == 1.0]
     assert full and "best per task: gsm8k" in result.table()

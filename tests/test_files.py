@@ -35,8 +35,15 @@ def test_safetensors_files_in_state_dict_out(tmp_path, base_sd):
 def llama_folders(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("llama")
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     base = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
     base.save_pretrained(root / "base", max_shard_size="20KB")
@@ -47,8 +54,11 @@ def llama_folders(tmp_path_factory):
         g = torch.Generator().manual_seed(i)
         with torch.no_grad():
             for p in agent.parameters():
-                p.add_(((torch.rand(p.shape, generator=g) < density) * torch.randn(p.shape, generator=g) * 0.02)
-                       .to(p.dtype))
+                p.add_(
+                    ((torch.rand(p.shape, generator=g) < density) * torch.randn(p.shape, generator=g) * 0.02).to(
+                        p.dtype
+                    )
+                )
         agent.save_pretrained(root / f"agent{i}", max_shard_size="20KB")
         agents.append(agent)
     return root, base, agents
@@ -59,8 +69,13 @@ def test_sharded_hf_folders_in_and_out(tmp_path, llama_folders):
     root, base, agents = llama_folders
     assert len(list((root / "base").glob("*.safetensors"))) > 1  # really sharded, with an index
     live = merge(agents, base=base)
-    out = merge([root / f"agent{i}" for i in range(3)], base=root / "base", method="ram_plus",
-                out=tmp_path / "merged", max_shard_bytes=20_000)
+    out = merge(
+        [root / f"agent{i}" for i in range(3)],
+        base=root / "base",
+        method="ram_plus",
+        out=tmp_path / "merged",
+        max_shard_bytes=20_000,
+    )
     files = sorted(p.name for p in out.iterdir())
     assert "config.json" in files and "model.safetensors.index.json" in files
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -101,18 +116,21 @@ def test_streaming_releases_mapped_pages_range_by_range(tmp_path, base_sd, monke
     base, agents, paths = _bf16_files(tmp_path, base_sd)
     read, written = [], []
     release, done = MappedSafetensors.release, SafetensorsWriter.done
-    monkeypatch.setattr(MappedSafetensors, "release",
-                        lambda self, key, start=0, stop=None: read.append((key, start, stop))
-                        or release(self, key, start, stop))
-    monkeypatch.setattr(SafetensorsWriter, "done",
-                        lambda self, key, start=0, stop=None: written.append((key, start, stop))
-                        or done(self, key, start, stop))
+    monkeypatch.setattr(
+        MappedSafetensors,
+        "release",
+        lambda self, key, start=0, stop=None: read.append((key, start, stop)) or release(self, key, start, stop),
+    )
+    monkeypatch.setattr(
+        SafetensorsWriter,
+        "done",
+        lambda self, key, start=0, stop=None: written.append((key, start, stop)) or done(self, key, start, stop),
+    )
     monkeypatch.setattr("ram_live.engine.threads.NATIVE_CHUNK", 64)
     for variant in ("ram", "ram_plus"):
         read.clear()
         written.clear()
-        out = merge(paths, base=tmp_path / "base.safetensors", method=variant,
-                    out=tmp_path / f"{variant}.safetensors")
+        out = merge(paths, base=tmp_path / "base.safetensors", method=variant, out=tmp_path / f"{variant}.safetensors")
         assert_bit_identical(load_file(out), merge(agents, base=base, method=variant))
         big = max(base, key=lambda k: base[k].numel())
         n = base[big].numel()

@@ -8,9 +8,7 @@ from ram_live.methods import ram as R
 
 
 def test_ram_combine_hand_case():
-    d = torch.tensor([[0.5, 0.0, 0.2, 0.0, -0.3],
-                      [0.0, 0.0, 0.4, 0.0, 0.1],
-                      [0.0, 0.0, 0.0, 0.7, 0.2]])
+    d = torch.tensor([[0.5, 0.0, 0.2, 0.0, -0.3], [0.0, 0.0, 0.4, 0.0, 0.1], [0.0, 0.0, 0.0, 0.7, 0.2]])
     assert torch.allclose(R.ram_combine(d), torch.tensor([0.5, 0.0, 0.3, 0.7, 0.0]), atol=1e-7)
     lam = torch.tensor([1.1, 1.2, 1.3])
     expected = torch.tensor([0.55, 0.0, 0.3, 0.91, 0.0])
@@ -88,9 +86,12 @@ BOUNDARY = {  # name: (base, agent, eps, active entries by hand for "abs")
     # τ = ±float32(1e-3) is above eps = 1e-3, the float32 just below it is not
     "f32": (torch.zeros(6), torch.tensor([_AT, -_AT, 2e-3, _BELOW, 0.0, 5e-4]), 1e-3, 3),
     # bf16 steps of 2^-7 around 1.0; eps a hair below 2^-7 (float32(eps) rounds up to 2^-7)
-    "bf16": (torch.ones(6, dtype=torch.bfloat16),
-             torch.tensor([1 + 2**-7, 1 - 2**-7, 1 + 2**-6, 1 - 2**-8, 1.0, 1 + 2**-7], dtype=torch.bfloat16),
-             2**-7 - 2**-40, 4),
+    "bf16": (
+        torch.ones(6, dtype=torch.bfloat16),
+        torch.tensor([1 + 2**-7, 1 - 2**-7, 1 + 2**-6, 1 - 2**-8, 1.0, 1 + 2**-7], dtype=torch.bfloat16),
+        2**-7 - 2**-40,
+        4,
+    ),
 }
 
 
@@ -101,8 +102,14 @@ def test_count_active_equals_the_merge_at_the_float_boundary(case, rule):
     from ram_live.methods import Activity
 
     base, agent, eps, by_hand = BOUNDARY[case]
-    _, info = merge([{"w": agent}, {"w": base.clone()}], base={"w": base}, method="ram_plus", eps=eps,
-                        activity=rule, return_info=True)
+    _, info = merge(
+        [{"w": agent}, {"w": base.clone()}],
+        base={"w": base},
+        method="ram_plus",
+        eps=eps,
+        activity=rule,
+        return_info=True,
+    )
     merge_active = int(info.statistics.active[0])
     assert merge_active == (by_hand if rule == "abs" else int((agent != base).sum()))
     activity = Activity(rule, eps)
@@ -127,8 +134,13 @@ def test_active_mask_changed_across_dtypes_compares_in_the_narrower():
     assert F.active_mask(agent, bf16_base, rule).tolist() == [False, True, False]
     from ram_live import merge
 
-    _, info = merge([{"w": agent}, {"w": bf16_base.clone()}], base={"w": bf16_base}, method="ram_plus",
-                        activity="changed", return_info=True)
+    _, info = merge(
+        [{"w": agent}, {"w": bf16_base.clone()}],
+        base={"w": bf16_base},
+        method="ram_plus",
+        activity="changed",
+        return_info=True,
+    )
     assert int(info.statistics.active[0]) == F.count_active(agent, bf16_base, rule) == 1
     assert F.narrower_dtype(torch.float32, torch.bfloat16) == torch.bfloat16
     assert F.narrower_dtype(torch.float16, torch.bfloat16) == torch.bfloat16  # same bits, larger machine eps
@@ -154,11 +166,31 @@ def test_count_active_in_chunks_equals_one_pass(monkeypatch):
 def test_rams_names_live_in_its_room_and_the_rest_in_functional():
     """RAM's rule, λ and fast paths moved out of ``ram_live.functional`` into ``ram_live.methods.ram`` (no shims);
     every other name still resolves from the package, and each name lives in one place only."""
-    room = ["overlap_counts", "ram_combine", "rho", "ram_lambda", "RamAccumulator", "WeightedRamAccumulator",
-            "importance_weights", "ram_fused_weighted_", "ram_fused_"]
-    kept = ["task_deltas_", "apply_activity_", "activity_mask", "ram_statistics", "task_arithmetic_combine",
-            "magnitude_threshold", "trim_", "ties_combine", "dare_drop_", "stable_seed", "RamCounter",
-            "ram_counts_fused"]
+    room = [
+        "overlap_counts",
+        "ram_combine",
+        "rho",
+        "ram_lambda",
+        "RamAccumulator",
+        "WeightedRamAccumulator",
+        "importance_weights",
+        "ram_fused_weighted_",
+        "ram_fused_",
+    ]
+    kept = [
+        "task_deltas_",
+        "apply_activity_",
+        "activity_mask",
+        "ram_statistics",
+        "task_arithmetic_combine",
+        "magnitude_threshold",
+        "trim_",
+        "ties_combine",
+        "dare_drop_",
+        "stable_seed",
+        "RamCounter",
+        "ram_counts_fused",
+    ]
     assert set(kept) <= set(F.__all__) and not set(room) & set(F.__all__)
     assert set(room) <= set(R.__all__) and not set(kept) & set(R.__all__)
     for name in F.__all__:

@@ -20,16 +20,41 @@ from gpu_checks import compare  # noqa: E402
 from gpu_checks.runner import Runner, Skip  # noqa: E402
 
 MERGES = ("RAM", "RAM+", "RAM curvature", "TA", "TIES", "DARE-TIES")
-RAN = ("device", "inputs", "floor", *(f"{m} eager" for m in MERGES), "probe", "peft", "distributed",
-       "RAM compile", "RAM+ compile", "RAM curvature compile")
+RAN = (
+    "device",
+    "inputs",
+    "floor",
+    *(f"{m} eager" for m in MERGES),
+    "probe",
+    "peft",
+    "distributed",
+    "RAM compile",
+    "RAM+ compile",
+    "RAM curvature compile",
+)
 
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory) -> tuple[dict, str]:
     path = tmp_path_factory.mktemp("gpu_check") / "report.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--small",
-                           "--json", str(path), "--budget", "1800"],  # a slow CI machine skips nothing
-                          cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_check.py"),
+            "--device",
+            "cpu",
+            "--small",
+            "--json",
+            str(path),
+            "--budget",
+            "1800",
+        ],  # a slow CI machine skips nothing
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return json.loads(path.read_text()), proc.stdout
 

@@ -26,8 +26,13 @@ pytest.importorskip("huggingface_hub")
 def make_agents(base: dict[str, torch.Tensor], densities: list[float], seed: int) -> list[dict[str, torch.Tensor]]:
     """Agents = base + sparse random deltas of the given densities."""
     g = torch.Generator().manual_seed(seed)
-    return [{k: v + torch.randn(v.shape, generator=g) * 0.01 * (torch.rand(v.shape, generator=g) < d)
-             for k, v in base.items()} for d in densities]
+    return [
+        {
+            k: v + torch.randn(v.shape, generator=g) * 0.01 * (torch.rand(v.shape, generator=g) < d)
+            for k, v in base.items()
+        }
+        for d in densities
+    ]
 
 
 def assert_bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -39,6 +44,7 @@ def assert_bit_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 @pytest.fixture(autouse=True)
 def no_network(monkeypatch):
     """Any connection attempt fails the test: resolution is local_files_only."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("ram_live tried to reach the network")
 
@@ -70,8 +76,10 @@ def add_to_cache(cache: Path, repo: str, files: dict[str, bytes], ref: str | Non
 
 def _model_files(sd: dict[str, torch.Tensor], tmp: Path) -> dict[str, bytes]:
     save_file(sd, tmp / "w.safetensors")
-    return {"model.safetensors": (tmp / "w.safetensors").read_bytes(),
-            "config.json": json.dumps({"model_type": "toy"}).encode()}
+    return {
+        "model.safetensors": (tmp / "w.safetensors").read_bytes(),
+        "config.json": json.dumps({"model_type": "toy"}).encode(),
+    }
 
 
 @pytest.fixture
@@ -102,8 +110,12 @@ def test_merge_by_id_equals_merge_of_the_snapshot_folder(cache, tmp_path):
     from ram_live.selection import search
 
     scored = []
-    result = search({"a": "org/a", "b": "org/b"}, base="org/base", budget=2,
-                    evaluate=lambda merged: scored.append(float(merged["layers.0.w"].sum())) or scored[-1])
+    result = search(
+        {"a": "org/a", "b": "org/b"},
+        base="org/base",
+        budget=2,
+        evaluate=lambda merged: scored.append(float(merged["layers.0.w"].sum())) or scored[-1],
+    )
     assert len(scored) == 2 and result is not None
 
 

@@ -59,8 +59,22 @@ def test_the_wheel_holds_every_package_and_the_c_sources(tmp_path):
         shutil.copytree(root / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(root / name, tree / name)
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           "-w", str(tmp_path), str(tree)], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(tree),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert "absent from the `packages` configuration" not in done.stderr, done.stderr
     names = zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist()

@@ -18,23 +18,34 @@ from ram_live import functional as F
 from ram_live.methods import ram as R
 from tests.conftest import assert_bit_identical, snapshot
 
-VARIANTS = [dict(method="ram"), dict(method="ram_plus"), dict(method="ram_plus_soft", r=0.3),
-            dict(method="ram_plus", rho_scope="tensor", alpha=0.2), dict(method="ram", eps=0.0)]
+VARIANTS = [
+    dict(method="ram"),
+    dict(method="ram_plus"),
+    dict(method="ram_plus_soft", r=0.3),
+    dict(method="ram_plus", rho_scope="tensor", alpha=0.2),
+    dict(method="ram", eps=0.0),
+]
 
 
 def _base(dtype=torch.float32, seed=3):
     g = torch.Generator().manual_seed(seed)
-    return {"w": torch.randn(37, 29, generator=g).to(dtype), "b": torch.randn(7, generator=g).to(dtype),
-            "v": torch.randn(2049, generator=g).to(dtype)}
+    return {
+        "w": torch.randn(37, 29, generator=g).to(dtype),
+        "b": torch.randn(7, generator=g).to(dtype),
+        "v": torch.randn(2049, generator=g).to(dtype),
+    }
 
 
 def _agents(base, densities=(0.4, 0.5, 0.6), seed=4, dtype=None):
     g = torch.Generator().manual_seed(seed)
     out = {}
     for i, density in enumerate(densities):
-        out[f"a{i}"] = {k: (v.float() + torch.randn(v.shape, generator=g) * 0.01
-                            * (torch.rand(v.shape, generator=g) < density)).to(dtype or v.dtype)
-                        for k, v in base.items()}
+        out[f"a{i}"] = {
+            k: (v.float() + torch.randn(v.shape, generator=g) * 0.01 * (torch.rand(v.shape, generator=g) < density)).to(
+                dtype or v.dtype
+            )
+            for k, v in base.items()
+        }
     return out
 
 
@@ -84,10 +95,14 @@ def _eager(monkeypatch, fn, *args, **kw):
 
 def test_hand_computed():
     base = {"w": torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])}
-    agents = {"a": {"w": torch.tensor([1.5, 2.25, 3.0, 4.75, 5.5])},
-              "b": {"w": torch.tensor([1.0, 2.5, 3.0, 4.25, 5.25])}}
-    importance = {"a": {"w": torch.tensor([1.0, 2.0, 1.0, 0.0, 1e-30])},
-                  "b": {"w": torch.tensor([1.0, 1.0, 1.0, 0.0, 3e-30])}}
+    agents = {
+        "a": {"w": torch.tensor([1.5, 2.25, 3.0, 4.75, 5.5])},
+        "b": {"w": torch.tensor([1.0, 2.5, 3.0, 4.25, 5.25])},
+    }
+    importance = {
+        "a": {"w": torch.tensor([1.0, 2.0, 1.0, 0.0, 1e-30])},
+        "b": {"w": torch.tensor([1.0, 1.0, 1.0, 0.0, 3e-30])},
+    }
     merged = merge(agents, base, method="ram", importance=importance)["w"]
     # unique: a's τ; shared (2:1): (0.25 + 0.5·0.5)/1.5; none: the base; both 0: the plain mean; tiny: 1:3
     expected = torch.tensor([1.5, 2.0 + 0.5 / 1.5, 3.0, 4.5, 5.0 + (0.5 / 3 + 0.25) / (1 + 1 / 3)])
@@ -152,8 +167,9 @@ def test_zero_importances_are_the_plain_mean():
     base = _base()
     agents = _agents(base)
     zero = {n: {k: torch.zeros(v.shape) for k, v in base.items()} for n in agents}
-    assert_bit_identical(merge(agents, base, method="ram_plus"),
-                         merge(agents, base, method="ram_plus", importance=zero))
+    assert_bit_identical(
+        merge(agents, base, method="ram_plus"), merge(agents, base, method="ram_plus", importance=zero)
+    )
     # one agent with importance 0 against others with importance > 0 weighs nothing where they are active
     h = _importances(base, list(agents))
     h["a0"] = {k: torch.zeros(v.shape) for k, v in base.items()}
@@ -173,12 +189,12 @@ def test_safetensors_and_sequence_importances(tmp_path):
         save_file(sd, paths[n])
     from_dicts = merge(agents, base, importance=h)
     assert_bit_identical(from_dicts, merge(agents, base, importance={n: str(p) for n, p in paths.items()}))
-    assert_bit_identical(from_dicts, merge(list(agents.values()), base,
-                                               importance=[h[n] for n in agents]))
+    assert_bit_identical(from_dicts, merge(list(agents.values()), base, importance=[h[n] for n in agents]))
     half = {n: {k: v.to(torch.bfloat16) for k, v in sd.items()} for n, sd in h.items()}
-    assert_bit_identical(merge(agents, base, importance=half),
-                         merge(agents, base, importance={n: {k: v.float() for k, v in sd.items()}
-                                                             for n, sd in half.items()}))
+    assert_bit_identical(
+        merge(agents, base, importance=half),
+        merge(agents, base, importance={n: {k: v.float() for k, v in sd.items()} for n, sd in half.items()}),
+    )
 
 
 def test_excluded_agent_needs_no_importance():
@@ -187,8 +203,9 @@ def test_excluded_agent_needs_no_importance():
     h = _importances(base, list(agents))
     del h["a2"]
     two = {n: agents[n] for n in ("a0", "a1")}
-    assert_bit_identical(merge(two, base, method="ram", importance=h),
-                         merge(agents, base, method="ram", exclude=["a2"], importance=h))
+    assert_bit_identical(
+        merge(two, base, method="ram", importance=h), merge(agents, base, method="ram", exclude=["a2"], importance=h)
+    )
 
 
 @pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, -math.inf])
@@ -231,8 +248,9 @@ def test_wrong_shape_missing_tensor_missing_agent():
     with pytest.raises(ConfigError, match=r"method 'ties' takes no importance"):
         merge(agents, base, method="ties", importance=h)
     with pytest.raises(InputMismatchError, match="not floating point"):
-        merge(agents, base, importance={**h, "a0": {k: torch.ones(v.shape, dtype=torch.int32)
-                                                        for k, v in base.items()}})
+        merge(
+            agents, base, importance={**h, "a0": {k: torch.ones(v.shape, dtype=torch.int32) for k, v in base.items()}}
+        )
     with pytest.raises(ConfigError, match="must map each agent"):
         merge(agents, base, importance=h["a0"])
 
@@ -254,8 +272,9 @@ def test_stacked_combine_path_takes_importances():
 
     from ram_live.methods import _REGISTRY
 
-    stacked = dataclasses.replace(ram_live.get_method("ram"), name="ram_stacked_importance_test", accumulator=None,
-                                  kernels=None)
+    stacked = dataclasses.replace(
+        ram_live.get_method("ram"), name="ram_stacked_importance_test", accumulator=None, kernels=None
+    )
     _REGISTRY[stacked.name] = stacked
     try:
         base = _base()
@@ -267,7 +286,9 @@ def test_stacked_combine_path_takes_importances():
         for k in base:
             torch.testing.assert_close(merged[k].double(), ref[k], rtol=2e-6, atol=1e-7)
         same = {n: {k: torch.full(v.shape, 4.0) for k, v in base.items()} for n in agents}
-        assert_bit_identical(merge(agents, base, method=stacked.name, importance=same, chunk_numel=300),
-                             merge(agents, base, method=stacked.name, chunk_numel=300))
+        assert_bit_identical(
+            merge(agents, base, method=stacked.name, importance=same, chunk_numel=300),
+            merge(agents, base, method=stacked.name, chunk_numel=300),
+        )
     finally:
         _REGISTRY.pop(stacked.name)

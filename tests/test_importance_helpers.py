@@ -69,8 +69,11 @@ def test_empirical_fisher_by_hand_and_state_restored():
     with torch.no_grad():
         model.weight.copy_(torch.tensor([[0.5, -1.0]]))
         model.bias.fill_(0.25)
-    data = [(torch.tensor([[1.0, 2.0]]), torch.tensor([[0.0]])), (torch.tensor([[-1.0, 0.5]]), torch.tensor([[1.0]])),
-            (torch.tensor([[3.0, 3.0]]), torch.tensor([[2.0]]))]
+    data = [
+        (torch.tensor([[1.0, 2.0]]), torch.tensor([[0.0]])),
+        (torch.tensor([[-1.0, 0.5]]), torch.tensor([[1.0]])),
+        (torch.tensor([[3.0, 3.0]]), torch.tensor([[2.0]])),
+    ]
     sentinel = [torch.full_like(p, 7.0) for p in model.parameters()]
     for p, s in zip(model.parameters(), sentinel):
         p.grad = s

@@ -11,11 +11,11 @@ from ram_live import merge
 from ram_live.engine.compiling import compiler_available
 from tests.conftest import assert_bit_identical
 from tests.test_importance import VARIANTS, _agents, _base, _eager, _importances, reference
-from tests.test_ram_native import (_accumulated, _builds, _check_ranges, _check_sign_is_plain,
-                                    _conflicting)
+from tests.test_ram_native import _accumulated, _builds, _check_ranges, _check_sign_is_plain, _conflicting
 
-needs_kernels = pytest.mark.skipif(wnative.kernels() is None or native.kernels() is None,
-                                   reason="no C compiler: native kernels unavailable")
+needs_kernels = pytest.mark.skipif(
+    wnative.kernels() is None or native.kernels() is None, reason="no C compiler: native kernels unavailable"
+)
 
 
 @needs_kernels
@@ -57,19 +57,33 @@ def test_vector_and_portable_builds_give_the_same_bits(dtype, imp_dtype, plus):
         for name, kernels in builds.items():
             b = base["v"]
             out = torch.empty(b.numel(), dtype=out_dtype)
-            bad = kernels.merge_weighted(out, b, [a["v"] for a in agents.values()],
-                                         [h["v"] for h in importance.values()], lambdas, 1e-5, 0, 1000)
-            bad += kernels.merge_weighted(out, b, [a["v"] for a in agents.values()],
-                                          [h["v"] for h in importance.values()], lambdas, 1e-5, 1000, b.numel())
+            bad = kernels.merge_weighted(
+                out, b, [a["v"] for a in agents.values()], [h["v"] for h in importance.values()], lambdas, 1e-5, 0, 1000
+            )
+            bad += kernels.merge_weighted(
+                out,
+                b,
+                [a["v"] for a in agents.values()],
+                [h["v"] for h in importance.values()],
+                lambdas,
+                1e-5,
+                1000,
+                b.numel(),
+            )
             assert bad == 0
             results[name] = out
-        assert torch.equal(results["native"].view(torch.uint8) if out_dtype == torch.float32 else
-                           results["native"].view(torch.int16),
-                           results["portable"].view(torch.uint8) if out_dtype == torch.float32 else
-                           results["portable"].view(torch.int16))
+        assert torch.equal(
+            results["native"].view(torch.uint8) if out_dtype == torch.float32 else results["native"].view(torch.int16),
+            results["portable"].view(torch.uint8)
+            if out_dtype == torch.float32
+            else results["portable"].view(torch.int16),
+        )
         if not plus:
-            ref = reference({"v": base["v"]}, {n: {"v": a["v"]} for n, a in agents.items()},
-                            {n: {"v": h["v"]} for n, h in importance.items()})["v"]
+            ref = reference(
+                {"v": base["v"]},
+                {n: {"v": a["v"]} for n, a in agents.items()},
+                {n: {"v": h["v"]} for n, h in importance.items()},
+            )["v"]
             tol = 1e-2 if out_dtype == torch.bfloat16 else 2e-6
             torch.testing.assert_close(results["native"].double(), ref, rtol=tol, atol=1e-7)
 
@@ -112,8 +126,9 @@ def test_compiled_equals_eager_bits(monkeypatch):
             eager = merge(agents, base, importance=importance, compile=False, **case)
             assert_bit_identical(compiled, eager)
             same = {n: {k: torch.full(v.shape, 2.0) for k, v in base.items()} for n in agents}
-            assert_bit_identical(merge(agents, base, importance=same, compile=True, **case),
-                                 merge(agents, base, compile=True, **case))
+            assert_bit_identical(
+                merge(agents, base, importance=same, compile=True, **case), merge(agents, base, compile=True, **case)
+            )
 
 
 def _signed_inputs(k, n, dtype, imp_dtype, seed, agree=False):
@@ -140,9 +155,14 @@ def test_sign_gives_the_weighted_accumulators_bits(dtype, imp_dtype, k):
             want = _accumulated(base, agents, lambdas, 1e-5, out_dtype, sign=True, importances=importances)
             plain = _accumulated(base, agents, lambdas, 1e-5, out_dtype, sign=False, importances=importances)
             changed += int((want != plain).sum())
-            _check_ranges(builds, lambda kernels, out, start, end: kernels.merge_weighted(
-                out, base, agents, importances, lambdas, 1e-5, start, end, sign=True), want,
-                (out_dtype, lambdas is not None))
+            _check_ranges(
+                builds,
+                lambda kernels, out, start, end: kernels.merge_weighted(
+                    out, base, agents, importances, lambdas, 1e-5, start, end, sign=True
+                ),
+                want,
+                (out_dtype, lambdas is not None),
+            )
     assert k == 1 or changed > 100, "the data has conflicts the rule resolves"
 
 
@@ -155,8 +175,15 @@ def test_sign_where_the_agents_agree_is_the_plain_weighted_merge_bit_for_bit(dty
     base, agents, importances = _signed_inputs(k, n, dtype, torch.float32, seed=500 + k, agree=True)
     for lambdas in (None, 1.0 + torch.rand(k, generator=torch.Generator().manual_seed(k))):
         for out_dtype in (torch.float32, torch.bfloat16):
-            _check_sign_is_plain(builds, lambda kernels, out, sign: kernels.merge_weighted(
-                out, base, agents, importances, lambdas, 1e-5, 0, n, sign=sign), n, out_dtype, (lambdas is not None,))
+            _check_sign_is_plain(
+                builds,
+                lambda kernels, out, sign: kernels.merge_weighted(
+                    out, base, agents, importances, lambdas, 1e-5, 0, n, sign=sign
+                ),
+                n,
+                out_dtype,
+                (lambdas is not None,),
+            )
 
 
 @needs_kernels

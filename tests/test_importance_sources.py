@@ -22,7 +22,7 @@ def _store(tmp_path, with_importance=("a0", "a1", "a2")):
         agent = {k: t.clone() for k, t in base.items()}
         mask = torch.rand(32, 16, generator=g) < 0.5  # half the entries each: many shared ones
         agent["w"] = torch.where(mask, agent["w"] + 0.1 * torch.randn(32, 16, generator=g), agent["w"])
-        agent["v"][i * 40: i * 40 + 100] += 0.3 * (i + 1)
+        agent["v"][i * 40 : i * 40 + 100] += 0.3 * (i + 1)
         imp = {"w": torch.rand(32, 16, generator=g) ** 3, "v": torch.rand(200, generator=g)}
         store.writer(name, base=base).snapshot(agent, step=1, importance=imp if name in with_importance else None)
     return store
@@ -47,8 +47,9 @@ def test_stored_is_the_snapshots_sources_passed_by_hand(tmp_path):
     snaps = store.latest_all()
     stored, info = merge(snaps, method="ram", importance="stored", return_info=True)
     assert info.extra["importance"] == "stored"
-    by_hand, info2 = merge(snaps, method="ram", importance={n: s.importance for n, s in snaps.items()},
-                           return_info=True)
+    by_hand, info2 = merge(
+        snaps, method="ram", importance={n: s.importance for n, s in snaps.items()}, return_info=True
+    )
     assert info2.extra["importance"] == "given"
     plain = merge(snaps, method="ram")
     for key in ("w", "v"):

@@ -35,8 +35,11 @@ def test_sinks_finished_out_of_order(tmp_path):
     with pytest.raises(InvalidStateError, match=r"ModuleSink.finish\(\) before begin\(\), or after abort\(\)"):
         ModuleSink(nn.Linear(2, 2)).finish()
     sink = SafetensorsSink(tmp_path / "out.safetensors")
-    with pytest.raises(InvalidStateError, match=rf"SafetensorsSink for {tmp_path / 'out.safetensors'}: cannot "
-                                                r"finish before begin\(\)"):
+    with pytest.raises(
+        InvalidStateError,
+        match=rf"SafetensorsSink for {tmp_path / 'out.safetensors'}: cannot "
+        r"finish before begin\(\)",
+    ):
         sink.finish()
     assert not (tmp_path / "out.safetensors").exists()
 
@@ -49,8 +52,9 @@ def test_statistics_without_an_activity_rule_name_the_tensor():
     def prepare(config, view, weights):
         return view.statistics(None)  # a method's own prepare passing no rule
 
-    register_method("counts_without_rule_test", CountsConfig, lambda deltas, ctx, config: deltas.sum(0),
-                    prepare=prepare)
+    register_method(
+        "counts_without_rule_test", CountsConfig, lambda deltas, ctx, config: deltas.sum(0), prepare=prepare
+    )
     try:
         base = {"w": torch.zeros(4)}
         with pytest.raises(ConfigError, match=r"tensor 'w': RAM counts need an activity rule \(an Activity\)"):

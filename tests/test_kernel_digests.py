@@ -25,7 +25,7 @@ from tests.reference import portable_randn
 
 KS = (1, 2, 3, 5, 8)
 LENGTHS = (1, 31, 1000, 4099)
-EPS = (0.0, 1e-5, 2.0 ** -9)
+EPS = (0.0, 1e-5, 2.0**-9)
 DENSITIES = (0.03, 0.46, 0.54, 0.10, 0.25, 0.35, 0.60, 0.05)
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -48,10 +48,14 @@ DIGESTS = {
 #: The probe's Gram sums (float32 lanes into float64) depend on which entries share a lane: one literal for the
 #: AVX-512 probe (``simd_bits`` 512) and one for the portable loops (0). Its counts above are the same on all.
 GRAM_DIGESTS = {
-    512: {"gram/bf16": "d8cf78edd247cf7f448be4c72e1f15abc8ac8e2c6a5f9276c5427eed99cd005d",
-          "gram/f32": "a0b5cde2f989a6b17a432ef6f8bb23f2673c47aa38262ad282665e33a21c59e7"},
-    0: {"gram/bf16": "d4f19f7cf86057e2a2ae5e65d18d2c135d6a74905b3b275ef4f6803a903f670f",
-        "gram/f32": "c7242256cfd6d51e5c7f9fe0fee8c02f8cd1311ff2a1982052f4adf360e74d78"},
+    512: {
+        "gram/bf16": "d8cf78edd247cf7f448be4c72e1f15abc8ac8e2c6a5f9276c5427eed99cd005d",
+        "gram/f32": "a0b5cde2f989a6b17a432ef6f8bb23f2673c47aa38262ad282665e33a21c59e7",
+    },
+    0: {
+        "gram/bf16": "d4f19f7cf86057e2a2ae5e65d18d2c135d6a74905b3b275ef4f6803a903f670f",
+        "gram/f32": "c7242256cfd6d51e5c7f9fe0fee8c02f8cd1311ff2a1982052f4adf360e74d78",
+    },
 }
 
 
@@ -65,7 +69,7 @@ def _inputs(dtype: torch.dtype, n: int, k: int, seed: int) -> tuple[torch.Tensor
         changed = torch.rand(n, generator=g) < DENSITIES[t]
         step = torch.maximum(base.abs() / 64, torch.full_like(base, 1e-4)) * portable_randn(n, g).sign()
         kind = torch.randint(0, 8, (n,), generator=g)
-        delta = torch.where(kind == 0, torch.full_like(base, 2.0 ** -9), step)
+        delta = torch.where(kind == 0, torch.full_like(base, 2.0**-9), step)
         delta = torch.where(kind == 1, torch.full_like(base, 3e-6), delta)
         agents.append(torch.where(changed, base + delta, base))
     return base.to(dtype), [a.to(dtype) for a in agents]
@@ -82,7 +86,7 @@ def _importances(base: torch.Tensor, k: int, dtype: torch.dtype, seed: int) -> l
     g = torch.Generator().manual_seed(seed + 1)
     imps = [torch.rand(base.numel(), generator=g) * 4 for _ in range(k)]
     for h in imps:
-        h[:: 7] = 0.0  # zero importances: w = 1 where M = 0
+        h[::7] = 0.0  # zero importances: w = 1 where M = 0
     return [h.to(dtype) for h in imps]
 
 
@@ -122,8 +126,10 @@ def compute(ram: native.Kernels, weighted: wnative.Kernels, probe: pnative.Kerne
                         feed(f"rescale/{dname}", _bytes(out) + str(bad).encode())
                     counts = pnative.ProbeCounts.zeros(k)
                     bad = probe.probe(base, agents, eps, 0, n, counts)
-                    feed(f"probe/{dname}", _bytes(counts.active, counts.unique, counts.inter, counts.histogram)
-                         + str(bad).encode())
+                    feed(
+                        f"probe/{dname}",
+                        _bytes(counts.active, counts.unique, counts.inter, counts.histogram) + str(bad).encode(),
+                    )
                     feed(f"gram/{dname}", _bytes(counts.gram))
                     if k <= 5:
                         for hname, hdtype in DTYPES.items():

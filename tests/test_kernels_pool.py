@@ -19,12 +19,16 @@ def test_map_threads_keeps_order_and_uses_the_shared_pool():
 
 
 def test_more_threads_than_the_pool_get_their_own():
-    got = pool.map_threads(lambda i: threading.current_thread().name, range(pool.POOL_THREADS + 2),
-                           pool.POOL_THREADS + 2)
+    got = pool.map_threads(
+        lambda i: threading.current_thread().name, range(pool.POOL_THREADS + 2), pool.POOL_THREADS + 2
+    )
     assert all(n.startswith("ram-live-extra") for n in got)
     # their threads count as the library's too: what they start runs in them or on threads of its own
-    inner = pool.map_threads(lambda i: (pool.in_pool_thread(), pool.submit(threading.current_thread).result().name),
-                             range(pool.POOL_THREADS + 2), pool.POOL_THREADS + 2)
+    inner = pool.map_threads(
+        lambda i: (pool.in_pool_thread(), pool.submit(threading.current_thread).result().name),
+        range(pool.POOL_THREADS + 2),
+        pool.POOL_THREADS + 2,
+    )
     assert all(flag and name.startswith("ram-live-extra") for flag, name in inner)
 
 

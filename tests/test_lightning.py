@@ -60,9 +60,18 @@ def _loader(ds, batch=8):
 
 def _trainer(callbacks, steps, tmp_path=None, name="logs", **kw):
     logger = L.pytorch.loggers.CSVLogger(tmp_path, name=name, version=0) if tmp_path is not None else False
-    return L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=logger, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                     callbacks=callbacks, **kw)
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        **kw,
+    )
 
 
 def _copy(module):
@@ -85,8 +94,11 @@ def _val_loss(state) -> float:
 
 
 def _same(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
-                                                                     b.reshape(-1).view(torch.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )
 
 
 class Around(L.Callback):
@@ -128,7 +140,8 @@ def test_merge_equals_ram_merge_of_live_models_and_validation_swap_restores(tmp_
     h = ram.history[0]
     assert h["ram/val_loss"] == pytest.approx(expected, rel=1e-6)
     assert h["ram/a/lambda"] == pytest.approx(info.lambdas["a"]) and h["ram/b/lambda"] == pytest.approx(
-        info.lambdas["b"])
+        info.lambdas["b"]
+    )
     total = info.parameters
     assert h["ram/a/density"] == pytest.approx(info.statistics.active[0].item() / total)
     assert h["ram/b/rho"] == pytest.approx(info.rho["b"])
@@ -157,8 +170,16 @@ def test_evaluate_callable_sees_the_merged_weights_and_probe_numbers_match(tmp_p
         seen.update(_copy(module))
         return {"score": torch.tensor(0.75), "ram/custom": 2}
 
-    ram = RAMCallback(store, "b", snapshot_every=3, merge_every=3, evaluate=evaluate, ram={"method": "ram"},
-                      async_write=True, durable=False)
+    ram = RAMCallback(
+        store,
+        "b",
+        snapshot_every=3,
+        merge_every=3,
+        evaluate=evaluate,
+        ram={"method": "ram"},
+        async_write=True,
+        durable=False,
+    )
     model_b = Net()
     _trainer([ram], 3).fit(model_b, _loader(_data("b")))
     live = {"a": model_a, "b": model_b}
@@ -243,8 +264,7 @@ def test_schedule_in_a_plain_loop(tmp_path):
     scores = []
     for name, model in models.items():
         model.load_state_dict(base.state_dict())
-        schedule = RAMSchedule(store, name, snapshot_every=2, merge_every=4,
-                               evaluate=lambda m: {"w0": m.weight[0, 0]})
+        schedule = RAMSchedule(store, name, snapshot_every=2, merge_every=4, evaluate=lambda m: {"w0": m.weight[0, 0]})
         schedule.attach(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         g = torch.Generator().manual_seed(ord(name))
@@ -273,8 +293,15 @@ def test_search_setting_picks_the_merge_with_the_validation_loop_logs_and_saves_
     base = _copy(Net())
     _trainer([RAMCallback(store, "a", snapshot_every=3, durable=False)], 3).fit(Net(), _loader(_data("a")))
     before, after = Around(), Around()
-    ram = RAMCallback(store, "b", snapshot_every=2, merge_every=4, durable=False, merged_dir=tmp_path / "merged",
-                      search=SearchSetting(metric="val_loss", mode="min", budget=6))
+    ram = RAMCallback(
+        store,
+        "b",
+        snapshot_every=2,
+        merge_every=4,
+        durable=False,
+        merged_dir=tmp_path / "merged",
+        search=SearchSetting(metric="val_loss", mode="min", budget=6),
+    )
     model_b = Net()
     trainer = _trainer([before, ram, after], 4, tmp_path, "b")
     trainer.fit(model_b, _loader(_data("b")), _loader(VAL))
@@ -317,8 +344,16 @@ def test_merged_dir_and_load_generalist_like_weight_averaging(tmp_path):
 
     store = tmp_path / "store"
     _trainer([RAMCallback(store, "b", snapshot_every=2, durable=False)], 2).fit(Net(), _loader(_data("b")))
-    ram = RAMCallback(store, "a", snapshot_every=2, merge_every=2, evaluate=False, durable=False,
-                      merged_dir=tmp_path / "merged", load_generalist=True)
+    ram = RAMCallback(
+        store,
+        "a",
+        snapshot_every=2,
+        merge_every=2,
+        evaluate=False,
+        durable=False,
+        merged_dir=tmp_path / "merged",
+        load_generalist=True,
+    )
     model = Net()
     trainer = _trainer([ram], 4)
     trainer.fit(model, _loader(_data("a")))
@@ -357,8 +392,15 @@ def test_merged_dir_saves_a_pretrained_folder_when_the_module_wraps_one(tmp_path
         def __init__(self):
             super().__init__()
             torch.manual_seed(0)
-            cfg = transformers.LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
+            cfg = transformers.LlamaConfig(
+                vocab_size=16,
+                hidden_size=8,
+                intermediate_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                max_position_embeddings=16,
+            )
             self.model = transformers.LlamaForCausalLM(cfg)
 
         def training_step(self, batch, i):
@@ -371,8 +413,16 @@ def test_merged_dir_saves_a_pretrained_folder_when_the_module_wraps_one(tmp_path
     ids = torch.utils.data.TensorDataset(torch.randint(0, 16, (8, 6), generator=torch.Generator().manual_seed(0)))
     store = tmp_path / "store"
     _trainer([RAMCallback(store, "b", snapshot_every=2, durable=False)], 2).fit(LM(), _loader(ids, 4))
-    ram = RAMCallback(store, "a", base="store", snapshot_every=2, merge_every=2, evaluate=False, durable=False,
-                      merged_dir=tmp_path / "merged")
+    ram = RAMCallback(
+        store,
+        "a",
+        base="store",
+        snapshot_every=2,
+        merge_every=2,
+        evaluate=False,
+        durable=False,
+        merged_dir=tmp_path / "merged",
+    )
     module = LM()
     with torch.no_grad():
         module.model.model.embed_tokens.weight.add_(0.01)  # a different agent (same base: the store's)

@@ -111,7 +111,9 @@ def fit(module, agent, steps, merge_every, evaluate, strategy, val=False):
         json.dump({**post.report, "state": ram.state_dict(), "history": ram.history, "mode": ram.mode}, fh)
 '''
 
-SCRIPT = COMMON + r'''
+SCRIPT = (
+    COMMON
+    + r"""
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 
@@ -173,7 +175,8 @@ for MODE in ("ddp", "tp", "fsdp"):  # one launch of two processes, three strateg
         fit(model(), "b", 4, 4, None, strategy(), val=True)
     else:
         fit(model(), "b", 4, 4, record_merged, strategy())
-'''
+"""
+)
 
 
 def _free_port() -> int:
@@ -193,11 +196,23 @@ def runs(tmp_path_factory):
 def _run(tmp_path: Path, script: str) -> None:
     path = tmp_path / "run.py"
     path.write_text(script)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop("LOCAL_RANK", None)
-    proc = subprocess.run([sys.executable, str(path), str(tmp_path)], check=False, env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(path), str(tmp_path)],
+        check=False,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
@@ -206,8 +221,11 @@ def _base_weights(tmp_path):
 
 
 def _same(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
-                                                                     b.reshape(-1).view(torch.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )
 
 
 def _check_common(tmp_path, parts):

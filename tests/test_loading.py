@@ -15,15 +15,18 @@ def test_both_spellings_and_callables_pass_through():
     assert load_callable(len, "evaluate") is len
 
 
-@pytest.mark.parametrize("value, message", [
-    ("sqrt", "--eval takes package.module:function, got 'sqrt'"),
-    ("math:", "--eval takes package.module:function"),
-    ("bad-name:f", "--eval takes package.module:function"),
-    ("no_such_module_q:f", "--eval='no_such_module_q:f': cannot import 'no_such_module_q'"),
-    ("math:nothing", "--eval='math:nothing': 'math' has no function 'nothing'"),
-    ("math:pi", "--eval='math:pi': math.pi is not callable"),
-    (3, "--eval takes a callable or 'package.module:function', got int"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("sqrt", "--eval takes package.module:function, got 'sqrt'"),
+        ("math:", "--eval takes package.module:function"),
+        ("bad-name:f", "--eval takes package.module:function"),
+        ("no_such_module_q:f", "--eval='no_such_module_q:f': cannot import 'no_such_module_q'"),
+        ("math:nothing", "--eval='math:nothing': 'math' has no function 'nothing'"),
+        ("math:pi", "--eval='math:pi': math.pi is not callable"),
+        (3, "--eval takes a callable or 'package.module:function', got int"),
+    ],
+)
 def test_errors_name_the_option_and_path(value, message):
     with pytest.raises(ConfigError) as info:
         load_callable(value, "--eval")
@@ -51,12 +54,15 @@ def test_a_python_file_path_as_verl_names_its_reward_function(tmp_path):
         load_callable(f"{tmp_path / 'absent.py'}:compute_score", "score")
 
 
-@pytest.mark.parametrize("body, message", [
-    ("import sys\nsys.exit(0)\n", "importing 'exits_at_import_{i}' called sys.exit(0)"),
-    ("raise SystemExit('bye')\n", "importing 'exits_at_import_{i}' called sys.exit('bye')"),
-    ("exit()\n", "importing 'exits_at_import_{i}' called sys.exit(None)"),
-    ("raise GeneratorExit\n", "importing 'exits_at_import_{i}' raised GeneratorExit"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("import sys\nsys.exit(0)\n", "importing 'exits_at_import_{i}' called sys.exit(0)"),
+        ("raise SystemExit('bye')\n", "importing 'exits_at_import_{i}' called sys.exit('bye')"),
+        ("exit()\n", "importing 'exits_at_import_{i}' called sys.exit(None)"),
+        ("raise GeneratorExit\n", "importing 'exits_at_import_{i}' raised GeneratorExit"),
+    ],
+)
 def test_a_module_that_exits_while_imported_is_a_config_error(tmp_path, monkeypatch, body, message):
     i = len(body)  # a module name of its own per case (a failed import leaves nothing in sys.modules anyway)
     (tmp_path / f"exits_at_import_{i}.py").write_text(body + "def score(model):\n    return 1.0\n")

@@ -12,7 +12,7 @@ def test_empty_gives_a_usable_tensor_of_the_asked_kind(monkeypatch):
     assert big.shape == (3, 1 << 20) and big.dtype == torch.float32
     big.fill_(2.0)
     assert float(big.sum()) == 2.0 * big.numel()
-    (start, length, advice), = calls
+    ((start, length, advice),) = calls
     assert advice == 14 and start % (1 << 21) == 0 and length % (1 << 21) == 0
     assert big.data_ptr() <= start and start + length <= big.data_ptr() + big.numel() * 4
     memory.empty((16,), dtype=torch.bfloat16, device="cpu")  # small: no advice

@@ -27,15 +27,21 @@ import ram_live
 from tests.reference import portable_randn
 from ram_live.kernels import cc
 
-SHAPES = {"embed.weight": (97, 48), "block.0.attn.weight": (48, 48), "block.0.mlp.weight": (130, 48),
-          "block.0.norm.weight": (48,), "head.bias": (1,), "lm_head.weight": (97, 48)}
+SHAPES = {
+    "embed.weight": (97, 48),
+    "block.0.attn.weight": (48, 48),
+    "block.0.mlp.weight": (130, 48),
+    "block.0.norm.weight": (48,),
+    "head.bias": (1,),
+    "lm_head.weight": (97, 48),
+}
 DENSITIES = (0.04, 0.45, 0.55, 0.12, 0.3)
 
 #: (method, options) merged in every path; ``importance`` marks a curvature-aware RAM case.
 CASES = {
     "ram": ("ram", {}),
     "ram_changed": ("ram", {"activity": "changed", "eps": 0.0}),
-    "ram_eps": ("ram", {"eps": 2.0 ** -9}),
+    "ram_eps": ("ram", {"eps": 2.0**-9}),
     "ram_lambdas": ("ram", {"lambdas": {"a0": 1.5, "a1": 0.5, "a2": 2.0}}),
     "ram_exclude": ("ram", {"exclude": ["a1"]}),
     "ram_plus": ("ram_plus", {}),
@@ -71,7 +77,7 @@ def _models(dtype: torch.dtype, k: int = 3, seed: int = 7) -> tuple[dict, dict, 
             changed = torch.rand(w.shape, generator=g) < DENSITIES[t]
             step = torch.maximum(w.abs() / 64, torch.full_like(w, 1e-4)) * portable_randn(w.shape, g).sign()
             kind = torch.randint(0, 8, w.shape, generator=g)
-            delta = torch.where(kind == 0, torch.full_like(w, 2.0 ** -9), step)
+            delta = torch.where(kind == 0, torch.full_like(w, 2.0**-9), step)
             sd[key] = torch.where(changed, w + delta, w).to(dtype)
             h = torch.rand(w.shape, generator=g) * 3
             h.view(-1)[::5] = 0.0
@@ -129,7 +135,7 @@ def _probe_report(dtype: torch.dtype, path: str) -> dict:
     base, agents, _ = _models(dtype)
     env = PATHS[path][1]
     with _environment(env):
-        return ram_live.probe(agents, base, eps=2.0 ** -9, r=0.2, alpha=1.0).to_dict()
+        return ram_live.probe(agents, base, eps=2.0**-9, r=0.2, alpha=1.0).to_dict()
 
 
 def _probe(dtype: torch.dtype, path: str) -> str:
@@ -147,8 +153,10 @@ COSINE_TOLERANCE = 1e-6
 def _reference_cosines(dtype: torch.dtype) -> list[list[float]]:
     """Cosines of the raw task vectors in float64: τ in float32 as the probe forms it, exact float64 products."""
     base, agents, _ = _models(dtype)
-    taus = [torch.cat([(a[key].float() - base[key].float()).reshape(-1) for key in SHAPES]).double()
-            for a in agents.values()]
+    taus = [
+        torch.cat([(a[key].float() - base[key].float()).reshape(-1) for key in SHAPES]).double()
+        for a in agents.values()
+    ]
     gram = [[float((u * v).sum()) for v in taus] for u in taus]
     return [[gram[i][j] / math.sqrt(gram[i][i] * gram[j][j]) for j in range(len(taus))] for i in range(len(taus))]
 

@@ -69,8 +69,15 @@ def _tiny_folders(root: Path, agents: int = 3, keep_ties: bool = False) -> tuple
     keeps every entry tied with the k-th magnitude, mergekit an arbitrary k of them (docs/methods.md, "TIES' tie
     rule"; with bf16's 8 bits ties are common in small tensors, and one of them moves a 1024-entry tensor by
     1.6 %); :func:`test_ties_on_bf16_ties_differs_from_exactly_k_only_at_the_tied_entries` keeps them."""
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
     with torch.no_grad():
@@ -222,12 +229,22 @@ def test_mapping_follows_mergekits_defaults_and_semantics(folders: dict[str, str
     plan = from_mergekit_yaml(_config(folders, "ties"))
     models, base, kwargs = plan
     assert base == folders["base"] and list(models.values()) == [folders["a0"], folders["a1"], folders["a2"]]
-    assert kwargs == {"method": "ties", "dtype": torch.bfloat16, "weights": [1.0, 0.5, 0.8], "scale": 1.0,
-                      "densities": [0.5, 0.3, 0.7], "elect_on": "weighted", "majority_sign": "total",
-                      "divide_by": "weights"}
+    assert kwargs == {
+        "method": "ties",
+        "dtype": torch.bfloat16,
+        "weights": [1.0, 0.5, 0.8],
+        "scale": 1.0,
+        "densities": [0.5, 0.3, 0.7],
+        "elect_on": "weighted",
+        "majority_sign": "total",
+        "divide_by": "weights",
+    }
     # the base listed among the models, spelled differently, is still the base
-    text = Path(_config(folders, "ties")).read_text().replace(f"- model: {folders['base']}\n",
-                                                               f"- model: {folders['base']}/\n")
+    text = (
+        Path(_config(folders, "ties"))
+        .read_text()
+        .replace(f"- model: {folders['base']}\n", f"- model: {folders['base']}/\n")
+    )
     again = from_mergekit_yaml(_yaml(Path(folders["root"]) / "ties_slash.yml", text))
     assert list(again.models.values()) == list(plan.models.values()) and f"{folders['base']}/" in text
     # top-level weight/density are every model's default; normalize: false is no division at all
@@ -240,8 +257,15 @@ def test_mapping_follows_mergekits_defaults_and_semantics(folders: dict[str, str
     models, base, kw = from_mergekit_yaml(_config(folders, "linear"))
     assert base == folders["a0"] and kw["weights"] == [1.0, 0.5, 0.25] and kw["normalize"] is True
     _, _, kw = from_mergekit_yaml(_config(folders, "ramplus_tl"))
-    assert kw == {"method": "ram_plus", "dtype": torch.bfloat16, "eps": 1e-5, "activity": "abs", "r": 0.3,
-                  "alpha": 0.2, "rho_scope": "tensor"}
+    assert kw == {
+        "method": "ram_plus",
+        "dtype": torch.bfloat16,
+        "eps": 1e-5,
+        "activity": "abs",
+        "r": 0.3,
+        "alpha": 0.2,
+        "rho_scope": "tensor",
+    }
 
 
 def test_per_model_density_merges_as_hand_computed(folders: dict[str, str], tmp_path: Path) -> None:
@@ -319,41 +343,62 @@ def test_ties_on_bf16_ties_differs_from_exactly_k_only_at_the_tied_entries(tmp_p
 
 
 def test_unsupported_keys_are_one_error_naming_them(folders: dict[str, str], tmp_path: Path) -> None:
-    path = _yaml(tmp_path / "bad.yml", f"""
+    path = _yaml(
+        tmp_path / "bad.yml",
+        f"""
         merge_method: ties
-        base_model: {folders['base']}
+        base_model: {folders["base"]}
         chat_template: chatml
         parameters: {{gamma: 0.1}}
         models:
-          - model: {folders['a0']}
+          - model: {folders["a0"]}
             parameters: {{weight: 1.0, epsilon: 0.2, lambda: 2}}
-    """)
+    """,
+    )
     with pytest.raises(ConfigError) as err:
         from_mergekit_yaml(path)
     message = str(err.value)
-    for part in ("chat_template (top level)", "parameters.gamma", "models[0].parameters.epsilon",
-                 "models[0].parameters.lambda"):
+    for part in (
+        "chat_template (top level)",
+        "parameters.gamma",
+        "models[0].parameters.epsilon",
+        "models[0].parameters.lambda",
+    ):
         assert part in message
     with pytest.raises(ConfigError, match="interpolates lists over the layers"):
-        from_mergekit_yaml(_yaml(tmp_path / "grad.yml", f"""
+        from_mergekit_yaml(
+            _yaml(
+                tmp_path / "grad.yml",
+                f"""
             merge_method: ties
-            base_model: {folders['base']}
+            base_model: {folders["base"]}
             models:
-              - model: {folders['a0']}
+              - model: {folders["a0"]}
                 parameters: {{weight: 1.0, density: [0.2, 0.8]}}
-        """))
+        """,
+            )
+        )
     with pytest.raises(ConfigError, match="slerp"):
         from_mergekit_yaml(_yaml(tmp_path / "slerp.yml", "merge_method: slerp\nmodels: []\n"))
     with pytest.raises(ConfigError, match="needs a weight for every model"):
-        from_mergekit_yaml(_yaml(tmp_path / "now.yml", f"""
+        from_mergekit_yaml(
+            _yaml(
+                tmp_path / "now.yml",
+                f"""
             merge_method: task_arithmetic
-            base_model: {folders['base']}
+            base_model: {folders["base"]}
             models:
-              - model: {folders['a0']}
-        """))
+              - model: {folders["a0"]}
+        """,
+            )
+        )
     with pytest.raises(ConfigError, match="not a local folder"):
-        from_mergekit_yaml(_yaml(tmp_path / "hub.yml", "merge_method: ram\nbase_model: org/some-model\n"
-                                                       f"models:\n  - model: {folders['a0']}\n"))
+        from_mergekit_yaml(
+            _yaml(
+                tmp_path / "hub.yml",
+                f"merge_method: ram\nbase_model: org/some-model\nmodels:\n  - model: {folders['a0']}\n",
+            )
+        )
 
 
 def test_cli_merge_config(folders: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -376,8 +421,13 @@ def test_matches_mergekit_output(folders: dict[str, str], tmp_path: Path) -> Non
     if python is None:
         pytest.skip("no mergekit environment (bash benchmarks/mergekit_env.sh builds it)")
     jobs = [(_config(folders, name), str(tmp_path / f"mk_{name}")) for name in CONFIGS]
-    run = subprocess.run([python, "-c", WORKER, json.dumps(jobs)], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": ""})
+    run = subprocess.run(
+        [python, "-c", WORKER, json.dumps(jobs)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": ""},
+    )
     if run.returncode == 77:
         pytest.skip(f"mergekit cannot be imported in {python}: {run.stderr.strip()[-300:]}")
     if run.returncode != 0:
@@ -421,8 +471,9 @@ def test_per_agent_densities_in_the_ties_and_dare_configs() -> None:
     two = {"a0": agents["a0"], "a1": agents["a1"]}
     mixed = ram_live.merge(two, base=base, method="dare_linear", densities=[1.0, 0.5])
     alone = ram_live.merge({"a1": agents["a1"]}, base=base, method="dare_linear", density=0.5)
-    torch.testing.assert_close(mixed["w"] - base["w"], (agents["a0"]["w"] - base["w"]) + (alone["w"] - base["w"]),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        mixed["w"] - base["w"], (agents["a0"]["w"] - base["w"]) + (alone["w"] - base["w"]), rtol=0, atol=1e-6
+    )
     # TIES with densities: agent t keeps int(d_t · n) entries before the election
     tau = agents["a2"]["w"] - base["w"]
     kept = ram_live.merge({"a2": agents["a2"]}, base=base, method="ties", densities=[0.25])["w"] - base["w"]

@@ -19,7 +19,14 @@ def _taus(base, agents, key):
 
 def test_registry_lists_every_method():
     assert set(ram_live.available_methods()) >= {
-        "linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "ram", "ram_plus", "ram_plus_soft"
+        "linear",
+        "task_arithmetic",
+        "ties",
+        "dare_linear",
+        "dare_ties",
+        "ram",
+        "ram_plus",
+        "ram_plus_soft",
     }
 
 
@@ -29,6 +36,7 @@ def test_register_user_method_and_taken_name(base_sd):
         pass
 
     try:
+
         @register_method("abs_max_test", MaxConfig)
         def abs_max(deltas, ctx, config):
             return deltas.gather(0, deltas.abs().argmax(0, keepdim=True)).squeeze(0)
@@ -92,8 +100,9 @@ def _bf16_taus(seed=0, n=3):
     """Task vectors holding bf16 values (8 significant bits: many ties at TIES' k-th magnitude), as float32."""
     g = torch.Generator().manual_seed(seed)
     shapes = {"a": (256, 256), "b": (64, 512), "c": (1024,), "d": (128, 96)}
-    return shapes, [{k: (torch.randn(s, generator=g) * 0.02).bfloat16().float() for k, s in shapes.items()}
-                    for _ in range(n)]
+    return shapes, [
+        {k: (torch.randn(s, generator=g) * 0.02).bfloat16().float() for k, s in shapes.items()} for _ in range(n)
+    ]
 
 
 @pytest.mark.filterwarnings("ignore:The density 1.0")
@@ -128,8 +137,7 @@ def test_ties_on_bf16_ties_differs_from_peft_only_at_the_tied_entries(density, l
         away = ~tied_any
         assert torch.equal(ours[key][away], peft[away]), key  # bit-equal away from the thresholds
         # the whole difference is the trim: PEFT's election on ram_live's trim is ram_live's result
-        torch.testing.assert_close(ours[key], pmu.ties(trimmed, torch.tensor(WEIGHTS), 1.0, "total"),
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(ours[key], pmu.ties(trimmed, torch.tensor(WEIGHTS), 1.0, "total"), rtol=0, atol=0)
         num += float((ours[key] - peft).norm() ** 2)
         den += float(peft.norm() ** 2)
     assert extra > 0  # bf16 values do tie at the thresholds
@@ -141,8 +149,9 @@ def test_ties_on_float32_without_ties_equals_peft_bit_for_bit():
 
     g = torch.Generator().manual_seed(5)
     taus = [torch.randn(128, 96, generator=g) * 0.02 for _ in WEIGHTS]
-    ours = merge([{"w": t} for t in taus], base={"w": torch.zeros(128, 96)}, method="ties", density=0.2,
-                 weights=WEIGHTS)["w"]
+    ours = merge(
+        [{"w": t} for t in taus], base={"w": torch.zeros(128, 96)}, method="ties", density=0.2, weights=WEIGHTS
+    )["w"]
     for t in taus:
         assert int((t.abs() >= F.magnitude_threshold(t, 0.2)).sum()) == int(0.2 * t.numel())  # no ties: k kept
     assert torch.equal(ours, pmu.ties(taus, torch.tensor(WEIGHTS), 0.2, "total"))
@@ -198,8 +207,9 @@ def test_mergekit_ties_convention_divides_by_weights():
     base = {"w": torch.zeros(2)}
     a, b = {"w": torch.tensor([1.0, 1.0])}, {"w": torch.tensor([3.0, -1.0])}
     peft_style = merge([a, b], base=base, method="ties", density=1.0, weights=[1.0, 3.0])["w"]
-    mk_style = merge([a, b], base=base, method="ties", density=1.0, weights=[1.0, 3.0],
-                     elect_on="weighted", divide_by="weights")["w"]
+    mk_style = merge(
+        [a, b], base=base, method="ties", density=1.0, weights=[1.0, 3.0], elect_on="weighted", divide_by="weights"
+    )["w"]
     # column 1: unweighted sum 0 -> "+" elected (PEFT) keeps a; weighted sum -2 -> "-" elected keeps b
     assert peft_style.tolist() == pytest.approx([(1 + 9) / 2, 1.0])
     assert mk_style.tolist() == pytest.approx([(1 + 9) / 4, -1.0])
@@ -225,11 +235,24 @@ NON_FINITE = [float("nan"), float("inf"), -float("inf"), 1e39, pytest.param(10**
 
 
 @pytest.mark.parametrize("value", NON_FINITE)
-@pytest.mark.parametrize("method, option", [
-    ("linear", "weights"), ("task_arithmetic", "weights"), ("task_arithmetic", "scale"), ("ties", "weights"),
-    ("ties", "scale"), ("ties", "density"), ("dare_linear", "weights"), ("dare_linear", "scale"),
-    ("dare_ties", "density"), ("ram", "eps"), ("ram_plus", "r"), ("ram_plus", "alpha"), ("ram_plus_soft", "r"),
-])
+@pytest.mark.parametrize(
+    "method, option",
+    [
+        ("linear", "weights"),
+        ("task_arithmetic", "weights"),
+        ("task_arithmetic", "scale"),
+        ("ties", "weights"),
+        ("ties", "scale"),
+        ("ties", "density"),
+        ("dare_linear", "weights"),
+        ("dare_linear", "scale"),
+        ("dare_ties", "density"),
+        ("ram", "eps"),
+        ("ram_plus", "r"),
+        ("ram_plus", "alpha"),
+        ("ram_plus_soft", "r"),
+    ],
+)
 def test_non_finite_options_are_refused(method, option, value):
     base = {"w": torch.zeros(4, 4)}
     agents = [{"w": torch.ones(4, 4)}, {"w": 2 * torch.ones(4, 4)}]
@@ -296,8 +319,9 @@ def test_unknown_option_with_a_config_object():
         merge(agents, base=base, method="ram_plus", zz=1)
     with pytest.raises(ConfigError, match=r"in the config or as keywords of method='ram_plus', not both"):
         merge(agents, base=base, method="ram_plus", config=ram_live.RamConfig(), r=0.2)
-    out = merge(agents, base=base, method="task_arithmetic", config=ram_live.TaskArithmeticConfig(scale=2.0),
-                weights=[1.0, 0.5])
+    out = merge(
+        agents, base=base, method="task_arithmetic", config=ram_live.TaskArithmeticConfig(scale=2.0), weights=[1.0, 0.5]
+    )
     assert out["w"].unique().tolist() == [4.0]
 
 
@@ -306,8 +330,10 @@ def test_linear_weights_that_sum_to_zero_or_near_float32s_limit(base_sd):
     agents = make_agents(base_sd, [0.5, 0.5])
     with pytest.raises(ConfigError, match="weights sum to 0.0 and normalize=True"):
         merge(agents, base=base_sd, method="linear", weights=[1.0, -1.0])
-    assert_bit_identical(merge(agents, base=base_sd, method="linear", weights=[3e38, 3e38]),
-                         merge(agents, base=base_sd, method="linear", weights=[1.0, 1.0]))
+    assert_bit_identical(
+        merge(agents, base=base_sd, method="linear", weights=[3e38, 3e38]),
+        merge(agents, base=base_sd, method="linear", weights=[1.0, 1.0]),
+    )
 
 
 def test_float64_inputs_keep_their_weights_exact():

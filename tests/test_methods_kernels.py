@@ -28,8 +28,11 @@ TWIN = "ram_plus_twin_test"
 def twin() -> Iterator[Any]:
     """Registers ``TWIN`` with RAM+'s hooks (``**fields`` override them) and drops it afterwards."""
     ram = get_method("ram_plus")
-    hooks = {f.name: getattr(ram, f.name) for f in dataclasses.fields(ram)
-             if f.name not in ("name", "config_cls", "combine", "description")}
+    hooks = {
+        f.name: getattr(ram, f.name)
+        for f in dataclasses.fields(ram)
+        if f.name not in ("name", "config_cls", "combine", "description")
+    }
 
     def register(**fields: Any) -> str:
         _REGISTRY.pop(TWIN, None)
@@ -57,8 +60,14 @@ def _active_mean_accumulator(config, state, capacity, k, device, dtype, auxiliar
 
 
 def _register_active_mean(name: str, **fields: Any) -> None:
-    register_method(name, ActiveMeanConfig, lambda deltas, ctx, config: R.ram_combine(deltas),
-                    activity=lambda config: Activity(eps=config.eps), accumulator=_active_mean_accumulator, **fields)
+    register_method(
+        name,
+        ActiveMeanConfig,
+        lambda deltas, ctx, config: R.ram_combine(deltas),
+        activity=lambda config: Activity(eps=config.eps),
+        accumulator=_active_mean_accumulator,
+        **fields,
+    )
 
 
 @needs_kernels
@@ -115,10 +124,12 @@ def test_the_engine_honours_what_the_kernels_allow(base_sd, agents, twin) -> Non
 def test_the_overflow_bound_is_the_methods(base_sd, agents, twin) -> None:
     """In place, a tensor is dry-run unless the method's bound clears it: RAM+'s bound clears every one here
     (small deltas), no bound clears none, and an unbounded one (math.inf) clears none either."""
+
     def in_place(**fields: object) -> int:
         name = twin(**fields)
-        module = torch.nn.ParameterDict({k.replace(".", "_"): torch.nn.Parameter(v.clone())
-                                         for k, v in base_sd.items()})
+        module = torch.nn.ParameterDict(
+            {k.replace(".", "_"): torch.nn.Parameter(v.clone()) for k, v in base_sd.items()}
+        )
         models = [{k.replace(".", "_"): v for k, v in a.items()} for a in agents]
         _, info = merge(models, base=module, method=name, r=0.3, inplace=True, return_info=True)
         expected = merge(models, base={k.replace(".", "_"): v for k, v in base_sd.items()}, method="ram_plus", r=0.3)
@@ -136,7 +147,12 @@ def test_rams_bound_is_its_largest_lambda() -> None:
     assert lambda_bound(RamConfig(lam=RhoClip(r=0.3)), torch.tensor([1.25, -2.5, 1.0])) == 2.5  # the merge's own λ
     assert lambda_bound(RamConfig(lam=Given({"a": -3.0, "b": 0.5}))) == 3.0
     assert get_method("ram").overflow_bound(RamConfig(lam=Unit()), None) == 1.0
-    assert {n: get_method(n).kernels is not None for n in ("ram", "ram_plus", "ram_plus_soft", "ties", "linear")} \
-        == {"ram": True, "ram_plus": True, "ram_plus_soft": True, "ties": False, "linear": False}
+    assert {n: get_method(n).kernels is not None for n in ("ram", "ram_plus", "ram_plus_soft", "ties", "linear")} == {
+        "ram": True,
+        "ram_plus": True,
+        "ram_plus_soft": True,
+        "ties": False,
+        "linear": False,
+    }
     assert ram_kernels(RamConfig()).single_read is not None
     assert ram_kernels(RamConfig(shared="sign")).single_read is None  # the sign rule counts first, then merges

@@ -32,11 +32,21 @@ from ram_live.peft import (  # noqa: E402
 )
 from tests.reference import ref_ram  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:peft", "ignore::FutureWarning",
-                                        "ignore::RuntimeWarning:peft", "ignore::ram_live.peft.DenseDeltaWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::UserWarning:peft",
+    "ignore::FutureWarning",
+    "ignore::RuntimeWarning:peft",
+    "ignore::ram_live.peft.DenseDeltaWarning",
+)
 
-LLAMA = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2)
+LLAMA = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 X = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
 
 
@@ -76,8 +86,11 @@ def logits(model, adapter=None):
 def delta_of(model, adapter):
     """ΔW per module of a live adapter, through PEFT's own get_delta_weight."""
     root = model.base_model.model
-    return {name: mod.get_delta_weight(adapter).detach().float() for name, mod in root.named_modules()
-            if hasattr(mod, "lora_A") and (adapter in mod.lora_A or adapter in getattr(mod, "lora_embedding_A", {}))}
+    return {
+        name: mod.get_delta_weight(adapter).detach().float()
+        for name, mod in root.named_modules()
+        if hasattr(mod, "lora_A") and (adapter in mod.lora_A or adapter in getattr(mod, "lora_embedding_A", {}))
+    }
 
 
 def dense(deltas: list[dict]) -> list[dict]:
@@ -94,12 +107,16 @@ def assert_close(a, b, rtol=2e-6):
 # ----------------------------------------------------------------------------------------------- ΔW extraction
 
 
-@pytest.mark.parametrize("cfg", [
-    lora(),
-    lora(use_rslora=True, r=8, lora_alpha=4),
-    lora(rank_pattern={"model.layers.0.self_attn.q_proj": 2}, alpha_pattern={"v_proj": 3}),
-    lora(target_modules=["embed_tokens", "down_proj"], r=3),
-], ids=["plain", "rslora", "patterns", "embedding"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        lora(),
+        lora(use_rslora=True, r=8, lora_alpha=4),
+        lora(rank_pattern={"model.layers.0.self_attn.q_proj": 2}, alpha_pattern={"v_proj": 3}),
+        lora(target_modules=["embed_tokens", "down_proj"], r=3),
+    ],
+    ids=["plain", "rslora", "patterns", "embedding"],
+)
 def test_deltas_equal_peft_get_delta_weight(base, cfg, tmp_path):
     model = peft_model(base, {"code": cfg})
     expected = delta_of(model, "code")
@@ -129,8 +146,9 @@ def test_fan_in_fan_out_conv1d_gpt2(tmp_path):
     for k, d in expected.items():
         assert_close(plain.get_submodule(k).weight.detach() - w0[k + ".weight"].detach(), d, rtol=1e-5)
     model.save_pretrained(tmp_path, selected_adapters=["code", "tool"])
-    out = ram_merge_adapter_files({"code": tmp_path / "code", "tool": tmp_path / "tool"}, tmp_path / "merged",
-                                  method="linear", rank=8)
+    out = ram_merge_adapter_files(
+        {"code": tmp_path / "code", "tool": tmp_path / "tool"}, tmp_path / "merged", method="linear", rank=8
+    )
     reloaded = PeftModel.from_pretrained(copy.deepcopy(gpt2), out).eval()
     ram_merge_adapters(model, ["code", "tool"], "both", method="linear", rank=8)
     assert torch.allclose(logits(reloaded), logits(model, "both"), atol=1e-5)
@@ -139,18 +157,25 @@ def test_fan_in_fan_out_conv1d_gpt2(tmp_path):
 # ----------------------------------------------------------------------------------------------- round trips
 
 
-@pytest.mark.parametrize("cfg", [lora(), lora(use_rslora=True, r=8, lora_alpha=16),
-                                 lora(rank_pattern={"v_proj": 6}, alpha_pattern={"q_proj": 2}),
-                                 lora(target_modules=["embed_tokens", "o_proj"])],
-                         ids=["plain", "rslora", "patterns", "embedding"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        lora(),
+        lora(use_rslora=True, r=8, lora_alpha=16),
+        lora(rank_pattern={"v_proj": 6}, alpha_pattern={"q_proj": 2}),
+        lora(target_modules=["embed_tokens", "o_proj"]),
+    ],
+    ids=["plain", "rslora", "patterns", "embedding"],
+)
 @pytest.mark.parametrize("method", ["ram", "ram_plus", "linear"])
 def test_one_adapter_alone_gives_itself_back(base, cfg, method):
     model = peft_model(base, {"code": cfg})
     rank = max([cfg.r, *cfg.rank_pattern.values()])
     # eps=0: the paper's eps=1e-5 would drop the (few) entries of ΔW smaller than 1e-5
     eps = {} if method == "linear" else {"eps": 0.0}
-    _, report = ram_merge_adapters(model, ["code"], "solo", method=method, rank=rank, sparsify=None,
-                                   return_info=True, **eps)
+    _, report = ram_merge_adapters(
+        model, ["code"], "solo", method=method, rank=rank, sparsify=None, return_info=True, **eps
+    )
     original, merged = delta_of(model, "code"), delta_of(model, "solo")
     assert sorted(merged) == sorted(original)
     for k in original:
@@ -171,10 +196,14 @@ def test_rank_above_the_adapters_and_randomized_svd_round_trip(base):
 
 
 def test_save_and_reload_give_the_live_outputs(base, tmp_path):
-    model = peft_model(base, {
-        "code": lora(r=4), "tool": lora(r=8, use_rslora=True, target_modules=["q_proj", "o_proj"]),
-        "memory": lora(rank_pattern={"model.layers.1.self_attn.v_proj": 2}),
-    })
+    model = peft_model(
+        base,
+        {
+            "code": lora(r=4),
+            "tool": lora(r=8, use_rslora=True, target_modules=["q_proj", "o_proj"]),
+            "memory": lora(rank_pattern={"model.layers.1.self_attn.v_proj": 2}),
+        },
+    )
     # energy picks a rank per module: the new adapter carries a rank_pattern, which must reload (PEFT #3737)
     _, report = ram_merge_adapters(model, None, "generalist", energy=0.9, rank=16, return_info=True)
     ranks = {m.rank for m in report.modules.values()}
@@ -192,15 +221,23 @@ def test_save_and_reload_give_the_live_outputs(base, tmp_path):
 
 
 def test_linear_with_weights_equals_peft_cat(base):
-    model = peft_model(base, {"code": lora(r=4), "tool": lora(r=8, lora_alpha=4),
-                              "memory": lora(r=2, lora_alpha=16, rank_pattern={"q_proj": 3})})
+    model = peft_model(
+        base,
+        {
+            "code": lora(r=4),
+            "tool": lora(r=8, lora_alpha=4),
+            "memory": lora(r=2, lora_alpha=16, rank_pattern={"q_proj": 3}),
+        },
+    )
     weights = [0.5, 1.5, -0.7]
     model.add_weighted_adapter(["code", "tool", "memory"], weights, "peft_cat", combination_type="cat")
-    ram_merge_adapters(model, ["code", "tool", "memory"], "ours", method="linear", weights=weights,
-                       normalize=False, rank=4 + 8 + 3)
+    ram_merge_adapters(
+        model, ["code", "tool", "memory"], "ours", method="linear", weights=weights, normalize=False, rank=4 + 8 + 3
+    )
     total = sum(weights)
-    model.add_weighted_adapter(["code", "tool", "memory"], [w / total for w in weights], "peft_cat_n",
-                               combination_type="cat")
+    model.add_weighted_adapter(
+        ["code", "tool", "memory"], [w / total for w in weights], "peft_cat_n", combination_type="cat"
+    )
     ram_merge_adapters(model, ["code", "tool", "memory"], "ours_n", method="linear", weights=weights, rank=15)
     cat, ours = delta_of(model, "peft_cat"), delta_of(model, "ours")
     cat_n, ours_n = delta_of(model, "peft_cat_n"), delta_of(model, "ours_n")
@@ -213,22 +250,25 @@ def test_linear_with_weights_equals_peft_cat(base):
 
 def test_rslora_scaled_once(base):
     """rsLoRA: s = alpha/sqrt(r). The merged adapter has scaling 1 and carries s in its factors."""
-    model = peft_model(base, {"code": lora(r=16, lora_alpha=8, use_rslora=True),
-                              "tool": lora(r=4, lora_alpha=8, use_rslora=True)})
+    model = peft_model(
+        base, {"code": lora(r=16, lora_alpha=8, use_rslora=True), "tool": lora(r=4, lora_alpha=8, use_rslora=True)}
+    )
     ram_merge_adapters(model, ["code", "tool"], "sum", method="task_arithmetic", rank=20)
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
     assert layer.scaling["sum"] == 1.0
     for name in ("code", "tool"):
         a = layer.lora_A[name].weight
         assert layer.scaling[name] == pytest.approx(8 / math.sqrt(a.shape[0]))
-    expected = sum(layer.lora_B[n].weight @ layer.lora_A[n].weight * 8 / math.sqrt(layer.r[n])
-                   for n in ("code", "tool"))
+    expected = sum(
+        layer.lora_B[n].weight @ layer.lora_A[n].weight * 8 / math.sqrt(layer.r[n]) for n in ("code", "tool")
+    )
     assert_close(layer.get_delta_weight("sum"), expected.detach(), rtol=1e-5)
 
 
 def test_modules_missing_from_an_adapter_count_as_zero(base):
-    model = peft_model(base, {"code": lora(target_modules=["q_proj", "v_proj"]),
-                              "tool": lora(target_modules=["q_proj", "o_proj"])})
+    model = peft_model(
+        base, {"code": lora(target_modules=["q_proj", "v_proj"]), "tool": lora(target_modules=["q_proj", "o_proj"])}
+    )
     code, tool = lora_deltas(model, "code"), lora_deltas(model, "tool")
     v, o, q = "model.layers.0.self_attn.v_proj", "model.layers.0.self_attn.o_proj", "model.layers.0.self_attn.q_proj"
     plain = ram_merge_adapters(model, ["code", "tool"], method="linear", into_base=True)
@@ -237,15 +277,16 @@ def test_modules_missing_from_an_adapter_count_as_zero(base):
     def merged(model_, k):
         return model_.get_submodule(k).weight.detach() - w0[k + ".weight"].detach()
 
-    assert_close(merged(plain, v), code[v] / 2, rtol=1e-5)   # the mean counts tool's ΔW = 0
+    assert_close(merged(plain, v), code[v] / 2, rtol=1e-5)  # the mean counts tool's ΔW = 0
     assert_close(merged(plain, o), tool[o] / 2, rtol=1e-5)
     assert_close(merged(plain, q), (code[q] + tool[q]) / 2, rtol=1e-5)
     ram = ram_merge_adapters(model, ["code", "tool"], method="ram", sparsify=None, into_base=True, eps=0.0)
-    assert_close(merged(ram, v), code[v], rtol=1e-5)          # RAM: a module one adapter targets is unique to it
+    assert_close(merged(ram, v), code[v], rtol=1e-5)  # RAM: a module one adapter targets is unique to it
     assert_close(merged(ram, o), tool[o], rtol=1e-5)
     ram_merge_adapters(model, ["code", "tool"], "ram_adapter", method="ram", sparsify=None, eps=0.0)
-    assert model.peft_config["ram_adapter"].target_modules == {q, v, o} | {k.replace("layers.0", "layers.1")
-                                                                          for k in (q, v, o)}
+    assert model.peft_config["ram_adapter"].target_modules == {q, v, o} | {
+        k.replace("layers.0", "layers.1") for k in (q, v, o)
+    }
     assert_close(delta_of(model, "ram_adapter")[o], tool[o], rtol=1e-5)
 
 
@@ -253,8 +294,14 @@ def test_modules_missing_from_an_adapter_count_as_zero(base):
 @pytest.mark.parametrize("variant", ["ram", "ram_plus", "ram_plus_soft"])
 def test_into_base_equals_base_plus_merged_delta(base, rule, variant):
     """ΔW-space correctness against the naive reference RAM (float64, dense) on independently sparsified ΔW."""
-    model = peft_model(base, {"code": lora(r=4), "tool": lora(r=8, target_modules=["q_proj", "o_proj"]),
-                              "memory": lora(r=2, use_rslora=True)})
+    model = peft_model(
+        base,
+        {
+            "code": lora(r=4),
+            "tool": lora(r=8, target_modules=["q_proj", "o_proj"]),
+            "memory": lora(r=2, use_rslora=True),
+        },
+    )
     names = ["code", "tool", "memory"]
     deltas = [lora_deltas(model, n) for n in names]
     keys = sorted(set().union(*deltas))
@@ -274,8 +321,9 @@ def test_into_base_equals_base_plus_merged_delta(base, rule, variant):
         sparse.append(out)
     zero = {k: torch.zeros_like(v) for k, v in sparse[0].items()}
     expected, lambdas = ref_ram(zero, sparse, variant=variant, eps=0.0 if rule is not None else 1e-5)
-    plain, report = ram_merge_adapters(model, names, method=variant, sparsify=rule, into_base=True,
-                                       warn_dense=False, return_info=True)
+    plain, report = ram_merge_adapters(
+        model, names, method=variant, sparsify=rule, into_base=True, warn_dense=False, return_info=True
+    )
     w0 = dict(base.named_parameters())
     for k in keys:
         got = plain.get_submodule(k).weight.detach().double() - w0[k + ".weight"].detach().double()
@@ -318,9 +366,14 @@ def test_into_base_device_dtype_and_inplace(base):
 
 
 def test_folders_merge_like_the_live_model(base, tmp_path):
-    model = peft_model(base, {"code": lora(r=4),
-                              "tool": lora(r=8, use_rslora=True, target_modules=["q_proj", "o_proj"]),
-                              "memory": lora(rank_pattern={"v_proj": 2}, alpha_pattern={"q_proj": 5})})
+    model = peft_model(
+        base,
+        {
+            "code": lora(r=4),
+            "tool": lora(r=8, use_rslora=True, target_modules=["q_proj", "o_proj"]),
+            "memory": lora(rank_pattern={"v_proj": 2}, alpha_pattern={"q_proj": 5}),
+        },
+    )
     names = ["code", "tool", "memory"]
     model.save_pretrained(tmp_path / "ad", selected_adapters=names)
     folders = {"code": tmp_path / "ad" / "code", "tool": tmp_path / "ad" / "tool", "memory": tmp_path / "ad" / "memory"}
@@ -382,11 +435,14 @@ def test_unsupported_adapters_raise_naming_the_module(base, case, tmp_path):
         model = get_peft_model(Conv(), LoraConfig(r=2, target_modules=["conv", "lin"]), adapter_name="code")
         match = "conv"
     else:
-        kw = {"dora": dict(use_dora=True), "lora_bias": dict(lora_bias=True),
-              "modules_to_save": dict(modules_to_save=["lm_head"]), "pissa": dict(init_lora_weights="pissa")}[case]
+        kw = {
+            "dora": dict(use_dora=True),
+            "lora_bias": dict(lora_bias=True),
+            "modules_to_save": dict(modules_to_save=["lm_head"]),
+            "pissa": dict(init_lora_weights="pissa"),
+        }[case]
         model = peft_model(base, {"code": lora(), "tool": lora(**kw)})
-        match = {"dora": "DoRA", "lora_bias": "lora_bias", "modules_to_save": "modules_to_save",
-                 "pissa": "pissa"}[case]
+        match = {"dora": "DoRA", "lora_bias": "lora_bias", "modules_to_save": "modules_to_save", "pissa": "pissa"}[case]
     names = list(model.peft_config)
     with pytest.raises(UnsupportedAdapterError, match=match) as err:
         ram_merge_adapters(model, names, "merged")
@@ -437,8 +493,8 @@ def test_dense_deltas_warn_with_the_measured_density(base):
         ram_merge_adapters(model, ["code", "tool"], "dense", method="ram_plus", sparsify=None)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DenseDeltaWarning)
-        ram_merge_adapters(model, ["code", "tool"], "auto", method="ram_plus")          # recommended rule
-        ram_merge_adapters(model, ["code", "tool"], "mean", method="linear")            # not RAM
+        ram_merge_adapters(model, ["code", "tool"], "auto", method="ram_plus")  # recommended rule
+        ram_merge_adapters(model, ["code", "tool"], "mean", method="linear")  # not RAM
     _, report = ram_merge_adapters(model, ["code", "tool"], "rel", sparsify=("relative", 2.0), return_info=True)
     assert report.sparsify.startswith("relative") and 0.01 < report.active["code"] < 0.1
 
@@ -480,7 +536,7 @@ def test_refactor_exact_randomized_energy():
     captured = torch.cumsum(s.double().pow(2), 0) / s.double().pow(2).sum()
     assert by_energy.rank == int((captured < 0.999).sum()) + 1
     assert refactor(torch.zeros(5, 7), 3).error == 0.0
-    assert refactor(m, 10).svd == "exact"                          # q = 10 + 16 > 80 / 4
+    assert refactor(m, 10).svd == "exact"  # q = 10 + 16 > 80 / 4
     assert refactor(torch.randn(400, 300, generator=g), 8).svd == "randomized"
 
 
@@ -496,8 +552,10 @@ def test_report(base):
 
 
 def test_importing_ram_live_peft_imports_no_peft():
-    code = ("import sys, ram_live, ram_live.peft\n"
-            "assert 'peft' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)\n")
+    code = (
+        "import sys, ram_live, ram_live.peft\n"
+        "assert 'peft' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -524,16 +582,26 @@ def test_cuda_merge_stays_on_the_device(base, tmp_path):
 # ----------------------------------------------------------------------------------------------- PEFT's spellings
 
 
-@pytest.mark.parametrize("kind, extra", [("svd", {}), ("ties_svd", {"density": 0.3}),
-                                         ("ties_svd", {"density": 0.5, "majority_sign_method": "frequency"})])
+@pytest.mark.parametrize(
+    "kind, extra",
+    [("svd", {}), ("ties_svd", {"density": 0.3}), ("ties_svd", {"density": 0.5, "majority_sign_method": "frequency"})],
+)
 def test_peft_combination_types_that_mean_the_same_are_taken(base, kind, extra):
     """combination_type=/svd_rank=/majority_sign_method=/adapter_name= as PEFT's add_weighted_adapter takes them
     give PEFT's own merged ΔW."""
     model = peft_model(base, {"code": lora(r=4), "tool": lora(r=8, lora_alpha=4)})
     weights = [0.7, 1.3]
     model.add_weighted_adapter(["code", "tool"], weights, "peft", combination_type=kind, svd_rank=6, **extra)
-    ram_merge_adapters(model, ["code", "tool"], weights=weights, combination_type=kind, svd_rank=6,
-                       adapter_name="ours", svd="exact", **extra)
+    ram_merge_adapters(
+        model,
+        ["code", "tool"],
+        weights=weights,
+        combination_type=kind,
+        svd_rank=6,
+        adapter_name="ours",
+        svd="exact",
+        **extra,
+    )
     theirs, ours = delta_of(model, "peft"), delta_of(model, "ours")
     assert sorted(theirs) == sorted(ours)
     for k in theirs:
@@ -568,8 +636,7 @@ def test_peft_spellings_that_differ_name_the_right_option(base, tmp_path):
     with pytest.raises(ConfigError, match=r"sparsify=TopK\(0.2\)"):
         ram_merge_adapter_files(folders, out=tmp_path / "out", density=0.2)
     # density= is TIES'/DARE's own option, as in PEFT
-    path = ram_merge_adapter_files(folders, out=tmp_path / "out", combination_type="ties_svd", density=0.2,
-                                   svd_rank=4)
+    path = ram_merge_adapter_files(folders, out=tmp_path / "out", combination_type="ties_svd", density=0.2, svd_rank=4)
     with open(f"{path}/adapter_config.json") as f:
         assert json.load(f)["r"] == 4
 

@@ -20,8 +20,20 @@ KEYWORDS = [
     {"energy": 0.9, "rank": 8},
     {"rank": 5, "svd": "auto", "seed": 3},
 ]
-BAD = [("rank", 0), ("rank", 2.0), ("rank", True), ("energy", 0.0), ("energy", 1.5), ("energy", "0.5"),
-       ("svd", "lanczos"), ("oversample", -1), ("niter", -2), ("niter", 1.5), ("seed", "7"), ("seed", None)]
+BAD = [
+    ("rank", 0),
+    ("rank", 2.0),
+    ("rank", True),
+    ("energy", 0.0),
+    ("energy", 1.5),
+    ("energy", "0.5"),
+    ("svd", "lanczos"),
+    ("oversample", -1),
+    ("niter", -2),
+    ("niter", 1.5),
+    ("seed", "7"),
+    ("seed", None),
+]
 
 
 def _matrix() -> torch.Tensor:
@@ -70,8 +82,11 @@ def test_invalid_values_are_config_errors_naming_the_option(base, name, value): 
 
 
 def test_unknown_names_and_both_spellings_are_config_errors(base, tmp_path):  # noqa: F811
-    with pytest.raises(ConfigError, match=r"refactor: unknown SVD option\(s\) 'rnak', 'sede'; the SVD options "
-                                          r"are: rank, energy, svd, oversample, niter, seed"):
+    with pytest.raises(
+        ConfigError,
+        match=r"refactor: unknown SVD option\(s\) 'rnak', 'sede'; the SVD options "
+        r"are: rank, energy, svd, oversample, niter, seed",
+    ):
         SvdOptions.of(None, where="refactor", rnak=3, sede=1)
     with pytest.raises(ConfigError, match="unknown SVD option"):
         refactor(_matrix(), rnak=3)
@@ -83,8 +98,9 @@ def test_unknown_names_and_both_spellings_are_config_errors(base, tmp_path):  # 
     calls = {
         "refactor": lambda **kw: refactor(_matrix(), svd_options=opts, **kw),
         "ram_merge_adapters": lambda **kw: ram_merge_adapters(model, ["code"], "x", svd_options=opts, **kw),
-        "ram_merge_adapter_files": lambda **kw: ram_merge_adapter_files({"code": tmp_path / "ad" / "code"},
-                                                                        tmp_path / "out", svd_options=opts, **kw),
+        "ram_merge_adapter_files": lambda **kw: ram_merge_adapter_files(
+            {"code": tmp_path / "ad" / "code"}, tmp_path / "out", svd_options=opts, **kw
+        ),
     }
     for where, call in calls.items():
         for kw, names in (({"niter": 2}, "niter="), ({"rank": 4, "seed": 1}, "rank=, seed=")):

@@ -59,11 +59,20 @@ def test_rho_inf_is_json_string():
     assert data["agents"]["agent_0"]["rho"] == "inf"
 
 
-@pytest.mark.parametrize("options, name", [
-    ({"eps": float("nan")}, "eps"), ({"eps": -1}, "eps"), ({"eps": float("inf")}, "eps"), ({"r": -1}, "r"),
-    ({"r": float("inf")}, "r"), ({"r": 1e39}, "r"), ({"alpha": float("nan")}, "alpha"), ({"alpha": -0.5}, "alpha"),
-    ({"activity": "exact"}, "activity"),
-])
+@pytest.mark.parametrize(
+    "options, name",
+    [
+        ({"eps": float("nan")}, "eps"),
+        ({"eps": -1}, "eps"),
+        ({"eps": float("inf")}, "eps"),
+        ({"r": -1}, "r"),
+        ({"r": float("inf")}, "r"),
+        ({"r": 1e39}, "r"),
+        ({"alpha": float("nan")}, "alpha"),
+        ({"alpha": -0.5}, "alpha"),
+        ({"activity": "exact"}, "activity"),
+    ],
+)
 def test_probe_validates_its_options_as_the_merge(options, name):
     base = {"w": torch.zeros(4, 4)}
     agents = [{"w": torch.ones(4, 4)}, {"w": 2 * torch.ones(4, 4)}]

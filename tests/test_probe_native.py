@@ -13,8 +13,11 @@ from tests.conftest import make_agents
 
 needs_kernel = pytest.mark.skipif(native.kernel() is None, reason="no C compiler: native probe kernel unavailable")
 
-BUILDS = {"native": native.FLAGS, "portable": (*native.FLAGS, "-mno-avx512f"),
-          "no-vpopcntdq": (*native.FLAGS, "-mno-avx512vpopcntdq")}
+BUILDS = {
+    "native": native.FLAGS,
+    "portable": (*native.FLAGS, "-mno-avx512f"),
+    "no-vpopcntdq": (*native.FLAGS, "-mno-avx512vpopcntdq"),
+}
 CASES = [dict(), dict(eps=0.02), dict(eps=0.0), dict(activity="changed")]
 
 
@@ -33,8 +36,13 @@ def kernel(request, monkeypatch):
 def _odd_model(dtype):
     """Tensors of odd sizes (tails of every length mod 64), -0 in the base, entries exactly eps = 0.02 away."""
     g = torch.Generator().manual_seed(3)
-    shapes = {"embed.weight": (37, 13), "layers.0.w": (129,), "layers.0.b": (1,), "layers.1.w": (3, 5, 7),
-              "head.weight": (1000,)}
+    shapes = {
+        "embed.weight": (37, 13),
+        "layers.0.w": (129,),
+        "layers.0.b": (1,),
+        "layers.1.w": (3, 5, 7),
+        "head.weight": (1000,),
+    }
     base = {k: torch.randn(s, generator=g).to(dtype) for k, s in shapes.items()}
     base["layers.0.w"][:9] = -0.0
     base["head.weight"][:20] = 0.0
@@ -56,9 +64,13 @@ def _torch_probe(monkeypatch, *args, **kw):
 
 
 def _counted(report):
-    return ({n: s.to_dict() for n, s in report.agents.items()},
-            {k: {n: (s.total, s.active, s.unique) for n, s in v.items()} for k, v in report.tensors.items()},
-            report.histogram, report.jaccard, report.expected_jaccard)
+    return (
+        {n: s.to_dict() for n, s in report.agents.items()},
+        {k: {n: (s.total, s.active, s.unique) for n, s in v.items()} for k, v in report.tensors.items()},
+        report.histogram,
+        report.jaccard,
+        report.expected_jaccard,
+    )
 
 
 def assert_same_report(fast, slow):
@@ -92,8 +104,11 @@ def test_native_probe_equals_torch_probe(monkeypatch, kernel, dtype, k):
 @pytest.mark.parametrize("eps", [1e-5, 0.0])
 def test_kernel_against_a_hand_computation(kernel, eps):
     base = torch.tensor([1.0, 2.0, -0.0, 4.0, 5.0, 0.0])
-    agents = [torch.tensor([1.5, 2.0, -0.0, 4.0, 7.0, 0.0]), torch.tensor([1.0, 3.0, 0.0, 4.000001, 6.0, 0.0]),
-              torch.tensor([1.0, 2.0, -0.0, 4.0, 9.0, 1.0])]
+    agents = [
+        torch.tensor([1.5, 2.0, -0.0, 4.0, 7.0, 0.0]),
+        torch.tensor([1.0, 3.0, 0.0, 4.000001, 6.0, 0.0]),
+        torch.tensor([1.0, 2.0, -0.0, 4.0, 9.0, 1.0]),
+    ]
     delta = float(agents[1][3] - base[3])  # ≈ 9.5e-7: active only with eps = 0
     counts = native.ProbeCounts.zeros(3)
     assert not kernel.probe(base, agents, eps, 0, 4, counts)
@@ -173,9 +188,12 @@ def test_non_finite_inputs_raise_as_the_torch_path(monkeypatch, kernel, base_sd,
             run(agents, base=base, workers=2, chunk_numel=128)
         errors.append((str(info.value), info.value.key, info.value.agent))
     assert errors[0] == errors[1]
-    want = {"agent": ("layers.1.w", "agent_1", "flat index 35"),
-            "base": ("layers.1.w", "base", "flat index 353"), "both": ("layers.1.w", "agent_1", "35"),
-            "overflow": ("embed.weight", "agent_0", "task vector of agent 'agent_0' overflows")}[who]
+    want = {
+        "agent": ("layers.1.w", "agent_1", "flat index 35"),
+        "base": ("layers.1.w", "base", "flat index 353"),
+        "both": ("layers.1.w", "agent_1", "35"),
+        "overflow": ("embed.weight", "agent_0", "task vector of agent 'agent_0' overflows"),
+    }[who]
     assert errors[0][1:] == want[:2] and want[2] in errors[0][0], errors[0]
 
 

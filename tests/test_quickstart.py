@@ -21,7 +21,10 @@ pytest.importorskip("matplotlib")
 def test_quickstart_runs(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--out", str(tmp_path), "--seed", "0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout

@@ -34,31 +34,57 @@ LAMBDAS = {"a0": 2.0, "a1": 0.5, "a2": 1.25}
 
 #: name -> (the removed spelling's RamOptions fields, the one config, the digest the removed spelling gave)
 CASES = {
-    "ram_plus_default": ({}, RamConfig(),
-                         "138ec9f763116edde05e1c34df53a84c24c5651ee198e115aff07e958f9da3ad"),
-    "authors": (dict(variant="ram_plus", r=0.2, alpha=1.0), RamConfig(lam=RhoClip(r=0.2, alpha=1.0)),
-                "b4731ff32f6b83b35be0c6afe4bbf321098e12533fe680795eac7895b61fd767"),
-    "ramplus_tl": (dict(variant="ram_plus", r=0.1, alpha=0.2, rho_scope="tensor"),
-                   RamConfig(lam=RhoClip(r=0.1, alpha=0.2), rho_scope="tensor"),
-                   "2964de94f62b3941f16baf095e909ec2461d2d6cb611fbe13510a61ae6081fab"),
-    "soft": (dict(variant="ram_plus_soft", r=0.3, eps=0.002), RamConfig(lam=RhoSoft(r=0.3), eps=0.002),
-             "74017d83dc45b397049b9224e959343c90862b29c021909d4bf27538509ca6e6"),
-    "ram_eps0": (dict(variant="ram", eps=0.0), RamConfig(lam=Unit(), eps=0.0),
-                 "b59ec228851fd7e0021054a89bf57f8c402a67e976a695c90d32522d8c97a97e"),
-    "uncapped_changed": (dict(variant="ram_plus", r=0.3, activity="changed", alpha=math.inf),
-                         RamConfig(lam=RhoClip(r=0.3, alpha=math.inf), activity="changed"),
-                         "6a3c2a52bd56fa828b57c0019150d69e9f489a4fe068ace768ece2295887d36e"),
-    "exclude": (dict(variant="ram_plus", exclude=("a2",)), RamConfig(exclude=("a2",)),
-                "2b904e44ee09737162adf7cce38eeaa90276dc0d079c606129a18e84b9c14586"),
-    "given": (dict(variant="ram", lambdas=LAMBDAS), RamConfig(lam=Given(LAMBDAS)),
-              "965d260469bb2e372ad1fa9b1a9be5377ad9f846b58f184dd1f9f2dd3033b5d2"),
-    "given_plus": (dict(variant="ram_plus", lambdas=LAMBDAS), RamConfig(lam=Given(LAMBDAS)),
-                   "965d260469bb2e372ad1fa9b1a9be5377ad9f846b58f184dd1f9f2dd3033b5d2"),
-    "sign": (dict(variant="ram", shared="sign"), RamConfig(lam=Unit(), shared="sign"),
-             "1ac5cb10ce5ab3b72f352cb2b0974f12dec23b99cdfcd1a723ba4b26b7b45477"),
-    "soft_sign_tensor": (dict(variant="ram_plus_soft", r=0.5, shared="sign", rho_scope="tensor"),
-                         RamConfig(lam=RhoSoft(r=0.5), shared="sign", rho_scope="tensor"),
-                         "89ee41e5da350ba66f5b479c4f08589aa09842328f4765f89cdffe51c8634e60"),
+    "ram_plus_default": ({}, RamConfig(), "138ec9f763116edde05e1c34df53a84c24c5651ee198e115aff07e958f9da3ad"),
+    "authors": (
+        dict(variant="ram_plus", r=0.2, alpha=1.0),
+        RamConfig(lam=RhoClip(r=0.2, alpha=1.0)),
+        "b4731ff32f6b83b35be0c6afe4bbf321098e12533fe680795eac7895b61fd767",
+    ),
+    "ramplus_tl": (
+        dict(variant="ram_plus", r=0.1, alpha=0.2, rho_scope="tensor"),
+        RamConfig(lam=RhoClip(r=0.1, alpha=0.2), rho_scope="tensor"),
+        "2964de94f62b3941f16baf095e909ec2461d2d6cb611fbe13510a61ae6081fab",
+    ),
+    "soft": (
+        dict(variant="ram_plus_soft", r=0.3, eps=0.002),
+        RamConfig(lam=RhoSoft(r=0.3), eps=0.002),
+        "74017d83dc45b397049b9224e959343c90862b29c021909d4bf27538509ca6e6",
+    ),
+    "ram_eps0": (
+        dict(variant="ram", eps=0.0),
+        RamConfig(lam=Unit(), eps=0.0),
+        "b59ec228851fd7e0021054a89bf57f8c402a67e976a695c90d32522d8c97a97e",
+    ),
+    "uncapped_changed": (
+        dict(variant="ram_plus", r=0.3, activity="changed", alpha=math.inf),
+        RamConfig(lam=RhoClip(r=0.3, alpha=math.inf), activity="changed"),
+        "6a3c2a52bd56fa828b57c0019150d69e9f489a4fe068ace768ece2295887d36e",
+    ),
+    "exclude": (
+        dict(variant="ram_plus", exclude=("a2",)),
+        RamConfig(exclude=("a2",)),
+        "2b904e44ee09737162adf7cce38eeaa90276dc0d079c606129a18e84b9c14586",
+    ),
+    "given": (
+        dict(variant="ram", lambdas=LAMBDAS),
+        RamConfig(lam=Given(LAMBDAS)),
+        "965d260469bb2e372ad1fa9b1a9be5377ad9f846b58f184dd1f9f2dd3033b5d2",
+    ),
+    "given_plus": (
+        dict(variant="ram_plus", lambdas=LAMBDAS),
+        RamConfig(lam=Given(LAMBDAS)),
+        "965d260469bb2e372ad1fa9b1a9be5377ad9f846b58f184dd1f9f2dd3033b5d2",
+    ),
+    "sign": (
+        dict(variant="ram", shared="sign"),
+        RamConfig(lam=Unit(), shared="sign"),
+        "1ac5cb10ce5ab3b72f352cb2b0974f12dec23b99cdfcd1a723ba4b26b7b45477",
+    ),
+    "soft_sign_tensor": (
+        dict(variant="ram_plus_soft", r=0.5, shared="sign", rho_scope="tensor"),
+        RamConfig(lam=RhoSoft(r=0.5), shared="sign", rho_scope="tensor"),
+        "89ee41e5da350ba66f5b479c4f08589aa09842328f4765f89cdffe51c8634e60",
+    ),
 }
 
 
@@ -105,8 +131,16 @@ def test_a_method_name_and_a_config_cannot_disagree():
 
 def test_flat_keywords_per_short_name():
     assert RamConfig.flat_names("ram") == ("eps", "activity", "lambdas", "exclude", "shared")
-    assert RamConfig.flat_names("ram_plus") == ("eps", "activity", "r", "alpha", "rho_scope", "lambdas", "exclude",
-                                                "shared")
+    assert RamConfig.flat_names("ram_plus") == (
+        "eps",
+        "activity",
+        "r",
+        "alpha",
+        "rho_scope",
+        "lambdas",
+        "exclude",
+        "shared",
+    )
     assert "alpha" not in RamConfig.flat_names("ram_plus_soft")
     with pytest.raises(ConfigError, match=r"unknown option\(s\) 'r' for method 'ram'"):
         RamConfig.from_flat("ram", r=0.2)
@@ -115,10 +149,14 @@ def test_flat_keywords_per_short_name():
     with pytest.raises(ConfigError, match="rho_scope='tensor' needs a λ rule that uses ρ"):
         RamConfig(lam=Unit(), rho_scope="tensor")
     assert RamConfig.from_flat("ram_plus", r=0.7, lambdas={"a": 2}) == RamConfig(lam=Given({"a": 2.0}))
-    assert RamConfig(lam=RhoClip(r=0.2, alpha=1.0), exclude=["b"]).flat() == ("ram_plus", {"r": 0.2, "alpha": 1.0,
-                                                                                          "exclude": ["b"]})
-    assert RamConfig(lam=Unit()).flat(defaults=True) == ("ram", {"eps": 1e-5, "activity": "abs", "exclude": [],
-                                                                 "shared": "mean"})
+    assert RamConfig(lam=RhoClip(r=0.2, alpha=1.0), exclude=["b"]).flat() == (
+        "ram_plus",
+        {"r": 0.2, "alpha": 1.0, "exclude": ["b"]},
+    )
+    assert RamConfig(lam=Unit()).flat(defaults=True) == (
+        "ram",
+        {"eps": 1e-5, "activity": "abs", "exclude": [], "shared": "mean"},
+    )
     assert RamConfig().to_dict() == {"method": "ram_plus"}
 
 
@@ -130,10 +168,15 @@ def test_lambda_rules_values_and_bounds():
     assert RhoSoft(r=0.3).value(rho) == 1.0 + 0.3 * (2.0 / 3.0) and RhoSoft(r=0.3).value(math.inf) == 1.3
     assert Given({"a": -3.0, "b": 0.5}).bound() == 3.0
     assert ram_live.methods.ram.lambdas.ram_lambda(rho, "ram_plus_soft", 0.3, 2.0) == RhoSoft(r=0.3).value(rho)
-    for bad, match in [(lambda: RhoClip(r=-1), r"^r must be >= 0.0"), (lambda: RhoSoft(r=math.nan), "^r must be"),
-                       (lambda: Given([1.0]), "lambdas must be a mapping"), (lambda: RamConfig(lam="ram"), "lam must"),
-                       (lambda: RamConfig(eps=-1.0), "^eps must"), (lambda: RamConfig(shared="vote"), "shared"),
-                       (lambda: RamConfig(exclude="a"), "exclude")]:
+    for bad, match in [
+        (lambda: RhoClip(r=-1), r"^r must be >= 0.0"),
+        (lambda: RhoSoft(r=math.nan), "^r must be"),
+        (lambda: Given([1.0]), "lambdas must be a mapping"),
+        (lambda: RamConfig(lam="ram"), "lam must"),
+        (lambda: RamConfig(eps=-1.0), "^eps must"),
+        (lambda: RamConfig(shared="vote"), "shared"),
+        (lambda: RamConfig(exclude="a"), "exclude"),
+    ]:
         with pytest.raises(ConfigError, match=match):
             bad()
     a = RamConfig(lam=Given({"a": 1.0, "b": 2.0}), exclude=["c"])
@@ -186,10 +229,16 @@ def _schedule_merge(tmp_path, name, make):
     a, b = _net(0), _net(0)
     with torch.no_grad():
         for i, (pa, pb) in enumerate(zip(a.parameters(), b.parameters())):
-            pa.add_(torch.randn(pa.shape, generator=torch.Generator().manual_seed(i)) * 0.1
-                    * (torch.rand(pa.shape, generator=torch.Generator().manual_seed(9 + i)) < 0.5))
-            pb.add_(torch.randn(pb.shape, generator=torch.Generator().manual_seed(20 + i)) * 0.1
-                    * (torch.rand(pb.shape, generator=torch.Generator().manual_seed(40 + i)) < 0.6))
+            pa.add_(
+                torch.randn(pa.shape, generator=torch.Generator().manual_seed(i))
+                * 0.1
+                * (torch.rand(pa.shape, generator=torch.Generator().manual_seed(9 + i)) < 0.5)
+            )
+            pb.add_(
+                torch.randn(pb.shape, generator=torch.Generator().manual_seed(20 + i))
+                * 0.1
+                * (torch.rand(pb.shape, generator=torch.Generator().manual_seed(40 + i)) < 0.6)
+            )
     sa = RAMSchedule(store, "a", durable=False)
     sa.attach(_net(0))
     sa.snapshot(a, 2)
@@ -198,8 +247,12 @@ def _schedule_merge(tmp_path, name, make):
     return sched.merge(b, 2), base_sd, {"a": a.state_dict(), "b": b.state_dict()}, sched
 
 
-SCHEDULE_CASES = [RamConfig(lam=RhoClip(r=0.2, alpha=1.0)), RamConfig(lam=RhoSoft(), rho_scope="tensor"),
-                  RamConfig(lam=Unit(), activity="changed"), RamConfig(lam=Given({"a": 1.5, "b": 0.5}))]
+SCHEDULE_CASES = [
+    RamConfig(lam=RhoClip(r=0.2, alpha=1.0)),
+    RamConfig(lam=RhoSoft(), rho_scope="tensor"),
+    RamConfig(lam=Unit(), activity="changed"),
+    RamConfig(lam=Given({"a": 1.5, "b": 0.5})),
+]
 
 
 @pytest.mark.parametrize("config", SCHEDULE_CASES, ids=lambda c: c.method + repr(c.flat()[1]))
@@ -246,8 +299,15 @@ def test_verl_ram_keys_map_onto_the_config(tmp_path):
         options_from_mapping({**common, "variant": "ram_plus_soft", "alpha": 1.0})
 
 
-INVALID = [("activity", "sometimes"), ("rho_scope", "layer"), ("r", -1.0), ("alpha", math.nan), ("eps", -1e-5),
-           ("lambdas", [1.0]), ("exclude", "a")]
+INVALID = [
+    ("activity", "sometimes"),
+    ("rho_scope", "layer"),
+    ("r", -1.0),
+    ("alpha", math.nan),
+    ("eps", -1e-5),
+    ("lambdas", [1.0]),
+    ("exclude", "a"),
+]
 
 
 @pytest.mark.parametrize("name,value", INVALID)
@@ -257,10 +317,12 @@ def test_invalid_option_is_config_error_naming_it_everywhere(tmp_path, base_sd, 
 
     agents = make_agents(base_sd, [0.1, 0.3])
     store = str(tmp_path / "store")
-    for call in [lambda: RamConfig.from_flat("ram_plus", **{name: value}),
-                 lambda: merge(agents, base=base_sd, method="ram_plus", **{name: value}),
-                 lambda: RAMSchedule(store, "a", ram={name: value}),
-                 lambda: RAMTrainerCallback(store, "a", ram={name: value})]:
+    for call in [
+        lambda: RamConfig.from_flat("ram_plus", **{name: value}),
+        lambda: merge(agents, base=base_sd, method="ram_plus", **{name: value}),
+        lambda: RAMSchedule(store, "a", ram={name: value}),
+        lambda: RAMTrainerCallback(store, "a", ram={name: value}),
+    ]:
         with pytest.raises(ConfigError, match=rf"\b{name}\b"):
             call()
     with pytest.raises(ConfigError, match=rf"ram\.{name}\b"):
@@ -292,8 +354,11 @@ def test_cli_ram_flags_are_the_config_fields():
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     fields = {f.name: f for f in flat_fields()}
     assert tuple(fields) == FLAT_NAMES
-    for command, names in {"probe": set(PROBE_OPTIONS), "merge": set(FLAT_NAMES),
-                           "merge-adapters": set(FLAT_NAMES)}.items():
+    for command, names in {
+        "probe": set(PROBE_OPTIONS),
+        "merge": set(FLAT_NAMES),
+        "merge-adapters": set(FLAT_NAMES),
+    }.items():
         flags = _ram_group(sub[command])
         assert set(flags) == names, command
         for name, action in flags.items():
@@ -309,13 +374,51 @@ def test_cli_merge_and_probe_flags_give_the_configs_bits(files, capsys):
     b = str(tmp / "base.safetensors")
     config = RamConfig(lam=RhoClip(r=0.2, alpha=1.0), rho_scope="tensor", activity="changed", exclude=("memory",))
     out = tmp / "m.safetensors"
-    assert main(["merge", *paths, "--base", b, "--out", str(out), "--quiet", "--r", "0.2", "--alpha", "1.0",
-                 "--rho-scope", "tensor", "--activity", "changed", "--exclude", "memory"]) == 0
+    assert (
+        main(
+            [
+                "merge",
+                *paths,
+                "--base",
+                b,
+                "--out",
+                str(out),
+                "--quiet",
+                "--r",
+                "0.2",
+                "--alpha",
+                "1.0",
+                "--rho-scope",
+                "tensor",
+                "--activity",
+                "changed",
+                "--exclude",
+                "memory",
+            ]
+        )
+        == 0
+    )
     assert_bit_identical(load_file(out), ram_merge(named, base, config))
     out2 = tmp / "l.safetensors"
     lam = {"coder": 1.5, "tools": 0.5, "memory": 1.0}
-    assert main(["merge", *paths, "--base", b, "--out", str(out2), "--quiet", "--method", "ram",
-                 "--lambdas", json.dumps(lam)]) == 0
+    assert (
+        main(
+            [
+                "merge",
+                *paths,
+                "--base",
+                b,
+                "--out",
+                str(out2),
+                "--quiet",
+                "--method",
+                "ram",
+                "--lambdas",
+                json.dumps(lam),
+            ]
+        )
+        == 0
+    )
     assert_bit_identical(load_file(out2), ram_merge(named, base, RamConfig(lam=Given(lam))))
     assert main(["probe", *paths, "--base", b, "--json", "--r", "0.2", "--alpha", "1.0", "--eps", "0.001"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -342,8 +445,14 @@ def test_mergekit_yaml_plans_give_the_config(tmp_path):
     pytest.importorskip("yaml")
     from ram_live.mergekit_yaml import MergekitPlan
 
-    plan = MergekitPlan("ramplus_tl", "ram_plus", {"a": "x"}, "b",
-                        {"eps": 1e-5, "activity": "abs", "r": 0.1, "alpha": 0.2, "rho_scope": "tensor"})
+    plan = MergekitPlan(
+        "ramplus_tl",
+        "ram_plus",
+        {"a": "x"},
+        "b",
+        {"eps": 1e-5, "activity": "abs", "r": 0.1, "alpha": 0.2, "rho_scope": "tensor"},
+    )
     assert plan.config() == RamConfig(lam=RhoClip(r=0.1, alpha=0.2), rho_scope="tensor")
-    assert MergekitPlan("ram", "ram", {"a": "x"}, "b", {"eps": 1e-5, "activity": "abs"}).config() == \
-        RamConfig(lam=Unit())
+    assert MergekitPlan("ram", "ram", {"a": "x"}, "b", {"eps": 1e-5, "activity": "abs"}).config() == RamConfig(
+        lam=Unit()
+    )

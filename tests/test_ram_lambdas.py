@@ -44,8 +44,10 @@ def counts(base: dict, agents: dict, eps: float = 1e-5) -> dict[str, tuple[int, 
     """(active, unique) per agent, by hand."""
     masks = {n: {k: (a[k].float() - base[k].float()).abs() > eps for k in base} for n, a in agents.items()}
     c = {k: sum(m[k].int() for m in masks.values()) for k in base}
-    return {n: (sum(int(m[k].sum()) for k in base), sum(int((m[k] & (c[k] == 1)).sum()) for k in base))
-            for n, m in masks.items()}
+    return {
+        n: (sum(int(m[k].sum()) for k in base), sum(int((m[k] & (c[k] == 1)).sum()) for k in base))
+        for n, m in masks.items()
+    }
 
 
 @pytest.fixture
@@ -79,19 +81,22 @@ def test_lambdas_of_one_are_plain_ram_bit_for_bit(base_sd, agents, native, monke
     base["layers.0.b"][:3] = -0.0  # untouched −0.0 must stay −0.0
     ones = dict.fromkeys(NAMES, 1.0)
     for method in ("ram", "ram_plus"):
-        assert_bit_identical(merge(agents, base=base, method=method, lambdas=ones),
-                             merge(agents, base=base, method="ram"))
+        assert_bit_identical(
+            merge(agents, base=base, method=method, lambdas=ones), merge(agents, base=base, method="ram")
+        )
     bf16 = {k: v.bfloat16() for k, v in base.items()}
     bf_agents = {n: {k: v.bfloat16() for k, v in a.items()} for n, a in agents.items()}
-    assert_bit_identical(merge(bf_agents, base=bf16, method="ram", lambdas=ones),
-                         merge(bf_agents, base=bf16, method="ram"))
+    assert_bit_identical(
+        merge(bf_agents, base=bf16, method="ram", lambdas=ones), merge(bf_agents, base=bf16, method="ram")
+    )
 
 
 def test_lambdas_override_tensor_rho_and_equal_across_scopes(base_sd, agents):
     want = hand_ram(base_sd, agents, GIVEN)
     for scope in ("global", "tensor"):
-        assert_bit_identical(merge(agents, base=base_sd, method="ram_plus", rho_scope=scope, r=3.0, lambdas=GIVEN),
-                             want)
+        assert_bit_identical(
+            merge(agents, base=base_sd, method="ram_plus", rho_scope=scope, r=3.0, lambdas=GIVEN), want
+        )
 
 
 def test_lambdas_in_place_files_and_chunks(base_sd, agents, tmp_path):
@@ -109,8 +114,9 @@ def test_lambdas_in_place_files_and_chunks(base_sd, agents, tmp_path):
         folders[name] = tmp_path / name
         folders[name].mkdir()
         save_file({k: v.contiguous() for k, v in sd.items()}, str(folders[name] / "model.safetensors"))
-    from_files = merge({n: folders[n] for n in NAMES}, base=folders["base"], method="ram", lambdas=GIVEN,
-                       chunk_numel=50)
+    from_files = merge(
+        {n: folders[n] for n in NAMES}, base=folders["base"], method="ram", lambdas=GIVEN, chunk_numel=50
+    )
     assert_bit_identical(from_files, want)
 
 
@@ -178,10 +184,13 @@ def test_uncapped_alpha_in_place_checks_overflow(base_sd):
 def test_exclude_is_the_merge_without_that_agent(base_sd, agents):
     two = {n: agents[n] for n in ("coder", "memory")}
     lam = {"coder": 3.0, "memory": 0.25}
-    assert_bit_identical(merge(agents, base=base_sd, method="ram", lambdas=lam, exclude=["tools"]),
-                         merge(two, base=base_sd, method="ram", lambdas=lam))
-    assert_bit_identical(merge(agents, base=base_sd, method="ram_plus", exclude=("tools",)),
-                         merge(two, base=base_sd, method="ram_plus"))
+    assert_bit_identical(
+        merge(agents, base=base_sd, method="ram", lambdas=lam, exclude=["tools"]),
+        merge(two, base=base_sd, method="ram", lambdas=lam),
+    )
+    assert_bit_identical(
+        merge(agents, base=base_sd, method="ram_plus", exclude=("tools",)), merge(two, base=base_sd, method="ram_plus")
+    )
     with pytest.raises(ConfigError, match=r"exclude: unknown agent\(s\) 'nobody'"):
         merge(agents, base=base_sd, method="ram", exclude=["nobody"])
     with pytest.raises(ConfigError, match="exclude names every agent"):

@@ -16,9 +16,14 @@ from tests.conftest import assert_bit_identical, make_agents, snapshot
 
 needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no C compiler: native kernels unavailable")
 
-CASES = [dict(method="ram"), dict(method="ram_plus"), dict(method="ram_plus_soft", r=0.3),
-         dict(method="ram_plus", rho_scope="tensor", alpha=0.2), dict(method="ram_plus", activity="changed"),
-         dict(method="ram", eps=0.02)]
+CASES = [
+    dict(method="ram"),
+    dict(method="ram_plus"),
+    dict(method="ram_plus_soft", r=0.3),
+    dict(method="ram_plus", rho_scope="tensor", alpha=0.2),
+    dict(method="ram_plus", activity="changed"),
+    dict(method="ram", eps=0.02),
+]
 
 
 def _eager(monkeypatch, **kw):
@@ -64,8 +69,9 @@ def test_native_equals_eager_bits_and_counts(monkeypatch, base_sd, dtype, out_dt
     calls = []  # the start of each range either merge kernel took (RAM+ in memory: merge_unscaled)
     for name, start in (("merge", -2), ("merge_unscaled", 4)):
         kernel = getattr(native.Kernels, name)
-        monkeypatch.setattr(native.Kernels, name,
-                            lambda self, *a, k=kernel, i=start, **kw: calls.append(a[i]) or k(self, *a, **kw))
+        monkeypatch.setattr(
+            native.Kernels, name, lambda self, *a, k=kernel, i=start, **kw: calls.append(a[i]) or k(self, *a, **kw)
+        )
     base = {k: v.to(dtype) for k, v in base_sd.items()}
     base["layers.0.b"][:3] = -0.0
     agents = make_agents(base, [0.05, 0.5, 0.6], scale=0.05)
@@ -139,13 +145,14 @@ def test_vector_and_portable_builds_give_the_reference_bits(in_dtype, out_dtype,
         a = base.clone()
         m = torch.rand(n, generator=g) < density
         a[m] = (base[m].float() + torch.randn(int(m.sum()), generator=g) * 0.1).to(in_dtype)
-        a[t * 7: t * 7 + 3] = base[t * 7: t * 7 + 3].float() + 1e-6  # sub-eps moves (f32) or no move (bf16)
+        a[t * 7 : t * 7 + 3] = base[t * 7 : t * 7 + 3].float() + 1e-6  # sub-eps moves (f32) or no move (bf16)
         agents.append(a)
     agents[1][:40:6] = 0.0  # +0 against the base's -0: inactive
     lambdas = torch.tensor([1.7, 0.5, 2.0, 1.25, 3.0]) if plus else None
     want, active, unique = _reference(base, agents, lambdas, 1e-5, out_dtype)
-    _check_ranges(builds, lambda kernels, out, start, end: kernels.merge(out, base, agents, lambdas, 1e-5, start,
-                                                                         end), want, ())
+    _check_ranges(
+        builds, lambda kernels, out, start, end: kernels.merge(out, base, agents, lambdas, 1e-5, start, end), want, ()
+    )
     for name, kernels in builds.items():
         act, uni = torch.zeros(5, dtype=torch.int64), torch.zeros(5, dtype=torch.int64)
         assert not kernels.counts(base, agents, 1e-5, 0, 600, act, uni)
@@ -155,8 +162,10 @@ def test_vector_and_portable_builds_give_the_reference_bits(in_dtype, out_dtype,
             broken = agents[2].clone()
             broken[1100] = bad
             assert kernels.counts(base, [agents[0], broken], 1e-5, 1090, 1237, act, uni), (name, bad)
-            assert kernels.merge(torch.empty(n, dtype=out_dtype), base, [agents[0], broken], lambdas, 1e-5,
-                                 1090, 1237) == 1, (name, bad)
+            assert (
+                kernels.merge(torch.empty(n, dtype=out_dtype), base, [agents[0], broken], lambdas, 1e-5, 1090, 1237)
+                == 1
+            ), (name, bad)
 
 
 @needs_kernels
@@ -276,8 +285,9 @@ def test_single_read_kernels_give_the_two_pass_bits(dtype, k):
         broken = [a.clone() for a in agents]
         broken[-1][500] = math.nan
         assert kernels.merge_unscaled(torch.empty_like(out), base, broken, 1e-5, 480, 520, planes, act, uni), name
-        alone = int(((torch.stack([(a.float() - base.float()).abs() > 1e-5 for a in agents])).sum(0) == 1)
-                    .nonzero()[0, 0])
+        alone = int(
+            ((torch.stack([(a.float() - base.float()).abs() > 1e-5 for a in agents])).sum(0) == 1).nonzero()[0, 0]
+        )
         nan_base = base.clone()
         nan_base[alone] = math.nan
         planes.zero_()
@@ -323,8 +333,9 @@ def test_single_read_merges_what_the_kernels_do_not_take_after_the_counts(monkey
 
     taken = []
     destination = StateDictSink.destination
-    monkeypatch.setattr(StateDictSink, "destination", lambda self, key, spec: taken.append(key)
-                        or destination(self, key, spec))
+    monkeypatch.setattr(
+        StateDictSink, "destination", lambda self, key, spec: taken.append(key) or destination(self, key, spec)
+    )
     one, info = merge(agents, base=base, return_info=True)
     assert sorted(taken) == sorted(base), "each destination is taken once"
     assert_bit_identical(one, _two_pass(monkeypatch, models=agents, base=base))
@@ -429,8 +440,13 @@ def _accumulated(base, agents, lambdas, eps, out_dtype, sign, importances=None):
     as ``shared="sign"``) in ``out_dtype``."""
     b = base.float()
     cls = R.RamAccumulator if importances is None else R.WeightedRamAccumulator
-    acc = cls(b.numel(), len(agents), torch.device("cpu"),
-              lambdas=None if lambdas is None else [float(x) for x in lambdas], sign=sign)
+    acc = cls(
+        b.numel(),
+        len(agents),
+        torch.device("cpu"),
+        lambdas=None if lambdas is None else [float(x) for x in lambdas],
+        sign=sign,
+    )
     acc.begin(b.numel())
     for t, a in enumerate(agents):
         delta = torch.hardshrink(a.float() - b, eps)
@@ -453,7 +469,7 @@ def _conflicting(k, n, dtype, seed, agree=False):
     for t in range(k):
         tau = torch.randn(n, generator=g) * 0.1 * (torch.rand(n, generator=g) < 0.7)
         a = (base.float() + (tau.abs() * sign if agree else tau)).to(dtype)
-        a[100 + t: 140 + t] = base[100 + t: 140 + t].float() + 1e-6  # sub-eps moves (f32) or no move (bf16)
+        a[100 + t : 140 + t] = base[100 + t : 140 + t].float() + 1e-6  # sub-eps moves (f32) or no move (bf16)
         if t < 2 and not agree:
             a[:64] = base[:64].float() + (0.25 if t == 0 else -0.25)
         elif not agree:
@@ -477,8 +493,12 @@ def test_sign_gives_the_torch_accumulators_bits(in_dtype, k):
             changed += int((want != _accumulated(base, agents, lambdas, 1e-5, out_dtype, sign=False)).sum())
             if k >= 2:
                 assert torch.equal(want[:32], base[:32].to(out_dtype)), "Σ τ = 0: the plain mean, 0"
-            _check_ranges(builds, lambda kernels, out, start, end: kernels.merge(
-                out, base, agents, lambdas, 1e-5, start, end, sign=True), want, (out_dtype, lambdas is not None))
+            _check_ranges(
+                builds,
+                lambda kernels, out, start, end: kernels.merge(out, base, agents, lambdas, 1e-5, start, end, sign=True),
+                want,
+                (out_dtype, lambdas is not None),
+            )
     assert k == 1 or changed > 100, "the data has conflicts the rule resolves"
 
 
@@ -491,8 +511,13 @@ def test_sign_where_the_agents_agree_is_the_plain_merge_bit_for_bit(in_dtype, k)
     base, agents = _conflicting(k, n, in_dtype, seed=300 + k, agree=True)
     for lambdas in (None, 1.0 + torch.rand(k, generator=torch.Generator().manual_seed(k))):
         for out_dtype in (torch.float32, torch.bfloat16):
-            _check_sign_is_plain(builds, lambda kernels, out, sign: kernels.merge(
-                out, base, agents, lambdas, 1e-5, 0, n, sign=sign), n, out_dtype, (lambdas is not None,))
+            _check_sign_is_plain(
+                builds,
+                lambda kernels, out, sign: kernels.merge(out, base, agents, lambdas, 1e-5, 0, n, sign=sign),
+                n,
+                out_dtype,
+                (lambdas is not None,),
+            )
 
 
 @needs_kernels

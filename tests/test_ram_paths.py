@@ -30,7 +30,7 @@ def _inputs(k: int, seed: int) -> tuple[torch.Tensor, list[torch.Tensor], torch.
     for t in range(k):
         moved = torch.rand(N, generator=g) < (0.3 + 0.1 * t)
         tau = torch.randn(N, generator=g) * 0.05 * moved
-        tau[t * 40:t * 40 + 8] = 0.5 * EPS  # under the threshold: inactive
+        tau[t * 40 : t * 40 + 8] = 0.5 * EPS  # under the threshold: inactive
         agents.append(base + tau)
     lambdas = 1.0 + torch.rand(k, generator=g)
     importances = torch.rand(k, N, generator=g) * 4
@@ -85,8 +85,12 @@ def test_every_path_is_the_reference_and_the_fast_paths_are_the_accumulators_bit
     base, agents, lambdas, importances = _inputs(k, seed=k * 8 + scaled * 4 + sign * 2 + weighted)
     lam = lambdas if scaled else None
     imp = importances if weighted else None
-    reference = base.double() + ram_combine(_deltas(base, agents, torch.float64), None if lam is None else lam.double(),
-                                            None if imp is None else imp.double(), sign=sign)
+    reference = base.double() + ram_combine(
+        _deltas(base, agents, torch.float64),
+        None if lam is None else lam.double(),
+        None if imp is None else imp.double(),
+        sign=sign,
+    )
     eager = _accumulator(base, agents, lam, sign, imp)
     stacked = base + ram_combine(_deltas(base, agents, torch.float32), lam, imp, sign=sign)
     for name, value in {"accumulator": eager, "stacked combine": stacked}.items():

@@ -19,9 +19,9 @@ NAMES = ("coder", "tools", "memory")
 
 def test_by_hand():
     base = {"w": torch.tensor([10.0, 10.0, 10.0, 10.0, 10.0, -0.0])}
-    taus = torch.tensor([[1.0, 1.0, 1.0, 3.0, 0.0, 0.0],
-                         [2.0, 2.0, -1.0, 0.0, 0.0, 0.0],
-                         [-4.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    taus = torch.tensor(
+        [[1.0, 1.0, 1.0, 3.0, 0.0, 0.0], [2.0, 2.0, -1.0, 0.0, 0.0, 0.0], [-4.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
+    )
     agents = {n: {"w": base["w"] + t} for n, t in zip(NAMES, taus)}
     # entry 0: Σ τ = -1 elects the negative side, whose mean is -4 (RAM: -1/3); entry 1: all agree, RAM's 1.5;
     # entry 2: Σ τ = 0, the mean (0); entry 3: coder alone (λ for RAM+); entries 4, 5: nobody, the base's bits
@@ -51,8 +51,15 @@ def test_against_the_float64_reference(base_sd, variant):
 def _streamed(taus, lambdas=None, importance=None, sign=True):
     """The streaming accumulator's τ* of task vectors ``taus`` ``[K, N]`` (on a base of zeros)."""
     n = taus.shape[1]
-    return _accumulated(torch.zeros(n), list(taus), lambdas, 0.0, torch.float32, sign,
-                        importances=None if importance is None else list(importance))
+    return _accumulated(
+        torch.zeros(n),
+        list(taus),
+        lambdas,
+        0.0,
+        torch.float32,
+        sign,
+        importances=None if importance is None else list(importance),
+    )
 
 
 def _taus(k, n, seed, same_sign=False):
@@ -113,8 +120,9 @@ def test_through_merge_with_importances_and_files(base_sd, tmp_path):
         paths[n] = str(tmp_path / f"{n}.safetensors")
         save_file(sd, paths[n])
     save_file(base_sd, str(tmp_path / "base.safetensors"))
-    files = merge(paths, base=str(tmp_path / "base.safetensors"), method="ram_plus", shared="sign",
-                  importance=importance)
+    files = merge(
+        paths, base=str(tmp_path / "base.safetensors"), method="ram_plus", shared="sign", importance=importance
+    )
     plain = merge(agents, base=base_sd, method="ram_plus", importance=importance)
     assert all(torch.equal(live[k], files[k]) for k in base_sd)
     assert any(not torch.equal(live[k], plain[k]) for k in base_sd)

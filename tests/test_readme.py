@@ -60,8 +60,9 @@ def test_readme_quickstart_runs_as_copied(tmp_path: Path) -> None:
     script = tmp_path / "quickstart.py"
     script.write_text(code + f"\nprint({marker!r})\n", encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, f"the README's Quickstart failed:\n{proc.stdout}\n{proc.stderr}"
     out = proc.stdout.splitlines()
     assert out and out[-1] == marker, proc.stdout
@@ -89,6 +90,8 @@ def test_link_checker_finds_links() -> None:
     """The checker is not vacuous: it sees links, skips code, and slugs headings as GitHub does."""
     text = "[a](docs/x.md) `[b](no.md)` [c](https://e.org)\n```\n[d](code.md)\n```\n![img](p.png)"
     assert links(text) == ["docs/x.md", "https://e.org", "p.png"]
-    assert slug("`python benchmarks/bench_lora.py` — LoRA adapters (runs A and B)") == \
-        "python-benchmarksbench_lorapy--lora-adapters-runs-a-and-b"
+    assert (
+        slug("`python benchmarks/bench_lora.py` — LoRA adapters (runs A and B)")
+        == "python-benchmarksbench_lorapy--lora-adapters-runs-a-and-b"
+    )
     assert slug("The Lightning callback: `RAMCallback`") == "the-lightning-callback-ramcallback"

@@ -112,7 +112,8 @@ def test_search_row_with_a_prompt_budget_and_the_race(agents: tuple) -> None:
         assert row["selection"] == result.best_score == PromptAccuracy(sel)(again)
         assert row["prompt_evaluations"] == round(sum(t.fidelity for t in result.scored) * n)
         assert row["full_fidelity"] == len(result.complete) and row["test"]["mean"] == pytest.approx(
-            sum(row["test"][t] for t in TASKS) / 3)
+            sum(row["test"][t] for t in TASKS) / 3
+        )
     assert full["spent"] == 6 and full["prompt_evaluations"] == 6 * n and full["evaluations"] == 6
     assert counted["prompt_evaluations"] == 6 * n and counted["selection"] == full["selection"]
     assert raced["spent"] <= 6 + 1e-9 and raced["prompt_evaluations"] <= 6 * n

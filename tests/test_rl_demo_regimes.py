@@ -19,9 +19,14 @@ from rl_demo.lang import ALL_TASKS, TASK_TOKEN, make_prompts, tasks_for, vocab_f
 sys.path.remove(str(ROOT / "examples"))
 
 REFERENCE = {
-    "shift": lambda d: [(x + 3) % 10 for x in d], "rev": lambda d: d[::-1], "sort": sorted,
-    "comp": lambda d: [9 - x for x in d], "rot": lambda d: d[2:] + d[:2], "sortd": lambda d: sorted(d, reverse=True),
-    "swap": lambda d: [d[1], d[0], d[3], d[2], d[4]], "dbl": lambda d: [2 * x % 10 for x in d],
+    "shift": lambda d: [(x + 3) % 10 for x in d],
+    "rev": lambda d: d[::-1],
+    "sort": sorted,
+    "comp": lambda d: [9 - x for x in d],
+    "rot": lambda d: d[2:] + d[:2],
+    "sortd": lambda d: sorted(d, reverse=True),
+    "swap": lambda d: [d[1], d[0], d[3], d[2], d[4]],
+    "dbl": lambda d: [2 * x % 10 for x in d],
 }
 
 
@@ -60,8 +65,13 @@ def test_dense_three_agents_are_todays_settings() -> None:
 
 
 def test_agents_out_of_range_is_an_argument_error() -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), "--agents", "9"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), "--agents", "9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2 and "--agents" in proc.stderr
 
 
@@ -71,8 +81,13 @@ SPARSE_ARGS = ["--regime", "sparse", "--quick"]
 @pytest.fixture(scope="module")
 def sparse_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rl_demo_sparse")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), *SPARSE_ARGS,
-                           "--out", str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), *SPARSE_ARGS, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
@@ -90,9 +105,20 @@ def test_reuse_trained_gives_the_same_table_without_training(sparse_dir: Path, s
     from rl_demo import regimes, reuse
     from rl_demo.lang import tasks_for
 
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), *SPARSE_ARGS,
-                           "--out", str(sparse_dir), "--reuse-trained"], capture_output=True, text=True,
-                          timeout=900, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "rl_merge_demo.py"),
+            *SPARSE_ARGS,
+            "--out",
+            str(sparse_dir),
+            "--reuse-trained",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     again = json.loads((sparse_dir / "results.json").read_text())
     assert "reused_training" in again["timings"] and "rl" not in again["timings"]
@@ -120,9 +146,23 @@ def test_sparse_regime_has_the_papers_density_pattern(sparse_run: dict) -> None:
 
 def test_sparse_regime_scores_every_row(sparse_run: dict) -> None:
     acc = sparse_run["accuracy"]
-    rows = {"base", "TA (1/N)", "TA (tuned)", "TIES", "DARE+TA", "DARE+TIES", "RAM", "RAM+", "RAM+s",
-            "RAM (sign)", "RAM+ (sign)", "RAM (curvature)", "RAM+ (curvature)", "RAM (curvature, bc)",
-            *(f"specialist {t}" for t in sparse_run["tasks"])}
+    rows = {
+        "base",
+        "TA (1/N)",
+        "TA (tuned)",
+        "TIES",
+        "DARE+TA",
+        "DARE+TIES",
+        "RAM",
+        "RAM+",
+        "RAM+s",
+        "RAM (sign)",
+        "RAM+ (sign)",
+        "RAM (curvature)",
+        "RAM+ (curvature)",
+        "RAM (curvature, bc)",
+        *(f"specialist {t}" for t in sparse_run["tasks"]),
+    }
     assert set(acc) == rows
     for name, row in acc.items():
         assert row["mean"] == pytest.approx(sum(row[t] for t in sparse_run["tasks"]) / 3), name

@@ -18,17 +18,45 @@ from ram_live.store import SnapshotStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("shift", "rev", "sort")
-METHODS = ("TA (1/N)", "TA (tuned)", "TIES", "DARE+TA", "DARE+TIES", "RAM", "RAM+", "RAM+s", "RAM (sign)",
-           "RAM+ (sign)", "RAM (curvature)", "RAM+ (curvature)", "RAM (curvature, bc)", "search")
+METHODS = (
+    "TA (1/N)",
+    "TA (tuned)",
+    "TIES",
+    "DARE+TA",
+    "DARE+TIES",
+    "RAM",
+    "RAM+",
+    "RAM+s",
+    "RAM (sign)",
+    "RAM+ (sign)",
+    "RAM (curvature)",
+    "RAM+ (curvature)",
+    "RAM (curvature, bc)",
+    "search",
+)
 BUDGET = 10
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("rl_demo")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "rl_merge_demo.py"), "--quick", "--search",
-                           "--search-budget", str(BUDGET), "--out", str(out)],
-                          check=False, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "rl_merge_demo.py"),
+            "--quick",
+            "--search",
+            "--search-budget",
+            str(BUDGET),
+            "--out",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text())
 
@@ -110,7 +138,7 @@ def test_search_row_is_merge_of_best_and_within_budget(run: tuple[Path, dict]) -
     base = load_file(str(out / "base.safetensors"))
     best = from_json(row["best"])
     if isinstance(best.get("importance"), dict):  # the snapshots' own importances (JSON keeps only their names):
-        del best["importance"]                    # without importance=, merge uses exactly those
+        del best["importance"]  # without importance=, merge uses exactly those
     mine = ram_live.merge(store.latest_all(TASKS), base=base, **best)
     saved = load_file(str(out / "merged_search.safetensors"))
     assert set(mine) == set(saved)

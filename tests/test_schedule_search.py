@@ -74,8 +74,9 @@ def test_searched_merge_is_reproducible_logged_saved_and_restores_the_model(setu
         return {"dist": _distance(model, target), "other": 1.0}
 
     setting = SearchSetting(evaluate=held_out, metric="dist", mode="min", budget=12, seed=3)
-    sched = RAMSchedule(store, "b", merge_every=4, search=setting, durable=False,
-                        evaluate=lambda m: {"final": _distance(m, target)})
+    sched = RAMSchedule(
+        store, "b", merge_every=4, search=setting, durable=False, evaluate=lambda m: {"final": _distance(m, target)}
+    )
     sched.attach(_net())  # the base is the model at train start
     before = _copy(b)
     metrics = sched.on_step(b, 4)
@@ -126,8 +127,17 @@ def test_state_dict_keeps_the_record_and_same_seed_same_choice(setup, tmp_path):
 
 
 def test_setting_validation_and_errors(setup):
-    for bad in ({"budget": 0}, {"budget": True}, {"budget": "0.5x"}, {"budget": "lots"}, {"fidelity": "fast"},
-                {"mode": "up"}, {"metric": ""}, {"evaluate": 3}, {"confirm_top": 0}):
+    for bad in (
+        {"budget": 0},
+        {"budget": True},
+        {"budget": "0.5x"},
+        {"budget": "lots"},
+        {"fidelity": "fast"},
+        {"mode": "up"},
+        {"metric": ""},
+        {"evaluate": 3},
+        {"confirm_top": 0},
+    ):
         with pytest.raises(ConfigError):
             SearchSetting(**bad)
     with pytest.raises(ConfigError, match="unknown search option"):
@@ -146,8 +156,13 @@ def test_setting_validation_and_errors(setup):
 
     store, base_sd, b, target = setup
     # the evaluation names no metric but returns two: a library error naming the metric, nothing saved
-    sched = RAMSchedule(store, "b", merge_every=4, durable=False,
-                        search=SearchSetting(evaluate=lambda m: {"x": 1.0, "y": 2.0}, budget=3))
+    sched = RAMSchedule(
+        store,
+        "b",
+        merge_every=4,
+        durable=False,
+        search=SearchSetting(evaluate=lambda m: {"x": 1.0, "y": 2.0}, budget=3),
+    )
     sched.attach(_net())
     before = _copy(b)
     with pytest.raises(RamLiveError, match="metric"):
@@ -172,8 +187,9 @@ def _ddp_search(rank, tmp, targets):
     sched = RAMSchedule(tmp / "store", "b", merge_every=4, search=setting, durable=False)
     sched.attach(_net())
     metrics = sched.on_step(b, 4)
-    (tmp / f"rank{rank}.json").write_text(json.dumps({"best": sched.last_search["best"],
-                                                      "score": metrics["ram/search/best_score"]}))
+    (tmp / f"rank{rank}.json").write_text(
+        json.dumps({"best": sched.last_search["best"], "score": metrics["ram/search/best_score"]})
+    )
 
 
 def test_ddp_ranks_choose_the_same_merge_on_scores_averaged_over_ranks(setup, tmp_path):
@@ -207,8 +223,10 @@ class _PromptDistance:
         return [dist[self.tasks[i]] for i in indices]
 
     def aggregate(self, values):
-        tasks = {t: sum(v for i, v in values.items() if self.tasks[i] == t) /
-                 sum(1 for i in values if self.tasks[i] == t) for t in dict.fromkeys(self.tasks[i] for i in values)}
+        tasks = {
+            t: sum(v for i, v in values.items() if self.tasks[i] == t) / sum(1 for i in values if self.tasks[i] == t)
+            for t in dict.fromkeys(self.tasks[i] for i in values)
+        }
         return sum(tasks.values()) / len(tasks), tasks
 
     def __call__(self, model):
@@ -235,8 +253,13 @@ def test_a_prompt_budget_races_on_the_training_model_and_logs_each_task(setup):
     assert metrics["ram/search/task/code"] == pytest.approx(-_distance(m, other), rel=1e-12)
     body = json.loads(open(rec["file"]).read())
     assert any(t["fidelity"] < 1 for t in body["history"]["history"])  # the race stopped some candidates early
-    plain = RAMSchedule(store, "b", merge_every=4, durable=False, search=SearchSetting(
-        evaluate=lambda m: 1.0, budget="3x", fidelity="halving"))
+    plain = RAMSchedule(
+        store,
+        "b",
+        merge_every=4,
+        durable=False,
+        search=SearchSetting(evaluate=lambda m: 1.0, budget="3x", fidelity="halving"),
+    )
     plain.attach(_net())
     with pytest.raises(ConfigError, match="fidelity='halving' needs an evaluation that scores prompts"):
         plain.on_step(b, 8)

@@ -62,15 +62,19 @@ def test_the_default_space_finds_it_within_budget_and_beats_the_baselines(proble
     assert seen == result.history  # progress got every trial, in order
     # one count for every RAM-family candidate of one activity rule: here the first, and each other rule the
     # activity moves try on a RAM+ candidate (they need counts of their own; the shared-rule moves do not)
-    other_rules = [t for t in result.history if t.family == "activity" and t.method == "ram_plus"
-                   and (t.options.get("eps", 1e-5) != 1e-5 or t.options.get("activity", "abs") != "abs")]
+    other_rules = [
+        t
+        for t in result.history
+        if t.family == "activity"
+        and t.method == "ram_plus"
+        and (t.options.get("eps", 1e-5) != 1e-5 or t.options.get("activity", "abs") != "abs")
+    ]
     rules = {(t.options.get("eps", 1e-5), t.options.get("activity", "abs")) for t in other_rules}
     assert len(passes) == result.statistics_passes == 1 + len(rules)
     # every arm screened; RAM leads after the screen and gets most of the budget (docs/search.md)
     assert set(result.budgets) == {"ram", "task_arithmetic", "ties", "dare_ties"}
     assert sum(result.budgets.values()) == 70 and result.budgets["ram"] > 35
-    assert {t.family for t in result.history} >= {"ram_plus", "shared_weights", "task_arithmetic", "ties",
-                                                  "dare_ties"}
+    assert {t.family for t in result.history} >= {"ram_plus", "shared_weights", "task_arithmetic", "ties", "dare_ties"}
     best = result.best
     assert best["method"] == "ram" and best["lambdas"] == pytest.approx(TARGET, abs=0.1)
     assert result.best_score > result.best_baseline.score and result.margin() > 0
@@ -81,7 +85,10 @@ def test_the_default_space_finds_it_within_budget_and_beats_the_baselines(proble
     # merged (its shared entries differ)
     assert len(grid) == 8 and result.best_score > max(grid)
     assert [t.options for t in result.history if t.family == "ram_plus" and t.phase == "screen"][-1] == {
-        "r": 0.1, "alpha": 2.0, "shared": "sign"}
+        "r": 0.1,
+        "alpha": 2.0,
+        "shared": "sign",
+    }
     assert {t.phase for t in result.history if t.family == "ram_plus"} == {"screen", "refine"}
 
 
@@ -162,8 +169,9 @@ def test_confirm_scores_the_top_candidates(problem):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExtrapolationWarning)
-        result = search(agents, base=base, evaluate=lambda m: distance(m, target), budget=10, confirm=confirm,
-                        confirm_top=2)
+        result = search(
+            agents, base=base, evaluate=lambda m: distance(m, target), budget=10, confirm=confirm, confirm_top=2
+        )
     confirmed = [t for t in result.history if t.confirm_score is not None]
     top = sorted(result.history, key=lambda t: -t.score)[:2]
     assert len(calls) == 2 and confirmed == sorted(top, key=lambda t: t.index)
@@ -173,11 +181,18 @@ def test_confirm_scores_the_top_candidates(problem):
 
 def test_results_as_json_table_and_plot(problem, tmp_path):
     agents, base, target = problem
-    result = search(agents, base=base, evaluate=lambda m: distance(m, target), budget=4,
-                    space={"ram_plus": {"r": [0.5, 1.0], "alpha": [math.inf]}, "ties": {"density": [0.5]}})
+    result = search(
+        agents,
+        base=base,
+        evaluate=lambda m: distance(m, target),
+        budget=4,
+        space={"ram_plus": {"r": [0.5, 1.0], "alpha": [math.inf]}, "ties": {"density": [0.5]}},
+    )
     assert [t.candidate for t in result.history] == [  # screening one each, then the leader's rest
-        {"method": "ram_plus", "r": 0.5, "alpha": math.inf}, {"method": "ties", "density": 0.5},
-        {"method": "ram_plus", "r": 1.0, "alpha": math.inf}]
+        {"method": "ram_plus", "r": 0.5, "alpha": math.inf},
+        {"method": "ties", "density": 0.5},
+        {"method": "ram_plus", "r": 1.0, "alpha": math.inf},
+    ]
     data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     assert data["history"][0]["options"]["alpha"] == "inf"
     assert from_json(data["best"]) == result.best
@@ -206,15 +221,30 @@ def test_errors(problem):
     def boom(merged):
         raise ValueError("no GPU")
 
-    with pytest.raises(SearchError, match=r"evaluate raised ValueError on candidate #0 ram_plus\(r=0.1, "
-                                          r"alpha=2.0\): no GPU") as info:
+    with pytest.raises(
+        SearchError,
+        match=r"evaluate raised ValueError on candidate #0 ram_plus\(r=0.1, "
+        r"alpha=2.0\): no GPU",
+    ) as info:
         search(agents, base=base, evaluate=boom, budget=3)
     assert isinstance(info.value.__cause__, ValueError)
     assert info.value.candidate == {"method": "ram_plus", "r": 0.1, "alpha": 2.0}
     import numpy as np
 
-    for bad in (math.nan, math.inf, "0.5", None, torch.tensor([1.0, 2.0]), 10**400, -(10**400), True,
-                np.array([1.0, 2.0]), np.float64("nan"), complex(1, 0), b"1"):
+    for bad in (
+        math.nan,
+        math.inf,
+        "0.5",
+        None,
+        torch.tensor([1.0, 2.0]),
+        10**400,
+        -(10**400),
+        True,
+        np.array([1.0, 2.0]),
+        np.float64("nan"),
+        complex(1, 0),
+        b"1",
+    ):
         with pytest.raises(SearchError, match="must return a finite number"):
             search(agents, base=base, evaluate=lambda m, b=bad: b, budget=2)
     for budget in (0, -1, 1.5, True, "60"):
@@ -240,10 +270,15 @@ def test_errors(problem):
 
 def test_a_candidate_whose_merge_overflows_is_recorded_not_fatal():
     base = {"w": torch.zeros(4, dtype=torch.float16)}
-    agents = {"a": {"w": torch.tensor([30000.0, 0, 0, 0], dtype=torch.float16)},
-              "b": {"w": torch.tensor([0, 1.0, 0, 0], dtype=torch.float16)}}
-    space = [{"method": "ram"}, {"method": "ram", "lambdas": {"a": 4.0, "b": 1.0}}, {"method": "ram", "lambdas":
-                                                                                        {"a": 1.0, "b": 2.0}}]
+    agents = {
+        "a": {"w": torch.tensor([30000.0, 0, 0, 0], dtype=torch.float16)},
+        "b": {"w": torch.tensor([0, 1.0, 0, 0], dtype=torch.float16)},
+    }
+    space = [
+        {"method": "ram"},
+        {"method": "ram", "lambdas": {"a": 4.0, "b": 1.0}},
+        {"method": "ram", "lambdas": {"a": 1.0, "b": 2.0}},
+    ]
     result = search(agents, base=base, evaluate=lambda m: float(m["w"][1]), budget=3, space=space)
     assert [t.score for t in result.history] == [1.0, None, 2.0]
     assert "overflows" in result.history[1].error and result.best == space[2]
@@ -281,8 +316,14 @@ def test_a_progress_hook_and_buffers_an_evaluation_changes(problem):
         return -float(module[0].weight.detach().sum())
 
     stream = io.StringIO()
-    result = search(agents, base=base, evaluate=evaluate, budget=6, progress=TerminalProgress(stream),
-                    space=["ram_plus", "task_arithmetic"])
+    result = search(
+        agents,
+        base=base,
+        evaluate=evaluate,
+        budget=6,
+        progress=TerminalProgress(stream),
+        space=["ram_plus", "task_arithmetic"],
+    )
     assert stream.getvalue().startswith(f"[search] {len(result.history)}/6 tensors")  # one update per trial
     for trial, state in zip(result.history, states):
         again = merge(agents, base=base, **trial.candidate).state_dict()
@@ -298,10 +339,14 @@ def test_space_settings_are_parsed():
 def test_candidates_of_equal_effect_are_merged_once(problem):
     agents, base, target = problem
     calls = []
-    space = [{"method": "ram_plus", "r": 0.0}, {"method": "ram"}, {"method": "ram_plus_soft", "r": 0.0},
-             {"method": "ram", "lambdas": dict.fromkeys(TARGET, 1.0)}, {"method": "ram", "eps": 1e-3}]
-    result = search(agents, base=base, evaluate=lambda m: calls.append(1) or distance(m, target), budget=5,
-                    space=space)
+    space = [
+        {"method": "ram_plus", "r": 0.0},
+        {"method": "ram"},
+        {"method": "ram_plus_soft", "r": 0.0},
+        {"method": "ram", "lambdas": dict.fromkeys(TARGET, 1.0)},
+        {"method": "ram", "eps": 1e-3},
+    ]
+    result = search(agents, base=base, evaluate=lambda m: calls.append(1) or distance(m, target), budget=5, space=space)
     assert [t.candidate for t in result.history] == [space[0], space[4]]  # λ = 1 four ways: plain RAM once
     assert len(calls) == 2
 
@@ -311,8 +356,16 @@ def test_scores_of_every_real_kind_are_taken_as_their_value(problem):
     from fractions import Fraction
 
     agents, base, _ = problem
-    for good, want in ((np.float64(0.25), 0.25), (np.int64(3), 3.0), (np.array(0.5), 0.5), (np.array([0.5]), 0.5),
-                       (torch.tensor(1.5), 1.5), (torch.tensor([2.5]), 2.5), (Fraction(1, 4), 0.25), (10**300, 1e300)):
+    for good, want in (
+        (np.float64(0.25), 0.25),
+        (np.int64(3), 3.0),
+        (np.array(0.5), 0.5),
+        (np.array([0.5]), 0.5),
+        (torch.tensor(1.5), 1.5),
+        (torch.tensor([2.5]), 2.5),
+        (Fraction(1, 4), 0.25),
+        (10**300, 1e300),
+    ):
         result = search(agents, base=base, evaluate=lambda m, g=good: g, budget=1)
         assert result.best_score == want, good
 

@@ -23,18 +23,32 @@ from ram_live.selection import from_json  # noqa: E402
 
 from conftest import assert_bit_identical, snapshot  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:peft", "ignore::FutureWarning",
-                                        "ignore::ram_live.ExtrapolationWarning",
-                                        "ignore::ram_live.peft.DenseDeltaWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::UserWarning:peft",
+    "ignore::FutureWarning",
+    "ignore::ram_live.ExtrapolationWarning",
+    "ignore::ram_live.peft.DenseDeltaWarning",
+)
 
-LLAMA = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-             num_key_value_heads=1)
+LLAMA = dict(
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
 NAMES = ["code", "tool", "memory"]
 X = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
 #: one arm of each kind, small grids: every family runs to its end within the budget
-SPACE = {"ram_plus": [{"r": 0.1, "alpha": 2.0}, {"r": 0.0, "alpha": 2.0}], "sparsify": True, "leave_one_out": True,
-         "task_arithmetic": {"scale": [1.0, 0.5]}, "ties": {"density": [0.3], "scale": [1.0]},
-         "dare_ties": {"density": [0.5], "scale": [1.0]}}
+SPACE = {
+    "ram_plus": [{"r": 0.1, "alpha": 2.0}, {"r": 0.0, "alpha": 2.0}],
+    "sparsify": True,
+    "leave_one_out": True,
+    "task_arithmetic": {"scale": [1.0, 0.5]},
+    "ties": {"density": [0.3], "scale": [1.0]},
+    "dare_ties": {"density": [0.5], "scale": [1.0]},
+}
 
 
 def _lora(**kw) -> LoraConfig:
@@ -125,8 +139,15 @@ def test_folders_every_trial_is_remade_bit_for_bit_by_ram_merge_adapter_files(ba
 
 def test_untargeted_modules_keep_the_base_bits_and_counts_are_taken_once_per_rule(base, folders):
     recorder = Recorder()
-    result = search(folders, base=base, evaluate=recorder, budget=12, confirm=lambda merged: 1.0, confirm_top=2,
-                    space={"ram_plus": [{"r": 0.1, "alpha": 2.0}, {"r": 1.0, "alpha": 2.0}], "sparsify": True})
+    result = search(
+        folders,
+        base=base,
+        evaluate=recorder,
+        budget=12,
+        confirm=lambda merged: 1.0,
+        confirm_top=2,
+        space={"ram_plus": [{"r": 0.1, "alpha": 2.0}, {"r": 1.0, "alpha": 2.0}], "sparsify": True},
+    )
     assert sorted(t.confirm_score for t in result.history if t.confirm_score is not None) == [1.0, 1.0]
     untouched = [k for k in base.state_dict() if "k_proj" in k or "mlp" in k or "norm" in k]
     assert untouched
@@ -160,8 +181,13 @@ def test_the_density_that_wins_is_in_best_and_remade(base, folders):
         return -float(sum(int((sd[k] != reference[k]).sum()) for k in reference))
 
     recorder = Recorder(fewer_changes)
-    result = search(folders, base=base, evaluate=recorder, budget=8,
-                    space={"ram_plus": [{"r": 0.0, "alpha": 2.0}], "sparsify": True})
+    result = search(
+        folders,
+        base=base,
+        evaluate=recorder,
+        budget=8,
+        space={"ram_plus": [{"r": 0.0, "alpha": 2.0}], "sparsify": True},
+    )
     assert result.best["sparsify"] == TopK(0.2)
     remade = ram_merge_adapter_files(folders, base=base, into_base=True, **result.best)
     assert fewer_changes(remade) == result.best_score
@@ -229,8 +255,19 @@ def test_a_mix_of_adapters_and_full_models_is_refused_naming_the_agent(base, fol
     assert "'live'" in _one_line(info.value) and "adapters=" in str(info.value)
 
 
-@pytest.mark.parametrize("case", ["adapters_with_folders", "base_with_live", "folders_without_base", "parallel",
-                                  "importance", "shared_weights", "unknown_adapter", "bad_rule"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "adapters_with_folders",
+        "base_with_live",
+        "folders_without_base",
+        "parallel",
+        "importance",
+        "shared_weights",
+        "unknown_adapter",
+        "bad_rule",
+    ],
+)
 def test_what_an_adapter_search_does_not_take_is_a_config_error(base, folders, model, case):
     run = dict(evaluate=Recorder(), budget=2)
     calls = {

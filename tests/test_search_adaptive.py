@@ -66,8 +66,9 @@ def test_the_leader_gets_most_of_the_budget(agents, base_sd):
     assert result.budgets == {"ram": 4, "task_arithmetic": 8 + 7 + 25, "ties": 5 + 6, "dare_ties": 5}
     assert [t.phase for t in result.history[22:]] == ["refine"] * 38
     # the probed arm refines its weights first, not more uniform scales
-    assert [t.family for t in result.history if t.phase == "refine" and t.method == "task_arithmetic"][0] == \
-        "ta_weights"
+    assert [t.family for t in result.history if t.phase == "refine" and t.method == "task_arithmetic"][
+        0
+    ] == "ta_weights"
     assert result.best["method"] == "task_arithmetic" and result.best_trial.family == "ta_weights"
 
 
@@ -88,15 +89,17 @@ def test_a_narrowed_space_is_that_family_alone(agents, base_sd):
     """One arm: no screening, the whole budget, its families in order — the scale grid as listed, then the
     weight ascent from the best scale (what the demo's ``search TA`` row runs)."""
     target = merge(agents, base=base_sd, method="task_arithmetic", weights=TA_TARGET)
-    r = search(agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=30,
-               space=["task_arithmetic", "ta_weights"])
+    r = search(
+        agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=30, space=["task_arithmetic", "ta_weights"]
+    )
     assert r.budgets == {"task_arithmetic": 30} and {t.phase for t in r.history} == {"refine"}
     assert [t.candidate for t in r.history[:7]] == [{"method": "task_arithmetic", **g} for g in TA_GRID]
     assert {t.family for t in r.history[7:]} == {"ta_weights"}
     best_scale = max(r.history[:7], key=lambda t: t.score).options["scale"]
     first = r.history[7].options["weights"]
-    assert sorted(first) == pytest.approx(sorted([best_scale] * 2 + [first[[w != best_scale for w in first]
-                                                                           .index(True)]]))
+    assert sorted(first) == pytest.approx(
+        sorted([best_scale] * 2 + [first[[w != best_scale for w in first].index(True)]])
+    )
     grid = {"density": [0.2, 0.5], "scale": [1.0, 2.0]}
     ties = search(agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=10, space={"ties": grid})
     assert [t.options for t in ties.history] == [{"density": d, "scale": s} for d in (0.2, 0.5) for s in (1.0, 2.0)]
@@ -116,8 +119,10 @@ def test_constant_importances_are_per_agent_weights_in_the_shared_mean():
 
 
 def test_the_shared_weights_ascent_reproduces_bit_for_bit(agents, base_sd):
-    truth = {"lambdas": {"coder": 2.0, "tools": 1.0, "memory": 1.0}, "importance": {"coder": 1.0, "tools": 0.5,
-                                                                                    "memory": 1.0}}
+    truth = {
+        "lambdas": {"coder": 2.0, "tools": 1.0, "memory": 1.0},
+        "importance": {"coder": 1.0, "tools": 0.5, "memory": 1.0},
+    }
     target = merge(agents, base=base_sd, method="ram", **truth)
     seen = []
 
@@ -171,8 +176,9 @@ def test_the_probes_and_what_follows_them(base_sd):
     first = refine[0].options["weights"]  # one coordinate of the best probe's weights moved by one step
     assert sum(abs(x - y) > 1e-9 for x, y in zip(first, start.options["weights"])) == 1
     assert result.best["method"] == "task_arithmetic"
-    alone = search(agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=20,
-                   space=["task_arithmetic", "ta_weights"])
+    alone = search(
+        agents, base=base_sd, evaluate=lambda m: distance(m, target), budget=20, space=["task_arithmetic", "ta_weights"]
+    )
     assert not any(t.family == "ta_probe" for t in alone.history)
     assert [t.family for t in alone.history[:7]] == ["task_arithmetic"] * 7
 
@@ -187,7 +193,7 @@ def test_the_probes_come_after_every_arms_screen():
             self.merger = type("M", (), {"names": [f"a{i}" for i in range(k)]})()
 
         def run_family(self, family, allowance):
-            n = min(allowance, self.budget - self.used, len(family.grid) if family.kind == "grid" else 10 ** 6)
+            n = min(allowance, self.budget - self.used, len(family.grid) if family.kind == "grid" else 10**6)
             self.used += n
             self.history += [type("T", (), {"phase": None, "family": family.name})() for _ in range(n)]
             return False

@@ -60,9 +60,26 @@ def test_search_writes_the_best_merge_and_the_table(folders, capsys):
     tmp, paths, agents, base = folders
     out = tmp / "best"
     SEEN.clear()
-    code = main(["search", *(f"{n}={paths[n]}" for n in LAMBDAS), "--base", str(paths["base"]),
-                 "--eval", "test_search_cli:held_out", "--budget", "40", "--out", str(out),
-                 "--space", '["lambdas", "ties"]', "--confirm", "test_search_cli:doubled", "--confirm-top", "2"])
+    code = main(
+        [
+            "search",
+            *(f"{n}={paths[n]}" for n in LAMBDAS),
+            "--base",
+            str(paths["base"]),
+            "--eval",
+            "test_search_cli:held_out",
+            "--budget",
+            "40",
+            "--out",
+            str(out),
+            "--space",
+            '["lambdas", "ties"]',
+            "--confirm",
+            "test_search_cli:doubled",
+            "--confirm-top",
+            "2",
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0 and "best:" in printed and "best baseline: ties" in printed
     assert set(SEEN) == {dict}  # the evaluation gets a state dict
@@ -79,8 +96,24 @@ def test_search_writes_the_best_merge_and_the_table(folders, capsys):
 def test_search_json_to_stdout_and_errors(folders, capsys):
     tmp, paths, agents, base = folders
     args = [*(str(paths[n]) for n in LAMBDAS), "--base", str(paths["base"])]
-    assert main(["search", *args, "--eval", "test_search_cli:held_out", "--budget", "3", "--out",
-                 str(tmp / "o"), "--json", "--space", '{"ram_plus": {"r": [0.5], "alpha": ["inf"]}}']) == 0
+    assert (
+        main(
+            [
+                "search",
+                *args,
+                "--eval",
+                "test_search_cli:held_out",
+                "--budget",
+                "3",
+                "--out",
+                str(tmp / "o"),
+                "--json",
+                "--space",
+                '{"ram_plus": {"r": [0.5], "alpha": ["inf"]}}',
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["best"] == {"method": "ram_plus", "r": 0.5, "alpha": "inf"}
     cases = [
@@ -105,34 +138,64 @@ def _one_line_error(capsys) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("body, code, message", [
-    ("import sys\nsys.exit(0)\n", 2, "--eval='{name}:score': importing '{name}' called sys.exit(0)"),
-    ("raise SystemExit(3)\n", 2, "--eval='{name}:score': importing '{name}' called sys.exit(3)"),
-    ("import json\njson.loads('{{')\n", 2, "--eval='{name}:score': importing '{name}' raised JSONDecodeError: "),
-    ("raise RuntimeError('two\\nlines')\n", 2, "importing '{name}' raised RuntimeError: two lines"),
-])
-def test_user_code_that_exits_or_fails_while_imported_is_one_line_and_writes_nothing(folders, capsys, monkeypatch,
-                                                                                    body, code, message):
+@pytest.mark.parametrize(
+    "body, code, message",
+    [
+        ("import sys\nsys.exit(0)\n", 2, "--eval='{name}:score': importing '{name}' called sys.exit(0)"),
+        ("raise SystemExit(3)\n", 2, "--eval='{name}:score': importing '{name}' called sys.exit(3)"),
+        ("import json\njson.loads('{{')\n", 2, "--eval='{name}:score': importing '{name}' raised JSONDecodeError: "),
+        ("raise RuntimeError('two\\nlines')\n", 2, "importing '{name}' raised RuntimeError: two lines"),
+    ],
+)
+def test_user_code_that_exits_or_fails_while_imported_is_one_line_and_writes_nothing(
+    folders, capsys, monkeypatch, body, code, message
+):
     tmp, paths, agents, base = folders
     name = f"eval_at_import_{zlib.crc32(body.encode())}"
     (tmp / f"{name}.py").write_text(body + "def score(merged):\n    return 0.0\n")
     monkeypatch.chdir(tmp)
-    status = main(["search", *(str(paths[n]) for n in LAMBDAS), "--base", str(paths["base"]),
-                   "--eval", f"{name}:score", "--budget", "3", "--out", str(tmp / "p")])
+    status = main(
+        [
+            "search",
+            *(str(paths[n]) for n in LAMBDAS),
+            "--base",
+            str(paths["base"]),
+            "--eval",
+            f"{name}:score",
+            "--budget",
+            "3",
+            "--out",
+            str(tmp / "p"),
+        ]
+    )
     assert status == code
     assert message.format(name=name) in _one_line_error(capsys)
     assert not (tmp / "p").exists()
 
 
-@pytest.mark.parametrize("function, code, message", [
-    ("too_large", 2, "evaluate returned 1000000000"),
-    ("exits", 1, "ram-live: error: user code called sys.exit(0) during the command"),
-])
-def test_an_evaluation_that_exits_or_overflows_is_one_line_and_writes_nothing(folders, capsys, function, code,
-                                                                              message):
+@pytest.mark.parametrize(
+    "function, code, message",
+    [
+        ("too_large", 2, "evaluate returned 1000000000"),
+        ("exits", 1, "ram-live: error: user code called sys.exit(0) during the command"),
+    ],
+)
+def test_an_evaluation_that_exits_or_overflows_is_one_line_and_writes_nothing(folders, capsys, function, code, message):
     tmp, paths, agents, base = folders
-    status = main(["search", *(str(paths[n]) for n in LAMBDAS), "--base", str(paths["base"]),
-                   "--eval", f"test_search_cli:{function}", "--budget", "3", "--out", str(tmp / "p")])
+    status = main(
+        [
+            "search",
+            *(str(paths[n]) for n in LAMBDAS),
+            "--base",
+            str(paths["base"]),
+            "--eval",
+            f"test_search_cli:{function}",
+            "--budget",
+            "3",
+            "--out",
+            str(tmp / "p"),
+        ]
+    )
     assert status == code
     line = _one_line_error(capsys)
     assert message in line and len(line) < 400, line

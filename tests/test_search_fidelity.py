@@ -16,11 +16,14 @@ from search_evals import TARGET, PromptEval
 
 pytestmark = pytest.mark.filterwarnings("ignore::ram_live.ExtrapolationWarning")
 
+
 @pytest.fixture
 def problem(base_sd):
     agents = dict(zip(TARGET, make_agents(base_sd, [0.3, 0.3, 0.3], scale=0.05)))
-    targets = {"math": merge(agents, base=base_sd, method="ram", lambdas=TARGET),
-               "code": merge(agents, base=base_sd, method="ram", lambdas={"coder": 2.5, "tools": 0.5, "memory": 2.0})}
+    targets = {
+        "math": merge(agents, base=base_sd, method="ram", lambdas=TARGET),
+        "code": merge(agents, base=base_sd, method="ram", lambdas={"coder": 2.5, "tools": 0.5, "memory": 2.0}),
+    }
     return agents, base_sd, PromptEval(targets)
 
 
@@ -64,10 +67,11 @@ def test_the_race_stops_clearly_worse_candidates_on_a_slice_and_estimates_them_b
     assert sum(len(c) for c in ev.calls) == pytest.approx(result.spent * n)
     # a stopped candidate: reference score + (its slice score - the reference's), by hand
     for t in stopped:
-        side_best = [r for r in result.history[:t.index] if r.side == t.side and r.fidelity == 1.0]
+        side_best = [r for r in result.history[: t.index] if r.side == t.side and r.fidelity == 1.0]
         ref = max(side_best, key=lambda r: (r.score, -r.index))
-        seen = nested_slices(ev.tasks, Halving().fractions, 0)[[len(s) for s in nested_slices(
-            ev.tasks, Halving().fractions, 0)].index(round(t.fidelity * n))]
+        seen = nested_slices(ev.tasks, Halving().fractions, 0)[
+            [len(s) for s in nested_slices(ev.tasks, Halving().fractions, 0)].index(round(t.fidelity * n))
+        ]
         mine = ev.aggregate(dict(zip(seen, ev.prompt_scores(merge(agents, base=base, **t.candidate), seen))))[0]
         theirs = ev.aggregate(dict(zip(seen, ev.prompt_scores(merge(agents, base=base, **ref.candidate), seen))))[0]
         assert t.score == pytest.approx(ref.score + (mine - theirs), abs=1e-9)
@@ -111,8 +115,13 @@ def test_errors(problem):
     for bad in ("fast", 3, Halving):
         with pytest.raises(ConfigError, match="fidelity must be"):
             search(agents, base=base, evaluate=ev, budget="3x", fidelity=bad)
-    for kwargs, message in (({"eta": 1}, "eta"), ({"min_fraction": 0}, "min_fraction"), ({"z": -1}, "z"),
-                            ({"z": math.inf}, "z"), ({"seed": 1.5}, "seed")):
+    for kwargs, message in (
+        ({"eta": 1}, "eta"),
+        ({"min_fraction": 0}, "min_fraction"),
+        ({"z": -1}, "z"),
+        ({"z": math.inf}, "z"),
+        ({"seed": 1.5}, "seed"),
+    ):
         with pytest.raises(ConfigError, match=message):
             Halving(**kwargs)
 
@@ -135,8 +144,11 @@ def test_errors(problem):
     with pytest.raises(ConfigError, match=r"prompt_tasks\(\) failed \(TypeError: .*it must return each prompt's task"):
         search(agents, base=base, evaluate=NoTasks(ev.targets), budget=3)
 
-    for cls, message in ((Short, "gave 17 scores for 18 prompts"), (Nan, "returned nan"),
-                         (Raises, "raised RuntimeError on candidate #0 .*worker lost")):
+    for cls, message in (
+        (Short, "gave 17 scores for 18 prompts"),
+        (Nan, "returned nan"),
+        (Raises, "raised RuntimeError on candidate #0 .*worker lost"),
+    ):
         with pytest.raises(SearchError, match=message):
             search(agents, base=base, evaluate=cls(ev.targets), budget=3)
     assert parse_budget("20x") == (20.0, True) and parse_budget(" 2.5X ") == (2.5, True)
@@ -153,12 +165,23 @@ def test_an_ascent_never_builds_on_a_race_estimate():
     def trial(candidate):
         x = candidate["x"]
         # x = 1 looks best but was stopped early by the race; the true optimum x = -1 was scored in full
-        return Trial(0, "f", "m", candidate, {1.0: 9.0, -1.0: 1.0}.get(x, -5.0), 0.0, 0.0, 1.0,
-                     fidelity=0.1 if x == 1.0 else 1.0)
+        return Trial(
+            0, "f", "m", candidate, {1.0: 9.0, -1.0: 1.0}.get(x, -5.0), 0.0, 0.0, 1.0, fidelity=0.1 if x == 1.0 else 1.0
+        )
 
     values = [0.0]
-    coordinate_ascent(trial, 0, Family("f", "ram", "lambdas", settings={"step": 1.0, "min_step": 1.0}), values, [[0]],
-                      0.0, lambda v: {"x": v[0]}, [1.0], [-1.0], [1.0])
+    coordinate_ascent(
+        trial,
+        0,
+        Family("f", "ram", "lambdas", settings={"step": 1.0, "min_step": 1.0}),
+        values,
+        [[0]],
+        0.0,
+        lambda v: {"x": v[0]},
+        [1.0],
+        [-1.0],
+        [1.0],
+    )
     assert values == [-1.0]
 
 
@@ -172,8 +195,13 @@ def test_json_stays_strict_with_nan_task_scores_and_numpy_options(problem):
             score, tasks = super().aggregate(values)
             return score, {**tasks, "empty": math.nan}
 
-    result = search(agents, base=base, evaluate=NanTask(ev.targets), budget=2,
-                    space=[{"method": "task_arithmetic", "scale": np.float32(0.5)}, {"method": "ram"}])
+    result = search(
+        agents,
+        base=base,
+        evaluate=NanTask(ev.targets),
+        budget=2,
+        space=[{"method": "task_arithmetic", "scale": np.float32(0.5)}, {"method": "ram"}],
+    )
     history = json.loads(json.dumps(result.to_dict(), allow_nan=False))["history"]
     assert all(h["tasks"]["empty"] == "nan" for h in history)
     assert [h["options"] for h in history if h["method"] == "task_arithmetic"] == [{"scale": 0.5}]

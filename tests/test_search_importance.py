@@ -17,12 +17,15 @@ def _setup():
     base = {"w": torch.randn(30, 20, generator=g), "b": torch.randn(20, generator=g)}
     agents, raw = {}, {}
     for i in range(3):
-        a = {k: v + 0.1 * torch.randn(v.shape, generator=g) * (torch.rand(v.shape, generator=g) < 0.5)
-             for k, v in base.items()}
+        a = {
+            k: v + 0.1 * torch.randn(v.shape, generator=g) * (torch.rand(v.shape, generator=g) < 0.5)
+            for k, v in base.items()
+        }
         agents[f"a{i}"] = a
         raw[f"a{i}"] = {k: torch.rand(v.shape, generator=g) ** 3 for k, v in base.items()}
-    corrected = {a: {k: v / (1 - 0.999 ** (10 * (i + 1))) for k, v in d.items()} for i, (a, d) in
-                 enumerate(raw.items())}
+    corrected = {
+        a: {k: v / (1 - 0.999 ** (10 * (i + 1))) for k, v in d.items()} for i, (a, d) in enumerate(raw.items())
+    }
     return base, agents, raw, corrected
 
 
@@ -54,8 +57,14 @@ def test_one_mapping_is_the_variant_given_and_plain_ram_wins_when_it_should():
     base, agents, raw, _ = _setup()
     plain = merge(agents, base=base, method="ram")
     score = lambda m: -sum(float((m[k] - plain[k]).abs().sum()) for k in plain)  # noqa: E731
-    result = search(agents, base=base, evaluate=score, budget=12, importance=raw,
-                    space={"ram_plus": [{"r": 0.0, "alpha": 2.0}, {"r": 0.5, "alpha": 2.0}], "importance": True})
+    result = search(
+        agents,
+        base=base,
+        evaluate=score,
+        budget=12,
+        importance=raw,
+        space={"ram_plus": [{"r": 0.0, "alpha": 2.0}, {"r": 0.5, "alpha": 2.0}], "importance": True},
+    )
     fam = [t for t in result.history if t.family == "importance"]
     assert [t.importance for t in fam] == ["given", "given"]
     assert fam[0].method == "ram" and fam[0].options == {"importance": raw}

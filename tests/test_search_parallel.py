@@ -23,8 +23,10 @@ def problem(base_sd, tmp_path):
     from ram_live import merge
 
     agents = dict(zip(TARGET, make_agents(base_sd, [0.3, 0.3, 0.3], scale=0.05)))
-    targets = {"math": merge(agents, base=base_sd, method="ram", lambdas=TARGET),
-               "code": merge(agents, base=base_sd, method="ram", lambdas={"coder": 2.5, "tools": 0.5, "memory": 2.0})}
+    targets = {
+        "math": merge(agents, base=base_sd, method="ram", lambdas=TARGET),
+        "code": merge(agents, base=base_sd, method="ram", lambdas={"coder": 2.5, "tools": 0.5, "memory": 2.0}),
+    }
     paths = {}
     for name, sd in [("base", base_sd), *agents.items()]:
         (tmp_path / name).mkdir()
@@ -34,15 +36,16 @@ def problem(base_sd, tmp_path):
 
 
 def _rows(result):
-    return [(t.index, t.family, t.method, repr(t.options), t.score, t.fidelity, t.tasks, t.stop, t.extrapolation,
-             t.phase) for t in result.history]
+    return [
+        (t.index, t.family, t.method, repr(t.options), t.score, t.fidelity, t.tasks, t.stop, t.extrapolation, t.phase)
+        for t in result.history
+    ]
 
 
 def _table(result):
     """The table without its timing columns and time line."""
     lines = result.table().splitlines()
-    return [line[:line.find("  ", 60)] if i else line for i, line in enumerate(lines) if "merge" not in line
-            or i == 0]
+    return [line[: line.find("  ", 60)] if i else line for i, line in enumerate(lines) if "merge" not in line or i == 0]
 
 
 @pytest.mark.parametrize("fidelity", [None, "halving"])
@@ -65,8 +68,11 @@ def test_a_local_ray_gives_the_one_process_search(problem):
     one = search(agents, base=base, evaluate=ev, budget="8x", fidelity="halving")
     # the test's evaluation class lives in tests/: the Ray workers need it on their path (a user's is installed)
     here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}},
-             include_dashboard=False, log_to_driver=False)
+    ray.init(
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}},
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     try:  # inside a Ray job: search uses it without an address
         on_ray = search(agents, base=base, evaluate=ev, budget="8x", fidelity="halving", parallel=2)
     finally:
@@ -122,8 +128,9 @@ def test_a_worker_that_dies_on_a_candidate_the_search_never_needed_costs_only_a_
     speculative = [m for m in logs[2] if m not in set(logs[1])]
     assert speculative, "parallel=2 prefetched a candidate parallel=1 never scored"
     one = search(agents, base=base, evaluate=KillOn(ev.targets, str(tmp_path / "a")), **kw)
-    two = search(agents, base=base, evaluate=KillOn(ev.targets, str(tmp_path / "b"), victim=speculative[0]),
-                 parallel=2, **kw)
+    two = search(
+        agents, base=base, evaluate=KillOn(ev.targets, str(tmp_path / "b"), victim=speculative[0]), parallel=2, **kw
+    )
     assert _rows(two) == _rows(one)
 
 

@@ -12,8 +12,13 @@ from conftest import make_agents, module_of, snapshot
 
 pytestmark = pytest.mark.filterwarnings("ignore::ram_live.ExtrapolationWarning")
 
-SPACE = [{"method": "ram"}, {"method": "task_arithmetic", "scale": 0.5}, {"method": "ram_plus", "r": 0.5},
-         {"method": "task_arithmetic", "scale": 2.0}, {"method": "ties", "density": 0.3}]
+SPACE = [
+    {"method": "ram"},
+    {"method": "task_arithmetic", "scale": 0.5},
+    {"method": "ram_plus", "r": 0.5},
+    {"method": "task_arithmetic", "scale": 2.0},
+    {"method": "ties", "density": 0.3},
+]
 
 
 def _rebind_float64(sd):
@@ -100,8 +105,14 @@ def _training_flag(m):
     m.layers.train(False)
 
 
-MODULE_EDITS = [_replace_parameter, _convert_dtype, _delete_parameter, _swap_submodule, _in_place_module,
-                _training_flag]
+MODULE_EDITS = [
+    _replace_parameter,
+    _convert_dtype,
+    _delete_parameter,
+    _swap_submodule,
+    _in_place_module,
+    _training_flag,
+]
 
 
 @pytest.mark.parametrize("edit", MODULE_EDITS, ids=[f.__name__.strip("_") for f in MODULE_EDITS])
@@ -138,8 +149,13 @@ def test_an_evaluation_that_leaves_the_output_alone_gets_the_same_tensors_every_
             pointers.append({k: v.data_ptr() for k, v in sd.items()})
             return 0.0
 
-        search({n: module_of(a) if base_in is base else a for n, a in agents.items()}, base=base_in,
-               evaluate=evaluate, budget=len(SPACE), space=SPACE)
+        search(
+            {n: module_of(a) if base_in is base else a for n, a in agents.items()},
+            base=base_in,
+            evaluate=evaluate,
+            budget=len(SPACE),
+            space=SPACE,
+        )
         assert all(p == pointers[0] for p in pointers)
 
 
@@ -160,8 +176,7 @@ def test_state_outside_the_state_dict_does_not_reach_the_next_candidate(base_sd)
     agents = {n: _Buffered(a) for n, a in zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6], scale=0.05))}
 
     def score(module):
-        return float(module().detach()) + float(sum(0 if p.grad is None else p.grad.sum() for p in
-                                                    module.parameters()))
+        return float(module().detach()) + float(sum(0 if p.grad is None else p.grad.sum() for p in module.parameters()))
 
     def evaluate(module):
         value = score(module)
@@ -196,6 +211,7 @@ def test_each_slice_of_a_race_sees_the_merge_itself(base_sd):
     clean = PromptEval(targets)
     raced = search(agents, base=base_sd, evaluate=ev, budget="6x", fidelity="halving")
     reference = search(agents, base=base_sd, evaluate=clean, budget="6x", fidelity="halving")
-    assert [(t.candidate, t.score, t.fidelity) for t in raced.history] == \
-        [(t.candidate, t.score, t.fidelity) for t in reference.history]
+    assert [(t.candidate, t.score, t.fidelity) for t in raced.history] == [
+        (t.candidate, t.score, t.fidelity) for t in reference.history
+    ]
     assert any(t.fidelity < 1 for t in raced.history)

@@ -14,10 +14,12 @@ def test_a_mapping_names_sources_by_its_keys_even_two_snapshots_of_one_agent(tmp
     base = {"w": torch.randn(40, generator=g), "b": torch.randn(5, generator=g)}
     store = SnapshotStore(tmp_path / "s", durable=False)
     store.set_base(base)
-    early = {k: v + (torch.rand(v.shape, generator=g) < 0.5) * torch.randn(v.shape, generator=g)
-             for k, v in base.items()}
-    late = {k: v + (torch.rand(v.shape, generator=g) < 0.5) * torch.randn(v.shape, generator=g)
-            for k, v in early.items()}
+    early = {
+        k: v + (torch.rand(v.shape, generator=g) < 0.5) * torch.randn(v.shape, generator=g) for k, v in base.items()
+    }
+    late = {
+        k: v + (torch.rand(v.shape, generator=g) < 0.5) * torch.randn(v.shape, generator=g) for k, v in early.items()
+    }
     store.snapshot("coder", early, 1)
     store.snapshot("coder", late, 2)
     snaps = {"coder_early": store.open("coder", 1), "coder_late": store.open("coder", 2)}

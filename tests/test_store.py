@@ -58,9 +58,14 @@ def _moved(base, density, seed, keys=None):
 
 
 def _bits_equal(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.reshape(-1).view(torch.uint8) if a.numel() else a.reshape(-1).to(torch.uint8),
-        b.reshape(-1).view(torch.uint8) if b.numel() else b.reshape(-1).to(torch.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(
+            a.reshape(-1).view(torch.uint8) if a.numel() else a.reshape(-1).to(torch.uint8),
+            b.reshape(-1).view(torch.uint8) if b.numel() else b.reshape(-1).to(torch.uint8),
+        )
+    )
 
 
 def _assert_same(a, b):
@@ -87,8 +92,9 @@ def test_pack_bits_is_numpy_little_packbits(n):
 
 
 @pytest.mark.parametrize("path", ["numpy", "torch"])
-@pytest.mark.parametrize("density,encoding", [(0.0, "none"), (0.01, "indices"), (0.2, "bitmask"),
-                                              (0.6, "bitmask"), (1.0, "dense")])
+@pytest.mark.parametrize(
+    "density,encoding", [(0.0, "none"), (0.01, "indices"), (0.2, "bitmask"), (0.6, "bitmask"), (1.0, "dense")]
+)
 def test_encoding_is_the_smallest_and_reconstruction_bit_exact(store, density, encoding, path, monkeypatch):
     """Both selection paths: numpy's on CPU tensors, torch's (any device; here the CPU without numpy)."""
     import ram_live.store.encoding as store_module
@@ -184,8 +190,10 @@ def test_readers_trust_only_manifests(store):
     assert store.latest("a").step == 1
     assert sorted(p.name for p in store.gc(grace_s=3600)) == []
     removed = store.gc(grace_s=0)
-    assert sorted(p.name for p in removed) == [".tmp-1234-000000000003.json",
-                                               "000000000002-deadbeef0000.p0.safetensors"]
+    assert sorted(p.name for p in removed) == [
+        ".tmp-1234-000000000003.json",
+        "000000000002-deadbeef0000.p0.safetensors",
+    ]
     assert store.latest("a").step == 1
 
 
@@ -230,8 +238,11 @@ def test_fingerprint_sees_one_bit_and_not_the_sharding():
 
     w = base["w"]
     whole = _box_hash(w, (0, 0), tuple(w.shape))
-    parts = [_box_hash(w[:20, :15], (0, 0), w.shape), _box_hash(w[:20, 15:], (0, 15), w.shape),
-             _box_hash(w[20:, :].contiguous(), (20, 0), w.shape)]
+    parts = [
+        _box_hash(w[:20, :15], (0, 0), w.shape),
+        _box_hash(w[:20, 15:], (0, 15), w.shape),
+        _box_hash(w[20:, :].contiguous(), (20, 0), w.shape),
+    ]
     assert tuple(sum(p[i] for p in parts) % 2**64 for i in range(2)) == whole
 
 
@@ -361,8 +372,9 @@ def test_modules_with_tied_weights_and_buffers(store):
     assert _bits_equal(snap.get("norm.running_mean"), agent.norm.running_mean)
     merged = merge({"a": snap}, base=base)  # a module out; buffers from the base; tie kept
     assert merged.head.weight is merged.emb.weight
-    assert torch.equal(merged.emb.weight, agent.emb.weight) and torch.equal(merged.norm.running_mean,
-                                                                            base.norm.running_mean)
+    assert torch.equal(merged.emb.weight, agent.emb.weight) and torch.equal(
+        merged.norm.running_mean, base.norm.running_mean
+    )
 
 
 def test_store_snapshot_streams_the_base_from_disk(store):
@@ -451,11 +463,18 @@ def test_cpu_path_in_many_small_steps_and_threads(store, monkeypatch, density):
 
 _AT = float(torch.tensor(1e-3))  # float32(1e-3) > 1e-3
 _BOUNDARY = {  # name: (base, agent, eps, entries active by hand)
-    "f32": (torch.zeros(6), torch.tensor([_AT, -_AT, 2e-3, float(torch.nextafter(torch.tensor(_AT), torch.tensor(0.0))),
-                                           0.0, 5e-4]), 1e-3, 3),
-    "bf16": (torch.ones(6, dtype=torch.bfloat16),
-             torch.tensor([1 + 2**-7, 1 - 2**-7, 1 + 2**-6, 1 - 2**-8, 1.0, 1 + 2**-7], dtype=torch.bfloat16),
-             2**-7 - 2**-40, 4),
+    "f32": (
+        torch.zeros(6),
+        torch.tensor([_AT, -_AT, 2e-3, float(torch.nextafter(torch.tensor(_AT), torch.tensor(0.0))), 0.0, 5e-4]),
+        1e-3,
+        3,
+    ),
+    "bf16": (
+        torch.ones(6, dtype=torch.bfloat16),
+        torch.tensor([1 + 2**-7, 1 - 2**-7, 1 + 2**-6, 1 - 2**-8, 1.0, 1 + 2**-7], dtype=torch.bfloat16),
+        2**-7 - 2**-40,
+        4,
+    ),
 }
 
 
@@ -474,6 +493,8 @@ def test_lossy_snapshot_keeps_what_the_merge_counts_at_eps(tmp_path, case, how):
     assert int((kept != base).sum()) == by_hand
     merged = merge([{"w": agent}, {"w": base.clone()}], base={"w": base}, method="ram", eps=eps)
     from_snapshot = merge([store.latest("a"), {"w": base.clone()}], base={"w": base}, method="ram", eps=eps)
-    assert torch.equal(merged["w"].view(torch.int16 if case == "bf16" else torch.int32),
-                       from_snapshot["w"].view(torch.int16 if case == "bf16" else torch.int32))
+    assert torch.equal(
+        merged["w"].view(torch.int16 if case == "bf16" else torch.int32),
+        from_snapshot["w"].view(torch.int16 if case == "bf16" else torch.int32),
+    )
     assert int((merged["w"] != base).sum()) == by_hand

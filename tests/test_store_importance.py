@@ -20,14 +20,17 @@ from ram_live.store.manifest import check_snapshot
 
 def _setup(tmp_path, n_agents=3, seed=0):
     g = torch.Generator().manual_seed(seed)
-    base = {"w": torch.randn(40, 24, generator=g), "v": torch.randn(300, generator=g).bfloat16(),
-            "buf": torch.arange(6, dtype=torch.int64)}
+    base = {
+        "w": torch.randn(40, 24, generator=g),
+        "v": torch.randn(300, generator=g).bfloat16(),
+        "buf": torch.arange(6, dtype=torch.int64),
+    }
     agents, imps = {}, {}
     for i in range(n_agents):
         a = {k: t.clone() for k, t in base.items()}
         mask = torch.rand(40, 24, generator=g) < 0.3
         a["w"] = torch.where(mask, a["w"] + 0.05 * torch.randn(40, 24, generator=g), a["w"])
-        a["v"][i * 50: i * 50 + 120] += 0.25  # overlaps: shared entries
+        a["v"][i * 50 : i * 50 + 120] += 0.25  # overlaps: shared entries
         agents[f"a{i}"] = a
         imps[f"a{i}"] = {"w": torch.rand(40, 24, generator=g) ** 4, "v": torch.rand(300, generator=g)}
     return base, agents, imps
@@ -63,7 +66,7 @@ def test_round_trip_at_active_entries(tmp_path):
         got = got.float()
         assert torch.all(got.view(-1)[~active] == 0)  # nothing stored at inactive entries
         h = imps["a1"][key].view(-1)
-        inside = active & (h >= h[active].max() * 2 ** -31.5)  # below: clamped to the smallest code
+        inside = active & (h >= h[active].max() * 2**-31.5)  # below: clamped to the smallest code
         assert int((active & ~inside).sum()) > 0 or key == "v"
         assert torch.equal(got.view(-1)[inside], _reference(h[inside]))
         floor = got.view(-1)[active & ~inside]
@@ -78,7 +81,7 @@ def test_round_trip_at_active_entries(tmp_path):
 
 
 def test_quantize_zero_and_tiny():
-    h = torch.tensor([0.0, 1.0, 0.5, 1e-30, 2.0 ** -31.75])
+    h = torch.tensor([0.0, 1.0, 0.5, 1e-30, 2.0**-31.75])
     codes, m = quantize(h)
     assert m == 1.0 and codes.tolist() == [0, 255, 247, 1, 1]  # 0.5: one octave = 8 codes down
     assert dequantize(codes, m).tolist()[:3] == [0.0, 1.0, 0.5]
@@ -98,10 +101,15 @@ def test_store_latest_all_merges_with_stored_importances(tmp_path):
     snaps = store.latest_all()
     merged, info = merge(snaps, return_info=True, importance="stored")
     assert info.extra["importance"] == "stored"
-    given = {n: s.importance.to_state_dict() if hasattr(s.importance, "to_state_dict") else
-             {k: s.importance.get(k) for k in s.importance.keys()} for n, s in snaps.items()}
-    expect, info2 = merge({n: s.to_state_dict() for n, s in snaps.items()}, base=store.base_source(),
-                              importance=given, return_info=True)
+    given = {
+        n: s.importance.to_state_dict()
+        if hasattr(s.importance, "to_state_dict")
+        else {k: s.importance.get(k) for k in s.importance.keys()}
+        for n, s in snaps.items()
+    }
+    expect, info2 = merge(
+        {n: s.to_state_dict() for n, s in snaps.items()}, base=store.base_source(), importance=given, return_info=True
+    )
     assert info2.extra["importance"] == "given"
     for k in ("w", "v"):
         assert torch.equal(merged[k], expect[k])
@@ -147,7 +155,7 @@ def test_checksums_cover_importance_codes(tmp_path):
     (data,) = sorted((store.root / "a0").glob("*.safetensors"))
     snap = store.latest("a0")
     p = snap.manifest["tensors"]["w"]["pieces"][0]
-    header = json.loads(data.read_bytes()[8:8 + int.from_bytes(data.read_bytes()[:8], "little")])
+    header = json.loads(data.read_bytes()[8 : 8 + int.from_bytes(data.read_bytes()[:8], "little")])
     start = 8 + int.from_bytes(data.read_bytes()[:8], "little") + header[p["importance"]]["data_offsets"][0]
     raw = bytearray(data.read_bytes())
     raw[start + 2] ^= 0x10  # one bit of one importance code
@@ -176,12 +184,18 @@ def test_manifest_importance_fields_validated(tmp_path):
     refused(lambda m: m["tensors"]["w"]["pieces"][0].update(importance_max=math.inf), "finite")
     refused(lambda m: m["tensors"]["w"]["pieces"][0].update(importance_max=-1.0), "finite")
     refused(lambda m: m["tensors"]["w"]["pieces"][0].update(importance="w@0/values"), "named twice")
-    refused(lambda m: m["tensors"]["buf"]["pieces"][0].update(importance="x", importance_max=1.0)
-            if m["tensors"]["buf"]["pieces"][0]["encoding"] != "none" else
-            m["tensors"]["buf"]["pieces"][0].update(importance="x", importance_max=1.0), "has no 'importance'")
+    refused(
+        lambda m: (
+            m["tensors"]["buf"]["pieces"][0].update(importance="x", importance_max=1.0)
+            if m["tensors"]["buf"]["pieces"][0]["encoding"] != "none"
+            else m["tensors"]["buf"]["pieces"][0].update(importance="x", importance_max=1.0)
+        ),
+        "has no 'importance'",
+    )
 
     def no_head(m):
         del m["importance"]
+
     refused(no_head, "has no 'importance'")
     # the count of codes the file must hold: a manifest claiming another count is caught when the file is opened
     m = json.loads(json.dumps(good))

@@ -121,8 +121,11 @@ def test_encode_uses_native_and_round_trips(tmp_path):
     from ram_live.store import SnapshotStore
 
     g = torch.Generator().manual_seed(4)
-    base = {"w": torch.randn(3000, 77, generator=g).bfloat16(), "f": torch.randn(5001, generator=g),
-            "d": torch.randn(99, generator=g).double()}  # 8-byte entries: the numpy path
+    base = {
+        "w": torch.randn(3000, 77, generator=g).bfloat16(),
+        "f": torch.randn(5001, generator=g),
+        "d": torch.randn(99, generator=g).double(),
+    }  # 8-byte entries: the numpy path
     agent = {k: v.clone() for k, v in base.items()}
     for v in agent.values():
         v[torch.rand(v.shape, generator=g) < 0.1] += 1.0
@@ -151,8 +154,16 @@ def test_encode_many_side_by_side_equals_one_by_one(monkeypatch):
     monkeypatch.setattr(store_module, "_NATIVE_MIN_SPLIT", 1000)
     g = torch.Generator().manual_seed(8)
     pairs = []
-    for n, dtype in [(30_000, torch.bfloat16), (5, torch.float16), (7_001, torch.float32), (999, torch.float64),
-                     (12_345, torch.bfloat16), (0, torch.bfloat16), (4_000, torch.uint8), (2_500, torch.float16)]:
+    for n, dtype in [
+        (30_000, torch.bfloat16),
+        (5, torch.float16),
+        (7_001, torch.float32),
+        (999, torch.float64),
+        (12_345, torch.bfloat16),
+        (0, torch.bfloat16),
+        (4_000, torch.uint8),
+        (2_500, torch.float16),
+    ]:
         base = torch.randn(n, generator=g).to(dtype)
         cur = base.clone()
         cur[torch.rand(n, generator=g) < 0.1] += 1
@@ -179,8 +190,9 @@ def test_kernel_writes_values_at_any_alignment(kernels, dtype, density):
         room = np.zeros(n + 64, dtype=cn.dtype)
         vals = room[shift:]
         pos = np.zeros(n // 32 + 64, dtype=np.int32)
-        count = kernels.select(cn.ctypes.data, bn.ctypes.data, n, bits.ctypes.data, vals.ctypes.data, size,
-                               pos.ctypes.data, 0, 0)
+        count = kernels.select(
+            cn.ctypes.data, bn.ctypes.data, n, bits.ctypes.data, vals.ctypes.data, size, pos.ctypes.data, 0, 0
+        )
         assert count == want.size
         np.testing.assert_array_equal(vals[:count], want)
         assert not room[:shift].any() and not vals[count:].any()  # nothing written outside the values

@@ -32,14 +32,25 @@ def _tokenizer() -> transformers.PreTrainedTokenizerFast:
     tk = Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>",
-                                                unk_token="<unk>", padding_side="left")
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
+    )
 
 
 def _model() -> transformers.Qwen2ForCausalLM:
-    cfg = transformers.Qwen2Config(vocab_size=len(VOCAB), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                                   pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=False)
+    cfg = transformers.Qwen2Config(
+        vocab_size=len(VOCAB),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)  # every run starts from the same base
     return transformers.Qwen2ForCausalLM(cfg)
 
@@ -60,12 +71,32 @@ def _score(model: torch.nn.Module) -> dict[str, float]:
 
 
 def _trainer(out: Path, reward: object, steps: int, callback: RAMTrainerCallback, **extra: object) -> GRPOTrainer:
-    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=4, num_generations=2,
-                      max_completion_length=4, max_steps=steps, save_steps=2, logging_steps=1, learning_rate=1e-2,
-                      report_to="none", use_cpu=True, bf16=False, seed=0, disable_tqdm=True, **extra)
+    args = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        max_steps=steps,
+        save_steps=2,
+        logging_steps=1,
+        learning_rate=1e-2,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        disable_tqdm=True,
+        **extra,
+    )
     prompts = datasets.Dataset.from_dict({"prompt": ["ab", "cd", "ef", "gh"] * 8})
-    return GRPOTrainer(model=_model(), reward_funcs=reward, args=args, train_dataset=prompts,
-                       eval_dataset=prompts.select(range(4)), processing_class=_tokenizer(), callbacks=[callback])
+    return GRPOTrainer(
+        model=_model(),
+        reward_funcs=reward,
+        args=args,
+        train_dataset=prompts,
+        eval_dataset=prompts.select(range(4)),
+        processing_class=_tokenizer(),
+        callbacks=[callback],
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -90,8 +121,9 @@ def test_grpo_merges_saves_and_resumes(tmp_path: Path, monkeypatch: pytest.Monke
     assert len(logged) == 1 and logged[0]["ram/spaces/snapshot_step"] == 3.0
 
     # agent "vowels": snapshots and merges every 2 steps, each generalist saved
-    cb = RAMTrainerCallback(store, "vowels", snapshot_every=2, merge_every=2, evaluate=_score,
-                            merged_dir=tmp_path / "merged")
+    cb = RAMTrainerCallback(
+        store, "vowels", snapshot_every=2, merge_every=2, evaluate=_score, merged_dir=tmp_path / "merged"
+    )
     trainer = _trainer(tmp_path / "a", _vowels, 4, cb)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SingleAgentWarning)
@@ -101,8 +133,9 @@ def test_grpo_merges_saves_and_resumes(tmp_path: Path, monkeypatch: pytest.Monke
     assert ram_live.SnapshotStore(store).steps("vowels") == [2, 4]
     # the saved generalist is merge of the latest snapshots (vowels@4, spaces@3), bit for bit
     s = ram_live.SnapshotStore(store)
-    want = ram_live.merge({"vowels": s.open("vowels", 4), "spaces": s.open("spaces", 3)},
-                          base=s.base_source(), importance="stored")  # Adam: the callback's merges weigh by them
+    want = ram_live.merge(
+        {"vowels": s.open("vowels", 4), "spaces": s.open("spaces", 3)}, base=s.base_source(), importance="stored"
+    )  # Adam: the callback's merges weigh by them
     saved = load_file(str(tmp_path / "merged" / "step-4" / "model.safetensors"))
     assert set(saved) == set(want)
     for key, value in want.items():
@@ -126,8 +159,14 @@ def test_grpo_merges_saves_and_resumes(tmp_path: Path, monkeypatch: pytest.Monke
     shutil.copytree(store, tmp_path / "store_copy")
     monkeypatch.chdir(tmp_path)
     for restore, store_name in ((False, "store"), (True, "store_copy")):
-        cb2 = RAMTrainerCallback(os.path.join(".", store_name), "vowels", snapshot_every=2, merge_every=2,
-                                 evaluate=_score, merged_dir=tmp_path / f"merged_{restore}")
+        cb2 = RAMTrainerCallback(
+            os.path.join(".", store_name),
+            "vowels",
+            snapshot_every=2,
+            merge_every=2,
+            evaluate=_score,
+            merged_dir=tmp_path / f"merged_{restore}",
+        )
         out = tmp_path / f"resumed_{restore}"
         shutil.copytree(tmp_path / "a" / "checkpoint-4", out / "checkpoint-4")
         if restore:  # the checkpoint's args name the store as first spelled: point them at the copy
@@ -157,8 +196,15 @@ def test_grpo_search_setting_saves_its_choice_next_to_the_generalist(tmp_path: P
 
     store = tmp_path / "store"
     _trainer(tmp_path / "b", _spaces, 2, RAMTrainerCallback(store, "spaces", snapshot_every=2)).train()
-    cb = RAMTrainerCallback(store, "vowels", snapshot_every=2, merge_every=2, evaluate=_score,
-                            merged_dir=tmp_path / "merged", search=SearchSetting(metric="loglik", mode="max", budget=4))
+    cb = RAMTrainerCallback(
+        store,
+        "vowels",
+        snapshot_every=2,
+        merge_every=2,
+        evaluate=_score,
+        merged_dir=tmp_path / "merged",
+        search=SearchSetting(metric="loglik", mode="max", budget=4),
+    )
     _trainer(tmp_path / "a", _vowels, 2, cb).train()
     folder = tmp_path / "merged" / "step-2"
     assert cb.saved == [str(folder)]
@@ -168,4 +214,3 @@ def test_grpo_search_setting_saves_its_choice_next_to_the_generalist(tmp_path: P
     generalist = transformers.AutoModelForCausalLM.from_pretrained(folder)
     assert _score(generalist)["loglik"] == pytest.approx(cb.history[0]["ram/search/best_score"], rel=1e-6)
     assert cb.history[0]["ram/loglik"] == pytest.approx(cb.history[0]["ram/search/best_score"], rel=1e-6)
-

@@ -31,7 +31,11 @@ from ram_live.errors import ConfigError, InputMismatchError  # noqa: E402
 from ram_live.evaluate import rewards  # noqa: E402
 from ram_live.integrations.transformers import RAMTrainerCallback  # noqa: E402
 from ram_live.peft import (  # noqa: E402
-    RelativeThreshold, TopK, UnsupportedAdapterError, lora_deltas, ram_merge_adapter_files,
+    RelativeThreshold,
+    TopK,
+    UnsupportedAdapterError,
+    lora_deltas,
+    ram_merge_adapter_files,
 )
 from ram_live.store import BaseMismatchError  # noqa: E402
 from test_transformers_callback import _model, _score, _tokenizer, _vowels  # noqa: E402
@@ -56,8 +60,9 @@ class _SaveAdapter(TrainerCallback):
     def __init__(self, folder: Path) -> None:
         self.folder = folder
 
-    def on_step_end(self, args: Any, state: TrainerState, control: TrainerControl, model: Any = None,
-                    **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
+    ) -> None:
         model.save_pretrained(self.folder / f"step-{state.global_step}")
 
 
@@ -72,15 +77,36 @@ class _StopAt(TrainerCallback):
             control.should_training_stop = True
 
 
-def _trainer(out: Path, reward: Any, steps: int, callbacks: list[Any], lora: LoraConfig | None = None,
-             **extra: Any) -> GRPOTrainer:
-    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=4, num_generations=2,
-                      max_completion_length=4, max_steps=steps, save_steps=2, logging_steps=1, learning_rate=1e-2,
-                      report_to="none", use_cpu=True, bf16=False, seed=0, disable_tqdm=True, **extra)
+def _trainer(
+    out: Path, reward: Any, steps: int, callbacks: list[Any], lora: LoraConfig | None = None, **extra: Any
+) -> GRPOTrainer:
+    args = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        max_steps=steps,
+        save_steps=2,
+        logging_steps=1,
+        learning_rate=1e-2,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        disable_tqdm=True,
+        **extra,
+    )
     prompts = datasets.Dataset.from_dict({"prompt": ["ab", "cd", "ef", "gh"] * 8})
-    return GRPOTrainer(model=_model(), reward_funcs=reward, args=args, train_dataset=prompts,
-                       eval_dataset=prompts.select(range(4)), processing_class=_tokenizer(), callbacks=callbacks,
-                       peft_config=lora or _lora())
+    return GRPOTrainer(
+        model=_model(),
+        reward_funcs=reward,
+        args=args,
+        train_dataset=prompts,
+        eval_dataset=prompts.select(range(4)),
+        processing_class=_tokenizer(),
+        callbacks=callbacks,
+        peft_config=lora or _lora(),
+    )
 
 
 def _adapter_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -100,8 +126,12 @@ def _quiet() -> None:
 def early_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store holding agent "early" (2 GRPO steps, snapshot at step 2), and its adapter saved by PEFT."""
     root = tmp_path_factory.mktemp("early")
-    trainer = _trainer(root / "run", _early, 2, [RAMTrainerCallback(root / "store", "early", snapshot_every=2),
-                                                 _SaveAdapter(root / "ref")])
+    trainer = _trainer(
+        root / "run",
+        _early,
+        2,
+        [RAMTrainerCallback(root / "store", "early", snapshot_every=2), _SaveAdapter(root / "ref")],
+    )
     trainer.train()
     return root
 
@@ -118,8 +148,15 @@ def test_two_grpo_lora_agents_merge_into_an_adapter_that_reloads(early_store: Pa
     def evaluate(model: Any) -> dict[str, float]:  # a callable and rewards(...) on the swapped-in generalist
         return {**_score(model), "reward": held_out(model)}
 
-    cb = RAMTrainerCallback(store, "vowels", snapshot_every=2, merge_every=2, evaluate=evaluate,
-                            merged_dir=tmp_path / "merged", sparsify=TopK(0.5))
+    cb = RAMTrainerCallback(
+        store,
+        "vowels",
+        snapshot_every=2,
+        merge_every=2,
+        evaluate=evaluate,
+        merged_dir=tmp_path / "merged",
+        sparsify=TopK(0.5),
+    )
     trainer = _trainer(tmp_path / "run", _vowels, 4, [cb, _SaveAdapter(tmp_path / "ref")])
     trainer.train()
 
@@ -128,8 +165,9 @@ def test_two_grpo_lora_agents_merge_into_an_adapter_that_reloads(early_store: Pa
     assert s.agents() == ["early", "vowels"] and s.steps("vowels") == [2, 4]
     snap = s.open("vowels", 4)
     factors = _live_lora(trainer.model)
-    assert sorted(snap.keys()) == sorted(k.removeprefix("base_model.model.").replace(".default.weight", "")
-                                         for k in factors)
+    assert sorted(snap.keys()) == sorted(
+        k.removeprefix("base_model.model.").replace(".default.weight", "") for k in factors
+    )
     assert snap.dense_bytes == sum(4 * v.numel() for v in factors.values())
     meta = snap.manifest["extra"]["peft"]
     assert meta["kind"] == "lora" and meta["adapter"] == "default"
@@ -179,16 +217,28 @@ def test_two_grpo_lora_agents_merge_into_an_adapter_that_reloads(early_store: Pa
 
 def test_into_base_saves_a_model_folder_evaluated_with_the_trainer(early_store: Path, tmp_path: Path) -> None:
     store = _with_early(early_store, tmp_path)
-    cb = RAMTrainerCallback(store, "vowels", snapshot_every=2, merge_every=2, evaluate="trainer",
-                            merged_dir=tmp_path / "merged", into_base=True, sparsify=RelativeThreshold(0.5))
+    cb = RAMTrainerCallback(
+        store,
+        "vowels",
+        snapshot_every=2,
+        merge_every=2,
+        evaluate="trainer",
+        merged_dir=tmp_path / "merged",
+        into_base=True,
+        sparsify=RelativeThreshold(0.5),
+    )
     trainer = _trainer(tmp_path / "run", _vowels, 2, [cb, _SaveAdapter(tmp_path / "ref")])
     cb.bind(trainer)
     base_before = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora_" not in k}
     trainer.train()
 
     assert "ram/eval_reward" in cb.history[0]  # trainer.evaluate() on the generalist, logged under ram/
-    want = ram_merge_adapter_files({"early": early_store / "ref" / "step-2", "vowels": tmp_path / "ref" / "step-2"},
-                                   base=_model(), into_base=True, sparsify=RelativeThreshold(0.5)).state_dict()
+    want = ram_merge_adapter_files(
+        {"early": early_store / "ref" / "step-2", "vowels": tmp_path / "ref" / "step-2"},
+        base=_model(),
+        into_base=True,
+        sparsify=RelativeThreshold(0.5),
+    ).state_dict()
     folder = Path(cb.saved[0])
     got = load_file(str(folder / "model.safetensors"))
     assert sorted(got) == sorted(want)
@@ -212,11 +262,19 @@ def _timeless(metrics: dict[str, float]) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("restore", [False, True])
-def test_resume_from_a_checkpoint_merges_as_an_uninterrupted_run(early_store: Path, tmp_path: Path,
-                                                                 restore: bool) -> None:
+def test_resume_from_a_checkpoint_merges_as_an_uninterrupted_run(
+    early_store: Path, tmp_path: Path, restore: bool
+) -> None:
     def callback(store: Path) -> RAMTrainerCallback:
-        return RAMTrainerCallback(store, "vowels", snapshot_every=2, merge_every=2, evaluate=_score,
-                                  sparsify=("topk", 0.3), svd_options={"svd": "exact"})
+        return RAMTrainerCallback(
+            store,
+            "vowels",
+            snapshot_every=2,
+            merge_every=2,
+            evaluate=_score,
+            sparsify=("topk", 0.3),
+            svd_options={"svd": "exact"},
+        )
 
     whole = callback(_with_early(early_store, tmp_path / "whole"))
     _trainer(tmp_path / "whole" / "run", _vowels, 4, [whole]).train()
@@ -252,8 +310,12 @@ def test_resume_from_a_checkpoint_merges_as_an_uninterrupted_run(early_store: Pa
 
 
 def _begin(cb: RAMTrainerCallback, model: Any) -> None:
-    cb.on_train_begin(transformers.TrainingArguments("unused", report_to="none", use_cpu=True), TrainerState(),
-                      TrainerControl(), model=model)
+    cb.on_train_begin(
+        transformers.TrainingArguments("unused", report_to="none", use_cpu=True),
+        TrainerState(),
+        TrainerControl(),
+        model=model,
+    )
 
 
 def _agent(store: Path, name: str, model: Any, **options: Any) -> RAMTrainerCallback:
@@ -316,11 +378,15 @@ def test_lora_options_are_checked_and_apply_to_peft_models_only(tmp_path: Path) 
     with pytest.raises(ConfigError, match="search= is not supported"):
         from ram_live.training.search import SearchSetting
 
-        _begin(RAMTrainerCallback(tmp_path / "s", "a", search=SearchSetting(metric="x", budget=2)),
-               get_peft_model(_model(), _lora()))
+        _begin(
+            RAMTrainerCallback(tmp_path / "s", "a", search=SearchSetting(metric="x", budget=2)),
+            get_peft_model(_model(), _lora()),
+        )
     with pytest.raises(ConfigError, match="snapshot_activity='abs'"):
-        _begin(RAMTrainerCallback(tmp_path / "s", "a", snapshot_activity="abs", snapshot_eps=1e-3),
-               get_peft_model(_model(), _lora()))
+        _begin(
+            RAMTrainerCallback(tmp_path / "s", "a", snapshot_activity="abs", snapshot_eps=1e-3),
+            get_peft_model(_model(), _lora()),
+        )
     with pytest.raises(ConfigError, match="base= is for full-model runs"):
         _begin(RAMTrainerCallback(tmp_path / "s", "a", base=_model()), get_peft_model(_model(), _lora()))
     with warnings.catch_warnings():  # a plain model with the default LoRA options: the full-model callback
@@ -331,8 +397,9 @@ def test_lora_options_are_checked_and_apply_to_peft_models_only(tmp_path: Path) 
 # ----------------------------------------------------------------------------------------------- vLLM
 
 
-def test_vllm_rollout_after_a_lora_merge_samples_the_agent(early_store: Path, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllm_rollout_after_a_lora_merge_samples_the_agent(
+    early_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """As test_transformers_vllm (TRL's real VLLMGeneration, vLLM faked), with LoRA: TRL pushes base + ΔW of the
     active adapter (``merge_adapter``, then ``unmerge_adapter``, which moves base weights by rounding, hence the
     tolerance); the merge's evaluation pushes the generalist, and the next rollout must push the agent again."""
@@ -344,20 +411,28 @@ def test_vllm_rollout_after_a_lora_merge_samples_the_agent(early_store: Path, tm
             t = self.trainer
             now = {n: p.detach().clone() for n, p in t.vllm_generation._iter_named_params()}
             held = set(now) == set(self.weights) and all(
-                torch.allclose(self.weights[n], v, rtol=0, atol=1e-6) for n, v in now.items())
+                torch.allclose(self.weights[n], v, rtol=0, atol=1e-6) for n, v in now.items()
+            )
             self.rollouts.append((t.state.global_step, "train" if t.model.training else "eval", held, now))
             return [[self.rng.randrange(3, 29) for _ in range(length)] for _ in range(count)]
 
-    cb = RAMTrainerCallback(_with_early(early_store, tmp_path), "vowels", snapshot_every=2, merge_every=2,
-                            evaluate="trainer")
-    trainer = _trainer(tmp_path / "run", _vowels, 3, [cb], save_strategy="no",
-                       vllm_importance_sampling_correction=False)
+    cb = RAMTrainerCallback(
+        _with_early(early_store, tmp_path), "vowels", snapshot_every=2, merge_every=2, evaluate="trainer"
+    )
+    trainer = _trainer(
+        tmp_path / "run", _vowels, 3, [cb], save_strategy="no", vllm_importance_sampling_correction=False
+    )
     monkeypatch.setattr(vllm_generation.VLLMGeneration, "_init_vllm", lambda self: None)
     monkeypatch.setattr(vllm_generation, "SamplingParams", lambda **kw: kw, raising=False)
     engine = Engine(trainer)
-    gen = vllm_generation.VLLMGeneration(model=trainer.model, accelerator=trainer.accelerator,
-                                         processing_class=trainer.processing_class, mode="server",
-                                         max_completion_length=4, logprobs=0)
+    gen = vllm_generation.VLLMGeneration(
+        model=trainer.model,
+        accelerator=trainer.accelerator,
+        processing_class=trainer.processing_class,
+        mode="server",
+        max_completion_length=4,
+        logprobs=0,
+    )
     gen.vllm_client = vllm_test._Client(engine)
     trainer.use_vllm, trainer.vllm_mode, trainer.vllm_generation, trainer._last_loaded_step = True, "server", gen, -1
     cb.bind(trainer)

@@ -87,34 +87,69 @@ class _LLM:
     def __init__(self, engine: _Engine) -> None:
         self.engine = engine
         runner = SimpleNamespace(model=SimpleNamespace(load_weights=engine.load))
-        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(
-            model_runner=runner)), model_config=SimpleNamespace(max_model_len=64))
+        self.llm_engine = SimpleNamespace(
+            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner)),
+            model_config=SimpleNamespace(max_model_len=64),
+        )
 
     def reset_prefix_cache(self) -> None:
         pass
 
-    def generate(self, prompts: list[dict[str, Any]], sampling_params: dict[str, Any], use_tqdm: bool = False
-                 ) -> list[Any]:
+    def generate(
+        self, prompts: list[dict[str, Any]], sampling_params: dict[str, Any], use_tqdm: bool = False
+    ) -> list[Any]:
         comps = self.engine.completions(len(prompts), sampling_params["max_tokens"])
-        return [SimpleNamespace(prompt_token_ids=p["prompt_token_ids"], outputs=[SimpleNamespace(
-            token_ids=c, logprobs=[{t: SimpleNamespace(rank=1, logprob=-1.0)} for t in c])])
-            for p, c in zip(prompts, comps)]
+        return [
+            SimpleNamespace(
+                prompt_token_ids=p["prompt_token_ids"],
+                outputs=[
+                    SimpleNamespace(token_ids=c, logprobs=[{t: SimpleNamespace(rank=1, logprob=-1.0)} for t in c])
+                ],
+            )
+            for p, c in zip(prompts, comps)
+        ]
 
 
-def _vllm_trainer(out: Path, mode: str, callback: RAMTrainerCallback, monkeypatch: pytest.MonkeyPatch
-                  ) -> tuple[GRPOTrainer, _Engine]:
-    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=4, num_generations=2, max_completion_length=4,
-                      max_steps=3, save_strategy="no", logging_steps=1, learning_rate=1e-2, report_to="none",
-                      use_cpu=True, bf16=False, seed=0, disable_tqdm=True, vllm_importance_sampling_correction=False)
+def _vllm_trainer(
+    out: Path, mode: str, callback: RAMTrainerCallback, monkeypatch: pytest.MonkeyPatch
+) -> tuple[GRPOTrainer, _Engine]:
+    args = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        max_steps=3,
+        save_strategy="no",
+        logging_steps=1,
+        learning_rate=1e-2,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        disable_tqdm=True,
+        vllm_importance_sampling_correction=False,
+    )
     prompts = datasets.Dataset.from_dict({"prompt": ["ab", "cd", "ef", "gh"] * 8})
-    trainer = GRPOTrainer(model=_model(), reward_funcs=_vowels, args=args, train_dataset=prompts,
-                          eval_dataset=prompts.select(range(4)), processing_class=_tokenizer(), callbacks=[callback])
+    trainer = GRPOTrainer(
+        model=_model(),
+        reward_funcs=_vowels,
+        args=args,
+        train_dataset=prompts,
+        eval_dataset=prompts.select(range(4)),
+        processing_class=_tokenizer(),
+        callbacks=[callback],
+    )
     monkeypatch.setattr(vllm_generation.VLLMGeneration, "_init_vllm", lambda self: None)
     monkeypatch.setattr(vllm_generation, "SamplingParams", lambda **kw: kw, raising=False)
     engine = _Engine(trainer)
-    gen = vllm_generation.VLLMGeneration(model=trainer.model, accelerator=trainer.accelerator,
-                                         processing_class=trainer.processing_class, mode=mode,
-                                         max_completion_length=4, logprobs=0)
+    gen = vllm_generation.VLLMGeneration(
+        model=trainer.model,
+        accelerator=trainer.accelerator,
+        processing_class=trainer.processing_class,
+        mode=mode,
+        max_completion_length=4,
+        logprobs=0,
+    )
     if mode == "server":
         gen.vllm_client = _Client(engine)
     else:
@@ -131,7 +166,8 @@ def _quiet() -> None:
 
 @pytest.mark.parametrize("mode, how", [("server", "trainer"), ("colocate", "callable")])
 def test_rollout_after_the_merge_samples_the_agent_not_the_generalist(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, how: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, how: str
+) -> None:
     store = tmp_path / "store"
     other = _model()  # a second agent: its snapshot at step 1 moves the generalist away from this run's agent
     schedule = RAMSchedule(store, "spaces")
@@ -147,8 +183,14 @@ def test_rollout_after_the_merge_samples_the_agent_not_the_generalist(
     def through_trainer(model: torch.nn.Module) -> dict[str, float]:  # an evaluate= that generates via vLLM
         return {"reward": holder["t"].evaluate(metric_key_prefix="mine")["eval_reward"]}  # TRL logs eval_*
 
-    cb = RAMTrainerCallback(store, "vowels", snapshot_every=2, merge_every=2, importance=None,
-                            evaluate="trainer" if how == "trainer" else through_trainer)
+    cb = RAMTrainerCallback(
+        store,
+        "vowels",
+        snapshot_every=2,
+        merge_every=2,
+        importance=None,
+        evaluate="trainer" if how == "trainer" else through_trainer,
+    )
     trainer, engine = _vllm_trainer(tmp_path / "run", mode, cb, monkeypatch)
     holder["t"] = cb.bind(trainer).trainer
     trainer.train()

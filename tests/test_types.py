@@ -69,8 +69,16 @@ def test_sources_sinks_and_distributed_never_reach_the_engine_or_the_methods() -
     graph = import_graph()
     assert graph["ram_live.types"] == set()  # the bottom: torch only
     assert graph["ram_live.io.dtensor"] == set()
-    for low in ("ram_live.types", "ram_live.io.dtensor", "ram_live.io.sources", "ram_live.io.sinks",
-                "ram_live.io.distributed", "ram_live.auxiliary", "ram_live.kernels.pool", "ram_live.kernels.cc"):
+    for low in (
+        "ram_live.types",
+        "ram_live.io.dtensor",
+        "ram_live.io.sources",
+        "ram_live.io.sinks",
+        "ram_live.io.distributed",
+        "ram_live.auxiliary",
+        "ram_live.kernels.pool",
+        "ram_live.kernels.cc",
+    ):
         above = {m for m in reachable(graph, low) if m.startswith(("ram_live.engine", "ram_live.methods"))}
         assert not above, (low, sorted(above))
 
@@ -112,8 +120,11 @@ def test_activity_threshold_is_the_largest_value_at_or_below_eps() -> None:
     assert Activity(eps=0.5).threshold_for(torch.float32) == 0.5  # exact in float32: kept
     assert Activity(rule="changed").threshold == 0.0 and Activity(eps=0.0).threshold == 0.0
     bf = Activity(eps=1e-3).threshold_for(torch.bfloat16)
-    assert bf <= 1e-3 and float(torch.nextafter(torch.tensor(bf, dtype=torch.bfloat16),
-                                                 torch.tensor(1.0, dtype=torch.bfloat16))) > 1e-3
+    assert (
+        bf <= 1e-3
+        and float(torch.nextafter(torch.tensor(bf, dtype=torch.bfloat16), torch.tensor(1.0, dtype=torch.bfloat16)))
+        > 1e-3
+    )
 
 
 def test_ram_statistics_shared_is_active_minus_unique() -> None:
@@ -127,7 +138,9 @@ def test_importing_ram_live_types_first_keeps_the_package_working() -> None:
     import subprocess
     import sys
 
-    code = ("import ram_live.types, ram_live\nimport ram_live.probing, ram_live.selection.run\n"
-            "assert callable(ram_live.probe) and callable(ram_live.search)\n"
-            "import ram_live.engine.plan\nassert ram_live.types.Plan is ram_live.engine.plan.Plan\n")
+    code = (
+        "import ram_live.types, ram_live\nimport ram_live.probing, ram_live.selection.run\n"
+        "assert callable(ram_live.probe) and callable(ram_live.search)\n"
+        "import ram_live.engine.plan\nassert ram_live.types.Plan is ram_live.engine.plan.Plan\n"
+    )
     subprocess.run([sys.executable, "-W", "error::ImportWarning", "-c", code], check=True)

@@ -16,8 +16,11 @@ def _levels() -> list[str]:
     if not cc.native_enabled():
         return []
     host = cc.host_level()
-    return [lv for lv in ("avx512", "avx2", "neon", "scalar")
-            if lv == host or lv == "scalar" or (lv == "avx2" and host == "avx512")]
+    return [
+        lv
+        for lv in ("avx512", "avx2", "neon", "scalar")
+        if lv == host or lv == "scalar" or (lv == "avx2" and host == "avx512")
+    ]
 
 
 LEVELS = _levels()
@@ -27,8 +30,10 @@ DTYPES = (torch.float32, torch.bfloat16)
 
 def _case(n: int, k: int, dtype: torch.dtype, hdtype: torch.dtype, g: torch.Generator):
     base = torch.randn(n, generator=g).to(dtype)
-    agents = [torch.where(torch.rand(n, generator=g) < d, base + 0.01 * torch.randn(n, generator=g).to(dtype), base)
-              for d in (0.3, 0.6, 0.9, 0.5, 0.2, 0.7, 0.4, 0.8)[:k]]
+    agents = [
+        torch.where(torch.rand(n, generator=g) < d, base + 0.01 * torch.randn(n, generator=g).to(dtype), base)
+        for d in (0.3, 0.6, 0.9, 0.5, 0.2, 0.7, 0.4, 0.8)[:k]
+    ]
     imps = [(torch.rand(n, generator=g) ** 3 * torch.randint(0, 2, (n,), generator=g)).to(hdtype) for _ in range(k)]
     if k > 1:
         imps[1][: n // 3] = imps[0][: n // 3]  # ties: equal importances of two agents

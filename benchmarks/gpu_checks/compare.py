@@ -35,8 +35,9 @@ def _bits_equal(a: Tensor, b: Tensor) -> Tensor:
     return a.contiguous().view(_INT[a.dtype]) == b.contiguous().view(_INT[b.dtype])
 
 
-def compare_outputs(got: dict[str, Tensor], want: dict[str, Tensor], base: dict[str, Tensor],
-                    agents: list[dict[str, Tensor]]) -> dict[str, Any]:
+def compare_outputs(
+    got: dict[str, Tensor], want: dict[str, Tensor], base: dict[str, Tensor], agents: list[dict[str, Tensor]]
+) -> dict[str, Any]:
     """``got`` (e.g. the device's result, copied to the CPU) against ``want`` (the CPU's) on the same keys: the
     largest ULP distance, the share of entries whose bits differ, and whether every entry that no agent changed
     kept the base's exact bits in ``got`` (the spec makes those exact)."""
@@ -52,14 +53,24 @@ def compare_outputs(got: dict[str, Tensor], want: dict[str, Tensor], base: dict[
             same &= _bits_equal(a[key], base[key])
         untouched += int(same.sum())
         untouched_bad += int((same & ~_bits_equal(g, base[key])).sum())
-    return {"entries": numel, "max_ulp": worst, "share_differing": differ / max(numel, 1),
-            "untouched_entries": untouched, "untouched_changed": untouched_bad}
+    return {
+        "entries": numel,
+        "max_ulp": worst,
+        "share_differing": differ / max(numel, 1),
+        "untouched_entries": untouched,
+        "untouched_changed": untouched_bad,
+    }
 
 
 @torch.no_grad()
-def reference64(base: dict[str, Tensor], agents: list[dict[str, Tensor]], eps: float = 1e-5,
-                lambdas: list[float] | None = None, importance: list[dict[str, Tensor]] | None = None,
-                summed: bool = False) -> dict[str, Tensor]:
+def reference64(
+    base: dict[str, Tensor],
+    agents: list[dict[str, Tensor]],
+    eps: float = 1e-5,
+    lambdas: list[float] | None = None,
+    importance: list[dict[str, Tensor]] | None = None,
+    summed: bool = False,
+) -> dict[str, Tensor]:
     """RAM from its definition in float64 (docs/methods.md, docs/curvature.md), rounded to the base's dtype:
     c = 0 keeps the base, c = 1 adds λ_t·τ_t, c ≥ 2 the (importance-weighted) mean of the active τ.
     ``summed``: task arithmetic instead (θ₀ + Σ τ_t)."""

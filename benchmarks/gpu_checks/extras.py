@@ -25,8 +25,14 @@ ROOT = Path(__file__).resolve().parents[2]
 #: PEFT: the device's merged weights within this share of the largest |merged ΔW| of the CPU's (float32 LoRA
 #: products summed in another order on the device: rounding only).
 PEFT_RTOL = 1e-5
-LLAMA = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2}
+LLAMA = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def _peft_model() -> Any:
@@ -37,8 +43,9 @@ def _peft_model() -> Any:
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**LLAMA)).eval()
     targets = ["q_proj", "v_proj", "up_proj"]
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False),
-                           adapter_name="code")
+    model = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False), adapter_name="code"
+    )
     model.add_adapter("tool", LoraConfig(r=8, lora_alpha=8, target_modules=targets, init_lora_weights=False))
     model.add_adapter("memory", LoraConfig(r=4, lora_alpha=16, target_modules=targets[:2], init_lora_weights=False))
     with torch.no_grad():
@@ -62,8 +69,10 @@ def check_peft(device: torch.device, out: Outcome) -> None:
         dev_model, rep = ram_merge_adapters(dev_model, names, "merged", return_info=True)
         out.result["adapter_seconds"] = time.perf_counter() - t0
         a_weights = [p for n, p in dev_model.named_parameters() if "lora_A.merged" in n]
-        out.require(bool(a_weights) and all(p.device.type == device.type for p in a_weights),
-                    "the merged adapter's factors are not on the device")
+        out.require(
+            bool(a_weights) and all(p.device.type == device.type for p in a_weights),
+            "the merged adapter's factors are not on the device",
+        )
         out.result["refactor_max_error"] = rep.max_error
         out.require(rep.max_error == rep.max_error, "re-factorisation error is NaN")
         dev_plain, dev_rep = ram_merge_adapters(copy.deepcopy(dev_model), names, into_base=True, return_info=True)
@@ -79,11 +88,14 @@ def check_peft(device: torch.device, out: Outcome) -> None:
             delta = (w - base_sd[key]).abs().max().item()
             worst = max(worst, (dev_sd[key].cpu() - w).abs().max().item() / max(delta, 1e-30))
     out.result["max_rel_diff"] = worst
-    out.require(worst <= PEFT_RTOL, f"merged weights differ from the CPU's by {worst:.2e} of max |ΔW| "
-                f"(tolerance {PEFT_RTOL})")
+    out.require(
+        worst <= PEFT_RTOL, f"merged weights differ from the CPU's by {worst:.2e} of max |ΔW| (tolerance {PEFT_RTOL})"
+    )
     untouched = [k for k in base_sd if k in dev_sd and torch.equal(cpu_sd[k], base_sd[k])]
-    out.require(all(torch.equal(dev_sd[k].cpu(), base_sd[k]) for k in untouched),
-                "a weight no adapter targets changed on the device")
+    out.require(
+        all(torch.equal(dev_sd[k].cpu(), base_sd[k]) for k in untouched),
+        "a weight no adapter targets changed on the device",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ distributed
@@ -93,15 +105,25 @@ def _inputs(folder: Path) -> list[str]:
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(11)
-    shapes = {"embed.weight": (256, 64), "layers.0.w": (64, 64), "layers.0.b": (64,), "layers.1.w": (96, 64),
-              "head.weight": (32, 96)}
+    shapes = {
+        "embed.weight": (256, 64),
+        "layers.0.w": (64, 64),
+        "layers.0.b": (64,),
+        "layers.1.w": (96, 64),
+        "head.weight": (32, 96),
+    }
     base = {k: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for k, s in shapes.items()}
     save_file(base, str(folder / "base.safetensors"))
     paths = []
     for t, density in enumerate((0.05, 0.5, 0.6)):
-        agent = {k: torch.where(torch.rand(v.shape, generator=g) < density,
-                                (v.float() + 0.01 * torch.randn(v.shape, generator=g)).to(torch.bfloat16), v)
-                 for k, v in base.items()}
+        agent = {
+            k: torch.where(
+                torch.rand(v.shape, generator=g) < density,
+                (v.float() + 0.01 * torch.randn(v.shape, generator=g)).to(torch.bfloat16),
+                v,
+            )
+            for k, v in base.items()
+        }
         paths.append(str(folder / f"a{t}.safetensors"))
         save_file(agent, paths[-1])
     return paths
@@ -118,9 +140,15 @@ def _rank(rank: int, world: int, store: str, backend: str, device_type: str, fol
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         paths = [os.path.join(folder, f"a{t}.safetensors") for t in range(3)]
-        merge(paths, base=os.path.join(folder, "base.safetensors"), method="ram_plus",
-              out=os.path.join(folder, "dist"), process_group=True, max_shard_bytes=20_000,
-              device=f"cuda:{rank}" if device_type == "cuda" else "cpu")
+        merge(
+            paths,
+            base=os.path.join(folder, "base.safetensors"),
+            method="ram_plus",
+            out=os.path.join(folder, "dist"),
+            process_group=True,
+            max_shard_bytes=20_000,
+            device=f"cuda:{rank}" if device_type == "cuda" else "cpu",
+        )
         dist.barrier(device_ids=[rank]) if device_type == "cuda" else dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -130,8 +158,13 @@ def _rank(rank: int, world: int, store: str, backend: str, device_type: str, fol
 def _spawn(world: int, backend: str, device_type: str, folder: Path, timeout: float) -> None:
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_rank, args=(world, str(folder / "store"), backend, device_type, str(folder)),
-                             nprocs=world, start_method="spawn", join=False)
+    ctx = mp.start_processes(
+        _rank,
+        args=(world, str(folder / "store"), backend, device_type, str(folder)),
+        nprocs=world,
+        start_method="spawn",
+        join=False,
+    )
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=1.0):
         if time.monotonic() > deadline:
@@ -181,18 +214,23 @@ def check_cuda_tests(device: torch.device, out: Outcome, timeout: float) -> None
     must pass (none skipped on a CUDA host)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         raise Skip("skipped-no-device: the cuda-marked tests need a CUDA device")
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                   if "mark.cuda" in p.read_text(errors="replace"))  # only these: collecting all takes long
+    files = sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "tests").rglob("test_*.py")
+        if "mark.cuda" in p.read_text(errors="replace")
+    )  # only these: collecting all takes long
     out.result["files"] = files
     if not files:
         raise Skip("no test file has a cuda-marked test")
     cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "-rs", *files]
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
-        out.result["tail"] = ((exc.stdout or b"")[-3000:]).decode(errors="replace") \
-            if isinstance(exc.stdout, bytes) else (exc.stdout or "")[-3000:]
+        out.result["tail"] = (
+            ((exc.stdout or b"")[-3000:]).decode(errors="replace")
+            if isinstance(exc.stdout, bytes)
+            else (exc.stdout or "")[-3000:]
+        )
         out.require(False, f"pytest -m cuda did not finish in {timeout:.0f} s")
         return
     tail = (proc.stdout + proc.stderr)[-3000:]

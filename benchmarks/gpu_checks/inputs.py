@@ -91,14 +91,20 @@ def importances(base: nn.Module, k: int, seed: int = SEED + 1) -> dict[str, dict
         per: dict[str, torch.Tensor] = {}
         for index, (name, p) in enumerate(base.named_parameters()):
             g = _generator(p.device, seed * 1_000_003 + 97 * t + index)
-            per[name] = torch.rand(p.shape, generator=g, device=p.device).mul_(4 * math.log(10)).exp_() \
-                .mul_(1e-6).to(torch.bfloat16)
+            per[name] = (
+                torch.rand(p.shape, generator=g, device=p.device)
+                .mul_(4 * math.log(10))
+                .exp_()
+                .mul_(1e-6)
+                .to(torch.bfloat16)
+            )
         out[f"agent_{t}"] = per
     return out
 
 
-def subset(module: nn.Module | dict[str, torch.Tensor], keys: list[str],
-           device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def subset(
+    module: nn.Module | dict[str, torch.Tensor], keys: list[str], device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
     """The named tensors of a module or state dict, copied to ``device`` (a state dict)."""
     sd = module.state_dict() if isinstance(module, nn.Module) else module
     return {k: sd[k].detach().to(device, copy=True) for k in keys}

@@ -96,8 +96,13 @@ def check_device(setup_device: torch.device, out: Outcome) -> None:
     r: dict[str, Any] = {"torch": torch.__version__, "cpu": cpu_label(), "cuda_available": torch.cuda.is_available()}
     if setup_device.type == "cuda":
         p = torch.cuda.get_device_properties(setup_device)
-        r.update(name=p.name, memory_gib=round(p.total_memory / 2**30, 1), capability=f"{p.major}.{p.minor}",
-                 cuda=torch.version.cuda, devices=torch.cuda.device_count())
+        r.update(
+            name=p.name,
+            memory_gib=round(p.total_memory / 2**30, 1),
+            capability=f"{p.major}.{p.minor}",
+            cuda=torch.version.cuda,
+            devices=torch.cuda.device_count(),
+        )
         try:
             import triton
 
@@ -116,8 +121,13 @@ def check_floor(setup: Setup, out: Outcome) -> None:
     bandwidth, seconds = bench_merge.copy_bandwidth(srcs, dst, setup.device)
     del dst
     setup.bandwidth = bandwidth
-    out.result.update(copied_gb=2 * sum(bench_merge.nbytes(s) for s in srcs) / 1e9, seconds=seconds,
-                      gb_per_s=bandwidth / 1e9, params=setup.sizes.params, model_gb=setup.model_bytes / 1e9)
+    out.result.update(
+        copied_gb=2 * sum(bench_merge.nbytes(s) for s in srcs) / 1e9,
+        seconds=seconds,
+        gb_per_s=bandwidth / 1e9,
+        params=setup.sizes.params,
+        model_gb=setup.model_bytes / 1e9,
+    )
     out.require(math.isfinite(bandwidth) and bandwidth > 0, f"copy bandwidth {bandwidth}")
 
 
@@ -160,8 +170,10 @@ def check_merge(setup: Setup, label: str, compiled: bool, small: bool, out: Outc
     from ram_live import merge
 
     if compiled and label not in COMPILED:
-        raise Skip("compile=True compiles the RAM family only (docs/performance.md, Kernels): this method merges "
-                   "eagerly either way")
+        raise Skip(
+            "compile=True compiles the RAM family only (docs/performance.md, Kernels): this method merges "
+            "eagerly either way"
+        )
     kw = setup.options(label)
 
     def call() -> Any:
@@ -185,23 +197,36 @@ def check_merge(setup: Setup, label: str, compiled: bool, small: bool, out: Outc
     best = min(times)
     floor = setup.floor_seconds(label)
     largest = max(p.numel() * p.element_size() for p in setup.base.parameters())
-    out.result.update(seconds=best, times=times, x_floor=best / floor if floor else None, kernels=info.extra.get(
-        "kernels"), passes=info.passes, extra_peak_bytes=extra, output_bytes=setup.model_bytes,
-        extra_over_output=None if extra is None else extra / setup.model_bytes, others_cpu=share)
+    out.result.update(
+        seconds=best,
+        times=times,
+        x_floor=best / floor if floor else None,
+        kernels=info.extra.get("kernels"),
+        passes=info.passes,
+        extra_peak_bytes=extra,
+        output_bytes=setup.model_bytes,
+        extra_over_output=None if extra is None else extra / setup.model_bytes,
+        others_cpu=share,
+    )
     if compiled:
-        out.require(set(info.extra.get("kernels", {})) == {"compiled"},
-                    f"compile=True ran {info.extra.get('kernels')}, not the compiled kernels")
+        out.require(
+            set(info.extra.get("kernels", {})) == {"compiled"},
+            f"compile=True ran {info.extra.get('kernels')}, not the compiled kernels",
+        )
     out.require(_identical(result, last[0]), "two runs of the same merge differ")
     del last
     got = inputs.subset(result, setup.keys)
     cpu, ref = _cpu_reference(setup, label, info)
     vs_cpu = compare.compare_outputs(got, cpu, setup.cpu_base, setup.cpu_agents)
     out.result["vs_cpu"] = vs_cpu
-    out.require(vs_cpu["untouched_changed"] == 0,
-                f"{vs_cpu['untouched_changed']} entries no agent changed lost the base's bits")
+    out.require(
+        vs_cpu["untouched_changed"] == 0, f"{vs_cpu['untouched_changed']} entries no agent changed lost the base's bits"
+    )
     if label not in RANDOM:
-        out.require(vs_cpu["max_ulp"] <= compare.TOLERANCE_ULP,
-                    f"{vs_cpu['max_ulp']} ULP from the CPU result (tolerance {compare.TOLERANCE_ULP})")
+        out.require(
+            vs_cpu["max_ulp"] <= compare.TOLERANCE_ULP,
+            f"{vs_cpu['max_ulp']} ULP from the CPU result (tolerance {compare.TOLERANCE_ULP})",
+        )
     if ref is not None:
         for who, res in (("device", got), ("cpu", cpu)):
             worst = max(int(compare.ulp_distance(res[k], ref[k]).max()) for k in ref)
@@ -212,8 +237,11 @@ def check_merge(setup: Setup, label: str, compiled: bool, small: bool, out: Outc
     if compiled and label in setup.eager:
         same = compare.compare_outputs(got, setup.eager[label], setup.cpu_base, setup.cpu_agents)
         out.result["vs_eager_share_differing"] = same["share_differing"]
-        out.require(same["share_differing"] == 0, f"compiled result differs from the eager one on this device in "
-                    f"{same['share_differing']:.2e} of the entries (max {same['max_ulp']} ULP)")
+        out.require(
+            same["share_differing"] == 0,
+            f"compiled result differs from the eager one on this device in "
+            f"{same['share_differing']:.2e} of the entries (max {same['max_ulp']} ULP)",
+        )
     elif not compiled:
         setup.eager[label] = got
     if dev.type == "cuda" and not small:
@@ -223,7 +251,8 @@ def check_merge(setup: Setup, label: str, compiled: bool, small: bool, out: Outc
         # hold about (K + 2) x the largest tensor besides the output (docs/scaling.md)
         allowance = 2 if label in COMPILED else len(setup.agents) + 2
         out.targets[f"extra_le_output_plus_{allowance}_largest"] = (
-            extra is not None and extra <= setup.model_bytes + allowance * largest)
+            extra is not None and extra <= setup.model_bytes + allowance * largest
+        )
 
 
 def _check_counts(setup: Setup, info: Any, out: Outcome) -> None:
@@ -233,12 +262,16 @@ def _check_counts(setup: Setup, info: Any, out: Outcome) -> None:
     want = setup.counts
     stats = info.statistics
     out.result["active"], out.result["unique"] = stats.active.tolist(), stats.unique.tolist()
-    out.require(stats.active.tolist() == want["active"] and stats.unique.tolist() == want["unique"],
-                f"counts {stats.active.tolist()}/{stats.unique.tolist()} != exact {want['active']}/{want['unique']}")
+    out.require(
+        stats.active.tolist() == want["active"] and stats.unique.tolist() == want["unique"],
+        f"counts {stats.active.tolist()}/{stats.unique.tolist()} != exact {want['active']}/{want['unique']}",
+    )
     lam = [info.lambdas[f"agent_{t}"] for t in range(len(setup.agents))]
     out.result["lambdas"] = lam
-    out.require(all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(lam, _lambdas_expected(want))),
-                f"λ {lam} != {_lambdas_expected(want)} from the exact counts")
+    out.require(
+        all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(lam, _lambdas_expected(want))),
+        f"λ {lam} != {_lambdas_expected(want)} from the exact counts",
+    )
 
 
 def check_probe(setup: Setup, out: Outcome) -> None:
@@ -260,8 +293,10 @@ def check_probe(setup: Setup, out: Outcome) -> None:
     dev_sub = probe([inputs.subset(a, setup.keys, setup.device) for a in setup.agents], base=sub)
     cpu_sub = probe(setup.cpu_agents, base=setup.cpu_base)
     a, b = dev_sub.statistics(), cpu_sub.statistics()
-    out.require(all(torch.equal(x, y) for x, y in ((a.active, b.active), (a.unique, b.unique),
-                                                   (a.histogram, b.histogram))), "subset counts: device != CPU")
+    out.require(
+        all(torch.equal(x, y) for x, y in ((a.active, b.active), (a.unique, b.unique), (a.histogram, b.histogram))),
+        "subset counts: device != CPU",
+    )
     out.require(dev_sub.jaccard == cpu_sub.jaccard, "subset Jaccard: device != CPU")
     cos = max(abs(x - y) for rx, ry in zip(dev_sub.cosine, cpu_sub.cosine) for x, y in zip(rx, ry))
     out.result["subset_cosine_max_diff"] = cos

@@ -40,9 +40,15 @@ class Outcome:
         return ok
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "seconds": round(self.seconds, 3), "result": self.result,
-                "problems": self.problems, "targets": self.targets, "reason": self.reason,
-                "traceback": self.traceback}
+        return {
+            "status": self.status,
+            "seconds": round(self.seconds, 3),
+            "result": self.result,
+            "problems": self.problems,
+            "targets": self.targets,
+            "reason": self.reason,
+            "traceback": self.traceback,
+        }
 
 
 class Runner:
@@ -66,8 +72,13 @@ class Runner:
         out = Outcome(name)
         self.outcomes[name] = out
         if self.left() < needs_s:
-            out.status, out.reason = "skipped", (f"time budget: {self.left():.0f} s left of {self.budget_s:.0f} s, "
-                                                 f"this check needs about {needs_s:.0f} s")
+            out.status, out.reason = (
+                "skipped",
+                (
+                    f"time budget: {self.left():.0f} s left of {self.budget_s:.0f} s, "
+                    f"this check needs about {needs_s:.0f} s"
+                ),
+            )
             return out
         t0 = time.perf_counter()
         try:

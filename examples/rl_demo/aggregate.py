@@ -45,12 +45,16 @@ def probe_table(runs: list[dict[str, Any]]) -> str:
         r0 = runs[0]["settings"]["recipes"][t]
         recipe = f"{r0['optimizer']} {r0['lr']:g} × {r0['steps']}"
         gain = [r["accuracy"][f"specialist {t}"][t] - r["accuracy"]["base"][t] for r in runs]
-        lines.append(f"| {t} | {recipe} | {ms([r['density'][t] for r in runs])} | "
-                     f"{ms([r['unique_share'][t] for r in runs])} | {ms(gain)} |")
+        lines.append(
+            f"| {t} | {recipe} | {ms([r['density'][t] for r in runs])} | "
+            f"{ms([r['unique_share'][t] for r in runs])} | {ms(gain)} |"
+        )
     hists = [[h / sum(r["probe"]["histogram"]) for h in r["probe"]["histogram"]] for r in runs]
     lines.append("")
-    lines.append("overlap count c = 0…N (share of all entries): "
-                 + " / ".join(ms([h[c] for h in hists]) for c in range(len(hists[0]))))
+    lines.append(
+        "overlap count c = 0…N (share of all entries): "
+        + " / ".join(ms([h[c] for h in hists]) for c in range(len(hists[0])))
+    )
     return "\n".join(lines)
 
 
@@ -60,9 +64,13 @@ def search_table(runs: list[dict[str, Any]]) -> str:
     lines = ["| search row | test mean | selection | evaluations | chosen method (per seed) |", "|---|---|---|---|---|"]
     for label in runs[0]["search"]:
         rows = [r["search"][label] for r in runs if label in r.get("search", {})]
-        lines.append(f"| {label} | {ms([x['test']['mean'] for x in rows])} | {ms([x['selection'] for x in rows])} | "
-                     + " / ".join(str(x["evaluations"]) for x in rows) + " | "
-                     + " / ".join(str(x["best"].get("method")) for x in rows) + " |")
+        lines.append(
+            f"| {label} | {ms([x['test']['mean'] for x in rows])} | {ms([x['selection'] for x in rows])} | "
+            + " / ".join(str(x["evaluations"]) for x in rows)
+            + " | "
+            + " / ".join(str(x["best"].get("method")) for x in rows)
+            + " |"
+        )
     for split, get in (("test mean", lambda x: x["test"]["mean"]), ("selection", lambda x: x["selection"])):
         gaps = []
         for r in runs:
@@ -71,14 +79,25 @@ def search_table(runs: list[dict[str, Any]]) -> str:
                 gaps.append(get(r["search"]["search"]) - max(fam))
         if gaps:
             lines.append("")
-            lines.append(f"search − best family searched alone ({split}, points, per seed): "
-                         + " / ".join(f"{100 * g:+.1f}" for g in gaps))
+            lines.append(
+                f"search − best family searched alone ({split}, points, per seed): "
+                + " / ".join(f"{100 * g:+.1f}" for g in gaps)
+            )
     return "\n".join(lines)
 
 
 #: The paired differences of the mean accuracy that the readings quote (rows present in every run only).
-PAIRS = (("RAM", "TA (1/N)"), ("RAM", "TIES"), ("RAM", "DARE+TIES"), ("RAM", "TA (tuned)"), ("RAM+", "RAM"),
-         ("RAM (sign)", "RAM"), ("RAM+ (sign)", "RAM+"), ("RAM (sign)", "TIES"), ("RAM (sign)", "TA (tuned)"))
+PAIRS = (
+    ("RAM", "TA (1/N)"),
+    ("RAM", "TIES"),
+    ("RAM", "DARE+TIES"),
+    ("RAM", "TA (tuned)"),
+    ("RAM+", "RAM"),
+    ("RAM (sign)", "RAM"),
+    ("RAM+ (sign)", "RAM+"),
+    ("RAM (sign)", "TIES"),
+    ("RAM (sign)", "TA (tuned)"),
+)
 
 
 def paired_table(groups: list[list[dict[str, Any]]]) -> str:
@@ -86,8 +105,10 @@ def paired_table(groups: list[list[dict[str, Any]]]) -> str:
     pairs = [(a, b) for a, b in PAIRS if all(a in r["accuracy"] and b in r["accuracy"] for g in groups for r in g)]
     lines = ["| N | " + " | ".join(f"{a} − {b}" for a, b in pairs) + " |", "|---|" + "---|" * len(pairs)]
     for g in groups:
-        cells = [" / ".join(f"{100 * (r['accuracy'][a]['mean'] - r['accuracy'][b]['mean']):+.1f}" for r in g)
-                 for a, b in pairs]
+        cells = [
+            " / ".join(f"{100 * (r['accuracy'][a]['mean'] - r['accuracy'][b]['mean']):+.1f}" for r in g)
+            for a, b in pairs
+        ]
         lines.append(f"| {g[0]['agents']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -101,8 +122,10 @@ def versus_n(groups: list[list[dict[str, Any]]]) -> str:
         cells = []
         for g in groups:
             if name.startswith("specialists"):
-                xs = [statistics.mean(v["mean"] for k, v in r["accuracy"].items() if k.startswith("specialist"))
-                      for r in g]
+                xs = [
+                    statistics.mean(v["mean"] for k, v in r["accuracy"].items() if k.startswith("specialist"))
+                    for r in g
+                ]
             else:
                 xs = [r["accuracy"][name]["mean"] for r in g if name in r["accuracy"]]
             cells.append(ms(xs) if xs else "–")
@@ -112,9 +135,14 @@ def versus_n(groups: list[list[dict[str, Any]]]) -> str:
         hist = [[h / sum(r["probe"]["histogram"]) for h in r["probe"]["histogram"]] for r in g]
         uniq = {t: ms([r["unique_share"][t] for r in g]) for t in g[0]["tasks"]}
         dens = {t: ms([r["density"][t] for r in g]) for t in g[0]["tasks"]}
-        lines.append(f"N = {g[0]['agents']}: changed " + ", ".join(f"{t} {v}" for t, v in dens.items())
-                     + "; unique share " + ", ".join(f"{t} {v}" for t, v in uniq.items())
-                     + "; c = 0…N: " + " / ".join(ms([h[c] for h in hist]) for c in range(len(hist[0]))))
+        lines.append(
+            f"N = {g[0]['agents']}: changed "
+            + ", ".join(f"{t} {v}" for t, v in dens.items())
+            + "; unique share "
+            + ", ".join(f"{t} {v}" for t, v in uniq.items())
+            + "; c = 0…N: "
+            + " / ".join(ms([h[c] for h in hist]) for c in range(len(hist[0])))
+        )
     return "\n".join(lines)
 
 
@@ -128,10 +156,14 @@ def main(argv: list[str] | None = None) -> str:
         print(text)
         return text
     runs = load(argv)
-    head = (f"regime {runs[0].get('regime', 'dense')}, N = {runs[0].get('agents', 3)}, seeds "
-            + ", ".join(str(r["seed"]) for r in runs) + (", --quick" if runs[0]["quick"] else ""))
-    text = "\n\n".join(x for x in (head, probe_table(runs), accuracy_table(runs), paired_table([runs]),
-                                   search_table(runs)) if x)
+    head = (
+        f"regime {runs[0].get('regime', 'dense')}, N = {runs[0].get('agents', 3)}, seeds "
+        + ", ".join(str(r["seed"]) for r in runs)
+        + (", --quick" if runs[0]["quick"] else "")
+    )
+    text = "\n\n".join(
+        x for x in (head, probe_table(runs), accuracy_table(runs), paired_table([runs]), search_table(runs)) if x
+    )
     print(text)
     return text
 

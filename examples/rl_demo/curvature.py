@@ -32,15 +32,21 @@ def val_mean(model: nn.Module, val: Data) -> float:
     return sum(v.values()) / len(v)
 
 
-def tuned_ties(agents: Mapping[str, Any], base: nn.Module, val: Data,
-               grid: tuple[float, ...] = TIES_GRID) -> tuple[float, dict[float, float]]:
+def tuned_ties(
+    agents: Mapping[str, Any], base: nn.Module, val: Data, grid: tuple[float, ...] = TIES_GRID
+) -> tuple[float, dict[float, float]]:
     """TIES' density chosen on the validation prompts (ties broken towards the sparser density)."""
     scores = {d: val_mean(merge(agents, base=base, method="ties", density=d), val) for d in grid}
     return max(grid, key=lambda d: (scores[d], -d)), scores
 
 
-def curvature_rows(agents: Mapping[str, Any], base: nn.Module, bias_corrected: Mapping[str, Mapping[str, Tensor]],
-                   score: Callable[[str, nn.Module, float], None], out: Path) -> dict[str, dict[str, Any]]:
+def curvature_rows(
+    agents: Mapping[str, Any],
+    base: nn.Module,
+    bias_corrected: Mapping[str, Mapping[str, Tensor]],
+    score: Callable[[str, nn.Module, float], None],
+    out: Path,
+) -> dict[str, dict[str, Any]]:
     """The three curvature rows, scored through ``score(label, model, seconds)``:
 
     * ``RAM (curvature)`` / ``RAM+ (curvature)``: the importances stored with the snapshots (raw ``exp_avg_sq``,
@@ -51,8 +57,11 @@ def curvature_rows(agents: Mapping[str, Any], base: nn.Module, bias_corrected: M
     from safetensors.torch import save_file
 
     used: dict[str, dict[str, Any]] = {}
-    for label, method, imp in ((CURVATURE[0], "ram", "stored"), (CURVATURE[1], "ram_plus", "stored"),
-                               (CURVATURE[2], "ram", bias_corrected)):
+    for label, method, imp in (
+        (CURVATURE[0], "ram", "stored"),
+        (CURVATURE[1], "ram_plus", "stored"),
+        (CURVATURE[2], "ram", bias_corrected),
+    ):
         t0 = time.perf_counter()
         merged, info = merge(agents, base=base, method=method, importance=imp, return_info=True)
         sec = time.perf_counter() - t0
@@ -60,16 +69,22 @@ def curvature_rows(agents: Mapping[str, Any], base: nn.Module, bias_corrected: M
         if how != ("stored" if imp == "stored" else "given"):
             raise RuntimeError(f"{label}: the merge used importances {how!r} (every snapshot should carry them)")
         score(label, merged, sec)
-        used[label] = {"method": method, "importance": "stored (raw exp_avg_sq)" if imp == "stored"
-                       else "given (bias-corrected, float32)", "merge_info": how,
-                       "lambdas": dict(info.lambdas or {})}
+        used[label] = {
+            "method": method,
+            "importance": "stored (raw exp_avg_sq)" if imp == "stored" else "given (bias-corrected, float32)",
+            "merge_info": how,
+            "lambdas": dict(info.lambdas or {}),
+        }
         if label == CURVATURE[0]:
-            save_file({k: v.contiguous() for k, v in merged.state_dict().items()},
-                      str(out / "merged_ram_curvature.safetensors"))
+            save_file(
+                {k: v.contiguous() for k, v in merged.state_dict().items()},
+                str(out / "merged_ram_curvature.safetensors"),
+            )
     return used
 
 
 def extrapolation_line(by_agent: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
     """``{agent: {s: scores}}`` as one line: test mean / own task for each s."""
-    return "; ".join(f"{a}: " + ", ".join(f"s={k} {v['mean']:.3f}/{v[a]:.3f}" for k, v in by.items())
-                     for a, by in by_agent.items())
+    return "; ".join(
+        f"{a}: " + ", ".join(f"s={k} {v['mean']:.3f}/{v[a]:.3f}" for k, v in by.items()) for a, by in by_agent.items()
+    )

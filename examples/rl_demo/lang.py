@@ -70,16 +70,24 @@ def answer_len(task: str) -> int:
 
 def build_model(seed: int, vocab: int = VOCAB, hidden: int = 96, intermediate: int = 256) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=16,
-                         tie_word_embeddings=False, use_cache=False)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=16,
+        tie_word_embeddings=False,
+        use_cache=False,
+    )
     return LlamaForCausalLM(config)
 
 
 def answer_logprobs(model: nn.Module, prompts: Tensor, answers: Tensor) -> Tensor:
     """log p(answer token | prefix) for every answer token: [B, A]."""
     ids = torch.cat([prompts, answers], dim=1)
-    logits = model(input_ids=ids).logits[:, prompts.shape[1] - 1:-1].float()
+    logits = model(input_ids=ids).logits[:, prompts.shape[1] - 1 : -1].float()
     return torch.log_softmax(logits, dim=-1).gather(-1, answers.unsqueeze(-1)).squeeze(-1)
 
 
@@ -91,7 +99,7 @@ def generate(model: nn.Module, prompts: Tensor, length: int, g: torch.Generator 
         logits = model(input_ids=ids).logits[:, -1].float()
         nxt = logits.argmax(-1) if g is None else torch.multinomial(torch.softmax(logits, -1), 1, generator=g)[:, 0]
         ids = torch.cat([ids, nxt[:, None]], dim=1)
-    return ids[:, prompts.shape[1]:]
+    return ids[:, prompts.shape[1] :]
 
 
 @torch.no_grad()
@@ -100,5 +108,3 @@ def accuracy(model: nn.Module, data: dict[str, tuple[Tensor, Tensor]]) -> dict[s
     m = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
     m.eval()
     return {t: float((generate(m, p, a.shape[1]) == a).all(1).float().mean()) for t, (p, a) in data.items()}
-
-

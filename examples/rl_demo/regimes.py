@@ -24,9 +24,14 @@ _DENSE_CYCLE = ("shift", "rev", "sort")  # task whose dense recipe an extra task
 # swap); 1e-3..3e-3 moves 20-55 % of the entries. (Adam moves every entry with a gradient by ~lr per step, so in bf16
 # it only keeps changes to small |w|: dense or useless at any lr scanned; see benchmarks/quality.md.)
 SPARSE: dict[str, Recipe] = {
-    "shift": Recipe("sgd", 4e-5, 30), "rev": Recipe("sgd", 3e-3, 30), "sort": Recipe("sgd", 2e-3, 40),
-    "comp": Recipe("sgd", 3e-3, 30), "rot": Recipe("sgd", 1e-3, 30), "sortd": Recipe("sgd", 2e-3, 40),
-    "swap": Recipe("sgd", 4e-5, 30), "dbl": Recipe("sgd", 1e-3, 30),
+    "shift": Recipe("sgd", 4e-5, 30),
+    "rev": Recipe("sgd", 3e-3, 30),
+    "sort": Recipe("sgd", 2e-3, 40),
+    "comp": Recipe("sgd", 3e-3, 30),
+    "rot": Recipe("sgd", 1e-3, 30),
+    "sortd": Recipe("sgd", 2e-3, 40),
+    "swap": Recipe("sgd", 4e-5, 30),
+    "dbl": Recipe("sgd", 1e-3, 30),
 }
 SPARSE_SFT_TARGET = SFT_TARGET
 # the base must stay partly competent on every task: a task that reached the target keeps 1/32 of its batch (1/8

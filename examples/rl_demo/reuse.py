@@ -31,8 +31,18 @@ __all__ = ["forget", "key", "load", "save"]
 def key(args: Any, s: Any, tasks: tuple[str, ...], sft_target: float) -> dict[str, Any]:
     """What training depends on: the seed, the torch threads (float reductions), the tasks, the SFT target and
     every setting (recipes included)."""
-    return json.loads(json.dumps({"seed": args.seed, "threads": args.threads, "tasks": list(tasks),
-                                  "sft_target": sft_target, "settings": dataclasses.asdict(s)}, default=str))
+    return json.loads(
+        json.dumps(
+            {
+                "seed": args.seed,
+                "threads": args.threads,
+                "tasks": list(tasks),
+                "sft_target": sft_target,
+                "settings": dataclasses.asdict(s),
+            },
+            default=str,
+        )
+    )
 
 
 def forget(out: Path) -> None:
@@ -40,8 +50,17 @@ def forget(out: Path) -> None:
     (out / "trained.json").unlink(missing_ok=True)
 
 
-def save(out: Path, args: Any, s: Any, tasks: tuple[str, ...], sft_target: float, base: nn.Module,
-         rl: dict[str, Any], kept: dict[str, Any], sft_info: dict[str, Any]) -> None:
+def save(
+    out: Path,
+    args: Any,
+    s: Any,
+    tasks: tuple[str, ...],
+    sft_target: float,
+    base: nn.Module,
+    rl: dict[str, Any],
+    kept: dict[str, Any],
+    sft_info: dict[str, Any],
+) -> None:
     save_file({k: v.contiguous() for k, v in base.state_dict().items()}, str(out / "base.safetensors"))
     torch.save({"rl": rl, "kept": kept, "sft": sft_info}, out / "trained.pt")
     tmp = out / "trained.json.tmp"
@@ -49,8 +68,9 @@ def save(out: Path, args: Any, s: Any, tasks: tuple[str, ...], sft_target: float
     os.replace(tmp, out / "trained.json")  # last, and whole: it marks the training as finished
 
 
-def load(out: Path, args: Any, s: Any, tasks: tuple[str, ...], sft_target: float
-         ) -> tuple[nn.Module, SnapshotStore, dict[str, Any], dict[str, Any], dict[str, Any]] | None:
+def load(
+    out: Path, args: Any, s: Any, tasks: tuple[str, ...], sft_target: float
+) -> tuple[nn.Module, SnapshotStore, dict[str, Any], dict[str, Any], dict[str, Any]] | None:
     """``(base, store, rl, kept, sft_info)`` as the run that trained them left them, or None when ``out`` holds no
     training of this seed and these settings."""
     names = ("trained.json", "trained.pt", "base.safetensors", "store")

@@ -26,8 +26,11 @@ Data = dict[str, tuple[Tensor, Tensor]]
 # arithmetic (its scale grid, then per-agent weights by coordinate ascent), TIES and DARE-TIES on a density ×
 # scale grid of 60 (their default grids hold 9, which would leave them most of the budget unused).
 _GRID60 = {"density": [0.1, 0.2, 0.3, 0.5, 0.7, 0.9], "scale": [0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0]}
-FAMILY_SPACES: dict[str, Any] = {"TA": ["task_arithmetic", "ta_weights"], "TIES": {"ties": _GRID60},
-                                 "DARE-TIES": {"dare_ties": _GRID60}}
+FAMILY_SPACES: dict[str, Any] = {
+    "TA": ["task_arithmetic", "ta_weights"],
+    "TIES": {"ties": _GRID60},
+    "DARE-TIES": {"dare_ties": _GRID60},
+}
 # Fixed settings scored in the over-trained scenario ("defaults": no selection at all).
 DEFAULTS: dict[str, dict[str, Any]] = {
     "sum (TA 1.0)": {"method": "task_arithmetic", "scale": 1.0},
@@ -116,8 +119,18 @@ class PromptAccuracy:
         return self.aggregate(dict(enumerate(self.prompt_scores(model, range(len(self.tasks))))))[0]
 
 
-def search_row(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data, *, budget: int | str, seed: int,
-               space: Any = None, fidelity: Any = None, parallel: int = 1) -> dict[str, Any]:
+def search_row(
+    agents: Mapping[str, Any],
+    base: nn.Module,
+    sel: Data,
+    test: Data,
+    *,
+    budget: int | str,
+    seed: int,
+    space: Any = None,
+    fidelity: Any = None,
+    parallel: int = 1,
+) -> dict[str, Any]:
     """One ``ram_live.search`` on the selection split (scored by :class:`PromptAccuracy`); the winner re-made with
     ``merge(**best)`` and scored on the test prompts. ``budget``: candidates (an int) or prompt-evaluations
     (``"20x"``); ``fidelity``, ``parallel``: as ``search``'s (``"halving"``: the race; ``parallel`` > 1: worker
@@ -139,8 +152,17 @@ def search_row(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data
 
     evaluate = PromptAccuracy(sel)
     more = {"parallel": parallel} if parallel != 1 else {}  # (a search without parallel= runs the rest)
-    result = search(agents, base=base, evaluate=evaluate, budget=budget, seed=seed, space=space,
-                    progress=progress, fidelity=fidelity, **more)
+    result = search(
+        agents,
+        base=base,
+        evaluate=evaluate,
+        budget=budget,
+        seed=seed,
+        space=space,
+        progress=progress,
+        fidelity=fidelity,
+        **more,
+    )
     if int(best[1] + 1e-9) < shown:  # the space (or the room for one more full candidate) ran out: end the line
         stage(name[:14], shown, shown, t0, f"best {best[0]:.3f} ({best[1]:.3g} spent)")
     wall = time.perf_counter() - t0
@@ -148,24 +170,46 @@ def search_row(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data
     best_trial = result.best_trial
     baseline = result.best_baseline
     return {
-        "best": result.best, "selection": result.best_score, "test": scored(merged, test),
-        "evaluations": len(result.scored), "extrapolation": best_trial.extrapolation,
-        "budget": budget, "fidelity": None if fidelity is None else str(fidelity), "spent": result.spent,
+        "best": result.best,
+        "selection": result.best_score,
+        "test": scored(merged, test),
+        "evaluations": len(result.scored),
+        "extrapolation": best_trial.extrapolation,
+        "budget": budget,
+        "fidelity": None if fidelity is None else str(fidelity),
+        "spent": result.spent,
         "prompt_evaluations": round(sum(t.fidelity for t in result.scored) * len(evaluate.tasks)),
-        "full_fidelity": len(result.complete), "parallel": parallel,
-        "best_baseline": None if baseline is None else {"method": baseline.method, **baseline.options,
-                                                        "selection": baseline.score},
-        "best_ram": None if result.best_ram is None else {**result.best_ram.candidate,
-                                                          "selection": result.best_ram.score},
-        "seconds": {"wall": wall, "merge": result.merge_seconds, "evaluate": result.evaluate_seconds,
-                    "overhead": wall - result.evaluate_seconds, "overhead_reported": result.overhead_seconds},
+        "full_fidelity": len(result.complete),
+        "parallel": parallel,
+        "best_baseline": None
+        if baseline is None
+        else {"method": baseline.method, **baseline.options, "selection": baseline.score},
+        "best_ram": None
+        if result.best_ram is None
+        else {**result.best_ram.candidate, "selection": result.best_ram.score},
+        "seconds": {
+            "wall": wall,
+            "merge": result.merge_seconds,
+            "evaluate": result.evaluate_seconds,
+            "overhead": wall - result.evaluate_seconds,
+            "overhead_reported": result.overhead_seconds,
+        },
         "overhead_share": (wall - result.evaluate_seconds) / wall if wall > 0 else 0.0,
         "result": result,
     }
 
 
-def search_rows(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data, *, budget: int, seed: int,
-                families: bool, log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+def search_rows(
+    agents: Mapping[str, Any],
+    base: nn.Module,
+    sel: Data,
+    test: Data,
+    *,
+    budget: int,
+    seed: int,
+    families: bool,
+    log: Callable[[str], None] = print,
+) -> dict[str, dict[str, Any]]:
     """``search`` (the default space) and, with ``families``, each baseline family alone, same budget."""
     rows = {"search": search_row(agents, base, sel, test, budget=budget, seed=seed)}
     log(f"search: {line(rows['search'])}")
@@ -177,8 +221,10 @@ def search_rows(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Dat
 
 
 def line(row: Mapping[str, Any]) -> str:
-    return (f"selection {row['selection']:.3f}, test {row['test']['mean']:.3f}, {row['evaluations']} evaluations, "
-            f"overhead {row['overhead_share']:.1%} of {row['seconds']['wall']:.1f} s; best {row['best']}")
+    return (
+        f"selection {row['selection']:.3f}, test {row['test']['mean']:.3f}, {row['evaluations']} evaluations, "
+        f"overhead {row['overhead_share']:.1%} of {row['seconds']['wall']:.1f} s; best {row['best']}"
+    )
 
 
 def overtrained(agents: Mapping[str, Any], base: nn.Module, name: str, factor: float) -> dict[str, dict[str, Tensor]]:
@@ -189,14 +235,17 @@ def overtrained(agents: Mapping[str, Any], base: nn.Module, name: str, factor: f
     for agent, snap in agents.items():
         sd = dict(snap) if isinstance(snap, Mapping) else dict(snap.to_state_dict())
         if agent == name:
-            sd = {k: (b[k].float() + factor * (v.float() - b[k].float())).to(v.dtype) if v.is_floating_point() else v
-                  for k, v in sd.items()}
+            sd = {
+                k: (b[k].float() + factor * (v.float() - b[k].float())).to(v.dtype) if v.is_floating_point() else v
+                for k, v in sd.items()
+            }
         out[agent] = sd
     return out
 
 
-def extrapolated(agents: Mapping[str, Any], base: nn.Module, test: Data,
-                 scales: tuple[float, ...] = EXTRAPOLATION_SCALES) -> dict[str, dict[str, dict[str, float]]]:
+def extrapolated(
+    agents: Mapping[str, Any], base: nn.Module, test: Data, scales: tuple[float, ...] = EXTRAPOLATION_SCALES
+) -> dict[str, dict[str, dict[str, float]]]:
     """Each agent alone, extrapolated: base + s·τ_agent scored on the test prompts (s = 1 is the specialist)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for agent, snap in agents.items():
@@ -208,17 +257,30 @@ def extrapolated(agents: Mapping[str, Any], base: nn.Module, test: Data,
     return out
 
 
-def overtrained_study(agents: Mapping[str, Any], base: nn.Module, sel: Data, test: Data, normal: Mapping[str, Any],
-                      *, name: str, factor: float, budget: int, seed: int,
-                      log: Callable[[str], None] = print) -> dict[str, Any]:
+def overtrained_study(
+    agents: Mapping[str, Any],
+    base: nn.Module,
+    sel: Data,
+    test: Data,
+    normal: Mapping[str, Any],
+    *,
+    name: str,
+    factor: float,
+    budget: int,
+    seed: int,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """One agent over-trained (τ × factor): the fixed defaults, the settings selected on the normal agents applied
     unchanged (frozen), and every search re-run on the over-trained agents (re-selected)."""
     ot = overtrained(agents, base, name, factor)
     fixed = {k: ({**v, "scale": 1 / len(agents)} if k == "TA (1/N)" else v) for k, v in DEFAULTS.items()}
-    defaults = {label: {"options": opts, "test": scored(merge(ot, base=base, **opts), test)}
-                for label, opts in fixed.items()}
-    frozen = {label: {"options": row["best"], "test": scored(merge(ot, base=base, **row["best"]), test)}
-              for label, row in normal.items()}
+    defaults = {
+        label: {"options": opts, "test": scored(merge(ot, base=base, **opts), test)} for label, opts in fixed.items()
+    }
+    frozen = {
+        label: {"options": row["best"], "test": scored(merge(ot, base=base, **row["best"]), test)}
+        for label, row in normal.items()
+    }
     reselected = search_rows(ot, base, sel, test, budget=budget, seed=seed, families=len(normal) > 1, log=log)
     for label, row in reselected.items():
         log(f"over-trained {name} × {factor:g}, re-selected {label}: {line(row)}")
@@ -242,5 +304,9 @@ def print_table(title: str, rows: Mapping[str, Mapping[str, Any]]) -> None:
     print(f"\n{title}\n{head}\n{'-' * len(head)}")
     for label, row in rows.items():
         acc, sel = row["test"], row.get("selection")
-        print(f"{label:<24}" + "".join(f"{acc[t]:>8.3f}" for t in tasks) + f"{acc['mean']:>8.3f}"
-              + (f"{sel:>8.3f}" if sel is not None else f"{'-':>8}"))
+        print(
+            f"{label:<24}"
+            + "".join(f"{acc[t]:>8.3f}" for t in tasks)
+            + f"{acc['mean']:>8.3f}"
+            + (f"{sel:>8.3f}" if sel is not None else f"{'-':>8}")
+        )

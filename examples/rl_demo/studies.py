@@ -14,6 +14,7 @@ from ram_live import merge
 from .lang import accuracy
 from .train import EPS_SWEEP
 
+
 def module_of(base: nn.Module, state: Any) -> nn.Module:
     m = copy.deepcopy(base)
     m.load_state_dict(dict(state) if not isinstance(state, nn.Module) else state.state_dict())
@@ -75,5 +76,3 @@ def plot_results(path: Path, table: dict[str, dict[str, float]]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-

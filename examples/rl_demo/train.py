@@ -18,6 +18,7 @@ from ram_live.store import SnapshotStore
 
 from .lang import TASKS, accuracy, answer_len, answer_logprobs, build_model, generate, make_prompts, vocab_for
 
+
 @dataclass(frozen=True)
 class Recipe:
     optimizer: str
@@ -47,16 +48,36 @@ class Settings:
 # Recipes differ the way real agents' do: SGD moves only entries with large gradients (a sparse bf16 task
 # vector), Adam moves nearly every entry with a gradient by ~lr per step (dense), AdamW in between here.
 DEFAULT = Settings(
-    sft_steps=400, sft_batch=32, sft_lr=3e-3,
-    recipes={"shift": Recipe("sgd", 0.001, 60), "rev": Recipe("adam", 1e-4, 40),
-             "sort": Recipe("adamw", 1e-5, 80, weight_decay=0.01)},
-    prompts_per_step=16, group=8, snapshot_every=20, n_eval=500, n_val=200, n_sel=200,
+    sft_steps=400,
+    sft_batch=32,
+    sft_lr=3e-3,
+    recipes={
+        "shift": Recipe("sgd", 0.001, 60),
+        "rev": Recipe("adam", 1e-4, 40),
+        "sort": Recipe("adamw", 1e-5, 80, weight_decay=0.01),
+    },
+    prompts_per_step=16,
+    group=8,
+    snapshot_every=20,
+    n_eval=500,
+    n_val=200,
+    n_sel=200,
 )
 QUICK = Settings(
-    sft_steps=400, sft_batch=32, sft_lr=3e-3,
-    recipes={"shift": Recipe("sgd", 0.002, 30), "rev": Recipe("adam", 1e-4, 20),
-             "sort": Recipe("adamw", 2e-5, 30, weight_decay=0.01)},
-    prompts_per_step=16, group=8, snapshot_every=10, n_eval=300, n_val=100, n_sel=100,
+    sft_steps=400,
+    sft_batch=32,
+    sft_lr=3e-3,
+    recipes={
+        "shift": Recipe("sgd", 0.002, 30),
+        "rev": Recipe("adam", 1e-4, 20),
+        "sort": Recipe("adamw", 2e-5, 30, weight_decay=0.01),
+    },
+    prompts_per_step=16,
+    group=8,
+    snapshot_every=10,
+    n_eval=300,
+    n_val=100,
+    n_sel=100,
 )
 
 # ``--recipes sgd``: every agent SGD at lr 1e-3 (sparser task vectors: ~20-40 % in bf16), for comparison.
@@ -92,16 +113,18 @@ def stage(name: str, i: int, n: int, t0: float, extra: str = "") -> None:
     width = 24
     done = int(width * i / max(n, 1))
     end = "\n" if i >= n else ""
-    sys.stderr.write(f"\r{name:<14} [{'#' * done}{'.' * (width - done)}] {i}/{n} {time.perf_counter() - t0:6.1f}s "
-                     f"{extra:<28}{end}")
+    sys.stderr.write(
+        f"\r{name:<14} [{'#' * done}{'.' * (width - done)}] {i}/{n} {time.perf_counter() - t0:6.1f}s {extra:<28}{end}"
+    )
     sys.stderr.flush()
 
 
 # ------------------------------------------------------------------------------------------------ training
 
 
-def train_base(s: Settings, seed: int, val: dict[str, tuple[Tensor, Tensor]],
-               target: float = SFT_TARGET) -> tuple[LlamaForCausalLM, dict]:
+def train_base(
+    s: Settings, seed: int, val: dict[str, tuple[Tensor, Tensor]], target: float = SFT_TARGET
+) -> tuple[LlamaForCausalLM, dict]:
     """Brief supervised training on the tasks of ``val`` (its keys) (loss on answer tokens), returned in bf16.
 
     The tasks are learnt at very different speeds (``shift`` in ~100 steps, ``rev`` in a few hundred, with a
@@ -151,9 +174,17 @@ def make_optimizer(recipe: Recipe, params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
 
 
-def grpo(base: nn.Module, task: str, recipe: Recipe, s: Settings, seed: int, store: SnapshotStore,
-         return_model: bool = False, sel: tuple[Tensor, Tensor] | None = None,
-         keep: dict[str, dict[str, Tensor]] | None = None) -> Any:
+def grpo(
+    base: nn.Module,
+    task: str,
+    recipe: Recipe,
+    s: Settings,
+    seed: int,
+    store: SnapshotStore,
+    return_model: bool = False,
+    sel: tuple[Tensor, Tensor] | None = None,
+    keep: dict[str, dict[str, Tensor]] | None = None,
+) -> Any:
     """On-policy GRPO from the bf16 base with float32 master weights; bf16 snapshots into ``store``.
 
     Every snapshot carries the agent's importances: Adam/AdamW's raw ``exp_avg_sq`` from the live
@@ -209,13 +240,20 @@ def grpo(base: nn.Module, task: str, recipe: Recipe, s: Settings, seed: int, sto
             keep["bias_corrected"] = adam_importance(opt, model, bias_correction=True)
     if return_model:
         return model
-    return {"steps": step, "max_steps": recipe.steps, "reward_first5": sum(rewards[:5]) / 5,
-            "reward_last5": sum(rewards[-5:]) / 5, "seconds": time.perf_counter() - t0,
-            "selection_curve": curve, "importance": "fisher" if recipe.optimizer == "sgd" else "adam exp_avg_sq"}
+    return {
+        "steps": step,
+        "max_steps": recipe.steps,
+        "reward_first5": sum(rewards[:5]) / 5,
+        "reward_last5": sum(rewards[-5:]) / 5,
+        "seconds": time.perf_counter() - t0,
+        "selection_curve": curve,
+        "importance": "fisher" if recipe.optimizer == "sgd" else "adam exp_avg_sq",
+    }
 
 
-def policy_fisher(model: nn.Module, task: str, s: Settings, g: torch.Generator,
-                  batches: int = FISHER_BATCHES) -> dict[str, Tensor]:
+def policy_fisher(
+    model: nn.Module, task: str, s: Settings, g: torch.Generator, batches: int = FISHER_BATCHES
+) -> dict[str, Tensor]:
     """The SGD agent's importances: a diagonal Fisher of its final policy (``empirical_fisher``) on its training
     prompts, the loss being −log p of answers sampled from the policy itself (batches of ``prompts_per_step``).
 
@@ -235,9 +273,16 @@ def density_study(base: nn.Module, s: Settings, seed: int, out: Path) -> list[di
     """What controls the density of a task vector here: the same RL task (``sort``, 30 steps) from the same base
     under several optimisers and learning rates; density of τ with the master weights kept in float32
     (|τ| > 1e-5, the paper's rule) and after storage in bf16 (the value changed), and the reward gained."""
-    grid = [Recipe("sgd", 0.001, 30), Recipe("sgd", 0.005, 30), Recipe("sgd", 0.02, 30),
-            Recipe("adam", 3e-6, 30), Recipe("adam", 1e-5, 30), Recipe("adam", 3e-5, 30), Recipe("adam", 1e-4, 30),
-            Recipe("adamw", 1e-5, 30, weight_decay=0.01)]
+    grid = [
+        Recipe("sgd", 0.001, 30),
+        Recipe("sgd", 0.005, 30),
+        Recipe("sgd", 0.02, 30),
+        Recipe("adam", 3e-6, 30),
+        Recipe("adam", 1e-5, 30),
+        Recipe("adam", 3e-5, 30),
+        Recipe("adam", 1e-4, 30),
+        Recipe("adamw", 1e-5, 30, weight_decay=0.01),
+    ]
     rows = []
     base32 = {k: v.float() for k, v in base.state_dict().items()}
     numel = sum(v.numel() for v in base32.values())
@@ -248,13 +293,19 @@ def density_study(base: nn.Module, s: Settings, seed: int, out: Path) -> list[di
         sd = model.state_dict()
         fp32 = sum(int(((sd[k] - b).abs() > 1e-5).sum()) for k, b in base32.items()) / numel
         bf16 = sum(int((sd[k].to(torch.bfloat16) != base.state_dict()[k]).sum()) for k in base32) / numel
-        rows.append({"optimizer": recipe.optimizer, "lr": recipe.lr, "steps": recipe.steps,
-                     "weight_decay": recipe.weight_decay, "density_fp32": fp32, "density_bf16": bf16,
-                     "sort_acc_bf16": accuracy(model.to(torch.bfloat16), val)["sort"]})
+        rows.append(
+            {
+                "optimizer": recipe.optimizer,
+                "lr": recipe.lr,
+                "steps": recipe.steps,
+                "weight_decay": recipe.weight_decay,
+                "density_fp32": fp32,
+                "density_bf16": bf16,
+                "sort_acc_bf16": accuracy(model.to(torch.bfloat16), val)["sort"],
+            }
+        )
     return rows
 
 
 def bf16_state(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
-
-

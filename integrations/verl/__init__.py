@@ -22,11 +22,17 @@ import importlib
 from typing import Any
 
 _EXPORTS = {  # public name -> the submodule it comes from
-    "ActorCheckpoint": ".checkpoint", "find_checkpoints": ".checkpoint",
-    "RAMTrainerMixin": ".callback", "RAMVerlHooks": ".callback", "callback_class": ".callback",
+    "ActorCheckpoint": ".checkpoint",
+    "find_checkpoints": ".checkpoint",
+    "RAMTrainerMixin": ".callback",
+    "RAMVerlHooks": ".callback",
+    "callback_class": ".callback",
     "main": ".cli",
-    "RAMVerlOptions": ".config", "options_from_mapping": ".config", "options_from_verl": ".config",
-    "RAMVerl": ".core", "VerlIntegrationError": ".common",
+    "RAMVerlOptions": ".config",
+    "options_from_mapping": ".config",
+    "options_from_verl": ".config",
+    "RAMVerl": ".core",
+    "VerlIntegrationError": ".common",
 }
 
 __all__ = [

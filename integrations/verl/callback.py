@@ -49,14 +49,16 @@ class RAMVerlHooks:
         """Every save's logged metrics, with its ``step``."""
         return self.ram.history
 
-    def on_save(self, trainer: Any, global_step: int, checkpoint_dir: str, async_save: bool = False,
-                **kwargs: Any) -> None:
+    def on_save(
+        self, trainer: Any, global_step: int, checkpoint_dir: str, async_save: bool = False, **kwargs: Any
+    ) -> None:
         """verl's hook (keyword arguments): snapshot ``checkpoint_dir``'s actor weights, merge when due, log ``ram/*``
         through ``trainer.logger``."""
         if async_save:
             raise VerlIntegrationError(
                 f"checkpoint {checkpoint_dir} was saved asynchronously: its files may still be in flight; the RAM "
-                "callback needs actor_rollout_ref.actor.checkpoint.async_save=false")
+                "callback needs actor_rollout_ref.actor.checkpoint.async_save=false"
+            )
         total = getattr(trainer, "total_training_steps", None)
         last = total is not None and global_step >= int(total)
         self.ram.on_save(int(global_step), checkpoint_dir, last=last, log_fn=lambda m, s: _log(trainer, m, s))
@@ -81,12 +83,16 @@ def callback_class() -> type:
             from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
         except ImportError:  # verl < 0.9: usable through RAMTrainerMixin
             CheckpointCallback = object  # type: ignore[misc,assignment]
-        _CLASS = type("RAMCheckpointCallback", (RAMVerlHooks, CheckpointCallback), {
-            "__module__": __name__,
-            "__doc__": "RAM snapshots and merges from verl's checkpoints: set "
-                       "trainer.checkpoint_callback_class=ram_live.integrations.verl.RAMCheckpointCallback and the "
-                       "`ram` config group (+ram.store=... +ram.agent=...).",
-        })
+        _CLASS = type(
+            "RAMCheckpointCallback",
+            (RAMVerlHooks, CheckpointCallback),
+            {
+                "__module__": __name__,
+                "__doc__": "RAM snapshots and merges from verl's checkpoints: set "
+                "trainer.checkpoint_callback_class=ram_live.integrations.verl.RAMCheckpointCallback and the "
+                "`ram` config group (+ram.store=... +ram.agent=...).",
+            },
+        )
     return _CLASS
 
 

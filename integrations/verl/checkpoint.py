@@ -39,8 +39,10 @@ _MODEL_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 _STEP_RE = re.compile(r"^global_step_(\d+)$")
 PEFT_PREFIX = "base_model.model."
 # verl saves PEFT's own parameter names: <module>.lora_A.<adapter>.weight, <module>.lora_embedding_A.<adapter>
-LORA_RE = re.compile(r"^(?P<module>.+)\.(?P<kind>lora_A|lora_B|lora_embedding_A|lora_embedding_B)\.(?P<adapter>[^.]+)"
-                     r"(?P<weight>\.weight)?$")
+LORA_RE = re.compile(
+    r"^(?P<module>.+)\.(?P<kind>lora_A|lora_B|lora_embedding_A|lora_embedding_B)\.(?P<adapter>[^.]+)"
+    r"(?P<weight>\.weight)?$"
+)
 
 
 def hf_key(key: str) -> str:
@@ -108,7 +110,8 @@ class ActorCheckpoint:
         if world is None:
             if len(files) != 1:
                 raise UnsupportedInputError(
-                    f"{path}: no fsdp_config.json and model files of {len(files)} world sizes: cannot tell which")
+                    f"{path}: no fsdp_config.json and model files of {len(files)} world sizes: cannot tell which"
+                )
             world = next(iter(files))
         self.world_size = int(world)
         ranks = files.get(self.world_size, {})
@@ -116,7 +119,8 @@ class ActorCheckpoint:
         if missing:
             raise UnsupportedInputError(
                 f"{path}: model_world_size_{self.world_size}_rank_R.pt is missing for rank(s) {missing[:8]} "
-                "(checkpoint incomplete, or saved without 'model' in save_contents?)")
+                "(checkpoint incomplete, or saved without 'model' in save_contents?)"
+            )
         self.files = [ranks[r] for r in range(self.world_size)]
         meta = path / "lora_train_meta.json"
         self.lora_meta: dict[str, Any] | None = json.loads(meta.read_text()) if meta.is_file() else None
@@ -150,7 +154,8 @@ class ActorCheckpoint:
             except Exception as exc:
                 raise UnsupportedInputError(
                     f"{path}: not readable as tensors only ({type(exc).__name__}: {str(exc)[:300]}); the integration "
-                    "reads DTensor/tensor state dicts of FSDP/FSDP2 checkpoints") from None
+                    "reads DTensor/tensor state dicts of FSDP/FSDP2 checkpoints"
+                ) from None
         if not isinstance(state, dict):
             raise UnsupportedInputError(f"{path}: holds a {type(state).__name__}, not a state dict")
         return state
@@ -165,8 +170,18 @@ class ActorCheckpoint:
             if not isinstance(value, Tensor):
                 raise UnsupportedInputError(f"{self.files[rank]}: entry {key!r} is a {type(value).__name__}")
             local, global_shape, offsets, owner = _box(key, value, rank, self.world_size)
-            ident = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape),
-                     tuple(local.stride()), local.dtype, global_shape) if local.numel() else None
+            ident = (
+                (
+                    local.untyped_storage().data_ptr(),
+                    local.storage_offset(),
+                    tuple(local.shape),
+                    tuple(local.stride()),
+                    local.dtype,
+                    global_shape,
+                )
+                if local.numel()
+                else None
+            )
             if ident is not None and ident in seen:
                 aliases[key] = seen[ident]
                 continue
@@ -188,16 +203,24 @@ def _box(key: str, t: Tensor, rank: int, world_size: int) -> tuple[Tensor, tuple
     if not is_dtensor(t):
         if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
             raise UnsupportedInputError(
-                f"tensor {key!r} is a {type(t).__name__}; verl checkpoints of FSDP/FSDP2 hold DTensors or tensors")
+                f"tensor {key!r} is a {type(t).__name__}; verl checkpoints of FSDP/FSDP2 hold DTensors or tensors"
+            )
         # FSDP leaves what it does not shard whole on every rank (buffers, unwrapped parameters): rank 0 owns it
         return t, tuple(t.shape), (0,) * t.dim(), rank == 0
-    offsets, owner = shard_box(key, tuple(t.shape), t.device_mesh.mesh, tuple(t.placements), rank,
-                               tuple(t._local_tensor.shape))
+    offsets, owner = shard_box(
+        key, tuple(t.shape), t.device_mesh.mesh, tuple(t.placements), rank, tuple(t._local_tensor.shape)
+    )
     return t._local_tensor, tuple(t.shape), offsets, owner
 
 
-def shard_box(key: str, global_shape: tuple[int, ...], mesh: Tensor, placements: tuple[Any, ...], rank: int,
-              local_shape: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
+def shard_box(
+    key: str,
+    global_shape: tuple[int, ...],
+    mesh: Tensor,
+    placements: tuple[Any, ...],
+    rank: int,
+    local_shape: tuple[int, ...],
+) -> tuple[tuple[int, ...], bool]:
     """(offsets, owner) of rank ``rank``'s shard of a DTensor of ``global_shape`` on a device mesh of global ranks
     ``mesh`` with ``placements``: ``Shard(d)`` cuts dim d as ``torch.chunk`` does (nested shards cut the previous
     box), ``Replicate`` makes the rank at coordinate 0 of that mesh dim the owner (FSDP: ``[Shard(0)]``; HSDP:
@@ -224,9 +247,11 @@ def shard_box(key: str, global_shape: tuple[int, ...], mesh: Tensor, placements:
         else:
             raise UnsupportedInputError(
                 f"tensor {key!r} has placement {placement!r}; verl checkpoints of FSDP/FSDP2 (with or without HSDP) "
-                "use Shard and Replicate only (FSDP2 + tensor parallel's strided shards are not supported)")
+                "use Shard and Replicate only (FSDP2 + tensor parallel's strided shards are not supported)"
+            )
     if list(local_shape) != shape:
         raise UnsupportedInputError(
             f"tensor {key!r}: rank {rank}'s shard has shape {list(local_shape)}, its placements {placements} on mesh "
-            f"{mesh.tolist()} give {shape}")
+            f"{mesh.tolist()} give {shape}"
+        )
     return tuple(offsets), owner

@@ -21,19 +21,33 @@ __all__ = ["build_parser", "main"]
 
 def build_parser(prog: str = "ram-live verl-snapshot") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Snapshot verl checkpoints into a ram_live store.")
-    p.add_argument("--ckpt-root", required=True,
-                   help="trainer.default_local_dir, a global_step_N folder, or its actor/")
+    p.add_argument(
+        "--ckpt-root", required=True, help="trainer.default_local_dir, a global_step_N folder, or its actor/"
+    )
     p.add_argument("--agent", required=True, help="the agent's name in the store")
     p.add_argument("--store", required=True, help="the snapshot store folder")
     p.add_argument("--base", default=None, help="the base model's Hugging Face folder (default: the store's base)")
-    p.add_argument("--weights", default="master", choices=["master", "bf16", "fp16", "fp32"],
-                   help="snapshot the checkpoint's own (master) weights or their cast (default: master)")
+    p.add_argument(
+        "--weights",
+        default="master",
+        choices=["master", "bf16", "fp16", "fp32"],
+        help="snapshot the checkpoint's own (master) weights or their cast (default: master)",
+    )
     p.add_argument("--steps", default=None, help="comma-separated global steps (default: every checkpoint)")
     p.add_argument("--overwrite", action="store_true", help="re-take steps the store already holds")
-    p.add_argument("--merge-dir", default=None,
-                   help="afterwards merge the latest snapshot of every agent into MERGE_DIR/global_step_<last step>")
-    p.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other ram option (ram.<KEY>), e.g. -O keep=3 -O variant=ram -O lora_rank=16")
+    p.add_argument(
+        "--merge-dir",
+        default=None,
+        help="afterwards merge the latest snapshot of every agent into MERGE_DIR/global_step_<last step>",
+    )
+    p.add_argument(
+        "-O",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other ram option (ram.<KEY>), e.g. -O keep=3 -O variant=ram -O lora_rank=16",
+    )
     p.add_argument("--json", action="store_true", help="print the metrics of every step as JSON lines")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p

@@ -13,12 +13,25 @@ import torch
 from ram_live.errors import ConfigError, RamLiveError
 from ram_live.io.hub import cached_snapshot
 
-__all__ = ["DTYPE_OF", "SIDE_SKIP", "VERL_DTYPES", "VerlIntegrationError", "copy_side_files", "load_evaluate",
-           "resolve_base"]
+__all__ = [
+    "DTYPE_OF",
+    "SIDE_SKIP",
+    "VERL_DTYPES",
+    "VerlIntegrationError",
+    "copy_side_files",
+    "load_evaluate",
+    "resolve_base",
+]
 
 DTYPE_OF = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-VERL_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-               "fp16": torch.float16, "float16": torch.float16}
+VERL_DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
 SIDE_SKIP = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 
 
@@ -54,8 +67,10 @@ def resolve_base(path: str) -> Path:
         folder = cached_snapshot(path, what="ram.base")
         if folder is not None:
             return folder
-    raise ConfigError(f"ram.base: {path!r} is not a local Hugging Face model folder (nor a cached hub model); set "
-                      "+ram.base=<local folder of the base model>")
+    raise ConfigError(
+        f"ram.base: {path!r} is not a local Hugging Face model folder (nor a cached hub model); set "
+        "+ram.base=<local folder of the base model>"
+    )
 
 
 def load_evaluate(path: str) -> Callable[..., Mapping[str, Any]]:

@@ -23,8 +23,18 @@ from .dotted import plain as _plain
 from .remote import check_eval_resources, check_eval_timeout
 from .rewards import check_rewards, run_reward_function
 
-__all__ = ["DTYPES", "EVAL_RESOURCES", "EVAL_RESOURCES_CPU", "EVAL_TIMEOUT", "RAM_KEYS", "SPARSIFY", "WEIGHTS",
-           "RAMVerlOptions", "options_from_mapping", "options_from_verl"]
+__all__ = [
+    "DTYPES",
+    "EVAL_RESOURCES",
+    "EVAL_RESOURCES_CPU",
+    "EVAL_TIMEOUT",
+    "RAM_KEYS",
+    "SPARSIFY",
+    "WEIGHTS",
+    "RAMVerlOptions",
+    "options_from_mapping",
+    "options_from_verl",
+]
 
 WEIGHTS = ("master", "bf16", "fp16", "fp32")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -148,8 +158,10 @@ class RAMVerlOptions:
         from ram_live.store import SnapshotStore
 
         if not self.store or not isinstance(self.store, (str, os.PathLike)):
-            raise ConfigError("ram.store is required: the snapshot store folder shared by the agents' runs "
-                              "(e.g. +ram.store=/shared/ram_store)")
+            raise ConfigError(
+                "ram.store is required: the snapshot store folder shared by the agents' runs "
+                "(e.g. +ram.store=/shared/ram_store)"
+            )
         self.store = os.fspath(self.store)
         if not self.agent:
             raise ConfigError("ram.agent is required: this run's agent name (e.g. +ram.agent=coder)")
@@ -182,7 +194,8 @@ class RAMVerlOptions:
         if self.evaluate is not None:
             if not isinstance(self.evaluate, str) or "." not in self.evaluate.replace(":", "."):
                 raise ConfigError(
-                    f"ram.evaluate must be a dotted path 'package.module.function', got {self.evaluate!r}")
+                    f"ram.evaluate must be a dotted path 'package.module.function', got {self.evaluate!r}"
+                )
         if self.base is not None:
             self.base = os.fspath(self.base)
         if self.rewards is not None:
@@ -199,8 +212,9 @@ class RAMVerlOptions:
             except ConfigError as exc:
                 raise ConfigError(f"ram.search: {exc}") from None
             if self.search.evaluate is None and self.evaluate is None and self.rewards is None:
-                raise ConfigError("ram.search needs an evaluation: set ram.search.evaluate, ram.evaluate or "
-                                  "ram.rewards.prompts")
+                raise ConfigError(
+                    "ram.search needs an evaluation: set ram.search.evaluate, ram.evaluate or ram.rewards.prompts"
+                )
             if self.search.evaluate is None and self.rewards is not None and self.search.metric is None:
                 self.search = replace(self.search, metric="reward")  # ram.rewards' mean reward
             if self.merge_every is None:
@@ -219,8 +233,9 @@ class RAMVerlOptions:
             if value is None:
                 continue
             if self.sparsify != kind:
-                raise ConfigError(f"ram.{name} is the parameter of ram.sparsify={kind}; got ram.sparsify="
-                                  f"{self.sparsify!r}")
+                raise ConfigError(
+                    f"ram.{name} is the parameter of ram.sparsify={kind}; got ram.sparsify={self.sparsify!r}"
+                )
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"ram.{name} must be a number; got {value!r}")
             try:
@@ -256,11 +271,11 @@ def options_from_mapping(values: Mapping[str, Any] | None, **defaults: Any) -> R
     allowed = RAMVerlOptions.keys()
     unknown = sorted(set(values) - set(allowed))
     if unknown:
-        raise ConfigError(f"unknown ram option(s) {', '.join('ram.' + u for u in unknown)}; the options are: "
-                          f"{', '.join(allowed)}")
+        raise ConfigError(
+            f"unknown ram option(s) {', '.join('ram.' + u for u in unknown)}; the options are: {', '.join(allowed)}"
+        )
     merged = {**{k: v for k, v in defaults.items() if v is not None}, **values}
-    ram = RamConfig.from_dict({k: merged.pop(k) for k in RAM_KEYS if k in merged}, prefix="ram.",
-                              method_key="variant")
+    ram = RamConfig.from_dict({k: merged.pop(k) for k in RAM_KEYS if k in merged}, prefix="ram.", method_key="variant")
     return RAMVerlOptions(**merged, ram=ram).validate()
 
 
@@ -270,8 +285,10 @@ def options_from_verl(config: Any) -> RAMVerlOptions:
     FSDP/FSDP2 actor (Megatron's distributed checkpoints are another format), synchronously."""
     group = get_dotted(config, "ram")
     if group is None:
-        raise ConfigError("the verl config has no `ram` group: add +ram.store=<folder> +ram.agent=<name> to the "
-                          "command line (see the README's verl section)")
+        raise ConfigError(
+            "the verl config has no `ram` group: add +ram.store=<folder> +ram.agent=<name> to the "
+            "command line (see the README's verl section)"
+        )
     values = _plain(group)
     if not isinstance(values, Mapping):
         raise ConfigError(f"the `ram` config group must be a mapping, got {type(values).__name__}")
@@ -285,20 +302,28 @@ def options_from_verl(config: Any) -> RAMVerlOptions:
     if save_freq is not None:
         save_freq = int(save_freq)
         if save_freq <= 0:
-            raise ConfigError(f"ram: trainer.save_freq is {save_freq}, so verl saves no checkpoint and no snapshot "
-                              "would be taken; set trainer.save_freq=<steps>")
+            raise ConfigError(
+                f"ram: trainer.save_freq is {save_freq}, so verl saves no checkpoint and no snapshot "
+                "would be taken; set trainer.save_freq=<steps>"
+            )
     opts.save_freq = save_freq
     strategy = get_dotted(config, "actor_rollout_ref.actor.strategy")
     if strategy is not None and str(strategy) not in ("fsdp", "fsdp2"):
-        raise ConfigError(f"ram: actor_rollout_ref.actor.strategy={strategy!r}; the integration reads FSDP/FSDP2 "
-                          "checkpoints (model_world_size_W_rank_R.pt) only")
+        raise ConfigError(
+            f"ram: actor_rollout_ref.actor.strategy={strategy!r}; the integration reads FSDP/FSDP2 "
+            "checkpoints (model_world_size_W_rank_R.pt) only"
+        )
     contents = _plain(get_dotted(config, "actor_rollout_ref.actor.checkpoint.save_contents"))
     if contents is not None and "model" not in list(contents):
-        raise ConfigError(f"ram: actor_rollout_ref.actor.checkpoint.save_contents={list(contents)} does not save "
-                          "the model; add 'model'")
+        raise ConfigError(
+            f"ram: actor_rollout_ref.actor.checkpoint.save_contents={list(contents)} does not save "
+            "the model; add 'model'"
+        )
     if bool(get_dotted(config, "actor_rollout_ref.actor.checkpoint.async_save", False)):
-        raise ConfigError("ram: actor_rollout_ref.actor.checkpoint.async_save=true: the checkpoint files are not "
-                          "complete when the callback runs; disable async_save")
+        raise ConfigError(
+            "ram: actor_rollout_ref.actor.checkpoint.async_save=true: the checkpoint files are not "
+            "complete when the callback runs; disable async_save"
+        )
     root = get_dotted(config, "trainer.default_local_dir")
     opts.checkpoint_root = str(root) if root is not None else None
     if opts.merged_dir is None and opts.merge_every is not None:

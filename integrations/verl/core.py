@@ -85,14 +85,17 @@ class RAMVerl:
         if self.fingerprint is not None:
             if dtype != self.dtype:
                 raise VerlIntegrationError(
-                    f"{self.opts.agent}: the checkpoint holds {dtype} weights, this run's snapshots are {self.dtype}")
+                    f"{self.opts.agent}: the checkpoint holds {dtype} weights, this run's snapshots are {self.dtype}"
+                )
             return self.fingerprint
         if self.base_dir is None and self.store.has_base():
             base = self.store.base_source()
             dtypes = {base.spec(k).dtype for k in base.keys() if base.spec(k).dtype.is_floating_point}
             if dtypes != {dtype}:
-                raise VerlIntegrationError(f"{self.store.root}: the store's base is {sorted(map(str, dtypes))}, the "
-                                           f"snapshots would be {dtype} (ram.weights={self.opts.weights!r})")
+                raise VerlIntegrationError(
+                    f"{self.store.root}: the store's base is {sorted(map(str, dtypes))}, the "
+                    f"snapshots would be {dtype} (ram.weights={self.opts.weights!r})"
+                )
             self.fingerprint, self.dtype = base.fingerprint, dtype
             return base.fingerprint
         src = self._base_source()
@@ -119,8 +122,9 @@ class RAMVerl:
 
     # ------------------------------------------------------------------------------------------- snapshots
 
-    def snapshot(self, checkpoint_dir: str | os.PathLike[str], step: int, *,
-                 extra: Mapping[str, Any] | None = None) -> dict[str, float]:
+    def snapshot(
+        self, checkpoint_dir: str | os.PathLike[str], step: int, *, extra: Mapping[str, Any] | None = None
+    ) -> dict[str, float]:
         """Snapshot the actor checkpoint in ``checkpoint_dir`` (``global_step_<N>`` or its ``actor`` folder) as this
         agent's snapshot at ``step``; returns the probe numbers of this agent (``ram/<agent>/...``)."""
         t0 = time.perf_counter()
@@ -132,15 +136,29 @@ class RAMVerl:
         fp = self.prepare(dtype)
         base = self.store.base_source()
         specs = {k: (tuple(base.spec(k).shape), base.spec(k).dtype) for k in base.keys()}
-        writer = PieceWriter(self.store, self.opts.agent, step, specs, fp, activity=self.opts.snapshot_activity,
-                             eps=self.opts.snapshot_eps)
+        writer = PieceWriter(
+            self.store,
+            self.opts.agent,
+            step,
+            specs,
+            fp,
+            activity=self.opts.snapshot_activity,
+            eps=self.opts.snapshot_eps,
+        )
         counts = CheckpointCounts(Activity(self.opts.ram.activity, self.opts.ram.eps))  # type: ignore[arg-type]
         try:
             read = self.reader.lora if lora else self.reader.full
             info = read(ckpt, writer, base, specs, dtype, counts)
-            meta = {"verl": {"weights": self.opts.weights, "dtype": str(dtype).replace("torch.", ""),
-                             "checkpoint": str(ckpt.path), "global_step": int(step),
-                             "world_size": ckpt.world_size, **info}}
+            meta = {
+                "verl": {
+                    "weights": self.opts.weights,
+                    "dtype": str(dtype).replace("torch.", ""),
+                    "checkpoint": str(ckpt.path),
+                    "global_step": int(step),
+                    "world_size": ckpt.world_size,
+                    **info,
+                }
+            }
             snap = writer.commit(extra={**meta, **(extra or {})})
         except BaseException:
             writer.abort()
@@ -156,9 +174,17 @@ class RAMVerl:
             f"ram/{a}/snapshot_mb": snap.bytes / 2**20,
             f"ram/{a}/snapshot_seconds": time.perf_counter() - t0,
         }
-        log.info("ram_live: %s step %s: %.4f of %d entries changed (%.4f with |τ| > %g), %.1f MB in %.1f s",
-                 a, step, metrics[f"ram/{a}/changed"], snap.numel, metrics[f"ram/{a}/active"], self.opts.ram.eps,
-                 metrics[f"ram/{a}/snapshot_mb"], metrics[f"ram/{a}/snapshot_seconds"])
+        log.info(
+            "ram_live: %s step %s: %.4f of %d entries changed (%.4f with |τ| > %g), %.1f MB in %.1f s",
+            a,
+            step,
+            metrics[f"ram/{a}/changed"],
+            snap.numel,
+            metrics[f"ram/{a}/active"],
+            self.opts.ram.eps,
+            metrics[f"ram/{a}/snapshot_mb"],
+            metrics[f"ram/{a}/snapshot_seconds"],
+        )
         return metrics
 
     def _is_lora(self, first: Any) -> bool:
@@ -221,8 +247,14 @@ class RAMVerl:
             return max(1, math.ceil(global_step / self.opts.save_freq))
         return self.saves
 
-    def on_save(self, global_step: int, checkpoint_dir: str | os.PathLike[str], *, last: bool = False,
-                log_fn: Callable[[dict[str, float], int], None] | None = None) -> dict[str, float]:
+    def on_save(
+        self,
+        global_step: int,
+        checkpoint_dir: str | os.PathLike[str],
+        *,
+        last: bool = False,
+        log_fn: Callable[[dict[str, float], int], None] | None = None,
+    ) -> dict[str, float]:
         """What a checkpoint save triggers: a snapshot and/or a merge when due; logs and returns the metrics."""
         self.saves += 1
         index = self.save_index(global_step)

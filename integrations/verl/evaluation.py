@@ -66,8 +66,9 @@ def _rewards_name(values: Mapping[str, Any]) -> str:
     return f"ram.rewards ({values.get('reward') or values.get('compute_score') or 'default_compute_score'})"
 
 
-def _specs(opts: RAMVerlOptions, base_dir: Path | None) -> tuple[dict[str, tuple[str, Factory]],
-                                                                  dict[str, Callable[..., Any]], dict[str, str]]:
+def _specs(
+    opts: RAMVerlOptions, base_dir: Path | None
+) -> tuple[dict[str, tuple[str, Factory]], dict[str, Callable[..., Any]], dict[str, str]]:
     """``(factories, local functions, role -> key)``: each evaluation's name and factory (what the Ray actor
     builds it with), the same evaluations built here (every path loaded, so a bad one is refused at start-up;
     ``ram.rewards`` loads its model at its first call), and which key each role uses."""
@@ -99,8 +100,9 @@ def _specs(opts: RAMVerlOptions, base_dir: Path | None) -> tuple[dict[str, tuple
             local[role] = load_callable(value, option)
             roles[role] = role
         if "search" not in roles:
-            raise ConfigError("ram.search needs an evaluation: set ram.search.evaluate, ram.evaluate or "
-                              "ram.rewards.prompts")
+            raise ConfigError(
+                "ram.search needs an evaluation: set ram.search.evaluate, ram.evaluate or ram.rewards.prompts"
+            )
     return factories, local, roles
 
 
@@ -141,8 +143,10 @@ def build_evaluations(opts: RAMVerlOptions, base_dir: Path | None) -> Evaluation
     remote = RemoteEvaluator(factories, resources, opts.eval_timeout, ray)  # Ray's checks of the options first
     if wants_gpu(resources) and not ray.cluster_resources().get("GPU", 0):
         what = "ram.rewards" if opts.rewards is not None else "the evaluation"
-        raise ConfigError(f"ram: the Ray cluster has no GPU and {what} would run in a Ray actor asking for "
-                          f"ram.eval_resources={resources!r}; the hook runs on verl's CPU-only driver and never "
-                          "generates there: give the cluster a GPU, or evaluate on a CPU Ray worker with "
-                          "+ram.rewards.device=cpu or +ram.eval_resources.num_cpus=N (no num_gpus)")
+        raise ConfigError(
+            f"ram: the Ray cluster has no GPU and {what} would run in a Ray actor asking for "
+            f"ram.eval_resources={resources!r}; the hook runs on verl's CPU-only driver and never "
+            "generates there: give the cluster a GPU, or evaluate on a CPU Ray worker with "
+            "+ram.rewards.device=cpu or +ram.eval_resources.num_cpus=N (no num_gpus)"
+        )
     return Evaluations(**{role: remote.function(key) for role, key in roles.items()}, remote=remote)

@@ -57,13 +57,24 @@ def checkpoint_lora_deltas(ckpt: ActorCheckpoint, opts: RAMVerlOptions) -> tuple
     if not r or alpha is None:
         raise VerlIntegrationError(
             f"{ckpt.path}: a LoRA checkpoint without lora_train_meta.json; set ram.lora_rank and ram.lora_alpha "
-            "(or actor_rollout_ref.model.lora_rank/lora_alpha)")
-    targets = sorted({n[len("base_model.model."):].rsplit(".lora_", 1)[0].split(".")[-1] for n in factors})
+            "(or actor_rollout_ref.model.lora_rank/lora_alpha)"
+        )
+    targets = sorted({n[len("base_model.model.") :].rsplit(".lora_", 1)[0].split(".")[-1] for n in factors})
     with tempfile.TemporaryDirectory(prefix="ram_live_verl_lora_") as tmp:
         save_file({k: v.contiguous() for k, v in factors.items()}, os.path.join(tmp, "adapter_model.safetensors"))
         with open(os.path.join(tmp, "adapter_config.json"), "w") as fh:
-            json.dump({"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": targets,
-                       "use_rslora": False, "fan_in_fan_out": False, "bias": "none"}, fh)
+            json.dump(
+                {
+                    "peft_type": "LORA",
+                    "r": r,
+                    "lora_alpha": alpha,
+                    "target_modules": targets,
+                    "use_rslora": False,
+                    "fan_in_fan_out": False,
+                    "bias": "none",
+                },
+                fh,
+            )
         deltas = lora_deltas(tmp, "verl")
     return deltas, {"lora_rank": r, "lora_alpha": alpha}
 

@@ -54,8 +54,9 @@ def _float(value: Any) -> float:
     return float(value)
 
 
-def _counts(snaps: dict[str, Any], info: Any, o: Any, agents: dict[str, Any] | None = None,
-            ram: RamConfig | None = None) -> tuple[list[int], list[int], int]:
+def _counts(
+    snaps: dict[str, Any], info: Any, o: Any, agents: dict[str, Any] | None = None, ram: RamConfig | None = None
+) -> tuple[list[int], list[int], int]:
     """Per agent the active and unique entries and the entries merged: the merge's own counts when it took
     global ones, else a statistics pass with its activity rule (on ``agents``, the merged sources, when given)."""
     names = list(snaps)
@@ -63,8 +64,9 @@ def _counts(snaps: dict[str, Any], info: Any, o: Any, agents: dict[str, Any] | N
     if info.statistics is not None and ram.rho_scope == "global":
         total = sum(snaps[names[0]].base_source().spec(k).numel for k in _merged_keys(snaps[names[0]]))
         return info.statistics.active.tolist(), info.statistics.unique.tolist(), total
-    stats = ram_statistics(next(iter(snaps.values())).base_source(), list((agents or snaps).values()),
-                           Activity(ram.activity, ram.eps))  # type: ignore[arg-type]
+    stats = ram_statistics(
+        next(iter(snaps.values())).base_source(), list((agents or snaps).values()), Activity(ram.activity, ram.eps)
+    )  # type: ignore[arg-type]
     return stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
 
 
@@ -81,7 +83,8 @@ def _lora_merge(snaps: dict[str, Any], o: RAMVerlOptions) -> tuple[dict[str, Any
         raise VerlIntegrationError(
             f"ram.sparsify={o.sparsify!r} applies to LoRA snapshots, and the store mixes LoRA agents "
             f"({', '.join(lora)}) with full-weight ones ({', '.join(n for n in snaps if n not in lora)}); set "
-            "ram.agents to merge one kind, or ram.sparsify=null")
+            "ram.agents to merge one kind, or ram.sparsify=null"
+        )
     agents, base = sparsified_agents(snaps, rule, Activity(o.ram.activity, o.ram.eps))  # type: ignore[arg-type]
     return agents, base, replace(o.ram, eps=0.0), rule
 
@@ -131,8 +134,15 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
             _, info = merge(snaps, out=building, dtype=ram.out_dtype(), return_info=True, **result.best)
         else:
             agents, base, used, rule = _lora_merge(snaps, o)
-            _, info = ram_merge(agents or snaps, base, out=building, dtype=ram.out_dtype(), config=used,
-                                return_info=True, importance=None if agents else stored_importance(snaps, o))
+            _, info = ram_merge(
+                agents or snaps,
+                base,
+                out=building,
+                dtype=ram.out_dtype(),
+                config=used,
+                return_info=True,
+                importance=None if agents else stored_importance(snaps, o),
+            )
         names = list(snaps)
         active, unique, total = _counts(snaps, info, o, agents, used)
         rho = {n: rho_of(float(u), float(a)) for n, a, u in zip(names, active, unique)}
@@ -143,10 +153,17 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
         density = {n: a / total if total else 0.0 for n, a in zip(names, active)}
         if ram.base_dir is not None:
             copy_side_files(ram.base_dir, building)
-        record = {"step": step, "agents": {n: s.step for n, s in snaps.items()}, **_ram_record(used),
-                  "sparsify": str(rule) if rule is not None else None,
-                  "lambda": lambdas, "rho": {n: (v if math.isfinite(v) else None) for n, v in rho.items()},
-                  "density": density, "weights": o.weights, "store": str(ram.store.root)}
+        record = {
+            "step": step,
+            "agents": {n: s.step for n, s in snaps.items()},
+            **_ram_record(used),
+            "sparsify": str(rule) if rule is not None else None,
+            "lambda": lambdas,
+            "rho": {n: (v if math.isfinite(v) else None) for n, v in rho.items()},
+            "density": density,
+            "weights": o.weights,
+            "store": str(ram.store.root),
+        }
         if searched is not None:
             from ram_live.training.search_record import save_record
 

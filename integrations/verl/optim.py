@@ -38,8 +38,15 @@ def _load(path: Path) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def rank_importance(actor: Path, world_size: int, rank: int, keys: list[str], local_shapes: dict[str, tuple[int, ...]],
-                    *, bias_correction: bool = False) -> tuple[dict[str, Tensor] | None, str | None]:
+def rank_importance(
+    actor: Path,
+    world_size: int,
+    rank: int,
+    keys: list[str],
+    local_shapes: dict[str, tuple[int, ...]],
+    *,
+    bias_correction: bool = False,
+) -> tuple[dict[str, Tensor] | None, str | None]:
     """Rank ``rank``'s ``exp_avg_sq`` boxes keyed by the model file's ``keys`` (in the file's order, tied copies
     left out), float32: ``(importances, None)``, or ``(None, why)`` when the checkpoint has none that map.
 
@@ -60,8 +67,11 @@ def rank_importance(actor: Path, world_size: int, rank: int, keys: list[str], lo
         sd = _load(path)
     except Exception as exc:  # noqa: BLE001 - any unreadable file: snapshots without importances
         return None, f"{path.name}: not readable as tensors only ({type(exc).__name__})"
-    if not isinstance(sd, dict) or not isinstance(sd.get("state"), dict) or not isinstance(sd.get("param_groups"),
-                                                                                          list):
+    if (
+        not isinstance(sd, dict)
+        or not isinstance(sd.get("state"), dict)
+        or not isinstance(sd.get("param_groups"), list)
+    ):
         return None, f"{path.name} is not a torch.optim state dict"
     order: list[tuple[int, float | None]] = []
     for group in sd["param_groups"]:
@@ -69,8 +79,10 @@ def rank_importance(actor: Path, world_size: int, rank: int, keys: list[str], lo
         beta2 = float(betas[1]) if isinstance(betas, (list, tuple)) and len(betas) == 2 else None
         order += [(int(i), beta2) for i in group.get("params", [])]
     if len(order) != len(keys):
-        return None, (f"{path.name} has state for {len(order)} parameters, the model file {len(keys)} tensors "
-                      "(a LoRA or partly frozen run, or FSDP1's flat parameters): no parameter names to match")
+        return None, (
+            f"{path.name} has state for {len(order)} parameters, the model file {len(keys)} tensors "
+            "(a LoRA or partly frozen run, or FSDP1's flat parameters): no parameter names to match"
+        )
     out: dict[str, Tensor] = {}
     for (index, beta2), key in zip(order, keys):
         state = sd["state"].get(index)
@@ -82,8 +94,10 @@ def rank_importance(actor: Path, world_size: int, rank: int, keys: list[str], lo
         v = state["exp_avg_sq"]
         v = v._local_tensor if is_dtensor(v) else v
         if tuple(v.shape) != tuple(local_shapes[key]):
-            return None, (f"{path.name}: parameter {index}'s exp_avg_sq has shape {list(v.shape)}, the model "
-                          f"file's tensor {key!r} at that position {list(local_shapes[key])}: the order does not match")
+            return None, (
+                f"{path.name}: parameter {index}'s exp_avg_sq has shape {list(v.shape)}, the model "
+                f"file's tensor {key!r} at that position {list(local_shapes[key])}: the order does not match"
+            )
         v = v.float()
         if bias_correction:
             step = state.get("step")

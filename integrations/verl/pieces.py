@@ -50,14 +50,20 @@ def meta_model(specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]], name: s
     return LocalModel(tensors, {}, list(specs), name, distributed=True)
 
 
-def group_model(specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]], boxes: Mapping[str, LocalTensor],
-                name: str = "group") -> LocalModel:
+def group_model(
+    specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]], boxes: Mapping[str, LocalTensor], name: str = "group"
+) -> LocalModel:
     """Every key of ``specs``; the keys of ``boxes`` hold those boxes (owned), the others are meta placeholders."""
     tensors = {}
     for k, (shape, dtype) in specs.items():
         t = boxes.get(k)
-        tensors[k] = t if t is not None else LocalTensor(
-            torch.empty((0,) * len(shape), dtype=dtype, device="meta"), tuple(shape), (0,) * len(shape), False)
+        tensors[k] = (
+            t
+            if t is not None
+            else LocalTensor(
+                torch.empty((0,) * len(shape), dtype=dtype, device="meta"), tuple(shape), (0,) * len(shape), False
+            )
+        )
     return LocalModel(tensors, {}, list(specs), name, distributed=True)
 
 
@@ -107,8 +113,9 @@ class FingerprintAccumulator:
         return fingerprint(meta_model(self.specs), _Record(self.partials or [[0] * (2 * len(self.specs))]))
 
 
-def stream_fingerprint(specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
-                       groups: Iterable[Mapping[str, LocalTensor]]) -> str:
+def stream_fingerprint(
+    specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]], groups: Iterable[Mapping[str, LocalTensor]]
+) -> str:
     acc = FingerprintAccumulator(specs)
     for g in groups:
         acc.add(g)
@@ -157,8 +164,17 @@ class PieceWriter:
     :meth:`commit` checks that the boxes cover every tensor exactly and writes the manifest (last, atomically).
     """
 
-    def __init__(self, store: SnapshotStore, agent: str, step: int, specs: Mapping[str, tuple[tuple[int, ...],
-                 torch.dtype]], fingerprint: str, *, activity: str = "changed", eps: float = 0.0) -> None:
+    def __init__(
+        self,
+        store: SnapshotStore,
+        agent: str,
+        step: int,
+        specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+        fingerprint: str,
+        *,
+        activity: str = "changed",
+        eps: float = 0.0,
+    ) -> None:
         self.store = store
         self.agent = store.check_agent(agent)
         self.step = int(step)
@@ -173,8 +189,12 @@ class PieceWriter:
         self.totals = _Totals()
         self._covered: dict[str, int] = {}
 
-    def add(self, boxes: Mapping[str, LocalTensor], base_boxes: Mapping[str, LocalTensor],
-            importance: Mapping[str, Tensor] | None = None) -> dict[str, int]:
+    def add(
+        self,
+        boxes: Mapping[str, LocalTensor],
+        base_boxes: Mapping[str, LocalTensor],
+        importance: Mapping[str, Tensor] | None = None,
+    ) -> dict[str, int]:
         """Encode and write one group (``importance``: the boxes' importances, stored at their changed entries);
         returns ``{"numel", "changed", "bytes"}`` of it."""
         index = len(self.parts)
@@ -183,16 +203,24 @@ class PieceWriter:
             if t.tensor.dtype != dtype or tuple(t.global_shape) != tuple(shape):
                 raise UnsupportedInputError(
                     f"{self.agent}: tensor {key!r} is {t.tensor.dtype} {list(t.global_shape)}, the store's base "
-                    f"{dtype} {list(shape)}")
+                    f"{dtype} {list(shape)}"
+                )
             b = base_boxes[key]
             if b.box != t.box:
                 raise UnsupportedInputError(f"{self.agent}: tensor {key!r}: base box {b.box} != agent box {t.box}")
         base = LocalModel(dict(base_boxes), {}, list(boxes), "base", distributed=True)
         model = LocalModel(dict(boxes), {}, list(boxes), self.agent, distributed=True)
         # a writer of this group's boxes: the base was checked whole (its fingerprint is the store's)
-        writer = SnapshotWriter(self.store, self.agent, base, activity=self.activity, eps=self.eps,
-                                collective=_Rank(index), clone_base=False,  # type: ignore[arg-type]
-                                trusted_fingerprint=self.fingerprint)
+        writer = SnapshotWriter(
+            self.store,
+            self.agent,
+            base,
+            activity=self.activity,
+            eps=self.eps,
+            collective=_Rank(index),
+            clone_base=False,  # type: ignore[arg-type]
+            trusted_fingerprint=self.fingerprint,
+        )
         capture = writer.capture(model, importance=importance)
         part = self.store.write_part(self.agent, self.step, self.nonce, index, capture.tensors, capture.pieces)
         self.parts.append(part)
@@ -226,10 +254,12 @@ class PieceWriter:
             if self._covered.get(key, 0) != math.prod(shape):
                 raise UnsupportedInputError(
                     f"{self.agent}: tensor {key!r}: the checkpoint's shards cover {self._covered.get(key, 0)} of "
-                    f"{math.prod(shape)} elements")
+                    f"{math.prod(shape)} elements"
+                )
         like = meta_model(self.specs, self.agent)
-        return self.store.commit_snapshot(self.agent, self.step, self.parts, like, self.fingerprint, self.rule,
-                                          self.totals, epoch, extra)
+        return self.store.commit_snapshot(
+            self.agent, self.step, self.parts, like, self.fingerprint, self.rule, self.totals, epoch, extra
+        )
 
     def abort(self) -> None:
         """Remove the part files written so far (no manifest references them)."""
@@ -267,8 +297,11 @@ class BaseWriter:
     def finish(self) -> str:
         fp = self.acc.value()
         if self.write:
-            manifest = self.store.compose_manifest(self.parts, meta_model(self.specs, "base"), extra={
-                "format": BASE_FORMAT, "version": VERSION, "fingerprint": fp, "time": time.time()})
+            manifest = self.store.compose_manifest(
+                self.parts,
+                meta_model(self.specs, "base"),
+                extra={"format": BASE_FORMAT, "version": VERSION, "fingerprint": fp, "time": time.time()},
+            )
             won = write_json(self.store.base_path, manifest, self.store.durable, exclusive=True)
             if not won:
                 for f in manifest["files"]:
@@ -278,5 +311,6 @@ class BaseWriter:
             raise BaseMismatchError(
                 f"{self.store.root}: the store's base has fingerprint {existing}, this run's base {fp}: the agents of "
                 "one store must all be trained from the same base and snapshot with the same `weights` setting "
-                "(master weights and their bf16 cast need separate stores)")
+                "(master weights and their bf16 cast need separate stores)"
+            )
         return fp

@@ -27,8 +27,17 @@ from typing import Any, Callable, Mapping
 
 from ram_live.errors import ConfigError, EvaluationError, RamLiveError
 
-__all__ = ["RESOURCE_KEYS", "Evaluation", "EvaluationHost", "RemoteEvaluation", "RemoteEvaluator",
-           "check_eval_resources", "check_eval_timeout", "ray_if_running", "wants_gpu"]
+__all__ = [
+    "RESOURCE_KEYS",
+    "Evaluation",
+    "EvaluationHost",
+    "RemoteEvaluation",
+    "RemoteEvaluator",
+    "check_eval_resources",
+    "check_eval_timeout",
+    "ray_if_running",
+    "wants_gpu",
+]
 
 log = logging.getLogger("ram_live.verl")
 
@@ -64,18 +73,22 @@ def check_eval_resources(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise ConfigError(f"ram.eval_resources must be a mapping of Ray resource options (e.g. "
-                          f"+ram.eval_resources.num_gpus=1), got {value!r}")
+        raise ConfigError(
+            f"ram.eval_resources must be a mapping of Ray resource options (e.g. "
+            f"+ram.eval_resources.num_gpus=1), got {value!r}"
+        )
     unknown = sorted(map(str, set(value) - set(RESOURCE_KEYS)))
     if unknown:
-        raise ConfigError(f"unknown ram.eval_resources option(s) {', '.join(unknown)}; the options are: "
-                          f"{', '.join(RESOURCE_KEYS)}")
+        raise ConfigError(
+            f"unknown ram.eval_resources option(s) {', '.join(unknown)}; the options are: {', '.join(RESOURCE_KEYS)}"
+        )
     out: dict[str, Any] = {}
     for key, v in value.items():
         if key == "resources":
             if not isinstance(v, Mapping) or not v:
-                raise ConfigError(f"ram.eval_resources.resources must be a mapping of custom resources to amounts, "
-                                  f"got {v!r}")
+                raise ConfigError(
+                    f"ram.eval_resources.resources must be a mapping of custom resources to amounts, got {v!r}"
+                )
             out[key] = {str(k): _number(f"resources.{k}", n) for k, n in v.items()}
         elif key == "accelerator_type":
             if not isinstance(v, str) or not v:
@@ -129,8 +142,9 @@ class Evaluation:
         except RamLiveError:
             raise
         except Exception as exc:
-            raise EvaluationError(f"{self.name} raised {type(exc).__name__} on {merged_dir}: {exc}",
-                                  function=self.name) from exc
+            raise EvaluationError(
+                f"{self.name} raised {type(exc).__name__} on {merged_dir}: {exc}", function=self.name
+            ) from exc
 
 
 def _portable(exc: BaseException, name: str) -> BaseException:
@@ -204,8 +218,13 @@ class RemoteEvaluator:
         ConfigError: Ray refuses ``resources`` (naming ``ram.eval_resources``).
     """
 
-    def __init__(self, factories: Mapping[str, tuple[str, Callable[[], Callable[..., Any]]]],
-                 resources: Mapping[str, Any], timeout: float, ray: Any) -> None:
+    def __init__(
+        self,
+        factories: Mapping[str, tuple[str, Callable[[], Callable[..., Any]]]],
+        resources: Mapping[str, Any],
+        timeout: float,
+        ray: Any,
+    ) -> None:
         self.factories = dict(factories)
         self.resources = dict(resources)
         self.timeout = timeout
@@ -232,7 +251,9 @@ class RemoteEvaluator:
             f"{self.timeout:g} s with ram.eval_resources={self.resources!r}: the GPUs may all be held by verl's "
             "workers (their placement groups reserve whole GPUs); leave one out of verl's pool (trainer.n_gpus_per_"
             "node below the node's GPUs) or give fractional num_gpus of a GPU they do not hold, or raise "
-            "ram.eval_timeout", function=name)
+            "ram.eval_timeout",
+            function=name,
+        )
 
     def call(self, key: str, merged_dir: str, step: int | None = None) -> Any:
         """Evaluate ``merged_dir`` with the evaluation ``key`` in the actor; returns what the evaluation returned.
@@ -257,8 +278,13 @@ class RemoteEvaluator:
                 self.close()
                 raise self._unplaced(name, merged_dir)
             self.pid, self.node = self._get(ready, name, merged_dir, 1.0)
-            log.info("ram_live: evaluations run in a Ray actor (pid %s, node %s, %s), placed in %.1f s", self.pid,
-                     self.node, self.resources, time.monotonic() - start)
+            log.info(
+                "ram_live: evaluations run in a Ray actor (pid %s, node %s, %s), placed in %.1f s",
+                self.pid,
+                self.node,
+                self.resources,
+                time.monotonic() - start,
+            )
         left = max(self.timeout - (time.monotonic() - start), 1e-3)
         status, value, remote_tb = self._get(self.actor.run.remote(key, merged_dir, step), name, merged_dir, left)
         if status == "error":
@@ -274,14 +300,19 @@ class RemoteEvaluator:
             return self.ray.get(ref, timeout=timeout)
         except GetTimeoutError:
             self.close()
-            raise EvaluationError(f"ram.eval_timeout: {name} did not finish on {merged_dir} within {self.timeout:g} s "
-                                  "(the evaluation actor was killed; the next evaluation starts a new one); raise "
-                                  "ram.eval_timeout", function=name) from None
+            raise EvaluationError(
+                f"ram.eval_timeout: {name} did not finish on {merged_dir} within {self.timeout:g} s "
+                "(the evaluation actor was killed; the next evaluation starts a new one); raise "
+                "ram.eval_timeout",
+                function=name,
+            ) from None
         except RayError as exc:
             self.close()
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise EvaluationError(f"the evaluation actor failed while running {name} on {merged_dir} "
-                                  f"({type(exc).__name__}: {first})", function=name) from None
+            raise EvaluationError(
+                f"the evaluation actor failed while running {name} on {merged_dir} ({type(exc).__name__}: {first})",
+                function=name,
+            ) from None
 
     def close(self) -> None:
         """Kill the actor (freeing its GPU); a later call starts a new one."""

@@ -85,18 +85,26 @@ def rewards_evaluation(values: Mapping[str, Any], base_dir: str | None) -> Calla
     if values.get("reward"):
         fn = load_callable(values["reward"], "ram.rewards.reward")
     else:
-        fn = compute_score(load_callable(values.get("compute_score") or "verl.utils.reward_score:default_compute_score",
-                                         "ram.rewards.compute_score"))
+        fn = compute_score(
+            load_callable(
+                values.get("compute_score") or "verl.utils.reward_score:default_compute_score",
+                "ram.rewards.compute_score",
+            )
+        )
     device = values.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
     state: dict[str, Any] = {}
 
     def evaluate(merged_dir: str, step: int | None = None) -> dict[str, float]:
         if "fn" not in state:  # the model is loaded at the first evaluation, once
-            state["fn"] = rewards(values["prompts"], fn, tokenizer=base_dir, model=load_model(base_dir).to(device),
-                                  max_new_tokens=int(values.get("max_new_tokens", 64)),
-                                  batch_size=int(values.get("batch_size", 16)))
+            state["fn"] = rewards(
+                values["prompts"],
+                fn,
+                tokenizer=base_dir,
+                model=load_model(base_dir).to(device),
+                max_new_tokens=int(values.get("max_new_tokens", 64)),
+                batch_size=int(values.get("batch_size", 16)),
+            )
         state["fn"](merged_dir)
         return dict(state["fn"].metrics)
 
     return evaluate
-

@@ -28,8 +28,9 @@ from .common import copy_side_files
 __all__ = ["search_merge"]
 
 
-def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path, importance: str | None = None
-                 ) -> tuple[dict[str, Any], Any]:
+def search_merge(
+    ram: Any, snaps: Mapping[str, Any], step: int, root: Path, importance: str | None = None
+) -> tuple[dict[str, Any], Any]:
     """Run the search of ``ram.opts.search`` over ``snaps`` (the store's latest snapshots) on the store's base
     (``importance``: ``"stored"`` adds the snapshots' stored importances as a variant); returns the record (with
     ``"best"``) and the :class:`~ram_live.selection.SearchResult`."""
@@ -45,8 +46,10 @@ def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path, impo
 
     def write(merged: Any) -> str:
         candidate.mkdir(parents=True, exist_ok=True)
-        tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous()
-                   for k, v in (merged if isinstance(merged, Mapping) else merged.state_dict()).items()}
+        tensors = {
+            k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous()
+            for k, v in (merged if isinstance(merged, Mapping) else merged.state_dict()).items()
+        }
         save_file(tensors, str(candidate / "model.safetensors"))
         if ram.base_dir is not None:
             copy_side_files(ram.base_dir, candidate, keep_existing=True)
@@ -59,10 +62,18 @@ def search_merge(ram: Any, snaps: Mapping[str, Any], step: int, root: Path, impo
     t0 = time.perf_counter()
     try:
         with torch.no_grad():
-            result = search(dict(snaps), base=base, evaluate=wrap(fn), budget=setting.budget,
-                            fidelity=setting.fidelity, space=setting.space, seed=setting.seed,
-                            confirm=wrap(confirm) if confirm is not None else None, confirm_top=setting.confirm_top,
-                            importance=importance)
+            result = search(
+                dict(snaps),
+                base=base,
+                evaluate=wrap(fn),
+                budget=setting.budget,
+                fidelity=setting.fidelity,
+                space=setting.space,
+                seed=setting.seed,
+                confirm=wrap(confirm) if confirm is not None else None,
+                confirm_top=setting.confirm_top,
+                importance=importance,
+            )
     finally:
         shutil.rmtree(candidate, ignore_errors=True)
     return record_of(setting, result, step=step, seconds=time.perf_counter() - t0), result

@@ -49,40 +49,54 @@ class CheckpointReader:
         self.opts = options
         self.warned_importance = False
 
-    def _add(self, writer: PieceWriter, group: dict[str, LocalTensor], base_group: dict[str, LocalTensor],
-             importance: dict[str, Tensor] | None = None) -> None:
+    def _add(
+        self,
+        writer: PieceWriter,
+        group: dict[str, LocalTensor],
+        base_group: dict[str, LocalTensor],
+        importance: dict[str, Tensor] | None = None,
+    ) -> None:
         if group:
             writer.add(group, base_group, {k: importance[k] for k in group} if importance is not None else None)
             group.clear()
             base_group.clear()
 
-    def _rank_importance(self, ckpt: ActorCheckpoint, shards: Any, rank: int, stored: list[bool]
-                         ) -> dict[str, Tensor] | None:
+    def _rank_importance(
+        self, ckpt: ActorCheckpoint, shards: Any, rank: int, stored: list[bool]
+    ) -> dict[str, Tensor] | None:
         """This rank's exp_avg_sq boxes by checkpoint key (None: none; every rank alike, else an error)."""
         if self.opts.importance != "adam":
             return None
         keys = [k for k in shards.state if k not in shards.aliases]
         shapes = {k: tuple(shards.boxes[k].tensor.shape) for k in keys}
-        imp, why = rank_importance(ckpt.path, ckpt.world_size, rank, keys, shapes,
-                                   bias_correction=self.opts.importance_bias_correction)
+        imp, why = rank_importance(
+            ckpt.path, ckpt.world_size, rank, keys, shapes, bias_correction=self.opts.importance_bias_correction
+        )
         if rank > 0 and (imp is not None) != stored[0]:
-            raise VerlIntegrationError(f"{ckpt.path}: rank {rank}'s optimizer state "
-                                       f"{'maps' if imp is not None else f'does not map ({why})'}, rank 0's "
-                                       f"{'does' if stored[0] else 'does not'}: the optimizer files disagree")
+            raise VerlIntegrationError(
+                f"{ckpt.path}: rank {rank}'s optimizer state "
+                f"{'maps' if imp is not None else f'does not map ({why})'}, rank 0's "
+                f"{'does' if stored[0] else 'does not'}: the optimizer files disagree"
+            )
         if rank == 0:
             stored[:] = [imp is not None]
             if imp is None and not self.warned_importance:
                 self.warned_importance = True
-                log.warning("ram_live: %s: snapshots without importances (%s); merges are plain RAM where no "
-                            "agent's snapshots carry them, refused where some do", self.opts.agent, why)
+                log.warning(
+                    "ram_live: %s: snapshots without importances (%s); merges are plain RAM where no "
+                    "agent's snapshots carry them, refused where some do",
+                    self.opts.agent,
+                    why,
+                )
         if imp is not None:
             for alias, target in shards.aliases.items():
                 imp[alias] = imp[target]
         return imp
 
     @staticmethod
-    def _box_pair(base: Any, key: str, t: LocalTensor, dtype: torch.dtype,
-                  counts: CheckpointCounts) -> tuple[LocalTensor, LocalTensor]:
+    def _box_pair(
+        base: Any, key: str, t: LocalTensor, dtype: torch.dtype, counts: CheckpointCounts
+    ) -> tuple[LocalTensor, LocalTensor]:
         """The agent's box in the snapshot's ``dtype`` and the base's same box, counted."""
         dtype = dtype if t.tensor.dtype.is_floating_point else t.tensor.dtype
         data = t.tensor if t.tensor.dtype == dtype else t.tensor.to(dtype)
@@ -91,8 +105,15 @@ class CheckpointReader:
             counts.add(data, b)
         return (LocalTensor(data, t.global_shape, t.offsets, True), LocalTensor(b, t.global_shape, t.offsets, True))
 
-    def full(self, ckpt: ActorCheckpoint, writer: PieceWriter, base: Any, specs: Mapping[str, Any],
-             dtype: torch.dtype, counts: CheckpointCounts) -> dict[str, Any]:
+    def full(
+        self,
+        ckpt: ActorCheckpoint,
+        writer: PieceWriter,
+        base: Any,
+        specs: Mapping[str, Any],
+        dtype: torch.dtype,
+        counts: CheckpointCounts,
+    ) -> dict[str, Any]:
         """Every rank's shards of a full-weights checkpoint (one rank's boxes never share a part with the
         next's); returns the manifest's ``verl`` details."""
         group: dict[str, LocalTensor] = {}
@@ -109,7 +130,8 @@ class CheckpointReader:
                 if name not in specs:
                     raise VerlIntegrationError(
                         f"{ckpt.files[rank]}: tensor {key!r} ({name!r}) is not in the base model {self.opts.base!r}: "
-                        "was this run trained from another base?")
+                        "was this run trained from another base?"
+                    )
                 names[key] = name
             for alias, target in shards.aliases.items():
                 name = hf_key(alias)
@@ -132,8 +154,15 @@ class CheckpointReader:
             del shards  # let the rank's memory map go
         return {"lora": False}
 
-    def lora(self, ckpt: ActorCheckpoint, writer: PieceWriter, base: Any, specs: Mapping[str, Any],
-             dtype: torch.dtype, counts: CheckpointCounts) -> dict[str, Any]:
+    def lora(
+        self,
+        ckpt: ActorCheckpoint,
+        writer: PieceWriter,
+        base: Any,
+        specs: Mapping[str, Any],
+        dtype: torch.dtype,
+        counts: CheckpointCounts,
+    ) -> dict[str, Any]:
         """A LoRA checkpoint: each target weight as base + ΔW (in the base's dtype), every other tensor
         unchanged; returns the manifest's ``verl`` details."""
         deltas, info = checkpoint_lora_deltas(ckpt, self.opts)
@@ -147,8 +176,9 @@ class CheckpointReader:
                 raise VerlIntegrationError(f"{ckpt.path}: LoRA module {module!r} has no weight {key!r} in the base")
             shape, base_dtype = specs[key]
             if tuple(delta.shape) != tuple(shape):
-                raise VerlIntegrationError(f"{ckpt.path}: ΔW of {module!r} is {list(delta.shape)}, the base weight "
-                                           f"{list(shape)}")
+                raise VerlIntegrationError(
+                    f"{ckpt.path}: ΔW of {module!r} is {list(delta.shape)}, the base weight {list(shape)}"
+                )
             b = base.get_box(key, (0,) * len(shape), shape)
             agent = (b.float() + delta).to(base_dtype)
             t = LocalTensor(agent, tuple(shape), (0,) * len(shape), True)
@@ -161,6 +191,5 @@ class CheckpointReader:
                 size = 0
         self._add(writer, group, base_group)
         writer.add_unchanged([k for k in specs if k not in touched])
-        counts.numel += sum(math.prod(specs[k][0]) for k in specs if k not in touched
-                            and specs[k][1].is_floating_point)
+        counts.numel += sum(math.prod(specs[k][0]) for k in specs if k not in touched and specs[k][1].is_floating_point)
         return {"lora": True, **info, "lora_modules": len(deltas)}

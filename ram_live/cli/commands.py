@@ -53,8 +53,10 @@ def method_options(args: argparse.Namespace) -> dict[str, Any]:
     options = dict(_option(o) for o in args.option)
     flags = ram_flags(args)
     if flags and args.method not in RAM_METHODS:
-        raise ConfigError(f"{', '.join('--' + n.replace('_', '-') for n in flags)}: RAM options, for --method "
-                          f"{', '.join(RAM_METHODS)}, not {args.method} (its options go in -O KEY=VALUE)")
+        raise ConfigError(
+            f"{', '.join('--' + n.replace('_', '-') for n in flags)}: RAM options, for --method "
+            f"{', '.join(RAM_METHODS)}, not {args.method} (its options go in -O KEY=VALUE)"
+        )
     both = sorted(set(flags) & set(options))
     if both:
         raise ConfigError(f"{', '.join(both)}: given both as a flag and as -O; give each option once")
@@ -69,8 +71,10 @@ def _adapter_hint(paths: Sequence[str]) -> None:
     """PEFT adapter folders given to ``merge`` (whose tensors would not match the base's): say which command."""
     adapters = [p for p in paths if (Path(p) / "adapter_config.json").is_file()]
     if adapters:
-        raise ConfigError(f"{', '.join(adapters)}: these look like PEFT adapter folders (adapter_config.json): use "
-                          "ram-live merge-adapters FOLDERS --out DIR (or --into-base --base MODEL)")
+        raise ConfigError(
+            f"{', '.join(adapters)}: these look like PEFT adapter folders (adapter_config.json): use "
+            "ram-live merge-adapters FOLDERS --out DIR (or --into-base --base MODEL)"
+        )
 
 
 def inputs(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -110,10 +114,13 @@ def run(args: argparse.Namespace) -> int:
 def _probe(args: argparse.Namespace) -> int:
     from ..probing import probe
 
-    if args.json not in (None, "-") and ("=" in args.json or args.json.endswith(".safetensors")
-                                         or os.path.isdir(args.json)):
-        raise ConfigError(f"--json {args.json}: that looks like an agent, not the report's file; put --json after "
-                          "the agents, or write --json=FILE")
+    if args.json not in (None, "-") and (
+        "=" in args.json or args.json.endswith(".safetensors") or os.path.isdir(args.json)
+    ):
+        raise ConfigError(
+            f"--json {args.json}: that looks like an agent, not the report's file; put --json after "
+            "the agents, or write --json=FILE"
+        )
     agents, base = inputs(args)
     report = probe(agents, base=base, device=args.device, **ram_flags(args))
     if args.json == "-":
@@ -128,9 +135,18 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _info_dict(info: Any, out: str) -> dict[str, Any]:
-    return {"out": out, "method": info.method, "agents": list(info.agents), "tensors": info.tensors,
-            "parameters": info.parameters, "seconds": info.seconds, "passes": info.passes, "lambdas": info.lambdas,
-            "rho": info.rho, "config": info.config}
+    return {
+        "out": out,
+        "method": info.method,
+        "agents": list(info.agents),
+        "tensors": info.tensors,
+        "parameters": info.parameters,
+        "seconds": info.seconds,
+        "passes": info.passes,
+        "lambdas": info.lambdas,
+        "rho": info.rho,
+        "config": info.config,
+    }
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -146,17 +162,27 @@ def _merge(args: argparse.Namespace) -> int:
         args.quiet = args.quiet or torch.distributed.get_rank() != 0  # rank 0 reports for all
     with replacing(Path(args.out), args.force):
         _, info = merge(
-            agents, base=base, method=args.method, out=args.out, device=args.device, dtype=_dtype(args.dtype),
-            max_shard_bytes=int(args.max_shard_size * 1e9), progress=None if args.quiet else TerminalProgress(),
-            return_info=True, process_group=True if args.distributed else None, **options,
+            agents,
+            base=base,
+            method=args.method,
+            out=args.out,
+            device=args.device,
+            dtype=_dtype(args.dtype),
+            max_shard_bytes=int(args.max_shard_size * 1e9),
+            progress=None if args.quiet else TerminalProgress(),
+            return_info=True,
+            process_group=True if args.distributed else None,
+            **options,
         )
     if args.json:
         if not args.distributed or torch.distributed.get_rank() == 0:
             _print_json(_info_dict(info, args.out))
     elif not args.quiet:
-        print(f"merged {len(info.agents)} agents ({info.tensors} tensors, {info.parameters:,} parameters"
-              f"{' on rank 0' if args.distributed else ''}) with "
-              f"{info.method} in {info.seconds:.1f} s -> {args.out}")
+        print(
+            f"merged {len(info.agents)} agents ({info.tensors} tensors, {info.parameters:,} parameters"
+            f"{' on rank 0' if args.distributed else ''}) with "
+            f"{info.method} in {info.seconds:.1f} s -> {args.out}"
+        )
         if info.lambdas:
             print("lambda: " + ", ".join(f"{n}={v:.4f}" for n, v in info.lambdas.items()))
     return 0
@@ -167,8 +193,17 @@ def _merge_config(args: argparse.Namespace) -> int:
     from ..mergekit_yaml import from_mergekit_yaml
     from ..progress import TerminalProgress
 
-    given = [n for n, v in (("agent paths", args.agents), ("--base", args.base), ("--store", args.store),
-                            ("-O", args.option), ("--distributed", args.distributed)) if v]
+    given = [
+        n
+        for n, v in (
+            ("agent paths", args.agents),
+            ("--base", args.base),
+            ("--store", args.store),
+            ("-O", args.option),
+            ("--distributed", args.distributed),
+        )
+        if v
+    ]
     given += ["--" + n.replace("_", "-") for n in ram_flags(args)]
     if args.method != "ram_plus":
         given.append("--method")
@@ -177,14 +212,21 @@ def _merge_config(args: argparse.Namespace) -> int:
     plan = from_mergekit_yaml(args.config)
     overrides: dict[str, Any] = {"dtype": _dtype(args.dtype)} if args.dtype else {}
     with replacing(Path(args.out), args.force):
-        _, info = plan.merge(out=args.out, device=args.device, max_shard_bytes=int(args.max_shard_size * 1e9),
-                             progress=None if args.quiet else TerminalProgress(), return_info=True, **overrides)
+        _, info = plan.merge(
+            out=args.out,
+            device=args.device,
+            max_shard_bytes=int(args.max_shard_size * 1e9),
+            progress=None if args.quiet else TerminalProgress(),
+            return_info=True,
+            **overrides,
+        )
     if args.json:
-        _print_json({**_info_dict(info, args.out), "config_file": args.config,
-                     "mergekit_method": plan.mergekit_method})
+        _print_json({**_info_dict(info, args.out), "config_file": args.config, "mergekit_method": plan.mergekit_method})
     elif not args.quiet:
-        print(f"merged {len(info.agents)} agents with {info.method} ({plan.mergekit_method} in {args.config}) "
-              f"in {info.seconds:.1f} s -> {args.out}")
+        print(
+            f"merged {len(info.agents)} agents with {info.method} ({plan.mergekit_method} in {args.config}) "
+            f"in {info.seconds:.1f} s -> {args.out}"
+        )
     return 0
 
 
@@ -213,9 +255,18 @@ def _merge_adapters(args: argparse.Namespace) -> int:
     options = method_options(args)
     with replacing(Path(args.out), args.force):
         result, report = ram_merge_adapter_files(
-            adapters, args.out, args.method, base=args.base, into_base=args.into_base, rank=args.rank,
-            energy=args.energy, sparsify=_sparsify(args.sparsify), device=args.device, dtype=_dtype(args.dtype),
-            return_info=True, **options,
+            adapters,
+            args.out,
+            args.method,
+            base=args.base,
+            into_base=args.into_base,
+            rank=args.rank,
+            energy=args.energy,
+            sparsify=_sparsify(args.sparsify),
+            device=args.device,
+            dtype=_dtype(args.dtype),
+            return_info=True,
+            **options,
         )
     if args.json:
         _print_json({"out": str(result), "into_base": args.into_base, **report.to_dict()})
@@ -244,8 +295,17 @@ def _stores(args: argparse.Namespace) -> int:
             except StoreError as exc:  # one damaged snapshot does not hide the others
                 rows.append({"agent": info.agent, "step": info.step, "error": str(exc)})
                 continue
-            rows.append({"agent": info.agent, "step": info.step, "changed": snap.changed, "numel": snap.numel,
-                         "density": snap.density, "bytes": snap.bytes, "dense_bytes": snap.dense_bytes})
+            rows.append(
+                {
+                    "agent": info.agent,
+                    "step": info.step,
+                    "changed": snap.changed,
+                    "numel": snap.numel,
+                    "density": snap.density,
+                    "bytes": snap.bytes,
+                    "dense_bytes": snap.dense_bytes,
+                }
+            )
     if args.json:
         print(json.dumps({"store": str(store.root), "base": store.base_fingerprint, "snapshots": rows}, indent=2))
         return 0
@@ -255,11 +315,15 @@ def _stores(args: argparse.Namespace) -> int:
         if "error" in r:
             print(f"{r['agent'][:15]:<16}{r['step']:>10}  unreadable: {r['error']}")
             continue
-        print(f"{r['agent'][:15]:<16}{r['step']:>10}{r['density']:>10.2%}{r['changed']:>14,}"
-              f"{r['bytes'] / 1e6:>10.1f}MB{r['dense_bytes'] / 1e6:>10.1f}MB")
+        print(
+            f"{r['agent'][:15]:<16}{r['step']:>10}{r['density']:>10.2%}{r['changed']:>14,}"
+            f"{r['bytes'] / 1e6:>10.1f}MB{r['dense_bytes'] / 1e6:>10.1f}MB"
+        )
     if unverified:
-        print(f"{len(unverified)} of them (or the base) carry no checksums (written by an older ram_live); "
-              "--verify checks the others")
+        print(
+            f"{len(unverified)} of them (or the base) carry no checksums (written by an older ram_live); "
+            "--verify checks the others"
+        )
     return 0
 
 

@@ -54,7 +54,7 @@ def _main(argv: list[str]) -> int:
     if "verl-snapshot" in argv[:2]:
         from ram_live.integrations.verl.cli import main as verl_main
 
-        return verl_main(argv[argv.index("verl-snapshot") + 1:])
+        return verl_main(argv[argv.index("verl-snapshot") + 1 :])
     from .parser import build_parser
 
     args = build_parser().parse_args(argv)

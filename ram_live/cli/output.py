@@ -41,8 +41,10 @@ def replacing(out: Path, force: bool) -> Iterator[None]:
         yield
         return
     if out.is_symlink():
-        raise ConfigError(f"--force: output {out} is a symbolic link; --force replaces only a real file or folder "
-                          "(remove the link, or pass the path it points to)")
+        raise ConfigError(
+            f"--force: output {out} is a symbolic link; --force replaces only a real file or folder "
+            "(remove the link, or pass the path it points to)"
+        )
     if out.is_dir() and not any(out.iterdir()):
         yield  # an empty folder is accepted as the output as it is
         return
@@ -55,8 +57,10 @@ def replacing(out: Path, force: bool) -> Iterator[None]:
         try:
             rename_noreplace(old, out)
         except OSError:
-            print(f"ram-live: the earlier output {out} is kept in {aside} (something now exists at {out})",
-                  file=sys.stderr)
+            print(
+                f"ram-live: the earlier output {out} is kept in {aside} (something now exists at {out})",
+                file=sys.stderr,
+            )
         else:
             aside.rmdir()
         raise

@@ -11,14 +11,27 @@ from typing import Any, Callable, Collection
 from .. import __version__
 from ..methods.ram.config import RAM_METHODS, flat_fields
 
-__all__ = ["build_parser", "METHOD_NAMES", "DTYPE_NAMES", "PROBE_OPTIONS", "common_options", "ram_arguments",
-           "ram_flags"]
+__all__ = [
+    "build_parser",
+    "METHOD_NAMES",
+    "DTYPE_NAMES",
+    "PROBE_OPTIONS",
+    "common_options",
+    "ram_arguments",
+    "ram_flags",
+]
 
 #: The registered merge methods (``ram_live.available_methods()`` without importing torch).
 METHOD_NAMES = tuple(sorted(("dare_linear", "dare_ties", "linear", "task_arithmetic", "ties", *RAM_METHODS)))
 #: ``--dtype`` spellings -> the torch dtype's name.
-DTYPE_NAMES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
-               "fp32": "float32", "float32": "float32"}
+DTYPE_NAMES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+}
 _METHODS_HELP = ", ".join(METHOD_NAMES)
 #: The RAM options ``probe`` takes (it reports λ for every variant).
 PROBE_OPTIONS = ("r", "alpha", "eps", "activity")  # ram_live.probing.PROBE_OPTIONS (the parser imports no torch)
@@ -29,17 +42,22 @@ def _debug(p: argparse.ArgumentParser) -> None:
 
 
 def _force(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true",
-                   help="replace an output that exists when the command starts (moved aside, removed once the new "
-                        "one is in place, put back on failure); never one created while it runs")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an output that exists when the command starts (moved aside, removed once the new "
+        "one is in place, put back on failure); never one created while it runs",
+    )
 
 
 def common_options(p: argparse.ArgumentParser) -> None:
     """The agents/--base/--store/--device/--quiet/--debug options of probe, merge and search."""
     p.add_argument("agents", nargs="*", help="agent checkpoints: file.safetensors or HF folder, or name=path")
     p.add_argument("--base", help="the base checkpoint every agent was trained from (not with --store)")
-    p.add_argument("--store", help="a snapshot store: the latest snapshot of every agent (or of the named "
-                                   "agents), with the store's base")
+    p.add_argument(
+        "--store",
+        help="a snapshot store: the latest snapshot of every agent (or of the named agents), with the store's base",
+    )
     p.add_argument("--device", default=None, help="compute device (default: cpu)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
     _debug(p)
@@ -50,19 +68,29 @@ def ram_arguments(p: argparse.ArgumentParser, names: Collection[str], *, given_o
     (:func:`ram_live.methods.ram.config.flat_fields`; ``rho_scope`` as ``--rho-scope``), their help, choices and parsing
     from the dataclasses' fields. ``given_only``: a flag not given is not
     in the namespace (the method's own default applies); else its default is the field's."""
-    group = p.add_argument_group("RAM options", "fields of ram_live.RamConfig and its λ rule" + (
-        " (for the RAM methods ram, ram_plus, ram_plus_soft)" if given_only else ""))
+    group = p.add_argument_group(
+        "RAM options",
+        "fields of ram_live.RamConfig and its λ rule"
+        + (" (for the RAM methods ram, ram_plus, ram_plus_soft)" if given_only else ""),
+    )
     for f in flat_fields():
         if f.name not in names:
             continue
         meta = f.metadata
         extra = {k: meta[k] for k in ("choices", "metavar") if meta[k] is not None}
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_parsed(meta["parse"]),
-                           help=meta["help"], default=argparse.SUPPRESS if given_only else f.default, **extra)
+        group.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=_parsed(meta["parse"]),
+            help=meta["help"],
+            default=argparse.SUPPRESS if given_only else f.default,
+            **extra,
+        )
 
 
 def _parsed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """``parse`` whose ValueError argparse reports with its message (a usage error, exit status 2)."""
+
     def convert(text: str) -> Any:
         try:
             return parse(text)
@@ -85,9 +113,15 @@ def _probe(sub: Any) -> None:
     p = sub.add_parser("probe", help="density, shared/unique entries, rho and lambda per agent")
     common_options(p)
     ram_arguments(p, PROBE_OPTIONS)
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
-                   help="the report as JSON: alone (or '-') on stdout instead of the table; with FILE, written "
-                        "there next to the table")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        help="the report as JSON: alone (or '-') on stdout instead of the table; with FILE, written "
+        "there next to the table",
+    )
     p.add_argument("--plot", metavar="PNG", help="save per-layer heatmaps (needs the plot extra)")
 
 
@@ -96,42 +130,82 @@ def _merge(sub: Any) -> None:
     common_options(m)
     m.add_argument("--out", required=True, help="output folder (HF layout) or file.safetensors")
     m.add_argument("--method", default="ram_plus", help=f"merge method: {_METHODS_HELP} (default: ram_plus)")
-    m.add_argument("--config", metavar="YML", help="a mergekit YAML config: models, base, method and options "
-                                                   "come from it (needs the yaml extra; see docs/mergekit.md)")
-    m.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="method option, e.g. -O density=0.2 -O weights=[1,2]; repeatable")
+    m.add_argument(
+        "--config",
+        metavar="YML",
+        help="a mergekit YAML config: models, base, method and options "
+        "come from it (needs the yaml extra; see docs/mergekit.md)",
+    )
+    m.add_argument(
+        "-O",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="method option, e.g. -O density=0.2 -O weights=[1,2]; repeatable",
+    )
     ram_arguments(m, _MERGE_RAM_OPTIONS, given_only=True)
     m.add_argument("--dtype", choices=sorted(DTYPE_NAMES), default=None, help="output dtype (default: the base's)")
     m.add_argument("--max-shard-size", type=float, default=5.0, metavar="GB", help="shard size in GB (default 5)")
-    m.add_argument("--distributed", action="store_true",
-                   help="under torchrun: split the tensors over the ranks (gloo on CPU, nccl with --device cuda)")
+    m.add_argument(
+        "--distributed",
+        action="store_true",
+        help="under torchrun: split the tensors over the ranks (gloo on CPU, nccl with --device cuda)",
+    )
     m.add_argument("--json", action="store_true", help="print what the merge did as one JSON object")
     _force(m)
 
 
 def _merge_adapters(sub: Any) -> None:
     a = sub.add_parser("merge-adapters", help="merge PEFT LoRA adapter folders (into a new adapter, or a model)")
-    a.add_argument("adapters", nargs="+", help="PEFT adapter folders (adapter_config.json + adapter_model."
-                                               "safetensors), or name=folder")
-    a.add_argument("--out", required=True, help="output: an adapter folder; with --into-base, a model folder (HF "
-                                                "layout) or file.safetensors")
+    a.add_argument(
+        "adapters",
+        nargs="+",
+        help="PEFT adapter folders (adapter_config.json + adapter_model.safetensors), or name=folder",
+    )
+    a.add_argument(
+        "--out",
+        required=True,
+        help="output: an adapter folder; with --into-base, a model folder (HF layout) or file.safetensors",
+    )
     a.add_argument("--base", help="the base model (safetensors file or HF folder); only with --into-base")
-    a.add_argument("--into-base", action="store_true",
-                   help="fold the merged delta into --base and write the model, instead of a new adapter")
+    a.add_argument(
+        "--into-base",
+        action="store_true",
+        help="fold the merged delta into --base and write the model, instead of a new adapter",
+    )
     a.add_argument("--method", default="ram_plus", help=f"merge method: {_METHODS_HELP} (default: ram_plus)")
-    a.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="method option, e.g. -O density=0.2; repeatable")
+    a.add_argument(
+        "-O",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="method option, e.g. -O density=0.2; repeatable",
+    )
     ram_arguments(a, _MERGE_RAM_OPTIONS, given_only=True)
-    a.add_argument("--rank", type=int, default=None,
-                   help="rank of the merged adapter (default: the largest input rank)")
-    a.add_argument("--energy", type=float, default=None,
-                   help="per module the smallest rank whose singular values keep this fraction of the energy "
-                        "(at most --rank)")
-    a.add_argument("--sparsify", default="auto", metavar="RULE",
-                   help="which delta entries count as updated: auto (the recommended rule for RAM), none, "
-                        "topk[:DENSITY], relative[:THRESHOLD] (default auto)")
-    a.add_argument("--dtype", choices=sorted(DTYPE_NAMES), default=None,
-                   help="output dtype (default: the adapters' for an adapter, the base's for a model)")
+    a.add_argument(
+        "--rank", type=int, default=None, help="rank of the merged adapter (default: the largest input rank)"
+    )
+    a.add_argument(
+        "--energy",
+        type=float,
+        default=None,
+        help="per module the smallest rank whose singular values keep this fraction of the energy (at most --rank)",
+    )
+    a.add_argument(
+        "--sparsify",
+        default="auto",
+        metavar="RULE",
+        help="which delta entries count as updated: auto (the recommended rule for RAM), none, "
+        "topk[:DENSITY], relative[:THRESHOLD] (default auto)",
+    )
+    a.add_argument(
+        "--dtype",
+        choices=sorted(DTYPE_NAMES),
+        default=None,
+        help="output dtype (default: the adapters' for an adapter, the base's for a model)",
+    )
     a.add_argument("--device", default=None, help="compute device (default: cpu)")
     a.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
     a.add_argument("--json", action="store_true", help="print the merge report as one JSON object")
@@ -143,13 +217,21 @@ def _stores_and_clean(sub: Any) -> None:
     st = sub.add_parser("stores", help="what a snapshot store holds")
     st.add_argument("store", help="the snapshot store folder")
     st.add_argument("--json", action="store_true", help="print JSON")
-    st.add_argument("--verify", action="store_true",
-                    help="check every manifest and data file (sizes, tensors, CRC-32); exit status 1 on damage")
+    st.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every manifest and data file (sizes, tensors, CRC-32); exit status 1 on damage",
+    )
     _debug(st)
     c = sub.add_parser("clean", help="remove the temporary folders killed merges left in a folder")
     c.add_argument("folder", help="the folder outputs were written into (the parent of --out)")
-    c.add_argument("--min-age", type=float, default=None, metavar="S",
-                   help="only folders unchanged for S seconds (default 60); live merges are never touched")
+    c.add_argument(
+        "--min-age",
+        type=float,
+        default=None,
+        metavar="S",
+        help="only folders unchanged for S seconds (default 60); live merges are never touched",
+    )
     c.add_argument("--json", action="store_true", help="print the removed folders as one JSON object")
     _debug(c)
 
@@ -157,41 +239,102 @@ def _stores_and_clean(sub: Any) -> None:
 def _search(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
     s = sub.add_parser("search", help="pick the merge that scores best on your evaluation (writes it and a table)")
     common(s)
-    s.add_argument("--eval", default=None, metavar="MODULE:FUNCTION",
-                   help="evaluation: a function state_dict -> float (higher is better), e.g. mypkg.evals:held_out")
-    s.add_argument("--reward", action="append", default=None, metavar="MODULE:FUNCTION",
-                   help="instead of --eval: a TRL-style reward function (repeatable), scored on --prompts")
-    s.add_argument("--prompts", default=None, metavar="FILE",
-                   help="held-out prompts for --reward: JSONL (one object a line with 'prompt' + reward columns) or "
-                        "parquet in verl's layout")
+    s.add_argument(
+        "--eval",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="evaluation: a function state_dict -> float (higher is better), e.g. mypkg.evals:held_out",
+    )
+    s.add_argument(
+        "--reward",
+        action="append",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="instead of --eval: a TRL-style reward function (repeatable), scored on --prompts",
+    )
+    s.add_argument(
+        "--prompts",
+        default=None,
+        metavar="FILE",
+        help="held-out prompts for --reward: JSONL (one object a line with 'prompt' + reward columns) or "
+        "parquet in verl's layout",
+    )
     s.add_argument("--max-new-tokens", type=int, default=64, help="completion length for --reward (default 64)")
-    s.add_argument("--task", default=None, metavar="COLUMN",
-                   help="--reward: the column that groups prompts into tasks (default: data_source when present; "
-                        "'none': one group)")
-    s.add_argument("--objective", choices=("mean", "min"), default=None,
-                   help="--reward: the mean over tasks (default) or the worst task")
-    s.add_argument("--samples", type=int, default=1, metavar="K",
-                   help="--reward: completions per prompt (K > 1 samples; default 1, greedy)")
-    s.add_argument("--metric", default=None, metavar="mean@k|pass@k",
-                   help="--reward with --samples: a prompt's score (default mean@k)")
-    s.add_argument("--stop", action="append", default=None, metavar="TEXT",
-                   help="--reward: a stop string (repeatable): completions are cut before it")
+    s.add_argument(
+        "--task",
+        default=None,
+        metavar="COLUMN",
+        help="--reward: the column that groups prompts into tasks (default: data_source when present; "
+        "'none': one group)",
+    )
+    s.add_argument(
+        "--objective",
+        choices=("mean", "min"),
+        default=None,
+        help="--reward: the mean over tasks (default) or the worst task",
+    )
+    s.add_argument(
+        "--samples",
+        type=int,
+        default=1,
+        metavar="K",
+        help="--reward: completions per prompt (K > 1 samples; default 1, greedy)",
+    )
+    s.add_argument(
+        "--metric",
+        default=None,
+        metavar="mean@k|pass@k",
+        help="--reward with --samples: a prompt's score (default mean@k)",
+    )
+    s.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="--reward: a stop string (repeatable): completions are cut before it",
+    )
     s.add_argument("--out", required=True, help="output folder: the best merge, search.json, table.txt")
-    s.add_argument("--budget", type=_budget, default=60, metavar="N|Nx",
-                   help="the most candidates (default 60), or prompt-evaluations as e.g. 20x (twenty full "
-                        "evaluations' worth of prompts)")
-    s.add_argument("--fidelity", choices=("full", "halving"), default="full",
-                   help="halving: race candidates on slices of the prompts, stop the clearly worse early (needs "
-                        "--reward and a budget like 20x); default full")
-    s.add_argument("--parallel", type=int, default=1, metavar="N",
-                   help="candidates scored at once by N worker processes (or Ray with --ray-address); default 1")
-    s.add_argument("--ray-address", default=None, metavar="ADDRESS",
-                   help="score candidates on Ray ('local' or a cluster address) with --parallel")
+    s.add_argument(
+        "--budget",
+        type=_budget,
+        default=60,
+        metavar="N|Nx",
+        help="the most candidates (default 60), or prompt-evaluations as e.g. 20x (twenty full "
+        "evaluations' worth of prompts)",
+    )
+    s.add_argument(
+        "--fidelity",
+        choices=("full", "halving"),
+        default="full",
+        help="halving: race candidates on slices of the prompts, stop the clearly worse early (needs "
+        "--reward and a budget like 20x); default full",
+    )
+    s.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="candidates scored at once by N worker processes (or Ray with --ray-address); default 1",
+    )
+    s.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="score candidates on Ray ('local' or a cluster address) with --parallel",
+    )
     s.add_argument("--seed", type=int, default=0, help="orders the coordinate ascents, seeds DARE (default 0)")
-    s.add_argument("--space", default=None, metavar="JSON",
-                   help="what to try, as JSON: a list of families/candidates or {family: grid} (default: all)")
-    s.add_argument("--confirm", default=None, metavar="MODULE:FUNCTION",
-                   help="a second held-out evaluation of the top candidates (reported next to the score)")
+    s.add_argument(
+        "--space",
+        default=None,
+        metavar="JSON",
+        help="what to try, as JSON: a list of families/candidates or {family: grid} (default: all)",
+    )
+    s.add_argument(
+        "--confirm",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="a second held-out evaluation of the top candidates (reported next to the score)",
+    )
     s.add_argument("--confirm-top", type=int, default=3, help="how many candidates --confirm scores (default 3)")
     s.add_argument("--plot", metavar="PNG", help="also save the scores by family (needs matplotlib)")
     s.add_argument("--json", action="store_true", help="print search.json to stdout instead of the table")
@@ -205,17 +348,22 @@ def _budget(text: str) -> int | str:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of candidates (60) nor of full "
-                                         "evaluations' worth of prompts (20x)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a number of candidates (60) nor of full evaluations' worth of prompts (20x)"
+        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``ram-live`` parser (``verl-snapshot`` only named: its own parser parses its arguments)."""
-    parser = argparse.ArgumentParser(prog="ram-live", description="Merge RL-trained agents with RAM.",
-                                     epilog=f"merge methods: {_METHODS_HELP}. Errors: one line on stderr, exit "
-                                            "status 2 (bad input) or 1. docs/cli.md has every option.")
-    parser.add_argument("--version", action="version", version=f"ram-live {__version__}",
-                        help="print the version and exit")
+    parser = argparse.ArgumentParser(
+        prog="ram-live",
+        description="Merge RL-trained agents with RAM.",
+        epilog=f"merge methods: {_METHODS_HELP}. Errors: one line on stderr, exit "
+        "status 2 (bad input) or 1. docs/cli.md has every option.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"ram-live {__version__}", help="print the version and exit"
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _probe(sub)

@@ -11,8 +11,12 @@ from ..errors import RamLiveError
 __all__ = ["run_command"]
 
 
-def run_command(run: Callable[[], int], prog: str, debug: bool,
-                unexpected: tuple[type[Exception], ...] = (OSError, ImportError, RuntimeError)) -> int:
+def run_command(
+    run: Callable[[], int],
+    prog: str,
+    debug: bool,
+    unexpected: tuple[type[Exception], ...] = (OSError, ImportError, RuntimeError),
+) -> int:
     """``run()``'s exit status, its errors reported in one line on stderr: a :class:`RamLiveError` (bad input or
     settings) as ``<prog>: error: <message>``, status 2; one of ``unexpected`` as ``<prog>: error: <Type>:
     <message>``, status 1. ``debug`` re-raises them instead (the traceback). A closed stdout

@@ -43,8 +43,10 @@ def _evaluation(args: argparse.Namespace) -> Callable[[Any], float]:
     from ..io.hub import resolve_model
 
     if not args.base or not (Path(resolve_model(args.base, what="--base")) / "config.json").is_file():
-        raise ConfigError("--reward needs --base FOLDER, a Hugging Face model folder (its config and tokenizer "
-                          "build the model each candidate is generated with)")
+        raise ConfigError(
+            "--reward needs --base FOLDER, a Hugging Face model folder (its config and tokenizer "
+            "build the model each candidate is generated with)"
+        )
     from ..evaluate import load_prompts, rewards
     from ..evaluate.models import load_model
 
@@ -58,8 +60,14 @@ def _evaluation(args: argparse.Namespace) -> Callable[[Any], float]:
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
     model = load_model(args.base)
-    return rewards(prompts, funcs, tokenizer=args.base, max_new_tokens=args.max_new_tokens,
-                   model=model.to(args.device) if args.device else model, **options)
+    return rewards(
+        prompts,
+        funcs,
+        tokenizer=args.base,
+        max_new_tokens=args.max_new_tokens,
+        model=model.to(args.device) if args.device else model,
+        **options,
+    )
 
 
 def run_search(args: argparse.Namespace) -> int:
@@ -90,10 +98,20 @@ def _search_into(args: argparse.Namespace, out: Path) -> int:
     evaluate = _evaluation(args)
     confirm = load_callable(args.confirm, "--confirm", from_cwd=True) if args.confirm else None
     agents, base = inputs(args)
-    result = search(agents, base=base, evaluate=evaluate, budget=args.budget, space=space, seed=args.seed,
-                    confirm=confirm, confirm_top=args.confirm_top, device=args.device,
-                    fidelity=getattr(args, "fidelity", "full"), parallel=getattr(args, "parallel", 1),
-                    ray_address=getattr(args, "ray_address", None))
+    result = search(
+        agents,
+        base=base,
+        evaluate=evaluate,
+        budget=args.budget,
+        space=space,
+        seed=args.seed,
+        confirm=confirm,
+        confirm_top=args.confirm_top,
+        device=args.device,
+        fidelity=getattr(args, "fidelity", "full"),
+        parallel=getattr(args, "parallel", 1),
+        ray_address=getattr(args, "ray_address", None),
+    )
     merge(agents, base=base, out=out, device=args.device, **result.best)
     result.save(out)
     if args.plot:

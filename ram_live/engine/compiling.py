@@ -35,8 +35,9 @@ def compiler_available(device_type: str) -> bool:
     return False
 
 
-def resolve_compile(compile: bool | str, device: torch.device, agent_entries: int,
-                    kernels: MethodKernels | None = None) -> bool:
+def resolve_compile(
+    compile: bool | str, device: torch.device, agent_entries: int, kernels: MethodKernels | None = None
+) -> bool:
     """``compile`` of :func:`ram_live.merge` as a decision (``kernels``: the method's fast paths). ``"auto"``, by
     what the host has:
 
@@ -71,8 +72,12 @@ def compiler_works(kernels: MethodKernels | None, device: torch.device, k: int, 
         kernels.warm_up(device, k, auxiliary)
         return True
     except Exception as exc:  # noqa: BLE001 - any failure of the toolchain means "merge eagerly"
-        warnings.warn(f"torch.compile failed on {device} ({type(exc).__name__}: {str(exc)[:200]}); merging with "
-                      "the eager kernels instead (same results, slower)", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"torch.compile failed on {device} ({type(exc).__name__}: {str(exc)[:200]}); merging with "
+            "the eager kernels instead (same results, slower)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return False
 
 
@@ -91,7 +96,8 @@ def compiled(kernel: Any, static: bool = False, key: Any = None) -> Any:
     """
     name = (kernel.__name__, static, key)
     if name not in _COMPILED:
-        private = types.FunctionType(kernel.__code__.replace(), kernel.__globals__, kernel.__name__,
-                                     kernel.__defaults__, kernel.__closure__)
+        private = types.FunctionType(
+            kernel.__code__.replace(), kernel.__globals__, kernel.__name__, kernel.__defaults__, kernel.__closure__
+        )
         _COMPILED[name] = torch.compile(private, dynamic=not static)
     return _COMPILED[name]

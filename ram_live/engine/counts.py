@@ -17,11 +17,17 @@ from .stream import DeltaStream
 __all__ = ["native_counts", "fused_statistics", "torch_statistics"]
 
 
-def native_counts(stream: DeltaStream, k: int, workers: int,
-                  count: Callable[[int, int, Tensor, Tensor], int], out: Tensor | None = None) -> RamStatistics:
+def native_counts(
+    stream: DeltaStream,
+    k: int,
+    workers: int,
+    count: Callable[[int, int, Tensor, Tensor], int],
+    out: Tensor | None = None,
+) -> RamStatistics:
     """``count(start, end, active, unique)`` over the stream's ranges in threads (it adds to the int64 counts and
     returns its number of non-finite entries); the summed counts, or the :class:`NonFiniteError` naming one
     (``out``: what ``count`` writes, if anything)."""
+
     def job(worker: int, n_workers: int) -> tuple[Tensor, Tensor, int]:
         active, unique = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64)
         bad = threads.native_walk(stream, worker, n_workers, lambda start, end: count(start, end, active, unique))
@@ -30,8 +36,11 @@ def native_counts(stream: DeltaStream, k: int, workers: int,
     results = threads.in_native_workers(stream, workers, job)
     if any(bad for _, _, bad in results):
         stream.raise_nonfinite(0, stream.numel, out)
-    return RamStatistics(sum(r[0] for r in results), sum(r[1] for r in results),  # type: ignore[arg-type]
-                         torch.zeros(k + 1, dtype=torch.int64))
+    return RamStatistics(
+        sum(r[0] for r in results),
+        sum(r[1] for r in results),  # type: ignore[arg-type]
+        torch.zeros(k + 1, dtype=torch.int64),
+    )
 
 
 def fused_statistics(stream: DeltaStream, k: int, eps: float) -> RamStatistics:
@@ -46,13 +55,16 @@ def fused_statistics(stream: DeltaStream, k: int, eps: float) -> RamStatistics:
         check += c
     if not bool(torch.isfinite(check)):
         stream.raise_nonfinite(0, stream.numel)
-    return RamStatistics(active.cpu().round().long(), unique.cpu().round().long(),
-                         torch.zeros(k + 1, dtype=torch.int64))
+    return RamStatistics(
+        active.cpu().round().long(), unique.cpu().round().long(), torch.zeros(k + 1, dtype=torch.int64)
+    )
 
 
-def torch_statistics(stream: DeltaStream, k: int, workers: int = 1,
-                     amax: list[tuple[float, float]] | None = None) -> RamStatistics:
+def torch_statistics(
+    stream: DeltaStream, k: int, workers: int = 1, amax: list[tuple[float, float]] | None = None
+) -> RamStatistics:
     """The counts by torch ops, one agent at a time per chunk (:class:`~ram_live.functional.counting.RamCounter`)."""
+
     def job(worker: int, n_workers: int) -> tuple[RamCounter, Tensor | None]:
         counter = RamCounter(stream.stream_chunk, k, stream.device, stream.dtype)
         top = None if amax is None else torch.zeros(2, dtype=stream.dtype, device=stream.device)

@@ -28,8 +28,13 @@ def method_kernels(method: MergeMethod, config: Any) -> MethodKernels | None:
     return None if method.kernels is None else method.kernels(config)
 
 
-def count_tensor(stream: DeltaStream, k: int, workers: int = 1, amax: list[tuple[float, float]] | None = None,
-                 kernels: MethodKernels | None = None) -> RamStatistics:
+def count_tensor(
+    stream: DeltaStream,
+    k: int,
+    workers: int = 1,
+    amax: list[tuple[float, float]] | None = None,
+    kernels: MethodKernels | None = None,
+) -> RamStatistics:
     """The activity counts of ``stream`` (with its activity rule); ``amax``: gets (max |τ|, max |θ₀|) appended
     where the counter tracks them (the fast and torch ones; not the compiled one); ``kernels``: the method's
     fast paths, whose counter runs first."""
@@ -61,13 +66,22 @@ class StreamView:
     def statistics(self, activity: Activity) -> RamStatistics:
         """Activity counts over this tensor alone, with ``activity``."""
         s = self.stream
-        fresh = DeltaStream(s.key, s.base, s.tensors, s.agents, s.device, s.chunk_numel, activity, {},
-                            compile=s.compile)
+        fresh = DeltaStream(
+            s.key, s.base, s.tensors, s.agents, s.device, s.chunk_numel, activity, {}, compile=s.compile
+        )
         return count_tensor(fresh, len(s.tensors), kernels=self.kernels)
 
 
-def merge_kernel(method: MergeMethod, config: Any, state: Any, run_state: Any, stream: DeltaStream, flat: Tensor,
-                 workers: int, kernels: MethodKernels | None = None) -> tuple[str, Kernel]:
+def merge_kernel(
+    method: MergeMethod,
+    config: Any,
+    state: Any,
+    run_state: Any,
+    stream: DeltaStream,
+    flat: Tensor,
+    workers: int,
+    kernels: MethodKernels | None = None,
+) -> tuple[str, Kernel]:
     """``(kind, kernel)`` for this tensor: kind is "native", "compiled" or "eager" (``MergeInfo.extra
     ["kernels"]``). ``state``/``run_state``: the method's per-tensor and per-merge states; ``kernels``: its fast
     paths (:func:`method_kernels`)."""
@@ -76,7 +90,15 @@ def merge_kernel(method: MergeMethod, config: Any, state: Any, run_state: Any, s
         return fast
     if method.accumulator is not None:
         aux = {"auxiliary": tuple(stream.auxiliary)} if stream.auxiliary else {}
-        make = functools.partial(method.accumulator, config, state, stream.stream_chunk, len(stream.tensors),
-                                 stream.device, stream.dtype, **aux)
+        make = functools.partial(
+            method.accumulator,
+            config,
+            state,
+            stream.stream_chunk,
+            len(stream.tensors),
+            stream.device,
+            stream.dtype,
+            **aux,
+        )
         return "eager", functools.partial(merge_streaming, make_accumulator=make, workers=workers)
     return "eager", functools.partial(merge_stacked, method=method, config=config, state=state, run_state=run_state)

@@ -40,16 +40,20 @@ def merge_streaming(stream: DeltaStream, flat: Tensor, make_accumulator: Callabl
         stream.raise_nonfinite(0, stream.numel, flat)
 
 
-def merge_stacked(stream: DeltaStream, flat: Tensor, method: MergeMethod, config: Any, state: Any,
-                  run_state: Any) -> None:
+def merge_stacked(
+    stream: DeltaStream, flat: Tensor, method: MergeMethod, config: Any, state: Any, run_state: Any
+) -> None:
     """The method's ``combine`` on ``[K, C]`` chunks; entries with τ* = 0 keep the base's exact bits."""
     bad = torch.zeros((), dtype=torch.int64, device=flat.device)
     for start, base_f, deltas in stream:
         n = base_f.numel()
-        aux = {name: torch.stack([h[start:start + n].to(deltas.device) for h in hs]).to(deltas.dtype)
-               for name, hs in stream.auxiliary.items()} or None
-        ctx = TensorContext(key=stream.key, agents=stream.agents, start=start, run_state=run_state, state=state,
-                            auxiliary=aux)
+        aux = {
+            name: torch.stack([h[start : start + n].to(deltas.device) for h in hs]).to(deltas.dtype)
+            for name, hs in stream.auxiliary.items()
+        } or None
+        ctx = TensorContext(
+            key=stream.key, agents=stream.agents, start=start, run_state=run_state, state=state, auxiliary=aux
+        )
         tau = method.combine(deltas, ctx, config)
         changed = tau != 0
         merged = tau.add_(base_f)

@@ -65,8 +65,7 @@ def statistics_pass(
         progress.start("statistics", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     for key in plan.merge:
         base, agents, device = reader.read(key)
-        stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace,
-                             compile=compile)
+        stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace, compile=compile)
         if digest is not None:
             digest_update(digest, stream)
         stream.range_done = reader.range_releaser(key)
@@ -108,15 +107,17 @@ def fits(job: Job, spec: TensorSpec, amax: tuple[float, float] | None, run_state
     return base + bound * len(job.reader.names) * tau < 0.99 * torch.finfo(spec.dtype).max
 
 
-def dry_run(job: Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any,
-            amax: dict[str, tuple[float, float]]) -> None:
+def dry_run(
+    job: Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any, amax: dict[str, tuple[float, float]]
+) -> None:
     """Merge into one scratch buffer (per device, as large as the largest tensor), and drop, every tensor that
     :func:`fits` cannot clear from ``amax`` (what the validation pass saw): such merges raise
     :class:`NonFiniteError` where a merged value does not fit its dtype (float16 past 65504, a scale that
     overflows), which an in-place merge must find before it writes into the base. The same kernels run again to
     write, so they give the same bits."""
-    dry = replace(job, sink=_ScratchSink(), info=MergeInfo(method=job.info.method, config=job.config,
-                                                             agents=job.info.agents))
+    dry = replace(
+        job, sink=_ScratchSink(), info=MergeInfo(method=job.info.method, config=job.config, agents=job.info.agents)
+    )
     keys = [key for key in plan.merge if not fits(job, specs[key], amax.get(key), run_state)]
     job.info.extra["dry_run"] = len(keys)
     need: dict[torch.device, int] = {}
@@ -130,8 +131,15 @@ def dry_run(job: Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any,
         merge_tensor(dry, key, run_state, dest=buffer.view(spec.dtype).view(spec.shape))
 
 
-def merge_pass(job: Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any, progress: ProgressHook | None,
-               validate_first: bool, digest: Any = None) -> None:
+def merge_pass(
+    job: Job,
+    plan: Plan,
+    specs: dict[str, TensorSpec],
+    run_state: Any,
+    progress: ProgressHook | None,
+    validate_first: bool,
+    digest: Any = None,
+) -> None:
     """Pass 2: every merged tensor into the sink (``digest``: fed as in the statistics pass), then the copied
     and tied keys."""
     reader, sink = job.reader, job.sink
@@ -154,18 +162,21 @@ def merge_tensor(job: Job, key: str, run_state: Any, digest: Any = None, dest: T
     """Merge ``key`` into the sink's destination (``dest`` when it was already taken) and commit it."""
     reader, method, config, sink, info = job.reader, job.method, job.config, job.sink, job.info
     base_t, agent_ts, dev = reader.read(key)
-    stream = reader.stream(DeltaStream(key, base_t, agent_ts, reader.names, dev, job.chunk_numel, job.activity,
-                                       job.workspace, compile=job.compile))
+    stream = reader.stream(
+        DeltaStream(
+            key, base_t, agent_ts, reader.names, dev, job.chunk_numel, job.activity, job.workspace, compile=job.compile
+        )
+    )
     if digest is not None:
         digest_update(digest, stream)
     stream.range_done = reader.range_releaser(key, sink)
     state = method.prepare(config, StreamView(stream, job.kernels), run_state) if method.prepare else None
     if dest is None:
         dest = sink.destination(key, reader.base.spec(key))
-    flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype,
-                                                                   device=dest.device)
-    kind, kernel = merge_kernel(method, config, state, run_state, stream, flat, worker_count(job.workers, dev),
-                                job.kernels)
+    flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype, device=dest.device)
+    kind, kernel = merge_kernel(
+        method, config, state, run_state, stream, flat, worker_count(job.workers, dev), job.kernels
+    )
     info.count_kernel(kind)
     if stream.auxiliary and kind != "native":  # the native kernels check the values as they go
         stream.validate_auxiliary()
@@ -184,4 +195,3 @@ def finish_pass(reader: Reader, plan: Plan, sink: Sink) -> None:
         sink.copy_from_base(key, reader.base.get(key))
     for alias, canonical in plan.alias.items():
         sink.alias(alias, canonical)
-

@@ -50,14 +50,16 @@ def build_plan(base: TensorSource, agents: Sequence[TensorSource]) -> Plan:
             if a.shape != b.shape:
                 raise InputMismatchError(
                     f"tensor {key!r}: agent {agent.name!r} has shape {list(a.shape)}, the base {list(b.shape)}",
-                    key=key, agent=agent.name,
+                    key=key,
+                    agent=agent.name,
                 )
             if a.dtype.is_floating_point != b.dtype.is_floating_point or (
                 not b.dtype.is_floating_point and a.dtype != b.dtype
             ):
                 raise InputMismatchError(
                     f"tensor {key!r}: agent {agent.name!r} has dtype {a.dtype}, the base {b.dtype}",
-                    key=key, agent=agent.name,
+                    key=key,
+                    agent=agent.name,
                 )
         if key in buffers or not b.dtype.is_floating_point:
             copy.append(key)
@@ -75,8 +77,9 @@ def kept_agents(agents: Sequence[TensorSource], exclude: Sequence[str]) -> Seque
     names = [a.name for a in agents]
     unknown = [n for n in exclude if n not in names]
     if unknown:
-        raise ConfigError(f"exclude: unknown agent(s) {', '.join(map(repr, unknown))} (the agents are "
-                          f"{', '.join(map(repr, names))})")
+        raise ConfigError(
+            f"exclude: unknown agent(s) {', '.join(map(repr, unknown))} (the agents are {', '.join(map(repr, names))})"
+        )
     kept = [a for a in agents if a.name not in exclude]
     if not kept:
         raise ConfigError("exclude names every agent: at least one must be merged")

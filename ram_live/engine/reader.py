@@ -53,8 +53,11 @@ class Reader:
         """A callback that drops the mapped pages of flat entries ``[start, stop)`` of ``key`` from the inputs
         (and from ``sink``'s output) once a range is merged, so that resident memory holds a few ranges rather than
         K + 2 whole tensors; None when no input maps files."""
-        sources = [src for src in (self.base, *self.agents, *self.auxiliary.all_sources())
-                   if getattr(src, "releases_ranges", False)]
+        sources = [
+            src
+            for src in (self.base, *self.agents, *self.auxiliary.all_sources())
+            if getattr(src, "releases_ranges", False)
+        ]
         out = getattr(sink, "release_range", None)
         if not sources and out is None:
             return None
@@ -80,7 +83,8 @@ def check_equal(reader: Reader, key: str) -> None:
             raise InputMismatchError(
                 f"non-floating tensor {key!r} of agent {name!r} differs from the base's "
                 "(integer tensors cannot be merged; they must be equal)",
-                key=key, agent=name,
+                key=key,
+                agent=name,
             )
 
 
@@ -98,11 +102,17 @@ def check_ties_and_copies(reader: Reader, plan: Plan) -> None:
                 raise InputMismatchError(
                     f"tensor {alias!r}: agent {name!r} holds other values there than under {canonical!r}, which "
                     "the base ties it to; the merge keeps the base's tie, so they would be lost (tie them in the "
-                    "agent, or untie them in the base)", key=alias, agent=name,
+                    "agent, or untie them in the base)",
+                    key=alias,
+                    agent=name,
                 )
     for key in plan.copy:
         flat = reader.base.get(key).reshape(-1)
         index = first_nonfinite(flat) if flat.dtype.is_floating_point else None
         if index is not None:
-            raise NonFiniteError(f"tensor {key!r} of the base (a buffer: taken from the base as is) holds "
-                                 f"{flat[index].item()} at flat index {index}", key=key, agent="base")
+            raise NonFiniteError(
+                f"tensor {key!r} of the base (a buffer: taken from the base as is) holds "
+                f"{flat[index].item()} at flat index {index}",
+                key=key,
+                agent="base",
+            )

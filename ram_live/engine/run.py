@@ -77,9 +77,18 @@ def run_merge(
     job = Job(reader, method, config, sink, method.activity(config), info, chunk_numel, workers, compile, kernels)
     activity = job.activity or Activity()
 
-    if (statistics is None and not validate_first and dist is None and not compile and not reader.auxiliary
-            and kernels is not None and kernels.single_read is not None and kernels.reads_once is not None
-            and method.needs_statistics(config) and kernels.reads_once(sink, len(names))):
+    if (
+        statistics is None
+        and not validate_first
+        and dist is None
+        and not compile
+        and not reader.auxiliary
+        and kernels is not None
+        and kernels.single_read is not None
+        and kernels.reads_once is not None
+        and method.needs_statistics(config)
+        and kernels.reads_once(sink, len(names))
+    ):
         digest = inputs_digest()
         counts, run_state = kernels.single_read(job, plan, specs, progress, run_device, digest)
         info.statistics = stamped(counts, names, activity, counted, digest)
@@ -92,8 +101,9 @@ def run_merge(
     if reuse is not None and method.needs_statistics(config) and not validate_first:
         info.statistics = check_reusable(reuse, names, activity, counted)
     elif method.needs_statistics(config) or validate_first:
-        info.statistics = _count(job, plan, activity, progress, dist, counted, amax if validate_first else None,
-                                 validate_first)
+        info.statistics = _count(
+            job, plan, activity, progress, dist, counted, amax if validate_first else None, validate_first
+        )
         info.passes = 2
     run_state = method.setup(config, RunContext(names, info.statistics, run_device)) if method.setup else None
     if method.record is not None:
@@ -107,15 +117,35 @@ def run_merge(
     return info
 
 
-def _count(job: Job, plan: Plan, activity: Activity, progress: ProgressHook | None, dist: Distributed | None,
-           counted: int, amax: dict[str, tuple[float, float]] | None, validate: bool) -> RamStatistics:
+def _count(
+    job: Job,
+    plan: Plan,
+    activity: Activity,
+    progress: ProgressHook | None,
+    dist: Distributed | None,
+    counted: int,
+    amax: dict[str, tuple[float, float]] | None,
+    validate: bool,
+) -> RamStatistics:
     """The statistics pass, its counts summed over ranks (every rank reaches the collective, failed or not) and
     stamped with what they were counted over."""
     names = job.reader.names
     digest = inputs_digest()
     try:
-        counts = statistics_pass(job.reader, plan, activity, job.chunk_numel, job.workspace, progress, job.workers,
-                                 job.compile, digest, amax, check_auxiliary=validate, kernels=job.kernels)
+        counts = statistics_pass(
+            job.reader,
+            plan,
+            activity,
+            job.chunk_numel,
+            job.workspace,
+            progress,
+            job.workers,
+            job.compile,
+            digest,
+            amax,
+            check_auxiliary=validate,
+            kernels=job.kernels,
+        )
     except BaseException:
         if dist is not None:  # this rank's error wins over the remote one
             try:
@@ -128,8 +158,14 @@ def _count(job: Job, plan: Plan, activity: Activity, progress: ProgressHook | No
     return stamped(counts, names, activity, counted, digest)
 
 
-def _validate(job: Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any,
-              amax: dict[str, tuple[float, float]], dist: Distributed | None) -> None:
+def _validate(
+    job: Job,
+    plan: Plan,
+    specs: dict[str, TensorSpec],
+    run_state: Any,
+    amax: dict[str, tuple[float, float]],
+    dist: Distributed | None,
+) -> None:
     """The in-place dry run, agreed over ranks."""
     ok = False
     try:
@@ -140,16 +176,26 @@ def _validate(job: Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any
             raise RemoteRankError(f"rank {dist.rank}: another rank's merged values do not fit (see its error)")
 
 
-def _write(job: Job, plan: Plan, specs: dict[str, TensorSpec], run_state: Any, progress: ProgressHook | None,
-           validate_first: bool, fingerprint: str | None, dist: Distributed | None) -> None:
+def _write(
+    job: Job,
+    plan: Plan,
+    specs: dict[str, TensorSpec],
+    run_state: Any,
+    progress: ProgressHook | None,
+    validate_first: bool,
+    fingerprint: str | None,
+    dist: Distributed | None,
+) -> None:
     """The merge pass; ``fingerprint``: of reused statistics, checked against the inputs before the sink's
     ``finish``; agreed over ranks."""
     check = inputs_digest() if fingerprint is not None else None
     try:
         merge_pass(job, plan, specs, run_state, progress, validate_first, check)
         if check is not None and check.hexdigest() != fingerprint:
-            raise ConfigError("statistics= were counted over other weights (the first and last entries of some "
-                              "tensor differ): count them again, or pass the checkpoints they came from")
+            raise ConfigError(
+                "statistics= were counted over other weights (the first and last entries of some "
+                "tensor differ): count them again, or pass the checkpoints they came from"
+            )
     except BaseException:
         if dist is not None:
             dist.all_ok(False)

@@ -20,8 +20,16 @@ from ..errors import NonFiniteError
 from ..types import Activity
 from .compiling import compiled
 
-__all__ = ["DEFAULT_CHUNK_NUMEL", "STREAM_CHUNK", "FUSED_CHUNK_MAX", "DeltaStream", "first_nonfinite", "nonfinite",
-           "inputs_digest", "digest_update"]
+__all__ = [
+    "DEFAULT_CHUNK_NUMEL",
+    "STREAM_CHUNK",
+    "FUSED_CHUNK_MAX",
+    "DeltaStream",
+    "first_nonfinite",
+    "nonfinite",
+    "inputs_digest",
+    "digest_update",
+]
 
 #: Elements of the ``[K, C]`` float32 scratch of stacking methods (4 MiB); C = DEFAULT_CHUNK_NUMEL // K.
 DEFAULT_CHUNK_NUMEL = 1 << 20
@@ -133,8 +141,9 @@ class DeltaStream:
             base_f.copy_(base_chunk)
             yield start, base_f, self._agent_deltas(start, end, base_f, base_chunk, buffers[1, : end - start])
 
-    def _agent_deltas(self, start: int, end: int, base_f: Tensor, base_chunk: Tensor,
-                      row: Tensor) -> Iterator[tuple[int, Tensor]]:
+    def _agent_deltas(
+        self, start: int, end: int, base_f: Tensor, base_chunk: Tensor, row: Tensor
+    ) -> Iterator[tuple[int, Tensor]]:
         for t, agent in enumerate(self.tensors):
             chunk = agent[start:end]
             row.copy_(chunk)
@@ -143,8 +152,9 @@ class DeltaStream:
                 self._apply_activity(self.activity, row.unsqueeze(0), base_chunk, [chunk])
             yield t, row
 
-    def _apply_activity(self, activity: Activity, deltas: Tensor, base_chunk: Tensor,
-                        agent_chunks: list[Tensor]) -> None:
+    def _apply_activity(
+        self, activity: Activity, deltas: Tensor, base_chunk: Tensor, agent_chunks: list[Tensor]
+    ) -> None:
         if activity.rule == "abs":
             F.apply_activity_(deltas, activity.threshold_for(deltas.dtype))
             return
@@ -165,15 +175,20 @@ class DeltaStream:
         for name, who, tensor in candidates:
             index = first_nonfinite(tensor[start:end])
             if index is not None:
-                raise NonFiniteError(f"tensor {self.key!r} of {who} holds {tensor[start + index].item()} at flat "
-                                     f"index {start + index}", key=self.key, agent=name)
+                raise NonFiniteError(
+                    f"tensor {self.key!r} of {who} holds {tensor[start + index].item()} at flat index {start + index}",
+                    key=self.key,
+                    agent=name,
+                )
         base_f = self.base[start:end].to(self.dtype)
         for name, tensor in zip(self.agents, self.tensors):
             index = first_nonfinite(tensor[start:end].to(self.dtype) - base_f)
             if index is not None:
                 raise NonFiniteError(
                     f"tensor {self.key!r}: the task vector of agent {name!r} overflows {self.dtype} at flat index "
-                    f"{start + index} (agent and base values too far apart to subtract)", key=self.key, agent=name,
+                    f"{start + index} (agent and base values too far apart to subtract)",
+                    key=self.key,
+                    agent=name,
                 )
         index = None if out is None else first_nonfinite(out[start:end])
         where = "" if index is None else f" at flat index {start + index}"
@@ -193,22 +208,27 @@ class DeltaStream:
             return None
         return activity.threshold
 
-    def fused_chunks(self, kernel: Callable[..., Any], key: Any = None
-                     ) -> Iterator[tuple[int, int, Any, Tensor, list[Tensor]]]:
+    def fused_chunks(
+        self, kernel: Callable[..., Any], key: Any = None
+    ) -> Iterator[tuple[int, int, Any, Tensor, list[Tensor]]]:
         """``(start, end, compiled kernel, base chunk, agent chunks)`` over chunks of ``fused_chunk`` elements
         (views of the inputs); full chunks get the build of ``kernel`` specialised on their length."""
         chunk = self.fused_chunk
         key = (len(self.tensors), key)
         for start in range(0, self.numel, chunk):
             end = min(self.numel, start + chunk)
-            yield (start, end, compiled(kernel, static=end - start == chunk, key=key), self.base[start:end],
-                   [t[start:end] for t in self.tensors])
+            yield (
+                start,
+                end,
+                compiled(kernel, static=end - start == chunk, key=key),
+                self.base[start:end],
+                [t[start:end] for t in self.tensors],
+            )
 
     def delta(self, index: int) -> Tensor:
         """Agent ``index``'s whole flat task vector (a new tensor)."""
         out = self.tensors[index].to(device=self.device, dtype=self.dtype, copy=True)
         return out.sub_(self.base.to(device=self.device))
-
 
 
 def first_nonfinite(flat: Tensor) -> int | None:

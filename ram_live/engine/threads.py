@@ -11,8 +11,15 @@ import torch
 from ..kernels.pool import POOL_THREADS, map_threads
 from .stream import DeltaStream
 
-__all__ = ["NATIVE_CHUNK", "POOL_THREADS", "default_workers", "worker_count", "in_workers", "in_native_workers",
-           "native_walk"]
+__all__ = [
+    "NATIVE_CHUNK",
+    "POOL_THREADS",
+    "default_workers",
+    "worker_count",
+    "in_workers",
+    "in_native_workers",
+    "native_walk",
+]
 
 #: Entries per call of the native CPU kernels (threads take every ``workers``-th range of a tensor).
 NATIVE_CHUNK = 1 << 18
@@ -34,8 +41,9 @@ def worker_count(workers: int | None, device: torch.device) -> int:
     return workers if workers is not None else default_workers(device)
 
 
-def in_workers(stream: DeltaStream, workers: int, job: Callable[[int, int], Any], chunk: int | None = None
-               ) -> list[Any]:
+def in_workers(
+    stream: DeltaStream, workers: int, job: Callable[[int, int], Any], chunk: int | None = None
+) -> list[Any]:
     """``job(worker, workers)`` for each worker, in threads when there is more than one chunk (of ``chunk``
     entries, default the stream's) to share."""
     workers = max(1, min(workers, -(-stream.numel // (chunk or stream.stream_chunk))))

@@ -15,5 +15,15 @@ from .prompts import Prompts, load_prompts
 from .rewards import Rewards, rewards
 from .samples import pass_at_k
 
-__all__ = ["rewards", "Rewards", "lm_eval", "LmEval", "compute_score", "load_prompts", "Prompts",
-           "GenerationSettings", "EvaluationError", "pass_at_k"]
+__all__ = [
+    "rewards",
+    "Rewards",
+    "lm_eval",
+    "LmEval",
+    "compute_score",
+    "load_prompts",
+    "Prompts",
+    "GenerationSettings",
+    "EvaluationError",
+    "pass_at_k",
+]

@@ -31,15 +31,25 @@ def compute_score(fn: Callable[..., Any] | str, *, name: str | None = None) -> C
     score_fn = load_callable(fn, "compute_score")
     label = name or getattr(score_fn, "__name__", None) or "compute_score"
 
-    def reward(prompts: list[Any], completions: list[Any], data_source: list[Any] | None = None,
-               reward_model: list[Any] | None = None, ground_truth: list[Any] | None = None,
-               extra_info: list[Any] | None = None, **_: Any) -> list[float]:
+    def reward(
+        prompts: list[Any],
+        completions: list[Any],
+        data_source: list[Any] | None = None,
+        reward_model: list[Any] | None = None,
+        ground_truth: list[Any] | None = None,
+        extra_info: list[Any] | None = None,
+        **_: Any,
+    ) -> list[float]:
         out = []
         for j, completion in enumerate(completions):
             text = completion[-1]["content"] if isinstance(completion, list) else completion
             truth = ground_truth[j] if ground_truth is not None else _truth(reward_model, j, label)
-            value = score_fn(None if data_source is None else data_source[j], text, truth,
-                             None if extra_info is None else extra_info[j])
+            value = score_fn(
+                None if data_source is None else data_source[j],
+                text,
+                truth,
+                None if extra_info is None else extra_info[j],
+            )
             out.append(value["score"] if isinstance(value, Mapping) and "score" in value else value)
         return out
 
@@ -49,10 +59,15 @@ def compute_score(fn: Callable[..., Any] | str, *, name: str | None = None) -> C
 
 def _truth(reward_model: list[Any] | None, j: int, label: str) -> Any:
     if reward_model is None:
-        raise EvaluationError(f"{label}: prompt {j} has no ground truth: the prompt rows need a 'reward_model' "
-                              "({'ground_truth': ...}) or a 'ground_truth' column", function=label, index=j)
+        raise EvaluationError(
+            f"{label}: prompt {j} has no ground truth: the prompt rows need a 'reward_model' "
+            "({'ground_truth': ...}) or a 'ground_truth' column",
+            function=label,
+            index=j,
+        )
     row = reward_model[j]
     if not isinstance(row, Mapping) or "ground_truth" not in row:
-        raise EvaluationError(f"{label}: prompt {j}'s reward_model has no 'ground_truth': {row!r:.80}",
-                              function=label, index=j)
+        raise EvaluationError(
+            f"{label}: prompt {j}'s reward_model has no 'ground_truth': {row!r:.80}", function=label, index=j
+        )
     return row["ground_truth"]

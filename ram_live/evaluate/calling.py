@@ -40,10 +40,15 @@ class Batch:
 
     def kwargs(self, rows: Sequence[int]) -> dict[str, Any]:
         ids = self.completion_ids
-        return {"prompts": [self.prompts[j] for j in rows], "completions": [self.completions[j] for j in rows],
-                "completion_ids": None if ids is None else [ids[j] for j in rows],
-                **{k: [v[j] for j in rows] for k, v in self.columns.items()},
-                "trainer_state": self.trainer_state, "log_extra": _dropped, "log_metric": _dropped}
+        return {
+            "prompts": [self.prompts[j] for j in rows],
+            "completions": [self.completions[j] for j in rows],
+            "completion_ids": None if ids is None else [ids[j] for j in rows],
+            **{k: [v[j] for j in rows] for k, v in self.columns.items()},
+            "trainer_state": self.trainer_state,
+            "log_extra": _dropped,
+            "log_metric": _dropped,
+        }
 
     def where(self, j: int) -> tuple[int, str]:
         """Row ``j``'s prompt index and how messages name it."""
@@ -114,8 +119,11 @@ def call_rewards(funcs: Sequence[Callable[..., Any]], names: Sequence[str], batc
     for f, fn in enumerate(funcs):
         if f in errors:
             _raise(fn, names[f], batch, errors[f])
-        table.append(reward_list(outs[f], names[f], n, where=batch.where,
-                                 unit="prompts" if batch.samples == 1 else "completions"))
+        table.append(
+            reward_list(
+                outs[f], names[f], n, where=batch.where, unit="prompts" if batch.samples == 1 else "completions"
+            )
+        )
     return table
 
 
@@ -125,8 +133,9 @@ def _raise(fn: Callable[..., Any], name: str, batch: Batch, exc: BaseException) 
         index, where = None, f"prompts {min(batch.prompt_of)}..{max(batch.prompt_of)}"
     else:
         index, where = batch.where(j)
-    raise EvaluationError(f"reward function {name!r} raised {type(exc).__name__} on {where}: {one_line(exc)}",
-                          function=name, index=index) from exc
+    raise EvaluationError(
+        f"reward function {name!r} raised {type(exc).__name__} on {where}: {one_line(exc)}", function=name, index=index
+    ) from exc
 
 
 def _first_failing(fn: Callable[..., Any], batch: Batch) -> int | None:
@@ -146,6 +155,7 @@ def _first_failing(fn: Callable[..., Any], batch: Batch) -> int | None:
 def _gather(awaitables: list[Awaitable[Any]]) -> list[Any]:
     """Run ``awaitables`` concurrently to completion; each one's result or exception. Inside a running event
     loop (a notebook, an async trainer) they run on a fresh loop in a worker thread."""
+
     async def main() -> list[Any]:
         return await asyncio.gather(*awaitables, return_exceptions=True)
 

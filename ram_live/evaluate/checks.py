@@ -29,7 +29,7 @@ def one_line(text: object, limit: int = 300) -> str:
     """``text`` on one line (whitespace runs collapsed), cut at ``limit`` characters: an exception's message inside
     one of ours."""
     flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def finite_float(value: Any) -> float:
@@ -78,8 +78,9 @@ def _is_array(value: Any) -> bool:
     return getattr(value, "ndim", None) == 1 and callable(getattr(value, "tolist", None))
 
 
-def reward_list(out: Any, name: str, n: int, where: Callable[[int], tuple[int, str]] | None = None,
-                unit: str = "prompts") -> list[float | None]:
+def reward_list(
+    out: Any, name: str, n: int, where: Callable[[int], tuple[int, str]] | None = None, unit: str = "prompts"
+) -> list[float | None]:
     """A reward function's return as one float (or None: not applicable) per row.
 
     Accepted: a list, tuple, 1-D numpy array or tensor, or any other iterable of numbers or None. Raises
@@ -93,8 +94,11 @@ def reward_list(out: Any, name: str, n: int, where: Callable[[int], tuple[int, s
     where = where or (lambda j: (j, f"prompt {j}"))
     why = _not_a_sequence(out)
     if why is not None:
-        raise EvaluationError(f"reward function {name!r} returned {why}, not a sequence of rewards (one number per "
-                              f"{unit[:-1]}, {n} {unit})", function=name)
+        raise EvaluationError(
+            f"reward function {name!r} returned {why}, not a sequence of rewards (one number per "
+            f"{unit[:-1]}, {n} {unit})",
+            function=name,
+        )
     values: list[Any] = []
     try:
         if _is_array(out):
@@ -104,13 +108,18 @@ def reward_list(out: Any, name: str, n: int, where: Callable[[int], tuple[int, s
                 values.append(v)
     except Exception as exc:
         at = where(len(values)) if len(values) < n else None
-        raise EvaluationError(f"reward function {name!r} returned an iterable that raised {type(exc).__name__} "
-                              f"while its rewards were read{f' at {at[1]}' if at else ''}: {one_line(exc)}",
-                              function=name, index=at[0] if at else None) from exc
+        raise EvaluationError(
+            f"reward function {name!r} returned an iterable that raised {type(exc).__name__} "
+            f"while its rewards were read{f' at {at[1]}' if at else ''}: {one_line(exc)}",
+            function=name,
+            index=at[0] if at else None,
+        ) from exc
     if len(values) != n:
         count = len(values) if len(values) < n or _is_array(out) else f"more than {n}"
-        raise EvaluationError(f"reward function {name!r} returned {count} rewards for {n} {unit} (one per "
-                              f"{unit[:-1]} is needed)", function=name)
+        raise EvaluationError(
+            f"reward function {name!r} returned {count} rewards for {n} {unit} (one per {unit[:-1]} is needed)",
+            function=name,
+        )
     checked: list[float | None] = []
     for j, v in enumerate(values):
         if v is None:
@@ -120,9 +129,12 @@ def reward_list(out: Any, name: str, n: int, where: Callable[[int], tuple[int, s
             checked.append(finite_float(v))
         except ValueError as exc:
             index, label = where(j)
-            raise EvaluationError(f"reward function {name!r} returned {short(v)} for {label}: {exc}; a reward "
-                                  "must be a finite number (or None: not applicable)", function=name,
-                                  index=index) from None
+            raise EvaluationError(
+                f"reward function {name!r} returned {short(v)} for {label}: {exc}; a reward "
+                "must be a finite number (or None: not applicable)",
+                function=name,
+                index=index,
+            ) from None
     return checked
 
 
@@ -138,8 +150,7 @@ def weight_list(reward_weights: Any, n: int) -> list[float]:
     try:
         values = list(reward_weights.tolist() if _is_array(reward_weights) else reward_weights)
     except Exception as exc:
-        raise ConfigError(f"{expected}; reading reward_weights raised {type(exc).__name__}: {one_line(exc)}"
-                          ) from exc
+        raise ConfigError(f"{expected}; reading reward_weights raised {type(exc).__name__}: {one_line(exc)}") from exc
     if len(values) != n:
         raise ConfigError(f"{expected}, got {len(values)}: {short(reward_weights)}")
     out = []
@@ -161,6 +172,7 @@ def meta_tensor(module: Any) -> str | None:
         own = chain(sub.named_parameters(recurse=False), sub.named_buffers(recurse=False))
         for name, tensor in own:
             if getattr(tensor, "is_meta", False) and not any(
-                    h == "" or prefix == h or prefix.startswith(h + ".") for h in hooked):
+                h == "" or prefix == h or prefix.startswith(h + ".") for h in hooked
+            ):
                 return f"{prefix}.{name}" if prefix else name
     return None

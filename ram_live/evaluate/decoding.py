@@ -51,8 +51,11 @@ class RowSampler:
             drop[:, -1] = False  # the most likely token always stays
             logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
         cdf = logits.softmax(dim=-1).double().cumsum(dim=-1)
-        draws = torch.tensor([float(torch.rand((), generator=g, dtype=torch.float64)) for g in self.generators],
-                             dtype=torch.float64, device=cdf.device)
+        draws = torch.tensor(
+            [float(torch.rand((), generator=g, dtype=torch.float64)) for g in self.generators],
+            dtype=torch.float64,
+            device=cdf.device,
+        )
         tokens = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1), right=True).clamp_(max=vocab - 1)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, tokens, 0.0)
@@ -67,10 +70,9 @@ class StopOnStrings:
         self.window = max(len(s) for s in stop) + 8  # tokens: a stop string spans at most one per character
 
     def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
-        tail = input_ids[:, max(self.start, input_ids.shape[1] - self.window):]
+        tail = input_ids[:, max(self.start, input_ids.shape[1] - self.window) :]
         texts = self.tokenizer.batch_decode(tail.tolist(), skip_special_tokens=True)
-        return torch.tensor([any(s in t for s in self.stop) for t in texts], dtype=torch.bool,
-                            device=input_ids.device)
+        return torch.tensor([any(s in t for s in self.stop) for t in texts], dtype=torch.bool, device=input_ids.device)
 
 
 def cut_text(text: str, stop: Sequence[str], include_stop: bool = False) -> tuple[str, bool]:
@@ -79,11 +81,12 @@ def cut_text(text: str, stop: Sequence[str], include_stop: bool = False) -> tupl
     if not hits:
         return text, False
     at, minus = min(hits)  # the earliest; at one place, the longest
-    return text[:at - minus if include_stop else at], True
+    return text[: at - minus if include_stop else at], True
 
 
-def texts_of(tokenizer: Any, rows: list[list[int]], stop: Sequence[str] = (), include_stop: bool = False
-             ) -> tuple[list[str], list[list[int]]]:
+def texts_of(
+    tokenizer: Any, rows: list[list[int]], stop: Sequence[str] = (), include_stop: bool = False
+) -> tuple[list[str], list[list[int]]]:
     """The completions' texts (decoded without special tokens) and token ids, cut at the first stop string."""
     texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
     if not stop:
@@ -92,7 +95,7 @@ def texts_of(tokenizer: Any, rows: list[list[int]], stop: Sequence[str] = (), in
     for text, ids in zip(texts, rows):
         cut, found = cut_text(text, stop, include_stop)
         if found:
-            ids = ids[:_stop_end(tokenizer, ids, stop)]
+            ids = ids[: _stop_end(tokenizer, ids, stop)]
         out_texts.append(cut)
         out_rows.append(ids)
     return out_texts, out_rows

@@ -42,8 +42,13 @@ class Engine:
     """Generates ``settings.samples`` completions for chosen prompts: ``run(merged, indices) -> (texts, ids)``,
     rows prompt-major."""
 
-    def __init__(self, prompts: Prompts, settings: GenerationSettings, resolver: Resolver,
-                 generate: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        prompts: Prompts,
+        settings: GenerationSettings,
+        resolver: Resolver,
+        generate: Callable[..., Any] | None = None,
+    ) -> None:
         self.prompts, self.settings, self.resolver, self.generate = prompts, settings, resolver, generate
         self._ids: dict[int, list[list[int]]] = {}  # prompt ids per tokenizer (tokenized once)
 
@@ -58,16 +63,21 @@ class Engine:
     def _prompt_ids(self, tokenizer: Any) -> list[list[int]]:
         key = id(tokenizer)
         if key not in self._ids:
-            self._ids = {key: tokenize_prompts(tokenizer, self.prompts.prompts, self.prompts.conversational,
-                                               self.prompts.where)}
+            self._ids = {
+                key: tokenize_prompts(tokenizer, self.prompts.prompts, self.prompts.conversational, self.prompts.where)
+            }
         return self._ids[key]
 
     def _custom(self, merged: Any, indices: list[int]) -> tuple[list[str], list[list[int]] | None]:
         s, fn = self.settings, self.generate
         name = getattr(fn, "__name__", None) or type(fn).__name__
         try:
-            out = fn(merged, [self.prompts.prompts[i] for i in indices], s,  # type: ignore[misc]
-                     [prompt_seed(s.seed, i) for i in indices])
+            out = fn(
+                merged,
+                [self.prompts.prompts[i] for i in indices],
+                s,  # type: ignore[misc]
+                [prompt_seed(s.seed, i) for i in indices],
+            )
         except Exception as exc:
             raise EvaluationError(f"generate={name} raised {type(exc).__name__}: {one_line(exc)}") from exc
         got = short(out)
@@ -77,15 +87,22 @@ class Engine:
             out = None
         if out is None or len(out) != len(indices):
             got = f"{len(out)} items" if out is not None else got
-            raise EvaluationError(f"generate={name} returned {got} for {len(indices)} prompts; one list of "
-                                  f"{s.samples} completion text(s) per prompt is expected")
+            raise EvaluationError(
+                f"generate={name} returned {got} for {len(indices)} prompts; one list of "
+                f"{s.samples} completion text(s) per prompt is expected"
+            )
         texts: list[str] = []
         for p, item in enumerate(out):
             group = [item] if isinstance(item, str) and s.samples == 1 else item
-            if not isinstance(group, (list, tuple)) or len(group) != s.samples or not all(
-                    isinstance(t, str) for t in group):
-                raise EvaluationError(f"generate={name} returned {short(item)} for prompt {indices[p]}; "
-                                      f"{s.samples} completion text(s) (a list of str) are expected")
+            if (
+                not isinstance(group, (list, tuple))
+                or len(group) != s.samples
+                or not all(isinstance(t, str) for t in group)
+            ):
+                raise EvaluationError(
+                    f"generate={name} returned {short(item)} for prompt {indices[p]}; "
+                    f"{s.samples} completion text(s) (a list of str) are expected"
+                )
             texts.extend(cut_text(t, s.stop, s.include_stop)[0] if s.stop else t for t in group)
         return texts, self._encode(texts)
 

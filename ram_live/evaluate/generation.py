@@ -72,8 +72,10 @@ class GenerationSettings:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"rewards: {name} must be True or False, got {short(getattr(self, name))}")
         if self.samples > 1 and not self.do_sample:
-            raise ConfigError(f"rewards: samples={self.samples} with do_sample=False: greedy completions of a prompt "
-                              "are all the same; leave do_sample unset (k > 1 samples)")
+            raise ConfigError(
+                f"rewards: samples={self.samples} with do_sample=False: greedy completions of a prompt "
+                "are all the same; leave do_sample unset (k > 1 samples)"
+            )
         if not _number_in(self.temperature, lambda t: t > 0):
             raise ConfigError(f"rewards: temperature must be a finite number > 0, got {short(self.temperature)}")
         if not _number_in(self.top_p, lambda p: 0 < p <= 1):
@@ -94,10 +96,14 @@ def _stop_strings(stop: Any) -> tuple[str, ...]:
 
 def _token_ids(ids: Any) -> tuple[int, ...]:
     values = [ids] if isinstance(ids, int) and not isinstance(ids, bool) else ids
-    if not isinstance(values, (list, tuple)) or not values or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in values):
-        raise ConfigError(f"rewards: eos_token_id must be a token id (an int >= 0) or a non-empty list of them, got "
-                          f"{short(ids)}")
+    if (
+        not isinstance(values, (list, tuple))
+        or not values
+        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in values)
+    ):
+        raise ConfigError(
+            f"rewards: eos_token_id must be a token id (an int >= 0) or a non-empty list of them, got {short(ids)}"
+        )
     return tuple(values)
 
 
@@ -114,16 +120,19 @@ def eos_ids(model: Any, tokenizer: Any, settings: GenerationSettings | None = No
     if settings is not None and settings.eos_token_id is not None:
         return list(settings.eos_token_id)
     ids: list[int] = []
-    for value in (getattr(tokenizer, "eos_token_id", None),
-                  getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+    for value in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ):
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if v is not None and int(v) not in ids:
                 ids.append(int(v))
     return ids
 
 
-def tokenize_prompts(tokenizer: Any, prompts: list[Any], conversational: bool,
-                     where: Callable[[int], str] | None = None) -> list[list[int]]:
+def tokenize_prompts(
+    tokenizer: Any, prompts: list[Any], conversational: bool, where: Callable[[int], str] | None = None
+) -> list[list[int]]:
     """Each prompt's token ids, as TRL tokenizes them (a chat template with the generation prompt for
     conversations; the tokenizer's own special tokens for text).
 
@@ -134,13 +143,21 @@ def tokenize_prompts(tokenizer: Any, prompts: list[Any], conversational: bool,
     where = where or (lambda i: f"prompt {i}")
     if conversational:
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ConfigError("conversational prompts need a tokenizer with a chat template (tokenizer.chat_template "
-                              "is None)")
+            raise ConfigError(
+                "conversational prompts need a tokenizer with a chat template (tokenizer.chat_template is None)"
+            )
 
         def encode(batch: list[Any]) -> list[list[int]]:
-            return [list(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
-                                                       return_dict=True)["input_ids"]) for p in batch]
+            return [
+                list(
+                    tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                        "input_ids"
+                    ]
+                )
+                for p in batch
+            ]
     else:
+
         def encode(batch: list[Any]) -> list[list[int]]:
             return [list(ids) for ids in tokenizer(batch)["input_ids"]]
 
@@ -154,8 +171,10 @@ def tokenize_prompts(tokenizer: Any, prompts: list[Any], conversational: bool,
         raise ConfigError(f"{what} returned {len(out)} token lists for {len(prompts)} prompts")
     empty = next((i for i, ids in enumerate(out) if not ids), None)
     if empty is not None:
-        raise ConfigError(f"{where(empty)}: the prompt is zero tokens with this tokenizer (it adds no BOS token); "
-                          "generation needs at least one token")
+        raise ConfigError(
+            f"{where(empty)}: the prompt is zero tokens with this tokenizer (it adds no BOS token); "
+            "generation needs at least one token"
+        )
     return out
 
 
@@ -174,13 +193,18 @@ def left_pad(batch: list[list[int]], pad_id: int, device: Any) -> tuple[torch.Te
     mask = torch.zeros((len(batch), width), dtype=torch.long)
     for row, ids in enumerate(batch):
         if ids:
-            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            mask[row, width - len(ids):] = 1
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            mask[row, width - len(ids) :] = 1
     return input_ids.to(device), mask.to(device)
 
 
-def generate_completions(model: Any, tokenizer: Any, prompt_ids: list[list[int]], settings: GenerationSettings,
-                         indices: list[int] | None = None) -> list[list[int]]:
+def generate_completions(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: list[list[int]],
+    settings: GenerationSettings,
+    indices: list[int] | None = None,
+) -> list[list[int]]:
     """The completion token ids, ``settings.samples`` per prompt (prompt-major: prompt 0's samples, then prompt
     1's ...), each cut after the first EOS (kept) and, with stop strings, stopped early once one is written.
 
@@ -204,15 +228,21 @@ def generate_completions(model: Any, tokenizer: Any, prompt_ids: list[list[int]]
     # was not given (and, in some versions, fields left at their defaults) from model.generation_config, where an
     # instruct model keeps e.g. repetition_penalty or do_sample=True; greedy here means greedy. Sampling is done
     # by RowSampler (a logits processor leaving one token per row), so generate itself always decodes greedily.
-    config = GenerationConfig(max_new_tokens=settings.max_new_tokens, do_sample=False, num_beams=1, use_cache=True,
-                              pad_token_id=pad, eos_token_id=eos or None,
-                              bos_token_id=getattr(model.generation_config, "bos_token_id", None))
+    config = GenerationConfig(
+        max_new_tokens=settings.max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        use_cache=True,
+        pad_token_id=pad,
+        eos_token_id=eos or None,
+        bos_token_id=getattr(model.generation_config, "bos_token_id", None),
+    )
     rows = [(i, j) for i in range(len(prompt_ids)) for j in range(settings.samples)]
     device = device_of(model)
     out: list[list[int]] = []
     with _eval_mode(model), _generation_config(model, config), torch.no_grad():
         for start in range(0, len(rows), settings.batch_size):
-            batch = rows[start:start + settings.batch_size]
+            batch = rows[start : start + settings.batch_size]
             input_ids, mask = left_pad([prompt_ids[i] for i, _ in batch], pad, device)
             processors = LogitsProcessorList()
             if settings.do_sample:
@@ -220,9 +250,14 @@ def generate_completions(model: Any, tokenizer: Any, prompt_ids: list[list[int]]
             criteria = StoppingCriteriaList()
             if settings.stop:
                 criteria.append(StopOnStrings(tokenizer, settings.stop, input_ids.shape[1]))
-            generated = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config,
-                                       logits_processor=processors, stopping_criteria=criteria)
-            for row in generated[:, input_ids.shape[1]:].tolist():
+            generated = model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                generation_config=config,
+                logits_processor=processors,
+                stopping_criteria=criteria,
+            )
+            for row in generated[:, input_ids.shape[1] :].tolist():
                 out.append(_cut(row, eos))
     return out
 
@@ -230,7 +265,7 @@ def generate_completions(model: Any, tokenizer: Any, prompt_ids: list[list[int]]
 def _cut(ids: list[int], eos: list[int]) -> list[int]:
     for i, t in enumerate(ids):
         if t in eos:
-            return ids[:i + 1]
+            return ids[: i + 1]
     return ids
 
 

@@ -22,15 +22,26 @@ def _lm_eval() -> Any:
         import lm_eval.models.huggingface  # noqa: F401
         import lm_eval.tasks  # noqa: F401
     except ImportError as exc:
-        raise ConfigError('ram_live.evaluate.lm_eval needs lm-eval-harness: pip install -e ".[lm-eval]" '
-                          '(in the ram-live clone)') from exc
+        raise ConfigError(
+            'ram_live.evaluate.lm_eval needs lm-eval-harness: pip install -e ".[lm-eval]" (in the ram-live clone)'
+        ) from exc
     return lm_eval
 
 
-def lm_eval(tasks: str | Sequence[str], *, metric: str = "acc", tokenizer: Any = None, model: Any = None,
-            include_path: str | os.PathLike | None = None, include_defaults: bool = True, batch_size: int = 8,
-            num_fewshot: int | None = None, limit: int | float | None = None, seed: int = 0,
-            **simple_evaluate_kwargs: Any) -> LmEval:
+def lm_eval(
+    tasks: str | Sequence[str],
+    *,
+    metric: str = "acc",
+    tokenizer: Any = None,
+    model: Any = None,
+    include_path: str | os.PathLike | None = None,
+    include_defaults: bool = True,
+    batch_size: int = 8,
+    num_fewshot: int | None = None,
+    limit: int | float | None = None,
+    seed: int = 0,
+    **simple_evaluate_kwargs: Any,
+) -> LmEval:
     """An evaluation ``evaluate(model) -> float``: lm-eval-harness's ``simple_evaluate`` on the model as it is in
     memory (wrapped in ``HFLM(pretrained=<model>, tokenizer=...)``), returning one metric.
 
@@ -56,18 +67,38 @@ def lm_eval(tasks: str | Sequence[str], *, metric: str = "acc", tokenizer: Any =
     if not isinstance(metric, str) or not metric:
         raise ConfigError(f"lm_eval: metric must be a metric name such as 'acc', got {metric!r}")
     _lm_eval()
-    return LmEval(names, metric, Resolver(model=model, tokenizer=tokenizer), include_path, include_defaults,
-                  dict(batch_size=batch_size, num_fewshot=num_fewshot, limit=limit, random_seed=seed,
-                       numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-                       **simple_evaluate_kwargs))
+    return LmEval(
+        names,
+        metric,
+        Resolver(model=model, tokenizer=tokenizer),
+        include_path,
+        include_defaults,
+        dict(
+            batch_size=batch_size,
+            num_fewshot=num_fewshot,
+            limit=limit,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+            **simple_evaluate_kwargs,
+        ),
+    )
 
 
 class LmEval:
     """The evaluation :func:`lm_eval` returns; after a call ``results`` holds ``simple_evaluate``'s results and
     ``metrics`` the chosen metric per task."""
 
-    def __init__(self, tasks: list[str], metric: str, resolver: Resolver, include_path: Any, include_defaults: bool,
-                 kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        tasks: list[str],
+        metric: str,
+        resolver: Resolver,
+        include_path: Any,
+        include_defaults: bool,
+        kwargs: dict[str, Any],
+    ) -> None:
         self.tasks, self.metric, self.resolver, self.kwargs = tasks, metric, resolver, kwargs
         self.include_path = None if include_path is None else os.fspath(include_path)
         self.include_defaults = include_defaults
@@ -82,13 +113,15 @@ class LmEval:
 
         model, tokenizer = self.resolver.resolve(merged)
         if self._manager is None:
-            self._manager = lm_eval.tasks.TaskManager(include_path=self.include_path,
-                                                      include_defaults=self.include_defaults)
+            self._manager = lm_eval.tasks.TaskManager(
+                include_path=self.include_path, include_defaults=self.include_defaults
+            )
         training = model.training
         try:
             lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.kwargs["batch_size"])
-            results = lm_eval.simple_evaluate(model=lm, tasks=self.tasks, task_manager=self._manager,
-                                              log_samples=False, **self.kwargs)
+            results = lm_eval.simple_evaluate(
+                model=lm, tasks=self.tasks, task_manager=self._manager, log_samples=False, **self.kwargs
+            )
         except (KeyError, ValueError) as exc:
             raise EvaluationError(f"lm_eval on tasks {self.tasks}: {type(exc).__name__}: {exc}") from exc
         finally:
@@ -101,8 +134,9 @@ class LmEval:
         for task in self.tasks:
             row = results["results"].get(task, {})
             if key not in row:
-                raise EvaluationError(f"lm_eval: task {task!r} reports no {key!r} (its metrics: "
-                                      f"{sorted(k for k in row if ',' in k)})")
+                raise EvaluationError(
+                    f"lm_eval: task {task!r} reports no {key!r} (its metrics: {sorted(k for k in row if ',' in k)})"
+                )
             metrics[task] = float(row[key])
         self.metrics = metrics
         score = sum(metrics.values()) / len(metrics)

@@ -28,8 +28,10 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError as exc:
-        raise ConfigError('ram_live.evaluate generates with Hugging Face transformers: pip install -e '
-                          '".[transformers]" (in the ram-live clone)') from exc
+        raise ConfigError(
+            "ram_live.evaluate generates with Hugging Face transformers: pip install -e "
+            '".[transformers]" (in the ram-live clone)'
+        ) from exc
     return transformers
 
 
@@ -57,8 +59,10 @@ def parse_device(device: Any) -> Any:
     if device is None:
         return None
     if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
-        raise ConfigError(f"rewards: device must be a device name ('cuda', 'cuda:1', 'cpu'), an index or a "
-                          f"torch.device, got {_kind(device)}")
+        raise ConfigError(
+            f"rewards: device must be a device name ('cuda', 'cuda:1', 'cpu'), an index or a "
+            f"torch.device, got {_kind(device)}"
+        )
     try:
         return torch.device(device)
     except (RuntimeError, ValueError) as exc:
@@ -73,8 +77,10 @@ def parse_dtype(dtype: Any) -> Any:
         return None
     value = getattr(torch, dtype.removeprefix("torch."), None) if isinstance(dtype, str) else dtype
     if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise ConfigError(f"rewards: dtype must be a floating torch dtype or its name ('bfloat16', 'float16', "
-                          f"'float32'), got {dtype!r:.80}")
+        raise ConfigError(
+            f"rewards: dtype must be a floating torch dtype or its name ('bfloat16', 'float16', "
+            f"'float32'), got {dtype!r:.80}"
+        )
     return value
 
 
@@ -98,14 +104,18 @@ def _check_placement(model: Any, device: Any, dtype: Any, what: str) -> None:
     if device is not None:
         actual = device_of(model)
         if actual.type != device.type or (device.index is not None and actual.index != device.index):
-            raise ConfigError(f"rewards: {what} is on {actual}, and device={str(device)!r} was asked; a module is "
-                              f"evaluated where it is, never copied: move it there (.to({str(device)!r})) or leave "
-                              "device=None")
+            raise ConfigError(
+                f"rewards: {what} is on {actual}, and device={str(device)!r} was asked; a module is "
+                f"evaluated where it is, never copied: move it there (.to({str(device)!r})) or leave "
+                "device=None"
+            )
     if dtype is not None:
         actual_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
         if actual_dtype is not None and actual_dtype != dtype:
-            raise ConfigError(f"rewards: {what} is in {actual_dtype}, and dtype={dtype} was asked; a module is "
-                              f"evaluated as it is, never copied: convert it (.to({dtype})) or leave dtype=None")
+            raise ConfigError(
+                f"rewards: {what} is in {actual_dtype}, and dtype={dtype} was asked; a module is "
+                f"evaluated as it is, never copied: convert it (.to({dtype})) or leave dtype=None"
+            )
 
 
 def generator_of(module: Any) -> Any:
@@ -117,8 +127,10 @@ def generator_of(module: Any) -> Any:
         for _, sub in named():
             if sub is not module and callable(getattr(sub, "generate", None)) and hasattr(sub, "generation_config"):
                 return sub
-    raise EvaluationError(f"rewards: {type(module).__name__} has no generate() and holds no module that has one; "
-                          "pass a transformers causal LM (or a module holding one)")
+    raise EvaluationError(
+        f"rewards: {type(module).__name__} has no generate() and holds no module that has one; "
+        "pass a transformers causal LM (or a module holding one)"
+    )
 
 
 class Resolver:
@@ -126,8 +138,11 @@ class Resolver:
     loaded at first use."""
 
     def __init__(self, model: Any = None, tokenizer: Any = None, device: Any = None, dtype: Any = None) -> None:
-        if model is not None and not isinstance(model, (str, os.PathLike)) and (
-                isinstance(model, type) or not hasattr(model, "state_dict")):
+        if (
+            model is not None
+            and not isinstance(model, (str, os.PathLike))
+            and (isinstance(model, type) or not hasattr(model, "state_dict"))
+        ):
             raise ConfigError(f"rewards: model must be a module or a Hugging Face folder, got {_kind(model)}")
         self.device, self.dtype = parse_device(device), parse_dtype(dtype)
         if model is not None and not isinstance(model, (str, os.PathLike)):
@@ -154,9 +169,11 @@ class Resolver:
             return model, self.tokenizer(folder)
         if isinstance(merged, Mapping):
             if self._model is None:
-                raise ConfigError("rewards: the evaluation was handed a state dict (a state-dict or path base); "
-                                  "pass rewards(..., model=<a module or HF folder of the base's structure>) to load "
-                                  "it into")
+                raise ConfigError(
+                    "rewards: the evaluation was handed a state dict (a state-dict or path base); "
+                    "pass rewards(..., model=<a module or HF folder of the base's structure>) to load "
+                    "it into"
+                )
             model = self._target()
             self._copy_into(model, merged, "the state dict")
             return model, self.tokenizer(None)
@@ -165,22 +182,30 @@ class Resolver:
             _not_meta(model, f"the evaluated {type(model).__name__}", EvaluationError)
             _check_placement(model, self.device, self.dtype, f"the evaluated {type(model).__name__}")
             return model, self.tokenizer(None, model)
-        raise EvaluationError(f"rewards: cannot evaluate a {type(merged).__name__}; a module, a state dict or a "
-                              "Hugging Face folder is expected")
+        raise EvaluationError(
+            f"rewards: cannot evaluate a {type(merged).__name__}; a module, a state dict or a "
+            "Hugging Face folder is expected"
+        )
 
     def tokenizer(self, folder: Path | None, model: Any = None) -> Any:
         if self._ready_tokenizer is not None:
             return self._ready_tokenizer
         source = self._tokenizer
         if source is None:
-            source = folder if folder is not None else self._folder if self._folder is not None \
+            source = (
+                folder
+                if folder is not None
+                else self._folder
+                if self._folder is not None
                 else getattr(getattr(model, "config", None), "_name_or_path", None) or None
+            )
         if source is None:
             raise ConfigError("rewards: no tokenizer: pass rewards(..., tokenizer=<a tokenizer or its folder>)")
         if isinstance(source, (str, os.PathLike)):
             try:
                 source = _transformers().AutoTokenizer.from_pretrained(
-                    os.fspath(resolve_model(source, what="rewards: tokenizer")))  # ids: the local cache only
+                    os.fspath(resolve_model(source, what="rewards: tokenizer"))
+                )  # ids: the local cache only
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"rewards: cannot load a tokenizer from {source}: {exc}") from None
             _check_tokenizer(source)
@@ -202,8 +227,9 @@ class Resolver:
         own = model.state_dict()
         unexpected = sorted(set(state) - set(own), key=str)
         if unexpected:
-            raise EvaluationError(f"rewards: {what} has keys the model lacks: {unexpected[:5]} (is model= the base's "
-                                  "structure?)")
+            raise EvaluationError(
+                f"rewards: {what} has keys the model lacks: {unexpected[:5]} (is model= the base's structure?)"
+            )
         given = {own[k].data_ptr() for k in state}
         missing = sorted(k for k in set(own) - set(state) if own[k].data_ptr() not in given)
         if missing:
@@ -227,8 +253,10 @@ def _check_tokenizer(tokenizer: Any) -> None:
         return
     if isinstance(tokenizer, type) or not callable(tokenizer) or not callable(getattr(tokenizer, "batch_decode", None)):
         hint = " (a class: load one with .from_pretrained(folder))" if isinstance(tokenizer, type) else ""
-        raise ConfigError(f"rewards: tokenizer must be a tokenizer (callable, with batch_decode) or the folder of one, "
-                          f"got {_kind(tokenizer)}{hint}")
+        raise ConfigError(
+            f"rewards: tokenizer must be a tokenizer (callable, with batch_decode) or the folder of one, "
+            f"got {_kind(tokenizer)}{hint}"
+        )
 
 
 def _not_meta(model: Any, what: str, error: type[ConfigError] | type[EvaluationError]) -> None:
@@ -236,8 +264,10 @@ def _not_meta(model: Any, what: str, error: type[ConfigError] | type[EvaluationE
     ``device="meta"``); one offloaded by accelerate, whose hooks load them, passes."""
     name = meta_tensor(model) if callable(getattr(model, "named_modules", None)) else None
     if name is not None:
-        raise error(f"rewards: {what} has {name!r} on the meta device (a tensor without data); load the weights "
-                    "(e.g. from_pretrained, or to_empty(device=...) then load_state_dict) before evaluating it")
+        raise error(
+            f"rewards: {what} has {name!r} on the meta device (a tensor without data); load the weights "
+            "(e.g. from_pretrained, or to_empty(device=...) then load_state_dict) before evaluating it"
+        )
 
 
 def _read_folder(folder: Path) -> dict[str, Any]:

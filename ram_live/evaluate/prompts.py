@@ -75,8 +75,10 @@ def load_prompts(prompts: Any) -> Prompts:
         return _from_rows(prompts.to_list(), "the prompts dataset")
     if isinstance(prompts, Sequence) and not isinstance(prompts, (bytes, bytearray)):
         return _from_rows([{"prompt": p} if isinstance(p, str) else p for p in prompts], "the prompts list")
-    raise ConfigError(f"prompts must be a list of strings, a list of dicts with 'prompt', a datasets.Dataset or a "
-                      f"JSONL or parquet path; got {type(prompts).__name__}")
+    raise ConfigError(
+        f"prompts must be a list of strings, a list of dicts with 'prompt', a datasets.Dataset or a "
+        f"JSONL or parquet path; got {type(prompts).__name__}"
+    )
 
 
 def _read_parquet(path: Path) -> list[Any]:
@@ -86,13 +88,15 @@ def _read_parquet(path: Path) -> list[Any]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ConfigError(f"prompts file {path}: reading parquet needs pyarrow (it comes with datasets): "
-                          "pip install pyarrow") from None
+        raise ConfigError(
+            f"prompts file {path}: reading parquet needs pyarrow (it comes with datasets): pip install pyarrow"
+        ) from None
     try:
         rows = pq.read_table(path).to_pylist()
     except Exception as exc:  # pyarrow's ArrowInvalid / OSError on a file that is not parquet
-        raise ConfigError(f"prompts file {path}: not a readable parquet file ({type(exc).__name__}: "
-                          f"{one_line(exc, 160)})") from None
+        raise ConfigError(
+            f"prompts file {path}: not a readable parquet file ({type(exc).__name__}: {one_line(exc, 160)})"
+        ) from None
     if not rows:
         raise ConfigError(f"prompts file {path} is empty: at least one row with a 'prompt' column is expected")
     return rows
@@ -112,19 +116,22 @@ def _read_jsonl(path: Path) -> tuple[list[Any], list[int]]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as exc:
-                    raise ConfigError(f"prompts file {path}, line {number}: not JSON ({exc.msg}); {expected}"
-                                      ) from None
+                    raise ConfigError(f"prompts file {path}, line {number}: not JSON ({exc.msg}); {expected}") from None
                 except RecursionError:
-                    raise ConfigError(f"prompts file {path}, line {number}: nested too deeply for the JSON parser; "
-                                      f"{expected}") from None
+                    raise ConfigError(
+                        f"prompts file {path}, line {number}: nested too deeply for the JSON parser; {expected}"
+                    ) from None
                 except ValueError as exc:  # e.g. an integer beyond Python's digit limit
-                    raise ConfigError(f"prompts file {path}, line {number}: unreadable JSON ({one_line(exc, 120)}); "
-                                      f"{expected}") from None
+                    raise ConfigError(
+                        f"prompts file {path}, line {number}: unreadable JSON ({one_line(exc, 120)}); {expected}"
+                    ) from None
                 lines.append(number)
     except UnicodeDecodeError:
         number, column = _bad_utf8(path)
-        raise ConfigError(f"prompts file {path}, line {number}: not UTF-8 (an undecodable byte at column {column}); "
-                          "save the file as UTF-8") from None
+        raise ConfigError(
+            f"prompts file {path}, line {number}: not UTF-8 (an undecodable byte at column {column}); "
+            "save the file as UTF-8"
+        ) from None
     if not rows:
         raise ConfigError(f"prompts file {path} is empty: {expected}")
     return rows, lines
@@ -158,27 +165,35 @@ def _from_rows(rows: list[Any], source: str, lines: list[int] | None = None) -> 
             raise ConfigError(f"{where(i)}: a prompt row must be {kind}, got {type(row).__name__} {short(row)}")
         odd = [k for k in row if not isinstance(k, str)]
         if odd:
-            raise ConfigError(f"{where(i)}: column names must be strings (they become keyword arguments of the "
-                              f"reward functions), got {short(odd[0])}")
+            raise ConfigError(
+                f"{where(i)}: column names must be strings (they become keyword arguments of the "
+                f"reward functions), got {short(odd[0])}"
+            )
         if "prompt" not in row:
             raise ConfigError(f"{where(i)}: no 'prompt' key (its keys: {short(sorted(row))})")
         prompt = row["prompt"]
         if not (isinstance(prompt, str) or _is_conversation(prompt)):
-            raise ConfigError(f"{where(i)}: 'prompt' must be a string or a list of {{'role', 'content'}} messages, "
-                              f"got {short(prompt)}")
+            raise ConfigError(
+                f"{where(i)}: 'prompt' must be a string or a list of {{'role', 'content'}} messages, "
+                f"got {short(prompt)}"
+            )
         _check_text(prompt, where(i))
         if keys is None:
             keys = sorted(row)
         elif sorted(row) != keys:
-            raise ConfigError(f"{where(i)}: its keys {short(sorted(row))} differ from the first row's {short(keys)} "
-                              "(every row needs the same columns: they are passed to the reward functions as lists)")
+            raise ConfigError(
+                f"{where(i)}: its keys {short(sorted(row))} differ from the first row's {short(keys)} "
+                "(every row needs the same columns: they are passed to the reward functions as lists)"
+            )
     kinds = {isinstance(r["prompt"], str) for r in rows}
     if len(kinds) > 1:
         raise ConfigError(f"{source} mixes plain-text and conversational prompts; use one kind")
     taken = sorted(set(keys or []) & RESERVED)
     if taken:
-        raise ConfigError(f"{source}: the column(s) {taken} would replace what the reward functions are given under "
-                          f"that name ({', '.join(sorted(RESERVED))}); rename them")
+        raise ConfigError(
+            f"{source}: the column(s) {taken} would replace what the reward functions are given under "
+            f"that name ({', '.join(sorted(RESERVED))}); rename them"
+        )
     columns = {k: [r[k] for r in rows] for k in (keys or []) if k != "prompt"}
     return Prompts([r["prompt"] for r in rows], columns, source, lines)
 
@@ -193,10 +208,15 @@ def _check_text(prompt: Any, where: str) -> None:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise ConfigError(f"{where}: the prompt holds {text[exc.start]!r} at character {exc.start}, an unpaired "
-                              "surrogate that no tokenizer encodes (UTF-8 text is expected)") from None
+            raise ConfigError(
+                f"{where}: the prompt holds {text[exc.start]!r} at character {exc.start}, an unpaired "
+                "surrogate that no tokenizer encodes (UTF-8 text is expected)"
+            ) from None
 
 
 def _is_conversation(prompt: Any) -> bool:
-    return (isinstance(prompt, list) and bool(prompt)
-            and all(isinstance(m, Mapping) and "role" in m and "content" in m for m in prompt))
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(m, Mapping) and "role" in m and "content" in m for m in prompt)
+    )

@@ -33,14 +33,33 @@ __all__ = ["Rewards", "rewards"]
 RewardFunc = Callable[..., Sequence[Any]]
 
 
-def rewards(prompts: Any, reward_funcs: RewardFunc | Sequence[RewardFunc], *, tokenizer: Any = None,
-            max_new_tokens: int = 64, batch_size: int = 16, reward_weights: Sequence[float] | None = None,
-            model: Any = None, do_sample: bool | None = None, temperature: float = 1.0, top_p: float = 1.0,
-            top_k: int = 0, seed: int = 0, task: Any = AUTO, objective: str | None = None,
-            weights: Mapping[str, float] | None = None, samples: int = 1, metric: str | None = None,
-            pass_threshold: float = 1.0, device: Any = None, dtype: Any = None, stop: str | Sequence[str] | None = None,
-            include_stop: bool = False, eos_token_id: int | Sequence[int] | None = None,
-            generate: Callable[..., Any] | None = None) -> Rewards:
+def rewards(
+    prompts: Any,
+    reward_funcs: RewardFunc | Sequence[RewardFunc],
+    *,
+    tokenizer: Any = None,
+    max_new_tokens: int = 64,
+    batch_size: int = 16,
+    reward_weights: Sequence[float] | None = None,
+    model: Any = None,
+    do_sample: bool | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+    task: Any = AUTO,
+    objective: str | None = None,
+    weights: Mapping[str, float] | None = None,
+    samples: int = 1,
+    metric: str | None = None,
+    pass_threshold: float = 1.0,
+    device: Any = None,
+    dtype: Any = None,
+    stop: str | Sequence[str] | None = None,
+    include_stop: bool = False,
+    eos_token_id: int | Sequence[int] | None = None,
+    generate: Callable[..., Any] | None = None,
+) -> Rewards:
     """An evaluation ``evaluate(model) -> float``: generate completions for each prompt, score them with the
     reward functions, return the objective over the tasks (higher is better).
 
@@ -74,14 +93,33 @@ def rewards(prompts: Any, reward_funcs: RewardFunc | Sequence[RewardFunc], *, to
     samples = check_samples(samples)
     if do_sample is None:
         do_sample = samples > 1
-    settings = GenerationSettings(max_new_tokens=max_new_tokens, batch_size=batch_size, do_sample=do_sample,
-                                  temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, samples=samples,
-                                  stop=stop, include_stop=include_stop,  # type: ignore[arg-type]
-                                  eos_token_id=eos_token_id)  # type: ignore[arg-type]
+    settings = GenerationSettings(
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        do_sample=do_sample,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        samples=samples,
+        stop=stop,
+        include_stop=include_stop,  # type: ignore[arg-type]
+        eos_token_id=eos_token_id,
+    )  # type: ignore[arg-type]
     loaded = load_prompts(prompts)
-    return Rewards(loaded, reward_funcs, settings, tokenizer=tokenizer, reward_weights=reward_weights, model=model,
-                   tasks=group(loaded, task, objective, weights), metric=parse_metric(metric, samples, pass_threshold),
-                   device=device, dtype=dtype, generate=generate)
+    return Rewards(
+        loaded,
+        reward_funcs,
+        settings,
+        tokenizer=tokenizer,
+        reward_weights=reward_weights,
+        model=model,
+        tasks=group(loaded, task, objective, weights),
+        metric=parse_metric(metric, samples, pass_threshold),
+        device=device,
+        dtype=dtype,
+        generate=generate,
+    )
 
 
 class Rewards:
@@ -92,11 +130,21 @@ class Rewards:
     ``tasks`` (each task's score), ``completions`` (per prompt; a list of k with ``samples=k``) and ``per_prompt``
     (each prompt's score). ``trainer_state``: what reward functions get as ``trainer_state`` (None)."""
 
-    def __init__(self, prompts: Prompts, reward_funcs: RewardFunc | Sequence[RewardFunc],
-                 settings: GenerationSettings, *, tokenizer: Any = None,
-                 reward_weights: Sequence[float] | None = None, model: Any = None, tasks: Tasks | None = None,
-                 metric: Metric | None = None, device: Any = None, dtype: Any = None,
-                 generate: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        prompts: Prompts,
+        reward_funcs: RewardFunc | Sequence[RewardFunc],
+        settings: GenerationSettings,
+        *,
+        tokenizer: Any = None,
+        reward_weights: Sequence[float] | None = None,
+        model: Any = None,
+        tasks: Tasks | None = None,
+        metric: Metric | None = None,
+        device: Any = None,
+        dtype: Any = None,
+        generate: Callable[..., Any] | None = None,
+    ) -> None:
         funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         if not funcs:
             raise ConfigError("rewards: reward_funcs is empty; give at least one reward function")
@@ -113,12 +161,15 @@ class Rewards:
         if self.task_groups.column is not None:
             clash = sorted(set(self.task_groups.names) & set(self.names))
             if clash:
-                raise ConfigError(f"rewards: {short(clash)} name both a task and a reward function, and would both be "
-                                  f"logged as reward/{clash[0]}; rename the function (its __name__) or pass task=None")
+                raise ConfigError(
+                    f"rewards: {short(clash)} name both a task and a reward function, and would both be "
+                    f"logged as reward/{clash[0]}; rename the function (its __name__) or pass task=None"
+                )
         self.resolver = Resolver(model=model, tokenizer=tokenizer, device=device, dtype=dtype)
         if generate is not None and not callable(generate):
-            raise ConfigError(f"rewards: generate must be a callable fn(merged, prompts, settings, seeds), got "
-                              f"{short(generate)}")
+            raise ConfigError(
+                f"rewards: generate must be a callable fn(merged, prompts, settings, seeds), got {short(generate)}"
+            )
         self.engine = Engine(prompts, settings, self.resolver, generate)
         self.trainer_state: Any = None
         self.metrics: dict[str, float] = {}
@@ -142,29 +193,43 @@ class Rewards:
         texts, ids = self.engine.run(merged, todo)
         return self._score_rows(todo, texts, ids, wanted)
 
-    def aggregate(self, values: Mapping[int, float | None] | Sequence[float | None]
-                  ) -> tuple[float, dict[str, float]]:
+    def aggregate(self, values: Mapping[int, float | None] | Sequence[float | None]) -> tuple[float, dict[str, float]]:
         """The objective over ``{prompt index: score}`` (a list: prompts 0, 1, ...) and each task's score."""
         if not isinstance(values, Mapping):
             values = dict(enumerate(values))
-        bad = next((i for i in values if isinstance(i, bool) or not isinstance(i, int)
-                    or not 0 <= i < len(self.prompts)), None)
+        bad = next(
+            (i for i in values if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.prompts)), None
+        )
         if bad is not None:
             raise ConfigError(f"rewards.aggregate: {short(bad)} is not a prompt index (0..{len(self.prompts) - 1})")
         score, table = self.task_groups.aggregate(values)
         funcs = ", ".join(self.names)
         if score is None and not table:
-            raise EvaluationError(f"every reward function returned None for every one of the {len(values)} prompts: "
-                                  "nothing to score", function=funcs, index=None)
+            raise EvaluationError(
+                f"every reward function returned None for every one of the {len(values)} prompts: nothing to score",
+                function=funcs,
+                index=None,
+            )
         if score is None:
-            raise EvaluationError(f"only tasks of weight 0 were scored ({short(sorted(table))}): the weighted "
-                                  "objective has nothing to weigh", function=funcs, index=None)
+            raise EvaluationError(
+                f"only tasks of weight 0 were scored ({short(sorted(table))}): the weighted "
+                "objective has nothing to weigh",
+                function=funcs,
+                index=None,
+            )
         over = next((t for t, s in table.items() if not math.isfinite(s)), None)
         if over is not None or not math.isfinite(score):
-            where = ("the objective over the tasks" if over is None else "the sum over the prompts"
-                     + (f" of task {over!r}" if len(table) > 1 else ""))
-            raise EvaluationError(f"the rewards overflow: {where} is {score if over is None else table[over]} "
-                                  "(rewards or weights near float's limit)", function=funcs, index=None)
+            where = (
+                "the objective over the tasks"
+                if over is None
+                else "the sum over the prompts" + (f" of task {over!r}" if len(table) > 1 else "")
+            )
+            raise EvaluationError(
+                f"the rewards overflow: {where} is {score if over is None else table[over]} "
+                "(rewards or weights near float's limit)",
+                function=funcs,
+                index=None,
+            )
         return score, table
 
     # ------------------------------------------------------------------------------------------- calls
@@ -178,8 +243,9 @@ class Rewards:
         """Score given completions (``samples`` per prompt, prompt-major) without generating; sets ``metrics``."""
         n, k = len(self.prompts), self.settings.samples
         if len(completions) != n * k:
-            raise ConfigError(f"rewards.score: {len(completions)} completions for {n} prompts"
-                              + (f" x {k} samples" if k > 1 else ""))
+            raise ConfigError(
+                f"rewards.score: {len(completions)} completions for {n} prompts" + (f" x {k} samples" if k > 1 else "")
+            )
         todo = list(range(n))
         return self._finish(self._score_rows(todo, list(completions), completion_ids, todo))
 
@@ -192,8 +258,13 @@ class Rewards:
         """The last call's metrics as the training callbacks log them (under ``ram/``): ``reward``,
         ``reward/<function>`` and each task's score as ``eval/<task>``."""
         out = {"reward": self.metrics["reward"]} if self.metrics else {}
-        out.update({f"reward/{name}": self.metrics[f"reward/{name}"] for name in self.names
-                    if f"reward/{name}" in self.metrics})
+        out.update(
+            {
+                f"reward/{name}": self.metrics[f"reward/{name}"]
+                for name in self.names
+                if f"reward/{name}" in self.metrics
+            }
+        )
         if self.task_groups.column is not None:
             out.update({f"eval/{t}": s for t, s in self.tasks.items()})
         return out
@@ -208,30 +279,44 @@ class Rewards:
             raise ConfigError(f"rewards.prompt_scores: {short(bad)} is not a prompt index (0..{n - 1})")
         return out
 
-    def _score_rows(self, todo: list[int], texts: list[Any], ids: list[list[int]] | None,
-                    wanted: list[int]) -> list[float | None]:
+    def _score_rows(
+        self, todo: list[int], texts: list[Any], ids: list[list[int]] | None, wanted: list[int]
+    ) -> list[float | None]:
         """Score the completions of the prompts ``todo`` (k rows each); the scores of ``wanted``."""
         k = self.settings.samples
         prompt_of = [i for i in todo for _ in range(k)]
         completions = completions_of(texts, self.prompts.conversational)
-        batch = Batch([self.prompts.prompts[i] for i in prompt_of], completions, ids,
-                      {c: [v[i] for i in prompt_of] for c, v in self.prompts.columns.items()}, prompt_of,
-                      [j for _ in todo for j in range(k)], k, self.trainer_state)
+        batch = Batch(
+            [self.prompts.prompts[i] for i in prompt_of],
+            completions,
+            ids,
+            {c: [v[i] for i in prompt_of] for c, v in self.prompts.columns.items()},
+            prompt_of,
+            [j for _ in todo for j in range(k)],
+            k,
+            self.trainer_state,
+        )
         table = call_rewards(self.funcs, self.names, batch)
         combined: list[float | None] = []
         for j in range(len(prompt_of)):
             given = [(w, col[j]) for w, col in zip(self.weights, table) if col[j] is not None]
             value = sum(w * r for w, r in given) if given else None  # TRL's nansum; all None: not scored
             if value is not None and not math.isfinite(value):
-                raise EvaluationError(f"the rewards overflow: {batch.where(j)[1]}'s weighted sum is {value} (rewards "
-                                      "or weights near float's limit)", function=", ".join(self.names),
-                                      index=prompt_of[j])
+                raise EvaluationError(
+                    f"the rewards overflow: {batch.where(j)[1]}'s weighted sum is {value} (rewards "
+                    "or weights near float's limit)",
+                    function=", ".join(self.names),
+                    index=prompt_of[j],
+                )
             combined.append(value)
-        scores = {i: self.metric.score(combined[p * k:(p + 1) * k]) for p, i in enumerate(todo)}
+        scores = {i: self.metric.score(combined[p * k : (p + 1) * k]) for p, i in enumerate(todo)}
         bad = next((i for i, s in scores.items() if s is not None and not math.isfinite(s)), None)
         if bad is not None:
-            raise EvaluationError(f"the rewards overflow: prompt {bad}'s mean over its {k} samples is {scores[bad]}",
-                                  function=", ".join(self.names), index=bad)
+            raise EvaluationError(
+                f"the rewards overflow: prompt {bad}'s mean over its {k} samples is {scores[bad]}",
+                function=", ".join(self.names),
+                index=bad,
+            )
         self._table, self._last = table, (todo, completions, scores)
         return [scores[i] for i in wanted]
 
@@ -247,8 +332,9 @@ class Rewards:
         k = self.settings.samples
         _, completions, _ = self._last
         self.metrics, self.tasks, self.per_prompt = metrics, table, list(values)
-        self.completions = completions if k == 1 else [completions[p * k:(p + 1) * k]
-                                                       for p in range(len(self.prompts))]
+        self.completions = (
+            completions if k == 1 else [completions[p * k : (p + 1) * k] for p in range(len(self.prompts))]
+        )
         return score
 
 

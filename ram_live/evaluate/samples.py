@@ -67,22 +67,27 @@ def parse_metric(metric: Any, samples: int, pass_threshold: Any = 1.0) -> Metric
     try:
         threshold = finite_float(pass_threshold)
     except ValueError as exc:
-        raise ConfigError(f"rewards: pass_threshold must be a finite number, got {short(pass_threshold)}: {exc}"
-                          ) from None
+        raise ConfigError(
+            f"rewards: pass_threshold must be a finite number, got {short(pass_threshold)}: {exc}"
+        ) from None
     if metric is None:
         return Metric("mean", samples, threshold)
     match = re.fullmatch(r"(mean|pass)(?:@(k|\d+))?", metric) if isinstance(metric, str) else None
     if match is None or (match.group(1) == "pass" and match.group(2) is None):
-        raise ConfigError(f"rewards: metric must be 'mean@k' or 'pass@k' (or 'pass@K', K <= samples), got "
-                          f"{short(metric)}")
+        raise ConfigError(
+            f"rewards: metric must be 'mean@k' or 'pass@k' (or 'pass@K', K <= samples), got {short(metric)}"
+        )
     kind, k = match.group(1), match.group(2)
     number = samples if k in (None, "k") else int(k)
     if kind == "mean" and number != samples:
-        raise ConfigError(f"rewards: metric {metric!r}: mean@k averages every sample; with samples={samples} write "
-                          f"'mean@k' or 'mean@{samples}'")
+        raise ConfigError(
+            f"rewards: metric {metric!r}: mean@k averages every sample; with samples={samples} write "
+            f"'mean@k' or 'mean@{samples}'"
+        )
     if not 1 <= number <= samples:
-        raise ConfigError(f"rewards: metric {metric!r} needs 1 <= K <= samples ({samples}); raise samples= to "
-                          "estimate pass@K")
+        raise ConfigError(
+            f"rewards: metric {metric!r} needs 1 <= K <= samples ({samples}); raise samples= to estimate pass@K"
+        )
     return Metric(kind, number, threshold)
 
 

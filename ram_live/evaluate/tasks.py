@@ -69,8 +69,9 @@ class Tasks:
         return sum(scores) / len(scores), table
 
 
-def group(prompts: Prompts, task: Any = AUTO, objective: str | None = None,
-          weights: Mapping[Any, Any] | None = None) -> Tasks:
+def group(
+    prompts: Prompts, task: Any = AUTO, objective: str | None = None, weights: Mapping[Any, Any] | None = None
+) -> Tasks:
     """Group ``prompts`` into tasks and check the objective.
 
     Args:
@@ -97,20 +98,24 @@ def group(prompts: Prompts, task: Any = AUTO, objective: str | None = None,
         of = []
         for i, value in enumerate(prompts.columns[column]):
             if isinstance(value, bool) or not isinstance(value, (str, int, float)) and value is not None:
-                raise ConfigError(f"{prompts.where(i)}: the task column {column!r} holds {short(value)}; a task is a "
-                                  "string or a number")
+                raise ConfigError(
+                    f"{prompts.where(i)}: the task column {column!r} holds {short(value)}; a task is a "
+                    "string or a number"
+                )
             of.append(value if isinstance(value, str) else str(value))
     names = list(dict.fromkeys(of))
     if objective is None:
         objective = "weighted" if weights is not None else "mean"
     if objective not in OBJECTIVES:
-        raise ConfigError(f"rewards: objective must be 'mean', 'min' or 'weighted' (with weights=), got "
-                          f"{short(objective)}")
+        raise ConfigError(
+            f"rewards: objective must be 'mean', 'min' or 'weighted' (with weights=), got {short(objective)}"
+        )
     if objective == "weighted" and weights is None:
         raise ConfigError("rewards: objective='weighted' needs weights={task: weight, ...}")
     if weights is not None and objective != "weighted":
-        raise ConfigError(f"rewards: weights= makes the objective a weighted mean; objective={objective!r} was "
-                          "also given (drop one)")
+        raise ConfigError(
+            f"rewards: weights= makes the objective a weighted mean; objective={objective!r} was also given (drop one)"
+        )
     checked = _weights(weights, names, column) if weights is not None else None
     return Tasks(of, names, column, objective, checked)
 
@@ -123,8 +128,10 @@ def _column(prompts: Prompts, task: Any) -> str | None:
     if not isinstance(task, str):
         raise ConfigError(f"rewards: task must be a column name (a str) or None, got {short(task)}")
     if task not in prompts.columns:
-        raise ConfigError(f"rewards: task={task!r} is not a column of the prompts (their columns: "
-                          f"{sorted(prompts.columns) or 'only prompt'})")
+        raise ConfigError(
+            f"rewards: task={task!r} is not a column of the prompts (their columns: "
+            f"{sorted(prompts.columns) or 'only prompt'})"
+        )
     return task
 
 
@@ -137,8 +144,9 @@ def _weights(weights: Any, names: list[str], column: str | None) -> dict[str, fl
         name = key if isinstance(key, str) else str(key)
         if name not in known:
             where = f"column {column!r}" if column is not None else "the prompts (not grouped: one task, 'all')"
-            raise ConfigError(f"rewards: weights name the task {name!r}, which no prompt has (tasks of {where}: "
-                              f"{short(names)})")
+            raise ConfigError(
+                f"rewards: weights name the task {name!r}, which no prompt has (tasks of {where}: {short(names)})"
+            )
         try:
             value = finite_float(w)
         except ValueError as exc:
@@ -148,8 +156,10 @@ def _weights(weights: Any, names: list[str], column: str | None) -> dict[str, fl
         out[name] = value
     missing = [t for t in names if t not in out]
     if missing:
-        raise ConfigError(f"rewards: weights give no weight to the task(s) {short(missing)}; give every task a "
-                          "weight (0 leaves one out of the objective)")
+        raise ConfigError(
+            f"rewards: weights give no weight to the task(s) {short(missing)}; give every task a "
+            "weight (0 leaves one out of the objective)"
+        )
     if sum(out.values()) <= 0:
         raise ConfigError("rewards: the weights sum to 0; give at least one task a weight > 0")
     return out

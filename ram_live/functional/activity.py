@@ -18,8 +18,18 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-__all__ = ["ActivityRule", "active_delta", "active_mask", "activity_mask", "apply_activity_", "compute_dtype",
-           "count_active", "count_delta_active", "delta_active", "narrower_dtype"]
+__all__ = [
+    "ActivityRule",
+    "active_delta",
+    "active_mask",
+    "activity_mask",
+    "apply_activity_",
+    "compute_dtype",
+    "count_active",
+    "count_delta_active",
+    "delta_active",
+    "narrower_dtype",
+]
 
 _CHUNK = 1 << 22
 
@@ -94,8 +104,10 @@ def active_mask(agent: Tensor, base: Tensor, activity: ActivityRule, out: Tensor
 def count_active(agent: Tensor, base: Tensor, activity: ActivityRule) -> int:
     """The number of entries :func:`active_mask` marks, in chunks (memory stays a few chunks whatever the size)."""
     a, b = agent.reshape(-1), base.reshape(-1)
-    return sum(int(torch.count_nonzero(active_mask(a[s : s + _CHUNK], b[s : s + _CHUNK], activity)))
-               for s in range(0, a.numel(), _CHUNK))
+    return sum(
+        int(torch.count_nonzero(active_mask(a[s : s + _CHUNK], b[s : s + _CHUNK], activity)))
+        for s in range(0, a.numel(), _CHUNK)
+    )
 
 
 def count_delta_active(delta: Tensor, activity: ActivityRule) -> int:

@@ -21,8 +21,9 @@ class RamCounter:
     Also sums Σ −τ so that :meth:`finite` can tell whether any input was NaN/Inf.
     """
 
-    def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
-                 histogram: bool = False) -> None:
+    def __init__(
+        self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32, histogram: bool = False
+    ) -> None:
         capacity = max(capacity, 1)
         self._masks = torch.empty(k, capacity, dtype=dtype, device=device)
         self._buf = torch.empty(3, capacity, dtype=dtype, device=device)

@@ -34,5 +34,12 @@ from .fisher import empirical_fisher
 from .optimizer import adam_importance
 from .sources import STORED, ConstantImportance, importance_sources, resolve_importance, stored_sources
 
-__all__ = ["STORED", "ConstantImportance", "adam_importance", "empirical_fisher", "importance_sources",
-           "resolve_importance", "stored_sources"]
+__all__ = [
+    "STORED",
+    "ConstantImportance",
+    "adam_importance",
+    "empirical_fisher",
+    "importance_sources",
+    "resolve_importance",
+    "stored_sources",
+]

@@ -15,8 +15,9 @@ from ..errors import ConfigError
 __all__ = ["empirical_fisher"]
 
 
-def empirical_fisher(model: nn.Module, loader: Iterable[Any], loss_fn: Callable[[nn.Module, Any], Tensor], *,
-                     batches: int | None = None) -> dict[str, Tensor]:
+def empirical_fisher(
+    model: nn.Module, loader: Iterable[Any], loss_fn: Callable[[nn.Module, Any], Tensor], *, batches: int | None = None
+) -> dict[str, Tensor]:
     """Diagonal empirical Fisher: the mean over batches of each parameter's squared gradient (float32).
 
     Args:
@@ -47,8 +48,10 @@ def empirical_fisher(model: nn.Module, loader: Iterable[Any], loss_fn: Callable[
                 p.grad = None
             loss = loss_fn(model, batch)
             if not isinstance(loss, Tensor) or loss.numel() != 1:
-                raise ConfigError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}"
-                                  f"{'' if not isinstance(loss, Tensor) else f' of shape {list(loss.shape)}'}")
+                raise ConfigError(
+                    f"loss_fn must return a scalar tensor, got {type(loss).__name__}"
+                    f"{'' if not isinstance(loss, Tensor) else f' of shape {list(loss.shape)}'}"
+                )
             loss.backward()
             with torch.no_grad():
                 for n, p in params:

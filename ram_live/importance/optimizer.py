@@ -13,8 +13,9 @@ from ..errors import ConfigError
 __all__ = ["adam_importance"]
 
 
-def adam_importance(optimizer: torch.optim.Optimizer, model: nn.Module, *,
-                    bias_correction: bool = False) -> dict[str, Tensor]:
+def adam_importance(
+    optimizer: torch.optim.Optimizer, model: nn.Module, *, bias_correction: bool = False
+) -> dict[str, Tensor]:
     """Each parameter's Adam second moment ``exp_avg_sq``, keyed by ``model``'s parameter names (a copy, float32).
 
     Args:
@@ -44,7 +45,8 @@ def adam_importance(optimizer: torch.optim.Optimizer, model: nn.Module, *,
                 raise ConfigError(
                     f"{type(optimizer).__name__} keeps no 'exp_avg_sq' (its state holds {sorted(state)}): "
                     "adam_importance reads Adam/AdamW second moments; for other optimizers compute a diagonal "
-                    "empirical Fisher with ram_live.importance.empirical_fisher(model, loader, loss_fn)")
+                    "empirical Fisher with ram_live.importance.empirical_fisher(model, loader, loss_fn)"
+                )
             v = state["exp_avg_sq"].detach().float()
             if bias_correction:
                 if beta2 is None:
@@ -53,7 +55,11 @@ def adam_importance(optimizer: torch.optim.Optimizer, model: nn.Module, *,
                 v = v / (1.0 - float(beta2) ** step)
             found[names[id(p)]] = v.clone() if v.data_ptr() == state["exp_avg_sq"].data_ptr() else v
     if not stepped:
-        raise ConfigError(f"{type(optimizer).__name__} has no state for the model's parameters: take the "
-                          "importances after at least one optimizer step, with the optimizer of this model")
-    return {n: found[n] if n in found else torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-            for n, p in model.named_parameters()}
+        raise ConfigError(
+            f"{type(optimizer).__name__} has no state for the model's parameters: take the "
+            "importances after at least one optimizer step, with the optimizer of this model"
+        )
+    return {
+        n: found[n] if n in found else torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        for n, p in model.named_parameters()
+    }

@@ -20,8 +20,16 @@ from ..errors import ConfigError, UnsupportedInputError
 from ..io.sources import SafetensorsSource, StateDictSource, TensorSource
 from ..types import TensorSpec
 
-__all__ = ["STORED", "ConstantImportance", "Importance", "check_importance_option", "importance_sources",
-           "resolve_importance", "stored_importance_of", "stored_sources"]
+__all__ = [
+    "STORED",
+    "ConstantImportance",
+    "Importance",
+    "check_importance_option",
+    "importance_sources",
+    "resolve_importance",
+    "stored_importance_of",
+    "stored_sources",
+]
 
 #: ``importance="stored"``: weigh each agent by the importances stored with its store snapshot.
 STORED = "stored"
@@ -80,12 +88,16 @@ def resolve_importance(importance: Any, agents: Sequence[Any]) -> tuple[dict[str
     if importance is None:
         return None, None
     if importance is False or importance is True:
-        raise ConfigError(f"importance={importance!r}: None is plain RAM; pass 'stored' for the importances stored "
-                          "with store snapshots, or {agent: importances}")
+        raise ConfigError(
+            f"importance={importance!r}: None is plain RAM; pass 'stored' for the importances stored "
+            "with store snapshots, or {agent: importances}"
+        )
     if isinstance(importance, str):
         if importance != STORED:
-            raise ConfigError(f"importance={importance!r}: the one string it takes is 'stored' (the importances "
-                              "stored with store snapshots); else None (plain RAM) or {agent: importances}")
+            raise ConfigError(
+                f"importance={importance!r}: the one string it takes is 'stored' (the importances "
+                "stored with store snapshots); else None (plain RAM) or {agent: importances}"
+            )
         return stored_sources({a.name: stored_importance_of(a) for a in agents}), "stored"
     return importance_sources(importance, [a.name for a in agents]), "given"
 
@@ -110,22 +122,27 @@ def stored_sources(per_agent: Mapping[str, Any]) -> dict[str, TensorSource]:
     """
     missing = sorted(str(n) for n, s in per_agent.items() if s is None)
     if missing:
-        raise ConfigError(f"importance='stored': agent(s) {', '.join(map(repr, missing))} carry no stored "
-                          "importances (not a store snapshot, or one written without importance=); store them with "
-                          "every agent's snapshots, pass {agent: importances}, or None for plain RAM")
+        raise ConfigError(
+            f"importance='stored': agent(s) {', '.join(map(repr, missing))} carry no stored "
+            "importances (not a store snapshot, or one written without importance=); store them with "
+            "every agent's snapshots, pass {agent: importances}, or None for plain RAM"
+        )
     return dict(per_agent)
 
 
 def check_importance_option(value: Any, where: str) -> str | None:
     """A setting that only chooses between plain RAM (None) and the stored importances (``"stored"``)."""
     if value is not None and (not isinstance(value, str) or value != STORED):
-        raise ConfigError(f"{where}: importance must be None (plain RAM) or 'stored' (the importances stored with "
-                          f"every agent's snapshot), got {value!r}")
+        raise ConfigError(
+            f"{where}: importance must be None (plain RAM) or 'stored' (the importances stored with "
+            f"every agent's snapshot), got {value!r}"
+        )
     return value
 
 
-def importance_sources(importance: Mapping[str, Importance] | Sequence[Importance], agents: Sequence[str]
-                       ) -> dict[str, TensorSource]:
+def importance_sources(
+    importance: Mapping[str, Importance] | Sequence[Importance], agents: Sequence[str]
+) -> dict[str, TensorSource]:
     """``merge``'s ``importance=`` as one :class:`TensorSource` per agent name: a state dict ``{key: Tensor}``,
     a ``.safetensors`` file or folder (memory-mapped, read tensor by tensor), any source (e.g. a snapshot's), or a
     number (:class:`ConstantImportance`: that value everywhere, a per-agent weight in the
@@ -150,16 +167,22 @@ def importance_sources(importance: Mapping[str, Importance] | Sequence[Importanc
         per_agent = dict(importance)
     elif isinstance(importance, Sequence) and not isinstance(importance, (str, bytes)):
         if len(importance) != len(agents):
-            raise ConfigError(f"importance has {len(importance)} entries for {len(agents)} agents "
-                              f"({', '.join(map(repr, agents))}); or pass a mapping agent name -> importances")
+            raise ConfigError(
+                f"importance has {len(importance)} entries for {len(agents)} agents "
+                f"({', '.join(map(repr, agents))}); or pass a mapping agent name -> importances"
+            )
         per_agent = dict(zip(agents, importance))
     else:
-        raise ConfigError("importance must map each agent's name to its importances (a state dict, a safetensors "
-                          f"path or a TensorSource), got {type(importance).__name__}")
+        raise ConfigError(
+            "importance must map each agent's name to its importances (a state dict, a safetensors "
+            f"path or a TensorSource), got {type(importance).__name__}"
+        )
     unknown = [str(n) for n in per_agent if n not in agents]
     if unknown:
-        raise ConfigError(f"importance: unknown agent(s) {', '.join(map(repr, unknown))} (the agents are "
-                          f"{', '.join(map(repr, agents))})")
+        raise ConfigError(
+            f"importance: unknown agent(s) {', '.join(map(repr, unknown))} (the agents are "
+            f"{', '.join(map(repr, agents))})"
+        )
     return {name: _as_source(value, name) for name, value in per_agent.items()}
 
 
@@ -172,10 +195,13 @@ def _as_source(value: Any, agent: str) -> TensorSource:
     if isinstance(value, Mapping):
         bad = [k for k, v in value.items() if not isinstance(v, Tensor)]
         if bad:
-            raise ConfigError(f"importance of agent {agent!r}: {bad[0]!r} is a {type(value[bad[0]]).__name__}, "
-                              "not a Tensor")
+            raise ConfigError(
+                f"importance of agent {agent!r}: {bad[0]!r} is a {type(value[bad[0]]).__name__}, not a Tensor"
+            )
         return StateDictSource(value, name)
     if isinstance(value, TensorSource):
         return value
-    raise UnsupportedInputError(f"importance of agent {agent!r}: a {type(value).__name__}; pass a state dict, a "
-                                "safetensors file/folder or a TensorSource")
+    raise UnsupportedInputError(
+        f"importance of agent {agent!r}: a {type(value).__name__}; pass a state dict, a "
+        "safetensors file/folder or a TensorSource"
+    )

@@ -103,8 +103,9 @@ class Distributed:
         token = torch.zeros(1, dtype=torch.int64, device=self.device)
         if self.rank == 0:
             token[0] = int.from_bytes(os.urandom(7), "little")
-        self._dist.broadcast(token, src=self._dist.get_global_rank(self.group, 0) if self.group else 0,
-                             group=self.group)
+        self._dist.broadcast(
+            token, src=self._dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group
+        )
         return f"{int(token.item()):x}"
 
     def barrier(self) -> None:
@@ -112,4 +113,3 @@ class Distributed:
             self._dist.barrier(group=self.group, device_ids=[self.device.index])
         else:
             self._dist.barrier(group=self.group)
-

@@ -37,4 +37,3 @@ def counts_here(t: Any) -> bool:
 
     coordinate = t.device_mesh.get_coordinate()
     return all(not isinstance(p, Replicate) or c == 0 for p, c in zip(t.placements, coordinate or []))
-

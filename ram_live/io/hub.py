@@ -53,7 +53,8 @@ def hub_cache() -> Path:
         if os.environ.get(name):
             return Path(os.path.expanduser(os.environ[name]))
     home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+    )
     return Path(os.path.expanduser(home)) / "hub"
 
 
@@ -81,14 +82,16 @@ def cached_snapshot(text: str, *, what: str = "model") -> Path | None:
     cache = hub_cache()
     try:  # the completeness check of newer huggingface_hub on config.json only: a model fetched in part
         # (--include "*.safetensors" "*.json") resolves; a weight file that is missing is then the reader's error
-        folder = snapshot_download(repo, revision=revision, cache_dir=str(cache), local_files_only=True,
-                                   allow_patterns=["config.json"])
+        folder = snapshot_download(
+            repo, revision=revision, cache_dir=str(cache), local_files_only=True, allow_patterns=["config.json"]
+        )
     except (OSError, ValueError) as exc:  # LocalEntryNotFoundError, IncompleteSnapshotError, HFValidationError
         at = f" at revision {revision!r}" if revision else ""
         raise ConfigError(
             f"{what}: {text!r} is not a local folder or file, nor a model{at} in the local Hugging Face cache "
             f"{cache} ({type(exc).__name__}); ram_live downloads nothing: fetch it first (huggingface-cli download "
-            f"{repo}{' --revision ' + revision if revision else ''}) or pass a folder") from None
+            f"{repo}{' --revision ' + revision if revision else ''}) or pass a folder"
+        ) from None
     return Path(folder)
 
 

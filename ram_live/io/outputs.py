@@ -23,9 +23,23 @@ from pathlib import Path
 
 from ..errors import ConfigError, OutOfSpaceError, OutputExistsError
 
-__all__ = ["reserve", "write_all", "temp_folder", "locked_temp_folder", "unlock", "clean_stale",
-           "rename_noreplace", "rename_output", "publish_folder", "copy_side_files", "remove_created", "is_full",
-           "output_target", "make_folders", "STALE_AGE"]
+__all__ = [
+    "reserve",
+    "write_all",
+    "temp_folder",
+    "locked_temp_folder",
+    "unlock",
+    "clean_stale",
+    "rename_noreplace",
+    "rename_output",
+    "publish_folder",
+    "copy_side_files",
+    "remove_created",
+    "is_full",
+    "output_target",
+    "make_folders",
+    "STALE_AGE",
+]
 
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _NO_RESERVE = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS}
@@ -91,8 +105,9 @@ def write_all(fd: int, data: memoryview | bytes, offset: int, label: str) -> Non
             done += os.pwrite(fd, view[done:], offset + done)
     except OSError as exc:
         if is_full(exc):
-            raise OutOfSpaceError(f"no space left on device writing {label}: needs {len(view) - done} more bytes "
-                                  f"at byte {offset + done}") from None
+            raise OutOfSpaceError(
+                f"no space left on device writing {label}: needs {len(view) - done} more bytes at byte {offset + done}"
+            ) from None
         raise
 
 
@@ -290,10 +305,16 @@ def rename_output(source: Path, target: Path, path: Path) -> None:
     try:
         rename_noreplace(source, target)
     except OSError as exc:
-        if isinstance(exc, FileExistsError) or exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR,
-                                                              errno.EISDIR):
-            raise OutputExistsError(f"output {path} was created by another process while the merge ran; "
-                                    "it is left as it is and the merge's result removed") from None
+        if isinstance(exc, FileExistsError) or exc.errno in (
+            errno.ENOTEMPTY,
+            errno.EEXIST,
+            errno.ENOTDIR,
+            errno.EISDIR,
+        ):
+            raise OutputExistsError(
+                f"output {path} was created by another process while the merge ran; "
+                "it is left as it is and the merge's result removed"
+            ) from None
         raise
 
 
@@ -305,8 +326,16 @@ def copy_side_files(copy_from: Path | None, folder: Path) -> None:
                 shutil.copy2(f, folder / f.name)
 
 
-def publish_folder(tmp: Path, target: Path, path: Path, weight_map: Mapping[str, str], total: int,
-                   copy_from: Path | None, *, replace_empty: bool) -> None:
+def publish_folder(
+    tmp: Path,
+    target: Path,
+    path: Path,
+    weight_map: Mapping[str, str],
+    total: int,
+    copy_from: Path | None,
+    *,
+    replace_empty: bool,
+) -> None:
     """Publish the finished temporary folder ``tmp`` as the output ``path`` (resolved: ``target``): the index
     (unless the folder is one ``model.safetensors``), ``copy_from``'s config/tokenizer files, then the atomic
     rename. ``replace_empty``: ``target`` was an empty folder the user gave, replaced unless something was
@@ -318,16 +347,19 @@ def publish_folder(tmp: Path, target: Path, path: Path, weight_map: Mapping[str,
         copy_side_files(copy_from, tmp)
     except OSError as exc:
         if is_full(exc):
-            raise OutOfSpaceError(f"no space left on device writing {path} (index, config and tokenizer "
-                                  f"files): {exc.strerror}") from None
+            raise OutOfSpaceError(
+                f"no space left on device writing {path} (index, config and tokenizer files): {exc.strerror}"
+            ) from None
         raise
     if replace_empty:
         try:
             target.rmdir()
         except OSError as exc:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-                raise OutputExistsError(f"output {path}: something was written into it while the merge "
-                                        "ran; it is left as it is and the merge's result removed") from None
+                raise OutputExistsError(
+                    f"output {path}: something was written into it while the merge "
+                    "ran; it is left as it is and the merge's result removed"
+                ) from None
             if exc.errno != errno.ENOENT:
                 raise
     rename_output(tmp, target, path)

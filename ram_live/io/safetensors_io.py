@@ -52,8 +52,7 @@ class MappedSafetensors:
         size = len(self._mm)  # what is mapped (the file may have changed since fstat)
         (n,) = struct.unpack("<Q", self._mm[:8])
         if n > min(MAX_HEADER, size - 8):
-            raise UnsupportedInputError(f"{self.path}: not a safetensors file (header length {n}, file {size} "
-                                        "bytes)")
+            raise UnsupportedInputError(f"{self.path}: not a safetensors file (header length {n}, file {size} bytes)")
         self._start = 8 + n
         self.metadata, self.entries = parse_header(self._mm[8 : 8 + n], self.path, size - self._start)
 
@@ -85,8 +84,11 @@ def _dontneed(mm: mmap.mmap, start: int, end: int, whole: bool = True) -> None:
     """MADV_DONTNEED over ``[start, end)``: every page it touches when ``whole`` (a whole tensor), else only the
     pages inside it (a range of a tensor whose neighbours other threads may still be using: dropping theirs
     would only cost a fault again, but nothing is gained)."""
-    lo, hi = (start // _PAGE * _PAGE, -(-end // _PAGE) * _PAGE) if whole else (-(-start // _PAGE) * _PAGE,
-                                                                                end // _PAGE * _PAGE)
+    lo, hi = (
+        (start // _PAGE * _PAGE, -(-end // _PAGE) * _PAGE)
+        if whole
+        else (-(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE)
+    )
     hi = min(len(mm), hi)
     if hi > lo and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
         mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
@@ -101,8 +103,13 @@ class SafetensorsWriter:
     with ``pwrite`` when done (resident memory then holds whole tensors until they are done). ``label`` names
     the output in errors."""
 
-    def __init__(self, path: Path, specs: dict[str, tuple[torch.dtype, tuple[int, ...]]],
-                 metadata: dict[str, str] | None = None, label: str | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        specs: dict[str, tuple[torch.dtype, tuple[int, ...]]],
+        metadata: dict[str, str] | None = None,
+        label: str | None = None,
+    ) -> None:
         header: dict[str, object] = {"__metadata__": dict(metadata or {})}
         offset = 0
         self.offsets: dict[str, tuple[int, int]] = {}
@@ -160,8 +167,9 @@ class SafetensorsWriter:
             # anonymous pages hold the only copy of the neighbours' bytes: drop only pages wholly inside
             _dontneed(self._mm, self._start + begin, self._start + end, False)
             return
-        _dontneed(self._mm, *_byte_range(self._start + begin, self._start + end, self.specs[key][0].itemsize,
-                                         start, stop))
+        _dontneed(
+            self._mm, *_byte_range(self._start + begin, self._start + end, self.specs[key][0].itemsize, start, stop)
+        )
 
     def close(self) -> None:
         if self._mm is not None:

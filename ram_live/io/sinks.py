@@ -17,8 +17,17 @@ from typing import Any, Mapping, Protocol
 import torch
 from torch import Tensor, nn
 
-from .outputs import (clean_stale, lock, locked_temp_folder, make_folders, output_target as _output_target,
-                      publish_folder, remove_created, rename_output, unlock)
+from .outputs import (
+    clean_stale,
+    lock,
+    locked_temp_folder,
+    make_folders,
+    output_target as _output_target,
+    publish_folder,
+    remove_created,
+    rename_output,
+    unlock,
+)
 from .dtensor import local_tensor
 from ..errors import ConfigError, InvalidStateError
 from .memory import advise_hugepages, empty
@@ -69,8 +78,9 @@ class ModuleSink:
         else:
             memo: dict[int, Any] = {}
             for p in self.base.parameters(recurse=True):
-                memo[id(p)] = nn.Parameter(advise_hugepages(torch.empty_like(p), MERGE_HUGEPAGES),
-                                           requires_grad=p.requires_grad)
+                memo[id(p)] = nn.Parameter(
+                    advise_hugepages(torch.empty_like(p), MERGE_HUGEPAGES), requires_grad=p.requires_grad
+                )
             self.module = copy.deepcopy(self.base, memo)
         self._tensors = self.module.state_dict(keep_vars=True)
 
@@ -118,8 +128,9 @@ class StateDictSink:
         return self.dtype if self.dtype is not None and dtype.is_floating_point else dtype
 
     def destination(self, key: str, spec: TensorSpec) -> Tensor:
-        t = empty(spec.shape, dtype=self._dtype(spec.dtype), device=self.device or spec.device,
-                  hugepages=MERGE_HUGEPAGES)
+        t = empty(
+            spec.shape, dtype=self._dtype(spec.dtype), device=self.device or spec.device, hugepages=MERGE_HUGEPAGES
+        )
         self.out[key] = t
         return t
 
@@ -249,8 +260,10 @@ class SafetensorsSink:
     def _folder(self, doing: str) -> Path:
         """The temporary output folder (:class:`InvalidStateError` before ``begin``, or after ``finish``/``abort``)."""
         if self._tmp is None:
-            raise InvalidStateError(f"{type(self).__name__} for {self.path}: cannot {doing} before begin(), or after "
-                                    "finish() or abort() (one merge per begin)")
+            raise InvalidStateError(
+                f"{type(self).__name__} for {self.path}: cannot {doing} before begin(), or after "
+                "finish() or abort() (one merge per begin)"
+            )
         return self._tmp
 
     def abort(self) -> None:
@@ -292,8 +305,9 @@ class DistributedSafetensorsSink(SafetensorsSink):
             if current:
                 shards.append((rank, current))
         n = len(shards)
-        self._layout = [(rank, f"model-{i + 1:05d}-of-{n:05d}.safetensors", shard) for i, (rank, shard) in
-                        enumerate(shards)]
+        self._layout = [
+            (rank, f"model-{i + 1:05d}-of-{n:05d}.safetensors", shard) for i, (rank, shard) in enumerate(shards)
+        ]
         self._tmp = self._target.parent / f".{self._target.name}.tmp-{dist.shared_token().zfill(14)}"
         if dist.rank == 0:
             self._created = make_folders(self._target.parent)

@@ -23,15 +23,37 @@ from .safetensors_io import MappedSafetensors
 from ..types import TensorSpec
 
 __all__ = [
-    "TensorSpec", "TensorSource", "ModuleSource", "StateDictSource", "SafetensorsSource", "ZerosSource", "as_source",
-    "check_dtype", "shard_name", "MERGED_DTYPES", "COPIED_DTYPES",
+    "TensorSpec",
+    "TensorSource",
+    "ModuleSource",
+    "StateDictSource",
+    "SafetensorsSource",
+    "ZerosSource",
+    "as_source",
+    "check_dtype",
+    "shard_name",
+    "MERGED_DTYPES",
+    "COPIED_DTYPES",
 ]
 
 #: The floating dtypes merged (in float32, float64 for float64 inputs); other floating dtypes (FP8) are refused.
 MERGED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 #: The dtypes taken from the base as they are (every agent must hold the same values).
-COPIED_DTYPES = frozenset({torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16,
-                           torch.uint32, torch.uint64, torch.complex64, torch.complex128})
+COPIED_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.complex64,
+        torch.complex128,
+    }
+)
 _MAX_INDEX = 100_000_000
 
 
@@ -45,19 +67,29 @@ def check_dtype(source: str, key: str, dtype: torch.dtype) -> None:
         raise UnsupportedInputError(
             f"{source}: tensor {key!r} is {dtype}, which ram_live does not merge (FP8 weights come with scales "
             "held in other tensors, and task vectors are lost to FP8 rounding): dequantise the checkpoints to "
-            "bfloat16 or float32 first")
-    raise UnsupportedInputError(f"{source}: tensor {key!r} is {dtype}, which ram_live does not merge or copy "
-                                "(dequantise or convert it first)")
+            "bfloat16 or float32 first"
+        )
+    raise UnsupportedInputError(
+        f"{source}: tensor {key!r} is {dtype}, which ram_live does not merge or copy (dequantise or convert it first)"
+    )
 
 
 def shard_name(index: Path, key: str, name: object) -> str:
     """``name`` if it is a plain file name (no folder part, not ``.``/``..``, no NUL): a shard an index names
     must be an entry of the index's own folder. The entry may be a symlink (Hugging Face caches link to blobs
     elsewhere): what the folder holds is its owner's choice, where the index points is not the index's."""
-    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
-            or "\0" in name or os.path.basename(name) != name):
-        raise UnsupportedInputError(f"{index}: tensor {key!r} is mapped to {name!r}, not a file name in the index's "
-                                    "folder")
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+        or os.path.basename(name) != name
+    ):
+        raise UnsupportedInputError(
+            f"{index}: tensor {key!r} is mapped to {name!r}, not a file name in the index's folder"
+        )
     return name
 
 
@@ -87,8 +119,10 @@ class _InMemorySource:
         self.name = name
         for key, t in tensors.items():
             if t.device.type == "meta":
-                raise UnsupportedInputError(f"{name}: tensor {key!r} is on the meta device (it holds no values): "
-                                            "load or materialise the weights before merging")
+                raise UnsupportedInputError(
+                    f"{name}: tensor {key!r} is on the meta device (it holds no values): "
+                    "load or materialise the weights before merging"
+                )
             check_dtype(name, key, t.dtype)
         # DTensor (e.g. FSDP2) parameters: the engine works on this rank's local shard
         self._uncounted = frozenset(k for k, t in tensors.items() if not counts_here(t))
@@ -192,8 +226,10 @@ class SafetensorsSource:
             document = strict_json(read_regular(index[0], _MAX_INDEX), f"{index[0]}: safetensors index")
             weight_map = document.get("weight_map") if isinstance(document, dict) else None
             if not isinstance(weight_map, dict):
-                raise UnsupportedInputError(f"{index[0]}: not a safetensors index (its weight_map is not a mapping "
-                                            "of tensor names to file names)")
+                raise UnsupportedInputError(
+                    f"{index[0]}: not a safetensors index (its weight_map is not a mapping "
+                    "of tensor names to file names)"
+                )
             return {k: path / shard_name(index[0], k, v) for k, v in weight_map.items()}
         shards = sorted(path.glob("*.safetensors"))
         if not shards:

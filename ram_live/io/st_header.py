@@ -24,13 +24,29 @@ __all__ = ["DTYPES", "DTYPE_NAMES", "MAX_HEADER", "parse_header", "open_regular"
 
 #: The ``safetensors`` dtype names ram_live reads, as ``safetensors.torch`` maps them (sub-byte F4/F6 are not).
 DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, attr) for name, attr in (
-        ("F64", "float64"), ("F32", "float32"), ("F16", "float16"), ("BF16", "bfloat16"),
-        ("I64", "int64"), ("I32", "int32"), ("I16", "int16"), ("I8", "int8"),
-        ("U64", "uint64"), ("U32", "uint32"), ("U16", "uint16"), ("U8", "uint8"), ("BOOL", "bool"),
-        ("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"), ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
-        ("F8_E5M2FNUZ", "float8_e5m2fnuz"), ("F8_E8M0", "float8_e8m0fnu"), ("C64", "complex64"),
-    ) if hasattr(torch, attr)
+    name: getattr(torch, attr)
+    for name, attr in (
+        ("F64", "float64"),
+        ("F32", "float32"),
+        ("F16", "float16"),
+        ("BF16", "bfloat16"),
+        ("I64", "int64"),
+        ("I32", "int32"),
+        ("I16", "int16"),
+        ("I8", "int8"),
+        ("U64", "uint64"),
+        ("U32", "uint32"),
+        ("U16", "uint16"),
+        ("U8", "uint8"),
+        ("BOOL", "bool"),
+        ("F8_E4M3", "float8_e4m3fn"),
+        ("F8_E5M2", "float8_e5m2"),
+        ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
+        ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
+        ("F8_E8M0", "float8_e8m0fnu"),
+        ("C64", "complex64"),
+    )
+    if hasattr(torch, attr)
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _ITEMSIZE = {k: v.itemsize for k, v in DTYPES.items()}
@@ -67,16 +83,16 @@ def _bad_shape(path: Path, key: str, shape: Any) -> UnsupportedInputError:
 
 
 def _bad_offsets(path: Path, key: str, offsets: Any) -> UnsupportedInputError:
-    return UnsupportedInputError(f"{path}: tensor {key!r} has data_offsets {offsets!r}, not two non-negative "
-                                 "integers")
+    return UnsupportedInputError(f"{path}: tensor {key!r} has data_offsets {offsets!r}, not two non-negative integers")
 
 
 def _offsets(item: tuple[str, tuple[Any, Any, int, int]]) -> tuple[int, int]:
     return item[1][2], item[1][3]
 
 
-def parse_header(raw: bytes, path: Path, data_size: int
-                 ) -> tuple[dict[str, str], dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]]:
+def parse_header(
+    raw: bytes, path: Path, data_size: int
+) -> tuple[dict[str, str], dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]]:
     """(metadata, {key: (dtype, shape, begin, end)}) of a header whose data section has ``data_size`` bytes."""
     header = strict_json(raw, f"{path}: safetensors header")
     if not isinstance(header, dict):
@@ -93,8 +109,10 @@ def parse_header(raw: bytes, path: Path, data_size: int
         name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         dtype = DTYPES.get(name) if type(name) is str else None
         if dtype is None:
-            raise UnsupportedInputError(f"{path}: tensor {key!r} has dtype {name!r}, which ram_live does not read "
-                                        f"(it reads {', '.join(DTYPES)})")
+            raise UnsupportedInputError(
+                f"{path}: tensor {key!r} has dtype {name!r}, which ram_live does not read "
+                f"(it reads {', '.join(DTYPES)})"
+            )
         if type(shape) is not list:
             raise _bad_shape(path, key, shape)
         nbytes = _ITEMSIZE[name]
@@ -110,8 +128,10 @@ def parse_header(raw: bytes, path: Path, data_size: int
         if type(begin) is not int or type(end) is not int or begin < 0 or end < 0 or end >= _U64:
             raise _bad_offsets(path, key, offsets)
         if end - begin != nbytes:
-            raise UnsupportedInputError(f"{path}: tensor {key!r} has data_offsets {begin}..{end}, which do not "
-                                        f"hold its shape {shape} of {name} ({nbytes} bytes)")
+            raise UnsupportedInputError(
+                f"{path}: tensor {key!r} has data_offsets {begin}..{end}, which do not "
+                f"hold its shape {shape} of {name} ({nbytes} bytes)"
+            )
         entries[key] = (dtype, tuple(shape), begin, end)
     covered = 0
     for key, (_, _, begin, end) in sorted(entries.items(), key=_offsets):
@@ -120,8 +140,10 @@ def parse_header(raw: bytes, path: Path, data_size: int
             raise UnsupportedInputError(f"{path}: tensor {key!r} at data_offsets {begin}..{end} {what}")
         covered = end
     if covered != data_size:
-        raise UnsupportedInputError(f"{path}: the tensors cover {covered} bytes of the data, the file holds "
-                                    f"{data_size} (truncated, or trailing bytes)")
+        raise UnsupportedInputError(
+            f"{path}: the tensors cover {covered} bytes of the data, the file holds "
+            f"{data_size} (truncated, or trailing bytes)"
+        )
     return metadata, entries
 
 

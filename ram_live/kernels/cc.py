@@ -49,9 +49,26 @@ from typing import Any, Callable, Sequence, TypeVar
 from .. import settings
 from ..errors import RamLiveError
 
-__all__ = ["COMMON_FLAGS", "FAMILIES", "Family", "KernelBuildError", "native_enabled", "cache_dir", "host_level",
-           "build_level", "flags", "source", "load", "bind", "kernels", "function", "builds", "prefetch",
-           "load_library", "is_x86"]
+__all__ = [
+    "COMMON_FLAGS",
+    "FAMILIES",
+    "Family",
+    "KernelBuildError",
+    "native_enabled",
+    "cache_dir",
+    "host_level",
+    "build_level",
+    "flags",
+    "source",
+    "load",
+    "bind",
+    "kernels",
+    "function",
+    "builds",
+    "prefetch",
+    "load_library",
+    "is_x86",
+]
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 #: Flags of every build: no FMA contraction (the torch paths' bits), no errno from math functions.
@@ -99,8 +116,11 @@ def is_x86() -> bool:
 
 def native_enabled() -> bool:
     """Native kernels are tried on Linux and macOS, x86-64 and aarch64, unless ``RAM_LIVE_NATIVE=0``."""
-    return (settings.native_enabled() and sys.platform.startswith(("linux", "darwin"))
-            and platform.machine().lower() in _X86 + _ARM)
+    return (
+        settings.native_enabled()
+        and sys.platform.startswith(("linux", "darwin"))
+        and platform.machine().lower() in _X86 + _ARM
+    )
 
 
 def cache_dir() -> Path:
@@ -117,8 +137,12 @@ def _cpu_flags() -> str:
         pass
     if sys.platform == "darwin":
         try:
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string", "hw.optional.arm64"],
-                                  capture_output=True, text=True, timeout=5).stdout
+            return subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string", "hw.optional.arm64"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             pass
     return platform.processor()
@@ -152,10 +176,12 @@ def build_level() -> str:
 def flags(level: str | None = None) -> tuple[str, ...]:
     """The compiler flags of ``level`` (default :func:`build_level`)."""
     level = level or build_level()
-    arch = {"avx512": ("-march=native",) if host_level() == "avx512" else ("-march=x86-64-v4",),
-            "avx2": ("-march=x86-64-v3", "-mtune=native") if is_x86() else (),
-            "neon": ("-march=armv8-a",),
-            "scalar": ("-march=x86-64",) if is_x86() else ()}[level]
+    arch = {
+        "avx512": ("-march=native",) if host_level() == "avx512" else ("-march=x86-64-v4",),
+        "avx2": ("-march=x86-64-v3", "-mtune=native") if is_x86() else (),
+        "neon": ("-march=armv8-a",),
+        "scalar": ("-march=x86-64",) if is_x86() else (),
+    }[level]
     return COMMON_FLAGS + arch
 
 
@@ -194,8 +220,9 @@ def load(family: str, build_flags: Sequence[str] | None = None, part: int | None
     return load_library(source(fam.source), fam.library, chosen, fam.entry_part if part is None else part)
 
 
-def bind(family: str, binder: Callable[[ctypes.CDLL, tuple[str, ...]], T | None],
-         build_flags: Sequence[str] | None = None) -> T | None:
+def bind(
+    family: str, binder: Callable[[ctypes.CDLL, tuple[str, ...]], T | None], build_flags: Sequence[str] | None = None
+) -> T | None:
     """``binder(lib, flags)`` of :func:`load` ``(family, build_flags)`` and the flags it was built with (the
     module's typed wrapper: argtypes set, a run-time CPU check), made once per process and library; None where
     :func:`load` gives None or ``binder`` does. Every setting (``RAM_LIVE_NATIVE``, ``RAM_LIVE_SIMD``,
@@ -223,8 +250,9 @@ def kernels(family: str, binder: Callable[[ctypes.CDLL, tuple[str, ...]], T | No
     return found  # type: ignore[return-value]
 
 
-def function(family: str, part: int, name: str, build_flags: Sequence[str], argtypes: list, restype: object
-             ) -> Callable[..., Any]:
+def function(
+    family: str, part: int, name: str, build_flags: Sequence[str], argtypes: list, restype: object
+) -> Callable[..., Any]:
     """The C function ``name`` of ``part`` of ``family`` (built now if it is not yet), typed. Raises
     :class:`KernelBuildError` where the part does not build: its family's entry part did, so the caller already
     chose the native path (which ``RAM_LIVE_NATIVE`` switched off since does not undo)."""
@@ -232,9 +260,11 @@ def function(family: str, part: int, name: str, build_flags: Sequence[str], argt
     key = _key(source(fam.source), fam.library, tuple(build_flags), part)
     lib = _open(key, source(fam.source))
     if lib is None:
-        raise KernelBuildError(f"part {part} of the native kernels {fam.source} ({name}, flags "
-                               f"{' '.join(build_flags)}) did not build where part {fam.entry_part} did: "
-                               f"{_ERRORS.get(key, '')}")
+        raise KernelBuildError(
+            f"part {part} of the native kernels {fam.source} ({name}, flags "
+            f"{' '.join(build_flags)}) did not build where part {fam.entry_part} did: "
+            f"{_ERRORS.get(key, '')}"
+        )
     fn = getattr(lib, name)
     fn.argtypes, fn.restype = argtypes, restype
     return fn
@@ -257,8 +287,9 @@ def prefetch(family: str, part: int, build_flags: Sequence[str]) -> None:
     threading.Thread(target=load, args=(family, tuple(build_flags), part), name=f"ram_live_cc_{family}_{part}").start()
 
 
-def load_library(source: str | Path, name: str, build_flags: Sequence[str] | None = None,
-                 part: int | None = None) -> ctypes.CDLL | None:
+def load_library(
+    source: str | Path, name: str, build_flags: Sequence[str] | None = None, part: int | None = None
+) -> ctypes.CDLL | None:
     """``source`` (a file, e.g. :func:`source` ``("ram.c")``, or C text) compiled with ``build_flags`` (default
     :func:`flags`; built on first use, then cached), one handle per process; or None where native kernels are
     off, there is no C compiler, or the build fails. ``part``: only that part of a source built in parts
@@ -315,8 +346,9 @@ def _build(source: str | Path, name: str, build_flags: list[str], part: int | No
         return None
     text = source.read_text() if isinstance(source, Path) else source
     part_flags = [] if part is None else [f"-DRAM_PART={part}"]
-    tag = hashlib.sha256("\0".join([text, _headers(), *build_flags, *part_flags, compiler, _cpu_flags()])
-                         .encode()).hexdigest()
+    tag = hashlib.sha256(
+        "\0".join([text, _headers(), *build_flags, *part_flags, compiler, _cpu_flags()]).encode()
+    ).hexdigest()
     stem = name if part is None else f"{name}.{part}"
     target = cache_dir() / f"{stem}-{tag[:16]}.so"
     if target.exists():
@@ -326,8 +358,12 @@ def _build(source: str | Path, name: str, build_flags: list[str], part: int | No
         src = Path(tmp) / f"{name}.c"
         src.write_text(text)
         out = Path(tmp) / f"{stem}.so"
-        subprocess.run([compiler, *build_flags, *part_flags, f"-I{CSRC}", "-shared", "-fPIC", "-o", str(out),
-                        str(src)], check=True, capture_output=True, timeout=TIMEOUT)
+        subprocess.run(
+            [compiler, *build_flags, *part_flags, f"-I{CSRC}", "-shared", "-fPIC", "-o", str(out), str(src)],
+            check=True,
+            capture_output=True,
+            timeout=TIMEOUT,
+        )
         staged = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
         shutil.copyfile(out, staged)
         os.replace(staged, target)

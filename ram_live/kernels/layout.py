@@ -25,6 +25,10 @@ def supports(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> bool
     """Whether the kernels take these flat tensors: CPU, contiguous, one input dtype of float32/bfloat16, an
     output of either, at most :data:`MAX_AGENTS` agents."""
     tensors = [base, *agents] + ([] if out is None else [out])
-    return (base.dtype in DTYPES and 0 < len(agents) <= MAX_AGENTS
-            and all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
-            and all(a.dtype == base.dtype for a in agents) and (out is None or out.dtype in DTYPES))
+    return (
+        base.dtype in DTYPES
+        and 0 < len(agents) <= MAX_AGENTS
+        and all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+        and all(a.dtype == base.dtype for a in agents)
+        and (out is None or out.dtype in DTYPES)
+    )

@@ -57,14 +57,23 @@ class Kernel:
     lib: Any
     simd_bits: int
 
-    def probe(self, base: Tensor, agents: Sequence[Tensor], eps: float, start: int, end: int,
-              counts: ProbeCounts) -> bool:
+    def probe(
+        self, base: Tensor, agents: Sequence[Tensor], eps: float, start: int, end: int, counts: ProbeCounts
+    ) -> bool:
         """Add the counts of flat entries ``[start, end)`` of ``base``/``agents`` to ``counts`` (activity: ``|τ| >
         eps``, or τ ≠ 0 with ``eps=0``). Returns whether some task-vector entry is not finite."""
         outputs = (counts.active, counts.unique, counts.inter, counts.histogram, counts.gram)
         agent_ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
-        bad = self.lib.ram_probe(DTYPES[base.dtype], base.data_ptr(), agent_ptrs, len(agents), eps, start, end,
-                                 *(t.data_ptr() for t in outputs))
+        bad = self.lib.ram_probe(
+            DTYPES[base.dtype],
+            base.data_ptr(),
+            agent_ptrs,
+            len(agents),
+            eps,
+            start,
+            end,
+            *(t.data_ptr() for t in outputs),
+        )
         if bad < 0:
             raise ValueError(f"the probe kernel takes 1 to {MAX_AGENTS} agents, got {len(agents)}")
         return bool(bad)

@@ -20,18 +20,34 @@ import importlib
 from typing import Any
 
 _EXPORTS: dict[str, str] = {  # public name -> the module it comes from, imported on first use
-    "Activity": "ram_live.types", "RamStatistics": "ram_live.types",
-    **{n: "ram_live.methods.base" for n in ("RunContext", "TensorContext", "TensorView", "Combine", "MergeMethod",
-                                            "MethodKernels", "agent_densities")},
-    **{n: "ram_live.methods.registry" for n in ("register_method", "get_method", "available_methods",
-                                                "make_config", "method_of_config", "_REGISTRY")},
+    "Activity": "ram_live.types",
+    "RamStatistics": "ram_live.types",
+    **{
+        n: "ram_live.methods.base"
+        for n in (
+            "RunContext",
+            "TensorContext",
+            "TensorView",
+            "Combine",
+            "MergeMethod",
+            "MethodKernels",
+            "agent_densities",
+        )
+    },
+    **{
+        n: "ram_live.methods.registry"
+        for n in ("register_method", "get_method", "available_methods", "make_config", "method_of_config", "_REGISTRY")
+    },
     "LinearConfig": "ram_live.methods.linear",
     "TaskArithmeticConfig": "ram_live.methods.task_arithmetic",
-    "TiesConfig": "ram_live.methods.ties", "ties_elect": "ram_live.methods.ties",
+    "TiesConfig": "ram_live.methods.ties",
+    "ties_elect": "ram_live.methods.ties",
     "ties_prepare": "ram_live.methods.ties",
-    "DareLinearConfig": "ram_live.methods.dare", "DareTiesConfig": "ram_live.methods.dare",
+    "DareLinearConfig": "ram_live.methods.dare",
+    "DareTiesConfig": "ram_live.methods.dare",
     "dare_generator": "ram_live.methods.dare",
-    "RamConfig": "ram_live.methods.ram.config", "RAM_METHODS": "ram_live.methods.ram.config",
+    "RamConfig": "ram_live.methods.ram.config",
+    "RAM_METHODS": "ram_live.methods.ram.config",
 }
 
 __all__ = [n for n in _EXPORTS if not n.startswith("_")]

@@ -13,8 +13,17 @@ from torch import Tensor
 from ..errors import ConfigError
 from ..types import Activity, RamStatistics
 
-__all__ = ["RunContext", "TensorContext", "TensorView", "Combine", "MethodKernels", "MergeMethod", "agent_weights",
-           "agent_densities", "scaled"]
+__all__ = [
+    "RunContext",
+    "TensorContext",
+    "TensorView",
+    "Combine",
+    "MethodKernels",
+    "MergeMethod",
+    "agent_weights",
+    "agent_densities",
+    "scaled",
+]
 
 
 @dataclass(frozen=True)
@@ -146,8 +155,9 @@ def agent_densities(config: Any, agents: Sequence[str]) -> list[float]:
     if config.densities is None:
         return [float(config.density)] * len(agents)
     if len(config.densities) != len(agents):
-        raise ConfigError(f"densities has {len(config.densities)} entries for {len(agents)} agents "
-                          f"({', '.join(agents)})")
+        raise ConfigError(
+            f"densities has {len(config.densities)} entries for {len(agents)} agents ({', '.join(agents)})"
+        )
     return [float(d) for d in config.densities]
 
 

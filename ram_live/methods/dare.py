@@ -73,8 +73,10 @@ class DareState:
 
 def dare_prepare(config: DareLinearConfig, view: TensorView, weights: Tensor) -> DareState:
     """The tensor's generators (seeded by agent and key) and the agents' densities."""
-    return DareState([dare_generator(config.seed, a, view.key, view.device) for a in view.agents],
-                     agent_densities(config, view.agents))
+    return DareState(
+        [dare_generator(config.seed, a, view.key, view.device) for a in view.agents],
+        agent_densities(config, view.agents),
+    )
 
 
 def dare_drop(deltas: Tensor, ctx: TensorContext, config: DareLinearConfig) -> Tensor:

@@ -67,9 +67,7 @@ def get_method(name: str) -> MergeMethod:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise UnknownMethodError(
-            f"unknown merge method {name!r}; available: {', '.join(sorted(_REGISTRY))}"
-        ) from None
+        raise UnknownMethodError(f"unknown merge method {name!r}; available: {', '.join(sorted(_REGISTRY))}") from None
 
 
 def available_methods() -> list[str]:
@@ -115,5 +113,7 @@ def method_of_config(config: Any) -> str:
     exact = [n for n in names if type(config) is _REGISTRY[n].config_cls]
     if len(exact) == 1 or len(names) == 1:
         return (exact or names)[0]
-    raise ConfigError(f"no single merge method takes a {type(config).__name__} "
-                      f"({', '.join(names) or 'none registered'}): pass method= too")
+    raise ConfigError(
+        f"no single merge method takes a {type(config).__name__} "
+        f"({', '.join(names) or 'none registered'}): pass method= too"
+    )

@@ -44,8 +44,7 @@ class AdapterDeltas:
     computed on request; counts, per key, the entries ``activity`` marks (the merge's own rule, on ΔW as the
     delta-space merge sees it: :func:`ram_live.functional.delta_active`) and those the sparsifying rule keeps."""
 
-    def __init__(self, name: str, factors: Mapping[str, Factor], rule: SparsifyRule | None,
-                 activity: Activity) -> None:
+    def __init__(self, name: str, factors: Mapping[str, Factor], rule: SparsifyRule | None, activity: Activity) -> None:
         self.name = name
         self.factors = {weight_key(m): f for m, f in factors.items()}
         self.rule = rule

@@ -87,10 +87,12 @@ def check_consistent(adapters: AdapterSet) -> None:
                     f"module {module!r}: adapter {a!r} has a {f.kind} ΔW of shape {list(f.shape)} "
                     f"(transposed={f.transpose}), adapter {ref_name!r} a {ref.kind} of shape {list(ref.shape)} "
                     f"(transposed={ref.transpose}); were they trained on the same base model?",
-                    key=module, agent=a,
+                    key=module,
+                    agent=a,
                 )
             if f.B.shape[1] != f.rank:
                 raise InputMismatchError(
                     f"module {module!r} of adapter {a!r}: lora_B has {f.B.shape[1]} columns, lora_A {f.rank} rows",
-                    key=module, agent=a,
+                    key=module,
+                    agent=a,
                 )

@@ -45,8 +45,11 @@ def read_folder(
     if not config_file.is_file():
         raise UnsupportedInputError(f"adapter {adapter!r}: {config_file} not found (is {path} a PEFT adapter folder?)")
     if not weights_file.is_file():
-        extra = " (adapter_model.bin is not read: re-save with safe_serialization=True)" if (
-            path / "adapter_model.bin").exists() else ""
+        extra = (
+            " (adapter_model.bin is not read: re-save with safe_serialization=True)"
+            if (path / "adapter_model.bin").exists()
+            else ""
+        )
         raise UnsupportedInputError(f"adapter {adapter!r}: {weights_file} not found{extra}")
     cfg = json.loads(config_file.read_text())
     check_config(cfg, adapter)
@@ -56,7 +59,7 @@ def read_folder(
     saved: dict[str, Tensor] = {}
     with safe_open(str(weights_file), framework="pt", device=str(device)) as fh:
         for key in fh.keys():
-            name = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
+            name = key[len(PEFT_PREFIX) :] if key.startswith(PEFT_PREFIX) else key
             if name.endswith(".base_layer.weight"):
                 # PEFT's save_embedding_layers: a full copy of a targeted embedding's base weight, not a delta;
                 # checked against the base when one is given (into_base), otherwise not part of the merge
@@ -68,8 +71,10 @@ def read_folder(
                     break
             else:
                 hint = (
-                    "a DoRA magnitude vector" if "lora_magnitude_vector" in key
-                    else "a lora_bias (lora_B.bias)" if key.endswith("lora_B.bias")
+                    "a DoRA magnitude vector"
+                    if "lora_magnitude_vector" in key
+                    else "a lora_bias (lora_B.bias)"
+                    if key.endswith("lora_B.bias")
                     else "not a LoRA factor of a linear or embedding layer"
                 )
                 raise UnsupportedAdapterError(
@@ -83,21 +88,27 @@ def read_folder(
             if tensor.dim() != 2:
                 raise UnsupportedAdapterError(
                     f"adapter {adapter!r}: module {module!r} has {tensor.dim()}-d LoRA factors (a conv layer?); "
-                    "ram_live merges LoRA on linear and embedding layers only", adapter=adapter, module=module,
+                    "ram_live merges LoRA on linear and embedding layers only",
+                    adapter=adapter,
+                    module=module,
                 )
             parts[module][which] = tensor
     factors: dict[str, Factor] = {}
     for module in order:
         p = parts[module]
         if set(p) != {"A", "B"}:
-            raise InputMismatchError(f"adapter {adapter!r}: module {module!r} lacks lora_{'B' if 'A' in p else 'A'}",
-                                     key=module, agent=adapter)
+            raise InputMismatchError(
+                f"adapter {adapter!r}: module {module!r} lacks lora_{'B' if 'A' in p else 'A'}",
+                key=module,
+                agent=adapter,
+            )
         r = int(p["A"].shape[0])
         r_cfg = int(_pattern_value(cfg.get("rank_pattern") or {}, module, cfg.get("r", r)))
         if r_cfg != r:
             raise InputMismatchError(
                 f"adapter {adapter!r}: module {module!r} has rank {r} in its weights but {r_cfg} in its config",
-                key=module, agent=adapter,
+                key=module,
+                agent=adapter,
             )
         alpha = float(_pattern_value(cfg.get("alpha_pattern") or {}, module, cfg.get("lora_alpha", 8)))
         scaling = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
@@ -109,8 +120,9 @@ def read_folder(
     return factors, order, cfg, saved
 
 
-def read_folders(adapters: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike],
-                  device: str | torch.device = "cpu") -> tuple[AdapterSet, dict[str, Path]]:
+def read_folders(
+    adapters: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike], device: str | torch.device = "cpu"
+) -> tuple[AdapterSet, dict[str, Path]]:
     if isinstance(adapters, Mapping):
         named = [(str(k), Path(v)) for k, v in adapters.items()]
     elif isinstance(adapters, (str, os.PathLike)):

@@ -61,8 +61,11 @@ def read_live(peft_model: Any, adapters: Sequence[str] | None) -> AdapterSet:
         if not present:
             continue
         kind = (
-            "linear" if type(module) is lora_layer.Linear
-            else "embedding" if type(module) is lora_layer.Embedding else None
+            "linear"
+            if type(module) is lora_layer.Linear
+            else "embedding"
+            if type(module) is lora_layer.Embedding
+            else None
         )
         for a in present:
             where = f"module {module_name!r} of adapter {a!r}"
@@ -70,25 +73,35 @@ def read_live(peft_model: Any, adapters: Sequence[str] | None) -> AdapterSet:
                 raise UnsupportedAdapterError(
                     f"{where} is a {type(module).__module__}.{type(module).__name__} LoRA layer; ram_live merges "
                     "LoRA on nn.Linear (and Conv1D with fan_in_fan_out) and nn.Embedding layers only",
-                    adapter=a, module=module_name,
+                    adapter=a,
+                    module=module_name,
                 )
             variant = getattr(module, "lora_variant", {}).get(a)
             if variant is not None or getattr(module, "use_dora", {}).get(a):
                 raise UnsupportedAdapterError(
                     f"{where} uses the LoRA variant {type(variant).__name__ if variant else 'DoRA'}; its ΔW is "
-                    "not s·BA, so it cannot be merged exactly", adapter=a, module=module_name,
+                    "not s·BA, so it cannot be merged exactly",
+                    adapter=a,
+                    module=module_name,
                 )
             if getattr(module, "lora_bias", {}).get(a):
                 raise UnsupportedAdapterError(
                     f"{where} has lora_bias=True (a bias delta a LoRA adapter cannot carry)",
-                    adapter=a, module=module_name,
+                    adapter=a,
+                    module=module_name,
                 )
             if kind == "linear":
-                f = Factor(module.lora_A[a].weight, module.lora_B[a].weight, float(module.scaling[a]), "linear",
-                            bool(getattr(module, "fan_in_fan_out", False)))
+                f = Factor(
+                    module.lora_A[a].weight,
+                    module.lora_B[a].weight,
+                    float(module.scaling[a]),
+                    "linear",
+                    bool(getattr(module, "fan_in_fan_out", False)),
+                )
             else:
-                f = Factor(module.lora_embedding_A[a], module.lora_embedding_B[a], float(module.scaling[a]),
-                            "embedding", True)
+                f = Factor(
+                    module.lora_embedding_A[a], module.lora_embedding_B[a], float(module.scaling[a]), "embedding", True
+                )
             factors[a][module_name] = f
         order.append(module_name)
     for a in names:

@@ -68,8 +68,9 @@ def ram_merge_adapter_files(
     t0 = time.perf_counter()
     options = dict(options)
     svd_keywords = SvdOptions.take(options)
-    method, rank, options, _ = peft_spellings(method, svd_keywords.pop("rank", None), options,
-                                              method_given=method != "ram_plus")
+    method, rank, options, _ = peft_spellings(
+        method, svd_keywords.pop("rank", None), options, method_given=method != "ram_plus"
+    )
     svd_opts = check_options(svd_options, svd_keywords, rank, inplace, into_base, "ram_merge_adapter_files")
     dev = torch.device(device) if device is not None else None
     adapter_set, _ = read_folders(adapters, dev or "cpu")
@@ -80,8 +81,16 @@ def ram_merge_adapter_files(
             if base is None:
                 raise ConfigError("into_base=True needs base= (the model the adapters were trained on)")
             _check_base(adapter_set, base)
-            result, info = merge_into_base(base, prep, inplace=inplace, out=out, device=dev, dtype=dtype,
-                                            max_shard_bytes=max_shard_bytes, chunk_numel=chunk_numel)
+            result, info = merge_into_base(
+                base,
+                prep,
+                inplace=inplace,
+                out=out,
+                device=dev,
+                dtype=dtype,
+                max_shard_bytes=max_shard_bytes,
+                chunk_numel=chunk_numel,
+            )
         else:
             if out is None:
                 raise ConfigError("pass out= (the folder to write the merged adapter to), or into_base=True")
@@ -110,27 +119,35 @@ def _check_base(adapters: AdapterSet, base: Any) -> None:
         if key not in keys:
             raise InputMismatchError(
                 f"adapter {owner!r} targets module {m!r} but the base has no tensor {key!r} (another architecture?)",
-                key=key, agent=owner,
+                key=key,
+                agent=owner,
             )
         expected = adapters.module(m).weight_shape
         if tuple(source.spec(key).shape) != tuple(expected):
             raise InputMismatchError(
                 f"module {m!r}: the base's {key!r} has shape {list(source.spec(key).shape)}, adapter {owner!r}'s "
-                f"ΔW {list(expected)}", key=key, agent=owner,
+                f"ΔW {list(expected)}",
+                key=key,
+                agent=owner,
             )
     for adapter, saved in adapters.saved_weights.items():
         for key, tensor in saved.items():
-            if key not in keys or tuple(source.spec(key).shape) != tuple(tensor.shape) or not torch.equal(
-                    source.get(key).to(device=tensor.device, dtype=tensor.dtype), tensor):
+            if (
+                key not in keys
+                or tuple(source.spec(key).shape) != tuple(tensor.shape)
+                or not torch.equal(source.get(key).to(device=tensor.device, dtype=tensor.dtype), tensor)
+            ):
                 raise UnsupportedAdapterError(
                     f"adapter {adapter!r} stores its own {key!r} (PEFT's save_embedding_layers), which differs from "
                     "the base's: a resized or retrained embedding is not a LoRA delta and cannot be merged",
-                    adapter=adapter, module=key,
+                    adapter=adapter,
+                    module=key,
                 )
 
 
-def _write_adapter_folder(out: Path, adapters: AdapterSet, factors: Mapping[str, Refactored],
-                          dtype: torch.dtype | None) -> Path:
+def _write_adapter_folder(
+    out: Path, adapters: AdapterSet, factors: Mapping[str, Refactored], dtype: torch.dtype | None
+) -> Path:
     from safetensors.torch import save_file
 
     _check_out(out)
@@ -149,8 +166,14 @@ def _write_adapter_folder(out: Path, adapters: AdapterSet, factors: Mapping[str,
     config.update(new_config_fields(factors))
     config["fan_in_fan_out"] = merged_fan_in_fan_out(adapters, factors)
     config.update(peft_type="LORA", use_dora=False, lora_bias=False, bias="none", init_lora_weights=True)
-    for key in ("modules_to_save", "layers_to_transform", "layers_pattern", "exclude_modules", "target_parameters",
-                "trainable_token_indices"):
+    for key in (
+        "modules_to_save",
+        "layers_to_transform",
+        "layers_pattern",
+        "exclude_modules",
+        "target_parameters",
+        "trainable_token_indices",
+    ):
         if key in config:
             config[key] = None
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -163,8 +186,9 @@ def _write_adapter_folder(out: Path, adapters: AdapterSet, factors: Mapping[str,
         try:
             rename_noreplace(tmp, out)
         except FileExistsError:
-            raise OutputExistsError(f"output {out}: created by someone else while the adapter was merged; "
-                                    "left as it is") from None
+            raise OutputExistsError(
+                f"output {out}: created by someone else while the adapter was merged; left as it is"
+            ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -65,8 +65,9 @@ def ram_merge_adapters(
     t0 = time.perf_counter()
     options = dict(options)
     svd_keywords = SvdOptions.take(options)
-    method, rank, options, new_adapter = peft_spellings(method, svd_keywords.pop("rank", None), options,
-                                                        method_given=method != "ram_plus", new_adapter=new_adapter)
+    method, rank, options, new_adapter = peft_spellings(
+        method, svd_keywords.pop("rank", None), options, method_given=method != "ram_plus", new_adapter=new_adapter
+    )
     svd_opts = check_options(svd_options, svd_keywords, rank, inplace, into_base, "ram_merge_adapters")
     adapter_set = read_live(peft_model, adapters)
     prep = prepare_merge(adapter_set, method, options, sparsify)
@@ -88,8 +89,9 @@ def ram_merge_adapters(
     return (result, report) if return_info else result
 
 
-def _add_live_adapter(peft_model: Any, root: nn.Module, adapters: AdapterSet, new_adapter: str,
-                      factors: Mapping[str, Refactored]) -> None:
+def _add_live_adapter(
+    peft_model: Any, root: nn.Module, adapters: AdapterSet, new_adapter: str, factors: Mapping[str, Refactored]
+) -> None:
     from peft import LoraConfig
 
     first = adapters.configs[adapters.names[0]]
@@ -120,8 +122,16 @@ def _add_live_adapter(peft_model: Any, root: nn.Module, adapters: AdapterSet, ne
         b_param.data.copy_((out.B / scaling).to(b_param.device))
 
 
-def _live_into_base(peft_model: Any, root: nn.Module, adapters: AdapterSet, prep: PreparedMerge, inplace: bool,
-                    chunk_numel: int, report: "AdapterMergeReport", warn_dense: bool) -> nn.Module:
+def _live_into_base(
+    peft_model: Any,
+    root: nn.Module,
+    adapters: AdapterSet,
+    prep: PreparedMerge,
+    inplace: bool,
+    chunk_numel: int,
+    report: "AdapterMergeReport",
+    warn_dense: bool,
+) -> nn.Module:
     for module_name in adapters.order:
         layer = root.get_submodule(module_name)
         if getattr(layer, "merged_adapters", None):
@@ -131,8 +141,9 @@ def _live_into_base(peft_model: Any, root: nn.Module, adapters: AdapterSet, prep
             )
     # The factors are read from the source model, so the copy may drop its adapters before the merge.
     plain = (peft_model if inplace else copy.deepcopy(peft_model)).unload()
-    result, info = merge_into_base(plain, prep, inplace=True, out=None, device=None, dtype=None,
-                                    max_shard_bytes=0, chunk_numel=chunk_numel)
+    result, info = merge_into_base(
+        plain, prep, inplace=True, out=None, device=None, dtype=None, max_shard_bytes=0, chunk_numel=chunk_numel
+    )
     report.merge_seconds = info.seconds
     finish_report(prep, info, report, warn_dense)
     return result

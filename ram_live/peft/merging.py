@@ -63,12 +63,19 @@ def finish_report(prep: PreparedMerge, info: MergeInfo, report: "AdapterMergeRep
                 f"RAM on dense LoRA deltas: {shown} of the ΔW entries exceed eps={eps:g}, so nearly every entry is "
                 "shared and RAM reduces to a plain mean of the adapters. Pass a sparsifying activity rule, e.g. "
                 f"sparsify={RECOMMENDED_SPARSIFY!r} (the recommended one, which sparsify='auto' uses).",
-                DenseDeltaWarning, stacklevel=3,
+                DenseDeltaWarning,
+                stacklevel=3,
             )
 
 
-def merge_in_delta_space(adapters: AdapterSet, prep: PreparedMerge, on_module: Callable[[str, Tensor], None], *,
-                          device: torch.device | None, chunk_numel: int) -> MergeInfo:
+def merge_in_delta_space(
+    adapters: AdapterSet,
+    prep: PreparedMerge,
+    on_module: Callable[[str, Tensor], None],
+    *,
+    device: torch.device | None,
+    chunk_numel: int,
+) -> MergeInfo:
     """Merge the ΔW_t (zero base) with the engine, module by module; ``on_module`` gets each ΔW*."""
     from ..api import check_run_options
 
@@ -79,12 +86,28 @@ def merge_in_delta_space(adapters: AdapterSet, prep: PreparedMerge, on_module: C
         specs[weight_key(m)] = TensorSpec(f.weight_shape, torch.float32, device or f.B.device)
     sources = [DeltaSource(d, specs) for d in prep.deltas]
     cfg = make_config(prep.method, None, **prep.options)
-    return run_merge(ZeroBase(specs), sources, get_method(prep.method), cfg, CallbackSink(on_module),
-                     device=device, chunk_numel=chunk_numel)
+    return run_merge(
+        ZeroBase(specs),
+        sources,
+        get_method(prep.method),
+        cfg,
+        CallbackSink(on_module),
+        device=device,
+        chunk_numel=chunk_numel,
+    )
 
 
-def merge_into_base(base: Any, prep: PreparedMerge, *, inplace: bool, out: Any, device: Any, dtype: Any,
-                     max_shard_bytes: int, chunk_numel: int) -> tuple[Any, MergeInfo]:
+def merge_into_base(
+    base: Any,
+    prep: PreparedMerge,
+    *,
+    inplace: bool,
+    out: Any,
+    device: Any,
+    dtype: Any,
+    max_shard_bytes: int,
+    chunk_numel: int,
+) -> tuple[Any, MergeInfo]:
     """θ* = θ₀ + merged ΔW through :func:`ram_live.merge`, with agents "base + ΔW_t" read lazily."""
     from ..api import merge
 
@@ -93,12 +116,29 @@ def merge_into_base(base: Any, prep: PreparedMerge, *, inplace: bool, out: Any, 
     kwargs: dict[str, Any] = {}
     if out is not None:
         kwargs["max_shard_bytes"] = max_shard_bytes
-    return merge(agents, base=base, method=prep.method, inplace=inplace, out=out, device=device, dtype=dtype,
-                 chunk_numel=chunk_numel, return_info=True, **kwargs, **prep.options)
+    return merge(
+        agents,
+        base=base,
+        method=prep.method,
+        inplace=inplace,
+        out=out,
+        device=device,
+        dtype=dtype,
+        chunk_numel=chunk_numel,
+        return_info=True,
+        **kwargs,
+        **prep.options,
+    )
 
 
-def check_options(svd_options: SvdOptions | None, svd_keywords: Mapping[str, Any], rank: int | None,
-                  inplace: bool, into_base: bool, where: str) -> SvdOptions:
+def check_options(
+    svd_options: SvdOptions | None,
+    svd_keywords: Mapping[str, Any],
+    rank: int | None,
+    inplace: bool,
+    into_base: bool,
+    where: str,
+) -> SvdOptions:
     """The entry point's :class:`SvdOptions` (``svd_options=``, or its old keyword spellings and the ``rank``
     that PEFT's ``svd_rank=`` may have spelled), and :class:`ConfigError` for ``inplace`` without ``into_base``."""
     keywords = {**svd_keywords, "rank": rank} if rank is not None else dict(svd_keywords)

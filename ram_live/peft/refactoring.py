@@ -70,8 +70,14 @@ def refactor(
     if rank is not None:
         svd_keywords["rank"] = rank
     opts = SvdOptions.of(svd_options, where="refactor", **svd_keywords)
-    rank, energy, svd, oversample, niter, seed = (opts.rank, opts.energy, opts.svd, opts.oversample, opts.niter,
-                                                  opts.seed)
+    rank, energy, svd, oversample, niter, seed = (
+        opts.rank,
+        opts.energy,
+        opts.svd,
+        opts.oversample,
+        opts.niter,
+        opts.seed,
+    )
     m = delta.float()
     rows, cols = m.shape
     full = min(rows, cols)
@@ -123,8 +129,14 @@ class Refactorer:
         out = refactor(lora_layout, svd_options=dataclasses.replace(self.options, seed=seed))
         self.factors[module] = out
         self.report.modules[module] = ModuleReport(
-            shape=f.shape, kind=f.kind, adapters=self.adapters.targeting(module), rank=out.rank, error=out.error,
-            svd=out.svd, seconds=out.seconds, norm=float(torch.linalg.matrix_norm(delta)),
+            shape=f.shape,
+            kind=f.kind,
+            adapters=self.adapters.targeting(module),
+            rank=out.rank,
+            error=out.error,
+            svd=out.svd,
+            seconds=out.seconds,
+            norm=float(torch.linalg.matrix_norm(delta)),
         )
         self.report.refactor_seconds += out.seconds
 

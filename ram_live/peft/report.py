@@ -79,28 +79,42 @@ class AdapterMergeReport:
             "error": self.error,
             "max_error": self.max_error,
             "modules": {
-                name: {"shape": list(m.shape), "kind": m.kind, "adapters": list(m.adapters), "rank": m.rank,
-                       "error": m.error, "svd": m.svd, "seconds": m.seconds, "norm": m.norm}
+                name: {
+                    "shape": list(m.shape),
+                    "kind": m.kind,
+                    "adapters": list(m.adapters),
+                    "rank": m.rank,
+                    "error": m.error,
+                    "svd": m.svd,
+                    "seconds": m.seconds,
+                    "norm": m.norm,
+                }
                 for name, m in self.modules.items()
             },
             "seconds": {"merge": self.merge_seconds, "refactor": self.refactor_seconds, "total": self.seconds},
         }
 
     def table(self) -> str:
-        lines = [f"{self.method} of {len(self.adapters)} adapters -> {self.target}"
-                 + (f"  (activity rule: {self.sparsify})" if self.sparsify else "  (activity rule: |Δ| > eps)")]
+        lines = [
+            f"{self.method} of {len(self.adapters)} adapters -> {self.target}"
+            + (f"  (activity rule: {self.sparsify})" if self.sparsify else "  (activity rule: |Δ| > eps)")
+        ]
         lines.append(f"{'adapter':<20} {'density':>9} {'active':>9} {'rho':>8} {'lambda':>8}")
         for a in self.adapters:
             rho = self.rho.get(a) if self.rho else None
             lam = self.lambdas.get(a) if self.lambdas else None
-            lines.append(f"{a:<20} {100 * self.density.get(a, 0):8.2f}% {100 * self.active.get(a, 0):8.2f}% "
-                         f"{'-' if rho is None else f'{rho:.3f}':>8} {'-' if lam is None else f'{lam:.4f}':>8}")
+            lines.append(
+                f"{a:<20} {100 * self.density.get(a, 0):8.2f}% {100 * self.active.get(a, 0):8.2f}% "
+                f"{'-' if rho is None else f'{rho:.3f}':>8} {'-' if lam is None else f'{lam:.4f}':>8}"
+            )
         if any(m.rank is not None for m in self.modules.values()):
             lines.append(f"{'module':<48} {'shape':>12} {'rank':>5} {'rel. error':>11} {'svd':>10}")
             for name, m in self.modules.items():
                 shape = "x".join(map(str, m.shape))
                 lines.append(f"{name[-48:]:<48} {shape:>12} {m.rank:>5} {m.error:11.3e} {m.svd:>10}")
             lines.append(f"whole adapter: relative error {self.error:.3e} (max per module {self.max_error:.3e})")
-        lines.append(f"time: merge {self.merge_seconds:.3f} s, re-factor {self.refactor_seconds:.3f} s, "
-                     f"total {self.seconds:.3f} s")
+        lines.append(
+            f"time: merge {self.merge_seconds:.3f} s, re-factor {self.refactor_seconds:.3f} s, "
+            f"total {self.seconds:.3f} s"
+        )
         return "\n".join(lines)

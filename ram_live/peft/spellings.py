@@ -14,30 +14,30 @@ from ..errors import ConfigError
 from ..methods import RAM_METHODS
 
 #: PEFT combination types that are ram_live's methods: ΔW-space merges re-factored by SVD
-_SAME = {"svd": "task_arithmetic", "ties_svd": "ties", "dare_linear_svd": "dare_linear",
-         "dare_ties_svd": "dare_ties"}
+_SAME = {"svd": "task_arithmetic", "ties_svd": "ties", "dare_linear_svd": "dare_linear", "dare_ties_svd": "dare_ties"}
 #: PEFT combination types that merge the A and B factors (or concatenate them): not ram_live's merges
 _FACTORS = {
     "linear": "PEFT's 'linear' adds √w-weighted A and B factors, whose product is not Σ w·ΔW; "
-              "method='task_arithmetic' is the weighted sum of the ΔW (PEFT's 'svd')",
+    "method='task_arithmetic' is the weighted sum of the ΔW (PEFT's 'svd')",
     "cat": "PEFT's 'cat' concatenates the factors (Σ w·ΔW exactly, rank = the sum of the ranks): "
-           "method='task_arithmetic' with rank= the sum of the adapters' ranks is the same ΔW",
+    "method='task_arithmetic' with rank= the sum of the adapters' ranks is the same ΔW",
     "ties": "PEFT's 'ties' trims and elects the A and B factors separately; method='ties' is TIES on the ΔW "
-            "(PEFT's 'ties_svd')",
+    "(PEFT's 'ties_svd')",
     "dare_linear": "PEFT's 'dare_linear' drops entries of the A and B factors; method='dare_linear' is DARE on "
-                   "the ΔW (PEFT's 'dare_linear_svd')",
+    "the ΔW (PEFT's 'dare_linear_svd')",
     "dare_ties": "PEFT's 'dare_ties' works on the A and B factors; method='dare_ties' is DARE-TIES on the ΔW "
-                 "(PEFT's 'dare_ties_svd')",
+    "(PEFT's 'dare_ties_svd')",
     "magnitude_prune": "ram_live has no magnitude-prune method; method='task_arithmetic' with "
-                       "sparsify=TopK(density) keeps the top-density entries of each ΔW",
+    "sparsify=TopK(density) keeps the top-density entries of each ΔW",
     "magnitude_prune_svd": "ram_live has no magnitude-prune method; method='task_arithmetic' with "
-                           "sparsify=TopK(density) keeps the top-density entries of each ΔW",
+    "sparsify=TopK(density) keeps the top-density entries of each ΔW",
 }
 _SVD_DETAILS = ("svd_clamp", "svd_full_matrices", "svd_driver")
 
 
-def peft_spellings(method: str, rank: int | None, options: dict[str, Any], *, method_given: bool,
-                   new_adapter: str | None = None) -> tuple[str, int | None, dict[str, Any], str | None]:
+def peft_spellings(
+    method: str, rank: int | None, options: dict[str, Any], *, method_given: bool, new_adapter: str | None = None
+) -> tuple[str, int | None, dict[str, Any], str | None]:
     """``(method, rank, options, new_adapter)`` with PEFT's spellings in ``options`` turned into ram_live's.
 
     Example:
@@ -51,11 +51,15 @@ def peft_spellings(method: str, rank: int | None, options: dict[str, Any], *, me
         if kind in _FACTORS:
             raise ConfigError(f"combination_type={kind!r}: {_FACTORS[kind]}")
         if kind not in _SAME:
-            raise ConfigError(f"combination_type={kind!r} is not one of PEFT's; ram_live takes method= "
-                              f"(e.g. 'ram_plus', 'ties', 'task_arithmetic')")
+            raise ConfigError(
+                f"combination_type={kind!r} is not one of PEFT's; ram_live takes method= "
+                f"(e.g. 'ram_plus', 'ties', 'task_arithmetic')"
+            )
         if method_given and method != _SAME[kind]:
-            raise ConfigError(f"combination_type={kind!r} is method={_SAME[kind]!r}, but method={method!r} is given "
-                              "too: pass one of them")
+            raise ConfigError(
+                f"combination_type={kind!r} is method={_SAME[kind]!r}, but method={method!r} is given "
+                "too: pass one of them"
+            )
         method = _SAME[kind]
     if "svd_rank" in opts:
         svd_rank = opts.pop("svd_rank")
@@ -70,18 +74,25 @@ def peft_spellings(method: str, rank: int | None, options: dict[str, Any], *, me
     if "adapter_name" in opts:
         name = opts.pop("adapter_name")
         if new_adapter is None:
-            raise ConfigError("adapter_name= (PEFT's name of the new adapter) does not apply here: the merged "
-                              "adapter is written to out=")
+            raise ConfigError(
+                "adapter_name= (PEFT's name of the new adapter) does not apply here: the merged "
+                "adapter is written to out="
+            )
         if new_adapter not in ("merged", name):
-            raise ConfigError(f"adapter_name={name!r} is PEFT's name of new_adapter=, and new_adapter="
-                              f"{new_adapter!r} is given too")
+            raise ConfigError(
+                f"adapter_name={name!r} is PEFT's name of new_adapter=, and new_adapter={new_adapter!r} is given too"
+            )
         new_adapter = name
     details = [k for k in _SVD_DETAILS if k in opts]
     if details:
-        raise ConfigError(f"{', '.join(details)}: PEFT's torch.linalg.svd settings have no counterpart; ram_live "
-                          "chooses the factorization with svd='exact'|'randomized' (and oversample=, niter=)")
+        raise ConfigError(
+            f"{', '.join(details)}: PEFT's torch.linalg.svd settings have no counterpart; ram_live "
+            "chooses the factorization with svd='exact'|'randomized' (and oversample=, niter=)"
+        )
     if "density" in opts and method in RAM_METHODS:
-        raise ConfigError(f"density= is TIES/DARE's option (PEFT's add_weighted_adapter takes it for those); for "
-                          f"{method} on LoRA deltas the fraction of each ΔW that counts as updated is "
-                          f"sparsify=TopK({opts['density']!r})")
+        raise ConfigError(
+            f"density= is TIES/DARE's option (PEFT's add_weighted_adapter takes it for those); for "
+            f"{method} on LoRA deltas the fraction of each ΔW that counts as updated is "
+            f"sparsify=TopK({opts['density']!r})"
+        )
     return method, rank, opts, new_adapter

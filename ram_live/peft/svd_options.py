@@ -62,8 +62,9 @@ class SvdOptions:
 
     def __post_init__(self) -> None:
         _check_int("rank", self.rank, 1, optional=True, meaning=" (the largest input rank)")
-        if self.energy is not None and not (isinstance(self.energy, numbers.Real)
-                                            and not isinstance(self.energy, bool) and 0.0 < self.energy <= 1.0):
+        if self.energy is not None and not (
+            isinstance(self.energy, numbers.Real) and not isinstance(self.energy, bool) and 0.0 < self.energy <= 1.0
+        ):
             raise ConfigError(f"energy must be in (0, 1], got {self.energy!r}")
         check_choice("svd", self.svd, SVD_KINDS)
         _check_int("oversample", self.oversample, 0, optional=True, meaning=" (max(rank, 16))")
@@ -90,13 +91,17 @@ class SvdOptions:
         head = f"{where}: " if where else ""
         unknown = sorted(set(keywords) - set(cls.names()))
         if unknown:
-            raise ConfigError(f"{head}unknown SVD option(s) {', '.join(map(repr, unknown))}; the SVD options are: "
-                              f"{', '.join(cls.names())}")
+            raise ConfigError(
+                f"{head}unknown SVD option(s) {', '.join(map(repr, unknown))}; the SVD options are: "
+                f"{', '.join(cls.names())}"
+            )
         if options is None:
             return cls(**keywords)
         if not isinstance(options, SvdOptions):
             raise ConfigError(f"{head}svd_options must be an SvdOptions, got {type(options).__name__}")
         if keywords:
-            raise ConfigError(f"{head}svd_options= is given, and {', '.join(f'{k}=' for k in sorted(keywords))} "
-                              "too: pass the SVD options one way (e.g. svd_options=SvdOptions(rank=8, ...))")
+            raise ConfigError(
+                f"{head}svd_options= is given, and {', '.join(f'{k}=' for k in sorted(keywords))} "
+                "too: pass the SVD options one way (e.g. svd_options=SvdOptions(rank=8, ...))"
+            )
         return options

@@ -11,5 +11,14 @@ from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult, Trial
 from .run import search
 from .space import DEFAULT_SPACE
 
-__all__ = ["search", "SearchResult", "Trial", "SearchError", "ExtrapolationWarning", "EXTRAPOLATION_FAR",
-           "DEFAULT_SPACE", "from_json", "to_json"]
+__all__ = [
+    "search",
+    "SearchResult",
+    "Trial",
+    "SearchError",
+    "ExtrapolationWarning",
+    "EXTRAPOLATION_FAR",
+    "DEFAULT_SPACE",
+    "from_json",
+    "to_json",
+]

@@ -46,24 +46,43 @@ from ..peft.svd_options import SvdOptions
 from .space import Family
 from .target import Merger
 
-__all__ = ["ADAPTER_SPACE", "ADAPTER_RAM_PLUS_GRID", "AdapterAgents", "AdapterMerger", "adapter_agents",
-           "adapter_space", "check_families"]
+__all__ = [
+    "ADAPTER_SPACE",
+    "ADAPTER_RAM_PLUS_GRID",
+    "AdapterAgents",
+    "AdapterMerger",
+    "adapter_agents",
+    "adapter_space",
+    "check_families",
+]
 
 #: The RAM+ grid of an adapter search: the paper's default first, plain RAM (λ = 1), small r (λ > 1 measured to lose
 #: on LoRA deltas: docs/peft.md, benchmarks/quality.md), the conflict-aware shared region last; with the default
 #: rule, TopK(0.5). Six points: a screen of ``budget=60`` takes them all, and the arm's refinement starts with the
 #: density.
-ADAPTER_RAM_PLUS_GRID = [{"r": 0.1, "alpha": 2.0}, {"r": 0.0, "alpha": 2.0}, {"r": 0.25, "alpha": 2.0},
-                         {"r": 0.1, "alpha": math.inf}, {"r": 0.5, "alpha": math.inf},
-                         {"r": 0.1, "alpha": 2.0, "shared": "sign"}]
+ADAPTER_RAM_PLUS_GRID = [
+    {"r": 0.1, "alpha": 2.0},
+    {"r": 0.0, "alpha": 2.0},
+    {"r": 0.25, "alpha": 2.0},
+    {"r": 0.1, "alpha": math.inf},
+    {"r": 0.5, "alpha": math.inf},
+    {"r": 0.1, "alpha": 2.0, "shared": "sign"},
+]
 #: The default space of an adapter search: the RAM+ grid above, the ``sparsify`` move (the activity rule's density),
 #: the λ ascent (``lambdas``, in place of ``shared_weights``, whose importances the adapter entry points do not
 #: take), leave-one-out, the shared-region moves (the ``eps`` moves hardly change what a rule keeps: it decides what
 #: is active); the baselines as in the default space.
 ADAPTER_SPACE: dict[str, Any] = {
-    "ram_plus": ADAPTER_RAM_PLUS_GRID, "sparsify": None, "lambdas": None, "leave_one_out": None,
-    "activity": [{"shared": "sign"}, {"shared": "mean"}], "task_arithmetic": None, "ties": None, "dare_ties": None,
-    "ta_weights": None}
+    "ram_plus": ADAPTER_RAM_PLUS_GRID,
+    "sparsify": None,
+    "lambdas": None,
+    "leave_one_out": None,
+    "activity": [{"shared": "sign"}, {"shared": "mean"}],
+    "task_arithmetic": None,
+    "ties": None,
+    "dare_ties": None,
+    "ta_weights": None,
+}
 #: The activity rule's spelling in the agents' own reports (what a merge counts is the merge's own rule).
 _REPORTED = Activity("abs", 1e-5)
 
@@ -106,8 +125,10 @@ def adapter_agents(models: Any, base: Any, adapters: Sequence[str] | None) -> Ad
             raise ConfigError("search(peft_model, ...) merges into the model's own base: leave base= out")
         return _live(models, adapters)
     if adapters is not None:
-        raise ConfigError("adapters= names the adapters of a live PeftModel (search(peft_model, adapters=[...])); "
-                          "adapter folders are given as models=, a list or a mapping name → folder")
+        raise ConfigError(
+            "adapters= names the adapters of a live PeftModel (search(peft_model, adapters=[...])); "
+            "adapter folders are given as models=, a list or a mapping name → folder"
+        )
     if isinstance(models, Mapping):
         named = [(str(k), v) for k, v in models.items()]
     elif isinstance(models, (list, tuple)):
@@ -116,18 +137,24 @@ def adapter_agents(models: Any, base: Any, adapters: Sequence[str] | None) -> Ad
         return None
     peft_models = [n for n, m in named if _is_peft_model(m)]
     if peft_models:
-        raise UnsupportedInputError(f"agent {peft_models[0]!r} is a PeftModel: search its adapters with "
-                                    "search(peft_model, adapters=[...]), or pass adapter folders")
+        raise UnsupportedInputError(
+            f"agent {peft_models[0]!r} is a PeftModel: search its adapters with "
+            "search(peft_model, adapters=[...]), or pass adapter folders"
+        )
     folders = [n for n, m in named if _is_adapter_folder(m)]
     if not folders:
         return None
     full = [n for n, m in named if not _is_adapter_folder(m)]
     if full:
-        raise UnsupportedInputError(f"agent {full[0]!r} is a full model and agent {folders[0]!r} a PEFT adapter "
-                                    "folder (adapter_config.json): search adapters or full models, not a mix")
+        raise UnsupportedInputError(
+            f"agent {full[0]!r} is a full model and agent {folders[0]!r} a PEFT adapter "
+            "folder (adapter_config.json): search adapters or full models, not a mix"
+        )
     if base is None:
-        raise ConfigError("a search over adapter folders needs base= (the model the adapters were trained on: a "
-                          "module, a state dict or a checkpoint path)")
+        raise ConfigError(
+            "a search over adapter folders needs base= (the model the adapters were trained on: a "
+            "module, a state dict or a checkpoint path)"
+        )
     from ..peft.folders import read_folders
     from ..peft.merge_files import _check_base
 
@@ -149,8 +176,10 @@ def _live(model: Any, adapters: Sequence[str] | None) -> AdapterAgents:
     for name in adapter_set.order:
         merged = getattr(root.get_submodule(name), "merged_adapters", None)
         if merged:
-            raise ConfigError(f"module {name!r} has adapters {merged} merged into its base weight; unmerge them "
-                              "(peft_model.unmerge_adapter()) before searching")
+            raise ConfigError(
+                f"module {name!r} has adapters {merged} merged into its base weight; unmerge them "
+                "(peft_model.unmerge_adapter()) before searching"
+            )
     with torch.no_grad():
         plain = copy.deepcopy(model).unload()
     return AdapterAgents(adapter_set, plain, live=True)
@@ -165,11 +194,15 @@ def adapter_space(space: Any, importance: Any, parallel: int, ray_address: str |
         importance, parallel, ray_address: ``search``'s; importances and worker pools are refused.
     """
     if importance is not None:
-        raise ConfigError("importance=: the adapter merges (ram_merge_adapter_files, ram_merge_adapters) take no "
-                          "importances, so a winner with them could not be re-made; leave it out for adapters")
+        raise ConfigError(
+            "importance=: the adapter merges (ram_merge_adapter_files, ram_merge_adapters) take no "
+            "importances, so a winner with them could not be re-made; leave it out for adapters"
+        )
     if parallel > 1 or ray_address is not None:
-        raise ConfigError(f"parallel={parallel}: a search over adapters scores its candidates in one process (its "
-                          "workers would need the adapters' merger); pass parallel=1 and no ray_address")
+        raise ConfigError(
+            f"parallel={parallel}: a search over adapters scores its candidates in one process (its "
+            "workers would need the adapters' merger); pass parallel=1 and no ray_address"
+        )
     return dict(ADAPTER_SPACE) if space is None else space
 
 
@@ -179,12 +212,17 @@ def check_families(families: list[Family], adapters: bool) -> None:
     for family in families:
         where = f"space entry {family.name!r}"
         if not adapters and (family.kind == "sparsify" or any("sparsify" in o for o in family.grid)):
-            raise ConfigError(f"{where}: sparsify= is the activity rule of LoRA adapters' ΔW; it applies to a search "
-                              "over adapters (PEFT adapter folders or a PeftModel), not over full models")
-        if adapters and (family.kind in ("shared_weights", "importance") or any("importance" in o
-                                                                                for o in family.grid)):
-            raise ConfigError(f"{where}: the adapter merges take no importances (per-agent weights in the shared "
-                              "mean), so such a winner could not be re-made; use 'lambdas' for adapters")
+            raise ConfigError(
+                f"{where}: sparsify= is the activity rule of LoRA adapters' ΔW; it applies to a search "
+                "over adapters (PEFT adapter folders or a PeftModel), not over full models"
+            )
+        if adapters and (
+            family.kind in ("shared_weights", "importance") or any("importance" in o for o in family.grid)
+        ):
+            raise ConfigError(
+                f"{where}: the adapter merges take no importances (per-agent weights in the shared "
+                "mean), so such a winner could not be re-made; use 'lambdas' for adapters"
+            )
 
 
 class AdapterMerger(Merger):
@@ -198,8 +236,9 @@ class AdapterMerger(Merger):
 
     dare_seed = False  # ram_merge_adapter_files takes seed= as the SVD's: DARE keeps its own seed, 0
 
-    def __init__(self, agents: AdapterAgents, *, device: str | torch.device | None = None,
-                 workers: int | None = None) -> None:
+    def __init__(
+        self, agents: AdapterAgents, *, device: str | torch.device | None = None, workers: int | None = None
+    ) -> None:
         self.adapters = agents.adapters
         self.live = agents.live
         self._by_rule: dict[SparsifyRule | None, list[BasePlusDeltaSource]] = {}
@@ -212,8 +251,10 @@ class AdapterMerger(Merger):
 
     def _agents(self, rule: SparsifyRule | None) -> list[BasePlusDeltaSource]:
         if rule not in self._by_rule:
-            self._by_rule[rule] = [BasePlusDeltaSource(self.base_src, AdapterDeltas(
-                name, self.adapters.factors[name], rule, _REPORTED)) for name in self.adapters.names]
+            self._by_rule[rule] = [
+                BasePlusDeltaSource(self.base_src, AdapterDeltas(name, self.adapters.factors[name], rule, _REPORTED))
+                for name in self.adapters.names
+            ]
         return self._by_rule[rule]
 
     def rule_of(self, candidate: Mapping[str, Any]) -> SparsifyRule | None:

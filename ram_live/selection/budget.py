@@ -197,4 +197,3 @@ def _refine(arm: Arm, allowance: int, go: Any, phase: str = "refine") -> None:
             arm.finished.add(sid)
         else:
             return
-

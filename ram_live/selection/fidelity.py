@@ -102,10 +102,13 @@ def parse_budget(budget: Any) -> tuple[float, bool]:
             if math.isfinite(value) and value >= 1:
                 return value, True
             if math.isfinite(value) and value > 0:
-                raise ConfigError(f"budget={budget!r} cannot pay for one candidate on every prompt: a prompt budget "
-                                  "is at least '1x'")
-        raise ConfigError(f"budget must be an int >= 1 (candidates) or a string like '20x' (twenty full "
-                          f"evaluations' worth of prompts), got {budget!r:.80}")
+                raise ConfigError(
+                    f"budget={budget!r} cannot pay for one candidate on every prompt: a prompt budget is at least '1x'"
+                )
+        raise ConfigError(
+            f"budget must be an int >= 1 (candidates) or a string like '20x' (twenty full "
+            f"evaluations' worth of prompts), got {budget!r:.80}"
+        )
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ConfigError(f"budget must be an int >= 1 (candidates) or a string like '20x', got {budget!r:.80}")
     return float(budget), False
@@ -146,16 +149,20 @@ class Scorer:
     def __post_init__(self) -> None:
         self.protocol = prompt_protocol(self.evaluate)
         if self.halving is not None and not self.protocol:
-            raise ConfigError("fidelity='halving' needs an evaluation that scores prompts one by one "
-                              "(ram_live.evaluate.rewards, or prompt_tasks/prompt_scores/aggregate: "
-                              "docs/search.md); this evaluate is a plain callable")
+            raise ConfigError(
+                "fidelity='halving' needs an evaluation that scores prompts one by one "
+                "(ram_live.evaluate.rewards, or prompt_tasks/prompt_scores/aggregate: "
+                "docs/search.md); this evaluate is a plain callable"
+            )
         self.n = 0
         if self.protocol:
             try:  # (only the grouping matters: each prompt's task as text)
                 tasks = [str(t) for t in self.evaluate.prompt_tasks()]
             except Exception as exc:
-                raise ConfigError(f"the evaluation's prompt_tasks() failed ({type(exc).__name__}: {exc}); it must "
-                                  "return each prompt's task") from exc
+                raise ConfigError(
+                    f"the evaluation's prompt_tasks() failed ({type(exc).__name__}: {exc}); it must "
+                    "return each prompt's task"
+                ) from exc
             self.n = len(tasks)
             if self.n == 0:
                 raise ConfigError("the evaluation has no prompts")
@@ -204,11 +211,16 @@ class Scorer:
 
     def _behind(self, values: Values, reference: Scored, indices: Sequence[int]) -> bool:
         """Whether the candidate trails ``reference`` on ``indices`` by more than ``z`` paired standard errors."""
-        mine, theirs = self._aggregate({i: values[i] for i in indices}), \
-            self._aggregate({i: reference.values[i] for i in indices})  # type: ignore[index]
+        mine, theirs = (
+            self._aggregate({i: values[i] for i in indices}),
+            self._aggregate({i: reference.values[i] for i in indices}),
+        )  # type: ignore[index]
         gap = mine[0] - theirs[0]
-        diffs = [values[i] - reference.values[i] for i in indices  # type: ignore[index, operator]
-                 if values[i] is not None and reference.values[i] is not None]  # type: ignore[index]
+        diffs = [
+            values[i] - reference.values[i]
+            for i in indices  # type: ignore[index, operator]
+            if values[i] is not None and reference.values[i] is not None
+        ]  # type: ignore[index]
         se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
         return gap < -self.halving.z * se  # type: ignore[union-attr]
 
@@ -254,7 +266,7 @@ def nested_slices(tasks: Sequence[str], fractions: Sequence[float], seed: int) -
     order = {t: rng.sample(ids, len(ids)) for t, ids in sorted(by_task.items())}
     out = []
     for f in fractions:
-        picked = [i for ids in order.values() for i in ids[:max(1, math.ceil(f * len(ids) - 1e-9))]]
+        picked = [i for ids in order.values() for i in ids[: max(1, math.ceil(f * len(ids) - 1e-9))]]
         out.append(sorted(picked))
     return out
 

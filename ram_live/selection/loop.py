@@ -52,7 +52,6 @@ def _by_identity(value: Any) -> str:
 class SearchRun(Moves, Refinements):
     """One search's state: the merger and scorer, the budget left, the trials so far, the worker pool."""
 
-
     def __init__(self, merger: Merger, scorer: Scorer, budget: float, seed: int, progress: Any) -> None:
         self.merger, self.scorer, self.budget, self.seed = merger, scorer, budget, seed
         self.min_cost = 1.0  # a candidate starts only while its full evaluation fits (then nothing is cut short)
@@ -64,8 +63,9 @@ class SearchRun(Moves, Refinements):
         self.seen: dict[str, Trial] = {}
         self.used = 0.0
         self.merge_seconds = self.evaluate_seconds = 0.0
-        self.progress_hook = progress if progress is not None and hasattr(progress, "update") and hasattr(
-            progress, "start") else None
+        self.progress_hook = (
+            progress if progress is not None and hasattr(progress, "update") and hasattr(progress, "start") else None
+        )
         self.callback = progress if progress is not None and self.progress_hook is None else None
         if progress is not None and self.progress_hook is None and not callable(progress):
             raise ConfigError(f"progress must be a callable taking each Trial, or a ProgressHook; got {progress!r}")
@@ -85,8 +85,11 @@ class SearchRun(Moves, Refinements):
     def _prepare(self, candidate: dict[str, Any]) -> tuple[dict[str, Any], str, str | None]:
         """The candidate as it is merged, its key (options as JSON, importances by label) and that label."""
         label_of = self.labels.get(id(candidate.get("importance"))) if "importance" in candidate else None
-        key = json.dumps(to_json({**candidate, "importance": label_of} if label_of else candidate), sort_keys=True,
-                         default=_by_identity)
+        key = json.dumps(
+            to_json({**candidate, "importance": label_of} if label_of else candidate),
+            sort_keys=True,
+            default=_by_identity,
+        )
         return candidate, key, label_of
 
     def prefetch(self, candidates: list[dict[str, Any]]) -> None:
@@ -102,7 +105,7 @@ class SearchRun(Moves, Refinements):
                 planned.append((key, candidate))
         self.pool.discard(k for k in list(self.pool.pending) if k not in {k for k, _ in planned})
         room = int(min(self.left, self.budget - self.used) + 1e-9)
-        for key, candidate in planned[:max(0, room)]:
+        for key, candidate in planned[: max(0, room)]:
             self.pool.submit(key, candidate, side_reference(self.scorer, candidate))
 
     def trial(self, candidate: dict[str, Any]) -> Trial | None:
@@ -137,18 +140,30 @@ class SearchRun(Moves, Refinements):
         self.merge_seconds += outcome.merge_seconds
         self.evaluate_seconds += outcome.evaluate_seconds
         if outcome.not_a_number is not None:
-            raise SearchError(f"evaluate returned {outcome.not_a_number} for candidate {label}: it must return a "
-                              "finite number (higher is better)", candidate=candidate)
+            raise SearchError(
+                f"evaluate returned {outcome.not_a_number} for candidate {label}: it must return a "
+                "finite number (higher is better)",
+                candidate=candidate,
+            )
         if outcome.raised is not None:
             exc = outcome.raised
-            raise SearchError(f"evaluate raised {type(exc).__name__} on candidate {label}: {exc}",
-                              candidate=candidate) from exc
+            raise SearchError(
+                f"evaluate raised {type(exc).__name__} on candidate {label}: {exc}", candidate=candidate
+            ) from exc
         scored = outcome.scored
         self.scorer.record(side_of(candidate["method"]), scored)
         self.used += scored.cost
         self.left -= scored.cost
-        trial = self._record(family, candidate, scored.score, outcome.merge_seconds, outcome.evaluate_seconds,
-                             outcome.extrapolation, outcome.lambdas, None)
+        trial = self._record(
+            family,
+            candidate,
+            scored.score,
+            outcome.merge_seconds,
+            outcome.evaluate_seconds,
+            outcome.extrapolation,
+            outcome.lambdas,
+            None,
+        )
         trial.fidelity, trial.tasks, trial.stop = scored.fidelity, scored.tasks, scored.stop
         self.seen[key] = trial
         effect = effect or effect_key(candidate, self.merger)  # the counts may be known now
@@ -156,12 +171,32 @@ class SearchRun(Moves, Refinements):
             self.seen.setdefault(effect, trial)
         return trial
 
-    def _record(self, family: Family, candidate: dict[str, Any], score: float | None, merge_s: float,
-                eval_s: float, extrapolation: float, lambdas: dict[str, float] | None, error: str | None) -> Trial:
+    def _record(
+        self,
+        family: Family,
+        candidate: dict[str, Any],
+        score: float | None,
+        merge_s: float,
+        eval_s: float,
+        extrapolation: float,
+        lambdas: dict[str, float] | None,
+        error: str | None,
+    ) -> Trial:
         options = {k: v for k, v in candidate.items() if k != "method"}
-        trial = Trial(len(self.history), family.name, candidate["method"], options, score, merge_s, eval_s,
-                      extrapolation, side_of(candidate["method"]), lambdas, error=error,
-                      importance=self.labels.get(id(options.get("importance"))) if "importance" in options else None)
+        trial = Trial(
+            len(self.history),
+            family.name,
+            candidate["method"],
+            options,
+            score,
+            merge_s,
+            eval_s,
+            extrapolation,
+            side_of(candidate["method"]),
+            lambdas,
+            error=error,
+            importance=self.labels.get(id(options.get("importance"))) if "importance" in options else None,
+        )
         self.history.append(trial)
         if self.callback is not None:
             self.callback(trial)
@@ -172,20 +207,24 @@ class SearchRun(Moves, Refinements):
     def _room(self, left: float) -> bool:
         return left >= self.min_cost - 1e-9
 
-    def _score(self, fn: Evaluate, merged: Any, candidate: dict[str, Any], label: str, what: str
-               ) -> tuple[float, float]:
+    def _score(
+        self, fn: Evaluate, merged: Any, candidate: dict[str, Any], label: str, what: str
+    ) -> tuple[float, float]:
         t0 = time.perf_counter()
         try:
             raw = fn(merged)
         except Exception as exc:
-            raise SearchError(f"{what} raised {type(exc).__name__} on candidate {label}: {exc}",
-                              candidate=candidate) from exc
+            raise SearchError(
+                f"{what} raised {type(exc).__name__} on candidate {label}: {exc}", candidate=candidate
+            ) from exc
         seconds = time.perf_counter() - t0
         self.evaluate_seconds += seconds
         score = finite_score(raw)
         if score is None:
-            raise SearchError(f"{what} returned {raw!r:.80} for candidate {label}: it must return a finite number "
-                              "(higher is better)", candidate=candidate)
+            raise SearchError(
+                f"{what} returned {raw!r:.80} for candidate {label}: it must return a finite number (higher is better)",
+                candidate=candidate,
+            )
         return score, seconds
 
     def incumbent(self, side: str) -> Trial | None:
@@ -199,5 +238,6 @@ class SearchRun(Moves, Refinements):
         for trial in ranked:
             merged, _, merge_s = self.merger.merge(trial.candidate)
             self.merge_seconds += merge_s
-            trial.confirm_score, _ = self._score(fn, merged, trial.candidate, f"#{trial.index} {trial.label()}",
-                                                 "confirm")
+            trial.confirm_score, _ = self._score(
+                fn, merged, trial.candidate, f"#{trial.index} {trial.label()}", "confirm"
+            )

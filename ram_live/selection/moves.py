@@ -57,8 +57,12 @@ class Moves:
         if not self._trials([{"method": "ram", "importance": m} for m in self.importance.values()]):
             return
         best = self.incumbent(RAM_SIDE)
-        if best is None or best.options.get("importance") is not None or best.method == "ram" and \
-                set(best.options) <= {"importance"}:
+        if (
+            best is None
+            or best.options.get("importance") is not None
+            or best.method == "ram"
+            and set(best.options) <= {"importance"}
+        ):
             return
         self._trials([{**best.candidate, "importance": m} for m in self.importance.values()])
 
@@ -75,8 +79,7 @@ class Moves:
 
     @staticmethod
     def _common(trial: Trial) -> dict[str, Any]:
-        return {k: trial.options[k] for k in ("eps", "activity", "exclude", "shared", "sparsify")
-                if k in trial.options}
+        return {k: trial.options[k] for k in ("eps", "activity", "exclude", "shared", "sparsify") if k in trial.options}
 
     def _lambdas(self, family: Family) -> None:
         start = self._ram_start()
@@ -89,42 +92,67 @@ class Moves:
         if counts is not None and not common.get("exclude"):
             movable = [a for a, u in zip(counts.agents, counts.unique.tolist()) if u > 0 and a in names]
         values = [start.lambdas[a] for a in names]  # type: ignore[index]
-        self._ascend(family, values, [names.index(a) for a in movable], start.score,  # type: ignore[arg-type]
-                     lambda v: {"method": "ram", **common, "lambdas": dict(zip(names, v))})
+        self._ascend(
+            family,
+            values,
+            [names.index(a) for a in movable],
+            start.score,  # type: ignore[arg-type]
+            lambda v: {"method": "ram", **common, "lambdas": dict(zip(names, v))},
+        )
 
     def _ta_weights(self, family: Family) -> None:
         best = self.incumbent(BASELINE_SIDE)
         k = len(self.merger.names)
         if best is None or best.method != "task_arithmetic":
             tas = [t for t in self.history if t.method == "task_arithmetic" and t.complete]
-            best = max(tas, key=lambda t: (t.score, -t.index)) if tas else self.trial(
-                {"method": "task_arithmetic"})
+            best = max(tas, key=lambda t: (t.score, -t.index)) if tas else self.trial({"method": "task_arithmetic"})
         if best is None or best.score is None:
             return
         scale = float(best.options.get("scale", 1.0))
         weights = [scale * float(w) for w in (best.options.get("weights") or [1.0] * k)]
-        self._ascend(family, weights, list(range(k)), best.score,
-                     lambda v: {"method": "task_arithmetic", "weights": list(v)})
+        self._ascend(
+            family, weights, list(range(k)), best.score, lambda v: {"method": "task_arithmetic", "weights": list(v)}
+        )
 
     def _ta_probe(self, family: Family) -> None:
         """Task arithmetic at the best scale so far with one agent's weight × ``PROBE_FACTOR``, each agent in
         turn (the screen's look at what per-agent weights buy: one agent may want several times the others')."""
-        tas = [t for t in self.history if t.method == "task_arithmetic" and t.complete
-               and "weights" not in t.options]
+        tas = [t for t in self.history if t.method == "task_arithmetic" and t.complete and "weights" not in t.options]
         if not tas:
             return
         scale = float(max(tas, key=lambda t: (t.score, -t.index)).options.get("scale", 1.0))
         k = len(self.merger.names)
-        self._trials([{"method": "task_arithmetic", "weights": [scale * (PROBE_FACTOR if i == a else 1.0)
-                                                                for i in range(k)]} for a in range(k)])
+        self._trials(
+            [
+                {"method": "task_arithmetic", "weights": [scale * (PROBE_FACTOR if i == a else 1.0) for i in range(k)]}
+                for a in range(k)
+            ]
+        )
 
-    def _ascend(self, family: Family, values: list[float], movable: list[int], score: float,
-                build: Callable[[list[float]], dict[str, Any]]) -> None:
+    def _ascend(
+        self,
+        family: Family,
+        values: list[float],
+        movable: list[int],
+        score: float,
+        build: Callable[[list[float]], dict[str, Any]],
+    ) -> None:
         """Coordinate ascent over ``movable`` (in an order drawn from the seed), step ``family.settings["step"]``,
         never below 0 (:func:`~ram_live.selection.refine.coordinate_ascent`)."""
         n = len(values)
-        coordinate_ascent(self.trial, self.seed, family, values, [movable], score, build, [1.0] * n, [0.0] * n,
-                          [math.inf] * n, prefetch=self.prefetch)
+        coordinate_ascent(
+            self.trial,
+            self.seed,
+            family,
+            values,
+            [movable],
+            score,
+            build,
+            [1.0] * n,
+            [0.0] * n,
+            [math.inf] * n,
+            prefetch=self.prefetch,
+        )
 
     def _leave_one_out(self, family: Family) -> None:
         start = self._ram_start()
@@ -132,8 +160,17 @@ class Moves:
             return
         common = self._common(start)
         excluded = list(common.pop("exclude", []))
-        self._trials([{"method": "ram", **common, "lambdas": {a: v for a, v in start.lambdas.items() if a != name},
-                       "exclude": excluded + [name]} for name in start.lambdas])
+        self._trials(
+            [
+                {
+                    "method": "ram",
+                    **common,
+                    "lambdas": {a: v for a, v in start.lambdas.items() if a != name},
+                    "exclude": excluded + [name],
+                }
+                for name in start.lambdas
+            ]
+        )
 
     def _sparsify(self, family: Family) -> None:
         """LoRA adapters (:mod:`ram_live.selection.adapters`): the best RAM-side candidate so far with each activity
@@ -166,4 +203,3 @@ class Moves:
                     del candidate[k]
             if self.trial(candidate) is None:
                 return
-

@@ -34,8 +34,7 @@ class Outcome:
     raised: BaseException | None = None
 
 
-def run_candidate(merger: Merger, scorer: Scorer, candidate: dict[str, Any], reference: Scored | None
-                  ) -> Outcome:
+def run_candidate(merger: Merger, scorer: Scorer, candidate: dict[str, Any], reference: Scored | None) -> Outcome:
     """Merge ``candidate`` into ``merger``'s output and score it (raced against ``reference`` when given)."""
     try:
         merged, info, merge_s = merger.merge(candidate)
@@ -46,6 +45,7 @@ def run_candidate(merger: Merger, scorer: Scorer, candidate: dict[str, Any], ref
     config = make_config(candidate["method"], **merger.options_of(candidate))
     if method.needs_statistics(config) and info.statistics is not None:
         out.statistics = (merger.count_key(candidate, config), info.statistics)
+
     def again() -> Any:  # a later slice of the race: the candidate merged anew (the counts are reused)
         fresh, _, seconds = merger.merge(candidate)
         out.merge_seconds += seconds

@@ -96,9 +96,11 @@ class Pool:
         try:
             pickle.Pickler(_Discard()).dump(payload[-1].evaluate)  # checked without holding a copy
         except Exception as exc:
-            raise ConfigError(f"parallel={n} sends evaluate to worker processes, but it cannot be pickled "
-                              f"({type(exc).__name__}: {exc}); pass a module-level function or an object "
-                              "(not a lambda or a closure), or parallel=1") from None
+            raise ConfigError(
+                f"parallel={n} sends evaluate to worker processes, but it cannot be pickled "
+                f"({type(exc).__name__}: {exc}); pass a module-level function or an object "
+                "(not a lambda or a closure), or parallel=1"
+            ) from None
         if self.ray is not None:
             self._started_ray = not self.ray.is_initialized()
             self._actors = _ray_actors(self.ray, n, payload, ray_address)
@@ -110,8 +112,12 @@ class Pool:
         import torch.multiprocessing as tmp
 
         ctx = tmp.get_context("spawn")
-        self._executor = ProcessPoolExecutor(max_workers=self.n, mp_context=ctx, initializer=_init_worker,
-                                             initargs=(ctx.Value("i", 0), self.payload, self.threads))
+        self._executor = ProcessPoolExecutor(
+            max_workers=self.n,
+            mp_context=ctx,
+            initializer=_init_worker,
+            initargs=(ctx.Value("i", 0), self.payload, self.threads),
+        )
 
     def submit(self, key: str, candidate: dict[str, Any], reference: Scored | None) -> None:
         if key in self.pending and self.pending[key][1] is reference:
@@ -127,14 +133,17 @@ class Pool:
         except BrokenProcessPool:
             raise  # handled by score()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
-            raise ConfigError(f"parallel={self.n} sends the agents, the base and evaluate to worker processes, and "
-                              f"one of them cannot be pickled ({type(exc).__name__}: {exc}); use parallel=1") \
-                from None
+            raise ConfigError(
+                f"parallel={self.n} sends the agents, the base and evaluate to worker processes, and "
+                f"one of them cannot be pickled ({type(exc).__name__}: {exc}); use parallel=1"
+            ) from None
         except RuntimeError as exc:
             if "Too many open files" in str(exc):
-                raise ConfigError(f"parallel={self.n}: sharing the in-memory inputs with the workers needs one file "
-                                  "descriptor per tensor and hit the limit (raise it: ulimit -n; or pass the agents "
-                                  "and base as checkpoint folders, which each worker memory-maps)") from None
+                raise ConfigError(
+                    f"parallel={self.n}: sharing the in-memory inputs with the workers needs one file "
+                    "descriptor per tensor and hit the limit (raise it: ulimit -n; or pass the agents "
+                    "and base as checkpoint folders, which each worker memory-maps)"
+                ) from None
             raise
         self.pending[key] = (future, reference)
 
@@ -167,10 +176,12 @@ class Pool:
             return self.take(key, reference, label)  # type: ignore[return-value]
         except BrokenProcessPool:
             self._restart()
-            raise SearchError(f"an evaluation worker died while scoring candidate {label} (killed, out of memory, "
-                              "or it could not start: worker processes re-import the main module, so a script "
-                              "needs `if __name__ == \"__main__\":`, and evaluate's class must be importable); "
-                              "the search stopped, nothing was written") from None
+            raise SearchError(
+                f"an evaluation worker died while scoring candidate {label} (killed, out of memory, "
+                "or it could not start: worker processes re-import the main module, so a script "
+                'needs `if __name__ == "__main__":`, and evaluate\'s class must be importable); '
+                "the search stopped, nothing was written"
+            ) from None
 
     def _restart(self) -> None:
         self.pending.clear()
@@ -187,8 +198,7 @@ class Pool:
         except Exception as exc:  # (a BrokenProcessPool is passed on as it is: score() restarts the pool)
             if type(exc).__name__ in ("RayActorError", "WorkerCrashedError", "ActorDiedError"):
                 first = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines() or [type(exc).__name__]
-                raise SearchError(f"a Ray evaluation worker died while scoring candidate {label}: {first[0]}") \
-                    from None
+                raise SearchError(f"a Ray evaluation worker died while scoring candidate {label}: {first[0]}") from None
             raise
         return outcome if used is reference else None
 
@@ -227,15 +237,18 @@ def _use_ray(address: str | None) -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError(f"ray_address={address!r} needs Ray: pip install -e \".[ray]\" (or pip install ray)") \
-            from None
+        raise ConfigError(f'ray_address={address!r} needs Ray: pip install -e ".[ray]" (or pip install ray)') from None
     return ray
 
 
 def _ray_actors(ray: Any, n: int, payload: tuple[Any, ...], address: str | None) -> list[Any]:
     if not ray.is_initialized():
-        ray.init(address=None if address == "local" else address, ignore_reinit_error=True,
-                 include_dashboard=False, log_to_driver=False)
+        ray.init(
+            address=None if address == "local" else address,
+            ignore_reinit_error=True,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
 
     @ray.remote
     class RayWorker:

@@ -38,8 +38,9 @@ def plot_result(result: PlottedResult, path: Path) -> Path:
     except ImportError as exc:  # pragma: no cover - depends on the environment
         from ..errors import ConfigError
 
-        raise ConfigError('SearchResult.plot needs matplotlib (in the ram-live clone: pip install -e '
-                          '".[plot]")') from exc
+        raise ConfigError(
+            'SearchResult.plot needs matplotlib (in the ram-live clone: pip install -e ".[plot]")'
+        ) from exc
     families = list(dict.fromkeys(t.family for t in result.scored))
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(families) + 2), 4.5))
     marked = False
@@ -49,17 +50,37 @@ def plot_result(result: PlottedResult, path: Path) -> Path:
         ax.scatter([x] * len(trials), [t.score for t in trials], s=18, alpha=0.7, color=color)
         far = [t for t in trials if t.extrapolates]
         if far:
-            ax.scatter([x] * len(far), [t.score for t in far], s=40, facecolors="none", edgecolors="tab:red",
-                       label=None if marked else "extrapolates (> 2 × τ)")
+            ax.scatter(
+                [x] * len(far),
+                [t.score for t in far],
+                s=40,
+                facecolors="none",
+                edgecolors="tab:red",
+                label=None if marked else "extrapolates (> 2 × τ)",
+            )
             marked = True
     best = result.best_trial
-    ax.scatter([families.index(best.family)], [best.score], marker="*", s=260, color="tab:orange", zorder=3,
-               label=f"winner: {best.label()[:60]}")
+    ax.scatter(
+        [families.index(best.family)],
+        [best.score],
+        marker="*",
+        s=260,
+        color="tab:orange",
+        zorder=3,
+        label=f"winner: {best.label()[:60]}",
+    )
     baseline = result.best_baseline
     title = f"best {result.best_score:.4g}"
     if baseline is not None:
-        ax.scatter([families.index(baseline.family)], [baseline.score], marker="D", s=90, color="black", zorder=3,
-                   label=f"best baseline: {baseline.label()[:60]}")
+        ax.scatter(
+            [families.index(baseline.family)],
+            [baseline.score],
+            marker="D",
+            s=90,
+            color="black",
+            zorder=3,
+            label=f"best baseline: {baseline.label()[:60]}",
+        )
         ax.axhline(baseline.score, color="black", lw=0.8, ls=":")
         title += f"   best baseline {baseline.score:.4g}   margin {result.margin():+.4g}"
     ax.set_xticks(range(len(families)))

@@ -62,8 +62,16 @@ class Refinements:
                 candidate["importance"] = dict(zip(names, v[n:]))
             return candidate
 
-        self._ascend_scaled(family, values, groups, start.score, build,  # type: ignore[arg-type]
-                            [1.0] * n + [WEIGHT_STEP] * n, [0.0] * (2 * n), [math.inf] * (2 * n))
+        self._ascend_scaled(
+            family,
+            values,
+            groups,
+            start.score,
+            build,  # type: ignore[arg-type]
+            [1.0] * n + [WEIGHT_STEP] * n,
+            [0.0] * (2 * n),
+            [math.inf] * (2 * n),
+        )
 
     def _local(self, family: Family) -> None:
         """Density × scale steps around the best trial of ``family.name`` (density ± 0.1 within [0.05, 1], scale
@@ -77,16 +85,32 @@ class Refinements:
         rest = {k: v for k, v in best.options.items() if k not in ("density", "scale")}
         config = make_config(family.name, **self.merger.options_of(best.candidate))
         values = [float(config.density), float(getattr(config, "scale", 1.0))]
-        self._ascend_scaled(family, values, [[0, 1]], best.score,  # type: ignore[arg-type]
-                            lambda v: {"method": family.name, **rest, "density": v[0], "scale": v[1]},
-                            [LOCAL_STEPS["density"], LOCAL_STEPS["scale"]], [0.05, 0.0], [1.0, math.inf])
+        self._ascend_scaled(
+            family,
+            values,
+            [[0, 1]],
+            best.score,  # type: ignore[arg-type]
+            lambda v: {"method": family.name, **rest, "density": v[0], "scale": v[1]},
+            [LOCAL_STEPS["density"], LOCAL_STEPS["scale"]],
+            [0.05, 0.0],
+            [1.0, math.inf],
+        )
 
-    def _ascend_scaled(self, family: Family, values: list[float], groups: Sequence[Sequence[int]], score: float,
-                       build: Callable[[list[float]], dict[str, Any]], mults: Sequence[float],
-                       lower: Sequence[float], upper: Sequence[float],
-                      prefetch: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
-        coordinate_ascent(self.trial, self.seed, family, values, groups, score, build, mults, lower, upper,
-                          prefetch=self.prefetch)  # type: ignore[attr-defined]
+    def _ascend_scaled(
+        self,
+        family: Family,
+        values: list[float],
+        groups: Sequence[Sequence[int]],
+        score: float,
+        build: Callable[[list[float]], dict[str, Any]],
+        mults: Sequence[float],
+        lower: Sequence[float],
+        upper: Sequence[float],
+        prefetch: Callable[[list[dict[str, Any]]], None] | None = None,
+    ) -> None:
+        coordinate_ascent(
+            self.trial, self.seed, family, values, groups, score, build, mults, lower, upper, prefetch=self.prefetch
+        )  # type: ignore[attr-defined]
 
     def best_of(self, arm: str) -> float | None:
         """The best score of the trials that scored for ``arm`` (``"ram"``: every RAM variant)."""
@@ -94,11 +118,19 @@ class Refinements:
         return max(scores) if scores else None
 
 
-def coordinate_ascent(trial: Callable[[dict[str, Any]], Trial | None], seed: int, family: Family,
-                      values: list[float], groups: Sequence[Sequence[int]], score: float,
-                      build: Callable[[list[float]], dict[str, Any]], mults: Sequence[float],
-                      lower: Sequence[float], upper: Sequence[float],
-                      prefetch: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+def coordinate_ascent(
+    trial: Callable[[dict[str, Any]], Trial | None],
+    seed: int,
+    family: Family,
+    values: list[float],
+    groups: Sequence[Sequence[int]],
+    score: float,
+    build: Callable[[list[float]], dict[str, Any]],
+    mults: Sequence[float],
+    lower: Sequence[float],
+    upper: Sequence[float],
+    prefetch: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> None:
     """Coordinate ascent: the coordinates visited group by group (each group in an order drawn from ``seed``);
     per coordinate, step up by ``step × mults[i]`` while the score improves, else down, within ``[lower[i],
     upper[i]]``; after a sweep without improvement halve the step; stop below ``family``'s ``min_step`` or when
@@ -124,8 +156,10 @@ def coordinate_ascent(trial: Callable[[dict[str, Any]], Trial | None], seed: int
                         ahead = [value, round(value + direction * step * mults[i], 12)]
                         if not moved and direction > 0:
                             ahead.append(round(values[i] - step * mults[i], 12))
-                        prefetch([build(values[:i] + [v] + values[i + 1:]) for v in ahead if lower[i] <= v <= upper[i]])
-                    tried = trial(build(values[:i] + [value] + values[i + 1:]))
+                        prefetch(
+                            [build(values[:i] + [v] + values[i + 1 :]) for v in ahead if lower[i] <= v <= upper[i]]
+                        )
+                    tried = trial(build(values[:i] + [value] + values[i + 1 :]))
                     if tried is None:
                         return
                     if not tried.complete or tried.score <= score:  # a race's estimate is no step to build on

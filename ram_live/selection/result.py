@@ -77,22 +77,46 @@ class Trial:
         return f"{self.method}({describe(self.shown)})"
 
     def to_dict(self) -> dict[str, Any]:
-        return to_json({"index": self.index, "family": self.family, "side": self.side, "method": self.method,
-                        "options": self.shown, "score": self.score, "confirm_score": self.confirm_score,
-                        "merge_seconds": self.merge_seconds, "evaluate_seconds": self.evaluate_seconds,
-                        "extrapolation": self.extrapolation, "lambdas": self.lambdas, "error": self.error,
-                        "phase": self.phase, "fidelity": self.fidelity, "tasks": self.tasks,
-                        "stop": self.stop})
+        return to_json(
+            {
+                "index": self.index,
+                "family": self.family,
+                "side": self.side,
+                "method": self.method,
+                "options": self.shown,
+                "score": self.score,
+                "confirm_score": self.confirm_score,
+                "merge_seconds": self.merge_seconds,
+                "evaluate_seconds": self.evaluate_seconds,
+                "extrapolation": self.extrapolation,
+                "lambdas": self.lambdas,
+                "error": self.error,
+                "phase": self.phase,
+                "fidelity": self.fidelity,
+                "tasks": self.tasks,
+                "stop": self.stop,
+            }
+        )
 
 
 def _short(name: str, width: int = 10) -> str:
-    return name if len(name) <= width else name[:width - 1] + "…"
+    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def _copy(options: dict[str, Any]) -> dict[str, Any]:
     """A copy of the options' own containers; importances stay the caller's mapping (by reference)."""
-    return {k: (v if k == "importance" else dict(v) if isinstance(v, dict) else list(v)
-                if isinstance(v, (list, tuple)) else v) for k, v in options.items()}
+    return {
+        k: (
+            v
+            if k == "importance"
+            else dict(v)
+            if isinstance(v, dict)
+            else list(v)
+            if isinstance(v, (list, tuple))
+            else v
+        )
+        for k, v in options.items()
+    }
 
 
 def describe(options: dict[str, Any]) -> str:
@@ -243,9 +267,13 @@ class SearchResult:
         raced = any(t.fidelity < 1.0 for t in self.history)
         tasks = list(dict.fromkeys(k for t in self.history for k in (t.tasks or {})))
         shown_tasks = tasks if len(tasks) > 1 else []
-        head = f"{'#':>3}  {'family':<16} {'score':>11}" + (f" {'seen':>5}" if raced else "") + \
-            "".join(f" {_short(k):>10}" for k in shown_tasks) + (f" {'confirm':>11}" if confirm else "") + \
-            f" {'extrap':>7} {'merge s':>8} {'eval s':>8}  candidate"
+        head = (
+            f"{'#':>3}  {'family':<16} {'score':>11}"
+            + (f" {'seen':>5}" if raced else "")
+            + "".join(f" {_short(k):>10}" for k in shown_tasks)
+            + (f" {'confirm':>11}" if confirm else "")
+            + f" {'extrap':>7} {'merge s':>8} {'eval s':>8}  candidate"
+        )
         lines = [head]
         for t in self.history:
             score = "failed" if t.score is None else f"{t.score:.6g}" + ("~" if t.stop else "")
@@ -257,24 +285,31 @@ class SearchResult:
                 row += f" {'' if v is None else f'{v:.4g}':>10}"
             if confirm:
                 row += f" {'' if t.confirm_score is None else f'{t.confirm_score:.6g}':>11}"
-            row += (f" {t.extrapolation:>6.3g}{'!' if t.extrapolates else ' '} {t.merge_seconds:>8.3f} "
-                    f"{t.evaluate_seconds:>8.3f}  {t.label()}")
+            row += (
+                f" {t.extrapolation:>6.3g}{'!' if t.extrapolates else ' '} {t.merge_seconds:>8.3f} "
+                f"{t.evaluate_seconds:>8.3f}  {t.label()}"
+            )
             lines.append(row)
         lines.append("")
         lines.append(f"best: {self.best_trial.label()}  score {self.best_score:.6g}")
         baseline = self.best_baseline
         if baseline is not None:
-            lines.append(f"best baseline: {baseline.label()}  score {baseline.score:.6g}  "
-                         f"(margin {self.margin():+.6g})")
+            lines.append(
+                f"best baseline: {baseline.label()}  score {baseline.score:.6g}  (margin {self.margin():+.6g})"
+            )
         if raced:
-            lines.append("~: stopped early by the race (seen: share of the prompts); the score is an estimate below "
-                         "its side's best at the time, and never wins")
+            lines.append(
+                "~: stopped early by the race (seen: share of the prompts); the score is an estimate below "
+                "its side's best at the time, and never wins"
+            )
         if shown_tasks and self.best_trial.tasks:
             lines.append("best per task: " + ", ".join(f"{k} {v:.4g}" for k, v in self.best_trial.tasks.items()))
-        lines.append(f"{len(self.history)} trials, budget {self.budget} (spent {self.spent:.3g}), "
-                     f"{self.statistics_passes} statistics "
-                     f"pass(es); merge {self.merge_seconds:.2f} s, evaluate {self.evaluate_seconds:.2f} s, "
-                     f"other {self.overhead_seconds:.2f} s")
+        lines.append(
+            f"{len(self.history)} trials, budget {self.budget} (spent {self.spent:.3g}), "
+            f"{self.statistics_passes} statistics "
+            f"pass(es); merge {self.merge_seconds:.2f} s, evaluate {self.evaluate_seconds:.2f} s, "
+            f"other {self.overhead_seconds:.2f} s"
+        )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -284,17 +319,28 @@ class SearchResult:
             Strict JSON values (α = ∞ is the string "inf"; :func:`from_json` turns ``best`` back into options).
         """
         baseline = self.best_baseline
-        return to_json({
-            "best": {"method": self.best_trial.method, **self.best_trial.shown}, "best_score": self.best_score,
-            "best_index": self.best_trial.index, "best_tasks": self.best_trial.tasks, "spent": self.spent,
-            "best_extrapolation": self.best_trial.extrapolation,
-            "best_baseline": None if baseline is None else baseline.candidate,
-            "best_baseline_score": None if baseline is None else baseline.score,
-            "margin": self.margin(), "agents": list(self.agents), "budget": self.budget, "budgets": self.budgets,
-            "seed": self.seed, "statistics_passes": self.statistics_passes,
-            "merge_seconds": self.merge_seconds, "evaluate_seconds": self.evaluate_seconds,
-            "overhead_seconds": self.overhead_seconds, "history": [t.to_dict() for t in self.history],
-        })
+        return to_json(
+            {
+                "best": {"method": self.best_trial.method, **self.best_trial.shown},
+                "best_score": self.best_score,
+                "best_index": self.best_trial.index,
+                "best_tasks": self.best_trial.tasks,
+                "spent": self.spent,
+                "best_extrapolation": self.best_trial.extrapolation,
+                "best_baseline": None if baseline is None else baseline.candidate,
+                "best_baseline_score": None if baseline is None else baseline.score,
+                "margin": self.margin(),
+                "agents": list(self.agents),
+                "budget": self.budget,
+                "budgets": self.budgets,
+                "seed": self.seed,
+                "statistics_passes": self.statistics_passes,
+                "merge_seconds": self.merge_seconds,
+                "evaluate_seconds": self.evaluate_seconds,
+                "overhead_seconds": self.overhead_seconds,
+                "history": [t.to_dict() for t in self.history],
+            }
+        )
 
     def save(self, folder: str | Path) -> None:
         """Write ``search.json`` (:meth:`to_dict`) and ``table.txt`` (:meth:`table`), each atomically.

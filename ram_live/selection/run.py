@@ -27,11 +27,25 @@ __all__ = ["search"]
 Evaluate = Callable[[Any], float]
 
 
-def search(models: Models, base: Model | None = None, evaluate: Evaluate | None = None, *, budget: int | str = 60,
-           space: Any = None, seed: int = 0, progress: Any = None, confirm: Evaluate | None = None,
-           confirm_top: int = 3, device: Any = None, workers: int | None = None,
-           importance: Any = None, fidelity: Any = None, parallel: int = 1,
-           ray_address: str | None = None, adapters: Any = None) -> SearchResult:
+def search(
+    models: Models,
+    base: Model | None = None,
+    evaluate: Evaluate | None = None,
+    *,
+    budget: int | str = 60,
+    space: Any = None,
+    seed: int = 0,
+    progress: Any = None,
+    confirm: Evaluate | None = None,
+    confirm_top: int = 3,
+    device: Any = None,
+    workers: int | None = None,
+    importance: Any = None,
+    fidelity: Any = None,
+    parallel: int = 1,
+    ray_address: str | None = None,
+    adapters: Any = None,
+) -> SearchResult:
     """Pick the merge of ``models`` that scores best on ``evaluate`` (higher is better), within ``budget`` calls.
 
     Every candidate is merged into one reused output (a scratch module for a module base, one set of tensors for
@@ -113,9 +127,11 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
     units, in_prompts = parse_budget(budget)
     halving = parse_fidelity(fidelity)
     if halving is not None and not in_prompts:
-        raise ConfigError(f"fidelity='halving' needs a budget in prompt-evaluations (budget='{budget}x', not "
-                          f"{budget!r}): under a budget of candidates a candidate stopped early costs as much as one "
-                          "scored on every prompt, and the race would only lose information")
+        raise ConfigError(
+            f"fidelity='halving' needs a budget in prompt-evaluations (budget='{budget}x', not "
+            f"{budget!r}): under a budget of candidates a candidate stopped early costs as much as one "
+            "scored on every prompt, and the race would only lose information"
+        )
     n_workers = check_parallel(parallel)
     if ray_address is not None and not isinstance(ray_address, str):
         raise ConfigError(f"ray_address must be a string ('local' or a Ray address), got {ray_address!r:.80}")
@@ -136,8 +152,11 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
             if not variants:
                 raise ConfigError("space names the 'importance' family but search got no importance=")
             family.settings["variants"] = len(variants)
-    merger = Merger(models, base, device=device, workers=workers) if adapter_input is None else AdapterMerger(
-        adapter_input, device=device, workers=workers)
+    merger = (
+        Merger(models, base, device=device, workers=workers)
+        if adapter_input is None
+        else AdapterMerger(adapter_input, device=device, workers=workers)
+    )
     scorer = Scorer(evaluate, finite_score, halving, in_prompts)
     run = SearchRun(merger, scorer, units, int(seed), progress)
     if STORED in [v for v in variants.values() if isinstance(v, str)]:
@@ -166,10 +185,14 @@ def search(models: Models, base: Model | None = None, evaluate: Evaluate | None 
     result.overhead_seconds = max(0.0, time.perf_counter() - t0 - run.merge_seconds - run.evaluate_seconds)
     best = result.best_trial
     if best.extrapolates:
-        warnings.warn(ExtrapolationWarning(
-            f"the chosen merge {best.label()} scales an agent's task vector by {best.extrapolation:.3g} "
-            f"(> {EXTRAPOLATION_FAR:g}): it extrapolates past what that agent learned; check it on data the "
-            "selection did not see (confirm=)"), stacklevel=2)
+        warnings.warn(
+            ExtrapolationWarning(
+                f"the chosen merge {best.label()} scales an agent's task vector by {best.extrapolation:.3g} "
+                f"(> {EXTRAPOLATION_FAR:g}): it extrapolates past what that agent learned; check it on data the "
+                "selection did not see (confirm=)"
+            ),
+            stacklevel=2,
+        )
     return result
 
 
@@ -182,14 +205,23 @@ def importance_variants(importance: Any) -> dict[str, Any]:
     if importance is None:
         return {}
     if importance is False or importance is True:
-        raise ConfigError(f"importance={importance!r}: None is plain RAM (every candidate is plain without "
-                          "importances); pass 'stored' or {agent: importances}")
+        raise ConfigError(
+            f"importance={importance!r}: None is plain RAM (every candidate is plain without "
+            "importances); pass 'stored' or {agent: importances}"
+        )
     if isinstance(importance, str) and importance == STORED:
         return {STORED: STORED}
     if not isinstance(importance, Mapping) or not importance:
-        raise ConfigError(f"importance must be 'stored' or map agents (or variant labels) to importances, got "
-                          f"{importance!r:.80}")
-    if all(isinstance(v, str) and v == STORED or isinstance(v, Mapping) and v
-           and not any(isinstance(x, Tensor) for x in v.values()) for v in importance.values()):
+        raise ConfigError(
+            f"importance must be 'stored' or map agents (or variant labels) to importances, got {importance!r:.80}"
+        )
+    if all(
+        isinstance(v, str)
+        and v == STORED
+        or isinstance(v, Mapping)
+        and v
+        and not any(isinstance(x, Tensor) for x in v.values())
+        for v in importance.values()
+    ):
         return {str(label): m for label, m in importance.items()}
     return {"given": importance}

@@ -40,7 +40,10 @@ MOVE_OPTIONS = ("eps", "activity", "shared")
 
 #: Default grids of grid families (other registered methods: their defaults, one candidate).
 DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
-    "ram_plus": RAM_PLUS_GRID, "task_arithmetic": TA_GRID, "ties": TIES_GRID, "dare_ties": DARE_GRID,
+    "ram_plus": RAM_PLUS_GRID,
+    "task_arithmetic": TA_GRID,
+    "ties": TIES_GRID,
+    "dare_ties": DARE_GRID,
     "ram_plus_soft": [{"r": r} for r in (0.1, 0.5, 1.0, 2.0)],
     "dare_linear": [{"density": d, "scale": s} for s in (1.0, 1.5) for d in (0.5, 0.3, 0.7)],
 }
@@ -48,13 +51,29 @@ DEFAULT_GRIDS: dict[str, list[dict[str, Any]]] = {
 #: the default, TopK(0.5); ram_live.selection.adapters).
 SPARSIFY_DENSITIES = (0.3, 0.7, 0.2)
 #: Move families: (side, what they change).
-MOVES = {"lambdas": RAM_SIDE, "shared_weights": RAM_SIDE, "leave_one_out": RAM_SIDE, "activity": RAM_SIDE,
-         "ta_weights": BASELINE_SIDE, "importance": RAM_SIDE, "sparsify": RAM_SIDE}
+MOVES = {
+    "lambdas": RAM_SIDE,
+    "shared_weights": RAM_SIDE,
+    "leave_one_out": RAM_SIDE,
+    "activity": RAM_SIDE,
+    "ta_weights": BASELINE_SIDE,
+    "importance": RAM_SIDE,
+    "sparsify": RAM_SIDE,
+}
 #: Coordinate-ascent families.
 ASCENTS = ("lambdas", "shared_weights", "ta_weights")
 #: The default space, in the order measured to matter on the RAM side, then the baselines.
-DEFAULT_SPACE = ("ram_plus", "lambdas", "shared_weights", "leave_one_out", "activity", "task_arithmetic", "ties",
-                 "dare_ties", "ta_weights")
+DEFAULT_SPACE = (
+    "ram_plus",
+    "lambdas",
+    "shared_weights",
+    "leave_one_out",
+    "activity",
+    "task_arithmetic",
+    "ties",
+    "dare_ties",
+    "ta_weights",
+)
 #: Where move families start: coordinate-ascent step, and the step below which it stops.
 ASCENT_STEP, ASCENT_MIN_STEP = 1.0, 1.0 / 64
 #: The local density × scale steps after a default TIES/DARE grid: density ± 0.1, scale ± 0.25, halved (as the
@@ -127,11 +146,16 @@ def _grid(entry: str, value: Any) -> list[dict[str, Any]]:
                 raise ConfigError(f"space[{entry!r}][{option!r}] must be a non-empty list of values, got {values!r}")
         keys = list(value)
         return [dict(zip(keys, combo)) for combo in itertools.product(*(value[k] for k in keys))]
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and value and all(
-            isinstance(v, Mapping) for v in value):
+    if (
+        isinstance(value, Sequence)
+        and not isinstance(value, (str, bytes))
+        and value
+        and all(isinstance(v, Mapping) for v in value)
+    ):
         return [dict(v) for v in value]
-    raise ConfigError(f"space[{entry!r}] must be a mapping {{option: [values]}} or a list of option dicts, got "
-                      f"{value!r}")
+    raise ConfigError(
+        f"space[{entry!r}] must be a mapping {{option: [values]}} or a list of option dicts, got {value!r}"
+    )
 
 
 def _check_candidate(entry: str, method: str, options: Mapping[str, Any]) -> None:
@@ -153,8 +177,7 @@ def _family(name: str, value: Any) -> Family:
             if isinstance(value, Mapping):
                 unknown = sorted(set(value) - set(settings))
                 if unknown:
-                    raise ConfigError(f"space[{name!r}]: unknown setting(s) {unknown}; its settings are step, "
-                                      "min_step")
+                    raise ConfigError(f"space[{name!r}]: unknown setting(s) {unknown}; its settings are step, min_step")
                 for k, v in value.items():
                     if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
                         raise ConfigError(f"space[{name!r}][{k!r}] must be a positive number, got {v!r}")
@@ -176,8 +199,10 @@ def _family(name: str, value: Any) -> Family:
             _check_candidate(f"'activity'[{i}]", "ram", options)
         return Family(name, side, "activity", grid=[dict(g) for g in grid])
     if name not in available_methods():
-        raise ConfigError(f"space: unknown family {name!r}; families are {', '.join(DEFAULT_SPACE)}, "
-                          f"'ram', 'ram_plus_soft', 'linear', 'dare_linear' or any registered method")
+        raise ConfigError(
+            f"space: unknown family {name!r}; families are {', '.join(DEFAULT_SPACE)}, "
+            f"'ram', 'ram_plus_soft', 'linear', 'dare_linear' or any registered method"
+        )
     user = value not in (None, True)
     grid = _grid(name, value) if user else DEFAULT_GRIDS.get(name, [{}])
     for i, options in enumerate(grid):
@@ -193,8 +218,9 @@ def _sparsify_grid(value: Any) -> list[dict[str, Any]]:
     if value in (None, True):
         return [{"sparsify": TopK(d)} for d in SPARSIFY_DENSITIES]
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or not value:
-        raise ConfigError(f"space['sparsify'] takes True or a non-empty list of activity rules (TopK(0.3), ...), "
-                          f"got {value!r:.80}")
+        raise ConfigError(
+            f"space['sparsify'] takes True or a non-empty list of activity rules (TopK(0.3), ...), got {value!r:.80}"
+        )
     out = []
     for i, rule in enumerate(value):
         try:
@@ -224,9 +250,10 @@ def parse_space(space: Any) -> list[Family]:
                 explicit.append(dict(entry))
             else:
                 raise ConfigError(f"space[{i}] must be a family name or a candidate dict, got {entry!r}")
-        families = [Family(f"explicit:{side}", side, "explicit", grid=[e for e in explicit if side_of(e["method"])
-                                                                         == side])
-                    for side in (RAM_SIDE, BASELINE_SIDE)]
+        families = [
+            Family(f"explicit:{side}", side, "explicit", grid=[e for e in explicit if side_of(e["method"]) == side])
+            for side in (RAM_SIDE, BASELINE_SIDE)
+        ]
         families = [f for f in families if f.grid]
         seen = set()
         for name, _ in items:
@@ -235,8 +262,7 @@ def parse_space(space: Any) -> list[Family]:
             seen.add(name)
         return families + [_family(name, value) for name, value in items]
     else:
-        raise ConfigError(f"space must be None, a list of families/candidates or a mapping, got "
-                          f"{type(space).__name__}")
+        raise ConfigError(f"space must be None, a list of families/candidates or a mapping, got {type(space).__name__}")
     for name, _ in items:
         if not isinstance(name, str):
             raise ConfigError(f"space: family names are strings, got {name!r}")

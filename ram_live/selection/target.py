@@ -89,8 +89,14 @@ class ModuleTarget:
         pass  # the scratch module stays: the next candidate overwrites it
 
 
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
-          "_load_state_dict_pre_hooks")
+_HOOKS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_load_state_dict_pre_hooks",
+)
 
 
 def _fingerprint(module: nn.Module) -> dict[str, Any]:
@@ -165,8 +171,14 @@ class Merger:
     #: Whether DARE candidates carry the search's seed (an adapter search's entry points take ``seed=`` as the SVD's).
     dare_seed = True
 
-    def __init__(self, models: Models, base: Model | None, *, device: str | torch.device | None = None,
-                 workers: int | None = None) -> None:
+    def __init__(
+        self,
+        models: Models,
+        base: Model | None,
+        *,
+        device: str | torch.device | None = None,
+        workers: int | None = None,
+    ) -> None:
         self.agents, self.base_src = self._sources(models, base)
         self.names = tuple(a.name for a in self.agents)
         try:
@@ -216,8 +228,17 @@ class Merger:
         key = self.count_key(candidate, config)
         reuse = self.statistics.get(key) if method.needs_statistics(config) else None
         t0 = time.perf_counter()
-        info = run_merge(self.base_src, self.agents_for(candidate), method, config, self.target, device=self.device,
-                         workers=self.workers, statistics=reuse, auxiliary=aux)
+        info = run_merge(
+            self.base_src,
+            self.agents_for(candidate),
+            method,
+            config,
+            self.target,
+            device=self.device,
+            workers=self.workers,
+            statistics=reuse,
+            auxiliary=aux,
+        )
         merged = self.target.finish()
         seconds = time.perf_counter() - t0
         if reuse is None and method.needs_statistics(config) and info.statistics is not None:

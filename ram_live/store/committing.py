@@ -37,28 +37,48 @@ from .writer import CaptureTotals, SnapshotTotals, SnapshotWriter, activity_rule
 __all__ = ["StoreWriting", "commit_manifest"]
 
 
-def commit_manifest(folder: Path, agent: str, step: int, parts: Sequence[Mapping[str, Any]], local: LocalModel,
-                    fp: str, rule: Activity, totals: SnapshotTotals, epoch: int | None,
-                    extra: Mapping[str, Any] | None, durable: bool) -> tuple[dict[str, Any], Checked]:
+def commit_manifest(
+    folder: Path,
+    agent: str,
+    step: int,
+    parts: Sequence[Mapping[str, Any]],
+    local: LocalModel,
+    fp: str,
+    rule: Activity,
+    totals: SnapshotTotals,
+    epoch: int | None,
+    extra: Mapping[str, Any] | None,
+    durable: bool,
+) -> tuple[dict[str, Any], Checked]:
     """Write the manifest of ``agent``'s snapshot at ``step`` into its ``folder``, composed from the ``parts`` of
     every writer and checked as a reader would (a :class:`StoreError` instead of an invalid manifest); returns it
     with its check. A step taken again replaces the old manifest, and the old files it no longer references go."""
     now = time.time()
     head = {
-        "format": SNAPSHOT_FORMAT, "version": VERSION, "agent": agent, "step": int(step),
-        "epoch": None if epoch is None else int(epoch), "time": now,
+        "format": SNAPSHOT_FORMAT,
+        "version": VERSION,
+        "agent": agent,
+        "step": int(step),
+        "epoch": None if epoch is None else int(epoch),
+        "time": now,
         "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-        "base_fingerprint": fp, "dtype": totals.dtype(),
+        "base_fingerprint": fp,
+        "dtype": totals.dtype(),
         "activity": {"rule": rule.rule} if rule.rule == "changed" else {"rule": rule.rule, "eps": rule.eps},
-        "parts": len(parts), "extra": dict(extra or {}),
+        "parts": len(parts),
+        "extra": dict(extra or {}),
     }
     if any("importance" in p for part in parts for ps in part["pieces"].values() for p in ps):
         head["version"] = IMPORTANCE_VERSION  # readers before version 3 would refuse the new fields
         head["importance"] = dict(IMPORTANCE_HEAD)
     manifest = compose_manifest(parts, local, head)
     files_bytes = sum(int(f["bytes"]) for f in manifest["files"])
-    manifest["stats"] = {"numel": totals.numel, "changed": totals.changed, "bytes": files_bytes,
-                         "dense_bytes": totals.dense_bytes}
+    manifest["stats"] = {
+        "numel": totals.numel,
+        "changed": totals.changed,
+        "bytes": files_bytes,
+        "dense_bytes": totals.dense_bytes,
+    }
     try:
         checked = check_snapshot(manifest, agent, step)  # never write what a reader refuses
     except CorruptSnapshotError as exc:
@@ -87,7 +107,6 @@ class StoreWriting:
     check_agent: Callable[[str], str]
     base_source: Callable[..., StoreBase]
 
-
     def set_base(self, base: Any, *, collective: Collective | None = None, writer: bool = True) -> str:
         """Persist ``base`` as the store's base, or check that it equals the one there (:class:`BaseMismatchError`
         otherwise). All ranks call it; with a sharded base every rank writes its boxes.
@@ -106,8 +125,9 @@ class StoreWriting:
         local = base if isinstance(base, LocalModel) else LocalModel.from_obj(base)
         collective = collective or LocalCollective()
         fp = fingerprint(local, collective)
-        existing = collective.broadcast_json(self.base_fingerprint) if collective.world_size > 1 \
-            else self.base_fingerprint
+        existing = (
+            collective.broadcast_json(self.base_fingerprint) if collective.world_size > 1 else self.base_fingerprint
+        )
         if existing is None:
             folder = self.root / BASE_DIR
             folder.mkdir(parents=True, exist_ok=True)
@@ -118,8 +138,11 @@ class StoreWriting:
                 part = self.write_base_part(folder, nonce, collective.rank, local, tensors)
             parts = self.exchange_parts(folder, f"base-{nonce}", part, collective)
             if collective.rank == 0:
-                manifest = self.compose_manifest(parts, local, extra={"format": BASE_FORMAT, "version": VERSION,
-                                                                      "fingerprint": fp, "time": time.time()})
+                manifest = self.compose_manifest(
+                    parts,
+                    local,
+                    extra={"format": BASE_FORMAT, "version": VERSION, "fingerprint": fp, "time": time.time()},
+                )
                 check_base(manifest)  # never write what a reader refuses
                 won = write_json(self.base_path, manifest, self.durable, exclusive=True)
                 if not won:  # another writer set it first: keep theirs
@@ -133,8 +156,9 @@ class StoreWriting:
             )
         return fp
 
-    def write_base_part(self, folder: Path, nonce: str, rank: int, local: LocalModel,
-                        tensors: Mapping[str, LocalTensor]) -> dict[str, Any]:
+    def write_base_part(
+        self, folder: Path, nonce: str, rank: int, local: LocalModel, tensors: Mapping[str, LocalTensor]
+    ) -> dict[str, Any]:
         """Write ``tensors`` (this writer's boxes of the base, dense) as the part file ``rank`` of the base in
         ``folder`` (the store's ``_base``).
 
@@ -160,8 +184,9 @@ class StoreWriting:
         }
         return {"file": entry, "pieces": pieces}
 
-    def exchange_parts(self, folder: Path, stem: str, part: dict[str, Any] | None,
-                       collective: Collective) -> list[dict[str, Any]]:
+    def exchange_parts(
+        self, folder: Path, stem: str, part: dict[str, Any] | None, collective: Collective
+    ) -> list[dict[str, Any]]:
         """Rank 0 learns every rank's part (sidecar JSON files on the shared folder, then a barrier).
 
         Args:
@@ -191,8 +216,17 @@ class StoreWriting:
 
     compose_manifest = staticmethod(compose_manifest)  # part-level API (integrations/verl/pieces.py)
 
-    def writer(self, agent: str, base: Any, *, activity: str = "changed", eps: float = 0.0,
-               collective: Collective | None = None, clone_base: bool = True, writer: bool = True) -> SnapshotWriter:
+    def writer(
+        self,
+        agent: str,
+        base: Any,
+        *,
+        activity: str = "changed",
+        eps: float = 0.0,
+        collective: Collective | None = None,
+        clone_base: bool = True,
+        writer: bool = True,
+    ) -> SnapshotWriter:
         """A :class:`SnapshotWriter` for ``agent`` holding ``base`` (see there for the errors it raises).
 
         Args:
@@ -207,12 +241,22 @@ class StoreWriting:
         Returns:
             The :class:`SnapshotWriter`.
         """
-        return SnapshotWriter(self, agent, base, activity=activity, eps=eps, collective=collective,
-                              clone_base=clone_base, writer=writer)
+        return SnapshotWriter(
+            self, agent, base, activity=activity, eps=eps, collective=collective, clone_base=clone_base, writer=writer
+        )
 
-    def snapshot(self, agent: str, model: Any, step: int, *, epoch: int | None = None,
-                 extra: Mapping[str, Any] | None = None, activity: str = "changed", eps: float = 0.0,
-                 importance: Mapping[str, Tensor] | None = None) -> Snapshot:
+    def snapshot(
+        self,
+        agent: str,
+        model: Any,
+        step: int,
+        *,
+        epoch: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+        activity: str = "changed",
+        eps: float = 0.0,
+        importance: Mapping[str, Tensor] | None = None,
+    ) -> Snapshot:
         """Snapshot ``model`` against the store's base read from disk tensor by tensor (one process, no DTensors;
         a training loop should hold a :meth:`writer`, which keeps the base on the weights' device).
         Args:
@@ -242,8 +286,11 @@ class StoreWriting:
         tensors: dict[str, Tensor] = {}
         if local.sharded:
             raise UnsupportedInputError("store.snapshot takes whole tensors; use a writer for sharded models")
-        imps = {key: local_importance(importance, key, t.tensor.shape, agent, t.tensor.device)
-                for key, t in local.tensors.items() if importance is not None and takes_importance(t)}
+        imps = {
+            key: local_importance(importance, key, t.tensor.shape, agent, t.tensor.device)
+            for key, t in local.tensors.items()
+            if importance is not None and takes_importance(t)
+        }
         for key, t in local.tensors.items():
             b = base.get(key).to(t.tensor.device)
             if b.dtype != t.tensor.dtype or tuple(b.shape) != tuple(t.tensor.shape):
@@ -255,8 +302,15 @@ class StoreWriting:
         part = self.write_part(agent, step, uuid.uuid4().hex[:12], 0, tensors, pieces)
         return self.commit_snapshot(agent, step, [part], local, base.fingerprint, rule, total, epoch, extra)
 
-    def write_part(self, agent: str, step: int, nonce: str, rank: int, tensors: dict[str, Tensor],
-                   pieces: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    def write_part(
+        self,
+        agent: str,
+        step: int,
+        nonce: str,
+        rank: int,
+        tensors: dict[str, Tensor],
+        pieces: dict[str, list[dict[str, Any]]],
+    ) -> dict[str, Any]:
         """Write the part file ``rank`` of ``agent``'s snapshot at ``step`` (``nonce``: shared by the parts of one
         snapshot): ``tensors`` are the changed values and positions that ``pieces`` (key → piece entries) name.
         No reader sees it before :meth:`commit_snapshot`.
@@ -281,9 +335,18 @@ class StoreWriting:
         entry = write_datafile(folder / name, tensors, {"format": SNAPSHOT_FORMAT}, self.durable)
         return {"file": entry, "pieces": pieces}
 
-    def commit_snapshot(self, agent: str, step: int, parts: Sequence[Mapping[str, Any]], local: LocalModel,
-                        fp: str, rule: Activity, totals: SnapshotTotals, epoch: int | None,
-                        extra: Mapping[str, Any] | None) -> Snapshot:
+    def commit_snapshot(
+        self,
+        agent: str,
+        step: int,
+        parts: Sequence[Mapping[str, Any]],
+        local: LocalModel,
+        fp: str,
+        rule: Activity,
+        totals: SnapshotTotals,
+        epoch: int | None,
+        extra: Mapping[str, Any] | None,
+    ) -> Snapshot:
         """Write the manifest of ``agent``'s snapshot at ``step`` from the ``parts`` of every writer (last and
         atomically: the snapshot becomes visible whole). ``local`` gives the keys, shapes and dtypes, ``fp`` the
         base's fingerprint, ``rule`` the activity it was taken with, ``totals`` its counts. A step taken again
@@ -308,6 +371,7 @@ class StoreWriting:
             StoreError: the composed manifest is not valid (nothing is written).
         """
         step = check_step(step)
-        manifest, checked = commit_manifest(self.root / agent, agent, step, parts, local, fp, rule, totals, epoch,
-                                            extra, self.durable)
+        manifest, checked = commit_manifest(
+            self.root / agent, agent, step, parts, local, fp, rule, totals, epoch, extra, self.durable
+        )
         return Snapshot(self, agent, step, manifest, checked=checked)

@@ -72,13 +72,17 @@ def write_datafile(path: Path, tensors: dict[str, Tensor], metadata: dict[str, s
     for k in order:
         t = held[k]
         n = t.numel() * t.element_size()
-        header[k] = {"dtype": ST_DTYPES[dtype_name(t.dtype, k)], "shape": list(t.shape),
-                     "data_offsets": [offset, offset + n]}
+        header[k] = {
+            "dtype": ST_DTYPES[dtype_name(t.dtype, k)],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + n],
+        }
         offset += n
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    buffers = [memoryview(bytearray(struct.pack("<Q", len(text)) + text))] + [_byte_view(held[k].reshape(-1))
-                                                                               for k in order]
+    buffers = [memoryview(bytearray(struct.pack("<Q", len(text)) + text))] + [
+        _byte_view(held[k].reshape(-1)) for k in order
+    ]
     size = sum(len(b) for b in buffers)
     tmp = tmp_name(path)
     fd = os.open(tmp, _O_CREATE, 0o666)
@@ -169,8 +173,10 @@ class DataFile:
             for d in got:
                 n *= d
             if dtype not in dtypes or (shape is not None and got != shape) or n != numel:
-                self.fail(f"tensor {name!r} is {dtype} {list(got)}, the manifest needs {sorted(dtypes)} "
-                          f"{list(shape) if shape is not None else f'of {numel} elements'}")
+                self.fail(
+                    f"tensor {name!r} is {dtype} {list(got)}, the manifest needs {sorted(dtypes)} "
+                    f"{list(shape) if shape is not None else f'of {numel} elements'}"
+                )
 
     def verify(self) -> None:
         """Compare the file's CRC-32 with the manifest's, once (:class:`CorruptSnapshotError` if they differ)."""
@@ -192,8 +198,9 @@ class DataFile:
             mapping.close()
             self._map = None
             if got != self.entry.crc32:
-                self._damage = (f"checksum mismatch (crc32 {got}, the manifest says {self.entry.crc32}): "
-                                "the file is damaged")
+                self._damage = (
+                    f"checksum mismatch (crc32 {got}, the manifest says {self.entry.crc32}): the file is damaged"
+                )
                 self.fail(self._damage)
             self.verified = True
 
@@ -215,8 +222,9 @@ class DataFile:
 class Files:
     """The data files of one manifest, opened (they survive a later unlink: memory-mapped)."""
 
-    def __init__(self, folder: Path, entries: Sequence[FileEntry], where: str, agent: str | None = None,
-                 step: int | None = None) -> None:
+    def __init__(
+        self, folder: Path, entries: Sequence[FileEntry], where: str, agent: str | None = None, step: int | None = None
+    ) -> None:
         self.files = [DataFile(folder, e, where, agent, step) for e in entries]
 
     def tensor(self, file: int, name: str | None) -> Tensor | None:

@@ -197,9 +197,17 @@ def _native() -> Any:
 
 def _native_path(cur: Tensor, base: Tensor, activity: Activity) -> bool:
     """Whether :func:`encode` takes :func:`_encode_native` for this pair."""
-    return (cur.device.type == "cpu" and activity.rule == "changed" and cur.dtype != torch.bool
-            and cur.element_size() in (2, 4) and 0 < cur.numel() < 2**31 and cur.is_contiguous()
-            and base.is_contiguous() and optional_numpy() is not None and _native() is not None)
+    return (
+        cur.device.type == "cpu"
+        and activity.rule == "changed"
+        and cur.dtype != torch.bool
+        and cur.element_size() in (2, 4)
+        and 0 < cur.numel() < 2**31
+        and cur.is_contiguous()
+        and base.is_contiguous()
+        and optional_numpy() is not None
+        and _native() is not None
+    )
 
 
 def encode_many(pairs: Sequence[tuple[Tensor, Tensor]], activity: Activity) -> list[Encoded]:
@@ -208,9 +216,11 @@ def encode_many(pairs: Sequence[tuple[Tensor, Tensor]], activity: Activity) -> l
     share, a small one, and every other pair, is encoded alone (spread over the threads where its path does)."""
     workers = max(1, min(torch.get_num_threads(), 8))
     total = sum(cur.numel() for cur, _ in pairs)
-    side = [i for i, (cur, base) in enumerate(pairs)  # small pairs: a thread costs more than it gives
-            if workers > 1 and _NATIVE_MIN_SPLIT <= cur.numel() <= total // workers
-            and _native_path(cur, base, activity)]
+    side = [
+        i
+        for i, (cur, base) in enumerate(pairs)  # small pairs: a thread costs more than it gives
+        if workers > 1 and _NATIVE_MIN_SPLIT <= cur.numel() <= total // workers and _native_path(cur, base, activity)
+    ]
     out: list[Encoded | None] = [None] * len(pairs)
     chosen = set(side)
     for i, (cur, base) in enumerate(pairs):
@@ -263,8 +273,9 @@ def _encode_native(np: Any, native: Any, cur: Tensor, base: Tensor, split: bool 
 
     def run(r: int) -> int:
         s, e = ranges[r]
-        return native.select(a + s * size, b + s * size, e - s, pb + s // 8, pv + s * size, size,
-                             pi + 4 * r * (cap + 32), cap, s)
+        return native.select(
+            a + s * size, b + s * size, e - s, pb + s // 8, pv + s * size, size, pi + 4 * r * (cap + 32), cap, s
+        )
 
     counts = map_threads(run, range(len(ranges)))
     count = sum(counts)
@@ -307,15 +318,17 @@ def _check_positions(flat: Tensor, encoding: str, values: Tensor, positions: Ten
         raise CorruptSnapshotError(f"{where}: unknown encoding {encoding!r}")
 
 
-def apply_encoding(flat: Tensor, encoding: str, values: Tensor | None, positions: Tensor | None,
-           where: str = "a snapshot piece") -> Tensor:
+def apply_encoding(
+    flat: Tensor, encoding: str, values: Tensor | None, positions: Tensor | None, where: str = "a snapshot piece"
+) -> Tensor:
     """Write a piece's changed values into ``flat`` (the base's values of that piece, flat), in place
     (:class:`CorruptSnapshotError`, naming ``where``, for values and positions that do not fit the piece)."""
     if encoding == "none":
         return flat
     if values is None or (positions is None) != (encoding == "dense") or values.dtype != flat.dtype:
-        raise CorruptSnapshotError(f"{where}: the values or positions of encoding {encoding!r} are missing or of "
-                                   "another dtype")
+        raise CorruptSnapshotError(
+            f"{where}: the values or positions of encoding {encoding!r} are missing or of another dtype"
+        )
     values = values.to(flat.device).reshape(-1)
     if positions is not None:
         positions = positions.to(flat.device).reshape(-1)
@@ -353,4 +366,3 @@ def apply_encoding(flat: Tensor, encoding: str, values: Tensor | None, positions
             raise CorruptSnapshotError(f"{where}: the bitmask does not mark as many entries as there are values")
         flat.masked_scatter_(mask, values)
     return flat
-

@@ -22,8 +22,9 @@ class CorruptSnapshotError(StoreError, ValueError):
     (size, checksum, tensors). ``agent`` and ``step`` name the snapshot (both None for the store's base),
     ``file`` the file at fault, where known."""
 
-    def __init__(self, message: str, *, agent: str | None = None, step: int | None = None,
-                 file: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, agent: str | None = None, step: int | None = None, file: str | None = None
+    ) -> None:
         super().__init__(message)
         self.agent = agent
         self.step = step

@@ -45,7 +45,7 @@ def write_json(path: Path, obj: Any, durable: bool, exclusive: bool = False) -> 
         try:
             view = memoryview(data)
             while len(view):
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             if durable:
                 os.fsync(fd)
         finally:

@@ -61,8 +61,11 @@ def is_store_temp(name: str, base: bool) -> bool:
     ``_base``), or a rank's part: what a killed writer leaves and :meth:`SnapshotStore.gc` removes."""
     m = _TMP_RE.match(name)
     inner = m.group(1) if m else name
-    if m and ((is_base_data(inner) or inner == "base.json") if base
-              else (data_step(inner) is not None or manifest_step(inner) is not None)):
+    if m and (
+        (is_base_data(inner) or inner == "base.json")
+        if base
+        else (data_step(inner) is not None or manifest_step(inner) is not None)
+    ):
         return True
     p = _PART_RE.match(inner)
     if not p:
@@ -97,8 +100,15 @@ def check_rank(rank: Any) -> int:
 # dtypes
 
 DTYPES: dict[str, torch.dtype] = {
-    "float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
     "bool": torch.bool,
 }
 for _name in ("float8_e4m3fn", "float8_e5m2"):
@@ -106,8 +116,18 @@ for _name in ("float8_e4m3fn", "float8_e5m2"):
         DTYPES[_name] = getattr(torch, _name)
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 ST_DTYPES = {  # the dtype names in safetensors headers
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
-    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
 }
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -150,7 +170,6 @@ def intersect(a: Box, b: Box) -> tuple[list[slice], list[slice]] | None:
 
 def box_of(piece: Mapping[str, Any]) -> Box:
     return tuple(piece["offsets"]), tuple(piece["shape"])
-
 
 
 # the names store/importance_codes.py imports until it takes the public ones

@@ -80,8 +80,16 @@ def _box_hash(t: Tensor, offsets: Sequence[int], global_shape: Sequence[int]) ->
     return s1 % (1 << 64), s2 % (1 << 64)
 
 
-def _box_hash_numpy(np: Any, flat: Any, inner: Any, offsets: Sequence[int], strides: Sequence[int], rows: int,
-                    rows_per_chunk: int, wide: bool) -> tuple[int, int]:
+def _box_hash_numpy(
+    np: Any,
+    flat: Any,
+    inner: Any,
+    offsets: Sequence[int],
+    strides: Sequence[int],
+    rows: int,
+    rows_per_chunk: int,
+    wide: bool,
+) -> tuple[int, int]:
     """:func:`_box_hash` on a CPU array of the tensor's bits, ``[rows, row]`` (same operations, same result)."""
     s1 = s2 = 0
     dims = len(strides)
@@ -134,8 +142,12 @@ def fingerprint(model: Any, collective: Collective | None = None) -> str:
     else:
         totals = [x % (1 << 64) for x in partial]
     desc = [
-        [key, dtype_name(local.tensors[key].tensor.dtype, key), list(local.tensors[key].global_shape),
-         f"{totals[2 * i]:016x}{totals[2 * i + 1]:016x}"]
+        [
+            key,
+            dtype_name(local.tensors[key].tensor.dtype, key),
+            list(local.tensors[key].global_shape),
+            f"{totals[2 * i]:016x}{totals[2 * i + 1]:016x}",
+        ]
         for i, key in enumerate(keys)
     ]
     payload = json.dumps({"tensors": desc, "aliases": sorted(local.aliases().items())}, separators=(",", ":"))

@@ -71,25 +71,35 @@ def dequantize(codes: Tensor, maximum: float) -> Tensor:
     return bits.masked_fill_(codes == 0, 0).view(torch.float32)
 
 
-def local_importance(importance: Mapping[str, Any], key: str, shape: Sequence[int], agent: str,
-                     device: torch.device) -> Tensor:
+def local_importance(
+    importance: Mapping[str, Any], key: str, shape: Sequence[int], agent: str, device: torch.device
+) -> Tensor:
     """The importances of tensor ``key`` as this process holds it (a DTensor's local shard), flat and checked:
     :class:`InputMismatchError` naming agent and tensor for a missing key, a wrong shape, or a negative, NaN or
     Inf entry."""
     if key not in importance:
-        raise InputMismatchError(f"importance of agent {agent!r} has no tensor {key!r} (every parameter of a "
-                                 "snapshot with importances needs one; give zeros where there is no information)",
-                                 key=key, agent=agent)
+        raise InputMismatchError(
+            f"importance of agent {agent!r} has no tensor {key!r} (every parameter of a "
+            "snapshot with importances needs one; give zeros where there is no information)",
+            key=key,
+            agent=agent,
+        )
     t = importance[key]
     if is_dtensor(t):
         t = t.to_local()
     if not isinstance(t, Tensor) or tuple(t.shape) != tuple(shape):
-        raise InputMismatchError(f"importance of agent {agent!r}, tensor {key!r}: shape "
-                                 f"{list(getattr(t, 'shape', []))}, the parameter's (local) shape is {list(shape)}",
-                                 key=key, agent=agent)
+        raise InputMismatchError(
+            f"importance of agent {agent!r}, tensor {key!r}: shape "
+            f"{list(getattr(t, 'shape', []))}, the parameter's (local) shape is {list(shape)}",
+            key=key,
+            agent=agent,
+        )
     if not t.dtype.is_floating_point:
-        raise InputMismatchError(f"importance of agent {agent!r}, tensor {key!r}: dtype {t.dtype} is not floating "
-                                 "point", key=key, agent=agent)
+        raise InputMismatchError(
+            f"importance of agent {agent!r}, tensor {key!r}: dtype {t.dtype} is not floating point",
+            key=key,
+            agent=agent,
+        )
     return t.detach().to(device).reshape(-1)
 
 
@@ -100,8 +110,12 @@ def check_values(flat: Tensor, where: Tensor | None, key: str, agent: str) -> No
         return
     bad = int((~(flat >= 0) | torch.isinf(flat)).nonzero()[0, 0])
     index = bad if where is None else int(where[bad])
-    raise InputMismatchError(f"importance of agent {agent!r}, tensor {key!r}: flat index {index} is "
-                             f"{float(flat[bad])} (importances must be finite and >= 0)", key=key, agent=agent)
+    raise InputMismatchError(
+        f"importance of agent {agent!r}, tensor {key!r}: flat index {index} is "
+        f"{float(flat[bad])} (importances must be finite and >= 0)",
+        key=key,
+        agent=agent,
+    )
 
 
 def encode_active(flat: Tensor, enc: Encoded, key: str, agent: str) -> tuple[Tensor, float] | None:
@@ -128,9 +142,19 @@ def _encode_native(flat: Tensor, enc: Encoded) -> tuple[Tensor, float] | None:
     from .native_codes import DTYPES, kernels
 
     pos = enc.positions
-    if (flat.device.type != "cpu" or flat.dtype not in DTYPES or not flat.is_contiguous()
-            or (pos is not None and (pos.device.type != "cpu" or not pos.is_contiguous()
-                                     or pos.dtype not in (torch.int32, torch.int64, torch.uint8)))):
+    if (
+        flat.device.type != "cpu"
+        or flat.dtype not in DTYPES
+        or not flat.is_contiguous()
+        or (
+            pos is not None
+            and (
+                pos.device.type != "cpu"
+                or not pos.is_contiguous()
+                or pos.dtype not in (torch.int32, torch.int64, torch.uint8)
+            )
+        )
+    ):
         return None
     lib = kernels()
     if lib is None:
@@ -214,16 +238,22 @@ class ImportanceSource:
                 continue
             codes = snap.stored(p["file"], p["importance"])
             if codes is None:  # the manifest's check requires it: only a table changed after that check lacks it
-                raise CorruptSnapshotError(f"agent {snap.agent!r} step {snap.step}: tensor {key!r} piece {i}: "
-                                           "no importances stored", agent=snap.agent, step=snap.step)
+                raise CorruptSnapshotError(
+                    f"agent {snap.agent!r} step {snap.step}: tensor {key!r} piece {i}: no importances stored",
+                    agent=snap.agent,
+                    step=snap.step,
+                )
             box = box_of(p)
             n = math.prod(box[1])
             positions = snap.stored(p["file"], p.get("positions"))
             piece = decode_piece(codes, float(p["importance_max"]), p["encoding"], positions, n, self.dtype)
             if piece is None:
-                raise CorruptSnapshotError(f"agent {snap.agent!r} step {snap.step}: tensor {key!r} piece {i}: "
-                                           "importances do not match the stored positions",
-                                           agent=snap.agent, step=snap.step)
+                raise CorruptSnapshotError(
+                    f"agent {snap.agent!r} step {snap.step}: tensor {key!r} piece {i}: "
+                    "importances do not match the stored positions",
+                    agent=snap.agent,
+                    step=snap.step,
+                )
             mine, theirs = inter
             if want == box:
                 out = piece.view(box[1])  # the whole piece: no copy
@@ -236,8 +266,9 @@ class ImportanceSource:
         return out.to(self.device)
 
 
-def decode_piece(codes: Tensor, maximum: float, encoding: str, positions: Tensor | None, n: int,
-                 dtype: torch.dtype = torch.float32) -> Tensor | None:
+def decode_piece(
+    codes: Tensor, maximum: float, encoding: str, positions: Tensor | None, n: int, dtype: torch.dtype = torch.float32
+) -> Tensor | None:
     """A stored piece's importances as ``dtype`` (float32 or bfloat16: the same values), flat, 0 at the entries
     it does not store (native decoder where it runs, else torch: the same bits), or None where its positions do
     not match its codes."""
@@ -245,17 +276,21 @@ def decode_piece(codes: Tensor, maximum: float, encoding: str, positions: Tensor
 
     lib = kernels()
     want = {"dense": (None,), "indices": (torch.int32, torch.int64), "bitmask": (torch.uint8,)}.get(encoding, ())
-    if lib is not None and codes.device.type == "cpu" and codes.dtype == torch.uint8 and codes.is_contiguous() \
-            and (None if positions is None else positions.dtype) in want \
-            and (positions is None or (positions.device.type == "cpu" and positions.is_contiguous())):
+    if (
+        lib is not None
+        and codes.device.type == "cpu"
+        and codes.dtype == torch.uint8
+        and codes.is_contiguous()
+        and (None if positions is None else positions.dtype) in want
+        and (positions is None or (positions.device.type == "cpu" and positions.is_contiguous()))
+    ):
         kind = encoding if encoding != "indices" else "indices64" if positions.dtype == torch.int64 else "indices32"
         return lib.decode(codes, maximum, kind, positions, n, dtype)
     got = decode_piece_torch(codes, maximum, encoding, positions, n)
     return None if got is None else got.to(dtype)
 
 
-def decode_piece_torch(codes: Tensor, maximum: float, encoding: str, positions: Tensor | None, n: int
-                       ) -> Tensor | None:
+def decode_piece_torch(codes: Tensor, maximum: float, encoding: str, positions: Tensor | None, n: int) -> Tensor | None:
     """:func:`decode_piece` with torch operations."""
     idx = _flat_positions({"encoding": encoding}, n, positions)
     values = dequantize(codes, maximum)
@@ -268,5 +303,11 @@ def decode_piece_torch(codes: Tensor, maximum: float, encoding: str, positions: 
 
 def has_importance(entry: Mapping[str, Any]) -> bool:
     """Whether a manifest's tensor entry is one that carries importances (a floating non-buffer tensor)."""
-    return not entry.get("buffer") and entry["dtype"] in ("float64", "float32", "float16", "bfloat16",
-                                                          "float8_e4m3fn", "float8_e5m2")
+    return not entry.get("buffer") and entry["dtype"] in (
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+    )

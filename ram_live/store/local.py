@@ -56,9 +56,7 @@ def _dtensor_local(key: str, t: Any) -> tuple[Tensor, tuple[int, ...], bool]:
             f"tensor {key!r}: local shard shape {tuple(local.shape)} is not the box {tuple(shape)} the placements give"
         )
     coordinate = mesh.get_coordinate()
-    owner = coordinate is not None and all(
-        coordinate[i] == 0 for i, p in enumerate(t.placements) if p.is_replicate()
-    )
+    owner = coordinate is not None and all(coordinate[i] == 0 for i, p in enumerate(t.placements) if p.is_replicate())
     return local, tuple(int(o) for o in offsets), owner
 
 
@@ -75,8 +73,14 @@ class LocalModel:
     the base or an agent of a merge.
     """
 
-    def __init__(self, tensors: dict[str, LocalTensor], aliases: dict[str, str], keys: list[str],
-                 name: str = "local", distributed: bool = False) -> None:
+    def __init__(
+        self,
+        tensors: dict[str, LocalTensor],
+        aliases: dict[str, str],
+        keys: list[str],
+        name: str = "local",
+        distributed: bool = False,
+    ) -> None:
         self.name = name
         self.tensors = tensors
         self._aliases = aliases
@@ -150,8 +154,9 @@ class LocalModel:
 
     def clone(self, name: str | None = None) -> LocalModel:
         tensors = {
-            k: LocalTensor(v.tensor.clone(memory_format=torch.contiguous_format), v.global_shape, v.offsets,
-                           v.owner, v.is_buffer)
+            k: LocalTensor(
+                v.tensor.clone(memory_format=torch.contiguous_format), v.global_shape, v.offsets, v.owner, v.is_buffer
+            )
             for k, v in self.tensors.items()
         }
         return LocalModel(tensors, dict(self._aliases), list(self._keys), name or self.name, self.distributed)
@@ -177,7 +182,8 @@ class LocalModel:
             extra = sorted(set(self._keys) - set(other._keys))
             raise InputMismatchError(
                 f"{who} does not match the base: missing {missing[:5]}, extra {extra[:5]}",
-                key=(missing or extra or [None])[0], agent=who,
+                key=(missing or extra or [None])[0],
+                agent=who,
             )
         for key, mine in self.tensors.items():
             theirs = other.tensors.get(key)
@@ -186,12 +192,16 @@ class LocalModel:
             if mine.global_shape != theirs.global_shape or mine.box != theirs.box:
                 raise InputMismatchError(
                     f"{who}: tensor {key!r} has shape {list(mine.global_shape)} (local box {mine.box}), the base "
-                    f"{list(theirs.global_shape)} (local box {theirs.box})", key=key, agent=who,
+                    f"{list(theirs.global_shape)} (local box {theirs.box})",
+                    key=key,
+                    agent=who,
                 )
             if mine.tensor.dtype != theirs.tensor.dtype:
                 raise InputMismatchError(
                     f"{who}: tensor {key!r} has dtype {mine.tensor.dtype}, the base {theirs.tensor.dtype} (snapshots "
-                    "store bits: train in the base's dtype, or give a base of the model's dtype)", key=key, agent=who,
+                    "store bits: train in the base's dtype, or give a base of the model's dtype)",
+                    key=key,
+                    agent=who,
                 )
 
     # -- TensorSource
@@ -210,8 +220,9 @@ class LocalModel:
         return dict(self._aliases)
 
 
-def _spec(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, is_buffer: bool,
-          counted: bool = True) -> TensorSpec:
+def _spec(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, is_buffer: bool, counted: bool = True
+) -> TensorSpec:
     """A TensorSpec; ``counted`` (whether this rank's box counts in global statistics) where the core has it."""
     if "counted" in getattr(TensorSpec, "__dataclass_fields__", {}):
         return TensorSpec(shape, dtype, device, is_buffer, counted)  # type: ignore[call-arg]

@@ -19,8 +19,9 @@ from .files import read_json, real_folder, remove_file
 from .format import AGENT_RE, BASE_DIR, data_step, is_base_data, is_store_temp, manifest_name, manifest_step
 
 
-def remove_unreferenced(folder: Path, names: Iterable[object], *, step: int | None = None,
-                        base: bool = False) -> list[Path]:
+def remove_unreferenced(
+    folder: Path, names: Iterable[object], *, step: int | None = None, base: bool = False
+) -> list[Path]:
     """Remove the data files ``names`` from ``folder``: each must be a data file name of ``step`` (``base``: of
     the base); others are left alone with a :class:`StoreWarning`. Returns what went."""
     removed, refused = [], []
@@ -31,10 +32,13 @@ def remove_unreferenced(folder: Path, names: Iterable[object], *, step: int | No
         elif remove_file(folder / name):  # type: ignore[operator]
             removed.append(folder / name)  # type: ignore[operator]
     if refused:
-        warnings.warn(StoreWarning(
-            f"{folder}: a manifest names {len(refused)} file(s) that are not data files of "
-            f"{'the base' if base else f'step {step}'} (e.g. {str(refused[0])[:120]!r}); they were not deleted"),
-            stacklevel=3)
+        warnings.warn(
+            StoreWarning(
+                f"{folder}: a manifest names {len(refused)} file(s) that are not data files of "
+                f"{'the base' if base else f'step {step}'} (e.g. {str(refused[0])[:120]!r}); they were not deleted"
+            ),
+            stacklevel=3,
+        )
     return removed
 
 
@@ -82,8 +86,9 @@ def collect_garbage(root: Path, grace_s: float) -> list[Path]:
     """What :meth:`SnapshotStore.gc` removes (see there)."""
     now = time.time()
     removed: list[Path] = []
-    folders = [(root / BASE_DIR, True)] + [(p, False) for p in sorted(root.iterdir()) if AGENT_RE.match(p.name)
-                                           and p.name != BASE_DIR]
+    folders = [(root / BASE_DIR, True)] + [
+        (p, False) for p in sorted(root.iterdir()) if AGENT_RE.match(p.name) and p.name != BASE_DIR
+    ]
     for folder, base in folders:
         if not real_folder(folder):
             continue

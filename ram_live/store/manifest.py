@@ -49,8 +49,17 @@ ENCODINGS = ("none", "indices", "bitmask", "dense")
 _CRC_RE = re.compile(r"^[0-9a-f]{8}$")
 _MAX_DIMS = 64
 _MAX_NAME = 4096
-_SNAPSHOT_PIECE = {"offsets", "shape", "encoding", "count", "file", "values", "positions", "importance",
-                   "importance_max"}
+_SNAPSHOT_PIECE = {
+    "offsets",
+    "shape",
+    "encoding",
+    "count",
+    "file",
+    "values",
+    "positions",
+    "importance",
+    "importance_max",
+}
 _FLOATS = frozenset({"float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
 _BASE_PIECE = {"offsets", "shape", "file", "values"}
 
@@ -143,16 +152,17 @@ def _files(m: dict[str, Any], ctx: _Ctx, version: int, valid: Callable[[str], bo
             ctx.fail(f"files[{i}] has unknown fields {sorted(set(f) - {'name', 'bytes', 'crc32'})}")
         name = f.get("name")
         if not isinstance(name, str) or not valid(name):
-            ctx.fail(f"files[{i}]: {name!r:.120} is not a data file name of this "
-                     f"{'base' if ctx.agent is None else 'snapshot'} (a plain name of the store's own pattern)")
+            ctx.fail(
+                f"files[{i}]: {name!r:.120} is not a data file name of this "
+                f"{'base' if ctx.agent is None else 'snapshot'} (a plain name of the store's own pattern)"
+            )
         if name in seen:
             ctx.fail(f"files[{i}]: {name} is listed twice", file=name)
         seen.add(name)
         size = _int(f.get("bytes"), ctx, f"files[{i}].bytes", lo=8)
         crc = f.get("crc32")
         if crc is None and version >= 2:
-            ctx.fail(f"files[{i}] ({name}) has no crc32 (version {version} manifests checksum every file)",
-                     file=name)
+            ctx.fail(f"files[{i}] ({name}) has no crc32 (version {version} manifests checksum every file)", file=name)
         if crc is not None and (not isinstance(crc, str) or not _CRC_RE.match(crc)):
             ctx.fail(f"files[{i}] ({name}): crc32 must be 8 lowercase hex digits, got {crc!r:.80}", file=name)
         out.append(FileEntry(name, size, crc))
@@ -200,8 +210,11 @@ def _pieces(key: str, entry: dict[str, Any], files: list[FileEntry], ctx: _Ctx, 
             ctx.fail(f"{what}: box {list(offsets)} + {list(box)} is outside the tensor's shape {list(shape)}")
         boxes.append((offsets, box))
         n = math.prod(box)
-        index = _int(p.get("file"), ctx, f"{what} file", hi=max(0, len(files) - 1)) if files else \
-            ctx.fail(f"{what} names file {p.get('file')!r:.20} but the manifest lists no file")
+        index = (
+            _int(p.get("file"), ctx, f"{what} file", hi=max(0, len(files) - 1))
+            if files
+            else ctx.fail(f"{what} names file {p.get('file')!r:.20} but the manifest lists no file")
+        )
         needs = files[index].needs
 
         def need(name_key: str, dtypes: frozenset[str], exact: tuple[int, ...] | None, numel: int) -> None:
@@ -224,9 +237,11 @@ def _pieces(key: str, entry: dict[str, Any], files: list[FileEntry], ctx: _Ctx, 
                 ctx.fail(f"{what}: encoding {encoding!r} {'needs' if wanted else 'has no'} {name_key!r}")
         stores = encoding != "none" and not entry.get("buffer") and dtype in _FLOATS
         if ("importance" in p) != (stores and ctx.importance) or ("importance_max" in p) != ("importance" in p):
-            ctx.fail(f"{what}: {'needs' if stores and ctx.importance else 'has no'} 'importance' and "
-                     "'importance_max' (a snapshot with importances has them on every stored piece of a floating "
-                     "parameter, and only there)")
+            ctx.fail(
+                f"{what}: {'needs' if stores and ctx.importance else 'has no'} 'importance' and "
+                "'importance_max' (a snapshot with importances has them on every stored piece of a floating "
+                "parameter, and only there)"
+            )
         if "importance" in p:
             top = p["importance_max"]
             if type(top) not in (int, float) or not 0 <= top < math.inf:
@@ -242,8 +257,10 @@ def _pieces(key: str, entry: dict[str, Any], files: list[FileEntry], ctx: _Ctx, 
             need("positions", frozenset({"U8"}), None, (n + 7) // 8)
     covered = sum(math.prod(b) for _, b in boxes)
     if covered != math.prod(shape) or not _disjoint(boxes):
-        ctx.fail(f"tensor {key!r}: its pieces do not tile the tensor {list(shape)} exactly (they cover {covered} "
-                 f"of {math.prod(shape)} entries{', overlapping' if covered == math.prod(shape) else ''})")
+        ctx.fail(
+            f"tensor {key!r}: its pieces do not tile the tensor {list(shape)} exactly (they cover {covered} "
+            f"of {math.prod(shape)} entries{', overlapping' if covered == math.prod(shape) else ''})"
+        )
     return changed
 
 
@@ -263,8 +280,11 @@ def _table(m: dict[str, Any], files: list[FileEntry], ctx: _Ctx, snapshot: bool)
             ctx.fail(f"alias {alias!r} -> {target!r:.80} must be a name that is not a tensor, of a tensor")
     if "keys" in m:
         keys = _list(m["keys"], ctx, "keys")
-        if not all(isinstance(k, str) for k in keys) or len(set(keys)) != len(keys) \
-                or set(keys) != set(tensors) | set(aliases):
+        if (
+            not all(isinstance(k, str) for k in keys)
+            or len(set(keys)) != len(keys)
+            or set(keys) != set(tensors) | set(aliases)
+        ):
             ctx.fail("keys must list every tensor and alias once")
     return numel, changed, dense
 
@@ -284,8 +304,10 @@ def check_snapshot(m: Any, agent: str, step: int) -> Checked:
     _name(m.get("base_fingerprint"), ctx, "base_fingerprint")
     if "importance" in m:
         if version < 3 or m["importance"] != {"encoding": "log8", "steps_per_octave": 8}:
-            ctx.fail(f"importance must be {{'encoding': 'log8', 'steps_per_octave': 8}} in a version 3 manifest, "
-                     f"got {m['importance']!r:.80} (version {version})")
+            ctx.fail(
+                f"importance must be {{'encoding': 'log8', 'steps_per_octave': 8}} in a version 3 manifest, "
+                f"got {m['importance']!r:.80} (version {version})"
+            )
         ctx.importance = True
     files = _files(m, ctx, version, lambda name: data_step(name) == step)
     numel, changed, dense = _table(m, files, ctx, snapshot=True)
@@ -296,8 +318,15 @@ def check_snapshot(m: Any, agent: str, step: int) -> Checked:
             ctx.fail(f"stats.{k} is {stats.get(k)!r:.40}, the tensors and files add up to {v}")
     activity = _dict(m.get("activity"), ctx, "activity")
     eps = activity.get("eps")
-    if not (activity == {"rule": "changed"} or (set(activity) == {"rule", "eps"} and activity["rule"] == "abs"
-                                                and type(eps) in (int, float) and 0 <= eps < math.inf)):
+    if not (
+        activity == {"rule": "changed"}
+        or (
+            set(activity) == {"rule", "eps"}
+            and activity["rule"] == "abs"
+            and type(eps) in (int, float)
+            and 0 <= eps < math.inf
+        )
+    ):
         ctx.fail(f"activity must be {{'rule': 'changed'}} or {{'rule': 'abs', 'eps': e >= 0}}, got {activity!r:.80}")
     if m.get("epoch") is not None:
         _int(m["epoch"], ctx, "epoch", lo=-(2**62))
@@ -321,15 +350,13 @@ def check_base(m: Any) -> Checked:
     return Checked(version, files)
 
 
-def compose_manifest(parts: Sequence[Mapping[str, Any]], local: LocalModel,
-                     extra: dict[str, Any]) -> dict[str, Any]:
+def compose_manifest(parts: Sequence[Mapping[str, Any]], local: LocalModel, extra: dict[str, Any]) -> dict[str, Any]:
     """One manifest from the parts of every rank: files, and the pieces of every tensor (``local`` gives the
     keys, global shapes and dtypes; ``extra`` the head). Raises :class:`StoreError` unless the pieces cover
     every tensor."""
     files: list[dict[str, Any]] = []
     tensors: dict[str, Any] = {
-        k: {"shape": list(t.global_shape), "dtype": dtype_name(t.tensor.dtype, k), "buffer": t.is_buffer,
-            "pieces": []}
+        k: {"shape": list(t.global_shape), "dtype": dtype_name(t.tensor.dtype, k), "buffer": t.is_buffer, "pieces": []}
         for k, t in local.tensors.items()
     }
     for part in parts:
@@ -341,6 +368,8 @@ def compose_manifest(parts: Sequence[Mapping[str, Any]], local: LocalModel,
     for key, entry in tensors.items():
         covered = sum(math.prod(p["shape"]) for p in entry["pieces"])
         if covered != math.prod(entry["shape"]):
-            raise StoreError(f"tensor {key!r}: the ranks' pieces cover {covered} of {math.prod(entry['shape'])} "
-                             "elements (is every rank writing?)")
+            raise StoreError(
+                f"tensor {key!r}: the ranks' pieces cover {covered} of {math.prod(entry['shape'])} "
+                "elements (is every rank writing?)"
+            )
     return {**extra, "keys": local.keys(), "aliases": local.aliases(), "files": files, "tensors": tensors}

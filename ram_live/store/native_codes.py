@@ -24,8 +24,7 @@ from ..kernels.pool import map_threads
 from ..errors import InvalidStateError
 from ..io.memory import advise_hugepages
 
-__all__ = ["Kernels", "kernels", "build", "octave", "DTYPES", "KINDS", "SPLIT", "TOP_OCTAVE", "BAD_VALUE",
-           "BAD_INDEX"]
+__all__ = ["Kernels", "kernels", "build", "octave", "DTYPES", "KINDS", "SPLIT", "TOP_OCTAVE", "BAD_VALUE", "BAD_INDEX"]
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 KINDS = {"dense": 0, "indices32": 1, "indices64": 2, "bitmask": 3}
@@ -33,6 +32,7 @@ SPLIT = 1 << 20  # stored entries per thread at least
 TOP_OCTAVE = 2039  # the largest octave a code counts from (2040 would decode as Inf)
 SEGMENTS = 2048  # a range's running maximum takes at most 2041 octaves
 BAD_VALUE, BAD_INDEX = -1, -2  # what a scan returns for a negative/NaN/Inf importance and for an index outside [0, n)
+
 
 def octave(top_bits: int) -> int:
     """float32 bits → exponent and 3 mantissa bits, rounded to nearest, at most ``TOP_OCTAVE`` (the format's
@@ -48,8 +48,7 @@ def _float(bits: int) -> float:
 class Kernels:
     lib: Any
 
-    def encode(self, flat: Tensor, kind: str, positions: Tensor | None, count: int
-               ) -> tuple[Tensor, float] | int:
+    def encode(self, flat: Tensor, kind: str, positions: Tensor | None, count: int) -> tuple[Tensor, float] | int:
         """uint8 codes and the float32 maximum of ``flat``'s importances at a piece's stored entries (``kind``: a
         key of :data:`KINDS`; ``count`` entries), or :data:`BAD_VALUE` / :data:`BAD_INDEX` (the caller finds and
         names the culprit). ``flat``: contiguous CPU float32/bfloat16."""
@@ -77,8 +76,21 @@ class Kernels:
 
         def run(r: int) -> int:
             s, e = ranges[r]
-            return int(self.lib.ram_imp_encode(dtype, h, k, pos, n, s, e, cp + offsets[r], ctypes.byref(tops, 4 * r),
-                                               segs[r], ctypes.byref(nsegs, 4 * r)))
+            return int(
+                self.lib.ram_imp_encode(
+                    dtype,
+                    h,
+                    k,
+                    pos,
+                    n,
+                    s,
+                    e,
+                    cp + offsets[r],
+                    ctypes.byref(tops, 4 * r),
+                    segs[r],
+                    ctypes.byref(nsegs, 4 * r),
+                )
+            )
 
         got = map_threads(run, range(len(ranges)))
         if BAD_INDEX in got or any(g != size for g, size in zip(got, sizes) if g >= 0):
@@ -94,15 +106,23 @@ class Kernels:
                 self.lib.ram_imp_fix(cp + offsets[r], sizes[r], segs[r], nsegs[r], top)
         return codes, _float(top_bits)
 
-    def decode(self, codes: Tensor, maximum: float, kind: str, positions: Tensor | None, n: int,
-               dtype: torch.dtype = torch.float32) -> Tensor | None:
+    def decode(
+        self,
+        codes: Tensor,
+        maximum: float,
+        kind: str,
+        positions: Tensor | None,
+        n: int,
+        dtype: torch.dtype = torch.float32,
+    ) -> Tensor | None:
         """The importances of a piece of ``n`` entries (0 where it stores none) as float32 or bfloat16 (the same
         values: a decoded importance has a 3-bit mantissa), or None where the positions do not match the codes."""
         out = advise_hugepages(torch.empty(n, dtype=dtype))
         top = octave(struct.unpack("<I", struct.pack("<f", maximum))[0])
         pos = 0 if positions is None else positions.data_ptr()
-        ok = self.lib.ram_imp_decode(codes.data_ptr(), codes.numel(), top, KINDS[kind], pos, n, DTYPES[dtype],
-                                     out.data_ptr())
+        ok = self.lib.ram_imp_decode(
+            codes.data_ptr(), codes.numel(), top, KINDS[kind], pos, n, DTYPES[dtype], out.data_ptr()
+        )
         return out if ok == 0 else None
 
 

@@ -34,8 +34,9 @@ class Kernels:
     lib: Any
     simd_bits: int = 0
 
-    def select(self, a: int, b: int, n: int, bits: int, vals: int, itemsize: int, pos: int = 0, cap: int = 0,
-               offset: int = 0) -> int:
+    def select(
+        self, a: int, b: int, n: int, bits: int, vals: int, itemsize: int, pos: int = 0, cap: int = 0, offset: int = 0
+    ) -> int:
         """Compare ``n`` entries at addresses ``a``, ``b``; write the bitmask at ``bits``, the changed values at
         ``vals``, the first ``cap`` of their positions (+ ``offset``, int32) at ``pos`` (room for ``cap + 32``);
         return their count. Releases the GIL (threads run side by side)."""

@@ -38,9 +38,13 @@ class StoreFolder(Protocol):
 
 
 def _unverified(what: str) -> None:
-    warnings.warn(UnverifiedSnapshotWarning(
-        f"{what} was written by an older ram_live (manifest version 1): its data files carry no checksums, so "
-        "damage to them cannot be detected (take it again to checksum it)"), stacklevel=4)
+    warnings.warn(
+        UnverifiedSnapshotWarning(
+            f"{what} was written by an older ram_live (manifest version 1): its data files carry no checksums, so "
+            "damage to them cannot be detected (take it again to checksum it)"
+        ),
+        stacklevel=4,
+    )
 
 
 class _ManifestTable:
@@ -72,8 +76,13 @@ class _ManifestTable:
 class StoreBase(_ManifestTable):
     """The store's base model as a :class:`TensorSource` (dense; assembled from pieces), with its ``fingerprint``."""
 
-    def __init__(self, folder: Path, manifest: Mapping[str, Any], device: torch.device | str = "cpu",
-                 checked: Checked | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        manifest: Mapping[str, Any],
+        device: torch.device | str = "cpu",
+        checked: Checked | None = None,
+    ) -> None:
         self.name = "base"
         self.folder = folder
         self.checked = checked or check_base(manifest)
@@ -124,9 +133,16 @@ class Snapshot(_ManifestTable):
     """One agent's snapshot, read lazily: a :class:`TensorSource` whose ``get`` returns base + changes, bit-exact
     in the stored dtype, and whose ``base_source()`` is the store's base."""
 
-    def __init__(self, store: StoreFolder, agent: str, step: int, manifest: Mapping[str, Any],
-                 device: torch.device | str = "cpu", name: str | None = None,
-                 checked: Checked | None = None) -> None:
+    def __init__(
+        self,
+        store: StoreFolder,
+        agent: str,
+        step: int,
+        manifest: Mapping[str, Any],
+        device: torch.device | str = "cpu",
+        name: str | None = None,
+        checked: Checked | None = None,
+    ) -> None:
         self.store = store
         self.agent = agent
         self.step = step
@@ -145,15 +161,20 @@ class Snapshot(_ManifestTable):
         for key, entry in self._tensors.items():
             b = self._base.records().get(key)
             if b is None or b["shape"] != entry["shape"] or b["dtype"] != entry["dtype"]:
-                raise CorruptSnapshotError(f"{where}: tensor {key!r} {entry['dtype']} {entry['shape']} is not a "
-                                           "tensor of the store's base", agent=agent, step=step)
+                raise CorruptSnapshotError(
+                    f"{where}: tensor {key!r} {entry['dtype']} {entry['shape']} is not a tensor of the store's base",
+                    agent=agent,
+                    step=step,
+                )
         if not self.checked.checksummed:
             _unverified(f"snapshot {where}")
         self._files = Files(store.root / agent, self.checked.files, where, agent, step)
 
     def __repr__(self) -> str:
-        return (f"Snapshot(agent={self.agent!r}, step={self.step}, changed={self.changed:,}/{self.numel:,}, "
-                f"bytes={self.bytes:,})")
+        return (
+            f"Snapshot(agent={self.agent!r}, step={self.step}, changed={self.changed:,}/{self.numel:,}, "
+            f"bytes={self.bytes:,})"
+        )
 
     # -- facts
     @property
@@ -328,4 +349,3 @@ class SnapshotInfo:
             The :class:`Snapshot`.
         """
         return self.store.open(self.agent, self.step, device=device)
-

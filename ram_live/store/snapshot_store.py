@@ -166,8 +166,11 @@ class SnapshotStore(StoreWriting):
         """
         if not self.root.exists():
             return []
-        return sorted(p.name for p in self.root.iterdir()
-                      if AGENT_RE.match(p.name) and p.name != BASE_DIR and real_folder(p) and self.steps(p.name))
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if AGENT_RE.match(p.name) and p.name != BASE_DIR and real_folder(p) and self.steps(p.name)
+        )
 
     def steps(self, agent: str) -> list[int]:
         """Steps of ``agent``'s complete snapshots.
@@ -265,8 +268,9 @@ class SnapshotStore(StoreWriting):
                 continue
         raise SnapshotNotFoundError(f"{self.root}: could not open a snapshot of {agent!r} (pruned concurrently)")
 
-    def latest_all(self, agents: Iterable[str] | None = None, *,
-                   device: torch.device | str = "cpu") -> dict[str, Snapshot]:
+    def latest_all(
+        self, agents: Iterable[str] | None = None, *, device: torch.device | str = "cpu"
+    ) -> dict[str, Snapshot]:
         """Every agent's (or the named agents') newest snapshot, name → :class:`Snapshot`: pass it straight to
         ``ram_merge`` / ``probe``.
 
@@ -301,7 +305,7 @@ class SnapshotStore(StoreWriting):
         if keep < 0:
             raise ConfigError(f"keep must be >= 0, got {keep}")
         removed = []
-        for a in ([self.check_agent(agent)] if agent else self.agents()):
+        for a in [self.check_agent(agent)] if agent else self.agents():
             steps = self.steps(a)
             for step in steps[: max(0, len(steps) - keep)]:
                 self._remove(a, step)

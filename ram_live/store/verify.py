@@ -98,9 +98,16 @@ class VerifyReport:
         Returns:
             The totals and every entry.
         """
-        return {"store": self.root, "ok": self.ok, "checked": len(self.entries), "problems": len(self.problems),
-                "unverified": len(self.unverified), "bytes": self.bytes, "seconds": self.seconds,
-                "entries": [asdict(e) for e in self.entries]}
+        return {
+            "store": self.root,
+            "ok": self.ok,
+            "checked": len(self.entries),
+            "problems": len(self.problems),
+            "unverified": len(self.unverified),
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+            "entries": [asdict(e) for e in self.entries],
+        }
 
     def table(self) -> str:
         """The report as a text table.
@@ -113,8 +120,10 @@ class VerifyReport:
             result = e.problem or ("ok" if e.checksummed else "ok (no checksums: written by an older ram_live)")
             lines.append(f"{e.name[:31]:<32}{e.files:>6}{e.bytes / 1e6:>12.1f}  {result}")
         rate = f", {self.bytes / self.seconds / 1e9:.2f} GB/s" if self.seconds > 0 else ""
-        lines.append(f"{len(self.entries)} checked, {len(self.problems)} with problems, {len(self.unverified)} "
-                     f"without checksums; {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s{rate}")
+        lines.append(
+            f"{len(self.entries)} checked, {len(self.problems)} with problems, {len(self.unverified)} "
+            f"without checksums; {self.bytes / 1e6:.1f} MB in {self.seconds:.2f} s{rate}"
+        )
         return "\n".join(lines)
 
 
@@ -161,8 +170,9 @@ def _verify_snapshot(store: CheckedStore, agent: str, step: int, entry: VerifyEn
     if not base_ok:
         raise StoreError("its files are intact, but the store's base is not (see base)")
     if manifest["base_fingerprint"] != store.base_fingerprint:
-        raise BaseMismatchError(f"taken against base {manifest['base_fingerprint']}, the store's is "
-                                f"{store.base_fingerprint}")
+        raise BaseMismatchError(
+            f"taken against base {manifest['base_fingerprint']}, the store's is {store.base_fingerprint}"
+        )
     if not checked.checksummed:  # no checksums: at least every tensor must decode
         snap = store.open(agent, step)
         for key in snap.keys():

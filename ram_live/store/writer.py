@@ -43,15 +43,32 @@ class SnapshotTarget(Protocol):
 
     def set_base(self, base: Any, *, collective: Collective | None = None, writer: bool = True) -> str: ...
 
-    def write_part(self, agent: str, step: int, nonce: str, rank: int, tensors: dict[str, Tensor],
-                   pieces: dict[str, list[dict[str, Any]]]) -> dict[str, Any]: ...
+    def write_part(
+        self,
+        agent: str,
+        step: int,
+        nonce: str,
+        rank: int,
+        tensors: dict[str, Tensor],
+        pieces: dict[str, list[dict[str, Any]]],
+    ) -> dict[str, Any]: ...
 
-    def exchange_parts(self, folder: Path, stem: str, part: dict[str, Any] | None,
-                       collective: Collective) -> list[dict[str, Any]]: ...
+    def exchange_parts(
+        self, folder: Path, stem: str, part: dict[str, Any] | None, collective: Collective
+    ) -> list[dict[str, Any]]: ...
 
-    def commit_snapshot(self, agent: str, step: int, parts: Sequence[Mapping[str, Any]], local: LocalModel,
-                        fp: str, rule: Activity, totals: SnapshotTotals, epoch: int | None,
-                        extra: Mapping[str, Any] | None) -> Snapshot: ...
+    def commit_snapshot(
+        self,
+        agent: str,
+        step: int,
+        parts: Sequence[Mapping[str, Any]],
+        local: LocalModel,
+        fp: str,
+        rule: Activity,
+        totals: SnapshotTotals,
+        epoch: int | None,
+        extra: Mapping[str, Any] | None,
+    ) -> Snapshot: ...
 
 
 class SnapshotTotals(Protocol):
@@ -88,10 +105,20 @@ class CaptureTotals:
         return max(self._by_dtype, key=self._by_dtype.__getitem__) if self._by_dtype else None
 
 
-def piece_entry(key: str, rank: int, t: LocalTensor, enc: Encoded, tensors: dict[str, Tensor],
-                 importance: tuple[Tensor, float] | None = None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"offsets": list(t.offsets), "shape": list(t.tensor.shape), "encoding": enc.encoding,
-                             "count": enc.count}
+def piece_entry(
+    key: str,
+    rank: int,
+    t: LocalTensor,
+    enc: Encoded,
+    tensors: dict[str, Tensor],
+    importance: tuple[Tensor, float] | None = None,
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "offsets": list(t.offsets),
+        "shape": list(t.tensor.shape),
+        "encoding": enc.encoding,
+        "count": enc.count,
+    }
     if importance is not None:
         name = f"{key}@{rank}/importance"
         tensors[name] = importance[0]
@@ -138,9 +165,19 @@ class SnapshotWriter:
         BaseMismatchError: the store's base is another one.
     """
 
-    def __init__(self, store: SnapshotTarget, agent: str, base: Any, *, activity: str = "changed", eps: float = 0.0,
-                 collective: Collective | None = None, clone_base: bool = True, writer: bool = True,
-                 trusted_fingerprint: str | None = None) -> None:
+    def __init__(
+        self,
+        store: SnapshotTarget,
+        agent: str,
+        base: Any,
+        *,
+        activity: str = "changed",
+        eps: float = 0.0,
+        collective: Collective | None = None,
+        clone_base: bool = True,
+        writer: bool = True,
+        trusted_fingerprint: str | None = None,
+    ) -> None:
         self.store = store
         self.agent = store.check_agent(agent)
         self.rule = activity_rule(activity, eps)
@@ -152,9 +189,15 @@ class SnapshotWriter:
         else:
             self.fingerprint = store.set_base(self.base, collective=self.collective, writer=writer)
 
-    def snapshot(self, model: Any, step: int, *, epoch: int | None = None,
-                 extra: Mapping[str, Any] | None = None,
-                 importance: Mapping[str, Tensor] | None = None) -> Snapshot | None:
+    def snapshot(
+        self,
+        model: Any,
+        step: int,
+        *,
+        epoch: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+        importance: Mapping[str, Tensor] | None = None,
+    ) -> Snapshot | None:
         """Write ``model``'s snapshot at ``step`` (all ranks call it when sharded; rank 0 returns the
         :class:`Snapshot`, the others None).
 
@@ -199,9 +242,13 @@ class SnapshotWriter:
         with torch.no_grad():
             keys = [key for key, t in local.tensors.items() if t.owner and self.writes]
             pairs = [(local.tensors[key].tensor.reshape(-1), self.base.tensors[key].tensor.reshape(-1)) for key in keys]
-            imps = {key: local_importance(importance, key, local.tensors[key].tensor.shape, self.agent,
-                                          local.tensors[key].tensor.device)
-                    for key in keys if importance is not None and takes_importance(local.tensors[key])}
+            imps = {
+                key: local_importance(
+                    importance, key, local.tensors[key].tensor.shape, self.agent, local.tensors[key].tensor.device
+                )
+                for key in keys
+                if importance is not None and takes_importance(local.tensors[key])
+            }
             for key, enc in zip(keys, encode_many(pairs, self.rule)):
                 t = local.tensors[key]
                 imp = encode_active(imps[key], enc, key, self.agent) if key in imps else None
@@ -209,8 +256,9 @@ class SnapshotWriter:
                 totals.add(t, enc)
         return Capture(local, tensors, pieces, totals)
 
-    def write(self, capture: Capture, step: int, *, epoch: int | None = None,
-              extra: Mapping[str, Any] | None = None) -> Snapshot | None:
+    def write(
+        self, capture: Capture, step: int, *, epoch: int | None = None, extra: Mapping[str, Any] | None = None
+    ) -> Snapshot | None:
         """Write a :meth:`capture` (possibly in another thread): part files, then rank 0's manifest.
 
         Args:
@@ -224,8 +272,11 @@ class SnapshotWriter:
         """
         c = self.collective
         nonce = c.broadcast_json(uuid.uuid4().hex[:12]) if c.world_size > 1 else uuid.uuid4().hex[:12]
-        part = self.store.write_part(self.agent, step, nonce, c.rank, capture.tensors, capture.pieces) \
-            if self.writes else None
+        part = (
+            self.store.write_part(self.agent, step, nonce, c.rank, capture.tensors, capture.pieces)
+            if self.writes
+            else None
+        )
         parts = self.store.exchange_parts(self.store.root / self.agent, f"{step:012d}-{nonce}", part, c)
         totals = capture.totals
         if c.world_size > 1:
@@ -233,8 +284,9 @@ class SnapshotWriter:
             totals.merge([sum(col) for col in zip(*c.all_gather_int64(mine))])
         snap = None
         if c.rank == 0:
-            snap = self.store.commit_snapshot(self.agent, step, parts, capture.local, self.fingerprint, self.rule,
-                                              totals, epoch, extra)
+            snap = self.store.commit_snapshot(
+                self.agent, step, parts, capture.local, self.fingerprint, self.rule, totals, epoch, extra
+            )
         c.barrier()
         return snap
 

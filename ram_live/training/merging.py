@@ -29,8 +29,13 @@ class ScheduleMerging:
     def _open(self, live: LocalModel, step: int) -> tuple[dict[str, int], dict[str, Any]]:
         return _open_latest(self, live, step)
 
-    def merge(self, model: Any, step: int, epoch: int | None = None,
-              evaluate: Callable[[Any], Mapping[str, Any]] | None = None) -> MergeResult:
+    def merge(
+        self,
+        model: Any,
+        step: int,
+        epoch: int | None = None,
+        evaluate: Callable[[Any], Mapping[str, Any]] | None = None,
+    ) -> MergeResult:
         """Merge the latest snapshot of every agent in the store (this run's included; taken now if
         ``snapshot_before_merge`` and this run's is older) onto the base, as tensors shaped like this process's
         part of ``model``. Under ``search``, the merge it picks (``evaluate``: the evaluation when the setting
@@ -57,20 +62,28 @@ class ScheduleMerging:
         distributed = self.sharded and self.collective.world_size > 1
         variant, searched = self.ram.method, None
         if self.search is not None:  # candidates are swapped into the model: read this agent from its snapshot
-            named = {a.name: self.store.open(a.name, picks[a.name]) if isinstance(sources[a.name], LocalModel)
-                     else a for a in agents}
+            named = {
+                a.name: self.store.open(a.name, picks[a.name]) if isinstance(sources[a.name], LocalModel) else a
+                for a in agents
+            }
             tensors, info, searched = schedule_search(self, model, named, base, step, evaluate or self.evaluate)
             variant = str(searched["best"]["method"])
         else:
             importance = _stored_importance(self, picks, sources, base) if self.importance is not None else None
             tensors, info = ram_merge(
-                {a.name: a for a in agents}, base=base, config=self.ram, chunk_numel=self.chunk_numel,
-                return_info=True, importance=importance, **({"process_group": True} if distributed else {}),
+                {a.name: a for a in agents},
+                base=base,
+                config=self.ram,
+                chunk_numel=self.chunk_numel,
+                return_info=True,
+                importance=importance,
+                **({"process_group": True} if distributed else {}),
             )
             if importance is not None:
                 info.extra["importance"] = "stored"
-        lambdas, rho, density = _probe_numbers(self, info, base, agents, names, distributed,
-                                               searched=searched is not None)
+        lambdas, rho, density = _probe_numbers(
+            self, info, base, agents, names, distributed, searched=searched is not None
+        )
         self.last_merge_step = step
         self.merges += 1
         result = MergeResult(step, tensors, picks, lambdas, rho, density, time.perf_counter() - t0, variant)
@@ -91,8 +104,13 @@ class ScheduleMerging:
         finally:
             swap_tensors(live, result.tensors)
 
-    def merge_and_evaluate(self, model: Any, step: int, epoch: int | None = None,
-                           evaluate: Callable[[Any], Mapping[str, Any]] | None = None) -> dict[str, float]:
+    def merge_and_evaluate(
+        self,
+        model: Any,
+        step: int,
+        epoch: int | None = None,
+        evaluate: Callable[[Any], Mapping[str, Any]] | None = None,
+    ) -> dict[str, float]:
         """:meth:`merge`, then ``evaluate(model)`` with the merged weights swapped in; the metrics,
         ``ram/``-prefixed."""
         fn = evaluate or self.evaluate

@@ -27,7 +27,14 @@ from ..errors import ConfigError, InvalidStateError
 from ..importance.sources import check_importance_option
 from ..methods.ram.config import RamConfig
 from .tensors import (  # noqa: F401 (MergeResult, swap_tensors, metric_float: re-exported)
-    MergeResult, _like, _load_base, _open_latest, _probe_numbers, _stored_importance, swap_tensors, metric_float,
+    MergeResult,
+    _like,
+    _load_base,
+    _open_latest,
+    _probe_numbers,
+    _stored_importance,
+    swap_tensors,
+    metric_float,
 )
 from .merging import ScheduleMerging
 from .search import SearchSetting
@@ -151,10 +158,15 @@ class RAMSchedule(ScheduleMerging):
         unknown = sorted(set(names) - set(cls.option_names()))
         if unknown:
             flat = {f for m in ("ram", "ram_plus", "ram_plus_soft") for f in RamConfig.flat_names(m)} | {"variant"}
-            hint = ("; RAM's options go in ram=RamConfig(...) (or a mapping {'method': ..., option: value})"
-                    if set(unknown) & flat else "")
-            raise ConfigError(f"{where}: unknown option(s) {', '.join(map(repr, unknown))}{hint}; its options "
-                              f"are: {', '.join(cls.option_names())}")
+            hint = (
+                "; RAM's options go in ram=RamConfig(...) (or a mapping {'method': ..., option: value})"
+                if set(unknown) & flat
+                else ""
+            )
+            raise ConfigError(
+                f"{where}: unknown option(s) {', '.join(map(repr, unknown))}{hint}; its options "
+                f"are: {', '.join(cls.option_names())}"
+            )
 
     # ------------------------------------------------------------------------------------------- set-up
 
@@ -199,16 +211,30 @@ class RAMSchedule(ScheduleMerging):
         local.check_like(live, self.agent)
         self.base = local
         if self.sharded:
-            self.writer = SnapshotWriter(self.store, self.agent, local, activity=self.snapshot_activity,
-                                         eps=self.snapshot_eps, collective=c, clone_base=False,
-                                         trusted_fingerprint=trusted)
+            self.writer = SnapshotWriter(
+                self.store,
+                self.agent,
+                local,
+                activity=self.snapshot_activity,
+                eps=self.snapshot_eps,
+                collective=c,
+                clone_base=False,
+                trusted_fingerprint=trusted,
+            )
             fp = self.writer.fingerprint
         else:
             fp = None
             if c.rank == 0:
-                self.writer = SnapshotWriter(self.store, self.agent, local, activity=self.snapshot_activity,
-                                             eps=self.snapshot_eps, collective=LocalCollective(), clone_base=False,
-                                             trusted_fingerprint=trusted)
+                self.writer = SnapshotWriter(
+                    self.store,
+                    self.agent,
+                    local,
+                    activity=self.snapshot_activity,
+                    eps=self.snapshot_eps,
+                    collective=LocalCollective(),
+                    clone_base=False,
+                    trusted_fingerprint=trusted,
+                )
                 fp = self.writer.fingerprint
             c.barrier()
             if c.rank != 0:
@@ -240,8 +266,13 @@ class RAMSchedule(ScheduleMerging):
         """Whether to merge the generalist after step ``step``."""
         return every(self.merge_every, step)
 
-    def on_step(self, model: Any, step: int, epoch: int | None = None,
-                evaluate: Callable[[Any], Mapping[str, Any]] | None = None) -> dict[str, float] | None:
+    def on_step(
+        self,
+        model: Any,
+        step: int,
+        epoch: int | None = None,
+        evaluate: Callable[[Any], Mapping[str, Any]] | None = None,
+    ) -> dict[str, float] | None:
         """Snapshot and/or merge + evaluate when due; returns the metrics to log (``ram/...``) after a merge."""
         if step > self.last_snapshot_step and self.should_snapshot(step, epoch):
             self.snapshot(model, step, epoch)
@@ -251,9 +282,14 @@ class RAMSchedule(ScheduleMerging):
 
     # ------------------------------------------------------------------------------------------- actions
 
-    def snapshot(self, model: Any, step: int, epoch: int | None = None,
-                 extra: Mapping[str, Any] | None = None, importance: Mapping[str, Any] | None = None
-                 ) -> Snapshot | None:
+    def snapshot(
+        self,
+        model: Any,
+        step: int,
+        epoch: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+        importance: Mapping[str, Any] | None = None,
+    ) -> Snapshot | None:
         """Write this agent's snapshot at ``step`` (every rank calls; rank 0 gets the :class:`Snapshot`).
 
         With ``async_write`` (replicated models) the changed values are captured now and written to disk by a
@@ -309,10 +345,14 @@ class RAMSchedule(ScheduleMerging):
     def state_dict(self) -> dict[str, Any]:
         self.flush()  # a checkpoint never counts a snapshot that is not on disk
         return {
-            "version": STATE_VERSION, "agent": self.agent,
+            "version": STATE_VERSION,
+            "agent": self.agent,
             "store": str(self._store.root if self._store is not None else self._store_arg),
-            "base_fingerprint": self.base_fingerprint, "last_snapshot_step": self.last_snapshot_step,
-            "last_merge_step": self.last_merge_step, "snapshots": self.snapshots, "merges": self.merges,
+            "base_fingerprint": self.base_fingerprint,
+            "last_snapshot_step": self.last_snapshot_step,
+            "last_merge_step": self.last_merge_step,
+            "snapshots": self.snapshots,
+            "merges": self.merges,
             "last_search": self.last_search,
         }
 

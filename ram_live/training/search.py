@@ -94,8 +94,9 @@ class SearchSetting:
         for name in ("evaluate", "confirm"):
             value = getattr(self, name)
             if value is not None and not callable(value) and not _is_path(value):
-                raise ConfigError(f"search {name} must be a callable, a dotted path 'pkg.mod:fn' or None, "
-                                  f"got {value!r}")
+                raise ConfigError(
+                    f"search {name} must be a callable, a dotted path 'pkg.mod:fn' or None, got {value!r}"
+                )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | SearchSetting | None) -> SearchSetting | None:
@@ -163,16 +164,19 @@ class SearchSetting:
         if isinstance(value, Mapping):
             if self.metric is None:
                 if len(value) != 1:
-                    raise ConfigError(f"search: the evaluation returned {sorted(value)}; set SearchSetting(metric=...) "
-                                      "to the one to optimise")
+                    raise ConfigError(
+                        f"search: the evaluation returned {sorted(value)}; set SearchSetting(metric=...) "
+                        "to the one to optimise"
+                    )
                 value = next(iter(value.values()))
             elif self.metric in value:
                 value = value[self.metric]
             elif f"ram/{self.metric}" in value:
                 value = value[f"ram/{self.metric}"]
             else:
-                raise ConfigError(f"search metric {self.metric!r} is not among the evaluation's metrics "
-                                  f"{sorted(value)}")
+                raise ConfigError(
+                    f"search metric {self.metric!r} is not among the evaluation's metrics {sorted(value)}"
+                )
         number = float(value.detach().float().mean().item()) if isinstance(value, Tensor) else float(value)
         return number if self.mode == "max" else -number
 
@@ -208,17 +212,29 @@ def record_of(setting: SearchSetting, result: Any, *, step: int, seconds: float)
     the best baseline, evaluations and times. JSON-able (non-finite numbers as the strings 'inf' / '-inf')."""
     baseline = result.best_baseline
     return {
-        "step": int(step), "metric": setting.metric, "mode": setting.mode, "budget": setting.budget,
+        "step": int(step),
+        "metric": setting.metric,
+        "mode": setting.mode,
+        "budget": setting.budget,
         "best": jsonable(dict(result.best)),
         "best_score": setting.metric_value(float(result.best_score)),
         "best_tasks": jsonable(result.best_trial.tasks),
-        "best_baseline": None if baseline is None else {
-            "method": baseline.method, "options": jsonable(dict(baseline.options)),
-            "score": setting.metric_value(float(baseline.score))},
-        "evaluations": len(result.scored), "agents": list(result.agents),
+        "best_baseline": None
+        if baseline is None
+        else {
+            "method": baseline.method,
+            "options": jsonable(dict(baseline.options)),
+            "score": setting.metric_value(float(baseline.score)),
+        },
+        "evaluations": len(result.scored),
+        "agents": list(result.agents),
         "extrapolation": jsonable(result.best_trial.extrapolation),
-        "seconds": {"total": seconds, "merge": float(result.merge_seconds), "evaluate": float(result.evaluate_seconds),
-                    "overhead": float(result.overhead_seconds)},
+        "seconds": {
+            "total": seconds,
+            "merge": float(result.merge_seconds),
+            "evaluate": float(result.evaluate_seconds),
+            "overhead": float(result.overhead_seconds),
+        },
         "setting": setting.describe(),
     }
 
@@ -255,8 +271,14 @@ def search_metrics(record: Mapping[str, Any], prefix: str = "ram/search/") -> di
 # ----------------------------------------------------------------------------------------------- RAMSchedule
 
 
-def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: Any, step: int,
-                    fallback: Callable[..., Any] | None = None) -> tuple[dict[str, Tensor], Any, dict[str, Any]]:
+def schedule_search(
+    schedule: Any,
+    model: Any,
+    agents: Mapping[str, Any],
+    base: Any,
+    step: int,
+    fallback: Callable[..., Any] | None = None,
+) -> tuple[dict[str, Tensor], Any, dict[str, Any]]:
     """:class:`~ram_live.RAMSchedule`'s merge under ``search=``: every candidate swapped into ``model`` for the
     evaluation (restored after each), the winner merged; returns its tensors, its MergeInfo and the record
     (saved by rank 0 to ``<store>/_search/<agent>/step_<step>.json``). Under DDP every rank runs the same search
@@ -271,8 +293,10 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
 
     setting: SearchSetting = schedule.search
     if schedule.sharded:
-        raise ConfigError("search= needs whole tensors in each process (single device or DDP); this model's "
-                          "parameters are sharded (DTensor)")
+        raise ConfigError(
+            "search= needs whole tensors in each process (single device or DDP); this model's "
+            "parameters are sharded (DTensor)"
+        )
     c = schedule.collective
     live = LocalModel.from_obj(model, name=schedule.agent)
 
@@ -284,22 +308,32 @@ def schedule_search(schedule: Any, model: Any, agents: Mapping[str, Any], base: 
                 total = c.all_reduce_sum_(torch.tensor([score], dtype=torch.float64))
                 score = float(total.item()) / c.world_size
             return score
+
         if prompt_protocol(fn) and setting.mode == "max":
             return SwappedPrompts(fn, evaluate, live, model, c)
         if setting.fidelity not in (None, "full"):
-            raise ConfigError(f"search fidelity={setting.fidelity!r} needs an evaluation that scores prompts one by "
-                              "one (ram_live.evaluate.rewards) and mode='max'")
+            raise ConfigError(
+                f"search fidelity={setting.fidelity!r} needs an evaluation that scores prompts one by "
+                "one (ram_live.evaluate.rewards) and mode='max'"
+            )
         return evaluate
 
     confirm = setting.confirmation()
     t0 = time.perf_counter()
-    result = search(dict(agents), base=base, evaluate=wrap(setting.evaluation(fallback)),
-                    budget=setting.budget, space=setting.space, seed=setting.seed, fidelity=setting.fidelity,
-                    confirm=wrap(confirm) if confirm is not None else None, confirm_top=setting.confirm_top,
-                    importance=schedule.importance)
+    result = search(
+        dict(agents),
+        base=base,
+        evaluate=wrap(setting.evaluation(fallback)),
+        budget=setting.budget,
+        space=setting.space,
+        seed=setting.seed,
+        fidelity=setting.fidelity,
+        confirm=wrap(confirm) if confirm is not None else None,
+        confirm_top=setting.confirm_top,
+        importance=schedule.importance,
+    )
     seconds = time.perf_counter() - t0
-    tensors, info = merge(dict(agents), base=base, return_info=True, chunk_numel=schedule.chunk_numel,
-                          **result.best)
+    tensors, info = merge(dict(agents), base=base, return_info=True, chunk_numel=schedule.chunk_numel, **result.best)
     record = record_of(setting, result, step=step, seconds=seconds)
     path = Path(schedule.store.root) / "_search" / schedule.agent / f"step_{step}.json"
     record["file"] = str(path)

@@ -80,4 +80,3 @@ def _numbers(x: Any) -> Any:
     if isinstance(x, list):
         return [_numbers(v) for v in x]
     return x
-

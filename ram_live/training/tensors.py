@@ -111,8 +111,11 @@ def _open_latest(sched: Any, live: LocalModel, step: int) -> tuple[dict[str, int
         ok = 1
         try:
             for name, snap_step in picks.items():
-                if (name == sched.agent and snap_step == step == sched.last_snapshot_step
-                        and sched.snapshot_activity == "changed"):
+                if (
+                    name == sched.agent
+                    and snap_step == step == sched.last_snapshot_step
+                    and sched.snapshot_activity == "changed"
+                ):
                     sources[name] = live  # the snapshot just written holds exactly these weights
                 else:
                     sources[name] = sched.store.open(name, snap_step)
@@ -127,8 +130,7 @@ def _open_latest(sched: Any, live: LocalModel, step: int) -> tuple[dict[str, int
     raise SnapshotNotFoundError(f"{sched.store.root}: snapshots kept disappearing while opening them")
 
 
-def _stored_importance(sched: Any, picks: dict[str, int], sources: dict[str, Any],
-                       base: LocalModel) -> dict[str, Any]:
+def _stored_importance(sched: Any, picks: dict[str, int], sources: dict[str, Any], base: LocalModel) -> dict[str, Any]:
     """The picked snapshots' stored importances (this process's boxes when sharded), every agent's
     (``importance="stored"``); a ConfigError names the agents whose snapshots carry none."""
     from ..importance.sources import stored_importance_of, stored_sources
@@ -142,8 +144,16 @@ def _stored_importance(sched: Any, picks: dict[str, int], sources: dict[str, Any
     return stored_sources(per_agent)
 
 
-def _probe_numbers(sched: Any, info: Any, base: LocalModel, agents: Sequence[Any], names: list[str], distributed: bool,
-                   *, searched: bool) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+def _probe_numbers(
+    sched: Any,
+    info: Any,
+    base: LocalModel,
+    agents: Sequence[Any],
+    names: list[str],
+    distributed: bool,
+    *,
+    searched: bool,
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """λ, ρ and density per agent of a schedule's merge (λ as the merge reported them when it was searched)."""
     from ..methods.ram.lambdas import rho as rho_of
     from ..methods import Activity
@@ -157,10 +167,14 @@ def _probe_numbers(sched: Any, info: Any, base: LocalModel, agents: Sequence[Any
         active, unique = info.statistics.active.tolist(), info.statistics.unique.tolist()
         total = _global_numel(base, agents, sched.collective if distributed else LocalCollective())
     else:  # plain RAM (or per-tensor ρ) needs no global statistics pass; the probe numbers do
-        stats = ram_statistics(base, agents, Activity(opts.activity, opts.eps),  # type: ignore[arg-type]
-                               owned=lambda key: base.tensors[base.aliases().get(key, key)].owner,
-                               collective=sched.collective if distributed else None,
-                               chunk_numel=sched.chunk_numel)
+        stats = ram_statistics(
+            base,
+            agents,
+            Activity(opts.activity, opts.eps),  # type: ignore[arg-type]
+            owned=lambda key: base.tensors[base.aliases().get(key, key)].owner,
+            collective=sched.collective if distributed else None,
+            chunk_numel=sched.chunk_numel,
+        )
         active, unique, total = stats["active"].tolist(), stats["unique"].tolist(), stats["total"]
     given = isinstance(opts.lam, Given)
     if info.lambdas is not None and (opts.rho_scope == "global" or given):
@@ -201,8 +215,9 @@ def _like(given: LocalModel, live: LocalModel) -> LocalModel:
         if g is None:
             raise BaseMismatchError(f"the given base has no tensor {key!r}")
         if g.global_shape != t.global_shape:
-            raise BaseMismatchError(f"tensor {key!r}: the given base has shape {g.global_shape}, "
-                                    f"the model {t.global_shape}")
+            raise BaseMismatchError(
+                f"tensor {key!r}: the given base has shape {g.global_shape}, the model {t.global_shape}"
+            )
         if g.box == t.box:
             data = g.tensor
         elif g.full:

@@ -24,8 +24,10 @@ def _inputs(extra: dict[str, torch.Tensor]):
     def copies():
         return {k: v.clone() for k, v in extra.items()}
 
-    agents = {"a": {"w": base["w"] + torch.tensor([[0.5, 0.0], [0.0, 0.0]]), **copies()},
-              "b": {"w": base["w"] + torch.tensor([[0.0, 0.0], [0.0, -1.0]]), **copies()}}
+    agents = {
+        "a": {"w": base["w"] + torch.tensor([[0.5, 0.0], [0.0, 0.0]]), **copies()},
+        "b": {"w": base["w"] + torch.tensor([[0.0, 0.0], [0.0, -1.0]]), **copies()},
+    }
     return base, agents
 
 
@@ -46,9 +48,10 @@ def test_unsigned_tensors_merge_the_same_from_files_and_state_dicts(tmp_path, dt
     assert same_bytes(MappedSafetensors(agent_files["a"]).tensor("ids"), reference["ids"])
     from_dicts = merge(agents, base=base, method="task_arithmetic", scale=1.0)
     from_files = merge(agent_files, base=base_file, method="task_arithmetic", scale=1.0)
-    assert_bit_identical({k: v.view(torch.uint8) if not v.dtype.is_floating_point else v
-                          for k, v in from_dicts.items()},
-                         {k: v.view(torch.uint8) if not v.dtype.is_floating_point else v for k, v in want.items()})
+    assert_bit_identical(
+        {k: v.view(torch.uint8) if not v.dtype.is_floating_point else v for k, v in from_dicts.items()},
+        {k: v.view(torch.uint8) if not v.dtype.is_floating_point else v for k, v in want.items()},
+    )
     assert same_bytes(from_files["ids"], from_dicts["ids"]) and torch.equal(from_files["w"], from_dicts["w"])
 
 
@@ -105,8 +108,9 @@ def _exotic(dtype):
 
 
 @pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # torch deprecates quantised tensors
-@pytest.mark.parametrize("dtype", [torch.float4_e2m1fn_x2, torch.float8_e8m0fnu, torch.complex32, torch.bits8,
-                                   torch.quint8], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float4_e2m1fn_x2, torch.float8_e8m0fnu, torch.complex32, torch.bits8, torch.quint8], ids=str
+)
 def test_dtypes_neither_merged_nor_copied_are_a_library_error(dtype):
     base = {"w": torch.ones(2), "x": _exotic(dtype)}
     agents = {"a": {"w": torch.full((2,), 2.0), "x": _exotic(dtype)}}
@@ -116,6 +120,10 @@ def test_dtypes_neither_merged_nor_copied_are_a_library_error(dtype):
 
 def test_complex128_is_copied_from_the_base():
     z = torch.tensor([1 + 2j, -3j], dtype=torch.complex128)
-    out = merge({"a": {"w": torch.full((2,), 2.0), "z": z.clone()}}, base={"w": torch.ones(2), "z": z},
-                method="task_arithmetic", scale=1.0)
+    out = merge(
+        {"a": {"w": torch.full((2,), 2.0), "z": z.clone()}},
+        base={"w": torch.ones(2), "z": z},
+        method="task_arithmetic",
+        scale=1.0,
+    )
     assert torch.equal(out["z"], z) and torch.equal(out["w"], torch.full((2,), 2.0))

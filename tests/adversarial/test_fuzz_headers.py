@@ -35,7 +35,7 @@ def _valid(tmp_path):
     save_file(tensors, str(path), metadata={"format": "pt", "run": "7"})
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8:8 + n]), raw[8 + n:], raw
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :], raw
 
 
 def _json_mutant(rng: random.Random, header: dict, data: bytes) -> tuple[str, bytes]:
@@ -48,12 +48,22 @@ def _json_mutant(rng: random.Random, header: dict, data: bytes) -> tuple[str, by
     elif kind == 1:
         del h[key][rng.choice(["dtype", "shape", "data_offsets"])]
     elif kind == 2:
-        h[key]["dtype"] = rng.choice(["F32", "F16", "BF16", "I64", "U8", "BOOL", "F64", "U16", "U64", "F8_E4M3",
-                                      "C64", "F4", "F33", "f32", ""])
+        h[key]["dtype"] = rng.choice(
+            ["F32", "F16", "BF16", "I64", "U8", "BOOL", "F64", "U16", "U64", "F8_E4M3", "C64", "F4", "F33", "f32", ""]
+        )
     elif kind == 3:
         shape = h[key]["shape"]
-        h[key]["shape"] = rng.choice([shape[::-1], shape + [1], shape + [2], shape[:-1], [s + 1 for s in shape],
-                                      [0] + shape, [rng.choice(BAD_VALUES)] + shape])
+        h[key]["shape"] = rng.choice(
+            [
+                shape[::-1],
+                shape + [1],
+                shape + [2],
+                shape[:-1],
+                [s + 1 for s in shape],
+                [0] + shape,
+                [rng.choice(BAD_VALUES)] + shape,
+            ]
+        )
     elif kind == 4:
         b, e = h[key]["data_offsets"]
         d = rng.choice([-8, -2, -1, 1, 2, 4, 8, 2**40, 2**64])
@@ -78,8 +88,9 @@ def _json_mutant(rng: random.Random, header: dict, data: bytes) -> tuple[str, by
         depth = rng.choice([10, 500, 5000, 60000])
         return json.dumps(h)[:-1] + ', "deep": ' + "[" * depth + "]" * depth + "}", data
     else:
-        return json.dumps(h), rng.choice([data + b"\0" * rng.choice([1, 8]), data[:-rng.choice([1, 2, 8])],
-                                          data[: len(data) // 2]])
+        return json.dumps(h), rng.choice(
+            [data + b"\0" * rng.choice([1, 8]), data[: -rng.choice([1, 2, 8])], data[: len(data) // 2]]
+        )
     return json.dumps(h), data
 
 

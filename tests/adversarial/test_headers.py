@@ -51,8 +51,12 @@ BAD = [
     ("trailing bytes", {"w": W}, DATA + b"\0" * 8, ["trailing"]),
     ("truncated data", {"w": W}, DATA[:6], ["truncated"]),
     ("offsets past the file", {"w": entry("F32", [2], 2**62, 2**62 + 8)}, DATA, ["'w'", "gap"]),
-    ("duplicate field", '{"w":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}}', DATA,
-     ["duplicate key 'dtype'"]),
+    (
+        "duplicate field",
+        '{"w":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}}',
+        DATA,
+        ["duplicate key 'dtype'"],
+    ),
     ("metadata a list", {"__metadata__": ["a"], "w": W}, DATA, ["'__metadata__'"]),
     ("metadata numbers", {"__metadata__": {"a": 1}, "w": W}, DATA, ["'__metadata__'"]),
     ("metadata nested", {"__metadata__": {"a": {"b": "c"}}, "w": W}, DATA, ["'__metadata__'"]),
@@ -91,8 +95,9 @@ def test_duplicate_tensor_names_are_refused(tmp_path):
         MappedSafetensors(path)
 
 
-@pytest.mark.parametrize("length, why", [(2**63, "header length"), (MAX_HEADER + 1, "header length"),
-                                         (1000, "header length")])
+@pytest.mark.parametrize(
+    "length, why", [(2**63, "header length"), (MAX_HEADER + 1, "header length"), (1000, "header length")]
+)
 def test_header_length_past_the_file_or_the_bound(tmp_path, length, why):
     path = raw_file(tmp_path / "m.safetensors", {"w": W}, DATA, length=length)
     with pytest.raises(UnsupportedInputError, match=why):
@@ -111,10 +116,26 @@ def _every_dtype() -> dict[str, torch.Tensor]:
     def bits(n, dtype):
         return torch.randint(0, 256, (n * dtype.itemsize,), generator=g, dtype=torch.uint8).view(dtype)
 
-    out = {f"t_{d}".replace("torch.", ""): bits(6, d).view(2, 3) for d in (
-        torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
-        torch.int8, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2,
-        torch.complex64)}
+    out = {
+        f"t_{d}".replace("torch.", ""): bits(6, d).view(2, 3)
+        for d in (
+            torch.float64,
+            torch.float32,
+            torch.float16,
+            torch.bfloat16,
+            torch.int64,
+            torch.int32,
+            torch.int16,
+            torch.int8,
+            torch.uint8,
+            torch.uint16,
+            torch.uint32,
+            torch.uint64,
+            torch.float8_e4m3fn,
+            torch.float8_e5m2,
+            torch.complex64,
+        )
+    }
     out["flags"] = torch.tensor([True, False, True])
     out["scalar"] = torch.tensor(3.25)
     out["empty"] = torch.zeros(0, 4)
@@ -181,8 +202,17 @@ def test_a_folder_named_like_a_file(tmp_path):
 def test_cli_reports_a_bad_header_in_one_line_with_status_2(tmp_path, capsys):
     save_file({"w": torch.ones(2)}, str(tmp_path / "base.safetensors"))
     raw_file(tmp_path / "agent.safetensors", [W], DATA)
-    status = main(["merge", f"a={tmp_path / 'agent.safetensors'}", "--base", str(tmp_path / "base.safetensors"),
-                   "--out", str(tmp_path / "out.safetensors"), "-q"])
+    status = main(
+        [
+            "merge",
+            f"a={tmp_path / 'agent.safetensors'}",
+            "--base",
+            str(tmp_path / "base.safetensors"),
+            "--out",
+            str(tmp_path / "out.safetensors"),
+            "-q",
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 2
     assert err.count("\n") == 1 and "Traceback" not in err

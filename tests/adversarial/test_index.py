@@ -29,10 +29,20 @@ def outside(tmp_path):
     return tmp_path / "other" / "x.safetensors"
 
 
-@pytest.mark.parametrize("name", [
-    "../other/x.safetensors", "sub/../../other/x.safetensors", "./x.safetensors", "other/x.safetensors", "..", ".",
-    "", "x.safetensors\0", "a\\b.safetensors",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../other/x.safetensors",
+        "sub/../../other/x.safetensors",
+        "./x.safetensors",
+        "other/x.safetensors",
+        "..",
+        ".",
+        "",
+        "x.safetensors\0",
+        "a\\b.safetensors",
+    ],
+)
 def test_names_that_leave_or_are_not_plain_files_are_refused(tmp_path, outside, name):
     folder = _sharded(tmp_path / "model", {"w": name}, {})
     (folder / "sub").mkdir()
@@ -58,13 +68,16 @@ def test_names_that_are_not_strings(tmp_path, value):
         SafetensorsSource(_sharded(tmp_path / "m", {"w": value}, {}))
 
 
-@pytest.mark.parametrize("text, why", [
-    ('{"weight_map": {"w": "a.safetensors", "w": "b.safetensors"}}', "duplicate key 'w'"),
-    ('{"weight_map": {"w": "a.safetensors"}, "metadata": {"total_size": NaN}}', "NaN"),
-    ('{"weight_map": ["a.safetensors"]}', "weight_map is not a mapping"),
-    ("[1, 2]", "weight_map is not a mapping"),
-    ('{"weight_map": ' * 50_000 + "{}" + "}" * 50_000, "nested too deeply"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ('{"weight_map": {"w": "a.safetensors", "w": "b.safetensors"}}', "duplicate key 'w'"),
+        ('{"weight_map": {"w": "a.safetensors"}, "metadata": {"total_size": NaN}}', "NaN"),
+        ('{"weight_map": ["a.safetensors"]}', "weight_map is not a mapping"),
+        ("[1, 2]", "weight_map is not a mapping"),
+        ('{"weight_map": ' * 50_000 + "{}" + "}" * 50_000, "nested too deeply"),
+    ],
+)
 def test_malformed_index(tmp_path, text, why):
     folder = tmp_path / "m"
     folder.mkdir()
@@ -91,8 +104,10 @@ def test_a_symlinked_shard_is_read_as_hugging_face_caches_lay_them_out(tmp_path,
     source = SafetensorsSource(folder)
     assert_bit_identical({k: source.get(k) for k in source.keys()}, base_sd)
     agents = {"a": {k: v + 1 for k, v in base_sd.items()}, "b": {k: v - 1 for k, v in base_sd.items()}}
-    assert_bit_identical(merge(agents, base=folder, method="task_arithmetic", scale=1.0),
-                         merge(agents, base=base_sd, method="task_arithmetic", scale=1.0))
+    assert_bit_identical(
+        merge(agents, base=folder, method="task_arithmetic", scale=1.0),
+        merge(agents, base=base_sd, method="task_arithmetic", scale=1.0),
+    )
 
 
 def test_a_symlink_to_a_folder_or_a_dangling_one_is_refused(tmp_path):

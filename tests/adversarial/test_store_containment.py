@@ -135,8 +135,14 @@ def test_gc_and_prune_delete_only_regular_files_of_the_stores_names(world):
     orphan.write_bytes(b"x" * 10)
     tmp_manifest = a / f".tmp-0123456789ab-{STEP + 5:012d}.json"  # a killed manifest write: goes
     tmp_manifest.write_text("{")
-    user = [a / "notes.txt", a / f"{STEP:012d}.json.bak", a / "000000000001-x.p0.safetensors.old",
-            store.root / "results" / "table.csv", store.root / "_base" / "README", store.root / ".git" / "x"]
+    user = [
+        a / "notes.txt",
+        a / f"{STEP:012d}.json.bak",
+        a / "000000000001-x.p0.safetensors.old",
+        store.root / "results" / "table.csv",
+        store.root / "_base" / "README",
+        store.root / ".git" / "x",
+    ]
     for p in user:
         p.parent.mkdir(exist_ok=True)
         p.write_text("user data")
@@ -159,28 +165,35 @@ def test_a_corrupt_manifest_keeps_its_files_from_gc(world):
     assert data_files(store.root, "other")[0].exists()
 
 
-@pytest.mark.parametrize("edit, match", [
-    (lambda m: m["tensors"]["w"].__setitem__("pieces", []), "tile"),
-    (lambda m: m["tensors"]["e"]["pieces"].append(dict(m["tensors"]["e"]["pieces"][0])), "named twice|tile"),
-    (lambda m: m["tensors"]["w"]["pieces"][0].__setitem__("shape", [8, 16]), "tile"),
-    (lambda m: m["tensors"]["w"]["pieces"][0].__setitem__("offsets", [1, 0]), "outside"),
-    (lambda m: m["tensors"]["w"]["pieces"][0].__setitem__("encoding", "none"), "count|has no"),
-    (lambda m: m["tensors"]["w"]["pieces"][0].__setitem__("count", 300), "count"),
-    (lambda m: m["tensors"]["w"]["pieces"][0].__setitem__("count", 2), "needs|stats"),
-    (lambda m: m["tensors"]["b"]["pieces"][0].__setitem__("encoding", "indices"), "needs"),
-    (lambda m: m["tensors"]["b"].__setitem__("dtype", "float32"), "needs|stats"),
-    (lambda m: m["tensors"]["b"].__setitem__("shape", [5, 2]), "entries|tile"),
-    (lambda m: m["tensors"].pop("s"), "keys|stats"),
-    (lambda m: m["tensors"]["e"]["pieces"][0].__setitem__("positions", m["tensors"]["w"]["pieces"][0]["positions"]),
-     "named twice|needs"),
-    (lambda m: m["files"].append(dict(m["files"][0])), "twice"),
-    (lambda m: m.__setitem__("files", []), "no file"),
-    (lambda m: m["stats"].__setitem__("changed", 0), "stats"),
-    (lambda m: m.__setitem__("version", 4), "newer"),
-    (lambda m: m.__setitem__("step", STEP + 1), "says"),
-    (lambda m: m.__setitem__("agent", "other"), "says"),
-    (lambda m: m.__setitem__("activity", {"rule": "abs", "eps": -1}), "activity"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda m: m["tensors"]["w"].__setitem__("pieces", []), "tile"),
+        (lambda m: m["tensors"]["e"]["pieces"].append(dict(m["tensors"]["e"]["pieces"][0])), "named twice|tile"),
+        (lambda m: m["tensors"]["w"]["pieces"][0].__setitem__("shape", [8, 16]), "tile"),
+        (lambda m: m["tensors"]["w"]["pieces"][0].__setitem__("offsets", [1, 0]), "outside"),
+        (lambda m: m["tensors"]["w"]["pieces"][0].__setitem__("encoding", "none"), "count|has no"),
+        (lambda m: m["tensors"]["w"]["pieces"][0].__setitem__("count", 300), "count"),
+        (lambda m: m["tensors"]["w"]["pieces"][0].__setitem__("count", 2), "needs|stats"),
+        (lambda m: m["tensors"]["b"]["pieces"][0].__setitem__("encoding", "indices"), "needs"),
+        (lambda m: m["tensors"]["b"].__setitem__("dtype", "float32"), "needs|stats"),
+        (lambda m: m["tensors"]["b"].__setitem__("shape", [5, 2]), "entries|tile"),
+        (lambda m: m["tensors"].pop("s"), "keys|stats"),
+        (
+            lambda m: m["tensors"]["e"]["pieces"][0].__setitem__(
+                "positions", m["tensors"]["w"]["pieces"][0]["positions"]
+            ),
+            "named twice|needs",
+        ),
+        (lambda m: m["files"].append(dict(m["files"][0])), "twice"),
+        (lambda m: m.__setitem__("files", []), "no file"),
+        (lambda m: m["stats"].__setitem__("changed", 0), "stats"),
+        (lambda m: m.__setitem__("version", 4), "newer"),
+        (lambda m: m.__setitem__("step", STEP + 1), "says"),
+        (lambda m: m.__setitem__("agent", "other"), "says"),
+        (lambda m: m.__setitem__("activity", {"rule": "abs", "eps": -1}), "activity"),
+    ],
+)
 def test_invalid_manifests_are_refused(world, edit, match):
     store, *_ = world
     _rewrite(manifest_path(store.root), edit)

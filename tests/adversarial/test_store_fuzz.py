@@ -49,7 +49,7 @@ def _mutate(doc, rng, hostile):
         parent[key] = value + rng.choice([-1, 1, -value - 1, 2**31, 2**63])
     elif op == 2 and isinstance(value, str) and value:
         i = rng.randrange(len(value))
-        parent[key] = value[:i] + rng.choice("0a/._-x\\") + value[i + 1:]
+        parent[key] = value[:i] + rng.choice("0a/._-x\\") + value[i + 1 :]
     elif op == 3 and isinstance(parent, list) and len(parent) > 1:
         j = rng.randrange(len(parent))
         parent[key], parent[j] = parent[j], parent[key]
@@ -65,10 +65,10 @@ def _bytes_mutation(data: bytes, rng) -> bytes:
     i = rng.randrange(len(data))
     op = rng.randrange(3)
     if op == 0:
-        return data[:i] + bytes([data[i] ^ (1 << rng.randrange(8))]) + data[i + 1:]
+        return data[:i] + bytes([data[i] ^ (1 << rng.randrange(8))]) + data[i + 1 :]
     if op == 1:
         return data[:i] + bytes([rng.randrange(256)]) + data[i:]
-    return data[:i] + data[i + rng.randrange(1, 40):]
+    return data[:i] + data[i + rng.randrange(1, 40) :]
 
 
 def test_manifest_fuzz_gives_errors_or_right_values_and_touches_nothing_outside(tmp_path, monkeypatch):
@@ -81,12 +81,26 @@ def test_manifest_fuzz_gives_errors_or_right_values_and_touches_nothing_outside(
         p.write_bytes(b"sentinel " + p.name.encode())
     other = root / "other"
     protected = {p: p.read_bytes() for p in sentinels + [q for q in other.iterdir()]}
-    names = {k: [f["name"] for f in json.loads((root / k / m).read_text())["files"]]
-             for k, m in (("a", manifest_name(STEP)), ("_base", "base.json"))}
-    hostile = ["../../outside/somefile", f"../../outside/{STEP:012d}-abcdef012345.p0.safetensors",
-               str(outside / "somefile"), "/etc/passwd", f"../other/{os.listdir(other)[0]}", "../_base/base.json",
-               f"{STEP + 1:012d}-abcdef012345.p0.safetensors", "base-abcdef012345.p0.safetensors",
-               names["a"][0], names["_base"][0], "..", "a/../../x", "\x00", "~" * 5000]
+    names = {
+        k: [f["name"] for f in json.loads((root / k / m).read_text())["files"]]
+        for k, m in (("a", manifest_name(STEP)), ("_base", "base.json"))
+    }
+    hostile = [
+        "../../outside/somefile",
+        f"../../outside/{STEP:012d}-abcdef012345.p0.safetensors",
+        str(outside / "somefile"),
+        "/etc/passwd",
+        f"../other/{os.listdir(other)[0]}",
+        "../_base/base.json",
+        f"{STEP + 1:012d}-abcdef012345.p0.safetensors",
+        "base-abcdef012345.p0.safetensors",
+        names["a"][0],
+        names["_base"][0],
+        "..",
+        "a/../../x",
+        "\x00",
+        "~" * 5000,
+    ]
     pristine = {p: p.read_bytes() for folder in ("a", "_base") for p in (root / folder).iterdir()}
     writer = store.writer("a", base)
 
@@ -152,8 +166,11 @@ def test_manifest_fuzz_gives_errors_or_right_values_and_touches_nothing_outside(
     for path in unlinked:
         p = Path(path)
         assert str(p.parent) in (str(root / "a"), str(root / "_base")), f"deleted {path}"
-        own = data_step(p.name) is not None or p.name == manifest_name(STEP) if p.parent.name == "a" else \
-            is_base_data(p.name)
+        own = (
+            data_step(p.name) is not None or p.name == manifest_name(STEP)
+            if p.parent.name == "a"
+            else is_base_data(p.name)
+        )
         assert own or is_store_temp(p.name, base=p.parent.name == "_base"), f"deleted {path}"
     for p, data in protected.items():
         assert p.read_bytes() == data, p

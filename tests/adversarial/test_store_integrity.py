@@ -91,7 +91,7 @@ def test_every_byte_flip_of_a_manifest_is_an_error_or_the_right_values(tmp_path,
         except RamLiveError:
             outcomes["error"] += 1
             continue
-        assert same(got, agent), (i, mask, path.read_bytes()[max(0, i - 20): i + 20])
+        assert same(got, agent), (i, mask, path.read_bytes()[max(0, i - 20) : i + 20])
         outcomes["right"] += 1
     # both happen: numbers and names that matter are refused, bytes that do not (e.g. the time) are harmless
     assert outcomes["error"] > 100 and outcomes["right"] > 10, outcomes
@@ -146,6 +146,7 @@ def flip_last_byte(path):
     damaged = bytearray(path.read_bytes())
     damaged[-1] ^= 0x10
     path.write_bytes(bytes(damaged))
+
 
 def test_cli_verify_reports_damage_with_exit_status_1(tmp_path, capsys):
     from ram_live.cli import main

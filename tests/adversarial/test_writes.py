@@ -92,8 +92,12 @@ def test_without_a_reservation_the_file_is_written_by_pwrite_bit_identically(tmp
 def _mount_tmpfs(where, size):
     where.mkdir()
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
@@ -110,12 +114,13 @@ def test_a_real_full_tmpfs_gives_the_error_not_sigbus(tmp_path):
             base = {{"w": torch.zeros(1024, 1024)}}
             try:
                 ram_live.merge([{{"w": torch.ones(1024, 1024)}}], base=base, method="task_arithmetic",
-                               out={str(disk / 'merged')!r})
+                               out={str(disk / "merged")!r})
             except ram_live.OutOfSpaceError as exc:
                 print("OUT OF SPACE", exc)
         """)
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                              cwd=os.getcwd())
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=os.getcwd()
+        )
         assert done.returncode == 0, done.stderr
         assert "OUT OF SPACE no space left on device writing" in done.stdout
         assert "needs 4194" in done.stdout
@@ -124,8 +129,10 @@ def test_a_real_full_tmpfs_gives_the_error_not_sigbus(tmp_path):
         subprocess.run(["umount", str(disk)], capture_output=True, timeout=30)
 
 
-@pytest.mark.parametrize("out, intruder", [("merged.safetensors", "file"), ("merged", "file"),
-                                           ("merged", "folder"), ("merged", "empty folder")])
+@pytest.mark.parametrize(
+    "out, intruder",
+    [("merged.safetensors", "file"), ("merged", "file"), ("merged", "folder"), ("merged", "empty folder")],
+)
 def test_an_output_created_during_the_merge_is_never_replaced(tmp_path, inputs, monkeypatch, out, intruder):
     target = tmp_path / out
     real = outputs.rename_noreplace
@@ -246,8 +253,9 @@ def test_stale_temp_folders_are_removed_by_the_next_merge_into_that_folder(tmp_p
         assert_bit_identical(load_file(str(path / "model.safetensors")), _want(inputs))
         assert not stale.exists()
         left = sorted(os.listdir(parent))
-        assert left == sorted(["merged", held.name, young.name, other.name, ".merged.tmp-linklink", plain.name,
-                               mine.name])
+        assert left == sorted(
+            ["merged", held.name, young.name, other.name, ".merged.tmp-linklink", plain.name, mine.name]
+        )
         assert (outside / "keep.txt").read_text() == "keep"
         assert clean_stale(parent, "merged") == []  # nothing stale of "merged" left; "young" is young
         # any output's, of any age: the held one, links, files and other names are still kept
@@ -284,8 +292,17 @@ def test_cli_reports_a_full_disk_in_one_line_with_status_2(tmp_path, base_sd, mo
     save_file(base_sd, str(tmp_path / "base.safetensors"))
     save_file({k: v + 1 for k, v in base_sd.items()}, str(tmp_path / "a.safetensors"))
     monkeypatch.setattr(os, "posix_fallocate", _enospc)
-    status = main(["merge", str(tmp_path / "a.safetensors"), "--base", str(tmp_path / "base.safetensors"),
-                   "--out", str(tmp_path / "out"), "-q"])
+    status = main(
+        [
+            "merge",
+            str(tmp_path / "a.safetensors"),
+            "--base",
+            str(tmp_path / "base.safetensors"),
+            "--out",
+            str(tmp_path / "out"),
+            "-q",
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"ram-live: error: no space left on device writing {tmp_path / 'out'}")

@@ -16,8 +16,9 @@ HERE = Path(__file__).resolve().parent
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false",
-               VERL_LOGGING_LEVEL="WARNING")
+    env.update(
+        OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false", VERL_LOGGING_LEVEL="WARNING"
+    )
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
@@ -31,9 +32,23 @@ def _run(cmd: list[str], log: Path) -> None:
 
 def _merger(local_dir: Path, target: Path, log: Path) -> subprocess.Popen:
     fh = open(log, "w")
-    return subprocess.Popen([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-                             "--local_dir", str(local_dir), "--target_dir", str(target)],
-                            stdout=fh, stderr=subprocess.STDOUT, env=_env())
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "verl.model_merger",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(local_dir),
+            "--target_dir",
+            str(target),
+        ],
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        env=_env(),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -48,14 +63,41 @@ def verl_run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     base, root, store, ref = tmp / "base", tmp / "root", tmp / "store", tmp / "ref"
     ref.mkdir()
     build_base(base)
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-          str(HERE / "make_checkpoints.py"), str(base), str(root), str(store), str(ref)], tmp / "torchrun.log")
-    jobs = [(_merger(root / "tools" / "global_step_2" / "actor", tmp / "merged_tools", tmp / "merger_tools.log"),
-             tmp / "merger_tools.log"),
-            (_merger(root / "lora" / "global_step_1" / "actor", tmp / "merged_lora", tmp / "merger_lora.log"),
-             tmp / "merger_lora.log")]
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(HERE / "make_checkpoints.py"),
+            str(base),
+            str(root),
+            str(store),
+            str(ref),
+        ],
+        tmp / "torchrun.log",
+    )
+    jobs = [
+        (
+            _merger(root / "tools" / "global_step_2" / "actor", tmp / "merged_tools", tmp / "merger_tools.log"),
+            tmp / "merger_tools.log",
+        ),
+        (
+            _merger(root / "lora" / "global_step_1" / "actor", tmp / "merged_lora", tmp / "merger_lora.log"),
+            tmp / "merger_lora.log",
+        ),
+    ]
     for proc, log in jobs:
         if proc.wait(timeout=600):
             raise AssertionError(f"verl.model_merger failed:\n{log.read_text()[-4000:]}")
-    return SimpleNamespace(tmp=tmp, base=base, root=root, store=store, ref=ref, merged_tools=tmp / "merged_tools",
-                           merged_lora=tmp / "merged_lora")
+    return SimpleNamespace(
+        tmp=tmp,
+        base=base,
+        root=root,
+        store=store,
+        ref=ref,
+        merged_tools=tmp / "merged_tools",
+        merged_lora=tmp / "merged_lora",
+    )

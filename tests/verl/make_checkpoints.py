@@ -49,24 +49,36 @@ def main(base: str, root: str, store: str, ref: str) -> None:
             from peft import LoraConfig, TaskType, get_peft_model
 
             model.enable_input_require_grads()
-            model = get_peft_model(model, LoraConfig(task_type=TaskType.CAUSAL_LM, r=4, lora_alpha=8,
-                                                     target_modules=["q_proj", "v_proj"], bias="none"))
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    task_type=TaskType.CAUSAL_LM, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], bias="none"
+                ),
+            )
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=True)
-        apply_fsdp2(model, {"mesh": mesh, "mp_policy": mp, "offload_policy": None, "reshard_after_forward": True},
-                    OmegaConf.create({}))
+        apply_fsdp2(
+            model,
+            {"mesh": mesh, "mp_policy": mp, "offload_policy": None, "reshard_after_forward": True},
+            OmegaConf.create({}),
+        )
         params = [p for p in model.parameters() if p.requires_grad]
         optim = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
-        manager = FSDPCheckpointManager(model, optim, None, processing_class=tokenizer,
-                                        checkpoint_config=OmegaConf.create(
-                                            {"save_contents": ["model", "optimizer", "extra"]}))
+        manager = FSDPCheckpointManager(
+            model,
+            optim,
+            None,
+            processing_class=tokenizer,
+            checkpoint_config=OmegaConf.create({"save_contents": ["model", "optimizer", "extra"]}),
+        )
         callback = None
         if spec.get("callback") and rank == 0:  # the driver builds it at start-up, from the run's config
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
             from verl_helpers import compose, run_overrides
 
-            config = compose(run_overrides(base, os.path.join(root, agent), store, agent,
-                                           "trainer.max_actor_ckpt_to_keep=1"))
+            config = compose(
+                run_overrides(base, os.path.join(root, agent), store, agent, "trainer.max_actor_ckpt_to_keep=1")
+            )
             callback = build_checkpoint_callback(config)
         gen = torch.Generator().manual_seed(1000 + spec["seed"])
         for step in range(1, spec["steps"] + 1):
@@ -84,22 +96,36 @@ def main(base: str, root: str, store: str, ref: str) -> None:
             optim.zero_grad(set_to_none=True)
             folder = os.path.join(root, agent, f"global_step_{step}", "actor")
             manager.save_checkpoint(folder, global_step=step, max_ckpt_to_keep=spec["keep"])
-            full = {k: v.full_tensor().detach().clone() if hasattr(v, "full_tensor") else v.detach().clone()
-                    for k, v in model.state_dict().items()}
+            full = {
+                k: v.full_tensor().detach().clone() if hasattr(v, "full_tensor") else v.detach().clone()
+                for k, v in model.state_dict().items()
+            }
             if rank == 0:
-                save_file({k: v.contiguous() for k, v in full.items()},
-                          os.path.join(ref, f"{agent}_{step}.safetensors"))
+                save_file(
+                    {k: v.contiguous() for k, v in full.items()}, os.path.join(ref, f"{agent}_{step}.safetensors")
+                )
             # Adam's second moments all-gathered, by parameter name: the reference of the stored importances
-            moments = {n: (lambda v: v.full_tensor() if hasattr(v, "full_tensor") else v)(
-                optim.state[p]["exp_avg_sq"]).detach().clone() for n, p in model.named_parameters() if p in optim.state}
+            moments = {
+                n: (lambda v: v.full_tensor() if hasattr(v, "full_tensor") else v)(optim.state[p]["exp_avg_sq"])
+                .detach()
+                .clone()
+                for n, p in model.named_parameters()
+                if p in optim.state
+            }
             if rank == 0:
-                save_file({k: v.contiguous() for k, v in moments.items()},
-                          os.path.join(ref, f"{agent}_{step}_exp_avg_sq.safetensors"))
+                save_file(
+                    {k: v.contiguous() for k, v in moments.items()},
+                    os.path.join(ref, f"{agent}_{step}_exp_avg_sq.safetensors"),
+                )
             dist.barrier()
             if callback is not None:
                 trainer = SimpleNamespace(global_steps=step, total_training_steps=spec["steps"], logger=None)
-                callback.on_save(trainer=trainer, global_step=step,
-                                 checkpoint_dir=os.path.join(root, agent, f"global_step_{step}"), async_save=False)
+                callback.on_save(
+                    trainer=trainer,
+                    global_step=step,
+                    checkpoint_dir=os.path.join(root, agent, f"global_step_{step}"),
+                    async_save=False,
+                )
             dist.barrier()
         if callback is not None:
             with open(os.path.join(ref, f"{agent}_callback.json"), "w") as fh:

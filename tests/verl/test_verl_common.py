@@ -58,9 +58,12 @@ def test_base_id_not_cached_is_refused_naming_it(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", local_only)
     _cache(tmp_path / "hub", "org/base", "main", "a" * 40)
-    with pytest.raises(ConfigError, match=r"^ram\.base: 'org/other' is not a local folder or file, nor a model in "
-                                          r"the local Hugging Face cache .*downloads nothing.*huggingface-cli "
-                                          r"download org/other"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^ram\.base: 'org/other' is not a local folder or file, nor a model in "
+        r"the local Hugging Face cache .*downloads nothing.*huggingface-cli "
+        r"download org/other",
+    ):
         common.resolve_base("org/other")
     with pytest.raises(ConfigError, match=r"^ram\.base: 'org/base@v9' .* at revision 'v9'"):
         common.resolve_base("org/base@v9")  # cached, but not at that revision: not fetched either

@@ -17,9 +17,12 @@ _BELOW = float(torch.nextafter(torch.tensor(_AT), torch.tensor(0.0)))
 CASES = {  # name: (base, agent, eps, active entries by hand)
     "f32": (torch.zeros(2, 4), torch.tensor([[_AT, -_AT, 2e-3, _BELOW], [0.0, 5e-4, _AT, 0.0]]), 1e-3, 4),
     # bf16 steps of 2^-7 around 1.0; float32(eps) rounds up to 2^-7
-    "bf16": (torch.ones(2, 4, dtype=torch.bfloat16),
-             torch.tensor([[1 + 2**-7, 1 - 2**-7, 1 + 2**-6, 1 - 2**-8], [1.0, 1 + 2**-7, 1.0, 1.0]],
-                          dtype=torch.bfloat16), 2**-7 - 2**-40, 4),
+    "bf16": (
+        torch.ones(2, 4, dtype=torch.bfloat16),
+        torch.tensor([[1 + 2**-7, 1 - 2**-7, 1 + 2**-6, 1 - 2**-8], [1.0, 1 + 2**-7, 1.0, 1.0]], dtype=torch.bfloat16),
+        2**-7 - 2**-40,
+        4,
+    ),
 }
 
 
@@ -38,9 +41,18 @@ def test_active_metric_equals_the_merge_density_at_eps(tmp_path, case):
     save_file({"w": base}, str(folder / "model.safetensors"))
     metrics = {}
     for name, weights in (("a", agent), ("b", base.clone())):  # b changed nothing
-        opts = options_from_mapping({"store": str(tmp_path / "store"), "agent": name, "base": str(folder),
-                                     "eps": eps, "importance": None, "merged_dir": str(tmp_path / "merged"),
-                                     "variant": "ram_plus", "durable": False})
+        opts = options_from_mapping(
+            {
+                "store": str(tmp_path / "store"),
+                "agent": name,
+                "base": str(folder),
+                "eps": eps,
+                "importance": None,
+                "merged_dir": str(tmp_path / "merged"),
+                "variant": "ram_plus",
+                "durable": False,
+            }
+        )
         ram = RAMVerl(opts)
         metrics[name] = ram.snapshot(_checkpoint(tmp_path / name, {"w": weights}), step=1)
     merged = ram.merge(step=1)  # density from the merge's own counts (global ρ)

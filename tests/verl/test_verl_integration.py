@@ -15,8 +15,10 @@ import pytest
 
 # "verl.trainer", not "verl": with tests/ on sys.path this very folder is a namespace package named verl
 verl = pytest.importorskip("verl.trainer", reason="verl is not installed: bash scripts/test_verl.sh builds its venv")
-pytestmark = [pytest.mark.filterwarnings(r"ignore:.*engine is not available"),
-              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings(r"ignore:.*engine is not available"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
 
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
@@ -113,8 +115,18 @@ def test_offline_command_bf16_weights_equal_verl_merger(verl_run, tmp_path, caps
     from ram_live.integrations.verl import main
 
     store = tmp_path / "bf16"
-    args = ["--ckpt-root", str(verl_run.root / "tools"), "--agent", "tools", "--store", str(store),
-            "--base", str(verl_run.base), "--weights", "bf16"]
+    args = [
+        "--ckpt-root",
+        str(verl_run.root / "tools"),
+        "--agent",
+        "tools",
+        "--store",
+        str(store),
+        "--base",
+        str(verl_run.base),
+        "--weights",
+        "bf16",
+    ]
     assert main(args + ["--merge-dir", str(tmp_path / "merged")]) == 0
     snaps = SnapshotStore(store)
     assert snaps.steps("tools") == [1, 2]
@@ -131,8 +143,22 @@ def test_offline_command_bf16_weights_equal_verl_merger(verl_run, tmp_path, caps
     assert "no checkpoint of step(s) [7]" in capsys.readouterr().err
     assert main(args + ["-O", "kep=1"]) == 2
     assert "unknown ram option(s) ram.kep" in capsys.readouterr().err
-    pruned = ["--ckpt-root", str(verl_run.root / "tools"), "--agent", "tools", "--store", str(tmp_path / "k"),
-              "--base", str(verl_run.base), "-O", "keep=1", "-O", "snapshot_activity=abs", "-O", "snapshot_eps=1e-4"]
+    pruned = [
+        "--ckpt-root",
+        str(verl_run.root / "tools"),
+        "--agent",
+        "tools",
+        "--store",
+        str(tmp_path / "k"),
+        "--base",
+        str(verl_run.base),
+        "-O",
+        "keep=1",
+        "-O",
+        "snapshot_activity=abs",
+        "-O",
+        "snapshot_eps=1e-4",
+    ]
     assert main(pruned) == 0
     kept = SnapshotStore(tmp_path / "k")
     assert kept.steps("tools") == [2]
@@ -157,9 +183,18 @@ def test_checkpoint_callback_built_by_verl_snapshots_merges_and_logs(verl_run, c
     from verl.utils.tracking import Tracking
 
     root = verl_run.root / "tools"
-    config = compose(run_overrides(str(verl_run.base), str(root), str(verl_run.store), "tools",
-                                   "+ram.merge_every=2", "+ram.keep_merged=1", "trainer.logger=[console]",
-                                   "+ram.evaluate=verl_helpers.score"))
+    config = compose(
+        run_overrides(
+            str(verl_run.base),
+            str(root),
+            str(verl_run.store),
+            "tools",
+            "+ram.merge_every=2",
+            "+ram.keep_merged=1",
+            "trainer.logger=[console]",
+            "+ram.evaluate=verl_helpers.score",
+        )
+    )
     callback = build_checkpoint_callback(config)
     assert type(callback).__name__ == "RAMCheckpointCallback" and isinstance(callback, CheckpointCallback)
     trainer = SimpleNamespace(logger=Tracking("p", "e", default_backend=["console"]), total_training_steps=2)
@@ -178,8 +213,13 @@ def test_checkpoint_callback_built_by_verl_snapshots_merges_and_logs(verl_run, c
     store = SnapshotStore(verl_run.store)
     importance = {name: store.open(name, 2).importance for name in ("coder", "tools")}
     assert all(v is not None for v in importance.values())
-    expected, info = merge({"coder": _ref(verl_run, "coder_2"), "tools": _ref(verl_run, "tools_2")},
-                               base=base32, dtype=torch.bfloat16, importance=importance, return_info=True)
+    expected, info = merge(
+        {"coder": _ref(verl_run, "coder_2"), "tools": _ref(verl_run, "tools_2")},
+        base=base32,
+        dtype=torch.bfloat16,
+        importance=importance,
+        return_info=True,
+    )
     got = load_file(merged / "model.safetensors")
     assert sorted(got) == sorted(expected)
     for key in expected:
@@ -230,8 +270,9 @@ def test_startup_validation_names_the_setting(verl_run, tmp_path):
     other["model.norm.weight"] = other["model.norm.weight"] + 1
     SnapshotStore(tmp_path / "s2").set_base(other)
     with pytest.raises(BaseMismatchError):
-        build_checkpoint_callback(compose(run_overrides(str(verl_run.base), str(tmp_path / "ck"),
-                                                        str(tmp_path / "s2"), "x")))
+        build_checkpoint_callback(
+            compose(run_overrides(str(verl_run.base), str(tmp_path / "ck"), str(tmp_path / "s2"), "x"))
+        )
 
 
 def test_mixin_for_trainers_without_callback_class(verl_run, tmp_path):
@@ -255,9 +296,17 @@ def test_mixin_for_trainers_without_callback_class(verl_run, tmp_path):
     class Trainer(RAMTrainerMixin, SavingTrainer):
         pass
 
-    config = compose(run_overrides(str(verl_run.base), str(verl_run.root / "tools"), str(tmp_path / "s"), "tools",
-                                   "trainer.checkpoint_callback_class=null", "+ram.merge_every=1",
-                                   f"+ram.merged_dir={tmp_path / 'merged'}"))
+    config = compose(
+        run_overrides(
+            str(verl_run.base),
+            str(verl_run.root / "tools"),
+            str(tmp_path / "s"),
+            "tools",
+            "trainer.checkpoint_callback_class=null",
+            "+ram.merge_every=1",
+            f"+ram.merged_dir={tmp_path / 'merged'}",
+        )
+    )
     trainer = Trainer(config)
     trainer.global_steps = 2
     trainer._save_checkpoint()
@@ -318,9 +367,12 @@ def test_streamed_fingerprint_equals_the_stores(verl_run):
     groups = []
     keys = sorted(base)
     for i in range(0, len(keys), 5):  # groups of tensors, the first rows and the rest of each one separately
-        rows = {k: LocalTensor(base[k][:1], tuple(base[k].shape), (0,) * base[k].dim(), True) for k in keys[i:i + 5]}
-        rest = {k: LocalTensor(base[k][1:], tuple(base[k].shape), (1,) + (0,) * (base[k].dim() - 1), True)
-                for k in keys[i:i + 5] if base[k].shape[0] > 1}
+        rows = {k: LocalTensor(base[k][:1], tuple(base[k].shape), (0,) * base[k].dim(), True) for k in keys[i : i + 5]}
+        rest = {
+            k: LocalTensor(base[k][1:], tuple(base[k].shape), (1,) + (0,) * (base[k].dim() - 1), True)
+            for k in keys[i : i + 5]
+            if base[k].shape[0] > 1
+        }
         groups += [rows, rest]
     assert stream_fingerprint(specs, groups) == whole
 
@@ -345,13 +397,15 @@ def test_incomplete_checkpoint_is_refused(verl_run, tmp_path):
 
 
 def test_import_is_lazy():
-    code = ("import sys, ram_live.integrations.verl as v\n"
-            "assert 'verl' not in sys.modules, 'verl imported eagerly'\n"
-            "cls = v.RAMCheckpointCallback\n"
-            "from verl.trainer.ppo.checkpoint_callback import CheckpointCallback\n"
-            "assert issubclass(cls, CheckpointCallback) and cls is v.RAMCheckpointCallback\n"
-            "from verl.utils.import_utils import load_class_from_fqn\n"
-            f"assert load_class_from_fqn({CALLBACK!r}, 'CheckpointCallback') is cls\n")
+    code = (
+        "import sys, ram_live.integrations.verl as v\n"
+        "assert 'verl' not in sys.modules, 'verl imported eagerly'\n"
+        "cls = v.RAMCheckpointCallback\n"
+        "from verl.trainer.ppo.checkpoint_callback import CheckpointCallback\n"
+        "assert issubclass(cls, CheckpointCallback) and cls is v.RAMCheckpointCallback\n"
+        "from verl.utils.import_utils import load_class_from_fqn\n"
+        f"assert load_class_from_fqn({CALLBACK!r}, 'CheckpointCallback') is cls\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -365,7 +419,10 @@ def test_shard_boxes_of_fsdp_and_hsdp_meshes():
     assert got == {0: ((0, 0), True), 1: ((3, 0), True), 2: ((0, 0), False), 3: ((3, 0), False)}
     fsdp = torch.arange(3)
     assert [shard_box("b", (2, 4), fsdp, (Shard(0),), r, (n, 4)) for r, n in enumerate((1, 1, 0))] == [
-        ((0, 0), True), ((1, 0), True), ((2, 0), True)]
+        ((0, 0), True),
+        ((1, 0), True),
+        ((2, 0), True),
+    ]
     with pytest.raises(UnsupportedInputError, match="give"):
         shard_box("w", (5, 3), hsdp, (Replicate(), Shard(0)), 1, (3, 3))
     with pytest.raises(UnsupportedInputError, match="not in its device mesh"):

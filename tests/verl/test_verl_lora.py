@@ -46,9 +46,17 @@ def _checkpoint(root: Path, base: dict[str, torch.Tensor], seed: int) -> Path:
 
 
 def _options(tmp_path: Path, agent: str, **keys: object):
-    return options_from_mapping({"store": str(tmp_path / "store"), "agent": agent, "base": str(tmp_path / "base"),
-                                 "importance": None, "merged_dir": str(tmp_path / "merged"), "durable": False,
-                                 **keys})
+    return options_from_mapping(
+        {
+            "store": str(tmp_path / "store"),
+            "agent": agent,
+            "base": str(tmp_path / "base"),
+            "importance": None,
+            "merged_dir": str(tmp_path / "merged"),
+            "durable": False,
+            **keys,
+        }
+    )
 
 
 def _snapshots(tmp_path: Path) -> dict[str, torch.Tensor]:
@@ -67,9 +75,19 @@ def _tau_adapter(folder: Path, tau: dict[str, torch.Tensor]) -> Path:
         tensors[f"base_model.model.{m}.lora_A.weight"] = torch.eye(n)
         tensors[f"base_model.model.{m}.lora_B.weight"] = t.contiguous()
     save_file(tensors, str(folder / "adapter_model.safetensors"))
-    (folder / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": n, "lora_alpha": n, "target_modules": sorted(m.split(".")[-1] for m in tau),
-         "use_rslora": False, "fan_in_fan_out": False, "bias": "none"}))
+    (folder / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": n,
+                "lora_alpha": n,
+                "target_modules": sorted(m.split(".")[-1] for m in tau),
+                "use_rslora": False,
+                "fan_in_fan_out": False,
+                "bias": "none",
+            }
+        )
+    )
     return folder
 
 
@@ -104,8 +122,9 @@ def test_lora_merge_with_the_rule_equals_the_peft_merge(tmp_path, case):
         snap = store.open(agent, 1)
         tau = {m: snap.get(f"{m}.weight").float() - base32[f"{m}.weight"] for m in SHAPES}
         adapters[agent] = _tau_adapter(tmp_path / f"adapter_{agent}", tau)
-    expected = ram_merge_adapter_files(adapters, base=base32, into_base=True, sparsify=rule, method="ram_plus",
-                                       dtype=torch.bfloat16)
+    expected = ram_merge_adapter_files(
+        adapters, base=base32, into_base=True, sparsify=rule, method="ram_plus", dtype=torch.bfloat16
+    )
     assert sorted(merged) == sorted(expected)
     assert not torch.equal(merged["layer.q.weight"], base["layer.q.weight"])
     for k in merged:
@@ -115,23 +134,27 @@ def test_lora_merge_with_the_rule_equals_the_peft_merge(tmp_path, case):
     kept = rule.density if isinstance(rule, TopK) else None
     if kept is not None:  # the density metric counts what the rule kept (k = int(density·numel) per module)
         assert metrics["ram/coder/density"] == pytest.approx(
-            sum(int(kept * torch.Size(s).numel()) for s in SHAPES.values()) / (targeted + 12))
+            sum(int(kept * torch.Size(s).numel()) for s in SHAPES.values()) / (targeted + 12)
+        )
     dense = RAMVerl(_options(tmp_path, "coder", sparsify=None, merged_dir=str(tmp_path / "dense"))).merge(step=1)
     assert dense["ram/coder/density"] == pytest.approx(targeted / (targeted + 12))  # every ΔW entry is active
     plain = load_file(tmp_path / "dense" / "global_step_1" / "model.safetensors")
     assert not torch.equal(plain["layer.q.weight"], merged["layer.q.weight"])
 
 
-@pytest.mark.parametrize("keys, named", [
-    ({"sparsify": "topq"}, "ram.sparsify"),
-    ({"sparsify": "topk", "density": 1.5}, "ram.density"),
-    ({"sparsify": "topk", "density": 0}, "ram.density"),
-    ({"sparsify": "topk", "density": True}, "ram.density"),
-    ({"sparsify": "topk", "density": "a lot"}, "ram.density"),
-    ({"density": 0.1}, "ram.density"),  # TopK's parameter without ram.sparsify=topk
-    ({"sparsify": "relative", "threshold": -1.0}, "ram.threshold"),
-    ({"sparsify": "topk", "threshold": 1.0}, "ram.threshold"),
-])
+@pytest.mark.parametrize(
+    "keys, named",
+    [
+        ({"sparsify": "topq"}, "ram.sparsify"),
+        ({"sparsify": "topk", "density": 1.5}, "ram.density"),
+        ({"sparsify": "topk", "density": 0}, "ram.density"),
+        ({"sparsify": "topk", "density": True}, "ram.density"),
+        ({"sparsify": "topk", "density": "a lot"}, "ram.density"),
+        ({"density": 0.1}, "ram.density"),  # TopK's parameter without ram.sparsify=topk
+        ({"sparsify": "relative", "threshold": -1.0}, "ram.threshold"),
+        ({"sparsify": "topk", "threshold": 1.0}, "ram.threshold"),
+    ],
+)
 def test_bad_rule_keys_are_one_line_errors_naming_the_key(tmp_path, keys, named):
     with pytest.raises(ConfigError) as err:
         _options(tmp_path, "coder", **keys)

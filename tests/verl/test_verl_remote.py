@@ -96,8 +96,11 @@ def _local(monkeypatch: pytest.MonkeyPatch, make):
 def _toy(tmp: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     """A base folder of small fp32 weights, and a store under ``tmp/store`` with two agents' snapshots at step 3."""
     g = torch.Generator().manual_seed(0)
-    base = {"model.layer.weight": torch.randn(8, 6, generator=g), "model.layer.bias": torch.randn(8, generator=g),
-            "lm_head.weight": torch.randn(5, 8, generator=g)}
+    base = {
+        "model.layer.weight": torch.randn(8, 6, generator=g),
+        "model.layer.bias": torch.randn(8, generator=g),
+        "lm_head.weight": torch.randn(5, 8, generator=g),
+    }
     folder = tmp / "base_model"
     folder.mkdir()
     save_file(base, str(folder / "model.safetensors"))
@@ -110,13 +113,24 @@ def _snapshots(store: Path, base: dict[str, torch.Tensor]) -> None:
     for i, name in enumerate(["a", "b"]):
         g = torch.Generator().manual_seed(10 + i)
         writer.writer(name, base=base).snapshot(
-            {k: v + torch.randn(v.shape, generator=g) * 0.1 * (torch.rand(v.shape, generator=g) < 0.5)
-             for k, v in base.items()}, 3)
+            {
+                k: v + torch.randn(v.shape, generator=g) * 0.1 * (torch.rand(v.shape, generator=g) < 0.5)
+                for k, v in base.items()
+            },
+            3,
+        )
 
 
 def _options(tmp: Path, folder: Path, merged: str, **extra):
-    values = {"store": str(tmp / "store"), "agent": "a", "base": str(folder), "weights": "fp32", "merge_every": 1,
-              "merged_dir": str(tmp / merged), **extra}
+    values = {
+        "store": str(tmp / "store"),
+        "agent": "a",
+        "base": str(folder),
+        "weights": "fp32",
+        "merge_every": 1,
+        "merged_dir": str(tmp / merged),
+        **extra,
+    }
     return options_from_mapping(values)
 
 
@@ -144,15 +158,17 @@ def rewards_run(tmp_path):
 def test_evaluate_runs_in_the_actor_and_scores_as_locally(ray_cluster, tmp_path, monkeypatch):
     folder, base = _toy(tmp_path)
     _snapshots(tmp_path / "store", base)
-    remote = RAMVerl(_options(tmp_path, folder, "m_remote", evaluate="test_verl_remote:weights_score",
-                              eval_resources=FAKE_GPU))
+    remote = RAMVerl(
+        _options(tmp_path, folder, "m_remote", evaluate="test_verl_remote:weights_score", eval_resources=FAKE_GPU)
+    )
     assert remote.evaluations.remote is not None and remote.evaluations.remote.resources == FAKE_GPU
     _pids(ray_cluster)
     got = remote.merge(step=3)
     in_actor = _pids(ray_cluster)
     assert in_actor == {remote.evaluations.remote.pid} and os.getpid() not in in_actor  # not the driver
-    local = _local(monkeypatch, lambda: RAMVerl(_options(tmp_path, folder, "m_local",
-                                                         evaluate="test_verl_remote:weights_score")))
+    local = _local(
+        monkeypatch, lambda: RAMVerl(_options(tmp_path, folder, "m_local", evaluate="test_verl_remote:weights_score"))
+    )
     assert local.evaluations.remote is None
     expected = local.merge(step=3)
     assert _pids(ray_cluster) == {os.getpid()}
@@ -171,9 +187,18 @@ def test_search_with_the_runs_reward_in_the_actor(ray_cluster, rewards_run, monk
     tmp = rewards_run
 
     def options(merged: str, **extra):
-        return _options(tmp, tmp / "base", merged, search={"budget": 3, "space": ["task_arithmetic"]},
-                        rewards={"prompts": str(tmp / "val.jsonl"), "compute_score": "test_verl_remote:length_score",
-                                 "max_new_tokens": 6}, **extra)
+        return _options(
+            tmp,
+            tmp / "base",
+            merged,
+            search={"budget": 3, "space": ["task_arithmetic"]},
+            rewards={
+                "prompts": str(tmp / "val.jsonl"),
+                "compute_score": "test_verl_remote:length_score",
+                "max_new_tokens": 6,
+            },
+            **extra,
+        )
 
     remote = RAMVerl(options("m_remote", eval_resources=FAKE_GPU))
     assert remote.evaluations.search.key == remote.evaluations.evaluate.key == "evaluate"  # one model in the actor
@@ -186,8 +211,10 @@ def test_search_with_the_runs_reward_in_the_actor(ray_cluster, rewards_run, monk
     assert _pids(ray_cluster) == {os.getpid()}
     assert _untimed(got) == _untimed(expected)
     assert got["ram/reward"] > 0 and got["ram/search/evaluations"] == expected["ram/search/evaluations"] >= 1
-    chosen = [json.loads((tmp / m / "global_step_3" / "ram_merge.json").read_text())["search"]["best"]
-              for m in ("m_remote", "m_local")]
+    chosen = [
+        json.loads((tmp / m / "global_step_3" / "ram_merge.json").read_text())["search"]["best"]
+        for m in ("m_remote", "m_local")
+    ]
     assert chosen[0] == chosen[1]
     assert [p.name for p in (tmp / "m_remote").iterdir()] == ["global_step_3"]  # the candidate folder is gone
     remote.close()
@@ -205,9 +232,17 @@ def test_errors_come_back_as_the_local_error(ray_cluster, rewards_run, monkeypat
         return err.value
 
     def rewards(merged: str, **extra):
-        return _options(tmp, tmp / "base", merged, rewards={"prompts": str(tmp / "val.jsonl"), "max_new_tokens": 4,
-                                                            "compute_score": "test_verl_remote:failing_score"},
-                        **extra)
+        return _options(
+            tmp,
+            tmp / "base",
+            merged,
+            rewards={
+                "prompts": str(tmp / "val.jsonl"),
+                "max_new_tokens": 4,
+                "compute_score": "test_verl_remote:failing_score",
+            },
+            **extra,
+        )
 
     # a reward function that raises: ram_live.evaluate's EvaluationError, the same here and there
     there = raised(lambda: RAMVerl(rewards("m1", eval_resources=FAKE_GPU)), folder, 1)
@@ -221,8 +256,11 @@ def test_errors_come_back_as_the_local_error(ray_cluster, rewards_run, monkeypat
     there = raised(lambda: RAMVerl(_options(tmp, tmp / "base", "m2", eval_resources=FAKE_GPU, **plain)), folder, 5)
     here = raised(lambda: _local(monkeypatch, lambda: RAMVerl(_options(tmp, tmp / "base", "m2", **plain))), folder, 5)
     assert type(there) is type(here) is EvaluationError and str(there) == str(here)
-    assert str(here) == (f"ram.evaluate test_verl_remote:broken raised ValueError on {folder}: no held-out data for "
-                         "step 5") and here.function == "ram.evaluate test_verl_remote:broken"
+    assert (
+        str(here)
+        == (f"ram.evaluate test_verl_remote:broken raised ValueError on {folder}: no held-out data for step 5")
+        and here.function == "ram.evaluate test_verl_remote:broken"
+    )
     # in a search: the search's SearchError, naming the function, here and there
     search = {"search": {"budget": 2, "space": ["task_arithmetic"], "evaluate": "test_verl_remote:broken"}}
     there = raised(lambda: RAMVerl(_options(tmp, tmp / "base", "m3", eval_resources=FAKE_GPU, **search)))
@@ -235,7 +273,6 @@ def test_errors_come_back_as_the_local_error(ray_cluster, rewards_run, monkeypat
     assert os.getpid() in pids and len(pids) >= 2  # this process's and the actors'
 
 
-
 def test_a_cluster_without_gpu_is_refused_at_start_up(ray_cluster, rewards_run):
     tmp = rewards_run
     prompts = {"prompts": str(tmp / "val.jsonl"), "compute_score": "test_verl_remote:length_score"}
@@ -243,10 +280,13 @@ def test_a_cluster_without_gpu_is_refused_at_start_up(ray_cluster, rewards_run):
     def build(**extra) -> RAMVerl:
         return RAMVerl(_options(tmp, tmp / "base", "m", **extra))
 
-    for extra in ({"evaluate": "test_verl_remote:weights_score"}, {"rewards": prompts},
-                  {"rewards": {**prompts, "device": "cuda"}},
-                  {"evaluate": "test_verl_remote:weights_score", "eval_resources": {"num_gpus": 0.5}},
-                  {"rewards": {**prompts, "device": "cpu"}, "eval_resources": {"num_gpus": 1}}):
+    for extra in (
+        {"evaluate": "test_verl_remote:weights_score"},
+        {"rewards": prompts},
+        {"rewards": {**prompts, "device": "cuda"}},
+        {"evaluate": "test_verl_remote:weights_score", "eval_resources": {"num_gpus": 0.5}},
+        {"rewards": {**prompts, "device": "cpu"}, "eval_resources": {"num_gpus": 1}},
+    ):
         with pytest.raises(ConfigError, match=r"^ram: the Ray cluster has no GPU and .* never generates there") as e:
             build(**extra)
         assert "\n" not in str(e.value)
@@ -263,22 +303,44 @@ def test_a_cluster_without_gpu_is_refused_at_start_up(ray_cluster, rewards_run):
 
 def test_timeouts_name_the_key(ray_cluster, tmp_path):
     folder, _ = _toy(tmp_path)
-    ram = RAMVerl(_options(tmp_path, folder, "m", evaluate="test_verl_remote:weights_score", eval_timeout=2,
-                           eval_resources={"resources": {"nobody_has_this": 1}}))
+    ram = RAMVerl(
+        _options(
+            tmp_path,
+            folder,
+            "m",
+            evaluate="test_verl_remote:weights_score",
+            eval_timeout=2,
+            eval_resources={"resources": {"nobody_has_this": 1}},
+        )
+    )
     t0 = time.monotonic()
-    with pytest.raises(EvaluationError, match=r"^ram.eval_timeout: the evaluation actor for ram.evaluate "
-                                              r"test_verl_remote:weights_score .* was not placed within 2 s .*held "
-                                              r"by verl's workers.*fractional num_gpus") as err:
+    with pytest.raises(
+        EvaluationError,
+        match=r"^ram.eval_timeout: the evaluation actor for ram.evaluate "
+        r"test_verl_remote:weights_score .* was not placed within 2 s .*held "
+        r"by verl's workers.*fractional num_gpus",
+    ) as err:
         ram.evaluate(str(folder), step=1)
     assert "\n" not in str(err.value) and time.monotonic() - t0 < 30
     assert ram.evaluations.remote.actor is None  # killed: it holds nothing
     # placed (by a first, quick evaluation), then one that runs past the timeout
-    ram = RAMVerl(_options(tmp_path, folder, "m", evaluate="test_verl_remote:sleepy", eval_timeout=20,
-                           eval_resources=FAKE_GPU,
-                           search={"budget": 1, "evaluate": "test_verl_remote:weights_score", "metric": "norm"}))
+    ram = RAMVerl(
+        _options(
+            tmp_path,
+            folder,
+            "m",
+            evaluate="test_verl_remote:sleepy",
+            eval_timeout=20,
+            eval_resources=FAKE_GPU,
+            search={"budget": 1, "evaluate": "test_verl_remote:weights_score", "metric": "norm"},
+        )
+    )
     assert ram.evaluations.search(str(folder), step=1)["norm"] > 0
-    with pytest.raises(EvaluationError, match=r"^ram.eval_timeout: ram.evaluate test_verl_remote:sleepy did not "
-                                              r"finish on .* within 20 s"):
+    with pytest.raises(
+        EvaluationError,
+        match=r"^ram.eval_timeout: ram.evaluate test_verl_remote:sleepy did not "
+        r"finish on .* within 20 s",
+    ):
         ram.evaluate(str(folder), step=1)
     assert ram.evaluations.remote.actor is None
     assert ram.evaluations.search(str(folder), step=2)["seen_step"] == 2.0  # a new actor for the next one
@@ -302,8 +364,11 @@ def test_eval_keys_are_checked(tmp_path):
     for extra, message in cases:
         with pytest.raises(ConfigError, match="^" + message):
             _options(tmp_path, folder, "m", **extra)
-    opts = _options(tmp_path, folder, "m", eval_resources={"num_gpus": 0.25, "resources": {"eval_gpu": 1}},
-                    eval_timeout=60)
+    opts = _options(
+        tmp_path, folder, "m", eval_resources={"num_gpus": 0.25, "resources": {"eval_gpu": 1}}, eval_timeout=60
+    )
     assert opts.eval_resources == {"num_gpus": 0.25, "resources": {"eval_gpu": 1}} and opts.eval_timeout == 60.0
-    assert _options(tmp_path, folder, "m").eval_timeout == 3600.0 and _options(tmp_path, folder, "m").eval_resources \
-        is None
+    assert (
+        _options(tmp_path, folder, "m").eval_timeout == 3600.0
+        and _options(tmp_path, folder, "m").eval_resources is None
+    )

@@ -38,11 +38,23 @@ def run(tmp_path):
 
 def test_search_with_the_runs_reward(run):
     tmp, base = run
-    opts = options_from_mapping({
-        "store": str(tmp / "store"), "agent": "a", "base": str(tmp / "base"), "weights": "fp32", "merge_every": 1,
-        "merged_dir": str(tmp / "merged"), "search": {"budget": 3, "space": ["task_arithmetic"]},
-        "rewards": {"prompts": str(tmp / "val.jsonl"), "compute_score": "test_verl_rewards:length_score",
-                    "max_new_tokens": 6, "device": "cpu"}})
+    opts = options_from_mapping(
+        {
+            "store": str(tmp / "store"),
+            "agent": "a",
+            "base": str(tmp / "base"),
+            "weights": "fp32",
+            "merge_every": 1,
+            "merged_dir": str(tmp / "merged"),
+            "search": {"budget": 3, "space": ["task_arithmetic"]},
+            "rewards": {
+                "prompts": str(tmp / "val.jsonl"),
+                "compute_score": "test_verl_rewards:length_score",
+                "max_new_tokens": 6,
+                "device": "cpu",
+            },
+        }
+    )
     assert opts.search.metric == "reward"
     ram = RAMVerl(opts)
     store = SnapshotStore(tmp / "store", durable=False)
@@ -50,8 +62,12 @@ def test_search_with_the_runs_reward(run):
     for i, name in enumerate(["a", "b"]):
         g = torch.Generator().manual_seed(10 + i)
         store.writer(name, base=sd).snapshot(
-            {k: v + (torch.rand(v.shape, generator=g) < 0.3) * torch.randn(v.shape, generator=g) * 0.5
-             for k, v in sd.items()}, 3)
+            {
+                k: v + (torch.rand(v.shape, generator=g) < 0.3) * torch.randn(v.shape, generator=g) * 0.5
+                for k, v in sd.items()
+            },
+            3,
+        )
     metrics = ram.merge(step=3)
     final = tmp / "merged" / "global_step_3"
     winner = h.transformers.AutoModelForCausalLM.from_pretrained(final)
@@ -64,8 +80,13 @@ def test_search_with_the_runs_reward(run):
 
 def test_rewards_options_are_checked(run, tmp_path):
     tmp, _ = run
-    common = {"store": str(tmp / "s"), "agent": "a", "base": str(tmp / "base"), "merge_every": 1,
-              "merged_dir": str(tmp / "m")}
+    common = {
+        "store": str(tmp / "s"),
+        "agent": "a",
+        "base": str(tmp / "base"),
+        "merge_every": 1,
+        "merged_dir": str(tmp / "m"),
+    }
     with pytest.raises(ConfigError, match="ram.rewards.prompts is required"):
         options_from_mapping({**common, "rewards": {"max_new_tokens": 3}})
     (tmp / "empty.jsonl").write_text("")
@@ -83,6 +104,8 @@ def test_the_runs_custom_reward_function_file(tmp_path):
     spec = run_reward_function(config)
     assert spec == f"{tmp_path / 'my_reward.py'}:compute_score"
     assert load_callable(spec, "ram.rewards.compute_score")("toy", "x", "y") == 2.5
-    assert run_reward_function({"reward": {"custom_reward_function": {"path": "f.py", "name": None}}}) == \
-        "f.py:compute_score"
+    assert (
+        run_reward_function({"reward": {"custom_reward_function": {"path": "f.py", "name": None}}})
+        == "f.py:compute_score"
+    )
     assert run_reward_function({}) is None

@@ -22,14 +22,19 @@ pytest.importorskip("ram_live.selection")
 
 def _base() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return {"model.layer.weight": torch.randn(8, 6, generator=g), "model.layer.bias": torch.randn(8, generator=g),
-            "lm_head.weight": torch.randn(5, 8, generator=g)}
+    return {
+        "model.layer.weight": torch.randn(8, 6, generator=g),
+        "model.layer.bias": torch.randn(8, generator=g),
+        "lm_head.weight": torch.randn(5, 8, generator=g),
+    }
 
 
 def _agent(base: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {k: v + torch.randn(v.shape, generator=g) * 0.1 * (torch.rand(v.shape, generator=g) < 0.5)
-            for k, v in base.items()}
+    return {
+        k: v + torch.randn(v.shape, generator=g) * 0.1 * (torch.rand(v.shape, generator=g) < 0.5)
+        for k, v in base.items()
+    }
 
 
 def test_search_merge_writes_the_winner_and_its_record(tmp_path):
@@ -49,9 +54,17 @@ def test_search_merge_writes_the_winner_and_its_record(tmp_path):
         return {"dist": float(sum(((sd[k].double() - t.double()) ** 2).sum() for k, t in target.items()))}
 
     setting = SearchSetting(evaluate=held_out, metric="dist", mode="min", budget=10)
-    opts = options_from_mapping({"store": str(tmp_path / "store"), "agent": "a", "base": str(folder),
-                                 "weights": "fp32", "merge_every": 1, "merged_dir": str(tmp_path / "merged"),
-                                 "search": setting})
+    opts = options_from_mapping(
+        {
+            "store": str(tmp_path / "store"),
+            "agent": "a",
+            "base": str(folder),
+            "weights": "fp32",
+            "merge_every": 1,
+            "merged_dir": str(tmp_path / "merged"),
+            "search": setting,
+        }
+    )
     ram = RAMVerl(opts)  # sets the store's base from the folder (fp32)
     store = SnapshotStore(tmp_path / "store", durable=False)
     for name, sd in agents.items():
@@ -75,8 +88,13 @@ def test_search_merge_writes_the_winner_and_its_record(tmp_path):
 
 
 def test_search_options_are_validated_with_the_ram_group(tmp_path):
-    common = {"store": str(tmp_path / "s"), "agent": "a", "base": str(tmp_path), "merge_every": 1,
-              "merged_dir": str(tmp_path / "m")}
+    common = {
+        "store": str(tmp_path / "s"),
+        "agent": "a",
+        "base": str(tmp_path),
+        "merge_every": 1,
+        "merged_dir": str(tmp_path / "m"),
+    }
     opts = options_from_mapping({**common, "search": {"budget": 4, "metric": "acc", "evaluate": "math:sqrt"}})
     assert opts.search == SearchSetting(budget=4, metric="acc", evaluate="math:sqrt")
     with pytest.raises(ConfigError, match="ram.search: unknown search option"):

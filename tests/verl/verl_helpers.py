@@ -21,11 +21,19 @@ def build_base(folder: str | os.PathLike[str]) -> Path:
     vocab.update({"<unk>": 250, "<|endoftext|>": 251})
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<|endoftext|>",
-                                  pad_token="<|endoftext|>")
-    cfg = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                      max_position_embeddings=128)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, unk_token="<unk>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+    cfg = Qwen2Config(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(folder)

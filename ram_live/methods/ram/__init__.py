@@ -27,8 +27,11 @@ _EXPORTS: dict[str, str] = {
     **{n: ".config" for n in ("RamConfig", "Unit", "RhoClip", "RhoSoft", "Given", "RAM_METHODS", "RULES")},
     **{n: ".lambdas" for n in ("rho", "ram_lambda", "given_lambdas", "lambda_bound", "lambdas_from_counts")},
     **{n: ".reference" for n in ("ram_combine", "elect", "importance_weights", "overlap_counts")},
-    "RamAccumulator": ".accumulators", "WeightedRamAccumulator": ".accumulators",
-    "ram_kernels": ".method", "ram_fused_": ".compiled", "ram_fused_weighted_": ".compiled",
+    "RamAccumulator": ".accumulators",
+    "WeightedRamAccumulator": ".accumulators",
+    "ram_kernels": ".method",
+    "ram_fused_": ".compiled",
+    "ram_fused_weighted_": ".compiled",
     **{n: ".method" for n in ("ram_activity", "check_importance", "configure_ram", "ram_overflow_bound")},
 }
 

@@ -30,8 +30,15 @@ class RamAccumulator:
     is the count less the positive); the native and compiled kernels do the same operations in the same order.
     """
 
-    def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
-                 lambdas: Sequence[float] | None = None, sign: bool = False) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        k: int,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+        lambdas: Sequence[float] | None = None,
+        sign: bool = False,
+    ) -> None:
         capacity = max(capacity, 1)
         self._masks = torch.empty(k, capacity, dtype=dtype, device=device)
         self._buf = torch.empty(4, capacity, dtype=dtype, device=device)
@@ -114,8 +121,15 @@ class WeightedRamAccumulator(RamAccumulator):
     tensor([1.4375])
     """
 
-    def __init__(self, capacity: int, k: int, device: torch.device, dtype: torch.dtype = torch.float32,
-                 lambdas: Sequence[float] | None = None, sign: bool = False) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        k: int,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+        lambdas: Sequence[float] | None = None,
+        sign: bool = False,
+    ) -> None:
         super().__init__(capacity, k, device, dtype, lambdas, sign)
         capacity = max(capacity, 1)
         self._wbuf = torch.empty(4, capacity, dtype=dtype, device=device)

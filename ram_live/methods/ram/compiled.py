@@ -13,8 +13,9 @@ from ...functional.activity import active_delta
 __all__ = ["ram_fused_", "ram_fused_weighted_"]
 
 
-def ram_fused_(out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, eps: float,
-               sign: bool = False) -> Tensor:
+def ram_fused_(
+    out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, eps: float, sign: bool = False
+) -> Tensor:
     """Write θ₀ + τ* of one chunk into ``out`` (in ``out``'s dtype) and return Σ θ* (NaN/Inf in any input show
     there). One expression for ``torch.compile`` to fuse into a single pass over the K + 1 inputs and the output
     (``merge(..., compile=True)``). Same float operations in the same order as :class:`RamAccumulator`, so both
@@ -62,8 +63,15 @@ def _elected(sides: list[Tensor], neg_sum: Tensor, mean: Tensor) -> Tensor:
     return torch.where(neg_sum < 0, sides[0] / sides[1], mean)
 
 
-def ram_fused_weighted_(out: Tensor, base: Tensor, agents: Sequence[Tensor], importances: Sequence[Tensor],
-                        lambdas: Tensor | None, eps: float, sign: bool = False) -> Tensor:
+def ram_fused_weighted_(
+    out: Tensor,
+    base: Tensor,
+    agents: Sequence[Tensor],
+    importances: Sequence[Tensor],
+    lambdas: Tensor | None,
+    eps: float,
+    sign: bool = False,
+) -> Tensor:
     """:func:`ram_fused_` with the shared entries weighted by ``importances`` (one per agent, like the agents):
     the operations of :class:`WeightedRamAccumulator` in its order. Returns Σ θ* (the engine checks the
     importances' values before it runs)."""

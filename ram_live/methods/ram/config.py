@@ -29,8 +29,18 @@ from typing import Any, ClassVar, Union
 from ...errors import ConfigError
 from ...option_checks import check_choice, check_lambdas, check_names, check_range
 
-__all__ = ["FLAT_NAMES", "Given", "Lam", "RAM_METHODS", "RULES", "RamConfig", "RhoClip", "RhoSoft", "Unit",
-           "flat_fields"]
+__all__ = [
+    "FLAT_NAMES",
+    "Given",
+    "Lam",
+    "RAM_METHODS",
+    "RULES",
+    "RamConfig",
+    "RhoClip",
+    "RhoSoft",
+    "Unit",
+    "flat_fields",
+]
 
 
 def _json_mapping(text: str) -> Any:
@@ -38,7 +48,7 @@ def _json_mapping(text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"lambdas must be a JSON object {{\"agent\": lambda, ...}}, got {text!r} ({exc})") from None
+        raise ConfigError(f'lambdas must be a JSON object {{"agent": lambda, ...}}, got {text!r} ({exc})') from None
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -46,8 +56,14 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
-def _option(default: Any, help: str, *, choices: tuple[Any, ...] | None = None, parse: Callable[[str], Any] = str,
-            metavar: str | None = None) -> Any:
+def _option(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[Any, ...] | None = None,
+    parse: Callable[[str], Any] = str,
+    metavar: str | None = None,
+) -> Any:
     """A field; ``help``, ``choices``, ``parse`` (text -> value) and ``metavar`` are read by the CLI's flags."""
     return field(default=default, metadata={"help": help, "choices": choices, "parse": parse, "metavar": metavar})
 
@@ -77,8 +93,9 @@ class RhoClip:
     with ρ_t = +∞ (no unique entry) then gets 1.0 (nothing to scale). The authors' script is ``r=0.2,
     alpha=1.0``; mergekit's ``ramplus_tl`` is ``RhoClip(r=0.1, alpha=0.2)`` with ``rho_scope="tensor"``."""
 
-    r: float = _option(0.1, "RAM+ rescaling strength r in lambda = 1 + r * clip(rho, 0, alpha) (default 0.1)",
-                       parse=float)
+    r: float = _option(
+        0.1, "RAM+ rescaling strength r in lambda = 1 + r * clip(rho, 0, alpha) (default 0.1)", parse=float
+    )
     alpha: float = _option(2.0, "RAM+ clip of rho, alpha; inf: no clip (default 2.0)", parse=float)
     method: ClassVar[str | None] = "ram_plus"
     uses_rho: ClassVar[bool] = True
@@ -126,9 +143,12 @@ class Given:
     every agent is plain RAM, bit for bit; any finite λ is taken (λ > 1 extrapolates τ_t)."""
 
     lambdas: Mapping[str, float] = _option(
-        None, "the factor on the entries each agent alone updated, for every merged agent, instead of the "
-              "rho-derived lambda (r and alpha unused), as JSON: {\"coder\": 2.0, \"tools\": 0.5}",
-        parse=_json_mapping, metavar="JSON")
+        None,
+        "the factor on the entries each agent alone updated, for every merged agent, instead of the "
+        'rho-derived lambda (r and alpha unused), as JSON: {"coder": 2.0, "tools": 0.5}',
+        parse=_json_mapping,
+        metavar="JSON",
+    )
     method: ClassVar[str | None] = None  # any RAM short name with ``lambdas=``
     uses_rho: ClassVar[bool] = False
 
@@ -176,24 +196,41 @@ class RamConfig:
     """
 
     lam: Lam = field(default_factory=RhoClip)
-    shared: str = _option("mean", "entries two or more agents updated: 'mean' (the paper's RAM: the mean over those "
-                                  "agents) or 'sign' (the mean over those of them whose update has the sign of that "
-                                  "mean: conflict-aware, docs/methods.md); default mean", choices=("mean", "sign"))
-    activity: str = _option("abs", "activity rule: 'abs' (|delta| > eps) or 'changed' (the stored value differs, "
-                                   "compared in the narrower dtype); default abs", choices=("abs", "changed"))
-    eps: float = _option(1e-5, "an entry counts as updated when |agent - base| > EPS (activity 'abs'; default "
-                               "1e-5)", parse=float)
-    rho_scope: str = _option("global", "rho per agent over the whole model ('global', the paper) or per tensor "
-                                       "('tensor', mergekit's ramplus_tl); default global",
-                             choices=("global", "tensor"))
-    exclude: tuple[str, ...] = _option((), "agents to leave out of the merge, as if they were not passed "
-                                           "(comma-separated names); at least one must remain",
-                                       parse=_names, metavar="NAMES")
+    shared: str = _option(
+        "mean",
+        "entries two or more agents updated: 'mean' (the paper's RAM: the mean over those "
+        "agents) or 'sign' (the mean over those of them whose update has the sign of that "
+        "mean: conflict-aware, docs/methods.md); default mean",
+        choices=("mean", "sign"),
+    )
+    activity: str = _option(
+        "abs",
+        "activity rule: 'abs' (|delta| > eps) or 'changed' (the stored value differs, "
+        "compared in the narrower dtype); default abs",
+        choices=("abs", "changed"),
+    )
+    eps: float = _option(
+        1e-5, "an entry counts as updated when |agent - base| > EPS (activity 'abs'; default 1e-5)", parse=float
+    )
+    rho_scope: str = _option(
+        "global",
+        "rho per agent over the whole model ('global', the paper) or per tensor "
+        "('tensor', mergekit's ramplus_tl); default global",
+        choices=("global", "tensor"),
+    )
+    exclude: tuple[str, ...] = _option(
+        (),
+        "agents to leave out of the merge, as if they were not passed "
+        "(comma-separated names); at least one must remain",
+        parse=_names,
+        metavar="NAMES",
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.lam, (Unit, RhoClip, RhoSoft, Given)) and not callable(getattr(self.lam, "value", 0)):
-            raise ConfigError(f"lam must be Unit(), RhoClip(...), RhoSoft(...) or Given({{agent: λ}}), "
-                              f"got {self.lam!r}")
+            raise ConfigError(
+                f"lam must be Unit(), RhoClip(...), RhoSoft(...) or Given({{agent: λ}}), got {self.lam!r}"
+            )
         check_choice("shared", self.shared, ("mean", "sign"))
         check_choice("activity", self.activity, ("abs", "changed"))
         check_range("eps", self.eps, 0.0)
@@ -233,8 +270,10 @@ class RamConfig:
         known = cls.flat_names(method)
         unknown = sorted(set(options) - set(known))
         if unknown:
-            raise ConfigError(f"unknown option(s) {', '.join(map(repr, unknown))} for method {method!r}; "
-                              f"its options are: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"unknown option(s) {', '.join(map(repr, unknown))} for method {method!r}; "
+                f"its options are: {', '.join(sorted(known))}"
+            )
         rule_keys = {f.name for f in dataclasses.fields(RULES[method])}
         lam = RULES[method](**{k: v for k, v in options.items() if k in rule_keys})
         lambdas = options.get("lambdas")
@@ -246,8 +285,14 @@ class RamConfig:
         return cls(lam=lam, **rest)
 
     @classmethod
-    def from_dict(cls, values: RamConfig | Mapping[str, Any] | None, *, where: str = "", prefix: str = "",
-                  method_key: str = "method") -> RamConfig:
+    def from_dict(
+        cls,
+        values: RamConfig | Mapping[str, Any] | None,
+        *,
+        where: str = "",
+        prefix: str = "",
+        method_key: str = "method",
+    ) -> RamConfig:
         """A config from a flat mapping ``{method_key: short name, option: value, ...}`` (:meth:`to_dict`'s
         output, verl's ``ram`` group with ``method_key="variant"``), a :class:`RamConfig` (as it is) or None
         (the default ``RamConfig()``). ``prefix`` goes before option names in errors (``"ram."``).
@@ -260,8 +305,10 @@ class RamConfig:
         if isinstance(values, RamConfig):
             return values
         if not isinstance(values, Mapping):
-            raise ConfigError(f"{where + ': ' if where else ''}the RAM config must be a RamConfig or a mapping "
-                              f"{{{method_key!r}: ..., option: value}}, got {type(values).__name__}")
+            raise ConfigError(
+                f"{where + ': ' if where else ''}the RAM config must be a RamConfig or a mapping "
+                f"{{{method_key!r}: ..., option: value}}, got {type(values).__name__}"
+            )
         options = dict(values)
         method = options.pop(method_key, "ram_plus")
         try:
@@ -312,7 +359,13 @@ class RamConfig:
 
 #: The flat keywords, in the order the CLI lists them: the rules' parameters, then the config's fields.
 FLAT_NAMES = tuple(dict.fromkeys(f.name for rule in RULES.values() for f in dataclasses.fields(rule))) + (
-    "eps", "activity", "rho_scope", "lambdas", "exclude", "shared")
+    "eps",
+    "activity",
+    "rho_scope",
+    "lambdas",
+    "exclude",
+    "shared",
+)
 
 
 def flat_fields() -> Iterator[dataclasses.Field]:

@@ -22,22 +22,34 @@ from . import native as ram_native
 from . import native_weighted
 from .compiled import ram_fused_, ram_fused_weighted_
 
-__all__ = ["native_for", "build_key", "merge_kernel", "merge_native", "merge_native_weighted", "merge_fused",
-           "native_statistics", "warm_up"]
+__all__ = [
+    "native_for",
+    "build_key",
+    "merge_kernel",
+    "merge_native",
+    "merge_native_weighted",
+    "merge_fused",
+    "native_statistics",
+    "warm_up",
+]
 
 #: ``kernel(stream, flat)``: merges the stream's tensor into ``flat``.
 Kernel = Callable[[DeltaStream, Tensor], None]
 
 
-def native_for(stream: DeltaStream, activity: Activity, out: Tensor | None = None,
-               entries: tuple[str, ...] = ("merge",)) -> tuple[Any, float] | None:
+def native_for(
+    stream: DeltaStream, activity: Activity, out: Tensor | None = None, entries: tuple[str, ...] = ("merge",)
+) -> tuple[Any, float] | None:
     """The native CPU kernels and their threshold where they apply (not when ``compile=True`` asks for the
     torch.compile kernels) and the parts of ``entries`` build, else None."""
     if stream.compile or stream.device.type != "cpu" or stream.dtype != torch.float32:
         return None
     kernels = ram_native.kernels()
-    if (kernels is None or not ram_native.supports(out, stream.base, stream.tensors)
-            or not kernels.ready(stream.base.dtype, *entries)):
+    if (
+        kernels is None
+        or not ram_native.supports(out, stream.base, stream.tensors)
+        or not kernels.ready(stream.base.dtype, *entries)
+    ):
         return None
     return kernels, activity.threshold
 
@@ -52,16 +64,18 @@ def merge_kernel(stream: DeltaStream, flat: Tensor, state: Any, workers: int, si
         return _weighted(stream, flat, activity, lambdas, workers, sign)
     native = native_for(stream, activity, flat)
     if native is not None:
-        return "native", functools.partial(merge_native, kernels=native[0], lambdas=lambdas, eps=native[1],
-                                           workers=workers, sign=sign)
+        return "native", functools.partial(
+            merge_native, kernels=native[0], lambdas=lambdas, eps=native[1], workers=workers, sign=sign
+        )
     eps = stream.fused_eps(activity)
     if eps is None:
         return None
     return "compiled", functools.partial(merge_fused, lambdas=lambdas, eps=eps, sign=sign)
 
 
-def _weighted(stream: DeltaStream, flat: Tensor, activity: Activity, lambdas: Tensor | None, workers: int,
-              sign: bool) -> tuple[str, Kernel] | None:
+def _weighted(
+    stream: DeltaStream, flat: Tensor, activity: Activity, lambdas: Tensor | None, workers: int, sign: bool
+) -> tuple[str, Kernel] | None:
     """:func:`merge_kernel` with importances (the only auxiliary input RAM takes): the native weighted kernel, else the
     compiled one, else None (the eager :class:`~.accumulators.WeightedRamAccumulator`)."""
     importances = stream.auxiliary.get("importance")
@@ -69,35 +83,71 @@ def _weighted(stream: DeltaStream, flat: Tensor, activity: Activity, lambdas: Te
         return None
     native = native_for(stream, activity, flat, entries=())
     weighted = None if native is None else native_weighted.kernels()
-    if (weighted is not None and native_weighted.supports(stream.base, importances)
-            and weighted.ready(stream.base.dtype, importances[0].dtype)):
-        return "native", functools.partial(merge_native_weighted, kernels=weighted, importances=importances,
-                                           lambdas=lambdas, eps=native[1], workers=workers,  # type: ignore[index]
-                                           sign=sign)
+    if (
+        weighted is not None
+        and native_weighted.supports(stream.base, importances)
+        and weighted.ready(stream.base.dtype, importances[0].dtype)
+    ):
+        return "native", functools.partial(
+            merge_native_weighted,
+            kernels=weighted,
+            importances=importances,
+            lambdas=lambdas,
+            eps=native[1],
+            workers=workers,  # type: ignore[index]
+            sign=sign,
+        )
     eps = stream.fused_eps(activity)
     if eps is None or any(h.device != stream.base.device for h in importances):
         return None
     return "compiled", functools.partial(merge_fused, lambdas=lambdas, eps=eps, importances=importances, sign=sign)
 
 
-def merge_native(stream: DeltaStream, flat: Tensor, kernels: Any, lambdas: Tensor | None, eps: float,
-                 workers: int, sign: bool = False) -> None:
+def merge_native(
+    stream: DeltaStream,
+    flat: Tensor,
+    kernels: Any,
+    lambdas: Tensor | None,
+    eps: float,
+    workers: int,
+    sign: bool = False,
+) -> None:
     """The native RAM kernel over the stream's ranges, in threads (``sign``: RAM's ``shared="sign"``)."""
+
     def job(worker: int, n_workers: int) -> int:
-        return threads.native_walk(stream, worker, n_workers, lambda start, end: kernels.merge(
-            flat, stream.base, stream.tensors, lambdas, eps, start, end, sign=sign))
+        return threads.native_walk(
+            stream,
+            worker,
+            n_workers,
+            lambda start, end: kernels.merge(flat, stream.base, stream.tensors, lambdas, eps, start, end, sign=sign),
+        )
 
     if any(threads.in_native_workers(stream, workers, job)):
         stream.raise_nonfinite(0, stream.numel, flat)
 
 
-def merge_native_weighted(stream: DeltaStream, flat: Tensor, kernels: Any, importances: list[Tensor],
-                          lambdas: Tensor | None, eps: float, workers: int, sign: bool = False) -> None:
+def merge_native_weighted(
+    stream: DeltaStream,
+    flat: Tensor,
+    kernels: Any,
+    importances: list[Tensor],
+    lambdas: Tensor | None,
+    eps: float,
+    workers: int,
+    sign: bool = False,
+) -> None:
     """:func:`merge_native` with importances; the kernel counts invalid importances with the non-finite
     results, and either names its culprit."""
+
     def job(worker: int, n_workers: int) -> int:
-        return threads.native_walk(stream, worker, n_workers, lambda start, end: kernels.merge_weighted(
-            flat, stream.base, stream.tensors, importances, lambdas, eps, start, end, sign=sign))
+        return threads.native_walk(
+            stream,
+            worker,
+            n_workers,
+            lambda start, end: kernels.merge_weighted(
+                flat, stream.base, stream.tensors, importances, lambdas, eps, start, end, sign=sign
+            ),
+        )
 
     if any(threads.in_native_workers(stream, workers, job)):
         stream.validate_auxiliary()
@@ -110,14 +160,23 @@ def build_key(scaled: bool, sign: bool) -> Any:
     return (not scaled, "sign") if sign else not scaled
 
 
-def merge_fused(stream: DeltaStream, flat: Tensor, lambdas: Tensor | None, eps: float,
-                importances: list[Tensor] | None = None, sign: bool = False) -> None:
+def merge_fused(
+    stream: DeltaStream,
+    flat: Tensor,
+    lambdas: Tensor | None,
+    eps: float,
+    importances: list[Tensor] | None = None,
+    sign: bool = False,
+) -> None:
     """Each chunk merged by the compiled :func:`~.compiled.ram_fused_` (with ``importances``:
     :func:`~.compiled.ram_fused_weighted_`) straight into ``flat`` (through a scratch chunk when ``flat`` lives
     on another device)."""
     bad = torch.zeros((), dtype=torch.int64, device=stream.device)
-    scratch = None if flat.device == stream.device else torch.empty(
-        min(stream.numel, stream.fused_chunk), dtype=flat.dtype, device=stream.device)
+    scratch = (
+        None
+        if flat.device == stream.device
+        else torch.empty(min(stream.numel, stream.fused_chunk), dtype=flat.dtype, device=stream.device)
+    )
     kernel_fn = ram_fused_ if importances is None else ram_fused_weighted_
     for start, end, kernel, base, agents in stream.fused_chunks(kernel_fn, build_key(lambdas is not None, sign)):
         written = flat[start:end] if scratch is None else scratch[: end - start]
@@ -132,8 +191,9 @@ def merge_fused(stream: DeltaStream, flat: Tensor, lambdas: Tensor | None, eps: 
         stream.raise_nonfinite(0, stream.numel, flat)
 
 
-def native_statistics(stream: DeltaStream, k: int, workers: int,
-                      amax: list[tuple[float, float]] | None = None) -> RamStatistics | None:
+def native_statistics(
+    stream: DeltaStream, k: int, workers: int, amax: list[tuple[float, float]] | None = None
+) -> RamStatistics | None:
     """The counts by the native kernels where they take the stream (else None); ``amax``: gets (max |τ|,
     max |θ₀|) appended."""
     native = native_for(stream, stream.activity, entries=("counts",))

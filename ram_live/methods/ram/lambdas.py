@@ -57,9 +57,12 @@ def given_lambdas(config: RamConfig, agents: Sequence[str]) -> list[float]:
     missing = [n for n in agents if n not in lambdas]
     if unknown or missing:
         parts = ([f"unknown agent(s) {', '.join(map(repr, unknown))}"] if unknown else []) + (
-            [f"no λ for agent(s) {', '.join(map(repr, missing))}"] if missing else [])
-        raise ConfigError(f"lambdas: {'; '.join(parts)} (the merged agents are {', '.join(map(repr, agents))}; "
-                          "name every one of them)")
+            [f"no λ for agent(s) {', '.join(map(repr, missing))}"] if missing else []
+        )
+        raise ConfigError(
+            f"lambdas: {'; '.join(parts)} (the merged agents are {', '.join(map(repr, agents))}; "
+            "name every one of them)"
+        )
     return [lambdas[n] for n in agents]
 
 

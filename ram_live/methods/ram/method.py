@@ -33,8 +33,10 @@ def _setup(config: RamConfig, ctx: RunContext) -> Tensor | None:
     if not config.lam.uses_rho or config.rho_scope == "tensor":
         return None
     if ctx.statistics is None:  # a method registered with this setup but without needs_statistics
-        raise InvalidStateError(f"{config.method} with rho_scope='global' needs the RAM counts of the statistics "
-                                "pass, and the run has none (does the method declare needs_statistics?)")
+        raise InvalidStateError(
+            f"{config.method} with rho_scope='global' needs the RAM counts of the statistics "
+            "pass, and the run has none (does the method declare needs_statistics?)"
+        )
     return torch.tensor(
         lambdas_from_counts(config, ctx.statistics.active, ctx.statistics.unique),
         dtype=torch.float64,
@@ -61,8 +63,15 @@ def _needs_statistics(config: RamConfig) -> bool:
     return config.lam.uses_rho and config.rho_scope == "global"
 
 
-def _accumulator(config: RamConfig, lambdas: Tensor | None, capacity: int, k: int, device: torch.device,
-                 dtype: torch.dtype, auxiliary: tuple[str, ...] = ()) -> RamAccumulator:
+def _accumulator(
+    config: RamConfig,
+    lambdas: Tensor | None,
+    capacity: int,
+    k: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    auxiliary: tuple[str, ...] = (),
+) -> RamAccumulator:
     cls = WeightedRamAccumulator if "importance" in auxiliary else RamAccumulator
     return cls(capacity, k, device, dtype, None if lambdas is None else lambdas.tolist(), sign=config.shared == "sign")
 
@@ -79,8 +88,9 @@ def record_lambdas(config: RamConfig, info: MergeInfo, run_state: Any) -> None:
     if isinstance(run_state, Tensor) and (statistics is not None or given) and run_state.numel() == len(names):
         info.lambdas = dict(zip(names, map(float, run_state.tolist())))
     if info.lambdas is not None and statistics is not None:
-        info.rho = {n: rho(float(u), float(a))
-                    for n, a, u in zip(names, statistics.active.tolist(), statistics.unique.tolist())}
+        info.rho = {
+            n: rho(float(u), float(a)) for n, a, u in zip(names, statistics.active.tolist(), statistics.unique.tolist())
+        }
 
 
 def ram_kernels(config: Any) -> MethodKernels:
@@ -133,11 +143,15 @@ def configure_ram(method: str, config: RamConfig | None, options: dict[str, Any]
     if not isinstance(config, RamConfig):
         raise ConfigError(f"method {method!r} takes a RamConfig, got {type(config).__name__}")
     if options:
-        raise ConfigError(f"give the RAM options in the config or as keywords of method={method!r}, not both "
-                          f"(got config= and {', '.join(sorted(options))}=)")
+        raise ConfigError(
+            f"give the RAM options in the config or as keywords of method={method!r}, not both "
+            f"(got config= and {', '.join(sorted(options))}=)"
+        )
     if not config.agrees(method):
-        raise ConfigError(f"method={method!r} and config with lam={config.lam!r} disagree: that config is "
-                          f"method {config.method!r} (pass the config alone, or the method name and keywords)")
+        raise ConfigError(
+            f"method={method!r} and config with lam={config.lam!r} disagree: that config is "
+            f"method {config.method!r} (pass the config alone, or the method name and keywords)"
+        )
     return config
 
 

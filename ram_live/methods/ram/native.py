@@ -28,8 +28,18 @@ from torch import Tensor
 from ...kernels import cc
 from ...kernels.layout import DTYPES, FLAGS, MAX_AGENTS, supports
 
-__all__ = ["DTYPES", "FLAGS", "MAX_AGENTS", "MAX_UNSCALED_AGENTS", "Kernels", "build", "kernels", "plane_count",
-           "planes_numel", "supports"]
+__all__ = [
+    "DTYPES",
+    "FLAGS",
+    "MAX_AGENTS",
+    "MAX_UNSCALED_AGENTS",
+    "Kernels",
+    "build",
+    "kernels",
+    "plane_count",
+    "planes_numel",
+    "supports",
+]
 
 #: Most agents :meth:`Kernels.merge_unscaled` takes (owner + 1 in at most 5 planes).
 MAX_UNSCALED_AGENTS = 31
@@ -40,10 +50,12 @@ _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_f
 #: its own, built on its first call; part 0 (``ram_simd_bits`` alone) is :func:`build`'s check that the compiler
 #: takes the source and these flags.
 PARTS = {"merge": (2, 1), "merge_unscaled": (4, 3), "counts": (6, 5), "rescale": (8, 7)}
-_SIGNATURES = {"merge": [_I32, _P, _P, _I32, _P, _F32, _P, _I64, _I64, _I32],
-               "merge_unscaled": [_P, _P, _I32, _F32, _P, _I64, _I64, _P, _I32, _P, _P],
-               "counts": [_P, _P, _I32, _F32, _I64, _I64, _P, _P, _P],
-               "rescale": [_P, _P, _P, _I32, _P, _I32, _I64, _I64]}
+_SIGNATURES = {
+    "merge": [_I32, _P, _P, _I32, _P, _F32, _P, _I64, _I64, _I32],
+    "merge_unscaled": [_P, _P, _I32, _F32, _P, _I64, _I64, _P, _I32, _P, _P],
+    "counts": [_P, _P, _I32, _F32, _I64, _I64, _P, _P, _P],
+    "rescale": [_P, _P, _P, _I32, _P, _I32, _I64, _I64],
+}
 #: What a call of an entry point needs next (for the same input dtype): built in the background meanwhile.
 _NEXT = {"merge_unscaled": "rescale"}
 
@@ -62,8 +74,14 @@ class Kernels:
         if fn is None:
             if entry in _NEXT:
                 cc.prefetch("ram", PARTS[_NEXT[entry]][dtype], self.flags)
-            fn = cc.function("ram", PARTS[entry][dtype], f"ram_{entry}_{'bf16' if dtype else 'f32'}", self.flags,
-                              _SIGNATURES[entry], _I64)
+            fn = cc.function(
+                "ram",
+                PARTS[entry][dtype],
+                f"ram_{entry}_{'bf16' if dtype else 'f32'}",
+                self.flags,
+                _SIGNATURES[entry],
+                _I64,
+            )
             self._functions[(entry, dtype)] = fn
         return fn
 
@@ -73,18 +91,40 @@ class Kernels:
         anything of the tensor is written."""
         return cc.builds(lambda: [self._fn(entry, DTYPES[dtype]) for entry in entries])
 
-    def merge(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], lambdas: Tensor | None, eps: float,
-              start: int, end: int, sign: bool = False) -> int:
+    def merge(
+        self,
+        out: Tensor,
+        base: Tensor,
+        agents: Sequence[Tensor],
+        lambdas: Tensor | None,
+        eps: float,
+        start: int,
+        end: int,
+        sign: bool = False,
+    ) -> int:
         """θ* of flat entries ``[start, end)`` of ``base``/``agents`` into ``out`` (flat, same length);
         ``lambdas``: float32 λ per agent (RAM+) or None; ``sign``: RAM's ``shared="sign"``
         (:class:`~.accumulators.RamAccumulator`'s ``sign``). Returns how many results are not finite."""
         ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
         lam = None if lambdas is None else ctypes.c_void_p(lambdas.data_ptr())
-        return int(self._fn("merge", DTYPES[base.dtype])(DTYPES[out.dtype], base.data_ptr(), ptrs, len(agents),
-                                                         lam, eps, out.data_ptr(), start, end, int(sign)))
+        return int(
+            self._fn("merge", DTYPES[base.dtype])(
+                DTYPES[out.dtype], base.data_ptr(), ptrs, len(agents), lam, eps, out.data_ptr(), start, end, int(sign)
+            )
+        )
 
-    def merge_unscaled(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], eps: float, start: int, end: int,
-                       planes: Tensor, active: Tensor, unique: Tensor) -> int:
+    def merge_unscaled(
+        self,
+        out: Tensor,
+        base: Tensor,
+        agents: Sequence[Tensor],
+        eps: float,
+        start: int,
+        end: int,
+        planes: Tensor,
+        active: Tensor,
+        unique: Tensor,
+    ) -> int:
         """RAM+'s merge before λ, in the same read as its counts: the RAM result of ``[start, end)`` where two or
         more agents are active, an agent's own value where it alone is (``out`` has the inputs' dtype), its
         index + 1 in the owner ``planes`` (int32, :func:`plane_count` words per 32 entries; ``start`` a multiple
@@ -92,9 +132,21 @@ class Kernels:
         finite. :meth:`rescale` then applies λ."""
         _check_range(start, end)
         ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
-        return int(self._fn("merge_unscaled", DTYPES[base.dtype])(
-            base.data_ptr(), ptrs, len(agents), eps, out.data_ptr(), start, end, planes.data_ptr(),
-            plane_count(len(agents)), active.data_ptr(), unique.data_ptr()))
+        return int(
+            self._fn("merge_unscaled", DTYPES[base.dtype])(
+                base.data_ptr(),
+                ptrs,
+                len(agents),
+                eps,
+                out.data_ptr(),
+                start,
+                end,
+                planes.data_ptr(),
+                plane_count(len(agents)),
+                active.data_ptr(),
+                unique.data_ptr(),
+            )
+        )
 
     def rescale(self, out: Tensor, base: Tensor, planes: Tensor, lambdas: Tensor, start: int, end: int) -> int:
         """θ₀ + λ_t·τ where ``planes`` (of :meth:`merge_unscaled`) name agent t the only active one, in ``out``
@@ -102,18 +154,40 @@ class Kernels:
         many results are not finite."""
         _check_range(start, end)
         k = lambdas.numel()
-        return int(self._fn("rescale", DTYPES[base.dtype])(base.data_ptr(), out.data_ptr(), planes.data_ptr(),
-                                                           plane_count(k), lambdas.data_ptr(), k, start, end))
+        return int(
+            self._fn("rescale", DTYPES[base.dtype])(
+                base.data_ptr(), out.data_ptr(), planes.data_ptr(), plane_count(k), lambdas.data_ptr(), k, start, end
+            )
+        )
 
-    def counts(self, base: Tensor, agents: Sequence[Tensor], eps: float, start: int, end: int, active: Tensor,
-               unique: Tensor, amax: Tensor | None = None) -> bool:
+    def counts(
+        self,
+        base: Tensor,
+        agents: Sequence[Tensor],
+        eps: float,
+        start: int,
+        end: int,
+        active: Tensor,
+        unique: Tensor,
+        amax: Tensor | None = None,
+    ) -> bool:
         """Add the active/unique counts of ``[start, end)`` to ``active``/``unique`` (int64, one per agent);
         ``amax`` (float32, 2 entries, or None): raised to max |τ| and max |base| there. Returns whether some
         task-vector entry is not finite."""
         ptrs = (ctypes.c_void_p * len(agents))(*(a.data_ptr() for a in agents))
-        return bool(self._fn("counts", DTYPES[base.dtype])(base.data_ptr(), ptrs, len(agents), eps, start, end,
-                                                           active.data_ptr(), unique.data_ptr(),
-                                                           None if amax is None else amax.data_ptr()))
+        return bool(
+            self._fn("counts", DTYPES[base.dtype])(
+                base.data_ptr(),
+                ptrs,
+                len(agents),
+                eps,
+                start,
+                end,
+                active.data_ptr(),
+                unique.data_ptr(),
+                None if amax is None else amax.data_ptr(),
+            )
+        )
 
 
 def _check_range(start: int, end: int) -> None:

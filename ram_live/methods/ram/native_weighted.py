@@ -58,8 +58,18 @@ class Kernels:
         not build: the caller runs another path, before anything of the tensor is written."""
         return cc.builds(lambda: self._fn(DTYPES[dtype], DTYPES[importance_dtype]))
 
-    def merge_weighted(self, out: Tensor, base: Tensor, agents: Sequence[Tensor], importances: Sequence[Tensor],
-                       lambdas: Tensor | None, eps: float, start: int, end: int, sign: bool = False) -> int:
+    def merge_weighted(
+        self,
+        out: Tensor,
+        base: Tensor,
+        agents: Sequence[Tensor],
+        importances: Sequence[Tensor],
+        lambdas: Tensor | None,
+        eps: float,
+        start: int,
+        end: int,
+        sign: bool = False,
+    ) -> int:
         """θ* of flat entries ``[start, end)`` into ``out`` with the shared entries' mean weighted by
         ``importances`` (flat, one per agent); ``lambdas``: float32 λ per agent or None; ``sign``: RAM's
         ``shared="sign"`` (:class:`~.accumulators.WeightedRamAccumulator`'s ``sign``). Returns the number
@@ -70,17 +80,26 @@ class Kernels:
         imps = (ctypes.c_void_p * k)(*(h.data_ptr() for h in importances))
         lam = None if lambdas is None else ctypes.c_void_p(lambdas.data_ptr())
         fn = self._fn(DTYPES[base.dtype], DTYPES[importances[0].dtype])
-        return int(fn(DTYPES[out.dtype], base.data_ptr(), ptrs, imps, k, lam, eps, out.data_ptr(), start, end,
-                      int(sign)))
+        return int(
+            fn(DTYPES[out.dtype], base.data_ptr(), ptrs, imps, k, lam, eps, out.data_ptr(), start, end, int(sign))
+        )
 
 
 def supports(base: Tensor, importances: Sequence[Tensor]) -> bool:
     """Whether the kernel takes these importances (the agents and output are
     :func:`ram_live.kernels.layout.supports`' business): CPU, contiguous, as long as the base, one dtype of
     float32/bfloat16."""
-    return (0 < len(importances) <= MAX_AGENTS and importances[0].dtype in DTYPES
-            and all(h.device.type == "cpu" and h.is_contiguous() and h.numel() == base.numel()
-                    and h.dtype == importances[0].dtype for h in importances))
+    return (
+        0 < len(importances) <= MAX_AGENTS
+        and importances[0].dtype in DTYPES
+        and all(
+            h.device.type == "cpu"
+            and h.is_contiguous()
+            and h.numel() == base.numel()
+            and h.dtype == importances[0].dtype
+            for h in importances
+        )
+    )
 
 
 #: Tests' seam: None forces the torch paths, False (the default) leaves :func:`kernels` to the shared loader.

@@ -20,8 +20,9 @@ def overlap_counts(deltas: Tensor) -> Tensor:
     return torch.count_nonzero(deltas, dim=0).to(torch.float32)
 
 
-def ram_combine(deltas: Tensor, lambdas: Tensor | None = None, importance: Tensor | None = None,
-                sign: bool = False) -> Tensor:
+def ram_combine(
+    deltas: Tensor, lambdas: Tensor | None = None, importance: Tensor | None = None, sign: bool = False
+) -> Tensor:
     """Paper Eq. 7 on thresholded deltas: 0 where no agent is active, λ_t·τ_t where only agent t is, and the
     mean over the active agents where two or more are. ``lambdas=None`` is plain RAM (λ = 1). ``importance``
     (``[K, C]``, non-negative): the mean is weighted by it (:func:`importance_weights`). ``sign``: the shared

@@ -34,9 +34,12 @@ def reads_once(sink: Sink, k: int) -> bool:
     destinations stay in memory, and the native kernels for this many agents (``RAM_LIVE_SINGLE_READ=0``: never).
     The engine rules out ``validate_first``, reused counts, ``dist``, ``compile`` and methods without global
     counts."""
-    return (settings.single_read() != "0"
-            and bool(getattr(sink, "revisable", False))
-            and k <= ram_native.MAX_UNSCALED_AGENTS and ram_native.kernels() is not None)
+    return (
+        settings.single_read() != "0"
+        and bool(getattr(sink, "revisable", False))
+        and k <= ram_native.MAX_UNSCALED_AGENTS
+        and ram_native.kernels() is not None
+    )
 
 
 def owner_map_budget(plan: Plan, specs: dict[str, TensorSpec]) -> float:
@@ -56,8 +59,14 @@ def owner_map_arena(plan: Plan, specs: dict[str, TensorSpec], k: int) -> Tensor:
     return memory.empty(numel, dtype=torch.int32, device="cpu")
 
 
-def single_read_pass(job: Job, plan: Plan, specs: dict[str, TensorSpec], progress: ProgressHook | None,
-                      run_device: torch.device, digest: Any) -> tuple[RamStatistics, Any]:
+def single_read_pass(
+    job: Job,
+    plan: Plan,
+    specs: dict[str, TensorSpec],
+    progress: ProgressHook | None,
+    run_device: torch.device,
+    digest: Any,
+) -> tuple[RamStatistics, Any]:
     """RAM+ with global ρ reading the agents once: λ scales only the entries one agent alone changed, so each
     tensor is merged as RAM (those entries keep the agent's own value) while the same read counts, and an owner map
     (:func:`.native.plane_count` bits per entry) records who changed them alone; once every count is
@@ -80,7 +89,7 @@ def single_read_pass(job: Job, plan: Plan, specs: dict[str, TensorSpec], progres
     for key in plan.merge:
         size = ram_native.planes_numel(specs[key].numel, k)
         fits = used + size <= arena.numel()
-        stats, dest, planes = merge_unscaled(job, key, digest, arena[used:used + size] if fits else None)
+        stats, dest, planes = merge_unscaled(job, key, digest, arena[used : used + size] if fits else None)
         if planes is None:
             rest.append((key, dest))
         else:
@@ -94,8 +103,9 @@ def single_read_pass(job: Job, plan: Plan, specs: dict[str, TensorSpec], progres
     if progress:
         progress.close()
     statistics = RamStatistics(active, unique, torch.zeros(k + 1, dtype=torch.int64))
-    run_state = job.method.setup(job.config, RunContext(reader.names, statistics, run_device)) \
-        if job.method.setup else None
+    run_state = (
+        job.method.setup(job.config, RunContext(reader.names, statistics, run_device)) if job.method.setup else None
+    )
     while deferred:  # last merged first: some of its lines are still in the cache
         rescale(job, *deferred.pop(), run_state)
     for key, dest in rest:
@@ -106,8 +116,9 @@ def single_read_pass(job: Job, plan: Plan, specs: dict[str, TensorSpec], progres
     return statistics, run_state
 
 
-def merge_unscaled(job: Job, key: str, digest: Any, planes: Tensor | None
-                    ) -> tuple[RamStatistics, Tensor, Tensor | None]:
+def merge_unscaled(
+    job: Job, key: str, digest: Any, planes: Tensor | None
+) -> tuple[RamStatistics, Tensor, Tensor | None]:
     """Pass 1 of :func:`single_read_pass` on ``key``: its counts and destination, and where ``planes`` (room for
     its owner map) is given and the native kernels take it, that owner map, filled, of the destination merged but
     for λ (else None: only counted)."""
@@ -126,8 +137,15 @@ def merge_unscaled(job: Job, key: str, digest: Any, planes: Tensor | None
     else:
         kernels, eps = native
         out, owners = flat, planes
-        stats = native_counts(stream, k, workers, lambda start, end, a, u: kernels.merge_unscaled(
-            out, stream.base, stream.tensors, eps, start, end, owners, a, u), out)
+        stats = native_counts(
+            stream,
+            k,
+            workers,
+            lambda start, end, a, u: kernels.merge_unscaled(
+                out, stream.base, stream.tensors, eps, start, end, owners, a, u
+            ),
+            out,
+        )
         job.sink.commit(key)
     reader.release(key)
     return stats, dest, planes
@@ -144,8 +162,13 @@ def rescale(job: Job, key: str, flat: Tensor, planes: Tensor, run_state: Any) ->
     lambdas = state.to(dtype=torch.float32).contiguous()
     kernels = ram_native.kernels()
     workers = worker_count(job.workers, dev)
-    bad = threads.in_native_workers(stream, workers, lambda w, n: threads.native_walk(
-        stream, w, n, lambda start, end: kernels.rescale(flat, stream.base, planes, lambdas, start, end)))
+    bad = threads.in_native_workers(
+        stream,
+        workers,
+        lambda w, n: threads.native_walk(
+            stream, w, n, lambda start, end: kernels.rescale(flat, stream.base, planes, lambdas, start, end)
+        ),
+    )
     if any(bad):
         stream.raise_nonfinite(0, stream.numel, flat)
     reader.release(key)
