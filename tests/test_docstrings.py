@@ -55,33 +55,7 @@ HANDED_OUT = [
 #: helpers whose call means the caller raises a ConfigError on a bad option
 CHECKS = re.compile(r"\b(check_[a-z_]+|_check[a-z_]*|parse_[a-z_]+|load_callable)\(")
 
-# TODO(house): after the RAM-room move. These are being restructured by the RAM-room move (ram_live/api.py,
-# ram_config.py, methods/*, functional/*, kernels/*, engine/*, importance, auxiliary.py, store/importance.py,
-# selection/run.py, training/schedule.py and the importance parts of selection/ and training/); their docstrings
-# get their sections with that move. Remove each skip as it lands.
-SKIP = {
-    "ram_live.merge",
-    "ram_live.ram_merge",
-    "ram_live.merge_task_vectors",  # api.py
-    "ram_live.RamConfig",
-    "ram_live.Unit",
-    "ram_live.RhoClip",
-    "ram_live.RhoSoft",
-    "ram_live.Given",  # ram config
-    "ram_live.LinearConfig",
-    "ram_live.TaskArithmeticConfig",
-    "ram_live.TiesConfig",  # methods/*
-    "ram_live.DareLinearConfig",
-    "ram_live.DareTiesConfig",
-    "ram_live.register_method",
-    "ram_live.get_method",
-    "ram_live.available_methods",
-    "ram_live.adam_importance",
-    "ram_live.empirical_fisher",  # importance
-    "ram_live.search",  # selection/run.py
-    "ram_live.RAMSchedule",
-    "ram_live.MergeResult",  # training/schedule.py
-}
+SKIP: set[str] = set()  # names exempt from the rules (none)
 
 
 #: entry points whose sections are not written yet (issue 33): each is still checked to lack one, so a name leaves

@@ -14,7 +14,8 @@ import torch
 import ram_live.methods.ram.native as native
 from ram_live.methods import ram as R
 from ram_live import merge
-from ram_live.methods.ram.config import Given, RamConfig, RhoClip, Unit
+from ram_live.methods.ram.config import RamConfig
+from ram_live.methods.ram.rules import Given, RhoClip, Unit
 from ram_live.methods import _REGISTRY, Activity, MethodKernels, get_method, register_method
 from ram_live.methods.ram.method import ram_kernels
 from ram_live.methods.ram.lambdas import lambda_bound

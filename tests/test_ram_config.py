@@ -25,7 +25,8 @@ from ram_live import ConfigError, Given, RamConfig, RhoClip, RhoSoft, Unit, merg
 from ram_live.cli import main
 from ram_live.cli.parser import PROBE_OPTIONS, build_parser
 from ram_live.methods import get_method, make_config
-from ram_live.methods.ram.config import FLAT_NAMES, RAM_METHODS, flat_fields
+from ram_live.methods.ram.config import FLAT_NAMES, flat_fields
+from ram_live.methods.ram.rules import RAM_METHODS
 from ram_live.training.schedule import RAMSchedule
 from tests.conftest import assert_bit_identical, make_agents
 from tests.test_merge_digests import _digest, _models

@@ -1,5 +1,5 @@
 """The ``ram-live`` argument parser, built without importing torch (``ram-live --help`` stays fast): the method
-names are the baselines' static names and RAM's short names (:data:`ram_live.methods.ram.config.RAM_METHODS`), which
+names are the baselines' static names and RAM's short names (:data:`ram_live.methods.ram.rules.RAM_METHODS`), which
 ``tests/test_cli_conventions.py`` keeps equal to :func:`ram_live.available_methods`.
 """
 
@@ -9,7 +9,8 @@ import argparse
 from typing import Any, Callable, Collection
 
 from .. import __version__
-from ..methods.ram.config import RAM_METHODS, flat_fields
+from ..methods.ram.config import flat_fields
+from ..methods.ram.rules import RAM_METHODS
 
 __all__ = [
     "build_parser",

@@ -27,7 +27,15 @@ def empirical_fisher(
             pass batches of one example for the per-example Fisher).
         batches: use at most this many batches (None: the whole loader).
 
-    Runs the model in eval mode (no dropout). Parameters that do not require gradients get zeros.
+    Runs the model in eval mode (no dropout).
+
+    Returns:
+        ``{parameter name: float32 tensor}``, the mean squared gradient; zeros for parameters that do not require
+        gradients.
+
+    Raises:
+        ConfigError: ``batches`` < 1, a ``loss_fn`` that does not return a scalar tensor, or a loader that yields no
+            batch.
 
     >>> loss = lambda m, batch: F.cross_entropy(m(batch[0]), batch[1])                          # doctest: +SKIP
     >>> fisher = empirical_fisher(agent, loader, loss, batches=64)                              # doctest: +SKIP

@@ -24,9 +24,14 @@ def adam_importance(
         model: the model the optimizer trains (its ``named_parameters()`` name the result).
         bias_correction: divide by 1 − β₂^step (each parameter's own step), Adam's unbiased estimate.
 
-    A parameter without optimizer state (frozen, or never given a gradient) gets zeros: it has not moved, so
-    its importance weighs nothing. Optimizers without ``exp_avg_sq`` (SGD, Adafactor's factored moments, ...) are
-    a :class:`ConfigError`: use :func:`empirical_fisher` for them.
+    Returns:
+        ``{parameter name: float32 tensor}`` for every parameter of ``model``. A parameter without optimizer state
+        (frozen, or never given a gradient) gets zeros: it has not moved, so its importance weighs nothing.
+
+    Raises:
+        ConfigError: an optimizer without ``exp_avg_sq`` (SGD, Adafactor's factored moments, ...: use
+            :func:`~ram_live.importance.empirical_fisher`), no state for the model's parameters (no step yet, or
+            another model's optimizer), or ``bias_correction`` without betas.
 
     >>> opt = torch.optim.AdamW(model.parameters()); train(model, opt)                          # doctest: +SKIP
     >>> importance = adam_importance(opt, model, bias_correction=True)                          # doctest: +SKIP

@@ -47,7 +47,7 @@ _EXPORTS: dict[str, str] = {  # public name -> the module it comes from, importe
     "DareTiesConfig": "ram_live.methods.dare",
     "dare_generator": "ram_live.methods.dare",
     "RamConfig": "ram_live.methods.ram.config",
-    "RAM_METHODS": "ram_live.methods.ram.config",
+    "RAM_METHODS": "ram_live.methods.ram.rules",
 }
 
 __all__ = [n for n in _EXPORTS if not n.startswith("_")]

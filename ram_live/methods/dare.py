@@ -24,7 +24,20 @@ class DareLinearConfig:
     """Drop each entry of τ_t with probability 1 − ``density``, rescale survivors by 1/density, then task
     arithmetic. Equals ``peft.utils.merge_utils.dare_linear`` for the same masks (× ``scale``). The mask of
     (agent, tensor) is drawn from a generator seeded with ``stable_seed(seed, agent, key)``. ``densities``: one
-    density per agent, in the agents' order, instead of ``density`` for all."""
+    density per agent, in the agents' order, instead of ``density`` for all.
+
+    Attributes:
+        density: the share of each τ_t's entries kept, in (0, 1].
+        weights: one weight per agent (None: all 1).
+        scale: the factor on the weighted sum.
+        seed: the masks' seed.
+        densities: one density per agent, instead of ``density``.
+
+    Raises:
+        ConfigError: an option out of its range, naming it.
+
+    >>> merge(agents, base=base, config=DareLinearConfig(density=0.3, seed=1))  # doctest: +SKIP
+    """
 
     density: float = 0.5
     weights: Sequence[float] | None = None
@@ -44,7 +57,19 @@ class DareLinearConfig:
 @dataclass(frozen=True)
 class DareTiesConfig(DareLinearConfig):
     """DARE's random drop, then TIES' sign election and disjoint mean (PEFT's ``dare_ties`` by default;
-    ``divide_by="none"``: mergekit's ``normalize: false``)."""
+    ``divide_by="none"``: mergekit's ``normalize: false``).
+
+    Attributes:
+        density, weights, scale, seed, densities: as :class:`DareLinearConfig`.
+        majority_sign: ``"total"`` (the sign of Σ τ) or ``"frequency"`` (the sign most agents have).
+        elect_on: ``"unweighted"`` or ``"weighted"`` (mergekit's: the sign of Σ w_t τ_t).
+        divide_by: ``"count"`` (agreeing agents), ``"weights"`` (their weights) or ``"none"`` (the sum).
+
+    Raises:
+        ConfigError: an option out of its range, naming it.
+
+    >>> merge(agents, base=base, config=DareTiesConfig(density=0.3))  # doctest: +SKIP
+    """
 
     majority_sign: Literal["total", "frequency"] = "total"
     elect_on: Literal["unweighted", "weighted"] = "unweighted"

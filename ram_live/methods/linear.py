@@ -20,7 +20,17 @@ __all__ = ["LinearConfig"]
 
 @dataclass(frozen=True)
 class LinearConfig:
-    """θ* = θ₀ + Σ_t w̃_t τ_t with w̃ = w / Σ_t w_t (``normalize=True``: = Σ_t w̃_t θ_t) or w̃ = w."""
+    """θ* = θ₀ + Σ_t w̃_t τ_t with w̃ = w / Σ_t w_t (``normalize=True``: = Σ_t w̃_t θ_t) or w̃ = w.
+
+    Attributes:
+        weights: one weight per agent, in the agents' order (None: all 1).
+        normalize: divide the weights by their sum.
+
+    Raises:
+        ConfigError: weights that are not finite numbers.
+
+    >>> merge(agents, base=base, config=LinearConfig(weights=[0.7, 0.3]))  # doctest: +SKIP
+    """
 
     weights: Sequence[float] | None = None
     normalize: bool = True

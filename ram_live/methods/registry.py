@@ -38,9 +38,14 @@ def register_method(
         config_cls: its options, a dataclass.
         combine: ``combine(deltas[K, C], ctx, config) -> τ*[C]``.
         **hooks: the other fields of :class:`~ram_live.methods.MergeMethod` (``setup``, ``prepare``,
-            ``accumulator``, ``kernels``, ``overflow_bound``, ...).
+            ``accumulator``, ``kernels``, ``record``, ``overflow_bound``, ...).
 
-    Raises :class:`MethodExistsError` when the name is taken.
+    Returns:
+        ``combine`` (registered), or, without it, a decorator that registers the function it decorates.
+
+    Raises:
+        MethodExistsError: the name is taken (the built-in names too).
+        ConfigError: ``config_cls`` is not a dataclass.
 
     Example:
         >>> @register_method("median", MedianConfig)                     # doctest: +SKIP
@@ -62,7 +67,20 @@ def register_method(
 
 
 def get_method(name: str) -> MergeMethod:
-    """The method registered under ``name``; :class:`UnknownMethodError` listing the available ones."""
+    """The method registered under a name.
+
+    Args:
+        name: the method's name.
+
+    Returns:
+        Its :class:`~ram_live.methods.MergeMethod`.
+
+    Raises:
+        UnknownMethodError: no method of that name (the message lists the available ones).
+
+    >>> get_method("ties").name
+    'ties'
+    """
     _load_builtins()
     try:
         return _REGISTRY[name]
@@ -71,7 +89,12 @@ def get_method(name: str) -> MergeMethod:
 
 
 def available_methods() -> list[str]:
-    """The registered methods' names, sorted."""
+    """Returns:
+    The registered methods' names, sorted (the built-in ones and yours).
+
+    >>> "ram_plus" in available_methods()
+    True
+    """
     _load_builtins()
     return sorted(_REGISTRY)
 

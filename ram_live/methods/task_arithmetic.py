@@ -15,7 +15,17 @@ __all__ = ["TaskArithmeticConfig"]
 
 @dataclass(frozen=True)
 class TaskArithmeticConfig:
-    """θ* = θ₀ + scale · Σ_t w_t τ_t. With ``scale=1`` equals ``peft.utils.merge_utils.task_arithmetic``."""
+    """θ* = θ₀ + scale · Σ_t w_t τ_t. With ``scale=1`` equals ``peft.utils.merge_utils.task_arithmetic``.
+
+    Attributes:
+        weights: one weight per agent, in the agents' order (None: all 1).
+        scale: the factor on the weighted sum.
+
+    Raises:
+        ConfigError: weights or scale that are not finite numbers.
+
+    >>> merge(agents, base=base, config=TaskArithmeticConfig(scale=0.5))  # doctest: +SKIP
+    """
 
     weights: Sequence[float] | None = None
     scale: float = 1.0

@@ -32,6 +32,20 @@ class TiesConfig:
     divide_by="weights"`` is mergekit's convention (``divide_by="none"``: mergekit's ``normalize: false``, the
     weighted sum of the agreeing entries). ``densities``: one density per agent, in the agents' order (mergekit's
     per-model ``density``), instead of ``density`` for all.
+
+    Attributes:
+        density: the share of each τ_t's entries kept (by magnitude, per tensor), in [0, 1].
+        weights: one weight per agent (None: all 1).
+        scale: the factor on the merged τ*.
+        majority_sign: ``"total"`` (the sign of Σ τ) or ``"frequency"`` (the sign most agents have).
+        elect_on: ``"unweighted"`` or ``"weighted"`` (mergekit's: the sign of Σ w_t τ_t).
+        divide_by: ``"count"`` (agreeing agents), ``"weights"`` (their weights) or ``"none"`` (the sum).
+        densities: one density per agent, instead of ``density``.
+
+    Raises:
+        ConfigError: an option out of its range, naming it.
+
+    >>> merge(agents, base=base, config=TiesConfig(density=0.2))  # doctest: +SKIP
     """
 
     density: float = 0.2

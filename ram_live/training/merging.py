@@ -37,9 +37,22 @@ class ScheduleMerging:
         evaluate: Callable[[Any], Mapping[str, Any]] | None = None,
     ) -> MergeResult:
         """Merge the latest snapshot of every agent in the store (this run's included; taken now if
-        ``snapshot_before_merge`` and this run's is older) onto the base, as tensors shaped like this process's
-        part of ``model``. Under ``search``, the merge it picks (``evaluate``: the evaluation when the setting
-        names none; default ``self.evaluate``)."""
+        ``snapshot_before_merge`` and this run's is older) onto the base; under ``search``, the merge it picks.
+
+        Args:
+            model: the training model (the merged tensors are shaped like this process's part of it).
+            step: the training step of the merge.
+            epoch: passed on to :meth:`snapshot`.
+            evaluate: the search's evaluation when the setting names none (default: the schedule's).
+
+        Returns:
+            A :class:`MergeResult`.
+
+        Raises:
+            StoreError: :meth:`attach` was not called, or the store holds no snapshot to merge.
+            ConfigError: ``importance="stored"`` and a picked snapshot carries none (its agent named).
+            SearchError: under ``search``, an evaluation that raised or returned no finite number.
+        """
         base = self._require()
         if self.snapshot_before_merge and self.last_snapshot_step < step:
             self.snapshot(model, step, epoch)
@@ -96,7 +109,15 @@ class ScheduleMerging:
     @contextlib.contextmanager
     def swapped(self, model: Any, result: MergeResult) -> Iterator[Any]:
         """Within the block the model holds the merged weights (parameters and buffers); afterwards its own,
-        bit-exactly (values are swapped through copies, tensor objects and storages stay the same)."""
+        bit-exactly (values are swapped through copies, tensor objects and storages stay the same).
+
+        Args:
+            model: the training model.
+            result: a :meth:`merge`'s result.
+
+        Yields:
+            ``model``, holding the merged weights.
+        """
         live = LocalModel.from_obj(model, name=self.agent)
         swap_tensors(live, result.tensors)
         try:
@@ -111,8 +132,18 @@ class ScheduleMerging:
         epoch: int | None = None,
         evaluate: Callable[[Any], Mapping[str, Any]] | None = None,
     ) -> dict[str, float]:
-        """:meth:`merge`, then ``evaluate(model)`` with the merged weights swapped in; the metrics,
-        ``ram/``-prefixed."""
+        """:meth:`merge`, then ``evaluate(model)`` with the merged weights swapped in.
+
+        Args:
+            model: the training model.
+            step: the training step of the merge.
+            epoch: passed on to :meth:`snapshot`.
+            evaluate: this merge's evaluation (default: the schedule's).
+
+        Returns:
+            The metrics, ``ram/``-prefixed: the merge's numbers (:meth:`MergeResult.metrics`), the search's, and the
+            evaluation's.
+        """
         fn = evaluate or self.evaluate
         result = self.last_result = self.merge(model, step, epoch, fn)
         metrics = result.metrics()

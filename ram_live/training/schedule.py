@@ -36,10 +36,10 @@ from .tensors import (  # noqa: F401 (MergeResult, swap_tensors, metric_float: r
     swap_tensors,
     metric_float,
 )
+from .attaching import attach_base
 from .merging import ScheduleMerging
 from .search import SearchSetting
 from ..store import (
-    BaseMismatchError,
     Collective,
     LocalCollective,
     LocalModel,
@@ -47,8 +47,6 @@ from ..store import (
     SnapshotStore,
     SnapshotWriter,
     StoreError,
-    default_collective,
-    fingerprint,
 )
 
 __all__ = ["MergeResult", "RAMSchedule", "every"]
@@ -63,24 +61,38 @@ def every(n: int | None, step: int) -> bool:
 
 class RAMSchedule(ScheduleMerging):
     """Snapshots of one agent into a shared :class:`~ram_live.store.SnapshotStore`, and periodic RAM merges of the
-    latest snapshot of every agent there.
+    latest snapshot of every agent there: the framework-free loop behind the training callbacks.
 
-    ``snapshot_every`` / ``merge_every``: in steps (None: never; override :meth:`should_snapshot` /
-    :meth:`should_merge` for other rules). ``ram``: the merges' :class:`~ram_live.RamConfig` (default
-    ``RamConfig()``, RAM+), or its flat mapping ``{"method": "ram", "eps": 0.0}`` (:meth:`RamConfig.to_dict`);
-    :attr:`ram` holds the config.
-    ``snapshot_activity``: ``"changed"`` (lossless, default) or ``"abs"`` (keep |τ| > ``snapshot_eps`` only).
-    ``keep``: prune this agent's snapshots to the newest ``keep``. ``agents``: merge
-    only these agents (default: every agent in the store). ``evaluate(model) -> dict``: called with the merged
-    weights swapped into the model (restored exactly afterwards). ``async_write``: capture the changed values at
-    the step, write the files in a background thread (replicated models; sharded ones write in step).
-    ``search``: a :class:`~ram_live.training.search.SearchSetting` (or its options as a mapping): each merge is
-    then the one :func:`ram_live.search` picks with that held-out evaluation (single device or DDP); the metrics
-    gain ``ram/search/*``, :attr:`MergeResult.extra` ``["search"]`` and :attr:`last_search` hold the record, also
-    saved to ``<store>/_search/<agent>/step_<N>.json`` and kept in :meth:`state_dict`.
-    ``importance``: None (default: plain RAM) or ``"stored"``: every merge (and search) weighs the shared entries
-    by the importances stored with the picked snapshots (:meth:`snapshot`'s ``importance=``, or
-    :attr:`importance_from`); a picked snapshot without them is a ConfigError naming its agent at the merge.
+    Args:
+        store: the store, or its folder (shared by every agent's run).
+        agent: this run's agent name.
+        snapshot_every, merge_every: in optimizer steps (None: never; override :meth:`should_snapshot` /
+            :meth:`should_merge` for other rules).
+        evaluate: ``evaluate(model) -> dict | float``, called with the merged weights swapped into the model
+            (restored exactly afterwards); its metrics are logged ``ram/``-prefixed.
+        ram: the merges' :class:`~ram_live.RamConfig` (default ``RamConfig()``, RAM+), or its flat mapping
+            ``{"method": "ram", "eps": 0.0}`` (:meth:`RamConfig.to_dict`); :attr:`ram` holds the config.
+        snapshot_activity, snapshot_eps: ``"changed"`` (lossless, default) or ``"abs"`` (keep |τ| > eps only).
+        keep: prune this agent's snapshots to the newest ``keep``.
+        agents: merge only these agents (default: every agent in the store).
+        snapshot_before_merge: take this agent's snapshot at a merge step if its latest is older.
+        async_write: capture the changed values at the step and write them in a background thread (replicated
+            models; sharded ones write in step).
+        durable: fsync snapshot files before their manifest.
+        chunk_numel: the merges' chunk size.
+        search: a :class:`~ram_live.training.search.SearchSetting` (or its options as a mapping): each merge is the
+            one :func:`ram_live.search` picks with that held-out evaluation (single device or DDP); the metrics gain
+            ``ram/search/*``, :attr:`MergeResult.extra` ``["search"]`` and :attr:`last_search` hold the record, also
+            saved to ``<store>/_search/<agent>/step_<N>.json`` and kept in :meth:`state_dict`.
+        importance: None (default: plain RAM) or ``"stored"``: every merge (and search) weighs the shared entries
+            by the importances stored with the picked snapshots (:meth:`snapshot`'s ``importance=``, or
+            :attr:`importance_from`); a picked snapshot without them is a ConfigError naming its agent.
+
+    Raises:
+        ConfigError: an unknown option (RAM's go in ``ram=``) or an invalid value, naming it.
+
+    >>> schedule = RAMSchedule("runs/ram", agent="coder", snapshot_every=50, merge_every=200)  # doctest: +SKIP
+    >>> schedule.attach(model); metrics = schedule.on_step(model, step)  # doctest: +SKIP
     """
 
     def __init__(
@@ -147,14 +159,23 @@ class RAMSchedule(ScheduleMerging):
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
-        """The keyword options of the constructor (``ram`` among them)."""
+        """Returns:
+        The constructor's keyword options (``ram`` among them).
+        """
         skip = {"self", "store", "agent", "unknown"}
         return tuple(n for n in inspect.signature(cls.__init__).parameters if n not in skip)
 
     @classmethod
     def check_options(cls, names: Any, where: str) -> None:
-        """:class:`~ram_live.errors.ConfigError` naming the names that are not constructor options (``where``: the
-        caller, e.g. a callback that passes its keywords on); RAM's options go in ``ram=RamConfig(...)``."""
+        """Refuse keywords that are not constructor options.
+
+        Args:
+            names: the keywords to check.
+            where: the caller, named in the error (e.g. a callback that passes its keywords on).
+
+        Raises:
+            ConfigError: naming the unknown ones (RAM's options go in ``ram=RamConfig(...)``).
+        """
         unknown = sorted(set(names) - set(cls.option_names()))
         if unknown:
             flat = {f for m in ("ram", "ram_plus", "ram_plus_soft") for f in RamConfig.flat_names(m)} | {"variant"}
@@ -181,70 +202,24 @@ class RAMSchedule(ScheduleMerging):
         return self.base is not None
 
     def attach(self, model: Any, base: Any = None, *, collective: Collective | None = None) -> str:
-        """Take (``base=None`` on a fresh run: the model as it is now), load (a resumed run, or ``base="store"``) or
-        use the given base; persist it in the store or check it against the store's. Returns its fingerprint."""
-        self.collective = collective or default_collective()
-        c = self.collective
-        live = LocalModel.from_obj(model, name=self.agent)
-        self.sharded = live.sharded
-        if self.sharded or c.rank == 0:
-            self.store  # noqa: B018 - create the store folder before others look at it
-        c.barrier()
-        resumed = self.base_fingerprint
-        trusted: str | None = None
-        if base is None and resumed is not None or isinstance(base, str) and base == "store":
-            if not self.store.has_base():
-                raise StoreError(f"{self.store.root}: no base in the store to resume from (was the store moved?)")
-            store_fp = self.store.base_fingerprint
-            if resumed is not None and store_fp != resumed:
-                raise BaseMismatchError(
-                    f"this run was trained against base {resumed}, "
-                    f"but the store {self.store.root} holds base {store_fp}"
-                )
-            local = _load_base(self.store, live)
-            trusted = store_fp
-        elif base is None:
-            local = live.clone("base")
-        else:
-            given = LocalModel.from_obj(base, name="base")
-            local = _like(given, live)
-        local.check_like(live, self.agent)
-        self.base = local
-        if self.sharded:
-            self.writer = SnapshotWriter(
-                self.store,
-                self.agent,
-                local,
-                activity=self.snapshot_activity,
-                eps=self.snapshot_eps,
-                collective=c,
-                clone_base=False,
-                trusted_fingerprint=trusted,
-            )
-            fp = self.writer.fingerprint
-        else:
-            fp = None
-            if c.rank == 0:
-                self.writer = SnapshotWriter(
-                    self.store,
-                    self.agent,
-                    local,
-                    activity=self.snapshot_activity,
-                    eps=self.snapshot_eps,
-                    collective=LocalCollective(),
-                    clone_base=False,
-                    trusted_fingerprint=trusted,
-                )
-                fp = self.writer.fingerprint
-            c.barrier()
-            if c.rank != 0:
-                fp = trusted or fingerprint(local)
-                if fp != self.store.base_fingerprint:
-                    raise BaseMismatchError(f"rank {c.rank}: this rank's base differs from the store's base")
-        if resumed is not None and fp != resumed:
-            raise BaseMismatchError(f"the base ({fp}) is not the one this run was trained against ({resumed})")
-        self.base_fingerprint = fp
-        return fp  # type: ignore[return-value]
+        """Set the run's base: take it (a fresh run, ``base=None``: the model as it is now), load it (a resumed run,
+        or ``base="store"``) or use the given one; persist it in the store or check it against the store's.
+
+        Args:
+            model: the training model (an ``nn.Module``, DDP-wrapped or with DTensor parameters).
+            base: None, ``"store"``, or the base model (a module or state dict).
+            collective: the ranks' collective (default: torch.distributed's where initialised, else one process).
+
+        Returns:
+            The base's fingerprint.
+
+        Raises:
+            StoreError: ``"store"`` (or a resumed run) and the store holds no base.
+            BaseMismatchError: the base differs from the store's, from another rank's, or from the one this run was
+                trained against.
+            InputMismatchError: the base's tensors do not match the model's.
+        """
+        return attach_base(self, model, base, collective)
 
     def _writer(self) -> SnapshotWriter:
         if self.writer is None:  # attach failed after taking the base (its error said why)
@@ -259,11 +234,27 @@ class RAMSchedule(ScheduleMerging):
     # ------------------------------------------------------------------------------------------- decisions
 
     def should_snapshot(self, step: int, epoch: int | None = None) -> bool:
-        """Whether to snapshot after optimizer step ``step`` (1-based count of steps taken)."""
+        """Whether to snapshot now.
+
+        Args:
+            step: the optimizer steps taken (1-based).
+            epoch: the epoch, for rules of your own.
+
+        Returns:
+            True on multiples of ``snapshot_every``.
+        """
         return every(self.snapshot_every, step)
 
     def should_merge(self, step: int, epoch: int | None = None) -> bool:
-        """Whether to merge the generalist after step ``step``."""
+        """Whether to merge the generalist now.
+
+        Args:
+            step: the optimizer steps taken (1-based).
+            epoch: the epoch, for rules of your own.
+
+        Returns:
+            True on multiples of ``merge_every``.
+        """
         return every(self.merge_every, step)
 
     def on_step(
@@ -273,7 +264,17 @@ class RAMSchedule(ScheduleMerging):
         epoch: int | None = None,
         evaluate: Callable[[Any], Mapping[str, Any]] | None = None,
     ) -> dict[str, float] | None:
-        """Snapshot and/or merge + evaluate when due; returns the metrics to log (``ram/...``) after a merge."""
+        """Snapshot and/or merge and evaluate, when due.
+
+        Args:
+            model: the training model.
+            step: the optimizer steps taken (1-based).
+            epoch: the epoch, for rules of your own.
+            evaluate: this merge's evaluation (default: the schedule's).
+
+        Returns:
+            The metrics to log (``ram/...``) after a merge, else None.
+        """
         if step > self.last_snapshot_step and self.should_snapshot(step, epoch):
             self.snapshot(model, step, epoch)
         if step > self.last_merge_step and self.should_merge(step, epoch):
@@ -290,13 +291,28 @@ class RAMSchedule(ScheduleMerging):
         extra: Mapping[str, Any] | None = None,
         importance: Mapping[str, Any] | None = None,
     ) -> Snapshot | None:
-        """Write this agent's snapshot at ``step`` (every rank calls; rank 0 gets the :class:`Snapshot`).
+        """Write this agent's snapshot (every rank calls).
 
         With ``async_write`` (replicated models) the changed values are captured now and written to disk by a
-        background thread while training goes on; returns None then (:meth:`flush` waits for the write).
-        ``importance``: ``{parameter name: tensor}`` stored with it at its active entries (e.g.
-        ``adam_importance(optimizer, model)``; DTensors: their local shards); merges weigh by them under
-        ``importance="stored"`` (docs/curvature.md)."""
+        background thread while training goes on (:meth:`flush` waits for the write).
+
+        Args:
+            model: the training model.
+            step: the step the snapshot is of.
+            epoch: recorded with it.
+            extra: JSON-able metadata stored in its manifest.
+            importance: ``{parameter name: tensor}`` stored at its active entries (e.g.
+                ``adam_importance(optimizer, model)``; DTensors: their local shards); merges weigh by them under
+                ``importance="stored"`` (docs/curvature.md). Default: :attr:`importance_from`'s, where set.
+
+        Returns:
+            The :class:`Snapshot` on rank 0 of a replicated run or on every rank of a sharded one; None on other
+            ranks and with ``async_write``.
+
+        Raises:
+            StoreError: :meth:`attach` was not called.
+            InputMismatchError: the model's tensors do not match the base's, or invalid importances.
+        """
         self._require()
         c = self.collective
         snap = None
@@ -343,6 +359,11 @@ class RAMSchedule(ScheduleMerging):
     # ------------------------------------------------------------------------------------------- state
 
     def state_dict(self) -> dict[str, Any]:
+        """The counters a checkpoint keeps (waits for a background write first).
+
+        Returns:
+            JSON-able ``{"version", "agent", "store", "base_fingerprint", "last_snapshot_step", ...}``.
+        """
         self.flush()  # a checkpoint never counts a snapshot that is not on disk
         return {
             "version": STATE_VERSION,
@@ -357,6 +378,14 @@ class RAMSchedule(ScheduleMerging):
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the counters of :meth:`state_dict` (a resumed run; :meth:`attach` then loads the store's base).
+
+        Args:
+            state: what :meth:`state_dict` returned.
+
+        Raises:
+            ConfigError: the state is another agent's.
+        """
         if state.get("agent") not in (None, self.agent):
             raise ConfigError(f"state of agent {state.get('agent')!r} loaded into the schedule of {self.agent!r}")
         self.base_fingerprint = state.get("base_fingerprint")

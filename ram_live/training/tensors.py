@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..methods.ram.config import Given
+from ..methods.ram.rules import Given
 from ..store import (
     BaseMismatchError,
     Collective,
@@ -26,8 +26,19 @@ __all__ = ["MergeResult", "ScheduleAdapter"]
 
 @dataclass
 class MergeResult:
-    """A generalist merged from the latest snapshot of every agent: its tensors (local shards when sharded), the
-    snapshot step used per agent, and the probe numbers of the merge."""
+    """A generalist merged from the latest snapshot of every agent (:meth:`RAMSchedule.merge`).
+
+    Attributes:
+        step: the training step of the merge.
+        tensors: the merged tensors by name (this process's shards where the model is sharded).
+        agents: the snapshot step used per agent.
+        lambdas, rho, density: the probe numbers of the merge per agent (λ, ρ, share of entries updated).
+        seconds: how long the merge took.
+        variant: the method that ran (``"ram_plus"``, or the one a search picked).
+        extra: ``"search"`` (the search's record) and ``"importance"`` where they apply.
+
+    >>> result = schedule.merge(model, step=200); result.metrics()["ram/coder/lambda"]  # doctest: +SKIP
+    """
 
     step: int
     tensors: dict[str, Tensor]
@@ -40,7 +51,15 @@ class MergeResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def metrics(self, prefix: str = "ram/") -> dict[str, float]:
-        """The probe numbers as flat ``{name: float}``: per agent density, ρ, λ and snapshot step."""
+        """The probe numbers as flat metrics.
+
+        Args:
+            prefix: put before every name.
+
+        Returns:
+            ``{name: float}``: the number of agents, the merge's seconds, and per agent its snapshot step, density,
+            ρ and λ.
+        """
         out: dict[str, float] = {f"{prefix}agents": float(len(self.agents)), f"{prefix}merge_seconds": self.seconds}
         for name, step in self.agents.items():
             out[f"{prefix}{name}/snapshot_step"] = float(step)

@@ -1,17 +1,19 @@
 """RAM in one room: Reinforced Agent Merging (paper Eq. 7; ``shared/ram-spec.md``) and everything that computes it.
 
-- :mod:`.config`: :class:`RamConfig`, the method, with its λ rule as a value (``Unit``, ``RhoClip``, ``RhoSoft``,
-  ``Given``); torch-free.
+- :mod:`.config`: :class:`RamConfig`, the method, with its λ rule as a value; :mod:`.rules`: the λ rules
+  (``Unit``, ``RhoClip``, ``RhoSoft``, ``Given``); both torch-free.
 - :mod:`.lambdas`: ρ from the counts and λ from the rule.
 - :mod:`.reference`: the rule as the spec reads, on a ``[K, C]`` chunk (:func:`~.reference.ram_combine`); every
-  path below gives its bits, tested against it.
+  path below is within float32 rounding of it, and the fast paths give the accumulator's bits
+  (``tests/test_ram_paths.py``).
 - the fast paths, declared to the engine by :func:`.method.ram_kernels`: :mod:`.accumulators` (eager, one agent at
   a time), :mod:`.compiled` (``torch.compile``), :mod:`.native` and :mod:`.native_weighted` (C kernels of
   ``csrc/ram.c`` and ``csrc/ram_weighted.c``), :mod:`.single_read` (RAM+ with global ρ in one read), :mod:`.fast`
   (which runs a tensor, and their runners).
 - :mod:`.method`: the registration of ``ram``, ``ram_plus`` and ``ram_plus_soft`` with the engine's hooks.
 
-Adding a λ rule is a class in :mod:`.config` and an entry of its ``RULES``. The names below load on first use.
+Adding a λ rule is a class in :mod:`.rules` (and, for a short name of its own, an entry of its ``RULES``). The
+names below load on first use.
 
 >>> from ram_live.methods.ram import RamConfig, RhoClip
 >>> RamConfig(lam=RhoClip(r=0.2, alpha=1.0)).method
@@ -24,7 +26,8 @@ import importlib
 from typing import Any
 
 _EXPORTS: dict[str, str] = {
-    **{n: ".config" for n in ("RamConfig", "Unit", "RhoClip", "RhoSoft", "Given", "RAM_METHODS", "RULES")},
+    "RamConfig": ".config",
+    **{n: ".rules" for n in ("Unit", "RhoClip", "RhoSoft", "Given", "RAM_METHODS", "RULES")},
     **{n: ".lambdas" for n in ("rho", "ram_lambda", "given_lambdas", "lambda_bound", "lambdas_from_counts")},
     **{n: ".reference" for n in ("ram_combine", "elect", "importance_weights", "overlap_counts")},
     "RamAccumulator": ".accumulators",

@@ -1,5 +1,5 @@
-"""RAM's one config, :class:`RamConfig`, with its λ rule as a value: :class:`Unit` (RAM), :class:`RhoClip`
-(RAM+), :class:`RhoSoft` (RAM+s) or :class:`Given` (λ per agent).
+"""RAM's one config, :class:`RamConfig`, with its λ rule as a value (:mod:`.rules`: ``Unit`` (RAM), ``RhoClip``
+(RAM+), ``RhoSoft`` (RAM+s) or ``Given`` (λ per agent)).
 
 The config is the method: ``merge(models, base, config=RamConfig(lam=RhoClip(r=0.2, alpha=1.0)))``. The short
 names ``method="ram" | "ram_plus" | "ram_plus_soft"`` build the same config from flat keywords
@@ -7,9 +7,8 @@ names ``method="ram" | "ram_plus" | "ram_plus_soft"`` build the same config from
 :meth:`RamConfig.flat` gives them back. Every entry point that runs RAM (``merge``, ``ram_merge``,
 ``RAMSchedule(ram=...)``, the callbacks, verl's ``ram.*`` keys, the ``ram-live`` flags, mergekit YAML) takes it.
 
-A λ rule is a frozen dataclass with ``method`` (its short name, or None), ``uses_rho`` (whether it needs the
-overlap ratio ρ), ``value(rho)`` and ``bound()``; adding one is a class here and an entry of :data:`RULES`.
-This module imports no torch (``ram-live --help`` reads the fields' help).
+Adding a λ rule is a class in :mod:`.rules`. This module imports no torch (``ram-live --help`` reads the fields'
+help).
 
 >>> RamConfig.from_flat("ram_plus", r=0.2, alpha=1.0) == RamConfig(lam=RhoClip(r=0.2, alpha=1.0))
 True
@@ -20,155 +19,20 @@ True
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any
 
 from ...errors import ConfigError
-from ...option_checks import check_choice, check_lambdas, check_names, check_range
+from ...option_checks import check_choice, check_names, check_range
+from .rules import RAM_METHODS, RULES, Given, Lam, RhoClip, RhoSoft, Unit, option
 
-__all__ = [
-    "FLAT_NAMES",
-    "Given",
-    "Lam",
-    "RAM_METHODS",
-    "RULES",
-    "RamConfig",
-    "RhoClip",
-    "RhoSoft",
-    "Unit",
-    "flat_fields",
-]
-
-
-def _json_mapping(text: str) -> Any:
-    """A ``--lambdas`` value: a JSON object ``{"agent": λ, ...}``."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f'lambdas must be a JSON object {{"agent": lambda, ...}}, got {text!r} ({exc})') from None
+__all__ = ["FLAT_NAMES", "RamConfig", "flat_fields"]
 
 
 def _names(text: str) -> tuple[str, ...]:
     """An ``--exclude`` value: agent names separated by commas."""
     return tuple(n.strip() for n in text.split(",") if n.strip())
-
-
-def _option(
-    default: Any,
-    help: str,
-    *,
-    choices: tuple[Any, ...] | None = None,
-    parse: Callable[[str], Any] = str,
-    metavar: str | None = None,
-) -> Any:
-    """A field; ``help``, ``choices``, ``parse`` (text -> value) and ``metavar`` are read by the CLI's flags."""
-    return field(default=default, metadata={"help": help, "choices": choices, "parse": parse, "metavar": metavar})
-
-
-# ----------------------------------------------------------------------------------------------- λ rules
-
-
-@dataclass(frozen=True)
-class Unit:
-    """RAM (paper Eq. 7): λ = 1, unique entries kept as they are."""
-
-    method: ClassVar[str | None] = "ram"
-    uses_rho: ClassVar[bool] = False
-
-    def value(self, rho: float) -> float:
-        """λ_t for an agent whose overlap ratio is ``rho``: 1."""
-        return 1.0
-
-    def bound(self) -> float:
-        """The largest |λ| the rule gives."""
-        return 1.0
-
-
-@dataclass(frozen=True)
-class RhoClip:
-    """RAM+: λ_t = 1 + r · clip(ρ_t, 0, alpha) (paper: r = 0.1, α = 2). ``alpha=math.inf``: no clip; an agent
-    with ρ_t = +∞ (no unique entry) then gets 1.0 (nothing to scale). The authors' script is ``r=0.2,
-    alpha=1.0``; mergekit's ``ramplus_tl`` is ``RhoClip(r=0.1, alpha=0.2)`` with ``rho_scope="tensor"``."""
-
-    r: float = _option(
-        0.1, "RAM+ rescaling strength r in lambda = 1 + r * clip(rho, 0, alpha) (default 0.1)", parse=float
-    )
-    alpha: float = _option(2.0, "RAM+ clip of rho, alpha; inf: no clip (default 2.0)", parse=float)
-    method: ClassVar[str | None] = "ram_plus"
-    uses_rho: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        check_range("r", self.r, 0.0)
-        if self.alpha != math.inf:  # inf: uncapped
-            check_range("alpha", self.alpha, 0.0)
-
-    def value(self, rho: float) -> float:
-        """λ_t for an agent whose overlap ratio is ``rho``."""
-        if math.isinf(self.alpha) and math.isinf(rho):
-            return 1.0
-        return 1.0 + self.r * min(max(rho, 0.0), self.alpha)
-
-    def bound(self) -> float:
-        """The largest |λ| the rule gives (``math.inf`` uncapped)."""
-        return 1.0 + self.r * self.alpha
-
-
-@dataclass(frozen=True)
-class RhoSoft:
-    """RAM+s: λ_t = 1 + r · ρ_t / (1 + ρ_t) = 1 + r · shared_t / active_t (paper App. E)."""
-
-    r: float = 0.1
-    method: ClassVar[str | None] = "ram_plus_soft"
-    uses_rho: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        check_range("r", self.r, 0.0)
-
-    def value(self, rho: float) -> float:
-        """λ_t for an agent whose overlap ratio is ``rho``."""
-        return 1.0 + self.r * (1.0 if math.isinf(rho) else rho / (1.0 + rho))
-
-    def bound(self) -> float:
-        """The largest |λ| the rule gives."""
-        return 1.0 + self.r
-
-
-@dataclass(frozen=True)
-class Given:
-    """λ_t given for **every** merged agent, ``{agent: λ_t}``: ρ is not counted (no statistics pass). Names not
-    among the merged agents, and merged agents left out, are :class:`ConfigError` at merge time. λ_t = 1 for
-    every agent is plain RAM, bit for bit; any finite λ is taken (λ > 1 extrapolates τ_t)."""
-
-    lambdas: Mapping[str, float] = _option(
-        None,
-        "the factor on the entries each agent alone updated, for every merged agent, instead of the "
-        'rho-derived lambda (r and alpha unused), as JSON: {"coder": 2.0, "tools": 0.5}',
-        parse=_json_mapping,
-        metavar="JSON",
-    )
-    method: ClassVar[str | None] = None  # any RAM short name with ``lambdas=``
-    uses_rho: ClassVar[bool] = False
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lambdas", check_lambdas(self.lambdas))  # a fresh, hashable {agent: float}
-
-    def value(self, rho: float) -> float:
-        """Not defined: λ is per agent name (:func:`ram_live.methods.given_lambdas`)."""
-        raise ConfigError("Given λ is per agent name, not a function of ρ")
-
-    def bound(self) -> float:
-        """The largest |λ| given (at least 1: shared entries are a mean)."""
-        return max([1.0] + [abs(v) for v in self.lambdas.values()])
-
-
-Lam = Union[Unit, RhoClip, RhoSoft, Given]
-#: The short method names and the rule each builds (``method="ram_plus"`` is ``RhoClip``).
-RULES: dict[str, type] = {"ram": Unit, "ram_plus": RhoClip, "ram_plus_soft": RhoSoft}
-#: The RAM family's short method names.
-RAM_METHODS = tuple(RULES)
 
 
 # ----------------------------------------------------------------------------------------------- the config
@@ -196,29 +60,29 @@ class RamConfig:
     """
 
     lam: Lam = field(default_factory=RhoClip)
-    shared: str = _option(
+    shared: str = option(
         "mean",
         "entries two or more agents updated: 'mean' (the paper's RAM: the mean over those "
         "agents) or 'sign' (the mean over those of them whose update has the sign of that "
         "mean: conflict-aware, docs/methods.md); default mean",
         choices=("mean", "sign"),
     )
-    activity: str = _option(
+    activity: str = option(
         "abs",
         "activity rule: 'abs' (|delta| > eps) or 'changed' (the stored value differs, "
         "compared in the narrower dtype); default abs",
         choices=("abs", "changed"),
     )
-    eps: float = _option(
+    eps: float = option(
         1e-5, "an entry counts as updated when |agent - base| > EPS (activity 'abs'; default 1e-5)", parse=float
     )
-    rho_scope: str = _option(
+    rho_scope: str = option(
         "global",
         "rho per agent over the whole model ('global', the paper) or per tensor "
         "('tensor', mergekit's ramplus_tl); default global",
         choices=("global", "tensor"),
     )
-    exclude: tuple[str, ...] = _option(
+    exclude: tuple[str, ...] = option(
         (),
         "agents to leave out of the merge, as if they were not passed "
         "(comma-separated names); at least one must remain",
@@ -246,14 +110,31 @@ class RamConfig:
         return self.lam.method or ("ram_plus" if self.lam.uses_rho else "ram")
 
     def agrees(self, method: str) -> bool:
-        """Whether the short name ``method`` may run this config (given λ: every RAM name)."""
+        """Whether a short name may run this config.
+
+        Args:
+            method: ``"ram"``, ``"ram_plus"``, ``"ram_plus_soft"`` or another name.
+
+        Returns:
+            True where ``method`` is a RAM name and the λ rule's own (given λ: every RAM name).
+        """
         return method in RULES and (self.lam.method is None or self.lam.method == method)
 
     # ------------------------------------------------------------------------------------------- flat spelling
 
     @staticmethod
     def flat_names(method: str) -> tuple[str, ...]:
-        """The flat keywords short name ``method`` takes (``merge(method=..., **options)``)."""
+        """The flat keywords a short name takes (``merge(method=..., **options)``).
+
+        Args:
+            method: a RAM short name.
+
+        Returns:
+            The keyword names, the rule's (``r``, ``alpha``) among them.
+
+        Raises:
+            ConfigError: ``method`` is not a RAM short name.
+        """
         check_choice("RAM method", method, RAM_METHODS)
         rule = tuple(f.name for f in dataclasses.fields(RULES[method]))
         scope = ("rho_scope",) if RULES[method].uses_rho else ()
@@ -263,6 +144,13 @@ class RamConfig:
     def from_flat(cls, method: str, **options: Any) -> RamConfig:
         """The config of ``merge(method=method, **options)``: the rule of ``method`` with its keywords (``r``,
         ``alpha``), or ``Given(lambdas)`` where ``lambdas`` is given (the rule's keywords are checked, unused).
+
+        Args:
+            method: a RAM short name.
+            **options: its flat keywords (:meth:`flat_names`).
+
+        Returns:
+            The :class:`RamConfig`.
 
         Raises:
             ConfigError: an unknown name or an invalid value, naming it.
@@ -295,7 +183,16 @@ class RamConfig:
     ) -> RamConfig:
         """A config from a flat mapping ``{method_key: short name, option: value, ...}`` (:meth:`to_dict`'s
         output, verl's ``ram`` group with ``method_key="variant"``), a :class:`RamConfig` (as it is) or None
-        (the default ``RamConfig()``). ``prefix`` goes before option names in errors (``"ram."``).
+        (the default ``RamConfig()``).
+
+        Args:
+            values: the mapping, a config, or None.
+            where: who reads it, named in errors (``"RAMSchedule"``).
+            prefix: goes before option names in errors (``"ram."``).
+            method_key: the key that holds the short name.
+
+        Returns:
+            The :class:`RamConfig`.
 
         Raises:
             ConfigError: not a mapping, an unknown key or an invalid value, naming it and ``where``.
@@ -319,9 +216,18 @@ class RamConfig:
             raise ConfigError(f"{where + ': ' if where else ''}{prefix}{exc}") from None
 
     def flat(self, defaults: bool = False) -> tuple[str, dict[str, Any]]:
-        """``(method, options)`` with ``merge(models, base, method, **options)`` this merge (given λ as
-        ``("ram", {"lambdas": ...})``); ``defaults``: every keyword of the method, those at their defaults too
-        (records), else those only that differ from them."""
+        """This merge as a short name and flat keywords: ``merge(models, base, method, **options)``.
+
+        Args:
+            defaults: every keyword of the method, those at their defaults too (records); else only those that
+                differ from them.
+
+        Returns:
+            ``(method, options)`` (given λ as ``("ram", {"lambdas": ...})``).
+
+        Raises:
+            ConfigError: a λ rule of your own, which has no flat spelling.
+        """
         options: dict[str, Any] = {}
         if not isinstance(self.lam, (Unit, RhoClip, RhoSoft, Given)):
             raise ConfigError(f"{self.lam!r} has no flat spelling (method name and keywords): pass the config")
@@ -342,8 +248,12 @@ class RamConfig:
         return self.method, options
 
     def record(self) -> dict[str, Any]:
-        """Every keyword with its value, ``{"method": ..., option: value}`` (:meth:`flat` with ``defaults``), for
-        reports and JSON output; a rule of your own as ``"lam": {"rule": its class name, field: value}``."""
+        """Every keyword with its value, for reports and JSON output.
+
+        Returns:
+            ``{"method": ..., option: value}`` (:meth:`flat` with ``defaults``); a rule of your own as
+            ``"lam": {"rule": its class name, field: value}``.
+        """
         if isinstance(self.lam, (Unit, RhoClip, RhoSoft, Given)):
             method, options = self.flat(defaults=True)
             return {"method": method, **options}
@@ -352,7 +262,9 @@ class RamConfig:
         return {"method": self.method, "lam": {"rule": type(self.lam).__name__, **lam}, **fields}
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able ``{"method": ..., option: value}`` (:meth:`flat`), read back by :meth:`from_dict`."""
+        """Returns:
+        JSON-able ``{"method": ..., option: value}`` (:meth:`flat`), read back by :meth:`from_dict`.
+        """
         method, options = self.flat()
         return {"method": method, **options}
 

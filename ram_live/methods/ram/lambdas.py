@@ -12,7 +12,8 @@ from typing import Sequence
 from torch import Tensor
 
 from ...errors import ConfigError
-from .config import RULES, Given, RamConfig
+from .config import RamConfig
+from .rules import RULES, Given
 
 __all__ = ["given_lambdas", "lambda_bound", "lambdas_from_counts", "ram_lambda", "rho"]
 

@@ -18,7 +18,8 @@ from ..base import MethodKernels, RunContext, TensorView
 from ..registry import register_method
 from .accumulators import RamAccumulator, WeightedRamAccumulator
 from . import native as ram_native
-from .config import RAM_METHODS, RULES, Given, RamConfig, Unit
+from .config import RamConfig
+from .rules import RAM_METHODS, RULES, Given, Unit
 from .fast import merge_kernel, native_statistics, warm_up
 from .lambdas import given_lambdas, lambda_bound, lambdas_from_counts, rho
 from .reference import ram_combine

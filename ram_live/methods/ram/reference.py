@@ -1,6 +1,6 @@
 """RAM's rule, the reference: paper Eq. 7 on a chunk of thresholded task vectors ``[K, C]``, read as the spec
-states it (the fast paths beside it, :mod:`.accumulators`, :mod:`.compiled`, :mod:`.native`, :mod:`.single_read`,
-give its bits, tested against it).
+states it; the fast paths beside it (:mod:`.accumulators`, :mod:`.compiled`, :mod:`.native`, :mod:`.single_read`)
+are within float32 rounding of it, and give one another's bits (``tests/test_ram_paths.py``).
 
 >>> d = torch.tensor([[0.5, 0.0, 0.2], [0.0, 0.0, 0.4]])
 >>> ram_combine(d, torch.tensor([1.0, 1.0]))
