@@ -25,6 +25,15 @@ def compute_score(fn: Callable[..., Any] | str, *, name: str | None = None) -> C
             path (``"pkg.mod:fn"``; verl's ``custom_reward_function.path`` is a file: import it as a module).
         name: the name metrics and errors use (default: the function's).
 
+    Returns:
+        A reward function ``reward(prompts, completions, data_source=..., reward_model=..., ground_truth=...,
+        extra_info=..., **columns) -> list`` named ``name``: one score per completion (a dict's ``"score"``).
+
+    Raises:
+        ConfigError: ``fn`` is neither callable nor an importable path to a callable.
+        EvaluationError: (when the reward runs) a prompt row has neither ``ground_truth`` nor a ``reward_model``
+            holding one.
+
     >>> from verl.utils.reward_score import default_compute_score                    # doctest: +SKIP
     >>> evaluate = rewards("val.jsonl", compute_score(default_compute_score), tokenizer=tok)   # doctest: +SKIP
     """

@@ -56,6 +56,14 @@ def lm_eval(
             lm-eval's own tasks.
         batch_size, num_fewshot, limit, seed: passed to ``simple_evaluate`` (seed to its random, numpy, torch
             and few-shot seeds); other keywords too.
+        **simple_evaluate_kwargs: further keywords of ``simple_evaluate``.
+
+    Returns:
+        An :class:`LmEval`: call it on a module, a state dict or an HF folder for the metric's mean over ``tasks``.
+
+    Raises:
+        ConfigError: ``tasks`` is empty or not names, ``metric`` is not a non-empty string, lm-eval is not
+            installed, or ``model`` / ``tokenizer`` is not a module / tokenizer or a folder of one.
 
     >>> evaluate = lm_eval(["arc_easy"], metric="acc_norm", tokenizer=tok, limit=200)     # doctest: +SKIP
     >>> result = ram_live.search(agents, base=base, evaluate=evaluate)                     # doctest: +SKIP
@@ -88,7 +96,21 @@ def lm_eval(
 
 class LmEval:
     """The evaluation :func:`lm_eval` returns; after a call ``results`` holds ``simple_evaluate``'s results and
-    ``metrics`` the chosen metric per task."""
+    ``metrics`` the chosen metric per task. Build it with :func:`lm_eval`, which checks the arguments.
+
+    Args:
+        tasks: the task names.
+        metric: the metric's name, ``"acc"`` or a full key ``"exact_match,strict-match"``.
+        resolver: turns what a call is handed into ``(model, tokenizer)``.
+        include_path: a folder of task YAML files, or None.
+        include_defaults: whether lm-eval's own tasks are indexed too.
+        kwargs: the keywords passed to ``simple_evaluate``.
+
+    Calling it raises :class:`~ram_live.evaluate.EvaluationError` when lm-eval fails on the tasks, returns no results, a
+    task does not report the metric, or the mean is not finite.
+
+    >>> evaluate = lm_eval("arc_easy", tokenizer=tok); score = evaluate(model)          # doctest: +SKIP
+    """
 
     def __init__(
         self,

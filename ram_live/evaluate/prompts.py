@@ -28,8 +28,17 @@ RESERVED = frozenset({"prompts", "completions", "completion_ids", "trainer_state
 
 @dataclass(frozen=True)
 class Prompts:
-    """Loaded prompts: ``prompts[i]`` (a string or a list of messages) and ``columns[name][i]``; ``lines[i]``: the
-    file line prompt ``i`` came from (None when not from a file)."""
+    """Loaded, checked prompts, as :func:`load_prompts` returns them (``len()``: the number of prompts).
+
+    Attributes:
+        prompts: ``prompts[i]``, a non-empty string or a list of ``{"role", "content"}`` messages.
+        columns: the other columns, ``columns[name][i]`` (passed to the reward functions as keyword lists).
+        source: what they were read from, for messages (a file's path, ``"the prompts list"``, ...).
+        lines: ``lines[i]``, the file line prompt ``i`` came from (None when not from a JSONL file).
+
+    >>> load_prompts(["2+2=", "3+3="]).where(1)
+    'the prompts list, row 1'
+    """
 
     prompts: list[Any]
     columns: dict[str, list[Any]]
@@ -40,7 +49,14 @@ class Prompts:
         return len(self.prompts)
 
     def where(self, i: int) -> str:
-        """Where prompt ``i`` came from, for messages: ``"<file>, line 5"`` or ``"the prompts list, row 4"``."""
+        """Where prompt ``i`` came from, for messages.
+
+        Args:
+            i: the prompt's index.
+
+        Returns:
+            ``"<file>, line 5"`` (from a JSONL file) or ``"<source>, row 4"``.
+        """
         return _where(self.source, self.lines)(i)
 
     @property
@@ -56,8 +72,13 @@ def load_prompts(prompts: Any) -> Prompts:
         prompts: a list of strings, a list of dicts with ``prompt``, a ``datasets.Dataset``, a ``Prompts``, or
             the path of a JSONL file or of a parquet file (``*.parquet``, verl's layout).
 
+    Returns:
+        The :class:`Prompts` (``prompts`` itself when it is one already).
+
     Raises:
-        ConfigError: an empty or malformed input (naming the file and line, or the row).
+        ConfigError: an empty or malformed input (naming the file and line, or the row): a missing file, bad JSON
+            or UTF-8, a row without ``prompt`` or with other keys than the first row's, an empty prompt, mixed
+            plain-text and conversational prompts, or a column named as a reward function's own keyword.
 
     >>> load_prompts([{"prompt": "2+2=", "answer": "4"}]).columns
     {'answer': ['4']}

@@ -1,15 +1,10 @@
 """``rewards(prompts, reward_funcs, tokenizer=...)``: the RL run's own reward functions as ``evaluate(model) ->
 float`` for :func:`ram_live.search`, ``SearchSetting`` and ``ram-live search``.
 
-A completion's reward is TRL's GRPO reward: ``Σ_i w_i · r_i`` over the reward functions (``reward_weights``,
-default all 1; a ``None`` reward skips that function, as TRL's ``nansum`` does). A prompt's score is its
-completion's reward, or with ``samples=k`` the mean over its k completions (``mean@k``) or ``pass@k``
-(:mod:`.samples`). The score is the objective over the tasks (:mod:`.tasks`): by default the mean over the
-prompts' ``data_source`` groups (one group: the mean over the prompts).
-
-It is also the **prompt protocol** of :mod:`ram_live.selection.fidelity`: ``prompt_tasks()``,
-``prompt_scores(merged, indices)`` and ``aggregate(values)``, with ``evaluate(merged) ==
-aggregate(prompt_scores(merged, all))[0]`` exactly.
+A completion's reward is TRL's GRPO reward, ``Σ_i w_i · r_i`` (``reward_weights``; a ``None`` reward skips that
+function, as TRL's ``nansum`` does); a prompt's score is its completion's reward, or ``mean@k`` / ``pass@k`` over
+``samples=k`` (:mod:`.samples`); the score is the objective over the tasks (:mod:`.tasks`). It is also the prompt
+protocol of :mod:`ram_live.selection.fidelity`: ``evaluate(m) == aggregate(prompt_scores(m, all))[0]`` exactly.
 """
 
 from __future__ import annotations
@@ -79,12 +74,17 @@ def rewards(
             (a weighted mean; every task needs a weight, 0 leaves one out).
         samples, metric, pass_threshold: k completions a prompt, scored ``"mean@k"`` (default) or ``"pass@k"``
             / ``"pass@K"`` (K <= k), a completion passing when its reward is >= ``pass_threshold`` (1.0).
-        device, dtype: where and how a loaded folder lives (a module handed in is used where it is, never copied;
-            one elsewhere is refused).
+        device, dtype: where and how a loaded folder lives (a module handed in is used where it is, never moved).
         stop, include_stop, eos_token_id: stop strings (the completion ends before the first, or after it with
             ``include_stop``), and the token ids that end a completion (default: the tokenizer's and model's EOS).
         generate: ``fn(merged, prompts, settings, seeds) -> list[list[str]]``, the user's engine (vLLM, SGLang, a
             server) in place of Hugging Face ``generate``: see ``docs/evaluate.md``.
+
+    Returns:
+        A :class:`Rewards`: call it on a module, a state dict or an HF folder for the objective.
+
+    Raises:
+        ConfigError: a bad argument (prompts, generation, tasks, metric, reward functions, model), checked now.
 
     >>> evaluate = rewards("val.parquet", compute_score(fn), tokenizer=tok, samples=8, metric="pass@1") # doctest: +SKIP
     >>> evaluate(model), evaluate.metrics                                    # doctest: +SKIP
@@ -124,11 +124,21 @@ def rewards(
 
 class Rewards:
     """The evaluation :func:`rewards` returns. Call it on a module (a ``generate``-capable model, or one that
-    holds one), a state dict (loaded into ``model``) or a Hugging Face folder; it returns the objective.
+    holds one), a state dict (loaded into ``model``) or a Hugging Face folder; it returns the objective, or raises
+    :class:`EvaluationError` when generation or a reward function fails, or no prompt is scored.
 
     After a call: ``metrics`` (``{"reward": score, "reward/<task>": ..., "reward/<function>": its mean, ...}``),
     ``tasks`` (each task's score), ``completions`` (per prompt; a list of k with ``samples=k``) and ``per_prompt``
-    (each prompt's score). ``trainer_state``: what reward functions get as ``trainer_state`` (None)."""
+    (each prompt's score). ``trainer_state``: what reward functions get as ``trainer_state`` (None).
+
+    Args:
+        prompts, reward_funcs, settings: the loaded :class:`Prompts`, the reward function(s), generation settings.
+        tasks, metric, tokenizer, reward_weights, model, device, dtype, generate: as :func:`rewards` makes or takes
+            them (``tasks`` None: one task; ``metric`` None: ``mean@k``).
+
+    Raises:
+        ConfigError: no reward function or one not callable, bad ``reward_weights``, a task named as a reward
+            function, a bad ``model`` / ``tokenizer`` / ``device`` / ``dtype`` / ``generate``."""
 
     def __init__(
         self,
@@ -154,8 +164,7 @@ class Rewards:
         self.funcs = funcs
         self.names = _unique([_name(fn) for fn in funcs])
         self.weights = [1.0] * len(funcs) if reward_weights is None else weight_list(reward_weights, len(funcs))
-        self.prompts = prompts
-        self.settings = settings
+        self.prompts, self.settings = prompts, settings
         self.task_groups = tasks or group(prompts)
         self.metric = metric or parse_metric(None, settings.samples)
         if self.task_groups.column is not None:
@@ -179,22 +188,42 @@ class Rewards:
         self._table: list[list[float | None]] = []  # per function, per row of the last prompt_scores call
         self._last: tuple[list[int], list[Any], dict[int, float | None]] = ([], [], {})  # its prompts, completions
 
-    # ------------------------------------------------------------------------------------------- protocol
-
     def prompt_tasks(self) -> list[str]:
-        """Each prompt's task."""
+        """Each prompt's task.
+
+        Returns:
+            ``[task of prompt 0, ...]``: its ``task`` column's value as a string, or ``"all"`` (one task)."""
         return list(self.task_groups.of)
 
     def prompt_scores(self, merged: Any, indices: Iterable[int]) -> list[float | None]:
-        """Generate and score only the prompts ``indices`` (in the prompts' order, whatever order they are given
-        in); each one's score (None: no reward function scored it), in the order of ``indices``."""
+        """Generate and score only the prompts ``indices`` (in the prompts' order, whatever order they are given in).
+
+        Args:
+            merged, indices: the model (a module, a state dict or an HF folder) and the prompts' indices (0-based).
+
+        Returns:
+            Each one's score in the order of ``indices`` (None: no reward function scored it).
+
+        Raises:
+            ConfigError: an index that is not a prompt's (or a state dict without ``model=`` to load it into).
+            EvaluationError: generation or a reward function failed, or a reward overflows."""
         wanted = self._indices(indices)
         todo = sorted(set(wanted))
         texts, ids = self.engine.run(merged, todo)
         return self._score_rows(todo, texts, ids, wanted)
 
     def aggregate(self, values: Mapping[int, float | None] | Sequence[float | None]) -> tuple[float, dict[str, float]]:
-        """The objective over ``{prompt index: score}`` (a list: prompts 0, 1, ...) and each task's score."""
+        """The objective over some prompts' scores (what :meth:`prompt_scores` returns).
+
+        Args:
+            values: ``{prompt index: score}``, or a list of prompts 0, 1, ...; None: not scored.
+
+        Returns:
+            ``(objective, {task: its score})``; tasks without a scored prompt are left out.
+
+        Raises:
+            ConfigError: a key that is not a prompt index.
+            EvaluationError: no prompt is scored, only tasks of weight 0 are, or the objective is not finite."""
         if not isinstance(values, Mapping):
             values = dict(enumerate(values))
         bad = next(
@@ -203,19 +232,15 @@ class Rewards:
         if bad is not None:
             raise ConfigError(f"rewards.aggregate: {short(bad)} is not a prompt index (0..{len(self.prompts) - 1})")
         score, table = self.task_groups.aggregate(values)
-        funcs = ", ".join(self.names)
+        fail = functools.partial(EvaluationError, function=", ".join(self.names))
         if score is None and not table:
-            raise EvaluationError(
-                f"every reward function returned None for every one of the {len(values)} prompts: nothing to score",
-                function=funcs,
-                index=None,
+            raise fail(
+                f"every reward function returned None for every one of the {len(values)} prompts: nothing to score"
             )
         if score is None:
-            raise EvaluationError(
+            raise fail(
                 f"only tasks of weight 0 were scored ({short(sorted(table))}): the weighted "
-                "objective has nothing to weigh",
-                function=funcs,
-                index=None,
+                "objective has nothing to weigh"
             )
         over = next((t for t, s in table.items() if not math.isfinite(s)), None)
         if over is not None or not math.isfinite(score):
@@ -224,23 +249,29 @@ class Rewards:
                 if over is None
                 else "the sum over the prompts" + (f" of task {over!r}" if len(table) > 1 else "")
             )
-            raise EvaluationError(
+            raise fail(
                 f"the rewards overflow: {where} is {score if over is None else table[over]} "
-                "(rewards or weights near float's limit)",
-                function=funcs,
-                index=None,
+                "(rewards or weights near float's limit)"
             )
         return score, table
 
-    # ------------------------------------------------------------------------------------------- calls
-
     def __call__(self, merged: Any, step: int | None = None) -> float:
         """The objective on every prompt (``step``: verl's keyword, unused)."""
-        values = self.prompt_scores(merged, range(len(self.prompts)))
-        return self._finish(values)
+        return self._finish(self.prompt_scores(merged, range(len(self.prompts))))
 
     def score(self, completions: list[Any], completion_ids: list[list[int]] | None = None) -> float:
-        """Score given completions (``samples`` per prompt, prompt-major) without generating; sets ``metrics``."""
+        """Score given completions without generating; sets ``metrics`` as a call does.
+
+        Args:
+            completions, completion_ids: ``samples`` per prompt, prompt-major (strings, or messages for
+                conversational prompts), and their token ids (None: they get ``completion_ids=None``).
+
+        Returns:
+            The objective.
+
+        Raises:
+            ConfigError: not ``samples`` completions for each prompt.
+            EvaluationError: a reward function failed, or no prompt is scored."""
         n, k = len(self.prompts), self.settings.samples
         if len(completions) != n * k:
             raise ConfigError(
@@ -250,30 +281,29 @@ class Rewards:
         return self._finish(self._score_rows(todo, list(completions), completion_ids, todo))
 
     def details(self, merged: Any) -> dict[str, Any]:
-        """Call on ``merged`` and return the metrics, the completions and each prompt's score."""
+        """Call on ``merged`` and return the metrics, the completions and each prompt's score.
+
+        Args:
+            merged: the model to evaluate (a module, a state dict or an HF folder).
+
+        Returns:
+            ``{**metrics, "completions": completions, "per_prompt": per_prompt}`` after the call."""
         self(merged)
         return {**self.metrics, "completions": self.completions, "per_prompt": self.per_prompt}
 
     def logged_metrics(self) -> dict[str, float]:
-        """The last call's metrics as the training callbacks log them (under ``ram/``): ``reward``,
-        ``reward/<function>`` and each task's score as ``eval/<task>``."""
+        """The last call's metrics as the training callbacks log them (under ``ram/``).
+
+        Returns:
+            ``reward``, ``reward/<function>``, each task's score as ``eval/<task>`` (given tasks); ``{}`` at first."""
         out = {"reward": self.metrics["reward"]} if self.metrics else {}
-        out.update(
-            {
-                f"reward/{name}": self.metrics[f"reward/{name}"]
-                for name in self.names
-                if f"reward/{name}" in self.metrics
-            }
-        )
+        out.update({k: self.metrics[k] for k in (f"reward/{n}" for n in self.names) if k in self.metrics})
         if self.task_groups.column is not None:
             out.update({f"eval/{t}": s for t, s in self.tasks.items()})
         return out
 
-    # ------------------------------------------------------------------------------------------- internals
-
     def _indices(self, indices: Iterable[int]) -> list[int]:
-        out = list(indices)
-        n = len(self.prompts)
+        out, n = list(indices), len(self.prompts)
         bad = next((i for i in out if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n), None)
         if bad is not None:
             raise ConfigError(f"rewards.prompt_scores: {short(bad)} is not a prompt index (0..{n - 1})")
@@ -346,9 +376,5 @@ def _name(fn: Any) -> str:
 
 
 def _unique(names: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
-    out = []
-    for n in names:
-        seen[n] = seen.get(n, 0) + 1
-        out.append(n if seen[n] == 1 else f"{n}_{seen[n]}")
-    return out
+    counts = [names[: i + 1].count(n) for i, n in enumerate(names)]  # the i-th name's occurrences so far
+    return [n if c == 1 else f"{n}_{c}" for n, c in zip(names, counts)]

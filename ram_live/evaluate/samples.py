@@ -94,6 +94,18 @@ def parse_metric(metric: Any, samples: int, pass_threshold: Any = 1.0) -> Metric
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k estimate from ``n`` samples of which ``c`` are correct: ``1 - C(n-c, k) / C(n, k)``.
 
+    Args:
+        n: the samples drawn.
+        c: how many of them are correct.
+        k: the k of pass@k.
+
+    Returns:
+        The chance that ``k`` of the ``n`` samples, drawn without replacement, hold a correct one (1.0 when
+        ``n - c < k``).
+
+    Raises:
+        ValueError: unless ``0 <= c <= n`` and ``1 <= k <= n``.
+
     >>> pass_at_k(4, 1, 2)
     0.5
     """
