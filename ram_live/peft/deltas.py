@@ -22,13 +22,27 @@ from .sparsify import SparsifyRule
 def lora_deltas(
     source: Any, adapter: str | None = None, *, layout: Literal["weight", "lora"] = "weight"
 ) -> dict[str, Tensor]:
-    """Every target module's ΔW = s · B A of one adapter, in float32: ``{module name: ΔW}``.
+    """Every target module's ΔW = s · B A of one adapter, in float32.
 
-    ``source``: a live ``PeftModel`` (then ``adapter`` names the adapter, default its active one) or a PEFT
-    adapter folder. ``layout="weight"`` gives ΔW in the layout of the module's weight (what PEFT's
-    ``get_delta_weight`` returns and ``merge_and_unload`` adds: transposed for ``fan_in_fan_out`` and embedding
-    layers); ``"lora"`` gives B·A's layout [out, in]. Module names are those PEFT uses (relative to the wrapped
-    model, e.g. ``model.layers.0.self_attn.q_proj``).
+    Args:
+        source: a live ``PeftModel`` or a PEFT adapter folder.
+        adapter: the adapter's name (default: the model's active one; for a folder, only named in errors).
+        layout: ``"weight"``: ΔW in the layout of the module's weight (what PEFT's ``get_delta_weight`` returns
+            and ``merge_and_unload`` adds: transposed for ``fan_in_fan_out`` and embedding layers); ``"lora"``:
+            B·A's layout [out, in].
+
+    Returns:
+        ``{module name: ΔW}``, named as PEFT names modules (relative to the wrapped model, e.g.
+        ``model.layers.0.self_attn.q_proj``).
+
+    Raises:
+        ConfigError: no ``adapter`` and no single active adapter, or no adapter of that name.
+        UnsupportedInputError: a folder without ``adapter_config.json`` or ``adapter_model.safetensors``.
+        UnsupportedAdapterError: an adapter that is not plain LoRA (DoRA, ``lora_bias``, conv layers, ...).
+        InputMismatchError: a folder's factors disagree with its config.
+
+    >>> deltas = lora_deltas("runs/code"); deltas["model.layers.0.self_attn.q_proj"].shape   # doctest: +SKIP
+    torch.Size([4096, 4096])
     """
     if isinstance(source, (str, os.PathLike)):
         factors, _, _, _ = read_folder(Path(source), adapter or Path(source).name)

@@ -47,19 +47,40 @@ def ram_merge_adapter_files(
     **options: Any,
 ) -> Any:
     """Merge PEFT LoRA adapter folders (``adapter_model.safetensors`` + ``adapter_config.json``) without a live
-    model: the same ΔW-space merge as :func:`ram_merge_adapters` (same options).
+    model: the same ΔW-space merge as :func:`ram_merge_adapters` (same options and PEFT spellings), into a new
+    adapter folder (default; no base needed) or into a base model.
 
-    ``adapters``: a list of folders (adapters named after their folders) or a mapping name → folder.
-    Default: ΔW* is re-factored into a new adapter folder ``out`` (loadable with ``PeftModel.from_pretrained``;
-    the first adapter's config with the new r/alpha/patterns/targets; factors in the inputs' dtype or
-    ``dtype``; written to a temporary name and renamed) and its path is returned. No base is needed.
-    ``into_base=True``: ΔW* is folded into ``base`` — an ``nn.Module`` (a new one; the base itself with
-    ``inplace=True``), a state dict, a ``.safetensors`` file or a Hugging Face folder — through
-    :func:`ram_live.merge`, so the result is what ``merge`` returns for that base (with ``out=``, safetensors
-    written atomically, sharded at ``max_shard_bytes``, in ``dtype``). The base's key of module ``m`` is
-    ``m + ".weight"`` (PEFT's ``base_model.model.`` prefix stripped). ``svd_options`` (an :class:`SvdOptions`,
-    or the old keywords ``rank=``, ``energy=``, ``svd=``, ``oversample=``, ``niter=``, ``seed=``) and PEFT's
-    spellings as in :func:`ram_merge_adapters`.
+    Args:
+        adapters: a list of folders (adapters named after their folders) or a mapping name → folder.
+        out: the new adapter folder (absent or empty; written to a temporary name and renamed), loadable with
+            ``PeftModel.from_pretrained``: the first adapter's config with the new r/alpha/patterns/targets. With
+            ``into_base``: :func:`ram_live.merge`'s ``out`` (safetensors written atomically), or None.
+        method: any method of the registry (``"ram_plus"``, ``"ram"``, ``"ties"``, ...).
+        base: with ``into_base`` only: an ``nn.Module``, a state dict, a ``.safetensors`` file or a Hugging Face
+            folder; the base's key of module ``m`` is ``m + ".weight"`` (PEFT's ``base_model.model.`` stripped).
+        into_base: fold ΔW* into ``base`` through :func:`ram_live.merge`.
+        inplace: with ``into_base`` and a module ``base``, merge into the base itself (default: a new one).
+        svd_options, sparsify, chunk_numel, warn_dense, return_info: as for :func:`ram_merge_adapters`.
+        device: where the factors are read and merged (default: the CPU).
+        dtype: the new factors' dtype (default: the inputs' when they agree, else float32); with ``into_base``,
+            :func:`ram_live.merge`'s ``dtype``.
+        max_shard_bytes: the shard size of a base written to ``out``.
+        **options: the method's config, the old SVD keywords and PEFT's spellings, as for :func:`ram_merge_adapters`.
+
+    Returns:
+        ``out`` as a ``Path``; with ``into_base=True`` what :func:`ram_live.merge` returns for that base;
+        ``(result, AdapterMergeReport)`` with ``return_info``.
+
+    Raises:
+        ConfigError: bad method / SVD / ``sparsify`` options, ``adapters`` a single path or empty or with repeated
+            names, ``out`` missing or not empty, ``base`` without ``into_base`` (or missing with it), ``inplace``
+            without ``into_base``.
+        UnsupportedInputError: a folder without ``adapter_config.json`` or ``adapter_model.safetensors``.
+        UnsupportedAdapterError: an adapter that cannot be merged exactly (DoRA, ``lora_bias``,
+            ``modules_to_save``, ...), or one saving its own embedding that differs from the base's.
+        InputMismatchError: factors that disagree with their config or between adapters, or a base lacking a
+            targeted weight or holding it in another shape.
+        OutputExistsError: ``out`` was created by someone else during the merge.
 
     Example:
         >>> ram_merge_adapter_files({"code": "runs/code", "tool": "runs/tool"}, out="merged",

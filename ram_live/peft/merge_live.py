@@ -36,27 +36,45 @@ def ram_merge_adapters(
     return_info: bool = False,
     **options: Any,
 ) -> Any:
-    """Merge LoRA ``adapters`` (default: all) of a live ``PeftModel`` in ΔW space with ``method`` (any method
-    of the registry; ``options`` go to its config: ``r``/``alpha``/``rho_scope`` of RAM+, ``weights``,
-    ``density``, ...).
+    """Merge LoRA adapters of a live ``PeftModel`` in ΔW space, into a new adapter (default) or its base weights.
 
-    For each target module ΔW_t = s_t · B_t A_t with that adapter's exact scaling (the layer's own
-    ``scaling``: rsLoRA, ``rank_pattern``, ``alpha_pattern``); a module an adapter does not target is ΔW = 0
-    for it. ``sparsify``: the activity rule for dense ΔW — ``"auto"`` (:data:`RECOMMENDED_SPARSIFY` for the
-    RAM family, none for other methods), ``None`` (the paper's |Δ| > eps; warns on dense deltas),
-    :class:`TopK`, :class:`RelativeThreshold`, ``"topk"``, ``("topk", 0.1)``, ``("relative", 1.0)``.
+    For each target module ΔW_t = s_t · B_t A_t with that adapter's exact scaling (the layer's own ``scaling``:
+    rsLoRA, ``rank_pattern``, ``alpha_pattern``); a module an adapter does not target is ΔW = 0 for it. The merged
+    ΔW* is re-factored (:func:`refactor`) into the new adapter, or folded into the base weights. PEFT's
+    ``add_weighted_adapter`` spellings are taken where they mean the same (``combination_type="svd"|"ties_svd"|
+    "dare_linear_svd"|"dare_ties_svd"``, ``svd_rank=``, ``majority_sign_method=``, ``adapter_name=``).
 
-    Default: ΔW* is re-factored (:func:`refactor` with ``svd_options``, an :class:`SvdOptions`; its ``rank``
-    defaults to the largest input rank, ``energy`` picks a rank per module; the old keywords ``rank=``,
-    ``energy=``, ``svd=``, ``oversample=``, ``niter=``, ``seed=`` still work, not together with
-    ``svd_options=``) into a new adapter ``new_adapter`` on ``peft_model`` (not activated: call
-    ``peft_model.set_adapter``; saved by ``save_pretrained``), and ``peft_model`` is returned.
-    ``into_base=True``: ΔW* is folded into the base weights of a copy of the model without any adapter,
-    returned as a plain model on the model's device; with ``inplace=True`` into ``peft_model``'s own base,
-    whose adapters are then removed (``unload``) — the returned model is that base.
-    ``return_info=True`` returns ``(result, AdapterMergeReport)``. PEFT's ``add_weighted_adapter`` spellings
-    are taken where they mean the same (``combination_type="svd"|"ties_svd"|"dare_linear_svd"|"dare_ties_svd"``,
-    ``svd_rank=``, ``majority_sign_method=``, ``adapter_name=``); the others are errors naming ram_live's option.
+    Args:
+        peft_model: a ``PeftModel`` with LoRA adapters (or a ``LoraModel``).
+        adapters: the adapters' names (default: all of the model's).
+        new_adapter: the name of the merged adapter, added to ``peft_model`` (not activated: call
+            ``peft_model.set_adapter``; saved by ``save_pretrained``).
+        method: any method of the registry (``"ram_plus"``, ``"ram"``, ``"ties"``, ...).
+        svd_options: an :class:`SvdOptions` (``rank`` defaults to the largest input rank; ``energy`` picks a rank
+            per module); or its old keywords ``rank=``, ``energy=``, ``svd=``, ``oversample=``, ``niter=``,
+            ``seed=`` in ``options``, not both.
+        sparsify: the activity rule for dense ΔW: ``"auto"`` (:data:`RECOMMENDED_SPARSIFY` for the RAM family,
+            none for other methods), ``None`` (the paper's |Δ| > eps), :class:`TopK`, :class:`RelativeThreshold`,
+            ``"topk"``, ``"relative"``, ``("topk", 0.1)`` or ``("relative", 1.0)``.
+        into_base: fold ΔW* into the base weights of a copy of the model without any adapter.
+        inplace: with ``into_base``, fold into ``peft_model``'s own base, whose adapters are removed (``unload``).
+        chunk_numel: the engine's chunk size, in elements.
+        warn_dense: warn (:class:`DenseDeltaWarning`) when a RAM method without a sparsifying rule sees dense ΔW.
+        return_info: also return the :class:`AdapterMergeReport`.
+        **options: the method's config (``r``/``alpha``/``rho_scope`` of RAM+, ``weights``, ``density``, ...).
+
+    Returns:
+        ``peft_model`` with the new adapter; with ``into_base=True`` the merged plain model (on the model's device;
+        with ``inplace=True`` the unloaded base itself); ``(result, AdapterMergeReport)`` with ``return_info``.
+
+    Raises:
+        ConfigError: an unknown method, bad method / SVD / ``sparsify`` options, a PEFT spelling without an
+            equivalent, an adapter name missing or repeated, ``new_adapter`` taken, ``inplace`` without
+            ``into_base``, or ``into_base`` on layers with adapters merged into their weights.
+        UnsupportedAdapterError: not a LoRA model, or an adapter that cannot be merged exactly (DoRA,
+            ``lora_bias``, conv layers, ``modules_to_save``, ...).
+        InputMismatchError: adapters whose ΔW of a module differ in shape or layout.
+        MissingDependencyError: ``peft`` is not installed.
 
     Example:
         >>> ram_merge_adapters(peft_model, ["code", "tool"], "generalist",

@@ -20,7 +20,16 @@ from .svd_options import SvdOptions
 
 @dataclass
 class Refactored:
-    """ΔW ≈ B @ A with ``rank`` columns/rows; ``error`` = ‖ΔW − BA‖_F / ‖ΔW‖_F (0 for ΔW = 0)."""
+    """What :func:`refactor` returns: ΔW ≈ B @ A.
+
+    Attributes:
+        A: [rank, in], √S Vᵀ.
+        B: [out, rank], U√S.
+        rank: the rank k kept.
+        error: ‖ΔW − BA‖_F / ‖ΔW‖_F, measured (0 for ΔW = 0).
+        svd: the SVD used, ``"exact"`` or ``"randomized"``.
+        seconds: the time it took.
+    """
 
     A: Tensor
     B: Tensor
@@ -49,17 +58,23 @@ def refactor(
     """Truncated SVD of ``delta`` ([out, in], B·A layout) into ``B`` [out, k] and ``A`` [k, in], split as
     B = U√S, A = √S Vᵀ.
 
-    Args:
-        delta: the matrix ΔW.
-        rank: k (capped at min(out, in)); the same as ``SvdOptions.rank``.
-        svd_options: an :class:`SvdOptions`; or its fields as keywords (``energy=``, ``svd=``, ``oversample=``,
-            ``niter=``, ``seed=``), not both (:class:`ConfigError`).
-
     ``energy``: the smallest k whose singular values capture that fraction of ‖ΔW‖²_F, at most ``rank`` (or
     min(out, in)). ``svd="exact"``: ``torch.linalg.svd(full_matrices=False)``; ``"randomized"``:
     ``torch.svd_lowrank`` with q = k + ``oversample`` (default max(k, 16)) columns and ``niter`` power
     iterations, drawn from a generator seeded with ``seed`` (the global RNG is left as it was); ``"auto"``:
     randomized when q ≤ min(out, in) / 4, else exact. The error is measured, not estimated.
+
+    Args:
+        delta: the matrix ΔW.
+        rank: k (capped at min(out, in)); the same as ``SvdOptions.rank``.
+        svd_options: an :class:`SvdOptions`; or its fields as keywords, not both.
+        **svd_keywords: the fields as keywords (``energy=``, ``svd=``, ``oversample=``, ``niter=``, ``seed=``).
+
+    Returns:
+        A :class:`Refactored`: ``A``, ``B``, the rank kept, the relative error, the SVD used, the seconds.
+
+    Raises:
+        ConfigError: an unknown or invalid SVD option, options given both ways, or neither ``rank`` nor ``energy``.
 
     Example:
         >>> out = refactor(delta, svd_options=SvdOptions(rank=8, svd="exact"))   # doctest: +SKIP

@@ -11,7 +11,18 @@ from ..methods.ram.config import RamConfig
 
 @dataclass
 class ModuleReport:
-    """One module of the merged adapter: its shape, its rank, and the re-factorisation's relative error."""
+    """One module of the merged adapter: its shape, its rank, and the re-factorisation's relative error.
+
+    Attributes:
+        shape: B·A's shape ``(out, in)``.
+        kind: ``"linear"`` or ``"embedding"``.
+        adapters: the adapters that target the module.
+        rank: the re-factored rank k.
+        error: the relative Frobenius error ‖ΔW* − B A‖ / ‖ΔW*‖ (0 for ΔW* = 0).
+        svd: the SVD used, ``"exact"`` or ``"randomized"``.
+        seconds: the time its re-factorisation took.
+        norm: ‖ΔW*‖_F, the merged delta's norm (it weighs the module in :attr:`AdapterMergeReport.error`).
+    """
 
     shape: tuple[int, int]
     kind: str
@@ -30,6 +41,17 @@ class AdapterMergeReport:
     ``density``: per adapter, the fraction of its ΔW entries with |Δ| > eps (over the modules it targets);
     ``active``: the fraction the activity rule kept; ``modules``: per module rank and relative Frobenius error
     of the re-factorisation (``None`` with ``into_base=True``); λ and ρ per adapter for RAM+.
+
+    Attributes:
+        adapters, target: the merged adapters' names and where the merge went (``"base weights"``,
+            ``"adapter 'name'"`` or ``"adapter folder <out>"``).
+        method, config: the merge method and its config.
+        sparsify: the activity rule (its ``str``), None for |Δ| > eps.
+        density, active, lambdas, rho: per adapter (see above; ``lambdas`` / ``rho`` None unless RAM+).
+        modules: per module name, its :class:`ModuleReport`.
+        merge_seconds, refactor_seconds, seconds: the time merging, re-factoring and in all took.
+
+    >>> print(ram_merge_adapters(peft_model, ["code", "tool"], "merged").table())   # doctest: +SKIP
     """
 
     adapters: tuple[str, ...]
@@ -59,6 +81,13 @@ class AdapterMergeReport:
         return math.sqrt(num / den) if den > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready plain values.
+
+        Returns:
+            The fields (tuples as lists, an infinite ρ as ``"inf"``, RAM's config as its flat keywords) plus
+            ``error``, ``max_error`` and ``seconds: {"merge", "refactor", "total"}``.
+        """
+
         def num(x: float | None) -> float | None | str:
             return None if x is None else ("inf" if math.isinf(x) else float(x))
 
@@ -95,6 +124,12 @@ class AdapterMergeReport:
         }
 
     def table(self) -> str:
+        """A human-readable summary.
+
+        Returns:
+            Lines: per adapter density, active fraction, ρ and λ; per module shape, rank, error and SVD (when
+            re-factored); the timings.
+        """
         lines = [
             f"{self.method} of {len(self.adapters)} adapters -> {self.target}"
             + (f"  (activity rule: {self.sparsify})" if self.sparsify else "  (activity rule: |Δ| > eps)")

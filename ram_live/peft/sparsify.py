@@ -16,7 +16,16 @@ from ..methods import RAM_METHODS as RAM_FAMILY
 @dataclass(frozen=True)
 class TopK:
     """Keep, per adapter and per module, the ``density`` fraction of ΔW entries of largest magnitude (k =
-    int(density · numel), entries tied with the k-th magnitude kept); the rest count as "not updated"."""
+    int(density · numel), entries tied with the k-th magnitude kept); the rest count as "not updated".
+
+    Attributes:
+        density: the fraction kept, in (0, 1] (1: keep all).
+
+    Raises:
+        ConfigError: ``density`` is not a number in (0, 1].
+
+    >>> ram_merge_adapters(peft_model, ["code", "tool"], sparsify=TopK(0.3))   # doctest: +SKIP
+    """
 
     density: float = 0.2
 
@@ -25,7 +34,15 @@ class TopK:
             raise ConfigError(f"TopK.density must be in (0, 1], got {self.density!r}")
 
     def cut(self, delta: Tensor) -> float | None:
-        """Entries with |Δ| below this are dropped (``None``: keep all)."""
+        """The magnitude cut of one adapter's ΔW for one module.
+
+        Args:
+            delta: the module's ΔW.
+
+        Returns:
+            The k-th largest |Δ|: entries with |Δ| below it are dropped (``None``: keep all, density 1;
+            ``inf``: keep none, k = 0).
+        """
         return F.magnitude_threshold(delta, self.density)
 
     def __str__(self) -> str:
@@ -35,7 +52,16 @@ class TopK:
 @dataclass(frozen=True)
 class RelativeThreshold:
     """Keep, per adapter and per module, the ΔW entries with |Δ| > ``threshold`` · RMS(ΔW of that module);
-    for Gaussian-like deltas threshold 1.0 keeps ≈ 32 %, 2.0 keeps ≈ 4.6 %."""
+    for Gaussian-like deltas threshold 1.0 keeps ≈ 32 %, 2.0 keeps ≈ 4.6 %.
+
+    Attributes:
+        threshold: the multiple of the module's RMS an entry must exceed; >= 0 (0: keep every non-zero entry).
+
+    Raises:
+        ConfigError: ``threshold`` is not a number >= 0.
+
+    >>> ram_merge_adapters(peft_model, ["code", "tool"], sparsify=RelativeThreshold(2.0))   # doctest: +SKIP
+    """
 
     threshold: float = 1.0
 
@@ -44,8 +70,16 @@ class RelativeThreshold:
             raise ConfigError(f"RelativeThreshold.threshold must be >= 0, got {self.threshold!r}")
 
     def cut(self, delta: Tensor) -> float | None:
-        """Entries with |Δ| below this are dropped (``None``: keep all). The rule is strict (|Δ| > t): the cut
-        is the next float above t, so that |Δ| == t is dropped too."""
+        """The magnitude cut of one adapter's ΔW for one module.
+
+        Args:
+            delta: the module's ΔW.
+
+        Returns:
+            The cut: entries with |Δ| below it are dropped. The rule is strict (|Δ| > t, t = threshold · RMS): the
+            cut is the next float above t, so that |Δ| == t is dropped too. ``None`` (keep all) when t is 0
+            (threshold 0, or ΔW = 0).
+        """
         t = float(self.threshold * delta.float().pow(2).mean().sqrt())
         return math.nextafter(t, math.inf) if t > 0 else None
 

@@ -73,20 +73,40 @@ class SvdOptions:
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        """The option names, in declaration order."""
+        """The option names, in declaration order.
+
+        Returns:
+            ``("rank", "energy", "svd", "oversample", "niter", "seed")``.
+        """
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
     def take(cls, keywords: MutableMapping[str, Any]) -> dict[str, Any]:
-        """Remove the options' keyword spellings from ``keywords`` (an entry point's ``**options``); return them."""
+        """Remove the options' keyword spellings from ``keywords``.
+
+        Args:
+            keywords: an entry point's ``**options``; the SVD options' names are popped from it.
+
+        Returns:
+            ``{name: value}`` of those popped (unchecked: pass them to :meth:`of`).
+        """
         return {name: keywords.pop(name) for name in cls.names() if name in keywords}
 
     @classmethod
     def of(cls, options: SvdOptions | None = None, /, *, where: str = "", **keywords: Any) -> SvdOptions:
         """``options``, or the options built from the keyword spellings (``rank=8, svd="exact"``), checked.
 
-        Unknown keyword names, and keywords given together with ``options``, are :class:`ConfigError` naming
-        them (and ``where``, the entry point).
+        Args:
+            options: an :class:`SvdOptions`, or None to build one from ``keywords``.
+            where: the entry point, named in errors.
+            **keywords: the options' keyword spellings (given only without ``options``).
+
+        Returns:
+            ``options`` itself, or ``SvdOptions(**keywords)``.
+
+        Raises:
+            ConfigError: an unknown keyword name, ``options`` not an :class:`SvdOptions`, keywords given together
+                with ``options``, or an invalid value (naming the option and ``where``).
         """
         head = f"{where}: " if where else ""
         unknown = sorted(set(keywords) - set(cls.names()))
