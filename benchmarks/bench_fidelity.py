@@ -283,9 +283,7 @@ def stops(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     for t in history:
         if t["stop"] is None or t["score"] is None:
             continue
-        options = from_json(t["options"])
-        if options.get("importance") == "store":  # the snapshots' own importances: merge takes them unasked
-            del options["importance"]
+        options = from_json(t["options"])  # importance="stored", where chosen, re-makes the same merge
         full = evaluate(merge(agents, base=base, method=t["method"], **options))
         ref = max(
             h["score"]

@@ -173,7 +173,7 @@ def table(runner: Runner, meta: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {out.status} | {_fmt(r.get('seconds', out.seconds), '.3f')} | "
             f"{_fmt(r.get('x_floor'))} | {kernels} | {_fmt(r.get('extra_over_output'))} | {vs_s} | "
-            f"{_fmt(ref, 'd')} | {targets} | {note[:160]} |"
+            f"{_fmt(ref, '.3g')} | {targets} | {note[:160]} |"
         )
     summary = runner.summary()
     lines += [

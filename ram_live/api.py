@@ -225,7 +225,8 @@ def merge(
     method_obj = get_method(method)
     cfg = make_config(method, config, **options)
     agents, base_src = input_sources(models, base)
-    weights, how = resolve_importance(importance, agents)  # None: plain RAM; "stored": the snapshots'
+    # None: plain RAM; "stored": the snapshots' (an excluded agent needs none)
+    weights, how = resolve_importance(importance, agents, getattr(cfg, "exclude", ()))
     aux = None if weights is None else {"importance": weights}
     if inplace and not isinstance(base, nn.Module):
         raise ConfigError("inplace=True needs the base to be an nn.Module")

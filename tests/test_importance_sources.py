@@ -69,6 +69,17 @@ def test_stored_with_an_agent_without_importances_names_it(tmp_path):
         merge(sd, base=store.base_source(), importance="stored")
 
 
+def test_stored_asks_nothing_of_an_excluded_agent(tmp_path):
+    """``exclude=`` leaves an agent out as if not passed: "stored" then needs no importances of it, as a mapping
+    without it does, and both give the same bits."""
+    store = _store(tmp_path, with_importance=("a0", "a2"))
+    snaps = store.latest_all()
+    stored, info = merge(snaps, method="ram", importance="stored", exclude=["a1"], return_info=True)
+    by_hand = merge(snaps, method="ram", importance={n: snaps[n].importance for n in ("a0", "a2")}, exclude=["a1"])
+    assert info.extra["importance"] == "stored"
+    assert all(torch.equal(stored[k], by_hand[k]) for k in ("w", "v"))
+
+
 @pytest.mark.parametrize("value", [False, True, "store", "adam"])
 def test_false_and_other_strings_are_config_errors(tmp_path, value):
     store = _store(tmp_path)

@@ -219,12 +219,14 @@ def test_mergekit_ties_convention_divides_by_weights():
 def test_streaming_path_equals_stacked_combine(base_sd, name):
     import dataclasses
 
-    stacked = dataclasses.replace(ram_live.get_method(name), name=f"{name}_stacked_test", accumulator=None)
+    method = ram_live.get_method(name)
+    stacked = dataclasses.replace(method, name=f"{name}_stacked_test", accumulator=None, kernels=None)
     _REGISTRY[stacked.name] = stacked
     try:
         agents = make_agents(base_sd, [0.1, 0.5, 0.7], scale=0.05)
         a = merge(agents, base=base_sd, method=name, chunk_numel=50)
-        b = merge(agents, base=base_sd, method=stacked.name, chunk_numel=50)
+        b, info = merge(agents, base=base_sd, method=stacked.name, chunk_numel=50, return_info=True)
+        assert info.extra["kernels"] == {"eager": len(base_sd)}  # the stacked combine, no fast path
         for k in base_sd:
             torch.testing.assert_close(a[k], b[k], rtol=2e-7, atol=1e-7)
     finally:

@@ -13,7 +13,7 @@ import torch
 
 import ram_live.methods.ram.native as native
 from ram_live.methods import ram as R
-from ram_live import merge
+from ram_live import ConfigError, merge
 from ram_live.methods.ram.config import RamConfig
 from ram_live.methods.ram.rules import Given, RhoClip, Unit
 from ram_live.methods import _REGISTRY, Activity, MethodKernels, get_method, register_method
@@ -157,3 +157,30 @@ def test_rams_bound_is_its_largest_lambda() -> None:
     }
     assert ram_kernels(RamConfig()).single_read is not None
     assert ram_kernels(RamConfig(shared="sign")).single_read is None  # the sign rule counts first, then merges
+
+
+def test_kernels_declared_as_flags_are_refused_naming_the_field() -> None:
+    """``MethodKernels`` holds callables the engine runs; the former flags would be silently ignored."""
+    for field in ("merge", "count", "single_read", "native"):
+        with pytest.raises(ConfigError, match=rf"MethodKernels\({field}=True\)"):
+            MethodKernels(**{field: True})
+    assert MethodKernels(native=lambda: False).native() is False
+
+
+def test_compile_true_for_a_method_without_compiled_kernels_merges_eagerly(base_sd, agents, monkeypatch) -> None:
+    """TIES declares no compiled kernels: ``compile=True`` compiles nothing (not even the validation's counts), so
+    a broken toolchain changes nothing and no warning is given."""
+    import warnings
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("toolchain broken")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    module = torch.nn.ParameterDict({k.replace(".", "_"): torch.nn.Parameter(v.clone()) for k, v in base_sd.items()})
+    models = [{k.replace(".", "_"): v for k, v in a.items()} for a in agents]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, info = merge(models, base=module, method="ties", inplace=True, compile=True, return_info=True)
+    assert info.extra["compiled"] is False and info.extra["kernels"] == {"eager": len(base_sd)}
+    expected = merge(models, base={k.replace(".", "_"): v for k, v in base_sd.items()}, method="ties")
+    assert_bit_identical({k: p.detach() for k, p in module.items()}, expected)

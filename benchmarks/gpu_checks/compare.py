@@ -8,10 +8,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["TOLERANCE_ULP", "compare_outputs", "exact_counts", "reference64", "ulp_distance"]
+__all__ = ["TOLERANCE_ULP", "compare_outputs", "exact_counts", "reference64", "scaled_ulp_distance", "ulp_distance"]
 
 #: The documented tolerance across devices (docs/performance.md, "GPU readiness"): every output entry within one
-#: ULP of the output dtype of the CPU result and of the float64 reference.
+#: ULP of the output dtype of the CPU result, and of the float64 reference in ULPs at the scale of the operands
+#: (:func:`scaled_ulp_distance`).
 TOLERANCE_ULP = 1
 
 _INT = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
@@ -29,6 +30,18 @@ def ulp_distance(a: Tensor, b: Tensor) -> Tensor:
     if a.dtype != b.dtype or a.shape != b.shape:
         raise ValueError(f"dtype/shape differ: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}")
     return (_ordered(a) - _ordered(b)).abs()
+
+
+def scaled_ulp_distance(got: Tensor, ref: Tensor, base: Tensor) -> Tensor:
+    """|got - ref| in ULPs of ``got``'s dtype at the scale of the operands, max(|θ₀|, |ref|), entry by entry
+    (float64). The merge computes θ₀ + τ* in float32 (λ a float32), so where θ₀ and τ* cancel, a result near 0 is
+    off the float64 reference by a float32 rounding of θ₀: thousands of ULPs at the result's own scale, a fraction
+    of one at the operands'."""
+    scale = torch.maximum(base.double().abs(), ref.double().abs())
+    info = torch.finfo(got.dtype)
+    exponent = torch.floor(torch.log2(scale.clamp_min(info.tiny)))
+    ulp = torch.exp2(exponent) * info.eps
+    return (got.double() - ref.double()).abs() / ulp
 
 
 def _bits_equal(a: Tensor, b: Tensor) -> Tensor:

@@ -229,16 +229,26 @@ def check_merge(setup: Setup, label: str, compiled: bool, small: bool, out: Outc
         )
     if ref is not None:
         for who, res in (("device", got), ("cpu", cpu)):
-            worst = max(int(compare.ulp_distance(res[k], ref[k]).max()) for k in ref)
-            out.result[f"{who}_vs_float64_ulp"] = worst
-            out.require(worst <= compare.TOLERANCE_ULP, f"{who} result {worst} ULP from the float64 reference")
+            worst = max(float(compare.scaled_ulp_distance(res[k], ref[k], setup.cpu_base[k]).max()) for k in ref)
+            out.result[f"{who}_vs_float64_ulp"] = round(worst, 3)
+            out.result[f"{who}_vs_float64_ulp_at_result"] = max(
+                int(compare.ulp_distance(res[k], ref[k]).max()) for k in ref
+            )
+            out.require(
+                worst <= compare.TOLERANCE_ULP,
+                f"{who} result {worst:.3g} ULP (at the operands' scale) from the float64 reference",
+            )
     if label == "RAM+":
         _check_counts(setup, info, out)
     if compiled and label in setup.eager:
         same = compare.compare_outputs(got, setup.eager[label], setup.cpu_base, setup.cpu_agents)
         out.result["vs_eager_share_differing"] = same["share_differing"]
+        out.result["vs_eager_max_ulp"] = same["max_ulp"]
+        # CPU: the same bits (inductor's C++ follows the eager ops); CUDA: Triton's code rounds a few entries
+        # differently (docs/performance.md, "GPU readiness"), within the tolerance
+        exact = dev.type == "cpu"
         out.require(
-            same["share_differing"] == 0,
+            same["share_differing"] == 0 if exact else same["max_ulp"] <= compare.TOLERANCE_ULP,
             f"compiled result differs from the eager one on this device in "
             f"{same['share_differing']:.2e} of the entries (max {same['max_ulp']} ULP)",
         )

@@ -65,9 +65,10 @@ def resolve_compile(
 
 def compiler_works(kernels: MethodKernels | None, device: torch.device, k: int, auxiliary: bool) -> bool:
     """Build (or load from the cache) the method's compiled kernels on a tiny input (``kernels.warm_up``), so that
-    a missing or broken toolchain falls back to the eager path with a warning before anything is written."""
+    a missing or broken toolchain falls back to the eager path with a warning before anything is written; False
+    for a method that declares none (TIES, DARE, task arithmetic, linear: they merge, and count, eagerly)."""
     if kernels is None or kernels.warm_up is None:
-        return True
+        return False
     try:
         kernels.warm_up(device, k, auxiliary)
         return True

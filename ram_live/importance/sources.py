@@ -70,13 +70,16 @@ class ConstantImportance:
         return {}
 
 
-def resolve_importance(importance: Any, agents: Sequence[Any]) -> tuple[dict[str, TensorSource] | None, str | None]:
+def resolve_importance(
+    importance: Any, agents: Sequence[Any], exclude: Sequence[str] = ()
+) -> tuple[dict[str, TensorSource] | None, str | None]:
     """``importance=`` of a merge as ``({agent name: source}, how)``: ``(None, None)`` for None (plain RAM),
     ``(stored, "stored")`` for :data:`STORED`, ``(given, "given")`` for per-agent importances.
 
     Args:
         importance: None, ``"stored"``, or per-agent importances as :func:`importance_sources` takes them.
         agents: the merge's agents as sources (their ``name``; for ``"stored"`` their ``importance``).
+        exclude: agents the merge leaves out (its config's ``exclude``): ``"stored"`` asks nothing of them.
 
     Returns:
         The per-agent sources (None: none) and how they were given (``MergeInfo.extra["importance"]``).
@@ -98,7 +101,8 @@ def resolve_importance(importance: Any, agents: Sequence[Any]) -> tuple[dict[str
                 f"importance={importance!r}: the one string it takes is 'stored' (the importances "
                 "stored with store snapshots); else None (plain RAM) or {agent: importances}"
             )
-        return stored_sources({a.name: stored_importance_of(a) for a in agents}), "stored"
+        kept = [a for a in agents if a.name not in exclude]
+        return stored_sources({a.name: stored_importance_of(a) for a in kept}), "stored"
     return importance_sources(importance, [a.name for a in agents]), "given"
 
 

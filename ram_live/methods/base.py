@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -87,6 +88,10 @@ class MethodKernels:
         native: ``native() -> bool``: whether vector-level native CPU kernels are built here (``compile="auto"``
             then does not compile on CPU).
 
+    Raises:
+        ConfigError: a field that is neither a callable nor None (the former flags ``native=True``,
+            ``single_read=True``: declare ``kernels=ram_kernels`` instead).
+
     Example:
         >>> MethodKernels().merge is None
         True
@@ -98,6 +103,15 @@ class MethodKernels:
     single_read: Callable[..., Any] | None = None
     warm_up: Callable[[torch.device, int, bool], None] | None = None
     native: Callable[[], bool] | None = None
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None and not callable(value):
+                raise ConfigError(
+                    f"MethodKernels({f.name}={value!r}): each field is a callable the engine runs, or None "
+                    "(a RAM-like method declares RAM's: kernels=ram_live.methods.ram.method.ram_kernels)"
+                )
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,13 @@ from .base import Combine, MergeMethod
 __all__ = ["register_method", "get_method", "available_methods", "make_config", "method_of_config"]
 
 _REGISTRY: dict[str, MergeMethod] = {}
-#: The built-in families, registered when the registry is first asked (their modules import torch).
-_BUILTINS = ("linear", "task_arithmetic", "ties", "dare", "ram.method")
-_loaded = False
 
 
 def _load_builtins() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for module in _BUILTINS:
-            importlib.import_module(f"ram_live.methods.{module}")
+    """Register the built-in families (their modules import torch) before the registry answers: importing
+    :mod:`ram_live.methods.builtins` runs once, and a thread that asks meanwhile waits for it (the import lock); a
+    family that fails to import raises its own error, at every ask."""
+    importlib.import_module("ram_live.methods.builtins")
 
 
 def register_method(

@@ -221,7 +221,7 @@ class Merger:
 
     def merge(self, candidate: Mapping[str, Any]) -> tuple[Any, MergeInfo, float]:
         options = self.options_of(candidate)
-        weights, _ = resolve_importance(candidate.get("importance"), self.agents)
+        weights, _ = resolve_importance(candidate.get("importance"), self.agents, tuple(options.get("exclude", ())))
         aux = None if weights is None else {"importance": weights}
         method = self._cached(get_method(candidate["method"]))
         config = make_config(candidate["method"], **options)
