@@ -62,6 +62,9 @@ class MergekitPlan:
         base: the base model folder.
         options: the method's options (``weights``, ``density``/``densities``, ``divide_by``, ...).
         dtype: the output dtype (``out_dtype``, else ``dtype``), None: the base's.
+
+    Example:
+        >>> from_mergekit_yaml("ties.yml").merge(out="merged/")                  # doctest: +SKIP
     """
 
     mergekit_method: str
@@ -76,24 +79,43 @@ class MergekitPlan:
         (``ramplus_tl``: ``RamConfig(lam=RhoClip(r, alpha), rho_scope="tensor")``), which
         ``merge(models, base, config=plan.config())`` runs as :meth:`merge` does.
 
+        Returns:
+            The method's config object (``RamConfig``, ``TiesConfig``, ...), made from :attr:`options`.
+
         Raises:
-            ConfigError: options the method does not take.
+            ConfigError: options the method does not take, or values it refuses.
         """
         from .methods import make_config
 
         return make_config(self.method, **self.options)
 
     def kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`ram_live.merge` besides the models and the base."""
+        """The keyword arguments of :func:`ram_live.merge` besides the models and the base.
+
+        Returns:
+            A new dict: ``method``, ``dtype`` and the method's :attr:`options`.
+        """
         return {"method": self.method, "dtype": self.dtype, **self.options}
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.models, self.base, self.kwargs()))
 
     def merge(self, out: str | os.PathLike[str] | None = None, **overrides: Any) -> Any:
-        """Run the merge (``out=``: write a Hugging Face folder there); ``overrides`` go to :func:`ram_live.merge`.
+        """Run the merge with :func:`ram_live.merge`.
 
-        Example: ``from_mergekit_yaml("ties.yml").merge(out="merged/")``."""
+        Args:
+            out: write the merge there as a Hugging Face folder (with the base's config and tokenizer files);
+                None: return it.
+            **overrides: more :func:`ram_live.merge` keywords (``device``, ``progress``, ...), or ones replacing
+                the plan's (``dtype``, an option).
+
+        Returns:
+            What :func:`ram_live.merge` returns: the path written with ``out=``, else the merged model (a state
+            dict: the base is a folder).
+
+        Raises:
+            ConfigError: an override or option :func:`ram_live.merge` refuses.
+        """
         from .api import merge
 
         return merge(self.models, base=self.base, out=out, **{**self.kwargs(), **overrides})
@@ -106,8 +128,13 @@ def from_mergekit_yaml(path: str | os.PathLike[str]) -> MergekitPlan:
         path: the YAML file. Model paths are local folders, relative to the working directory as in mergekit,
             or Hugging Face ids (``org/name[@revision]``) found in the local cache (ram_live downloads nothing).
 
-    Raises :class:`ConfigError` naming every key ram_live does not support, and for methods other than those
-    above.
+    Returns:
+        The :class:`MergekitPlan`: unpacks as ``models, base, kwargs``; :meth:`MergekitPlan.merge` runs it.
+
+    Raises:
+        ConfigError: PyYAML is not installed; the file cannot be read or is not valid YAML; a key ram_live does not
+            support (all of them named), a ``merge_method`` other than those above, a model that is not a local
+            folder, a ``.safetensors`` file or a cached Hugging Face id, or a value out of range.
 
     Example:
         >>> models, base, kwargs = from_mergekit_yaml("ties.yml")               # doctest: +SKIP

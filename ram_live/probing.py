@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from .errors import ConfigError
 from .methods.ram.config import RAM_METHODS
 from .methods.ram.lambdas import ram_lambda, rho
 from .methods.ram.method import ram_activity
+from .probe_stats import AgentStats, layer_of, rho_text
 from .types import Activity, RamStatistics
 from .methods.ram.config import RamConfig, RhoClip
 
@@ -35,73 +35,25 @@ __all__ = ["probe", "ProbeReport", "AgentStats"]
 
 
 @dataclass
-class AgentStats:
-    """Counts of one agent over a set of entries (the whole model, or one tensor)."""
-
-    total: int
-    active: int
-    unique: int
-    lambdas: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def shared(self) -> int:
-        return self.active - self.unique
-
-    @property
-    def density(self) -> float:
-        return self.active / self.total if self.total else 0.0
-
-    @property
-    def unique_share(self) -> float:
-        """Of this agent's active entries, the share no other agent touched."""
-        return self.unique / self.active if self.active else 0.0
-
-    @property
-    def shared_share(self) -> float:
-        return self.shared / self.active if self.active else 0.0
-
-    @property
-    def rho(self) -> float:
-        return rho(self.unique, self.active)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "total": self.total,
-            "active": self.active,
-            "density": self.density,
-            "unique": self.unique,
-            "shared": self.shared,
-            "unique_share": self.unique_share,
-            "shared_share": self.shared_share,
-            "rho": _json_float(self.rho),
-            "lambda": {k: _json_float(v) for k, v in self.lambdas.items()},
-        }
-
-
-def _json_float(x: float) -> float | str | None:
-    if math.isnan(x):
-        return None
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
-
-
-def _rho_text(rho: float) -> str:
-    return "inf" if rho == float("inf") else f"{rho:.3f}"
-
-
-def layer_of(key: str) -> str:
-    """The layer a tensor belongs to: up to its first numeric path component, else its module path."""
-    match = re.match(r"^(.*?\.\d+)\.", key)
-    if match:
-        return match.group(1)
-    return key.rsplit(".", 1)[0] if "." in key else key
-
-
-@dataclass
 class ProbeReport:
     """Per agent (``agents``), per tensor (``tensors``), pairwise (``jaccard``, ``expected_jaccard``,
-    ``cosine``) statistics of the task vectors, and the histogram of the overlap count c = 0..K."""
+    ``cosine``) statistics of the task vectors, and the histogram of the overlap count c = 0..K.
+
+    Attributes:
+        agent_names: the agents' names, in input order (the rows and columns of the pairwise matrices).
+        agents: name → its :class:`AgentStats` over every merged tensor (active, unique, ρ, λ per RAM variant).
+        tensors: tensor name → agent name → its :class:`AgentStats` in that tensor, in model order.
+        jaccard: K×K share of entries both agents updated among those either did.
+        expected_jaccard: K×K, the Jaccard index independent masks of the agents' densities would give.
+        cosine: K×K cosine similarity of the whole task vectors (0 for an all-zero one).
+        histogram: entries by the number of agents c = 0..K that updated them.
+        activity: the rule the entries were counted with.
+        r, alpha: the RAM+ λ rule's parameters the λ were computed with.
+        fingerprint: a digest of the inputs, as :attr:`RamStatistics.fingerprint`.
+
+    Example:
+        >>> print(probe([coder, tool_agent], base=base_model).table())   # doctest: +SKIP
+    """
 
     agent_names: tuple[str, ...]
     agents: dict[str, AgentStats]
@@ -117,7 +69,12 @@ class ProbeReport:
 
     def statistics(self) -> RamStatistics:
         """The per-agent counts as RAM+ needs them: ``ram_merge(..., statistics=report.statistics())`` on the same
-        inputs with the same activity rule skips the merge's own statistics pass (RAM+ in one pass)."""
+        inputs with the same activity rule skips the merge's own statistics pass (RAM+ in one pass).
+
+        Returns:
+            The :class:`RamStatistics`: active and unique counts per agent and the histogram (int64), stamped with
+            the agents, activity rule, entry count and inputs' fingerprint a merge checks before taking them.
+        """
         return RamStatistics(
             torch.tensor([self.agents[n].active for n in self.agent_names], dtype=torch.int64),
             torch.tensor([self.agents[n].unique for n in self.agent_names], dtype=torch.int64),
@@ -129,7 +86,11 @@ class ProbeReport:
         )
 
     def layers(self) -> dict[str, dict[str, AgentStats]]:
-        """Per-tensor stats summed by layer (see :func:`layer_of`), in model order."""
+        """Per-tensor stats summed by layer (see :func:`layer_of`), in model order.
+
+        Returns:
+            Layer → agent name → its :class:`AgentStats` (total, active, unique; no λ) over the layer's tensors.
+        """
         out: dict[str, dict[str, AgentStats]] = {}
         for key, per_agent in self.tensors.items():
             layer = out.setdefault(layer_of(key), {})
@@ -141,7 +102,11 @@ class ProbeReport:
         return out
 
     def table(self) -> str:
-        """A text table: per agent, then pairwise overlap and the histogram of c."""
+        """A text table: per agent, then pairwise overlap and the histogram of c.
+
+        Returns:
+            The table, lines joined by newlines (no trailing newline), for ``print``.
+        """
         head = ("agent", "active", "density", "unique", "shared", "uniq%", "rho", "λ ram+", "λ ram+s")
         rows = [head] + [
             (
@@ -151,7 +116,7 @@ class ProbeReport:
                 f"{s.unique:,}",
                 f"{s.shared:,}",
                 f"{s.unique_share:.1%}",
-                _rho_text(s.rho),
+                rho_text(s.rho),
                 f"{s.lambdas['ram_plus']:.4f}",
                 f"{s.lambdas['ram_plus_soft']:.4f}",
             )
@@ -182,7 +147,12 @@ class ProbeReport:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able (``json.dumps(..., allow_nan=False)`` works; ρ = +inf is the string ``"inf"``)."""
+        """The whole report as plain data.
+
+        Returns:
+            A JSON-able dict (``json.dumps(..., allow_nan=False)`` works; ρ = +inf is the string ``"inf"``): agents,
+            tensors, layers, pairwise, histogram, activity, r, alpha.
+        """
         return {
             "agents": {n: self.agents[n].to_dict() for n in self.agent_names},
             "tensors": {k: {n: s.to_dict() for n, s in v.items()} for k, v in self.tensors.items()},
@@ -200,7 +170,17 @@ class ProbeReport:
         }
 
     def plot(self, path: str) -> str:
-        """Heatmaps of per-layer density and unique share per agent, saved to ``path`` (needs the ``plot`` extra)."""
+        """Heatmaps of per-layer density and unique share per agent, saved to ``path`` (needs the ``plot`` extra).
+
+        Args:
+            path: the image file to write (its suffix picks the format: ``.png``, ``.pdf``, ``.svg``, ...).
+
+        Returns:
+            ``path``.
+
+        Raises:
+            ImportError: matplotlib is not installed.
+        """
         try:
             import matplotlib
 

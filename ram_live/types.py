@@ -62,6 +62,13 @@ class Activity:
 
     ``"abs"``: |τ| > eps (the paper, eps = 1e-5). ``"changed"``: the stored value differs, compared in the
     narrower dtype of agent and base (for bf16 checkpoints this is |Δ| > ~1e-3·|w|); ``eps`` is unused.
+
+    Attributes:
+        rule: ``"abs"`` or ``"changed"`` (not checked here: a merge makes it from its config's checked options).
+        eps: the ``"abs"`` threshold on |τ|; ``eps <= 0`` counts every τ ≠ 0.
+
+    Example:
+        >>> count_active(agent_w, base_w, Activity("abs", 1e-4))   # doctest: +SKIP
     """
 
     rule: Literal["abs", "changed"] = "abs"
@@ -77,7 +84,13 @@ class Activity:
     def threshold_for(self, dtype: torch.dtype) -> float:
         """``eps`` as a ``dtype`` value for comparisons in that dtype: the largest one ≤ eps, so that ``|τ| >
         threshold`` there is exactly ``|τ| > eps`` (rounded to nearest, 1e-3 is above 1e-3 in float32, and a τ
-        of exactly that float32 value would count as inactive). 0 for "changed" and for ``eps <= 0``.
+        of exactly that float32 value would count as inactive).
+
+        Args:
+            dtype: the dtype the comparison is made in.
+
+        Returns:
+            The threshold as a Python float (a value of ``dtype``); 0.0 for "changed" and for ``eps <= 0``.
 
         >>> Activity(eps=1e-3).threshold_for(torch.float32) < 1e-3 < float(torch.tensor(1e-3))
         True
@@ -123,7 +136,24 @@ class MergeInfo:
     else 2; in place 2, validation and write, or 3 where some tensor needed a dry run: ``extra["dry_run"]``).
     ``extra["kernels"]``: how many tensors each kind of kernel merged ("native" CPU, "compiled"
     torch.compile, "eager" torch ops); ``extra["single_read"]``: how many tensors RAM+ merged in one read;
-    ``extra["compiled"]``: what ``compile`` resolved to."""
+    ``extra["compiled"]``: what ``compile`` resolved to.
+
+    Attributes:
+        method: the merge method's name.
+        config: the method's config, as resolved.
+        agents: the agents' names, in order.
+        lambdas: λ per agent (None where the method has none).
+        rho: ρ per agent (None where the method has none).
+        statistics: the statistics pass's counts (None where the method takes none).
+        passes: how many times the agents' weights were read.
+        seconds: the merge's wall time.
+        tensors: how many tensors were merged.
+        parameters: how many entries were merged.
+        extra: method- and engine-specific facts (the keys above, and more).
+
+    Example:
+        >>> ram_merge(agents, base=base, return_info=True)[1].passes   # doctest: +SKIP
+    """
 
     method: str
     config: Any
@@ -138,6 +168,10 @@ class MergeInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def count_kernel(self, kind: str) -> None:
-        """Record that one more tensor was merged by a kernel of ``kind`` (``extra["kernels"]``)."""
+        """Record that one more tensor was merged by a kernel of ``kind`` (counted in ``extra["kernels"]``).
+
+        Args:
+            kind: the kernel's kind: ``"native"``, ``"compiled"`` or ``"eager"``.
+        """
         kernels = self.extra.setdefault("kernels", {})
         kernels[kind] = kernels.get(kind, 0) + 1

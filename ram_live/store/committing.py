@@ -30,7 +30,8 @@ from .importance_codes import IMPORTANCE_VERSION, encode_active, local_importanc
 from .local import LocalModel, LocalTensor
 from .maintenance import remove_unreferenced
 from .hashing import fingerprint
-from .manifest import Checked, check_base, check_snapshot, compose_manifest
+from .compose import compose_manifest
+from .manifest import Checked, check_base, check_snapshot
 from .reading import Snapshot, StoreBase
 from .writer import CaptureTotals, SnapshotTotals, SnapshotWriter, activity_rule, piece_entry, takes_importance
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -39,11 +39,9 @@ from .format import (
     SNAPSHOT_FORMAT,
     ST_DTYPES,
     data_step,
-    dtype_name,
     intersect,
     is_base_data,
 )
-from .local import LocalModel
 
 ENCODINGS = ("none", "indices", "bitmask", "dense")
 _CRC_RE = re.compile(r"^[0-9a-f]{8}$")
@@ -348,28 +346,3 @@ def check_base(m: Any) -> Checked:
     files = _files(m, ctx, version, is_base_data)
     _table(m, files, ctx, snapshot=False)
     return Checked(version, files)
-
-
-def compose_manifest(parts: Sequence[Mapping[str, Any]], local: LocalModel, extra: dict[str, Any]) -> dict[str, Any]:
-    """One manifest from the parts of every rank: files, and the pieces of every tensor (``local`` gives the
-    keys, global shapes and dtypes; ``extra`` the head). Raises :class:`StoreError` unless the pieces cover
-    every tensor."""
-    files: list[dict[str, Any]] = []
-    tensors: dict[str, Any] = {
-        k: {"shape": list(t.global_shape), "dtype": dtype_name(t.tensor.dtype, k), "buffer": t.is_buffer, "pieces": []}
-        for k, t in local.tensors.items()
-    }
-    for part in parts:
-        index = len(files)
-        files.append(part["file"])
-        for key, pieces in part["pieces"].items():
-            for p in pieces:
-                tensors[key]["pieces"].append({**p, "file": index})
-    for key, entry in tensors.items():
-        covered = sum(math.prod(p["shape"]) for p in entry["pieces"])
-        if covered != math.prod(entry["shape"]):
-            raise StoreError(
-                f"tensor {key!r}: the ranks' pieces cover {covered} of {math.prod(entry['shape'])} "
-                "elements (is every rank writing?)"
-            )
-    return {**extra, "keys": local.keys(), "aliases": local.aliases(), "files": files, "tensors": tensors}

@@ -1,11 +1,10 @@
-"""Reading a store: its base (:class:`StoreBase`) and snapshots (:class:`Snapshot`, :class:`BoxSource`), rebuilt
-from their manifests' pieces."""
+"""Reading a store: its snapshots (:class:`Snapshot`, :class:`BoxSource`), rebuilt from their manifests' pieces
+over the store's base (:class:`~ram_live.store.base.StoreBase`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,12 +14,13 @@ import torch
 from torch import Tensor
 
 from ..io.sources import TensorSpec
+from .base import ManifestTable, StoreBase, unverified
 from .datafiles import Files
 from .encoding import apply_encoding
-from .errors import BaseMismatchError, CorruptSnapshotError, UnverifiedSnapshotWarning
+from .errors import BaseMismatchError, CorruptSnapshotError
 from .files import read_json
-from .format import Box, box_of, dtype_of, intersect, manifest_name
-from .manifest import Checked, check_base, check_snapshot
+from .format import Box, box_of, intersect, manifest_name
+from .manifest import Checked, check_snapshot
 
 
 class StoreFolder(Protocol):
@@ -37,101 +37,33 @@ class StoreFolder(Protocol):
     def importance_source(self, snapshot: Snapshot) -> Any: ...
 
 
-def _unverified(what: str) -> None:
-    warnings.warn(
-        UnverifiedSnapshotWarning(
-            f"{what} was written by an older ram_live (manifest version 1): its data files carry no checksums, so "
-            "damage to them cannot be detected (take it again to checksum it)"
-        ),
-        stacklevel=4,
-    )
-
-
-class _ManifestTable:
-    """The :class:`TensorSource` methods a manifest's table of tensors answers: keys, specs and tied names."""
-
-    device: torch.device
-
-    def _read_table(self, manifest: Mapping[str, Any]) -> None:
-        self._tensors: dict[str, Any] = manifest["tensors"]
-        self._aliases: dict[str, str] = manifest.get("aliases", {})
-        self._keys: list[str] = manifest.get("keys") or list(self._tensors) + list(self._aliases)
-
-    def keys(self) -> list[str]:
-        return list(self._keys)
-
-    def spec(self, key: str) -> TensorSpec:
-        e = self._tensors[self._aliases.get(key, key)]
-        return TensorSpec(tuple(e["shape"]), dtype_of(e["dtype"]), self.device, bool(e.get("buffer")))
-
-    def aliases(self) -> dict[str, str]:
-        return dict(self._aliases)
-
-    def records(self) -> Mapping[str, Mapping[str, Any]]:
-        """The manifest's record of each stored tensor (shape, dtype, pieces: what :mod:`.importance_codes` reads);
-        read-only by convention: the table is the verified manifest's."""
-        return self._tensors
-
-
-class StoreBase(_ManifestTable):
-    """The store's base model as a :class:`TensorSource` (dense; assembled from pieces), with its ``fingerprint``."""
-
-    def __init__(
-        self,
-        folder: Path,
-        manifest: Mapping[str, Any],
-        device: torch.device | str = "cpu",
-        checked: Checked | None = None,
-    ) -> None:
-        self.name = "base"
-        self.folder = folder
-        self.checked = checked or check_base(manifest)
-        self.manifest = manifest
-        self.fingerprint: str = manifest["fingerprint"]
-        self.device = torch.device(device)
-        self._read_table(manifest)
-        if not self.checked.checksummed:
-            _unverified("the store's base")
-        self._files = Files(folder, self.checked.files, "the store's base")
-
-    def verify(self) -> int:
-        """Check every data file's checksum now (else each is checked on first use); returns the bytes checked."""
-        return self._files.verify()
-
-    def get(self, key: str) -> Tensor:
-        key = self._aliases.get(key, key)
-        shape = tuple(self._tensors[key]["shape"])
-        return self.get_box(key, (0,) * len(shape), shape, copy=False).to(self.device)
-
-    def get_box(self, key: str, offsets: Sequence[int], shape: Sequence[int], copy: bool = True) -> Tensor:
-        """The box ``offsets`` + ``shape`` of the base's tensor ``key`` on the CPU: a new tensor, or with
-        ``copy=False`` possibly a view of the memory-mapped file (never to be written)."""
-        key = self._aliases.get(key, key)
-        entry = self._tensors[key]
-        want: Box = (tuple(offsets), tuple(shape))
-        pieces = entry["pieces"]
-        for p in pieces:
-            if box_of(p) == want:
-                t = self._files.files[p["file"]].tensor(p["values"])  # the manifest's check: a name, of this box
-                return t.clone() if copy else t
-        out = torch.empty(want[1], dtype=dtype_of(entry["dtype"]))
-        covered = 0
-        for p in pieces:
-            inter = intersect(want, box_of(p))
-            if inter is None:
-                continue
-            mine, theirs = inter
-            part = self._files.slice(p["file"], p["values"], theirs)
-            out[tuple(mine)] = part
-            covered += part.numel()
-        if covered != out.numel():
-            raise CorruptSnapshotError(f"base tensor {key!r}: its pieces do not cover the box {want}")
-        return out
-
-
-class Snapshot(_ManifestTable):
+class Snapshot(ManifestTable):
     """One agent's snapshot, read lazily: a :class:`TensorSource` whose ``get`` returns base + changes, bit-exact
-    in the stored dtype, and whose ``base_source()`` is the store's base."""
+    in the stored dtype, and whose ``base_source()`` is the store's base.
+
+    Made by :meth:`SnapshotStore.open <ram_live.store.SnapshotStore.open>` / ``latest``: its manifest is checked in
+    full and its data files opened here (each file's checksum is verified before its first tensor is used). One
+    written by ram_live's first format (no checksums) warns :class:`UnverifiedSnapshotWarning`.
+
+    Args:
+        store: the store it is in.
+        agent: the agent's name.
+        step: the snapshot's step.
+        manifest: its manifest, as read.
+        device: where :meth:`get` / :meth:`get_box` put tensors (and where the base reads to).
+        name: its name as a source (default: ``agent``).
+        checked: what :func:`check_snapshot` found of ``manifest``, when it was checked already.
+
+    Raises:
+        BaseMismatchError: it was taken against another base than the store's.
+        CorruptSnapshotError: the manifest is not valid, names a tensor the base lacks (or of another shape or
+            dtype), or a data file is not the one it names.
+        StoreError: the manifest's format version is newer than this ram_live's.
+        SnapshotNotFoundError: the store has no base, or a data file is missing (pruned while opening).
+
+    Example:
+        >>> SnapshotStore("runs/ram").latest("coder").get("lm_head.weight")   # doctest: +SKIP
+    """
 
     def __init__(
         self,
@@ -167,7 +99,7 @@ class Snapshot(_ManifestTable):
                     step=step,
                 )
         if not self.checked.checksummed:
-            _unverified(f"snapshot {where}")
+            unverified(f"snapshot {where}")
         self._files = Files(store.root / agent, self.checked.files, where, agent, step)
 
     def __repr__(self) -> str:
@@ -208,6 +140,11 @@ class Snapshot(_ManifestTable):
         return self._base.fingerprint
 
     def base_source(self) -> StoreBase:
+        """The store's base, which this snapshot is a diff against.
+
+        Returns:
+            The :class:`StoreBase`, reading to this snapshot's device.
+        """
         return self._base
 
     @property
@@ -220,27 +157,67 @@ class Snapshot(_ManifestTable):
             return None
         return self.store.importance_source(self)
 
-    def stored(self, file: str, record: Mapping[str, Any] | None) -> Tensor | None:
-        """The array ``record`` (a piece's ``values``, ``positions`` or ``importance`` entry) of the data file
-        ``file`` of this snapshot, its checksum verified on first use; None for a missing record."""
+    def stored(self, file: int, record: str | None) -> Tensor | None:
+        """An array of one of this snapshot's data files, as stored (the file's checksum is verified on first use).
+
+        Args:
+            file: the data file's index in the manifest's ``files`` (a piece's ``file``).
+            record: the array's name in it (a piece's ``values``, ``positions`` or ``importance`` entry), or None.
+
+        Returns:
+            The array (a view of the memory-mapped file, never to be written), or None for a ``record`` of None.
+
+        Raises:
+            CorruptSnapshotError: the file fails its checksum, or cannot give the array.
+        """
         return self._files.tensor(file, record)
 
     def verify(self) -> int:
         """Check the checksum of every data file of this snapshot and of the store's base now (else each is
-        checked on first use); :class:`CorruptSnapshotError` naming agent, step and file on a mismatch. Returns
-        the bytes checked."""
+        checked on first use).
+
+        Returns:
+            The bytes checked (files written without checksums count 0).
+
+        Raises:
+            CorruptSnapshotError: a file's checksum is not its manifest's (naming agent, step and file).
+        """
         return self._files.verify() + self._base.verify()
 
     # -- TensorSource (keys, spec, aliases: _ManifestTable)
     def get(self, key: str) -> Tensor:
-        """The agent's tensor ``key``, bit-exact (a new tensor, or a read-only view of the file when every value
-        of it is stored: never to be written)."""
+        """The agent's tensor ``key``: the base's plus this snapshot's changes, bit-exact.
+
+        Args:
+            key: a tensor name (a tied name gives its tensor).
+
+        Returns:
+            The tensor on this snapshot's device, in its stored dtype: a new tensor, or on the CPU a view of the
+            file when every value of it is stored (never to be written).
+
+        Raises:
+            CorruptSnapshotError: a data file (this snapshot's or the base's) fails its checksum, or a piece's
+                values or positions do not fit it.
+        """
         key = self._aliases.get(key, key)
         shape = tuple(self._tensors[key]["shape"])
         return self.get_box(key, (0,) * len(shape), shape)
 
     def get_box(self, key: str, offsets: Sequence[int], shape: Sequence[int]) -> Tensor:
-        """The box ``offsets`` + ``shape`` of the agent's tensor ``key`` (base + this snapshot's changes)."""
+        """The box ``offsets`` + ``shape`` of the agent's tensor ``key`` (base + this snapshot's changes).
+
+        Args:
+            key: a tensor name (a tied name gives its tensor).
+            offsets: the box's first index along each dimension.
+            shape: the box's size along each dimension.
+
+        Returns:
+            The box on this snapshot's device, in the stored dtype (as :meth:`get` says: possibly a view).
+
+        Raises:
+            CorruptSnapshotError: a data file (this snapshot's or the base's) fails its checksum, or a piece's
+                values or positions do not fit it.
+        """
         key = self._aliases.get(key, key)
         want: Box = (tuple(offsets), tuple(shape))
         pieces = self._tensors[key]["pieces"]
@@ -268,11 +245,23 @@ class Snapshot(_ManifestTable):
         return out.to(self.device)
 
     def restrict(self, boxes: Mapping[str, Box], name: str | None = None) -> BoxSource:
-        """This snapshot seen through ``boxes`` (key → (offsets, shape)): a source of local shards."""
+        """This snapshot seen through ``boxes``: a source of local shards (each ``get`` is one box).
+
+        Args:
+            boxes: stored tensor name → its box, ``(offsets, shape)``.
+            name: the source's name (default: this snapshot's).
+
+        Returns:
+            A :class:`BoxSource` over this snapshot (its ``base_source()`` and ``importance`` cut the same boxes).
+        """
         return BoxSource(self, boxes, name or self.name)
 
     def to_state_dict(self) -> dict[str, Tensor]:
-        """Every tensor, reconstructed (tied names share one tensor)."""
+        """Every tensor, reconstructed (as :meth:`get`: possibly views of the files, never to be written).
+
+        Returns:
+            Name → tensor for every key, tied names sharing one tensor.
+        """
         out: dict[str, Tensor] = {}
         for key in self._keys:
             canonical = self._aliases.get(key, key)
