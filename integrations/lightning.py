@@ -130,6 +130,16 @@ class RAMCallback(ScheduleAdapter, Callback):
         **schedule_options: ``snapshot_activity``, ``snapshot_eps``, ``keep``, ``agents``, ``async_write``,
             ``durable``, ``search`` above, the other options of :class:`~ram_live.RAMSchedule`; any other name
             (RAM's options among them: they go in ``ram=RamConfig(...)``) is a ``ConfigError``.
+
+    Raises:
+        RamLiveError: ``evaluate=True`` (it takes a callable, None or False).
+        ConfigError: an unknown option, an invalid ``importance`` / ``importance_bias_correction``, an invalid
+            schedule value (``snapshot_every``, ``snapshot_activity``, ...) or agent name.
+        UnsupportedStrategyError: at ``trainer.fit``'s setup, not here: a strategy other than single device, DDP or
+            ``ModelParallelStrategy`` (FSDP1, DeepSpeed, XLA).
+
+    Example:
+        >>> cb = RAMCallback("runs/ram", "coder", snapshot_every=50, merge_every=200)  # doctest: +SKIP
     """
 
     def __init__(
@@ -188,11 +198,27 @@ class RAMCallback(ScheduleAdapter, Callback):
         return self._generate_state_key(agent=self.agent, store=_resolved(self._store_name))
 
     def should_snapshot(self, step: int, epoch: int) -> bool:
-        """Called after every optimizer step (``step`` = steps taken, 1-based): snapshot now?"""
+        """Called after every optimizer step: snapshot now? Override for rules of your own.
+
+        Args:
+            step: the optimizer steps taken (1-based).
+            epoch: the trainer's current epoch.
+
+        Returns:
+            True on multiples of ``snapshot_every`` (never when it is None).
+        """
         return self.schedule.should_snapshot(step, epoch)
 
     def should_merge(self, step: int, epoch: int) -> bool:
-        """Called after every optimizer step: merge (and evaluate) the generalist now?"""
+        """Called after every optimizer step: merge (and evaluate) the generalist now? Override for rules of your own.
+
+        Args:
+            step: the optimizer steps taken (1-based).
+            epoch: the trainer's current epoch.
+
+        Returns:
+            True on multiples of ``merge_every`` (never when it is None).
+        """
         return self.schedule.should_merge(step, epoch)
 
     # ------------------------------------------------------------------------------------------- hooks
@@ -271,7 +297,26 @@ class RAMCallback(ScheduleAdapter, Callback):
     # ------------------------------------------------------------------------------------------- merging
 
     def merge_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
-        """Merge the latest snapshot of every agent now, evaluate, log; returns the logged metrics."""
+        """Merge the latest snapshot of every agent now, evaluate, log (and save the generalist under ``merged_dir``).
+
+        Args:
+            trainer: the running trainer (its step, epoch, loggers and validation dataloaders).
+            pl_module: the module trained; the merged weights are swapped in for the evaluation and swapped back.
+
+        Returns:
+            The logged metrics, ``ram/``-prefixed: the merge's probe numbers, ``ram/search/*`` under ``search``, and
+            the evaluation's.
+
+        Raises:
+            StoreError: the callback was not set up (training not started); ``SnapshotNotFoundError`` (a
+                ``StoreError``): the store holds no snapshot to merge.
+            ConfigError: this run's snapshots carry Adam importances (``importance="adam"``) and another agent's
+                picked snapshot carries none (its agent named).
+            SearchError: under ``search``, an evaluation that raised or returned no finite number.
+
+        Example:
+            >>> metrics = callback.merge_now(trainer, model)  # doctest: +SKIP
+        """
         evaluate = self._evaluate
         if evaluate is None and is_overridden("validation_step", pl_module):
 

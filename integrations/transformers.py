@@ -114,6 +114,15 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             :class:`~ram_live.training.search.SearchSetting`, each merge the one :func:`ram_live.search` picks); any
             other name (RAM's options among them: they go in ``ram=RamConfig(...)``) is a ``ConfigError``.
 
+    Raises:
+        ConfigError: ``evaluate`` neither a callable, ``"trainer"`` nor None; an unknown option; an invalid
+            ``importance`` / ``importance_bias_correction``, LoRA option (``sparsify``, ``into_base``,
+            ``svd_options``), schedule value (``snapshot_every``, ``snapshot_activity``, ...) or agent name. At train
+            begin: LoRA options on a model that is not a ``PeftModel``, DeepSpeed ZeRO-3 or FSDP1 sharding, a vLLM
+            trainer not bound (or of a TRL version without ``_last_loaded_step``).
+        RamLiveError: at train begin (full-weight runs), resuming from a checkpoint without RAM state while the store
+            has no base and ``base`` is None.
+
     Example:
         >>> cb = RAMTrainerCallback("runs/ram", "coder", snapshot_every=10, merge_every=50,
         ...                         merged_dir="runs/merged", evaluate=lambda m: {"acc": score(m)})  # doctest: +SKIP
@@ -207,7 +216,17 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
 
     def bind(self, trainer: Any) -> "RAMTrainerCallback":
         """Use ``trainer``: metrics are logged through ``trainer.log`` (every reporter sees them), and
-        ``evaluate="trainer"`` runs ``trainer.evaluate()``. Returns the callback."""
+        ``evaluate="trainer"`` runs ``trainer.evaluate()``; required when the trainer generates with vLLM.
+
+        Args:
+            trainer: the ``transformers.Trainer`` (or TRL trainer) this callback is registered with.
+
+        Returns:
+            The callback itself.
+
+        Example:
+            >>> trainer.add_callback(RAMTrainerCallback("runs/ram", "coder").bind(trainer))  # doctest: +SKIP
+        """
         self.trainer = trainer
         return self
 
@@ -323,7 +342,25 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
     # ------------------------------------------------------------------------------------------- merging
 
     def merge_now(self, model: Any, state: TrainerState) -> dict[str, float]:
-        """Merge the latest snapshot of every agent now, evaluate, save, log; returns the logged metrics."""
+        """Merge the latest snapshot of every agent now, evaluate, save (under ``merged_dir``), log; afterwards a bound
+        vLLM trainer pushes the agent's weights to vLLM again.
+
+        Args:
+            model: the model trained (a ``PeftModel``: the merge is of its LoRA adapters); the generalist is swapped
+                in for the evaluation and swapped back.
+            state: the trainer's ``TrainerState`` (its step, epoch, main-process flag and log history).
+
+        Returns:
+            The logged metrics, ``ram/``-prefixed: the merge's probe numbers, ``ram/search/*`` under ``search``, and
+            the evaluation's.
+
+        Raises:
+            StoreError: training has not begun (the schedule is not attached); ``SnapshotNotFoundError`` (a
+                ``StoreError``): the store holds no snapshot to merge.
+            ConfigError: ``evaluate="trainer"`` and no trainer bound; this run's snapshots carry Adam importances
+                and another agent's picked snapshot carries none (its agent named).
+            SearchError: under ``search``, an evaluation that raised or returned no finite number.
+        """
         evaluate = self.evaluate
         if evaluate == "trainer":
             evaluate = self._trainer_evaluate

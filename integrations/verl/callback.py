@@ -37,9 +37,25 @@ def _master_dtype(config: Any) -> torch.dtype | None:
 
 class RAMVerlHooks:
     """The callback's behaviour, without verl's base class: validates the ``ram`` config group at construction
-    (and sets or checks the store's base), snapshots and merges on :meth:`on_save`."""
+    (and sets or checks the store's base), snapshots and merges on :meth:`on_save`.
+
+    Example:
+        >>> hooks = RAMVerlHooks(config)  # verl's trainer DictConfig, with a ``ram`` group  # doctest: +SKIP
+    """
 
     def __init__(self, config: Any = None) -> None:
+        """Read and check the ``ram`` group and verl's settings; set or check the store's base when verl's
+        ``actor.fsdp_config.model_dtype`` (fp32 when unset) tells the snapshots' dtype.
+
+        Args:
+            config: verl's full trainer config (``DictConfig``), holding the ``ram`` group.
+
+        Raises:
+            ConfigError: no or an invalid ``ram`` group, or verl settings it cannot work with
+                (:func:`options_from_verl`); and as :class:`RAMVerl`.
+            VerlIntegrationError: as :meth:`RAMVerl.prepare`.
+            BaseMismatchError: as :meth:`RAMVerl.prepare`.
+        """
         self.config = config
         self.options = options_from_verl(config)
         self.ram = RAMVerl(self.options, master_dtype=_master_dtype(config))
@@ -53,7 +69,21 @@ class RAMVerlHooks:
         self, trainer: Any, global_step: int, checkpoint_dir: str, async_save: bool = False, **kwargs: Any
     ) -> None:
         """verl's hook (keyword arguments): snapshot ``checkpoint_dir``'s actor weights, merge when due, log ``ram/*``
-        through ``trainer.logger``."""
+        through ``trainer.logger`` (through ``logging`` when it has none), as :meth:`RAMVerl.on_save`.
+
+        Args:
+            trainer: the verl trainer (its ``total_training_steps`` marks the last step, its ``logger`` logs).
+            global_step: verl's global step of the save.
+            checkpoint_dir: the save's ``global_step_<N>`` folder.
+            async_save: whether verl saved the checkpoint asynchronously (refused).
+            **kwargs: verl's other arguments, ignored.
+
+        Raises:
+            VerlIntegrationError: ``async_save`` (the files may still be in flight); and as :meth:`RAMVerl.on_save`.
+            UnsupportedInputError: as :meth:`RAMVerl.on_save`.
+            ConfigError: as :meth:`RAMVerl.on_save`.
+            EvaluationError: as :meth:`RAMVerl.on_save`.
+        """
         if async_save:
             raise VerlIntegrationError(
                 f"checkpoint {checkpoint_dir} was saved asynchronously: its files may still be in flight; the RAM "
@@ -90,7 +120,10 @@ def callback_class() -> type:
                 "__module__": __name__,
                 "__doc__": "RAM snapshots and merges from verl's checkpoints: set "
                 "trainer.checkpoint_callback_class=ram_live.integrations.verl.RAMCheckpointCallback and the "
-                "`ram` config group (+ram.store=... +ram.agent=...).",
+                "`ram` config group (+ram.store=... +ram.agent=...). verl builds it as cls(config=...): see "
+                "RAMVerlHooks.__init__ (Args, Raises) and on_save.\n\n"
+                "Example:\n"
+                "    >>> cb = RAMCheckpointCallback(config=config)  # doctest: +SKIP\n",
             },
         )
     return _CLASS
@@ -105,6 +138,14 @@ class RAMTrainerMixin:
 
     The ``ram`` group is validated when the trainer is built. Metrics go to ``logging`` (that trainer keeps its
     tracker local to ``fit``) and to ``trainer.ram_history``.
+
+    Args:
+        *args, **kwargs: the trainer's own; its ``config`` then holds the ``ram`` group. When the trainer's
+            ``checkpoint_callback`` is a :class:`RAMVerlHooks` already, the mixin does nothing.
+
+    Raises:
+        ConfigError: as :class:`RAMVerlHooks` (an invalid ``ram`` group or verl settings), at construction.
+        VerlIntegrationError: ``async_save`` checkpoints, and as :meth:`RAMVerl.on_save`, after a checkpoint save.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -52,8 +52,23 @@ def hf_key(key: str) -> str:
 
 
 def find_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
-    """``(step, actor folder)`` of every checkpoint under ``root``, by step: ``root`` may be verl's
-    ``trainer.default_local_dir`` (holding ``global_step_<N>``), one ``global_step_<N>`` or its ``actor`` folder."""
+    """The checkpoints under ``root`` that hold model shard files (``model_world_size_<W>_rank_<R>.pt``).
+
+    Args:
+        root: verl's ``trainer.default_local_dir`` (holding ``global_step_<N>`` folders), one ``global_step_<N>`` or
+            its ``actor`` folder.
+
+    Returns:
+        ``(step, actor folder)`` pairs, by step (empty when none holds model files; an actor folder outside a
+        ``global_step_<N>`` folder has step 0).
+
+    Raises:
+        UnsupportedInputError: ``root`` is not a folder.
+
+    Example:
+        >>> find_checkpoints("checkpoints/my_project/my_run")  # doctest: +SKIP
+        [(20, PosixPath('.../global_step_20/actor')), (40, PosixPath('.../global_step_40/actor'))]
+    """
     root = Path(root)
     if not root.is_dir():
         raise UnsupportedInputError(f"{root}: no such checkpoint folder")
@@ -87,7 +102,20 @@ class RankShards:
 
 
 class ActorCheckpoint:
-    """One ``global_step_<N>/actor`` folder written by verl's ``FSDPCheckpointManager``."""
+    """One ``global_step_<N>/actor`` folder written by verl's ``FSDPCheckpointManager``: its rank files, world size,
+    step and LoRA metadata (nothing is loaded until :meth:`load` / :meth:`shards`).
+
+    Args:
+        path: the ``actor`` folder, or the ``global_step_<N>`` folder holding it.
+
+    Raises:
+        UnsupportedInputError: no such folder; no ``fsdp_config.json`` and model files of several (or no) world
+            sizes; a rank's model file missing (checkpoint incomplete, or saved without ``model`` in
+            ``save_contents``).
+
+    Example:
+        >>> ckpt = ActorCheckpoint("checkpoints/run/global_step_40")  # doctest: +SKIP
+    """
 
     def __init__(self, path: str | Path) -> None:
         path = Path(path)
@@ -130,7 +158,17 @@ class ActorCheckpoint:
         return f"ActorCheckpoint({str(self.path)!r}, step={self.step}, world_size={self.world_size})"
 
     def load(self, rank: int) -> dict[str, Any]:
-        """Rank ``rank``'s state dict, memory-mapped (``weights_only``: tensors, DTensors and their meshes only)."""
+        """Rank ``rank``'s state dict, memory-mapped (``weights_only``: tensors, DTensors and their meshes only).
+
+        Args:
+            rank: the rank, ``0 <= rank < world_size``.
+
+        Returns:
+            The rank file's state dict (DTensor shards or tensors by checkpoint key).
+
+        Raises:
+            UnsupportedInputError: the file is not readable as tensors only, or holds no dict.
+        """
         import torch.distributed.tensor  # noqa: F401 - registers DTensor for weights_only loading
 
         path = self.files[rank]
@@ -161,7 +199,19 @@ class ActorCheckpoint:
         return state
 
     def shards(self, rank: int) -> RankShards:
-        """Rank ``rank``'s boxes (views of the memory-mapped file; nothing is copied)."""
+        """Rank ``rank``'s boxes (views of the memory-mapped file; nothing is copied).
+
+        Args:
+            rank: the rank, ``0 <= rank < world_size``.
+
+        Returns:
+            A :class:`RankShards`: each key's box in the global tensor (a replicated or unsharded tensor is owned by
+            one rank only), the aliases of tied weights, and the raw state dict.
+
+        Raises:
+            UnsupportedInputError: the file is unreadable (:meth:`load`); an entry is not a tensor or DTensor; a
+                placement other than ``Shard`` / ``Replicate``, or a shard whose shape its placements do not give.
+        """
         state = self.load(rank)
         boxes: dict[str, LocalTensor] = {}
         aliases: dict[str, str] = {}
@@ -194,6 +244,14 @@ class ActorCheckpoint:
         return RankShards(rank, boxes, aliases, state)
 
     def iter_shards(self) -> Iterator[RankShards]:
+        """Every rank's :meth:`shards`, one rank file open at a time.
+
+        Yields:
+            A :class:`RankShards` per rank, rank 0 first.
+
+        Raises:
+            UnsupportedInputError: as :meth:`shards`.
+        """
         for r in range(self.world_size):
             yield self.shards(r)
 

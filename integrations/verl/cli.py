@@ -61,7 +61,23 @@ def _value(text: str) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit status (0; 2 for bad input or settings; 1 otherwise)."""
+    """Run ``ram-live verl-snapshot``: snapshot every (or every ``--steps``) checkpoint under ``--ckpt-root`` not yet
+    in the store, then merge with ``--merge-dir``. Errors are reported on stderr in one line (``--debug``: raised).
+
+    Args:
+        argv: the command-line arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0; 2 for bad input or settings (a :class:`~ram_live.errors.RamLiveError`: an unknown or
+        invalid option, a missing step, no checkpoint, an unreadable checkpoint, ...); 1 for any other error.
+
+    Raises:
+        SystemExit: from argparse, on ``--help`` (status 0) or arguments it cannot parse (status 2).
+        RamLiveError: with ``--debug``, the errors above are raised (with their traceback) instead of reported.
+
+    Example:
+        >>> main(["--ckpt-root", "ckpts/coder", "--agent", "coder", "--store", "runs/ram"])  # doctest: +SKIP
+    """
     args = build_parser().parse_args(argv)
     from ram_live.cli.running import run_command
 

@@ -51,9 +51,11 @@ RAM_KEYS = ("variant", *FLAT_NAMES)
 
 @dataclass
 class RAMVerlOptions:
-    """Options of the verl integration (the ``ram`` config group; the keys are the field names).
+    """Options of the verl integration (the ``ram`` config group; the keys are the field names). Build them with
+    :func:`options_from_verl` or :func:`options_from_mapping`, or call :meth:`validate`: the constructor checks
+    nothing. The snapshot options come first, then (from ``merge_every``) the merge options.
 
-    Snapshots:
+    Attributes:
         store: the snapshot store folder shared by every agent's run (required).
         agent: this run's agent name, a folder of the store (required).
         base: the base model every agent was trained from, a Hugging Face folder. Default: verl's
@@ -77,7 +79,6 @@ class RAMVerlOptions:
             they are (their task vectors are sparse already).
         max_part_bytes: a snapshot's changed values are written in part files of about this size (the most
             memory the encoding holds at once, besides one rank's memory-mapped shard file).
-    Merging:
         merge_every: merge the latest snapshot of every agent in the store every this many saves (None: never),
             and at the last training step.
         merged_dir: where merged models go, one Hugging Face folder per merge (``global_step_<N>``). Default:
@@ -117,6 +118,11 @@ class RAMVerlOptions:
             agent's snapshots carry importances (LoRA snapshots never do), and a ConfigError naming the agents
             without where only some do. ``null``: never, plain RAM.
         importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (default false).
+        save_freq, checkpoint_root: filled by :func:`options_from_verl` from verl's ``trainer.save_freq`` and
+            ``trainer.default_local_dir`` (not ``ram.*`` keys).
+
+    Example:
+        >>> opts = RAMVerlOptions(store="runs/ram", agent="coder", merge_every=2).validate()  # doctest: +SKIP
     """
 
     store: str = ""
@@ -154,7 +160,19 @@ class RAMVerlOptions:
     checkpoint_root: str | None = field(default=None, repr=False)
 
     def validate(self) -> RAMVerlOptions:
-        """Raise :class:`~ram_live.errors.ConfigError` naming the key at fault."""
+        """Check every option and normalise it in place: ``store`` / ``base`` as strings, ``ram`` a
+        :class:`~ram_live.RamConfig`, ``search`` a :class:`~ram_live.training.search.SearchSetting` (its metric
+        ``reward`` when ``ram.rewards`` evaluates), ``rewards`` / ``eval_resources`` / ``eval_timeout`` checked.
+
+        Returns:
+            ``self``, validated.
+
+        Raises:
+            ConfigError: naming the key at fault: ``store`` or ``agent`` missing; an invalid agent name, choice,
+                number, RAM key (one the variant does not take), LoRA rule (:meth:`lora_rule`), ``agents``,
+                ``evaluate`` (not a dotted path), ``rewards``, ``eval_resources``, ``eval_timeout`` or ``search``;
+                both ``evaluate`` and ``rewards``; ``search`` without an evaluation or without ``merge_every``.
+        """
         from ram_live.store import SnapshotStore
 
         if not self.store or not isinstance(self.store, (str, os.PathLike)):
@@ -222,9 +240,17 @@ class RAMVerlOptions:
         return self
 
     def lora_rule(self) -> Any:
-        """The activity rule the merge applies to LoRA ΔW (``ram.sparsify``, ``ram.density``, ``ram.threshold``), a
-        :class:`~ram_live.peft.TopK` / :class:`~ram_live.peft.RelativeThreshold`, or None (|τ| > eps); built by
-        :mod:`ram_live.peft`'s own ``sparsify=`` rules and checks (a bad value: a ConfigError naming the key)."""
+        """The activity rule the merge applies to LoRA ΔW (``ram.sparsify``, ``ram.density``, ``ram.threshold``),
+        built by :mod:`ram_live.peft`'s own ``sparsify=`` rules and checks.
+
+        Returns:
+            A :class:`~ram_live.peft.TopK` / :class:`~ram_live.peft.RelativeThreshold`, or None (|τ| > eps):
+            ``"auto"`` is ``TopK(0.5)`` for the RAM family and None for other methods.
+
+        Raises:
+            ConfigError: naming the key: ``sparsify`` not one of ``"auto"``, ``"topk"``, ``"relative"``, None;
+                ``density`` / ``threshold`` without its ``sparsify`` kind, not a number, or out of range.
+        """
         from ram_live.peft.sparsify import RelativeThreshold, TopK, sparsify_rule
 
         _choice("sparsify", self.sparsify, SPARSIFY)
@@ -246,7 +272,12 @@ class RAMVerlOptions:
 
     @classmethod
     def keys(cls) -> list[str]:
-        """The ``ram.*`` keys: the integration's own and RAM's config's (:data:`RAM_KEYS`)."""
+        """The ``ram.*`` keys a user may set.
+
+        Returns:
+            The integration's own keys (the fields, less ``ram``, ``save_freq``, ``checkpoint_root``), then RAM's
+            config's (:data:`RAM_KEYS`: ``variant`` and the flat keywords).
+        """
         return [f.name for f in fields(cls) if f.repr] + list(RAM_KEYS)
 
 
@@ -266,7 +297,21 @@ def _float(name: str, value: Any) -> None:
 
 
 def options_from_mapping(values: Mapping[str, Any] | None, **defaults: Any) -> RAMVerlOptions:
-    """Options from a plain mapping (the ``ram`` group as a dict); unknown keys raise, naming the valid ones."""
+    """Options from a plain mapping (the ``ram`` group as a dict), validated.
+
+    Args:
+        values: the ``ram.*`` keys and their values (None: none).
+        **defaults: values for keys ``values`` does not set (a None default is ignored).
+
+    Returns:
+        The :class:`RAMVerlOptions`, validated (:meth:`RAMVerlOptions.validate`).
+
+    Raises:
+        ConfigError: an unknown key (the valid ones named), an invalid RAM key or value (the key named).
+
+    Example:
+        >>> opts = options_from_mapping({"store": "runs/ram", "agent": "coder", "merge_every": 2})  # doctest: +SKIP
+    """
     values = dict(values or {})
     allowed = RAMVerlOptions.keys()
     unknown = sorted(set(values) - set(allowed))
@@ -282,7 +327,24 @@ def options_from_mapping(values: Mapping[str, Any] | None, **defaults: Any) -> R
 def options_from_verl(config: Any) -> RAMVerlOptions:
     """The ``ram`` group of a verl trainer config (``DictConfig``), validated, with verl's own settings checked:
     checkpoints are saved (``trainer.save_freq > 0``) with the model (``checkpoint.save_contents``), by the
-    FSDP/FSDP2 actor (Megatron's distributed checkpoints are another format), synchronously."""
+    FSDP/FSDP2 actor (Megatron's distributed checkpoints are another format), synchronously.
+
+    Args:
+        config: verl's full trainer config. ``ram.base`` defaults to ``actor_rollout_ref.model.path``,
+            ``ram.merged_dir`` to ``<trainer.default_local_dir>/ram_merged``, ``ram.lora_rank`` / ``lora_alpha`` to
+            ``actor_rollout_ref.model``'s, ``ram.rewards``' score function to the run's ``custom_reward_function``.
+
+    Returns:
+        The :class:`RAMVerlOptions`, validated, with ``save_freq`` and ``checkpoint_root`` filled.
+
+    Raises:
+        ConfigError: no ``ram`` group, or not a mapping; as :func:`options_from_mapping`; ``trainer.save_freq``
+            <= 0; an actor strategy other than ``fsdp`` / ``fsdp2``; ``save_contents`` without ``model``;
+            ``async_save``; ``merge_every`` without ``merged_dir`` or ``trainer.default_local_dir``; no base.
+
+    Example:
+        >>> opts = options_from_verl(config)  # doctest: +SKIP
+    """
     group = get_dotted(config, "ram")
     if group is None:
         raise ConfigError(

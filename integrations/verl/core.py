@@ -45,9 +45,21 @@ log = logging.getLogger("ram_live.verl")
 class RAMVerl:
     """Snapshots of one agent from verl's checkpoints, and merges of the latest snapshot of every agent.
 
-    ``options``: :class:`~ram_live.integrations.verl.config.RAMVerlOptions` (validated). ``master_dtype``: the
-    dtype verl trains the actor in (``actor.fsdp_config.model_dtype``; fp32 by default), when known before the
-    first checkpoint: the store's base is then prepared (set or checked) right away.
+    Args:
+        options: the ``ram`` group, validated (:func:`options_from_mapping` / :func:`options_from_verl`).
+        master_dtype: the dtype verl trains the actor in (``actor.fsdp_config.model_dtype``; fp32 by default), when
+            known before the first checkpoint: the store's base is then prepared (set or checked) right away, as it
+            is with ``ram.weights`` other than ``"master"``; else at the first snapshot.
+
+    Raises:
+        ConfigError: ``ram.base`` not in the local cache or not a folder; ``ram.evaluate`` / ``ram.rewards`` not
+            loadable; a Ray cluster without the GPU the evaluation asks for. When the base is prepared here, as
+            :meth:`prepare`.
+        VerlIntegrationError: when the base is prepared here, as :meth:`prepare`.
+        BaseMismatchError: when the base is prepared here, as :meth:`prepare`.
+
+    Example:
+        >>> ram = RAMVerl(options_from_mapping({"store": "runs/ram", "agent": "coder", "base": "m/"}))  # doctest: +SKIP
     """
 
     def __init__(self, options: RAMVerlOptions, *, master_dtype: torch.dtype | None = None) -> None:
@@ -81,7 +93,22 @@ class RAMVerl:
             raise ConfigError(f"ram.base={str(self.base_dir)!r}: {exc}") from None
 
     def prepare(self, dtype: torch.dtype) -> str:
-        """Set the store's base (the base model's weights cast to ``dtype``) or check it is the store's; once."""
+        """Set the store's base (the base model's weights cast to ``dtype``) or check it is the store's; once per run
+        (later calls only check ``dtype``).
+
+        Args:
+            dtype: the snapshots' dtype (the checkpoint's master weights' or ``ram.weights``'s).
+
+        Returns:
+            The fingerprint of the store's base.
+
+        Raises:
+            VerlIntegrationError: ``dtype`` differs from this run's earlier snapshots', or (no ``ram.base``) from
+                the dtype of the store's base.
+            ConfigError: no ``ram.base`` and the store holds no base yet, or ``ram.base`` is no readable
+                safetensors folder.
+            BaseMismatchError: the store's base is not ``ram.base`` cast to ``dtype``.
+        """
         if self.fingerprint is not None:
             if dtype != self.dtype:
                 raise VerlIntegrationError(
@@ -125,8 +152,28 @@ class RAMVerl:
     def snapshot(
         self, checkpoint_dir: str | os.PathLike[str], step: int, *, extra: Mapping[str, Any] | None = None
     ) -> dict[str, float]:
-        """Snapshot the actor checkpoint in ``checkpoint_dir`` (``global_step_<N>`` or its ``actor`` folder) as this
-        agent's snapshot at ``step``; returns the probe numbers of this agent (``ram/<agent>/...``)."""
+        """Snapshot the actor checkpoint in ``checkpoint_dir`` as this agent's snapshot at ``step``, one rank's shard
+        file at a time (a LoRA checkpoint: base + ΔW); then prunes to ``ram.keep``.
+
+        Args:
+            checkpoint_dir: a ``global_step_<N>`` folder or its ``actor`` folder.
+            step: the snapshot's step (verl's global step).
+            extra: more JSON entries for the snapshot's manifest, next to its ``verl`` record.
+
+        Returns:
+            This agent's numbers: ``ram/<agent>/snapshot_step``, ``changed`` and ``active`` (fractions of the
+            entries), ``snapshot_mb``, ``snapshot_seconds``.
+
+        Raises:
+            UnsupportedInputError: the checkpoint folder or a rank file is unreadable (:class:`ActorCheckpoint`).
+            VerlIntegrationError: ``ram.lora=true`` on a checkpoint without LoRA tensors; no floating-point tensor;
+                a tensor the base lacks; ranks' optimizer files that disagree; and as :meth:`prepare`.
+            ConfigError: as :meth:`prepare`.
+            BaseMismatchError: as :meth:`prepare`.
+
+        Example:
+            >>> ram.snapshot("checkpoints/p/e/global_step_20", step=20)  # doctest: +SKIP
+        """
         t0 = time.perf_counter()
         ckpt = ActorCheckpoint(checkpoint_dir)
         first = ckpt.shards(0)
@@ -211,7 +258,15 @@ class RAMVerl:
     # ------------------------------------------------------------------------------------------- merging
 
     def out_dtype(self) -> torch.dtype | None:
-        """The merged weights' dtype: ``ram.merged_dtype``, or with ``"auto"`` the base folder's (None: the inputs')."""
+        """The merged weights' dtype.
+
+        Returns:
+            ``ram.merged_dtype``'s; with ``"auto"`` the base folder's first floating-point dtype, or None (the
+            inputs') without ``ram.base``.
+
+        Raises:
+            ConfigError: ``"auto"`` and ``ram.base`` is no readable safetensors folder.
+        """
         if self.opts.merged_dtype != "auto":
             return DTYPE_OF[self.opts.merged_dtype]
         if self.base_dir is not None:
@@ -223,8 +278,25 @@ class RAMVerl:
 
     def merge(self, step: int) -> dict[str, float]:
         """Merge the latest snapshot of every agent (``ram.agents``) into ``merged_dir/global_step_<step>`` (a Hugging
-        Face folder: weights, the base's config and tokenizer, and ``ram_merge.json``), evaluate it, prune old merges;
-        returns the ``ram/*`` metrics."""
+        Face folder: weights, the base's config and tokenizer, and ``ram_merge.json``), evaluate it, prune old merges.
+        Under ``ram.search``, the merge :func:`ram_live.search` picks.
+
+        Args:
+            step: the merge's step (names the folder; an existing one is replaced).
+
+        Returns:
+            The ``ram/*`` metrics: ``ram/agents``, ``ram/merge_seconds``, ``ram/<agent>/snapshot_step|density|rho``
+            (and ``lambda``), ``ram/search/*`` under search, and the evaluation's scores.
+
+        Raises:
+            ConfigError: ``ram.merged_dir`` is not set; some picked snapshots carry importances and others not.
+            VerlIntegrationError: the store holds no snapshot of the agents.
+            EvaluationError: the evaluation raised, timed out (``ram.eval_timeout``) or its Ray actor failed.
+            SearchError: under ``ram.search``, no candidate could be merged and scored.
+
+        Example:
+            >>> ram.merge(step=20)  # doctest: +SKIP
+        """
         metrics, self.last_merged = merge_latest(self, step)
         self.last_merge_step = step
         return metrics
@@ -236,13 +308,38 @@ class RAMVerl:
     # ------------------------------------------------------------------------------------------- the save event
 
     def should_snapshot(self, save_index: int) -> bool:
+        """Whether this save is snapshotted (:meth:`on_save` also snapshots the last step and every merge step).
+
+        Args:
+            save_index: which save this is, 1-based (:meth:`save_index`).
+
+        Returns:
+            True on multiples of ``ram.snapshot_every``.
+        """
         return save_index % self.opts.snapshot_every == 0
 
     def should_merge(self, save_index: int, last: bool) -> bool:
+        """Whether this save is merged.
+
+        Args:
+            save_index: which save this is, 1-based (:meth:`save_index`).
+            last: this save is at the run's last training step.
+
+        Returns:
+            False without ``ram.merge_every``; else True on its multiples and at the last step.
+        """
         return self.opts.merge_every is not None and (save_index % self.opts.merge_every == 0 or last)
 
     def save_index(self, global_step: int) -> int:
-        """Which save this is (1-based): from ``trainer.save_freq`` when known (the same after a resume)."""
+        """Which save this is (1-based).
+
+        Args:
+            global_step: verl's global step of the save.
+
+        Returns:
+            ``ceil(global_step / trainer.save_freq)`` (at least 1) when ``save_freq`` is known (the same after a
+            resume); else the number of :meth:`on_save` calls of this process.
+        """
         if self.opts.save_freq:
             return max(1, math.ceil(global_step / self.opts.save_freq))
         return self.saves
@@ -255,7 +352,24 @@ class RAMVerl:
         last: bool = False,
         log_fn: Callable[[dict[str, float], int], None] | None = None,
     ) -> dict[str, float]:
-        """What a checkpoint save triggers: a snapshot and/or a merge when due; logs and returns the metrics."""
+        """What a checkpoint save triggers: a snapshot and/or a merge when due (a merge step is snapshotted first);
+        at the last step the evaluation actor is freed. Non-empty metrics go to :attr:`history` and ``log_fn``.
+
+        Args:
+            global_step: verl's global step of the save.
+            checkpoint_dir: the save's ``global_step_<N>`` folder (or its ``actor`` folder).
+            last: the save is at the run's last training step (snapshot and, with ``merge_every``, merge it).
+            log_fn: ``log_fn(metrics, step)``, called with the metrics when there are any.
+
+        Returns:
+            The metrics of :meth:`snapshot` and :meth:`merge` (empty when neither was due).
+
+        Raises:
+            UnsupportedInputError: as :meth:`snapshot`.
+            VerlIntegrationError: as :meth:`snapshot` and :meth:`merge`.
+            ConfigError: as :meth:`snapshot` and :meth:`merge`.
+            EvaluationError: as :meth:`merge`.
+        """
         self.saves += 1
         index = self.save_index(global_step)
         metrics: dict[str, float] = {}
