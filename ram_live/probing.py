@@ -24,12 +24,13 @@ from .engine.reader import Reader
 from .engine.stream import DEFAULT_CHUNK_NUMEL, DeltaStream, digest_update, inputs_digest
 from .engine.threads import in_native_workers, native_walk, worker_count
 from .errors import ConfigError
-from .methods.ram.config import RAM_METHODS
+from .methods.ram.rules import RAM_METHODS
 from .methods.ram.lambdas import ram_lambda, rho
 from .methods.ram.method import ram_activity
 from .probe_stats import AgentStats, layer_of, rho_text
 from .types import Activity, RamStatistics
-from .methods.ram.config import RamConfig, RhoClip
+from .methods.ram.config import RamConfig
+from .methods.ram.rules import RhoClip
 
 __all__ = ["probe", "ProbeReport", "AgentStats"]
 

@@ -19,8 +19,7 @@ The rules, checked with :mod:`inspect` (a heuristic, kept simple and honest):
   Errors raised further down the call stack are not seen: the heuristic under-asks, never over-asks.
 
 Exempt: exception and warning classes (raised by the library, not called), properties (documented as
-attributes), ``__init__`` of an exempt class, and the names the RAM-room move is restructuring now
-(:data:`SKIP`).
+attributes) and ``__init__`` of an exempt class. No entry point is skipped or pending.
 """
 
 from __future__ import annotations
@@ -54,113 +53,6 @@ HANDED_OUT = [
 
 #: helpers whose call means the caller raises a ConfigError on a bad option
 CHECKS = re.compile(r"\b(check_[a-z_]+|_check[a-z_]*|parse_[a-z_]+|load_callable)\(")
-
-SKIP: set[str] = set()  # names exempt from the rules (none)
-
-
-#: entry points whose sections are not written yet (issue 33): each is still checked to lack one, so a name leaves
-#: this list when its docstring is complete (the test says which); add none.
-PENDING = {
-    "ram_live.Activity",
-    "ram_live.Activity.threshold_for",
-    "ram_live.AdapterMergeReport",
-    "ram_live.AdapterMergeReport.table",
-    "ram_live.AdapterMergeReport.to_dict",
-    "ram_live.MergeInfo",
-    "ram_live.MergeInfo.count_kernel",
-    "ram_live.MergekitPlan.config",
-    "ram_live.MergekitPlan.kwargs",
-    "ram_live.MergekitPlan.merge",
-    "ram_live.ProbeReport",
-    "ram_live.ProbeReport.layers",
-    "ram_live.ProbeReport.plot",
-    "ram_live.ProbeReport.statistics",
-    "ram_live.ProbeReport.table",
-    "ram_live.ProbeReport.to_dict",
-    "ram_live.RelativeThreshold",
-    "ram_live.RelativeThreshold.cut",
-    "ram_live.Snapshot",
-    "ram_live.Snapshot.aliases",
-    "ram_live.Snapshot.base_source",
-    "ram_live.Snapshot.get",
-    "ram_live.Snapshot.get_box",
-    "ram_live.Snapshot.keys",
-    "ram_live.Snapshot.records",
-    "ram_live.Snapshot.restrict",
-    "ram_live.Snapshot.spec",
-    "ram_live.Snapshot.stored",
-    "ram_live.Snapshot.to_state_dict",
-    "ram_live.Snapshot.verify",
-    "ram_live.SnapshotStore.compose_manifest",
-    "ram_live.TopK",
-    "ram_live.TopK.cut",
-    "ram_live.evaluate.LmEval",
-    "ram_live.evaluate.Prompts",
-    "ram_live.evaluate.Prompts.where",
-    "ram_live.evaluate.Rewards",
-    "ram_live.evaluate.Rewards.aggregate",
-    "ram_live.evaluate.Rewards.details",
-    "ram_live.evaluate.Rewards.logged_metrics",
-    "ram_live.evaluate.Rewards.prompt_scores",
-    "ram_live.evaluate.Rewards.prompt_tasks",
-    "ram_live.evaluate.Rewards.score",
-    "ram_live.evaluate.compute_score",
-    "ram_live.evaluate.lm_eval",
-    "ram_live.evaluate.load_prompts",
-    "ram_live.evaluate.pass_at_k",
-    "ram_live.evaluate.rewards",
-    "ram_live.from_mergekit_yaml",
-    "ram_live.integrations.lightning.RAMCallback",
-    "ram_live.integrations.lightning.RAMCallback.merge_now",
-    "ram_live.integrations.lightning.RAMCallback.should_merge",
-    "ram_live.integrations.lightning.RAMCallback.should_snapshot",
-    "ram_live.integrations.transformers.RAMTrainerCallback",
-    "ram_live.integrations.transformers.RAMTrainerCallback.bind",
-    "ram_live.integrations.transformers.RAMTrainerCallback.merge_now",
-    "ram_live.integrations.verl.ActorCheckpoint",
-    "ram_live.integrations.verl.ActorCheckpoint.iter_shards",
-    "ram_live.integrations.verl.ActorCheckpoint.load",
-    "ram_live.integrations.verl.ActorCheckpoint.shards",
-    "ram_live.integrations.verl.RAMCheckpointCallback",
-    "ram_live.integrations.verl.RAMCheckpointCallback.on_save",
-    "ram_live.integrations.verl.RAMTrainerMixin",
-    "ram_live.integrations.verl.RAMVerl",
-    "ram_live.integrations.verl.RAMVerl.merge",
-    "ram_live.integrations.verl.RAMVerl.on_save",
-    "ram_live.integrations.verl.RAMVerl.out_dtype",
-    "ram_live.integrations.verl.RAMVerl.prepare",
-    "ram_live.integrations.verl.RAMVerl.save_index",
-    "ram_live.integrations.verl.RAMVerl.should_merge",
-    "ram_live.integrations.verl.RAMVerl.should_snapshot",
-    "ram_live.integrations.verl.RAMVerl.snapshot",
-    "ram_live.integrations.verl.RAMVerlHooks",
-    "ram_live.integrations.verl.RAMVerlHooks.on_save",
-    "ram_live.integrations.verl.RAMVerlOptions",
-    "ram_live.integrations.verl.RAMVerlOptions.keys",
-    "ram_live.integrations.verl.RAMVerlOptions.lora_rule",
-    "ram_live.integrations.verl.RAMVerlOptions.validate",
-    "ram_live.integrations.verl.find_checkpoints",
-    "ram_live.integrations.verl.main",
-    "ram_live.integrations.verl.options_from_mapping",
-    "ram_live.integrations.verl.options_from_verl",
-    "ram_live.lora_deltas",
-    "ram_live.peft.ModuleReport",
-    "ram_live.peft.Refactored",
-    "ram_live.peft.SvdOptions.names",
-    "ram_live.peft.SvdOptions.of",
-    "ram_live.peft.SvdOptions.take",
-    "ram_live.ram_merge_adapter_files",
-    "ram_live.ram_merge_adapters",
-    "ram_live.refactor",
-    "ram_live.store.StoreBase",
-    "ram_live.store.StoreBase.aliases",
-    "ram_live.store.StoreBase.get",
-    "ram_live.store.StoreBase.get_box",
-    "ram_live.store.StoreBase.keys",
-    "ram_live.store.StoreBase.records",
-    "ram_live.store.StoreBase.spec",
-    "ram_live.store.StoreBase.verify",
-}
 
 
 def _is_exempt_class(obj: Any) -> bool:
@@ -199,7 +91,7 @@ def entry_points() -> dict[str, Any]:
     out: dict[str, Any] = {}
     seen: set[int] = set()
     for qual, obj in _public_names():
-        if qual in SKIP or _is_exempt_class(obj) or id(obj) in seen:
+        if _is_exempt_class(obj) or id(obj) in seen:
             continue
         seen.add(id(obj))
         out[qual] = obj
@@ -261,10 +153,7 @@ def test_every_public_entry_point_has_its_sections() -> None:
     points = entry_points()
     assert len(points) > 50  # the walk found the entry points (not an import that silently found none)
     gaps = {qual: m for qual, obj in sorted(points.items()) if (m := missing_sections(qual, obj))}
-    new = {q: m for q, m in gaps.items() if q not in PENDING}
-    assert not new, "docstring sections missing:\n" + "\n".join(f"  {q}: {', '.join(m)}" for q, m in new.items())
-    done = sorted(q for q in PENDING if q not in gaps)
-    assert not done, f"documented now, remove from PENDING: {done}"
+    assert not gaps, "docstring sections missing:\n" + "\n".join(f"  {q}: {', '.join(m)}" for q, m in gaps.items())
 
 
 def test_the_rules_see_a_missing_section() -> None:
@@ -302,10 +191,3 @@ def test_the_rules_see_a_missing_section() -> None:
     assert missing_sections("documented", documented) == []
     assert missing_sections("undocumented", undocumented) == ["Args:", "Returns:", "Raises:"]
     assert missing_sections("quiet", quiet) == []
-
-
-def test_the_skip_list_names_entry_points_that_exist() -> None:
-    """A skipped name that no longer exists is a stale skip: remove it."""
-    ram_live = importlib.import_module("ram_live")
-    for qual in SKIP:
-        assert qual.rsplit(".", 1)[1] in ram_live.__all__, qual

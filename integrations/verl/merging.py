@@ -20,7 +20,8 @@ from torch import Tensor
 
 from ram_live.errors import ConfigError
 from ram_live.methods import Activity
-from ram_live.methods.ram.config import Given, RamConfig
+from ram_live.methods.ram.config import RamConfig
+from ram_live.methods.ram.rules import Given
 from ram_live.methods.ram.lambdas import rho as rho_of
 from ram_live.store import SnapshotStore, ram_statistics
 
