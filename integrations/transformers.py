@@ -42,30 +42,12 @@ from ..training.search_record import save_next_to
 from ..store import SnapshotStore
 from ._common import AdamImportance, SingleAgentWarning, importance_option, save_generalist, warn_single_agent
 from ._peft_agent import LoraSchedule, is_peft_model, lora_options
+from ._trl_weights import check_vllm_marker, force_vllm_resync, sharding_refusal, uses_vllm
 
 __all__ = ["RAMTrainerCallback", "SingleAgentWarning"]
 
 #: the live callback of each state key: transformers rebuilds a callback from its JSON args on resume
 _LIVE: "weakref.WeakValueDictionary[str, RAMTrainerCallback]" = weakref.WeakValueDictionary()
-
-#: TRL's vLLM trainers push the model's weights to vLLM before a generation only when ``state.global_step`` differs
-#: from this attribute (TRL 1.16: GRPOTrainer._generate_single_turn and _generate, RLOOTrainer, ...)
-VLLM_SYNC_MARKER = "_last_loaded_step"
-
-
-def uses_vllm(trainer: Any, args: Any = None) -> bool:
-    """Whether the trainer (or its arguments: TRL's ``use_vllm``) generates with vLLM."""
-    return bool(getattr(trainer, "use_vllm", False) or getattr(args, "use_vllm", False))
-
-
-def sharding_refusal(model: Any) -> str | None:
-    """Why the callback cannot merge into ``model`` in place: DeepSpeed ZeRO-3 (parameters partitioned into empty
-    placeholders) or FSDP1 (flat parameters); None otherwise (plain, DDP, FSDP2/DTensor models)."""
-    if any(hasattr(p, "ds_id") for p in getattr(model, "parameters", lambda: [])()):
-        return "DeepSpeed ZeRO-3 partitions the parameters (each holds an empty placeholder outside forward)"
-    if any(type(m).__name__ == "FullyShardedDataParallel" for m in getattr(model, "modules", lambda: [])()):
-        return "FSDP1 flattens and shards the parameters (use FSDP2, whose parameters are DTensors)"
-    return None
 
 
 class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
@@ -298,7 +280,7 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
                     "(callback.bind(trainer)), so that after each merge the agent's weights are pushed to vLLM again "
                     "(an evaluation of the generalist may have pushed the generalist's)"
                 )
-            self._vllm_marker()
+            check_vllm_marker(self.trainer, f"RAMTrainerCallback({self.agent!r})")
         if state.global_step > 0 and self._restored is None:
             saved = self._find_state(state)
             if saved is not None:
@@ -377,24 +359,8 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         self._log(state, metrics)
         return metrics
 
-    def _vllm_marker(self) -> str:
-        """The bound vLLM trainer's weight-sync marker; a ``ConfigError`` if this TRL version has none."""
-        if not hasattr(self.trainer, VLLM_SYNC_MARKER):
-            raise ConfigError(
-                f"RAMTrainerCallback({self.agent!r}): {type(self.trainer).__name__} generates with vLLM but has no "
-                f"{VLLM_SYNC_MARKER!r} (a TRL version this callback does not know): the agent's weights could not be "
-                "pushed to vLLM again after a merge, and its rollouts could sample the generalist. Use the TRL "
-                "version the callback is tested with (1.16), or use_vllm=False"
-            )
-        return VLLM_SYNC_MARKER
-
     def _force_vllm_resync(self) -> None:
-        """Make the bound trainer's next generation push the model's weights (the agent's, swapped back) to vLLM:
-        TRL skips the push while ``_last_loaded_step == state.global_step``, and an evaluation of the generalist at
-        this step (``trainer.evaluate()``, or any ``evaluate`` generating through the trainer) pushed the
-        generalist's. Costs one extra push per merge."""
-        if uses_vllm(self.trainer):
-            setattr(self.trainer, self._vllm_marker(), -1)
+        force_vllm_resync(self.trainer, f"RAMTrainerCallback({self.agent!r})")
 
     def _trainer_evaluate(self, model: Any) -> dict[str, float]:
         if self.trainer is None:

@@ -33,7 +33,8 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from ram_live import RAMSchedule  # noqa: E402
 from ram_live.errors import ConfigError  # noqa: E402
-from ram_live.integrations.transformers import RAMTrainerCallback, sharding_refusal  # noqa: E402
+from ram_live.integrations._trl_weights import sharding_refusal  # noqa: E402
+from ram_live.integrations.transformers import RAMTrainerCallback  # noqa: E402
 from test_transformers_callback import VOCAB, _model, _tokenizer, _vowels  # noqa: E402
 
 

@@ -10,7 +10,6 @@ model's path, the checkpoint folder) and checks the verl settings the integratio
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
@@ -18,6 +17,7 @@ from typing import Any, Mapping, Sequence
 from ram_live.errors import ConfigError
 from ram_live.methods.ram.config import FLAT_NAMES, RamConfig
 
+from .checks import check_choice, check_int, check_number
 from .dotted import get_dotted
 from .dotted import plain as _plain
 from .remote import check_eval_resources, check_eval_timeout
@@ -188,20 +188,20 @@ class RAMVerlOptions:
         except ConfigError as exc:
             raise ConfigError(f"ram.agent: {exc}") from None
         self.agent = str(self.agent)
-        _choice("weights", self.weights, WEIGHTS)
-        _choice("merged_dtype", self.merged_dtype, DTYPES)
-        _choice("snapshot_activity", self.snapshot_activity, ("changed", "abs"))
-        _choice("importance", self.importance, ("adam", None))
-        _choice("importance_bias_correction", self.importance_bias_correction, (True, False))
+        check_choice("weights", self.weights, WEIGHTS)
+        check_choice("merged_dtype", self.merged_dtype, DTYPES)
+        check_choice("snapshot_activity", self.snapshot_activity, ("changed", "abs"))
+        check_choice("importance", self.importance, ("adam", None))
+        check_choice("importance_bias_correction", self.importance_bias_correction, (True, False))
         for name in ("snapshot_every", "max_part_bytes"):
-            _int(name, getattr(self, name), minimum=1)
+            check_int(name, getattr(self, name), minimum=1)
         for name in ("keep", "keep_merged", "merge_every", "lora_rank"):
             if getattr(self, name) is not None:
-                _int(name, getattr(self, name), minimum=1)
-        _float("snapshot_eps", self.snapshot_eps)
+                check_int(name, getattr(self, name), minimum=1)
+        check_number("snapshot_eps", self.snapshot_eps)
         self.ram = RamConfig.from_dict(self.ram, prefix="ram.", method_key="variant")
         if self.lora_alpha is not None:
-            _float("lora_alpha", self.lora_alpha)
+            check_number("lora_alpha", self.lora_alpha)
         if self.lora not in ("auto", True, False):
             raise ConfigError(f"ram.lora must be 'auto', true or false, got {self.lora!r}")
         self.lora_rule()
@@ -253,7 +253,7 @@ class RAMVerlOptions:
         """
         from ram_live.peft.sparsify import RelativeThreshold, TopK, sparsify_rule
 
-        _choice("sparsify", self.sparsify, SPARSIFY)
+        check_choice("sparsify", self.sparsify, SPARSIFY)
         for name, kind in (("density", "topk"), ("threshold", "relative")):
             value = getattr(self, name)
             if value is None:
@@ -279,21 +279,6 @@ class RAMVerlOptions:
             config's (:data:`RAM_KEYS`: ``variant`` and the flat keywords).
         """
         return [f.name for f in fields(cls) if f.repr] + list(RAM_KEYS)
-
-
-def _choice(name: str, value: Any, allowed: Sequence[Any]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"ram.{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
-
-
-def _int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"ram.{name} must be an integer >= {minimum} (or null where optional); got {value!r}")
-
-
-def _float(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"ram.{name} must be a finite number >= 0; got {value!r}")
 
 
 def options_from_mapping(values: Mapping[str, Any] | None, **defaults: Any) -> RAMVerlOptions:

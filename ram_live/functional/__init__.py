@@ -10,7 +10,7 @@ model, and the engine sizes ``C`` so that ``K × C`` stays constant.
 tensor([0.5000, 0.0000, 0.6000])
 
 A module per job: :mod:`.activity` (the activity rule), :mod:`.counting` (active and unique entries per agent),
-:mod:`.combine` (task vectors, task arithmetic), :mod:`.sparsify` (trim, TIES, DARE). RAM's rule and its fast
+:mod:`.combine` (task vectors, task arithmetic), :mod:`.trimming` (trim, TIES, DARE). RAM's rule and its fast
 paths live in their own room, :mod:`ram_live.methods.ram`. ``from ram_live import functional as F`` reaches every
 name below.
 """
@@ -33,7 +33,7 @@ from .activity import (
 )
 from .combine import task_arithmetic_combine, task_deltas_
 from .counting import RamCounter, ram_counts_fused, ram_statistics
-from .sparsify import dare_drop_, magnitude_threshold, stable_seed, ties_combine, trim_
+from .trimming import dare_drop_, magnitude_threshold, stable_seed, ties_combine, trim_
 
 __all__ = [
     "task_deltas_",
