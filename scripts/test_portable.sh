@@ -6,7 +6,8 @@
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
 files=(tests/test_merge_digests.py tests/test_kernel_digests.py tests/test_probe.py tests/test_probe_native.py
-       tests/test_ram_native.py tests/test_importance_native.py tests/test_codes_native.py tests/test_store_native.py)
+       tests/test_ram_native.py tests/test_ram_paths.py tests/test_importance_native.py tests/test_codes_native.py
+       tests/test_store_native.py)
 # Each run has an inductor cache of its own: torch.compile's cache does not key on ATEN_CPU_CAPABILITY, and code it
 # cached under another dispatch runs wrong (compile=True merges overflowed where eager ones did not).
 inductor_caches="$(mktemp -d)"
