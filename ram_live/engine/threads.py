@@ -19,6 +19,7 @@ __all__ = [
     "in_workers",
     "in_native_workers",
     "native_walk",
+    "native_ranges",
 ]
 
 #: Entries per call of the native CPU kernels (threads take every ``workers``-th range of a tensor).
@@ -65,3 +66,9 @@ def native_walk(stream: DeltaStream, worker: int, workers: int, call: Callable[[
         if stream.range_done is not None:
             stream.range_done(start, end)
     return bad
+
+
+def native_ranges(stream: DeltaStream, workers: int, call: Callable[[int, int], int]) -> bool:
+    """``call(start, end)`` over every range of the stream, shared by the native workers (:func:`native_walk`);
+    whether any call reported a non-finite entry (the caller then names the culprit)."""
+    return any(in_native_workers(stream, workers, lambda worker, n: native_walk(stream, worker, n, call)))

@@ -1,14 +1,13 @@
 """RAM's fast paths, declared to the engine by :func:`~.method.ram_kernels`: the native CPU kernels
 (:mod:`.native`; with importances :mod:`.native_weighted`), the ``torch.compile`` kernels (:mod:`.compiled`) and
 the merge in one read (:mod:`.single_read`); here, which of them takes a tensor and the runners that walk its
-ranges or chunks. Each
-gives the bits of :class:`~.accumulators.RamAccumulator`, the engine's eager path (tested against
-:func:`~.reference.ram_combine`)."""
+ranges or chunks. Each gives the bits of :class:`~.accumulators.RamAccumulator`, the engine's eager path (tested
+against :func:`~.reference.ram_combine`)."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -16,6 +15,7 @@ from torch import Tensor
 from ...engine import threads
 from ...engine.compiling import compiled
 from ...engine.counts import native_counts
+from ...engine.dispatch import Kernel
 from ...engine.stream import DeltaStream, nonfinite
 from ...types import Activity, RamStatistics
 from . import native as ram_native
@@ -32,9 +32,6 @@ __all__ = [
     "native_statistics",
     "warm_up",
 ]
-
-#: ``kernel(stream, flat)``: merges the stream's tensor into ``flat``.
-Kernel = Callable[[DeltaStream, Tensor], None]
 
 
 def native_for(
@@ -93,8 +90,8 @@ def _weighted(
             kernels=weighted,
             importances=importances,
             lambdas=lambdas,
-            eps=native[1],
-            workers=workers,  # type: ignore[index]
+            eps=native[1],  # type: ignore[index]
+            workers=workers,
             sign=sign,
         )
     eps = stream.fused_eps(activity)
@@ -113,16 +110,11 @@ def merge_native(
     sign: bool = False,
 ) -> None:
     """The native RAM kernel over the stream's ranges, in threads (``sign``: RAM's ``shared="sign"``)."""
-
-    def job(worker: int, n_workers: int) -> int:
-        return threads.native_walk(
-            stream,
-            worker,
-            n_workers,
-            lambda start, end: kernels.merge(flat, stream.base, stream.tensors, lambdas, eps, start, end, sign=sign),
-        )
-
-    if any(threads.in_native_workers(stream, workers, job)):
+    if threads.native_ranges(
+        stream,
+        workers,
+        lambda start, end: kernels.merge(flat, stream.base, stream.tensors, lambdas, eps, start, end, sign=sign),
+    ):
         stream.raise_nonfinite(0, stream.numel, flat)
 
 
@@ -138,18 +130,13 @@ def merge_native_weighted(
 ) -> None:
     """:func:`merge_native` with importances; the kernel counts invalid importances with the non-finite
     results, and either names its culprit."""
-
-    def job(worker: int, n_workers: int) -> int:
-        return threads.native_walk(
-            stream,
-            worker,
-            n_workers,
-            lambda start, end: kernels.merge_weighted(
-                flat, stream.base, stream.tensors, importances, lambdas, eps, start, end, sign=sign
-            ),
-        )
-
-    if any(threads.in_native_workers(stream, workers, job)):
+    if threads.native_ranges(
+        stream,
+        workers,
+        lambda start, end: kernels.merge_weighted(
+            flat, stream.base, stream.tensors, importances, lambdas, eps, start, end, sign=sign
+        ),
+    ):
         stream.validate_auxiliary()
         stream.raise_nonfinite(0, stream.numel, flat)
 

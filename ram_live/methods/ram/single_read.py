@@ -162,14 +162,9 @@ def rescale(job: Job, key: str, flat: Tensor, planes: Tensor, run_state: Any) ->
     lambdas = state.to(dtype=torch.float32).contiguous()
     kernels = ram_native.kernels()
     workers = worker_count(job.workers, dev)
-    bad = threads.in_native_workers(
-        stream,
-        workers,
-        lambda w, n: threads.native_walk(
-            stream, w, n, lambda start, end: kernels.rescale(flat, stream.base, planes, lambdas, start, end)
-        ),
-    )
-    if any(bad):
+    if threads.native_ranges(
+        stream, workers, lambda start, end: kernels.rescale(flat, stream.base, planes, lambdas, start, end)
+    ):
         stream.raise_nonfinite(0, stream.numel, flat)
     reader.release(key)
     job.info.count_kernel("native")
