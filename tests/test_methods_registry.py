@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 
-def _run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+def _run(code: str) -> None:
+    """``code`` in a fresh process; its assertions must hold (its stderr shown otherwise)."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_threads_asking_at_first_use_all_find_the_built_in_methods():
@@ -28,8 +30,7 @@ def test_threads_asking_at_first_use_all_find_the_built_in_methods():
         "names = set(ram_live.available_methods())\n"
         "assert {'ram', 'ram_plus', 'ram_plus_soft', 'ties', 'dare_ties', 'linear'} <= names\n"
     )
-    result = _run(code)
-    assert result.returncode == 0, result.stderr[-2000:]
+    _run(code)
 
 
 def test_a_family_that_cannot_import_is_named_at_every_ask():
@@ -44,8 +45,7 @@ def test_a_family_that_cannot_import_is_named_at_every_ask():
         "    else:\n"
         "        raise AssertionError('no ImportError')\n"
     )
-    result = _run(code)
-    assert result.returncode == 0, result.stderr[-2000:]
+    _run(code)
 
 
 def test_registering_before_first_use_still_refuses_a_built_in_name():
@@ -58,5 +58,4 @@ def test_registering_before_first_use_still_refuses_a_built_in_name():
         "with pytest.raises(MethodExistsError):\n"
         "    ram_live.register_method('ram', C, lambda deltas, ctx, config: deltas.sum(0))\n"
     )
-    result = _run(code)
-    assert result.returncode == 0, result.stderr[-2000:]
+    _run(code)
