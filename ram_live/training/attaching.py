@@ -51,31 +51,26 @@ def attach_base(sched: Any, model: Any, base: Any = None, collective: Collective
         local = _like(given, live)
     local.check_like(live, sched.agent)
     sched.base = local
-    if sched.sharded:
-        sched.writer = SnapshotWriter(
+
+    def writer(collective: Collective) -> SnapshotWriter:
+        return SnapshotWriter(
             sched.store,
             sched.agent,
             local,
             activity=sched.snapshot_activity,
             eps=sched.snapshot_eps,
-            collective=c,
+            collective=collective,
             clone_base=False,
             trusted_fingerprint=trusted,
         )
+
+    if sched.sharded:  # every rank writes its own shards
+        sched.writer = writer(c)
         fp = sched.writer.fingerprint
-    else:
+    else:  # rank 0 writes the replicated model
         fp = None
         if c.rank == 0:
-            sched.writer = SnapshotWriter(
-                sched.store,
-                sched.agent,
-                local,
-                activity=sched.snapshot_activity,
-                eps=sched.snapshot_eps,
-                collective=LocalCollective(),
-                clone_base=False,
-                trusted_fingerprint=trusted,
-            )
+            sched.writer = writer(LocalCollective())
             fp = sched.writer.fingerprint
         c.barrier()
         if c.rank != 0:
