@@ -230,3 +230,126 @@ def test_evaluation_model_and_tokenizer_by_id(cache, tmp_path, tok, llama):
         load_model("org/no-llama")
     with pytest.raises(ConfigError, match="'org/no-tok'"):
         Resolver(tokenizer="org/no-tok").tokenizer(None)
+
+
+@pytest.fixture
+def outside(tmp_path, base_sd):
+    """A complete model folder outside the cache (what a hostile revision or ref would have merged), and a file
+    outside the cache whose content is that folder's absolute path."""
+    a = make_agents(base_sd, [0.5], seed=9)[0]
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    for name, data in _model_files(a, tmp_path).items():
+        (folder / name).write_bytes(data)
+    pointer = tmp_path / "pointer"
+    pointer.write_text(str(folder))
+    return folder, pointer
+
+
+def _refused(text: str, *fragments: str) -> str:
+    """``merge`` with agent ``a`` given as ``text``: a one-line ConfigError naming the agent, the id and
+    ``fragments``; nothing merged."""
+    with pytest.raises(ConfigError) as err:
+        merge({"a": text, "b": "org/b"}, base="org/base")
+    message = str(err.value)
+    assert message.startswith(f"a: {text!r}") and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    return message
+
+
+def test_a_revision_that_is_a_path_is_refused_naming_the_id(cache, outside):
+    folder, pointer = outside
+    for revision, why in (
+        (str(pointer), "a leading or trailing /"),
+        (str(folder), "a leading or trailing /"),
+        ("../../../outside", "'..' in it"),
+        ("main/../v2", "'..' in it"),
+        ("refs/.hidden", "starts with '.'"),
+        ("main.lock", "'.lock'"),
+        ("ma in", "a character other than"),
+        ("ma\\in", "a character other than"),
+        ("x" * 256, "longer than 255"),
+    ):
+        message = _refused(f"org/a@{revision}", repr(revision[:64])[:-1], why)
+        assert "not a branch, tag or commit hash" in message
+    assert split_id(f"org/a@{pointer}") == ("org/a", str(pointer))  # an id, whose revision is refused
+
+
+def test_a_ref_whose_content_points_outside_the_cache_is_refused(cache, outside):
+    hub, folders, _ = cache
+    folder, _ = outside
+    refs = hub / "models--org--a" / "refs"
+    for name, content in (
+        ("up", os.path.relpath(folder, hub / "models--org--a" / "snapshots")),
+        ("abs", str(folder)),
+        ("newline", folders["a"].name + "\n"),
+        ("empty", ""),
+    ):
+        (refs / name).write_text(content)
+        _refused(f"org/a@{name}", f"revision {name!r}", f"{refs / name} holds {content[:64]!r}, not a commit hash")
+    (refs / "good").write_text(folders["a"].name)  # a ref holding a commit hash resolves
+    assert resolve_model("org/a@good") == str(folders["a"])
+
+
+def test_a_ref_file_linked_outside_the_cache_is_not_read(cache, outside, tmp_path):
+    hub, folders, _ = cache
+    elsewhere = tmp_path / "elsewhere-ref"
+    elsewhere.write_text(folders["a"].name)  # a valid commit hash, but the file is outside the cache
+    os.symlink(elsewhere, hub / "models--org--a" / "refs" / "linked")
+    _refused("org/a@linked", "refs/linked resolves to", "outside its cache folder")
+
+
+def test_a_snapshot_linked_outside_the_cache_is_refused(cache, outside):
+    hub, folders, models = cache
+    folder, _ = outside
+    root = hub / "models--org--a"
+    commit = _commit("hostile")
+    os.symlink(folder, root / "snapshots" / commit)  # the whole snapshot folder is a link out
+    (root / "refs" / "out").write_text(commit)
+    _refused("org/a@out", f"snapshots/{commit} resolves to {os.path.realpath(folder)}", "outside its cache folder")
+    _refused(f"org/a@{commit}", "outside its cache folder")  # by commit hash too
+    # one file of a real snapshot linked out: refused as well
+    snap = add_to_cache(hub, "org/c", _model_files(models["b"], folder.parent))
+    (snap / "model.safetensors").unlink()
+    os.symlink(folder / "model.safetensors", snap / "model.safetensors")
+    with pytest.raises(ConfigError, match=r"^c: 'org/c'.*model\.safetensors in its snapshot resolves to .*outside"):
+        merge({"a": "org/a", "c": "org/c"}, base="org/base")
+
+
+def test_a_blobs_folder_on_another_disk_still_resolves(cache, tmp_path):
+    """A cache whose ``blobs`` is a link to another folder (a bigger disk) is not hostile."""
+    hub, folders, _ = cache
+    blobs = hub / "models--org--b" / "blobs"
+    moved = tmp_path / "disk2" / "blobs"
+    moved.parent.mkdir()
+    blobs.rename(moved)
+    os.symlink(moved, blobs)
+    assert resolve_model("org/b") == str(folders["b"])
+
+
+def test_evaluate_takes_an_id_with_and_without_model(cache, tmp_path, tok, llama):
+    """``evaluate("org/name")`` loads the cached snapshot whether or not the evaluation holds a ``model=``."""
+    import evaluate_helpers
+    from ram_live.evaluate import rewards
+
+    hub, _, _ = cache
+    tok.save_pretrained(tmp_path / "tok")
+    other = evaluate_helpers.model(1)
+    other.save_pretrained(tmp_path / "other")
+    add_to_cache(hub, "org/other", {p.name: p.read_bytes() for p in (tmp_path / "other").iterdir() if p.is_file()})
+    prompts = evaluate_helpers.PROMPTS[:3]
+
+    def text_of(completions, **kwargs):  # a score that differs wherever a completion does
+        return [float(sum(ord(c) * (i + 1) for i, c in enumerate(text))) for text in completions]
+
+    plain = rewards(prompts, text_of, tokenizer=tok, max_new_tokens=6)
+    held = evaluate_helpers.model(0)  # the module model= holds: each candidate is copied into it
+    holding = rewards(prompts, text_of, tokenizer=tok, max_new_tokens=6, model=held)
+    by_folder = plain(str(tmp_path / "other"))
+    assert by_folder != plain(llama)  # the two models complete differently
+    assert plain("org/other") == by_folder
+    assert holding("org/other") == by_folder
+    assert all(torch.equal(v, other.state_dict()[k]) for k, v in held.state_dict().items())
+    with pytest.raises(ConfigError, match="rewards: the evaluated model: 'org/gone'"):
+        holding("org/gone")

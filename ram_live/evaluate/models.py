@@ -160,7 +160,7 @@ class Resolver:
 
     def resolve(self, merged: Any) -> tuple[Any, Any]:
         if isinstance(merged, (str, os.PathLike)):
-            folder = Path(merged)
+            folder = Path(resolve_model(merged, what="rewards: the evaluated model"))  # an id: its cached folder
             if self._model is None:
                 model = load_model(folder, self.device, self.dtype)
             else:
