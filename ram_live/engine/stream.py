@@ -18,6 +18,7 @@ from .. import functional as F
 from ..auxiliary import validate as validate_auxiliary
 from ..errors import NonFiniteError
 from ..types import Activity
+from .checks import deferred_device
 from .compiling import compiled
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "DeltaStream",
     "first_nonfinite",
     "nonfinite",
+    "InputsDigest",
     "inputs_digest",
     "digest_update",
 ]
@@ -85,6 +87,23 @@ class DeltaStream:
         #: method's check of their values (see :mod:`ram_live.auxiliary`)
         self.auxiliary: dict[str, list[Tensor]] = {}
         self.check_auxiliary: Any = None
+        #: device merges: this tensor's slot of the pass's :class:`~ram_live.engine.checks.DeferredChecks` (a
+        #: 0-d int64 device tensor the kernels add their invalid entries to), or None: check at once
+        self.deferred: Tensor | None = None
+
+    def invalid_slot(self) -> Tensor:
+        """Where a device kernel adds the number of invalid entries it finds: :attr:`deferred`, else a fresh zero
+        that :meth:`settle` reads."""
+        if self.deferred is not None:
+            return self.deferred
+        return torch.zeros((), dtype=torch.int64, device=self.device)
+
+    def settle(self, slot: Tensor, out: Tensor | None = None) -> None:
+        """After a device kernel counted into ``slot``: nothing where the check is deferred to the end of the pass,
+        else raise now naming the input at fault (auxiliary values first) where it counted any."""
+        if slot is not self.deferred and bool(slot):
+            self.validate_auxiliary()
+            self.raise_nonfinite(0, self.numel, out)
 
     def auxiliary_rows(self, t: int, start: int, end: int, worker: int = 0) -> dict[str, Tensor]:
         """Agent ``t``'s auxiliary inputs over ``[start, end)`` in the compute dtype, one reused buffer per input
@@ -243,15 +262,48 @@ def nonfinite(stored: Tensor) -> Tensor:
     return (~torch.isfinite(stored)).sum()
 
 
-def inputs_digest() -> Any:
+class InputsDigest:
+    """The digest a :class:`RamStatistics` ``fingerprint`` is: blake2b over the first and last 64 stored entries of
+    every input of every tensor, in the passes' order. Entries of device tensors are gathered on the device (one
+    copy per tensor) and read once, at :meth:`hexdigest`: the digest costs no host sync per tensor."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.blake2b(digest_size=16)
+        self._pending: list[Tensor] = []
+
+    def update(self, tensors: Sequence[Tensor]) -> None:
+        """Feed the edges of these flat tensors (base first, then each agent)."""
+        parts = [p.contiguous().view(torch.uint8) for t in tensors for p in (t[:64], t[-64:])]
+        if parts and deferred_device(parts[0].device):
+            self._pending.append(torch.cat(parts) if len({p.device for p in parts}) == 1 else _host_cat(parts))
+            return
+        self._flush()
+        self._hash.update(bytes(_host_cat(parts).tolist()))
+
+    def _flush(self) -> None:
+        if self._pending:
+            devices = {p.device for p in self._pending}
+            gathered = torch.cat(self._pending) if len(devices) == 1 else _host_cat(self._pending)
+            self._hash.update(bytes(gathered.tolist()))  # one device-to-host read
+            self._pending = []
+
+    def hexdigest(self) -> str:
+        """The digest of everything fed so far."""
+        self._flush()
+        return self._hash.hexdigest()
+
+
+def _host_cat(parts: Sequence[Tensor]) -> Tensor:
+    return torch.cat([p.cpu() for p in parts]) if parts else torch.empty(0, dtype=torch.uint8)
+
+
+def inputs_digest() -> InputsDigest:
     """A fresh digest for :func:`digest_update` (what a :class:`RamStatistics` ``fingerprint`` is)."""
-    return hashlib.blake2b(digest_size=16)
+    return InputsDigest()
 
 
-def digest_update(digest: Any, stream: DeltaStream) -> None:
+def digest_update(digest: InputsDigest, stream: DeltaStream) -> None:
     """Feed the first and last 64 stored entries of the base's and every agent's flat tensor to ``digest``: two
     pages per input and tensor, read while the passes read them anyway, so that reused statistics are checked
     against the inputs they were counted over (a changed or swapped checkpoint changes some of them)."""
-    for t in (stream.base, *stream.tensors):
-        for part in (t[:64], t[-64:]):
-            digest.update(bytes(part.contiguous().view(torch.uint8).cpu().tolist()))
+    digest.update([stream.base, *stream.tensors])

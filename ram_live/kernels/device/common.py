@@ -1,0 +1,53 @@
+"""What every device kernel shares: whether Triton serves a device (:func:`triton_serves`), the agents' tensors as
+kernel arguments (:data:`MAX_AGENTS` pointers, :func:`agent_args`) and the output as a kernel writes it
+(:func:`kernel_out`). Torch only: the Triton helpers live in :mod:`.triton_common`."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["MAX_AGENTS", "OUT_DTYPES", "agent_args", "kernel_out", "triton_serves"]
+
+#: The most agents one kernel launch takes (one pointer argument each); more agents merge through the torch
+#: implementation of the same op.
+MAX_AGENTS = 8
+#: Output dtypes the kernels round to themselves.
+OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_serves(device: torch.device) -> bool:
+    """Whether the Triton kernels run on tensors of ``device``: CUDA/XPU where Triton is installed; CPU only under
+    Triton's interpreter (``TRITON_INTERPRET=1``, for tests).
+
+    Example:
+        >>> triton_serves(torch.device("meta"))
+        False
+    """
+    if not _triton_installed():
+        return False
+    if device.type in ("cuda", "xpu"):
+        return True
+    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def agent_args(tensors: Sequence[Tensor | None]) -> list[Tensor | None]:
+    """``tensors`` padded with None to :data:`MAX_AGENTS` pointer arguments (a kernel reads the first K)."""
+    return [*tensors, *([None] * (MAX_AGENTS - len(tensors)))]
+
+
+def kernel_out(out: Tensor) -> tuple[Tensor, bool]:
+    """The output as the kernel writes it: bfloat16 as its int16 bits (rounded by the kernel), else as it is."""
+    if out.dtype == torch.bfloat16:
+        return out.view(torch.int16), True
+    return out, False

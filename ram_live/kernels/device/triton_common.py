@@ -1,0 +1,57 @@
+"""The Triton helpers every device kernel inlines: the agent ``t`` of eight pointer arguments (:func:`pick`), the
+output's rounding (:func:`store_out`: to nearest even, as torch's ``copy_`` to a narrower dtype does, written by
+hand for bfloat16 because Triton's interpreter truncates in ``.to(tl.bfloat16)``) and the invalid-entry count
+(:func:`add_invalid`). Imported only where Triton serves the device."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["add_invalid", "pick", "store_out"]
+
+
+@triton.jit
+def pick(t: tl.constexpr, p0, p1, p2, p3, p4, p5, p6, p7):
+    """Argument ``t`` of the eight (``t`` known at compile time)."""
+    if t == 0:
+        return p0
+    elif t == 1:
+        return p1
+    elif t == 2:
+        return p2
+    elif t == 3:
+        return p3
+    elif t == 4:
+        return p4
+    elif t == 5:
+        return p5
+    elif t == 6:
+        return p6
+    else:
+        return p7
+
+
+@triton.jit
+def store_out(out_ptr, offs, inb, value, OUT_BF16: tl.constexpr):
+    """Store float32 ``value`` rounded to nearest even (bfloat16: into the output's int16 bits); returns 1 where the
+    stored value is NaN/Inf (in range ``inb``), else 0."""
+    if OUT_BF16:
+        bits = value.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = tl.where(value != value, 0x7FC0, rounded)
+        tl.store(out_ptr + offs, rounded.to(tl.uint16).to(tl.int16, bitcast=True), mask=inb)
+        bad = (rounded & 0x7F80) == 0x7F80
+    else:
+        stored = value.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + offs, stored, mask=inb)
+        back = stored.to(tl.float32)
+        bad = (back != back) | (tl.abs(back) == float("inf"))
+    return (bad & inb).to(tl.int32)
+
+
+@triton.jit
+def add_invalid(bad_ptr, count):
+    """Add a block's count of invalid entries to the tensor's int64 slot (no atomic where it found none)."""
+    n = tl.sum(count, axis=0)
+    tl.atomic_add(bad_ptr, n.to(tl.int64), mask=n > 0)
