@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ..errors import ConfigError, UnsupportedInputError
+from ..io.st_header import read_regular, strict_json
 from .errors import UnsupportedAdapterError
 from .factors import AdapterSet
 from .refactoring import Refactored
@@ -23,6 +26,89 @@ _VARIANT_FIELDS = (
 )
 #: initialisations that rewrite the base weight (W_res = W − s·B₀A₀), so s·BA is not the delta to the base
 _RESIDUAL_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
+#: an adapter_config.json larger than this is not read (PEFT's are a few kilobytes, rank patterns included)
+_MAX_CONFIG = 100_000_000
+
+
+def read_config(file: Path, adapter: str) -> dict[str, Any]:
+    """``adapter_config.json`` of ``adapter``, read as strict UTF-8 JSON and checked: an object whose fields
+    ram_live reads (``r``, ``lora_alpha``, ``rank_pattern``, ``alpha_pattern``, ``use_rslora``,
+    ``fan_in_fan_out``, ``peft_type``) have the types PEFT gives them, then :func:`check_config`.
+
+    Args:
+        file: the ``adapter_config.json`` to read.
+        adapter: the adapter's name, for the errors.
+
+    Returns:
+        The config, as the JSON object it holds.
+
+    Raises:
+        UnsupportedInputError: the file is not a regular file, not UTF-8, not JSON or not a JSON object.
+        ConfigError: a field of the wrong type or value, or a pattern that is not a regular expression; the
+            message names the file and the key.
+        UnsupportedAdapterError: as :func:`check_config`.
+    """
+    where = f"adapter {adapter!r}: {file}"
+    try:
+        text = read_regular(file, _MAX_CONFIG).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnsupportedInputError(f"{where} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except UnsupportedInputError as exc:
+        raise UnsupportedInputError(f"adapter {adapter!r}: {exc}") from None
+    cfg = strict_json(text, where)
+    if not isinstance(cfg, dict):
+        raise UnsupportedInputError(f"{where} holds a JSON {_json_type(cfg)}, not an object of LoRA settings")
+    _check_fields(cfg, where)
+    check_config(cfg, adapter)
+    return cfg
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    names = {bool: "boolean", dict: "object", list: "array", str: "string", int: "integer", float: "number"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _bad(where: str, key: str, value: Any, wanted: str) -> ConfigError:
+    return ConfigError(f"{where}: key {key!r} is {value!r:.80} (a JSON {_json_type(value)}); {wanted}")
+
+
+def _positive_int(where: str, key: str, value: Any, what: str) -> None:
+    if type(value) is not int or value <= 0:
+        raise _bad(where, key, value, f"PEFT's {what} is a positive integer")
+
+
+def _patterns(where: str, key: str, value: Any, what: str) -> None:
+    """``rank_pattern`` / ``alpha_pattern``: null or an object of regular expressions to positive integers, each
+    a valid expression in the form PEFT matches it with (``(.*\\.)?(<key>)$``)."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise _bad(where, key, value, f"PEFT's {key} is an object mapping module-name patterns to {what}s")
+    for pattern, item in value.items():
+        try:
+            re.compile(rf"(.*\.)?({pattern})$")
+        except (re.error, RecursionError, OverflowError) as exc:
+            raise ConfigError(
+                f"{where}: key {key!r} has the pattern {pattern!r:.80}, which is not a regular expression ({exc})"
+            ) from None
+        _positive_int(where, f"{key}[{pattern!r:.80}]", item, what)
+
+
+def _check_fields(cfg: Mapping[str, Any], where: str) -> None:
+    """The types and values of the fields ram_live reads, as PEFT's ``LoraConfig`` declares them."""
+    if "r" in cfg:
+        _positive_int(where, "r", cfg["r"], "r (the rank)")
+    if "lora_alpha" in cfg:
+        _positive_int(where, "lora_alpha", cfg["lora_alpha"], "lora_alpha")
+    _patterns(where, "rank_pattern", cfg.get("rank_pattern"), "rank")
+    _patterns(where, "alpha_pattern", cfg.get("alpha_pattern"), "alpha")
+    for key in ("use_rslora", "fan_in_fan_out"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], bool):
+            raise _bad(where, key, cfg[key], f"PEFT's {key} is true or false")
+    if cfg.get("peft_type") is not None and not isinstance(cfg["peft_type"], str):
+        raise _bad(where, "peft_type", cfg["peft_type"], 'PEFT\'s peft_type is a string such as "LORA"')
 
 
 def check_config(cfg: Mapping[str, Any], adapter: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -12,8 +11,9 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError, InputMismatchError, UnsupportedInputError
-from .configs import check_config
+from ..errors import ConfigError, InputMismatchError, NonFiniteError, UnsupportedInputError
+from ..io.safetensors_io import MappedSafetensors
+from .configs import read_config
 from .errors import UnsupportedAdapterError
 from .factors import AdapterSet, Factor
 
@@ -37,9 +37,10 @@ def _pattern_value(patterns: Mapping[str, Any], module: str, default: Any) -> An
 def read_folder(
     path: Path, adapter: str, device: str | torch.device = "cpu"
 ) -> tuple[dict[str, Factor], list[str], dict, dict[str, Tensor]]:
-    """(factors by module, module order, config, full base-layer weights PEFT saved alongside)."""
-    from safetensors import safe_open
-
+    """(factors by module, module order, config, full base-layer weights PEFT saved alongside): the config checked
+    by :func:`~ram_live.peft.configs.read_config`, the weights read through the library's checked safetensors
+    reader (a truncated or damaged file is an ``UnsupportedInputError`` naming the adapter and the file), each
+    tensor copied to ``device``."""
     config_file = path / "adapter_config.json"
     weights_file = path / "adapter_model.safetensors"
     if not config_file.is_file():
@@ -51,48 +52,50 @@ def read_folder(
             else ""
         )
         raise UnsupportedInputError(f"adapter {adapter!r}: {weights_file} not found{extra}")
-    cfg = json.loads(config_file.read_text())
-    check_config(cfg, adapter)
+    cfg = read_config(config_file, adapter)
+    try:
+        fh = MappedSafetensors(weights_file)
+    except UnsupportedInputError as exc:
+        raise UnsupportedInputError(f"adapter {adapter!r}: {exc}") from None
     parts: dict[str, dict[str, Tensor]] = {}
     kinds: dict[str, str] = {}
     order: list[str] = []
     saved: dict[str, Tensor] = {}
-    with safe_open(str(weights_file), framework="pt", device=str(device)) as fh:
-        for key in fh.keys():
-            name = key[len(PEFT_PREFIX) :] if key.startswith(PEFT_PREFIX) else key
-            if name.endswith(".base_layer.weight"):
-                # PEFT's save_embedding_layers: a full copy of a targeted embedding's base weight, not a delta;
-                # checked against the base when one is given (into_base), otherwise not part of the merge
-                saved[name[: -len(".base_layer.weight")] + ".weight"] = fh.get_tensor(key)
-                continue
-            for suffix, (kind, which) in _SUFFIXES.items():
-                if name.endswith(suffix):
-                    module = name[: -len(suffix)]
-                    break
-            else:
-                hint = (
-                    "a DoRA magnitude vector"
-                    if "lora_magnitude_vector" in key
-                    else "a lora_bias (lora_B.bias)"
-                    if key.endswith("lora_B.bias")
-                    else "not a LoRA factor of a linear or embedding layer"
-                )
-                raise UnsupportedAdapterError(
-                    f"adapter {adapter!r}: tensor {key!r} in {weights_file} is {hint}", adapter=adapter, module=key
-                )
-            if module not in parts:
-                parts[module] = {}
-                order.append(module)
-            kinds[module] = kind
-            tensor = fh.get_tensor(key)
-            if tensor.dim() != 2:
-                raise UnsupportedAdapterError(
-                    f"adapter {adapter!r}: module {module!r} has {tensor.dim()}-d LoRA factors (a conv layer?); "
-                    "ram_live merges LoRA on linear and embedding layers only",
-                    adapter=adapter,
-                    module=module,
-                )
-            parts[module][which] = tensor
+    for key in sorted(fh.keys()):
+        name = key[len(PEFT_PREFIX) :] if key.startswith(PEFT_PREFIX) else key
+        if name.endswith(".base_layer.weight"):
+            # PEFT's save_embedding_layers: a full copy of a targeted embedding's base weight, not a delta;
+            # checked against the base when one is given (into_base), otherwise not part of the merge
+            saved[name[: -len(".base_layer.weight")] + ".weight"] = _tensor(fh, key, adapter, device)
+            continue
+        for suffix, (kind, which) in _SUFFIXES.items():
+            if name.endswith(suffix):
+                module = name[: -len(suffix)]
+                break
+        else:
+            hint = (
+                "a DoRA magnitude vector"
+                if "lora_magnitude_vector" in key
+                else "a lora_bias (lora_B.bias)"
+                if key.endswith("lora_B.bias")
+                else "not a LoRA factor of a linear or embedding layer"
+            )
+            raise UnsupportedAdapterError(
+                f"adapter {adapter!r}: tensor {key!r} in {weights_file} is {hint}", adapter=adapter, module=key
+            )
+        if module not in parts:
+            parts[module] = {}
+            order.append(module)
+        kinds[module] = kind
+        tensor = _tensor(fh, key, adapter, device)
+        if tensor.dim() != 2:
+            raise UnsupportedAdapterError(
+                f"adapter {adapter!r}: module {module!r} has {tensor.dim()}-d LoRA factors (a conv layer?); "
+                "ram_live merges LoRA on linear and embedding layers only",
+                adapter=adapter,
+                module=module,
+            )
+        parts[module][which] = tensor
     factors: dict[str, Factor] = {}
     for module in order:
         p = parts[module]
@@ -118,6 +121,22 @@ def read_folder(
     if not factors:
         raise UnsupportedAdapterError(f"adapter {adapter!r}: {weights_file} holds no LoRA factor", adapter=adapter)
     return factors, order, cfg, saved
+
+
+def _tensor(fh: MappedSafetensors, key: str, adapter: str, device: str | torch.device) -> Tensor:
+    """``key`` of the adapter's weights, copied out of the mapped file onto ``device``: a floating-point tensor of
+    finite values (anything else is no LoRA factor or saved base weight)."""
+    tensor = fh.tensor(key)
+    if not tensor.is_floating_point():
+        raise UnsupportedInputError(
+            f"adapter {adapter!r}: tensor {key!r} in {fh.path} is {tensor.dtype}, not a floating-point LoRA factor"
+        )
+    tensor = tensor.to(device=device, copy=True)
+    if not bool(torch.isfinite(tensor).all()):
+        raise NonFiniteError(
+            f"adapter {adapter!r}: tensor {key!r} in {fh.path} holds NaN or Inf", key=key, agent=adapter
+        )
+    return tensor
 
 
 def read_folders(

@@ -74,8 +74,13 @@ def ram_merge_adapter_files(
     Raises:
         ConfigError: bad method / SVD / ``sparsify`` options, ``adapters`` a single path or empty or with repeated
             names, ``out`` missing or not empty, ``base`` without ``into_base`` (or missing with it), ``inplace``
-            without ``into_base``.
-        UnsupportedInputError: a folder without ``adapter_config.json`` or ``adapter_model.safetensors``.
+            without ``into_base``; an ``adapter_config.json`` field of the wrong type or value (``r``,
+            ``lora_alpha`` not a positive integer, ``rank_pattern`` / ``alpha_pattern`` not an object of valid
+            regular expressions to positive integers), naming the file and the key.
+        UnsupportedInputError: a folder without ``adapter_config.json`` or ``adapter_model.safetensors``, a config
+            that is not a UTF-8 JSON object, weights that are not a well-formed safetensors file (truncated, garbage)
+            or hold factors that are not floating point; the message names the adapter and the file.
+        NonFiniteError: an adapter's factors hold NaN or Inf.
         UnsupportedAdapterError: an adapter that cannot be merged exactly (DoRA, ``lora_bias``,
             ``modules_to_save``, ...), or one saving its own embedding that differs from the base's.
         InputMismatchError: factors that disagree with their config or between adapters, or a base lacking a

@@ -117,8 +117,10 @@ def adapter_agents(models: Any, base: Any, adapters: Sequence[str] | None) -> Ad
     Raises:
         ConfigError: ``adapters=`` without a live model, ``base=`` with one, folders without ``base=``.
         UnsupportedInputError: adapters mixed with full models, a ``PeftModel`` among the agents.
-        InputMismatchError, UnsupportedAdapterError: as :mod:`ram_live.peft` raises them (another base,
-            adapters that disagree on a module, LoRA variants), naming the adapter.
+        InputMismatchError, UnsupportedAdapterError, UnsupportedInputError, ConfigError: as
+            :func:`~ram_live.peft.ram_merge_adapter_files` raises them (another base, adapters that disagree on a
+            module, LoRA variants, a damaged ``adapter_config.json`` or ``adapter_model.safetensors``), naming the
+            adapter and the file.
     """
     if _is_peft_model(models):
         if base is not None:
