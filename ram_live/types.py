@@ -11,6 +11,7 @@ all take these types without importing each other.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -97,8 +98,15 @@ class Activity:
         """
         if self.rule != "abs" or self.eps <= 0:
             return 0.0
-        t = torch.tensor(self.eps, dtype=torch.float64).to(dtype)
-        if float(t) > self.eps:
+        return _threshold(self.eps, dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _threshold(eps: float, dtype: torch.dtype) -> float:
+    """The largest value of ``dtype`` at most ``eps`` (computed once per pair: merges ask per tensor)."""
+    with torch.device("cpu"):
+        t = torch.tensor(eps, dtype=torch.float64).to(dtype)
+        if float(t) > eps:
             t = torch.nextafter(t, torch.zeros((), dtype=dtype))
         return float(t)
 

@@ -45,6 +45,8 @@ def resolve_compile(
       never (the compile would cost more than it saves);
     * CPU where the method's native kernels are built at a vector level (``kernels.native()``; AVX-512, AVX2 or
       NEON): never, they run at a few times the copy floor, faster than inductor's code;
+    * a device where the method's fused device kernels merge (``kernels.device``; RAM's family on GPUs): never,
+      whatever ``compile`` says (they are the one mechanism there);
     * otherwise (GPUs; CPUs without native kernels, or with only the baseline ``scalar`` build, where inductor
       generates code for the CPU's own instructions): compile where a toolchain is available.
 
@@ -52,6 +54,10 @@ def resolve_compile(
         >>> resolve_compile("auto", torch.device("cpu"), 10)
         False
     """
+    if kernels is not None and kernels.device is not None and kernels.device(device):
+        if compile not in (True, False, "auto"):
+            raise ConfigError(f"compile must be True, False or 'auto', got {compile!r}")
+        return False  # the method's fused device kernels merge there: nothing to compile
     if isinstance(compile, bool):
         return compile
     if compile != "auto":

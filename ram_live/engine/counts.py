@@ -14,7 +14,10 @@ from ..types import RamStatistics
 from . import threads
 from .stream import DeltaStream
 
-__all__ = ["native_counts", "fused_statistics", "torch_statistics"]
+__all__ = ["ADDED", "native_counts", "fused_statistics", "torch_statistics"]
+
+#: What a counter returns where it added the tensor's counts into ``stream.totals`` itself (device passes).
+ADDED = RamStatistics(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), torch.zeros(0))
 
 
 def native_counts(

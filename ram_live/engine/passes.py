@@ -14,6 +14,8 @@ from ..methods.base import MergeMethod, MethodKernels
 from ..progress import ProgressHook
 from ..io.sinks import Sink
 from ..types import Activity, MergeInfo, Plan, RamStatistics, TensorSpec
+from .checks import DeferredChecks
+from .counts import ADDED
 from .dispatch import StreamView, count_tensor, merge_kernel
 from .reader import Reader, check_equal
 from .stream import DeltaStream, digest_update
@@ -58,14 +60,20 @@ def statistics_pass(
     track them; ``check_auxiliary``: also validates the method's auxiliary inputs (the in-place validation pass);
     ``kernels``: the method's fast paths (its counter runs first)."""
     k = len(reader.agents)
-    active = torch.zeros(k, dtype=torch.int64)
-    unique = torch.zeros_like(active)
-    histogram = torch.zeros(k + 1, dtype=torch.int64)
+    host = [torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64), torch.zeros(k + 1, dtype=torch.int64)]
+    totals: dict[torch.device, Tensor] = {}  # device passes: the running counts on each device, read once
+    checks = DeferredChecks(plan.merge)
     if progress:
         progress.start("statistics", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
-    for key in plan.merge:
+    for index, key in enumerate(plan.merge):
         base, agents, device = reader.read(key)
         stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace, compile=compile)
+        stream.deferred = checks.slot(index, device)
+        counted = reader.base.spec(key).counted
+        if stream.deferred is not None and counted:
+            if device not in totals:
+                totals[device] = torch.zeros(3 * k + 1, dtype=torch.int64, device=device)
+            stream.totals = totals[device]
         if digest is not None:
             digest_update(digest, stream)
         stream.range_done = reader.range_releaser(key)
@@ -75,18 +83,28 @@ def statistics_pass(
             reader.stream(stream).validate_auxiliary()
         if tops:
             amax[key] = tops[0]  # type: ignore[index]
-        if reader.base.spec(key).counted:
-            active += stats.active
-            unique += stats.unique
-            histogram += stats.histogram
+        if counted and stats is not ADDED:
+            for into, part in zip(host, (stats.active, stats.unique, stats.histogram)):
+                into += part.cpu()
         reader.release(key)
         if progress:
             progress.update(key, reader.nbytes(key))
+    checks.raise_first(lambda key: _recheck(reader, key, activity, chunk_numel))
     for key in plan.check_equal:
         check_equal(reader, key)
     if progress:
         progress.close()
-    return RamStatistics(active, unique, histogram)
+    for running in totals.values():  # one read per device
+        host = [h + part for h, part in zip(host, running.cpu().split([k, k, k + 1]))]
+    return RamStatistics(*host)
+
+
+def _recheck(reader: Reader, key: str, activity: Activity | None, chunk_numel: int, out: Tensor | None = None) -> None:
+    """Read ``key`` again and raise naming the input at fault (a device kernel counted invalid entries in it)."""
+    base, agents, device = reader.read(key)
+    stream = reader.stream(DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, {}))
+    stream.validate_auxiliary()
+    stream.raise_nonfinite(0, stream.numel, out)
 
 
 class _ScratchSink:
@@ -125,10 +143,12 @@ def dry_run(
         spec = specs[key]
         need[spec.device] = max(need.get(spec.device, 0), spec.numel * spec.dtype.itemsize)
     scratch = {device: memory.empty(n, dtype=torch.uint8, device=device) for device, n in need.items()}
-    for key in keys:
+    checks = DeferredChecks(keys)
+    for index, key in enumerate(keys):
         spec = specs[key]
         buffer = scratch[spec.device][: spec.numel * spec.dtype.itemsize]
-        merge_tensor(dry, key, run_state, dest=buffer.view(spec.dtype).view(spec.shape))
+        merge_tensor(dry, key, run_state, dest=buffer.view(spec.dtype).view(spec.shape), checks=(checks, index))
+    checks.raise_first(lambda key: _recheck(job.reader, key, job.activity, job.chunk_numel))
 
 
 def merge_pass(
@@ -149,17 +169,27 @@ def merge_pass(
     sink.begin(plan, specs)
     if progress:
         progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
-    for key in plan.merge:
-        merge_tensor(job, key, run_state, digest)
+    checks = DeferredChecks(plan.merge)
+    for index, key in enumerate(plan.merge):
+        merge_tensor(job, key, run_state, digest, checks=(checks, index))
         if progress:
             progress.update(key, reader.nbytes(key))
+    checks.raise_first(lambda key: _recheck(reader, key, job.activity, job.chunk_numel))
     if progress:
         progress.close()
     finish_pass(reader, plan, sink)
 
 
-def merge_tensor(job: Job, key: str, run_state: Any, digest: Any = None, dest: Tensor | None = None) -> None:
-    """Merge ``key`` into the sink's destination (``dest`` when it was already taken) and commit it."""
+def merge_tensor(
+    job: Job,
+    key: str,
+    run_state: Any,
+    digest: Any = None,
+    dest: Tensor | None = None,
+    checks: tuple[DeferredChecks, int] | None = None,
+) -> None:
+    """Merge ``key`` into the sink's destination (``dest`` when it was already taken) and commit it; ``checks``:
+    the pass's deferred checks and this tensor's index in them (device merges count invalid entries there)."""
     reader, method, config, sink, info = job.reader, job.method, job.config, job.sink, job.info
     base_t, agent_ts, dev = reader.read(key)
     stream = reader.stream(
@@ -167,6 +197,8 @@ def merge_tensor(job: Job, key: str, run_state: Any, digest: Any = None, dest: T
             key, base_t, agent_ts, reader.names, dev, job.chunk_numel, job.activity, job.workspace, compile=job.compile
         )
     )
+    if checks is not None:
+        stream.deferred = checks[0].slot(checks[1], dev)
     if digest is not None:
         digest_update(digest, stream)
     stream.range_done = reader.range_releaser(key, sink)
@@ -178,7 +210,7 @@ def merge_tensor(job: Job, key: str, run_state: Any, digest: Any = None, dest: T
         method, config, state, run_state, stream, flat, worker_count(job.workers, dev), job.kernels
     )
     info.count_kernel(kind)
-    if stream.auxiliary and kind != "native":  # the native kernels check the values as they go
+    if stream.auxiliary and kind not in ("native", "device"):  # those kernels check the values as they go
         stream.validate_auxiliary()
     kernel(stream, flat)
     if flat.data_ptr() != dest.data_ptr():

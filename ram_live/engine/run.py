@@ -86,6 +86,7 @@ def run_merge(
         and kernels is not None
         and kernels.single_read is not None
         and kernels.reads_once is not None
+        and not (kernels.device is not None and kernels.device(run_device))  # the device kernels read twice
         and method.needs_statistics(config)
         and kernels.reads_once(sink, len(names))
     ):

@@ -90,6 +90,9 @@ class DeltaStream:
         #: device merges: this tensor's slot of the pass's :class:`~ram_live.engine.checks.DeferredChecks` (a
         #: 0-d int64 device tensor the kernels add their invalid entries to), or None: check at once
         self.deferred: Tensor | None = None
+        #: device statistics passes: the pass's running counts on this device (int64 ``[3K + 1]``: active, unique,
+        #: histogram) that a device counter adds this tensor's counts to, where the tensor is counted
+        self.totals: Tensor | None = None
 
     def invalid_slot(self) -> Tensor:
         """Where a device kernel adds the number of invalid entries it finds: :attr:`deferred`, else a fresh zero
@@ -264,8 +267,9 @@ def nonfinite(stored: Tensor) -> Tensor:
 
 class InputsDigest:
     """The digest a :class:`RamStatistics` ``fingerprint`` is: blake2b over the first and last 64 stored entries of
-    every input of every tensor, in the passes' order. Entries of device tensors are gathered on the device (one
-    copy per tensor) and read once, at :meth:`hexdigest`: the digest costs no host sync per tensor."""
+    every input of every tensor (per tensor: the heads of the base and each agent, then their tails), in the
+    passes' order. Entries of device tensors are gathered on the device (one copy per tensor) and read once, at
+    :meth:`hexdigest`: the digest costs no host sync per tensor."""
 
     def __init__(self) -> None:
         self._hash = hashlib.blake2b(digest_size=16)
@@ -273,17 +277,20 @@ class InputsDigest:
 
     def update(self, tensors: Sequence[Tensor]) -> None:
         """Feed the edges of these flat tensors (base first, then each agent)."""
-        parts = [p.contiguous().view(torch.uint8) for t in tensors for p in (t[:64], t[-64:])]
-        if parts and deferred_device(parts[0].device):
-            self._pending.append(torch.cat(parts) if len({p.device for p in parts}) == 1 else _host_cat(parts))
+        parts = [_edges(t) for t in tensors]
+        if len({p.device for p in parts}) > 1:
+            parts = [p.cpu() for p in parts]
+        gathered = torch.cat(parts, dim=1).view(-1)
+        if deferred_device(gathered.device):
+            self._pending.append(gathered)
             return
         self._flush()
-        self._hash.update(bytes(_host_cat(parts).tolist()))
+        self._hash.update(bytes(gathered.tolist()))
 
     def _flush(self) -> None:
         if self._pending:
             devices = {p.device for p in self._pending}
-            gathered = torch.cat(self._pending) if len(devices) == 1 else _host_cat(self._pending)
+            gathered = torch.cat(self._pending) if len(devices) == 1 else torch.cat([p.cpu() for p in self._pending])
             self._hash.update(bytes(gathered.tolist()))  # one device-to-host read
             self._pending = []
 
@@ -293,8 +300,15 @@ class InputsDigest:
         return self._hash.hexdigest()
 
 
-def _host_cat(parts: Sequence[Tensor]) -> Tensor:
-    return torch.cat([p.cpu() for p in parts]) if parts else torch.empty(0, dtype=torch.uint8)
+def _edges(flat: Tensor) -> Tensor:
+    """The bytes of the first and last 64 entries of a flat tensor as ``[2, bytes]`` (head, tail): one strided view
+    where the tensor is contiguous and long enough, so that a device merge spends one gather per tensor on its
+    digest."""
+    if flat.is_contiguous() and flat.numel() >= 128:
+        data = flat.view(torch.uint8)
+        width = 64 * flat.element_size()
+        return data.as_strided((2, width), (data.numel() - width, 1))
+    return torch.stack([p.contiguous().view(torch.uint8) for p in (flat[:64], flat[-64:])])
 
 
 def inputs_digest() -> InputsDigest:

@@ -87,6 +87,8 @@ class MethodKernels:
             anything is written; it raises where the toolchain fails, and the engine then merges eagerly.
         native: ``native() -> bool``: whether vector-level native CPU kernels are built here (``compile="auto"``
             then does not compile on CPU).
+        device: ``device(device) -> bool``: whether the method's fused device kernels merge on this device
+            (``compile`` then builds nothing there: one mechanism per device).
 
     Raises:
         ConfigError: a field that is neither a callable nor None (the former flags ``native=True``,
@@ -103,6 +105,7 @@ class MethodKernels:
     single_read: Callable[..., Any] | None = None
     warm_up: Callable[[torch.device, int, bool], None] | None = None
     native: Callable[[], bool] | None = None
+    device: Callable[[torch.device], bool] | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

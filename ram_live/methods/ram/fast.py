@@ -15,12 +15,14 @@ from torch import Tensor
 from ...engine import threads
 from ...engine.compiling import compiled
 from ...engine.counts import native_counts
+from ...engine.checks import deferred_device
 from ...engine.dispatch import Kernel
 from ...engine.stream import DeltaStream, nonfinite
 from ...types import Activity, RamStatistics
 from . import native as ram_native
 from . import native_weighted
 from .compiled import ram_fused_, ram_fused_weighted_
+from .device import device_eps, device_statistics, merge_device
 
 __all__ = [
     "native_for",
@@ -30,6 +32,7 @@ __all__ = [
     "merge_native_weighted",
     "merge_fused",
     "native_statistics",
+    "device_merges",
     "warm_up",
 ]
 
@@ -52,10 +55,15 @@ def native_for(
 
 
 def merge_kernel(stream: DeltaStream, flat: Tensor, state: Any, workers: int, sign: bool) -> tuple[str, Kernel] | None:
-    """The native kernels, else the compiled ones (see :meth:`DeltaStream.fused_eps`), where they take this tensor
-    (with the method's activity rule, ``stream.activity``); None: the eager path runs. ``state``: λ per agent, or
-    None."""
+    """The device op on accelerators (:mod:`.device`), else the native kernels, else the compiled ones (see
+    :meth:`DeltaStream.fused_eps`), where they take this tensor (with the method's activity rule,
+    ``stream.activity``); None: the eager path runs. ``state``: λ per agent, or None."""
     activity = stream.activity
+    on_device = device_eps(stream, activity)
+    if on_device is not None and (not stream.auxiliary or _device_importances(stream) is not None):
+        return "device", functools.partial(
+            merge_device, lambdas=state, eps=on_device, sign=sign, importances=_device_importances(stream)
+        )
     lambdas = None if state is None else state.to(device=stream.device, dtype=stream.dtype)
     if stream.auxiliary:
         return _weighted(stream, flat, activity, lambdas, workers, sign)
@@ -68,6 +76,15 @@ def merge_kernel(stream: DeltaStream, flat: Tensor, state: Any, workers: int, si
     if eps is None:
         return None
     return "compiled", functools.partial(merge_fused, lambdas=lambdas, eps=eps, sign=sign)
+
+
+def _device_importances(stream: DeltaStream) -> list[Tensor] | None:
+    """The importances where the device op takes them (RAM's only auxiliary input, on the stream's device), else
+    None."""
+    importances = stream.auxiliary.get("importance")
+    if importances is None or len(stream.auxiliary) != 1 or any(h.device != stream.device for h in importances):
+        return None
+    return list(importances)
 
 
 def _weighted(
@@ -181,8 +198,10 @@ def merge_fused(
 def native_statistics(
     stream: DeltaStream, k: int, workers: int, amax: list[tuple[float, float]] | None = None
 ) -> RamStatistics | None:
-    """The counts by the native kernels where they take the stream (else None); ``amax``: gets (max |τ|,
-    max |θ₀|) appended."""
+    """The counts by the device op on accelerators (left on the device; no ``amax``), else by the native kernels
+    where they take the stream (else None); ``amax``: gets (max |τ|, max |θ₀|) appended."""
+    if device_eps(stream, stream.activity) is not None:
+        return device_statistics(stream, k)
     native = native_for(stream, stream.activity, entries=("counts",))
     if native is None:
         return None
@@ -198,6 +217,12 @@ def native_statistics(
         top = torch.stack(list(tops.values())).amax(0)
         amax.append((float(top[0]), float(top[1])))
     return stats
+
+
+def device_merges(device: torch.device) -> bool:
+    """Whether RAM merges on ``device`` run the device op (every accelerator): ``compile=True`` has nothing to
+    build there."""
+    return deferred_device(device)
 
 
 def warm_up(device: torch.device, k: int, auxiliary: bool, scaled: bool = False, sign: bool = False) -> None:

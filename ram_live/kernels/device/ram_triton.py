@@ -1,0 +1,140 @@
+"""RAM's family as Triton kernels: the merge (:func:`ram_merge_kernel`: plain, λ, ``shared="sign"``, importances)
+and the statistics pass's counts (:func:`ram_counts_kernel`). Each reads every input once and writes its output
+once, in float32, with the operations of :class:`~ram_live.methods.ram.accumulators.RamAccumulator` (and its
+weighted subclass) in the same order, so that its bits are the CPU path's: IEEE division (``div_rn``), no fused
+multiply-add (launched with ``enable_fp_fusion=False``), the output rounded to nearest even."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_common import add_invalid, pick, store_out
+
+__all__ = ["ram_merge_kernel", "ram_counts_kernel"]
+
+
+@triton.jit
+def _active_delta(agent_ptr, offs, inb, b, eps, EPS_ZERO: tl.constexpr):
+    """τ = agent − base in float32, zeroed where |τ| <= eps (``hardshrink``; kept NaN)."""
+    d = tl.load(agent_ptr + offs, mask=inb, other=0.0).to(tl.float32) - b
+    if not EPS_ZERO:
+        d = tl.where((d >= -eps) & (d <= eps), 0.0, d)
+    return d
+
+
+@triton.jit
+def ram_merge_kernel(
+    out_ptr, base_ptr,
+    a0, a1, a2, a3, a4, a5, a6, a7,
+    h0, h1, h2, h3, h4, h5, h6, h7,
+    lam_ptr, bad_ptr, numel, eps,
+    K: tl.constexpr, SCALED: tl.constexpr, SIGN: tl.constexpr, WEIGHTED: tl.constexpr,
+    EPS_ZERO: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """θ* = θ₀ − m per entry, m the accumulator's negated τ* (Σ −τ over the active agents divided by their
+    count or weight, λ_t·(−τ_t) where one agent alone is active, the elected side's mean with ``SIGN``)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < numel
+    b = tl.load(base_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    zero = tl.zeros([BLOCK], dtype=tl.float32)
+    neg, cnt, lam_sum = zero, zero, zero
+    p_neg, p_w, n_neg, n_w = zero, zero, zero, zero
+    total, top = zero, zero
+    invalid = tl.zeros([BLOCK], dtype=tl.int32)
+    for t in tl.static_range(K):
+        d = _active_delta(pick(t, a0, a1, a2, a3, a4, a5, a6, a7), offs, inb, b, eps, EPS_ZERO)
+        m = (d != 0).to(tl.float32)
+        cnt = cnt + m
+        if SCALED:
+            lam_sum = lam_sum + m * tl.load(lam_ptr + t)
+        if WEIGHTED:
+            h = tl.load(pick(t, h0, h1, h2, h3, h4, h5, h6, h7) + offs, mask=inb, other=0.0).to(tl.float32)
+            invalid += ((~(h >= 0.0)) | (h == float("inf"))).to(tl.int32) * inb.to(tl.int32)
+            if t == 0:
+                top = h * m
+                w = m
+            else:
+                up = (h > top) & (m != 0)
+                r = tl.where(up, tl.math.div_rn(top, h), 1.0)
+                neg = neg * r
+                total = total * r
+                if SIGN:
+                    p_neg, p_w, n_neg, n_w = p_neg * r, p_w * r, n_neg * r, n_w * r
+                top = tl.where(up, h, top)
+                w = tl.where((top > 0) & (m != 0), tl.math.div_rn(h, top), m)
+            wd = w * d
+            neg = neg - wd
+            total = total + w
+            if SIGN:
+                pos = (d > 0).to(tl.float32)
+                p_neg = p_neg - wd * pos
+                p_w = p_w + w * pos
+                negative = (d < 0).to(tl.float32)
+                n_neg = n_neg - wd * negative
+                n_w = n_w + w * negative
+        else:
+            neg = neg - d
+            if SIGN:
+                pos = (d > 0).to(tl.float32)
+                p_neg = p_neg - d * pos
+                p_w = p_w + pos
+                n_neg = n_neg - d * (d < 0).to(tl.float32)
+    norm = tl.maximum(total, 1.0) if WEIGHTED else tl.maximum(cnt, 1.0)
+    mean = tl.math.div_rn(neg, norm)
+    if SIGN:
+        if not WEIGHTED:
+            n_w = cnt - p_w
+        mean = tl.where(neg > 0, tl.math.div_rn(n_neg, n_w), mean)
+        mean = tl.where(neg < 0, tl.math.div_rn(p_neg, p_w), mean)
+    if SCALED:
+        mean = tl.where(cnt == 1.0, lam_sum * neg, mean)
+    invalid += store_out(out_ptr, offs, inb, b - mean, OUT_BF16)
+    add_invalid(bad_ptr, invalid)
+
+
+@triton.jit
+def ram_counts_kernel(
+    base_ptr,
+    a0, a1, a2, a3, a4, a5, a6, a7,
+    counts_ptr, bad_ptr, numel, eps,
+    K: tl.constexpr, COUNTED: tl.constexpr, EPS_ZERO: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Per agent, its active and its unique entries, and the histogram of the active count c (``counts``: int64
+    ``[K]`` active, ``[K]`` unique, ``[K + 1]`` histogram, added to); every program walks a strided share of the
+    tensor and adds its sums once. Counts NaN/Inf inputs and task vectors into ``bad``."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0).to(tl.int64) * BLOCK
+    lane = tl.arange(0, BLOCK)
+    col8 = tl.arange(0, 8)
+    col16 = tl.arange(0, 16)
+    invalid = tl.zeros([BLOCK], dtype=tl.int32)
+    active = tl.zeros([8], dtype=tl.int32)
+    unique = tl.zeros([8], dtype=tl.int32)
+    histogram = tl.zeros([16], dtype=tl.int32)
+    for start in tl.range(pid.to(tl.int64) * BLOCK, numel, step):
+        offs = start + lane
+        inb = offs < numel
+        b = tl.load(base_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+        bad = (b != b) | (tl.abs(b) == float("inf"))
+        c = tl.zeros([BLOCK], dtype=tl.int32)
+        masks = tl.zeros([BLOCK, 8], dtype=tl.int32)
+        for t in tl.static_range(K):
+            a = tl.load(pick(t, a0, a1, a2, a3, a4, a5, a6, a7) + offs, mask=inb, other=0.0).to(tl.float32)
+            d = a - b
+            bad = bad | (a != a) | (tl.abs(a) == float("inf")) | (tl.abs(d) == float("inf"))
+            if not EPS_ZERO:
+                d = tl.where((d >= -eps) & (d <= eps), 0.0, d)
+            m = ((d != 0) & inb).to(tl.int32)
+            c += m
+            masks += tl.where(col8[None, :] == t, m[:, None], 0)
+        invalid += (bad & inb).to(tl.int32)
+        if COUNTED:
+            active += tl.sum(masks, axis=0)
+            unique += tl.sum(masks * (c == 1).to(tl.int32)[:, None], axis=0)
+            histogram += tl.sum(((col16[None, :] == c[:, None]) & inb[:, None]).to(tl.int32), axis=0)
+    add_invalid(bad_ptr, invalid)
+    if COUNTED:
+        tl.atomic_add(counts_ptr + col8, active.to(tl.int64), mask=col8 < K)
+        tl.atomic_add(counts_ptr + K + col8, unique.to(tl.int64), mask=col8 < K)
+        tl.atomic_add(counts_ptr + 2 * K + col16, histogram.to(tl.int64), mask=col16 <= K)

@@ -1,0 +1,212 @@
+"""RAM's device path: its merge and its counts as ``torch.library`` custom ops, ``torch.ops.ram_live.ram_merge_``
+and ``torch.ops.ram_live.ram_counts_``, one launch per tensor (fake implementations let torch.compile, FSDP and
+tracing see one op). Each runs the Triton kernels of :mod:`ram_live.kernels.device.ram_triton` where Triton
+serves the device, else the same arithmetic in torch over the whole tensor (:class:`~.accumulators.RamAccumulator`,
+whose bits the kernels give). Both add the entries they find invalid to an int64 slot that the engine reads once
+per pass (:mod:`ram_live.engine.checks`): no host sync per tensor.
+
+Not ``from __future__ import annotations``: ``torch.library.custom_op`` reads the annotations as types.
+"""
+
+import functools
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ...engine.checks import deferred_device
+from ...engine.counts import ADDED
+from ...engine.stream import DeltaStream
+from ...functional.activity import apply_activity_
+from ...kernels.device.common import MAX_AGENTS, OUT_DTYPES, agent_args, kernel_out, triton_serves
+from ...types import Activity, RamStatistics
+from .accumulators import RamAccumulator, WeightedRamAccumulator
+
+__all__ = ["device_eps", "merge_device", "device_statistics"]
+
+#: Entries per program of the merge kernel, and of each step of the counting kernel's strided walk.
+MERGE_BLOCK = 1024
+COUNT_BLOCK = 512
+#: Programs of the counting kernel per multiprocessor (each adds its sums once).
+COUNT_PROGRAMS_PER_SM = 8
+#: Entries per step of the torch implementation (its float32 scratch is bounded by this, not by the tensor).
+TORCH_STEP = 1 << 24
+_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def device_eps(stream: DeltaStream, activity: Activity) -> float | None:
+    """The activity threshold for the device ops where they take ``stream``, else None (the CPU's paths run):
+    inputs on one accelerator, float32 compute, and for the "changed" rule inputs of one dtype (where it is τ ≠ 0).
+
+    Example:
+        >>> device_eps(DeltaStream("w", torch.zeros(2), [torch.ones(2)], ("a",), torch.device("cpu"), 8),
+        ...            Activity())
+    """
+    if not deferred_device(stream.device) or stream.dtype != torch.float32:
+        return None
+    if any(t.device != stream.device for t in (stream.base, *stream.tensors)):
+        return None
+    if activity.rule == "changed" and any(t.dtype != stream.base.dtype for t in stream.tensors):
+        return None
+    return activity.threshold
+
+
+def _triton_takes(out: Optional[Tensor], base: Tensor, agents: list[Tensor], importances: list[Tensor]) -> bool:
+    tensors = [base, *agents, *importances] + ([] if out is None else [out])
+    return (
+        triton_serves(base.device)
+        and 0 < len(agents) <= MAX_AGENTS
+        and (out is None or out.dtype in OUT_DTYPES)
+        and all(t.device == base.device and t.is_contiguous() and t.dtype in _INPUT_DTYPES for t in tensors)
+    )
+
+
+@torch.library.custom_op("ram_live::ram_merge_", mutates_args=("out", "invalid"))
+def ram_merge_(
+    out: Tensor,
+    base: Tensor,
+    agents: list[Tensor],
+    importances: list[Tensor],
+    lambdas: Optional[Tensor],
+    eps: float,
+    sign: bool,
+    invalid: Tensor,
+) -> None:
+    """RAM's merge of one flat tensor into ``out`` (``importances``: empty, or one per agent; ``lambdas``: float32
+    ``[K]`` or None for λ = 1; ``sign``: ``shared="sign"``); adds to ``invalid`` the NaN/Inf outputs and invalid
+    importances."""
+    if _triton_takes(out, base, agents, importances):
+        _triton_merge(out, base, agents, importances, lambdas, eps, sign, invalid)
+    else:
+        _torch_merge(out, base, agents, importances, lambdas, eps, sign, invalid)
+
+
+@ram_merge_.register_fake
+def _(out, base, agents, importances, lambdas, eps, sign, invalid) -> None:
+    return None
+
+
+@torch.library.custom_op("ram_live::ram_counts_", mutates_args=("counts", "invalid"))
+def ram_counts_(base: Tensor, agents: list[Tensor], eps: float, counted: bool, counts: Tensor, invalid: Tensor) -> None:
+    """Adds to ``counts`` (int64 ``[3K + 1]``: active per agent, unique per agent, histogram of the active count)
+    where ``counted``; adds to ``invalid`` the entries whose inputs or task vectors are NaN/Inf."""
+    if _triton_takes(None, base, agents, []):
+        _triton_counts(base, agents, eps, counted, counts, invalid)
+    else:
+        _torch_counts(base, agents, eps, counted, counts, invalid)
+
+
+@ram_counts_.register_fake
+def _(base, agents, eps, counted, counts, invalid) -> None:
+    return None
+
+
+def _triton_merge(out, base, agents, importances, lambdas, eps, sign, invalid) -> None:
+    from ...kernels.device.ram_triton import ram_merge_kernel
+
+    written, bf16 = kernel_out(out)
+    numel = base.numel()
+    ram_merge_kernel[(max(1, -(-numel // MERGE_BLOCK)),)](
+        written, base, *agent_args(agents), *agent_args(importances), lambdas, invalid, numel, float(eps),
+        K=len(agents), SCALED=lambdas is not None, SIGN=sign, WEIGHTED=bool(importances), EPS_ZERO=eps == 0,
+        OUT_BF16=bf16, BLOCK=MERGE_BLOCK, num_warps=4, enable_fp_fusion=False,
+    )  # fmt: skip
+
+
+def _triton_counts(base, agents, eps, counted, counts, invalid) -> None:
+    from ...kernels.device.ram_triton import ram_counts_kernel
+
+    numel = base.numel()
+    programs = max(1, min(-(-numel // COUNT_BLOCK), _multiprocessors(base.device) * COUNT_PROGRAMS_PER_SM))
+    ram_counts_kernel[(programs,)](
+        base, *agent_args(agents), counts, invalid, numel, float(eps),
+        K=len(agents), COUNTED=counted, EPS_ZERO=eps == 0, BLOCK=COUNT_BLOCK, num_warps=4,
+    )  # fmt: skip
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _deltas(base_f: Tensor, agents: list[Tensor], start: int, end: int, eps: float):
+    for t, agent in enumerate(agents):
+        delta = agent[start:end].to(torch.float32) - base_f
+        yield t, apply_activity_(delta, eps)
+
+
+def _torch_merge(out, base, agents, importances, lambdas, eps, sign, invalid) -> None:
+    """The op without Triton: RAM's accumulator over steps of :data:`TORCH_STEP` entries."""
+    numel, k = base.numel(), len(agents)
+    step = max(1, min(numel, TORCH_STEP))
+    cls = WeightedRamAccumulator if importances else RamAccumulator
+    accumulator = cls(step, k, base.device, torch.float32, None, sign=sign)
+    accumulator.lambdas = None if lambdas is None else lambdas.to(torch.float32)
+    for start in range(0, numel, step):
+        end = min(numel, start + step)
+        base_f = base[start:end].to(torch.float32)
+        accumulator.begin(end - start)
+        for t, delta in _deltas(base_f, agents, start, end, eps):
+            if importances:
+                h = importances[t][start:end].to(torch.float32)
+                invalid += (~((h >= 0) & (h != float("inf")))).sum()
+                accumulator.add(t, delta, importance=h)
+            else:
+                accumulator.add(t, delta)
+        written = out[start:end]
+        written.copy_(accumulator.merged(base_f))
+        invalid += (~torch.isfinite(written)).sum()
+
+
+def _torch_counts(base, agents, eps, counted, counts, invalid) -> None:
+    numel, k = base.numel(), len(agents)
+    step = max(1, min(numel, TORCH_STEP))
+    for start in range(0, numel, step):
+        end = min(numel, start + step)
+        base_f = base[start:end].to(torch.float32)
+        bad = ~torch.isfinite(base_f)
+        masks = torch.empty(k, end - start, dtype=torch.bool, device=base.device)
+        for t, agent in enumerate(agents):
+            a = agent[start:end].to(torch.float32)
+            delta = a - base_f
+            bad |= ~torch.isfinite(a) | ~torch.isfinite(delta)
+            torch.ne(apply_activity_(delta, eps), 0, out=masks[t])
+        invalid += bad.sum()
+        if counted:
+            c = masks.sum(0)
+            counts[:k] += masks.sum(1)
+            counts[k : 2 * k] += (masks & (c == 1)).sum(1)
+            counts[2 * k :] += (c == torch.arange(k + 1, device=c.device).unsqueeze(1)).sum(1)
+
+
+def merge_device(
+    stream: DeltaStream,
+    flat: Tensor,
+    lambdas: Tensor | None,
+    eps: float,
+    sign: bool,
+    importances: list[Tensor] | None = None,
+) -> None:
+    """One tensor merged by :func:`ram_merge_` into ``flat`` (the engine's ``kernel(stream, flat)``)."""
+    slot = stream.invalid_slot()
+    lam = None if lambdas is None else lambdas.to(device=stream.device, dtype=torch.float32)
+    torch.ops.ram_live.ram_merge_(
+        flat, stream.base, list(stream.tensors), list(importances or ()), lam, eps, sign, slot
+    )
+    stream.settle(slot, flat)
+
+
+def device_statistics(stream: DeltaStream, k: int) -> RamStatistics:
+    """One tensor's activity counts by :func:`ram_counts_`: added into the statistics pass's running counts on the
+    device where it gives them (``stream.totals``; returns :data:`~ram_live.engine.counts.ADDED`), else on their
+    own, left on the device."""
+    slot = stream.invalid_slot()
+    eps = stream.activity.threshold if stream.activity is not None else 0.0
+    counts = (
+        stream.totals if stream.totals is not None else torch.zeros(3 * k + 1, dtype=torch.int64, device=stream.device)
+    )
+    torch.ops.ram_live.ram_counts_(stream.base, list(stream.tensors), eps, True, counts, slot)
+    stream.settle(slot)
+    return ADDED if counts is stream.totals else RamStatistics(counts[:k], counts[k : 2 * k], counts[2 * k :])
