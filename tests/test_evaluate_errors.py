@@ -456,3 +456,84 @@ def test_a_chat_template_that_raises_names_the_prompt(llama):
     ) as info:
         rewards(chats, count_a, tokenizer=tok, max_new_tokens=2)(llama)
     assert info.value.__cause__ is not None
+
+
+# ------------------------------------------------------------------------------- checked when the evaluation is built
+
+
+def test_a_device_this_torch_cannot_use_is_refused_when_built(llama, tok):
+    """device="cuda" on a torch without CUDA used to fail with a raw AssertionError at the first evaluation."""
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    past = f"cuda:{seen}"  # one past the devices this torch sees (cuda:0 on a CPU-only machine)
+    with pytest.raises(ConfigError, match=rf"^rewards: device='{past}', and this torch "):
+        rewards(PROMPTS, count_a, tokenizer=tok, device=past)
+    with pytest.raises(ConfigError, match=rf"rewards: device='{past}'"):
+        rewards(PROMPTS, count_a, tokenizer=tok, model=llama, device=past)  # before the module's placement
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"rewards: device='cuda', and this torch has no usable cuda device"):
+            rewards(PROMPTS, count_a, tokenizer=tok, device="cuda")
+    with pytest.raises(ConfigError, match=r"rewards: device='meta' holds no data"):
+        rewards(PROMPTS, count_a, tokenizer=tok, device=torch.device("meta"))
+    assert rewards(PROMPTS[:1], count_a, tokenizer=tok, max_new_tokens=2, device=torch.device("cpu"))(llama) >= 0
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", torch.float8_e5m2, "torch.float8_e4m3fnuz"])
+def test_a_dtype_no_model_runs_in_is_refused_when_built(tmp_path, llama, tok, dtype):
+    """A float8 dtype is floating, and used to be accepted, then fail when the folder was loaded."""
+    llama.save_pretrained(tmp_path / "m")
+    with pytest.raises(ConfigError, match=r"^rewards: dtype=torch.float8_e\w+ cannot be loaded and generated with"):
+        rewards(PROMPTS, count_a, tokenizer=tok, model=str(tmp_path / "m"), dtype=dtype)
+
+
+def test_the_dtypes_a_model_runs_in_are_accepted(tmp_path, llama, tok):
+    llama.save_pretrained(tmp_path / "m")
+    for dtype in ("bfloat16", "float16", torch.float32, "torch.float64"):
+        evaluate = rewards(PROMPTS[:1], count_a, tokenizer=tok, model=str(tmp_path / "m"), dtype=dtype)
+        assert evaluate.resolver.dtype == getattr(torch, str(dtype).removeprefix("torch."))
+
+
+def test_an_eos_token_id_out_of_range_is_refused(tmp_path, llama, tok):
+    """An id past the vocabulary can never be generated: completions would silently never end on it."""
+    vocab = len(h.VOCAB)
+    with pytest.raises(
+        ConfigError,
+        match=rf"^rewards: eos_token_id {vocab} is out of range: the model \(LlamaForCausalLM\) has {vocab}",
+    ):
+        rewards(PROMPTS, count_a, tokenizer=tok, model=llama, eos_token_id=[1, vocab])
+    with pytest.raises(
+        ConfigError, match=rf"eos_token_id 1000 is out of range: the tokenizer \(\w+\) has {vocab} tokens"
+    ):
+        rewards(PROMPTS, count_a, tokenizer=tok, eos_token_id=1000)
+    llama.save_pretrained(tmp_path / "m")
+    with pytest.raises(ConfigError, match=rf"eos_token_id {vocab + 3} is out of range: the model in {tmp_path / 'm'}"):
+        rewards(PROMPTS, count_a, tokenizer=tok, model=str(tmp_path / "m"), eos_token_id=vocab + 3)
+    wide = h.tokenizer()
+    wide.add_tokens(["<x>", "<y>", "<z>"])  # 3 ids the model cannot emit: accepted when built, refused when called
+    late = rewards(PROMPTS, count_a, tokenizer=wide, eos_token_id=vocab + 1, max_new_tokens=2)
+    with pytest.raises(ConfigError, match=rf"eos_token_id {vocab + 1} is out of range: the model \(LlamaForCausalLM\)"):
+        late(llama)
+    last = rewards(PROMPTS, count_a, tokenizer=tok, model=llama, eos_token_id=vocab - 1, max_new_tokens=2)
+    assert last(llama) >= 0  # the last id is in range
+
+
+def test_a_tokenizer_or_model_path_with_a_typo_is_refused_when_built(tmp_path, monkeypatch, tok):
+    """tokenizer="ckpt/bsae" used to be accepted and fail at the first evaluation, hours later in a training run."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache: no id resolves
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt" / "base").mkdir(parents=True)
+    for option in ("tokenizer", "model"):
+        with pytest.raises(ConfigError, match=rf"^rewards: {option}.*'ckpt/bsae'"):
+            rewards(PROMPTS, count_a, **{option: "ckpt/bsae"})  # an id's shape: looked up in the cache
+        with pytest.raises(ConfigError, match=rf"rewards: {option}='\./ckpt/bsae' does not exist"):
+            rewards(PROMPTS, count_a, **{option: "./ckpt/bsae"})
+        with pytest.raises(ConfigError, match=rf"rewards: {option}='{tmp_path}/runs/x/ckpt' does not exist"):
+            rewards(PROMPTS, count_a, **{option: tmp_path / "runs" / "x" / "ckpt"})
+    with pytest.raises(ConfigError, match=r"rewards: model='ckpt/base' is not a Hugging Face model folder"):
+        rewards(PROMPTS, count_a, tokenizer=tok, model="ckpt/base")  # it exists, but holds no model
+    with pytest.raises(ConfigError, match=r"rewards: cannot load a tokenizer from ckpt/base"):
+        rewards(PROMPTS, count_a, tokenizer="ckpt/base")  # it exists, but holds no tokenizer: loaded when built
+    tok.save_pretrained(tmp_path / "ckpt" / "base")
+    assert rewards(PROMPTS, count_a, tokenizer="ckpt/base").resolver.tokenizer(None)("ab")["input_ids"] == [
+        h.VOCAB["a"],
+        h.VOCAB["b"],
+    ]

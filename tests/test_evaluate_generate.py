@@ -103,6 +103,87 @@ def test_a_generator_that_raises_and_a_generator_that_is_not_callable():
         rewards(PROMPTS, count_a, generate="vllm")
 
 
+class Completions(dict):
+    """A mapping that is not a dict."""
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: {q: "aa" for q in p}, r"returned a dict \(a mapping: return \[completions\[p\] for p in prompts\]"),
+        (lambda p: Completions({q: "aa" for q in p}), r"returned a Completions \(a mapping"),
+        (lambda p: {f"{q} aa" for q in p}, r"returned a set, which has no order \(\{'.*\) for 7 prompts"),
+        (
+            lambda p: frozenset(f"{q} aa" for q in p),
+            r"returned a frozenset, which has no order \(frozenset\(\{.*\) for 7 prompts",
+        ),
+        (
+            lambda p: {q: "aa" for q in p}.keys(),
+            r"returned a dict_keys, which has no order \(dict_keys\(\[.*\) for 7 prompts",
+        ),
+        (lambda p: b"aa", r"returned b'aa' for 7 prompts"),
+        (lambda p: 7, r"returned 7 for 7 prompts"),
+    ],
+)
+def test_a_mapping_or_a_set_from_the_generator_is_refused_not_scored(make, message):
+    """A mapping's keys are the prompts, a set has no order: neither may be paired with the prompts."""
+    seen = []
+
+    def spy(completions, **kwargs):
+        seen.append(completions)
+        return [1.0] * len(completions)
+
+    with pytest.raises(EvaluationError, match=rf"generate=<lambda> {message}"):
+        rewards(PROMPTS, spy, generate=lambda m, p, s, seeds: make(p))(None)
+    assert seen == []  # nothing was scored
+
+
+def test_an_ordered_iterable_from_the_generator_is_scored_in_order():
+    def lazily(merged, prompts, settings, seeds):
+        for p in prompts:
+            yield f"{p} aa"
+
+    expected = [float(f"{p} aa".count("a")) for p in PROMPTS]
+    for engine in (
+        lazily,
+        lambda m, p, s, seeds: tuple(f"{q} aa" for q in p),
+        lambda m, p, s, seeds: iter([f"{q} aa" for q in p]),
+    ):
+        evaluate = rewards(PROMPTS, count_a, generate=engine)
+        assert evaluate(None) == sum(expected) / len(PROMPTS) and evaluate.per_prompt == expected
+        assert evaluate.completions == [f"{p} aa" for p in PROMPTS]
+
+
+def test_a_generator_that_fails_midway_is_an_evaluation_error_with_its_cause():
+    def flaky(merged, prompts, settings, seeds):
+        for i, p in enumerate(prompts):
+            if i == 3:
+                raise ConnectionError("server went away")
+            yield p
+
+    with pytest.raises(
+        EvaluationError,
+        match=r"generate=flaky returned an iterable that raised ConnectionError after 3 of 7 prompts: "
+        "server went away",
+    ) as info:
+        rewards(PROMPTS, count_a, generate=flaky)(None)
+    assert isinstance(info.value.__cause__, ConnectionError)
+
+    def endless(merged, prompts, settings, seeds):
+        while True:
+            yield "a"
+
+    with pytest.raises(EvaluationError, match=r"generate=endless returned more than 7 items for 7 prompts"):
+        rewards(PROMPTS, count_a, generate=endless)(None)
+
+    def cancelled(merged, prompts, settings, seeds):
+        raise asyncio.CancelledError()
+
+    with pytest.raises(EvaluationError, match=r"^generate=cancelled raised CancelledError$") as info:
+        rewards(PROMPTS, count_a, generate=cancelled)(None)
+    assert isinstance(info.value.__cause__, asyncio.CancelledError)
+
+
 # ---------------------------------------------------------------------------------------------- TRL's convention
 
 
@@ -164,6 +245,34 @@ def test_an_async_reward_that_raises_names_the_prompt():
     with pytest.raises(EvaluationError, match=r"'picky' raised ValueError on prompt 2: cannot judge") as info:
         rewards(PROMPTS, picky, generate=fixed)(None)
     assert info.value.index == 2
+
+
+def test_a_reward_raising_cancelled_error_is_an_evaluation_error_naming_it():
+    """asyncio.CancelledError is a BaseException: it must not escape as itself, async or not."""
+
+    async def judge(completions, **kwargs):
+        if "ab" in completions:  # PROMPTS[2] == "abc abc"
+            raise asyncio.CancelledError()
+        return [1.0] * len(completions)
+
+    def sync_judge(completions, **kwargs):
+        raise asyncio.CancelledError("the client's request was cancelled")
+
+    with pytest.raises(EvaluationError, match=r"^reward function 'judge' raised CancelledError on prompt 2$") as info:
+        rewards(PROMPTS, [count_a, judge], generate=fixed)(None)
+    assert info.value.function == "judge" and info.value.index == 2
+    assert isinstance(info.value.__cause__, asyncio.CancelledError)
+    with pytest.raises(
+        EvaluationError, match=r"'sync_judge' raised CancelledError on prompt 0: the client's request was cancelled"
+    ) as info:
+        rewards(PROMPTS, sync_judge, generate=fixed)(None)
+    assert isinstance(info.value.__cause__, asyncio.CancelledError)
+
+    async def main():  # inside a running event loop too (the rewards run on a loop of their own)
+        return rewards(PROMPTS, judge, generate=fixed)(None)
+
+    with pytest.raises(EvaluationError, match=r"'judge' raised CancelledError on prompt 2"):
+        asyncio.run(main())
 
 
 def test_trainer_state_and_the_logging_hooks_are_passed_as_trl_passes_them():
@@ -235,8 +344,8 @@ def test_eos_token_id_ends_completions_where_asked(llama, tok):
 
 
 def test_a_module_elsewhere_is_refused_not_copied(llama, tok):
-    with pytest.raises(ConfigError, match=r"the evaluated LlamaForCausalLM is on cpu, and device='meta' was asked"):
-        rewards(PROMPTS, count_a, tokenizer=tok, device="meta")(llama)
+    with pytest.raises(ConfigError, match=r"rewards: device='meta' holds no data"):
+        rewards(PROMPTS, count_a, tokenizer=tok, device="meta")  # when built
     with pytest.raises(ConfigError, match=r"is in torch.float32, and dtype=torch.bfloat16 was asked"):
         rewards(PROMPTS, count_a, tokenizer=tok, dtype="bfloat16")(llama)
     with pytest.raises(ConfigError, match=r"model= \(LlamaForCausalLM\) is in torch.float32"):
@@ -246,6 +355,14 @@ def test_a_module_elsewhere_is_refused_not_copied(llama, tok):
     with pytest.raises(ConfigError, match="device=.* is not a device"):
         rewards(PROMPTS, count_a, device="gpu:0")
     assert rewards(PROMPTS[:2], count_a, tokenizer=tok, max_new_tokens=2, device="cpu", dtype="float32")(llama) >= 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device to be elsewhere")
+def test_a_module_on_the_cpu_is_refused_when_cuda_is_asked(llama, tok):
+    evaluate = rewards(PROMPTS, count_a, tokenizer=tok, device="cuda")
+    with pytest.raises(ConfigError, match=r"the evaluated LlamaForCausalLM is on cpu, and device='cuda' was asked"):
+        evaluate(llama)
+    assert next(llama.parameters()).device.type == "cpu"  # not moved
 
 
 def test_a_folder_is_loaded_in_the_dtype_asked(tmp_path, llama, tok):

@@ -81,3 +81,9 @@ def test_an_unknown_task_names_it():
     evaluate = lm_eval("no_such_task", tokenizer=h.tokenizer(), include_path=TASKS, include_defaults=False)
     with pytest.raises(EvaluationError, match=r"no_such_task"):
         evaluate(h.model(0))
+
+
+def test_a_tokenizer_or_model_path_that_does_not_exist_is_refused_when_built(tmp_path):
+    for option in ("tokenizer", "model"):
+        with pytest.raises(ConfigError, match=rf"rewards: {option}='{tmp_path}/ckpt/bsae' does not exist"):
+            lm_eval("ram_toy_choice", include_path=TASKS, **{option: str(tmp_path / "ckpt" / "bsae")})

@@ -88,3 +88,67 @@ def test_a_deeply_nested_prompt_in_memory_is_refused_without_recursing():
 def test_strings_and_prompt_only_dicts_mix():
     p = load_prompts(["a", {"prompt": "b"}, "c"])
     assert p.prompts == ["a", "b", "c"] and p.columns == {} and p.lines is None
+
+
+def chat(*messages):
+    return {"prompt": [dict(m) for m in messages]}
+
+
+USER = {"role": "user", "content": "2+2="}
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (
+            chat({"role": "system", "content": None}, USER),
+            r"message 0 \(system\) has null content, which would be generated from as an empty turn",
+        ),
+        (chat(USER, {"role": "user", "content": None}), r"message 1 \(user\) has null content"),
+        (chat({"role": None, "content": "hi"}), r"message 0 has the role None; a role is a non-empty string"),
+        (chat({"role": "", "content": "hi"}), r"message 0 has the role ''"),
+        (
+            chat({"role": "user", "content": 4}),
+            r"message 0 \(user\) has the content 4; a message's content is a string",
+        ),
+        (chat({"role": "user", "content": {"text": "a"}}), r"message 0 \(user\) has the content \{'text': 'a'\}"),
+        (
+            chat({"role": "system", "content": ""}, {"role": "user", "content": ""}),
+            "every message's content is an empty string",
+        ),
+    ],
+)
+def test_a_chat_message_with_null_content_is_refused_naming_the_row(bad, message):
+    with pytest.raises(ConfigError, match=rf"^the prompts list, row 1: {message}"):
+        load_prompts([chat(USER), bad])
+
+
+def test_a_chat_message_with_null_content_in_a_file_names_the_file(tmp_path):
+    path = write(
+        tmp_path, b'{"prompt": [{"role": "user", "content": "a"}]}\n{"prompt": [{"role": "user", "content": null}]}\n'
+    )
+    with pytest.raises(ConfigError, match=rf"^{path}, line 2: message 0 \(user\) has null content"):
+        load_prompts(path)
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    parquet = tmp_path / "val.parquet"
+    rows = [chat(USER), chat({"role": "system", "content": "be brief"}, {"role": "user", "content": None})]
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    with pytest.raises(ConfigError, match=rf"^prompts file {parquet}, row 1: message 1 \(user\) has null content"):
+        load_prompts(parquet)
+
+
+def test_chat_messages_that_are_fine():
+    """An empty system message beside a real turn, content given as a list of parts, and null content beside an
+    assistant's tool calls load as they are."""
+    parts = [{"type": "text", "text": "2+2="}]
+    call = {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "add", "arguments": "{}"}}]}
+    given = [
+        chat({"role": "system", "content": ""}, USER),
+        chat({"role": "user", "content": parts}),
+        chat(USER, call, {"role": "tool", "content": "4"}),
+    ]
+    loaded = load_prompts(given)
+    assert loaded.prompts == [g["prompt"] for g in given] and loaded.conversational
+    with pytest.raises(ConfigError, match=r"row 0: message 1 \(assistant\) has null content"):
+        load_prompts([chat(USER, {**call, "tool_calls": []})])

@@ -126,3 +126,36 @@ def test_score_takes_k_completions_a_prompt():
     assert evaluate.score(flat) == 0.75
     with pytest.raises(ConfigError, match=r"4 completions for 4 prompts x 4 samples"):
         evaluate.score(flat[:4])
+
+
+@pytest.mark.parametrize("temperature", [1e-37, 1e-40, 1e-300, 5e-324])
+def test_a_temperature_near_zero_samples_the_greedy_completions(llama, tok, temperature):
+    """Dividing the logits by a tiny temperature used to overflow them to NaN (every token the vocabulary's last):
+    shifted to their row's largest first, in float64, they sample the most likely token, as the limit does."""
+    greedy = rewards(PROMPTS, h.count_a, tokenizer=tok, max_new_tokens=6)
+    greedy(llama)
+    cold = rewards(PROMPTS, h.count_a, tokenizer=tok, max_new_tokens=6, samples=3, temperature=temperature)
+    assert cold(llama) == greedy(llama)
+    assert cold.completions == [[c, c, c] for c in greedy.completions]
+    top_p = rewards(PROMPTS, h.count_a, tokenizer=tok, max_new_tokens=6, samples=2, temperature=temperature, top_p=0.5)
+    top_p(llama)
+    assert top_p.completions == [[c, c] for c in greedy.completions]
+
+
+def test_a_temperature_near_zero_draws_evenly_among_tied_tokens():
+    """RowSampler on hand-made logits: tokens 1 and 3 tie for the largest; at temperature 5e-324 only they are
+    drawn, about half each; token 0 and the vocabulary's last never are."""
+    from ram_live.evaluate.decoding import RowSampler
+    from ram_live.evaluate.generation import GenerationSettings
+
+    settings = GenerationSettings(do_sample=True, temperature=5e-324, samples=2)
+    seeds = list(range(400))
+    scores = torch.tensor([[0.5, 7.25, -3.0, 7.25, 7.0]] * len(seeds))
+    out = RowSampler(seeds, settings)(torch.zeros((len(seeds), 1), dtype=torch.long), scores)
+    assert torch.isfinite(out).sum(dim=1).tolist() == [1] * len(seeds)  # one token left possible a row
+    drawn = out.argmax(dim=1).tolist()
+    assert set(drawn) == {1, 3} and 150 < drawn.count(1) < 250
+    warm = RowSampler(seeds, GenerationSettings(do_sample=True, temperature=1.0, samples=2))(
+        torch.zeros((len(seeds), 1), dtype=torch.long), scores
+    )
+    assert set(warm.argmax(dim=1).tolist()) == {1, 3, 4}  # at temperature 1, token 4 (0.25 behind) is drawn too

@@ -192,3 +192,39 @@ def test_the_schedule_logs_tasks_as_ram_eval(tmp_path, tok):
     plain.attach(model)
     plain.snapshot(model, 2)
     assert plain.merge_and_evaluate(model, 2)["ram/eval"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [(None, r"None \(a missing value\)"), (float("nan"), r"nan \(a missing value"), (float("inf"), "inf")],
+)
+def test_a_missing_task_value_is_refused_not_named_none(value, shown):
+    """A null data_source used to become a task named "None"; a NaN one "nan"."""
+    given = [
+        {"prompt": "a", "data_source": "x"},
+        {"prompt": "b", "data_source": value},
+        {"prompt": "c", "data_source": "y"},
+    ]
+    with pytest.raises(
+        ConfigError, match=rf"^the prompts list, row 1: the task column 'data_source' holds {shown}.*task=None"
+    ):
+        rewards(given, count_a, generate=fixed)
+    skills = [{"prompt": r["prompt"], "skill": r["data_source"]} for r in given]
+    with pytest.raises(ConfigError, match=rf"row 1: the task column 'skill' holds {shown}"):
+        rewards(skills, count_a, generate=fixed, task="skill")
+    assert rewards(given, count_a, generate=fixed, task=None).prompt_tasks() == ["all"] * 3  # one task: no refusal
+
+
+def test_a_null_data_source_in_a_parquet_or_jsonl_file_names_the_file(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "val.parquet"
+    pq.write_table(
+        pa.Table.from_pylist([{"prompt": "a", "data_source": "x"}, {"prompt": "b", "data_source": None}]), path
+    )
+    with pytest.raises(ConfigError, match=rf"^prompts file {path}, row 1: the task column 'data_source' holds None"):
+        rewards(str(path), count_a, generate=fixed)
+    jsonl = tmp_path / "val.jsonl"
+    jsonl.write_text('{"prompt": "a", "data_source": "x"}\n\n{"prompt": "b", "data_source": null}\n')
+    with pytest.raises(ConfigError, match=rf"^{jsonl}, line 3: the task column 'data_source' holds None"):
+        rewards(str(jsonl), count_a, generate=fixed)

@@ -205,3 +205,30 @@ def test_json_stays_strict_with_nan_task_scores_and_numpy_options(problem):
     history = json.loads(json.dumps(result.to_dict(), allow_nan=False))["history"]
     assert all(h["tasks"]["empty"] == "nan" for h in history)
     assert [h["options"] for h in history if h["method"] == "task_arithmetic"] == [{"scale": 0.5}]
+
+
+def test_an_eta_that_makes_too_many_slices_is_refused_at_once(problem):
+    """Halving(eta=1 + 1e-9) used to build about two billion slices (and exhaust memory) when first used."""
+    from ram_live.selection.fidelity import MAX_RUNGS
+
+    with pytest.raises(
+        ConfigError,
+        match=r"^Halving: eta=1.000000001 with min_fraction=0.1111111111111111 gives about 2.2e\+09 slices, "
+        rf"more than {MAX_RUNGS}; take eta >= 1.0355 \(or a larger min_fraction\)$",
+    ):
+        Halving(eta=1 + 1e-9)
+    with pytest.raises(
+        ConfigError, match=r"eta=3 with min_fraction=1e-300 gives about 630 slices.* eta >= 57796.9289 "
+    ):
+        Halving(eta=3, min_fraction=1e-300)
+    agents, base, ev = problem
+    with pytest.raises(ConfigError, match="Halving: eta=1.01 with min_fraction=0.01"):
+        search(agents, base=base, evaluate=ev, budget="3x", fidelity=Halving(eta=1.01, min_fraction=0.01))
+    for eta, min_fraction in ((1.0355, 1 / 9), (57796.9289, 1e-300), (1.0355, 0.2)):  # the suggested etas are taken
+        fractions = Halving(eta=eta, min_fraction=min_fraction).fractions
+        assert 2 < len(fractions) <= MAX_RUNGS and fractions[0] == min_fraction and fractions[-1] == 1.0
+        assert all(b > a for a, b in zip(fractions, fractions[1:]))
+    assert len(Halving(eta=1.0355).fractions) == MAX_RUNGS
+    with pytest.raises(ConfigError, match="gives about 65 slices, more than 64; take eta >= 1.0355"):
+        Halving(eta=1.0352)
+    assert Halving(min_fraction=1.0).fractions == (1.0,) and Halving(eta=1e300).fractions == (1 / 9, 1.0)

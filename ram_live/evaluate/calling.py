@@ -5,7 +5,8 @@ and TRL's extras: ``trainer_state`` (``Rewards.trainer_state``, None unless set:
 evaluation), ``log_extra(column, values)`` and ``log_metric(name, value)`` (accepted and dropped). A function
 without ``**kwargs`` gets only the arguments it names. Synchronous functions run first, in order; ``async def``
 functions (or callables whose ``__call__`` is async) then run concurrently with ``asyncio.gather``, as TRL runs
-them; a function that returns an awaitable is awaited with them.
+them; a function that returns an awaitable is awaited with them. A function that raises (``asyncio.CancelledError``
+too) is an :class:`~ram_live.errors.EvaluationError` naming it, the cause chained.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from typing import Any, Awaitable, Callable, Sequence
 from ..errors import EvaluationError
 from .checks import one_line, reward_list
 
-__all__ = ["Batch", "call_rewards", "is_async_callable", "accepted"]
+__all__ = ["Batch", "call_rewards", "is_async_callable", "accepted", "FAILURES"]
+
+#: What a user's function may raise that becomes an :class:`EvaluationError`: any exception, and
+#: ``asyncio.CancelledError`` (a ``BaseException``: an async reward, or a client inside one, that cancels itself);
+#: ``KeyboardInterrupt`` and ``SystemExit`` pass through.
+FAILURES = (Exception, asyncio.CancelledError)
 
 
 @dataclass
@@ -96,7 +102,7 @@ def call_rewards(funcs: Sequence[Callable[..., Any]], names: Sequence[str], batc
             continue
         try:
             out = fn(**accepted(fn, batch.kwargs(rows)))
-        except Exception as exc:
+        except FAILURES as exc:
             errors[f] = exc
             continue
         if inspect.isawaitable(out):
@@ -107,7 +113,7 @@ def call_rewards(funcs: Sequence[Callable[..., Any]], names: Sequence[str], batc
         if is_async_callable(fn):
             try:
                 pending[f] = fn(**accepted(fn, batch.kwargs(rows)))
-            except Exception as exc:  # raised before its coroutine was made
+            except FAILURES as exc:  # raised before its coroutine was made
                 errors[f] = exc
     if pending:
         for f, result in zip(pending, _gather(list(pending.values()))):
@@ -133,8 +139,11 @@ def _raise(fn: Callable[..., Any], name: str, batch: Batch, exc: BaseException) 
         index, where = None, f"prompts {min(batch.prompt_of)}..{max(batch.prompt_of)}"
     else:
         index, where = batch.where(j)
+    detail = one_line(exc)
     raise EvaluationError(
-        f"reward function {name!r} raised {type(exc).__name__} on {where}: {one_line(exc)}", function=name, index=index
+        f"reward function {name!r} raised {type(exc).__name__} on {where}" + (f": {detail}" if detail else ""),
+        function=name,
+        index=index,
     ) from exc
 
 
@@ -147,7 +156,7 @@ def _first_failing(fn: Callable[..., Any], batch: Batch) -> int | None:
                 (result,) = _gather([out])
                 if isinstance(result, BaseException):
                     raise result
-        except Exception:
+        except FAILURES:
             return j
     return None
 

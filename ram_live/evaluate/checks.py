@@ -1,5 +1,7 @@
 """The checks :mod:`ram_live.evaluate` runs on what users hand it: reward functions' returns, reward weights,
-modules on the meta device. Each returns the checked value or raises a library error naming the culprit."""
+modules on the meta device, and what can be checked when an evaluation is built (``device=``, ``dtype=``,
+``model=``/``tokenizer=`` folders, ``eos_token_id``). Each returns the checked value or raises a library error
+naming the culprit."""
 
 from __future__ import annotations
 
@@ -13,7 +15,19 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, EvaluationError
 
-__all__ = ["finite_float", "reward_list", "weight_list", "meta_tensor", "short", "one_line"]
+__all__ = [
+    "finite_float",
+    "reward_list",
+    "weight_list",
+    "meta_tensor",
+    "short",
+    "one_line",
+    "usable_device",
+    "loadable_dtype",
+    "existing_source",
+    "token_ids_in",
+    "vocab_size",
+]
 
 _REPR = reprlib.Repr()
 _REPR.maxstring, _REPR.maxother, _REPR.maxlong, _REPR.maxlevel = 60, 60, 40, 3
@@ -176,3 +190,126 @@ def meta_tensor(module: Any) -> str | None:
             ):
                 return f"{prefix}.{name}" if prefix else name
     return None
+
+
+def usable_device(device: Any) -> None:
+    """Refuse a parsed ``device=`` this torch cannot use: a CUDA (or other accelerator) device on a build without
+    it or an index past the devices it sees, and ``meta`` (no data: nothing there can generate).
+
+    Raises:
+        ConfigError: naming ``device=`` and what this torch has."""
+    import torch
+
+    if device is None or device.type == "cpu":
+        return
+    if device.type == "meta":
+        raise ConfigError(
+            "rewards: device='meta' holds no data: a model loaded there cannot generate; pick 'cpu' or 'cuda'"
+        )
+    backend = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
+    available = getattr(backend, "is_available", None)
+    if not callable(available):
+        return  # a backend this check does not know: its own error comes when the model moves there
+    if not available():
+        cpu_only = device.type == "cuda" and not torch.version.cuda and not getattr(torch.version, "hip", None)
+        built = f" (torch {torch.__version__}, built without CUDA)" if cpu_only else ""
+        raise ConfigError(
+            f"rewards: device={str(device)!r}, and this torch has no usable {device.type} device{built}; "
+            "pick an available device ('cpu') or install a torch with it"
+        )
+    count = getattr(backend, "device_count", None)
+    if device.index is not None and callable(count) and device.index >= count():
+        raise ConfigError(
+            f"rewards: device={str(device)!r}, and this torch sees {count()} {device.type} device(s) "
+            f"({device.type}:0..{device.type}:{count() - 1})"
+        )
+
+
+def loadable_dtype(dtype: Any) -> None:
+    """Refuse a parsed ``dtype=`` a causal LM cannot be loaded and run in (float8 and other storage-only types).
+
+    Raises:
+        ConfigError: naming ``dtype=`` and the dtypes that are accepted."""
+    import torch
+
+    if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise ConfigError(
+            f"rewards: dtype={dtype} cannot be loaded and generated with (matmuls in {dtype} are not supported); "
+            "use 'bfloat16', 'float16', 'float32' or 'float64' (a quantized model: load it yourself and pass the "
+            "module as model=)"
+        )
+
+
+def existing_source(value: Any, what: str) -> Any:
+    """``value`` (``model=`` or ``tokenizer=``) checked now, when it names a folder: an existing path, or a model
+    id the local Hugging Face cache holds (its snapshot folder is returned); a model folder must hold
+    ``config.json``. Anything else (a module, a tokenizer, None) is returned as it is.
+
+    Raises:
+        ConfigError: naming ``what`` and the path: no such folder (a typo: found now, not at the first
+            evaluation hours later inside a training run), an id not in the cache, a model folder without
+            ``config.json``."""
+    import os
+
+    from ..io.hub import resolve_model
+
+    if not isinstance(value, (str, os.PathLike)):
+        return value
+    resolved = resolve_model(value, what=f"rewards: {what}")  # an id the cache lacks: ConfigError naming it
+    path = os.fspath(resolved)
+    if not os.path.exists(path):
+        raise ConfigError(
+            f"rewards: {what}={os.fspath(value)!r} does not exist (no such folder, nor a model in the local "
+            "Hugging Face cache); pass an existing folder"
+        )
+    if what == "model" and not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"rewards: model={os.fspath(value)!r} is not a Hugging Face model folder (no config.json)")
+    return resolved
+
+
+def token_ids_in(ids: Any, vocab: int | None, of: str) -> None:
+    """Refuse ``eos_token_id`` values past the vocabulary (``vocab`` tokens, None: unknown, nothing checked).
+
+    Raises:
+        ConfigError: naming ``eos_token_id``, the id and ``of`` (whose vocabulary it is)."""
+    bad = next((t for t in ids or () if vocab is not None and t >= vocab), None)
+    if bad is not None:
+        raise ConfigError(
+            f"rewards: eos_token_id {bad} is out of range: {of} has {vocab} tokens (ids 0..{vocab - 1}); no "
+            "completion could ever end on it"
+        )
+
+
+def vocab_size(model: Any = None, tokenizer: Any = None) -> tuple[int | None, str]:
+    """How many token ids a model can emit (its output layer's rows, else its config's ``vocab_size``; a folder:
+    its ``config.json``'s), else a tokenizer object's ``len()``; ``(None, "")`` when neither tells."""
+    import json
+    import os
+
+    if isinstance(model, (str, os.PathLike)):
+        try:
+            with open(os.path.join(os.fspath(model), "config.json"), encoding="utf-8") as fh:
+                config = json.load(fh)
+        except (OSError, ValueError):
+            return None, ""
+        size = config.get("vocab_size") if isinstance(config, dict) else None
+        return (size, f"the model in {os.fspath(model)}") if _count(size) else (None, "")
+    if model is not None:
+        head = getattr(model, "get_output_embeddings", None)
+        weight = getattr(head() if callable(head) else None, "weight", None)
+        size = getattr(getattr(model, "config", None), "vocab_size", None)
+        if getattr(weight, "ndim", 0) == 2:
+            size = weight.shape[0]
+        if _count(size):
+            return int(size), f"the model ({type(model).__name__})"
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        try:
+            size = len(tokenizer)
+        except TypeError:
+            return None, ""
+        return (size, f"the tokenizer ({type(tokenizer).__name__})") if _count(size) else (None, "")
+    return None, ""
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

@@ -32,7 +32,11 @@ def prompt_seed(seed: int, index: int, sample: int | None = None) -> int:
 class RowSampler:
     """A logits processor that samples each row's next token with the row's own generator (temperature, then
     top-k, then top-p, as transformers orders its warpers) and leaves only that token possible, so that greedy
-    decoding picks it. The uniform draws come from CPU generators: the same on every device."""
+    decoding picks it. The uniform draws come from CPU generators: the same on every device.
+
+    The logits are scaled in float64 after subtracting each row's largest, so any temperature > 0 is safe: one
+    so small that the scaled logits overflow samples the most likely token (evenly among tokens tied for it),
+    the limit of sampling as the temperature goes to 0."""
 
     def __init__(self, seeds: Sequence[int], settings: Any) -> None:
         self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
@@ -40,7 +44,12 @@ class RowSampler:
         self.top_k, self.top_p = int(settings.top_k), float(settings.top_p)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        logits = scores.float() / self.temperature
+        logits = scores.double()
+        top = logits.amax(dim=-1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        # Shifted so each row's largest logit is 0 before dividing: no temperature can overflow them (the largest
+        # stays 0, the others go to -inf at worst), so a temperature near 0 samples the most likely token.
+        logits = (logits - top) / self.temperature
         vocab = logits.shape[-1]
         if 0 < self.top_k < vocab:
             kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]

@@ -13,7 +13,9 @@ SGLang, a served endpoint).
 - ``seeds``: one seed per prompt (from ``seed`` and the prompt's index: a prompt gets the same seed whatever
   other prompts share the call), e.g. vLLM's ``SamplingParams(seed=...)``.
 
-It returns, per prompt, its k completion texts (with k = 1 a plain string per prompt is accepted). The texts
+It returns, per prompt, its k completion texts (with k = 1 a plain string per prompt is accepted), in a list,
+a tuple or another ordered iterable (a generator too); a mapping (``{prompt: text}``) or a set is refused: their
+order is not the prompts'. The texts
 are cut at the first stop string here too (a no-op when the engine already stopped there). ``completion_ids``
 reach the reward functions as the tokenizer's encoding of the texts (no special tokens) when ``tokenizer=`` is
 given, else None.
@@ -21,16 +23,55 @@ given, else None.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import os
+from collections.abc import Mapping, Set
+from itertools import islice
+from typing import Any, Callable, Sequence
 
 from ..errors import EvaluationError
-from .checks import one_line, short
+from .calling import FAILURES
+from .checks import existing_source, loadable_dtype, one_line, short, token_ids_in, usable_device, vocab_size
 from .decoding import cut_text, prompt_seed, texts_of
 from .generation import GenerationSettings, generate_completions, tokenize_prompts
-from .models import Resolver
+from .models import Resolver, generator_of, parse_device, parse_dtype
 from .prompts import Prompts
 
-__all__ = ["Engine", "completions_of"]
+__all__ = ["Engine", "checked_resolver", "completions_of"]
+
+
+def checked_resolver(
+    model: Any, tokenizer: Any, device: Any = None, dtype: Any = None, eos_token_id: Sequence[int] | None = None
+) -> Resolver:
+    """A :class:`Resolver` for an evaluation being built, with what can be checked now checked now (not at the
+    first evaluation, which inside a training run may be hours later).
+
+    Args:
+        model, tokenizer, device, dtype: as :func:`~ram_live.evaluate.rewards` takes them.
+        eos_token_id: the checked token ids (``GenerationSettings.eos_token_id``), or None.
+
+    Returns:
+        The resolver; a ``tokenizer=`` folder is already loaded.
+
+    Raises:
+        ConfigError: a device this torch cannot use, a dtype a model cannot run in, a ``model=``/``tokenizer=``
+            path that does not exist and is no cached model id (or a model folder without ``config.json``, a
+            tokenizer folder that does not load), an ``eos_token_id`` past the vocabulary of ``model=`` (else of
+            the tokenizer)."""
+    device, dtype = parse_device(device), parse_dtype(dtype)
+    usable_device(device)
+    loadable_dtype(dtype)
+    folder = existing_source(model, "model")
+    existing_source(tokenizer, "tokenizer")
+    resolver = Resolver(model=model, tokenizer=tokenizer, device=device, dtype=dtype)
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = resolver.tokenizer(None)  # loaded now: a folder without a tokenizer fails here
+    if eos_token_id is not None:
+        try:
+            known = folder if folder is None or isinstance(folder, (str, os.PathLike)) else generator_of(folder)
+        except EvaluationError:  # no generate-capable module inside: its error comes at the first call
+            known = None
+        token_ids_in(eos_token_id, *vocab_size(known, tokenizer))
+    return resolver
 
 
 def completions_of(texts: list[Any], conversational: bool) -> list[Any]:
@@ -56,6 +97,7 @@ class Engine:
         if self.generate is not None:
             return self._custom(merged, indices)
         model, tokenizer = self.resolver.resolve(merged)
+        token_ids_in(self.settings.eos_token_id, *vocab_size(model))
         ids = self._prompt_ids(tokenizer)
         rows = generate_completions(model, tokenizer, [ids[i] for i in indices], self.settings, indices)
         return texts_of(tokenizer, rows, self.settings.stop, self.settings.include_stop)
@@ -78,21 +120,13 @@ class Engine:
                 s,  # type: ignore[misc]
                 [prompt_seed(s.seed, i) for i in indices],
             )
-        except Exception as exc:
-            raise EvaluationError(f"generate={name} raised {type(exc).__name__}: {one_line(exc)}") from exc
-        got = short(out)
-        try:
-            out = None if isinstance(out, (str, bytes)) else list(out)
-        except TypeError:
-            out = None
-        if out is None or len(out) != len(indices):
-            got = f"{len(out)} items" if out is not None else got
+        except FAILURES as exc:
+            detail = one_line(exc)
             raise EvaluationError(
-                f"generate={name} returned {got} for {len(indices)} prompts; one list of "
-                f"{s.samples} completion text(s) per prompt is expected"
-            )
+                f"generate={name} raised {type(exc).__name__}" + (f": {detail}" if detail else "")
+            ) from exc
         texts: list[str] = []
-        for p, item in enumerate(out):
+        for p, item in enumerate(_per_prompt(out, name, len(indices), s.samples)):
             group = [item] if isinstance(item, str) and s.samples == 1 else item
             if (
                 not isinstance(group, (list, tuple))
@@ -111,3 +145,34 @@ class Engine:
             return None
         tokenizer = self.resolver.tokenizer(None)
         return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def _per_prompt(out: Any, name: str, n: int, k: int) -> list[Any]:
+    """What a ``generate=`` function returned, as one item per prompt, in the prompts' order: a list, a tuple or
+    another ordered iterable (a generator is read to its end, at most one item past ``n``).
+
+    Raises:
+        EvaluationError: a mapping (its keys are no completions; look the prompts up and return a list), a set
+            (no order), a string, a non-iterable, an iterable that raises while it is read, or not ``n`` items."""
+    expected = f"one list of {k} completion text(s) per prompt, in the prompts' order, is expected"
+    if isinstance(out, Mapping):
+        why = f"a {type(out).__name__} (a mapping: return [completions[p] for p in prompts] instead)"
+    elif isinstance(out, (Set, str, bytes, bytearray)) or not hasattr(out, "__iter__"):
+        why = f"a {type(out).__name__}, which has no order ({short(out)})" if isinstance(out, Set) else short(out)
+    else:
+        why = None
+    if why is not None:
+        raise EvaluationError(f"generate={name} returned {why} for {n} prompts; {expected}")
+    items: list[Any] = []
+    try:
+        for item in islice(out, n + 1):
+            items.append(item)
+    except FAILURES as exc:
+        raise EvaluationError(
+            f"generate={name} returned an iterable that raised {type(exc).__name__} after {len(items)} of {n} "
+            f"prompts" + (f": {one_line(exc)}" if one_line(exc) else "")
+        ) from exc
+    if len(items) != n:
+        got = f"{len(items)} items" if len(items) < n else f"more than {n} items"
+        raise EvaluationError(f"generate={name} returned {got} for {n} prompts; {expected}")
+    return items

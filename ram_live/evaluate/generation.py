@@ -35,7 +35,9 @@ class GenerationSettings:
         do_sample: sample instead of greedy decoding (then ``temperature``, ``top_p``, ``top_k``, ``seed`` apply).
             Each completion draws from a random generator of its own, seeded from ``seed``, the prompt's index and
             the sample's number: the same completions at every call, whatever other prompts share the call.
-        temperature: a finite number > 0. top_p: a number in (0, 1]. top_k: an int >= 0 (0: no top-k cut).
+        temperature: a finite number > 0, however small (one too small to tell tokens apart samples the most
+            likely one: :class:`~ram_live.evaluate.decoding.RowSampler`). top_p: a number in (0, 1]. top_k: an int
+            >= 0 (0: no top-k cut).
         seed: an int in [0, 2**63 - 1].
         samples: completions per prompt (k); k > 1 needs ``do_sample``.
         stop: stop strings: a completion ends at the first one (vLLM's ``stop``).

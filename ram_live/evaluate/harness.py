@@ -11,6 +11,7 @@ import os
 from typing import Any, Sequence
 
 from ..errors import ConfigError, EvaluationError
+from .engines import checked_resolver
 from .models import Resolver
 
 __all__ = ["LmEval", "lm_eval"]
@@ -63,7 +64,8 @@ def lm_eval(
 
     Raises:
         ConfigError: ``tasks`` is empty or not names, ``metric`` is not a non-empty string, lm-eval is not
-            installed, or ``model`` / ``tokenizer`` is not a module / tokenizer or a folder of one.
+            installed, or ``model`` / ``tokenizer`` is not a module / tokenizer or an existing folder of one (a
+            path is checked now, a tokenizer folder loaded now).
 
     >>> evaluate = lm_eval(["arc_easy"], metric="acc_norm", tokenizer=tok, limit=200)     # doctest: +SKIP
     >>> result = ram_live.search(agents, base=base, evaluate=evaluate)                     # doctest: +SKIP
@@ -78,7 +80,7 @@ def lm_eval(
     return LmEval(
         names,
         metric,
-        Resolver(model=model, tokenizer=tokenizer),
+        checked_resolver(model, tokenizer),
         include_path,
         include_defaults,
         dict(

@@ -5,7 +5,9 @@ Accepted: a list of strings; a list of dicts (or a ``datasets.Dataset``) with a 
 (UTF-8, a byte-order mark allowed; one JSON object a line, each with ``prompt``); a parquet file (``*.parquet``,
 verl's ``data.val_files``: ``prompt`` a list of chat messages, ``data_source``, ``reward_model: {"ground_truth":
 ...}``, ``extra_info``), read with ``pyarrow``. A prompt is a non-empty string, or a conversation (a list of
-``{"role": ..., "content": ...}`` messages, rendered through the tokenizer's chat template).
+``{"role": ..., "content": ...}`` messages, rendered through the tokenizer's chat template): each role a non-empty
+string, each content a string (or a list of content parts; null only in a message with ``tool_calls``), not every
+one empty.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def load_prompts(prompts: Any) -> Prompts:
 
     Raises:
         ConfigError: an empty or malformed input (naming the file and line, or the row): a missing file, bad JSON
-            or UTF-8, a row without ``prompt`` or with other keys than the first row's, an empty prompt, mixed
+            or UTF-8, a row without ``prompt`` or with other keys than the first row's, an empty prompt (a chat
+            message with null content or no role, every content empty), mixed
             plain-text and conversational prompts, or a column named as a reward function's own keyword.
 
     >>> load_prompts([{"prompt": "2+2=", "answer": "4"}]).columns
@@ -220,10 +223,13 @@ def _from_rows(rows: list[Any], source: str, lines: list[int] | None = None) -> 
 
 
 def _check_text(prompt: Any, where: str) -> None:
-    """Refuse an empty prompt string (zero tokens with a tokenizer that adds no BOS) and text the tokenizer cannot
-    encode (an unpaired surrogate, as a JSON ``\\ud800`` escape gives)."""
+    """Refuse an empty prompt string (zero tokens with a tokenizer that adds no BOS), a conversation with a message
+    whose role is not a name or whose content is null or not text (or every content empty), and text the tokenizer
+    cannot encode (an unpaired surrogate, as a JSON ``\\ud800`` escape gives)."""
     if isinstance(prompt, str) and not prompt:
         raise ConfigError(f"{where}: the prompt is an empty string; generation needs a prompt to continue")
+    if not isinstance(prompt, str):
+        _check_messages(prompt, where)
     texts = [prompt] if isinstance(prompt, str) else [m["content"] for m in prompt if isinstance(m["content"], str)]
     for text in texts:
         try:
@@ -233,6 +239,30 @@ def _check_text(prompt: Any, where: str) -> None:
                 f"{where}: the prompt holds {text[exc.start]!r} at character {exc.start}, an unpaired "
                 "surrogate that no tokenizer encodes (UTF-8 text is expected)"
             ) from None
+
+
+def _check_messages(messages: list[Any], where: str) -> None:
+    """A conversation's messages: each role a non-empty string, each content a string or a list of content parts
+    (multimodal chat templates take those; null only beside ``tool_calls``), not all of them empty."""
+    for m, message in enumerate(messages):
+        role, content = message["role"], message["content"]
+        if not isinstance(role, str) or not role:
+            raise ConfigError(
+                f"{where}: message {m} has the role {short(role)}; a role is a non-empty string ('system', 'user', "
+                "'assistant', ...)"
+            )
+        if content is None and not message.get("tool_calls"):  # an assistant's tool call has no text
+            raise ConfigError(
+                f"{where}: message {m} ({role}) has null content, which would be generated from as an empty turn; "
+                "give it its text (or drop the message)"
+            )
+        if content is not None and not isinstance(content, (str, list)):
+            raise ConfigError(
+                f"{where}: message {m} ({role}) has the content {short(content)}; a message's content is a string "
+                "(or a list of content parts)"
+            )
+    if all(isinstance(message["content"], str) and not message["content"] for message in messages):
+        raise ConfigError(f"{where}: every message's content is an empty string; generation needs a prompt to continue")
 
 
 def _is_conversation(prompt: Any) -> bool:

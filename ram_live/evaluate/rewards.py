@@ -16,9 +16,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..errors import ConfigError, EvaluationError
 from .calling import Batch, call_rewards
 from .checks import short, weight_list
-from .engines import Engine, completions_of
+from .engines import Engine, checked_resolver, completions_of
 from .generation import GenerationSettings
-from .models import Resolver
 from .prompts import Prompts, load_prompts
 from .samples import Metric, check_samples, parse_metric
 from .tasks import AUTO, Tasks, group
@@ -84,7 +83,8 @@ def rewards(
         A :class:`Rewards`: call it on a module, a state dict or an HF folder for the objective.
 
     Raises:
-        ConfigError: a bad argument (prompts, generation, tasks, metric, reward functions, model), checked now.
+        ConfigError: a bad argument (prompts, generation, tasks, metric, reward functions, model), checked now: a
+            ``model=``/``tokenizer=`` path that does not exist, an unusable ``device=``/``dtype=`` too.
 
     >>> evaluate = rewards("val.parquet", compute_score(fn), tokenizer=tok, samples=8, metric="pass@1") # doctest: +SKIP
     >>> evaluate(model), evaluate.metrics                                    # doctest: +SKIP
@@ -174,7 +174,7 @@ class Rewards:
                     f"rewards: {short(clash)} name both a task and a reward function, and would both be "
                     f"logged as reward/{clash[0]}; rename the function (its __name__) or pass task=None"
                 )
-        self.resolver = Resolver(model=model, tokenizer=tokenizer, device=device, dtype=dtype)
+        self.resolver = checked_resolver(model, tokenizer, device, dtype, settings.eos_token_id)
         if generate is not None and not callable(generate):
             raise ConfigError(
                 f"rewards: generate must be a callable fn(merged, prompts, settings, seeds), got {short(generate)}"

@@ -9,6 +9,7 @@ objective and of the table.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,8 +85,8 @@ def group(
             it is still reported), their sum > 0.
 
     Raises:
-        ConfigError: an unknown column, a task value that is not a string or number, an unknown objective, weights
-            naming an unknown task or missing one, a bad weight.
+        ConfigError: an unknown column, a task value that is not a string or finite number (None or NaN: a
+            missing value), an unknown objective, weights naming an unknown task or missing one, a bad weight.
 
     >>> from ram_live.evaluate import load_prompts
     >>> group(load_prompts([{"prompt": "a", "data_source": "x"}, {"prompt": "b", "data_source": "y"}])).names
@@ -97,10 +98,17 @@ def group(
     else:
         of = []
         for i, value in enumerate(prompts.columns[column]):
-            if isinstance(value, bool) or not isinstance(value, (str, int, float)) and value is not None:
+            if value is None or isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                missing = " (a missing value)" if value is None else ""
                 raise ConfigError(
-                    f"{prompts.where(i)}: the task column {column!r} holds {short(value)}; a task is a "
-                    "string or a number"
+                    f"{prompts.where(i)}: the task column {column!r} holds {short(value)}{missing}; a task is a "
+                    "string or a number: fill it in, or pass task=None for one task"
+                )
+            if isinstance(value, float) and not math.isfinite(value):
+                missing = " (a missing value, as pandas writes one)" if math.isnan(value) else ""
+                raise ConfigError(
+                    f"{prompts.where(i)}: the task column {column!r} holds {value}{missing}; a task is a string or "
+                    "a finite number: fill it in, or pass task=None for one task"
                 )
             of.append(value if isinstance(value, str) else str(value))
     names = list(dict.fromkeys(of))

@@ -45,10 +45,15 @@ class Halving:
 
     Args:
         eta: each slice is ``eta`` times the previous one (> 1).
-        min_fraction: the first slice's share of the prompts (in (0, 1]).
+        min_fraction: the first slice's share of the prompts (in (0, 1]). Together with ``eta``, at most
+            :data:`MAX_RUNGS` slices (``eta=1 + 1e-9`` would make billions).
         z: how many standard errors of the paired per-prompt differences a candidate may trail its side's best
             by on a slice and still go on (>= 0; 0: go on only when not behind).
         seed: orders each task's prompts (the slices).
+
+    Raises:
+        ConfigError: an option out of its range, or ``eta`` and ``min_fraction`` that give more than
+            :data:`MAX_RUNGS` slices, naming them.
 
     >>> Halving().fractions
     (0.1111111111111111, 0.3333333333333333, 1.0)
@@ -68,14 +73,33 @@ class Halving:
             raise ConfigError(f"Halving: z must be a finite number >= 0, got {self.z!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"Halving: seed must be an int, got {self.seed!r}")
+        if _rising(float(self.min_fraction), float(self.eta), MAX_RUNGS) is None:
+            rungs = math.ceil(math.log(1.0 / self.min_fraction) / math.log(self.eta)) + 1
+            lowest = math.ceil((1.0 / self.min_fraction) ** (1.0 / (MAX_RUNGS - 1)) * 1e4) / 1e4  # (rounded up)
+            raise ConfigError(
+                f"Halving: eta={self.eta!r} with min_fraction={self.min_fraction!r} gives about {rungs:.3g} slices, "
+                f"more than {MAX_RUNGS}; take eta >= {lowest} (or a larger min_fraction)"
+            )
 
     @property
     def fractions(self) -> tuple[float, ...]:
-        out, f = [], float(self.min_fraction)
-        while f < 1.0 - 1e-12:
-            out.append(f)
-            f *= self.eta
-        return (*out, 1.0)
+        return _rising(float(self.min_fraction), float(self.eta), MAX_RUNGS) or (1.0,)
+
+
+#: The most slices (rungs) a race may have: each is a round of scoring and comparison, and past a few dozen the
+#: slices differ by a prompt or none. ``Halving`` refuses an ``eta`` (with ``min_fraction``) that gives more.
+MAX_RUNGS = 64
+
+
+def _rising(first: float, eta: float, most: int) -> tuple[float, ...] | None:
+    """``first, first·eta, ...`` while below 1, then 1: the race's fractions; None when that is more than ``most``."""
+    out, f = [], first
+    while f < 1.0 - 1e-12:
+        if len(out) >= most - 1:
+            return None
+        out.append(f)
+        f *= eta
+    return (*out, 1.0)
 
 
 def parse_fidelity(fidelity: Any) -> Halving | None:
