@@ -77,3 +77,17 @@ class EvaluationError(RamLiveError, RuntimeError):
         super().__init__(message)
         self.function = function
         self.index = index
+
+
+class RamLiveWarning(UserWarning):
+    """Base class of the warnings ram_live gives about its inputs or results (a merge still ran)."""
+
+
+class UnchangedAgentWarning(RamLiveWarning):
+    """An agent of a merge changed no entry of the base (density 0, ρ = +∞): it adds nothing to the generalist,
+    which is the merge of the other agents (a GRPO run whose reward was always 0 never updates its weights).
+    ``agents``: the names of those agents."""
+
+    def __init__(self, message: str, *, agents: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.agents = agents
