@@ -1,17 +1,30 @@
-"""What the framework callbacks share: the one-agent warning and saving a generalist to a folder."""
+"""What the framework callbacks share: the one-agent and unchanged-agent warnings and saving a generalist to a
+folder of its own."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
 
 from ..io.dtensor import is_dtensor
+from ..methods.ram.unchanged import warn_unchanged
 from ..training.schedule import MergeResult, RAMSchedule
 
-__all__ = ["AdamImportance", "NoImportanceWarning", "SingleAgentWarning", "save_generalist", "warn_single_agent"]
+__all__ = [
+    "AdamImportance",
+    "NoImportanceWarning",
+    "SingleAgentWarning",
+    "agent_folder",
+    "place_new",
+    "save_generalist",
+    "warn_single_agent",
+    "warn_unchanged_agents",
+]
 
 
 class NoImportanceWarning(UserWarning):
@@ -116,6 +129,71 @@ def warn_single_agent(owner: str, result: MergeResult, stacklevel: int = 3) -> N
         )
 
 
+def warn_unchanged_agents(owner: str, result: MergeResult, warn: bool = True) -> list[str]:
+    """The agents of ``result`` with density 0 (they changed no entry of the base), recorded in
+    ``result.extra["unchanged"]`` and, with ``warn`` (rank zero), named in one
+    :class:`~ram_live.errors.UnchangedAgentWarning`. The callbacks run their merges inside
+    :func:`~ram_live.methods.ram.unchanged.quiet_unchanged`: this is the merge's one warning, for every method."""
+    unchanged = [name for name, density in result.density.items() if density == 0]
+    if unchanged:
+        result.extra["unchanged"] = unchanged
+        if warn:
+            warn_unchanged(unchanged, f"{owner}: ", force=True)
+    return unchanged
+
+
+def agent_folder(merged_dir: Path, agent: str) -> Path:
+    """Where a run's generalists go: ``merged_dir/<agent>``, so that the runs of several agents sharing one
+    ``merged_dir`` never write the same name (agent names are checked folder names)."""
+    return Path(merged_dir) / agent
+
+
+def place_new(tmp: Path, folder: Path, stem: str, suffix: str = "") -> Path:
+    """Rename ``tmp`` (a finished folder or file in ``folder``) to ``folder/<stem><suffix>``, or, where that name is
+    taken, to the first free ``<stem>-v<k><suffix>`` (k = 1, 2, ...: Lightning ``ModelCheckpoint``'s versions): an
+    existing generalist is never replaced, even by a run writing the same name at the same moment.
+
+    Args:
+        tmp: what was written, under a temporary name in ``folder``.
+        folder: where it goes.
+        stem: its name without the suffix (``step-200``).
+        suffix: ``".safetensors"`` for a file, ``""`` for a folder.
+
+    Returns:
+        The path it was given.
+    """
+    version = 0
+    while True:
+        final = folder / f"{stem}{f'-v{version}' if version else ''}{suffix}"
+        version += 1
+        if final.exists() or final.is_symlink():
+            continue
+        try:
+            if tmp.is_dir():
+                os.rename(tmp, final)  # onto a folder that is not empty it fails: nothing is replaced
+            else:
+                _move_file(tmp, final)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                continue  # taken in between by another run
+            raise
+        return final
+
+
+def _move_file(tmp: Path, final: Path) -> None:
+    """``tmp`` renamed to ``final``, which must not exist (``FileExistsError`` otherwise): a hard link, else (a
+    file system without them) the name claimed with ``O_EXCL`` and the file moved onto the claim."""
+    try:
+        os.link(tmp, final)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+            raise
+        os.close(os.open(final, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.replace(tmp, final)
+    else:
+        os.unlink(tmp)
+
+
 def _pretrained(module: Any) -> Any:
     """The module itself if it has ``save_pretrained``, else its only child that has one, else None."""
     if hasattr(module, "save_pretrained"):
@@ -129,27 +207,29 @@ def save_generalist(
 ) -> Path:
     """Save the generalist as ``folder/step-<N>``: a ``save_pretrained`` folder (the module, or its one child
     with ``save_pretrained``, with the generalist swapped in; ``processor`` saved alongside), else
-    ``folder/step-<N>.safetensors`` of the merged tensors. Written under a temporary name, then renamed."""
+    ``folder/step-<N>.safetensors`` of the merged tensors. Written under a temporary name, then renamed to the
+    first free name (``step-<N>-v1``, ... when taken: :func:`place_new`; nothing is ever replaced)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = _pretrained(module)
-    final = folder / (f"step-{result.step}" if target is not None else f"step-{result.step}.safetensors")
-    tmp = folder / f".tmp-{final.name}-{os.getpid()}"
-    if tmp.is_dir():
-        shutil.rmtree(tmp)
-    if target is not None:
-        with schedule.swapped(module, result):
-            target.save_pretrained(tmp, safe_serialization=True)
-        if processor is not None and hasattr(processor, "save_pretrained"):
-            processor.save_pretrained(tmp)
-        if final.exists():  # a resumed run merging the same step again
-            shutil.rmtree(final)
-    else:
-        from safetensors.torch import save_file
+    stem, suffix = f"step-{result.step}", "" if target is not None else ".safetensors"
+    tmp = folder / f".tmp-{stem}-{os.getpid()}-{uuid.uuid4().hex[:8]}{suffix}"
+    try:
+        if target is not None:
+            with schedule.swapped(module, result):
+                target.save_pretrained(tmp, safe_serialization=True)
+            if processor is not None and hasattr(processor, "save_pretrained"):
+                processor.save_pretrained(tmp)
+        else:
+            from safetensors.torch import save_file
 
-        save_file(
-            {k: v.detach().cpu().contiguous() for k, v in result.tensors.items()},
-            str(tmp),
-            metadata={"format": "pt", "step": str(result.step)},
-        )
-    os.replace(tmp, final)
-    return final
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in result.tensors.items()},
+                str(tmp),
+                metadata={"format": "pt", "step": str(result.step)},
+            )
+        return place_new(tmp, folder, stem, suffix)
+    finally:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp.exists():
+            tmp.unlink()

@@ -16,6 +16,7 @@ import dataclasses
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from ..peft.svd_options import SvdOptions
 from ..store import BaseMismatchError, LocalModel, fingerprint
 from ..training.schedule import MergeResult, RAMSchedule
 from ..training.tensors import _open_latest, swap_tensors
+from ._common import place_new
 from ._lora_store import EXTRA_KEY, adapter_set, base_state, check_store, snapshot_meta
 
 __all__ = ["LoraMergeResult", "LoraSchedule", "is_peft_model", "lora_options"]
@@ -312,29 +314,28 @@ class LoraSchedule(RAMSchedule):
         """``folder/step-<N>``: the merged adapter as a PEFT folder (``adapter_model.safetensors`` +
         ``adapter_config.json``: ``PeftModel.from_pretrained(base_model, path)``), or with ``into_base`` the base
         model with the merged weights (``save_pretrained``: ``AutoModelForCausalLM.from_pretrained(path)``), with
-        ``processor`` saved alongside; written under a temporary name, then renamed."""
+        ``processor`` saved alongside; written under a temporary name, then renamed to the first free name
+        (``step-<N>-v1``, ... when taken: nothing is ever replaced)."""
         from ..peft.live import tuner_of
         from ..peft.merge_files import _write_adapter_folder
 
         folder.mkdir(parents=True, exist_ok=True)
-        final = folder / f"step-{result.step}"
-        tmp = folder / f".tmp-{final.name}-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        if self.into_base:
-            _, root = tuner_of(model)
-            state = base_state(root)
-            state.update({k: v.to(state[k].dtype) for k, v in result.tensors.items()})
-            root.save_pretrained(tmp, state_dict={k: v.detach() for k, v in state.items()}, safe_serialization=True)
-        else:
-            assert result.adapters is not None
-            _write_adapter_folder(tmp, result.adapters, result.factors, None)
-        if processor is not None and hasattr(processor, "save_pretrained"):
-            processor.save_pretrained(tmp)
-        if final.exists():  # a resumed run merging the same step again
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        return final
+        stem = f"step-{result.step}"
+        tmp = folder / f".tmp-{stem}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            if self.into_base:
+                _, root = tuner_of(model)
+                state = base_state(root)
+                state.update({k: v.to(state[k].dtype) for k, v in result.tensors.items()})
+                root.save_pretrained(tmp, state_dict={k: v.detach() for k, v in state.items()}, safe_serialization=True)
+            else:
+                assert result.adapters is not None
+                _write_adapter_folder(tmp, result.adapters, result.factors, None)
+            if processor is not None and hasattr(processor, "save_pretrained"):
+                processor.save_pretrained(tmp)
+            return place_new(tmp, folder, stem)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     # ------------------------------------------------------------------------------------------- state
 

@@ -46,7 +46,9 @@ from ..training.tensors import ScheduleAdapter, swap_tensors
 from ..training.schedule import MergeResult, RAMSchedule
 from ..training.search_record import save_next_to
 from ..store import LocalCollective, LocalModel, SnapshotStore, TorchCollective
-from ._common import AdamImportance, SingleAgentWarning, importance_option, save_generalist, warn_single_agent
+from ..methods.ram.unchanged import quiet_unchanged
+from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
+from ._common import warn_single_agent, warn_unchanged_agents
 from ._lightning_validation import validation_metrics
 
 __all__ = ["RAMCallback", "SingleAgentWarning", "UnsupportedStrategyError"]
@@ -111,9 +113,11 @@ class RAMCallback(ScheduleAdapter, Callback):
             names none, this callback's evaluation: ``evaluate`` or the validation loop). Logs ``ram/search/*``;
             the record is in ``last_result.extra["search"]``, the callback's state,
             ``<store>/_search/<agent>/step_<N>.json`` and, with ``merged_dir``, next to each saved generalist
-            (``step-<N>/ram_search.json`` or ``step-<N>.search.json``). Single device and DDP.
-        merged_dir: save every generalist as ``merged_dir/step-<N>`` (``save_pretrained``, when the module or its
-            one child with that method is a Hugging Face model) or ``merged_dir/step-<N>.safetensors``, on rank 0.
+            (``<agent>/step-<N>/ram_search.json`` or ``<agent>/step-<N>.search.json``). Single device and DDP.
+        merged_dir: save every generalist as ``merged_dir/<agent>/step-<N>`` (``save_pretrained``, when the module
+            or its one child with that method is a Hugging Face model) or ``merged_dir/<agent>/step-<N>.safetensors``,
+            on rank 0; one ``merged_dir`` serves several agents' runs. A name already taken (a resumed run merging
+            a step again) is never replaced: the save is ``step-<N>-v1``, ``-v2``, ... (:attr:`saved` lists them).
         load_generalist: at train end, merge the latest snapshots (unless this step was merged) and copy the
             generalist into the module, as ``WeightAveraging`` copies its average: a checkpoint saved afterwards
             holds the generalist as its ``state_dict`` and the agent's own weights under ``ram_agent_state``, which
@@ -298,7 +302,7 @@ class RAMCallback(ScheduleAdapter, Callback):
     # ------------------------------------------------------------------------------------------- merging
 
     def merge_now(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
-        """Merge the latest snapshot of every agent now, evaluate, log (and save the generalist under ``merged_dir``).
+        """Merge the latest snapshot of every agent now, evaluate, log (and save the generalist in ``merged_dir``).
 
         Args:
             trainer: the running trainer (its step, epoch, loggers and validation dataloaders).
@@ -315,6 +319,10 @@ class RAMCallback(ScheduleAdapter, Callback):
                 picked snapshot carries none (its agent named).
             SearchError: under ``search``, an evaluation that raised or returned no finite number.
 
+        Warns:
+            UnchangedAgentWarning: (rank 0) once per merge, naming the agents that changed no entry of the base
+                (density 0), for every method; they are in ``last_result.extra["unchanged"]``.
+
         Example:
             >>> metrics = callback.merge_now(trainer, model)  # doctest: +SKIP
         """
@@ -324,15 +332,18 @@ class RAMCallback(ScheduleAdapter, Callback):
             def evaluate(module: pl.LightningModule) -> dict[str, float]:
                 return self._validate(trainer, module)
 
-        metrics = self.schedule.merge_and_evaluate(
-            pl_module, trainer.global_step, trainer.current_epoch, evaluate if callable(evaluate) else None
-        )
+        with quiet_unchanged():  # an agent that changed nothing is named once, below
+            metrics = self.schedule.merge_and_evaluate(
+                pl_module, trainer.global_step, trainer.current_epoch, evaluate if callable(evaluate) else None
+            )
         result = self.last_result = self.schedule.last_result
         assert result is not None
+        warn_unchanged_agents(f"RAMCallback({self.agent!r})", result, warn=trainer.is_global_zero)
         if trainer.is_global_zero:
             warn_single_agent(f"RAMCallback({self.agent!r})", result)
             if self.merged_dir is not None:
-                self.saved.append(str(save_generalist(self.schedule, pl_module, result, self.merged_dir)))
+                folder = agent_folder(self.merged_dir, self.agent)
+                self.saved.append(str(save_generalist(self.schedule, pl_module, result, folder)))
                 if "search" in result.extra:  # the chosen options next to the generalist
                     save_next_to(self.saved[-1], result.extra["search"], durable=self.schedule.durable)
         self._log(trainer, metrics)

@@ -40,7 +40,9 @@ from ..methods.ram.config import RamConfig
 from ..training.schedule import MergeResult, RAMSchedule, metric_float
 from ..training.search_record import save_next_to
 from ..store import SnapshotStore
-from ._common import AdamImportance, SingleAgentWarning, importance_option, save_generalist, warn_single_agent
+from ..methods.ram.unchanged import quiet_unchanged
+from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
+from ._common import warn_single_agent, warn_unchanged_agents
 from ._peft_agent import LoraSchedule, is_peft_model, lora_options
 from ._trl_weights import check_vllm_marker, force_vllm_resync, sharding_refusal, uses_vllm
 
@@ -66,8 +68,9 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             bit-exactly afterwards); ``"trainer"``: ``trainer.evaluate()`` of the bound trainer (:meth:`bind`) on
             its eval dataset with the generalist swapped in (its metrics are logged as ``ram/eval_*``, not as the
             trainer's ``eval_*``); ``None``: only the probe numbers.
-        merged_dir: save every generalist as ``merged_dir/step-<N>`` (``save_pretrained`` with the run's
-            tokenizer/processor; written to a temporary name and renamed), on the main process.
+        merged_dir: save every generalist as ``merged_dir/<agent>/step-<N>`` (``save_pretrained`` with the run's
+            tokenizer/processor; written to a temporary name and renamed), on the main process. A name already
+            taken is never replaced: the save is ``step-<N>-v1``, ``-v2``, ... (:attr:`saved` lists them).
         ram: the merges' :class:`~ram_live.RamConfig` (default ``RamConfig()``: RAM+), or its flat mapping
             (``{"method": "ram", "eps": 0.0}``); saved with the checkpoint's arguments as ``ram``
             (:meth:`RamConfig.to_dict`).
@@ -342,16 +345,21 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             ConfigError: ``evaluate="trainer"`` and no trainer bound; this run's snapshots carry Adam importances
                 and another agent's picked snapshot carries none (its agent named).
             SearchError: under ``search``, an evaluation that raised or returned no finite number.
+
+        Warns:
+            UnchangedAgentWarning: once per merge, naming the agents with density 0 (``last_result.extra``).
         """
         evaluate = self.evaluate
         if evaluate == "trainer":
             evaluate = self._trainer_evaluate
         epoch = int(state.epoch) if state.epoch is not None else None
         try:
-            metrics = self.schedule.merge_and_evaluate(model, state.global_step, epoch, evaluate)
+            with quiet_unchanged():  # an agent that changed nothing is named once, below
+                metrics = self.schedule.merge_and_evaluate(model, state.global_step, epoch, evaluate)
             result = self.last_result = self.schedule.last_result
             assert result is not None
             warn_single_agent(f"RAMTrainerCallback({self.agent!r})", result)
+            warn_unchanged_agents(f"RAMTrainerCallback({self.agent!r})", result)
             if self.merged_dir is not None:
                 self._save(model, result, state)
         finally:  # the generalist was swapped in and out: vLLM may hold it now
@@ -374,13 +382,14 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         return out
 
     def _save(self, model: Any, result: MergeResult, state: TrainerState) -> None:
-        """``merged_dir/step-<N>``: the generalist swapped into the model and ``save_pretrained`` (main process)."""
+        """``merged_dir/<agent>/step-<N>`` (or ``-v<k>``): the generalist ``save_pretrained`` (main process)."""
         if state.is_world_process_zero:
             assert self.merged_dir is not None
+            folder = agent_folder(self.merged_dir, self.agent)
             if isinstance(self.schedule, LoraSchedule):  # a PEFT folder (a model folder with into_base=True)
-                self.saved.append(str(self.schedule.save(model, result, self.merged_dir, self._processor)))
+                self.saved.append(str(self.schedule.save(model, result, folder, self._processor)))
             else:
-                self.saved.append(str(save_generalist(self.schedule, model, result, self.merged_dir, self._processor)))
+                self.saved.append(str(save_generalist(self.schedule, model, result, folder, self._processor)))
             if "search" in result.extra:  # the search's record (the chosen options) next to the generalist
                 save_next_to(self.saved[-1], result.extra["search"], durable=self.schedule.durable)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 import types
 import warnings
 
@@ -15,6 +16,7 @@ L = pytest.importorskip("lightning")
 from ram_live.integrations.lightning import RAMCallback, SingleAgentWarning, UnsupportedStrategyError  # noqa: E402
 
 from ram_live import merge, probe  # noqa: E402
+from ram_live.errors import UnchangedAgentWarning  # noqa: E402
 from ram_live.training.schedule import RAMSchedule  # noqa: E402
 from ram_live.store import BaseMismatchError, SnapshotStore  # noqa: E402
 
@@ -313,8 +315,8 @@ def test_search_setting_picks_the_merge_with_the_validation_loop_logs_and_saves_
     s = SnapshotStore(store)
     snaps = {n: s.open(n, step) for n, step in result.agents.items()}
     again = merge(snaps, base=base, **load_choice(rec["file"]))
-    assert ram.saved == [str(tmp_path / "merged" / "step-4.safetensors")]  # and the choice next to it
-    assert load_choice(tmp_path / "merged" / "step-4.search.json") == load_choice(rec["file"])
+    assert ram.saved == [str(tmp_path / "merged" / "b" / "step-4.safetensors")]  # and the choice next to it
+    assert load_choice(tmp_path / "merged" / "b" / "step-4.search.json") == load_choice(rec["file"])
     for k, v in again.items():
         assert _same(result.tensors[k], v), k
     expected = _val_loss(again)
@@ -357,7 +359,7 @@ def test_merged_dir_and_load_generalist_like_weight_averaging(tmp_path):
     model = Net()
     trainer = _trainer([ram], 4)
     trainer.fit(model, _loader(_data("a")))
-    assert ram.saved == [str(tmp_path / "merged" / f"step-{n}.safetensors") for n in (2, 4)]
+    assert ram.saved == [str(tmp_path / "merged" / "a" / f"step-{n}.safetensors") for n in (2, 4)]
     s = SnapshotStore(store)
     want = merge({"a": s.open("a", 4), "b": s.open("b", 2)}, base=s.base_source())
     saved = load_file(ram.saved[-1])
@@ -383,6 +385,93 @@ def test_merged_dir_and_load_generalist_like_weight_averaging(tmp_path):
     for k, v in ram.agent_state.items():
         assert _same(capture.weights[k], v), k
     assert [h["step"] for h in ram2.history] == [2.0, 4.0] and ram2.saved == ram.saved
+
+
+def test_two_agents_runs_sharing_a_merged_dir_keep_both_generalists(tmp_path):
+    """One merged_dir for two agents' runs merging at the same step: each run saves under its agent's name, and a
+    merge of a step already saved (a resumed run merging it again) goes beside it, never over it."""
+    from safetensors.torch import load_file
+
+    store, shared = tmp_path / "store", tmp_path / "merged"
+    runs = {}
+    for agent in ("a", "b"):
+        ram = RAMCallback(
+            store, agent, snapshot_every=2, merge_every=2, evaluate=False, durable=False, merged_dir=shared
+        )
+        model, trainer = Net(), _trainer([ram], 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SingleAgentWarning)  # a merges alone: b has not run yet
+            warnings.simplefilter("ignore", UserWarning)  # SGD: no Adam importances
+            trainer.fit(model, _loader(_data(agent)))
+        runs[agent] = (ram, trainer, model)
+    assert runs["a"][0].saved == [str(shared / "a" / "step-2.safetensors")]
+    assert runs["b"][0].saved == [str(shared / "b" / "step-2.safetensors")]
+    s = SnapshotStore(store)
+    want = {
+        "a": merge({"a": s.open("a", 2)}, base=s.base_source()),
+        "b": merge({"a": s.open("a", 2), "b": s.open("b", 2)}, base=s.base_source()),
+    }
+    saved = {agent: load_file(shared / agent / "step-2.safetensors") for agent in want}
+    for agent, tensors in want.items():
+        assert set(saved[agent]) == set(tensors)
+        for k, v in tensors.items():
+            assert _same(saved[agent][k], v), (agent, k)
+    assert not torch.equal(saved["a"]["net.0.weight"], saved["b"]["net.0.weight"])
+    # b merges step 2 again: step-2-v1, then step-2-v2; the first file keeps its bytes
+    ram, trainer, model = runs["b"]
+    first = (shared / "b" / "step-2.safetensors").read_bytes()
+    ram.merge_now(trainer, model)
+    ram.merge_now(trainer, model)
+    assert ram.saved == [
+        str(shared / "b" / name) for name in ("step-2.safetensors", "step-2-v1.safetensors", "step-2-v2.safetensors")
+    ]
+    assert (shared / "b" / "step-2.safetensors").read_bytes() == first
+    for path in ram.saved[1:]:
+        again = load_file(path)
+        assert all(_same(again[k], v) for k, v in want["b"].items())
+    assert sorted(p.name for p in shared.iterdir()) == ["a", "b"]  # and no temporary file is left
+    assert sorted(p.name for p in (shared / "b").iterdir()) == sorted(Path(p).name for p in ram.saved)
+
+
+class Idle(Net):
+    """An agent whose weights never move (learning rate 0), as a GRPO run's whose reward is always 0."""
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+@pytest.mark.parametrize("method", ["ram", "ram_plus"])
+def test_an_agent_that_never_changed_is_named_once_per_merge(tmp_path, method):
+    store = tmp_path / "store"
+    idle = RAMCallback(store, "idle", snapshot_every=2, durable=False, importance=None)
+    _trainer([idle], 2).fit(Idle(), _loader(_data("i")))
+    ram = RAMCallback(
+        store,
+        "a",
+        snapshot_every=2,
+        merge_every=2,
+        evaluate=False,
+        durable=False,
+        importance=None,
+        ram={"method": method},
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer([ram], 4).fit(Net(), _loader(_data("a")))
+    named = [w for w in caught if issubclass(w.category, UnchangedAgentWarning)]
+    assert [w.message.agents for w in named] == [("idle",), ("idle",)]  # the merges of steps 2 and 4, once each
+    assert all(str(w.message).startswith("RAMCallback('a'): agent 'idle' changed no entry") for w in named)
+    assert [h["ram/idle/density"] for h in ram.history] == [0.0, 0.0]
+    assert [h["ram/a/density"] > 0 for h in ram.history] == [True, True]
+    assert ram.last_result.extra["unchanged"] == ["idle"]
+    # the generalist is the merge of both snapshots, which is a's alone: idle adds nothing
+    s = SnapshotStore(store)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnchangedAgentWarning)
+        want = merge({"a": s.open("a", 4), "idle": s.open("idle", 2)}, base=s.base_source(), method=method)
+    alone = merge({"a": s.open("a", 4)}, base=s.base_source(), method=method)
+    for k, v in want.items():
+        assert _same(ram.last_result.tensors[k], v) and _same(alone[k], v), k
 
 
 def test_merged_dir_saves_a_pretrained_folder_when_the_module_wraps_one(tmp_path):
@@ -427,7 +516,7 @@ def test_merged_dir_saves_a_pretrained_folder_when_the_module_wraps_one(tmp_path
     with torch.no_grad():
         module.model.model.embed_tokens.weight.add_(0.01)  # a different agent (same base: the store's)
     _trainer([ram], 2).fit(module, _loader(ids, 4))
-    folder = tmp_path / "merged" / "step-2"
+    folder = tmp_path / "merged" / "a" / "step-2"
     assert ram.saved == [str(folder)] and (folder / "config.json").exists()
     loaded = transformers.AutoModelForCausalLM.from_pretrained(folder)
     s = SnapshotStore(store)

@@ -129,20 +129,23 @@ def test_grpo_merges_saves_and_resumes(tmp_path: Path, monkeypatch: pytest.Monke
         warnings.simplefilter("error", SingleAgentWarning)
         trainer.train()
     assert [h["step"] for h in cb.history] == [2.0, 4.0]
-    assert cb.saved == [str(tmp_path / "merged" / "step-2"), str(tmp_path / "merged" / "step-4")]
+    assert cb.saved == [str(tmp_path / "merged" / "vowels" / "step-2"), str(tmp_path / "merged" / "vowels" / "step-4")]
     assert ram_live.SnapshotStore(store).steps("vowels") == [2, 4]
     # the saved generalist is merge of the latest snapshots (vowels@4, spaces@3), bit for bit
     s = ram_live.SnapshotStore(store)
     want = ram_live.merge(
         {"vowels": s.open("vowels", 4), "spaces": s.open("spaces", 3)}, base=s.base_source(), importance="stored"
     )  # Adam: the callback's merges weigh by them
-    saved = load_file(str(tmp_path / "merged" / "step-4" / "model.safetensors"))
+    saved = load_file(str(tmp_path / "merged" / "vowels" / "step-4" / "model.safetensors"))
     assert set(saved) == set(want)
     for key, value in want.items():
         assert torch.equal(saved[key], value), key
     # ...it loads with from_pretrained (with the run's tokenizer), and its score is the one logged
-    generalist = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged" / "step-4")
-    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "merged" / "step-4")("ab").input_ids == [3, 4]
+    generalist = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged" / "vowels" / "step-4")
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "merged" / "vowels" / "step-4")("ab").input_ids == [
+        3,
+        4,
+    ]
     assert _score(generalist)["loglik"] == cb.history[1]["ram/loglik"]
     # the trained model got its own weights back after each swap: they equal the last checkpoint's
     final = load_file(str(tmp_path / "a" / "checkpoint-4" / "model.safetensors"))
@@ -206,7 +209,7 @@ def test_grpo_search_setting_saves_its_choice_next_to_the_generalist(tmp_path: P
         search=SearchSetting(metric="loglik", mode="max", budget=4),
     )
     _trainer(tmp_path / "a", _vowels, 2, cb).train()
-    folder = tmp_path / "merged" / "step-2"
+    folder = tmp_path / "merged" / "vowels" / "step-2"
     assert cb.saved == [str(folder)]
     record = cb.last_result.extra["search"]
     assert load_choice(folder / "ram_search.json") == load_choice(record["file"])
@@ -214,3 +217,50 @@ def test_grpo_search_setting_saves_its_choice_next_to_the_generalist(tmp_path: P
     generalist = transformers.AutoModelForCausalLM.from_pretrained(folder)
     assert _score(generalist)["loglik"] == pytest.approx(cb.history[0]["ram/search/best_score"], rel=1e-6)
     assert cb.history[0]["ram/loglik"] == pytest.approx(cb.history[0]["ram/search/best_score"], rel=1e-6)
+
+
+def _zero(completions: list[str], **kwargs: object) -> list[float]:
+    return [0.0 for _ in completions]
+
+
+def test_two_agents_sharing_a_merged_dir_and_one_that_never_changed(tmp_path: Path) -> None:
+    """Two GRPO runs, one merged_dir: each generalist saved under its agent's name, both kept. Agent "zero" has a
+    reward that is always 0, so GRPO never moves its weights: each merge names it once (RAM+, the default, counts
+    too, and stays silent: the callback's warning is the merge's one), and it adds nothing to the generalist."""
+    store, shared = tmp_path / "store", tmp_path / "merged"
+    callbacks = {}
+    for agent, reward in (("zero", _zero), ("vowels", _vowels)):
+        cb = RAMTrainerCallback(store, agent, snapshot_every=2, merge_every=2, evaluate=_score, merged_dir=shared)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _trainer(tmp_path / agent, reward, 2, cb).train()
+        named = [w.message for w in caught if issubclass(w.category, ram_live.errors.UnchangedAgentWarning)]
+        assert [w.agents for w in named] == [("zero",)], agent  # one merge, one warning
+        assert str(named[0]).startswith(f"RAMTrainerCallback({agent!r}): agent 'zero' changed no entry of the base")
+        assert cb.last_result.extra["unchanged"] == ["zero"] and cb.history[0]["ram/zero/density"] == 0.0
+        callbacks[agent] = cb
+    assert callbacks["vowels"].history[0]["ram/vowels/density"] > 0
+    assert callbacks["zero"].saved == [str(shared / "zero" / "step-2")]
+    assert callbacks["vowels"].saved == [str(shared / "vowels" / "step-2")]
+    s = ram_live.SnapshotStore(store)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ram_live.errors.UnchangedAgentWarning)
+        want = {
+            "zero": ram_live.merge({"zero": s.open("zero", 2)}, base=s.base_source(), importance="stored"),
+            "vowels": ram_live.merge(
+                {"zero": s.open("zero", 2), "vowels": s.open("vowels", 2)}, base=s.base_source(), importance="stored"
+            ),
+        }
+    base = s.base_source()
+    for agent, tensors in want.items():
+        saved = load_file(str(shared / agent / "step-2" / "model.safetensors"))
+        assert set(saved) == set(tensors)
+        for key, value in tensors.items():
+            assert torch.equal(saved[key], value), (agent, key)
+        if agent == "zero":  # its generalist is the base: it never changed
+            for key, value in saved.items():
+                assert torch.equal(value, base.get(key)), key
+    # zero added nothing: the vowels generalist is the merge of vowels alone
+    alone = ram_live.merge({"vowels": s.open("vowels", 2)}, base=s.base_source(), importance="stored")
+    for key, value in want["vowels"].items():
+        assert torch.equal(value, alone[key]), key

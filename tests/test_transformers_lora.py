@@ -176,11 +176,11 @@ def test_two_grpo_lora_agents_merge_into_an_adapter_that_reloads(early_store: Pa
 
     # each merge: ram_merge_adapter_files of the adapters PEFT saved at those steps, bit for bit
     assert [h["step"] for h in cb.history] == [2.0, 4.0]
-    assert cb.saved == [str(tmp_path / "merged" / f"step-{n}") for n in (2, 4)]
+    assert cb.saved == [str(tmp_path / "merged" / "vowels" / f"step-{n}") for n in (2, 4)]
     for n in (2, 4):
         inputs = {"early": early_store / "ref" / "step-2", "vowels": tmp_path / "ref" / f"step-{n}"}
         ref = ram_merge_adapter_files(inputs, out=tmp_path / f"want-{n}", sparsify=TopK(0.5))
-        got, want = _adapter_tensors(tmp_path / "merged" / f"step-{n}"), _adapter_tensors(ref)
+        got, want = _adapter_tensors(tmp_path / "merged" / "vowels" / f"step-{n}"), _adapter_tensors(ref)
         assert sorted(got) == sorted(want)
         for key in want:
             assert torch.equal(got[key], want[key]), key
@@ -193,7 +193,7 @@ def test_two_grpo_lora_agents_merge_into_an_adapter_that_reloads(early_store: Pa
     assert 0.0 <= logged["ram/refactor_error"] < 1.0 and logged["ram/early/lambda"] >= 1.0
 
     # the saved adapter reloads with PeftModel.from_pretrained: its ΔW is the merged one, and it scores as logged
-    folder = tmp_path / "merged" / "step-4"
+    folder = tmp_path / "merged" / "vowels" / "step-4"
     reloaded = PeftModel.from_pretrained(_model(), folder).eval()
     merged = lora_deltas(folder)
     for module, delta in lora_deltas(reloaded).items():

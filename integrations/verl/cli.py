@@ -38,7 +38,7 @@ def build_parser(prog: str = "ram-live verl-snapshot") -> argparse.ArgumentParse
     p.add_argument(
         "--merge-dir",
         default=None,
-        help="afterwards merge the latest snapshot of every agent into MERGE_DIR/global_step_<last step>",
+        help="afterwards merge the latest snapshot of every agent into MERGE_DIR/<agent>/global_step_<last step>",
     )
     p.add_argument(
         "-O",

@@ -81,9 +81,10 @@ class RAMVerlOptions:
             memory the encoding holds at once, besides one rank's memory-mapped shard file).
         merge_every: merge the latest snapshot of every agent in the store every this many saves (None: never),
             and at the last training step.
-        merged_dir: where merged models go, one Hugging Face folder per merge (``global_step_<N>``). Default:
+        merged_dir: where merged models go, one Hugging Face folder per merge, ``<agent>/global_step_<N>`` (so that
+            several agents' runs may share one; never replaced: ``global_step_<N>-v1``, ... where taken). Default:
             ``<trainer.default_local_dir>/ram_merged``.
-        keep_merged: keep only the newest ``keep_merged`` merged folders (None: all).
+        keep_merged: keep only the newest ``keep_merged`` merged folders of this agent (None: all).
         merged_dtype: dtype of the merged weights: ``"auto"`` (the base model's), ``"bf16"``, ``"fp16"``, ``"fp32"``.
         agents: merge only these agents (default: every agent of the store).
         variant, r, alpha, eps, activity, rho_scope, lambdas, exclude, shared: RAM's config, the keys users

@@ -5,7 +5,7 @@
 >>> opts = options_from_mapping({"store": "runs/ram", "agent": "coder", "base": "Qwen2.5-0.5B"})  # doctest: +SKIP
 >>> ram = RAMVerl(opts)                                                                      # doctest: +SKIP
 >>> ram.snapshot("checkpoints/p/e/global_step_20", step=20)      # one rank's shard file at a time     # doctest: +SKIP
->>> ram.merge(step=20)                                  # -> merged_dir/global_step_20      # doctest: +SKIP
+>>> ram.merge(step=20)                            # -> merged_dir/coder/global_step_20      # doctest: +SKIP
 
 The jobs live in their own modules: :mod:`.snapshot` (a checkpoint's shards into a snapshot), :mod:`.lora`
 (ΔW of a LoRA checkpoint), :mod:`.merging` (the merge, its record and metrics), :mod:`.evaluation` (the
@@ -277,12 +277,14 @@ class RAMVerl:
         return None
 
     def merge(self, step: int) -> dict[str, float]:
-        """Merge the latest snapshot of every agent (``ram.agents``) into ``merged_dir/global_step_<step>`` (a Hugging
-        Face folder: weights, the base's config and tokenizer, and ``ram_merge.json``), evaluate it, prune old merges.
-        Under ``ram.search``, the merge :func:`ram_live.search` picks.
+        """Merge the latest snapshot of every agent (``ram.agents``) into ``merged_dir/<agent>/global_step_<step>`` (a
+        Hugging Face folder: weights, the base's config and tokenizer, and ``ram_merge.json``), evaluate it, prune
+        this run's old merges (``ram.keep_merged``). Under ``ram.search``, the merge :func:`ram_live.search` picks.
+        Agents that changed no entry are named in one ``UnchangedAgentWarning`` and in ``ram_merge.json``.
 
         Args:
-            step: the merge's step (names the folder; an existing one is replaced).
+            step: the merge's step (names the folder; where that name is taken, as when a resumed run merges a
+                step again, ``global_step_<step>-v1``, ...: an existing folder is never replaced).
 
         Returns:
             The ``ram/*`` metrics: ``ram/agents``, ``ram/merge_seconds``, ``ram/<agent>/snapshot_step|density|rho``

@@ -1,13 +1,14 @@
-"""The latest snapshot of every agent merged into ``merged_dir/global_step_<N>`` (a Hugging Face folder with
-``ram_merge.json``), evaluated, old merges pruned; the ``ram/*`` merge metrics, with ρ and λ from
-:func:`~ram_live.methods.ram.lambdas.rho` / :func:`~ram_live.methods.ram.lambdas.ram_lambda` (the merge's
-own formula)."""
+"""The latest snapshot of every agent merged into ``merged_dir/<agent>/global_step_<N>`` (a Hugging Face folder
+with ``ram_merge.json``; ``global_step_<N>-v1``, ... where the name is taken: nothing is replaced), evaluated, this
+run's old merges pruned; the ``ram/*`` merge metrics, with ρ and λ from :func:`~ram_live.methods.ram.lambdas.rho` /
+:func:`~ram_live.methods.ram.lambdas.ram_lambda` (the merge's own formula). Agents that changed no entry are
+named in one warning and in ``ram_merge.json`` (``"unchanged"``)."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
+import re
 import shutil
 import time
 import uuid
@@ -23,8 +24,10 @@ from ram_live.methods import Activity
 from ram_live.methods.ram.config import RamConfig
 from ram_live.methods.ram.rules import Given
 from ram_live.methods.ram.lambdas import rho as rho_of
+from ram_live.methods.ram.unchanged import quiet_unchanged, unchanged_agents, warn_unchanged
 from ram_live.store import SnapshotStore, ram_statistics
 
+from .._common import agent_folder, place_new
 from .common import VerlIntegrationError, copy_side_files
 from .config import RAMVerlOptions
 
@@ -118,9 +121,8 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
     if not o.merged_dir:
         raise ConfigError("ram.merged_dir is not set")
     t0 = time.perf_counter()
-    root = Path(o.merged_dir)
+    root = agent_folder(Path(o.merged_dir), o.agent)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"global_step_{step}"
     building = root / f".global_step_{step}.building-{uuid.uuid4().hex[:8]}"
     snaps = ram.store.latest_all(o.agents)
     if not snaps:
@@ -128,24 +130,26 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
     searched = result = agents = rule = None
     used = o.ram
     try:
-        if o.search is not None:  # the merge ram_live.search picks (integrations/verl/search.py)
-            from .search import search_merge
+        with quiet_unchanged():  # an agent that changed nothing is named once, below, whatever the method
+            if o.search is not None:  # the merge ram_live.search picks (integrations/verl/search.py)
+                from .search import search_merge
 
-            searched, result = search_merge(ram, snaps, step, root, importance=stored_importance(snaps, o))
-            _, info = merge(snaps, out=building, dtype=ram.out_dtype(), return_info=True, **result.best)
-        else:
-            agents, base, used, rule = _lora_merge(snaps, o)
-            _, info = ram_merge(
-                agents or snaps,
-                base,
-                out=building,
-                dtype=ram.out_dtype(),
-                config=used,
-                return_info=True,
-                importance=None if agents else stored_importance(snaps, o),
-            )
+                searched, result = search_merge(ram, snaps, step, root, importance=stored_importance(snaps, o))
+                _, info = merge(snaps, out=building, dtype=ram.out_dtype(), return_info=True, **result.best)
+            else:
+                agents, base, used, rule = _lora_merge(snaps, o)
+                _, info = ram_merge(
+                    agents or snaps,
+                    base,
+                    out=building,
+                    dtype=ram.out_dtype(),
+                    config=used,
+                    return_info=True,
+                    importance=None if agents else stored_importance(snaps, o),
+                )
         names = list(snaps)
         active, unique, total = _counts(snaps, info, o, agents, used)
+        unchanged = unchanged_agents(names, active)
         rho = {n: rho_of(float(u), float(a)) for n, a, u in zip(names, active, unique)}
         given = isinstance(used.lam, Given)
         lambdas = {} if searched or given else {n: used.lam.value(rho[n]) for n in names}
@@ -162,6 +166,7 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
             "lambda": lambdas,
             "rho": {n: (v if math.isfinite(v) else None) for n, v in rho.items()},
             "density": density,
+            "unchanged": unchanged,
             "weights": o.weights,
             "store": str(ram.store.root),
         }
@@ -171,14 +176,11 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
             record.update(variant=searched["best"]["method"], search=searched)
             save_record(building / "ram_search.json", searched, result, durable=False)
         (building / "ram_merge.json").write_text(json.dumps(record, indent=1))
-        if final.exists():
-            old = root / f".global_step_{step}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(building, final)
+        final = place_new(building, root, f"global_step_{step}")  # a taken name (a resumed run): -v1, ...
     finally:
         if building.exists():
             shutil.rmtree(building, ignore_errors=True)
+    warn_unchanged(unchanged, f"RAMVerl({o.agent!r}), merge of step {step}: ", force=True)
     if o.keep_merged is not None:
         prune_merged(root, o.keep_merged)
     metrics: dict[str, float] = {"ram/agents": float(len(snaps)), "ram/merge_seconds": time.perf_counter() - t0}
@@ -199,11 +201,16 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
     return metrics, final
 
 
+_MERGED = re.compile(r"global_step_(\d+)(?:-v(\d+))?")
+
+
 def prune_merged(root: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` ``global_step_<N>`` folders under ``root``."""
+    """Delete all but the newest ``keep`` merged folders under ``root`` (this agent's folder of ``merged_dir``):
+    ``global_step_<N>`` and its versions ``global_step_<N>-v<k>``, ordered by step, then version."""
     found = []
     for p in root.iterdir():
-        if p.is_dir() and p.name.startswith("global_step_") and p.name[12:].isdigit():
-            found.append((int(p.name[12:]), p))
-    for _, p in sorted(found)[: max(0, len(found) - keep)]:
+        match = _MERGED.fullmatch(p.name)
+        if match and p.is_dir():
+            found.append((int(match[1]), int(match[2] or 0), p))
+    for _, _, p in sorted(found)[: max(0, len(found) - keep)]:
         shutil.rmtree(p, ignore_errors=True)

@@ -1,12 +1,13 @@
 """``ram.search`` for verl: each merge is the one :func:`ram_live.search` picks with the user's held-out evaluation.
 
 The evaluation is verl's kind, ``fn(merged_dir: str, step: int) -> dict | float`` (``ram.search.evaluate``, else
-``ram.evaluate`` / ``ram.rewards``): this process writes each candidate to one reused folder under ``merged_dir``
-(weights in the merged dtype, the base's config and tokenizer files) and evaluates it there with one call: in
-this process, or inside a Ray job in the evaluation actor (:mod:`.remote`), which reads the folder by path. The
-winner is merged into ``merged_dir/global_step_<N>`` as without search; its ``ram_merge.json`` gains ``"search"``
-(the chosen options: ``ram_live.merge(..., **record["best"])``) and ``ram_search.json`` holds every candidate's
-score. The candidates are scored one at a time (``ram_live.search``'s ``parallel=`` is not used here).
+``ram.evaluate`` / ``ram.rewards``): this process writes each candidate to one reused folder under
+``merged_dir/<agent>`` (weights in the merged dtype, the base's config and tokenizer files) and evaluates it there
+with one call: in this process, or inside a Ray job in the evaluation actor (:mod:`.remote`), which reads the folder
+by path. The winner is merged into ``merged_dir/<agent>/global_step_<N>`` as without search; its ``ram_merge.json``
+gains ``"search"`` (the chosen options: ``ram_live.merge(..., **record["best"])``) and ``ram_search.json`` holds
+every candidate's score. The candidates are scored one at a time (``ram_live.search``'s ``parallel=`` is not
+used here).
 
 >>> +ram.search.budget=60 +ram.search.metric=acc +ram.search.evaluate=my_pkg.evals:held_out   # doctest: +SKIP
 """

@@ -135,7 +135,7 @@ def test_offline_command_bf16_weights_equal_verl_merger(verl_run, tmp_path, caps
     merger = load_file(verl_run.merged_tools / "model.safetensors")
     for key, value in merger.items():
         assert _equal(snap.get(key), value), key
-    assert (tmp_path / "merged" / "global_step_2" / "tokenizer.json").is_file()
+    assert (tmp_path / "merged" / "tools" / "global_step_2" / "tokenizer.json").is_file()
     capsys.readouterr()
     assert main(args) == 0  # nothing new: both steps are in the store
     assert "in the store already" in capsys.readouterr().err
@@ -204,7 +204,7 @@ def test_checkpoint_callback_built_by_verl_snapshots_merges_and_logs(verl_run, c
     callback.on_save(trainer=trainer, global_step=2, checkpoint_dir=str(root / "global_step_2"), async_save=False)
     printed = capsys.readouterr().out
     assert "ram/tools/lambda" in printed and "ram/coder/rho" in printed and "ram/tools/active" in printed
-    merged = root / "ram_merged" / "global_step_2"
+    merged = root / "ram_merged" / "tools" / "global_step_2"
     record = json.loads((merged / "ram_merge.json").read_text())
     assert record["agents"] == {"coder": 2, "tools": 2}
     # the same merge from the all-gathered weights, in memory, weighted by the importances the snapshots carry
@@ -312,7 +312,7 @@ def test_mixin_for_trainers_without_callback_class(verl_run, tmp_path):
     trainer._save_checkpoint()
     assert trainer.saved == [2]
     assert SnapshotStore(tmp_path / "s").steps("tools") == [2]
-    assert (tmp_path / "merged" / "global_step_2" / "model.safetensors").is_file()
+    assert (tmp_path / "merged" / "tools" / "global_step_2" / "model.safetensors").is_file()
     assert trainer.ram_history[-1]["ram/tools/lambda"] == 1.0  # one agent: nothing shared, nothing unique-scaled
 
 

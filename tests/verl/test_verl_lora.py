@@ -111,8 +111,8 @@ def test_lora_merge_with_the_rule_equals_the_peft_merge(tmp_path, case):
     base = _snapshots(tmp_path)
     ram = RAMVerl(_options(tmp_path, "coder", **keys))
     metrics = ram.merge(step=1)
-    merged = load_file(tmp_path / "merged" / "global_step_1" / "model.safetensors")
-    record = json.loads((tmp_path / "merged" / "global_step_1" / "ram_merge.json").read_text())
+    merged = load_file(tmp_path / "merged" / "coder" / "global_step_1" / "model.safetensors")
+    record = json.loads((tmp_path / "merged" / "coder" / "global_step_1" / "ram_merge.json").read_text())
     assert record["sparsify"] == str(rule) and record["eps"] == 0.0
 
     store = SnapshotStore(tmp_path / "store")
@@ -138,7 +138,7 @@ def test_lora_merge_with_the_rule_equals_the_peft_merge(tmp_path, case):
         )
     dense = RAMVerl(_options(tmp_path, "coder", sparsify=None, merged_dir=str(tmp_path / "dense"))).merge(step=1)
     assert dense["ram/coder/density"] == pytest.approx(targeted / (targeted + 12))  # every ΔW entry is active
-    plain = load_file(tmp_path / "dense" / "global_step_1" / "model.safetensors")
+    plain = load_file(tmp_path / "dense" / "coder" / "global_step_1" / "model.safetensors")
     assert not torch.equal(plain["layer.q.weight"], merged["layer.q.weight"])
 
 

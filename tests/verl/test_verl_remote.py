@@ -212,11 +212,11 @@ def test_search_with_the_runs_reward_in_the_actor(ray_cluster, rewards_run, monk
     assert _untimed(got) == _untimed(expected)
     assert got["ram/reward"] > 0 and got["ram/search/evaluations"] == expected["ram/search/evaluations"] >= 1
     chosen = [
-        json.loads((tmp / m / "global_step_3" / "ram_merge.json").read_text())["search"]["best"]
+        json.loads((tmp / m / "a" / "global_step_3" / "ram_merge.json").read_text())["search"]["best"]
         for m in ("m_remote", "m_local")
     ]
     assert chosen[0] == chosen[1]
-    assert [p.name for p in (tmp / "m_remote").iterdir()] == ["global_step_3"]  # the candidate folder is gone
+    assert [p.name for p in (tmp / "m_remote" / "a").iterdir()] == ["global_step_3"]  # the candidate folder is gone
     remote.close()
 
 

@@ -71,7 +71,7 @@ def test_search_merge_writes_the_winner_and_its_record(tmp_path):
         store.writer(name, base=base).snapshot(sd, 3)
     metrics = ram.merge(step=3)
     assert 1 <= len(seen) <= 10 and all(step == 3 for _, step in seen)
-    final = tmp_path / "merged" / "global_step_3"
+    final = tmp_path / "merged" / "a" / "global_step_3"
     record = json.loads((final / "ram_merge.json").read_text())
     assert record["search"]["best"]["method"] == record["variant"]
     # the merged folder is merge(**best) of the snapshots, bit for bit; the candidate folder is gone
@@ -79,7 +79,7 @@ def test_search_merge_writes_the_winner_and_its_record(tmp_path):
     saved = load_file(str(final / "model.safetensors"))
     for k, v in again.items():
         assert torch.equal(saved[k].view(torch.int32), v.contiguous().view(torch.int32)), k
-    assert sorted(p.name for p in (tmp_path / "merged").iterdir()) == ["global_step_3"]
+    assert sorted(p.name for p in (tmp_path / "merged" / "a").iterdir()) == ["global_step_3"]
     dist = float(sum(((saved[k].double() - t.double()) ** 2).sum() for k, t in target.items()))
     assert metrics["ram/search/best_score"] == pytest.approx(dist, rel=1e-12)
     assert metrics[f"ram/search/method/{record['variant']}"] == 1.0
