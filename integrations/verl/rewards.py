@@ -20,18 +20,32 @@ from typing import Any, Callable, Mapping
 from ram_live.errors import ConfigError
 from ram_live.loading import load_callable
 
+from .checks import check_device, integer_value
 from .dotted import get_dotted
 
-__all__ = ["KEYS", "check_rewards", "rewards_evaluation", "run_reward_function"]
+__all__ = ["INTEGERS", "KEYS", "check_rewards", "rewards_evaluation", "run_reward_function"]
 
 KEYS = ("prompts", "compute_score", "reward", "max_new_tokens", "batch_size", "device")
 
 
+#: the integer keys of ``ram.rewards``, with their defaults
+INTEGERS = {"max_new_tokens": 64, "batch_size": 16}
+
+
 def check_rewards(values: Any) -> dict[str, Any]:
-    """The ``ram.rewards`` group as a plain dict, its keys and prompts file checked (naming the key at fault).
+    """The ``ram.rewards`` group as a plain dict, every key checked at start-up (naming the key at fault):
+    ``max_new_tokens`` / ``batch_size`` integers >= 1 (``"4"`` from a command line becomes 4, ``2.7`` is refused),
+    ``device`` a torch device name, the reward paths strings, the prompts file readable.
 
     Args:
         values: the group (a mapping).
+
+    Returns:
+        The group, its integers as ``int``.
+
+    Raises:
+        ConfigError: naming ``ram.rewards.<key>``: an unknown key, a missing ``prompts``, both ``compute_score``
+            and ``reward``, a value of the wrong type or out of range, a prompts file that does not load.
     """
     if not isinstance(values, Mapping):
         raise ConfigError(f"ram.rewards must be a mapping (+ram.rewards.prompts=FILE ...), got {values!r}")
@@ -42,13 +56,22 @@ def check_rewards(values: Any) -> dict[str, Any]:
         raise ConfigError("ram.rewards.prompts is required: a JSONL file of held-out prompts")
     if values.get("compute_score") and values.get("reward"):
         raise ConfigError("set ram.rewards.compute_score or ram.rewards.reward, not both")
+    checked = dict(values)
+    for key in ("compute_score", "reward"):
+        if checked.get(key) is not None and not isinstance(checked[key], str):
+            raise ConfigError(f"ram.rewards.{key} must be a dotted path 'pkg.module:function'; got {checked[key]!r}")
+    for key in INTEGERS:
+        if checked.get(key) is not None:
+            checked[key] = integer_value(f"rewards.{key}", checked[key], minimum=1)
+    if checked.get("device") is not None:
+        checked["device"] = check_device("rewards.device", checked["device"])
     from ram_live.evaluate import load_prompts
 
     try:
-        load_prompts(values["prompts"])
+        load_prompts(checked["prompts"])
     except ConfigError as exc:
         raise ConfigError(f"ram.rewards.prompts: {exc}") from None
-    return dict(values)
+    return checked
 
 
 def run_reward_function(config: Any) -> str | None:
@@ -101,8 +124,8 @@ def rewards_evaluation(values: Mapping[str, Any], base_dir: str | None) -> Calla
                 fn,
                 tokenizer=base_dir,
                 model=load_model(base_dir).to(device),
-                max_new_tokens=int(values.get("max_new_tokens", 64)),
-                batch_size=int(values.get("batch_size", 16)),
+                max_new_tokens=values.get("max_new_tokens") or INTEGERS["max_new_tokens"],
+                batch_size=values.get("batch_size") or INTEGERS["batch_size"],
             )
         state["fn"](merged_dir)
         return dict(state["fn"].metrics)

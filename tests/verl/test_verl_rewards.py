@@ -69,7 +69,7 @@ def test_search_with_the_runs_reward(run):
             3,
         )
     metrics = ram.merge(step=3)
-    final = tmp / "merged" / "global_step_3"
+    final = tmp / "merged" / "a" / "global_step_3"
     winner = h.transformers.AutoModelForCausalLM.from_pretrained(final)
     tok = h.tokenizer()
     texts = [tok.decode(h.greedy(winner, tok, tok(p)["input_ids"], 6), skip_special_tokens=True) for p in PROMPTS]
@@ -96,6 +96,67 @@ def test_rewards_options_are_checked(run, tmp_path):
         options_from_mapping({**common, "rewards": {"prompts": str(tmp / "val.jsonl"), "promts": 1}})
     with pytest.raises(ConfigError, match="ram.evaluate or ram.rewards"):
         options_from_mapping({**common, "evaluate": "math:sqrt", "rewards": {"prompts": str(tmp / "val.jsonl")}})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("max_new_tokens", "abc", "ram.rewards.max_new_tokens must be an integer >= 1; got 'abc'"),
+        ("max_new_tokens", 2.7, "ram.rewards.max_new_tokens must be an integer >= 1; got 2.7"),
+        ("max_new_tokens", 2.0, "ram.rewards.max_new_tokens must be an integer >= 1; got 2.0"),
+        ("max_new_tokens", 0, "ram.rewards.max_new_tokens must be an integer >= 1; got 0"),
+        ("max_new_tokens", True, "ram.rewards.max_new_tokens must be an integer >= 1; got True"),
+        ("batch_size", "x", "ram.rewards.batch_size must be an integer >= 1; got 'x'"),
+        ("batch_size", "2.5", "ram.rewards.batch_size must be an integer >= 1; got '2.5'"),
+        ("batch_size", -4, "ram.rewards.batch_size must be an integer >= 1; got -4"),
+        ("device", "nope", "ram.rewards.device='nope' is not a device"),
+        ("device", "cuda:x", "ram.rewards.device='cuda:x' is not a device"),
+        ("device", 3, "ram.rewards.device must be a device name"),
+        ("compute_score", 5, "ram.rewards.compute_score must be a dotted path"),
+    ],
+)
+def test_rewards_values_are_refused_at_start_up(run, key, value, message):
+    """Each bad value is a ConfigError naming its key when the options are read, not at the first evaluation."""
+    tmp, _ = run
+    values = {
+        "store": str(tmp / "s"),
+        "agent": "a",
+        "base": str(tmp / "base"),
+        "merge_every": 1,
+        "merged_dir": str(tmp / "m"),
+        "rewards": {"prompts": str(tmp / "val.jsonl"), key: value},
+    }
+    with pytest.raises(ConfigError) as raised:
+        options_from_mapping(values)
+    assert str(raised.value).startswith(message)
+
+
+def test_rewards_integers_from_a_command_line_are_read(run, tmp_path):
+    """``"4"`` (a command line's text) is 4; the evaluation generates with the checked numbers."""
+    tmp, base = run
+    opts = options_from_mapping(
+        {
+            "store": str(tmp_path / "store"),
+            "agent": "a",
+            "base": str(tmp / "base"),
+            "weights": "fp32",
+            "merge_every": 1,
+            "merged_dir": str(tmp_path / "merged"),
+            "rewards": {
+                "prompts": str(tmp / "val.jsonl"),
+                "compute_score": "test_verl_rewards:length_score",
+                "max_new_tokens": " 3",
+                "batch_size": "2",
+                "device": "cpu",
+            },
+        }
+    )
+    assert (opts.rewards["max_new_tokens"], opts.rewards["batch_size"], opts.rewards["device"]) == (3, 2, "cpu")
+    evaluate = RAMVerl(opts).evaluations.evaluate
+    score = evaluate(str(tmp / "base"), step=0)["reward"]
+    tok = h.tokenizer()
+    texts = [tok.decode(h.greedy(base, tok, tok(p)["input_ids"], 3), skip_special_tokens=True) for p in PROMPTS]
+    assert score == sum(len(t) + (1.0 if t.startswith(a[:1]) else 0.0) for t, a in zip(texts, ANSWERS)) / len(PROMPTS)
 
 
 def test_the_runs_custom_reward_function_file(tmp_path):
