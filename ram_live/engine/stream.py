@@ -18,7 +18,7 @@ from .. import functional as F
 from ..auxiliary import validate as validate_auxiliary
 from ..errors import NonFiniteError
 from ..types import Activity
-from .checks import deferred_device
+from . import checks
 from .compiling import compiled
 
 __all__ = [
@@ -281,7 +281,7 @@ class InputsDigest:
         if len({p.device for p in parts}) > 1:
             parts = [p.cpu() for p in parts]
         gathered = torch.cat(parts, dim=1).view(-1)
-        if deferred_device(gathered.device):
+        if checks.deferred_device(gathered.device):
             self._pending.append(gathered)
             return
         self._flush()

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ...engine.checks import deferred_device
+from ...engine import checks
 from ...engine.counts import ADDED
 from ...engine.stream import DeltaStream
 from ...functional.activity import apply_activity_
@@ -42,7 +42,7 @@ def device_eps(stream: DeltaStream, activity: Activity) -> float | None:
         >>> device_eps(DeltaStream("w", torch.zeros(2), [torch.ones(2)], ("a",), torch.device("cpu"), 8),
         ...            Activity())
     """
-    if not deferred_device(stream.device) or stream.dtype != torch.float32:
+    if not checks.deferred_device(stream.device) or stream.dtype != torch.float32:
         return None
     if any(t.device != stream.device for t in (stream.base, *stream.tensors)):
         return None

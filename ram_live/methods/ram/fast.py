@@ -15,7 +15,7 @@ from torch import Tensor
 from ...engine import threads
 from ...engine.compiling import compiled
 from ...engine.counts import native_counts
-from ...engine.checks import deferred_device
+from ...engine import checks
 from ...engine.dispatch import Kernel
 from ...engine.stream import DeltaStream, nonfinite
 from ...types import Activity, RamStatistics
@@ -222,7 +222,7 @@ def native_statistics(
 def device_merges(device: torch.device) -> bool:
     """Whether RAM merges on ``device`` run the device op (every accelerator): ``compile=True`` has nothing to
     build there."""
-    return deferred_device(device)
+    return checks.deferred_device(device)
 
 
 def warm_up(device: torch.device, k: int, auxiliary: bool, scaled: bool = False, sign: bool = False) -> None:

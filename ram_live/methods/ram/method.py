@@ -20,7 +20,7 @@ from .accumulators import RamAccumulator, WeightedRamAccumulator
 from . import native as ram_native
 from .config import RamConfig
 from .rules import RAM_METHODS, RULES, Given, Unit
-from .fast import merge_kernel, native_statistics, warm_up
+from .fast import device_merges, merge_kernel, native_statistics, warm_up
 from .lambdas import given_lambdas, lambda_bound, lambdas_from_counts, rho
 from .reference import ram_combine
 from .single_read import reads_once, single_read_pass
@@ -120,6 +120,7 @@ def ram_kernels(config: Any) -> MethodKernels:
         single_read=None if sign else single_read_pass,
         warm_up=functools.partial(warm_up, scaled=scaled, sign=sign),
         native=lambda: ram_native.kernels() is not None and cc.build_level() != "scalar",
+        device=device_merges,
     )
 
 
