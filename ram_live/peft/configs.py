@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -79,8 +80,16 @@ def _positive_int(where: str, key: str, value: Any, what: str) -> None:
         raise _bad(where, key, value, f"PEFT's {what} is a positive integer")
 
 
+def _positive_number(where: str, key: str, value: Any, what: str) -> None:
+    """A scale PEFT multiplies by (``lora_alpha``, ``alpha_pattern``'s values): an int or a float, finite and > 0
+    (PEFT declares an int and runs a float alike: configs written with 16.0 or 8.5 exist)."""
+    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+        raise _bad(where, key, value, f"PEFT's {what} is a positive number")
+
+
 def _patterns(where: str, key: str, value: Any, what: str) -> None:
-    """``rank_pattern`` / ``alpha_pattern``: null or an object of regular expressions to positive integers, each
+    """``rank_pattern`` / ``alpha_pattern``: null or an object of regular expressions to positive integers (alphas:
+    positive numbers), each
     a valid expression in the form PEFT matches it with (``(.*\\.)?(<key>)$``)."""
     if value is None:
         return
@@ -93,7 +102,8 @@ def _patterns(where: str, key: str, value: Any, what: str) -> None:
             raise ConfigError(
                 f"{where}: key {key!r} has the pattern {pattern!r:.80}, which is not a regular expression ({exc})"
             ) from None
-        _positive_int(where, f"{key}[{pattern!r:.80}]", item, what)
+        check = _positive_number if key == "alpha_pattern" else _positive_int
+        check(where, f"{key}[{pattern!r:.80}]", item, what)
 
 
 def _check_fields(cfg: Mapping[str, Any], where: str) -> None:
@@ -101,7 +111,7 @@ def _check_fields(cfg: Mapping[str, Any], where: str) -> None:
     if "r" in cfg:
         _positive_int(where, "r", cfg["r"], "r (the rank)")
     if "lora_alpha" in cfg:
-        _positive_int(where, "lora_alpha", cfg["lora_alpha"], "lora_alpha")
+        _positive_number(where, "lora_alpha", cfg["lora_alpha"], "lora_alpha")
     _patterns(where, "rank_pattern", cfg.get("rank_pattern"), "rank")
     _patterns(where, "alpha_pattern", cfg.get("alpha_pattern"), "alpha")
     for key in ("use_rslora", "fan_in_fan_out"):
