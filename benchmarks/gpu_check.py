@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_merge
 import torch
-from gpu_checks import extras, inputs, merges
+from gpu_checks import baselines, extras, inputs, merges
 from gpu_checks.runner import Outcome, Runner, Skip
 
 BUDGET_S = 450.0
@@ -100,6 +100,8 @@ def run_all(args: argparse.Namespace) -> tuple[Runner, dict[str, Any]]:
         for label in merges.COMPILED:
             runner.run(f"{label} eager", lambda o, lb=label: eager(o, lb), needs_s=5.0)
         runner.run("probe", lambda o: merges.check_probe(s, o), needs_s=5.0)
+        for label in ("plain RAM", "plain TIES"):  # the obvious torch code, on the same inputs
+            runner.run(label, lambda o, lb=label: baselines.check_baseline(s, lb, o), needs_s=10.0)
     runner.run("peft", lambda o: extras.check_peft(device, o), needs_s=10.0)
     runner.run(
         "distributed",

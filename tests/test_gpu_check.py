@@ -26,6 +26,8 @@ RAN = (
     "floor",
     *(f"{m} eager" for m in MERGES),
     "probe",
+    "plain RAM",
+    "plain TIES",
     "peft",
     "distributed",
     "RAM compile",
