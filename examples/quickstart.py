@@ -19,7 +19,7 @@ What it shows, step by step:
    show how the methods behave on sparse, overlapping updates, not which method is best.
 
 Run: ``python examples/quickstart.py [--out DIR] [--seed N]`` (in ``.venv``; writes ``probe.png`` and
-``results.json`` to DIR, by default the current folder).
+``results.json`` to DIR, by default ``ram_live-quickstart`` in the system's temporary folder; it prints where).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -119,10 +120,16 @@ def task_loss(model: nn.Module, batch: Tensor) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("."), help="folder for probe.png and results.json")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "ram_live-quickstart",
+        help="folder for probe.png and results.json (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    print(f"output folder: {args.out}")
     torch.set_num_threads(1)  # tensors this small gain nothing from more threads, and lose when cores are busy
     t_start = time.perf_counter()
 

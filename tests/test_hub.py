@@ -210,7 +210,10 @@ def test_mergekit_yaml_takes_ids(cache, tmp_path):
     assert plan.base == str(folders["base"])
     assert plan.models == {"a": str(folders["a@v2"]), "b": str(folders["b"])}
     config.write_text("merge_method: ram\nbase_model: org/base\nmodels:\n  - model: org/gone\n")
-    with pytest.raises(ConfigError, match=r"models\[0\]\.model: 'org/gone' is not a local folder"):
+    with pytest.raises(
+        ConfigError,
+        match=r"models\[0\]\.model: 'org/gone' is not a local folder.*\(hf download org/gone\), or pass a local folder",
+    ):
         from_mergekit_yaml(config)
 
 

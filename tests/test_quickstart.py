@@ -48,3 +48,18 @@ def test_quickstart_runs(tmp_path: Path) -> None:
         assert all(math.isfinite(v) for v in [*r["kept"].values(), *r["kept_fp32"].values()]), method
     density = {a: s["density"] for a, s in results["probe"]["agents"].items()}
     assert density["coder"] < min(density["tools"], density["memory"]), density  # heterogeneous, as trained
+
+
+def test_quickstart_writes_into_a_folder_of_its_own_by_default() -> None:
+    import tempfile
+
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    default = str(Path(tempfile.gettempdir()) / "ram_live-quickstart")
+    assert f"(default:{default})" in "".join(proc.stdout.split())  # argparse wraps the help text

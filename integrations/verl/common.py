@@ -49,7 +49,7 @@ def resolve_base(path: str) -> Path:
 
     Raises:
         ConfigError: naming ``ram.base`` and the id or path: an id the local cache does not hold (fetch it first,
-            e.g. ``huggingface-cli download <id>``), or a path that is no folder.
+            e.g. ``hf download <id>``; a local folder works too), or a path that is no folder.
     """
     p = Path(os.path.expanduser(path))
     if p.is_dir():

@@ -61,8 +61,7 @@ def test_base_id_not_cached_is_refused_naming_it(tmp_path, monkeypatch):
     with pytest.raises(
         ConfigError,
         match=r"^ram\.base: 'org/other' is not a local folder or file, nor a model in "
-        r"the local Hugging Face cache .*downloads nothing.*huggingface-cli "
-        r"download org/other",
+        r"the local Hugging Face cache .*downloads nothing.*\(hf download org/other\), or pass a local folder",
     ):
         common.resolve_base("org/other")
     with pytest.raises(ConfigError, match=r"^ram\.base: 'org/base@v9' .* at revision 'v9'"):
