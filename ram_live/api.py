@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -17,7 +16,7 @@ from .methods import RamStatistics, get_method, make_config, method_of_config
 from .methods.ram.config import RamConfig
 from .progress import ProgressHook, TerminalProgress
 from .io.distributed import Distributed
-from .io.hub import resolve_model
+from .io.model_files import PROVENANCE, base_files, provenance
 from .io.sinks import DistributedSafetensorsSink, ModuleSink, SafetensorsSink, StateDictSink
 from .importance import resolve_importance
 from .io.sources import SafetensorsSource, TensorSource, ZerosSource, as_source, check_agent_names, iter_named
@@ -171,8 +170,11 @@ def merge(
         method: a registered method's name (``"ram"``, ``"ram_plus"``, ``"ram_plus_soft"``, ``"ties"``,
             ``"dare_ties"``, ...); default: ``config``'s method, else ``"ram_plus"``.
         inplace: write the merge into ``base`` (an ``nn.Module``), after a validation pass.
-        out: write safetensors there (a ``*.safetensors`` file or a Hugging Face folder, sharded at
-            ``max_shard_bytes``, with the base folder's config and tokenizer files) and return its path.
+        out: write safetensors there and return its path: a ``*.safetensors`` file (the weights only), or a
+            Hugging Face folder (sharded at ``max_shard_bytes``) that ``from_pretrained`` loads: with the base's
+            config, generation config and tokenizer files (a base folder's or cached id's; a live transformers
+            model's ``config``/``generation_config`` and the files of the folder it was loaded from; what a store
+            kept of its base) and ``ram_merge.json``, which says what was merged (:mod:`ram_live.io.model_files`).
         device: where to merge (default: where each tensor is).
         dtype: the stored dtype of a state-dict or file output (float16, bfloat16, float32, float64).
         chunk_numel: entries per chunk (extra memory does not grow with the number of agents).
@@ -247,11 +249,10 @@ def merge(
                 "writes its shards), or shard the modules (FSDP2/DTensor) to merge them in place"
             )
     if out is not None:
-        folder = resolve_model(base, what="base") if isinstance(base, (str, os.PathLike)) else None  # id: cached
-        copy_from = Path(folder) if folder is not None and Path(folder).is_dir() else None
+        side = base_files(base, base_src, dtype)  # config, generation config, tokenizer: read before anything runs
         split = dist is not None and not dist.sharded
         sink: Any = (DistributedSafetensorsSink if split else SafetensorsSink)(
-            out, copy_from=copy_from, dtype=dtype, max_shard_bytes=max_shard_bytes
+            out, copy_from=side.copy_from, files=side.files, dtype=dtype, max_shard_bytes=max_shard_bytes
         )
     elif isinstance(base, nn.Module):
         sink = ModuleSink(base, inplace=inplace)
@@ -276,6 +277,9 @@ def merge(
         )
         if how is not None:
             info.extra["importance"] = how
+        if out is not None and not sink.single and (dist is None or dist.rank == 0):
+            given = dict(iter_named(models)) if isinstance(models, (Mapping, list, tuple)) else {}
+            sink.files[PROVENANCE] = provenance(agents, base_src, given, base, side.about, info, dtype)
         result = sink.finish()
     except BaseException:
         sink.abort()

@@ -165,7 +165,8 @@ def test_json_of_probe_merge_stores_clean_and_search(files, capsys, monkeypatch)
     (tmp / "s" / "mine.txt").write_text("old")
     assert main(search) == 2 and "not empty" in capsys.readouterr().err  # refused before searching
     assert main([*search, "--force"]) == 0
-    assert sorted(p.name for p in (tmp / "s").iterdir()) == ["model.safetensors", "search.json", "table.txt"]
+    written = sorted(p.name for p in (tmp / "s").iterdir())
+    assert written == ["model.safetensors", "ram_merge.json", "search.json", "table.txt"]
     assert json.loads((tmp / "s" / "search.json").read_text())["budget"] == 2
 
 
@@ -220,7 +221,7 @@ def test_force_replaces_only_what_existed(files, capsys):
     (folder / "sub").mkdir(parents=True)
     (folder / "sub" / "old.bin").write_bytes(b"x")
     assert main(["merge", *paths, "--base", b, "--out", str(folder), "-q", "--force"]) == 0
-    assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors"]
+    assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors", "ram_merge.json"]
     assert_bit_identical(load_file(folder / "model.safetensors"), expected)
     assert sibling.read_text() == "sibling"
     assert not [p for p in tmp.iterdir() if ".replaced-" in p.name]

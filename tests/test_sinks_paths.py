@@ -83,7 +83,7 @@ def test_symlink_to_an_empty_folder_is_written_through(tmp_path, base_sd):
     out = merge(agents, base=base_sd, method="ram", out=tmp_path / "link")
     assert out == tmp_path / "link"
     assert (tmp_path / "link").is_symlink() and os.readlink(tmp_path / "link") == "empty"
-    assert _tree(tmp_path) == ["empty", "empty/model.safetensors", "link"]
+    assert _tree(tmp_path) == ["empty", "empty/model.safetensors", "empty/ram_merge.json", "link"]
     assert_bit_identical(load_file(tmp_path / "empty/model.safetensors"), merge(agents, base=base_sd, method="ram"))
 
 

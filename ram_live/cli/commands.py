@@ -185,7 +185,18 @@ def _merge(args: argparse.Namespace) -> int:
         )
         if info.lambdas:
             print("lambda: " + ", ".join(f"{n}={v:.4f}" for n, v in info.lambdas.items()))
+        _say_if_no_config(Path(args.out))
     return 0
+
+
+def _say_if_no_config(out: Path) -> None:
+    """A merged folder without ``config.json`` (the base had none) does not load with ``from_pretrained``: say so."""
+    if out.is_dir() and not (out / "config.json").exists():
+        print(
+            f"note: {out} holds the weights and ram_merge.json but no config.json: the base has none (a state dict, "
+            "or a store whose base was one); copy the base model's config and tokenizer files into it to load it "
+            "with from_pretrained"
+        )
 
 
 def _merge_config(args: argparse.Namespace) -> int:

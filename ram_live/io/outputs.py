@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import ConfigError, OutOfSpaceError, OutputExistsError
+from .model_files import is_side_file
 
 __all__ = [
     "reserve",
@@ -318,12 +319,16 @@ def rename_output(source: Path, target: Path, path: Path) -> None:
         raise
 
 
-def copy_side_files(copy_from: Path | None, folder: Path) -> None:
-    """Config, tokenizer and other non-weight files of the base folder ``copy_from`` into ``folder``."""
+def copy_side_files(copy_from: Path | None, folder: Path, files: Mapping[str, bytes] | None = None) -> None:
+    """Config, tokenizer and other non-weight files of the base folder ``copy_from`` into ``folder``
+    (:func:`~ram_live.io.model_files.is_side_file`), then ``files`` (name → content) written over them."""
+    files = files or {}
     if copy_from is not None and copy_from.is_dir():
         for f in copy_from.iterdir():
-            if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".pt")):
+            if is_side_file(f.name) and f.name not in files and f.is_file():
                 shutil.copy2(f, folder / f.name)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
 
 
 def publish_folder(
@@ -335,16 +340,18 @@ def publish_folder(
     copy_from: Path | None,
     *,
     replace_empty: bool,
+    files: Mapping[str, bytes] | None = None,
 ) -> None:
     """Publish the finished temporary folder ``tmp`` as the output ``path`` (resolved: ``target``): the index
-    (unless the folder is one ``model.safetensors``), ``copy_from``'s config/tokenizer files, then the atomic
-    rename. ``replace_empty``: ``target`` was an empty folder the user gave, replaced unless something was
-    written into it meanwhile (:class:`OutputExistsError`); a full disk is an :class:`OutOfSpaceError`."""
+    (unless the folder is one ``model.safetensors``), ``copy_from``'s config/tokenizer files and ``files`` (a live
+    model's config, ``ram_merge.json``), then the atomic rename. ``replace_empty``: ``target`` was an empty folder
+    the user gave, replaced unless something was written into it meanwhile (:class:`OutputExistsError`); a full
+    disk is an :class:`OutOfSpaceError`."""
     try:
         if set(weight_map.values()) != {"model.safetensors"}:
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-        copy_side_files(copy_from, tmp)
+        copy_side_files(copy_from, tmp, files)
     except OSError as exc:
         if is_full(exc):
             raise OutOfSpaceError(

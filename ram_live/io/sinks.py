@@ -153,7 +153,9 @@ class StateDictSink:
 class SafetensorsSink:
     """Safetensors on disk: a single file when ``path`` ends in ``.safetensors``, else a folder of shards of at
     most ``max_shard_bytes`` with a ``model.safetensors.index.json`` (Hugging Face layout), plus the base
-    folder's non-weight files (config, tokenizer) when ``copy_from`` is given. Tied aliases are not stored
+    folder's non-weight files (config, tokenizer) when ``copy_from`` is given and ``files`` (name → content:
+    a live model's config, ``ram_merge.json``; the caller may add to :attr:`files` until :meth:`finish`) written
+    over them; a single file holds the weights only. Tied aliases are not stored
     (as ``save_pretrained`` does). Headers are laid out first and tensors are written straight into the
     memory-mapped files, whose pages are released after each tensor; everything goes to a temporary path that is
     renamed on success. A symlink as ``path`` is followed: the output is written where it points. A failed merge
@@ -171,8 +173,10 @@ class SafetensorsSink:
         copy_from: Path | None = None,
         dtype: torch.dtype | None = None,
         metadata: dict[str, str] | None = None,
+        files: Mapping[str, bytes] | None = None,
     ) -> None:
         self.path = Path(path)
+        self.files: dict[str, bytes] = dict(files or {})
         self.single = self.path.suffix == ".safetensors"
         self._target = _output_target(self.path, self.single)
         self.max_shard_bytes = max_shard_bytes
@@ -251,7 +255,16 @@ class SafetensorsSink:
     def _publish(self, weight_map: Mapping[str, str], total: int) -> None:
         """Index, side files and the final rename of the temporary folder (:func:`~.outputs.publish_folder`)."""
         tmp = self._folder("publish")
-        publish_folder(tmp, self._target, self.path, weight_map, total, self.copy_from, replace_empty=self._existed)
+        publish_folder(
+            tmp,
+            self._target,
+            self.path,
+            weight_map,
+            total,
+            self.copy_from,
+            replace_empty=self._existed,
+            files=self.files,
+        )
 
     def _rename(self, source: Path) -> None:
         """The final rename, never over something another process created meanwhile."""

@@ -18,6 +18,7 @@ from typing import Any
 from torch import Tensor
 
 from ..errors import InputMismatchError, UnsupportedInputError
+from ..io.model_files import save_store_files
 from ..methods import Activity
 from .collective import Collective, LocalCollective
 from .datafiles import write_datafile
@@ -148,6 +149,8 @@ class StoreWriting:
                 won = write_json(self.base_path, manifest, self.durable, exclusive=True)
                 if not won:  # another writer set it first: keep theirs
                     remove_unreferenced(folder, [f["name"] for f in manifest["files"]], base=True)
+                else:  # its config and tokenizer: folders merged from the store load with from_pretrained
+                    save_store_files(folder, local.model_files())
             collective.barrier()
             existing = self.base_fingerprint
         if existing != fp:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ..io.dtensor import is_dtensor
+from ..io.model_files import store_files_of
 from ..errors import InputMismatchError, UnsupportedInputError
 from ..io.sources import TensorSource, TensorSpec
 from .format import Box, dtype_name
@@ -70,7 +72,9 @@ class LocalModel:
     """A model as this process holds it: ``{key: LocalTensor}`` for the canonical keys, tied names as aliases.
 
     A :class:`~ram_live.io.sources.TensorSource` of the local tensors (shape = the local box), so a local model can be
-    the base or an agent of a merge.
+    the base or an agent of a merge. ``model_files()``: the config, generation config and tokenizer files of the
+    model or folder it was made from (:func:`~ram_live.io.model_files.store_files_of`), which a store keeps with its
+    base; ``{}`` for other inputs.
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class LocalModel:
         self._aliases = aliases
         self._keys = keys
         self.distributed = distributed  # made from DTensors: each rank holds (and merges) its own part
+        self.model_files: Callable[[], dict[str, bytes]] = dict
 
     # -- construction
 
@@ -150,7 +155,10 @@ class LocalModel:
             if clone:
                 local = local.clone(memory_format=torch.contiguous_format)
             tensors[key] = LocalTensor(local, global_shape, offsets, owner, key in buffers)
-        return cls(tensors, aliases, list(state), name, distributed)
+        model = cls(tensors, aliases, list(state), name, distributed)
+        if isinstance(obj, (nn.Module, str, os.PathLike)):
+            model.model_files = store_files_of(obj)
+        return model
 
     def clone(self, name: str | None = None) -> LocalModel:
         tensors = {
@@ -159,10 +167,16 @@ class LocalModel:
             )
             for k, v in self.tensors.items()
         }
-        return LocalModel(tensors, dict(self._aliases), list(self._keys), name or self.name, self.distributed)
+        return self._with_files(
+            LocalModel(tensors, dict(self._aliases), list(self._keys), name or self.name, self.distributed)
+        )
 
     def renamed(self, name: str) -> LocalModel:
-        return LocalModel(self.tensors, self._aliases, self._keys, name, self.distributed)
+        return self._with_files(LocalModel(self.tensors, self._aliases, self._keys, name, self.distributed))
+
+    def _with_files(self, other: LocalModel) -> LocalModel:
+        other.model_files = self.model_files
+        return other
 
     @property
     def sharded(self) -> bool:

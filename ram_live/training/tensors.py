@@ -245,7 +245,9 @@ def _like(given: LocalModel, live: LocalModel) -> LocalModel:
             raise BaseMismatchError(f"tensor {key!r}: the given base is sharded differently from the model")
         data = data.to(t.tensor.device).clone(memory_format=torch.contiguous_format)
         tensors[key] = LocalTensor(data, t.global_shape, t.offsets, t.owner, t.is_buffer)
-    return LocalModel(tensors, live.aliases(), live.keys(), "base", live.distributed)
+    like = LocalModel(tensors, live.aliases(), live.keys(), "base", live.distributed)
+    like.model_files = lambda: given.model_files() or live.model_files()  # the given base's config, else the model's
+    return like
 
 
 def swap_tensors(live: LocalModel, tensors: dict[str, Tensor]) -> None:
