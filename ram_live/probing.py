@@ -27,6 +27,7 @@ from .errors import ConfigError
 from .methods.ram.rules import RAM_METHODS
 from .methods.ram.lambdas import ram_lambda, rho
 from .methods.ram.method import ram_activity
+from .probe_device import DeviceProbe, probes_on_device
 from .probe_stats import AgentStats, layer_of, rho_text
 from .types import Activity, RamStatistics
 from .methods.ram.config import RamConfig
@@ -266,6 +267,12 @@ def _native_counts(stream: DeltaStream, k: int, activity: Activity, workers: int
     return functools.reduce(ProbeCounts.add_, (counts for counts, _ in results))
 
 
+def _raise_nonfinite(reader: Reader, key: str, rule: Activity, chunk_numel: int) -> None:
+    """Read ``key`` again and raise naming its first NaN/Inf input (the device count found one)."""
+    base_t, agent_ts, dev = reader.read(key)
+    DeltaStream(key, base_t, agent_ts, reader.names, dev, chunk_numel, rule, {}).raise_nonfinite(0, base_t.numel())
+
+
 #: The RAM options the probe reads (ρ and λ per variant need ``r``/``alpha``; counting needs ``eps``/``activity``).
 PROBE_OPTIONS = ("r", "alpha", "eps", "activity")
 
@@ -324,17 +331,28 @@ def probe(
     digest = inputs_digest()
     tensors: dict[str, dict[str, AgentStats]] = {}
     workspace: dict[Any, torch.Tensor] = {}
-    for key in plan.merge:
+    device_probe = DeviceProbe(plan.merge, k)
+    per_tensor: dict[str, tuple[list[int], list[int]]] = {}  # active and unique per agent
+    numels: dict[str, int] = {}
+    for index, key in enumerate(plan.merge):
         base_t, agent_ts, dev = reader.read(key)
         stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, rule, workspace)
         digest_update(digest, stream)
+        numels[key] = stream.numel
+        if probes_on_device(stream):  # counted on the device, read once after the loop
+            device_probe.add(index, stream)
+            continue
         counts = _native_counts(stream, k, rule, worker_count(workers, dev))
-        if counts is None:
-            counts = _torch_counts(stream, k)
+        counts = counts if counts is not None else _torch_counts(stream, k)
         totals.add_(counts)
+        per_tensor[key] = (counts.active.tolist(), counts.unique.tolist())
+    rows, on_device = device_probe.finish(lambda key: _raise_nonfinite(reader, key, rule, chunk_numel))
+    per_tensor.update(rows)
+    totals.add_(on_device)
+    for key in plan.merge:
+        active, unique = per_tensor[key]
         tensors[key] = {
-            n: AgentStats(stream.numel, int(a), int(u), _lambdas(int(a), int(u), r, alpha))
-            for n, a, u in zip(names, counts.active.tolist(), counts.unique.tolist())
+            n: AgentStats(numels[key], a, u, _lambdas(a, u, r, alpha)) for n, a, u in zip(names, active, unique)
         }
     total = sum(next(iter(v.values())).total for v in tensors.values()) if tensors else 0
     per_agent: dict[str, AgentStats] = {}
