@@ -1,0 +1,200 @@
+"""TIES' trim thresholds selected on the device (:func:`select_magnitudes`): per agent, the k-th largest |τ| over a
+whole tensor, k = int(density · numel) as :func:`ram_live.functional.magnitude_threshold` defines it, found by a
+radix select over the float32 bits of |τ| in three digit passes (11, 11, 9 bits), each one multi-block launch over
+all agents (``torch.ops.ram_live.radix_histogram_``), with no host read. The merge kernels derive each agent's
+threshold from the three histograms themselves; :meth:`MagnitudeSelection.thresholds` gives them as a tensor.
+
+Each pass runs the Triton kernel of :mod:`.select_triton` where Triton serves the device, else the same counts by
+torch ops (scatter-adds into the histogram). Not ``from __future__ import annotations``: ``torch.library.custom_op``
+reads the annotations as types.
+"""
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .common import MAX_AGENTS, triton_serves
+
+__all__ = ["NBINS", "PASSES", "MagnitudeSelection", "select_magnitudes", "selection_rank", "device_programs"]
+
+#: Bins of each pass's histogram.
+NBINS = 2048
+#: Per digit pass: the shift of its digit, the digit's mask, and the shift above which an entry's bits must equal
+#: those fixed by the earlier passes.
+PASSES = ((20, 2047, 31), (9, 2047, 20), (0, 511, 9))
+#: Entries each program of the histogram kernel reads per agent and step, and programs per multiprocessor.
+HIST_BLOCK = 4096
+HIST_PROGRAMS_PER_SM = 2
+#: Entries per step of the torch implementation (bounds its scratch).
+TORCH_STEP = 1 << 22
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: The kernels index in int32 (and draw DARE's masks from 32-bit counters): tensors of at least this many entries
+#: take the torch implementations.
+MAX_NUMEL = 1 << 31
+
+
+def selection_rank(density: float, numel: int) -> int:
+    """Which entry an agent's trim keeps down to: k = int(density · numel) > 0 (the k-th largest |τ|), 0 for
+    none (threshold inf), -1 for all (density >= 1).
+
+    Example:
+        >>> selection_rank(0.2, 10), selection_rank(0.01, 10), selection_rank(1.0, 10)
+        (2, 0, -1)
+    """
+    if density >= 1.0:
+        return -1
+    return max(0, int(density * numel))
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def device_programs(device: torch.device, numel: int, block: int, per_sm: int) -> int:
+    """Programs of a kernel whose programs walk strided shares of ``numel`` entries, ``block`` at a time."""
+    return max(1, min(-(-numel // block), _multiprocessors(device) * per_sm))
+
+
+def triton_takes(tensors: Sequence[Tensor], k: int) -> bool:
+    """Whether the Triton kernels take these flat tensors (inputs, and the output where given) of ``k`` agents."""
+    device = tensors[0].device
+    return (
+        triton_serves(device)
+        and 0 < k <= MAX_AGENTS
+        and tensors[0].numel() < MAX_NUMEL
+        and all(t.device == device and t.is_contiguous() and t.dtype in INPUT_DTYPES for t in tensors)
+    )
+
+
+def _pow2(k: int) -> int:
+    return max(2, 1 << (k - 1).bit_length())
+
+
+@torch.library.custom_op("ram_live::radix_histogram_", mutates_args=("histograms",))
+def radix_histogram_(base: Tensor, agents: list[Tensor], ranks: list[int], pass_index: int, histograms: Tensor) -> None:
+    """Digit pass ``pass_index`` of the radix select: adds to ``histograms[pass_index]`` (int32 ``[3, K, NBINS]``)
+    the counts of each selecting agent's (rank > 0) digit of |agent − base| among the entries that share the bits
+    the earlier passes fixed."""
+    if triton_takes([base, *agents], len(agents)):
+        _triton_histogram(base, agents, ranks, pass_index, histograms)
+    else:
+        _torch_histogram(base, agents, ranks, pass_index, histograms)
+
+
+@radix_histogram_.register_fake
+def _(base, agents, ranks, pass_index, histograms) -> None:
+    return None
+
+
+def _triton_histogram(base: Tensor, agents: list[Tensor], ranks: list[int], pass_index: int, hist: Tensor) -> None:
+    from .common import agent_args
+    from .select_triton import radix_histogram_kernel
+
+    k, numel = len(agents), base.numel()
+    shift, digit_mask, match_shift = PASSES[pass_index]
+    radix_histogram_kernel[(device_programs(base.device, numel, HIST_BLOCK, HIST_PROGRAMS_PER_SM),)](
+        base, *agent_args(agents), hist, numel, *_padded(ranks, 0),
+        K=k, KP=_pow2(k), ACTIVE=_bitmask(r > 0 for r in ranks), PASS=pass_index, SHIFT=shift,
+        DIGIT_MASK=digit_mask, MATCH_SHIFT=match_shift, BLOCK=HIST_BLOCK, num_warps=8,
+    )  # fmt: skip
+
+
+def _padded(values: Sequence, fill) -> list:
+    return [*values, *([fill] * (MAX_AGENTS - len(values)))]
+
+
+def _bitmask(flags) -> int:
+    return sum(1 << t for t, flag in enumerate(flags) if flag)
+
+
+def _magnitude_bits(agent: Tensor, base_f: Tensor) -> Tensor:
+    return (agent.to(torch.float32) - base_f).view(torch.int32) & 0x7FFFFFFF
+
+
+def _torch_histogram(base: Tensor, agents: list[Tensor], ranks: list[int], pass_index: int, hist: Tensor) -> None:
+    prefix = torch_select_state(hist, ranks, pass_index)[0] if pass_index else None
+    shift, digit_mask, match_shift = PASSES[pass_index]
+    numel = base.numel()
+    for start in range(0, numel, TORCH_STEP):
+        end = min(numel, start + TORCH_STEP)
+        base_f = base[start:end].to(torch.float32)
+        for t, agent in enumerate(agents):
+            if ranks[t] <= 0:
+                continue
+            bits = _magnitude_bits(agent[start:end], base_f)
+            digit = (bits >> shift) & digit_mask
+            if prefix is not None:  # entries outside the earlier passes' bin go to an overflow bin
+                digit = torch.where((bits >> match_shift) == prefix[t], digit, NBINS)
+            counts = torch.zeros(NBINS + 1, dtype=torch.int32, device=base.device)
+            counts.scatter_add_(0, digit.to(torch.int64), torch.ones_like(digit))
+            hist[pass_index, t] += counts[:NBINS]
+
+
+def torch_select_state(hist: Tensor, ranks: Sequence[int], passes: int) -> tuple[list[Tensor | None], list]:
+    """:func:`.select_triton.select_state` in torch ops: per agent, the bits fixed by the first ``passes`` passes
+    (a 0-d int32 tensor) and the rank left among the entries sharing them; None for agents that select nothing."""
+    prefixes: list[Tensor | None] = []
+    left: list = []
+    for t, rank in enumerate(ranks):
+        if rank <= 0:
+            prefixes.append(None)
+            left.append(None)
+            continue
+        prefix: Tensor | int = 0
+        for p in range(passes):
+            counts = hist[p, t].flip(0)
+            above = counts.cumsum(0) < rank
+            digit = NBINS - 1 - above.sum().to(torch.int32)
+            rank = rank - (counts * above).sum().to(torch.int32)
+            prefix = (prefix << (9 if p == 2 else 11)) | digit
+        prefixes.append(prefix if isinstance(prefix, Tensor) else None)
+        left.append(rank)
+    return prefixes, left
+
+
+@dataclass(frozen=True)
+class MagnitudeSelection:
+    """Each agent's trim threshold of one tensor, selected on the device.
+
+    Attributes:
+        ranks: per agent, :func:`selection_rank` (k > 0: the k-th largest |τ|; 0: none kept; -1: all kept).
+        histograms: the radix passes' int32 ``[3, K, NBINS]`` counts, or None where no agent selects.
+    """
+
+    ranks: tuple[int, ...]
+    histograms: Optional[Tensor]
+
+    def thresholds(self, device: torch.device) -> Tensor:
+        """The thresholds as a float32 ``[K]`` tensor on ``device`` (inf: none kept; 0: all kept), no host read."""
+        out = torch.zeros(len(self.ranks), dtype=torch.float32, device=device)
+        prefixes = torch_select_state(self.histograms, self.ranks, 3)[0] if self.histograms is not None else []
+        for t, rank in enumerate(self.ranks):
+            if rank == 0:
+                out[t] = math.inf
+            elif rank > 0:
+                out[t] = prefixes[t].view(torch.float32)
+        return out
+
+
+def select_magnitudes(base: Tensor, agents: Sequence[Tensor], densities: Sequence[float]) -> MagnitudeSelection:
+    """The radix select of each agent's top-``density`` magnitudes over the flat tensors (``densities``: one per
+    agent), left on the device: three launches of ``radix_histogram_`` where an agent selects, none otherwise.
+
+    Example:
+        >>> select_magnitudes(torch.zeros(4), [torch.ones(4)], [1.0]).histograms is None
+        True
+    """
+    ranks = tuple(selection_rank(d, base.numel()) for d in densities)
+    if not any(r > 0 for r in ranks):
+        return MagnitudeSelection(ranks, None)
+    hist = torch.zeros(3, len(agents), NBINS, dtype=torch.int32, device=base.device)
+    for p in range(len(PASSES)):
+        torch.ops.ram_live.radix_histogram_(base, list(agents), list(ranks), p, hist)
+    return MagnitudeSelection(ranks, hist)
