@@ -27,9 +27,11 @@ def magnitude_threshold(delta: Tensor, density: float) -> float | None:
     return float(torch.kthvalue(delta.reshape(-1).abs(), numel - k + 1).values)
 
 
-def trim_(deltas: Tensor, thresholds: Sequence[float | None]) -> Tensor:
-    """Zero, per agent row, the entries below that agent's magnitude threshold (see :func:`magnitude_threshold`)."""
-    for row, threshold in zip(deltas, thresholds):
+def trim_(deltas: Tensor, thresholds: Sequence[float | None] | Tensor) -> Tensor:
+    """Zero, per agent row, the entries below that agent's magnitude threshold (see :func:`magnitude_threshold`):
+    floats (None: keep all), or a float32 ``[K]`` tensor on the deltas' device (0 keeps all; no host read)."""
+    for t, row in enumerate(deltas):
+        threshold = thresholds[t]
         if threshold is not None:
             row.masked_fill_(row.abs() < threshold, 0.0)
     return deltas
@@ -41,13 +43,14 @@ def ties_combine(
     *,
     majority_sign: Literal["total", "frequency"] = "total",
     elect_on: Literal["unweighted", "weighted"] = "unweighted",
-    divide_by: Literal["count", "weights"] = "count",
+    divide_by: Literal["count", "weights", "none"] = "count",
 ) -> Tensor:
     """TIES sign election and disjoint merge on trimmed deltas.
 
     Defaults reproduce ``peft.utils.merge_utils.ties``/``dare_ties``: elect the sign of Σ_t τ_t over the
     unweighted trimmed deltas (ties go to +), average the agreeing weighted entries dividing by their count.
-    ``elect_on="weighted", divide_by="weights"`` is mergekit's convention.
+    ``elect_on="weighted", divide_by="weights"`` is mergekit's convention; ``divide_by="none"`` (mergekit's
+    ``normalize: false``) returns the weighted sum of the agreeing entries.
     """
     weights = weights.to(deltas.dtype)
     weighted = deltas * weights.view(-1, 1)
@@ -62,6 +65,8 @@ def ties_combine(
     majority = torch.where(magnitude >= 0, 1.0, -1.0)
     agree = sign == majority
     mixed = (weighted * agree).sum(dim=0)
+    if divide_by == "none":
+        return mixed
     if divide_by == "count":
         return mixed / torch.clamp(agree.sum(dim=0), min=1.0)
     norm = (agree * weights.view(-1, 1)).sum(dim=0)

@@ -1,0 +1,109 @@
+"""TIES and DARE-TIES on the device as one ``torch.library`` custom op, ``torch.ops.ram_live.ties_merge_``: the trim
+(thresholds from :mod:`.select`'s histograms) or DARE's drop, the sign election and the disjoint mean in one read
+of the inputs and one write of the output. It runs :func:`.ties_triton.ties_merge_kernel` where Triton serves the
+device, else the CPU path's own torch functions (:func:`ram_live.functional.ties_combine`) over the whole tensor in
+steps, whose bits the kernel gives (K <= 4; see ``docs/methods.md`` for K >= 5). Invalid entries (NaN/Inf task
+vectors or outputs) are added to an int64 slot on the device that the engine reads once per pass.
+
+Not ``from __future__ import annotations``: ``torch.library.custom_op`` reads the annotations as types.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ...functional.trimming import ties_combine, trim_
+from .common import MAX_AGENTS, OUT_DTYPES, agent_args, kernel_out
+from .linear import drop_arguments, dropped_, stacked_deltas, write_merged
+from .select import TORCH_STEP, MagnitudeSelection, device_programs, triton_takes
+
+__all__ = ["ties_merge_", "MAJORITY", "DIVIDE"]
+
+#: The election and division options as the op takes them (their index).
+MAJORITY = ("total", "frequency")
+DIVIDE = ("count", "weights", "none")
+#: Entries per step of each program's walk, and programs per multiprocessor.
+MERGE_BLOCK = 1024
+MERGE_PROGRAMS_PER_SM = 8
+
+
+@torch.library.custom_op("ram_live::ties_merge_", mutates_args=("out", "invalid"))
+def ties_merge_(
+    out: Tensor,
+    base: Tensor,
+    agents: list[Tensor],
+    weights: Tensor,
+    histograms: Optional[Tensor],
+    ranks: list[int],
+    densities: list[float],
+    seeds: list[int],
+    scale: float,
+    majority: int,
+    weighted_election: bool,
+    divide: int,
+    invalid: Tensor,
+) -> None:
+    """θ* = θ₀ + scale · TIES(τ) into ``out``. Trim: ``ranks`` per agent (:func:`.select.selection_rank`; empty:
+    no trim) with the radix select's ``histograms``; DARE: ``densities``/``seeds`` (empty: no drop). ``majority``,
+    ``divide``: indices into :data:`MAJORITY`, :data:`DIVIDE`; ``weighted_election``: elect on w_t τ_t. Adds to
+    ``invalid`` (int64, 0-d) the NaN/Inf task vectors and outputs."""
+    if out.dtype in OUT_DTYPES and triton_takes([base, *agents, out], len(agents)):
+        _triton_ties(
+            out, base, agents, weights, histograms, ranks, densities, seeds, scale, majority, weighted_election,
+            divide, invalid,
+        )  # fmt: skip
+    else:
+        _torch_ties(
+            out, base, agents, weights, histograms, ranks, densities, seeds, scale, majority, weighted_election,
+            divide, invalid,
+        )  # fmt: skip
+
+
+@ties_merge_.register_fake
+def _(out, base, agents, weights, histograms, ranks, densities, seeds, scale, majority, weighted, divide, invalid):
+    return None
+
+
+def _triton_ties(
+    out, base, agents, weights, hist, ranks, densities, seeds, scale, majority, weighted, divide, invalid
+) -> None:
+    from .ties_triton import ties_merge_kernel
+
+    written, bf16 = kernel_out(out)
+    k, numel = len(agents), base.numel()
+    drop, seed_args, density_args = drop_arguments(densities, seeds)
+    trim = sum(1 << t for t, r in enumerate(ranks) if r > 0) if hist is not None else 0
+    none_kept = sum(1 << t for t, r in enumerate(ranks) if r == 0)
+    rank_args = [*ranks, *([0] * (MAX_AGENTS - len(ranks)))]
+    ties_merge_kernel[(device_programs(base.device, numel, MERGE_BLOCK, MERGE_PROGRAMS_PER_SM),)](
+        written, base, *agent_args(agents), weights, hist, invalid, numel, float(scale), *rank_args, *seed_args,
+        *density_args,
+        K=k, KP=max(2, 1 << (k - 1).bit_length()), TRIM=trim, NONE_KEPT=none_kept, DROP=drop,
+        SCALED=scale != 1.0, FREQUENCY=majority == 1, WEIGHTED=weighted, DIVIDE=divide, OUT_BF16=bf16,
+        BLOCK=MERGE_BLOCK, num_warps=4, enable_fp_fusion=False,
+    )  # fmt: skip
+
+
+def _torch_ties(
+    out, base, agents, weights, hist, ranks, densities, seeds, scale, majority, weighted, divide, invalid
+) -> None:
+    numel, k = base.numel(), len(agents)
+    thresholds = MagnitudeSelection(tuple(ranks), hist).thresholds(base.device) if ranks else None
+    step = max(1, TORCH_STEP // max(k, 1))
+    for start in range(0, numel, step):
+        end = min(numel, start + step)
+        base_f = base[start:end].to(torch.float32)
+        deltas = dropped_(stacked_deltas(base_f, agents, start, end, invalid), start, densities, seeds)
+        if thresholds is not None:
+            trim_(deltas, thresholds)
+        tau = ties_combine(
+            deltas,
+            weights,
+            majority_sign=MAJORITY[majority],
+            elect_on="weighted" if weighted else "unweighted",
+            divide_by=DIVIDE[divide],
+        )
+        if scale != 1.0:
+            tau.mul_(scale)
+        write_merged(out, start, tau, base_f, invalid)
