@@ -152,9 +152,13 @@ def test_rams_bound_is_its_largest_lambda() -> None:
         "ram": True,
         "ram_plus": True,
         "ram_plus_soft": True,
-        "ties": False,
-        "linear": False,
+        "ties": True,  # the baselines declare their device kernel, and nothing to compile or count
+        "linear": True,
     }
+    for name in ("ties", "linear", "task_arithmetic", "dare_linear", "dare_ties"):
+        method = get_method(name)
+        declared = method.kernels(method.config_cls())
+        assert declared.merge is not None and declared.warm_up is None and declared.count is None, name
     assert ram_kernels(RamConfig()).single_read is not None
     assert ram_kernels(RamConfig(shared="sign")).single_read is None  # the sign rule counts first, then merges
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 from torch import Tensor
 
 from .. import functional as F
 from ..errors import ConfigError
-from .base import TensorContext, TensorView
 from ..option_checks import check_densities, check_finite, check_range, check_weights
-from .base import agent_densities, agent_weights, scaled
+from .base import MethodKernels, TensorContext, TensorView, agent_densities, agent_weights, scaled
+from .baseline_device import device_stream, merge_linear, merge_ties
 from .registry import register_method
 from .ties import check_election, ties_elect
 
@@ -89,24 +90,43 @@ def dare_generator(seed: int, agent: str, key: str, device: torch.device) -> tor
 
 @dataclass
 class DareState:
-    """One tensor's generators and densities (per agent), and the reused keep-mask buffer."""
+    """One tensor's generators and densities (per agent), and the reused keep-mask buffer; on the device path
+    (``seeds`` set) the masks' seeds and the weights instead of generators."""
 
     generators: list[torch.Generator]
     densities: list[float]
     keep: Tensor | None = None
+    seeds: list[int] | None = None
+    weights: Tensor | None = None
 
 
 def dare_prepare(config: DareLinearConfig, view: TensorView, weights: Tensor) -> DareState:
-    """The tensor's generators (seeded by agent and key) and the agents' densities."""
-    return DareState(
-        [dare_generator(config.seed, a, view.key, view.device) for a in view.agents],
-        agent_densities(config, view.agents),
-    )
+    """The tensor's generators (seeded by agent and key) and the agents' densities. Where the device path takes the
+    tensor: the same seeds, for the kernels' Philox masks (which differ from the CPU generators' masks)."""
+    densities = agent_densities(config, view.agents)
+    if device_stream(view) is not None:
+        seeds = [F.stable_seed("dare", config.seed, a, view.key) for a in view.agents]
+        return DareState([], densities, seeds=seeds, weights=weights)
+    return DareState([dare_generator(config.seed, a, view.key, view.device) for a in view.agents], densities)
+
+
+def _dare_kernels(config: DareLinearConfig) -> MethodKernels:
+    def merge(stream: Any, out: Tensor, state: Any, workers: int) -> Any:
+        if not isinstance(state, DareState) or state.seeds is None:
+            return None
+        drop = {"weights": state.weights, "densities": state.densities, "seeds": state.seeds}
+        if isinstance(config, DareTiesConfig):
+            return "device", functools.partial(merge_ties, config=config, **drop)
+        return "device", functools.partial(merge_linear, scale=config.scale, **drop)
+
+    return MethodKernels(merge=merge)
 
 
 def dare_drop(deltas: Tensor, ctx: TensorContext, config: DareLinearConfig) -> Tensor:
     """``deltas`` with DARE's drop and rescale applied in place, chunk by chunk from the tensor's generators."""
     state: DareState = ctx.state
+    if not state.generators:  # a device state whose kernel did not run: the CPU's masks
+        state.generators = [dare_generator(config.seed, a, ctx.key, deltas.device) for a in ctx.agents]
     if state.keep is None or state.keep.numel() < deltas.shape[1]:
         state.keep = torch.empty(deltas.shape[1], dtype=deltas.dtype, device=deltas.device)
     keep = state.keep[: deltas.shape[1]]
@@ -125,6 +145,7 @@ register_method(
     ),
     setup=lambda config, ctx: agent_weights(config.weights, ctx),
     prepare=dare_prepare,
+    kernels=_dare_kernels,
     description="DARE drop-and-rescale, then task arithmetic",
 )
 
@@ -134,5 +155,6 @@ register_method(
     lambda deltas, ctx, config: ties_elect(dare_drop(deltas, ctx, config), ctx.run_state, config),
     setup=lambda config, ctx: agent_weights(config.weights, ctx),
     prepare=dare_prepare,
+    kernels=_dare_kernels,
     description="DARE drop-and-rescale, then TIES election",
 )

@@ -12,7 +12,8 @@ from .. import functional as F
 from ..errors import ConfigError
 from .base import RunContext
 from ..option_checks import check_weights
-from .base import agent_weights
+from .base import MethodKernels, agent_weights
+from .baseline_device import device_stream, linear_merge_hook
 from .registry import register_method
 
 __all__ = ["LinearConfig"]
@@ -55,5 +56,7 @@ register_method(
     LinearConfig,
     lambda deltas, ctx, config: F.task_arithmetic_combine(deltas, ctx.run_state),
     setup=linear_setup,
+    prepare=lambda config, view, weights: weights if device_stream(view) is not None else None,
+    kernels=lambda config: MethodKernels(merge=linear_merge_hook(1.0)),
     description="weighted average of the models",
 )

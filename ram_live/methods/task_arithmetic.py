@@ -7,7 +7,8 @@ from typing import Sequence
 
 from .. import functional as F
 from ..option_checks import check_finite, check_weights
-from .base import agent_weights, scaled
+from .base import MethodKernels, agent_weights, scaled
+from .baseline_device import device_stream, linear_merge_hook
 from .registry import register_method
 
 __all__ = ["TaskArithmeticConfig"]
@@ -40,5 +41,7 @@ register_method(
     TaskArithmeticConfig,
     lambda deltas, ctx, config: scaled(F.task_arithmetic_combine(deltas, ctx.run_state), config.scale),
     setup=lambda config, ctx: agent_weights(config.weights, ctx),
+    prepare=lambda config, view, weights: weights if device_stream(view) is not None else None,
+    kernels=lambda config: MethodKernels(merge=linear_merge_hook(config.scale)),
     description="base + scale × weighted sum of task vectors",
 )

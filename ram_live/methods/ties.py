@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
-import torch
 from torch import Tensor
 
 from .. import functional as F
-from .base import TensorView
+from ..kernels.device.select import MagnitudeSelection, select_magnitudes
 from ..option_checks import check_choice, check_densities, check_finite, check_range, check_weights
-from .base import agent_densities, agent_weights, scaled
+from .base import MethodKernels, TensorContext, TensorView, agent_densities, agent_weights, scaled
+from .baseline_device import device_stream, merge_ties
 from .registry import register_method
 
-__all__ = ["TiesConfig", "ties_prepare", "ties_elect", "check_election"]
+__all__ = ["TiesConfig", "TiesDeviceState", "ties_prepare", "ties_elect", "check_election"]
 
 
 def check_election(config: Any) -> None:
@@ -64,21 +65,41 @@ class TiesConfig:
         check_election(self)
 
 
-def ties_prepare(config: TiesConfig, view: TensorView, weights: Tensor) -> list[float | None]:
-    """Per agent, the magnitude threshold of its top-density trim over the whole tensor."""
+@dataclass(frozen=True)
+class TiesDeviceState:
+    """One tensor's state on the device path: the trim's radix select (left on the device) and the weights."""
+
+    selection: MagnitudeSelection
+    weights: Tensor
+
+
+def ties_prepare(config: TiesConfig, view: TensorView, weights: Tensor) -> list[float | None] | TiesDeviceState:
+    """Per agent, the magnitude threshold of its top-density trim over the whole tensor: host floats by
+    ``kthvalue``, or where the device path takes the tensor a radix select on the device (no host read)."""
     densities = agent_densities(config, view.agents)
+    stream = device_stream(view)
+    if stream is not None:
+        return TiesDeviceState(select_magnitudes(stream.base, stream.tensors, densities), weights)
     return [F.magnitude_threshold(view.delta(t), densities[t]) for t in range(len(view.agents))]
+
+
+def _ties_combine(deltas: Tensor, ctx: TensorContext, config: TiesConfig) -> Tensor:
+    state = ctx.state
+    thresholds = state.selection.thresholds(deltas.device) if isinstance(state, TiesDeviceState) else state
+    return ties_elect(F.trim_(deltas, thresholds), ctx.run_state, config)
+
+
+def _ties_kernels(config: TiesConfig) -> MethodKernels:
+    def merge(stream: Any, out: Tensor, state: Any, workers: int) -> Any:
+        if not isinstance(state, TiesDeviceState):
+            return None
+        return "device", functools.partial(merge_ties, weights=state.weights, config=config, selection=state.selection)
+
+    return MethodKernels(merge=merge)
 
 
 def ties_elect(deltas: Tensor, weights: Tensor, config: Any) -> Tensor:
     """Sign election and the disjoint mean (or sum, ``divide_by="none"``) of trimmed or dropped deltas."""
-    if config.divide_by == "none":  # mergekit's normalize: false: Σ_t w_t τ_t over the agreeing entries
-        w = weights.to(deltas.dtype).view(-1, 1)
-        weighted = deltas * w
-        elected_from = weighted if config.elect_on == "weighted" else deltas
-        magnitude = elected_from.sum(dim=0) if config.majority_sign == "total" else elected_from.sign().sum(dim=0)
-        tau = (weighted * (deltas.sign() == torch.where(magnitude >= 0, 1.0, -1.0))).sum(dim=0)
-        return scaled(tau, config.scale)
     tau = F.ties_combine(
         deltas, weights, majority_sign=config.majority_sign, elect_on=config.elect_on, divide_by=config.divide_by
     )
@@ -88,8 +109,9 @@ def ties_elect(deltas: Tensor, weights: Tensor, config: Any) -> Tensor:
 register_method(
     "ties",
     TiesConfig,
-    lambda deltas, ctx, config: ties_elect(F.trim_(deltas, ctx.state), ctx.run_state, config),
+    _ties_combine,
     setup=lambda config, ctx: agent_weights(config.weights, ctx),
     prepare=ties_prepare,
+    kernels=_ties_kernels,
     description="TIES: trim, elect sign, disjoint mean",
 )

@@ -1,0 +1,108 @@
+"""The baselines' device path (task arithmetic, linear, TIES, DARE-linear, DARE-TIES): which tensors it takes
+(:func:`device_stream`), and the engine's kernels that merge one tensor by one custom op
+(:func:`merge_linear`: ``torch.ops.ram_live.linear_merge_``; :func:`merge_ties`: ``torch.ops.ram_live.ties_merge_``,
+after TIES' radix select in its ``prepare``). A method's ``prepare`` hook returns a device state only for a tensor
+this path takes, and its ``kernels.merge`` runs the device kernel exactly for such a state, so the CPU and every
+tensor the path does not take merge as before. Invalid entries are counted into the stream's deferred slot: no host
+sync per tensor (on a CPU, :meth:`~ram_live.engine.stream.DeltaStream.settle` raises at once)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from ..engine import checks
+from ..engine.stream import DeltaStream
+from ..kernels.device import linear as _linear  # noqa: F401 - registers torch.ops.ram_live.linear_merge_
+from ..kernels.device import ties as _ties  # noqa: F401 - registers torch.ops.ram_live.ties_merge_
+from ..kernels.device.select import INPUT_DTYPES, MagnitudeSelection
+from ..kernels.device.ties import DIVIDE, MAJORITY
+
+__all__ = ["device_stream", "merge_linear", "merge_ties", "linear_merge_hook"]
+
+
+def device_stream(view: Any) -> DeltaStream | None:
+    """The stream behind a ``prepare`` hook's view where the device path takes its tensor, else None: inputs on one
+    accelerator in float32/bfloat16/float16 (float32 compute), no activity rule, no auxiliary inputs.
+
+    Example:
+        >>> device_stream(object()) is None
+        True
+    """
+    stream = getattr(view, "stream", None)
+    if not isinstance(stream, DeltaStream) or not checks.deferred_device(stream.device):
+        return None
+    if stream.dtype != torch.float32 or stream.activity is not None or stream.auxiliary:
+        return None
+    tensors = (stream.base, *stream.tensors)
+    if any(t.device != stream.device or t.dtype not in INPUT_DTYPES for t in tensors):
+        return None
+    return stream
+
+
+def merge_linear(
+    stream: DeltaStream,
+    flat: Tensor,
+    weights: Tensor,
+    scale: float,
+    densities: Sequence[float] = (),
+    seeds: Sequence[int] = (),
+) -> None:
+    """θ₀ + scale · Σ_t w_t τ_t (DARE's drop first where ``densities`` are given) into ``flat``: one launch."""
+    slot = stream.invalid_slot()
+    torch.ops.ram_live.linear_merge_(
+        flat,
+        stream.base,
+        list(stream.tensors),
+        weights.to(stream.device),
+        float(scale),
+        [float(d) for d in densities],
+        list(seeds),
+        slot,
+    )
+    stream.settle(slot, flat)
+
+
+def merge_ties(
+    stream: DeltaStream,
+    flat: Tensor,
+    weights: Tensor,
+    config: Any,
+    selection: MagnitudeSelection | None = None,
+    densities: Sequence[float] = (),
+    seeds: Sequence[int] = (),
+) -> None:
+    """TIES (``selection``: the trim's radix select) or DARE-TIES (``densities``/``seeds``) with ``config``'s
+    election options into ``flat``: one launch."""
+    slot = stream.invalid_slot()
+    torch.ops.ram_live.ties_merge_(
+        flat,
+        stream.base,
+        list(stream.tensors),
+        weights.to(stream.device),
+        None if selection is None else selection.histograms,
+        [] if selection is None else list(selection.ranks),
+        [float(d) for d in densities],
+        list(seeds),
+        float(config.scale),
+        MAJORITY.index(config.majority_sign),
+        config.elect_on == "weighted",
+        DIVIDE.index(config.divide_by),
+        slot,
+    )
+    stream.settle(slot, flat)
+
+
+def linear_merge_hook(scale: float) -> Any:
+    """A ``MethodKernels.merge`` for task arithmetic and linear, whose ``prepare`` gives the weights (a float64
+    device tensor) for the tensors this path takes and None elsewhere."""
+
+    def merge(stream: DeltaStream, out: Tensor, state: Any, workers: int) -> Any:
+        if state is None:
+            return None
+        return "device", functools.partial(merge_linear, weights=state, scale=scale)
+
+    return merge
