@@ -14,12 +14,14 @@ from typing import Any
 from ..io.dtensor import is_dtensor
 from ..methods.ram.unchanged import warn_unchanged
 from ..training.schedule import MergeResult, RAMSchedule
+from .metrics import logged_as
 
 __all__ = [
     "AdamImportance",
     "NoImportanceWarning",
     "SingleAgentWarning",
     "agent_folder",
+    "logged_as",
     "place_new",
     "save_generalist",
     "warn_single_agent",

@@ -50,6 +50,7 @@ from ..methods.ram.unchanged import quiet_unchanged
 from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
 from ._common import warn_single_agent, warn_unchanged_agents
 from ._lightning_validation import validation_metrics
+from .metrics import logged_as
 
 __all__ = ["RAMCallback", "SingleAgentWarning", "UnsupportedStrategyError"]
 
@@ -334,7 +335,10 @@ class RAMCallback(ScheduleAdapter, Callback):
 
         with quiet_unchanged():  # an agent that changed nothing is named once, below
             metrics = self.schedule.merge_and_evaluate(
-                pl_module, trainer.global_step, trainer.current_epoch, evaluate if callable(evaluate) else None
+                pl_module,
+                trainer.global_step,
+                trainer.current_epoch,
+                logged_as(evaluate if callable(evaluate) else None, "lightning"),
             )
         result = self.last_result = self.schedule.last_result
         assert result is not None

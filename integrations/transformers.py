@@ -42,7 +42,7 @@ from ..training.search_record import save_next_to
 from ..store import SnapshotStore
 from ..methods.ram.unchanged import quiet_unchanged
 from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
-from ._common import warn_single_agent, warn_unchanged_agents
+from ._common import logged_as, warn_single_agent, warn_unchanged_agents
 from ._peft_agent import LoraSchedule, is_peft_model, lora_options
 from ._trl_weights import check_vllm_marker, force_vllm_resync, sharding_refusal, uses_vllm
 
@@ -355,7 +355,7 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         epoch = int(state.epoch) if state.epoch is not None else None
         try:
             with quiet_unchanged():  # an agent that changed nothing is named once, below
-                metrics = self.schedule.merge_and_evaluate(model, state.global_step, epoch, evaluate)
+                metrics = self.schedule.merge_and_evaluate(model, state.global_step, epoch, logged_as(evaluate, "trl"))
             result = self.last_result = self.schedule.last_result
             assert result is not None
             warn_single_agent(f"RAMTrainerCallback({self.agent!r})", result)

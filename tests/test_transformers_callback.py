@@ -264,3 +264,24 @@ def test_two_agents_sharing_a_merged_dir_and_one_that_never_changed(tmp_path: Pa
     alone = ram_live.merge({"vowels": s.open("vowels", 2)}, base=s.base_source(), importance="stored")
     for key, value in want["vowels"].items():
         assert torch.equal(value, alone[key]), key
+
+
+def test_grpo_logs_a_rewards_evaluation_in_trls_layout(tmp_path: Path) -> None:
+    from ram_live.evaluate import rewards
+
+    prompts = [{"prompt": p, "data_source": s} for p, s in (("ab", "x"), ("cd", "x"), ("ef", "y"))]
+    evaluate = rewards(prompts, [_vowels, _spaces], tokenizer=_tokenizer(), max_new_tokens=4, samples=2)
+    cb = RAMTrainerCallback(tmp_path / "store", "vowels", snapshot_every=2, merge_every=2, evaluate=evaluate)
+    trainer = _trainer(tmp_path / "run", _vowels, 2, cb)
+    cb.bind(trainer)
+    with pytest.warns(SingleAgentWarning):
+        trainer.train()
+    logged = [h for h in trainer.state.log_history if "ram/agents" in h]
+    assert len(logged) == 1
+    got = logged[0]
+    assert got["ram/eval_reward"] == got["ram/eval_reward/mean@2"] == evaluate.metrics["reward"]
+    assert got["ram/eval_tasks/x/prompts"] == 2.0 and got["ram/eval_tasks/y/prompts"] == 1.0
+    assert got["ram/eval_tasks/y/mean@2"] == evaluate.tasks["y"] and got["ram/eval_tasks/y/mean@2/std"] == 0.0
+    vowels = evaluate.function_rewards()["_vowels"]
+    assert len(vowels) == 6 and got["ram/eval_rewards/_vowels/mean"] == pytest.approx(sum(vowels) / 6)
+    assert "ram/eval_rewards/_spaces/std" in got and not any(k.startswith("ram/reward") for k in got)

@@ -88,8 +88,10 @@ def run_reward_function(config: Any) -> str | None:
 
 
 def rewards_evaluation(values: Mapping[str, Any], base_dir: str | None) -> Callable[..., dict[str, float]]:
-    """``fn(merged_dir, step) -> {"reward": mean, "reward/<fn>": ...}`` for ``ram.evaluate``/``ram.search``; the
-    model is loaded at its first call, in the process that calls it (the evaluation actor inside Ray).
+    """``fn(merged_dir, step) -> {"reward": mean, "reward/<fn>": ..., "ram/val-core/<task>/reward/<metric>": ...}``
+    for ``ram.evaluate``/``ram.search`` (the ``ram/val-*`` keys: verl's layout, from
+    :func:`~ram_live.integrations.metrics.evaluation_metrics`); the model is loaded at its first call, in the
+    process that calls it (the evaluation actor inside Ray).
 
     Args:
         values: the checked ``ram.rewards`` group.
@@ -102,6 +104,8 @@ def rewards_evaluation(values: Mapping[str, Any], base_dir: str | None) -> Calla
 
     from ram_live.evaluate import compute_score, rewards
     from ram_live.evaluate.models import load_model
+
+    from ..metrics import evaluation_metrics
 
     if base_dir is None:
         raise ConfigError("ram.rewards needs the base model's folder (ram.base)")
@@ -128,6 +132,6 @@ def rewards_evaluation(values: Mapping[str, Any], base_dir: str | None) -> Calla
                 batch_size=values.get("batch_size") or INTEGERS["batch_size"],
             )
         state["fn"](merged_dir)
-        return dict(state["fn"].metrics)
+        return {**state["fn"].metrics, **evaluation_metrics(state["fn"], "verl")}
 
     return evaluate

@@ -302,6 +302,13 @@ class Rewards:
             out.update({f"eval/{t}": s for t, s in self.tasks.items()})
         return out
 
+    def function_rewards(self) -> dict[str, list[float]]:
+        """Each reward function's rewards in the last call, one per scored completion.
+
+        Returns:
+            ``{function name: [reward, ...]}`` (a None reward left out); ``{}`` before a call."""
+        return {n: [r for r in col if r is not None] for n, col in zip(self.names, self._table)}
+
     def _indices(self, indices: Iterable[int]) -> list[int]:
         out, n = list(indices), len(self.prompts)
         bad = next((i for i in out if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n), None)

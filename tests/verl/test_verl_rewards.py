@@ -76,6 +76,8 @@ def test_search_with_the_runs_reward(run):
     expected = sum(len(t) + (1.0 if t.startswith(a[:1]) else 0.0) for t, a in zip(texts, ANSWERS)) / len(PROMPTS)
     assert metrics["ram/search/best_score"] == expected and expected > 0
     assert metrics["ram/reward"] == expected  # and the merged generalist is evaluated (logged) with it too
+    assert metrics["ram/val-core/reward/mean@1"] == expected  # and in verl's validation layout
+    assert sum(v for k, v in metrics.items() if k.startswith("ram/val-aux/") and k.endswith("/prompts")) == len(PROMPTS)
 
 
 def test_rewards_options_are_checked(run, tmp_path):

@@ -1,0 +1,142 @@
+"""The generalist's evaluation logged in the layout of the trainer it runs in: the one place that builds those keys.
+
+A :func:`ram_live.evaluate.rewards` evaluation is logged beside the agents' own validation, ``ram/``-prefixed, with
+its metric (``mean@k``, ``pass@k``) in the key, each task's score, its std over the task's prompts and its number of
+prompts, and each reward function's mean and std over the completions:
+
+========= ================================= ===================================== ================================
+layout    objective                         task ``t``                            reward function ``f``
+========= ================================= ===================================== ================================
+verl      ``ram/val-core/reward/{metric}``  ``ram/val-core/{t}/reward/{metric}``, ``ram/val-aux/rewards/{f}/mean``,
+                                            ``ram/val-aux/{t}/reward/{metric}/std``, ``.../std``
+                                            ``ram/val-aux/{t}/reward/prompts``
+trl       ``ram/eval_reward``,              ``ram/eval_tasks/{t}/{metric}``,      ``ram/eval_rewards/{f}/mean``,
+          ``ram/eval_reward/{metric}``      ``.../{metric}/std``, ``.../prompts`` ``.../std``
+lightning ``ram/val/reward/{metric}``       ``ram/val/{t}/reward/{metric}``,      ``ram/val/rewards/{f}/mean``,
+                                            ``.../{metric}/std``, ``.../prompts`` ``.../std``
+========= ================================= ===================================== ================================
+
+A task's std is over its scored prompts' scores (numpy's ``np.std``, as verl's); a function's std is over its
+rewards (the sample std, as TRL's ``eval_rewards/{f}/std``). One task (no ``task`` column) is the task ``all``.
+Evaluations of other kinds are logged as they return their metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+from ram_live.errors import ConfigError
+
+__all__ = ["LAYOUTS", "evaluation_metrics", "logged_as"]
+
+LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
+    "verl": {
+        "objective": ("val-core/reward/{metric}",),
+        "task": ("val-core/{task}/reward/{metric}",),
+        "std": ("val-aux/{task}/reward/{metric}/std",),
+        "prompts": ("val-aux/{task}/reward/prompts",),
+        "mean": ("val-aux/rewards/{func}/mean",),
+        "func_std": ("val-aux/rewards/{func}/std",),
+    },
+    "trl": {
+        "objective": ("eval_reward", "eval_reward/{metric}"),
+        "task": ("eval_tasks/{task}/{metric}",),
+        "std": ("eval_tasks/{task}/{metric}/std",),
+        "prompts": ("eval_tasks/{task}/prompts",),
+        "mean": ("eval_rewards/{func}/mean",),
+        "func_std": ("eval_rewards/{func}/std",),
+    },
+    "lightning": {
+        "objective": ("val/reward/{metric}",),
+        "task": ("val/{task}/reward/{metric}",),
+        "std": ("val/{task}/reward/{metric}/std",),
+        "prompts": ("val/{task}/reward/prompts",),
+        "mean": ("val/rewards/{func}/mean",),
+        "func_std": ("val/rewards/{func}/std",),
+    },
+}
+
+
+def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
+    """The last call of a :func:`ram_live.evaluate.rewards` evaluation as ``layout``'s ``ram/`` keys.
+
+    Args:
+        evaluation: a called :class:`~ram_live.evaluate.Rewards` (its ``metrics``, ``per_prompt``, ``metric``).
+        layout: ``"verl"``, ``"trl"`` or ``"lightning"`` (:data:`LAYOUTS`).
+
+    Returns:
+        ``{"ram/<key>": value}``; ``{}`` before the evaluation's first call.
+
+    Raises:
+        ConfigError: an unknown ``layout``.
+    """
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+    if not evaluation.metrics:
+        return {}
+    keys, metric = LAYOUTS[layout], evaluation.metric.name
+    out: dict[str, float] = {}
+
+    def put(kind: str, value: float, **names: str) -> None:
+        for template in keys[kind]:
+            out["ram/" + template.format(metric=metric, **names)] = float(value)
+
+    put("objective", evaluation.metrics["reward"])
+    by_task: dict[str, list[float]] = {}
+    for task, score in zip(evaluation.prompt_tasks(), evaluation.per_prompt):
+        if score is not None:
+            by_task.setdefault(task, []).append(score)
+    for task, scores in by_task.items():
+        put("task", evaluation.tasks.get(task, sum(scores) / len(scores)), task=task)
+        put("std", _std(scores, ddof=0), task=task)
+        put("prompts", len(scores), task=task)
+    for func, values in evaluation.function_rewards().items():
+        put("mean", sum(values) / len(values) if values else math.nan, func=func)
+        put("func_std", _std(values, ddof=1), func=func)
+    return out
+
+
+def _std(values: Sequence[float], ddof: int) -> float:
+    if len(values) <= ddof:
+        return math.nan
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - ddof))
+
+
+class _LoggedAs:
+    """``evaluate`` unchanged (called, and its attributes read, as itself) whose ``logged_metrics`` are
+    ``layout``'s keys: what a training schedule logs after calling it."""
+
+    def __init__(self, evaluate: Any, layout: str) -> None:
+        self.evaluate, self.layout = evaluate, layout
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.evaluate(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.evaluate, name)
+
+    def logged_metrics(self) -> dict[str, float]:
+        return evaluation_metrics(self.evaluate, self.layout)
+
+
+def logged_as(evaluate: Callable[..., Any] | None, layout: str) -> Any:
+    """``evaluate`` whose scores are logged in ``layout`` (:func:`evaluation_metrics`) where it is a
+    :func:`ram_live.evaluate.rewards` evaluation; any other evaluation (or None) as it is.
+
+    Args:
+        evaluate: the callback's evaluation.
+        layout: ``"verl"``, ``"trl"`` or ``"lightning"``.
+
+    Returns:
+        The evaluation to hand to the schedule.
+
+    Raises:
+        ConfigError: an unknown ``layout``.
+    """
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+    if evaluate is None or not callable(getattr(evaluate, "function_rewards", None)):
+        return evaluate
+    return _LoggedAs(evaluate, layout)

@@ -1,0 +1,160 @@
+"""The generalist's evaluation in the trainer's own layout (ram_live/integrations/metrics.py): the keys and their
+numbers by hand, and the real Lightning Trainer logging them."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from ram_live.errors import ConfigError
+from ram_live.evaluate import rewards
+from ram_live.integrations.metrics import LAYOUTS, evaluation_metrics, logged_as
+
+import evaluate_helpers as h
+from evaluate_helpers import PROMPTS
+
+SOURCES = ["gsm8k", "gsm8k", "math", "gsm8k", "code", "math", "gsm8k"]
+# prompt i's two samples; count_a scores each by its number of a's, passes (pass@k) from 1.0
+TEXTS = [["aa", ""], ["b", "a"], ["a", "a"], ["", ""], ["aaa", "a"], ["ab", ""], ["x", "aa"]]
+
+
+def two_samples(merged, prompts, settings, seeds):
+    return [TEXTS[PROMPTS.index(p)] for p in prompts]
+
+
+def count_a(completions, **kwargs):
+    return [float(c.count("a")) for c in completions]
+
+
+def is_short(completions, **kwargs):
+    return [float(len(c) < 2) for c in completions]
+
+
+def rows():
+    return [{"prompt": p, "data_source": s} for p, s in zip(PROMPTS, SOURCES)]
+
+
+def by_hand(metric):
+    per_prompt = []
+    for texts in TEXTS:
+        counts = [float(t.count("a")) + float(len(t) < 2) for t in texts]
+        if metric == "mean@2":
+            per_prompt.append(sum(counts) / 2)
+        else:  # pass@2 with threshold 1: a prompt passes when either sample reaches 1
+            per_prompt.append(1.0 if max(counts) >= 1.0 else 0.0)
+    tasks = {}
+    for s, v in zip(SOURCES, per_prompt):
+        tasks.setdefault(s, []).append(v)
+    return tasks
+
+
+@pytest.mark.parametrize("metric", ["mean@2", "pass@2"])
+def test_every_layout_names_the_metric_and_gives_each_tasks_std_and_prompts(tok, metric):
+    evaluate = rewards(
+        rows(), [count_a, is_short], tokenizer=tok, samples=2, metric=metric, generate=two_samples, model=h.model(0)
+    )
+    score = evaluate(h.model(0))
+    tasks = by_hand(metric)
+    assert score == pytest.approx(sum(sum(v) / len(v) for v in tasks.values()) / 3, abs=1e-12)
+    rewards_of = {"count_a": [float(t.count("a")) for ts in TEXTS for t in ts]}
+    rewards_of["is_short"] = [float(len(t) < 2) for ts in TEXTS for t in ts]
+
+    verl = evaluation_metrics(evaluate, "verl")
+    assert verl[f"ram/val-core/reward/{metric}"] == score
+    for task, values in tasks.items():
+        assert verl[f"ram/val-core/{task}/reward/{metric}"] == pytest.approx(sum(values) / len(values), abs=1e-12)
+        assert verl[f"ram/val-aux/{task}/reward/{metric}/std"] == pytest.approx(statistics.pstdev(values), abs=1e-12)
+        assert verl[f"ram/val-aux/{task}/reward/prompts"] == len(values)
+    for func, values in rewards_of.items():
+        assert verl[f"ram/val-aux/rewards/{func}/mean"] == pytest.approx(statistics.mean(values), abs=1e-12)
+        assert verl[f"ram/val-aux/rewards/{func}/std"] == pytest.approx(statistics.stdev(values), abs=1e-12)
+    assert len(verl) == 1 + 3 * 3 + 2 * 2
+
+    trl = evaluation_metrics(evaluate, "trl")
+    assert trl["ram/eval_reward"] == trl[f"ram/eval_reward/{metric}"] == score
+    assert trl["ram/eval_tasks/math/prompts"] == 2.0 and f"ram/eval_tasks/code/{metric}/std" in trl
+    assert trl["ram/eval_rewards/count_a/std"] == verl["ram/val-aux/rewards/count_a/std"]
+    assert len(trl) == 2 + 3 * 3 + 2 * 2
+
+    light = evaluation_metrics(evaluate, "lightning")
+    assert light[f"ram/val/reward/{metric}"] == score and light["ram/val/gsm8k/reward/prompts"] == 4.0
+    assert {k.split("/")[1] for k in light} == {"val"} and len(light) == 1 + 3 * 3 + 2 * 2
+
+
+def test_one_task_is_all_and_unscored_prompts_are_not_counted(tok):
+    def some_none(completions, **kwargs):
+        return [None if c == "" else float(c.count("a")) for c in completions]
+
+    evaluate = rewards(PROMPTS, some_none, tokenizer=tok, samples=2, generate=two_samples, model=h.model(0))
+    evaluate(h.model(0))
+    out = evaluation_metrics(evaluate, "verl")
+    assert out["ram/val-aux/all/reward/prompts"] == 6.0  # prompt 3's samples are both empty: not scored
+    assert out["ram/val-core/all/reward/mean@2"] == out["ram/val-core/reward/mean@2"] == evaluate.metrics["reward"]
+
+
+def test_layouts_are_checked_and_other_evaluations_pass_through(tok):
+    plain = lambda model: 0.5  # noqa: E731
+    assert logged_as(plain, "trl") is plain and logged_as(None, "verl") is None
+    with pytest.raises(ConfigError, match="layout must be one of"):
+        logged_as(plain, "keras")
+    evaluate = rewards(PROMPTS, count_a, tokenizer=tok, samples=2, generate=two_samples, model=h.model(0))
+    assert evaluation_metrics(evaluate, "trl") == {}  # before a call
+    wrapped = logged_as(evaluate, "trl")
+    assert wrapped(h.model(0)) == evaluate.metrics["reward"] and wrapped.metric is evaluate.metric
+    assert wrapped.logged_metrics() == evaluation_metrics(evaluate, "trl")
+    assert set(LAYOUTS) == {"verl", "trl", "lightning"}
+
+
+L = pytest.importorskip("lightning")
+
+
+class LM(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = h.model(0).train()  # every agent of a store starts from the same base
+
+    def training_step(self, batch, i):
+        (ids,) = batch
+        return self.lm(input_ids=ids, labels=ids).loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def test_the_lightning_callback_logs_the_layout_with_the_real_trainer(tmp_path, tok):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from ram_live.integrations.lightning import RAMCallback
+
+    evaluate = rewards(rows(), [count_a, is_short], tokenizer=tok, samples=2, metric="pass@2", generate=two_samples)
+    callbacks = {}
+    for agent, seed in (("a", 1), ("b", 2)):
+        ids = torch.randint(3, len(h.VOCAB), (8, 6), generator=torch.Generator().manual_seed(seed))
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
+        callbacks[agent] = RAMCallback(
+            tmp_path / "store", agent, snapshot_every=2, merge_every=2, evaluate=evaluate, durable=False
+        )
+        trainer = L.Trainer(
+            max_steps=2,
+            callbacks=[callbacks[agent]],
+            logger=CSVLogger(tmp_path / "logs", name=agent),
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+        )
+        trainer.fit(LM(), data)
+    logged = callbacks["b"].history[-1]
+    tasks = by_hand("pass@2")
+    assert logged["ram/val/reward/pass@2"] == pytest.approx(sum(sum(v) / len(v) for v in tasks.values()) / 3)
+    for task, values in tasks.items():
+        assert logged[f"ram/val/{task}/reward/pass@2"] == pytest.approx(sum(values) / len(values))
+        assert logged[f"ram/val/{task}/reward/pass@2/std"] == pytest.approx(statistics.pstdev(values))
+        assert logged[f"ram/val/{task}/reward/prompts"] == len(values)
+    assert not [k for k in logged if k.startswith(("ram/eval", "ram/reward"))]  # the old keys are gone
+    assert math.isfinite(logged["ram/val/rewards/is_short/std"]) and logged["ram/agents"] == 2.0
+    csv_keys = (tmp_path / "logs" / "b" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "ram/val/gsm8k/reward/pass@2" in csv_keys  # reached the trainer's logger

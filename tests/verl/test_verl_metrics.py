@@ -1,0 +1,43 @@
+"""The generalist's scores in verl's own validation layout: ``ram/val-core/{data_source}/reward/mean@N`` holds what
+verl's ``process_validation_metrics`` computes for the same samples (skipped where verl cannot be imported)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+metric_utils = pytest.importorskip("verl.trainer.ppo.metric_utils")
+
+from ram_live.evaluate import rewards  # noqa: E402
+from ram_live.integrations.metrics import evaluation_metrics  # noqa: E402
+
+import evaluate_helpers as h  # noqa: E402
+from evaluate_helpers import PROMPTS  # noqa: E402
+
+SOURCES = ["gsm8k", "gsm8k", "math", "gsm8k", "code", "math", "gsm8k"]
+TEXTS = [["aa", "", "a"], ["b", "a", "a"], ["a", "a", ""], ["", "", "x"], ["aaa", "a", "b"], ["ab", "", "a"]]
+TEXTS.append(["x", "aa", ""])
+
+
+def three_samples(merged, prompts, settings, seeds):
+    return [TEXTS[PROMPTS.index(p)] for p in prompts]
+
+
+def count_a(completions, **kwargs):
+    return [float(c.count("a")) for c in completions]
+
+
+def test_val_core_keys_hold_verls_own_numbers(tmp_path):
+    rows = [{"prompt": p, "data_source": s} for p, s in zip(PROMPTS, SOURCES)]
+    evaluate = rewards(rows, count_a, tokenizer=h.tokenizer(), samples=3, generate=three_samples, model=h.model(0))
+    evaluate(h.model(0))
+    ours = evaluation_metrics(evaluate, "verl")
+    sources = [s for s in SOURCES for _ in range(3)]
+    uids = [str(i) for i in range(len(PROMPTS)) for _ in range(3)]
+    reward = [float(t.count("a")) for texts in TEXTS for t in texts]
+    verl = metric_utils.process_validation_metrics(sources, uids, {"reward": reward})
+    for source in set(SOURCES):
+        # verl's trainer logs the core variable's mean@N (N the most samples) as val-core/{data_source}/{var}/{metric}
+        key = f"val-core/{source}/reward/mean@3"
+        assert ours[f"ram/{key}"] == pytest.approx(float(verl[source]["reward"]["mean@3"]), abs=1e-12), key
+        assert ours[f"ram/val-aux/{source}/reward/prompts"] == SOURCES.count(source)
