@@ -200,3 +200,145 @@ def test_an_evaluation_that_exits_or_overflows_is_one_line_and_writes_nothing(fo
     line = _one_line_error(capsys)
     assert message in line and len(line) < 400, line
     assert not (tmp / "p").exists()
+
+
+def test_an_extrapolating_winner_is_one_line_naming_confirm(folders, capsys):
+    tmp, paths, agents, base = folders
+    status = main(
+        [
+            "search",
+            *(f"{n}={paths[n]}" for n in LAMBDAS),
+            "--base",
+            str(paths["base"]),
+            "--eval",
+            "test_search_cli:held_out",
+            "--budget",
+            "1",
+            "--space",
+            '[{"method": "task_arithmetic", "scale": 3.0}]',
+            "--out",
+            str(tmp / "far"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert status == 0 and err.count("\n") == 1, err
+    assert err == (
+        "ram-live: warning: the chosen merge task_arithmetic(scale=3.0) scales an agent's task vector by 3 (> 2): "
+        "it extrapolates past what that agent learned; check it on data the selection did not see "
+        "(--confirm MODULE:FUNCTION)\n"
+    )
+    assert "confirm=" not in err and "ExtrapolationWarning" not in err
+
+
+def test_an_existing_output_names_force(folders, capsys):
+    tmp, paths, agents, base = folders
+    (tmp / "taken").mkdir()
+    (tmp / "taken" / "notes.txt").write_text("mine")
+    (tmp / "file.safetensors").write_bytes(b"mine")
+    common = [*(f"{n}={paths[n]}" for n in LAMBDAS), "--base", str(paths["base"])]
+    runs = [
+        (["search", *common, "--eval", "test_search_cli:held_out"], tmp / "taken", "exists and is not empty"),
+        (["merge", *common], tmp / "taken", "exists and is not empty"),
+        (["merge", *common], tmp / "file.safetensors", "exists"),
+    ]
+    for argv, out, said in runs:
+        assert main([*argv, "--out", str(out)]) == 2
+        assert _one_line_error(capsys) == f"ram-live: error: output {out} {said}; pass --force to replace it"
+    assert (tmp / "taken" / "notes.txt").read_text() == "mine" and (tmp / "file.safetensors").read_bytes() == b"mine"
+
+
+def test_every_option_of_rewards_has_its_flag():
+    """Every keyword of ``rewards()`` is declared in REWARD_OPTIONS, in order, with the signature's default, and
+    ``search`` has its flag: callables are given as MODULE:FUNCTION and the model and tokenizer as folders, so no
+    keyword is left out."""
+    import inspect
+
+    from ram_live.cli.parser import build_parser
+    from ram_live.evaluate import rewards
+    from ram_live.evaluate.tasks import AUTO
+    from ram_live.reward_options import REWARD_OPTIONS
+
+    params = inspect.signature(rewards).parameters
+    assert [o.name for o in REWARD_OPTIONS] == list(params)
+    for option in REWARD_OPTIONS:
+        default = params[option.name].default
+        assert option.default == ("data_source" if default is AUTO else None if default is inspect._empty else default)
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["search"]
+    flags = {s: a for a in sub._actions for s in a.option_strings}
+    for option in REWARD_OPTIONS:
+        assert flags[option.flag].dest == option.dest, option.name
+    assert {o.flag for o in REWARD_OPTIONS} == {"--pass-threshold", "--reward-weights", "--batch-size",
+        "--temperature", "--top-p", "--top-k", "--task-weights", "--objective", "--eval-seed", "--do-sample",
+        "--eval-dtype", "--include-stop", "--eos-token-id", "--generate", "--model", "--tokenizer", "--prompts",
+        "--reward", "--max-new-tokens", "--task", "--samples", "--metric", "--stop", "--device"}  # fmt: skip
+
+
+FRACTION = """
+def fraction(completions, **kwargs):
+    return [min(1.0, c.count("n") / 2) for c in completions]
+
+
+def ones(completions, **kwargs):
+    return [1.0 for c in completions]
+"""
+
+
+def test_search_scores_as_the_same_api_search(tmp_path, monkeypatch, capsys):
+    """``--pass-threshold 0.5 --samples 4 --metric pass@4`` and the other rewards() flags: every candidate's
+    score is the API search's with the same keywords (and not the one a fixed threshold of 1.0 gives)."""
+    h = pytest.importorskip("evaluate_helpers")
+    from ram_live import search
+    from ram_live.evaluate import rewards
+
+    h.model(0).save_pretrained(tmp_path / "base")
+    h.tokenizer().save_pretrained(tmp_path / "base")
+    agents = {}
+    for i, name in enumerate(["coder", "tools"]):
+        g = torch.Generator().manual_seed(10 + i)
+        sd = {
+            k: v + (torch.rand(v.shape, generator=g) < 0.3) * torch.randn(v.shape, generator=g) * 0.5
+            for k, v in h.model(0).state_dict().items()
+        }
+        agents[name] = str(tmp_path / name)
+        (tmp_path / name).mkdir()
+        save_file(sd, str(tmp_path / name / "model.safetensors"))
+    with open(tmp_path / "prompts.jsonl", "w") as f:
+        for i, p in enumerate(h.PROMPTS):
+            f.write(json.dumps({"prompt": p, "kind": "even" if i % 2 == 0 else "odd"}) + "\n")
+    (tmp_path / "fraction_rewards.py").write_text(FRACTION)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import fraction_rewards
+
+    base = str(tmp_path / "base")
+    keywords = dict(
+        max_new_tokens=6, batch_size=3, temperature=0.7, top_k=8, seed=3, task="kind", weights={"even": 2, "odd": 1}
+    )
+    flags = ["--max-new-tokens", "6", "--batch-size", "3", "--temperature", "0.7", "--top-k", "8", "--eval-seed", "3"]
+    flags += ["--task", "kind", "--task-weights", "even=2", "odd=1", "--reward-weights", "2", "0.5"]
+    space = '[{"method": "task_arithmetic", "scale": 0.5}, {"method": "task_arithmetic", "scale": 1.0}]'
+    argv = ["search", *(f"{n}={p}" for n, p in agents.items()), "--base", base, "--budget", "2", "--space", space]
+    argv += ["--prompts", "prompts.jsonl", "--reward", "fraction_rewards:fraction", "--reward", "fraction_rewards:ones"]
+    argv += [*flags, "--samples", "4", "--metric", "pass@4", "--pass-threshold", "1.5", "--out", "best", "-q"]
+    assert main(argv) == 0, capsys.readouterr().err
+    cli = [t["score"] for t in json.loads((tmp_path / "best" / "search.json").read_text())["history"]]
+
+    def api(threshold: float) -> list[float]:
+        evaluate = rewards(
+            "prompts.jsonl",
+            [fraction_rewards.fraction, fraction_rewards.ones],
+            tokenizer=base,
+            model=base,
+            reward_weights=[2, 0.5],
+            samples=4,
+            metric="pass@4",
+            pass_threshold=threshold,
+            **keywords,
+        )
+        return [
+            t.score for t in search(agents, base=base, evaluate=evaluate, budget=2, space=json.loads(space)).history
+        ]
+
+    assert len(cli) == 2 and cli == api(1.5) and all(0 < s < 1 for s in cli), cli
+    assert cli != api(2.5)  # the threshold reached the evaluation (a reward is 2 * fraction + 0.5 * 1)

@@ -35,9 +35,17 @@ def replacing(out: Path, force: bool) -> Iterator[None]:
 
     Args:
         out: the output path as given on the command line.
-        force: whether to replace; without it this does nothing (the command refuses an existing output).
+        force: whether to replace; without it an output that exists (a file, a folder that is not empty) is
+            refused now, naming ``--force``.
+
+    Raises:
+        ConfigError: without ``force``, ``out`` exists; with it, ``out`` is a symbolic link.
     """
-    if not force or not os.path.lexists(out):
+    if not force:
+        _refuse_existing(out)
+        yield
+        return
+    if not os.path.lexists(out):
         yield
         return
     if out.is_symlink():
@@ -65,6 +73,17 @@ def replacing(out: Path, force: bool) -> Iterator[None]:
             aside.rmdir()
         raise
     shutil.rmtree(aside)  # only what was at ``out`` when the command started; rmtree follows no symlink
+
+
+def _refuse_existing(out: Path) -> None:
+    """The library's own refusal (``output_target``), said before it and with the flag that replaces the output; a
+    symbolic link is left to the library (``--force`` does not replace one)."""
+    if out.is_symlink() or not out.exists():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"output {out} exists; pass --force to replace it")
+    if any(out.iterdir()):
+        raise ConfigError(f"output {out} exists and is not empty; pass --force to replace it")
 
 
 def jsonable(value: Any) -> Any:

@@ -11,6 +11,7 @@ from typing import Any, Callable, Collection
 from .. import __version__
 from ..methods.ram.config import flat_fields
 from ..methods.ram.rules import RAM_METHODS
+from ..reward_options import DTYPE_NAMES, REWARD_OPTIONS, SHARED_FLAGS
 
 __all__ = [
     "build_parser",
@@ -20,19 +21,11 @@ __all__ = [
     "common_options",
     "ram_arguments",
     "ram_flags",
+    "reward_arguments",
 ]
 
 #: The registered merge methods (``ram_live.available_methods()`` without importing torch).
 METHOD_NAMES = tuple(sorted(("dare_linear", "dare_ties", "linear", "task_arithmetic", "ties", *RAM_METHODS)))
-#: ``--dtype`` spellings -> the torch dtype's name.
-DTYPE_NAMES = {
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-    "fp32": "float32",
-    "float32": "float32",
-}
 _METHODS_HELP = ", ".join(METHOD_NAMES)
 #: The RAM options ``probe`` takes (it reports λ for every variant).
 PROBE_OPTIONS = ("r", "alpha", "eps", "activity")  # ram_live.probing.PROBE_OPTIONS (the parser imports no torch)
@@ -108,6 +101,26 @@ def ram_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 #: The RAM flags of merge and merge-adapters: every flat keyword (the λ rule is ``--method``).
 _MERGE_RAM_OPTIONS = tuple(f.name for f in flat_fields())
+
+
+def reward_arguments(p: argparse.ArgumentParser) -> None:
+    """``search``'s flags for the keywords of :func:`ram_live.evaluate.rewards`, from
+    :data:`ram_live.reward_options.REWARD_OPTIONS` (``--device`` is the command's own). A flag not given is not in
+    the namespace: ``rewards()``' own default applies, as in the API."""
+    group = p.add_argument_group(
+        "evaluation options", "with --reward: the keywords of ram_live.evaluate.rewards (docs/evaluate.md)"
+    )
+    for option in REWARD_OPTIONS:
+        if option.name in SHARED_FLAGS:
+            continue
+        shown = option.default is not None and option.default is not False and "default" not in option.help
+        group.add_argument(
+            option.flag,
+            dest=option.dest,
+            default=argparse.SUPPRESS,
+            help=option.help + (f" (default {option.default})" if shown else ""),
+            **option.argparse,
+        )
 
 
 def _probe(sub: Any) -> None:
@@ -246,54 +259,7 @@ def _search(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None
         metavar="MODULE:FUNCTION",
         help="evaluation: a function state_dict -> float (higher is better), e.g. mypkg.evals:held_out",
     )
-    s.add_argument(
-        "--reward",
-        action="append",
-        default=None,
-        metavar="MODULE:FUNCTION",
-        help="instead of --eval: a TRL-style reward function (repeatable), scored on --prompts",
-    )
-    s.add_argument(
-        "--prompts",
-        default=None,
-        metavar="FILE",
-        help="held-out prompts for --reward: JSONL (one object a line with 'prompt' + reward columns) or "
-        "parquet in verl's layout",
-    )
-    s.add_argument("--max-new-tokens", type=int, default=64, help="completion length for --reward (default 64)")
-    s.add_argument(
-        "--task",
-        default=None,
-        metavar="COLUMN",
-        help="--reward: the column that groups prompts into tasks (default: data_source when present; "
-        "'none': one group)",
-    )
-    s.add_argument(
-        "--objective",
-        choices=("mean", "min"),
-        default=None,
-        help="--reward: the mean over tasks (default) or the worst task",
-    )
-    s.add_argument(
-        "--samples",
-        type=int,
-        default=1,
-        metavar="K",
-        help="--reward: completions per prompt (K > 1 samples; default 1, greedy)",
-    )
-    s.add_argument(
-        "--metric",
-        default=None,
-        metavar="mean@k|pass@k",
-        help="--reward with --samples: a prompt's score (default mean@k)",
-    )
-    s.add_argument(
-        "--stop",
-        action="append",
-        default=None,
-        metavar="TEXT",
-        help="--reward: a stop string (repeatable): completions are cut before it",
-    )
+    reward_arguments(s)
     s.add_argument("--out", required=True, help="output folder: the best merge, search.json, table.txt")
     s.add_argument(
         "--budget",

@@ -19,55 +19,83 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..loading import load_callable
+from ..reward_options import REWARD_OPTIONS, SHARED_FLAGS
 
 __all__ = ["run_search"]
 
 
 def _evaluation(args: argparse.Namespace) -> Callable[[Any], float]:
-    """``--eval``'s function, or ``--reward`` functions on ``--prompts`` (:func:`ram_live.evaluate.rewards`, the
-    merged state dict loaded into the ``--base`` folder's model, on ``--device``)."""
-    reward = getattr(args, "reward", None)
-    if args.eval and reward:
+    """``--eval``'s function, or ``--reward`` functions on ``--prompts``: :func:`ram_live.evaluate.rewards` with
+    the keywords whose flags were given (:data:`ram_live.reward_options.REWARD_OPTIONS`), ``model=`` the ``--model``
+    folder (default ``--base``) that each candidate is loaded into, ``device=`` ``--device``."""
+    given = {o.name: o for o in REWARD_OPTIONS if o.name not in SHARED_FLAGS and hasattr(args, o.dest)}
+    if args.eval and "reward_funcs" in given:
         raise ConfigError("pass --eval or --reward (with --prompts), not both")
     if args.eval:
+        if given:
+            flags = ", ".join(o.flag for o in given.values())
+            raise ConfigError(f"{flags}: options of --reward's evaluation (rewards()), not of --eval's function")
         return load_callable(args.eval, "--eval", from_cwd=True)
-    if not reward:
+    if "reward_funcs" not in given:
         raise ConfigError("search needs --eval MODULE:FUNCTION, or --reward MODULE:FUNCTION with --prompts FILE")
-    if not args.prompts:
+    if "prompts" not in given:
         raise ConfigError("--reward needs --prompts FILE.jsonl (one JSON object a line with a 'prompt' key)")
     from ..io.hub import resolve_model
 
-    if not args.base or not (Path(resolve_model(args.base, what="--base")) / "config.json").is_file():
+    folder = getattr(args, "model", None) or args.base
+    if (
+        not folder
+        or not (Path(resolve_model(folder, what="--model" if "model" in given else "--base")) / "config.json").is_file()
+    ):
         raise ConfigError(
-            "--reward needs --base FOLDER, a Hugging Face model folder (its config and tokenizer "
+            "--reward needs a Hugging Face model folder, --base FOLDER or --model FOLDER (its config and tokenizer "
             "build the model each candidate is generated with)"
         )
     from ..evaluate import load_prompts, rewards
-    from ..evaluate.models import load_model
 
-    funcs = [load_callable(spec, "--reward", from_cwd=True) for spec in reward]
-    prompts = load_prompts(args.prompts)  # a bad file is refused before the model is loaded
-    task = getattr(args, "task", None)
-    options: dict[str, Any] = {"samples": getattr(args, "samples", 1), "stop": getattr(args, "stop", None)}
-    if task is not None:
-        options["task"] = None if task.lower() == "none" else task
-    for name in ("objective", "metric"):
-        if getattr(args, name, None) is not None:
-            options[name] = getattr(args, name)
-    model = load_model(args.base)
-    return rewards(
-        prompts,
-        funcs,
-        tokenizer=args.base,
-        max_new_tokens=args.max_new_tokens,
-        model=model.to(args.device) if args.device else model,
-        **options,
-    )
+    options: dict[str, Any] = {}
+    for name, option in given.items():
+        value = getattr(args, option.dest)
+        if option.load == "callable":
+            value = (
+                [load_callable(spec, option.flag, from_cwd=True) for spec in value]
+                if isinstance(value, list)
+                else load_callable(value, option.flag, from_cwd=True)
+            )
+        elif option.convert is not None:
+            try:
+                value = option.convert(value)
+            except argparse.ArgumentTypeError as exc:
+                raise ConfigError(str(exc)) from None
+        options[name] = value
+    options["prompts"] = load_prompts(options["prompts"])  # a bad file is refused before the model is loaded
+    options["model"] = folder
+    options.setdefault("tokenizer", folder)
+    return rewards(device=args.device, **options)
+
+
+def _warnings_for_the_command() -> None:
+    """Inside ``warnings.catch_warnings()``: an :class:`~ram_live.ExtrapolationWarning` shown as one line that
+    names ``--confirm`` (the API's says ``confirm=``); other warnings as Python shows them."""
+    from ..selection.result import ExtrapolationWarning
+
+    shown = warnings.showwarning
+
+    def show(message: Any, category: type[Warning], *rest: Any, **kwargs: Any) -> None:
+        if not issubclass(category, ExtrapolationWarning):
+            shown(message, category, *rest, **kwargs)
+            return
+        text = " ".join(str(message).replace("(confirm=)", "(--confirm MODULE:FUNCTION)").split())
+        print(f"ram-live: warning: {text}", file=sys.stderr)
+
+    warnings.showwarning = show
 
 
 def run_search(args: argparse.Namespace) -> int:
@@ -98,20 +126,22 @@ def _search_into(args: argparse.Namespace, out: Path) -> int:
     evaluate = _evaluation(args)
     confirm = load_callable(args.confirm, "--confirm", from_cwd=True) if args.confirm else None
     agents, base = inputs(args)
-    result = search(
-        agents,
-        base=base,
-        evaluate=evaluate,
-        budget=args.budget,
-        space=space,
-        seed=args.seed,
-        confirm=confirm,
-        confirm_top=args.confirm_top,
-        device=args.device,
-        fidelity=getattr(args, "fidelity", "full"),
-        parallel=getattr(args, "parallel", 1),
-        ray_address=getattr(args, "ray_address", None),
-    )
+    with warnings.catch_warnings():
+        _warnings_for_the_command()
+        result = search(
+            agents,
+            base=base,
+            evaluate=evaluate,
+            budget=args.budget,
+            space=space,
+            seed=args.seed,
+            confirm=confirm,
+            confirm_top=args.confirm_top,
+            device=args.device,
+            fidelity=getattr(args, "fidelity", "full"),
+            parallel=getattr(args, "parallel", 1),
+            ray_address=getattr(args, "ray_address", None),
+        )
     merge(agents, base=base, out=out, device=args.device, **result.best)
     result.save(out)
     if args.plot:
