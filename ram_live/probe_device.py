@@ -6,7 +6,6 @@ invalid entries in deferred slots (:mod:`ram_live.engine.checks`): no host sync 
 Not ``from __future__ import annotations``: ``torch.library.custom_op`` reads the annotations as types.
 """
 
-import functools
 from typing import Callable, Sequence
 
 import torch
@@ -15,7 +14,7 @@ from torch import Tensor
 from .engine import checks
 from .engine.stream import DeltaStream
 from .functional.activity import apply_activity_
-from .kernels.device.common import MAX_AGENTS, agent_args, triton_serves
+from .kernels.device.common import agent_args, device_programs, triton_takes
 from .kernels.probe import ProbeCounts
 
 __all__ = ["DeviceProbe", "probes_on_device"]
@@ -25,7 +24,6 @@ PROBE_BLOCK = 128
 PROGRAMS_PER_SM = 8
 #: Entries per step of the torch implementation.
 TORCH_STEP = 1 << 22
-_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def probes_on_device(stream: DeltaStream) -> bool:
@@ -52,12 +50,7 @@ def probe_counts_(
 ) -> None:
     """Adds one flat tensor's probe statistics to ``counts`` (int64 ``[3K + 1 + K²]``: active, unique, histogram,
     intersections) and ``gram`` (float64 ``[K²]``), and its NaN/Inf inputs and task vectors to ``invalid``."""
-    tensors = [base, *agents]
-    if (
-        triton_serves(base.device)
-        and len(agents) <= MAX_AGENTS
-        and all(t.device == base.device and t.is_contiguous() and t.dtype in _INPUT_DTYPES for t in tensors)
-    ):
+    if triton_takes([base, *agents], len(agents)):
         _triton_probe(base, agents, eps, counts, gram, invalid)
     else:
         _torch_probe(base, agents, eps, counts, gram, invalid)
@@ -72,18 +65,11 @@ def _triton_probe(base, agents, eps, counts, gram, invalid) -> None:
     from .kernels.device.probe_triton import probe_counts_kernel
 
     numel, k = base.numel(), len(agents)
-    programs = max(1, min(-(-numel // PROBE_BLOCK), _multiprocessors(base.device) * PROGRAMS_PER_SM))
+    programs = device_programs(base.device, numel, PROBE_BLOCK, PROGRAMS_PER_SM)
     probe_counts_kernel[(programs,)](
         base, *agent_args(agents), counts, gram, invalid, numel, float(eps),
         K=k, KP=max(2, 1 << (k - 1).bit_length()), EPS_ZERO=eps == 0, BLOCK=PROBE_BLOCK, num_warps=4,
     )  # fmt: skip
-
-
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
 
 
 def _torch_probe(base, agents, eps, counts, gram, invalid) -> None:

@@ -98,3 +98,12 @@ def files(tmp_path, base_sd):
         save_file(a, tmp_path / f"{name}.safetensors")
         paths.append(str(tmp_path / f"{name}.safetensors"))
     return tmp_path, base_sd, agents, paths
+
+
+@pytest.fixture
+def on_device(monkeypatch):
+    """The device path for CPU tensors: what a CUDA merge runs (the kernels under Triton's interpreter where the
+    test module set ``TRITON_INTERPRET=1``)."""
+    from ram_live.engine import checks
+
+    monkeypatch.setattr(checks, "deferred_device", lambda dev: dev.type != "meta")

@@ -12,26 +12,12 @@ os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: its ker
 
 import ram_live  # noqa: E402
 from ram_live.functional import stable_seed  # noqa: E402
+from device_helpers import bits as _bits, flat_inputs  # noqa: E402
 from ram_live.kernels.device import linear, philox  # noqa: E402
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton's interpreter")
 IMPLEMENTATIONS = [pytest.param("triton", marks=needs_triton), "torch"]
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
-
-
-def _inputs(n: int, k: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    base = torch.randn(n, generator=g).to(dtype)
-    agents = []
-    for t in range(k):
-        changed = torch.rand(n, generator=g) < 0.6
-        step = 10.0 ** -(t % 3 + 1) * torch.randn(n, generator=g) * changed
-        agents.append((base.float() + step).to(dtype))
-    return base, agents
 
 
 def _op(implementation, base, agents, weights, scale=1.0, densities=(), seeds=()):
@@ -136,3 +122,7 @@ def test_more_agents_than_kernel_arguments_take_the_torch_implementation():
     out, invalid = torch.empty_like(base), torch.zeros((), dtype=torch.int64)
     torch.ops.ram_live.linear_merge_(out, base, agents, torch.ones(9, dtype=torch.float64), 1.0, [], [], invalid)
     assert torch.equal(_bits(out), _bits(_cpu_merge(base, agents, method="task_arithmetic")))
+
+
+def _inputs(n: int, k: int, dtype: torch.dtype, seed: int = 0):
+    return flat_inputs(n, k, dtype, seed, share=0.6)

@@ -14,25 +14,11 @@ os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: its ker
 
 import ram_live  # noqa: E402
 from ram_live.functional import stable_seed  # noqa: E402
+from device_helpers import bits as _bits, flat_inputs  # noqa: E402
 from ram_live.kernels.device import select, ties  # noqa: E402
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton's interpreter")
 IMPLEMENTATIONS = [pytest.param("triton", marks=needs_triton), "torch"]
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
-
-
-def _inputs(n: int, k: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    base = torch.randn(n, generator=g).to(dtype)
-    agents = []
-    for t in range(k):
-        changed = torch.rand(n, generator=g) < 0.7
-        step = 10.0 ** -(t % 3 + 1) * torch.randn(n, generator=g) * changed
-        agents.append((base.float() + step).to(dtype))
-    return base, agents
 
 
 def _op(implementation, base, agents, weights, densities=None, drop=(), seeds=(), scale=1.0, **election):
@@ -110,3 +96,7 @@ def test_invalid_inputs_and_outputs_are_counted(implementation):
     base, agents = _inputs(1000, 2, torch.float16)
     _, invalid = _op(implementation, base, agents, torch.ones(2, dtype=torch.float64), [1.0, 1.0], scale=1e9)
     assert invalid > 0  # float16 overflows
+
+
+def _inputs(n: int, k: int, dtype: torch.dtype, seed: int = 0):
+    return flat_inputs(n, k, dtype, seed, share=0.7)

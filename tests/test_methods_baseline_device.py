@@ -10,7 +10,6 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
 
 os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: its kernels then run on CPU tensors
 
@@ -19,39 +18,9 @@ from ram_live.engine import checks  # noqa: E402
 from ram_live.errors import NonFiniteError  # noqa: E402
 from ram_live.functional import stable_seed  # noqa: E402
 from ram_live.kernels.device import linear, ties  # noqa: E402
+from device_helpers import bits as _bits, module_agents as _agents  # noqa: E402
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton's interpreter")
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
-
-
-class _Net(nn.Module):
-    def __init__(self, dtype: torch.dtype) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.a = nn.Linear(40, 36).to(dtype)
-        self.b = nn.Linear(36, 20, bias=False).to(dtype)
-
-
-def _agents(dtype: torch.dtype, k: int = 3) -> tuple[nn.Module, list[nn.Module]]:
-    base, agents = _Net(dtype), []
-    for t in range(k):
-        agent = _Net(dtype)
-        g = torch.Generator().manual_seed(100 + t)
-        with torch.no_grad():
-            for p in agent.parameters():
-                keep = torch.rand(p.shape, generator=g) < 0.6
-                p.add_((0.02 * torch.randn(p.shape, generator=g)).to(dtype) * keep)
-        agents.append(agent)
-    return base, agents
-
-
-@pytest.fixture
-def on_device(monkeypatch):
-    """The device path for CPU tensors: what a CUDA merge runs, with Triton's interpreter for its kernels."""
-    monkeypatch.setattr(checks, "deferred_device", lambda dev: dev.type != "meta")
 
 
 MERGES = [

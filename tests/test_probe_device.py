@@ -6,29 +6,17 @@ import os
 
 import pytest
 import torch
-from torch import nn
 
 os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: its kernels then run on CPU tensors
 pytest.importorskip("triton")
 
 import device_trace as trace  # noqa: E402
+from device_helpers import flat_inputs as _inputs, module_agents as _agents  # noqa: E402
 import ram_live  # noqa: E402
 from ram_live import probe_device  # noqa: E402
 from ram_live.engine import checks  # noqa: E402
 from ram_live.errors import NonFiniteError  # noqa: E402
 from ram_live.functional.activity import apply_activity_  # noqa: E402
-
-
-def _inputs(n, k, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    base = torch.randn(n, generator=g).to(dtype)
-    agents = []
-    for _ in range(k):
-        agent = base.clone()
-        changed = torch.rand(n, generator=g) < 0.4
-        agent[changed] = (base[changed].float() + 0.01 * torch.randn(int(changed.sum()), generator=g)).to(dtype)
-        agents.append(agent)
-    return base, agents
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -60,30 +48,8 @@ def test_probe_op_counts_exactly(k, eps):
     assert int(invalid) == 1
 
 
-class _Net(nn.Module):
-    def __init__(self, seed):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.a = nn.Linear(40, 32).to(torch.bfloat16)
-        self.b = nn.Linear(32, 16, bias=False).to(torch.bfloat16)
-
-
-def _agents(k=3):
-    base, agents = _Net(0), []
-    for t in range(k):
-        agent = _Net(0)
-        g = torch.Generator().manual_seed(10 + t)
-        with torch.no_grad():
-            for p in agent.parameters():
-                p.add_(
-                    (0.02 * torch.randn(p.shape, generator=g)).to(p.dtype) * (torch.rand(p.shape, generator=g) < 0.5)
-                )
-        agents.append(agent)
-    return base, agents
-
-
 def test_probe_on_the_device_path_equals_the_cpu_probe(monkeypatch):
-    base, agents = _agents()
+    base, agents = _agents(torch.bfloat16)
     cpu = ram_live.probe(agents, base=base).to_dict()
     monkeypatch.setattr(checks, "deferred_device", lambda dev: dev.type != "meta")
     report = ram_live.probe(agents, base=base)

@@ -8,7 +8,6 @@ import os
 
 import pytest
 import torch
-from torch import nn
 
 os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: its kernels then run on CPU tensors
 pytest.importorskip("triton")
@@ -19,24 +18,9 @@ from ram_live.errors import NonFiniteError  # noqa: E402
 from ram_live.functional.activity import apply_activity_  # noqa: E402
 from ram_live.methods.ram import device  # noqa: E402
 from ram_live.methods.ram.accumulators import RamAccumulator, WeightedRamAccumulator  # noqa: E402
+from device_helpers import bits as _bits, flat_inputs as _inputs, module_agents as _agents  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
-
-
-def _inputs(n: int, k: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    base = torch.randn(n, generator=g).to(dtype)
-    agents = []
-    for _ in range(k):
-        agent = base.clone()
-        changed = torch.rand(n, generator=g) < 0.5
-        agent[changed] = (base[changed].float() + 0.01 * torch.randn(int(changed.sum()), generator=g)).to(dtype)
-        agents.append(agent)
-    return base, agents
 
 
 def _accumulated(base, agents, importances, lambdas, eps, sign, dtype):
@@ -102,34 +86,6 @@ def test_counts_op_equals_torch_counts(k):
     agents[0][3] = float("inf")
     device._triton_counts(base, agents, 0.0, True, counts[0], invalid[0])
     assert int(invalid[0]) == 1
-
-
-class _Net(nn.Module):
-    def __init__(self, dtype: torch.dtype, seed: int) -> None:
-        super().__init__()
-        torch.manual_seed(seed)
-        self.a = nn.Linear(48, 40).to(dtype)
-        self.b = nn.Linear(40, 24, bias=False).to(dtype)
-
-
-def _agents(dtype: torch.dtype, k: int = 3) -> tuple[nn.Module, list[nn.Module]]:
-    base = _Net(dtype, 0)
-    agents = []
-    for t in range(k):
-        agent = _Net(dtype, 0)
-        g = torch.Generator().manual_seed(100 + t)
-        with torch.no_grad():
-            for p in agent.parameters():
-                keep = torch.rand(p.shape, generator=g) < 0.6
-                p.add_((0.02 * torch.randn(p.shape, generator=g)).to(dtype) * keep)
-        agents.append(agent)
-    return base, agents
-
-
-@pytest.fixture
-def on_device(monkeypatch):
-    """The device path for CPU tensors: what a CUDA merge runs, with Triton's interpreter for its kernels."""
-    monkeypatch.setattr(checks, "deferred_device", lambda dev: dev.type != "meta")
 
 
 MERGES = [

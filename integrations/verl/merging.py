@@ -175,7 +175,9 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
 
             record.update(variant=searched["best"]["method"], search=searched)
             save_record(building / "ram_search.json", searched, result, durable=False)
-        (building / "ram_merge.json").write_text(json.dumps(record, indent=1))
+        provenance = building / "ram_merge.json"  # the library's record of the merge (inputs, checksums, version)
+        library = json.loads(provenance.read_text()) if provenance.is_file() else {}
+        provenance.write_text(json.dumps({**library, **record}, indent=1))
         final = place_new(building, root, f"global_step_{step}")  # a taken name (a resumed run): -v1, ...
     finally:
         if building.exists():

@@ -18,7 +18,8 @@ from ..engine import checks
 from ..engine.stream import DeltaStream
 from ..kernels.device import linear as _linear  # noqa: F401 - registers torch.ops.ram_live.linear_merge_
 from ..kernels.device import ties as _ties  # noqa: F401 - registers torch.ops.ram_live.ties_merge_
-from ..kernels.device.select import INPUT_DTYPES, MagnitudeSelection
+from ..kernels.device.common import INPUT_DTYPES
+from ..kernels.device.select import MagnitudeSelection
 from ..kernels.device.ties import DIVIDE, MAJORITY
 
 __all__ = ["device_stream", "merge_linear", "merge_ties", "linear_merge_hook"]

@@ -14,7 +14,8 @@ from torch import Tensor
 from ...functional.combine import task_arithmetic_combine
 from .common import MAX_AGENTS, OUT_DTYPES, agent_args, kernel_out
 from .philox import keep_mask
-from .select import TORCH_STEP, triton_takes
+from .common import triton_takes
+from .select import TORCH_STEP
 
 __all__ = ["linear_merge_", "MERGE_BLOCK"]
 

@@ -9,7 +9,6 @@ torch ops (scatter-adds into the histogram). Not ``from __future__ import annota
 reads the annotations as types.
 """
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -17,9 +16,9 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from .common import MAX_AGENTS, triton_serves
+from .common import MAX_AGENTS, device_programs, triton_takes
 
-__all__ = ["NBINS", "PASSES", "MagnitudeSelection", "select_magnitudes", "selection_rank", "device_programs"]
+__all__ = ["NBINS", "PASSES", "MagnitudeSelection", "select_magnitudes", "selection_rank"]
 
 #: Bins of each pass's histogram.
 NBINS = 2048
@@ -31,10 +30,6 @@ HIST_BLOCK = 4096
 HIST_PROGRAMS_PER_SM = 2
 #: Entries per step of the torch implementation (bounds its scratch).
 TORCH_STEP = 1 << 22
-INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: The kernels index in int32 (and draw DARE's masks from 32-bit counters): tensors of at least this many entries
-#: take the torch implementations.
-MAX_NUMEL = 1 << 31
 
 
 def selection_rank(density: float, numel: int) -> int:
@@ -48,29 +43,6 @@ def selection_rank(density: float, numel: int) -> int:
     if density >= 1.0:
         return -1
     return max(0, int(density * numel))
-
-
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
-
-
-def device_programs(device: torch.device, numel: int, block: int, per_sm: int) -> int:
-    """Programs of a kernel whose programs walk strided shares of ``numel`` entries, ``block`` at a time."""
-    return max(1, min(-(-numel // block), _multiprocessors(device) * per_sm))
-
-
-def triton_takes(tensors: Sequence[Tensor], k: int) -> bool:
-    """Whether the Triton kernels take these flat tensors (inputs, and the output where given) of ``k`` agents."""
-    device = tensors[0].device
-    return (
-        triton_serves(device)
-        and 0 < k <= MAX_AGENTS
-        and tensors[0].numel() < MAX_NUMEL
-        and all(t.device == device and t.is_contiguous() and t.dtype in INPUT_DTYPES for t in tensors)
-    )
 
 
 def _pow2(k: int) -> int:

@@ -16,7 +16,8 @@ from torch import Tensor
 from ...functional.trimming import ties_combine, trim_
 from .common import MAX_AGENTS, OUT_DTYPES, agent_args, kernel_out
 from .linear import drop_arguments, dropped_, stacked_deltas, write_merged
-from .select import TORCH_STEP, MagnitudeSelection, device_programs, triton_takes
+from .common import device_programs, triton_takes
+from .select import TORCH_STEP, MagnitudeSelection
 
 __all__ = ["ties_merge_", "MAJORITY", "DIVIDE"]
 

@@ -8,7 +8,6 @@ per pass (:mod:`ram_live.engine.checks`): no host sync per tensor.
 Not ``from __future__ import annotations``: ``torch.library.custom_op`` reads the annotations as types.
 """
 
-import functools
 from typing import Optional
 
 import torch
@@ -18,7 +17,7 @@ from ...engine import checks
 from ...engine.counts import ADDED
 from ...engine.stream import DeltaStream
 from ...functional.activity import apply_activity_
-from ...kernels.device.common import MAX_AGENTS, OUT_DTYPES, agent_args, kernel_out, triton_serves
+from ...kernels.device.common import OUT_DTYPES, agent_args, device_programs, kernel_out, triton_takes
 from ...types import Activity, RamStatistics
 from .accumulators import RamAccumulator, WeightedRamAccumulator
 
@@ -31,7 +30,6 @@ COUNT_BLOCK = 512
 COUNT_PROGRAMS_PER_SM = 8
 #: Entries per step of the torch implementation (its float32 scratch is bounded by this, not by the tensor).
 TORCH_STEP = 1 << 24
-_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def device_eps(stream: DeltaStream, activity: Activity) -> float | None:
@@ -52,13 +50,9 @@ def device_eps(stream: DeltaStream, activity: Activity) -> float | None:
 
 
 def _triton_takes(out: Optional[Tensor], base: Tensor, agents: list[Tensor], importances: list[Tensor]) -> bool:
-    tensors = [base, *agents, *importances] + ([] if out is None else [out])
-    return (
-        triton_serves(base.device)
-        and 0 < len(agents) <= MAX_AGENTS
-        and (out is None or out.dtype in OUT_DTYPES)
-        and all(t.device == base.device and t.is_contiguous() and t.dtype in _INPUT_DTYPES for t in tensors)
-    )
+    if out is not None and out.dtype not in OUT_DTYPES:
+        return False
+    return triton_takes([base, *agents, *importances, *([] if out is None else [out])], len(agents))
 
 
 @torch.library.custom_op("ram_live::ram_merge_", mutates_args=("out", "invalid"))
@@ -117,18 +111,11 @@ def _triton_counts(base, agents, eps, counted, counts, invalid) -> None:
     from ...kernels.device.ram_triton import ram_counts_kernel
 
     numel = base.numel()
-    programs = max(1, min(-(-numel // COUNT_BLOCK), _multiprocessors(base.device) * COUNT_PROGRAMS_PER_SM))
+    programs = device_programs(base.device, numel, COUNT_BLOCK, COUNT_PROGRAMS_PER_SM)
     ram_counts_kernel[(programs,)](
         base, *agent_args(agents), counts, invalid, numel, float(eps),
         K=len(agents), COUNTED=counted, EPS_ZERO=eps == 0, BLOCK=COUNT_BLOCK, num_warps=4,
     )  # fmt: skip
-
-
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
 
 
 def _deltas(base_f: Tensor, agents: list[Tensor], start: int, end: int, eps: float):
