@@ -147,3 +147,114 @@ def test_store_snapshots_and_checkpoint_files_go_to_the_workers_as_files(problem
     one = search(snaps, evaluate=ev, budget="6x", fidelity="halving")
     two = search(store.latest_all(), evaluate=ev, budget="6x", fidelity="halving", parallel=2)
     assert _rows(two) == _rows(one) and two.best == one.best
+
+
+# ------------------------------------------------------------------ a new user's search: models held by evaluate
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread here and so in the workers: a tiny model's generation is no faster on more, only dearer."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def new_user(tmp_path_factory, one_thread):
+    """Three tiny Llama agents saved as folders (the base with its locally built tokenizer), a verl-layout parquet
+    of three data sources and the TRL-style reward functions of ``tests/parallel_rewards.py``."""
+    pytest.importorskip("transformers")
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import evaluate_helpers as h
+
+    root = tmp_path_factory.mktemp("new_user")
+    base = h.model(0)
+    base.save_pretrained(root / "base")
+    h.tokenizer().save_pretrained(root / "base")
+    agents = {}
+    for i, name in enumerate(["math", "code", "chat"]):
+        g = torch.Generator().manual_seed(10 + i)
+        agent = h.model(0)
+        with torch.no_grad():
+            for tensor in agent.state_dict().values():
+                mask = torch.rand(tensor.shape, generator=g) < 0.3
+                tensor.add_(torch.randn(tensor.shape, generator=g) * 0.05 * mask)
+        agent.save_pretrained(root / name)
+        agents[name] = str(root / name)
+    sources = ["openai/gsm8k", "math", "code"]
+    rows = [
+        {
+            "data_source": sources[i % 3],
+            "prompt": [{"role": "user", "content": prompt}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": answer},
+            "extra_info": {"split": "test", "index": i},
+        }
+        for i, (prompt, answer) in enumerate(zip(h.PROMPTS * 2, h.ANSWERS * 2))
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), root / "val.parquet")
+    return agents, str(root / "base"), str(root / "val.parquet")
+
+
+def _evaluation(parquet, model, tokenizer):
+    from ram_live.evaluate import rewards
+
+    from parallel_rewards import first_char, has_a
+
+    return rewards(
+        parquet,
+        [first_char, has_a],
+        model=model,
+        tokenizer=tokenizer,
+        samples=4,
+        metric="pass@4",
+        max_new_tokens=4,
+        batch_size=64,
+    )
+
+
+RACED = dict(budget="20x", fidelity="halving", seed=0)  # at "10x" the workers rarely overlapped
+
+
+@pytest.fixture(scope="module")
+def one_process(new_user):
+    """The new user's raced search in one process (the evaluation loads the base folder, scored first)."""
+    agents, base, parquet = new_user
+    evaluate = _evaluation(parquet, model=base, tokenizer=base)
+    evaluate(base)
+    return search(agents, base=base, evaluate=evaluate, **RACED)
+
+
+def test_a_new_users_raced_search_on_two_workers_is_the_one_process_search(new_user, one_process):
+    """The evaluation holds the model it loads each candidate into (the base was scored first): every worker
+    scores on a model of its own, so the trials are those of one process and of a direct evaluation."""
+    from ram_live import merge
+
+    agents, base, parquet = new_user
+    one = one_process
+    assert len({t.score for t in one.history}) >= 3  # the candidates score apart: a mixed-up model would show
+    direct = _evaluation(parquet, model=base, tokenizer=base)(merge(agents, base=base, **one.history[0].candidate))
+    assert one.history[0].fidelity == 1.0 and one.history[0].score == direct
+    evaluate = _evaluation(parquet, model=base, tokenizer=base)
+    evaluate(base)  # the evaluation now holds the loaded base
+    for _ in range(2):
+        two = search(agents, base=base, evaluate=evaluate, parallel=2, **RACED)
+        assert _rows(two) == _rows(one)
+        assert two.best == one.best and _table(two) == _table(one)
+
+
+def test_an_evaluation_holding_a_module_gives_each_worker_its_own(new_user, one_process):
+    """``rewards(..., model=<module>)``: each candidate's state dict is loaded into the module, in each worker
+    into its own copy; the caller's module is left as it was."""
+    import evaluate_helpers as h
+    from conftest import assert_bit_identical, snapshot
+
+    agents, base, parquet = new_user
+    module = h.model(0)
+    before = snapshot(module)
+    two = search(agents, base=base, evaluate=_evaluation(parquet, model=module, tokenizer=base), parallel=2, **RACED)
+    assert _rows(two) == _rows(one_process) and two.best == one_process.best
+    assert_bit_identical(snapshot(module), before)

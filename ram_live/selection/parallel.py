@@ -9,6 +9,11 @@ has at that point (always, without a race) is taken as it is; otherwise, or for 
 worker scores it now. Every score comes from a worker, so all of them are computed alike; speculation costs wall
 time only where it guessed wrong.
 
+The inputs are read-only and shared; the scorer (``evaluate`` with whatever it holds) is not: it is pickled once by
+value and each worker unpickles a copy of its own, so an evaluation that loads each candidate into a model it
+holds (``rewards(..., model=...)``) loads it into that worker's model, never into one another worker scores on or
+into the caller's.
+
 Workers are local processes (``spawn``) by default, or Ray actors when ``ray_address`` is given or the search runs
 inside a Ray job (``ray.is_initialized()``): ``evaluate`` and the inputs must be picklable (a module-level
 function or an object; not a lambda). Each worker sees ``RAM_LIVE_WORKER`` (0..N-1), e.g. to pick its GPU.
@@ -57,11 +62,11 @@ def _work(candidate: dict[str, Any], reference: Scored | None) -> Outcome:
 
 
 class _Worker:
-    """A worker's own merger (one output of its own) and scorer."""
+    """A worker's own merger (one output of its own) and scorer (unpickled from the bytes the pool made)."""
 
-    def __init__(self, models: Any, base: Any, device: Any, workers: Any, scorer: Scorer) -> None:
+    def __init__(self, models: Any, base: Any, device: Any, workers: Any, scorer: bytes) -> None:
         self.merger = Merger(models, base, device=device, workers=workers)
-        self.scorer = scorer
+        self.scorer: Scorer = pickle.loads(scorer)
 
     def run(self, candidate: dict[str, Any], reference: Scored | None) -> Outcome:
         out = run_candidate(self.merger, self.scorer, candidate, reference)
@@ -84,9 +89,11 @@ class Pool:
     computed against ``reference`` (the same object the loop holds now), else None."""
 
     def __init__(self, n: int, payload: tuple[Any, ...], ray_address: str | None = None) -> None:
+        """``payload``: ``(models, base, device, workers, scorer)``; the scorer goes to each worker by value."""
         import torch
 
-        self.n, self.payload, self.ray_address = n, payload, ray_address
+        *inputs, scorer = payload
+        self.n, self.ray_address = n, ray_address
         self.pending: dict[str, tuple[Future | Any, Scored | None]] = {}
         self.ray = _use_ray(ray_address)
         self._started_ray = False
@@ -94,7 +101,9 @@ class Pool:
         # the workers compute as this process does: the same thread count (float sums can depend on it)
         self.threads = torch.get_num_threads()
         try:
-            pickle.Pickler(_Discard()).dump(payload[-1].evaluate)  # checked without holding a copy
+            # by value with the plain pickler: torch's multiprocessing one would move evaluate's tensors (a model
+            # it loads candidates into) to memory shared with every worker, and they would write into each other's
+            self.payload = (*inputs, pickle.dumps(scorer, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception as exc:
             raise ConfigError(
                 f"parallel={n} sends evaluate to worker processes, but it cannot be pickled "
@@ -103,7 +112,7 @@ class Pool:
             ) from None
         if self.ray is not None:
             self._started_ray = not self.ray.is_initialized()
-            self._actors = _ray_actors(self.ray, n, payload, ray_address)
+            self._actors = _ray_actors(self.ray, n, self.payload, ray_address)
             self._next = 0
         else:
             self._start()
@@ -217,13 +226,6 @@ class Pool:
             if self._started_ray:  # a Ray this search started ends with it
                 self.ray.shutdown()
         self.pending.clear()
-
-
-class _Discard:
-    """A file that forgets what is written to it (a pickling check that holds no copy)."""
-
-    def write(self, data: Any) -> int:
-        return len(data)
 
 
 def _use_ray(address: str | None) -> Any:
