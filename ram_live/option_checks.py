@@ -1,9 +1,12 @@
 """The value checks of every method's options, in one module and torch-free (``ram-live --help`` and
 :mod:`ram_live.methods.ram.config` import no torch): each raises
-:class:`~ram_live.errors.ConfigError` naming the option."""
+:class:`~ram_live.errors.ConfigError` naming the option. :func:`finite_float` is the one rule for a number the
+library is handed (a reward, a weight, an evaluation's score): it raises ValueError with the reason, and each caller
+names the culprit in its own error."""
 
 from __future__ import annotations
 
+import decimal
 import math
 import numbers
 from collections.abc import Collection, Mapping
@@ -21,10 +24,45 @@ __all__ = [
     "check_names",
     "check_range",
     "check_weights",
+    "finite_float",
 ]
 
 #: Options are applied to float32 task vectors: a value beyond float32's range is as useless as ±Inf.
 FLOAT32_MAX = 3.4028234663852886e38
+
+
+def finite_float(value: Any, one_element: bool = False) -> float:
+    """``value`` as a float if it is one finite real number: an int, a float, a numpy scalar, a ``Fraction``, a
+    ``Decimal`` or a 0-d array or tensor (with ``one_element``, an array or tensor of any shape holding exactly one
+    value too). Raises ValueError with the reason otherwise (bools are not numbers)."""
+    ndim = getattr(value, "ndim", None)
+    if isinstance(ndim, int) and callable(getattr(value, "item", None)) and (ndim == 0 or one_element):
+        try:
+            if ndim == 0 or math.prod(value.shape) == 1:
+                value = value.item()  # a numpy array or scalar, or a torch tensor
+        except Exception as exc:  # a meta tensor
+            raise ValueError(f"not a number ({type(exc).__name__}: {_brief(exc)})") from None
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
+        raise ValueError("not a number")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError("too large for a float") from None
+    except (TypeError, ValueError, ArithmeticError) as exc:  # a signalling NaN, a broken __float__
+        raise ValueError(f"not a number ({_brief(exc)})") from None
+    if not math.isfinite(number):
+        try:  # NaN or ±inf itself, or a finite Decimal / long double beyond float's range
+            infinite = bool(value != value) or abs(value) == math.inf
+        except Exception:
+            infinite = True
+        raise ValueError("not finite" if infinite else "too large for a float")
+    return number
+
+
+def _brief(exc: BaseException) -> str:
+    """An exception's message on one line, cut short."""
+    flat = " ".join(str(exc).split())
+    return flat if len(flat) <= 100 else flat[:97] + "..."
 
 
 def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:

@@ -5,18 +5,15 @@ naming the culprit."""
 
 from __future__ import annotations
 
-import decimal
-import math
-import numbers
 import reprlib
 from collections.abc import Mapping, Set
 from itertools import chain, islice
 from typing import Any, Callable
 
 from ..errors import ConfigError, EvaluationError
+from ..option_checks import finite_float
 
 __all__ = [
-    "finite_float",
     "reward_list",
     "weight_list",
     "meta_tensor",
@@ -44,31 +41,6 @@ def one_line(text: object, limit: int = 300) -> str:
     one of ours."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-def finite_float(value: Any) -> float:
-    """``value`` as a float if it is one finite real number: an int, a float, a numpy scalar, a ``Fraction``, a
-    ``Decimal`` or a 0-d array/tensor. Raises ValueError with the reason otherwise (bools are not numbers)."""
-    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
-        try:
-            value = value.item()  # a 0-d numpy array or torch tensor
-        except Exception as exc:  # a meta tensor
-            raise ValueError(f"not a number ({type(exc).__name__}: {one_line(exc, 100)})") from None
-    if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
-        raise ValueError("not a number")
-    try:
-        number = float(value)
-    except OverflowError:
-        raise ValueError("too large for a float") from None
-    except (TypeError, ValueError, ArithmeticError) as exc:  # a signalling NaN, a broken __float__
-        raise ValueError(f"not a number ({one_line(exc, 100)})") from None
-    if not math.isfinite(number):
-        try:  # NaN or ±inf itself, or a finite Decimal / long double beyond float's range
-            infinite = bool(value != value) or abs(value) == math.inf
-        except Exception:
-            infinite = True
-        raise ValueError("not finite" if infinite else "too large for a float")
-    return number
 
 
 def _not_a_sequence(value: Any) -> str | None:

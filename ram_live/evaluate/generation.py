@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..errors import ConfigError
-from .checks import finite_float, one_line, short
+from ..option_checks import finite_float
+from .checks import one_line, short
 from .models import device_of
 
 __all__ = ["GenerationSettings", "generate_completions", "tokenize_prompts", "eos_ids"]

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import ConfigError
-from .checks import finite_float, short
+from ..option_checks import finite_float
+from .checks import short
 
 __all__ = ["Metric", "parse_metric", "pass_at_k", "check_samples"]
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .checks import finite_float, short
+from ..option_checks import finite_float
+from .checks import short
 from .prompts import Prompts
 
 __all__ = ["AUTO", "ONE_TASK", "OBJECTIVES", "Tasks", "group"]

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError
+from ..option_checks import finite_float
 
 __all__ = ["Halving", "Scored", "Scorer", "parse_budget", "parse_fidelity", "prompt_protocol"]
 
@@ -164,7 +165,6 @@ class Scorer:
     best."""
 
     evaluate: Callable[[Any], Any]
-    finite: Callable[[Any], "float | None"]
     halving: Halving | None = None
     in_prompts: bool = False
     best: dict[str, Scored] = field(default_factory=dict)  # side -> the best full-scored candidate
@@ -206,11 +206,7 @@ class Scorer:
         """Score ``merged``; ``again()`` gives the candidate merged anew for each later slice of a race (so that
         whatever one ``prompt_scores`` call did to what it was handed, the next one sees the merge itself)."""
         if not self.protocol:
-            raw = self.evaluate(merged)
-            value = self.finite(raw)
-            if value is None:
-                raise _NotANumber(raw)
-            return Scored(value, 1.0)
+            return Scored(_number(self.evaluate(merged)), 1.0)
         values: Values = {}
         stop = None
         plan = self.slices if reference is not None else [list(range(self.n))]
@@ -252,20 +248,11 @@ class Scorer:
         out = list(self.evaluate.prompt_scores(merged, indices))
         if len(out) != len(indices):
             raise _NotANumber(f"prompt_scores gave {len(out)} scores for {len(indices)} prompts")
-        checked: list[float | None] = []
-        for v in out:
-            x = None if v is None else self.finite(v)
-            if v is not None and x is None:
-                raise _NotANumber(v)
-            checked.append(x)
-        return checked
+        return [None if v is None else _number(v) for v in out]
 
     def _aggregate(self, values: Mapping[int, float | None]) -> tuple[float, dict[str, float]]:
         score, tasks = self.evaluate.aggregate(dict(values))
-        value = self.finite(score)
-        if value is None:
-            raise _NotANumber(score)
-        return value, {str(k): float(v) for k, v in dict(tasks).items()}
+        return _number(score), {str(k): float(v) for k, v in dict(tasks).items()}
 
 
 class _NotANumber(Exception):
@@ -274,6 +261,15 @@ class _NotANumber(Exception):
     def __init__(self, raw: Any) -> None:
         super().__init__(raw)
         self.raw = raw
+
+
+def _number(raw: Any) -> float:
+    """A score the evaluation gave as a float (a one-element tensor or array is taken as its value), else
+    :class:`_NotANumber`."""
+    try:
+        return finite_float(raw, one_element=True)
+    except ValueError:
+        raise _NotANumber(raw) from None
 
 
 def nested_slices(tasks: Sequence[str], fractions: Sequence[float], seed: int) -> list[list[int]]:

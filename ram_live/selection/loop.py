@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import time
 from typing import Any, Callable
 
-from torch import Tensor
-
 from ..errors import ConfigError, SearchError
+from ..option_checks import finite_float
 from .effects import effect_key
 from .fidelity import Scorer
 from .moves import Moves
@@ -23,25 +21,9 @@ from .result import SearchResult, Trial, describe, to_json
 from .space import Family, side_of
 from .target import Merger
 
-__all__ = ["SearchRun", "finite_score"]
+__all__ = ["SearchRun"]
 
 Evaluate = Callable[[Any], float]
-
-
-def finite_score(raw: Any) -> float | None:
-    """``raw`` as a finite float (a one-element tensor or array is taken as its value), or None when it is not a
-    real number or does not fit a float (NaN, ±inf, an integer too large for a float, a bool, a string)."""
-    if isinstance(raw, Tensor) and raw.numel() == 1:
-        raw = raw.item()
-    elif hasattr(raw, "item") and getattr(raw, "size", None) == 1 and not isinstance(raw, numbers.Real):
-        raw = raw.item()  # a one-element numpy array
-    if not isinstance(raw, numbers.Real) or isinstance(raw, bool):
-        return None
-    try:
-        value = float(raw)
-    except (OverflowError, ValueError, TypeError):
-        return None
-    return value if math.isfinite(value) else None
 
 
 def _by_identity(value: Any) -> str:
@@ -219,12 +201,13 @@ class SearchRun(Moves, Refinements):
             ) from exc
         seconds = time.perf_counter() - t0
         self.evaluate_seconds += seconds
-        score = finite_score(raw)
-        if score is None:
+        try:
+            score = finite_float(raw, one_element=True)
+        except ValueError:
             raise SearchError(
                 f"{what} returned {raw!r:.80} for candidate {label}: it must return a finite number (higher is better)",
                 candidate=candidate,
-            )
+            ) from None
         return score, seconds
 
     def incumbent(self, side: str) -> Trial | None:

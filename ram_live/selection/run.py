@@ -19,7 +19,7 @@ from .space import DEFAULT_SPACE, parse_space
 from .fidelity import Scorer, parse_budget, parse_fidelity
 from .parallel import Pool, check_parallel
 from .target import Merger
-from .loop import SearchRun, finite_score
+from .loop import SearchRun
 from .adapters import AdapterMerger, adapter_agents, adapter_space, check_families
 
 __all__ = ["search"]
@@ -157,7 +157,7 @@ def search(
         if adapter_input is None
         else AdapterMerger(adapter_input, device=device, workers=workers)
     )
-    scorer = Scorer(evaluate, finite_score, halving, in_prompts)
+    scorer = Scorer(evaluate, halving, in_prompts)
     run = SearchRun(merger, scorer, units, int(seed), progress)
     if STORED in [v for v in variants.values() if isinstance(v, str)]:
         resolve_importance(STORED, merger.agents)  # a ConfigError naming the agents without, before any trial

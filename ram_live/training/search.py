@@ -13,7 +13,6 @@ merged generalist (:mod:`.search_record`: :func:`~.search_record.save_record`, r
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -24,6 +23,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..loading import load_callable
+from ..option_checks import finite_float
 from .candidates import SwappedPrompts, swapped_in, tensors_of
 from .search_record import jsonable, save_record
 
@@ -248,11 +248,8 @@ def search_metrics(record: Mapping[str, Any], prefix: str = "ram/search/") -> di
     for key, value in record["seconds"].items():
         out[f"{prefix}{key}_seconds"] = float(value)
     for task, value in (record.get("best_tasks") or {}).items():
-        if _finite(value):
-            out[f"{prefix}task/{task}"] = float(value)
-    ex = record.get("extrapolation")
-    if isinstance(ex, (int, float)) and math.isfinite(ex):
-        out[f"{prefix}extrapolation"] = float(ex)
+        _put_finite(out, f"{prefix}task/{task}", value)
+    _put_finite(out, f"{prefix}extrapolation", record.get("extrapolation"))
     best = dict(record["best"])
     out[f"{prefix}method/{best.pop('method')}"] = 1.0
     agents = list(record.get("agents") or [])
@@ -261,10 +258,9 @@ def search_metrics(record: Mapping[str, Any], prefix: str = "ram/search/") -> di
             value = dict(zip(agents, value))
         if isinstance(value, Mapping):
             for name, v in value.items():
-                if _finite(v):
-                    out[f"{prefix}{key.rstrip('s') if key == 'lambdas' else key}/{name}"] = float(v)
-        elif _finite(value):
-            out[f"{prefix}option/{key}"] = float(value)
+                _put_finite(out, f"{prefix}{key.rstrip('s') if key == 'lambdas' else key}/{name}", v)
+        else:
+            _put_finite(out, f"{prefix}option/{key}", value)
     return out
 
 
@@ -353,5 +349,10 @@ def _name_of(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def _put_finite(out: dict[str, float], key: str, value: Any) -> None:
+    """``out[key] = value`` as a float when it is a finite number; anything else (an option's string, NaN) is no
+    metric."""
+    try:
+        out[key] = finite_float(value)
+    except ValueError:
+        pass
