@@ -93,8 +93,9 @@ class LoraSchedule(RAMSchedule):
     """:class:`~ram_live.RAMSchedule` for a ``PeftModel`` whose active LoRA adapter is trained.
 
     Args:
-        store, agent, **options: as :class:`~ram_live.RAMSchedule` (``search`` and ``snapshot_activity="abs"``
-            are refused: the search swaps whole weights, and a threshold on A/B entries is not one on ΔW).
+        store, agent, **options: as :class:`~ram_live.RAMSchedule` (``snapshot_activity="abs"`` is refused: a
+            threshold on A/B entries is not one on ΔW); ``search``: each merge the one the adapter search picks
+            (:mod:`._lora_search`: its activity rule and, re-factored, its rank searched).
         sparsify: the activity rule for the dense ΔW, as in :func:`ram_live.peft.ram_merge_adapters`
             (``"auto"``: ``TopK(0.5)`` for the RAM family; ``TopK(d)``, ``RelativeThreshold(t)``, None, ...);
             with a rule, ``eps`` is 0 unless ``ram`` sets it.
@@ -130,8 +131,10 @@ class LoraSchedule(RAMSchedule):
 
     def _init_lora(self, options: Mapping[str, Any]) -> None:
         who = f"RAMTrainerCallback({self.agent!r})"
-        if self.search is not None:
-            raise ConfigError(f"{who}: search= is not supported for LoRA runs (it swaps whole weights)")
+        if self.search is not None and options["into_base"]:
+            from ._lora_search import check_into_base_space
+
+            check_into_base_space(self.search, who)
         if self.snapshot_activity != "changed":
             raise ConfigError(
                 f"{who}: snapshot_activity='abs' would threshold the A/B factors, not ΔW; LoRA runs "
@@ -232,9 +235,46 @@ class LoraSchedule(RAMSchedule):
         t0 = time.perf_counter()
         picks, sources = _open_latest(self, LocalModel.from_obj(self._live(), name=self.agent), step)
         adapters = adapter_set(self.store, picks, sources, self._meta, self.model_fingerprint, sorted(self._factors))
-        ram = self.ram
-        method, options = ram.flat()  # the keywords that differ from the defaults (eps: 0 with a rule)
-        prep = prepare_merge(adapters, method, options, self.sparsify)
+        searched = None
+        if self.search is not None:  # the merge the adapter search picks (._lora_search)
+            from ._lora_search import lora_search
+
+            fallback = evaluate or self.evaluate
+            tensors, info, factors, report, searched = lora_search(self, model, adapters, step, fallback)
+            variant = str(searched["best"]["method"])
+        else:
+            method, options = self.ram.flat()  # the keywords that differ from the defaults (eps: 0 with a rule)
+            tensors, info, factors, report = self.merge_with(adapters, method, options, self.sparsify, self.svd_options)
+            variant = self.ram.method
+        names = list(picks)
+        lambdas = dict(info.lambdas or ({n: 1.0 for n in names} if variant == "ram" else {}))
+        self.last_merge_step = step
+        self.merges += 1
+        result = LoraMergeResult(
+            step,
+            tensors,
+            picks,
+            lambdas,
+            dict(info.rho or {}),
+            dict(report.active),
+            time.perf_counter() - t0,
+            variant,
+            adapters=adapters,
+            factors=factors,
+            report=report,
+        )
+        if searched is not None:
+            result.extra["search"] = self.last_search = searched
+        return result
+
+    def merge_with(
+        self, adapters: AdapterSet, method: str, options: Mapping[str, Any], sparsify: Any, svd: SvdOptions
+    ) -> tuple[dict[str, Tensor], Any, dict[str, Refactored], AdapterMergeReport]:
+        """``adapters`` merged by ``method`` with ``options`` in ΔW space, as :func:`ram_live.peft.ram_merge_adapters`
+        merges: re-factored with ``svd`` (the tensors: ``<module>.lora_A`` / ``.lora_B``), or, ``into_base``, folded
+        into the live base weights (``<module>.weight``). Returns the tensors, the MergeInfo, the re-factored
+        modules and the report."""
+        prep = prepare_merge(adapters, method, options, sparsify)
         report = AdapterMergeReport(adapters.names, "base weights" if self.into_base else "adapter")
         factors: dict[str, Refactored] = {}
         with torch.no_grad():
@@ -251,7 +291,7 @@ class LoraSchedule(RAMSchedule):
                     chunk_numel=self.chunk_numel,
                 )
             else:
-                refactorer = make_refactorer(adapters, report, self.svd_options)
+                refactorer = make_refactorer(adapters, report, svd)
                 device = next(iter(self._factors.values())).B.device  # the training device (the store's: cpu)
                 info = merge_in_delta_space(adapters, prep, refactorer, device=device, chunk_numel=self.chunk_numel)
                 factors = refactorer.factors
@@ -259,23 +299,7 @@ class LoraSchedule(RAMSchedule):
                 for m, f in factors.items():
                     tensors[f"{m}.lora_A"], tensors[f"{m}.lora_B"] = f.A, f.B
             finish_report(prep, info, report, warn_dense=True)
-        names = list(picks)
-        lambdas = dict(info.lambdas or ({n: 1.0 for n in names} if ram.method == "ram" else {}))
-        self.last_merge_step = step
-        self.merges += 1
-        return LoraMergeResult(
-            step,
-            tensors,
-            picks,
-            lambdas,
-            dict(info.rho or {}),
-            dict(report.active),
-            time.perf_counter() - t0,
-            ram.method,
-            adapters=adapters,
-            factors=factors,
-            report=report,
-        )
+        return tensors, info, factors, report
 
     # ------------------------------------------------------------------------------------------- the generalist
 
@@ -295,6 +319,12 @@ class LoraSchedule(RAMSchedule):
                 continue
             a, b = result.tensors[f"{m}.lora_A"], result.tensors[f"{m}.lora_B"]
             pad = f.rank - a.shape[0]
+            if pad < 0:  # a searched rank above the live one: B'A' folded into the base weight for the block
+                weight = self._layers[m].get_base_layer().weight
+                dense = Factor(a, b, 1.0, f.kind, f.transpose).delta(weight.device)
+                live[f"{m}.weight"], values[f"{m}.weight"] = weight, (weight.double() + dense).to(weight.dtype)
+                live[f"{m}.lora_B"], values[f"{m}.lora_B"] = f.B, torch.zeros_like(f.B)
+                continue
             live[f"{m}.lora_A"], values[f"{m}.lora_A"] = f.A, torch.nn.functional.pad(a, (0, 0, 0, pad)).to(f.A)
             live[f"{m}.lora_B"], values[f"{m}.lora_B"] = f.B, torch.nn.functional.pad(b, (0, pad)).to(f.B)
             scalings[m] = 1.0

@@ -291,3 +291,31 @@ def test_sparsify_over_full_models_is_a_config_error(base):
         with pytest.raises(ConfigError, match="adapters") as info:
             search(agents, base=base.state_dict(), evaluate=Recorder(), budget=2, space=space)
         _one_line(info.value)
+
+
+def test_the_rank_move_is_a_refactored_adapter_remade_by_ram_merge_adapter_files(base, folders, tmp_path):
+    """``rank``: the agents' largest rank (8) and twice it, capped at the layers' full rank (16); each such trial is
+    the adapter ``ram_merge_adapter_files(folders, out=..., **candidate)`` writes, folded into the base."""
+    from ram_live.peft import lora_deltas
+
+    recorder = Recorder()
+    result = search(
+        folders,
+        base=base.state_dict(),
+        evaluate=recorder,
+        budget=6,
+        space={"ram_plus": SPACE["ram_plus"][:1], "rank": None},
+    )
+    ranked = [(t, seen) for t, seen in _scored(result, recorder) if t.family == "rank"]
+    assert [t.options["rank"] for t, _ in ranked] == [8, 16]
+    reference = base.state_dict()
+    for trial, seen in ranked:
+        out = ram_merge_adapter_files(folders, out=tmp_path / f"rank-{trial.index}", **trial.candidate)
+        deltas = lora_deltas(out)
+        assert json.loads((out / "adapter_config.json").read_text())["r"] == trial.options["rank"]
+        for module, delta in deltas.items():
+            key = f"{module}.weight"
+            want = reference[key].double() + delta.double()
+            assert torch.allclose(seen[key].double(), want, atol=1e-6), key
+    with pytest.raises(ConfigError, match="rank= is the rank of a re-factored LoRA adapter"):
+        search({"a": base, "b": base}, base=base, evaluate=lambda m: 0.0, space={"rank": [4]})

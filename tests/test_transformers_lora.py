@@ -375,12 +375,12 @@ def test_lora_options_are_checked_and_apply_to_peft_models_only(tmp_path: Path) 
         RAMTrainerCallback(tmp_path / "s", "a", into_base="yes")
     with pytest.raises(ConfigError, match="LoRA runs"):
         _begin(RAMTrainerCallback(tmp_path / "s", "a", into_base=True), _model())
-    with pytest.raises(ConfigError, match="search= is not supported"):
+    with pytest.raises(ConfigError, match=r"entry 'rank' searches rank=.*into_base=True"):
         from ram_live.training.search import SearchSetting
 
+        searched = SearchSetting(metric="x", budget=2, space={"ram_plus": None, "rank": [2, 4]})
         _begin(
-            RAMTrainerCallback(tmp_path / "s", "a", search=SearchSetting(metric="x", budget=2)),
-            get_peft_model(_model(), _lora()),
+            RAMTrainerCallback(tmp_path / "s", "a", into_base=True, search=searched), get_peft_model(_model(), _lora())
         )
     with pytest.raises(ConfigError, match="snapshot_activity='abs'"):
         _begin(
@@ -445,3 +445,62 @@ def test_vllm_rollout_after_a_lora_merge_samples_the_agent(
     assert any(not torch.allclose(after[0][3][n], v, rtol=0, atol=1e-4) for n, v in evals[0][3].items())
     for step, kind, held, _ in engine.rollouts:  # every rollout sampled what the model computed then
         assert held, (step, kind)
+
+
+def test_search_on_a_grpo_lora_run_saves_the_winning_adapter_with_its_record(early_store: Path, tmp_path: Path) -> None:
+    """``search=`` on a LoRA run: each candidate evaluated in the live PeftModel, the rank move tries the agents' rank
+    (2, the candidates' own) and twice it; the winner saved as a PEFT folder equal to ``ram_merge_adapter_files`` of
+    the same adapters with the record's options, the record (listing the rank) beside it."""
+    from ram_live.selection import from_json
+    from ram_live.training.search import SearchSetting
+
+    store = _with_early(early_store, tmp_path)
+    seen: list[float] = []
+
+    def evaluate(model: Any) -> dict[str, float]:
+        seen.append(_score(model)["loglik"])
+        return _score(model)
+
+    setting = SearchSetting(metric="loglik", budget=4, space={"ram_plus": [{"r": 0.1, "alpha": 2.0}], "rank": None})
+    cb = RAMTrainerCallback(
+        store,
+        "vowels",
+        snapshot_every=2,
+        merge_every=2,
+        evaluate=evaluate,
+        merged_dir=tmp_path / "merged",
+        search=setting,
+    )
+    trainer = _trainer(tmp_path / "run", _vowels, 2, [cb, _SaveAdapter(tmp_path / "ref")])
+    before = _live_lora(trainer.model)
+    trainer.train()
+
+    folder = tmp_path / "merged" / "vowels" / "step-2"
+    assert cb.saved == [str(folder)]
+    record = json.loads((store / "_search" / "vowels" / "step_2.json").read_text())  # with the trials
+    assert json.loads((folder / "ram_search.json").read_text()) == {k: v for k, v in record.items() if k != "history"}
+    trials = record["history"]["history"]
+    assert [t["family"] for t in trials] == ["ram_plus", "rank"]
+    assert "rank" not in trials[0]["options"] and trials[1]["options"]["rank"] == 4  # 2: the run's own rank
+    assert record["best"]["rank"] in (2, 4) and record["svd_options"]["rank"] == record["best"]["rank"]
+    assert len(seen) == 3  # two candidates and the generalist's own evaluation
+    assert max(seen[:2]) == record["best_score"] == seen[2]
+    assert cb.history[0]["ram/search/option/rank"] == float(record["best"]["rank"])
+
+    # the saved adapter loads with PEFT and is ram_merge_adapter_files' merge with the chosen options, bit for bit
+    options = {**from_json(record["history"]["best"]), "rank": record["best"]["rank"]}
+    inputs = {"early": early_store / "ref" / "step-2", "vowels": tmp_path / "ref" / "step-2"}
+    want = _adapter_tensors(ram_merge_adapter_files(inputs, out=tmp_path / "want", **options))
+    got = _adapter_tensors(folder)
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+    reloaded = PeftModel.from_pretrained(_model(), folder).eval()
+    assert json.loads((folder / "adapter_config.json").read_text())["r"] == record["best"]["rank"]
+    assert _score(reloaded)["loglik"] == pytest.approx(record["best_score"], abs=1e-5)
+    # the live adapter is the agent's own after the search's swaps: the PEFT checkpoint's
+    live = {k.replace(".default.", "."): v for k, v in _live_lora(trainer.model).items()}
+    saved = _adapter_tensors(tmp_path / "ref" / "step-2")
+    assert sorted(saved) == sorted(live) and sorted(before) == sorted(_live_lora(trainer.model))
+    for key, value in saved.items():
+        assert torch.equal(live[key], value), key

@@ -18,16 +18,23 @@ for a live model), a state dict for a state-dict or path base. Each adapter is t
 rule hands the RAM family ``eps=0`` (every kept entry counts), as ``prepare_merge`` does. The RAM side also
 searches the rule's density (the ``sparsify`` move, :data:`ADAPTER_SPACE`).
 
-Not searched: the rank of a re-factored adapter output (only into-base merges are searched), per-agent weights in
-the shared mean (``shared_weights``, ``importance=``: the adapter entry points take no importances, so such a
-winner could not be re-made), and worker processes (``parallel=1`` only).
+The re-factored adapter's output rank is searched too (the ``rank`` move, :func:`rank_values`: the agents' own rank
+and twice it, at most a targeted layer's full rank): a candidate with ``rank=k`` is the merge re-factored into a
+rank-k adapter (``ram_merge_adapter_files(folders, out=..., **result.best)`` makes it; evaluated as the base with
+that adapter's B'A' folded in), one without it the exact merge into the base weights. An :class:`AdapterAgents`
+with ``svd`` (a LoRA callback's adapter output) re-factors every candidate: without ``rank``, at ``svd``'s.
+
+Not searched: per-agent weights in the shared mean (``shared_weights``, ``importance=``: the adapter entry points
+take no importances, so such a winner could not be re-made), and worker processes (``parallel=1`` only).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..engine.stream import DEFAULT_CHUNK_NUMEL
 from ..errors import ConfigError, UnsupportedInputError
 from ..io.sources import as_source
 from ..methods import Activity
@@ -54,6 +62,7 @@ __all__ = [
     "adapter_agents",
     "adapter_space",
     "check_families",
+    "rank_values",
 ]
 
 #: The RAM+ grid of an adapter search: the paper's default first, plain RAM (λ = 1), small r (λ > 1 measured to lose
@@ -71,13 +80,14 @@ ADAPTER_RAM_PLUS_GRID = [
 #: The default space of an adapter search: the RAM+ grid above, the ``sparsify`` move (the activity rule's density),
 #: the λ ascent (``lambdas``, in place of ``shared_weights``, whose importances the adapter entry points do not
 #: take), leave-one-out, the shared-region moves (the ``eps`` moves hardly change what a rule keeps: it decides what
-#: is active); the baselines as in the default space.
+#: is active), the re-factored output's rank (``rank``: :func:`rank_values`); the baselines as in the default space.
 ADAPTER_SPACE: dict[str, Any] = {
     "ram_plus": ADAPTER_RAM_PLUS_GRID,
     "sparsify": None,
     "lambdas": None,
     "leave_one_out": None,
     "activity": [{"shared": "sign"}, {"shared": "mean"}],
+    "rank": None,
     "task_arithmetic": None,
     "ties": None,
     "dare_ties": None,
@@ -90,11 +100,22 @@ _REPORTED = Activity("abs", 1e-5)
 @dataclass
 class AdapterAgents:
     """The adapters of a search: their factors, and the base the merges go into (a live model: a plain copy of its
-    base, made once)."""
+    base, made once). ``svd``: every candidate is re-factored into an adapter with these options (its ``rank``
+    option, if any, replacing theirs), as a LoRA callback saves its generalist; None: only candidates with
+    ``rank`` are. Given as ``search``'s ``models`` (no ``base=``), the adapters are searched as they are."""
 
     adapters: AdapterSet
     base: Any
     live: bool
+    svd: SvdOptions | None = None
+
+
+def rank_values(adapters: AdapterSet) -> list[int]:
+    """The ``rank`` move's default values: the agents' largest rank r and 2r, each at most the largest full rank
+    min(out, in) of a targeted layer (a larger k re-factors no layer differently), without repeats."""
+    full = max(min(adapters.module(m).shape) for m in adapters.order)
+    r = adapters.max_rank()
+    return sorted({min(k, full) for k in (r, 2 * r)})
 
 
 def _is_peft_model(obj: Any) -> bool:
@@ -122,6 +143,13 @@ def adapter_agents(models: Any, base: Any, adapters: Sequence[str] | None) -> Ad
             module, LoRA variants, a damaged ``adapter_config.json`` or ``adapter_model.safetensors``), naming the
             adapter and the file.
     """
+    if isinstance(models, AdapterAgents):
+        if base is not None or adapters is not None:
+            raise ConfigError(
+                "search(AdapterAgents(...), ...) holds its base and adapters: leave base= and adapters= out"
+            )
+        check_consistent(models.adapters)
+        return models
     if _is_peft_model(models):
         if base is not None:
             raise ConfigError("search(peft_model, ...) merges into the model's own base: leave base= out")
@@ -210,9 +238,15 @@ def adapter_space(space: Any, importance: Any, parallel: int, ray_address: str |
 
 def check_families(families: list[Family], adapters: bool) -> None:
     """A ``ConfigError`` for a family or candidate the search's agents cannot take: ``sparsify`` (the activity
-    rule of LoRA ΔW) over full models; importances (``shared_weights``, ``importance``) over adapters."""
+    rule of LoRA ΔW) and ``rank`` (the re-factored adapter's) over full models; importances (``shared_weights``,
+    ``importance``) over adapters."""
     for family in families:
         where = f"space entry {family.name!r}"
+        if not adapters and (family.kind == "rank" or any("rank" in o for o in family.grid)):
+            raise ConfigError(
+                f"{where}: rank= is the rank of a re-factored LoRA adapter; it applies to a search over "
+                "adapters (PEFT adapter folders or a PeftModel), not over full models"
+            )
         if not adapters and (family.kind == "sparsify" or any("sparsify" in o for o in family.grid)):
             raise ConfigError(
                 f"{where}: sparsify= is the activity rule of LoRA adapters' ΔW; it applies to a search "
@@ -245,6 +279,7 @@ class AdapterMerger(Merger):
         self.live = agents.live
         self._by_rule: dict[SparsifyRule | None, list[BasePlusDeltaSource]] = {}
         self._rule: SparsifyRule | None = None
+        self.svd = agents.svd
         super().__init__(agents, agents.base, device=device, workers=workers)
 
     def _sources(self, models: Any, base: Any) -> tuple[list[Any], Any]:
@@ -273,16 +308,70 @@ class AdapterMerger(Merger):
             options.setdefault("eps", 0.0)
         return options
 
+    def svd_of(self, candidate: Mapping[str, Any]) -> SvdOptions | None:
+        """How ``candidate``'s merge is re-factored into an adapter (None: merged into the base exactly)."""
+        if "rank" in candidate:
+            return dataclasses.replace(self.svd or SvdOptions(), rank=candidate["rank"])
+        return self.svd
+
+    def default_rank(self) -> int | None:
+        """The rank a candidate without ``rank`` is re-factored to (None: not re-factored, or by energy)."""
+        if self.svd is None or self.svd.energy is not None and self.svd.rank is None:
+            return None
+        return self.svd.rank or self.adapters.max_rank()
+
     def count_key(self, candidate: Mapping[str, Any], config: Any = None) -> tuple[Any, ...]:
-        """The counts' key with the activity rule (each rule's agents count differently)."""
-        return (*super().count_key(candidate, config), str(self.rule_of(candidate)))
+        """The counts' key with the activity rule (each rule's agents count differently) and, for a re-factored
+        merge, its SVD options (its counts are taken in ΔW space)."""
+        svd = self.svd_of(candidate)
+        tail = () if svd is None else (str(svd),)
+        return (*super().count_key(candidate, config), str(self.rule_of(candidate)), *tail)
 
     def agents_for(self, candidate: Mapping[str, Any]) -> list[Any]:
         return self._agents(self.rule_of(candidate))
 
     def merge(self, candidate: Mapping[str, Any]) -> tuple[Any, Any, float]:
         self._rule = self.rule_of(candidate)
-        return super().merge(candidate)
+        svd = self.svd_of(candidate)
+        if svd is None:
+            return super().merge(candidate)
+        return self._refactored(candidate, svd)
+
+    def _refactored(self, candidate: Mapping[str, Any], svd: SvdOptions) -> tuple[Any, Any, float]:
+        """``candidate`` merged in ΔW space and re-factored, as ``ram_merge_adapter_files(..., out=...)`` makes the
+        adapter; handed out as the base with the new adapter's B'A' folded into the targeted weights."""
+        from ..engine.run import run_merge
+        from ..methods import get_method, make_config
+        from ..peft.factors import Factor
+        from ..peft.merging import merge_in_delta_space, prepare_merge
+        from ..peft.refactoring import make_refactorer
+        from ..peft.report import AdapterMergeReport
+
+        t0 = time.perf_counter()
+        options = self.options_of(candidate)
+        prep = prepare_merge(self.adapters, candidate["method"], options, candidate.get("sparsify", "auto"))
+        refactorer = make_refactorer(self.adapters, AdapterMergeReport(self.adapters.names, "adapter"), svd)
+        with torch.no_grad():
+            info = merge_in_delta_space(
+                self.adapters, prep, refactorer, device=self.device, chunk_numel=DEFAULT_CHUNK_NUMEL
+            )
+            if info.statistics is not None:
+                self.statistics.setdefault(self.count_key(candidate), info.statistics)
+            folded = {
+                m: Factor(out.A, out.B, 1.0, self.adapters.module(m).kind, self.adapters.module(m).transpose)
+                for m, out in refactorer.factors.items()
+            }
+            one = BasePlusDeltaSource(self.base_src, AdapterDeltas("re-factored", folded, None, _REPORTED))
+            run_merge(
+                self.base_src,
+                [one],
+                get_method("task_arithmetic"),
+                make_config("task_arithmetic"),
+                self.target,
+                device=self.device,
+                workers=self.workers,
+            )
+        return self.target.finish(), info, time.perf_counter() - t0
 
     def _cached(self, method: Any) -> Any:
         """TIES' cached thresholds hold for the unsparsified ΔW only (a baseline's own default)."""

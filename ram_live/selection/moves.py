@@ -79,7 +79,8 @@ class Moves:
 
     @staticmethod
     def _common(trial: Trial) -> dict[str, Any]:
-        return {k: trial.options[k] for k in ("eps", "activity", "exclude", "shared", "sparsify") if k in trial.options}
+        keep = ("eps", "activity", "exclude", "shared", "sparsify", "rank")
+        return {k: trial.options[k] for k in keep if k in trial.options}
 
     def _lambdas(self, family: Family) -> None:
         start = self._ram_start()
@@ -185,6 +186,24 @@ class Moves:
             candidate = {**start.candidate, **move}
             if sparsify_rule(move["sparsify"], start.method) == sparsify_rule("auto", start.method):
                 del candidate["sparsify"]
+            candidates.append(candidate)
+        self._trials(candidates)
+
+    def _rank(self, family: Family) -> None:
+        """LoRA adapters (:mod:`ram_live.selection.adapters`): the best RAM-side candidate so far re-factored into
+        an adapter of each rank of the family (default: the agents' rank and twice it); the rank every candidate
+        is re-factored to anyway (a LoRA callback's) leaves ``rank`` out."""
+        from .adapters import rank_values
+
+        start = self.incumbent(RAM_SIDE) or self._ram_start()
+        if start is None:
+            return
+        ranks = [o["rank"] for o in family.grid] or rank_values(self.merger.adapters)
+        candidates = []
+        for k in ranks:
+            candidate = {**start.candidate, "rank": k}
+            if k == self.merger.default_rank():
+                del candidate["rank"]
             candidates.append(candidate)
         self._trials(candidates)
 

@@ -59,6 +59,7 @@ MOVES = {
     "ta_weights": BASELINE_SIDE,
     "importance": RAM_SIDE,
     "sparsify": RAM_SIDE,
+    "rank": RAM_SIDE,
 }
 #: Coordinate-ascent families.
 ASCENTS = ("lambdas", "shared_weights", "ta_weights")
@@ -92,7 +93,7 @@ class Family:
     name: str
     side: str
     kind: str  # "grid", "explicit", "lambdas", "shared_weights", "ta_weights", "leave_one_out", "activity",
-    # "importance", "sparsify" (adapters), "ta_probe" (the screen's, budget.py)
+    # "importance", "sparsify", "rank" (adapters), "ta_probe" (the screen's, budget.py)
     grid: list[dict[str, Any]] = field(default_factory=list)
     settings: dict[str, float] = field(default_factory=dict)
     budget: int = 0
@@ -115,6 +116,8 @@ class Family:
             return math.inf  # bounded by the number of agents, known when it runs
         if self.kind == "importance":
             return 2 * self.settings.get("variants", 1)  # each variant: plain RAM, then the best RAM-side one
+        if self.kind == "rank" and not self.grid:
+            return 2  # the agents' rank and twice it (ram_live.selection.adapters.rank_values)
         return len(self.grid)
 
 
@@ -164,7 +167,9 @@ def _check_candidate(entry: str, method: str, options: Mapping[str, Any]) -> Non
             from ..peft.sparsify import sparsify_rule
 
             sparsify_rule(options["sparsify"], method)
-        make_config(method, **{k: v for k, v in options.items() if k not in ("importance", "sparsify")})
+        if "rank" in options:  # an adapter search's re-factored output rank
+            _check_rank(options["rank"])
+        make_config(method, **{k: v for k, v in options.items() if k not in ("importance", "sparsify", "rank")})
     except ConfigError as exc:
         raise ConfigError(f"space entry {entry}: {exc}") from None
 
@@ -191,6 +196,8 @@ def _family(name: str, value: Any) -> Family:
             return Family(name, side, name)
         if name == "sparsify":
             return Family(name, side, name, grid=_sparsify_grid(value))
+        if name == "rank":
+            return Family(name, side, name, grid=_rank_grid(value))
         grid = ACTIVITY_MOVES if value in (None, True) else _grid(name, value)
         for i, options in enumerate(grid):
             unknown = sorted(set(options) - set(MOVE_OPTIONS))
@@ -228,6 +235,26 @@ def _sparsify_grid(value: Any) -> list[dict[str, Any]]:
         except ConfigError as exc:
             raise ConfigError(f"space entry 'sparsify'[{i}]: {exc}") from None
     return out
+
+
+def _check_rank(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"rank must be a positive int (the re-factored adapter's rank), got {value!r}")
+
+
+def _rank_grid(value: Any) -> list[dict[str, Any]]:
+    """The ``rank`` family's moves: none here for the default (the agents' rank and twice it, known once the
+    adapters are read), or ``{"rank": k}`` for each given rank."""
+    if value in (None, True):
+        return []
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or not value:
+        raise ConfigError(f"space['rank'] takes True or a non-empty list of ranks (positive ints), got {value!r:.80}")
+    for i, k in enumerate(value):
+        try:
+            _check_rank(k)
+        except ConfigError as exc:
+            raise ConfigError(f"space entry 'rank'[{i}]: {exc}") from None
+    return [{"rank": k} for k in dict.fromkeys(value)]
 
 
 def parse_space(space: Any) -> list[Family]:
