@@ -1,4 +1,5 @@
-"""Progress reporting for long merges: a tiny protocol, and a terminal bar that needs no extra package."""
+"""Progress reporting for long merges and searches: a tiny protocol, and terminal bars that need no extra
+package."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import sys
 import time
 from typing import Protocol, TextIO
 
-__all__ = ["ProgressHook", "TerminalProgress"]
+__all__ = ["ProgressHook", "SearchProgress", "TerminalProgress"]
 
 
 class ProgressHook(Protocol):
@@ -65,3 +66,46 @@ class TerminalProgress:
         )
         self.stream.write(("\r" + line + "\x1b[K" if self.live else line) + "\n")
         self.stream.flush()
+
+
+class SearchProgress:
+    """A search's line on stderr, redrawn as each candidate is scored, on a terminal only (elsewhere silent):
+    ``[search] 12 scored  spent 4.31x/20x (388/1800 prompts)  best 0.583 (#N)  3.1 s/candidate  #N ...``.
+    ``spent``: the budget used, in candidates, or in full evaluations' worth of prompts (and prompts) for a
+    budget like ``"20x"``. ``live``: draw even when ``stream`` is not a terminal (None: only on a terminal)."""
+
+    def __init__(self, stream: TextIO | None = None, live: bool | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)()) if live is None else bool(live)
+
+    def begin(self, budget: float, in_prompts: bool, prompts: int) -> None:
+        """A search begins with ``budget`` (candidates, or full evaluations when ``in_prompts``), ``prompts``
+        prompts an evaluation (0: not known)."""
+        self.budget, self.in_prompts, self.prompts = budget, in_prompts, prompts
+        self.count, self.t0, self.drawn = 0, time.perf_counter(), False
+
+    def trial(self, index: int, label: str, spent: float, best: float | None, best_index: int | None) -> None:
+        """Candidate ``index`` (``label``) scored; ``spent`` of the budget used; the best complete score so far."""
+        self.count += 1
+        if not self.live:
+            return
+        per = (time.perf_counter() - self.t0) / self.count
+        if self.in_prompts:
+            cost = f"spent {spent:.3g}x/{self.budget:g}x"
+            if self.prompts:
+                cost += f" ({round(spent * self.prompts)}/{round(self.budget * self.prompts)} prompts)"
+        else:
+            cost = f"spent {spent:g}/{self.budget:g} candidates"
+        shown = "best -" if best is None else f"best {best:.4g} (#{best_index})"
+        line = f"[search] {self.count} scored  {cost}  {shown}  {per:.3g} s/candidate  #{index} {label}"
+        self.stream.write("\r" + line[:200] + "\x1b[K")
+        self.stream.flush()
+        self.drawn = True
+
+    def end(self) -> None:
+        """The search ended: the line stays, with the time taken."""
+        if self.live and self.drawn:
+            self.stream.write(
+                f"\r[search] {self.count} candidates scored in {time.perf_counter() - self.t0:.1f} s\x1b[K\n"
+            )
+            self.stream.flush()

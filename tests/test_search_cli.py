@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -342,3 +343,36 @@ def test_search_scores_as_the_same_api_search(tmp_path, monkeypatch, capsys):
 
     assert len(cli) == 2 and cli == api(1.5) and all(0 < s < 1 for s in cli), cli
     assert cli != api(2.5)  # the threshold reached the evaluation (a reward is 2 * fraction + 0.5 * 1)
+
+
+def test_search_plan_prints_what_the_budget_buys_and_writes_nothing(folders, capsys):
+    tmp, paths, agents, base = folders
+    args = ["search", *(str(paths[n]) for n in LAMBDAS), "--base", str(paths["base"])]
+    args += ["--eval", "test_search_cli:held_out", "--budget", "5"]
+    SEEN.clear()
+    assert main([*args, "--plan", "--seconds-per-candidate", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[1] == "  full     5 candidates, spent 5, about 15 s of evaluation"
+    assert SEEN == [] and sorted(p.name for p in tmp.iterdir()) == sorted([*LAMBDAS, "base", "target.safetensors"])
+    assert main([*args, "--plan", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["full"]["candidates"] == [5, 5]
+    assert main([*args, "--seconds-per-candidate", "3", "--out", str(tmp / "o")]) == 2
+    assert "--seconds-per-candidate is an option of --plan" in capsys.readouterr().err
+    assert main(args) == 2 and "search needs --out FOLDER" in capsys.readouterr().err
+
+
+def test_search_progress_on_a_terminal_and_quiet(folders, capsys, monkeypatch):
+    tmp, paths, agents, base = folders
+
+    class FakeTTY(io.StringIO):
+        def isatty(self):
+            return True
+
+    args = ["search", *(str(paths[n]) for n in LAMBDAS), "--base", str(paths["base"])]
+    args += ["--eval", "test_search_cli:held_out", "--budget", "3", "--space", '["ram_plus"]']
+    for quiet, out in ((False, "a"), (True, "b")):
+        tty = FakeTTY()
+        monkeypatch.setattr("sys.stderr", tty)
+        assert main([*args, "--out", str(tmp / out), *(["--quiet"] if quiet else [])]) == 0
+        assert ("[search] 3 scored  spent 3/3 candidates" in tty.getvalue()) is not quiet
+        assert (tty.getvalue() == "") is quiet

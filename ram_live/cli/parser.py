@@ -260,7 +260,19 @@ def _search(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None
         help="evaluation: a function state_dict -> float (higher is better), e.g. mypkg.evals:held_out",
     )
     reward_arguments(s)
-    s.add_argument("--out", required=True, help="output folder: the best merge, search.json, table.txt")
+    s.add_argument("--out", help="output folder: the best merge, search.json, table.txt (required but with --plan)")
+    s.add_argument(
+        "--plan",
+        action="store_true",
+        help="search nothing: print what the budget buys (candidates, prompt-evaluations, generations; full and raced)",
+    )
+    s.add_argument(
+        "--seconds-per-candidate",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --plan: one candidate's evaluation time (e.g. timed on the base), for the plan's time",
+    )
     s.add_argument(
         "--budget",
         type=_budget,

@@ -12,7 +12,10 @@ the prompts; ``--parallel N [--ray-address local]`` scores N candidates at once 
 (``{name: tensor}``, the base's dtypes, on ``--device``) and returns a float, higher is better. The current
 folder is importable. ``--out`` gets the best merge (as ``ram-live merge --out`` writes it: a Hugging Face folder
 with the base folder's config and tokenizer files), ``search.json`` (``SearchResult.to_dict()``) and
-``table.txt``; with ``--plot``, a PNG.
+``table.txt``; with ``--plot``, a PNG. While it runs, a line on stderr (when it is a terminal; not with
+``--quiet``) shows the candidates scored, the budget spent, the best so far and the time a candidate.
+``--plan [--seconds-per-candidate S]`` searches nothing and prints what the budget buys, full and raced
+(:mod:`ram_live.selection.plan`); ``--out`` is then not needed.
 """
 
 from __future__ import annotations
@@ -99,9 +102,16 @@ def _warnings_for_the_command() -> None:
 
 
 def run_search(args: argparse.Namespace) -> int:
-    """The ``search`` subcommand: check the output first, search, write the winner and the table."""
+    """The ``search`` subcommand: check the output first, search, write the winner and the table (``--plan``:
+    print what the budget buys instead, :func:`_plan`)."""
     from .output import replacing
 
+    if getattr(args, "plan", False):
+        return _plan(args)
+    if getattr(args, "seconds_per_candidate", None) is not None:
+        raise ConfigError("--seconds-per-candidate is an option of --plan")
+    if not args.out:
+        raise ConfigError("search needs --out FOLDER (the best merge, search.json and table.txt go in it)")
     out = Path(args.out)
     if out.suffix == ".safetensors":
         raise ConfigError("--out of search is a folder (the merge, search.json and table.txt go in it)")
@@ -109,20 +119,48 @@ def run_search(args: argparse.Namespace) -> int:
         return _search_into(args, out)
 
 
+def _plan(args: argparse.Namespace) -> int:
+    """``--plan``: every option checked as for the search, nothing merged or scored, nothing written; the plan
+    printed (``--json``: as JSON)."""
+    from .commands import inputs
+    from ..selection.run import search
+
+    agents, base = inputs(args)
+    plan = search(
+        agents,
+        base=base,
+        evaluate=_evaluation(args),
+        budget=args.budget,
+        space=_space(args),
+        seed=args.seed,
+        fidelity=getattr(args, "fidelity", "full"),
+        plan=True,
+        seconds_per_candidate=getattr(args, "seconds_per_candidate", None),
+    )
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.text())  # type: ignore[union-attr]
+    return 0
+
+
+def _space(args: argparse.Namespace) -> Any:
+    """``--space`` as JSON (``"inf"`` for an uncapped alpha), or None."""
+    from ..selection.result import from_json
+
+    if args.space is None:
+        return None
+    try:
+        return from_json(json.loads(args.space))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--space is not JSON: {exc}") from None
+
+
 def _search_into(args: argparse.Namespace, out: Path) -> int:
     from .commands import inputs
     from ..api import merge
     from ..io.outputs import output_target
-    from ..selection.result import from_json
     from ..selection.run import search
 
     output_target(out, single=False)  # before a long search: a non-empty or unusable --out is refused now
-    space = None
-    if args.space is not None:
-        try:
-            space = from_json(json.loads(args.space))  # "inf" for an uncapped alpha
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--space is not JSON: {exc}") from None
+    space = _space(args)
     evaluate = _evaluation(args)
     confirm = load_callable(args.confirm, "--confirm", from_cwd=True) if args.confirm else None
     agents, base = inputs(args)
@@ -141,6 +179,7 @@ def _search_into(args: argparse.Namespace, out: Path) -> int:
             fidelity=getattr(args, "fidelity", "full"),
             parallel=getattr(args, "parallel", 1),
             ray_address=getattr(args, "ray_address", None),
+            progress=False if args.quiet else None,  # None: a line on stderr when it is a terminal
         )
     merge(agents, base=base, out=out, device=args.device, **result.best)
     result.save(out)

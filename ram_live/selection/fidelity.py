@@ -148,7 +148,9 @@ def prompt_protocol(evaluate: Any) -> bool:
 class Scored:
     """A candidate's score: ``score`` (the objective on every prompt, or a stopped candidate's estimate),
     ``cost`` (in full evaluations), ``fidelity`` (share of the prompts seen), ``tasks`` (each task's score on the
-    prompts seen), ``values`` (per prompt, for the race) and why it stopped early."""
+    prompts seen), ``values`` (per prompt, for the race), why it stopped early, ``se`` (the standard error of a
+    score on every prompt, :func:`standard_error`) and ``clamped`` (an estimate brought into the range of the
+    per-prompt scores seen)."""
 
     score: float
     cost: float
@@ -156,6 +158,8 @@ class Scored:
     tasks: dict[str, float] | None = None
     values: Values | None = None
     stop: str | None = None  # "race": clearly worse than its side's best on a slice
+    se: float | None = None
+    clamped: bool = False
 
 
 @dataclass
@@ -178,7 +182,7 @@ class Scorer:
                 "(ram_live.evaluate.rewards, or prompt_tasks/prompt_scores/aggregate: "
                 "docs/search.md); this evaluate is a plain callable"
             )
-        self.n = 0
+        self.n, self.tasks = 0, []
         if self.protocol:
             try:  # (only the grouping matters: each prompt's task as text)
                 tasks = [str(t) for t in self.evaluate.prompt_tasks()]
@@ -187,7 +191,7 @@ class Scorer:
                     f"the evaluation's prompt_tasks() failed ({type(exc).__name__}: {exc}); it must "
                     "return each prompt's task"
                 ) from exc
-            self.n = len(tasks)
+            self.n, self.tasks = len(tasks), tasks
             if self.n == 0:
                 raise ConfigError("the evaluation has no prompts")
             if self.halving is not None:
@@ -227,7 +231,8 @@ class Scorer:
             ref_score, _ = self._aggregate({i: reference.values[i] for i in values})  # type: ignore[union-attr]
             score = reference.score + (score - ref_score)  # type: ignore[union-attr]
         cost = fidelity if self.in_prompts else 1.0
-        return Scored(score, cost, fidelity, tasks, values, stop)
+        se = standard_error(self._aggregate, values, self.tasks) if fidelity >= 1.0 else None
+        return Scored(score, cost, fidelity, tasks, values, stop, se)
 
     def _behind(self, values: Values, reference: Scored, indices: Sequence[int]) -> bool:
         """Whether the candidate trails ``reference`` on ``indices`` by more than ``z`` paired standard errors."""
@@ -289,6 +294,36 @@ def nested_slices(tasks: Sequence[str], fractions: Sequence[float], seed: int) -
         picked = [i for ids in order.values() for i in ids[: max(1, math.ceil(f * len(ids) - 1e-9))]]
         out.append(sorted(picked))
     return out
+
+
+#: Groups of prompts the standard error's jackknife leaves out one at a time (fewer prompts: one prompt a group).
+JACKKNIFE_GROUPS = 20
+
+
+def standard_error(
+    aggregate: Callable[[Mapping[int, float | None]], tuple[float, Any]], values: Values, tasks: Sequence[str]
+) -> float | None:
+    """The standard error of ``aggregate(values)[0]`` by the delete-a-group jackknife: the prompts dealt in turn,
+    each task's in its order, into :data:`JACKKNIFE_GROUPS` groups, the objective recomputed without each group:
+    ``sqrt((G - 1) / G · Σ (θ_g - θ̄)²)``. Whatever the objective (the mean over prompts, over tasks, their
+    weighted mean or the worst task), no formula of its own is needed. None with fewer than two prompts scored.
+
+    >>> round(standard_error(lambda v: (sum(v.values()) / len(v), {}), {0: 0.0, 1: 1.0, 2: 1.0, 3: 0.0}, "aaaa"), 4)
+    0.2887
+    """
+    scored = [i for i in sorted(values) if values[i] is not None]
+    if len(scored) < 2:
+        return None
+    by_task = sorted(scored, key=lambda i: (str(tasks[i]) if i < len(tasks) else "", i))
+    g = min(JACKKNIFE_GROUPS, len(scored))
+    groups = [set(by_task[k::g]) for k in range(g)]
+    try:
+        thetas = [aggregate({i: v for i, v in values.items() if i not in out})[0] for out in groups]
+    except Exception:  # a group held a whole task of weight: the objective without it is not defined
+        return None
+    mean = sum(thetas) / g
+    se = math.sqrt((g - 1) / g * sum((t - mean) ** 2 for t in thetas))
+    return se if math.isfinite(se) else None
 
 
 def _real(x: Any) -> bool:

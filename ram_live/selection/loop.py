@@ -11,8 +11,9 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, SearchError
 from ..option_checks import finite_float
+from ..progress import SearchProgress
 from .effects import effect_key
-from .fidelity import Scorer
+from .fidelity import Scored, Scorer
 from .moves import Moves
 from .outcome import run_candidate, side_reference
 from .parallel import Pool
@@ -45,14 +46,12 @@ class SearchRun(Moves, Refinements):
         self.seen: dict[str, Trial] = {}
         self.used = 0.0
         self.merge_seconds = self.evaluate_seconds = 0.0
-        self.progress_hook = (
-            progress if progress is not None and hasattr(progress, "update") and hasattr(progress, "start") else None
-        )
-        self.callback = progress if progress is not None and self.progress_hook is None else None
-        if progress is not None and self.progress_hook is None and not callable(progress):
-            raise ConfigError(f"progress must be a callable taking each Trial, or a ProgressHook; got {progress!r}")
+        self.progress_hook, self.callback, self.bar = _progress(progress)
         if self.progress_hook is not None:
             self.progress_hook.start("search", math.ceil(budget), 0)
+        if self.bar is not None:
+            self.bar.begin(budget, scorer.in_prompts, scorer.n)
+        self.observed: tuple[float, float] | None = None  # the lowest and highest per-prompt score seen
 
     # ------------------------------------------------------------------------------------------- one trial
 
@@ -118,6 +117,7 @@ class SearchRun(Moves, Refinements):
                 raise outcome.nonfinite  # an input holds NaN/Inf: every candidate would fail
             trial = self._record(family, candidate, None, 0.0, 0.0, math.nan, None, str(outcome.nonfinite))
             self.seen[key] = trial
+            self._notify(trial)
             return trial
         self.merge_seconds += outcome.merge_seconds
         self.evaluate_seconds += outcome.evaluate_seconds
@@ -133,6 +133,7 @@ class SearchRun(Moves, Refinements):
                 f"evaluate raised {type(exc).__name__} on candidate {label}: {exc}", candidate=candidate
             ) from exc
         scored = outcome.scored
+        self._clamp(scored)
         self.scorer.record(side_of(candidate["method"]), scored)
         self.used += scored.cost
         self.left -= scored.cost
@@ -147,11 +148,47 @@ class SearchRun(Moves, Refinements):
             None,
         )
         trial.fidelity, trial.tasks, trial.stop = scored.fidelity, scored.tasks, scored.stop
+        trial.se, trial.clamped = scored.se, scored.clamped
         self.seen[key] = trial
         effect = effect or effect_key(candidate, self.merger)  # the counts may be known now
         if effect is not None:
             self.seen.setdefault(effect, trial)
+        self._notify(trial)
         return trial
+
+    def _clamp(self, scored: Scored) -> None:
+        """A stopped candidate's estimate kept within the per-prompt scores seen so far (no mean, weighted mean or
+        worst task of those can leave it: an estimate outside is the extrapolation of a slice, e.g. a negative
+        pass@k), marked ``clamped``."""
+        seen = [v for v in (scored.values or {}).values() if v is not None]
+        if seen:
+            lo, hi = min(seen), max(seen)
+            if self.observed is not None:
+                lo, hi = min(lo, self.observed[0]), max(hi, self.observed[1])
+            self.observed = (lo, hi)
+        if scored.fidelity < 1.0 and self.observed is not None:
+            bounded = min(max(scored.score, self.observed[0]), self.observed[1])
+            scored.clamped, scored.score = bounded != scored.score, bounded
+
+    def _notify(self, trial: Trial) -> None:
+        """Tell ``progress`` (a callable, a hook or the terminal line) that ``trial`` is scored."""
+        if self.callback is not None:
+            self.callback(trial)
+        elif self.progress_hook is not None:
+            self.progress_hook.update(f"{trial.label()} -> {trial.score}", 0)
+        if self.bar is not None:
+            complete = [t for t in self.history if t.complete]
+            best = max(complete, key=lambda t: (t.score, -t.index)) if complete else None
+            self.bar.trial(
+                trial.index, trial.label(), self.used, None if best is None else best.score, best and best.index
+            )
+
+    def close_progress(self) -> None:
+        """The search ended: a hook's stage closes, the terminal line gets its summary."""
+        if self.progress_hook is not None:
+            self.progress_hook.close()
+        if self.bar is not None:
+            self.bar.end()
 
     def _record(
         self,
@@ -180,10 +217,6 @@ class SearchRun(Moves, Refinements):
             importance=self.labels.get(id(options.get("importance"))) if "importance" in options else None,
         )
         self.history.append(trial)
-        if self.callback is not None:
-            self.callback(trial)
-        elif self.progress_hook is not None:
-            self.progress_hook.update(f"{trial.label()} -> {score}", 0)
         return trial
 
     def _room(self, left: float) -> bool:
@@ -224,3 +257,25 @@ class SearchRun(Moves, Refinements):
             trial.confirm_score, _ = self._score(
                 fn, merged, trial.candidate, f"#{trial.index} {trial.label()}", "confirm"
             )
+
+
+def _progress(progress: Any) -> tuple[Any, Callable[[Trial], Any] | None, SearchProgress | None]:
+    """``search``'s ``progress=`` as ``(hook, callback, terminal line)``: None (a line on stderr when it is a
+    terminal), False (nothing), True (the line), a :class:`~ram_live.progress.SearchProgress`, a
+    :class:`~ram_live.progress.ProgressHook` or a callable given each trial."""
+    if progress is None:
+        bar = SearchProgress()
+        return None, None, bar if bar.live else None
+    if progress is False:
+        return None, None, None
+    if progress is True:
+        return None, None, SearchProgress(live=True)
+    if isinstance(progress, SearchProgress):
+        return None, None, progress
+    if hasattr(progress, "update") and hasattr(progress, "start"):
+        return progress, None, None
+    if not callable(progress):
+        raise ConfigError(
+            f"progress must be None, True, False, a callable taking each Trial, or a ProgressHook; got {progress!r}"
+        )
+    return None, progress, None

@@ -53,6 +53,10 @@ class Trial:
     tasks: dict[str, float] | None = None
     #: Why it saw fewer prompts: "race" (clearly worse than its side's best on a slice).
     stop: str | None = None
+    #: The standard error of ``score`` (scored on every prompt by an evaluation with the prompt protocol), else None.
+    se: float | None = None
+    #: A stopped candidate's estimate fell outside the per-prompt scores seen, and was brought back to that range.
+    clamped: bool = False
 
     @property
     def complete(self) -> bool:
@@ -95,12 +99,10 @@ class Trial:
                 "fidelity": self.fidelity,
                 "tasks": self.tasks,
                 "stop": self.stop,
+                "se": self.se,
+                "clamped": self.clamped,
             }
         )
-
-
-def _short(name: str, width: int = 10) -> str:
-    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def _copy(options: dict[str, Any]) -> dict[str, Any]:
@@ -256,61 +258,15 @@ class SearchResult:
         return None if baseline is None else self.best_score - float(baseline.score)  # type: ignore[arg-type]
 
     def table(self) -> str:
-        """Every trial, in order (``*``: the winner; ``!``: extrapolates past :data:`EXTRAPOLATION_FAR`), then
-        a summary of the winner, the best baseline and the time split.
+        """Every trial, in order, then a summary of the winner, the best baseline and the time split
+        (:func:`~ram_live.selection.table.format_table`: its marks are explained under the table).
 
         Returns:
             The table as text.
         """
-        best = self.best_trial.index
-        confirm = any(t.confirm_score is not None for t in self.history)
-        raced = any(t.fidelity < 1.0 for t in self.history)
-        tasks = list(dict.fromkeys(k for t in self.history for k in (t.tasks or {})))
-        shown_tasks = tasks if len(tasks) > 1 else []
-        head = (
-            f"{'#':>3}  {'family':<16} {'score':>11}"
-            + (f" {'seen':>5}" if raced else "")
-            + "".join(f" {_short(k):>10}" for k in shown_tasks)
-            + (f" {'confirm':>11}" if confirm else "")
-            + f" {'extrap':>7} {'merge s':>8} {'eval s':>8}  candidate"
-        )
-        lines = [head]
-        for t in self.history:
-            score = "failed" if t.score is None else f"{t.score:.6g}" + ("~" if t.stop else "")
-            row = f"{t.index:>3}{'*' if t.index == best else ' '} {t.family:<16} {score:>11}"
-            if raced:
-                row += f" {t.fidelity:>5.0%}"
-            for k in shown_tasks:
-                v = (t.tasks or {}).get(k)
-                row += f" {'' if v is None else f'{v:.4g}':>10}"
-            if confirm:
-                row += f" {'' if t.confirm_score is None else f'{t.confirm_score:.6g}':>11}"
-            row += (
-                f" {t.extrapolation:>6.3g}{'!' if t.extrapolates else ' '} {t.merge_seconds:>8.3f} "
-                f"{t.evaluate_seconds:>8.3f}  {t.label()}"
-            )
-            lines.append(row)
-        lines.append("")
-        lines.append(f"best: {self.best_trial.label()}  score {self.best_score:.6g}")
-        baseline = self.best_baseline
-        if baseline is not None:
-            lines.append(
-                f"best baseline: {baseline.label()}  score {baseline.score:.6g}  (margin {self.margin():+.6g})"
-            )
-        if raced:
-            lines.append(
-                "~: stopped early by the race (seen: share of the prompts); the score is an estimate below "
-                "its side's best at the time, and never wins"
-            )
-        if shown_tasks and self.best_trial.tasks:
-            lines.append("best per task: " + ", ".join(f"{k} {v:.4g}" for k, v in self.best_trial.tasks.items()))
-        lines.append(
-            f"{len(self.history)} trials, budget {self.budget} (spent {self.spent:.3g}), "
-            f"{self.statistics_passes} statistics "
-            f"pass(es); merge {self.merge_seconds:.2f} s, evaluate {self.evaluate_seconds:.2f} s, "
-            f"other {self.overhead_seconds:.2f} s"
-        )
-        return "\n".join(lines)
+        from .table import format_table
+
+        return format_table(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The result as JSON-able values.
@@ -325,6 +281,7 @@ class SearchResult:
                 "best_score": self.best_score,
                 "best_index": self.best_trial.index,
                 "best_tasks": self.best_trial.tasks,
+                "best_se": self.best_trial.se,
                 "spent": self.spent,
                 "best_extrapolation": self.best_trial.extrapolation,
                 "best_baseline": None if baseline is None else baseline.candidate,

@@ -20,6 +20,8 @@ from .fidelity import Scorer, parse_budget, parse_fidelity
 from .parallel import Pool, check_parallel
 from .target import Merger
 from .loop import SearchRun
+from .plan import SearchPlan, make_plan
+from ..option_checks import finite_float
 from .adapters import AdapterMerger, adapter_agents, adapter_space, check_families
 
 __all__ = ["search"]
@@ -45,7 +47,9 @@ def search(
     parallel: int = 1,
     ray_address: str | None = None,
     adapters: Any = None,
-) -> SearchResult:
+    plan: bool = False,
+    seconds_per_candidate: float | None = None,
+) -> SearchResult | SearchPlan:
     """Pick the merge of ``models`` that scores best on ``evaluate`` (higher is better), within ``budget`` calls.
 
     Every candidate is merged into one reused output (a scratch module for a module base, one set of tensors for
@@ -77,7 +81,11 @@ def search(
             the prompts it saw; an evaluation without the prompt protocol costs 1 per candidate).
         space: what to try (None: the default above).
         seed: orders the coordinate ascents and seeds DARE's masks; the same seed gives the same history.
-        progress: a callable given each :class:`Trial` as it is scored, or a :class:`~ram_live.progress.ProgressHook`.
+        progress: None (default): a line on stderr, redrawn as each candidate is scored (candidates scored, budget
+            spent, in prompts for a budget like ``"20x"``, the best so far, seconds a candidate), only when stderr
+            is a terminal; False: nothing; True: that line wherever stderr goes; a
+            :class:`~ram_live.progress.SearchProgress` (its stream); a callable given each :class:`Trial` as it
+            is scored; or a :class:`~ram_live.progress.ProgressHook` (``update`` once a trial).
         confirm: a second held-out evaluation, run on the ``confirm_top`` best candidates after the search
             (``Trial.confirm_score``; not counted in ``budget``).
         device, workers: as for :func:`ram_live.merge`.
@@ -108,13 +116,19 @@ def search(
             weights, with the activity rule's density searched on the RAM side; ``ram_merge_adapter_files(folders,
             base=base, into_base=True, **result.best)`` (or ``ram_merge_adapters(peft_model, adapters,
             into_base=True, **result.best)``) re-makes the winner (:mod:`ram_live.selection.adapters`).
+        plan: True: search nothing, return what ``budget`` buys with this evaluation
+            (:class:`~ram_live.selection.plan.SearchPlan`: candidates, prompt-evaluations and generations of a
+            full and of a raced search), every option checked as for the search itself.
+        seconds_per_candidate: with ``plan``: one full evaluation's time (e.g. timed on the base), for the
+            plan's time.
 
     Returns:
         A :class:`SearchResult`; ``merge(models, base=base, **result.best)`` reproduces the winner bit for bit.
+        With ``plan=True``, a :class:`~ram_live.selection.plan.SearchPlan`.
 
     Raises:
         SearchError: ``evaluate``/``confirm`` raised (chained) or returned NaN, ±inf or a non-number.
-        ConfigError: a bad ``budget``, ``confirm_top`` or ``space`` entry.
+        ConfigError: a bad ``budget``, ``confirm_top``, ``space`` entry, ``plan`` or ``seconds_per_candidate``.
 
     >>> result = search({"coder": coder, "tools": tools}, base=base, evaluate=held_out_score)  # doctest: +SKIP
     >>> generalist = merge({"coder": coder, "tools": tools}, base=base, **result.best)       # doctest: +SKIP
@@ -152,12 +166,27 @@ def search(
             if not variants:
                 raise ConfigError("space names the 'importance' family but search got no importance=")
             family.settings["variants"] = len(variants)
+    scorer = Scorer(evaluate, halving, in_prompts)
+    if plan is not True and plan is not False:
+        raise ConfigError(f"plan must be True or False, got {plan!r:.80}")
+    if seconds_per_candidate is not None:
+        try:
+            seconds = finite_float(seconds_per_candidate)
+        except ValueError:
+            seconds = -1.0
+        if not plan or seconds <= 0:
+            raise ConfigError(
+                f"seconds_per_candidate must be a finite number of seconds > 0, with plan=True; got "
+                f"{seconds_per_candidate!r:.80}" + ("" if plan else " without plan=True")
+            )
+        seconds_per_candidate = seconds
+    if plan:
+        return make_plan(scorer, budget, units, halving, seconds_per_candidate)
     merger = (
         Merger(models, base, device=device, workers=workers)
         if adapter_input is None
         else AdapterMerger(adapter_input, device=device, workers=workers)
     )
-    scorer = Scorer(evaluate, halving, in_prompts)
     run = SearchRun(merger, scorer, units, int(seed), progress)
     if STORED in [v for v in variants.values() if isinstance(v, str)]:
         resolve_importance(STORED, merger.agents)  # a ConfigError naming the agents without, before any trial
@@ -170,11 +199,11 @@ def search(
     except BaseException:
         if run.pool is not None:
             run.pool.close(abort=True)
+        run.close_progress()
         raise
     if run.pool is not None:
         run.pool.close()
-    if run.progress_hook is not None:
-        run.progress_hook.close()
+    run.close_progress()
     result = SearchResult(run.history, budget, int(seed), merger.names, budgets=budgets, spent=run.used)
     if not result.scored:
         raise SearchError("no candidate could be merged and scored (see the trials' errors)")
