@@ -474,6 +474,9 @@ def test_a_device_this_torch_cannot_use_is_refused_when_built(llama, tok):
             rewards(PROMPTS, count_a, tokenizer=tok, device="cuda")
     with pytest.raises(ConfigError, match=r"rewards: device='meta' holds no data"):
         rewards(PROMPTS, count_a, tokenizer=tok, device=torch.device("meta"))
+    for backend in ("xla", "lazy", "ipu"):  # torch knows the names, this build has no such backend
+        with pytest.raises(ConfigError, match=rf"^rewards: device='{backend}', and this torch cannot put a tensor"):
+            rewards(PROMPTS, count_a, tokenizer=tok, device=backend)
     assert rewards(PROMPTS[:1], count_a, tokenizer=tok, max_new_tokens=2, device=torch.device("cpu"))(llama) >= 0
 
 
@@ -514,6 +517,9 @@ def test_an_eos_token_id_out_of_range_is_refused(tmp_path, llama, tok):
         late(llama)
     last = rewards(PROMPTS, count_a, tokenizer=tok, model=llama, eos_token_id=vocab - 1, max_new_tokens=2)
     assert last(llama) >= 0  # the last id is in range
+    assert rewards(PROMPTS, count_a, tokenizer=tok, eos_token_id=np.int64(1)).settings.eos_token_id == (1,)
+    with pytest.raises(ConfigError, match=r"eos_token_id must be a token id \(an int >= 0\).*got np.int64\(-1\)"):
+        rewards(PROMPTS, count_a, tokenizer=tok, eos_token_id=np.int64(-1))
 
 
 def test_a_tokenizer_or_model_path_with_a_typo_is_refused_when_built(tmp_path, monkeypatch, tok):
@@ -537,3 +543,27 @@ def test_a_tokenizer_or_model_path_with_a_typo_is_refused_when_built(tmp_path, m
         h.VOCAB["a"],
         h.VOCAB["b"],
     ]
+
+
+def test_a_damaged_model_or_tokenizer_folder_is_refused_when_built(tmp_path, llama, tok):
+    """A model= folder whose config.json does not load, or that holds no weights, used to fail at the first
+    evaluation; a tokenizer folder whose config.json is a JSON list raised a raw TypeError."""
+    llama.save_pretrained(tmp_path / "good")
+    tok.save_pretrained(tmp_path / "good")
+    for name, config in (("text", "{not json"), ("list", "[]"), ("untyped", '{"hidden_size": 4}')):
+        folder = tmp_path / name
+        llama.save_pretrained(folder)
+        (folder / "config.json").write_text(config)
+        with pytest.raises(ConfigError, match=rf"^rewards: model='{folder}': its config.json does not load \("):
+            rewards(PROMPTS, count_a, tokenizer=tok, model=str(folder))
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_bytes((tmp_path / "good" / "config.json").read_bytes())
+    with pytest.raises(ConfigError, match=r"^rewards: model='.*bare' holds no weights"):
+        rewards(PROMPTS, count_a, tokenizer=tok, model=str(tmp_path / "bare"))
+    tok.save_pretrained(tmp_path / "tok")
+    (tmp_path / "tok" / "tokenizer_config.json").write_text("[]")
+    with pytest.raises(ConfigError, match=r"^rewards: cannot load a tokenizer from .*tok: \w+"):
+        rewards(PROMPTS, count_a, tokenizer=str(tmp_path / "tok"))
+    with pytest.raises(EvaluationError, match=r"^rewards: cannot evaluate '' \(an empty path\)"):
+        rewards(PROMPTS, count_a, tokenizer=tok, max_new_tokens=2)("")
+    assert rewards(PROMPTS[:1], count_a, model=str(tmp_path / "good"), max_new_tokens=2)(llama.state_dict()) >= 0

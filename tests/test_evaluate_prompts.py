@@ -116,6 +116,17 @@ USER = {"role": "user", "content": "2+2="}
             chat({"role": "system", "content": ""}, {"role": "user", "content": ""}),
             "every message's content is an empty string",
         ),
+        (chat({"role": "user", "content": [None]}), r"message 0 \(user\) has the content part 0 None; a content part"),
+        (chat({"role": "user", "content": [{"text": "a"}]}), r"message 0 \(user\) has the content part 0 \{'text'"),
+        (
+            chat({"role": "user", "content": [{"type": "text", "text": None}]}),
+            r"message 0 \(user\) has the text part 0 with the text None; a text part's 'text' is a string",
+        ),
+        (chat({"role": "user", "content": []}), "every message's content is an empty string"),
+        (
+            chat({"role": "user", "content": [{"type": "text", "text": ""}]}),
+            "every message's content is an empty string",
+        ),
     ],
 )
 def test_a_chat_message_with_null_content_is_refused_naming_the_row(bad, message):
@@ -152,3 +163,9 @@ def test_chat_messages_that_are_fine():
     assert loaded.prompts == [g["prompt"] for g in given] and loaded.conversational
     with pytest.raises(ConfigError, match=r"row 0: message 1 \(assistant\) has null content"):
         load_prompts([chat(USER, {**call, "tool_calls": []})])
+
+
+def test_content_parts_with_text_are_taken():
+    parts = [{"type": "text", "text": "2+2="}, {"type": "image", "text": None}]
+    loaded = load_prompts([chat({"role": "user", "content": parts})])
+    assert loaded.prompts == [[{"role": "user", "content": parts}]]

@@ -196,7 +196,13 @@ def test_the_schedule_logs_tasks_as_ram_eval(tmp_path, tok):
 
 @pytest.mark.parametrize(
     "value, shown",
-    [(None, r"None \(a missing value\)"), (float("nan"), r"nan \(a missing value"), (float("inf"), "inf")],
+    [
+        (None, r"None \(a missing value\)"),
+        (float("nan"), r"nan \(a missing value"),
+        (float("inf"), "inf"),
+        ("", r"'' \(a missing value\)"),
+        ("  ", r"'  ' \(a missing value\)"),
+    ],
 )
 def test_a_missing_task_value_is_refused_not_named_none(value, shown):
     """A null data_source used to become a task named "None"; a NaN one "nan"."""
@@ -213,6 +219,12 @@ def test_a_missing_task_value_is_refused_not_named_none(value, shown):
     with pytest.raises(ConfigError, match=rf"row 1: the task column 'skill' holds {shown}"):
         rewards(skills, count_a, generate=fixed, task="skill")
     assert rewards(given, count_a, generate=fixed, task=None).prompt_tasks() == ["all"] * 3  # one task: no refusal
+
+
+def test_a_numpy_integer_task_is_the_number():
+    np = pytest.importorskip("numpy")
+    given = [{"prompt": "a", "data_source": np.int64(3)}, {"prompt": "b", "data_source": 3}]
+    assert rewards(given, count_a, generate=fixed).prompt_tasks() == ["3", "3"]
 
 
 def test_a_null_data_source_in_a_parquet_or_jsonl_file_names_the_file(tmp_path):

@@ -180,8 +180,16 @@ def usable_device(device: Any) -> None:
         )
     backend = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
     available = getattr(backend, "is_available", None)
-    if not callable(available):
-        return  # a backend this check does not know: its own error comes when the model moves there
+    if not callable(available):  # a backend without is_available ('xla', 'hpu', 'lazy', ...): try it
+        try:
+            torch.empty(0, device=device)
+        except Exception as exc:
+            raise ConfigError(
+                f"rewards: device={str(device)!r}, and this torch cannot put a tensor there "
+                f"({type(exc).__name__}: {one_line(exc, 120)}); pick an available device ('cpu') or install its "
+                "backend"
+            ) from None
+        return
     if not available():
         cpu_only = device.type == "cuda" and not torch.version.cuda and not getattr(torch.version, "hip", None)
         built = f" (torch {torch.__version__}, built without CUDA)" if cpu_only else ""
@@ -220,7 +228,7 @@ def existing_source(value: Any, what: str) -> Any:
     Raises:
         ConfigError: naming ``what`` and the path: no such folder (a typo: found now, not at the first
             evaluation hours later inside a training run), an id not in the cache, a model folder without
-            ``config.json``."""
+            ``config.json``, with one that does not load, or without weights."""
     import os
 
     from ..io.hub import resolve_model
@@ -236,7 +244,31 @@ def existing_source(value: Any, what: str) -> Any:
         )
     if what == "model" and not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError(f"rewards: model={os.fspath(value)!r} is not a Hugging Face model folder (no config.json)")
+    if what == "model":
+        _loadable_config(path, os.fspath(value))
     return resolved
+
+
+def _loadable_config(folder: str, given: str) -> None:
+    """The ``config.json`` of a ``model=`` folder loads (a JSON object transformers knows), and weights are beside
+    it: what the first evaluation would find broken, found when the evaluation is built."""
+    import glob
+    import os
+
+    try:
+        import transformers
+    except ImportError:
+        return  # the evaluation's own error names the missing package when it runs
+    try:
+        transformers.AutoConfig.from_pretrained(folder)
+    except Exception as exc:
+        raise ConfigError(
+            f"rewards: model={given!r}: its config.json does not load ({type(exc).__name__}: {one_line(exc, 160)})"
+        ) from None
+    if not any(glob.glob(os.path.join(glob.escape(folder), pattern)) for pattern in ("*.safetensors", "*.bin")):
+        raise ConfigError(
+            f"rewards: model={given!r} holds no weights (no *.safetensors or *.bin file beside its config.json)"
+        )
 
 
 def token_ids_in(ids: Any, vocab: int | None, of: str) -> None:

@@ -10,6 +10,7 @@ the tokenizer's chat template (``add_generation_prompt=True``) and their complet
 from __future__ import annotations
 
 import contextlib
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -98,16 +99,16 @@ def _stop_strings(stop: Any) -> tuple[str, ...]:
 
 
 def _token_ids(ids: Any) -> tuple[int, ...]:
-    values = [ids] if isinstance(ids, int) and not isinstance(ids, bool) else ids
+    values = [ids] if isinstance(ids, numbers.Integral) and not isinstance(ids, bool) else ids
     if (
         not isinstance(values, (list, tuple))
         or not values
-        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in values)
+        or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in values)
     ):
         raise ConfigError(
             f"rewards: eos_token_id must be a token id (an int >= 0) or a non-empty list of them, got {short(ids)}"
         )
-    return tuple(values)
+    return tuple(int(t) for t in values)  # numpy integers (a tokenizer's ids) as ints
 
 
 def _number_in(value: Any, ok: Callable[[float], bool]) -> bool:

@@ -47,8 +47,8 @@ def load_model(folder: str | os.PathLike, device: Any = None, dtype: Any = None)
         kwargs["dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"] = dtype
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(os.fspath(folder), **kwargs)
-    except (OSError, ValueError) as exc:
-        raise EvaluationError(f"rewards: cannot load the model in {folder}: {exc}") from None
+    except Exception as exc:  # a damaged folder: OSError, ValueError, TypeError (a config that is no object), ...
+        raise EvaluationError(f"rewards: cannot load the model in {folder}: {type(exc).__name__}: {exc}") from None
     return model.to(device) if device is not None else model
 
 
@@ -159,6 +159,8 @@ class Resolver:
         return self._tokenizer
 
     def resolve(self, merged: Any) -> tuple[Any, Any]:
+        if isinstance(merged, (str, os.PathLike)) and not os.fspath(merged):
+            raise EvaluationError("rewards: cannot evaluate '' (an empty path); pass a Hugging Face folder")
         if isinstance(merged, (str, os.PathLike)):
             folder = Path(resolve_model(merged, what="rewards: the evaluated model"))  # an id: its cached folder
             if self._model is None:
@@ -206,8 +208,10 @@ class Resolver:
                 source = _transformers().AutoTokenizer.from_pretrained(
                     os.fspath(resolve_model(source, what="rewards: tokenizer"))
                 )  # ids: the local cache only
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"rewards: cannot load a tokenizer from {source}: {exc}") from None
+            except Exception as exc:  # a damaged folder: OSError, ValueError, TypeError (a config that is no object)
+                raise ConfigError(
+                    f"rewards: cannot load a tokenizer from {source}: {type(exc).__name__}: {exc}"
+                ) from None
             _check_tokenizer(source)
         if getattr(source, "pad_token_id", None) is None and getattr(source, "eos_token", None) is not None:
             source.pad_token = source.eos_token  # generation pads on the left with EOS

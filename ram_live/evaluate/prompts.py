@@ -6,8 +6,8 @@ Accepted: a list of strings; a list of dicts (or a ``datasets.Dataset``) with a 
 verl's ``data.val_files``: ``prompt`` a list of chat messages, ``data_source``, ``reward_model: {"ground_truth":
 ...}``, ``extra_info``), read with ``pyarrow``. A prompt is a non-empty string, or a conversation (a list of
 ``{"role": ..., "content": ...}`` messages, rendered through the tokenizer's chat template): each role a non-empty
-string, each content a string (or a list of content parts; null only in a message with ``tool_calls``), not every
-one empty.
+string, each content a string (or a list of content parts, each an object with a ``type``, a text part's ``text`` a
+string; null only in a message with ``tool_calls``), not every one empty.
 """
 
 from __future__ import annotations
@@ -261,8 +261,36 @@ def _check_messages(messages: list[Any], where: str) -> None:
                 f"{where}: message {m} ({role}) has the content {short(content)}; a message's content is a string "
                 "(or a list of content parts)"
             )
-    if all(isinstance(message["content"], str) and not message["content"] for message in messages):
-        raise ConfigError(f"{where}: every message's content is an empty string; generation needs a prompt to continue")
+        if isinstance(content, list):
+            _check_parts(content, f"{where}: message {m} ({role})")
+    if all(_empty(message["content"]) for message in messages):
+        raise ConfigError(
+            f"{where}: every message's content is an empty string (or empty text parts); generation needs a prompt "
+            "to continue"
+        )
+
+
+def _check_parts(parts: list[Any], where: str) -> None:
+    """A message's content parts, as multimodal chat templates read them: each an object with a string ``type``; a
+    ``"text"`` part's ``text`` a string (a null one would be rendered as ``None`` or dropped)."""
+    for p, part in enumerate(parts):
+        if not isinstance(part, Mapping) or not isinstance(part.get("type"), str) or not part["type"]:
+            raise ConfigError(
+                f"{where} has the content part {p} {short(part)}; a content part is an object with a 'type' "
+                "('text', 'image', ...)"
+            )
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise ConfigError(
+                f"{where} has the text part {p} with the text {short(part.get('text'))}; a text part's 'text' is a "
+                "string"
+            )
+
+
+def _empty(content: Any) -> bool:
+    """An empty string, or a list of content parts that are all empty text (no text, no other part)."""
+    if isinstance(content, str):
+        return not content
+    return isinstance(content, list) and all(p.get("type") == "text" and not p.get("text") for p in content)
 
 
 def _is_conversation(prompt: Any) -> bool:

@@ -10,6 +10,7 @@ objective and of the table.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,8 +87,9 @@ def group(
             it is still reported), their sum > 0.
 
     Raises:
-        ConfigError: an unknown column, a task value that is not a string or finite number (None or NaN: a
-            missing value), an unknown objective, weights naming an unknown task or missing one, a bad weight.
+        ConfigError: an unknown column, a task value that is not a non-blank string or finite number (None, NaN
+            or a blank string: a missing value), an unknown objective, weights naming an unknown task or missing
+            one, a bad weight.
 
     >>> from ram_live.evaluate import load_prompts
     >>> group(load_prompts([{"prompt": "a", "data_source": "x"}, {"prompt": "b", "data_source": "y"}])).names
@@ -99,6 +101,8 @@ def group(
     else:
         of = []
         for i, value in enumerate(prompts.columns[column]):
+            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+                value = int(value)  # a numpy integer (a column of a DataFrame's rows)
             if value is None or isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 missing = " (a missing value)" if value is None else ""
                 raise ConfigError(
@@ -110,6 +114,11 @@ def group(
                 raise ConfigError(
                     f"{prompts.where(i)}: the task column {column!r} holds {value}{missing}; a task is a string or "
                     "a finite number: fill it in, or pass task=None for one task"
+                )
+            if isinstance(value, str) and not value.strip():
+                raise ConfigError(
+                    f"{prompts.where(i)}: the task column {column!r} holds {value!r} (a missing value): a task is "
+                    "named by a non-blank string or a number: fill it in, or pass task=None for one task"
                 )
             of.append(value if isinstance(value, str) else str(value))
     names = list(dict.fromkeys(of))
