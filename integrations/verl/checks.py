@@ -41,8 +41,10 @@ def integer_value(name: str, value: Any, minimum: int) -> int:
         ConfigError: naming ``ram.<name>`` and the value.
     """
     number = value
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        number = int(value.strip())
+    text = value.strip() if isinstance(value, str) else ""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if digits.isascii() and digits.isdigit() and len(digits) <= 18:  # ASCII digits, one sign, no huge text
+        number = int(text)
     if isinstance(number, bool) or not isinstance(number, int) or number < minimum:
         raise ConfigError(f"ram.{name} must be an integer >= {minimum}; got {value!r}")
     return number

@@ -49,7 +49,7 @@ def check_rewards(values: Any) -> dict[str, Any]:
     """
     if not isinstance(values, Mapping):
         raise ConfigError(f"ram.rewards must be a mapping (+ram.rewards.prompts=FILE ...), got {values!r}")
-    unknown = sorted(set(values) - set(KEYS))
+    unknown = sorted(map(repr, set(values) - set(KEYS)))
     if unknown:
         raise ConfigError(f"unknown ram.rewards option(s) {', '.join(unknown)}; the options are: {', '.join(KEYS)}")
     if not values.get("prompts"):
@@ -58,7 +58,7 @@ def check_rewards(values: Any) -> dict[str, Any]:
         raise ConfigError("set ram.rewards.compute_score or ram.rewards.reward, not both")
     checked = dict(values)
     for key in ("compute_score", "reward"):
-        if checked.get(key) is not None and not isinstance(checked[key], str):
+        if checked.get(key) is not None and (not isinstance(checked[key], str) or not checked[key].strip()):
             raise ConfigError(f"ram.rewards.{key} must be a dotted path 'pkg.module:function'; got {checked[key]!r}")
     for key in INTEGERS:
         if checked.get(key) is not None:

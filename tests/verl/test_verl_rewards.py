@@ -96,6 +96,8 @@ def test_rewards_options_are_checked(run, tmp_path):
         options_from_mapping({**common, "rewards": {"prompts": str(tmp / "empty.jsonl")}})
     with pytest.raises(ConfigError, match="unknown ram.rewards option"):
         options_from_mapping({**common, "rewards": {"prompts": str(tmp / "val.jsonl"), "promts": 1}})
+    with pytest.raises(ConfigError, match=r"unknown ram.rewards option\(s\) 'x', 1; the options are"):
+        options_from_mapping({**common, "rewards": {"prompts": str(tmp / "val.jsonl"), 1: 2, "x": 3}})
     with pytest.raises(ConfigError, match="ram.evaluate or ram.rewards"):
         options_from_mapping({**common, "evaluate": "math:sqrt", "rewards": {"prompts": str(tmp / "val.jsonl")}})
 
@@ -115,6 +117,12 @@ def test_rewards_options_are_checked(run, tmp_path):
         ("device", "cuda:x", "ram.rewards.device='cuda:x' is not a device"),
         ("device", 3, "ram.rewards.device must be a device name"),
         ("compute_score", 5, "ram.rewards.compute_score must be a dotted path"),
+        ("max_new_tokens", "²", "ram.rewards.max_new_tokens must be an integer >= 1; got '²'"),
+        ("max_new_tokens", "--4", "ram.rewards.max_new_tokens must be an integer >= 1; got '--4'"),
+        ("max_new_tokens", "9" * 5000, "ram.rewards.max_new_tokens must be an integer >= 1; got '999"),
+        ("batch_size", "٣", "ram.rewards.batch_size must be an integer >= 1; got '٣'"),
+        ("compute_score", " ", "ram.rewards.compute_score must be a dotted path"),
+        ("reward", "", "ram.rewards.reward must be a dotted path"),
     ],
 )
 def test_rewards_values_are_refused_at_start_up(run, key, value, message):
