@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from ..io.dtensor import is_dtensor
 from ..methods.ram.unchanged import warn_unchanged
 from ..training.schedule import MergeResult, RAMSchedule
@@ -146,8 +147,33 @@ def warn_unchanged_agents(owner: str, result: MergeResult, warn: bool = True) ->
 
 def agent_folder(merged_dir: Path, agent: str) -> Path:
     """Where a run's generalists go: ``merged_dir/<agent>``, so that the runs of several agents sharing one
-    ``merged_dir`` never write the same name (agent names are checked folder names)."""
-    return Path(merged_dir) / agent
+    ``merged_dir`` never write the same name (agent names are checked folder names).
+
+    Raises:
+        ConfigError: ``merged_dir`` (or ``merged_dir/<agent>``) exists and is not a folder."""
+    folder = Path(merged_dir) / agent
+    for path in (Path(merged_dir), folder):
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"merged_dir: {path} exists and is not a folder; the generalists are saved in folders")
+    return folder
+
+
+def check_merged_dir(merged_dir: Path | None, store: str, owner: str) -> None:
+    """Refuse, when a callback is built, a ``merged_dir`` that is a file, or the snapshot store's folder or a folder
+    inside it (the generalists would be written among the store's snapshots).
+
+    Raises:
+        ConfigError: naming ``owner``, ``merged_dir`` and the store."""
+    if merged_dir is None:
+        return
+    if merged_dir.exists() and not merged_dir.is_dir():
+        raise ConfigError(f"{owner}: merged_dir={str(merged_dir)!r} exists and is not a folder")
+    root, real = os.path.realpath(store), os.path.realpath(merged_dir)
+    if os.path.commonpath([root, real]) == root:
+        raise ConfigError(
+            f"{owner}: merged_dir={str(merged_dir)!r} is the snapshot store {store!r} or a folder inside it; the "
+            "generalists would be written among its snapshots: pick a folder outside the store"
+        )
 
 
 def place_new(tmp: Path, folder: Path, stem: str, suffix: str = "") -> Path:

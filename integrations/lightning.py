@@ -48,7 +48,7 @@ from ..training.search_record import save_next_to
 from ..store import LocalCollective, LocalModel, SnapshotStore, TorchCollective
 from ..methods.ram.unchanged import quiet_unchanged
 from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
-from ._common import warn_single_agent, warn_unchanged_agents
+from ._common import check_merged_dir, warn_single_agent, warn_unchanged_agents
 from ._lightning_validation import validation_metrics
 from .metrics import logged_as
 
@@ -192,6 +192,7 @@ class RAMCallback(ScheduleAdapter, Callback):
         self._loaded_state = False
         self.last_result: MergeResult | None = None
         self.merged_dir = Path(merged_dir) if merged_dir is not None else None
+        check_merged_dir(self.merged_dir, self._store_name, f"RAMCallback({agent!r})")
         self.load_generalist = load_generalist
         self.saved: list[str] = []  # the generalists' files/folders (merged_dir), oldest first
         self.agent_state: dict[str, torch.Tensor] | None = None  # the agent's weights once the generalist is loaded

@@ -552,3 +552,24 @@ def test_a_merge_of_one_agent_warns(tmp_path):
     ram = RAMCallback(tmp_path / "store", "a", snapshot_every=2, merge_every=2, evaluate=False, durable=False)
     with pytest.warns(SingleAgentWarning, match="one agent only"):
         _trainer([ram], 2).fit(Net(), _loader(_data("a")))
+
+
+def test_a_merged_dir_that_is_a_file_or_inside_the_store_is_refused_when_built(tmp_path):
+    """A merged_dir that is a file used to fail with a raw NotADirectoryError at the first merge (hours into the
+    run); one equal to the store wrote the generalists among the store's snapshots."""
+    from ram_live.errors import ConfigError
+    from ram_live.integrations._common import agent_folder
+
+    store = tmp_path / "store"
+    (tmp_path / "file").write_text("x")
+    for merged_dir, message in (
+        (tmp_path / "file", "exists and is not a folder"),
+        (store, "is the snapshot store"),
+        (store / "a", "is the snapshot store"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^RAMCallback\('a'\): merged_dir='{merged_dir}' {message}"):
+            RAMCallback(store, "a", merge_every=2, durable=False, merged_dir=merged_dir)
+    with pytest.raises(ConfigError, match=rf"^merged_dir: {tmp_path / 'file'} exists and is not a folder"):
+        agent_folder(tmp_path / "file", "a")  # the transformers callback's check at its save
+    assert not store.exists()  # nothing written
+    assert RAMCallback(store, "a", merge_every=2, durable=False, merged_dir=tmp_path / "m").merged_dir == tmp_path / "m"
