@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..io.dtensor import is_dtensor
-from ..methods.ram.unchanged import warn_unchanged
+from ..engine.unchanged import warn_unchanged
 from ..training.schedule import MergeResult, RAMSchedule
 from .metrics import logged_as
 
@@ -136,7 +136,7 @@ def warn_unchanged_agents(owner: str, result: MergeResult, warn: bool = True) ->
     """The agents of ``result`` with density 0 (they changed no entry of the base), recorded in
     ``result.extra["unchanged"]`` and, with ``warn`` (rank zero), named in one
     :class:`~ram_live.errors.UnchangedAgentWarning`. The callbacks run their merges inside
-    :func:`~ram_live.methods.ram.unchanged.quiet_unchanged`: this is the merge's one warning, for every method."""
+    :func:`~ram_live.engine.unchanged.quiet_unchanged`: this is the merge's one warning, for every method."""
     unchanged = [name for name, density in result.density.items() if density == 0]
     if unchanged:
         result.extra["unchanged"] = unchanged

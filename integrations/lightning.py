@@ -46,7 +46,7 @@ from ..training.tensors import ScheduleAdapter, swap_tensors
 from ..training.schedule import MergeResult, RAMSchedule
 from ..training.search_record import save_next_to
 from ..store import LocalCollective, LocalModel, SnapshotStore, TorchCollective
-from ..methods.ram.unchanged import quiet_unchanged
+from ..engine.unchanged import quiet_unchanged
 from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
 from ._common import check_merged_dir, warn_single_agent, warn_unchanged_agents
 from ._lightning_validation import validation_metrics

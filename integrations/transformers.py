@@ -40,7 +40,7 @@ from ..methods.ram.config import RamConfig
 from ..training.schedule import MergeResult, RAMSchedule, metric_float
 from ..training.search_record import save_next_to
 from ..store import SnapshotStore
-from ..methods.ram.unchanged import quiet_unchanged
+from ..engine.unchanged import quiet_unchanged
 from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
 from ._common import logged_as, warn_single_agent, warn_unchanged_agents
 from ._peft_agent import LoraSchedule, is_peft_model, lora_options

@@ -1,6 +1,7 @@
 """An agent that changed nothing (density 0, ρ = +∞: a GRPO run whose reward was always 0) is named in one
-``UnchangedAgentWarning`` per merge and in ``MergeInfo.extra["unchanged"]``, wherever the merge counts; the merged
-values stay the merge of the other agents, bit for bit (the spec: its λ scales no entry)."""
+``UnchangedAgentWarning`` per merge and in ``MergeInfo.extra["unchanged"]``: from the counts where the merge counts,
+else by comparing it with the base (every method); the merged values stay the merge of the other agents, bit for
+bit (the spec: its λ scales no entry)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from ram_live import merge
 from ram_live.errors import RamLiveWarning, UnchangedAgentWarning
-from ram_live.methods.ram.unchanged import quiet_unchanged, unchanged_agents
+from ram_live.engine.unchanged import quiet_unchanged, unchanged_agents
 
 from conftest import assert_bit_identical, make_agents
 
@@ -100,3 +101,51 @@ def test_warnings_as_errors_stop_an_in_place_merge_before_anything_is_written(ba
 def test_unchanged_agents_reads_counts():
     assert unchanged_agents(["a", "b", "c"], [3, 0, 0.0]) == ["b", "c"]
     assert unchanged_agents(["a"], torch.tensor([1]).tolist()) == []
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"method": "ram"},
+        {"method": "ram_plus", "rho_scope": "tensor"},
+        {"method": "ram_plus", "lambdas": {"coder": 1.5, "tools": 1.0, "idle": 2.0}},
+        {"method": "ties", "density": 0.5},
+        {"method": "task_arithmetic"},
+        {"method": "dare_linear", "density": 0.5},
+    ],
+    ids=lambda o: "-".join(map(str, o.values()))[:30],
+)
+def test_a_merge_that_counts_nothing_still_names_an_unchanged_agent(base_sd, trained, options):
+    idle = {k: v.clone() for k, v in base_sd.items()}
+    (merged, info), named = _merge_caught({**trained, "idle": idle}, base=base_sd, return_info=True, **options)
+    assert info.statistics is None
+    assert len(named) == 1 and named[0].message.agents == ("idle",)
+    assert named[0].filename == __file__
+    assert info.extra["unchanged"] == ["idle"]
+    _, none = _merge_caught(trained, base=base_sd, **{k: v for k, v in options.items() if k != "lambdas"})
+    assert none == []
+
+
+def test_identical_agents_stops_at_each_agents_first_changed_tensor(base_sd, trained):
+    from ram_live.api import input_sources
+    from ram_live.engine.plan import build_plan
+    from ram_live.engine.reader import Reader
+    from ram_live.engine.unchanged import identical_agents
+
+    idle = {k: v.clone() for k, v in base_sd.items()}
+    late = {k: v.clone() for k, v in base_sd.items()}
+    last = list(late)[-1]
+    late[last] = late[last] + 1.0  # changed only in its last tensor
+    agents, base = input_sources({"coder": trained["coder"], "idle": idle, "late": late}, base_sd)
+    plan = build_plan(base, agents)
+    reader = Reader(base, agents, None)
+    reads = []
+    original = reader.read
+    reader.read = lambda key: reads.append(key) or original(key)
+    assert identical_agents(reader, plan.merge) == ["idle"]
+    assert reads == list(plan.merge)  # "idle" is read to the end; nothing is read twice
+    with torch.no_grad():
+        idle[list(idle)[0]].view(-1)[0] += 1.0
+    reads.clear()
+    assert identical_agents(reader, plan.merge) == []
+    assert len(reads) == len(plan.merge)  # "late" changes only in the last tensor

@@ -24,7 +24,7 @@ from ram_live.methods import Activity
 from ram_live.methods.ram.config import RamConfig
 from ram_live.methods.ram.rules import Given
 from ram_live.methods.ram.lambdas import rho as rho_of
-from ram_live.methods.ram.unchanged import quiet_unchanged, unchanged_agents, warn_unchanged
+from ram_live.engine.unchanged import quiet_unchanged, unchanged_agents, warn_unchanged
 from ram_live.store import SnapshotStore, ram_statistics
 
 from .._common import agent_folder, place_new

@@ -24,6 +24,7 @@ from .plan import build_plan, kept_agents
 from .reader import Reader, check_ties_and_copies
 from .results import check_reusable, stamped
 from .stream import DEFAULT_CHUNK_NUMEL, inputs_digest
+from .unchanged import report_unchanged
 
 __all__ = ["run_merge"]
 
@@ -95,6 +96,7 @@ def run_merge(
         info.statistics = stamped(counts, names, activity, counted, digest)
         if method.record is not None:
             method.record(config, info, run_state)
+        report_unchanged(info, reader, plan.merge, f"{method.name}: ")
         info.seconds = time.perf_counter() - t0
         return info
     amax: dict[str, tuple[float, float]] = {}
@@ -109,6 +111,8 @@ def run_merge(
     run_state = method.setup(config, RunContext(names, info.statistics, run_device)) if method.setup else None
     if method.record is not None:
         method.record(config, info, run_state)
+    if dist is None or info.statistics is not None:  # before anything is written: a warning may be an error
+        report_unchanged(info, reader, plan.merge, f"{method.name}: ")
     if validate_first:  # in place: nothing is written until every merged value is known to fit
         _validate(job, plan, specs, run_state, amax, dist)
         info.passes += 1 if info.extra["dry_run"] else 0

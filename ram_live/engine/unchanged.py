@@ -1,5 +1,8 @@
-"""Agents that changed nothing: a merge whose counts show an agent with no active entry (density 0, ρ = +∞) says so
-with one :class:`~ram_live.errors.UnchangedAgentWarning` naming it, and records it in ``MergeInfo.extra["unchanged"]``.
+"""Agents that changed nothing: a merge says so with one :class:`~ram_live.errors.UnchangedAgentWarning` naming
+them, and records them in ``MergeInfo.extra["unchanged"]`` (:func:`report_unchanged`, every method): from the
+counts where the merge has them (no active entry: density 0, ρ = +∞), else, for inputs on the CPU, by comparing
+each agent with the base tensor by tensor until one differs (:func:`identical_agents`: a changed agent costs a
+read of its first changed tensor).
 
 A caller that counts for itself and warns in its own words (the training callbacks, verl) runs its merges inside
 :func:`quiet_unchanged`, so that a merge warns once, not once per layer of code."""
@@ -10,11 +13,13 @@ import contextlib
 import sys
 import warnings
 from contextvars import ContextVar
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
-from ...errors import UnchangedAgentWarning
+import torch
 
-__all__ = ["quiet_unchanged", "unchanged_agents", "warn_unchanged"]
+from ..errors import UnchangedAgentWarning
+
+__all__ = ["identical_agents", "quiet_unchanged", "report_unchanged", "unchanged_agents", "warn_unchanged"]
 
 _QUIET: ContextVar[bool] = ContextVar("ram_live_quiet_unchanged", default=False)
 
@@ -78,3 +83,50 @@ def warn_unchanged(agents: Sequence[str], where: str = "", *, force: bool = Fals
         ),
         stacklevel=_outside_level(),
     )
+
+
+def identical_agents(reader: Any, keys: Sequence[str]) -> list[str]:
+    """The agents whose every tensor of ``keys`` equals the base's, bit for bit (agents of another dtype than the
+    base's count as changed), comparing tensor by tensor until each agent has one that differs.
+
+    Args:
+        reader: the merge's :class:`~ram_live.engine.reader.Reader`.
+        keys: the merged tensors.
+
+    Returns:
+        Their names, in the merge's order.
+    """
+    undecided = set(range(len(reader.names)))
+    for key in keys:
+        if not undecided:
+            break
+        base, agents, _ = reader.read(key)
+        for t in sorted(undecided):
+            agent = agents[t]
+            if agent.dtype != base.dtype or not torch.equal(agent, base.to(agent.device)):
+                undecided.discard(t)
+        reader.release(key)
+    return [name for t, name in enumerate(reader.names) if t in undecided]
+
+
+def report_unchanged(info: Any, reader: Any, keys: Sequence[str], where: str) -> None:
+    """Record in ``info.extra["unchanged"]`` and warn once about the agents that changed nothing: from
+    ``info.statistics`` where the merge counted, else by :func:`identical_agents` where the inputs are on the CPU
+    (on an accelerator that comparison would read the device per tensor; nothing is said there without counts);
+    nothing inside :func:`quiet_unchanged` without counts (its caller counts for itself).
+
+    Args:
+        info: the merge's :class:`~ram_live.types.MergeInfo`.
+        reader: the merge's reader.
+        keys: the merged tensors.
+        where: who merged, put before the message.
+    """
+    if info.statistics is not None:
+        unchanged = unchanged_agents(info.agents, info.statistics.active.tolist())
+    elif _QUIET.get() or not keys or any(reader.base.spec(key).device.type != "cpu" for key in keys[:1]):
+        return
+    else:
+        unchanged = identical_agents(reader, keys)
+    if unchanged:
+        info.extra["unchanged"] = unchanged
+        warn_unchanged(unchanged, where)

@@ -24,7 +24,6 @@ from .fast import device_merges, merge_kernel, native_statistics, warm_up
 from .lambdas import given_lambdas, lambda_bound, lambdas_from_counts, rho
 from .reference import ram_combine
 from .single_read import reads_once, single_read_pass
-from .unchanged import unchanged_agents, warn_unchanged
 
 __all__ = ["check_importance", "configure_ram", "ram_activity", "ram_kernels", "ram_overflow_bound", "record_lambdas"]
 
@@ -84,15 +83,8 @@ def _combine(deltas: Tensor, ctx: Any, config: RamConfig) -> Tensor:
 
 
 def record_lambdas(config: RamConfig, info: MergeInfo, run_state: Any) -> None:
-    """λ and ρ per agent in ``info`` where the run state is one λ per agent, from the counts or given; where the
-    merge has counts, the agents that changed no entry in ``info.extra["unchanged"]``, with one
-    :class:`~ram_live.errors.UnchangedAgentWarning` naming them (:mod:`.unchanged`)."""
+    """λ and ρ per agent in ``info`` where the run state is one λ per agent, from the counts or given."""
     statistics, names = info.statistics, info.agents
-    if statistics is not None:
-        unchanged = unchanged_agents(names, statistics.active.tolist())
-        if unchanged:
-            info.extra["unchanged"] = unchanged
-            warn_unchanged(unchanged, f"{config.method}: ")
     given = isinstance(config.lam, Given)  # λ given per agent, no counts
     if isinstance(run_state, Tensor) and (statistics is not None or given) and run_state.numel() == len(names):
         info.lambdas = dict(zip(names, map(float, run_state.tolist())))
