@@ -42,7 +42,7 @@ from ..training.search_record import save_next_to
 from ..store import SnapshotStore
 from ..engine.unchanged import quiet_unchanged
 from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
-from ._common import logged_as, warn_single_agent, warn_unchanged_agents
+from ._common import check_merged_dir, logged_as, warn_single_agent, warn_unchanged_agents
 from ._peft_agent import LoraSchedule, is_peft_model, lora_options
 from ._trl_weights import check_vllm_marker, force_vllm_resync, sharding_refusal, uses_vllm
 
@@ -163,10 +163,9 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             **self._lora,
             **given,
         }
-        self.agent = agent
-        self.base = base
-        self.evaluate = evaluate
+        self.agent, self.base, self.evaluate = agent, base, evaluate
         self.merged_dir = Path(merged_dir) if merged_dir is not None else None
+        check_merged_dir(self.merged_dir, str(store), f"RAMTrainerCallback({agent!r})")
         self.snapshot_on_save = snapshot_on_save
         self.snapshot_on_train_end = snapshot_on_train_end
         self.trainer = trainer

@@ -221,6 +221,8 @@ def test_an_eta_that_makes_too_many_slices_is_refused_at_once(problem):
         ConfigError, match=r"eta=3 with min_fraction=1e-300 gives about 630 slices.* eta >= 57796.9289 "
     ):
         Halving(eta=3, min_fraction=1e-300)
+    with pytest.raises(ConfigError, match=r"min_fraction=5e-324 gives about 679 slices.* eta >= 135470.4858 "):
+        Halving(eta=3, min_fraction=5e-324)  # 1 / 5e-324 overflows a float: the estimate works in logs
     agents, base, ev = problem
     with pytest.raises(ConfigError, match="Halving: eta=1.01 with min_fraction=0.01"):
         search(agents, base=base, evaluate=ev, budget="3x", fidelity=Halving(eta=1.01, min_fraction=0.01))

@@ -285,3 +285,14 @@ def test_grpo_logs_a_rewards_evaluation_in_trls_layout(tmp_path: Path) -> None:
     vowels = evaluate.function_rewards()["_vowels"]
     assert len(vowels) == 6 and got["ram/eval_rewards/_vowels/mean"] == pytest.approx(sum(vowels) / 6)
     assert "ram/eval_rewards/_spaces/std" in got and not any(k.startswith("ram/reward") for k in got)
+
+
+def test_a_merged_dir_in_the_store_or_a_file_is_refused_when_built(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    for merged_dir, said in ((store, "is the snapshot store"), (store / "generalists", "is the snapshot store")):
+        with pytest.raises(ram_live.ConfigError, match=rf"RAMTrainerCallback\('a'\): merged_dir=.* {said}"):
+            RAMTrainerCallback(store, "a", merged_dir=merged_dir)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ram_live.ConfigError, match="exists and is not a folder"):
+        RAMTrainerCallback(store, "a", merged_dir=tmp_path / "file")
+    assert not store.exists()  # refused before anything is written

@@ -75,8 +75,9 @@ class Halving:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"Halving: seed must be an int, got {self.seed!r}")
         if _rising(float(self.min_fraction), float(self.eta), MAX_RUNGS) is None:
-            rungs = math.ceil(math.log(1.0 / self.min_fraction) / math.log(self.eta)) + 1
-            lowest = math.ceil((1.0 / self.min_fraction) ** (1.0 / (MAX_RUNGS - 1)) * 1e4) / 1e4  # (rounded up)
+            span = -math.log(float(self.min_fraction))  # log(1/min_fraction), finite even for a subnormal
+            rungs = math.ceil(span / math.log(float(self.eta))) + 1
+            lowest = math.ceil(math.exp(span / (MAX_RUNGS - 1)) * 1e4) / 1e4  # (rounded up)
             raise ConfigError(
                 f"Halving: eta={self.eta!r} with min_fraction={self.min_fraction!r} gives about {rungs:.3g} slices, "
                 f"more than {MAX_RUNGS}; take eta >= {lowest} (or a larger min_fraction)"
