@@ -1,8 +1,21 @@
 from __future__ import annotations
 
+import os
 
 import pytest
 import torch
+
+# Without a GPU, Triton's interpreter runs the device kernels on CPU tensors in the tests. It must be on before
+# Triton is first imported in this process (lightning, torch.compile and others import it): a Triton imported
+# without it leaves its own jitted library functions uncallable from interpreted kernels. With a GPU it stays off,
+# so that `pytest -m cuda` runs the compiled kernels (and the interpreter's tests skip: `interpreter` below).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+#: Marks a test module that runs the Triton kernels under the interpreter.
+interpreter = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter is off here (a GPU: see the cuda tests)"
+)
 
 
 def make_agents(base: dict[str, torch.Tensor], densities, scale=0.01, seed=0, dtype=None):

@@ -4,15 +4,16 @@ agent's k-th largest |τ| exactly as ``magnitude_threshold`` (``kthvalue``) does
 
 import importlib.util
 import math
-import os
 
 import pytest
 import torch
 
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: its kernels then run on CPU tensors
 
+from conftest import interpreter  # noqa: E402
 from ram_live.functional import magnitude_threshold  # noqa: E402
 from ram_live.kernels.device import select  # noqa: E402
+
+pytestmark = interpreter
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton's interpreter")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

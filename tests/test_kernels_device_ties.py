@@ -5,17 +5,18 @@ where the election hides a NaN input."""
 
 import importlib.util
 import itertools
-import os
 
 import pytest
 import torch
 
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: its kernels then run on CPU tensors
 
+from conftest import interpreter  # noqa: E402
 import ram_live  # noqa: E402
 from ram_live.functional import stable_seed  # noqa: E402
 from device_helpers import bits as _bits, flat_inputs  # noqa: E402
 from ram_live.kernels.device import select, ties  # noqa: E402
+
+pytestmark = interpreter
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton's interpreter")
 IMPLEMENTATIONS = [pytest.param("triton", marks=needs_triton), "torch"]

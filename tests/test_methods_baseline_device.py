@@ -5,20 +5,21 @@ for bit against the CPU merge, errors naming tensor and agent; and the shape of 
 the merge), no host sync, nothing that grows with the tensor."""
 
 import importlib.util
-import os
 import warnings
 
 import pytest
 import torch
 
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: its kernels then run on CPU tensors
 
+from conftest import interpreter  # noqa: E402
 import ram_live  # noqa: E402
 from ram_live.engine import checks  # noqa: E402
 from ram_live.errors import NonFiniteError  # noqa: E402
 from ram_live.functional import stable_seed  # noqa: E402
 from ram_live.kernels.device import linear, ties  # noqa: E402
 from device_helpers import bits as _bits, module_agents as _agents  # noqa: E402
+
+pytestmark = interpreter
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton's interpreter")
 

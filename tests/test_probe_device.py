@@ -2,21 +2,21 @@
 CPU probe's counts, a whole probe with the device path switched on for CPU tensors, and its shape on fake CUDA
 tensors (one launch per tensor, no host sync per tensor)."""
 
-import os
-
 import pytest
 import torch
 
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: its kernels then run on CPU tensors
 pytest.importorskip("triton")
 
 import device_trace as trace  # noqa: E402
 from device_helpers import flat_inputs as _inputs, module_agents as _agents  # noqa: E402
+from conftest import interpreter  # noqa: E402
 import ram_live  # noqa: E402
 from ram_live import probe_device  # noqa: E402
 from ram_live.engine import checks  # noqa: E402
 from ram_live.errors import NonFiniteError  # noqa: E402
 from ram_live.functional.activity import apply_activity_  # noqa: E402
+
+pytestmark = interpreter
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])

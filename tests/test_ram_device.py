@@ -4,14 +4,13 @@ device path switched on for CPU tensors (``engine.checks.deferred_device``), so 
 counts kept on the device and the digest run as they do on a GPU."""
 
 import itertools
-import os
 
 import pytest
 import torch
 
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton is first imported: its kernels then run on CPU tensors
 pytest.importorskip("triton")
 
+from conftest import interpreter  # noqa: E402
 import ram_live  # noqa: E402
 from ram_live.engine import checks  # noqa: E402
 from ram_live.errors import NonFiniteError  # noqa: E402
@@ -19,6 +18,8 @@ from ram_live.functional.activity import apply_activity_  # noqa: E402
 from ram_live.methods.ram import device  # noqa: E402
 from ram_live.methods.ram.accumulators import RamAccumulator, WeightedRamAccumulator  # noqa: E402
 from device_helpers import bits as _bits, flat_inputs as _inputs, module_agents as _agents  # noqa: E402
+
+pytestmark = interpreter
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
