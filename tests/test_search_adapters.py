@@ -21,6 +21,7 @@ from ram_live.errors import ConfigError, InputMismatchError, RamLiveError, Unsup
 from ram_live.peft import TopK, ram_merge_adapter_files, ram_merge_adapters  # noqa: E402
 from ram_live.selection import from_json  # noqa: E402
 
+from adapter_evals import LogitsScore  # noqa: E402
 from conftest import assert_bit_identical, snapshot  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(
@@ -261,7 +262,6 @@ def test_a_mix_of_adapters_and_full_models_is_refused_naming_the_agent(base, fol
         "adapters_with_folders",
         "base_with_live",
         "folders_without_base",
-        "parallel",
         "importance",
         "shared_weights",
         "unknown_adapter",
@@ -274,7 +274,6 @@ def test_what_an_adapter_search_does_not_take_is_a_config_error(base, folders, m
         "adapters_with_folders": lambda: search(folders, base=base, adapters=["code"], **run),
         "base_with_live": lambda: search(model, base=base, **run),
         "folders_without_base": lambda: search(folders, **run),
-        "parallel": lambda: search(folders, base=base, parallel=2, **run),
         "importance": lambda: search(folders, base=base, importance={n: 1.0 for n in NAMES}, **run),
         "shared_weights": lambda: search(folders, base=base, space=["ram_plus", "shared_weights"], **run),
         "unknown_adapter": lambda: search(model, adapters=["code", "nope"], **run),
@@ -319,3 +318,38 @@ def test_the_rank_move_is_a_refactored_adapter_remade_by_ram_merge_adapter_files
             assert torch.allclose(seen[key].double(), want, atol=1e-6), key
     with pytest.raises(ConfigError, match="rank= is the rank of a re-factored LoRA adapter"):
         search({"a": base, "b": base}, base=base, evaluate=lambda m: 0.0, space={"rank": [4]})
+
+
+def _trials(result) -> list[tuple]:
+    return [(t.index, t.family, t.side, t.candidate, t.score, t.error, t.extrapolation) for t in result.history]
+
+
+def _table(result) -> list[str]:
+    """The table's trial rows without the timing columns (between ``extrap`` and ``candidate``), and its summary
+    without the time line."""
+    head, *lines = result.table().splitlines()
+    cut = slice(head.index("extrap") + len("extrap"), head.index("candidate"))
+    blank = lines.index("")
+    rows = [line[: cut.start] + line[cut.stop :] for line in lines[:blank]]
+    return [head[: cut.start] + head[cut.stop :], *rows, *(line for line in lines[blank:] if " s, " not in line)]
+
+
+@pytest.mark.parametrize("kind", ["folders", "live"])
+def test_two_process_workers_give_the_one_process_adapter_search(base, folders, model, kind):
+    """``parallel=2`` over adapters: each worker builds the adapters' merger from the adapters read once; the
+    trials (exact merges into the base and a ``rank`` re-factored one), the winner and the table are those of one
+    process."""
+    agents = dict(models=folders, base=base) if kind == "folders" else dict(models=model)
+    run = dict(
+        evaluate=LogitsScore(LLAMA["vocab_size"]),
+        budget=6,
+        space={"ram_plus": SPACE["ram_plus"], "sparsify": [TopK(0.3)], "rank": [4], "ties": SPACE["ties"]},
+    )
+    one = search(**agents, **run)
+    two = search(**agents, parallel=2, **run)
+    assert [t.family for t in one.history] == ["ram_plus", "ties", "ram_plus", "sparsify", "rank"]
+    assert all(t.score is not None and t.error is None for t in one.history)
+    assert _trials(two) == _trials(one)
+    assert two.best == one.best and two.best_score == one.best_score and two.spent == one.spent == 5
+    assert two.statistics_passes == one.statistics_passes
+    assert _table(two) == _table(one) and any("rank=4" in row for row in _table(one))

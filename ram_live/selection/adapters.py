@@ -25,7 +25,11 @@ that adapter's B'A' folded in), one without it the exact merge into the base wei
 with ``svd`` (a LoRA callback's adapter output) re-factors every candidate: without ``rank``, at ``svd``'s.
 
 Not searched: per-agent weights in the shared mean (``shared_weights``, ``importance=``: the adapter entry points
-take no importances, so such a winner could not be re-made), and worker processes (``parallel=1`` only).
+take no importances, so such a winner could not be re-made).
+
+``parallel=N`` scores candidates in N workers as for full models (:mod:`~ram_live.selection.parallel`): each builds
+its own :class:`AdapterMerger` from the :class:`AdapterAgents` read once here (the factors and the base go to the
+workers as full models' tensors do), so the trials, the winner and the table are those of ``parallel=1``.
 """
 
 from __future__ import annotations
@@ -215,23 +219,21 @@ def _live(model: Any, adapters: Sequence[str] | None) -> AdapterAgents:
     return AdapterAgents(adapter_set, plain, live=True)
 
 
-def adapter_space(space: Any, importance: Any, parallel: int, ray_address: str | None) -> Any:
-    """``search``'s ``space`` for adapters (None: :data:`ADAPTER_SPACE`), after refusing what an adapter search
-    does not do.
+def adapter_space(space: Any, importance: Any) -> Any:
+    """``search``'s ``space`` for adapters (None: :data:`ADAPTER_SPACE`), after refusing importances, which an
+    adapter search does not take.
 
     Args:
         space: as ``search`` takes it.
-        importance, parallel, ray_address: ``search``'s; importances and worker pools are refused.
+        importance: ``search``'s; refused unless None.
+
+    Raises:
+        ConfigError: ``importance`` given.
     """
     if importance is not None:
         raise ConfigError(
             "importance=: the adapter merges (ram_merge_adapter_files, ram_merge_adapters) take no "
             "importances, so a winner with them could not be re-made; leave it out for adapters"
-        )
-    if parallel > 1 or ray_address is not None:
-        raise ConfigError(
-            f"parallel={parallel}: a search over adapters scores its candidates in one process (its "
-            "workers would need the adapters' merger); pass parallel=1 and no ray_address"
         )
     return dict(ADAPTER_SPACE) if space is None else space
 
@@ -355,8 +357,11 @@ class AdapterMerger(Merger):
             info = merge_in_delta_space(
                 self.adapters, prep, refactorer, device=self.device, chunk_numel=DEFAULT_CHUNK_NUMEL
             )
-            if info.statistics is not None:
-                self.statistics.setdefault(self.count_key(candidate), info.statistics)
+            key = self.count_key(candidate)
+            if info.statistics is not None and key not in self.statistics:
+                # counted as Merger.merge counts its own, so that a worker's pass counts once in the search
+                self.statistics[key] = info.statistics
+                self.statistics_passes += 1
             folded = {
                 m: Factor(out.A, out.B, 1.0, self.adapters.module(m).kind, self.adapters.module(m).transpose)
                 for m, out in refactorer.factors.items()

@@ -17,6 +17,10 @@ into the caller's.
 Workers are local processes (``spawn``) by default, or Ray actors when ``ray_address`` is given or the search runs
 inside a Ray job (``ray.is_initialized()``): ``evaluate`` and the inputs must be picklable (a module-level
 function or an object; not a lambda). Each worker sees ``RAM_LIVE_WORKER`` (0..N-1), e.g. to pick its GPU.
+
+The workers rebuild the search's merger from the same inputs (:func:`make_merger`): full models and their base, or
+the :class:`~.adapters.AdapterAgents` of an adapter search (the adapters' factors already read, its base, its SVD
+options), from which each worker builds an :class:`~.adapters.AdapterMerger`.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from ..errors import ConfigError, SearchError
 from .fidelity import Scored, Scorer
 from .outcome import Outcome, run_candidate
 from .target import Merger
+from .adapters import AdapterAgents, AdapterMerger
 
-__all__ = ["Pool", "check_parallel"]
+__all__ = ["Pool", "check_parallel", "make_merger"]
 
 _STATE: dict[str, Any] = {}
 
@@ -43,6 +48,14 @@ def check_parallel(parallel: Any) -> int:
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ConfigError(f"parallel must be an int >= 1 (candidates scored at once), got {parallel!r:.80}")
     return parallel
+
+
+def make_merger(models: Any, base: Any, device: Any, workers: int | None) -> Merger:
+    """The search's merger: an :class:`AdapterMerger` for :class:`AdapterAgents` (``base`` None: they hold it),
+    else a :class:`Merger` of full models; built alike by the search process and by each worker."""
+    if isinstance(models, AdapterAgents):
+        return AdapterMerger(models, device=device, workers=workers)
+    return Merger(models, base, device=device, workers=workers)
 
 
 def _init_worker(counter: Any, payload: tuple[Any, ...], threads: int) -> None:
@@ -65,7 +78,7 @@ class _Worker:
     """A worker's own merger (one output of its own) and scorer (unpickled from the bytes the pool made)."""
 
     def __init__(self, models: Any, base: Any, device: Any, workers: Any, scorer: bytes) -> None:
-        self.merger = Merger(models, base, device=device, workers=workers)
+        self.merger = make_merger(models, base, device, workers)
         self.scorer: Scorer = pickle.loads(scorer)
 
     def run(self, candidate: dict[str, Any], reference: Scored | None) -> Outcome:
@@ -89,7 +102,8 @@ class Pool:
     computed against ``reference`` (the same object the loop holds now), else None."""
 
     def __init__(self, n: int, payload: tuple[Any, ...], ray_address: str | None = None) -> None:
-        """``payload``: ``(models, base, device, workers, scorer)``; the scorer goes to each worker by value."""
+        """``payload``: ``(models, base, device, workers, scorer)`` (``models`` an :class:`AdapterAgents` and
+        ``base`` None for adapters, as :func:`make_merger` takes them); the scorer goes to each worker by value."""
         import torch
 
         *inputs, scorer = payload

@@ -17,12 +17,11 @@ from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult
 from .budget import spend
 from .space import DEFAULT_SPACE, parse_space
 from .fidelity import Scorer, parse_budget, parse_fidelity
-from .parallel import Pool, check_parallel
-from .target import Merger
+from .parallel import Pool, check_parallel, make_merger
 from .loop import SearchRun
 from .plan import SearchPlan, make_plan
 from ..option_checks import finite_float
-from .adapters import AdapterMerger, adapter_agents, adapter_space, check_families
+from .adapters import adapter_agents, adapter_space, check_families
 
 __all__ = ["search"]
 
@@ -107,7 +106,8 @@ def search(
             that protocol every trial also records each task's score (``Trial.tasks``).
         parallel: candidates scored at once by worker processes (or Ray actors), each merging its own candidate
             from the shared inputs; the trials, the winner and the table are those of ``parallel=1``
-            (:mod:`ram_live.selection.parallel`). ``evaluate`` must then be picklable.
+            (:mod:`ram_live.selection.parallel`), over full models and over adapters. ``evaluate`` must then be
+            picklable.
         ray_address: use Ray for the workers (``"local"``: a local Ray; an address: that cluster). Inside a Ray
             job (``ray.is_initialized()``) Ray is used without it.
         adapters: with a live ``PeftModel`` as ``models``, the names of its LoRA adapters to merge (None: all).
@@ -155,7 +155,7 @@ def search(
         raise ConfigError(f"seed must be an int, got {seed!r}")
     adapter_input = adapter_agents(models, base, adapters)  # None: full models
     if adapter_input is not None:
-        space = adapter_space(space, importance, n_workers, ray_address)
+        space = adapter_space(space, importance)
     variants = importance_variants(importance)
     if variants and (space is None or isinstance(space, (list, tuple)) and "importance" not in space):
         space = [*(space or DEFAULT_SPACE), "importance"]
@@ -182,18 +182,16 @@ def search(
         seconds_per_candidate = seconds
     if plan:
         return make_plan(scorer, budget, units, halving, seconds_per_candidate)
-    merger = (
-        Merger(models, base, device=device, workers=workers)
-        if adapter_input is None
-        else AdapterMerger(adapter_input, device=device, workers=workers)
-    )
+    # an adapter search's merger (and each worker's) is built from the adapters as read here, with their base
+    inputs = (models, base) if adapter_input is None else (adapter_input, None)
+    merger = make_merger(*inputs, device, workers)
     run = SearchRun(merger, scorer, units, int(seed), progress)
     if STORED in [v for v in variants.values() if isinstance(v, str)]:
         resolve_importance(STORED, merger.agents)  # a ConfigError naming the agents without, before any trial
     run.importance = variants
     run.labels = {id(m): label for label, m in variants.items()}
     if n_workers > 1 or ray_address is not None:
-        run.pool = Pool(n_workers, (models, base, device, workers, scorer), ray_address)
+        run.pool = Pool(n_workers, (*inputs, device, workers, scorer), ray_address)
     try:
         budgets = spend(run, families)
     except BaseException:
