@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 
 import ram_live
 from ram_live import merge, probe
-from ram_live.cli.output import jsonable, replacing
+from ram_live.cli.output import replacing
+from ram_live.io.jsonable import jsonable
 from ram_live.cli.parser import METHOD_NAMES, build_parser
 from ram_live.cli import BROKEN_PIPE_STATUS, main
 

@@ -18,11 +18,11 @@ BASELINES = [("TA", False), ("TIES", False), ("DARE-TIES", False)]
 def fake_cuda():
     import ram_live.methods.dare as dare
 
-    warnings.simplefilter("ignore")
     saved = getattr(dare, "dare_generator", None)
     if saved is not None:  # a CPU build has no CUDA generator; the mask's draw is the same op
         dare.dare_generator = lambda seed, agent, key, device: saved(seed, agent, key, torch.device("cpu"))
-    with trace.FakeCuda() as fc:
+    with warnings.catch_warnings(), trace.FakeCuda() as fc:
+        warnings.simplefilter("ignore")
         yield fc
     if saved is not None:
         dare.dare_generator = saved

@@ -121,8 +121,8 @@ BYTES = {"TA": 1.01, "linear": 1.01, "TIES": 3.5, "DARE-linear": 1.01, "DARE-TIE
 def fake_cuda():
     import device_trace as trace
 
-    warnings.simplefilter("ignore")
-    with trace.FakeCuda() as fc:
+    with warnings.catch_warnings(), trace.FakeCuda() as fc:
+        warnings.simplefilter("ignore")
         yield trace, fc
 
 

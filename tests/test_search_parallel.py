@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from ram_live import ConfigError, SearchError, search
 
-from conftest import make_agents
+from conftest import assert_bit_identical, make_agents, snapshot
 from search_evals import TARGET, Dies, KillOn, PromptEval, Raises, Threads
 
 pytestmark = pytest.mark.filterwarnings("ignore::ram_live.ExtrapolationWarning")
@@ -250,7 +250,6 @@ def test_an_evaluation_holding_a_module_gives_each_worker_its_own(new_user, one_
     """``rewards(..., model=<module>)``: each candidate's state dict is loaded into the module, in each worker
     into its own copy; the caller's module is left as it was."""
     import evaluate_helpers as h
-    from conftest import assert_bit_identical, snapshot
 
     agents, base, parquet = new_user
     module = h.model(0)

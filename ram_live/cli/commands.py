@@ -11,7 +11,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .output import jsonable, replacing
+from ..io.jsonable import jsonable
+from .output import replacing
 from .parser import DTYPE_NAMES, ram_flags
 from ..errors import ConfigError
 

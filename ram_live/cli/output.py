@@ -7,22 +7,18 @@ made JSON-able for ``--json``.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import math
 import os
 import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
-from ..methods.ram.config import RamConfig
 from ..io.outputs import rename_noreplace
 from ..errors import ConfigError
 
-__all__ = ["replacing", "jsonable"]
+__all__ = ["replacing"]
 
 
 @contextmanager
@@ -84,26 +80,3 @@ def _refuse_existing(out: Path) -> None:
         raise ConfigError(f"output {out} exists; pass --force to replace it")
     if any(out.iterdir()):
         raise ConfigError(f"output {out} exists and is not empty; pass --force to replace it")
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` with dataclasses as dicts (a :class:`~ram_live.RamConfig` as ``{"method": ..., keyword: value}``),
-    enums as values, tensors as lists, paths as strings and non-finite
-    floats as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (``json.dumps(..., allow_nan=False)`` then works)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, enum.Enum):
-        return jsonable(value.value)
-    if isinstance(value, RamConfig):
-        return jsonable(value.record())  # RAM's config as its flat spelling, every keyword
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [jsonable(v) for v in value]
-    if hasattr(value, "tolist"):  # a tensor (or numpy value)
-        return jsonable(value.tolist())
-    return str(value)

@@ -37,14 +37,13 @@ from torch import nn
 
 from ..errors import ConfigError
 from .hub import resolve_model
+from .outputs import is_side_file, rename_noreplace, temp_folder
 
 __all__ = [
-    "PROVENANCE",
     "STORE_FILES",
     "BaseFiles",
     "base_files",
     "file_crc32",
-    "is_side_file",
     "module_files",
     "provenance",
     "save_store_files",
@@ -53,28 +52,10 @@ __all__ = [
 ]
 
 #: The provenance file of a merged folder.
-PROVENANCE = "ram_merge.json"
 #: The folder, inside a store's ``_base``, that keeps the base's config, generation config and tokenizer files.
 STORE_FILES = "model"
-_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".npz", ".index.json")
-_NOT_COPIED = {PROVENANCE, "adapter_config.json"}
 _WINDOW = 1 << 30  # bytes of a file mapped at a time for its CRC
 _KINDS = {"ZerosSource": "zeros", "BasePlusDeltaSource": "base + LoRA adapter"}
-
-
-def is_side_file(name: str) -> bool:
-    """Whether a base folder's top-level file ``name`` goes into a merged folder: not hidden, not weights in any
-    format (nor their index), not an adapter's files, not the base's own ``ram_merge.json``.
-
-    Args:
-        name: the file's name.
-
-    >>> is_side_file("tokenizer.json"), is_side_file("pytorch_model.bin.index.json")
-    (True, False)
-    """
-    return not (
-        name.startswith(".") or name.endswith(_WEIGHTS) or name in _NOT_COPIED or name.startswith("adapter_model")
-    )
 
 
 def _side_files(folder: Path | None) -> list[Path]:
@@ -169,8 +150,6 @@ def store_files_of(obj: Any) -> Callable[[], dict[str, bytes]]:
 def save_store_files(base_dir: Path, files: Mapping[str, bytes]) -> None:
     """Keep ``files`` (:func:`store_files_of`) in the store's ``base_dir/model``: written to a temporary folder and
     renamed; nothing when there are none or the folder exists."""
-    from .outputs import rename_noreplace, temp_folder
-
     target = base_dir / STORE_FILES
     if not files or os.path.lexists(target):
         return
@@ -358,7 +337,7 @@ def provenance(
         The JSON document, UTF-8.
     """
     from .. import __version__
-    from ..cli.output import jsonable
+    from .jsonable import jsonable
 
     options = jsonable(info.config)
     if isinstance(options, dict):

@@ -4,10 +4,7 @@ is explained under the table."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .result import SearchResult, Trial
+from typing import Any
 
 __all__ = ["format_table", "within_one_se"]
 
@@ -19,7 +16,7 @@ def _short(name: str, width: int = 10) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
-def within_one_se(result: SearchResult) -> list[Trial]:
+def within_one_se(result: Any) -> list[Any]:
     """The other trials scored on every prompt whose score is at least the winner's minus the winner's standard
     error (best first): the evidence does not separate them from the winner. Empty without a standard error."""
     best = result.best_trial
@@ -29,7 +26,7 @@ def within_one_se(result: SearchResult) -> list[Trial]:
     return sorted(close, key=lambda t: (-t.score, t.index))  # type: ignore[operator]
 
 
-def format_table(result: SearchResult) -> str:
+def format_table(result: Any) -> str:
     """The table as text: ``*`` the winner; ``!`` extrapolates past
     :data:`~ram_live.selection.result.EXTRAPOLATION_FAR`; ``~`` (race) an estimate, its task columns the slice's
     scores; ``~c`` an estimate clamped to the range of the per-prompt scores; ``se`` the standard error."""
