@@ -14,34 +14,17 @@ from torch import Tensor
 from .engine import checks
 from .engine.stream import DeltaStream
 from .functional.activity import apply_activity_
+from .functional.counting import ram_statistics
 from .kernels.device.common import agent_args, device_programs, triton_takes
 from .kernels.probe import ProbeCounts
 
-__all__ = ["DeviceProbe", "probes_on_device"]
+__all__ = ["DeviceProbe"]
 
 #: Entries per step of each program's strided walk (its [BLOCK, K, K] products stay in registers).
 PROBE_BLOCK = 128
 PROGRAMS_PER_SM = 8
 #: Entries per step of the torch implementation.
 TORCH_STEP = 1 << 22
-
-
-def probes_on_device(stream: DeltaStream) -> bool:
-    """Whether the probe counts ``stream`` with the device op: inputs on one accelerator, float32 compute, and
-    for the "changed" rule inputs of one dtype.
-
-    Example:
-        >>> probes_on_device(DeltaStream("w", torch.zeros(2), [torch.ones(2)], ("a",), torch.device("cpu"), 8))
-        False
-    """
-    if not checks.deferred_device(stream.device) or stream.dtype != torch.float32:
-        return False
-    if any(t.device != stream.device for t in (stream.base, *stream.tensors)):
-        return False
-    rule = stream.activity
-    return not (
-        rule is not None and rule.rule == "changed" and any(t.dtype != stream.base.dtype for t in stream.tensors)
-    )
 
 
 @torch.library.custom_op("ram_live::probe_counts_", mutates_args=("counts", "gram", "invalid"))
@@ -87,10 +70,7 @@ def _torch_probe(base, agents, eps, counts, gram, invalid) -> None:
         wide = deltas.double()
         gram += (wide @ wide.T).reshape(-1)
         masks = apply_activity_(deltas, eps) != 0
-        c = masks.sum(0)
-        counts[:k] += masks.sum(1)
-        counts[k : 2 * k] += (masks & (c == 1)).sum(1)
-        counts[2 * k : 3 * k + 1] += (c == torch.arange(k + 1, device=c.device).unsqueeze(1)).sum(1)
+        counts[: 3 * k + 1] += torch.cat(ram_statistics(masks))
         ints = masks.to(torch.int64)
         counts[3 * k + 1 :] += (ints @ ints.T).reshape(-1) if ints.device.type == "cpu" else _pairs(masks)
 

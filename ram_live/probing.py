@@ -19,6 +19,7 @@ from .kernels import probe as probe_native
 from . import functional as F
 from .kernels.probe import ProbeCounts
 from .api import Model, Models, check_run_options, input_sources
+from .engine.passes import recheck
 from .engine.plan import build_plan
 from .engine.reader import Reader
 from .engine.stream import DEFAULT_CHUNK_NUMEL, DeltaStream, digest_update, inputs_digest
@@ -27,7 +28,7 @@ from .errors import ConfigError
 from .methods.ram.rules import RAM_METHODS
 from .methods.ram.lambdas import ram_lambda, rho
 from .methods.ram.method import ram_activity
-from .probe_device import DeviceProbe, probes_on_device
+from .probe_device import DeviceProbe
 from .probe_stats import AgentStats, layer_of, rho_text
 from .types import Activity, RamStatistics
 from .methods.ram.config import RamConfig
@@ -267,12 +268,6 @@ def _native_counts(stream: DeltaStream, k: int, activity: Activity, workers: int
     return functools.reduce(ProbeCounts.add_, (counts for counts, _ in results))
 
 
-def _raise_nonfinite(reader: Reader, key: str, rule: Activity, chunk_numel: int) -> None:
-    """Read ``key`` again and raise naming its first NaN/Inf input (the device count found one)."""
-    base_t, agent_ts, dev = reader.read(key)
-    DeltaStream(key, base_t, agent_ts, reader.names, dev, chunk_numel, rule, {}).raise_nonfinite(0, base_t.numel())
-
-
 #: The RAM options the probe reads (ρ and λ per variant need ``r``/``alpha``; counting needs ``eps``/``activity``).
 PROBE_OPTIONS = ("r", "alpha", "eps", "activity")
 
@@ -339,14 +334,14 @@ def probe(
         stream = DeltaStream(key, base_t, agent_ts, names, dev, chunk_numel, rule, workspace)
         digest_update(digest, stream)
         numels[key] = stream.numel
-        if probes_on_device(stream):  # counted on the device, read once after the loop
+        if stream.device_eps(rule) is not None:  # counted on the device, read once after the loop
             device_probe.add(index, stream)
             continue
         counts = _native_counts(stream, k, rule, worker_count(workers, dev))
         counts = counts if counts is not None else _torch_counts(stream, k)
         totals.add_(counts)
         per_tensor[key] = (counts.active.tolist(), counts.unique.tolist())
-    rows, on_device = device_probe.finish(lambda key: _raise_nonfinite(reader, key, rule, chunk_numel))
+    rows, on_device = device_probe.finish(lambda key: recheck(reader, key, rule, chunk_numel))
     per_tensor.update(rows)
     totals.add_(on_device)
     for key in plan.merge:

@@ -76,8 +76,8 @@ def test_counts_op_equals_torch_counts(k):
         base, agents = _inputs(5000, k, dtype, seed=k)
         counts = [torch.zeros(3 * k + 1, dtype=torch.int64) for _ in range(2)]
         invalid = [torch.zeros((), dtype=torch.int64) for _ in range(2)]
-        device._triton_counts(base, agents, eps, True, counts[0], invalid[0])
-        device._torch_counts(base, agents, eps, True, counts[1], invalid[1])
+        device._triton_counts(base, agents, eps, counts[0], invalid[0])
+        device._torch_counts(base, agents, eps, counts[1], invalid[1])
         assert torch.equal(counts[0], counts[1])
         masks = torch.stack([apply_activity_(a.float() - base.float(), eps) != 0 for a in agents])
         assert counts[0][:k].tolist() == masks.sum(1).tolist()
@@ -85,7 +85,7 @@ def test_counts_op_equals_torch_counts(k):
         assert counts[0][2 * k :].tolist() == torch.bincount(masks.sum(0), minlength=k + 1).tolist()
         assert int(invalid[0]) == int(invalid[1]) == 0
     agents[0][3] = float("inf")
-    device._triton_counts(base, agents, 0.0, True, counts[0], invalid[0])
+    device._triton_counts(base, agents, 0.0, counts[0], invalid[0])
     assert int(invalid[0]) == 1
 
 

@@ -21,7 +21,7 @@ from .reader import Reader, check_equal
 from .stream import DeltaStream, digest_update
 from .threads import worker_count
 
-__all__ = ["Job", "statistics_pass", "dry_run", "merge_pass", "merge_tensor", "finish_pass", "fits"]
+__all__ = ["Job", "statistics_pass", "dry_run", "merge_pass", "merge_tensor", "finish_pass", "fits", "recheck"]
 
 
 @dataclass
@@ -89,7 +89,7 @@ def statistics_pass(
         reader.release(key)
         if progress:
             progress.update(key, reader.nbytes(key))
-    checks.raise_first(lambda key: _recheck(reader, key, activity, chunk_numel))
+    checks.raise_first(lambda key: recheck(reader, key, activity, chunk_numel))
     for key in plan.check_equal:
         check_equal(reader, key)
     if progress:
@@ -99,7 +99,7 @@ def statistics_pass(
     return RamStatistics(*host)
 
 
-def _recheck(reader: Reader, key: str, activity: Activity | None, chunk_numel: int, out: Tensor | None = None) -> None:
+def recheck(reader: Reader, key: str, activity: Activity | None, chunk_numel: int, out: Tensor | None = None) -> None:
     """Read ``key`` again and raise naming the input at fault (a device kernel counted invalid entries in it)."""
     base, agents, device = reader.read(key)
     stream = reader.stream(DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, {}))
@@ -148,7 +148,7 @@ def dry_run(
         spec = specs[key]
         buffer = scratch[spec.device][: spec.numel * spec.dtype.itemsize]
         merge_tensor(dry, key, run_state, dest=buffer.view(spec.dtype).view(spec.shape), checks=(checks, index))
-    checks.raise_first(lambda key: _recheck(job.reader, key, job.activity, job.chunk_numel))
+    checks.raise_first(lambda key: recheck(job.reader, key, job.activity, job.chunk_numel))
 
 
 def merge_pass(
@@ -174,7 +174,7 @@ def merge_pass(
         merge_tensor(job, key, run_state, digest, checks=(checks, index))
         if progress:
             progress.update(key, reader.nbytes(key))
-    checks.raise_first(lambda key: _recheck(reader, key, job.activity, job.chunk_numel))
+    checks.raise_first(lambda key: recheck(reader, key, job.activity, job.chunk_numel))
     if progress:
         progress.close()
     finish_pass(reader, plan, sink)

@@ -230,6 +230,18 @@ class DeltaStream:
             return None
         return activity.threshold
 
+    def device_eps(self, activity: Activity) -> float | None:
+        """The threshold for the device kernels (0 for "changed" on same-dtype inputs, where it is τ ≠ 0), or None
+        where they do not take this stream: not on an accelerator, float64 compute, inputs on several devices, or
+        "changed" across dtypes (the CPU's paths run)."""
+        if not checks.deferred_device(self.device) or self.dtype != torch.float32:
+            return None
+        if any(t.device != self.device for t in (self.base, *self.tensors)):
+            return None
+        if activity.rule == "changed" and any(t.dtype != self.base.dtype for t in self.tensors):
+            return None
+        return activity.threshold
+
     def fused_chunks(
         self, kernel: Callable[..., Any], key: Any = None
     ) -> Iterator[tuple[int, int, Any, Tensor, list[Tensor]]]:

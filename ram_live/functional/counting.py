@@ -86,12 +86,13 @@ def ram_counts_fused(base: Tensor, agents: Sequence[Tensor], eps: float) -> tupl
 def ram_statistics(deltas: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per agent, the number of active and of unique entries, and the histogram of c = 0..K (all int64).
 
-    ``deltas`` must already be thresholded.
+    ``deltas`` must already be thresholded (or be the activity masks themselves).
     """
     k = deltas.shape[0]
     mask = deltas != 0
     counts = mask.sum(dim=0)
     active = mask.sum(dim=1)
     unique = (mask & (counts == 1)).sum(dim=1)
-    histogram = torch.bincount(counts, minlength=k + 1)
+    # c = 0..K compared with each value (no bincount: its output size depends on the values, a host sync on GPUs)
+    histogram = (counts == torch.arange(k + 1, device=counts.device).unsqueeze(1)).sum(dim=1)
     return active, unique, histogram

@@ -98,7 +98,7 @@ def ram_counts_kernel(
     base_ptr,
     a0, a1, a2, a3, a4, a5, a6, a7,
     counts_ptr, bad_ptr, numel, eps,
-    K: tl.constexpr, COUNTED: tl.constexpr, EPS_ZERO: tl.constexpr, BLOCK: tl.constexpr,
+    K: tl.constexpr, EPS_ZERO: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Per agent, its active and its unique entries, and the histogram of the active count c (``counts``: int64
     ``[K]`` active, ``[K]`` unique, ``[K + 1]`` histogram, added to); every program walks a strided share of the
@@ -129,12 +129,10 @@ def ram_counts_kernel(
             c += m
             masks += tl.where(col8[None, :] == t, m[:, None], 0)
         invalid += (bad & inb).to(tl.int32)
-        if COUNTED:
-            active += tl.sum(masks, axis=0)
-            unique += tl.sum(masks * (c == 1).to(tl.int32)[:, None], axis=0)
-            histogram += tl.sum(((col16[None, :] == c[:, None]) & inb[:, None]).to(tl.int32), axis=0)
+        active += tl.sum(masks, axis=0)
+        unique += tl.sum(masks * (c == 1).to(tl.int32)[:, None], axis=0)
+        histogram += tl.sum(((col16[None, :] == c[:, None]) & inb[:, None]).to(tl.int32), axis=0)
     add_invalid(bad_ptr, invalid)
-    if COUNTED:
-        tl.atomic_add(counts_ptr + col8, active.to(tl.int64), mask=col8 < K)
-        tl.atomic_add(counts_ptr + K + col8, unique.to(tl.int64), mask=col8 < K)
-        tl.atomic_add(counts_ptr + 2 * K + col16, histogram.to(tl.int64), mask=col16 <= K)
+    tl.atomic_add(counts_ptr + col8, active.to(tl.int64), mask=col8 < K)
+    tl.atomic_add(counts_ptr + K + col8, unique.to(tl.int64), mask=col8 < K)
+    tl.atomic_add(counts_ptr + 2 * K + col16, histogram.to(tl.int64), mask=col16 <= K)

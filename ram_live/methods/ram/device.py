@@ -13,15 +13,15 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ...engine import checks
 from ...engine.counts import ADDED
 from ...engine.stream import DeltaStream
 from ...functional.activity import apply_activity_
+from ...functional.counting import ram_statistics
 from ...kernels.device.common import OUT_DTYPES, agent_args, device_programs, kernel_out, triton_takes
-from ...types import Activity, RamStatistics
+from ...types import RamStatistics
 from .accumulators import RamAccumulator, WeightedRamAccumulator
 
-__all__ = ["device_eps", "merge_device", "device_statistics"]
+__all__ = ["merge_device", "device_statistics"]
 
 #: Entries per program of the merge kernel, and of each step of the counting kernel's strided walk.
 MERGE_BLOCK = 1024
@@ -30,23 +30,6 @@ COUNT_BLOCK = 512
 COUNT_PROGRAMS_PER_SM = 8
 #: Entries per step of the torch implementation (its float32 scratch is bounded by this, not by the tensor).
 TORCH_STEP = 1 << 24
-
-
-def device_eps(stream: DeltaStream, activity: Activity) -> float | None:
-    """The activity threshold for the device ops where they take ``stream``, else None (the CPU's paths run):
-    inputs on one accelerator, float32 compute, and for the "changed" rule inputs of one dtype (where it is τ ≠ 0).
-
-    Example:
-        >>> device_eps(DeltaStream("w", torch.zeros(2), [torch.ones(2)], ("a",), torch.device("cpu"), 8),
-        ...            Activity())
-    """
-    if not checks.deferred_device(stream.device) or stream.dtype != torch.float32:
-        return None
-    if any(t.device != stream.device for t in (stream.base, *stream.tensors)):
-        return None
-    if activity.rule == "changed" and any(t.dtype != stream.base.dtype for t in stream.tensors):
-        return None
-    return activity.threshold
 
 
 def _triton_takes(out: Optional[Tensor], base: Tensor, agents: list[Tensor], importances: list[Tensor]) -> bool:
@@ -81,17 +64,17 @@ def _(out, base, agents, importances, lambdas, eps, sign, invalid) -> None:
 
 
 @torch.library.custom_op("ram_live::ram_counts_", mutates_args=("counts", "invalid"))
-def ram_counts_(base: Tensor, agents: list[Tensor], eps: float, counted: bool, counts: Tensor, invalid: Tensor) -> None:
+def ram_counts_(base: Tensor, agents: list[Tensor], eps: float, counts: Tensor, invalid: Tensor) -> None:
     """Adds to ``counts`` (int64 ``[3K + 1]``: active per agent, unique per agent, histogram of the active count)
-    where ``counted``; adds to ``invalid`` the entries whose inputs or task vectors are NaN/Inf."""
+    adds to ``invalid`` the entries whose inputs or task vectors are NaN/Inf."""
     if _triton_takes(None, base, agents, []):
-        _triton_counts(base, agents, eps, counted, counts, invalid)
+        _triton_counts(base, agents, eps, counts, invalid)
     else:
-        _torch_counts(base, agents, eps, counted, counts, invalid)
+        _torch_counts(base, agents, eps, counts, invalid)
 
 
 @ram_counts_.register_fake
-def _(base, agents, eps, counted, counts, invalid) -> None:
+def _(base, agents, eps, counts, invalid) -> None:
     return None
 
 
@@ -107,14 +90,14 @@ def _triton_merge(out, base, agents, importances, lambdas, eps, sign, invalid) -
     )  # fmt: skip
 
 
-def _triton_counts(base, agents, eps, counted, counts, invalid) -> None:
+def _triton_counts(base, agents, eps, counts, invalid) -> None:
     from ...kernels.device.ram_triton import ram_counts_kernel
 
     numel = base.numel()
     programs = device_programs(base.device, numel, COUNT_BLOCK, COUNT_PROGRAMS_PER_SM)
     ram_counts_kernel[(programs,)](
         base, *agent_args(agents), counts, invalid, numel, float(eps),
-        K=len(agents), COUNTED=counted, EPS_ZERO=eps == 0, BLOCK=COUNT_BLOCK, num_warps=4,
+        K=len(agents), EPS_ZERO=eps == 0, BLOCK=COUNT_BLOCK, num_warps=4,
     )  # fmt: skip
 
 
@@ -147,7 +130,7 @@ def _torch_merge(out, base, agents, importances, lambdas, eps, sign, invalid) ->
         invalid += (~torch.isfinite(written)).sum()
 
 
-def _torch_counts(base, agents, eps, counted, counts, invalid) -> None:
+def _torch_counts(base, agents, eps, counts, invalid) -> None:
     numel, k = base.numel(), len(agents)
     step = max(1, min(numel, TORCH_STEP))
     for start in range(0, numel, step):
@@ -161,11 +144,7 @@ def _torch_counts(base, agents, eps, counted, counts, invalid) -> None:
             bad |= ~torch.isfinite(a) | ~torch.isfinite(delta)
             torch.ne(apply_activity_(delta, eps), 0, out=masks[t])
         invalid += bad.sum()
-        if counted:
-            c = masks.sum(0)
-            counts[:k] += masks.sum(1)
-            counts[k : 2 * k] += (masks & (c == 1)).sum(1)
-            counts[2 * k :] += (c == torch.arange(k + 1, device=c.device).unsqueeze(1)).sum(1)
+        counts += torch.cat(ram_statistics(masks))
 
 
 def merge_device(
@@ -194,6 +173,6 @@ def device_statistics(stream: DeltaStream, k: int) -> RamStatistics:
     counts = (
         stream.totals if stream.totals is not None else torch.zeros(3 * k + 1, dtype=torch.int64, device=stream.device)
     )
-    torch.ops.ram_live.ram_counts_(stream.base, list(stream.tensors), eps, True, counts, slot)
+    torch.ops.ram_live.ram_counts_(stream.base, list(stream.tensors), eps, counts, slot)
     stream.settle(slot)
     return ADDED if counts is stream.totals else RamStatistics(counts[:k], counts[k : 2 * k], counts[2 * k :])

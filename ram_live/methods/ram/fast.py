@@ -22,7 +22,7 @@ from ...types import Activity, RamStatistics
 from . import native as ram_native
 from . import native_weighted
 from .compiled import ram_fused_, ram_fused_weighted_
-from .device import device_eps, device_statistics, merge_device
+from .device import device_statistics, merge_device
 
 __all__ = [
     "native_for",
@@ -59,7 +59,7 @@ def merge_kernel(stream: DeltaStream, flat: Tensor, state: Any, workers: int, si
     :meth:`DeltaStream.fused_eps`), where they take this tensor (with the method's activity rule,
     ``stream.activity``); None: the eager path runs. ``state``: λ per agent, or None."""
     activity = stream.activity
-    on_device = device_eps(stream, activity)
+    on_device = stream.device_eps(activity)
     if on_device is not None and (not stream.auxiliary or _device_importances(stream) is not None):
         return "device", functools.partial(
             merge_device, lambdas=state, eps=on_device, sign=sign, importances=_device_importances(stream)
@@ -200,7 +200,7 @@ def native_statistics(
 ) -> RamStatistics | None:
     """The counts by the device op on accelerators (left on the device; no ``amax``), else by the native kernels
     where they take the stream (else None); ``amax``: gets (max |τ|, max |θ₀|) appended."""
-    if device_eps(stream, stream.activity) is not None:
+    if stream.device_eps(stream.activity) is not None:
         return device_statistics(stream, k)
     native = native_for(stream, stream.activity, entries=("counts",))
     if native is None:
