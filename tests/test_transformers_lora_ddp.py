@@ -127,6 +127,7 @@ def _worker(rank: int, root: str, port: int, init: str) -> None:
         report["collective"] = [cb.schedule.collective.rank, cb.schedule.collective.world_size]
         report["saved"] = cb.saved
         report["ok"] = True
+        torch.distributed.barrier()  # neither rank tears gloo down while the other still talks to it
     except BaseException:  # the parent asserts on it: rank 1's failure named, not a hang
         report["ok"] = False
         report["error"] = traceback.format_exc()
@@ -135,6 +136,10 @@ def _worker(rank: int, root: str, port: int, init: str) -> None:
         (Path(root) / f"report{rank}.json").write_text(json.dumps(report, default=str))
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+    # Skip the teardown, as tests/test_distributed.py does: freeing the DDP model afterwards drops the process group
+    # from the reducer with the GIL held, and gloo's worker thread, releasing its last work's tensors, waits for
+    # the GIL (pytorch/pytorch#56297): a deadlock after the work is done, seen in CI and in one of two runs here.
+    os._exit(0)
 
 
 def _free_port() -> int:
@@ -205,9 +210,6 @@ def test_ddp_lora_run_rank_zero_writes_both_ranks_merge(tmp_path: Path) -> None:
     assert [h["step"] for h in h0] == [2.0, 4.0]
     timeless = [[{k: v for k, v in h.items() if k != "ram/merge_seconds"} for h in hs] for hs in (h0, h1)]
     assert timeless[0] == timeless[1]
-    import subprocess
-
-    print(subprocess.run(["find", str(tmp_path / "store")], capture_output=True, text=True).stdout)
     assert h0[-1]["ram/agents"] == 2.0 and "ram/loglik" in h0[-1]
     assert reports[0]["saved"] == [str(tmp_path / "merged" / "ddp" / f"step-{n}") for n in (2, 4)]
     assert reports[1]["saved"] == []
