@@ -9,16 +9,24 @@ layout    objective                         task ``t``                          
 ========= ================================= ===================================== ================================
 verl      ``ram/val-core/reward/{metric}``  ``ram/val-core/{t}/reward/{metric}``, ``ram/val-aux/rewards/{f}/mean``,
                                             ``ram/val-aux/{t}/reward/{metric}/std``, ``.../std``
-                                            ``ram/val-aux/{t}/reward/prompts``
+                                            ``ram/val-aux/{t}/reward/prompts``,
+                                            ``ram/val-aux/{t}/reward/std@{k}``
 trl       ``ram/eval_reward``,              ``ram/eval_tasks/{t}/{metric}``,      ``ram/eval_rewards/{f}/mean``,
-          ``ram/eval_reward/{metric}``      ``.../{metric}/std``, ``.../prompts`` ``.../std``
+          ``ram/eval_reward/{metric}``,     ``.../{metric}/std``, ``.../prompts`` ``.../std``
+          ``ram/eval_reward_std``,
+          ``ram/eval_frac_reward_zero_std``
 lightning ``ram/val/reward/{metric}``       ``ram/val/{t}/reward/{metric}``,      ``ram/val/rewards/{f}/mean``,
-                                            ``.../{metric}/std``, ``.../prompts`` ``.../std``
+                                            ``.../{metric}/std``, ``.../prompts``, ``.../std``
+                                            ``ram/val/{t}/reward/std@{k}``
 ========= ================================= ===================================== ================================
 
 A task's std is over its scored prompts' scores (numpy's ``np.std``, as verl's); a function's std is over its
-rewards (the sample std, as TRL's ``eval_rewards/{f}/std``). One task (no ``task`` column) is the task ``all``.
-Evaluations of other kinds are logged as they return their metrics.
+rewards (the sample std, as TRL's ``eval_rewards/{f}/std``). With ``samples=k > 1``, ``std@{k}`` is verl's: the
+mean over a task's prompts of the std (``np.std``) of each prompt's k weighted rewards. TRL's ``reward_std`` is the
+sample std of every scored completion's weighted reward, and ``frac_reward_zero_std`` the fraction of prompts
+whose k rewards have a zero sample std (GRPO's groups with no learning signal under ``scale_rewards="group"``:
+1 with ``samples=1``, as TRL's). One task (no ``task`` column) is the task ``all``. Evaluations of other kinds are
+logged as they return their metrics.
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
         "prompts": ("val-aux/{task}/reward/prompts",),
         "mean": ("val-aux/rewards/{func}/mean",),
         "func_std": ("val-aux/rewards/{func}/std",),
+        "sample_std": ("val-aux/{task}/reward/std@{k}",),
+        "reward_std": (),
+        "zero_std": (),
     },
     "trl": {
         "objective": ("eval_reward", "eval_reward/{metric}"),
@@ -46,6 +57,9 @@ LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
         "prompts": ("eval_tasks/{task}/prompts",),
         "mean": ("eval_rewards/{func}/mean",),
         "func_std": ("eval_rewards/{func}/std",),
+        "sample_std": (),
+        "reward_std": ("eval_reward_std",),
+        "zero_std": ("eval_frac_reward_zero_std",),
     },
     "lightning": {
         "objective": ("val/reward/{metric}",),
@@ -54,6 +68,9 @@ LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
         "prompts": ("val/{task}/reward/prompts",),
         "mean": ("val/rewards/{func}/mean",),
         "func_std": ("val/rewards/{func}/std",),
+        "sample_std": ("val/{task}/reward/std@{k}",),
+        "reward_std": (),
+        "zero_std": (),
     },
 }
 
@@ -94,6 +111,19 @@ def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
     for func, values in evaluation.function_rewards().items():
         put("mean", sum(values) / len(values) if values else math.nan, func=func)
         put("func_std", _std(values, ddof=1), func=func)
+    groups = [[r for r in group if r is not None] for group in evaluation.sample_rewards]
+    k = evaluation.settings.samples
+    if k > 1:
+        spread: dict[str, list[float]] = {}
+        for task, scored in zip(evaluation.prompt_tasks(), groups):
+            if scored:
+                spread.setdefault(task, []).append(_std(scored, ddof=0))
+        for task, stds in spread.items():
+            put("sample_std", sum(stds) / len(stds), task=task, k=str(k))
+    put("reward_std", _std([r for scored in groups for r in scored], ddof=1))
+    # TRL's group std is torch.isclose to 0 (atol 1e-8); one scored sample of k > 1 gives NaN there: not zero
+    zero = [k == 1 or (len(scored) > 1 and _std(scored, ddof=1) <= 1e-8) for scored in groups]
+    put("zero_std", sum(zero) / len(zero) if zero else math.nan)
     return out
 
 

@@ -71,17 +71,30 @@ def test_every_layout_names_the_metric_and_gives_each_tasks_std_and_prompts(tok,
     for func, values in rewards_of.items():
         assert verl[f"ram/val-aux/rewards/{func}/mean"] == pytest.approx(statistics.mean(values), abs=1e-12)
         assert verl[f"ram/val-aux/rewards/{func}/std"] == pytest.approx(statistics.stdev(values), abs=1e-12)
-    assert len(verl) == 1 + 3 * 3 + 2 * 2
+    # verl's std@2: per task, the mean over its prompts of each prompt's two weighted rewards' np.std
+    combined = [[float(t.count("a")) + float(len(t) < 2) for t in texts] for texts in TEXTS]
+    spread = {}
+    for s, pair in zip(SOURCES, combined):
+        spread.setdefault(s, []).append(statistics.pstdev(pair))
+    for task, stds in spread.items():
+        assert verl[f"ram/val-aux/{task}/reward/std@2"] == pytest.approx(statistics.mean(stds), abs=1e-12)
+    assert len(verl) == 1 + 4 * 3 + 2 * 2
 
     trl = evaluation_metrics(evaluate, "trl")
     assert trl["ram/eval_reward"] == trl[f"ram/eval_reward/{metric}"] == score
     assert trl["ram/eval_tasks/math/prompts"] == 2.0 and f"ram/eval_tasks/code/{metric}/std" in trl
     assert trl["ram/eval_rewards/count_a/std"] == verl["ram/val-aux/rewards/count_a/std"]
-    assert len(trl) == 2 + 3 * 3 + 2 * 2
+    # TRL's reward_std (every completion's weighted reward, sample std) and frac_reward_zero_std (prompts whose
+    # two rewards are equal: prompts 2, 3 and 5 of 7)
+    flat = [r for pair in combined for r in pair]
+    assert trl["ram/eval_reward_std"] == pytest.approx(statistics.stdev(flat), abs=1e-12)
+    assert trl["ram/eval_frac_reward_zero_std"] == pytest.approx(3 / 7, abs=1e-12)
+    assert len(trl) == 4 + 3 * 3 + 2 * 2
 
     light = evaluation_metrics(evaluate, "lightning")
     assert light[f"ram/val/reward/{metric}"] == score and light["ram/val/gsm8k/reward/prompts"] == 4.0
-    assert {k.split("/")[1] for k in light} == {"val"} and len(light) == 1 + 3 * 3 + 2 * 2
+    assert light["ram/val/math/reward/std@2"] == verl["ram/val-aux/math/reward/std@2"]
+    assert {k.split("/")[1] for k in light} == {"val"} and len(light) == 1 + 4 * 3 + 2 * 2
 
 
 def test_one_task_is_all_and_unscored_prompts_are_not_counted(tok):
@@ -93,6 +106,27 @@ def test_one_task_is_all_and_unscored_prompts_are_not_counted(tok):
     out = evaluation_metrics(evaluate, "verl")
     assert out["ram/val-aux/all/reward/prompts"] == 6.0  # prompt 3's samples are both empty: not scored
     assert out["ram/val-core/all/reward/mean@2"] == out["ram/val-core/reward/mean@2"] == evaluate.metrics["reward"]
+    # the samples' spread leaves the unscored ones out: one scored sample has std 0 (verl) and no zero std (TRL,
+    # whose nanstd of one value is NaN); prompt 2 ("a", "a") alone has two equal rewards
+    scored = [[float(t.count("a")) for t in texts if t != ""] for texts in TEXTS]
+    stds = [statistics.pstdev(v) for v in scored if v]
+    assert out["ram/val-aux/all/reward/std@2"] == pytest.approx(statistics.mean(stds), abs=1e-12)
+    trl = evaluation_metrics(evaluate, "trl")
+    assert trl["ram/eval_frac_reward_zero_std"] == pytest.approx(1 / 7, abs=1e-12)
+    assert trl["ram/eval_reward_std"] == pytest.approx(statistics.stdev([r for v in scored for r in v]), abs=1e-12)
+
+
+def test_one_sample_logs_no_spread_and_every_group_has_zero_std(tok):
+    def one_sample(merged, prompts, settings, seeds):
+        return [TEXTS[PROMPTS.index(p)][0] for p in prompts]
+
+    evaluate = rewards(PROMPTS, count_a, tokenizer=tok, generate=one_sample, model=h.model(0))
+    evaluate(h.model(0))
+    assert not [k for k in evaluation_metrics(evaluate, "verl") if "std@" in k]
+    trl = evaluation_metrics(evaluate, "trl")
+    assert trl["ram/eval_frac_reward_zero_std"] == 1.0  # TRL's std is 0 for groups of one completion
+    firsts = [float(texts[0].count("a")) for texts in TEXTS]
+    assert trl["ram/eval_reward_std"] == pytest.approx(statistics.stdev(firsts), abs=1e-12)
 
 
 def test_layouts_are_checked_and_other_evaluations_pass_through(tok):

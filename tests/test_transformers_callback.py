@@ -285,6 +285,14 @@ def test_grpo_logs_a_rewards_evaluation_in_trls_layout(tmp_path: Path) -> None:
     vowels = evaluate.function_rewards()["_vowels"]
     assert len(vowels) == 6 and got["ram/eval_rewards/_vowels/mean"] == pytest.approx(sum(vowels) / 6)
     assert "ram/eval_rewards/_spaces/std" in got and not any(k.startswith("ram/reward") for k in got)
+    # reward_std and frac_reward_zero_std as GRPOTrainer computes them, with TRL's own nanstd
+    from trl.trainer.utils import nanstd
+
+    samples = torch.tensor(evaluate.sample_rewards, dtype=torch.float64)  # 3 prompts x 2 weighted rewards
+    # (nanstd's Bessel factor count / (count - 1) is a float32 division: equal to about 1e-8)
+    assert got["ram/eval_reward_std"] == pytest.approx(nanstd(samples.flatten()).item(), rel=1e-7)
+    zero = torch.isclose(nanstd(samples, dim=1), torch.zeros(3, dtype=torch.float64)).double().mean().item()
+    assert got["ram/eval_frac_reward_zero_std"] == pytest.approx(zero, abs=1e-12)
 
 
 def test_a_merged_dir_in_the_store_or_a_file_is_refused_when_built(tmp_path: Path) -> None:

@@ -128,8 +128,9 @@ class Rewards:
     :class:`EvaluationError` when generation or a reward function fails, or no prompt is scored.
 
     After a call: ``metrics`` (``{"reward": score, "reward/<task>": ..., "reward/<function>": its mean, ...}``),
-    ``tasks`` (each task's score), ``completions`` (per prompt; a list of k with ``samples=k``) and ``per_prompt``
-    (each prompt's score). ``trainer_state``: what reward functions get as ``trainer_state`` (None).
+    ``tasks`` (each task's score), ``completions`` (per prompt; a list of k with ``samples=k``), ``per_prompt``
+    (each prompt's score) and ``sample_rewards`` (per prompt, its k samples' weighted rewards; None: unscored).
+    ``trainer_state``: what reward functions get as ``trainer_state`` (None).
 
     Args:
         prompts, reward_funcs, settings: the loaded :class:`Prompts`, the reward function(s), generation settings.
@@ -186,7 +187,9 @@ class Rewards:
         self.completions: list[Any] = []
         self.per_prompt: list[float | None] = []
         self._table: list[list[float | None]] = []  # per function, per row of the last prompt_scores call
-        self._last: tuple[list[int], list[Any], dict[int, float | None]] = ([], [], {})  # its prompts, completions
+        self.sample_rewards: list[list[float | None]] = []
+        # the last prompt_scores call's prompts, completions, scores and weighted rewards (k rows a prompt)
+        self._last: tuple[list[int], list[Any], dict[int, float | None], list[float | None]] = ([], [], {}, [])
 
     def prompt_tasks(self) -> list[str]:
         """Each prompt's task.
@@ -354,7 +357,7 @@ class Rewards:
                 function=", ".join(self.names),
                 index=bad,
             )
-        self._table, self._last = table, (todo, completions, scores)
+        self._table, self._last = table, (todo, completions, scores, combined)
         return [scores[i] for i in wanted]
 
     def _finish(self, values: list[float | None]) -> float:
@@ -367,8 +370,9 @@ class Rewards:
             given = [r for r in col if r is not None]
             metrics[f"reward/{name}"] = sum(given) / len(given) if given else math.nan
         k = self.settings.samples
-        _, completions, _ = self._last
+        _, completions, _, combined = self._last
         self.metrics, self.tasks, self.per_prompt = metrics, table, list(values)
+        self.sample_rewards = [combined[p * k : (p + 1) * k] for p in range(len(self.prompts))]
         self.completions = (
             completions if k == 1 else [completions[p * k : (p + 1) * k] for p in range(len(self.prompts))]
         )

@@ -1,5 +1,6 @@
-"""The generalist's scores in verl's own validation layout: ``ram/val-core/{data_source}/reward/mean@N`` holds what
-verl's ``process_validation_metrics`` computes for the same samples (skipped where verl cannot be imported)."""
+"""The generalist's scores in verl's own validation layout: ``ram/val-core/{data_source}/reward/mean@N`` and
+``ram/val-aux/{data_source}/reward/std@N`` hold what verl's ``process_validation_metrics`` computes for the same
+samples (skipped where verl cannot be imported)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,6 @@ def test_val_core_keys_hold_verls_own_numbers(tmp_path):
         key = f"val-core/{source}/reward/mean@3"
         assert ours[f"ram/{key}"] == pytest.approx(float(verl[source]["reward"]["mean@3"]), abs=1e-12), key
         assert ours[f"ram/val-aux/{source}/reward/prompts"] == SOURCES.count(source)
+        # and the spread over each prompt's samples, val-aux/{data_source}/{var}/std@N
+        key = f"val-aux/{source}/reward/std@3"
+        assert ours[f"ram/{key}"] == pytest.approx(float(verl[source]["reward"]["std@3"]), abs=1e-12), key
