@@ -5,6 +5,7 @@ re-made bit for bit by the adapter entry points, and bad input refused in one li
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -19,7 +20,9 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from ram_live import search  # noqa: E402
 from ram_live.errors import ConfigError, InputMismatchError, RamLiveError, UnsupportedInputError  # noqa: E402
 from ram_live.peft import TopK, ram_merge_adapter_files, ram_merge_adapters  # noqa: E402
+from ram_live.peft.svd_options import SvdOptions  # noqa: E402
 from ram_live.selection import from_json  # noqa: E402
+from ram_live.selection.adapters import adapter_agents  # noqa: E402
 
 from adapter_evals import LogitsScore  # noqa: E402
 from conftest import assert_bit_identical, snapshot  # noqa: E402
@@ -334,12 +337,16 @@ def _table(result) -> list[str]:
     return [head[: cut.start] + head[cut.stop :], *rows, *(line for line in lines[blank:] if " s, " not in line)]
 
 
-@pytest.mark.parametrize("kind", ["folders", "live"])
+@pytest.mark.parametrize("kind", ["folders", "live", "svd"])
 def test_two_process_workers_give_the_one_process_adapter_search(base, folders, model, kind):
     """``parallel=2`` over adapters: each worker builds the adapters' merger from the adapters read once; the
-    trials (exact merges into the base and a ``rank`` re-factored one), the winner and the table are those of one
-    process."""
-    agents = dict(models=folders, base=base) if kind == "folders" else dict(models=model)
+    trials (exact merges into the base and a ``rank`` re-factored one; with ``svd``, as a LoRA callback searches,
+    every candidate re-factored), the winner and the table are those of one process."""
+    if kind == "svd":
+        read = adapter_agents(folders, base, None)
+        agents = dict(models=dataclasses.replace(read, svd=SvdOptions(rank=2)))
+    else:
+        agents = dict(models=folders, base=base) if kind == "folders" else dict(models=model)
     run = dict(
         evaluate=LogitsScore(LLAMA["vocab_size"]),
         budget=6,
