@@ -83,6 +83,12 @@ class RamLiveWarning(UserWarning):
     """Base class of the warnings ram_live gives about its inputs or results (a merge still ran)."""
 
 
+class DeviceKernelWarning(RamLiveWarning):
+    """Triton could not build one of ram_live's device kernels on this machine: its op runs its torch
+    implementation instead (the same results, slower); ``ram_live.kernels.device.common.unbuilt_kernels()``
+    names them."""
+
+
 class UnchangedAgentWarning(RamLiveWarning):
     """An agent of a merge changed no entry of the base (density 0, ρ = +∞): it adds nothing to the generalist,
     which is the merge of the other agents (a GRPO run whose reward was always 0 never updates its weights).

@@ -15,7 +15,7 @@ from .engine import checks
 from .engine.stream import DeltaStream
 from .functional.activity import apply_activity_
 from .functional.counting import ram_statistics
-from .kernels.device.common import agent_args, device_programs, triton_takes
+from .kernels.device.common import agent_args, device_programs, launch, triton_takes
 from .kernels.probe import ProbeCounts
 
 __all__ = ["DeviceProbe"]
@@ -33,10 +33,8 @@ def probe_counts_(
 ) -> None:
     """Adds one flat tensor's probe statistics to ``counts`` (int64 ``[3K + 1 + K²]``: active, unique, histogram,
     intersections) and ``gram`` (float64 ``[K²]``), and its NaN/Inf inputs and task vectors to ``invalid``."""
-    if triton_takes([base, *agents], len(agents)):
-        _triton_probe(base, agents, eps, counts, gram, invalid)
-    else:
-        _torch_probe(base, agents, eps, counts, gram, invalid)
+    takes = triton_takes([base, *agents], len(agents))
+    launch("probe_counts_kernel", takes, _triton_probe, _torch_probe, base, agents, eps, counts, gram, invalid)
 
 
 @probe_counts_.register_fake

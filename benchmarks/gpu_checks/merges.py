@@ -13,6 +13,8 @@ import bench_merge
 import torch
 from torch import Tensor, nn
 
+from ram_live.kernels.device.common import unbuilt_kernels
+
 from gpu_checks import compare, inputs
 from gpu_checks.runner import Outcome, Skip
 
@@ -214,6 +216,8 @@ def check_merge(setup: Setup, label: str, compiled: bool, small: bool, out: Outc
     ran = set(info.extra.get("kernels", {}))
     if dev.type == "cuda":  # one mechanism there: the fused device kernels, compile=True or not
         out.require(ran == {"device"}, f"the CUDA merge ran {info.extra.get('kernels')}, not the device kernels")
+        unbuilt = unbuilt_kernels()  # their ops fell back to torch (a DeviceKernelWarning)
+        out.require(not unbuilt, f"Triton could not build {unbuilt}: their ops ran the torch implementation")
     elif compiled:
         out.require(ran == {"compiled"}, f"compile=True ran {info.extra.get('kernels')}, not the compiled kernels")
     out.require(_identical(result, last[0]), "two runs of the same merge differ")

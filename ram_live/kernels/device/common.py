@@ -1,16 +1,20 @@
 """What every device kernel shares: whether Triton serves a device (:func:`triton_serves`), the agents' tensors as
-kernel arguments (:data:`MAX_AGENTS` pointers, :func:`agent_args`) and the output as a kernel writes it
-(:func:`kernel_out`). Torch only: the Triton helpers live in :mod:`.triton_common`."""
+kernel arguments (:data:`MAX_AGENTS` pointers, :func:`agent_args`), the output as a kernel writes it
+(:func:`kernel_out`), and the launch that falls back to an op's torch implementation where Triton cannot build its
+kernel (:func:`launch`). Torch only: the Triton helpers live in :mod:`.triton_common`."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
 import os
-from typing import Sequence
+import warnings
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
+
+from ...errors import DeviceKernelWarning
 
 __all__ = [
     "INPUT_DTYPES",
@@ -20,7 +24,9 @@ __all__ = [
     "agent_args",
     "device_programs",
     "kernel_out",
+    "launch",
     "triton_serves",
+    "unbuilt_kernels",
     "triton_takes",
 ]
 
@@ -90,3 +96,58 @@ def device_programs(device: torch.device, numel: int, block: int, per_sm: int) -
     """Programs of a kernel whose programs walk strided shares of ``numel`` entries, ``block`` at a time:
     ``per_sm`` per multiprocessor at most (each then adds its sums once)."""
     return max(1, min(-(-numel // block), _multiprocessors(device) * per_sm))
+
+
+#: Kernels Triton could not build in this process, with the error: their ops run the torch implementation.
+_UNBUILT: dict[str, str] = {}
+
+
+def _build_error(err: Exception) -> bool:
+    """Whether ``err``, raised by a Triton launch, says the kernel could not be built here (Triton's compiler,
+    ptxas, resources, or MLIR's pass manager as a RuntimeError): raised before the kernel runs. Not the
+    interpreter's errors (a kernel's own bug, which the tests must see) nor running out of device memory."""
+    from triton.runtime.errors import InterpreterError
+
+    if isinstance(err, (InterpreterError, torch.OutOfMemoryError)):
+        return False
+    return type(err).__module__.startswith("triton") or isinstance(err, RuntimeError)
+
+
+def launch(kernel: str, takes: bool, triton: Callable[..., None], fallback: Callable[..., None], *args: Any) -> None:
+    """``triton(*args)``, the launch of the Triton kernel ``kernel``, where ``takes``; else, or where Triton cannot
+    build that kernel on this machine, ``fallback(*args)``: the op's torch implementation of the same arithmetic.
+    A kernel that fails to build is named once in a :class:`~ram_live.errors.DeviceKernelWarning`, and its op runs
+    the torch implementation for the rest of the process (:func:`unbuilt_kernels`).
+
+    Args:
+        kernel: the kernel's name, as the warning and :func:`unbuilt_kernels` give it.
+        takes: whether the Triton kernel takes these tensors (:func:`triton_takes`).
+        triton, fallback: the op's two implementations, called with ``args``.
+    """
+    if takes and kernel not in _UNBUILT:
+        try:
+            triton(*args)
+            return
+        except Exception as err:  # noqa: BLE001 (only a build error falls back; the rest is raised)
+            if not _build_error(err):
+                raise
+            _UNBUILT[kernel] = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            warnings.warn(
+                DeviceKernelWarning(
+                    f"ram_live: Triton could not build the device kernel {kernel} here ({_UNBUILT[kernel]}); its op "
+                    "runs the torch implementation from now on (the same results, slower). Please report it with "
+                    "your GPU, torch and Triton versions."
+                ),
+                stacklevel=2,
+            )
+    fallback(*args)
+
+
+def unbuilt_kernels() -> dict[str, str]:
+    """The device kernels Triton could not build in this process, with the error (their ops ran in torch).
+
+    Example:
+        >>> unbuilt_kernels()
+        {}
+    """
+    return dict(_UNBUILT)

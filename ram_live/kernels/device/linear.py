@@ -12,9 +12,8 @@ import torch
 from torch import Tensor
 
 from ...functional.combine import task_arithmetic_combine
-from .common import MAX_AGENTS, OUT_DTYPES, agent_args, kernel_out
+from .common import MAX_AGENTS, OUT_DTYPES, agent_args, kernel_out, launch, triton_takes
 from .philox import keep_mask
-from .common import triton_takes
 from .select import TORCH_STEP
 
 __all__ = ["linear_merge_", "MERGE_BLOCK"]
@@ -37,10 +36,9 @@ def linear_merge_(
     """θ* = θ₀ + scale · Σ_t w_t τ_t into ``out`` (flat, like ``base`` and each agent); ``weights``: float64
     ``[K]`` on the device; ``densities``/``seeds``: empty, or DARE's drop per agent (density >= 1: kept whole).
     Adds to ``invalid`` (int64, 0-d) the NaN/Inf task vectors and outputs."""
-    if out.dtype in OUT_DTYPES and triton_takes([base, *agents, out], len(agents)):
-        _triton_linear(out, base, agents, weights, scale, densities, seeds, invalid)
-    else:
-        _torch_linear(out, base, agents, weights, scale, densities, seeds, invalid)
+    takes = out.dtype in OUT_DTYPES and triton_takes([base, *agents, out], len(agents))
+    args = (out, base, agents, weights, scale, densities, seeds, invalid)
+    launch("linear_merge_kernel", takes, _triton_linear, _torch_linear, *args)
 
 
 @linear_merge_.register_fake

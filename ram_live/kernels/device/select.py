@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from .common import MAX_AGENTS, device_programs, triton_takes
+from .common import MAX_AGENTS, device_programs, launch, triton_takes
 
 __all__ = ["NBINS", "PASSES", "MagnitudeSelection", "select_magnitudes", "selection_rank"]
 
@@ -54,10 +54,9 @@ def radix_histogram_(base: Tensor, agents: list[Tensor], ranks: list[int], pass_
     """Digit pass ``pass_index`` of the radix select: adds to ``histograms[pass_index]`` (int32 ``[3, K, NBINS]``)
     the counts of each selecting agent's (rank > 0) digit of |agent − base| among the entries that share the bits
     the earlier passes fixed."""
-    if triton_takes([base, *agents], len(agents)):
-        _triton_histogram(base, agents, ranks, pass_index, histograms)
-    else:
-        _torch_histogram(base, agents, ranks, pass_index, histograms)
+    takes = triton_takes([base, *agents], len(agents))
+    args = (base, agents, ranks, pass_index, histograms)
+    launch("radix_histogram_kernel", takes, _triton_histogram, _torch_histogram, *args)
 
 
 @radix_histogram_.register_fake

@@ -16,7 +16,7 @@ from torch import Tensor
 from ...functional.trimming import ties_combine, trim_
 from .common import MAX_AGENTS, OUT_DTYPES, agent_args, kernel_out
 from .linear import drop_arguments, dropped_, stacked_deltas, write_merged
-from .common import device_programs, triton_takes
+from .common import device_programs, launch, triton_takes
 from .select import TORCH_STEP, MagnitudeSelection
 
 __all__ = ["ties_merge_", "MAJORITY", "DIVIDE"]
@@ -49,16 +49,9 @@ def ties_merge_(
     no trim) with the radix select's ``histograms``; DARE: ``densities``/``seeds`` (empty: no drop). ``majority``,
     ``divide``: indices into :data:`MAJORITY`, :data:`DIVIDE`; ``weighted_election``: elect on w_t τ_t. Adds to
     ``invalid`` (int64, 0-d) the NaN/Inf task vectors and outputs."""
-    if out.dtype in OUT_DTYPES and triton_takes([base, *agents, out], len(agents)):
-        _triton_ties(
-            out, base, agents, weights, histograms, ranks, densities, seeds, scale, majority, weighted_election,
-            divide, invalid,
-        )  # fmt: skip
-    else:
-        _torch_ties(
-            out, base, agents, weights, histograms, ranks, densities, seeds, scale, majority, weighted_election,
-            divide, invalid,
-        )  # fmt: skip
+    takes = out.dtype in OUT_DTYPES and triton_takes([base, *agents, out], len(agents))
+    args = (out, base, agents, weights, histograms, ranks, densities, seeds, scale, majority, weighted_election)
+    launch("ties_merge_kernel", takes, _triton_ties, _torch_ties, *args, divide, invalid)
 
 
 @ties_merge_.register_fake

@@ -17,7 +17,7 @@ from ...engine.counts import ADDED
 from ...engine.stream import DeltaStream
 from ...functional.activity import apply_activity_
 from ...functional.counting import ram_statistics
-from ...kernels.device.common import OUT_DTYPES, agent_args, device_programs, kernel_out, triton_takes
+from ...kernels.device.common import OUT_DTYPES, agent_args, device_programs, kernel_out, launch, triton_takes
 from ...types import RamStatistics
 from .accumulators import RamAccumulator, WeightedRamAccumulator
 
@@ -52,10 +52,9 @@ def ram_merge_(
     """RAM's merge of one flat tensor into ``out`` (``importances``: empty, or one per agent; ``lambdas``: float32
     ``[K]`` or None for λ = 1; ``sign``: ``shared="sign"``); adds to ``invalid`` the NaN/Inf outputs and invalid
     importances."""
-    if _triton_takes(out, base, agents, importances):
-        _triton_merge(out, base, agents, importances, lambdas, eps, sign, invalid)
-    else:
-        _torch_merge(out, base, agents, importances, lambdas, eps, sign, invalid)
+    takes = _triton_takes(out, base, agents, importances)
+    args = (out, base, agents, importances, lambdas, eps, sign, invalid)
+    launch("ram_merge_kernel", takes, _triton_merge, _torch_merge, *args)
 
 
 @ram_merge_.register_fake
@@ -67,10 +66,8 @@ def _(out, base, agents, importances, lambdas, eps, sign, invalid) -> None:
 def ram_counts_(base: Tensor, agents: list[Tensor], eps: float, counts: Tensor, invalid: Tensor) -> None:
     """Adds to ``counts`` (int64 ``[3K + 1]``: active per agent, unique per agent, histogram of the active count)
     adds to ``invalid`` the entries whose inputs or task vectors are NaN/Inf."""
-    if _triton_takes(None, base, agents, []):
-        _triton_counts(base, agents, eps, counts, invalid)
-    else:
-        _torch_counts(base, agents, eps, counts, invalid)
+    takes = _triton_takes(None, base, agents, [])
+    launch("ram_counts_kernel", takes, _triton_counts, _torch_counts, base, agents, eps, counts, invalid)
 
 
 @ram_counts_.register_fake

@@ -1,0 +1,92 @@
+"""The device kernels' launch (ram_live/kernels/device/common.py): where Triton cannot build a kernel on a machine
+(its compiler, ptxas, resources, MLIR's pass manager), the op runs its torch implementation, bit for bit what the
+kernel gives, and says so once; any other error is raised, and nothing is recorded for it."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from triton.compiler.errors import CompilationError  # noqa: E402
+from triton.runtime.errors import InterpreterError, OutOfResources, PTXASError  # noqa: E402
+
+import ram_live  # noqa: E402
+from conftest import interpreter  # noqa: E402
+from device_helpers import bits, module_agents  # noqa: E402
+from ram_live.engine import checks  # noqa: E402
+from ram_live.errors import DeviceKernelWarning  # noqa: E402
+from ram_live.kernels.device import common, linear  # noqa: E402
+
+BUILD_ERRORS = [
+    CompilationError("src", None, "unsupported construct"),
+    OutOfResources(232448, 166912, "shared memory"),
+    PTXASError("ptxas fatal"),
+    RuntimeError("PassManager::run failed"),
+]
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.setattr(common, "_UNBUILT", {})
+
+
+class Calls:
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error, self.triton, self.torch = error, [], []
+
+    def run_triton(self, *args):
+        self.triton.append(args)
+        if self.error is not None:
+            raise self.error
+
+    def run_torch(self, *args):
+        self.torch.append(args)
+
+
+@pytest.mark.parametrize("error", BUILD_ERRORS, ids=lambda e: type(e).__name__)
+def test_a_kernel_that_cannot_be_built_falls_back_once_and_stays_there(error):
+    calls = Calls(error)
+    with pytest.warns(DeviceKernelWarning, match="could not build the device kernel demo_kernel") as caught:
+        common.launch("demo_kernel", True, calls.run_triton, calls.run_torch, 1, "a")
+    assert len(caught) == 1 and type(error).__name__ in str(caught[0].message)
+    assert calls.triton == [(1, "a")] and calls.torch == [(1, "a")]
+    assert common.unbuilt_kernels() == {"demo_kernel": common.unbuilt_kernels()["demo_kernel"]}
+    assert common.unbuilt_kernels()["demo_kernel"].startswith(type(error).__name__)
+    common.launch("demo_kernel", True, calls.run_triton, calls.run_torch, 2)  # no second try, no second warning
+    assert calls.triton == [(1, "a")] and calls.torch == [(1, "a"), (2,)]
+    other = Calls()
+    common.launch("other_kernel", True, other.run_triton, other.run_torch)  # other kernels still build
+    assert len(other.triton) == 1 and other.torch == []
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ValueError("a bug of ours"), InterpreterError("a kernel's own bug"), torch.OutOfMemoryError("CUDA OOM")],
+    ids=lambda e: type(e).__name__,
+)
+def test_other_errors_are_raised_and_not_recorded(error):
+    calls = Calls(error)
+    with pytest.raises(type(error)):
+        common.launch("demo_kernel", True, calls.run_triton, calls.run_torch)
+    assert calls.torch == [] and common.unbuilt_kernels() == {}
+
+
+def test_tensors_triton_does_not_take_run_the_torch_implementation():
+    calls = Calls()
+    common.launch("demo_kernel", False, calls.run_triton, calls.run_torch, 3)
+    assert calls.triton == [] and calls.torch == [(3,)] and common.unbuilt_kernels() == {}
+
+
+@interpreter
+def test_a_merge_whose_kernel_cannot_be_built_gives_the_cpu_bits(monkeypatch):
+    """Through a device merge's real op: task arithmetic's kernel fails to build, the merge warns once and gives the
+    CPU merge's bits in every tensor."""
+    base, agents = module_agents(torch.bfloat16)
+    expected = ram_live.merge(agents, base=base, method="task_arithmetic", scale=0.7)
+    monkeypatch.setattr(checks, "deferred_device", lambda dev: dev.type != "meta")
+    monkeypatch.setattr(linear, "_triton_linear", Calls(BUILD_ERRORS[0]).run_triton)
+    with pytest.warns(DeviceKernelWarning) as caught:
+        merged, info = ram_live.merge(agents, base=base, method="task_arithmetic", scale=0.7, return_info=True)
+    assert len([w for w in caught if issubclass(w.category, DeviceKernelWarning)]) == 1
+    assert info.extra["kernels"] == {"device": 3} and set(common.unbuilt_kernels()) == {"linear_merge_kernel"}
+    for (name, p), q in zip(merged.state_dict().items(), expected.state_dict().values()):
+        assert torch.equal(bits(p), bits(q)), name
