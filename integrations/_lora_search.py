@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..peft.factors import AdapterSet, weight_key
 from ..selection.adapters import ADAPTER_SPACE, AdapterAgents
 from ..store import LocalModel
-from ..training.candidates import SwappedPrompts, swapped_in
+from ..training.candidates import candidate_evaluation
 from ..training.search import SearchSetting, record_of
 from ..training.search_record import jsonable, save_record
 
@@ -43,17 +43,6 @@ def check_into_base_space(setting: SearchSetting, who: str) -> None:
                 f"{who}: search space entry {family.name!r} searches rank=, the re-factored adapter's rank; "
                 "with into_base=True the generalist is folded into the base weights: leave rank out"
             )
-
-
-class _Prompts(SwappedPrompts):
-    """The prompt protocol with each candidate's base weights and the zeroed ``lora_B`` swapped in."""
-
-    def __init__(self, zeros: dict[str, torch.Tensor], *args: Any) -> None:
-        super().__init__(*args)
-        self.zeros = zeros
-
-    def prompt_scores(self, merged: Any, indices: Any) -> list[float | None]:
-        return super().prompt_scores({**merged, **self.zeros}, indices)
 
 
 def lora_search(
@@ -77,7 +66,6 @@ def lora_search(
         SearchError: an evaluation that raised or returned no finite number.
     """
     from ..selection import search
-    from ..selection.fidelity import prompt_protocol
 
     setting: SearchSetting = schedule.search
     c = schedule.collective
@@ -90,23 +78,8 @@ def lora_search(
         zeros[f"{m}.lora_B"] = torch.zeros_like(schedule._factors[m].B)
     live = LocalModel.from_obj(live_tensors, name=schedule.agent)
 
-    def wrap(fn: Callable[..., Any]) -> Callable[[Any], float]:
-        def evaluate(merged: Any) -> float:
-            with swapped_in(live, {**merged, **zeros}):  # the score is taken while swapped in
-                score = setting.score(fn(model))
-            if c.world_size > 1:
-                total = c.all_reduce_sum_(torch.tensor([score], dtype=torch.float64))
-                score = float(total.item()) / c.world_size
-            return score
-
-        if prompt_protocol(fn) and setting.mode == "max":
-            return _Prompts(zeros, fn, evaluate, live, model, c)
-        if setting.fidelity not in (None, "full"):
-            raise ConfigError(
-                f"search fidelity={setting.fidelity!r} needs an evaluation that scores prompts one by "
-                "one (ram_live.evaluate.rewards) and mode='max'"
-            )
-        return evaluate
+    def wrap(fn: Callable[..., Any]) -> Callable[[Any], float]:  # the live adapter's lora_B zeroed meanwhile
+        return candidate_evaluation(setting, fn, live, model, c, zeros)
 
     space = setting.space
     if space is None and schedule.into_base:

@@ -1,7 +1,8 @@
 """The callbacks' search candidates in the training model: each candidate's tensors swapped into the live model
 while its evaluation runs and swapped back after (bit for bit), for a plain evaluation
 (:func:`swapped_in`) and for one that scores prompts one by one (:class:`SwappedPrompts`, the race), with
-scores averaged over the ranks under DDP. :func:`~ram_live.training.search.schedule_search` uses them.
+scores averaged over the ranks under DDP; :func:`candidate_evaluation` makes either from the search setting's
+evaluation. :func:`~ram_live.training.search.schedule_search` and the LoRA search use them.
 
 >>> with swapped_in(live, merged):                                                  # doctest: +SKIP
 ...     score = evaluate(model)
@@ -16,7 +17,7 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["SwappedPrompts", "swapped_in", "tensors_of"]
+__all__ = ["SwappedPrompts", "candidate_evaluation", "swapped_in", "tensors_of"]
 
 
 class SwappedPrompts:
@@ -24,8 +25,17 @@ class SwappedPrompts:
     into the training model for ``prompt_scores`` (restored after); under DDP each prompt's score is averaged over
     the ranks, so every rank races alike. (``mode="min"`` does not apply: rewards are higher-is-better.)"""
 
-    def __init__(self, fn: Any, evaluate: Callable[[Any], float], live: Any, model: Any, collective: Any) -> None:
+    def __init__(
+        self,
+        fn: Any,
+        evaluate: Callable[[Any], float],
+        live: Any,
+        model: Any,
+        collective: Any,
+        extra: Mapping[str, Tensor] | None = None,
+    ) -> None:
         self.fn, self._evaluate, self.live, self.model, self.c = fn, evaluate, live, model, collective
+        self.extra = dict(extra or {})
 
     def __call__(self, merged: Any) -> float:
         return self._evaluate(merged)
@@ -39,7 +49,7 @@ class SwappedPrompts:
     def prompt_scores(self, merged: Any, indices: Any) -> list[float | None]:
         import torch
 
-        with swapped_in(self.live, merged):
+        with swapped_in(self.live, {**tensors_of(merged), **self.extra}):
             out = list(self.fn.prompt_scores(self.model, indices))
         if self.c.world_size > 1:
             given = torch.tensor([math.nan if v is None else float(v) for v in out], dtype=torch.float64)
@@ -47,6 +57,51 @@ class SwappedPrompts:
             seen = self.c.all_reduce_sum_((~torch.isnan(given)).double())
             out = [None if n == 0 else float(t) / float(n) for t, n in zip(total.tolist(), seen.tolist())]
         return out
+
+
+def candidate_evaluation(
+    setting: Any, fn: Any, live: Any, model: Any, collective: Any, extra: Mapping[str, Tensor] | None = None
+) -> Callable[[Any], float]:
+    """``fn`` as a search's evaluation of candidates swapped into the training model: each candidate's tensors (and
+    ``extra``'s, e.g. a LoRA run's zeroed ``lora_B``) in ``live`` while ``fn(model)`` runs, the score the setting's
+    (:meth:`~ram_live.training.search.SearchSetting.score`) and, under DDP, averaged over the ranks; an evaluation
+    that scores prompts one by one keeps that protocol (:class:`SwappedPrompts`, for a race).
+
+    Args:
+        setting: the :class:`~ram_live.training.search.SearchSetting` (its ``score``, ``mode`` and ``fidelity``).
+        fn: the evaluation, ``fn(model)``.
+        live: the training model's tensors (a ``LocalModel``) the candidates are swapped into.
+        model: what ``fn`` is called on.
+        collective: the ranks' collective.
+        extra: tensors swapped in with every candidate.
+
+    Returns:
+        ``evaluate(candidate) -> float``.
+
+    Raises:
+        ConfigError: a race (``fidelity``) without an evaluation scoring prompts one by one and ``mode="max"``.
+    """
+    import torch
+
+    from ..errors import ConfigError
+    from ..selection.fidelity import prompt_protocol
+
+    def evaluate(merged: Any) -> float:
+        with swapped_in(live, {**tensors_of(merged), **(extra or {})}):  # scored while swapped in: maybe views
+            score = setting.score(fn(model))
+        if collective.world_size > 1:
+            total = collective.all_reduce_sum_(torch.tensor([score], dtype=torch.float64))
+            score = float(total.item()) / collective.world_size
+        return score
+
+    if prompt_protocol(fn) and setting.mode == "max":
+        return SwappedPrompts(fn, evaluate, live, model, collective, extra)
+    if setting.fidelity not in (None, "full"):
+        raise ConfigError(
+            f"search fidelity={setting.fidelity!r} needs an evaluation that scores prompts one by "
+            "one (ram_live.evaluate.rewards) and mode='max'"
+        )
+    return evaluate
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from torch import Tensor
 from ..errors import ConfigError
 from ..loading import load_callable
 from ..option_checks import finite_float
-from .candidates import SwappedPrompts, swapped_in, tensors_of
+from .candidates import candidate_evaluation, tensors_of
 from .search_record import jsonable, save_record
 
 __all__ = ["SearchSetting", "record_of", "search_metrics"]
@@ -279,13 +279,9 @@ def schedule_search(
     evaluation (restored after each), the winner merged; returns its tensors, its MergeInfo and the record
     (saved by rank 0 to ``<store>/_search/<agent>/step_<step>.json``). Under DDP every rank runs the same search
     on scores averaged over the ranks, so all ranks choose the same merge."""
-    import torch
-
     from ..api import merge
     from ..selection import search
     from ..store import LocalModel
-
-    from ..selection.fidelity import prompt_protocol
 
     setting: SearchSetting = schedule.search
     if schedule.sharded:
@@ -297,22 +293,7 @@ def schedule_search(
     live = LocalModel.from_obj(model, name=schedule.agent)
 
     def wrap(fn: Callable[..., Any]) -> Callable[[Any], float]:
-        def evaluate(merged: Any) -> float:
-            with swapped_in(live, merged):  # the score is taken while swapped in: it may be a view of the weights
-                score = setting.score(fn(model))
-            if c.world_size > 1:
-                total = c.all_reduce_sum_(torch.tensor([score], dtype=torch.float64))
-                score = float(total.item()) / c.world_size
-            return score
-
-        if prompt_protocol(fn) and setting.mode == "max":
-            return SwappedPrompts(fn, evaluate, live, model, c)
-        if setting.fidelity not in (None, "full"):
-            raise ConfigError(
-                f"search fidelity={setting.fidelity!r} needs an evaluation that scores prompts one by "
-                "one (ram_live.evaluate.rewards) and mode='max'"
-            )
-        return evaluate
+        return candidate_evaluation(setting, fn, live, model, c)
 
     confirm = setting.confirmation()
     t0 = time.perf_counter()
