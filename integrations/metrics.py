@@ -22,7 +22,8 @@ lightning ``ram/val/reward/{metric}``       ``ram/val/{t}/reward/{metric}``,    
 
 A task's std is over its scored prompts' scores (numpy's ``np.std``, as verl's); a function's std is over its
 rewards (the sample std, as TRL's ``eval_rewards/{f}/std``). With ``samples=k > 1``, ``std@{k}`` is verl's: the
-mean over a task's prompts of the std (``np.std``) of each prompt's k weighted rewards. TRL's ``reward_std`` is the
+mean over a task's prompts of the std (``np.std``) of each prompt's k weighted rewards (of its scored ones; a
+prompt with fewer than two is left out). TRL's ``reward_std`` is the
 sample std of every scored completion's weighted reward, and ``frac_reward_zero_std`` the fraction of prompts
 whose k rewards have a zero sample std (GRPO's groups with no learning signal under ``scale_rewards="group"``:
 1 with ``samples=1``, as TRL's). One task (no ``task`` column) is the task ``all``. Evaluations of other kinds are
@@ -116,7 +117,7 @@ def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
     if k > 1:
         spread: dict[str, list[float]] = {}
         for task, scored in zip(evaluation.prompt_tasks(), groups):
-            if scored:
+            if len(scored) > 1:  # verl's std@n is of n > 1 responses
                 spread.setdefault(task, []).append(_std(scored, ddof=0))
         for task, stds in spread.items():
             put("sample_std", sum(stds) / len(stds), task=task, k=str(k))

@@ -106,10 +106,10 @@ def test_one_task_is_all_and_unscored_prompts_are_not_counted(tok):
     out = evaluation_metrics(evaluate, "verl")
     assert out["ram/val-aux/all/reward/prompts"] == 6.0  # prompt 3's samples are both empty: not scored
     assert out["ram/val-core/all/reward/mean@2"] == out["ram/val-core/reward/mean@2"] == evaluate.metrics["reward"]
-    # the samples' spread leaves the unscored ones out: one scored sample has std 0 (verl) and no zero std (TRL,
-    # whose nanstd of one value is NaN); prompt 2 ("a", "a") alone has two equal rewards
+    # the samples' spread leaves the unscored ones out: a prompt with one scored sample has no std@2 (verl's std@n
+    # is of n > 1) and no zero std (TRL's nanstd of one value is NaN); prompt 2 ("a", "a") alone has two equal
     scored = [[float(t.count("a")) for t in texts if t != ""] for texts in TEXTS]
-    stds = [statistics.pstdev(v) for v in scored if v]
+    stds = [statistics.pstdev(v) for v in scored if len(v) > 1]
     assert out["ram/val-aux/all/reward/std@2"] == pytest.approx(statistics.mean(stds), abs=1e-12)
     trl = evaluation_metrics(evaluate, "trl")
     assert trl["ram/eval_frac_reward_zero_std"] == pytest.approx(1 / 7, abs=1e-12)

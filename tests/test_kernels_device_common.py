@@ -2,6 +2,8 @@
 (its compiler, ptxas, resources, MLIR's pass manager), the op runs its torch implementation, bit for bit what the
 kernel gives, and says so once; any other error is raised, and nothing is recorded for it."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -60,7 +62,13 @@ def test_a_kernel_that_cannot_be_built_falls_back_once_and_stays_there(error):
 
 @pytest.mark.parametrize(
     "error",
-    [ValueError("a bug of ours"), InterpreterError("a kernel's own bug"), torch.OutOfMemoryError("CUDA OOM")],
+    [
+        ValueError("a bug of ours"),
+        InterpreterError("a kernel's own bug"),
+        torch.OutOfMemoryError("CUDA out of memory"),
+        torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
+        RuntimeError("The size of tensor a (3) must match the size of tensor b (4)"),
+    ],
     ids=lambda e: type(e).__name__,
 )
 def test_other_errors_are_raised_and_not_recorded(error):
@@ -68,6 +76,16 @@ def test_other_errors_are_raised_and_not_recorded(error):
     with pytest.raises(type(error)):
         common.launch("demo_kernel", True, calls.run_triton, calls.run_torch)
     assert calls.torch == [] and common.unbuilt_kernels() == {}
+
+
+def test_where_the_warning_is_an_error_nothing_is_recorded_and_every_launch_fails():
+    calls = Calls(BUILD_ERRORS[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeviceKernelWarning)
+        for _ in range(2):
+            with pytest.raises(DeviceKernelWarning):
+                common.launch("demo_kernel", True, calls.run_triton, calls.run_torch)
+    assert len(calls.triton) == 2 and calls.torch == [] and common.unbuilt_kernels() == {}
 
 
 def test_tensors_triton_does_not_take_run_the_torch_implementation():

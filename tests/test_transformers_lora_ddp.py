@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -131,7 +132,6 @@ def _worker(rank: int, root: str, port: int, init: str) -> None:
     except BaseException:  # the parent asserts on it: rank 1's failure named, not a hang
         report["ok"] = False
         report["error"] = traceback.format_exc()
-        raise
     finally:
         (Path(root) / f"report{rank}.json").write_text(json.dumps(report, default=str))
         if torch.distributed.is_initialized():
@@ -139,6 +139,8 @@ def _worker(rank: int, root: str, port: int, init: str) -> None:
     # Skip the teardown, as tests/test_distributed.py does: freeing the DDP model afterwards drops the process group
     # from the reducer with the GIL held, and gloo's worker thread, releasing its last work's tensors, waits for
     # the GIL (pytorch/pytorch#56297): a deadlock after the work is done, seen in CI and in one of two runs here.
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(0)
 
 
@@ -163,7 +165,10 @@ def _spawn(root: Path) -> None:
             if time.monotonic() > end:
                 for p in ctx.processes:
                     p.kill()
-                pytest.fail(f"the DDP LoRA run did not finish within {DEADLINE_S} s (a hang)")
+                errors = [
+                    json.loads(r.read_text()).get("error") for r in sorted(root.glob("report*.json"))
+                ]  # a rank that failed leaves the other waiting
+                pytest.fail(f"the DDP LoRA run did not finish within {DEADLINE_S} s (a hang); errors: {errors}")
 
 
 def _store_key(peft_key: str) -> str:

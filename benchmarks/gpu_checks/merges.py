@@ -216,8 +216,7 @@ def check_merge(setup: Setup, label: str, compiled: bool, small: bool, out: Outc
     ran = set(info.extra.get("kernels", {}))
     if dev.type == "cuda":  # one mechanism there: the fused device kernels, compile=True or not
         out.require(ran == {"device"}, f"the CUDA merge ran {info.extra.get('kernels')}, not the device kernels")
-        unbuilt = unbuilt_kernels()  # their ops fell back to torch (a DeviceKernelWarning)
-        out.require(not unbuilt, f"Triton could not build {unbuilt}: their ops ran the torch implementation")
+        _require_built(out)
     elif compiled:
         out.require(ran == {"compiled"}, f"compile=True ran {info.extra.get('kernels')}, not the compiled kernels")
     out.require(_identical(result, last[0]), "two runs of the same merge differ")
@@ -288,6 +287,12 @@ def _check_counts(setup: Setup, info: Any, out: Outcome) -> None:
     )
 
 
+def _require_built(out: Outcome) -> None:
+    """Every device kernel built: none fell back to its op's torch implementation (a DeviceKernelWarning)."""
+    unbuilt = unbuilt_kernels()
+    out.require(not unbuilt, f"Triton could not build {unbuilt}: their ops ran the torch implementation")
+
+
 def check_probe(setup: Setup, out: Outcome) -> None:
     """The probe on the device: its counts equal the exact ones (whole model) and the CPU probe's (subset)."""
     from ram_live import probe
@@ -305,6 +310,8 @@ def check_probe(setup: Setup, out: Outcome) -> None:
     if setup.device.type == "cuda" and floor:
         out.targets[f"le_{TARGET_PROBE:g}x_floor"] = seconds <= TARGET_PROBE * floor
     out.require(got == setup.counts, f"probe counts {got} != exact {setup.counts}")
+    if setup.device.type == "cuda":
+        _require_built(out)
     sub = inputs.subset(setup.base, setup.keys, setup.device)
     dev_sub = probe([inputs.subset(a, setup.keys, setup.device) for a in setup.agents], base=sub)
     cpu_sub = probe(setup.cpu_agents, base=setup.cpu_base)

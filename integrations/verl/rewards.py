@@ -25,17 +25,17 @@ from .dotted import get_dotted
 
 __all__ = ["INTEGERS", "KEYS", "check_rewards", "rewards_evaluation", "run_reward_function"]
 
-KEYS = ("prompts", "compute_score", "reward", "max_new_tokens", "batch_size", "device")
+KEYS = ("prompts", "compute_score", "reward", "max_new_tokens", "batch_size", "samples", "device")
 
 
 #: the integer keys of ``ram.rewards``, with their defaults
-INTEGERS = {"max_new_tokens": 64, "batch_size": 16}
+INTEGERS = {"max_new_tokens": 64, "batch_size": 16, "samples": 1}
 
 
 def check_rewards(values: Any) -> dict[str, Any]:
     """The ``ram.rewards`` group as a plain dict, every key checked at start-up (naming the key at fault):
-    ``max_new_tokens`` / ``batch_size`` integers >= 1 (``"4"`` from a command line becomes 4, ``2.7`` is refused),
-    ``device`` a torch device name, the reward paths strings, the prompts file readable.
+    ``max_new_tokens`` / ``batch_size`` / ``samples`` integers >= 1 (``"4"`` from a command line becomes 4, ``2.7``
+    is refused), ``device`` a torch device name, the reward paths strings, the prompts file readable.
 
     Args:
         values: the group (a mapping).
@@ -130,6 +130,7 @@ def rewards_evaluation(values: Mapping[str, Any], base_dir: str | None) -> Calla
                 model=load_model(base_dir).to(device),
                 max_new_tokens=values.get("max_new_tokens") or INTEGERS["max_new_tokens"],
                 batch_size=values.get("batch_size") or INTEGERS["batch_size"],
+                samples=values.get("samples") or INTEGERS["samples"],  # k > 1: sampled, scored mean@k
             )
         state["fn"](merged_dir)
         return {**state["fn"].metrics, **evaluation_metrics(state["fn"], "verl")}

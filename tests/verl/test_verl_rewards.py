@@ -4,6 +4,7 @@ a held-out prompts file drives ``ram.search``; the chosen merge's score is the h
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -78,6 +79,36 @@ def test_search_with_the_runs_reward(run):
     assert metrics["ram/reward"] == expected  # and the merged generalist is evaluated (logged) with it too
     assert metrics["ram/val-core/reward/mean@1"] == expected  # and in verl's validation layout
     assert sum(v for k, v in metrics.items() if k.startswith("ram/val-aux/") and k.endswith("/prompts")) == len(PROMPTS)
+
+
+def test_several_samples_a_prompt_log_verls_mean_and_std_at_k(run):
+    """``ram.rewards.samples=k``: k sampled completions a prompt, logged as verl logs its validation with n = k."""
+    from ram_live.integrations.verl.rewards import check_rewards, rewards_evaluation
+
+    tmp, _ = run
+    values = check_rewards(
+        {"prompts": str(tmp / "val.jsonl"), "compute_score": "test_verl_rewards:length_score", "samples": "3"}
+    )
+    assert values["samples"] == 3
+    evaluate = rewards_evaluation({**values, "max_new_tokens": 4, "device": "cpu"}, str(tmp / "base"))
+    metrics = evaluate(str(tmp / "base"))
+    assert metrics["ram/val-core/reward/mean@3"] == metrics["reward"]
+    assert metrics["ram/val-aux/toy/reward/prompts"] == len(PROMPTS)
+    # the same seeded samples again, by hand: each prompt's three rewards, their np.std, the mean over the prompts
+    from ram_live.evaluate import compute_score, rewards
+
+    again = rewards(
+        str(tmp / "val.jsonl"),
+        compute_score(length_score),
+        tokenizer=str(tmp / "base"),
+        model=h.model(0),
+        max_new_tokens=4,
+        samples=3,
+    )
+    again(str(tmp / "base"))
+    stds = [statistics.pstdev(r) for r in again.sample_rewards]
+    assert len(again.sample_rewards[0]) == 3 and max(stds) > 0  # sampled: the three differ somewhere
+    assert metrics["ram/val-aux/toy/reward/std@3"] == pytest.approx(statistics.mean(stds), abs=1e-12)
 
 
 def test_rewards_options_are_checked(run, tmp_path):

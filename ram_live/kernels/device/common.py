@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import threading
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -100,24 +101,28 @@ def device_programs(device: torch.device, numel: int, block: int, per_sm: int) -
 
 #: Kernels Triton could not build in this process, with the error: their ops run the torch implementation.
 _UNBUILT: dict[str, str] = {}
+_UNBUILT_LOCK = threading.Lock()
 
 
 def _build_error(err: Exception) -> bool:
-    """Whether ``err``, raised by a Triton launch, says the kernel could not be built here (Triton's compiler,
-    ptxas, resources, or MLIR's pass manager as a RuntimeError): raised before the kernel runs. Not the
-    interpreter's errors (a kernel's own bug, which the tests must see) nor running out of device memory."""
+    """Whether ``err``, raised by a Triton launch, says the kernel could not be built here: Triton's own errors
+    (compiler, ptxas, resources) or MLIR's pass manager failing (a RuntimeError naming it), all raised before the
+    kernel runs. Not the interpreter's errors (a kernel's own bug, which the tests must see), nor any other
+    RuntimeError (a CUDA error, running out of memory, a bug of the launch's own torch code)."""
+    from triton.errors import TritonError
     from triton.runtime.errors import InterpreterError
 
-    if isinstance(err, (InterpreterError, torch.OutOfMemoryError)):
+    if isinstance(err, InterpreterError):
         return False
-    return type(err).__module__.startswith("triton") or isinstance(err, RuntimeError)
+    return isinstance(err, TritonError) or type(err) is RuntimeError and "PassManager" in str(err)
 
 
 def launch(kernel: str, takes: bool, triton: Callable[..., None], fallback: Callable[..., None], *args: Any) -> None:
     """``triton(*args)``, the launch of the Triton kernel ``kernel``, where ``takes``; else, or where Triton cannot
     build that kernel on this machine, ``fallback(*args)``: the op's torch implementation of the same arithmetic.
     A kernel that fails to build is named once in a :class:`~ram_live.errors.DeviceKernelWarning`, and its op runs
-    the torch implementation for the rest of the process (:func:`unbuilt_kernels`).
+    the torch implementation for the rest of the process (:func:`unbuilt_kernels`). Each op's ``triton`` launches
+    one kernel, last, so a build error leaves its outputs untouched.
 
     Args:
         kernel: the kernel's name, as the warning and :func:`unbuilt_kernels` give it.
@@ -131,16 +136,27 @@ def launch(kernel: str, takes: bool, triton: Callable[..., None], fallback: Call
         except Exception as err:  # noqa: BLE001 (only a build error falls back; the rest is raised)
             if not _build_error(err):
                 raise
-            _UNBUILT[kernel] = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
-            warnings.warn(
-                DeviceKernelWarning(
-                    f"ram_live: Triton could not build the device kernel {kernel} here ({_UNBUILT[kernel]}); its op "
-                    "runs the torch implementation from now on (the same results, slower). Please report it with "
-                    "your GPU, torch and Triton versions."
-                ),
-                stacklevel=2,
-            )
+            _record_unbuilt(kernel, err)
     fallback(*args)
+
+
+def _record_unbuilt(kernel: str, err: Exception) -> None:
+    """Warn once, then record (where warnings are errors, as in the tests, nothing is recorded: every later launch
+    of the kernel fails as loudly)."""
+    text = str(err).strip()
+    error = f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+    with _UNBUILT_LOCK:
+        if kernel in _UNBUILT:
+            return
+        warnings.warn(
+            DeviceKernelWarning(
+                f"ram_live: Triton could not build the device kernel {kernel} here ({error}); its op runs the torch "
+                "implementation from now on (the same results, slower). Please report it with your GPU, torch and "
+                "Triton versions."
+            ),
+            stacklevel=3,
+        )
+        _UNBUILT[kernel] = error
 
 
 def unbuilt_kernels() -> dict[str, str]:
