@@ -1,0 +1,234 @@
+"""Compiles every device kernel with Triton's real compiler (to a cubin, with the ptxas Triton ships) for NVIDIA
+targets, on a machine without a GPU: each op's Triton wrapper is called on CPU tensors with its kernel replaced by a
+recorder, and the recorded launch (its tensors' dtypes, its None, int and float arguments, its constexprs and
+options) is compiled as the launch would compile it. Run in a process without ``TRITON_INTERPRET`` (under the
+interpreter ``triton.jit`` gives no compilable function): ``python tests/kernel_compile.py [--arch 90 80]``.
+Prints one line per case and exits 1 if any fails to build. tests/test_kernels_device_compile.py runs it."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, Iterator
+
+import torch
+
+DTYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.float64: "fp64",
+    torch.uint8: "u8",
+}
+OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion")
+
+
+class Recorder:
+    """Stands for a ``@triton.jit`` kernel: ``kernel[grid](*args, **kwargs)`` records the launch."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return lambda *args, **kwargs: self.launches.append((args, kwargs))
+
+
+@contextlib.contextmanager
+def recorded(module: str, name: str) -> Iterator[tuple[Any, Recorder]]:
+    """The real kernel ``module.name`` and a recorder standing in for it while the block runs."""
+    mod = importlib.import_module(module)
+    kernel, recorder = getattr(mod, name), Recorder()
+    setattr(mod, name, recorder)
+    try:
+        yield kernel, recorder
+    finally:
+        setattr(mod, name, kernel)
+
+
+def signature(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict, dict, dict]:
+    """The launch's signature, constexprs and compile options, as ``ASTSource`` and ``triton.compile`` take them."""
+    sig, constants, options = {}, {}, {}
+    names = kernel.arg_names
+    for name, value in zip(names, args):
+        if value is None:
+            sig[name], constants[name] = "constexpr", None
+        elif isinstance(value, torch.Tensor):
+            sig[name] = "*" + DTYPES[value.dtype]
+        elif isinstance(value, bool):
+            sig[name] = "i1"
+        elif isinstance(value, int):
+            sig[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+        elif isinstance(value, float):
+            sig[name] = "fp32"
+        else:
+            raise TypeError(f"{kernel.__name__}: argument {name} of type {type(value).__name__}")
+    for name, value in kwargs.items():
+        if name in OPTIONS:
+            options[name] = value
+        else:
+            sig[name], constants[name] = "constexpr", value
+    return sig, constants, options
+
+
+def build(kernel: Any, launch: tuple[tuple[Any, ...], dict[str, Any]], arch: int) -> str:
+    """Compiles one recorded launch for ``sm_<arch>``; returns its cubin's size, registers and spills."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig, constants, options = signature(kernel, *launch)
+    names = kernel.arg_names
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in constants.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    return f"{len(compiled.asm['cubin'])} B cubin, {resources(compiled.asm['cubin'])}"
+
+
+def resources(cubin: bytes) -> str:
+    """Registers and local memory (spills) per thread, from the cuobjdump Triton ships (where it runs)."""
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia import compiler
+
+    tool = os.path.join(os.path.dirname(compiler.__file__), "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        try:
+            usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, timeout=60).stdout
+        except OSError:
+            return "resources unknown"
+    fields = dict(part.split(":", 1) for line in usage.splitlines() if "REG:" in line for part in line.split())
+    return f"{fields.get('REG', '?')} registers, {fields.get('LOCAL', '?')} B local (spills)"
+
+
+def flat(k: int, dtype: torch.dtype, n: int = 4096) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    return torch.zeros(n, dtype=dtype), [torch.zeros(n, dtype=dtype) for _ in range(k)]
+
+
+def zero_slot() -> torch.Tensor:
+    return torch.zeros((), dtype=torch.int64)
+
+
+def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
+    """``(label, kernel's module, kernel's name, a call of its op's Triton wrapper)``: the specialisations a merge
+    launches, the extremes of each option."""
+    from ram_live.kernels.device import linear, select, ties
+    from ram_live.methods.ram import device as ram
+    from ram_live import probe_device as probe
+
+    out: list[tuple[str, str, str, Callable[[], None]]] = []
+    ram_mod, ram_name = "ram_live.kernels.device.ram_triton", "ram_merge_kernel"
+    probe_mod = "ram_live.kernels.device.probe_triton"
+    for dtype, k, lam, sign, weighted, eps in [
+        (torch.bfloat16, 3, False, False, False, 1e-5),
+        (torch.float16, 1, True, True, False, 0.0),
+        (torch.float32, 8, True, False, True, 1e-5),
+        (torch.bfloat16, 5, True, True, True, 0.0),
+    ]:
+        base, agents = flat(k, dtype)
+        imps = [torch.ones(4096, dtype=torch.float32) for _ in range(k)] if weighted else []
+        lambdas = torch.ones(k, dtype=torch.float32) if lam else None
+
+        def call(base=base, agents=agents, imps=imps, lambdas=lambdas, eps=eps, sign=sign) -> None:
+            ram._triton_merge(torch.empty_like(base), base, agents, imps, lambdas, eps, sign, zero_slot())
+
+        label = f"RAM {DTYPES[dtype]} K={k} lambdas={lam} sign={sign} weighted={weighted} eps={eps}"
+        out.append((label, ram_mod, ram_name, call))
+    for dtype, k, eps in [(torch.bfloat16, 3, 1e-5), (torch.float32, 8, 0.0)]:
+        base, agents = flat(k, dtype)
+
+        def call(base=base, agents=agents, eps=eps, k=k) -> None:
+            ram._triton_counts(base, agents, eps, torch.zeros(3 * k + 1, dtype=torch.int64), zero_slot())
+
+        out.append((f"RAM counts {DTYPES[dtype]} K={k} eps={eps}", ram_mod, "ram_counts_kernel", call))
+    for dtype, k, eps in [(torch.bfloat16, 3, 1e-5), (torch.float16, 8, 0.0), (torch.float32, 1, 1e-5)]:
+        base, agents = flat(k, dtype)
+
+        def call(base=base, agents=agents, eps=eps, k=k) -> None:
+            counts = torch.zeros(3 * k + 1 + k * k, dtype=torch.int64)
+            probe._triton_probe(base, agents, eps, counts, torch.zeros(k * k, dtype=torch.float64), zero_slot())
+
+        out.append((f"probe {DTYPES[dtype]} K={k} eps={eps}", probe_mod, "probe_counts_kernel", call))
+    lin_mod = "ram_live.kernels.device.linear_triton"
+    for dtype, k, scale, dare in [
+        (torch.bfloat16, 3, 1.0, False),
+        (torch.float32, 8, 0.5, True),
+        (torch.float16, 2, 2.0, True),
+    ]:
+        base, agents = flat(k, dtype)
+        densities, seeds = ([0.4] * k, list(range(k))) if dare else ([], [])
+
+        def call(base=base, agents=agents, k=k, scale=scale, densities=densities, seeds=seeds) -> None:
+            weights = torch.ones(k, dtype=torch.float64)
+            linear._triton_linear(torch.empty_like(base), base, agents, weights, scale, densities, seeds, zero_slot())
+
+        out.append((f"linear {DTYPES[dtype]} K={k} scale={scale} dare={dare}", lin_mod, "linear_merge_kernel", call))
+    sel_mod = "ram_live.kernels.device.select_triton"
+    for dtype, k, ranks in [(torch.bfloat16, 3, [5, 0, 7]), (torch.float32, 8, [1] * 8)]:
+        base, agents = flat(k, dtype)
+        for p in range(len(select.PASSES)):
+
+            def call(base=base, agents=agents, k=k, ranks=ranks, p=p) -> None:
+                hist = torch.zeros(3, k, select.NBINS, dtype=torch.int32)
+                select._triton_histogram(base, agents, ranks, p, hist)
+
+            out.append((f"radix histogram {DTYPES[dtype]} K={k} pass {p}", sel_mod, "radix_histogram_kernel", call))
+    ties_mod = "ram_live.kernels.device.ties_triton"
+    for dtype, k, trim, dare, majority, weighted, divide in [
+        (torch.bfloat16, 3, True, False, 0, False, 0),
+        (torch.float32, 8, True, False, 1, True, 1),
+        (torch.float16, 2, False, True, 0, True, 2),
+        (torch.bfloat16, 5, True, True, 1, False, 0),
+    ]:
+        base, agents = flat(k, dtype)
+        hist = torch.zeros(3, k, select.NBINS, dtype=torch.int32) if trim else None
+        ranks = [3] * k if trim else []
+        densities, seeds = ([0.5] * k, list(range(k))) if dare else ([], [])
+
+        def call(base=base, agents=agents, k=k, hist=hist, ranks=ranks, densities=densities, seeds=seeds,
+                 majority=majority, weighted=weighted, divide=divide) -> None:  # fmt: skip
+            weights = torch.ones(k, dtype=torch.float64)
+            out_t = torch.empty_like(base)
+            ties._triton_ties(
+                out_t, base, agents, weights, hist, ranks, densities, seeds, 1.0, majority, weighted, divide,
+                zero_slot(),
+            )  # fmt: skip
+
+        label = f"TIES {DTYPES[dtype]} K={k} trim={trim} dare={dare} majority={majority} weighted={weighted}"
+        out.append((label + f" divide={divide}", ties_mod, "ties_merge_kernel", call))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, nargs="+", default=[90], help="compute capabilities (90: H100/H200)")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET: the interpreter's functions do not compile", file=sys.stderr)
+        return 2
+    failed = 0
+    for label, module, name, call in cases():
+        with recorded(module, name) as (kernel, recorder):
+            call()
+        for arch in args.arch:
+            t0 = time.perf_counter()
+            try:
+                built = build(kernel, recorder.launches[0], arch)
+                print(f"ok   sm_{arch} {label}: {built}, {time.perf_counter() - t0:.1f} s", flush=True)
+            except Exception:  # noqa: BLE001 (every case is tried; the exit code says if any failed)
+                failed += 1
+                print(f"FAIL sm_{arch} {label}:\n{traceback.format_exc()}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
