@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import re
 import sys
 import time
 import traceback
@@ -88,7 +89,15 @@ def build(kernel: Any, launch: tuple[tuple[Any, ...], dict[str, Any]], arch: int
     names = kernel.arg_names
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in constants.items()})
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
-    return f"{len(compiled.asm['cubin'])} B cubin, {resources(compiled.asm['cubin'])}"
+    return f"{len(compiled.asm['cubin'])} B cubin, {resources(compiled.asm['cubin'])}, {rounding(compiled.asm['ptx'])}"
+
+
+def rounding(ptx: str) -> str:
+    """The float32 instructions that would break the CPU's bits: fused multiply-adds (contracted ``a * b + c``) and
+    approximate division or reciprocals (Triton's plain ``/`` is ``div.full``; the kernels use ``div_rn``)."""
+    fma = len(re.findall(r"\bfma\.[a-z.]*f32\b", ptx))
+    approx = len(re.findall(r"\b(?:div\.(?:full|approx)|rcp\.approx)\.[a-z.]*f32\b", ptx))
+    return f"{fma} f32 fma, {approx} approximate f32 divisions"
 
 
 def resources(cubin: bytes) -> str:

@@ -1,7 +1,8 @@
 """Every device kernel builds with Triton's real compiler for an H100/H200 (sm_90: Triton's frontend, LLVM and the
 ptxas it ships, down to a cubin), on a machine without a GPU: tests/kernel_compile.py records each op's launches on
 CPU tensors and compiles them, in a process without Triton's interpreter. What the interpreter's tests cannot see
-(a construct the compiler rejects, a register or resource limit) fails here."""
+(a construct the compiler rejects, a register or resource limit, a contracted multiply-add or an approximate
+division that would change the CPU's bits) fails here."""
 
 import importlib.util
 import os
@@ -32,3 +33,5 @@ def test_every_kernel_builds_for_sm90(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert len(lines) == 22 and all(line.startswith("ok   sm_90") for line in lines), proc.stdout
     assert all("0 B local" in line for line in lines), "a kernel spills registers to local memory:\n" + proc.stdout
+    # the CPU's bits on the GPU: float32 rounded at every operation, as the eager CPU merge does
+    assert all("0 f32 fma, 0 approximate f32 divisions" in line for line in lines), proc.stdout
