@@ -1,5 +1,5 @@
 """The probe on an accelerator: one ``torch.ops.ram_live.probe_counts_`` launch per tensor (the Triton kernel of
-:mod:`ram_live.kernels.device.probe_triton` where Triton serves the device, else torch over the whole tensor),
+:mod:`ram_live.kernels.device.counts_triton` where Triton serves the device, else torch over the whole tensor),
 each tensor's counts kept in a row of one device buffer and read once at the end (:class:`DeviceProbe`), the
 invalid entries in deferred slots (:mod:`ram_live.engine.checks`): no host sync per tensor.
 
@@ -15,7 +15,7 @@ from .engine import checks
 from .engine.stream import DeltaStream
 from .functional.activity import apply_activity_
 from .functional.counting import ram_statistics
-from .kernels.device.common import agent_args, device_programs, launch, triton_takes
+from .kernels.device.common import launch, triton_takes
 from .kernels.probe import ProbeCounts
 
 __all__ = ["DeviceProbe"]
@@ -34,7 +34,8 @@ def probe_counts_(
     """Adds one flat tensor's probe statistics to ``counts`` (int64 ``[3K + 1 + K²]``: active, unique, histogram,
     intersections) and ``gram`` (float64 ``[K²]``), and its NaN/Inf inputs and task vectors to ``invalid``."""
     takes = triton_takes([base, *agents], len(agents))
-    launch("probe_counts_kernel", takes, _triton_probe, _torch_probe, base, agents, eps, counts, gram, invalid)
+    args = (base, agents, eps, counts, gram, invalid)
+    launch("activity_counts_kernel[pairs]", takes, _triton_probe, _torch_probe, *args)
 
 
 @probe_counts_.register_fake
@@ -43,14 +44,9 @@ def _(base, agents, eps, counts, gram, invalid) -> None:
 
 
 def _triton_probe(base, agents, eps, counts, gram, invalid) -> None:
-    from .kernels.device.probe_triton import probe_counts_kernel
+    from .kernels.device.counts_triton import launch_activity_counts
 
-    numel, k = base.numel(), len(agents)
-    programs = device_programs(base.device, numel, PROBE_BLOCK, PROGRAMS_PER_SM)
-    probe_counts_kernel[(programs,)](
-        base, *agent_args(agents), counts, gram, invalid, numel, float(eps),
-        K=k, KP=max(2, 1 << (k - 1).bit_length()), EPS_ZERO=eps == 0, BLOCK=PROBE_BLOCK, num_warps=4,
-    )  # fmt: skip
+    launch_activity_counts(base, agents, eps, counts, gram, invalid, block=PROBE_BLOCK, programs_per_sm=PROGRAMS_PER_SM)
 
 
 def _torch_probe(base, agents, eps, counts, gram, invalid) -> None:

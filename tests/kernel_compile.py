@@ -136,7 +136,7 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
 
     out: list[tuple[str, str, str, Callable[[], None]]] = []
     ram_mod, ram_name = "ram_live.kernels.device.ram_triton", "ram_merge_kernel"
-    probe_mod = "ram_live.kernels.device.probe_triton"
+    counts_mod, counts_name = "ram_live.kernels.device.counts_triton", "activity_counts_kernel"
     for dtype, k, lam, sign, weighted, eps in [
         (torch.bfloat16, 3, False, False, False, 1e-5),
         (torch.float16, 1, True, True, False, 0.0),
@@ -158,7 +158,7 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
         def call(base=base, agents=agents, eps=eps, k=k) -> None:
             ram._triton_counts(base, agents, eps, torch.zeros(3 * k + 1, dtype=torch.int64), zero_slot())
 
-        out.append((f"RAM counts {DTYPES[dtype]} K={k} eps={eps}", ram_mod, "ram_counts_kernel", call))
+        out.append((f"RAM counts {DTYPES[dtype]} K={k} eps={eps}", counts_mod, counts_name, call))
     for dtype, k, eps in [(torch.bfloat16, 3, 1e-5), (torch.float16, 8, 0.0), (torch.float32, 1, 1e-5)]:
         base, agents = flat(k, dtype)
 
@@ -166,7 +166,7 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
             counts = torch.zeros(3 * k + 1 + k * k, dtype=torch.int64)
             probe._triton_probe(base, agents, eps, counts, torch.zeros(k * k, dtype=torch.float64), zero_slot())
 
-        out.append((f"probe {DTYPES[dtype]} K={k} eps={eps}", probe_mod, "probe_counts_kernel", call))
+        out.append((f"probe {DTYPES[dtype]} K={k} eps={eps}", counts_mod, counts_name, call))
     lin_mod = "ram_live.kernels.device.linear_triton"
     for dtype, k, scale, dare in [
         (torch.bfloat16, 3, 1.0, False),

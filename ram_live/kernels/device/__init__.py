@@ -5,10 +5,11 @@ interpreter, ``TRITON_INTERPRET=1``, which the tests use), else a whole-tensor t
 arithmetic. Every op counts the entries it finds invalid (NaN/Inf results, invalid importances) into an int64
 slot on the device, which the engine reads once per pass (:mod:`ram_live.engine.checks`).
 
-Modules: :mod:`.common` (which tensors Triton takes, the agents' pointer arguments, programs per device),
-:mod:`.triton_common` (the jit helpers: rounding, invalid counts), :mod:`.ram_triton` and :mod:`.probe_triton`
-(RAM's and the probe's kernels; their ops live in ``ram_live/methods/ram/device.py`` and
-``ram_live/probe_device.py``), :mod:`.linear` (task arithmetic, linear, DARE-linear), :mod:`.select` (TIES'
-threshold by radix select), :mod:`.ties` (TIES and DARE-TIES), :mod:`.philox` (DARE's drop, the same in torch
-and Triton); each op's Triton code in ``<name>_triton.py``. Nothing here imports the engine or a method.
+Modules: :mod:`.common` (which tensors Triton takes, the agents' pointer arguments, programs per device, the
+launch that falls back where a kernel cannot be built), :mod:`.triton_common` (the jit helpers: rounding, invalid
+counts), :mod:`.ram_triton` (RAM's merge) and :mod:`.counts_triton` (the activity counts of RAM's statistics pass
+and of the probe; their ops live in ``ram_live/methods/ram/device.py`` and ``ram_live/probe_device.py``),
+:mod:`.linear` (task arithmetic, linear, DARE-linear), :mod:`.select` (TIES' threshold by radix select),
+:mod:`.ties` (TIES and DARE-TIES), :mod:`.philox` (DARE's drop, the same in torch and Triton); each op's Triton
+code in ``<name>_triton.py``. Nothing here imports the engine or a method.
 """

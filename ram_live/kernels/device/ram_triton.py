@@ -1,8 +1,9 @@
-"""RAM's family as Triton kernels: the merge (:func:`ram_merge_kernel`: plain, λ, ``shared="sign"``, importances)
-and the statistics pass's counts (:func:`ram_counts_kernel`). Each reads every input once and writes its output
-once, in float32, with the operations of :class:`~ram_live.methods.ram.accumulators.RamAccumulator` (and its
-weighted subclass) in the same order, so that its bits are the CPU path's: IEEE division (``div_rn``), no fused
-multiply-add (launched with ``enable_fp_fusion=False``), the output rounded to nearest even."""
+"""RAM's family as a Triton kernel: the merge (:func:`ram_merge_kernel`: plain, λ, ``shared="sign"``, importances;
+the statistics pass's counts are :mod:`.counts_triton`'s, shared with the probe). It reads every input once and
+writes its output once, in float32, with the operations of
+:class:`~ram_live.methods.ram.accumulators.RamAccumulator` (and its weighted subclass) in the same order, so that
+its bits are the CPU path's: IEEE division (``div_rn``), no fused multiply-add (launched with
+``enable_fp_fusion=False``), the output rounded to nearest even."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import triton.language as tl
 
 from .triton_common import add_invalid, pick, store_out
 
-__all__ = ["ram_merge_kernel", "ram_counts_kernel"]
+__all__ = ["ram_merge_kernel"]
 
 
 @triton.jit
@@ -91,48 +92,3 @@ def ram_merge_kernel(
         mean = tl.where(cnt == 1.0, lam_sum * neg, mean)
     invalid += store_out(out_ptr, offs, inb, b - mean, OUT_BF16)
     add_invalid(bad_ptr, invalid)
-
-
-@triton.jit
-def ram_counts_kernel(
-    base_ptr,
-    a0, a1, a2, a3, a4, a5, a6, a7,
-    counts_ptr, bad_ptr, numel, eps,
-    K: tl.constexpr, EPS_ZERO: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """Per agent, its active and its unique entries, and the histogram of the active count c (``counts``: int64
-    ``[K]`` active, ``[K]`` unique, ``[K + 1]`` histogram, added to); every program walks a strided share of the
-    tensor and adds its sums once. Counts NaN/Inf inputs and task vectors into ``bad``."""
-    pid = tl.program_id(0)
-    step = tl.num_programs(0).to(tl.int64) * BLOCK
-    lane = tl.arange(0, BLOCK)
-    col8 = tl.arange(0, 8)
-    col16 = tl.arange(0, 16)
-    invalid = tl.zeros([BLOCK], dtype=tl.int32)
-    active = tl.zeros([8], dtype=tl.int32)
-    unique = tl.zeros([8], dtype=tl.int32)
-    histogram = tl.zeros([16], dtype=tl.int32)
-    for start in tl.range(pid.to(tl.int64) * BLOCK, numel, step):
-        offs = start + lane
-        inb = offs < numel
-        b = tl.load(base_ptr + offs, mask=inb, other=0.0).to(tl.float32)
-        bad = (b != b) | (tl.abs(b) == float("inf"))
-        c = tl.zeros([BLOCK], dtype=tl.int32)
-        masks = tl.zeros([BLOCK, 8], dtype=tl.int32)
-        for t in tl.static_range(K):
-            a = tl.load(pick(t, a0, a1, a2, a3, a4, a5, a6, a7) + offs, mask=inb, other=0.0).to(tl.float32)
-            d = a - b
-            bad = bad | (a != a) | (tl.abs(a) == float("inf")) | (tl.abs(d) == float("inf"))
-            if not EPS_ZERO:
-                d = tl.where((d >= -eps) & (d <= eps), 0.0, d)
-            m = ((d != 0) & inb).to(tl.int32)
-            c += m
-            masks += tl.where(col8[None, :] == t, m[:, None], 0)
-        invalid += (bad & inb).to(tl.int32)
-        active += tl.sum(masks, axis=0)
-        unique += tl.sum(masks * (c == 1).to(tl.int32)[:, None], axis=0)
-        histogram += tl.sum(((col16[None, :] == c[:, None]) & inb[:, None]).to(tl.int32), axis=0)
-    add_invalid(bad_ptr, invalid)
-    tl.atomic_add(counts_ptr + col8, active.to(tl.int64), mask=col8 < K)
-    tl.atomic_add(counts_ptr + K + col8, unique.to(tl.int64), mask=col8 < K)
-    tl.atomic_add(counts_ptr + 2 * K + col16, histogram.to(tl.int64), mask=col16 <= K)

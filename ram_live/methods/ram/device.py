@@ -17,7 +17,7 @@ from ...engine.counts import ADDED
 from ...engine.stream import DeltaStream
 from ...functional.activity import apply_activity_
 from ...functional.counting import ram_statistics
-from ...kernels.device.common import OUT_DTYPES, agent_args, device_programs, kernel_out, launch, triton_takes
+from ...kernels.device.common import OUT_DTYPES, agent_args, kernel_out, launch, triton_takes
 from ...types import RamStatistics
 from .accumulators import RamAccumulator, WeightedRamAccumulator
 
@@ -67,7 +67,7 @@ def ram_counts_(base: Tensor, agents: list[Tensor], eps: float, counts: Tensor, 
     """Adds to ``counts`` (int64 ``[3K + 1]``: active per agent, unique per agent, histogram of the active count)
     adds to ``invalid`` the entries whose inputs or task vectors are NaN/Inf."""
     takes = _triton_takes(None, base, agents, [])
-    launch("ram_counts_kernel", takes, _triton_counts, _torch_counts, base, agents, eps, counts, invalid)
+    launch("activity_counts_kernel", takes, _triton_counts, _torch_counts, base, agents, eps, counts, invalid)
 
 
 @ram_counts_.register_fake
@@ -88,14 +88,11 @@ def _triton_merge(out, base, agents, importances, lambdas, eps, sign, invalid) -
 
 
 def _triton_counts(base, agents, eps, counts, invalid) -> None:
-    from ...kernels.device.ram_triton import ram_counts_kernel
+    from ...kernels.device.counts_triton import launch_activity_counts
 
-    numel = base.numel()
-    programs = device_programs(base.device, numel, COUNT_BLOCK, COUNT_PROGRAMS_PER_SM)
-    ram_counts_kernel[(programs,)](
-        base, *agent_args(agents), counts, invalid, numel, float(eps),
-        K=len(agents), EPS_ZERO=eps == 0, BLOCK=COUNT_BLOCK, num_warps=4,
-    )  # fmt: skip
+    launch_activity_counts(
+        base, agents, eps, counts, None, invalid, block=COUNT_BLOCK, programs_per_sm=COUNT_PROGRAMS_PER_SM
+    )
 
 
 def _deltas(base_f: Tensor, agents: list[Tensor], start: int, end: int, eps: float):
