@@ -10,20 +10,27 @@ layout    objective                         task ``t``                          
 verl      ``ram/val-core/reward/{metric}``  ``ram/val-core/{t}/reward/{metric}``, ``ram/val-aux/rewards/{f}/mean``,
                                             ``ram/val-aux/{t}/reward/{metric}/std``, ``.../std``
                                             ``ram/val-aux/{t}/reward/prompts``,
-                                            ``ram/val-aux/{t}/reward/std@{k}``
+                                            ``ram/val-aux/{t}/reward/std@{k}``,
+                                            ``ram/val-core/{t}/reward/best@{k}/mean``
+                                            and ``/std`` (other ``best@{n}``,
+                                            ``worst@{n}``: ``val-aux``)
 trl       ``ram/eval_reward``,              ``ram/eval_tasks/{t}/{metric}``,      ``ram/eval_rewards/{f}/mean``,
           ``ram/eval_reward/{metric}``,     ``.../{metric}/std``, ``.../prompts`` ``.../std``
           ``ram/eval_reward_std``,
           ``ram/eval_frac_reward_zero_std``
 lightning ``ram/val/reward/{metric}``       ``ram/val/{t}/reward/{metric}``,      ``ram/val/rewards/{f}/mean``,
                                             ``.../{metric}/std``, ``.../prompts``, ``.../std``
-                                            ``ram/val/{t}/reward/std@{k}``
+                                            ``ram/val/{t}/reward/std@{k}``,
+                                            ``.../best@{n}/mean``, ``/std``, ``worst@{n}``
 ========= ================================= ===================================== ================================
 
 A task's std is over its scored prompts' scores (numpy's ``np.std``, as verl's); a function's std is over its
 rewards (the sample std, as TRL's ``eval_rewards/{f}/std``). With ``samples=k > 1``, ``std@{k}`` is verl's: the
 mean over a task's prompts of the std (``np.std``) of each prompt's k weighted rewards (of its scored ones; a
-prompt with fewer than two is left out). TRL's ``reward_std`` is the
+prompt with fewer than two is left out), and so are ``best@{n}`` and ``worst@{n}`` (n = 2, 4, ... below k, and k):
+the mean and std of the best and worst of n rewards drawn with replacement, computed exactly
+(:func:`resampled_extreme`) where verl estimates them from 1,000 bootstrap resamples; ``maj@{n}`` needs a
+prediction per response and is not logged. TRL's ``reward_std`` is the
 sample std of every scored completion's weighted reward, and ``frac_reward_zero_std`` the fraction of prompts
 whose k rewards have a zero sample std (GRPO's groups with no learning signal under ``scale_rewards="group"``:
 1 with ``samples=1``, as TRL's). One task (no ``task`` column) is the task ``all``. Evaluations of other kinds are
@@ -37,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 from ram_live.errors import ConfigError
 
-__all__ = ["LAYOUTS", "evaluation_metrics", "logged_as"]
+__all__ = ["LAYOUTS", "evaluation_metrics", "logged_as", "resampled_extreme"]
 
 LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
     "verl": {
@@ -48,6 +55,7 @@ LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
         "mean": ("val-aux/rewards/{func}/mean",),
         "func_std": ("val-aux/rewards/{func}/std",),
         "sample_std": ("val-aux/{task}/reward/std@{k}",),
+        "extreme": ("{section}/{task}/reward/{which}@{n}/{stat}",),
         "reward_std": (),
         "zero_std": (),
     },
@@ -59,6 +67,7 @@ LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
         "mean": ("eval_rewards/{func}/mean",),
         "func_std": ("eval_rewards/{func}/std",),
         "sample_std": (),
+        "extreme": (),
         "reward_std": ("eval_reward_std",),
         "zero_std": ("eval_frac_reward_zero_std",),
     },
@@ -70,6 +79,7 @@ LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
         "mean": ("val/rewards/{func}/mean",),
         "func_std": ("val/rewards/{func}/std",),
         "sample_std": ("val/{task}/reward/std@{k}",),
+        "extreme": ("val/{task}/reward/{which}@{n}/{stat}",),
         "reward_std": (),
         "zero_std": (),
     },
@@ -115,17 +125,67 @@ def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
     groups = [[r for r in group if r is not None] for group in evaluation.sample_rewards]
     k = evaluation.settings.samples
     if k > 1:
-        spread: dict[str, list[float]] = {}
+        sizes = _subset_sizes(k)
+        spread: dict[str, list[list[float]]] = {}
         for task, scored in zip(evaluation.prompt_tasks(), groups):
-            if len(scored) > 1:  # verl's std@n is of n > 1 responses
-                spread.setdefault(task, []).append(_std(scored, ddof=0))
-        for task, stds in spread.items():
-            put("sample_std", sum(stds) / len(stds), task=task, k=str(k))
+            if len(scored) > 1:  # verl's std@n, best@n and worst@n are of n > 1 responses
+                row = [_std(scored, ddof=0)]
+                for n in sizes:
+                    row += [*resampled_extreme(scored, n, largest=True), *resampled_extreme(scored, n, largest=False)]
+                spread.setdefault(task, []).append(row)
+        for task, rows in spread.items():
+            means = [sum(column) / len(rows) for column in zip(*rows)]
+            put("sample_std", means[0], task=task, k=str(k))
+            for i, n in enumerate(sizes):
+                section = "val-core" if n == k else "val-aux"  # verl's core metrics are best@N at the most samples
+                best_mean, best_std, worst_mean, worst_std = means[1 + 4 * i : 5 + 4 * i]
+                for which, stat, value in (
+                    ("best", "mean", best_mean), ("best", "std", best_std),
+                    ("worst", "mean", worst_mean), ("worst", "std", worst_std),
+                ):  # fmt: skip
+                    where = section if which == "best" else "val-aux"
+                    put("extreme", value, task=task, which=which, n=str(n), stat=stat, section=where)
     put("reward_std", _std([r for scored in groups for r in scored], ddof=1))
     # TRL's group std is torch.isclose to 0 (atol 1e-8); one scored sample of k > 1 gives NaN there: not zero
     zero = [k == 1 or (len(scored) > 1 and _std(scored, ddof=1) <= 1e-8) for scored in groups]
     put("zero_std", sum(zero) / len(zero) if zero else math.nan)
     return out
+
+
+def _subset_sizes(k: int) -> list[int]:
+    """verl's subset sizes for ``k`` responses: 2, 4, 8, ... below ``k``, then ``k``."""
+    sizes, n = [], 2
+    while n < k:
+        sizes.append(n)
+        n *= 2
+    return [*sizes, k]
+
+
+def resampled_extreme(values: Sequence[float], n: int, largest: bool) -> tuple[float, float]:
+    """The mean and std of the best (``largest``) or worst of ``n`` draws with replacement from ``values``: exactly
+    what verl's ``best@n`` / ``worst@n`` estimate by 1,000 bootstrap resamples. The i-th smallest of m values is
+    the maximum of n draws with probability (i/m)^n − ((i−1)/m)^n.
+
+    Args:
+        values: one prompt's rewards.
+        n: draws per resample.
+        largest: the best (maximum) or the worst (minimum).
+
+    Returns:
+        ``(mean, std)`` of that extreme (the std over resamples, ``np.std``'s).
+
+    Example:
+        >>> resampled_extreme([0.0, 1.0], 2, largest=True)  # P(best = 1) = 3/4
+        (0.75, 0.4330127018922193)
+    """
+    ordered = sorted(values, reverse=not largest)
+    m = len(ordered)
+    mean = second = 0.0
+    for i, v in enumerate(ordered, start=1):
+        p = (i / m) ** n - ((i - 1) / m) ** n
+        mean += p * v
+        second += p * v * v
+    return mean, math.sqrt(max(second - mean * mean, 0.0))
 
 
 def _std(values: Sequence[float], ddof: int) -> float:

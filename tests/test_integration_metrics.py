@@ -11,7 +11,7 @@ import torch
 
 from ram_live.errors import ConfigError
 from ram_live.evaluate import rewards
-from ram_live.integrations.metrics import LAYOUTS, evaluation_metrics, logged_as
+from ram_live.integrations.metrics import LAYOUTS, evaluation_metrics, logged_as, resampled_extreme
 
 import evaluate_helpers as h
 from evaluate_helpers import PROMPTS
@@ -78,7 +78,19 @@ def test_every_layout_names_the_metric_and_gives_each_tasks_std_and_prompts(tok,
         spread.setdefault(s, []).append(statistics.pstdev(pair))
     for task, stds in spread.items():
         assert verl[f"ram/val-aux/{task}/reward/std@2"] == pytest.approx(statistics.mean(stds), abs=1e-12)
-    assert len(verl) == 1 + 4 * 3 + 2 * 2
+    # best@2 / worst@2 by hand: of two draws from (x, y), x <= y, the best is y but for the 1 in 4 draws x, x
+    best, worst = {}, {}
+    for s, pair in zip(SOURCES, combined):
+        x, y = sorted(pair)
+        best.setdefault(s, []).append(((x + 3 * y) / 4, (3 / 16) ** 0.5 * (y - x)))
+        worst.setdefault(s, []).append(((3 * x + y) / 4, (3 / 16) ** 0.5 * (y - x)))
+    for task in best:
+        for i, stat in enumerate(("mean", "std")):
+            want_best = statistics.mean(v[i] for v in best[task])
+            want_worst = statistics.mean(v[i] for v in worst[task])
+            assert verl[f"ram/val-core/{task}/reward/best@2/{stat}"] == pytest.approx(want_best, abs=1e-12)
+            assert verl[f"ram/val-aux/{task}/reward/worst@2/{stat}"] == pytest.approx(want_worst, abs=1e-12)
+    assert len(verl) == 1 + 8 * 3 + 2 * 2
 
     trl = evaluation_metrics(evaluate, "trl")
     assert trl["ram/eval_reward"] == trl[f"ram/eval_reward/{metric}"] == score
@@ -94,7 +106,8 @@ def test_every_layout_names_the_metric_and_gives_each_tasks_std_and_prompts(tok,
     light = evaluation_metrics(evaluate, "lightning")
     assert light[f"ram/val/reward/{metric}"] == score and light["ram/val/gsm8k/reward/prompts"] == 4.0
     assert light["ram/val/math/reward/std@2"] == verl["ram/val-aux/math/reward/std@2"]
-    assert {k.split("/")[1] for k in light} == {"val"} and len(light) == 1 + 4 * 3 + 2 * 2
+    assert light["ram/val/code/reward/best@2/mean"] == verl["ram/val-core/code/reward/best@2/mean"]
+    assert {k.split("/")[1] for k in light} == {"val"} and len(light) == 1 + 8 * 3 + 2 * 2
 
 
 def test_one_task_is_all_and_unscored_prompts_are_not_counted(tok):
@@ -116,13 +129,27 @@ def test_one_task_is_all_and_unscored_prompts_are_not_counted(tok):
     assert trl["ram/eval_reward_std"] == pytest.approx(statistics.stdev([r for v in scored for r in v]), abs=1e-12)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_resampled_extremes_are_the_exact_bootstrap(n):
+    """best@n / worst@n: the mean and std of the extreme of n draws with replacement, by enumerating every draw."""
+    import itertools
+
+    values = [0.5, 2.0, 2.0, -1.0]
+    draws = list(itertools.product(values, repeat=n))
+    for largest, pick in ((True, max), (False, min)):
+        extremes = [pick(d) for d in draws]
+        mean, std = resampled_extreme(values, n, largest=largest)
+        assert mean == pytest.approx(statistics.mean(extremes), abs=1e-12)
+        assert std == pytest.approx(statistics.pstdev(extremes), abs=1e-12)
+
+
 def test_one_sample_logs_no_spread_and_every_group_has_zero_std(tok):
     def one_sample(merged, prompts, settings, seeds):
         return [TEXTS[PROMPTS.index(p)][0] for p in prompts]
 
     evaluate = rewards(PROMPTS, count_a, tokenizer=tok, generate=one_sample, model=h.model(0))
     evaluate(h.model(0))
-    assert not [k for k in evaluation_metrics(evaluate, "verl") if "std@" in k]
+    assert not [k for k in evaluation_metrics(evaluate, "verl") if any(w in k for w in ("std@", "best@", "worst@"))]
     trl = evaluation_metrics(evaluate, "trl")
     assert trl["ram/eval_frac_reward_zero_std"] == 1.0  # TRL's std is 0 for groups of one completion
     firsts = [float(texts[0].count("a")) for texts in TEXTS]

@@ -4,6 +4,7 @@ samples (skipped where verl cannot be imported)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 pytest.importorskip("transformers")
@@ -45,3 +46,25 @@ def test_val_core_keys_hold_verls_own_numbers(tmp_path):
         # and the spread over each prompt's samples, val-aux/{data_source}/{var}/std@N
         key = f"val-aux/{source}/reward/std@3"
         assert ours[f"ram/{key}"] == pytest.approx(float(verl[source]["reward"]["std@3"]), abs=1e-12), key
+        # best@n / worst@n (n = 2, 3): ours exact, verl's from 1,000 bootstrap resamples a prompt: equal within
+        # four of verl's standard errors (its std over resamples / sqrt(1000))
+        for n in (2, 3):
+            for which in ("best", "worst"):
+                section = "val-core" if which == "best" and n == 3 else "val-aux"
+                theirs = verl[source]["reward"]
+                error = float(theirs[f"{which}@{n}/std"]) / 1000**0.5
+                got = ours[f"ram/{section}/{source}/reward/{which}@{n}/mean"]
+                assert got == pytest.approx(float(theirs[f"{which}@{n}/mean"]), abs=4 * error + 1e-12), (n, which)
+
+
+def test_best_and_worst_are_what_verls_bootstrap_converges_to():
+    """verl's own bootstrap_metric with many resamples converges to resampled_extreme's exact values."""
+    from ram_live.integrations.metrics import resampled_extreme
+
+    data = [1.0, 0.0, 3.0, 3.0, 2.0]
+    for n in (2, 4, 5):
+        (best, best_std), (worst, worst_std) = metric_utils.bootstrap_metric(
+            data, n, [np.max, np.min], n_bootstrap=200_000, seed=7
+        )
+        assert resampled_extreme(data, n, largest=True) == pytest.approx((best, best_std), abs=0.01)
+        assert resampled_extreme(data, n, largest=False) == pytest.approx((worst, worst_std), abs=0.01)
