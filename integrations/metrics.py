@@ -26,15 +26,16 @@ lightning ``ram/val/reward/{metric}``       ``ram/val/{t}/reward/{metric}``,    
 
 A task's std is over its scored prompts' scores (numpy's ``np.std``, as verl's); a function's std is over its
 rewards (the sample std, as TRL's ``eval_rewards/{f}/std``). With ``samples=k > 1``, ``std@{k}`` is verl's: the
-mean over a task's prompts of the std (``np.std``) of each prompt's k weighted rewards (of its scored ones; a
-prompt with fewer than two is left out), and so are ``best@{n}`` and ``worst@{n}`` (n = 2, 4, ... below k, and k):
-the mean and std of the best and worst of n rewards drawn with replacement, computed exactly
-(:func:`resampled_extreme`) where verl estimates them from 1,000 bootstrap resamples; ``maj@{n}`` needs a
-prediction per response and is not logged. TRL's ``reward_std`` is the
-sample std of every scored completion's weighted reward, and ``frac_reward_zero_std`` the fraction of prompts
-whose k rewards have a zero sample std (GRPO's groups with no learning signal under ``scale_rewards="group"``:
-1 with ``samples=1``, as TRL's). One task (no ``task`` column) is the task ``all``. Evaluations of other kinds are
-logged as they return their metrics.
+mean over a task's prompts of the std (``np.std``) of each prompt's weighted rewards, and so are ``best@{n}`` and
+``worst@{n}`` (n = 2, 4, ... below k, and k): the mean and std of the best and worst of n rewards drawn with
+replacement, computed exactly (:func:`resampled_extreme`) where verl estimates them from 1,000 bootstrap resamples.
+As verl's, a prompt with m of its k rewards scored (2 ≤ m < k) gives ``std@{m}``, ``best@{n}`` and ``worst@{n}``
+for n up to m, each key the mean over the prompts that have it; ``best@{N}`` under ``val-core`` is at the task's
+largest m; prompts with fewer than two scored rewards are left out. ``maj@{n}`` needs a prediction per response
+and is not logged. TRL's ``reward_std`` is the sample std of every scored completion's weighted reward, and
+``frac_reward_zero_std`` the fraction of prompts whose k rewards have a zero sample std (GRPO's groups with no
+learning signal under ``scale_rewards="group"``: 1 with ``samples=1``, as TRL's). One task (no ``task`` column) is
+the task ``all``. Evaluations of other kinds are logged as they return their metrics.
 """
 
 from __future__ import annotations
@@ -124,27 +125,26 @@ def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
         put("func_std", _std(values, ddof=1), func=func)
     groups = [[r for r in group if r is not None] for group in evaluation.sample_rewards]
     k = evaluation.settings.samples
-    if k > 1:
-        sizes = _subset_sizes(k)
-        spread: dict[str, list[list[float]]] = {}
-        for task, scored in zip(evaluation.prompt_tasks(), groups):
-            if len(scored) > 1:  # verl's std@n, best@n and worst@n are of n > 1 responses
-                row = [_std(scored, ddof=0)]
-                for n in sizes:
-                    row += [*resampled_extreme(scored, n, largest=True), *resampled_extreme(scored, n, largest=False)]
-                spread.setdefault(task, []).append(row)
-        for task, rows in spread.items():
-            means = [sum(column) / len(rows) for column in zip(*rows)]
-            put("sample_std", means[0], task=task, k=str(k))
-            for i, n in enumerate(sizes):
-                section = "val-core" if n == k else "val-aux"  # verl's core metrics are best@N at the most samples
-                best_mean, best_std, worst_mean, worst_std = means[1 + 4 * i : 5 + 4 * i]
-                for which, stat, value in (
-                    ("best", "mean", best_mean), ("best", "std", best_std),
-                    ("worst", "mean", worst_mean), ("worst", "std", worst_std),
-                ):  # fmt: skip
-                    where = section if which == "best" else "val-aux"
-                    put("extreme", value, task=task, which=which, n=str(n), stat=stat, section=where)
+    per_task: dict[str, dict[tuple[str, int, str], list[float]]] = {}
+    for task, scored in zip(evaluation.prompt_tasks(), groups):
+        if len(scored) > 1:  # verl's std@n, best@n and worst@n: a prompt's m > 1 scored responses, keyed by m
+            into = per_task.setdefault(task, {})
+            m = len(scored)
+            into.setdefault(("std", m, ""), []).append(_std(scored, ddof=0))
+            for n in _subset_sizes(m):
+                for which, largest in (("best", True), ("worst", False)):
+                    mean, std = resampled_extreme(scored, n, largest=largest)
+                    into.setdefault((which, n, "mean"), []).append(mean)
+                    into.setdefault((which, n, "std"), []).append(std)
+    for task, keyed in per_task.items():
+        most = max(n for _, n, _ in keyed)  # verl files best@N at a data source's most responses under val-core
+        for (which, n, stat), values in sorted(keyed.items()):
+            value = sum(values) / len(values)  # the mean over the prompts that have the key, as verl's
+            if which == "std":
+                put("sample_std", value, task=task, k=str(n))
+            else:
+                section = "val-core" if which == "best" and n == most else "val-aux"
+                put("extreme", value, task=task, which=which, n=str(n), stat=stat, section=section)
     put("reward_std", _std([r for scored in groups for r in scored], ddof=1))
     # TRL's group std is torch.isclose to 0 (atol 1e-8); one scored sample of k > 1 gives NaN there: not zero
     zero = [k == 1 or (len(scored) > 1 and _std(scored, ddof=1) <= 1e-8) for scored in groups]
@@ -180,12 +180,9 @@ def resampled_extreme(values: Sequence[float], n: int, largest: bool) -> tuple[f
     """
     ordered = sorted(values, reverse=not largest)
     m = len(ordered)
-    mean = second = 0.0
-    for i, v in enumerate(ordered, start=1):
-        p = (i / m) ** n - ((i - 1) / m) ** n
-        mean += p * v
-        second += p * v * v
-    return mean, math.sqrt(max(second - mean * mean, 0.0))
+    probabilities = [(i / m) ** n - ((i - 1) / m) ** n for i in range(1, m + 1)]
+    mean = sum(p * v for p, v in zip(probabilities, ordered))
+    return mean, math.sqrt(sum(p * (v - mean) ** 2 for p, v in zip(probabilities, ordered)))
 
 
 def _std(values: Sequence[float], ddof: int) -> float:

@@ -79,16 +79,37 @@ def signature(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tup
     return sig, constants, options
 
 
+def specialization(kernel: Any, launch: tuple[tuple[Any, ...], dict[str, Any]], target: Any) -> tuple:
+    """The launch's signature, constexprs, attributes (the divisibility hints of aligned pointers and sizes) and
+    options, bound as Triton's own launcher binds them (its private binder, where this Triton has one: the very
+    specialisation a launch builds), else :func:`signature`'s mapping without the hints."""
+    args, kwargs = launch
+    options = {k: v for k, v in kwargs.items() if k in OPTIONS}
+    try:
+        from triton.compiler import make_backend
+        from triton.runtime.jit import create_function_from_signature
+
+        backend = make_backend(target)
+        binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+        given = {**kwargs, "debug": False}
+        bound, spec, bound_options = binder(*args, **given)
+        _, sig, constexprs, attrs = kernel._pack_args(backend, given, bound, spec, bound_options)
+        return sig, constexprs, attrs, options
+    except (ImportError, AttributeError, TypeError, ValueError):
+        sig, constants, options = signature(kernel, *launch)
+        return sig, {(kernel.arg_names.index(k),): v for k, v in constants.items()}, None, options
+
+
 def build(kernel: Any, launch: tuple[tuple[Any, ...], dict[str, Any]], arch: int) -> str:
     """Compiles one recorded launch for ``sm_<arch>``; returns its cubin's size, registers and spills."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    sig, constants, options = signature(kernel, *launch)
-    names = kernel.arg_names
-    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in constants.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    target = GPUTarget("cuda", arch, 32)
+    sig, constexprs, attrs, options = specialization(kernel, launch, target)
+    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(src, target=target, options=options)
     return f"{len(compiled.asm['cubin'])} B cubin, {resources(compiled.asm['cubin'])}, {rounding(compiled.asm['ptx'])}"
 
 

@@ -57,6 +57,48 @@ def test_val_core_keys_hold_verls_own_numbers(tmp_path):
                 assert got == pytest.approx(float(theirs[f"{which}@{n}/mean"]), abs=4 * error + 1e-12), (n, which)
 
 
+FOUR = [["aa", "", "a", "b"], ["b", "a", "a", "aaa"], ["a", "", "", "ab"], ["", "", "x", ""], ["aaa", "a", "b", "ba"]]
+FOUR += [["ab", "", "a", "a"], ["x", "aa", "", "a"]]
+
+
+def four_samples(merged, prompts, settings, seeds):
+    return [FOUR[PROMPTS.index(p)] for p in prompts]
+
+
+def count_a_or_none(completions, **kwargs):
+    return [None if c == "" else float(c.count("a")) for c in completions]
+
+
+def test_partly_scored_prompts_are_keyed_as_verl_keys_them():
+    """k = 4 samples, some unscored: each prompt's m scored rewards give std@m, best@n and worst@n for n up to m,
+    each key averaged over the prompts that have it, filed under val-core or val-aux by verl's own rule (the
+    trainer's: best@N at a data source's most responses is core)."""
+    rows = [{"prompt": p, "data_source": s} for p, s in zip(PROMPTS, SOURCES)]
+    evaluate = rewards(rows, count_a_or_none, tokenizer=h.tokenizer(), samples=4, generate=four_samples)
+    evaluate(h.model(0))
+    logged = evaluation_metrics(evaluate, "verl")
+    ours = {k: v for k, v in logged.items() if any(w in k for w in ("/std@", "/best@", "/worst@"))}
+    sources = [s for s in SOURCES for _ in range(4)]
+    uids = [str(i) for i in range(len(PROMPTS)) for _ in range(4)]
+    verl = metric_utils.process_validation_metrics(sources, uids, {"reward": count_a_or_none(sum(FOUR, []))})
+    expected = {}
+    for source, var2metric in verl.items():
+        for var, metric2val in var2metric.items():
+            n_max = max(int(name.split("@")[-1].split("/")[0]) for name in metric2val)
+            for name, value in metric2val.items():
+                if not name.startswith(("std@", "best@", "worst@")):
+                    continue
+                core = name.startswith(("mean", "maj", "best")) and f"@{n_max}" in name
+                expected[f"ram/{'val-core' if core else 'val-aux'}/{source}/{var}/{name}"] = float(value)
+    assert sorted(ours) == sorted(expected) and any("std@3" in k for k in ours) and any("std@4" in k for k in ours)
+    for key, value in expected.items():
+        if "/std@" in key:
+            assert ours[key] == pytest.approx(value, abs=1e-12), key
+        else:  # verl's bootstrap: within four of its standard errors
+            spread = expected[key.rsplit("/", 1)[0] + "/std"]
+            assert ours[key] == pytest.approx(value, abs=4 * spread / 1000**0.5 + 1e-12), key
+
+
 def test_best_and_worst_are_what_verls_bootstrap_converges_to():
     """verl's own bootstrap_metric with many resamples converges to resampled_extreme's exact values."""
     from ram_live.integrations.metrics import resampled_extreme
