@@ -143,6 +143,11 @@ def test_resampled_extremes_are_the_exact_bootstrap(n):
         assert std == pytest.approx(statistics.pstdev(extremes), abs=1e-12)
 
 
+def test_resampled_extremes_keep_their_spread_far_from_zero():
+    mean, std = resampled_extreme([1e8, 1e8 + 1], 2, largest=True)
+    assert mean == 1e8 + 0.75 and std == pytest.approx(0.75**0.5 * 0.5, rel=1e-9)
+
+
 def test_one_sample_logs_no_spread_and_every_group_has_zero_std(tok):
     def one_sample(merged, prompts, settings, seeds):
         return [TEXTS[PROMPTS.index(p)][0] for p in prompts]
