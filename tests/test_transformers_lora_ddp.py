@@ -26,13 +26,13 @@ transformers = pytest.importorskip("transformers")
 import torch.multiprocessing as mp  # noqa: E402
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from transformers import TrainerCallback, TrainerControl, TrainerState  # noqa: E402
 
 from ram_live import SnapshotStore  # noqa: E402
 from ram_live.store import SnapshotWriter  # noqa: E402
 from ram_live.integrations.transformers import RAMTrainerCallback  # noqa: E402
 from ram_live.peft import TopK, lora_deltas, ram_merge_adapter_files  # noqa: E402
 from test_transformers_callback import VOCAB, _model, _score  # noqa: E402
+from test_transformers_lora import _SaveAdapter  # noqa: E402
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning"),
@@ -43,18 +43,6 @@ pytestmark = [
 
 STEPS = 4
 DEADLINE_S = 240
-
-
-class _SaveAdapter(TrainerCallback):
-    """The reference: the adapter PEFT saves at every step, on every rank, independently of the RAM callback."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def on_step_end(
-        self, args: Any, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
-    ) -> None:
-        model.save_pretrained(self.folder / f"step-{state.global_step}")
 
 
 def _trainer(out: Path, callbacks: list[Any], seed: int, **extra: Any) -> transformers.Trainer:
