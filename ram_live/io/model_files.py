@@ -51,7 +51,6 @@ __all__ = [
     "tensors_crc32",
 ]
 
-#: The provenance file of a merged folder.
 #: The folder, inside a store's ``_base``, that keeps the base's config, generation config and tokenizer files.
 STORE_FILES = "model"
 _WINDOW = 1 << 30  # bytes of a file mapped at a time for its CRC

@@ -52,6 +52,7 @@ _TEMP_SUFFIX = re.compile(r"[a-z0-9_]{6,16}")
 _libc = None
 
 
+#: The provenance file of a merged folder.
 PROVENANCE = "ram_merge.json"
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".npz", ".index.json")
 _NOT_COPIED = {PROVENANCE, "adapter_config.json"}
