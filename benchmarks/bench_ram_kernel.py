@@ -64,7 +64,7 @@ def split_merge(kern, out, base, agents, threads: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k", type=int, default=3, help="agents (1-8)")
+    parser.add_argument("--k", type=int, default=3, choices=range(1, len(DENSITIES) + 1), help="agents (1-8)")
     parser.add_argument("--entries", type=int, default=64, help="entries per input, in Mi (default 64)")
     parser.add_argument("--reps", type=int, default=4)
     args = parser.parse_args()

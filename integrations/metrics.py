@@ -174,10 +174,15 @@ def resampled_extreme(values: Sequence[float], n: int, largest: bool) -> tuple[f
     Returns:
         ``(mean, std)`` of that extreme (the std over resamples, ``np.std``'s).
 
+    Raises:
+        ConfigError: no values, or ``n`` not an integer >= 1.
+
     Example:
         >>> resampled_extreme([0.0, 1.0], 2, largest=True)  # P(best = 1) = 3/4
         (0.75, 0.4330127018922193)
     """
+    if not values or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"resampled_extreme: needs at least one value and n >= 1 draws, got {len(values)} and {n!r}")
     ordered = sorted(values, reverse=not largest)
     m = len(ordered)
     probabilities = [(i / m) ** n - ((i - 1) / m) ** n for i in range(1, m + 1)]

@@ -148,6 +148,12 @@ def test_resampled_extremes_keep_their_spread_far_from_zero():
     assert mean == 1e8 + 0.75 and std == pytest.approx(0.75**0.5 * 0.5, rel=1e-9)
 
 
+@pytest.mark.parametrize("values,n", [([], 2), ([1.0], 0), ([1.0], 2.5), ([1.0], True)])
+def test_resampled_extremes_refuse_no_values_or_draws(values, n):
+    with pytest.raises(ConfigError, match="resampled_extreme: needs at least one value and n >= 1 draws"):
+        resampled_extreme(values, n, largest=True)
+
+
 def test_one_sample_logs_no_spread_and_every_group_has_zero_std(tok):
     def one_sample(merged, prompts, settings, seeds):
         return [TEXTS[PROMPTS.index(p)][0] for p in prompts]
