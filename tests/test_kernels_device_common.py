@@ -108,3 +108,85 @@ def test_a_merge_whose_kernel_cannot_be_built_gives_the_cpu_bits(monkeypatch):
     assert info.extra["kernels"] == {"device": 3} and set(common.unbuilt_kernels()) == {"linear_merge_kernel"}
     for (name, p), q in zip(merged.state_dict().items(), expected.state_dict().values()):
         assert torch.equal(bits(p), bits(q)), name
+
+
+class _Devices:
+    """CUDA's current device as a CPU build of torch can hold it: torch.cuda.device's own enter and exit run
+    against it."""
+
+    def __init__(self, monkeypatch, current: int) -> None:
+        self.current = current
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "_exchange_device", self.exchange)
+        monkeypatch.setattr(torch.cuda, "_maybe_exchange_device", self.exchange)
+
+    def exchange(self, index: int) -> int:
+        previous = self.current
+        if index >= 0:
+            self.current = index
+        return previous
+
+
+def _op_calls(dev: torch.device, k: int = 3, n: int = 4096):
+    """Each device op's implementation (the function its torch.library op wraps) on tensors of ``dev``, with the
+    module and name of the kernel it launches."""
+    from ram_live import probe_device
+    from ram_live.kernels.device import select, ties
+    from ram_live.methods.ram import device as ram
+
+    base = torch.empty(n, dtype=torch.bfloat16, device=dev)
+    agents = [torch.empty(n, dtype=torch.bfloat16, device=dev) for _ in range(k)]
+    slot = torch.zeros((), dtype=torch.int64, device=dev)
+    weights = torch.ones(k, dtype=torch.float64, device=dev)
+    hist = torch.zeros(3, k, select.NBINS, dtype=torch.int32, device=dev)
+    counts = torch.zeros(3 * k + 1, dtype=torch.int64, device=dev)
+    pairs = torch.zeros(3 * k + 1 + k * k, dtype=torch.int64, device=dev)
+    gram = torch.zeros(k * k, dtype=torch.float64, device=dev)
+    out = torch.empty_like(base)
+    pkg = "ram_live.kernels.device"
+    return [
+        (f"{pkg}.ram_triton", "ram_merge_kernel", lambda: ram.ram_merge_._init_fn(
+            out, base, agents, [], None, 0.0, False, slot)),
+        (f"{pkg}.counts_triton", "activity_counts_kernel", lambda: ram.ram_counts_._init_fn(
+            base, agents, 0.0, counts, slot)),
+        (f"{pkg}.counts_triton", "activity_counts_kernel", lambda: probe_device.probe_counts_._init_fn(
+            base, agents, 0.0, pairs, gram, slot)),
+        (f"{pkg}.linear_triton", "linear_merge_kernel", lambda: linear.linear_merge_._init_fn(
+            out, base, agents, weights, 1.0, [], [], slot)),
+        (f"{pkg}.select_triton", "radix_histogram_kernel", lambda: select.radix_histogram_._init_fn(
+            base, agents, [5] * k, 0, hist)),
+        (f"{pkg}.ties_triton", "ties_merge_kernel", lambda: ties.ties_merge_._init_fn(
+            out, base, agents, weights, hist, [5] * k, [], [], 1.0, 0, False, 0, slot)),
+    ]  # fmt: skip
+
+
+def test_every_kernel_launches_on_its_tensors_device(monkeypatch):
+    """Fake CUDA tensors on cuda:1 while cuda:0 is current: each op's kernel is launched with cuda:1 current (Triton
+    launches on the current device and its stream), and cuda:0 is current again after it."""
+    import importlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    devices = _Devices(monkeypatch, current=0)
+    monkeypatch.setattr(common, "_multiprocessors", lambda device: 132)
+    launches = []
+
+    class Kernel:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                tensors = {a.device for a in args if isinstance(a, torch.Tensor)}
+                launches.append((self.name, devices.current, tensors))
+
+            return run
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        calls = _op_calls(torch.device("cuda:1"))
+        for module, name, call in calls:
+            monkeypatch.setattr(importlib.import_module(module), name, Kernel(name))
+            call()
+            assert devices.current == 0, name
+    cuda1 = {torch.device("cuda:1")}
+    assert launches == [(name, 1, cuda1) for _, name, _ in calls]

@@ -5,6 +5,7 @@ kernel (:func:`launch`). Torch only: the Triton helpers live in :mod:`.triton_co
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -23,6 +24,7 @@ __all__ = [
     "MAX_NUMEL",
     "OUT_DTYPES",
     "agent_args",
+    "device_guard",
     "device_programs",
     "kernel_out",
     "launch",
@@ -99,6 +101,33 @@ def device_programs(device: torch.device, numel: int, block: int, per_sm: int) -
     return max(1, min(-(-numel // block), _multiprocessors(device) * per_sm))
 
 
+def device_guard(device: torch.device | None) -> contextlib.AbstractContextManager:
+    """``device`` made current while a kernel is launched: Triton launches on the current device and its stream, so
+    tensors on ``cuda:1`` while ``cuda:0`` is current would otherwise be read by a kernel running on ``cuda:0``.
+
+    Example:
+        >>> with device_guard(torch.device("cpu")):
+        ...     pass
+    """
+    if device is None:
+        return contextlib.nullcontext()
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    if device.type == "xpu":
+        return torch.xpu.device(device)
+    return contextlib.nullcontext()
+
+
+def _device_of(args: Sequence[Any]) -> torch.device | None:
+    """The device of an op's first tensor argument (a tensor, or a list of them)."""
+    for arg in args:
+        if isinstance(arg, Tensor):
+            return arg.device
+        if isinstance(arg, (list, tuple)) and arg and isinstance(arg[0], Tensor):
+            return arg[0].device
+    return None
+
+
 #: Kernels Triton could not build in this process, with the error: their ops run the torch implementation.
 _UNBUILT: dict[str, str] = {}
 _UNBUILT_LOCK = threading.Lock()
@@ -120,6 +149,7 @@ def _build_error(err: Exception) -> bool:
 def launch(kernel: str, takes: bool, triton: Callable[..., None], fallback: Callable[..., None], *args: Any) -> None:
     """``triton(*args)``, the launch of the Triton kernel ``kernel``, where ``takes``; else, or where Triton cannot
     build that kernel on this machine, ``fallback(*args)``: the op's torch implementation of the same arithmetic.
+    The kernel is launched with its tensors' device current (:func:`device_guard`).
     A kernel that fails to build is named once in a :class:`~ram_live.errors.DeviceKernelWarning`, and its op runs
     the torch implementation for the rest of the process (:func:`unbuilt_kernels`). Each op's ``triton`` launches
     one kernel, last, so a build error leaves its outputs untouched.
@@ -131,7 +161,8 @@ def launch(kernel: str, takes: bool, triton: Callable[..., None], fallback: Call
     """
     if takes and kernel not in _UNBUILT:
         try:
-            triton(*args)
+            with device_guard(_device_of(args)):
+                triton(*args)
             return
         except Exception as err:  # noqa: BLE001 (only a build error falls back; the rest is raised)
             if not _build_error(err):
