@@ -14,10 +14,10 @@ verl      ``ram/val-core/reward/{metric}``  ``ram/val-core/{t}/reward/{metric}``
                                             ``ram/val-core/{t}/reward/best@{k}/mean``
                                             and ``/std`` (other ``best@{n}``,
                                             ``worst@{n}``: ``val-aux``)
-trl       ``ram/eval_reward``,              ``ram/eval_tasks/{t}/{metric}``,      ``ram/eval_rewards/{f}/mean``,
-          ``ram/eval_reward/{metric}``,     ``.../{metric}/std``, ``.../prompts`` ``.../std``
+trl       ``ram/eval_reward/{metric}``      ``ram/eval_tasks/{t}/{metric}``,      ``ram/eval_rewards/{f}/mean``,
+          (and TRL's ``ram/eval_reward``,   ``.../{metric}/std``, ``.../prompts`` ``.../std``
           ``ram/eval_reward_std``,
-          ``ram/eval_frac_reward_zero_std``
+          ``ram/eval_frac_reward_zero_std``)
 lightning ``ram/val/reward/{metric}``       ``ram/val/{t}/reward/{metric}``,      ``ram/val/rewards/{f}/mean``,
                                             ``.../{metric}/std``, ``.../prompts``, ``.../std``
                                             ``ram/val/{t}/reward/std@{k}``,
@@ -32,10 +32,13 @@ replacement, computed exactly (:func:`resampled_extreme`) where verl estimates t
 As verl's, a prompt with m of its k rewards scored (2 ≤ m < k) gives ``std@{m}``, ``best@{n}`` and ``worst@{n}``
 for n up to m, each key the mean over the prompts that have it; ``best@{N}`` under ``val-core`` is at the task's
 largest m; prompts with fewer than two scored rewards are left out. ``maj@{n}`` needs a prediction per response
-and is not logged. TRL's ``reward_std`` is the sample std of every scored completion's weighted reward, and
-``frac_reward_zero_std`` the fraction of prompts whose k rewards have a zero sample std (GRPO's groups with no
-learning signal under ``scale_rewards="group"``: 1 with ``samples=1``, as TRL's). One task (no ``task`` column) is
-the task ``all``. Evaluations of other kinds are logged as they return their metrics.
+and is not logged. TRL's ``reward`` (``ram/eval_reward``) is the mean over the scored completions of the weighted
+sum of the reward functions (``GRPOTrainer``'s ``nanmean`` of the ``nansum``, a completion no function scored left
+out), whatever the metric; the objective is ``ram/eval_reward/{metric}``. TRL's ``reward_std`` is the sample std
+of every scored completion's weighted reward, and ``frac_reward_zero_std`` the fraction of prompts whose k rewards
+have a zero sample std (GRPO's groups with no learning signal under ``scale_rewards="group"``: 1 with
+``samples=1``, as TRL's). One task (no ``task`` column) is the task ``all``. Evaluations of other kinds are logged
+as they return their metrics.
 """
 
 from __future__ import annotations
@@ -57,11 +60,12 @@ LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
         "func_std": ("val-aux/rewards/{func}/std",),
         "sample_std": ("val-aux/{task}/reward/std@{k}",),
         "extreme": ("{section}/{task}/reward/{which}@{n}/{stat}",),
+        "reward_mean": (),
         "reward_std": (),
         "zero_std": (),
     },
     "trl": {
-        "objective": ("eval_reward", "eval_reward/{metric}"),
+        "objective": ("eval_reward/{metric}",),
         "task": ("eval_tasks/{task}/{metric}",),
         "std": ("eval_tasks/{task}/{metric}/std",),
         "prompts": ("eval_tasks/{task}/prompts",),
@@ -69,6 +73,7 @@ LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
         "func_std": ("eval_rewards/{func}/std",),
         "sample_std": (),
         "extreme": (),
+        "reward_mean": ("eval_reward",),
         "reward_std": ("eval_reward_std",),
         "zero_std": ("eval_frac_reward_zero_std",),
     },
@@ -81,6 +86,7 @@ LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
         "func_std": ("val/rewards/{func}/std",),
         "sample_std": ("val/{task}/reward/std@{k}",),
         "extreme": ("val/{task}/reward/{which}@{n}/{stat}",),
+        "reward_mean": (),
         "reward_std": (),
         "zero_std": (),
     },
@@ -145,7 +151,9 @@ def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
             else:
                 section = "val-core" if which == "best" and n == most else "val-aux"
                 put("extreme", value, task=task, which=which, n=str(n), stat=stat, section=section)
-    put("reward_std", _std([r for scored in groups for r in scored], ddof=1))
+    flat = [r for scored in groups for r in scored]
+    put("reward_mean", sum(flat) / len(flat) if flat else math.nan)  # TRL's eval_reward
+    put("reward_std", _std(flat, ddof=1))
     # TRL's group std is torch.isclose to 0 (atol 1e-8); one scored sample of k > 1 gives NaN there: not zero
     zero = [k == 1 or (len(scored) > 1 and _std(scored, ddof=1) <= 1e-8) for scored in groups]
     put("zero_std", sum(zero) / len(zero) if zero else math.nan)

@@ -93,7 +93,11 @@ def test_every_layout_names_the_metric_and_gives_each_tasks_std_and_prompts(tok,
     assert len(verl) == 1 + 8 * 3 + 2 * 2
 
     trl = evaluation_metrics(evaluate, "trl")
-    assert trl["ram/eval_reward"] == trl[f"ram/eval_reward/{metric}"] == score
+    assert trl[f"ram/eval_reward/{metric}"] == score
+    # TRL's eval_reward: the mean over the completions of the weighted sum of the reward functions, whatever the
+    # metric (here 14 completions, both functions of weight 1)
+    flat = [float(t.count("a")) + float(len(t) < 2) for ts in TEXTS for t in ts]
+    assert trl["ram/eval_reward"] == pytest.approx(sum(flat) / 14, abs=1e-12)
     assert trl["ram/eval_tasks/math/prompts"] == 2.0 and f"ram/eval_tasks/code/{metric}/std" in trl
     assert trl["ram/eval_rewards/count_a/std"] == verl["ram/val-aux/rewards/count_a/std"]
     # TRL's reward_std (every completion's weighted reward, sample std) and frac_reward_zero_std (prompts whose

@@ -279,7 +279,9 @@ def test_grpo_logs_a_rewards_evaluation_in_trls_layout(tmp_path: Path) -> None:
     logged = [h for h in trainer.state.log_history if "ram/agents" in h]
     assert len(logged) == 1
     got = logged[0]
-    assert got["ram/eval_reward"] == got["ram/eval_reward/mean@2"] == evaluate.metrics["reward"]
+    assert got["ram/eval_reward/mean@2"] == evaluate.metrics["reward"]  # the objective: the mean over the tasks
+    flat = [r for pair in evaluate.sample_rewards for r in pair]  # TRL's eval_reward: over the completions
+    assert got["ram/eval_reward"] == pytest.approx(sum(flat) / 6, abs=1e-12)
     assert got["ram/eval_tasks/x/prompts"] == 2.0 and got["ram/eval_tasks/y/prompts"] == 1.0
     assert got["ram/eval_tasks/y/mean@2"] == evaluate.tasks["y"] and got["ram/eval_tasks/y/mean@2/std"] == 0.0
     vowels = evaluate.function_rewards()["_vowels"]
