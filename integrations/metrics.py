@@ -44,9 +44,15 @@ as they return their metrics.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable, Sequence
 
 from ram_live.errors import ConfigError
+from ram_live.option_checks import finite_float, shown
+
+from ._stats import mean as _mean
+from ._stats import std as _std
+from ._stats import weighted_moments
 
 __all__ = ["LAYOUTS", "evaluation_metrics", "logged_as", "resampled_extreme"]
 
@@ -106,8 +112,7 @@ def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
     Raises:
         ConfigError: an unknown ``layout``.
     """
-    if layout not in LAYOUTS:
-        raise ConfigError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+    _check_layout(layout)
     if not evaluation.metrics:
         return {}
     keys, metric = LAYOUTS[layout], evaluation.metric.name
@@ -123,11 +128,11 @@ def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
         if score is not None:
             by_task.setdefault(task, []).append(score)
     for task, scores in by_task.items():
-        put("task", evaluation.tasks.get(task, sum(scores) / len(scores)), task=task)
+        put("task", evaluation.tasks.get(task, _mean(scores)), task=task)
         put("std", _std(scores, ddof=0), task=task)
         put("prompts", len(scores), task=task)
     for func, values in evaluation.function_rewards().items():
-        put("mean", sum(values) / len(values) if values else math.nan, func=func)
+        put("mean", _mean(values), func=func)
         put("func_std", _std(values, ddof=1), func=func)
     groups = [[r for r in group if r is not None] for group in evaluation.sample_rewards]
     k = evaluation.settings.samples
@@ -145,14 +150,14 @@ def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
     for task, keyed in per_task.items():
         most = max(n for _, n, _ in keyed)  # verl files best@N at a data source's most responses under val-core
         for (which, n, stat), values in sorted(keyed.items()):
-            value = sum(values) / len(values)  # the mean over the prompts that have the key, as verl's
+            value = _mean(values)  # the mean over the prompts that have the key, as verl's
             if which == "std":
                 put("sample_std", value, task=task, k=str(n))
             else:
                 section = "val-core" if which == "best" and n == most else "val-aux"
                 put("extreme", value, task=task, which=which, n=str(n), stat=stat, section=section)
     flat = [r for scored in groups for r in scored]
-    put("reward_mean", sum(flat) / len(flat) if flat else math.nan)  # TRL's eval_reward
+    put("reward_mean", _mean(flat))  # TRL's eval_reward
     put("reward_std", _std(flat, ddof=1))
     # TRL's group std is torch.isclose to 0 (atol 1e-8); one scored sample of k > 1 gives NaN there: not zero
     zero = [k == 1 or (len(scored) > 1 and _std(scored, ddof=1) <= 1e-8) for scored in groups]
@@ -183,26 +188,30 @@ def resampled_extreme(values: Sequence[float], n: int, largest: bool) -> tuple[f
         ``(mean, std)`` of that extreme (the std over resamples, ``np.std``'s).
 
     Raises:
-        ConfigError: no values, or ``n`` not an integer >= 1.
+        ConfigError: no values, a value that is not a finite number, or ``n`` not an integer >= 1.
 
     Example:
         >>> resampled_extreme([0.0, 1.0], 2, largest=True)  # P(best = 1) = 3/4
         (0.75, 0.4330127018922193)
     """
-    if not values or isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"resampled_extreme: needs at least one value and n >= 1 draws, got {len(values)} and {n!r}")
-    ordered = sorted(values, reverse=not largest)
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ConfigError(f"resampled_extreme: n must be an integer >= 1 (draws per resample), got {shown(n)}")
+    try:
+        rewards = [finite_float(v) for v in values]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"resampled_extreme: values must be finite numbers, got {shown(values)} ({exc})") from None
+    if not rewards:
+        raise ConfigError("resampled_extreme: needs at least one value, got none")
+    ordered = sorted(rewards, reverse=not largest)
     m = len(ordered)
-    probabilities = [(i / m) ** n - ((i - 1) / m) ** n for i in range(1, m + 1)]
-    mean = sum(p * v for p, v in zip(probabilities, ordered))
-    return mean, math.sqrt(sum(p * (v - mean) ** 2 for p, v in zip(probabilities, ordered)))
+    draws = float(n) if int(n).bit_length() < 1024 else math.inf  # (i/m)**inf is 0 below the extreme
+    probabilities = [(i / m) ** draws - ((i - 1) / m) ** draws for i in range(1, m + 1)]
+    return weighted_moments(probabilities, ordered)
 
 
-def _std(values: Sequence[float], ddof: int) -> float:
-    if len(values) <= ddof:
-        return math.nan
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - ddof))
+def _check_layout(layout: Any) -> None:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ConfigError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r:.80}")
 
 
 class _LoggedAs:
@@ -236,8 +245,7 @@ def logged_as(evaluate: Callable[..., Any] | None, layout: str) -> Any:
     Raises:
         ConfigError: an unknown ``layout``.
     """
-    if layout not in LAYOUTS:
-        raise ConfigError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+    _check_layout(layout)
     if evaluate is None or not callable(getattr(evaluate, "function_rewards", None)):
         return evaluate
     return _LoggedAs(evaluate, layout)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import decimal
 import math
 import numbers
+import reprlib
 from collections.abc import Collection, Mapping
 from typing import Any, Sequence
 
@@ -25,6 +26,7 @@ __all__ = [
     "check_range",
     "check_weights",
     "finite_float",
+    "shown",
 ]
 
 #: Options are applied to float32 task vectors: a value beyond float32's range is as useless as ±Inf.
@@ -59,6 +61,29 @@ def finite_float(value: Any, one_element: bool = False) -> float:
     return number
 
 
+class _Short(reprlib.Repr):
+    """reprlib's bounded repr, safe on ints beyond ``int``'s string limit (their repr raises ValueError)."""
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 128:
+            return f"{'-' if x < 0 else ''}<an int of about {round(x.bit_length() * math.log10(2))} digits>"
+        return super().repr_int(x, level)
+
+
+_SHORT = _Short()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong, _SHORT.maxlevel = 60, 60, 40, 3
+
+
+def shown(value: Any) -> str:
+    """A one-line repr of ``value`` of at most about 80 characters, for an error message: safe on deep nesting,
+    huge ints and objects whose ``repr`` raises."""
+    try:
+        text = _SHORT.repr(value).replace("\n", " ")
+    except Exception:
+        text = f"<a {type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _brief(exc: BaseException) -> str:
     """An exception's message on one line, cut short."""
     flat = " ".join(str(exc).split())
@@ -68,13 +93,13 @@ def _brief(exc: BaseException) -> str:
 def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
     """:class:`ConfigError` unless ``value`` is one of ``choices``."""
     if value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}, got {shown(value)}")
 
 
 def check_finite(name: str, value: Any) -> None:
     """:class:`ConfigError` unless ``value`` is a real number within float32's range."""
     if not (isinstance(value, numbers.Real) and abs(value) <= FLOAT32_MAX):
-        raise ConfigError(f"{name} must be a finite number (|x| <= {FLOAT32_MAX:.4g}), got {value!r}")
+        raise ConfigError(f"{name} must be a finite number (|x| <= {FLOAT32_MAX:.4g}), got {shown(value)}")
 
 
 def check_range(name: str, value: float, low: float, high: float = math.inf) -> None:
@@ -82,13 +107,13 @@ def check_range(name: str, value: float, low: float, high: float = math.inf) -> 
     check_finite(name, value)
     if not low <= value <= high:
         bounds = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
-        raise ConfigError(f"{name} must be {bounds}, got {value!r}")
+        raise ConfigError(f"{name} must be {bounds}, got {shown(value)}")
 
 
 def check_names(option: str, names: Any) -> tuple[str, ...]:
     """``names`` as a tuple of agent names; :class:`ConfigError` for a string or non-string entries."""
     if isinstance(names, str) or not isinstance(names, Collection) or not all(isinstance(n, str) for n in names):
-        raise ConfigError(f"{option} must be a sequence of agent names, got {names!r}")
+        raise ConfigError(f"{option} must be a sequence of agent names, got {shown(names)}")
     return tuple(names)
 
 
@@ -108,7 +133,7 @@ def check_lambdas(lambdas: Any) -> Lambdas:
     out = Lambdas()
     for name, value in lambdas.items():
         if not isinstance(name, str):
-            raise ConfigError(f"lambdas: agent names must be strings, got {name!r}")
+            raise ConfigError(f"lambdas: agent names must be strings, got {shown(name)}")
         check_finite(f"lambdas[{name!r}]", value)
         out[name] = float(value)
     return out

@@ -5,13 +5,12 @@ naming the culprit."""
 
 from __future__ import annotations
 
-import reprlib
 from collections.abc import Mapping, Set
 from itertools import chain, islice
 from typing import Any, Callable
 
 from ..errors import ConfigError, EvaluationError
-from ..option_checks import finite_float
+from ..option_checks import finite_float, shown
 
 __all__ = [
     "reward_list",
@@ -26,14 +25,10 @@ __all__ = [
     "vocab_size",
 ]
 
-_REPR = reprlib.Repr()
-_REPR.maxstring, _REPR.maxother, _REPR.maxlong, _REPR.maxlevel = 60, 60, 40, 3
-
 
 def short(value: Any) -> str:
-    """A one-line repr of ``value`` of at most about 80 characters (bounded depth: safe on deep nesting)."""
-    text = _REPR.repr(value).replace("\n", " ")
-    return text if len(text) <= 80 else text[:77] + "..."
+    """A one-line repr of ``value`` of at most about 80 characters (:func:`~ram_live.option_checks.shown`)."""
+    return shown(value)
 
 
 def one_line(text: object, limit: int = 300) -> str:
