@@ -1,13 +1,30 @@
-"""Progress reporting for long merges and searches: a tiny protocol, and terminal bars that need no extra
-package."""
+"""Progress reporting for long merges and searches: a tiny protocol, and reporters that need no extra package.
+
+On a terminal a line is redrawn in place; elsewhere (a SLURM or Ray job's log, CI) progress is written as plain
+lines at a modest rate (every :data:`LOG_INTERVAL` seconds, every few candidates or a quarter of the tensors, and
+at the end) through :mod:`logging`, logger ``ram_live.progress`` (level INFO unless set), so that it can be routed
+or silenced like any log: with no handler configured anywhere they go to stderr, timestamped.
+
+>>> import logging
+>>> logging.getLogger("ram_live.progress").setLevel(logging.WARNING)   # no progress lines   # doctest: +SKIP
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 import sys
 import time
-from typing import Protocol, TextIO
+from typing import Callable, Protocol, TextIO
 
-__all__ = ["ProgressHook", "SearchProgress", "TerminalProgress"]
+__all__ = ["LOG_INTERVAL", "LOGGER", "ProgressHook", "SearchProgress", "TerminalProgress"]
+
+#: The most seconds between two progress lines off a terminal (a line is also written every few steps).
+LOG_INTERVAL = 30.0
+#: The logger progress lines off a terminal go through.
+LOGGER = "ram_live.progress"
+
+Clock = Callable[[], float]
 
 
 class ProgressHook(Protocol):
@@ -21,6 +38,50 @@ class ProgressHook(Protocol):
         """The stage ended."""
 
 
+class _Stderr(logging.Handler):
+    """Where progress lines go when no logging handler is configured: the current ``sys.stderr``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # a closed stream: progress is never worth an error
+            self.handleError(record)
+
+
+_FALLBACK = _Stderr()
+_FALLBACK.setFormatter(logging.Formatter("%(asctime)s ram_live %(message)s", "%Y-%m-%d %H:%M:%S"))
+
+
+def log_line(message: str) -> None:
+    """Write one progress line through the ``ram_live.progress`` logger (INFO unless its level was set); with no
+    handler configured (``logging.basicConfig`` not called, none added), on stderr."""
+    logger = logging.getLogger(LOGGER)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    if logger.hasHandlers():
+        logger.info(message)
+    else:
+        _FALLBACK.handle(logger.makeRecord(LOGGER, logging.INFO, __file__, 0, message, None, None))
+
+
+class _Pace:
+    """When a plain line is due: the first step, every ``every`` steps, ``interval`` seconds since the last line."""
+
+    def __init__(self, every: int, interval: float, clock: Clock) -> None:
+        self.every, self.interval, self.clock = max(1, every), interval, clock
+        self.last = -math.inf
+
+    def due(self, count: int) -> bool:
+        now = self.clock()
+        if count == 1 or count % self.every == 0 or now - self.last >= self.interval:
+            self.last = now
+            return True
+        return False
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
@@ -29,83 +90,151 @@ def _human(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-class TerminalProgress:
-    """``[merge] 120/291 tensors  1.2 GB/2.9 GB  410.3 MB/s  model.layers.9.mlp.up_proj.weight`` on stderr,
-    redrawn at most ``fps`` times a second on a terminal; elsewhere (logs, CI) one line per stage."""
+def _is_terminal(stream: TextIO) -> bool:
+    return bool(getattr(stream, "isatty", lambda: False)())
 
-    def __init__(self, stream: TextIO | None = None, fps: float = 8.0) -> None:
+
+class TerminalProgress:
+    """``[merge] 120/291 tensors  1.2 GB/2.9 GB  410.3 MB/s  model.layers.9.mlp.up_proj.weight``: redrawn at most
+    ``fps`` times a second on a terminal; elsewhere plain lines (each quarter of the tensors, every ``interval``
+    seconds, and the stage's end): into ``stream`` when one is given, else through :func:`log_line`.
+
+    Args:
+        stream: where to write (None: stderr, or the log off a terminal).
+        fps: redraws a second on a terminal.
+        interval: the most seconds between two plain lines.
+        clock: the time source (``time.monotonic``), for tests.
+    """
+
+    def __init__(
+        self, stream: TextIO | None = None, fps: float = 8.0, interval: float = LOG_INTERVAL, clock: Clock | None = None
+    ) -> None:
         self.stream = stream or sys.stderr
+        self.to_log = stream is None
         self.interval = 1.0 / fps
+        self.log_interval = interval
+        self.clock = clock or time.monotonic
         self._last = 0.0
-        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.live = _is_terminal(self.stream)
 
     def start(self, stage: str, total: int, total_bytes: int) -> None:
         self.stage, self.total, self.total_bytes = stage, total, total_bytes
-        self.done, self.bytes, self.t0 = 0, 0, time.perf_counter()
+        self.done, self.bytes, self.t0 = 0, 0, self.clock()
+        self.pace = _Pace(math.ceil(total / 4) if total else 1, self.log_interval, self.clock)
 
     def update(self, key: str, nbytes: int) -> None:
         self.done += 1
         self.bytes += nbytes
-        now = time.perf_counter()
-        if self.live and (now - self._last >= self.interval or self.done == self.total):
-            self._last = now
-            rate = self.bytes / max(now - self.t0, 1e-9)
-            line = (
-                f"[{self.stage}] {self.done}/{self.total} tensors  {_human(self.bytes)}/{_human(self.total_bytes)}"
-                f"  {_human(rate)}/s  {key}"
-            )
-            self.stream.write("\r" + line[:200] + "\x1b[K")
+        if self.live:
+            now = self.clock()
+            if now - self._last >= self.interval or self.done == self.total:
+                self._last = now
+                self.stream.write("\r" + self._line(key, now)[:200] + "\x1b[K")
+                self.stream.flush()
+        elif self.done < self.total and self.pace.due(self.done):  # the last one: close() says it
+            self._plain(self._line(key, self.clock()))
+
+    def _line(self, key: str, now: float) -> str:
+        rate = self.bytes / max(now - self.t0, 1e-9)
+        return (
+            f"[{self.stage}] {self.done}/{self.total} tensors  {_human(self.bytes)}/{_human(self.total_bytes)}"
+            f"  {_human(rate)}/s  {key}"
+        )
+
+    def _plain(self, line: str) -> None:
+        if self.to_log:
+            log_line(line)
+        else:
+            self.stream.write(line + "\n")
             self.stream.flush()
 
     def close(self) -> None:
-        elapsed = time.perf_counter() - self.t0
+        elapsed = self.clock() - self.t0
         rate = self.bytes / max(elapsed, 1e-9)
         line = (
             f"[{self.stage}] {self.done}/{self.total} tensors, {_human(self.bytes)} in {elapsed:.1f} s "
             f"({_human(rate)}/s)"
         )
-        self.stream.write(("\r" + line + "\x1b[K" if self.live else line) + "\n")
-        self.stream.flush()
+        if self.live:
+            self.stream.write("\r" + line + "\x1b[K\n")
+            self.stream.flush()
+        else:
+            self._plain(line)
 
 
 class SearchProgress:
-    """A search's line on stderr, redrawn as each candidate is scored, on a terminal only (elsewhere silent):
-    ``[search] 12 scored  spent 4.31x/20x (388/1800 prompts)  best 0.583 (#N)  3.1 s/candidate  #N ...``.
-    ``spent``: the budget used, in candidates, or in full evaluations' worth of prompts (and prompts) for a
-    budget like ``"20x"``. ``live``: draw even when ``stream`` is not a terminal (None: only on a terminal)."""
+    """A search's progress: ``[search] 12 scored  spent 4.31x/20x (388/1800 prompts)  best 0.583 (#N)  3.1
+    s/candidate  #N ...``. ``spent``: the budget used, in candidates, or in full evaluations' worth of prompts (and
+    prompts) for a budget like ``"20x"``. On a terminal the line is redrawn as each candidate is scored; elsewhere
+    it is written as plain lines at a modest rate (the first candidate, every ``every`` candidates, at least every
+    ``interval`` seconds, and the end with the time taken): into ``stream`` when one is given, else through
+    :func:`log_line` (logger ``ram_live.progress``).
 
-    def __init__(self, stream: TextIO | None = None, live: bool | None = None) -> None:
+    Args:
+        stream: where to write (None: stderr on a terminal, else the log).
+        live: True: redraw the line on ``stream`` whatever it is; False: plain lines even on a terminal; None
+            (default): redraw on a terminal only.
+        every: a plain line every this many candidates (None: a tenth of a budget in candidates, at least 5).
+        interval: the most seconds between two plain lines.
+        clock: the time source (``time.monotonic``), for tests.
+    """
+
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        live: bool | None = None,
+        every: int | None = None,
+        interval: float = LOG_INTERVAL,
+        clock: Clock | None = None,
+    ) -> None:
         self.stream = stream or sys.stderr
-        self.live = bool(getattr(self.stream, "isatty", lambda: False)()) if live is None else bool(live)
+        self.to_log = stream is None
+        self.live = _is_terminal(self.stream) if live is None else bool(live)
+        self.every, self.interval = every, interval
+        self.clock = clock or time.monotonic
 
     def begin(self, budget: float, in_prompts: bool, prompts: int) -> None:
         """A search begins with ``budget`` (candidates, or full evaluations when ``in_prompts``), ``prompts``
         prompts an evaluation (0: not known)."""
         self.budget, self.in_prompts, self.prompts = budget, in_prompts, prompts
-        self.count, self.t0, self.drawn = 0, time.perf_counter(), False
+        self.count, self.t0, self.drawn = 0, self.clock(), False
+        every = self.every if self.every is not None else max(5, math.ceil(budget / 10))
+        self.pace = _Pace(every, self.interval, self.clock)
+        self.best: str = "best -"
 
     def trial(self, index: int, label: str, spent: float, best: float | None, best_index: int | None) -> None:
         """Candidate ``index`` (``label``) scored; ``spent`` of the budget used; the best complete score so far."""
         self.count += 1
-        if not self.live:
+        self.best = "best -" if best is None else f"best {best:.4g} (#{best_index})"
+        if not self.live and not self.pace.due(self.count):
             return
-        per = (time.perf_counter() - self.t0) / self.count
+        per = (self.clock() - self.t0) / self.count
         if self.in_prompts:
             cost = f"spent {spent:.3g}x/{self.budget:g}x"
             if self.prompts:
                 cost += f" ({round(spent * self.prompts)}/{round(self.budget * self.prompts)} prompts)"
         else:
             cost = f"spent {spent:g}/{self.budget:g} candidates"
-        shown = "best -" if best is None else f"best {best:.4g} (#{best_index})"
-        line = f"[search] {self.count} scored  {cost}  {shown}  {per:.3g} s/candidate  #{index} {label}"
-        self.stream.write("\r" + line[:200] + "\x1b[K")
-        self.stream.flush()
-        self.drawn = True
+        line = f"[search] {self.count} scored  {cost}  {self.best}  {per:.3g} s/candidate  #{index} {label}"
+        if self.live:
+            self.stream.write("\r" + line[:200] + "\x1b[K")
+            self.stream.flush()
+            self.drawn = True
+        else:
+            self._plain(line[:300])
+
+    def _plain(self, line: str) -> None:
+        if self.to_log:
+            log_line(line)
+        else:
+            self.stream.write(line + "\n")
+            self.stream.flush()
 
     def end(self) -> None:
-        """The search ended: the line stays, with the time taken."""
+        """The search ended: the line stays (a last plain line off a terminal), with the time taken."""
+        summary = f"[search] {self.count} candidates scored in {self.clock() - self.t0:.1f} s"
         if self.live and self.drawn:
-            self.stream.write(
-                f"\r[search] {self.count} candidates scored in {time.perf_counter() - self.t0:.1f} s\x1b[K\n"
-            )
+            self.stream.write(f"\r{summary}\x1b[K\n")
             self.stream.flush()
+        elif not self.live:
+            self._plain(f"{summary}, {self.best}")

@@ -324,7 +324,8 @@ def test_a_progress_hook_and_buffers_an_evaluation_changes(problem):
         progress=TerminalProgress(stream),
         space=["ram_plus", "task_arithmetic"],
     )
-    assert stream.getvalue().startswith(f"[search] {len(result.history)}/6 tensors")  # one update per trial
+    lines = stream.getvalue().splitlines()  # one update per trial: plain lines into a stream that is no terminal
+    assert lines[0].startswith("[search] 1/6 tensors") and lines[-1].startswith(f"[search] {len(result.history)}/6 ")
     for trial, state in zip(result.history, states):
         again = merge(agents, base=base, **trial.candidate).state_dict()
         assert all(torch.equal(state[k], again[k]) for k in state), trial.label()

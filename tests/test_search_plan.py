@@ -1,9 +1,10 @@
 """ram_live.selection.plan and the search's progress line: what a budget buys, equal to what the search then
-spends (full and raced), and the line on a terminal (silent elsewhere and with progress=False)."""
+spends (full and raced), and the line on a terminal (log lines elsewhere, nothing with progress=False)."""
 
 from __future__ import annotations
 
 import io
+import logging
 import math
 
 import pytest
@@ -122,12 +123,14 @@ def test_the_progress_line_on_a_terminal(problem, monkeypatch):
     assert lines[-1].startswith(f"[search] {len(result.history)} candidates scored in ") and lines[-1].endswith("\n")
 
 
-def test_the_progress_line_is_silent_off_a_terminal_and_with_false(problem, monkeypatch):
+def test_the_progress_line_is_a_log_off_a_terminal_and_silent_with_false(problem, monkeypatch, caplog):
     agents, base, ev = problem
     plain, tty = io.StringIO(), FakeTTY()
     monkeypatch.setattr("sys.stderr", plain)
+    caplog.set_level(logging.INFO, logger="ram_live.progress")
     search(agents, base=base, evaluate=ev, budget=3)
-    assert plain.getvalue() == ""
+    assert plain.getvalue() == ""  # no line drawn: plain log lines instead (tests/test_progress.py)
+    assert [r.getMessage().split()[1] for r in caplog.records] == ["1", "3"]  # the first, and the end
     monkeypatch.setattr("sys.stderr", tty)
     search(agents, base=base, evaluate=ev, budget=3, progress=False)
     assert tty.getvalue() == ""

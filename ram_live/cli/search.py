@@ -12,8 +12,9 @@ the prompts; ``--parallel N [--ray-address local]`` scores N candidates at once 
 (``{name: tensor}``, the base's dtypes, on ``--device``) and returns a float, higher is better. The current
 folder is importable. ``--out`` gets the best merge (as ``ram-live merge --out`` writes it: a Hugging Face folder
 with the base folder's config and tokenizer files), ``search.json`` (``SearchResult.to_dict()``) and
-``table.txt``; with ``--plot``, a PNG. While it runs, a line on stderr (when it is a terminal; not with
-``--quiet``) shows the candidates scored, the budget spent, the best so far and the time a candidate.
+``table.txt``; with ``--plot``, a PNG. While it runs, a line on stderr shows the candidates scored, the budget
+spent, the best so far and the time a candidate: redrawn on a terminal, elsewhere (a job's log) plain log lines
+every few candidates, at least every 30 s and at the end (logger ``ram_live.progress``); nothing with ``--quiet``.
 ``--plan [--seconds-per-candidate S]`` searches nothing and prints what the budget buys, full and raced
 (:mod:`ram_live.selection.plan`); ``--out`` is then not needed.
 """

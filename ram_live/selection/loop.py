@@ -261,11 +261,10 @@ class SearchRun(Moves, Refinements):
 
 def _progress(progress: Any) -> tuple[Any, Callable[[Trial], Any] | None, SearchProgress | None]:
     """``search``'s ``progress=`` as ``(hook, callback, terminal line)``: None (a line on stderr when it is a
-    terminal), False (nothing), True (the line), a :class:`~ram_live.progress.SearchProgress`, a
+    terminal, log lines elsewhere), False (nothing), True (the line), a :class:`~ram_live.progress.SearchProgress`, a
     :class:`~ram_live.progress.ProgressHook` or a callable given each trial."""
-    if progress is None:
-        bar = SearchProgress()
-        return None, None, bar if bar.live else None
+    if progress is None:  # redrawn on a terminal, plain log lines elsewhere
+        return None, None, SearchProgress()
     if progress is False:
         return None, None, None
     if progress is True:

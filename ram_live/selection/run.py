@@ -81,8 +81,9 @@ def search(
         space: what to try (None: the default above).
         seed: orders the coordinate ascents and seeds DARE's masks; the same seed gives the same history.
         progress: None (default): a line on stderr, redrawn as each candidate is scored (candidates scored, budget
-            spent, in prompts for a budget like ``"20x"``, the best so far, seconds a candidate), only when stderr
-            is a terminal; False: nothing; True: that line wherever stderr goes; a
+            spent, in prompts for a budget like ``"20x"``, the best so far, seconds a candidate) when stderr is a
+            terminal, else the same as plain log lines (logger ``ram_live.progress``) every few candidates, at
+            least every 30 s, and at the end; False: nothing; True: that line wherever stderr goes; a
             :class:`~ram_live.progress.SearchProgress` (its stream); a callable given each :class:`Trial` as it
             is scored; or a :class:`~ram_live.progress.ProgressHook` (``update`` once a trial).
         confirm: a second held-out evaluation, run on the ``confirm_top`` best candidates after the search
