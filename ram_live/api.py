@@ -17,7 +17,7 @@ from .methods.ram.config import RamConfig
 from .progress import ProgressHook, TerminalProgress
 from .io.distributed import Distributed
 from .io.model_files import base_files, provenance
-from .io.outputs import PROVENANCE
+from .io.side_files import PROVENANCE
 from .io.sinks import DistributedSafetensorsSink, ModuleSink, SafetensorsSink, StateDictSink
 from .importance import resolve_importance
 from .io.sources import SafetensorsSource, TensorSource, ZerosSource, as_source, check_agent_names, iter_named

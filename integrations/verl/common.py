@@ -4,7 +4,6 @@ model's folder, the ``ram.evaluate`` function, the base's side files copied next
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -12,10 +11,10 @@ import torch
 
 from ram_live.errors import ConfigError, RamLiveError
 from ram_live.io.hub import cached_snapshot
+from ram_live.io.side_files import read_side_file, side_files
 
 __all__ = [
     "DTYPE_OF",
-    "SIDE_SKIP",
     "VERL_DTYPES",
     "VerlIntegrationError",
     "copy_side_files",
@@ -32,7 +31,6 @@ VERL_DTYPES = {
     "fp16": torch.float16,
     "float16": torch.float16,
 }
-SIDE_SKIP = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 
 
 class VerlIntegrationError(RamLiveError, ValueError):
@@ -49,8 +47,15 @@ def resolve_base(path: str) -> Path:
 
     Raises:
         ConfigError: naming ``ram.base`` and the id or path: an id the local cache does not hold (fetch it first,
-            e.g. ``hf download <id>``; a local folder works too), or a path that is no folder.
+            e.g. ``hf download <id>``; a local folder works too), or a path that is no folder; a side file that
+            links outside the folder (:func:`ram_live.io.side_files.side_files`), before training starts.
     """
+    folder = _folder(path)
+    side_files(folder)
+    return folder
+
+
+def _folder(path: str) -> Path:
     p = Path(os.path.expanduser(path))
     if p.is_dir():
         return p
@@ -81,8 +86,8 @@ def load_evaluate(path: str) -> Callable[..., Mapping[str, Any]]:
 
 
 def copy_side_files(base_dir: str | os.PathLike[str], dest: Path, *, keep_existing: bool = False) -> None:
-    """Copy the base folder's files other than weights (config, tokenizer, ...) into ``dest``; with
-    ``keep_existing`` a file already in ``dest`` stays."""
-    for f in Path(base_dir).iterdir():
-        if f.is_file() and not f.name.endswith(SIDE_SKIP) and not (keep_existing and (dest / f.name).exists()):
-            shutil.copy2(f, dest / f.name)
+    """Copy the base folder's side files (config, tokenizer, ...: :func:`ram_live.io.side_files.side_files`, regular
+    files inside the folder) into ``dest``; with ``keep_existing`` a file already in ``dest`` stays."""
+    skip = {f.name for f in dest.iterdir()} if keep_existing else set()
+    for name, real in side_files(Path(base_dir), skip=skip).items():
+        (dest / name).write_bytes(read_side_file(real))

@@ -3,7 +3,8 @@ that ``AutoModelForCausalLM.from_pretrained(folder)`` loads it, and ``ram_merge.
 
 Where the base's files come from:
 
-* a folder, or a cached ``org/name[@revision]`` id: its top-level non-weight files (:func:`is_side_file`);
+* a folder, or a cached ``org/name[@revision]`` id: its top-level non-weight files
+  (:func:`~ram_live.io.side_files.side_files`: regular files inside the folder, a link out of it refused);
 * a live transformers model: ``model.config`` and ``model.generation_config`` as ``save_pretrained`` writes them
   (``architectures`` and ``dtype`` set), and the other files of the folder its ``name_or_path`` names, when that is
   a local folder or a cached id (the tokenizer it was loaded with);
@@ -37,7 +38,8 @@ from torch import nn
 
 from ..errors import ConfigError
 from .hub import resolve_model
-from .outputs import is_side_file, rename_noreplace, temp_folder
+from .outputs import rename_noreplace, temp_folder
+from .side_files import read_side_file, side_files
 
 __all__ = [
     "STORE_FILES",
@@ -55,12 +57,6 @@ __all__ = [
 STORE_FILES = "model"
 _WINDOW = 1 << 30  # bytes of a file mapped at a time for its CRC
 _KINDS = {"ZerosSource": "zeros", "BasePlusDeltaSource": "base + LoRA adapter"}
-
-
-def _side_files(folder: Path | None) -> list[Path]:
-    if folder is None or not folder.is_dir():
-        return []
-    return sorted(f for f in folder.iterdir() if is_side_file(f.name) and f.is_file())
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -141,7 +137,7 @@ def store_files_of(obj: Any) -> Callable[[], dict[str, bytes]]:
             folder, own = Path(resolve_model(obj, what="base")), {}
         else:
             return {}
-        return {**{f.name: f.read_bytes() for f in _side_files(folder)}, **own}
+        return {**{name: read_side_file(real) for name, real in side_files(folder, skip=own).items()}, **own}
 
     return files
 
@@ -187,7 +183,9 @@ def base_files(base: Any, base_src: Any, dtype: torch.dtype | None) -> BaseFiles
         A :class:`BaseFiles`.
 
     Raises:
-        ConfigError: a live model's config cannot be written as JSON; an id the cache does not hold.
+        ConfigError: a live model's config cannot be written as JSON; an id the cache does not hold; a side file
+            that links outside the base folder; with ``dtype``, a ``config.json`` that holds NaN or Infinity or
+            is nested too deeply.
     """
     if isinstance(base, nn.Module):
         own = module_files(base, dtype)
@@ -195,22 +193,44 @@ def base_files(base: Any, base_src: Any, dtype: torch.dtype | None) -> BaseFiles
         about = {"kind": "module", "class": type(base).__name__}
         if origin is not None:
             about["files_from"] = str(origin)
+            side_files(origin, skip=own)  # a link out of the folder is refused before anything is written
         return BaseFiles(origin, own, about)
     folder = None
     if isinstance(base, (str, os.PathLike)):
         folder = Path(resolve_model(base, what="base"))
     elif base is None and hasattr(base_src, "fingerprint") and isinstance(getattr(base_src, "folder", None), Path):
         folder = base_src.folder / STORE_FILES  # the store's base: what the store kept of it
+    folder = folder if folder is not None and folder.is_dir() else None
+    found = side_files(folder)  # a ConfigError for a link out of the folder, before anything is written
     files: dict[str, bytes] = {}
-    config = folder / "config.json" if folder is not None and folder.is_dir() else None
-    if dtype is not None and config is not None and config.is_file():
-        try:
-            data = json.loads(config.read_bytes())
-        except (OSError, ValueError):
-            data = None  # copied as it is
+    if dtype is not None and "config.json" in found:
+        data = _read_config(found["config.json"], folder / "config.json")
         if isinstance(data, dict):
-            files["config.json"] = _json_bytes(_with_dtype(data, dtype))
-    return BaseFiles(folder if folder is not None and folder.is_dir() else None, files, {})
+            files["config.json"] = _config_bytes(_with_dtype(data, dtype), folder / "config.json")
+    return BaseFiles(folder, files, {})
+
+
+def _read_config(real: Path, shown: Path) -> Any:
+    """The base's ``config.json`` parsed (None where it is not JSON: it is then copied as it is)."""
+    try:
+        return json.loads(read_side_file(real))
+    except (OSError, ValueError):
+        return None
+    except RecursionError:
+        raise ConfigError(f"base config {shown} is nested too deeply to read as JSON") from None
+
+
+def _config_bytes(data: dict[str, Any], shown: Path) -> bytes:
+    """The base's config with its ``dtype`` set, as JSON (NaN and ±Infinity are not JSON: refused)."""
+    try:
+        return _json_bytes(data)
+    except ValueError as exc:
+        raise ConfigError(
+            f"base config {shown} holds NaN or Infinity ({exc}); a merged folder's config is written as JSON, "
+            "which has neither: replace them, or merge without dtype= to copy the config as it is"
+        ) from None
+    except RecursionError:
+        raise ConfigError(f"base config {shown} is nested too deeply to write as JSON") from None
 
 
 def file_crc32(path: Path) -> str:

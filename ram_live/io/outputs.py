@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import ConfigError, OutOfSpaceError, OutputExistsError
+from .side_files import copy_side_files
 
 __all__ = [
     "reserve",
@@ -33,7 +34,6 @@ __all__ = [
     "rename_noreplace",
     "rename_output",
     "publish_folder",
-    "copy_side_files",
     "remove_created",
     "is_full",
     "output_target",
@@ -50,27 +50,6 @@ _COW_FS = {0x9123683E, 0x2FC12FC1, 0xCA451A4E}
 STALE_AGE = 60.0
 _TEMP_SUFFIX = re.compile(r"[a-z0-9_]{6,16}")
 _libc = None
-
-
-#: The provenance file of a merged folder.
-PROVENANCE = "ram_merge.json"
-_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".npz", ".index.json")
-_NOT_COPIED = {PROVENANCE, "adapter_config.json"}
-
-
-def is_side_file(name: str) -> bool:
-    """Whether a base folder's top-level file ``name`` goes into a merged folder: not hidden, not weights in any
-    format (nor their index), not an adapter's files, not the base's own ``ram_merge.json``.
-
-    Args:
-        name: the file's name.
-
-    >>> is_side_file("tokenizer.json"), is_side_file("pytorch_model.bin.index.json")
-    (True, False)
-    """
-    return not (
-        name.startswith(".") or name.endswith(_WEIGHTS) or name in _NOT_COPIED or name.startswith("adapter_model")
-    )
 
 
 def is_full(exc: OSError) -> bool:
@@ -337,18 +316,6 @@ def rename_output(source: Path, target: Path, path: Path) -> None:
                 "it is left as it is and the merge's result removed"
             ) from None
         raise
-
-
-def copy_side_files(copy_from: Path | None, folder: Path, files: Mapping[str, bytes] | None = None) -> None:
-    """Config, tokenizer and other non-weight files of the base folder ``copy_from`` into ``folder``
-    (:func:`is_side_file`), then ``files`` (name → content) written over them."""
-    files = files or {}
-    if copy_from is not None and copy_from.is_dir():
-        for f in copy_from.iterdir():
-            if is_side_file(f.name) and f.name not in files and f.is_file():
-                shutil.copy2(f, folder / f.name)
-    for name, data in files.items():
-        (folder / name).write_bytes(data)
 
 
 def publish_folder(
