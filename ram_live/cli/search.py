@@ -135,6 +135,7 @@ def _plan(args: argparse.Namespace) -> int:
         space=_space(args),
         seed=args.seed,
         fidelity=getattr(args, "fidelity", "full"),
+        device=args.device,
         plan=True,
         seconds_per_candidate=getattr(args, "seconds_per_candidate", None),
     )

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from torch import Tensor
 
-from ..api import Model, Models
+from ..api import Model, Models, check_run_options
 from ..errors import ConfigError, SearchError
 from ..importance import STORED, resolve_importance
 from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult
@@ -139,6 +139,7 @@ def search(
         raise ConfigError(f"evaluate must be a callable merged -> float, got {evaluate!r}")
     if confirm is not None and not callable(confirm):
         raise ConfigError(f"confirm must be a callable merged -> float, got {confirm!r}")
+    check_run_options(device, 1, workers)  # device= and workers= as merge checks them (no chunk_numel here)
     units, in_prompts = parse_budget(budget)
     halving = parse_fidelity(fidelity)
     if halving is not None and not in_prompts:
