@@ -156,8 +156,8 @@ def test_manifest_fields_and_layout(store):
     writer = store.writer("coder", base)
     before = time.time()
     snap = writer.snapshot(_moved(base, 0.05, 2), 50, epoch=3, extra={"reward": 0.7})
-    m = json.loads((store.root / "coder" / "000000000050.json").read_text())
-    assert m == snap.manifest
+    m = json.loads((store.root / "coder" / f"000000000050.{writer.run}.json").read_text())
+    assert m == snap.manifest and m["run"] == writer.run == snap.run and before - 1 <= m["run_started"]
     assert m["format"] == "ram_live.snapshot" and m["version"] == 2
     assert (m["agent"], m["step"], m["epoch"], m["extra"]) == ("coder", 50, 3, {"reward": 0.7})
     assert m["base_fingerprint"] == writer.fingerprint == store.base_fingerprint == fingerprint(base)
@@ -174,9 +174,9 @@ def test_manifest_fields_and_layout(store):
     for f in base_manifest["files"]:
         assert f["crc32"] == f"{zlib.crc32((store.root / '_base' / f['name']).read_bytes()):08x}"
     names = sorted(os.listdir(store.root / "coder"))
-    assert names[-1] == "000000000050.json" and len(names) == 2
+    assert names[-1] == f"000000000050.{writer.run}.json" and len(names) == 2
     assert not [n for n in os.listdir(store.root / "coder") if n.startswith(".tmp")]
-    assert json.loads((store.root / "store.json").read_text())["format"] == "ram_live.store"
+    assert json.loads((store.root / "store.json").read_text()) == {"format": "ram_live.store", "version": 2}
 
 
 def test_readers_trust_only_manifests(store):
@@ -199,12 +199,13 @@ def test_readers_trust_only_manifests(store):
 
 def test_a_snapshot_of_another_base_is_refused(store, tmp_path):
     base = _base()
-    store.writer("a", base).snapshot(_moved(base, 0.1, 1), 1)
+    run = store.writer("a", base).run
+    store.writer("a", base, run=run).snapshot(_moved(base, 0.1, 1), 1)
     other = _moved(base, 0.001, 9, keys={"w"})
     with pytest.raises(BaseMismatchError, match="fingerprint"):
         store.writer("b", other)
     # a manifest that claims another base (e.g. the store's base was replaced under it) is refused on open
-    path = store.root / "a" / "000000000001.json"
+    path = store.root / "a" / f"000000000001.{run}.json"
     m = json.loads(path.read_text())
     m["base_fingerprint"] = "rlfp1-" + "0" * 40
     path.write_text(json.dumps(m))
@@ -299,7 +300,7 @@ def test_store_errors(tmp_path):
     with pytest.raises(InputMismatchError):
         w.snapshot({k: v for k, v in base.items() if k != "w"}, 1)
     w.snapshot(base, 1)
-    path = tmp_path / "s" / "a" / "000000000001.json"
+    path = tmp_path / "s" / "a" / f"000000000001.{w.run}.json"
     m = json.loads(path.read_text())
     m["files"][0]["bytes"] += 1
     path.write_text(json.dumps(m))
@@ -418,7 +419,9 @@ def test_pieces_boxes_and_restricted_merges(store):
                 pieces[k] = [piece_entry(k, rank, t, enc, tensors)]
                 totals.add(t, enc)
             parts.append(store.write_part(name, 1, f"n{rank}", rank, tensors, pieces))
-        store.commit_snapshot(name, 1, parts, whole, fp, activity_rule("changed", 0), totals, None, None)
+        run, started = store.open_run(name)
+        rule = activity_rule("changed", 0)
+        store.commit_snapshot(name, 1, parts, whole, fp, rule, totals, None, None, run=run, run_started=started)
     snaps = store.latest_all()
     assert len(snaps["a"].manifest["files"]) == 2
     for name, sd in agents.items():

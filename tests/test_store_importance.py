@@ -170,13 +170,13 @@ def test_manifest_importance_fields_validated(tmp_path):
     base, agents, imps = _setup(tmp_path, 1)
     store = _write(tmp_path, base, agents, imps)
     good = store.latest("a0").manifest
-    check_snapshot(good, "a0", 5)
+    check_snapshot(good, "a0", 5, good["run"])
 
     def refused(edit, match):
         m = json.loads(json.dumps(good))
         edit(m)
         with pytest.raises(CorruptSnapshotError, match=match):
-            check_snapshot(m, "a0", 5)
+            check_snapshot(m, "a0", 5, good["run"])
 
     refused(lambda m: m.update(version=2), "version 3")
     refused(lambda m: m.update(importance={"encoding": "bf16"}), "log8")
@@ -200,7 +200,7 @@ def test_manifest_importance_fields_validated(tmp_path):
     # the count of codes the file must hold: a manifest claiming another count is caught when the file is opened
     m = json.loads(json.dumps(good))
     m["tensors"]["w"]["pieces"][0]["importance"] = m["tensors"]["w"]["pieces"][0]["importance"]
-    check_snapshot(m, "a0", 5)
+    check_snapshot(m, "a0", 5, good["run"])
 
 
 def test_restricted_snapshot_importance_boxes(tmp_path):

@@ -86,6 +86,27 @@ def find_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def earlier_checkpoints(actor: Path, step: int) -> list[Path]:
+    """The actor folders of the checkpoints before ``step`` next to ``actor`` (``<root>/global_step_<N>/actor``),
+    newest first: where a resumed run finds the store run it wrote to (:func:`ram_live.store.runs.find_run_marker`).
+
+    Args:
+        actor: a checkpoint's actor folder.
+        step: its step.
+
+    Returns:
+        The folders (empty when ``actor`` is not inside a ``global_step_<N>`` folder).
+    """
+    if not _STEP_RE.match(actor.parent.name) or not actor.parent.parent.is_dir():
+        return []
+    found = []
+    for child in actor.parent.parent.iterdir():
+        m = _STEP_RE.match(child.name)
+        if m and int(m.group(1)) < step:
+            found.append((int(m.group(1)), child / "actor"))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
 def _has_model_files(folder: Path) -> bool:
     return folder.is_dir() and any(_MODEL_RE.match(p.name) for p in folder.iterdir())
 

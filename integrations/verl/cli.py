@@ -86,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from ram_live.errors import ConfigError
+    from ram_live.store.runs import find_run_marker
 
     from .checkpoint import find_checkpoints
     from .config import options_from_mapping
@@ -113,7 +114,9 @@ def _run(args: argparse.Namespace) -> int:
     if not found:
         raise ConfigError(f"{args.ckpt_root}: no verl checkpoint (global_step_N/actor/model_world_size_W_rank_R.pt)")
     ram = RAMVerl(opts)
-    have = set(ram.store.steps(opts.agent))
+    # the run these checkpoints went to before (recorded in them), else a new one
+    ram.run = find_run_marker([p for _, p in reversed(found)], ram.store.root, opts.agent)
+    have = set(ram.store.steps(opts.agent, run=ram.run)) if ram.run is not None else set()
     done = 0
     for step, folder in found:
         if step in have and not args.overwrite:

@@ -28,8 +28,9 @@ from ram_live.errors import ConfigError, RamLiveError
 from ram_live.io.sources import SafetensorsSource
 from ram_live.methods import Activity
 from ram_live.store import LocalTensor, SnapshotStore
+from ram_live.store.runs import find_run_marker, write_run_marker
 
-from .checkpoint import LORA_RE, ActorCheckpoint
+from .checkpoint import LORA_RE, ActorCheckpoint, earlier_checkpoints
 from .common import DTYPE_OF, VerlIntegrationError, load_evaluate, resolve_base
 from .config import RAMVerlOptions
 from .evaluation import build_evaluations
@@ -76,6 +77,11 @@ class RAMVerl:
         self.last_snapshot_step = -1
         self.last_merge_step = -1
         self.last_merged: Path | None = None
+        #: this agent's run in the store: the run recorded in the checkpoint verl resumed from, else a new one
+        #: (set at the first snapshot; the offline command sets it beforehand)
+        self.run: str | None = None
+        self._run_started: float | None = None
+        self._run_open = False
         self.reader = CheckpointReader(options)
         if options.weights != "master":
             self.prepare(DTYPE_OF[options.weights])
@@ -183,6 +189,10 @@ class RAMVerl:
         fp = self.prepare(dtype)
         base = self.store.base_source()
         specs = {k: (tuple(base.spec(k).shape), base.spec(k).dtype) for k in base.keys()}
+        if not self._run_open:  # a resumed verl run continues the run its checkpoints record
+            run = self.run or find_run_marker(earlier_checkpoints(ckpt.path, step), self.store.root, self.opts.agent)
+            self.run, self._run_started = self.store.open_run(self.opts.agent, run)
+            self._run_open = True
         writer = PieceWriter(
             self.store,
             self.opts.agent,
@@ -191,6 +201,8 @@ class RAMVerl:
             fp,
             activity=self.opts.snapshot_activity,
             eps=self.opts.snapshot_eps,
+            run=self.run,  # type: ignore[arg-type]
+            run_started=self._run_started,
         )
         counts = CheckpointCounts(Activity(self.opts.ram.activity, self.opts.ram.eps))  # type: ignore[arg-type]
         try:
@@ -210,8 +222,9 @@ class RAMVerl:
         except BaseException:
             writer.abort()
             raise
+        write_run_marker(ckpt.path, self.store.root, self.opts.agent, self.run, step)  # type: ignore[arg-type]
         if self.opts.keep is not None:
-            self.store.prune(self.opts.keep, self.opts.agent)
+            self.store.prune(self.opts.keep, self.opts.agent, run=self.run)
         self.last_snapshot_step = step
         a = self.opts.agent
         metrics = {

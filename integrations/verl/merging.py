@@ -42,6 +42,7 @@ class MergeHost(Protocol):
     base_dir: Path | None
     evaluate: Callable[..., Mapping[str, Any]] | None
     evaluations: Any  # .evaluation.Evaluations: ``evaluate``, ``search``, ``confirm`` (here or in a Ray actor)
+    run: str | None  # this agent's run in the store (its own snapshots are taken from it)
 
     def out_dtype(self) -> torch.dtype | None: ...
 
@@ -125,6 +126,8 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
     root.mkdir(parents=True, exist_ok=True)
     building = root / f".global_step_{step}.building-{uuid.uuid4().hex[:8]}"
     snaps = ram.store.latest_all(o.agents)
+    if ram.run is not None and o.agent in snaps:  # this run's own snapshot, even where a newer run of the agent began
+        snaps[o.agent] = ram.store.latest(o.agent, run=ram.run)
     if not snaps:
         raise VerlIntegrationError(f"{ram.store.root}: no snapshot to merge")
     searched = result = agents = rule = None

@@ -174,10 +174,13 @@ class PieceWriter:
         *,
         activity: str = "changed",
         eps: float = 0.0,
+        run: str,
+        run_started: float | None = None,
     ) -> None:
         self.store = store
         self.agent = store.check_agent(agent)
         self.step = int(step)
+        self.run, self.run_started = run, run_started  # the store run it goes to (SnapshotStore.open_run)
         self.specs = dict(specs)
         if store.base_fingerprint != fingerprint:
             raise BaseMismatchError(f"{store.root}: the store's base is {store.base_fingerprint}, not {fingerprint}")
@@ -220,6 +223,7 @@ class PieceWriter:
             collective=_Rank(index),
             clone_base=False,  # type: ignore[arg-type]
             trusted_fingerprint=self.fingerprint,
+            run=self.run,
         )
         capture = writer.capture(model, importance=importance)
         part = self.store.write_part(self.agent, self.step, self.nonce, index, capture.tensors, capture.pieces)
@@ -258,7 +262,17 @@ class PieceWriter:
                 )
         like = meta_model(self.specs, self.agent)
         return self.store.commit_snapshot(
-            self.agent, self.step, self.parts, like, self.fingerprint, self.rule, self.totals, epoch, extra
+            self.agent,
+            self.step,
+            self.parts,
+            like,
+            self.fingerprint,
+            self.rule,
+            self.totals,
+            epoch,
+            extra,
+            run=self.run,
+            run_started=self.run_started,
         )
 
     def abort(self) -> None:

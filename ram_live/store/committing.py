@@ -23,79 +23,30 @@ from ..methods import Activity
 from .collective import Collective, LocalCollective
 from .datafiles import write_datafile
 from .encoding import encode
-from .errors import BaseMismatchError, CorruptSnapshotError, StoreError
+from .errors import BaseMismatchError
 from .files import read_json, write_json
-from .format import BASE_DIR, BASE_FORMAT, SNAPSHOT_FORMAT, VERSION, check_nonce, check_rank, check_step, manifest_name
-from .importance_codes import HEAD as IMPORTANCE_HEAD
-from .importance_codes import IMPORTANCE_VERSION, encode_active, local_importance
+from .format import (
+    BASE_DIR,
+    BASE_FORMAT,
+    LEGACY_RUN,
+    SNAPSHOT_FORMAT,
+    VERSION,
+    check_nonce,
+    check_rank,
+    check_run,
+    check_step,
+)
+from .importance_codes import encode_active, local_importance
 from .local import LocalModel, LocalTensor
 from .maintenance import remove_unreferenced
 from .hashing import fingerprint
-from .compose import compose_manifest
-from .manifest import Checked, check_base, check_snapshot
+from .compose import commit_manifest, compose_manifest
+from .manifest import check_base
 from .reading import Snapshot, StoreBase
+from .runs import RunIndex, mark_runs
 from .writer import CaptureTotals, SnapshotTotals, SnapshotWriter, activity_rule, piece_entry, takes_importance
 
-__all__ = ["StoreWriting", "commit_manifest"]
-
-
-def commit_manifest(
-    folder: Path,
-    agent: str,
-    step: int,
-    parts: Sequence[Mapping[str, Any]],
-    local: LocalModel,
-    fp: str,
-    rule: Activity,
-    totals: SnapshotTotals,
-    epoch: int | None,
-    extra: Mapping[str, Any] | None,
-    durable: bool,
-) -> tuple[dict[str, Any], Checked]:
-    """Write the manifest of ``agent``'s snapshot at ``step`` into its ``folder``, composed from the ``parts`` of
-    every writer and checked as a reader would (a :class:`StoreError` instead of an invalid manifest); returns it
-    with its check. A step taken again replaces the old manifest, and the old files it no longer references go."""
-    now = time.time()
-    head = {
-        "format": SNAPSHOT_FORMAT,
-        "version": VERSION,
-        "agent": agent,
-        "step": int(step),
-        "epoch": None if epoch is None else int(epoch),
-        "time": now,
-        "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-        "base_fingerprint": fp,
-        "dtype": totals.dtype(),
-        "activity": {"rule": rule.rule} if rule.rule == "changed" else {"rule": rule.rule, "eps": rule.eps},
-        "parts": len(parts),
-        "extra": dict(extra or {}),
-    }
-    if any("importance" in p for part in parts for ps in part["pieces"].values() for p in ps):
-        head["version"] = IMPORTANCE_VERSION  # readers before version 3 would refuse the new fields
-        head["importance"] = dict(IMPORTANCE_HEAD)
-    manifest = compose_manifest(parts, local, head)
-    files_bytes = sum(int(f["bytes"]) for f in manifest["files"])
-    manifest["stats"] = {
-        "numel": totals.numel,
-        "changed": totals.changed,
-        "bytes": files_bytes,
-        "dense_bytes": totals.dense_bytes,
-    }
-    try:
-        checked = check_snapshot(manifest, agent, step)  # never write what a reader refuses
-    except CorruptSnapshotError as exc:
-        raise StoreError(f"refusing to commit an invalid manifest: {exc}") from None
-    path = folder / manifest_name(step)
-    try:
-        old = read_json(path)
-    except StoreError:  # none, or unreadable: its files (if any) are left to gc
-        old = None
-    write_json(path, manifest, durable)
-    if isinstance(old, dict) and isinstance(old.get("files"), list):  # a re-taken step (resumed run)
-        keep = {f["name"] for f in manifest["files"]}
-        names = [f.get("name") for f in old["files"] if isinstance(f, dict)]
-        remove_unreferenced(folder, [n for n in names if not isinstance(n, str) or n not in keep], step=step)
-    return manifest, checked
+__all__ = ["StoreWriting"]
 
 
 class StoreWriting:
@@ -108,6 +59,27 @@ class StoreWriting:
     base_fingerprint: str | None
     check_agent: Callable[[str], str]
     base_source: Callable[..., StoreBase]
+    run_index: RunIndex  # the store's, as are the two below
+    _session_runs: dict[str, tuple[str, float | None]]
+
+    def open_run(self, agent: str, run: str | None = None) -> tuple[str, float | None]:
+        """The run ``agent``'s next snapshots go to, and when it began: a new run (``run=None``), or ``run``
+        continued (a resumed trainer's; ``"legacy"``: the snapshots written before stores knew runs).
+
+        Args:
+            agent: the agent's name.
+            run: None for a new run, or the id of the run to continue (it need not hold a snapshot yet).
+
+        Returns:
+            ``(run id, start time)``; the start is the one the run's snapshots record (None for the legacy run).
+
+        Raises:
+            ConfigError: ``agent`` or ``run`` is not valid.
+
+        Example:
+            >>> run, started = store.open_run("coder")                          # doctest: +SKIP
+        """
+        return self.run_index.open_run(self.check_agent(agent), run)
 
     def set_base(self, base: Any, *, collective: Collective | None = None, writer: bool = True) -> str:
         """Persist ``base`` as the store's base, or check that it equals the one there (:class:`BaseMismatchError`
@@ -230,8 +202,10 @@ class StoreWriting:
         collective: Collective | None = None,
         clone_base: bool = True,
         writer: bool = True,
+        run: str | None = None,
     ) -> SnapshotWriter:
-        """A :class:`SnapshotWriter` for ``agent`` holding ``base`` (see there for the errors it raises).
+        """A :class:`SnapshotWriter` for ``agent`` holding ``base`` (see there for the errors it raises): a new run
+        of ``agent`` (``run=None``), or ``run`` continued.
 
         Args:
             agent: the agent's name.
@@ -241,12 +215,22 @@ class StoreWriting:
             collective: the ranks' collective (default: this process alone).
             clone_base: keep a copy of ``base`` (not the live tensors).
             writer: ``False`` on ranks that hold a replica and must not write.
+            run: None (a new run, kept apart from the agent's earlier runs) or the id of a run to continue
+                (:attr:`SnapshotWriter.run` of an earlier writer, e.g. kept in a trainer's checkpoint).
 
         Returns:
             The :class:`SnapshotWriter`.
         """
         return SnapshotWriter(
-            self, agent, base, activity=activity, eps=eps, collective=collective, clone_base=clone_base, writer=writer
+            self,
+            agent,
+            base,
+            activity=activity,
+            eps=eps,
+            collective=collective,
+            clone_base=clone_base,
+            writer=writer,
+            run=run,
         )
 
     def snapshot(
@@ -260,9 +244,11 @@ class StoreWriting:
         activity: str = "changed",
         eps: float = 0.0,
         importance: Mapping[str, Tensor] | None = None,
+        run: str | None = None,
     ) -> Snapshot:
         """Snapshot ``model`` against the store's base read from disk tensor by tensor (one process, no DTensors;
         a training loop should hold a :meth:`writer`, which keeps the base on the weights' device).
+
         Args:
             agent: the agent's name.
             model: the agent's model (a module or a state dict of whole tensors).
@@ -272,6 +258,8 @@ class StoreWriting:
             activity: ``"changed"`` or ``"abs"``.
             eps: the threshold of ``"abs"``.
             importance: per-parameter importances kept at the active entries (:meth:`SnapshotWriter.snapshot`).
+            run: the run it belongs to (:meth:`open_run`); None: one run per agent and store object (its first
+                call opens a new run, later calls continue it).
 
         Returns:
             The new :class:`Snapshot`.
@@ -282,6 +270,13 @@ class StoreWriting:
             InputMismatchError: a tensor's shape or dtype differs from the base's.
             ConfigError: ``agent``, ``step``, ``activity`` or ``importance`` is not valid.
         """
+        self.check_agent(agent)
+        if run is None:
+            if agent not in self._session_runs:
+                self._session_runs[agent] = self.open_run(agent)
+            run, started = self._session_runs[agent]
+        else:
+            run, started = self.open_run(agent, run)
         base = self.base_source()
         local = LocalModel.from_obj(model)
         rule = activity_rule(activity, eps)
@@ -304,7 +299,9 @@ class StoreWriting:
             pieces[key] = [piece_entry(key, 0, t, enc, tensors, imp)]
             total.add(t, enc)
         part = self.write_part(agent, step, uuid.uuid4().hex[:12], 0, tensors, pieces)
-        return self.commit_snapshot(agent, step, [part], local, base.fingerprint, rule, total, epoch, extra)
+        return self.commit_snapshot(
+            agent, step, [part], local, base.fingerprint, rule, total, epoch, extra, run=run, run_started=started
+        )
 
     def write_part(
         self,
@@ -350,11 +347,15 @@ class StoreWriting:
         totals: SnapshotTotals,
         epoch: int | None,
         extra: Mapping[str, Any] | None,
+        *,
+        run: str,
+        run_started: float | None = None,
     ) -> Snapshot:
-        """Write the manifest of ``agent``'s snapshot at ``step`` from the ``parts`` of every writer (last and
-        atomically: the snapshot becomes visible whole). ``local`` gives the keys, shapes and dtypes, ``fp`` the
-        base's fingerprint, ``rule`` the activity it was taken with, ``totals`` its counts. A step taken again
-        replaces the old snapshot (whose files no longer referenced are removed).
+        """Write the manifest of ``run``'s snapshot of ``agent`` at ``step`` from the ``parts`` of every writer
+        (last and atomically: the snapshot becomes visible whole). ``local`` gives the keys, shapes and dtypes,
+        ``fp`` the base's fingerprint, ``rule`` the activity it was taken with, ``totals`` its counts. A step the
+        same run takes again replaces its old snapshot (whose files no longer referenced are removed); another
+        run's snapshot of that step stays as it is.
 
         Args:
             agent: the agent's name.
@@ -366,16 +367,21 @@ class StoreWriting:
             totals: its counts.
             epoch: recorded in the manifest.
             extra: JSON-able values kept in the manifest's ``extra``.
+            run: the run it belongs to (:meth:`open_run`).
+            run_started: when that run began (:meth:`open_run`; None: now).
 
         Returns:
             The committed :class:`Snapshot`.
 
         Raises:
-            ConfigError: ``step`` is not an integer.
+            ConfigError: ``step`` is not an integer, or ``run`` is not a run id.
             StoreError: the composed manifest is not valid (nothing is written).
         """
         step = check_step(step)
+        run = check_run(run)
+        if run != LEGACY_RUN:
+            mark_runs(self.root, self.durable)
         manifest, checked = commit_manifest(
-            self.root / agent, agent, step, parts, local, fp, rule, totals, epoch, extra, self.durable
+            self.root / agent, agent, step, parts, local, fp, rule, totals, epoch, extra, self.durable, run, run_started
         )
-        return Snapshot(self, agent, step, manifest, checked=checked)
+        return Snapshot(self, agent, step, manifest, checked=checked, run=run)

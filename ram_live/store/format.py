@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import operator
 import re
+import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,10 +24,14 @@ SNAPSHOT_FORMAT = "ram_live.snapshot"
 BASE_FORMAT = "ram_live.base"
 VERSION = 2  # of manifests (snapshots' and the base's); 2: every data file carries its CRC-32
 READ_VERSIONS = (1, 2, 3)  # 1 (no checksums) still loads, with an UnverifiedSnapshotWarning; 3: importances
-STORE_VERSION = 1  # of store.json (the folder layout, unchanged by manifest version 2)
+# of store.json: 2 once a snapshot of a named run is written (a ram_live without runs would take that run's
+# data files for a killed writer's and collect them), 1 before
+STORE_VERSION = 2
 BASE_DIR = "_base"
 AGENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_MANIFEST_RE = re.compile(r"^(\d{12,})\.json$")
+LEGACY_RUN = "legacy"  # the run of manifests named <step>.json: every snapshot written before stores knew runs
+RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_MANIFEST_RE = re.compile(r"^(\d{12,})(?:\.([A-Za-z0-9][A-Za-z0-9_-]{0,63}))?\.json$")
 _NONCE = r"[0-9A-Za-z]{1,32}"
 _NONCE_RE = re.compile(rf"^{_NONCE}$")
 _RANK = r"(?:0|[1-9][0-9]{0,8})"
@@ -35,15 +41,41 @@ _TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{1,32}-(.+)$")  # a file being written (re
 _PART_RE = re.compile(rf"^\.(.+)\.p({_RANK})\.part\.json$")  # a rank's part, read by rank 0 before its manifest
 
 
-def manifest_name(step: int) -> str:
-    """The file name of the manifest of the snapshot at ``step``."""
-    return f"{step:012d}.json"
+def manifest_name(step: int, run: str = LEGACY_RUN) -> str:
+    """The file name of the manifest of ``run``'s snapshot at ``step`` (``<step:012d>.<run>.json``; the legacy
+    run's: ``<step:012d>.json``)."""
+    return f"{step:012d}.json" if run == LEGACY_RUN else f"{step:012d}.{run}.json"
+
+
+def manifest_key(name: str) -> tuple[int, str] | None:
+    """The step and run whose manifest is called ``name`` (None for any other name, also a non-canonical one)."""
+    m = _MANIFEST_RE.match(name)
+    if not m:
+        return None
+    step, run = int(m.group(1)), m.group(2) or LEGACY_RUN
+    return (step, run) if manifest_name(step, run) == name else None
 
 
 def manifest_step(name: str) -> int | None:
-    """The step whose manifest is called ``name`` (None for any other name, also a non-canonical one)."""
-    m = _MANIFEST_RE.match(name)
-    return int(m.group(1)) if m and manifest_name(int(m.group(1))) == name else None
+    """The step whose manifest (of any run) is called ``name`` (None for any other name)."""
+    key = manifest_key(name)
+    return None if key is None else key[0]
+
+
+def check_run(run: Any) -> str:
+    """``run`` as a run id: 1-64 letters, digits, ``_`` or ``-``, starting with a letter or digit
+    (:class:`ConfigError` otherwise); ``"legacy"`` is the run of snapshots written before stores knew runs."""
+    if not isinstance(run, str) or not RUN_RE.match(run):
+        raise ConfigError(
+            f"a run id must be 1-64 letters, digits, '_' or '-', starting with a letter or digit, got {run!r:.80}"
+        )
+    return run
+
+
+def new_run_id(now: float | None = None) -> str:
+    """A fresh run id: the UTC start time and a random suffix (``20261206-194641-3fa2c1``)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
+    return f"{stamp}-{uuid.uuid4().hex[:6]}"
 
 
 def data_step(name: str) -> int | None:

@@ -1,5 +1,8 @@
 """Deleting from a store: pruned snapshots, files of re-taken steps, and what killed writers left (gc).
 
+A data file goes only when no manifest of any run names it (gc), or with the one manifest that names it (a
+pruned snapshot, a step its own run took again): never with another run's snapshot.
+
 Whatever a manifest says, only regular files of the store's own names go: in an agent's folder, data files of
 the step concerned (``<step:012d>-<nonce>.p<rank>.safetensors``), its manifest, and temporary files; in
 ``_base``, base data files and temporary files. Never a symlink (nor what it points to), a folder, a name
@@ -16,7 +19,7 @@ from pathlib import Path
 
 from .errors import StoreError, StoreWarning
 from .files import read_json, real_folder, remove_file
-from .format import AGENT_RE, BASE_DIR, data_step, is_base_data, is_store_temp, manifest_name, manifest_step
+from .format import AGENT_RE, BASE_DIR, LEGACY_RUN, data_step, is_base_data, is_store_temp, manifest_name, manifest_step
 
 
 def remove_unreferenced(
@@ -42,12 +45,13 @@ def remove_unreferenced(
     return removed
 
 
-def remove_snapshot(folder: Path, step: int) -> None:
-    """Remove the snapshot at ``step`` from the agent's ``folder``: its manifest first (readers then no longer
-    see it), then its data files. A manifest that cannot be read leaves its files to :func:`collect_garbage`."""
+def remove_snapshot(folder: Path, step: int, run: str = LEGACY_RUN) -> None:
+    """Remove ``run``'s snapshot at ``step`` from the agent's ``folder``: its manifest first (readers then no longer
+    see it), then its data files (other runs' files of that step have other names and stay). A manifest that
+    cannot be read leaves its files to :func:`collect_garbage`."""
     if not real_folder(folder):
         return
-    path = folder / manifest_name(step)
+    path = folder / manifest_name(step, run)
     try:
         manifest = read_json(path)
     except StoreError:

@@ -2,7 +2,9 @@
 
 A snapshot manifest (format ``ram_live.snapshot``, version 1, 2 or 3) is an object with
 
-* ``agent``, ``step``: those of its file name (``<agent>/<step:012d>.json``);
+* ``agent``, ``step``: those of its file name (``<agent>/<step:012d>.<run>.json``);
+* ``run`` and ``run_started`` (a finite time): the run of its file name; absent in the legacy run's
+  (``<agent>/<step:012d>.json``, written before stores knew runs);
 * ``files``: a list of ``{"name", "bytes", "crc32"}``; each name a plain data file name of this very step
   (``<step:012d>-<nonce>.p<rank>.safetensors``: no folder, no ``..``, nothing of another step or agent), no
   name twice, ``bytes`` >= 8, ``crc32`` 8 lowercase hex digits (version 2: required; version 1 has none);
@@ -38,6 +40,7 @@ from .format import (
     READ_VERSIONS,
     SNAPSHOT_FORMAT,
     ST_DTYPES,
+    LEGACY_RUN,
     data_step,
     intersect,
     is_base_data,
@@ -287,9 +290,10 @@ def _table(m: dict[str, Any], files: list[FileEntry], ctx: _Ctx, snapshot: bool)
     return numel, changed, dense
 
 
-def check_snapshot(m: Any, agent: str, step: int) -> Checked:
-    """Checks a snapshot manifest read from ``<agent>/<step:012d>.json`` (:class:`CorruptSnapshotError`
-    naming agent, step and what is wrong; :class:`StoreError` for a newer format version).
+def check_snapshot(m: Any, agent: str, step: int, run: str = LEGACY_RUN) -> Checked:
+    """Checks a snapshot manifest read from ``<agent>/<step:012d>.<run>.json`` (the legacy run's:
+    ``<step:012d>.json``; :class:`CorruptSnapshotError` naming agent, step and what is wrong; :class:`StoreError`
+    for a newer format version).
 
     Example:
         >>> check_snapshot(json.load(open("runs/ram/coder/000000000050.json")), "coder", 50)  # doctest: +SKIP
@@ -299,6 +303,11 @@ def check_snapshot(m: Any, agent: str, step: int) -> Checked:
     version = _version(m, SNAPSHOT_FORMAT, ctx)
     if m.get("agent") != agent or m.get("step") != step or not _is_int(m.get("step")):
         ctx.fail(f"it says agent {m.get('agent')!r:.80} step {m.get('step')!r:.20}")
+    if m.get("run", LEGACY_RUN) != run or ("run" in m) == (run == LEGACY_RUN):
+        ctx.fail(f"it says run {m.get('run', LEGACY_RUN)!r:.80}, its file name run {run!r}")
+    started = m.get("run_started")
+    if "run" in m and (type(started) not in (int, float) or not math.isfinite(started)):
+        ctx.fail(f"run_started must be a finite number, got {started!r:.40}")
     _name(m.get("base_fingerprint"), ctx, "base_fingerprint")
     if "importance" in m:
         if version < 3 or m["importance"] != {"encoding": "log8", "steps_per_octave": 8}:
@@ -328,7 +337,7 @@ def check_snapshot(m: Any, agent: str, step: int) -> Checked:
         ctx.fail(f"activity must be {{'rule': 'changed'}} or {{'rule': 'abs', 'eps': e >= 0}}, got {activity!r:.80}")
     if m.get("epoch") is not None:
         _int(m["epoch"], ctx, "epoch", lo=-(2**62))
-    if m.get("dtype") is not None and m["dtype"] not in DTYPES:
+    if m.get("dtype") is not None and (not isinstance(m["dtype"], str) or m["dtype"] not in DTYPES):
         ctx.fail(f"unknown dtype {m['dtype']!r:.80}")
     if "parts" in m and m["parts"] != len(files):
         ctx.fail(f"parts is {m['parts']!r:.20}, but {len(files)} files are listed")

@@ -19,7 +19,7 @@ from .datafiles import Files
 from .encoding import apply_encoding
 from .errors import BaseMismatchError, CorruptSnapshotError
 from .files import read_json
-from .format import Box, box_of, intersect, manifest_name
+from .format import LEGACY_RUN, Box, box_of, intersect, manifest_name
 from .manifest import Checked, check_snapshot
 
 
@@ -32,7 +32,9 @@ class StoreFolder(Protocol):
 
     def base_source(self, device: torch.device | str = "cpu") -> StoreBase: ...
 
-    def open(self, agent: str, step: int, *, device: torch.device | str = "cpu") -> Snapshot: ...
+    def open(
+        self, agent: str, step: int, *, run: str | None = None, device: torch.device | str = "cpu"
+    ) -> Snapshot: ...
 
     def importance_source(self, snapshot: Snapshot) -> Any: ...
 
@@ -53,6 +55,8 @@ class Snapshot(ManifestTable):
         device: where :meth:`get` / :meth:`get_box` put tensors (and where the base reads to).
         name: its name as a source (default: ``agent``).
         checked: what :func:`check_snapshot` found of ``manifest``, when it was checked already.
+        run: the run of its manifest's file name (default: the run the manifest records; ``"legacy"`` when it
+            records none).
 
     Raises:
         BaseMismatchError: it was taken against another base than the store's.
@@ -74,14 +78,17 @@ class Snapshot(ManifestTable):
         device: torch.device | str = "cpu",
         name: str | None = None,
         checked: Checked | None = None,
+        run: str | None = None,
     ) -> None:
         self.store = store
         self.agent = agent
         self.step = step
+        #: the run it belongs to (:mod:`.runs`)
+        self.run: str = run if run is not None else manifest.get("run", LEGACY_RUN)
         self.name = name or agent
         self.manifest = manifest
         self.device = torch.device(device)
-        self.checked = checked or check_snapshot(manifest, agent, step)
+        self.checked = checked or check_snapshot(manifest, agent, step, self.run)
         self._read_table(manifest)
         self._base = store.base_source(device)
         if manifest["base_fingerprint"] != self._base.fingerprint:
@@ -104,7 +111,8 @@ class Snapshot(ManifestTable):
 
     def __repr__(self) -> str:
         return (
-            f"Snapshot(agent={self.agent!r}, step={self.step}, changed={self.changed:,}/{self.numel:,}, "
+            f"Snapshot(agent={self.agent!r}, run={self.run!r}, step={self.step}, "
+            f"changed={self.changed:,}/{self.numel:,}, "
             f"bytes={self.bytes:,})"
         )
 
@@ -314,15 +322,17 @@ class SnapshotInfo:
         store: the store it is in.
         agent: the agent's name.
         step: the snapshot's step.
+        run: the run it belongs to (``"legacy"``: written before stores knew runs).
     """
 
     store: StoreFolder = field(repr=False)
     agent: str
     step: int
+    run: str = LEGACY_RUN
 
     @property
     def path(self) -> Path:
-        return self.store.root / self.agent / manifest_name(self.step)
+        return self.store.root / self.agent / manifest_name(self.step, self.run)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -337,4 +347,4 @@ class SnapshotInfo:
         Returns:
             The :class:`Snapshot`.
         """
-        return self.store.open(self.agent, self.step, device=device)
+        return self.store.open(self.agent, self.step, run=self.run, device=device)

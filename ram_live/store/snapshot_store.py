@@ -15,18 +15,11 @@ from ..errors import ConfigError
 from .committing import StoreWriting
 from .errors import CorruptSnapshotError, SnapshotNotFoundError, StoreError
 from .files import read_json, real_folder, write_json
-from .format import (
-    AGENT_RE,
-    BASE_DIR,
-    STORE_FORMAT,
-    STORE_VERSION,
-    check_step,
-    manifest_name,
-    manifest_step,
-)
+from .format import AGENT_RE, BASE_DIR, STORE_FORMAT, STORE_VERSION, check_run, check_step, manifest_name
 from .maintenance import collect_garbage, remove_snapshot
 from .manifest import Checked, check_base
 from .reading import Snapshot, SnapshotInfo, StoreBase
+from .runs import RunIndex, RunInfo, manifest_keys
 from .verify import VerifyReport, verify_store
 from .importance_codes import ImportanceSource
 
@@ -61,6 +54,8 @@ class SnapshotStore(StoreWriting):
         self.root = Path(root)
         self.durable = durable
         self._base_cache: dict[tuple[str, str], StoreBase] = {}
+        self.run_index = RunIndex(self.root)
+        self._session_runs: dict[str, tuple[str, float | None]] = {}  # store.snapshot's run per agent
         marker = self.root / "store.json"
         if not marker.exists():
             if not create:
@@ -169,56 +164,96 @@ class SnapshotStore(StoreWriting):
         return sorted(
             p.name
             for p in self.root.iterdir()
-            if AGENT_RE.match(p.name) and p.name != BASE_DIR and real_folder(p) and self.steps(p.name)
+            if AGENT_RE.match(p.name) and p.name != BASE_DIR and real_folder(p) and manifest_keys(p)
         )
 
-    def steps(self, agent: str) -> list[int]:
-        """Steps of ``agent``'s complete snapshots.
+    def runs(self, agent: str) -> list[RunInfo]:
+        """``agent``'s runs that hold a snapshot, oldest-started first: the last is its *current* run, the one
+        :meth:`latest` and merges take its snapshots from. Snapshots written before stores knew runs are one run,
+        ``"legacy"``, the oldest.
 
         Args:
             agent: the agent's name.
 
         Returns:
-            The steps, ascending (empty when the agent has none).
-        """
-        folder = self.root / agent
-        if not real_folder(folder):
-            return []
-        try:
-            names = os.listdir(folder)
-        except FileNotFoundError:
-            return []
-        return sorted(s for s in map(manifest_step, names) if s is not None)
-
-    def list(self, agent: str | None = None) -> list[SnapshotInfo]:
-        """Complete snapshots of ``agent`` (or of every agent).
-
-        Args:
-            agent: one agent's name, or None for all.
-
-        Returns:
-            A :class:`SnapshotInfo` per snapshot, by agent then step.
+            A :class:`RunInfo` per run (id, start time, steps).
 
         Raises:
             ConfigError: ``agent`` is not a valid agent name.
+
+        Example:
+            >>> [(r.run, r.steps) for r in store.runs("coder")]              # doctest: +SKIP
+            [('legacy', (2, 4)), ('20261206-194641-3fa2c1', (2,))]
+        """
+        return self.run_index.runs(self.check_agent(agent))
+
+    def current_run(self, agent: str) -> str | None:
+        """``agent``'s current run: the latest-started run that holds a snapshot (None when it has none).
+
+        Args:
+            agent: the agent's name.
+
+        Returns:
+            The run id, or None.
+        """
+        runs = self.runs(agent)
+        return runs[-1].run if runs else None
+
+    def steps(self, agent: str, run: str | None = None) -> list[int]:
+        """Steps of the complete snapshots of one run of ``agent``.
+
+        Args:
+            agent: the agent's name.
+            run: the run (default: the agent's current run, :meth:`current_run`).
+
+        Returns:
+            The steps, ascending (empty when the run has none).
+        """
+        self.check_agent(agent)
+        if run is None:
+            runs = self.runs(agent)
+            return list(runs[-1].steps) if runs else []
+        run = check_run(run)
+        return [s for s, r in manifest_keys(self.root / agent) if r == run]
+
+    def list(self, agent: str | None = None, *, run: str | None = None) -> list[SnapshotInfo]:
+        """Complete snapshots of ``agent`` (or of every agent), of every run (or of ``run``).
+
+        Args:
+            agent: one agent's name, or None for all.
+            run: one run's id, or None for every run.
+
+        Returns:
+            A :class:`SnapshotInfo` per snapshot, by agent, then run (oldest-started first), then step.
+
+        Raises:
+            ConfigError: ``agent`` or ``run`` is not valid.
         """
         agents = [self.check_agent(agent)] if agent is not None else self.agents()
-        return [SnapshotInfo(self, a, s) for a in agents for s in self.steps(a)]
+        want = None if run is None else check_run(run)
+        return [
+            SnapshotInfo(self, a, s, r.run)
+            for a in agents
+            for r in self.runs(a)
+            if want is None or r.run == want
+            for s in r.steps
+        ]
 
-    def open(self, agent: str, step: int, *, device: torch.device | str = "cpu") -> Snapshot:
-        """``agent``'s snapshot at ``step``: its manifest checked in full, its data files opened (each file's
-        checksum is verified before its first tensor is used; :meth:`Snapshot.verify`: all now).
+    def open(self, agent: str, step: int, *, run: str | None = None, device: torch.device | str = "cpu") -> Snapshot:
+        """``agent``'s snapshot at ``step`` of ``run``: its manifest checked in full, its data files opened (each
+        file's checksum is verified before its first tensor is used; :meth:`Snapshot.verify`: all now).
 
         Args:
             agent: the agent's name.
             step: the snapshot's step.
+            run: its run (default: the agent's current run).
             device: where its tensors are read to.
 
         Returns:
             The :class:`Snapshot` (a tensor source that carries its base).
 
         Raises:
-            ConfigError: ``agent`` or ``step`` is not valid.
+            ConfigError: ``agent``, ``step`` or ``run`` is not valid.
             SnapshotNotFoundError: there is no such snapshot.
             CorruptSnapshotError: the agent's folder is a symlink, or the manifest is not valid.
         """
@@ -227,8 +262,13 @@ class SnapshotStore(StoreWriting):
         folder = self.root / agent
         if folder.is_symlink():
             raise CorruptSnapshotError(f"{folder}: a symlink, not a folder of the store", agent=agent, step=step)
-        manifest = read_json(folder / manifest_name(step))
-        return Snapshot(self, agent, step, manifest, device)
+        if run is None:
+            run = self.current_run(agent)
+            if run is None:
+                raise SnapshotNotFoundError(f"{self.root}: agent {agent!r} has no snapshot")
+        run = check_run(run)
+        manifest = read_json(folder / manifest_name(step, run))
+        return Snapshot(self, agent, step, manifest, device, run=run)
 
     def importance_source(self, snapshot: Snapshot) -> ImportanceSource:
         """The importances ``snapshot`` (of this store, with importances) carries (:attr:`Snapshot.importance`).
@@ -241,11 +281,15 @@ class SnapshotStore(StoreWriting):
         """
         return ImportanceSource(snapshot)
 
-    def latest(self, agent: str, *, device: torch.device | str = "cpu", retries: int = 5) -> Snapshot:
-        """``agent``'s newest complete snapshot (listed again if it is pruned between listing and opening).
+    def latest(
+        self, agent: str, *, run: str | None = None, device: torch.device | str = "cpu", retries: int = 5
+    ) -> Snapshot:
+        """``agent``'s newest complete snapshot of its current run (or of ``run``; listed again if it is pruned
+        between listing and opening). Another run's snapshots are never taken, not even of a higher step.
 
         Args:
             agent: the agent's name.
+            run: the run (default: the agent's current run, :meth:`current_run`).
             device: where its tensors are read to.
             retries: how many times to list again.
 
@@ -259,11 +303,12 @@ class SnapshotStore(StoreWriting):
         """
         self.check_agent(agent)
         for _ in range(retries + 1):
-            steps = self.steps(agent)
-            if not steps:
-                raise SnapshotNotFoundError(f"{self.root}: agent {agent!r} has no snapshot")
+            runs = [r for r in self.runs(agent) if run is None or r.run == run]
+            if not runs:
+                which = "" if run is None else f" in run {run!r}"
+                raise SnapshotNotFoundError(f"{self.root}: agent {agent!r} has no snapshot{which}")
             try:
-                return self.open(agent, steps[-1], device=device)
+                return self.open(agent, runs[-1].steps[-1], run=runs[-1].run, device=device)
             except SnapshotNotFoundError:  # pruned or replaced between listing and opening: list again
                 continue
         raise SnapshotNotFoundError(f"{self.root}: could not open a snapshot of {agent!r} (pruned concurrently)")
@@ -271,8 +316,8 @@ class SnapshotStore(StoreWriting):
     def latest_all(
         self, agents: Iterable[str] | None = None, *, device: torch.device | str = "cpu"
     ) -> dict[str, Snapshot]:
-        """Every agent's (or the named agents') newest snapshot, name → :class:`Snapshot`: pass it straight to
-        ``ram_merge`` / ``probe``.
+        """Every agent's (or the named agents') newest snapshot of its current run, name → :class:`Snapshot`: pass
+        it straight to ``ram_merge`` / ``probe``.
 
         Args:
             agents: the agents' names (default: every agent of the store).
@@ -287,33 +332,35 @@ class SnapshotStore(StoreWriting):
         names = list(agents) if agents is not None else self.agents()
         return {a: self.latest(a, device=device) for a in names}
 
-    def prune(self, keep: int, agent: str | None = None) -> list[SnapshotInfo]:
-        """Delete all but the newest ``keep`` snapshots of ``agent`` (or of every agent); returns what went.
-        The manifest goes first, so readers never see a snapshot without its files; readers that opened it
-        already keep reading (files are memory-mapped).
+    def prune(self, keep: int, agent: str | None = None, *, run: str | None = None) -> list[SnapshotInfo]:
+        """Delete all but the newest ``keep`` snapshots of each run of ``agent`` (or of every agent), or of
+        ``run`` only (what a training run prunes: never another run's snapshots); returns what went. The
+        manifest goes first, so readers never see a snapshot without its files; readers that opened it already
+        keep reading (files are memory-mapped).
 
         Args:
-            keep: how many of the newest snapshots to keep per agent (>= 0).
+            keep: how many of the newest snapshots to keep per run (>= 0).
             agent: one agent's name, or None for all.
+            run: one run's id, or None for each run.
 
         Returns:
             A :class:`SnapshotInfo` per removed snapshot.
 
         Raises:
-            ConfigError: ``keep`` is negative or ``agent`` is not a valid name.
+            ConfigError: ``keep`` is negative, or ``agent`` or ``run`` is not valid.
         """
         if keep < 0:
             raise ConfigError(f"keep must be >= 0, got {keep}")
+        want = None if run is None else check_run(run)
         removed = []
         for a in [self.check_agent(agent)] if agent else self.agents():
-            steps = self.steps(a)
-            for step in steps[: max(0, len(steps) - keep)]:
-                self._remove(a, step)
-                removed.append(SnapshotInfo(self, a, step))
+            for r in self.runs(a):
+                if want is not None and r.run != want:
+                    continue
+                for step in r.steps[: max(0, len(r.steps) - keep)]:
+                    remove_snapshot(self.root / a, step, r.run)
+                    removed.append(SnapshotInfo(self, a, step, r.run))
         return removed
-
-    def _remove(self, agent: str, step: int) -> None:
-        remove_snapshot(self.root / agent, step)
 
     def gc(self, grace_s: float = 3600.0) -> list[Path]:
         """Delete what killed writers left: data files no manifest references and temporary files, older than

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from .datafiles import Files
 from .errors import BaseMismatchError, StoreError, UnverifiedSnapshotWarning
 from .files import read_json
-from .format import BASE_DIR, manifest_name
+from .format import BASE_DIR, LEGACY_RUN, manifest_name
 from .manifest import check_base, check_snapshot
 from .reading import Snapshot
 
@@ -36,9 +36,9 @@ class CheckedStore(Protocol):
 
     def agents(self) -> list[str]: ...
 
-    def steps(self, agent: str) -> list[int]: ...
+    def list(self, agent: str | None = None) -> list[Any]: ...
 
-    def open(self, agent: str, step: int) -> Snapshot: ...
+    def open(self, agent: str, step: int, *, run: str | None = None) -> Snapshot: ...
 
 
 @dataclass
@@ -51,6 +51,7 @@ class VerifyEntry:
     bytes: int = 0  # bytes whose checksum was compared
     checksummed: bool = True  # False: a version 1 manifest (its tensors were decoded instead)
     problem: str | None = None
+    run: str | None = None  # the snapshot's run (None for the base)
 
     @property
     def ok(self) -> bool:
@@ -58,7 +59,9 @@ class VerifyEntry:
 
     @property
     def name(self) -> str:
-        return "base" if self.agent is None else f"{self.agent} step {self.step}"
+        if self.agent is None:
+            return "base"
+        return f"{self.agent} step {self.step}" + ("" if self.run in (None, LEGACY_RUN) else f" ({self.run})")
 
 
 @dataclass
@@ -149,11 +152,11 @@ def verify_store(store: CheckedStore, agents: Iterable[str] | None, strict: bool
                     raise
         names = [store.check_agent(a) for a in agents] if agents is not None else store.agents()
         for agent in names:
-            for step in store.steps(agent):
-                entry = VerifyEntry(agent, step)
+            for info in store.list(agent):
+                entry = VerifyEntry(agent, info.step, run=info.run)
                 report.entries.append(entry)
                 try:
-                    _verify_snapshot(store, agent, step, entry, base_ok)
+                    _verify_snapshot(store, agent, info.step, info.run, entry, base_ok)
                 except (StoreError, OSError) as exc:
                     entry.problem = f"{type(exc).__name__}: {exc}"
                     if strict:
@@ -162,9 +165,9 @@ def verify_store(store: CheckedStore, agents: Iterable[str] | None, strict: bool
     return report
 
 
-def _verify_snapshot(store: CheckedStore, agent: str, step: int, entry: VerifyEntry, base_ok: bool) -> None:
-    manifest = read_json(store.root / agent / manifest_name(step))
-    checked = check_snapshot(manifest, agent, step)
+def _verify_snapshot(store: CheckedStore, agent: str, step: int, run: str, entry: VerifyEntry, base_ok: bool) -> None:
+    manifest = read_json(store.root / agent / manifest_name(step, run))
+    checked = check_snapshot(manifest, agent, step, run)
     entry.files, entry.checksummed = len(checked.files), checked.checksummed
     entry.bytes = Files(store.root / agent, checked.files, f"agent {agent!r} step {step}", agent, step).verify()
     if not base_ok:
@@ -174,8 +177,8 @@ def _verify_snapshot(store: CheckedStore, agent: str, step: int, entry: VerifyEn
             f"taken against base {manifest['base_fingerprint']}, the store's is {store.base_fingerprint}"
         )
     if not checked.checksummed:  # no checksums: at least every tensor must decode
-        snap = store.open(agent, step)
+        snap = store.open(agent, step, run=run)
         for key in snap.keys():
             snap.get(key)
     else:
-        store.open(agent, step)  # the tensors fit the base's
+        store.open(agent, step, run=run)  # the tensors fit the base's

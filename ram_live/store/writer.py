@@ -43,6 +43,8 @@ class SnapshotTarget(Protocol):
 
     def set_base(self, base: Any, *, collective: Collective | None = None, writer: bool = True) -> str: ...
 
+    def open_run(self, agent: str, run: str | None = None) -> tuple[str, float | None]: ...
+
     def write_part(
         self,
         agent: str,
@@ -68,6 +70,9 @@ class SnapshotTarget(Protocol):
         totals: SnapshotTotals,
         epoch: int | None,
         extra: Mapping[str, Any] | None,
+        *,
+        run: str,
+        run_started: float | None = None,
     ) -> Snapshot: ...
 
 
@@ -145,6 +150,10 @@ class SnapshotWriter:
 
     ``trusted_fingerprint``: the fingerprint of a base read from this very store (skips hashing it again).
 
+    Each writer writes one run of the agent (:attr:`run`): a new one by default, kept apart from the agent's earlier
+    runs (their snapshots are never replaced or removed, also at the same steps, and merges take the agent's
+    snapshots from its newest run only); ``run=`` continues an earlier run (a resumed trainer's).
+
     ``activity="changed"`` (default) is lossless. ``activity="abs"`` keeps only entries with |τ| > ``eps``: the
     reconstruction is then the base elsewhere, which RAM (whose rule drops those entries anyway) merges identically
     when its own ``eps`` is at least the snapshot's.
@@ -159,9 +168,10 @@ class SnapshotWriter:
         clone_base: keep a copy of ``base``, not the live tensors.
         writer: ``False`` on ranks that hold a replica and must not write (DDP ranks > 0).
         trusted_fingerprint: see above.
+        run: None (a new run) or the id of the run to continue (an earlier writer's :attr:`run`).
 
     Raises:
-        ConfigError: ``agent``, ``activity`` or ``eps`` is not valid.
+        ConfigError: ``agent``, ``activity``, ``eps`` or ``run`` is not valid.
         BaseMismatchError: the store's base is another one.
     """
 
@@ -177,11 +187,18 @@ class SnapshotWriter:
         clone_base: bool = True,
         writer: bool = True,
         trusted_fingerprint: str | None = None,
+        run: str | None = None,
     ) -> None:
         self.store = store
         self.agent = store.check_agent(agent)
         self.rule = activity_rule(activity, eps)
         self.collective = collective or LocalCollective()
+        opened = list(store.open_run(self.agent, run)) if self.collective.rank == 0 else None
+        if self.collective.world_size > 1:  # every rank writes into rank 0's run
+            opened = self.collective.broadcast_json(opened)
+        #: this writer's run id, and when the run began (None: the legacy run)
+        self.run: str = opened[0]  # type: ignore[index]
+        self.run_started: float | None = opened[1]  # type: ignore[index]
         self.writes = writer
         self.base = LocalModel.from_obj(base, clone=clone_base, name="base")
         if trusted_fingerprint is not None and trusted_fingerprint == store.base_fingerprint:
@@ -285,7 +302,17 @@ class SnapshotWriter:
         snap = None
         if c.rank == 0:
             snap = self.store.commit_snapshot(
-                self.agent, step, parts, capture.local, self.fingerprint, self.rule, totals, epoch, extra
+                self.agent,
+                step,
+                parts,
+                capture.local,
+                self.fingerprint,
+                self.rule,
+                totals,
+                epoch,
+                extra,
+                run=self.run,
+                run_started=self.run_started,
             )
         c.barrier()
         return snap

@@ -1,6 +1,7 @@
 """How a :class:`~ram_live.training.schedule.RAMSchedule` gets its base (:func:`attach_base`): taken from the model
 on a fresh run, loaded from the store on a resumed one, or given; persisted in the store or checked against it, on
-every rank."""
+every rank. Its store run is opened here too: a new run on a fresh start (kept apart from the agent's earlier runs),
+the run its checkpoint recorded (``sched.run``, restored by ``load_state_dict``) on a resumed one."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ __all__ = ["attach_base"]
 def attach_base(sched: Any, model: Any, base: Any = None, collective: Collective | None = None) -> str:
     """:meth:`RAMSchedule.attach <ram_live.training.schedule.RAMSchedule.attach>` (its docstring says what it takes,
     returns and raises): sets ``sched.base``, ``sched.writer``, ``sched.sharded``, ``sched.collective`` and
-    ``sched.base_fingerprint``."""
+    ``sched.base_fingerprint`` and ``sched.run``."""
     sched.collective = collective or default_collective()
     c = sched.collective
     live = LocalModel.from_obj(model, name=sched.agent)
@@ -62,22 +63,25 @@ def attach_base(sched: Any, model: Any, base: Any = None, collective: Collective
             collective=collective,
             clone_base=False,
             trusted_fingerprint=trusted,
+            run=sched.run,  # None: a new run; a resumed trainer's: continued
         )
 
-    if sched.sharded:  # every rank writes its own shards
+    if sched.sharded:  # every rank writes its own shards (into rank 0's run)
         sched.writer = writer(c)
-        fp = sched.writer.fingerprint
+        fp, run = sched.writer.fingerprint, sched.writer.run
     else:  # rank 0 writes the replicated model
-        fp = None
+        fp = run = None
         if c.rank == 0:
             sched.writer = writer(LocalCollective())
-            fp = sched.writer.fingerprint
+            fp, run = sched.writer.fingerprint, sched.writer.run
         c.barrier()
+        if c.world_size > 1:  # every rank's state_dict names the run
+            run = c.broadcast_json(run)
         if c.rank != 0:
             fp = trusted or fingerprint(local)
             if fp != sched.store.base_fingerprint:
                 raise BaseMismatchError(f"rank {c.rank}: this rank's base differs from the store's base")
     if resumed is not None and fp != resumed:
         raise BaseMismatchError(f"the base ({fp}) is not the one this run was trained against ({resumed})")
-    sched.base_fingerprint = fp
+    sched.base_fingerprint, sched.run = fp, run
     return fp  # type: ignore[return-value]

@@ -76,7 +76,9 @@ class ScheduleMerging:
         variant, searched = self.ram.method, None
         if self.search is not None:  # candidates are swapped into the model: read this agent from its snapshot
             named = {
-                a.name: self.store.open(a.name, picks[a.name]) if isinstance(sources[a.name], LocalModel) else a
+                a.name: self.store.open(a.name, picks[a.name], run=self.run)
+                if isinstance(sources[a.name], LocalModel)
+                else a
                 for a in agents
             }
             tensors, info, searched = schedule_search(self, model, named, base, step, evaluate or self.evaluate)
@@ -100,6 +102,7 @@ class ScheduleMerging:
         self.last_merge_step = step
         self.merges += 1
         result = MergeResult(step, tensors, picks, lambdas, rho, density, time.perf_counter() - t0, variant)
+        result.extra["runs"] = dict(self.picked_runs)  # the store run of each agent's snapshot
         if searched is not None:
             result.extra["search"] = self.last_search = searched
         if "importance" in info.extra:

@@ -48,6 +48,7 @@ from ..store import (
     SnapshotWriter,
     StoreError,
 )
+from ..store.format import LEGACY_RUN
 
 __all__ = ["MergeResult", "RAMSchedule", "every"]
 
@@ -147,6 +148,10 @@ class RAMSchedule(ScheduleMerging):
         self.last_snapshot_step = self.last_merge_step = -1
         self.snapshots = self.merges = 0
         self.base_fingerprint: str | None = None
+        #: this run's id in the store (:mod:`ram_live.store.runs`): opened by :meth:`attach` (a new run), restored by
+        #: :meth:`load_state_dict` (a resumed trainer continues its run)
+        self.run: str | None = None
+        self.picked_runs: dict[str, str] = {}  # the run of each snapshot the latest merge picked
         # set by attach()
         self.collective: Collective = LocalCollective()
         self.base: LocalModel | None = None
@@ -348,7 +353,7 @@ class RAMSchedule(ScheduleMerging):
 
     def _prune(self) -> None:
         if self.keep is not None and self.collective.rank == 0:
-            self.store.prune(self.keep, self.agent)
+            self.store.prune(self.keep, self.agent, run=self.run)  # never another run's snapshots
 
     def flush(self) -> None:
         """Wait for a background write (``async_write``); raises its error, if any."""
@@ -370,6 +375,7 @@ class RAMSchedule(ScheduleMerging):
             "agent": self.agent,
             "store": str(self._store.root if self._store is not None else self._store_arg),
             "base_fingerprint": self.base_fingerprint,
+            "run": self.run,
             "last_snapshot_step": self.last_snapshot_step,
             "last_merge_step": self.last_merge_step,
             "snapshots": self.snapshots,
@@ -389,6 +395,8 @@ class RAMSchedule(ScheduleMerging):
         if state.get("agent") not in (None, self.agent):
             raise ConfigError(f"state of agent {state.get('agent')!r} loaded into the schedule of {self.agent!r}")
         self.base_fingerprint = state.get("base_fingerprint")
+        # a checkpoint of a ram_live before runs wrote the legacy run (LEGACY_RUN)
+        self.run = state.get("run", LEGACY_RUN if self.base_fingerprint is not None else None)
         self.last_snapshot_step = int(state.get("last_snapshot_step", -1))
         self.last_merge_step = int(state.get("last_merge_step", -1))
         self.snapshots = int(state.get("snapshots", 0))

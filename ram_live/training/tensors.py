@@ -35,7 +35,8 @@ class MergeResult:
         lambdas, rho, density: the probe numbers of the merge per agent (λ, ρ, share of entries updated).
         seconds: how long the merge took.
         variant: the method that ran (``"ram_plus"``, or the one a search picked).
-        extra: ``"search"`` (the search's record) and ``"importance"`` where they apply.
+        extra: ``"runs"`` (the store run of each agent's snapshot), ``"search"`` (the search's record) and
+            ``"importance"`` where they apply.
 
     >>> result = schedule.merge(model, step=200); result.metrics()["ram/coder/lambda"]  # doctest: +SKIP
     """
@@ -109,15 +110,21 @@ def _global_numel(base: LocalModel, agents: Sequence[Any], collective: Collectiv
 def _pick(sched: Any) -> dict[str, int]:
     """Rank 0 names the snapshot of every agent to merge; every rank gets the same names."""
     c = sched.collective
-    picks = None
+    picks = runs = None
     if c.rank == 0:
         names = sched.agents if sched.agents is not None else sched.store.agents()
-        picks = {}
-        for name in names:
-            steps = sched.store.steps(name)
+        picks, runs = {}, {}
+        for name in names:  # this run's own snapshots; every other agent's from its current run
+            run = (sched.run if name == sched.agent else None) or sched.store.current_run(name)
+            steps = sched.store.steps(name, run=run) if run is not None else []
             if steps:
-                picks[name] = steps[-1]
-    return c.broadcast_json(picks) if c.world_size > 1 else picks  # type: ignore[return-value]
+                picks[name], runs[name] = steps[-1], run
+    if c.world_size == 1:
+        sched.picked_runs = runs
+        return picks  # type: ignore[return-value]
+    shared = c.broadcast_json({"picks": picks, "runs": runs})
+    sched.picked_runs = shared["runs"]
+    return shared["picks"]
 
 
 def _open_latest(sched: Any, live: LocalModel, step: int) -> tuple[dict[str, int], dict[str, Any]]:
@@ -137,7 +144,7 @@ def _open_latest(sched: Any, live: LocalModel, step: int) -> tuple[dict[str, int
                 ):
                     sources[name] = live  # the snapshot just written holds exactly these weights
                 else:
-                    sources[name] = sched.store.open(name, snap_step)
+                    sources[name] = sched.store.open(name, snap_step, run=sched.picked_runs[name])
         except SnapshotNotFoundError:  # pruned between the pick and the open: pick again
             ok = 0
         if c.world_size > 1:
@@ -156,7 +163,7 @@ def _stored_importance(sched: Any, picks: dict[str, int], sources: dict[str, Any
 
     per_agent = {}
     for name, src in sources.items():
-        snap = sched.store.open(name, picks[name]) if isinstance(src, LocalModel) else src
+        snap = sched.store.open(name, picks[name], run=sched.run) if isinstance(src, LocalModel) else src
         if snap.importance is not None and sched.sharded:
             snap = snap.restrict(base.boxes(), name)
         per_agent[name] = stored_importance_of(snap)

@@ -9,7 +9,7 @@ import os
 import warnings
 
 import pytest
-from test_store_helpers import STEP, build, data_files, manifest_path, read_all, same
+from test_store_helpers import RUN, STEP, build, data_files, manifest_path, read_all, same
 
 from ram_live.errors import RamLiveError
 from ram_live.store import CorruptSnapshotError, SnapshotNotFoundError, SnapshotStore, StoreWarning
@@ -46,7 +46,7 @@ HOSTILE = [
     "{other_abs}",
     f"sub/{STEP:012d}-abcdef012345.p0.safetensors",
     f"{STEP + 1:012d}-abcdef012345.p0.safetensors",  # another step's name
-    f"{STEP:012d}.json",  # the manifest itself
+    f"{STEP:012d}.{RUN}.json",  # the manifest itself
     ".",
     "",
     f"{STEP:012d}-abcdef012345.p0.safetensors\x00.txt",
@@ -66,8 +66,8 @@ def test_a_manifest_naming_files_elsewhere_is_refused_and_prune_deletes_none_of_
     # re-taking the step replaces the hostile manifest; prune removes the snapshot: neither touches those files
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        store.writer("a", base).snapshot(agent, STEP)
-    assert any(issubclass(w.category, StoreWarning) for w in caught) or name == f"{STEP:012d}.json"
+        store.writer("a", base, run=RUN).snapshot(agent, STEP)
+    assert any(issubclass(w.category, StoreWarning) for w in caught) or name == f"{STEP:012d}.{RUN}.json"
     assert same(read_all(store.root), agent)
     _rewrite(manifest_path(store.root), lambda m: m["files"][0].__setitem__("name", name))
     with warnings.catch_warnings():
@@ -107,7 +107,7 @@ def test_symlinks_are_never_followed_nor_deleted_through(world):
         store.open("evil", STEP)
     assert store.prune(0, "evil") == [] and store.gc(grace_s=0) == []
     # a symlinked manifest is refused too
-    link = store.root / "a" / f"{STEP:012d}.json"
+    link = manifest_path(store.root)
     link.symlink_to(manifest_path(store.root, "other"))
     with pytest.raises(CorruptSnapshotError, match="regular file"):
         store.open("a", STEP)
@@ -137,7 +137,7 @@ def test_gc_and_prune_delete_only_regular_files_of_the_stores_names(world):
     tmp_manifest.write_text("{")
     user = [
         a / "notes.txt",
-        a / f"{STEP:012d}.json.bak",
+        a / f"{STEP:012d}.{RUN}.json.bak",
         a / "000000000001-x.p0.safetensors.old",
         store.root / "results" / "table.csv",
         store.root / "_base" / "README",

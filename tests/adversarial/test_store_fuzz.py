@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from test_store_helpers import STEP, build, read_all, same
+from test_store_helpers import RUN, STEP, build, read_all, same
 
 from ram_live.errors import RamLiveError
 from ram_live.store import SnapshotStore, StoreWarning
@@ -83,7 +83,7 @@ def test_manifest_fuzz_gives_errors_or_right_values_and_touches_nothing_outside(
     protected = {p: p.read_bytes() for p in sentinels + [q for q in other.iterdir()]}
     names = {
         k: [f["name"] for f in json.loads((root / k / m).read_text())["files"]]
-        for k, m in (("a", manifest_name(STEP)), ("_base", "base.json"))
+        for k, m in (("a", manifest_name(STEP, RUN)), ("_base", "base.json"))
     }
     hostile = [
         "../../outside/somefile",
@@ -102,7 +102,7 @@ def test_manifest_fuzz_gives_errors_or_right_values_and_touches_nothing_outside(
         "~" * 5000,
     ]
     pristine = {p: p.read_bytes() for folder in ("a", "_base") for p in (root / folder).iterdir()}
-    writer = store.writer("a", base)
+    writer = store.writer("a", base, run=RUN)
 
     opened, unlinked = [], []
     real_open, real_unlink = os.open, os.unlink
@@ -130,7 +130,7 @@ def test_manifest_fuzz_gives_errors_or_right_values_and_touches_nothing_outside(
         for p, data in pristine.items():
             if not p.exists() or p.read_bytes() != data:
                 p.write_bytes(data)
-        target = root / "a" / manifest_name(STEP) if rng.random() < 0.7 else root / "_base" / "base.json"
+        target = root / "a" / manifest_name(STEP, RUN) if rng.random() < 0.7 else root / "_base" / "base.json"
         raw = target.read_bytes()
         if rng.random() < 0.75:
             doc = json.loads(raw)
@@ -161,13 +161,13 @@ def test_manifest_fuzz_gives_errors_or_right_values_and_touches_nothing_outside(
     assert outcomes["error"] > N // 4 and outcomes["right"] > 20 and outcomes["bytes"] > 200, outcomes
     for path in opened:  # gc reads every agent's manifests (to know what they reference), nothing else of theirs
         p = Path(path)
-        assert str(p.parent) in allowed or (p.parent == other and p.name == manifest_name(STEP)), f"opened {path}"
+        assert str(p.parent) in allowed or (p.parent == other and p.name == manifest_name(STEP, RUN)), f"opened {path}"
     assert unlinked
     for path in unlinked:
         p = Path(path)
         assert str(p.parent) in (str(root / "a"), str(root / "_base")), f"deleted {path}"
         own = (
-            data_step(p.name) is not None or p.name == manifest_name(STEP)
+            data_step(p.name) is not None or p.name == manifest_name(STEP, RUN)
             if p.parent.name == "a"
             else is_base_data(p.name)
         )

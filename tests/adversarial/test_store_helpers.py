@@ -11,6 +11,7 @@ import torch
 from ram_live.store import SnapshotStore
 
 STEP = 7
+RUN = "r1"  # the run the store's snapshots are written in (its manifests: <step:012d>.r1.json)
 
 
 def small_base() -> dict[str, torch.Tensor]:
@@ -38,11 +39,11 @@ def build(root: Path) -> tuple[SnapshotStore, dict[str, torch.Tensor], dict[str,
     store = SnapshotStore(root, durable=False)
     base = small_base()
     agent = small_agent(base)
-    store.writer("a", base).snapshot(agent, STEP)
+    store.writer("a", base, run=RUN).snapshot(agent, STEP)
     other = {k: v.clone() for k, v in base.items()}
     other["w"] += 2.0
-    store.writer("other", base).snapshot(other, STEP)
-    pieces = json.loads((root / "a" / f"{STEP:012d}.json").read_text())["tensors"]
+    store.writer("other", base, run=RUN).snapshot(other, STEP)
+    pieces = json.loads(manifest_path(root).read_text())["tensors"]
     assert sorted(p["pieces"][0]["encoding"] for p in pieces.values()) == ["bitmask", "dense", "indices", "none"]
     return store, base, agent
 
@@ -61,7 +62,7 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def manifest_path(root: Path, agent: str = "a") -> Path:
-    return root / agent / f"{STEP:012d}.json"
+    return root / agent / f"{STEP:012d}.{RUN}.json"
 
 
 def data_files(root: Path, agent: str = "a") -> list[Path]:

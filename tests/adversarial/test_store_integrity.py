@@ -63,10 +63,10 @@ def test_verify_finds_exactly_the_damaged_entry(tmp_path):
     store, _, _ = build(tmp_path / "s")
     root = store.root
     report = store.verify()
-    assert report.ok and [e.name for e in report.entries] == ["base", "a step 7", "other step 7"]
+    assert report.ok and [e.name for e in report.entries] == ["base", "a step 7 (r1)", "other step 7 (r1)"]
     files = base_files(root) + data_files(root) + data_files(root, "other")
     assert report.bytes == sum(p.stat().st_size for p in files)
-    for target, name in ((data_files(root)[0], "a step 7"), (base_files(root)[0], "base")):
+    for target, name in ((data_files(root)[0], "a step 7 (r1)"), (base_files(root)[0], "base")):
         for i, _ in _flips(target, every=5):
             report = SnapshotStore(root, create=False).verify()
             bad = [e.name for e in report.problems]

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 from safetensors.torch import load_file, save_file
-from test_store_helpers import STEP, build, read_all, same
+from test_store_helpers import RUN, STEP, build, read_all, same
 
 from ram_live.cli import main
 from ram_live.store import SnapshotStore, UnverifiedSnapshotWarning
@@ -27,6 +27,11 @@ def _as_version_1(root, manifest_path, folder):
     if "stats" in m:
         m["stats"]["bytes"] = sum(f["bytes"] for f in m["files"])
     m["version"] = 1
+    if "run" in m:  # and as it was named before stores knew runs
+        del m["run"], m["run_started"]
+        manifest_path.unlink()
+        manifest_path = manifest_path.with_name(f"{m['step']:012d}.json")
+        (root / "store.json").write_text(json.dumps({"format": "ram_live.store", "version": 1}))
     manifest_path.write_text(json.dumps(m, indent=1))
 
 
@@ -34,7 +39,8 @@ def test_a_store_without_checksums_loads_with_a_warning(tmp_path, capsys):
     store, _, agent = build(tmp_path / "s")
     root = store.root
     _as_version_1(root, root / "_base" / "base.json", root / "_base")
-    _as_version_1(root, root / "a" / f"{STEP:012d}.json", root / "a")
+    _as_version_1(root, root / "a" / f"{STEP:012d}.{RUN}.json", root / "a")
+    store.prune(0, "other")
     with pytest.warns(UnverifiedSnapshotWarning) as caught:
         got = read_all(root)
     assert same(got, agent)
@@ -50,7 +56,7 @@ def test_a_store_without_checksums_loads_with_a_warning(tmp_path, capsys):
     store = SnapshotStore(root)
     with pytest.warns(UnverifiedSnapshotWarning):
         store.snapshot("b", agent, 9)
-    m = json.loads((root / "b" / f"{9:012d}.json").read_text())
+    m = store.list("b")[0].manifest
     assert m["version"] == 2 and all(len(f["crc32"]) == 8 for f in m["files"])
 
 
