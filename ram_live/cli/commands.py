@@ -289,6 +289,7 @@ def _merge_adapters(args: argparse.Namespace) -> int:
 
 
 def _stores(args: argparse.Namespace) -> int:
+    import time
     import warnings
 
     from ..store import SnapshotStore, StoreError, UnverifiedSnapshotWarning
@@ -299,18 +300,19 @@ def _stores(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), indent=2) if args.json else report.table())
         return 0 if report.ok else 1
     rows = []
+    runs = {a: store.runs(a) for a in store.agents()}
     with warnings.catch_warnings(record=True) as unverified:
         warnings.simplefilter("always", UnverifiedSnapshotWarning)
         for info in store.list():
+            row: dict[str, Any] = {"agent": info.agent, "run": info.run, "step": info.step}
             try:
                 snap = info.open()
             except StoreError as exc:  # one damaged snapshot does not hide the others
-                rows.append({"agent": info.agent, "step": info.step, "error": str(exc)})
+                rows.append({**row, "error": str(exc)})
                 continue
             rows.append(
                 {
-                    "agent": info.agent,
-                    "step": info.step,
+                    **row,
                     "changed": snap.changed,
                     "numel": snap.numel,
                     "density": snap.density,
@@ -319,16 +321,28 @@ def _stores(args: argparse.Namespace) -> int:
                 }
             )
     if args.json:
-        print(json.dumps({"store": str(store.root), "base": store.base_fingerprint, "snapshots": rows}, indent=2))
+        listed = {
+            a: [{"run": r.run, "started": r.started, "steps": list(r.steps), "current": r is rs[-1]} for r in rs]
+            for a, rs in runs.items()
+        }
+        doc = {"store": str(store.root), "base": store.base_fingerprint, "runs": listed, "snapshots": rows}
+        print(json.dumps(doc, indent=2))
         return 0
     print(f"store {store.root}  base {store.base_fingerprint or '(none)'}")
-    print(f"{'agent':<16}{'step':>10}{'density':>10}{'changed':>14}{'on disk':>12}{'dense':>12}")
+    for agent, rs in runs.items():
+        for r in rs:
+            began = "before runs" if r.started is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.started))
+            current = "  (current: merges take this run)" if r is rs[-1] and len(rs) > 1 else ""
+            steps = f"steps {r.steps[0]}-{r.steps[-1]}"
+            print(f"run {agent}/{r.run}: {len(r.steps)} snapshot(s), {steps}, began {began}{current}")
+    print(f"{'agent':<16}{'run':<24}{'step':>10}{'density':>10}{'changed':>14}{'on disk':>12}{'dense':>12}")
     for r in rows:
+        lead = f"{r['agent'][:15]:<16}{r['run'][:23]:<24}{r['step']:>10}"
         if "error" in r:
-            print(f"{r['agent'][:15]:<16}{r['step']:>10}  unreadable: {r['error']}")
+            print(f"{lead}  unreadable: {r['error']}")
             continue
         print(
-            f"{r['agent'][:15]:<16}{r['step']:>10}{r['density']:>10.2%}{r['changed']:>14,}"
+            f"{lead}{r['density']:>10.2%}{r['changed']:>14,}"
             f"{r['bytes'] / 1e6:>10.1f}MB{r['dense_bytes'] / 1e6:>10.1f}MB"
         )
     if unverified:

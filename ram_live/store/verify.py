@@ -118,10 +118,10 @@ class VerifyReport:
         Returns:
             One line per entry, then the totals.
         """
-        lines = [f"{'what':<32}{'files':>6}{'checked MB':>12}  result"]
+        lines = [f"{'what':<48}{'files':>6}{'checked MB':>12}  result"]
         for e in self.entries:
             result = e.problem or ("ok" if e.checksummed else "ok (no checksums: written by an older ram_live)")
-            lines.append(f"{e.name[:31]:<32}{e.files:>6}{e.bytes / 1e6:>12.1f}  {result}")
+            lines.append(f"{e.name[:47]:<48}{e.files:>6}{e.bytes / 1e6:>12.1f}  {result}")
         rate = f", {self.bytes / self.seconds / 1e9:.2f} GB/s" if self.seconds > 0 else ""
         lines.append(
             f"{len(self.entries)} checked, {len(self.problems)} with problems, {len(self.unverified)} "
