@@ -303,6 +303,21 @@ def _search(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None
     )
     s.add_argument("--seed", type=int, default=0, help="orders the coordinate ascents, seeds DARE (default 0)")
     s.add_argument(
+        "--sampler",
+        choices=("moves", "tpe"),
+        default=None,
+        help="what refines the arms: moves (coordinate ascents) or tpe (a model of the scores); default tpe in a "
+        "race of 20x or more, else moves",
+    )
+    s.add_argument(
+        "--storage",
+        default=None,
+        metavar="URL",
+        help="keep every scored candidate in an Optuna study (e.g. sqlite:///search.db): a killed search resumes, "
+        "processes sharing it split the work (needs optuna)",
+    )
+    s.add_argument("--study", default=None, metavar="NAME", help="the study's name in --storage")
+    s.add_argument(
         "--space",
         default=None,
         metavar="JSON",

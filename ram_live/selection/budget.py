@@ -37,7 +37,7 @@ from typing import Any
 
 from .space import ASCENTS, LOCAL_MIN_STEP, Family, spread
 
-__all__ = ["Arm", "arms_of", "screen_sizes", "refine_shares", "SCREEN_SHARE", "ROUND_SHARE", "spend"]
+__all__ = ["Arm", "arms_of", "sampleable", "screen_sizes", "refine_shares", "SCREEN_SHARE", "ROUND_SHARE", "spend"]
 
 #: Share of the budget the screening round uses (two arms or more).
 SCREEN_SHARE = 0.35
@@ -54,6 +54,7 @@ class Arm:
     order: int
     finished: set[str] = field(default_factory=set)
     probed: bool = False  # its screen probed per-agent weights
+    sampled: bool = False  # a model-based sampler refines it (search's sampler=, ram_live.selection.sampler)
 
     @property
     def grid(self) -> list[tuple[Family, dict[str, Any]]]:
@@ -65,6 +66,10 @@ class Arm:
         density × scale grid, and the coordinate ascents last (the joint λ/shared-weight ascent stands in for the
         λ ascent when both are in the space)."""
         names = {f.name for f in self.families}
+        if self.sampled:  # user grids and finite moves as they are; the sampler over the arm's box last
+            kept = [f for f in self.families if f.kind not in ASCENTS and (f.kind != "grid" or f.user_grid)]
+            kept.sort(key=lambda f: f.kind not in ("grid", "importance"))
+            return kept + [Family(f"sampled:{self.name}", self.families[0].side, "sampled")]
         out: list[Family] = []
         for f in self.families:
             if f.kind in ASCENTS or f.kind == "lambdas" and "shared_weights" in names:
@@ -132,6 +137,10 @@ def spend(run: Any, families: list[Family]) -> dict[str, int]:
     ``history`` and ``best_of(arm)``."""
     explicit, arms = arms_of(families)
     used: dict[str, int] = {}
+    if getattr(run, "proposer", None) is not None:
+        run.arm_families = {a.name: a.families for a in arms}
+        for a in arms:
+            a.sampled = sampleable(a)
 
     def go(family: Family, allowance: int, arm: str, phase: str) -> tuple[bool, int]:
         before, n0 = run.used, len(run.history)
@@ -174,6 +183,19 @@ def spend(run: Any, families: list[Family]) -> dict[str, int]:
             _refine(arm, share, go)
         keep = (keep + 1) // 2 if keep > 1 else 1
     return used
+
+
+def sampleable(arm: Arm) -> bool:
+    """Whether a sampler can refine ``arm`` (:func:`~ram_live.selection.sampler_box.arm_box` has a box for it):
+    task arithmetic with ``ta_weights`` or its default scale grid, RAM with ``lambdas``/``shared_weights`` or the
+    default RAM+ grid, a default density × scale grid."""
+    kinds = {f.kind for f in arm.families}
+    defaults = [f for f in arm.families if f.kind == "grid" and not f.user_grid]
+    if arm.name == "task_arithmetic":
+        return "ta_weights" in kinds or bool(defaults)
+    if arm.name == "ram":
+        return bool({"lambdas", "shared_weights"} & kinds) or any(f.name == "ram_plus" for f in defaults)
+    return any(f.name == arm.name and any({"density", "scale"} <= set(o) for o in f.grid) for f in defaults)
 
 
 def _rank(run: Any, arm: Arm) -> tuple[float, int]:

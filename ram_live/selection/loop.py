@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from functools import partial
 from typing import Any, Callable
 
 from ..errors import ConfigError, SearchError
@@ -15,7 +16,8 @@ from ..progress import SearchProgress
 from .effects import effect_key
 from .fidelity import Scored, Scorer
 from .moves import Moves
-from .outcome import run_candidate, side_reference
+from .optuna_storage import Ledger
+from .outcome import Outcome, run_candidate, side_reference
 from .parallel import Pool
 from .refine import Refinements
 from .result import SearchResult, Trial, describe, to_json
@@ -41,6 +43,10 @@ class SearchRun(Moves, Refinements):
         self.pool: Pool | None = None
         self.left = 0.0
         self.importance: dict[str, Any] = {}
+        self.proposer: Any = None  # search's sampler= (ram_live.selection.sampler); None: the moves
+        self.ledger: Ledger | None = None  # search's storage= (ram_live.selection.optuna_storage)
+        self.planned: list[tuple[str, dict[str, Any]]] = []
+        self.arm_families: dict[str, list[Family]] = {}
         self.labels: dict[int, str] = {}
         self.history: list[Trial] = []
         self.seen: dict[str, Trial] = {}
@@ -77,6 +83,8 @@ class SearchRun(Moves, Refinements):
         """Tell the worker pool (``parallel`` > 1) what :meth:`trial` will be asked next, in that order: the ones
         not seen yet are started now, as many as the budget could pay for; what was prefetched before and is not
         in this plan is dropped."""
+        if self.ledger is not None:
+            self.planned = [self._prepare(c)[1:2] + (c,) for c in candidates]  # type: ignore[misc]
         if self.pool is None:
             return
         planned = []
@@ -105,10 +113,20 @@ class SearchRun(Moves, Refinements):
             shown["importance"] = label_of
         label = f"#{index} {candidate['method']}({describe(shown)})"
         reference = side_reference(self.scorer, candidate)
-        if self.pool is not None:
-            outcome = self.pool.score(key, candidate, reference, label)
+        if self.ledger is not None:
+            reused = self.ledger.reused
+            outcome = self.ledger.outcome(
+                key,
+                reference,
+                lambda: self._compute(key, candidate, reference, label),
+                self._ahead,
+                candidate,
+                family.name,
+            )
+            if self.ledger.reused != reused:
+                self._counts_for(candidate)
         else:
-            outcome = run_candidate(self.merger, self.scorer, candidate, reference)
+            outcome = self._compute(key, candidate, reference, label)
         if outcome.statistics is not None and outcome.statistics[0] not in self.merger.statistics:
             self.merger.statistics[outcome.statistics[0]] = outcome.statistics[1]
             self.merger.statistics_passes += 1
@@ -155,6 +173,41 @@ class SearchRun(Moves, Refinements):
             self.seen.setdefault(effect, trial)
         self._notify(trial)
         return trial
+
+    def _compute(self, key: str, candidate: dict[str, Any], reference: Scored | None, label: str) -> Outcome:
+        """Merge and score ``candidate`` here or in the worker pool."""
+        if self.pool is not None:
+            return self.pool.score(key, candidate, reference, label)
+        return run_candidate(self.merger, self.scorer, candidate, reference)
+
+    def _counts_for(self, candidate: dict[str, Any]) -> None:
+        """An outcome taken from the study: the RAM counts its merge would have taken are taken now (merged, not
+        scored), so that equal-effect candidates are recognised as in the search that scored it."""
+        from ..methods import get_method, make_config
+
+        config = make_config(candidate["method"], **self.merger.options_of(candidate))
+        if not get_method(candidate["method"]).needs_statistics(config):
+            return
+        key = self.merger.count_key(candidate, config)
+        if key in self.merger.statistics:
+            return
+        _, info, seconds = self.merger.merge(candidate)
+        self.merge_seconds += seconds
+        if info.statistics is not None:
+            self.merger.statistics[key] = info.statistics
+            self.merger.statistics_passes += 1
+
+    def _ahead(self) -> list[tuple[str, Scored | None, Callable[[], Outcome], dict[str, Any]]]:
+        """The candidates announced next (:meth:`prefetch`) and not scored here: what a process waiting for another
+        one's claim scores meanwhile (``storage=``)."""
+        out = []
+        for key, candidate in self.planned:
+            if key in self.seen:
+                continue
+            reference = side_reference(self.scorer, candidate)
+            label = f"(ahead) {candidate['method']}"
+            out.append((key, reference, partial(self._compute, key, candidate, reference, label), candidate))
+        return out
 
     def _clamp(self, scored: Scored) -> None:
         """A stopped candidate's estimate kept within the per-prompt scores seen so far (no mean, weighted mean or

@@ -15,6 +15,8 @@ __all__ = ["Moves", "PROBE_FACTOR"]
 
 #: The factor on one agent's weight in the task-arithmetic arm's screening probes.
 PROBE_FACTOR = 3.0
+#: A sampler whose proposals were this many candidates in a row already scored has converged: its step ends.
+MAX_REPEATS = 8
 
 
 class Moves:
@@ -24,6 +26,8 @@ class Moves:
     seed: int
     history: list[Trial]
     importance: dict[str, Any]  # label -> {agent: importances} (search's importance=)
+    proposer: Any  # the model-based sampler (search's sampler=), None for the moves
+    arm_families: dict[str, list[Family]]  # arm -> its families (set by budget.spend with a sampler)
 
     def trial(self, candidate: dict[str, Any]) -> Trial | None:
         raise NotImplementedError
@@ -154,6 +158,39 @@ class Moves:
             [math.inf] * n,
             prefetch=self.prefetch,
         )
+
+    def _sampled(self, family: Family) -> None:
+        """A model-based sampler (:mod:`ram_live.selection.sampler`) over the arm's box: each proposal merged and
+        scored as any candidate (raced under ``fidelity="halving"``), then told to the sampler; runs until the
+        allowance is spent or ``MAX_REPEATS`` proposals in a row were candidates already scored. An arm with fewer
+        than two trials in its box first scores its default grid's first, middle and last points."""
+        from .sampler_box import arm_box
+        from .space import spread
+
+        arm = family.name.split(":", 1)[1]
+        boxes = self.__dict__.setdefault("boxes", {})
+        if arm not in boxes:
+            boxes[arm] = arm_box(arm, self.arm_families[arm], self)
+        box = boxes[arm]
+        if box is None:
+            return
+        if sum(box.read(t) is not None for t in self.history) < 2:
+            starts = []
+            for f in self.arm_families[arm]:
+                if f.kind == "grid" and not f.user_grid:
+                    starts += [{"method": f.name, **f.grid[i]} for i in spread(len(f.grid), 3)]
+            if starts and not self._trials(starts):
+                return
+        repeats = 0
+        while repeats < MAX_REPEATS:
+            observed = [(p, t) for t in self.history if (p := box.read(t)) is not None]
+            point = self.proposer.propose(box, observed)
+            n = len(self.history)
+            tried = self.trial(box.build(point))
+            self.proposer.tell(point, tried)
+            if tried is None:
+                return
+            repeats = repeats + 1 if len(self.history) == n else 0
 
     def _leave_one_out(self, family: Family) -> None:
         start = self._ram_start()

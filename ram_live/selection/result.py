@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import RamLiveWarning
+from .choice import undecided
 from .space import BASELINE_SIDE, RAM_SIDE
 
 __all__ = ["Trial", "SearchResult", "ExtrapolationWarning", "EXTRAPOLATION_FAR", "to_json", "from_json"]
@@ -20,7 +22,7 @@ __all__ = ["Trial", "SearchResult", "ExtrapolationWarning", "EXTRAPOLATION_FAR",
 EXTRAPOLATION_FAR = 2.0
 
 
-class ExtrapolationWarning(UserWarning):
+class ExtrapolationWarning(RamLiveWarning):
     """The chosen merge scales some agent's task vector by more than :data:`EXTRAPOLATION_FAR`: it moves past
     what that agent learned (it may be what wins on the selection set, and still be fragile)."""
 
@@ -194,6 +196,9 @@ class SearchResult:
         statistics_passes: merges that computed statistics (counts) later merges reuse.
         budgets: the evaluations each arm of the search space used.
         spent: what the trials cost.
+        choice_causes: when the winner is :attr:`arbitrary`, the likely causes (:mod:`ram_live.selection.choice`).
+        race_slices: a raced search's slice sizes, in prompts (None without a race).
+        sampler: what proposed the refinements (``"moves"``, ``"tpe"``, ``"optuna:TPESampler"``, ...).
 
     Example:
         >>> result = ram_live.search(models, base=base, evaluate=score, budget=60)          # doctest: +SKIP
@@ -210,6 +215,10 @@ class SearchResult:
     statistics_passes: int = 0
     budgets: dict[str, float] = field(default_factory=dict)
     spent: float = 0.0
+    choice_causes: list[str] = field(default_factory=list)
+    race_slices: tuple[int, ...] | None = None
+    #: What proposed the refinements: "moves", "tpe" or "optuna:<sampler class>" (search's sampler=).
+    sampler: str = "moves"
 
     @property
     def scored(self) -> list[Trial]:
@@ -243,6 +252,12 @@ class SearchResult:
     def best_ram(self) -> Trial | None:
         ram = [t for t in self.complete if t.side == RAM_SIDE]
         return max(ram, key=lambda t: (t.score, -t.index)) if ram else None
+
+    @property
+    def arbitrary(self) -> bool:
+        """True when the search could not choose: every candidate scored on every prompt scored the same, or within
+        the winner's standard error (:func:`~ram_live.selection.choice.undecided`): the winner is an arbitrary pick."""
+        return undecided(self)
 
     @property
     def total_seconds(self) -> float:
@@ -282,6 +297,9 @@ class SearchResult:
                 "best_index": self.best_trial.index,
                 "best_tasks": self.best_trial.tasks,
                 "best_se": self.best_trial.se,
+                "arbitrary": self.arbitrary,
+                "choice_causes": list(self.choice_causes),
+                "race_slices": None if self.race_slices is None else list(self.race_slices),
                 "spent": self.spent,
                 "best_extrapolation": self.best_trial.extrapolation,
                 "best_baseline": None if baseline is None else baseline.candidate,
@@ -291,6 +309,7 @@ class SearchResult:
                 "budget": self.budget,
                 "budgets": self.budgets,
                 "seed": self.seed,
+                "sampler": self.sampler,
                 "statistics_passes": self.statistics_passes,
                 "merge_seconds": self.merge_seconds,
                 "evaluate_seconds": self.evaluate_seconds,

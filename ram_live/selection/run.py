@@ -14,12 +14,15 @@ from ..api import Model, Models, check_run_options
 from ..errors import ConfigError, SearchError
 from ..importance import STORED, resolve_importance
 from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult
+from .choice import note_choice
 from .budget import spend
 from .space import DEFAULT_SPACE, parse_space
 from .fidelity import Scorer, parse_budget, parse_fidelity
 from .parallel import Pool, check_parallel, make_merger
 from .loop import SearchRun
 from .plan import SearchPlan, make_plan
+from .sampler import parse_sampler, sampler_name
+from .optuna_storage import open_ledger
 from ..option_checks import finite_float
 from .adapters import adapter_agents, adapter_space, check_families
 
@@ -48,6 +51,9 @@ def search(
     adapters: Any = None,
     plan: bool = False,
     seconds_per_candidate: float | None = None,
+    sampler: Any = None,
+    storage: Any = None,
+    study: str | None = None,
 ) -> SearchResult | SearchPlan:
     """Pick the merge of ``models`` that scores best on ``evaluate`` (higher is better), within ``budget`` calls.
 
@@ -122,6 +128,18 @@ def search(
             full and of a raced search), every option checked as for the search itself.
         seconds_per_candidate: with ``plan``: one full evaluation's time (e.g. timed on the base), for the
             plan's time.
+        sampler: what proposes the refinements of each arm (:mod:`ram_live.selection.sampler`): None (the
+            default: ``"tpe"`` in a race of ``"20x"`` or more, else ``"moves"``; docs/search.md "Which
+            sampler"), ``"moves"`` (the coordinate ascents and local steps),
+            ``"tpe"`` (the built-in TPE over the arm's per-agent weights and options, seeded by ``seed``) or any
+            Optuna sampler (``optuna.samplers.TPESampler(seed=0)``, ``GPSampler``, ``CmaEsSampler``,
+            ``NSGAIISampler``: score and worst task), by ask-and-tell. Raced like any candidate under
+            ``fidelity="halving"``; ``result.sampler`` names it.
+        storage, study: keep every scored candidate in an Optuna study (``storage="sqlite:///search.db"``, an RDB
+            URL or an Optuna storage; ``study`` its name, default ``"ram_live_search"``;
+            :mod:`ram_live.selection.optuna_storage`): a search run again with the same settings takes what is
+            there instead of scoring it again (a killed search resumes), and processes sharing the study split
+            the work. Needs Optuna.
 
     Returns:
         A :class:`SearchResult`; ``merge(models, base=base, **result.best)`` reproduces the winner bit for bit.
@@ -130,6 +148,11 @@ def search(
     Raises:
         SearchError: ``evaluate``/``confirm`` raised (chained) or returned NaN, ±inf or a non-number.
         ConfigError: a bad ``budget``, ``confirm_top``, ``space`` entry, ``plan`` or ``seconds_per_candidate``.
+
+    Warns:
+        ArbitraryChoiceWarning: every candidate scored the same, or within the winner's standard error: the winner
+            is an arbitrary pick (``result.arbitrary``), the likely causes named (``result.choice_causes``).
+        ExtrapolationWarning: the winner scales an agent's task vector past ``EXTRAPOLATION_FAR``.
 
     >>> result = search({"coder": coder, "tools": tools}, base=base, evaluate=held_out_score)  # doctest: +SKIP
     >>> generalist = merge({"coder": coder, "tools": tools}, base=base, **result.best)       # doctest: +SKIP
@@ -168,6 +191,7 @@ def search(
             if not variants:
                 raise ConfigError("space names the 'importance' family but search got no importance=")
             family.settings["variants"] = len(variants)
+    proposer = parse_sampler(sampler, int(seed), halving is not None, units)
     scorer = Scorer(evaluate, halving, in_prompts)
     if plan is not True and plan is not False:
         raise ConfigError(f"plan must be True or False, got {plan!r:.80}")
@@ -191,6 +215,19 @@ def search(
     if STORED in [v for v in variants.values() if isinstance(v, str)]:
         resolve_importance(STORED, merger.agents)  # a ConfigError naming the agents without, before any trial
     run.importance = variants
+    run.proposer = proposer
+    run.ledger = open_ledger(
+        storage,
+        study,
+        {
+            "agents": list(merger.names),
+            "budget": budget,
+            "seed": int(seed),
+            "space": repr(space),
+            "fidelity": repr(halving),
+            "sampler": sampler_name(proposer),
+        },
+    )
     run.labels = {id(m): label for label, m in variants.items()}
     if n_workers > 1 or ray_address is not None:
         run.pool = Pool(n_workers, (*inputs, device, workers, scorer), ray_address)
@@ -204,7 +241,9 @@ def search(
     if run.pool is not None:
         run.pool.close()
     run.close_progress()
-    result = SearchResult(run.history, budget, int(seed), merger.names, budgets=budgets, spent=run.used)
+    result = SearchResult(
+        run.history, budget, int(seed), merger.names, budgets=budgets, spent=run.used, sampler=sampler_name(proposer)
+    )
     if not result.scored:
         raise SearchError("no candidate could be merged and scored (see the trials' errors)")
     if confirm is not None:
@@ -212,6 +251,7 @@ def search(
     result.merge_seconds, result.evaluate_seconds = run.merge_seconds, run.evaluate_seconds
     result.statistics_passes = merger.statistics_passes
     result.overhead_seconds = max(0.0, time.perf_counter() - t0 - run.merge_seconds - run.evaluate_seconds)
+    note_choice(result, evaluate, scorer.slices if halving is not None else None)  # warns: could not choose
     best = result.best_trial
     if best.extrapolates:
         warnings.warn(

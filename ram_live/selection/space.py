@@ -180,9 +180,11 @@ def _family(name: str, value: Any) -> Family:
         if name in ASCENTS:
             settings = {"step": ASCENT_STEP, "min_step": ASCENT_MIN_STEP}
             if isinstance(value, Mapping):
-                unknown = sorted(set(value) - set(settings))
+                unknown = sorted(set(value) - set(settings) - {"high"})
                 if unknown:
-                    raise ConfigError(f"space[{name!r}]: unknown setting(s) {unknown}; its settings are step, min_step")
+                    raise ConfigError(
+                        f"space[{name!r}]: unknown setting(s) {unknown}; its settings are step, min_step, high"
+                    )
                 for k, v in value.items():
                     if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
                         raise ConfigError(f"space[{name!r}][{k!r}] must be a positive number, got {v!r}")

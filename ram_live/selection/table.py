@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .choice import SAME
+
 __all__ = ["format_table", "within_one_se"]
 
 #: The most trials the "within one standard error" line names (the rest are counted).
@@ -26,8 +28,23 @@ def within_one_se(result: Any) -> list[Any]:
     return sorted(close, key=lambda t: (-t.score, t.index))  # type: ignore[operator]
 
 
+def _undecided_lines(result: Any) -> list[str]:
+    """The table's word that the search could not choose (:attr:`SearchResult.arbitrary`), with the likely causes."""
+    if not result.arbitrary:
+        return []
+    scores = [t.score for t in result.complete]
+    same = max(scores) - min(scores) <= SAME * max(1.0, abs(max(scores)))
+    how = "the same score" if same else "scores within the winner's standard error"
+    pick = "the earliest of them" if same else "the highest, by less than its standard error"
+    lines = [f"arbitrary: all {len(scores)} candidates have {how}; the search could not choose, the winner is {pick}"]
+    if result.choice_causes:
+        lines.append("likely causes: " + "; ".join(result.choice_causes))
+    return lines
+
+
 def format_table(result: Any) -> str:
-    """The table as text: ``*`` the winner; ``!`` extrapolates past
+    """The table as text: ``*`` the winner (``arbitrary:`` under the table when every candidate scored the same, or
+    within the winner's standard error, with the likely causes); ``!`` extrapolates past
     :data:`~ram_live.selection.result.EXTRAPOLATION_FAR`; ``~`` (race) an estimate, its task columns the slice's
     scores; ``~c`` an estimate clamped to the range of the per-prompt scores; ``se`` the standard error."""
     history = result.history
@@ -68,8 +85,9 @@ def format_table(result: Any) -> str:
     lines.append(
         f"best: {best.label()}  score {result.best_score:.6g}" + ("" if best.se is None else f" ± {best.se:.3g} (se)")
     )
+    lines.extend(_undecided_lines(result))
     close = within_one_se(result)
-    if close:
+    if close and not result.arbitrary:
         named = ", ".join(f"#{t.index} {t.score:.6g}" for t in close[:NAMED])
         more = f" and {len(close) - NAMED} more" if len(close) > NAMED else ""
         lines.append(
@@ -85,6 +103,17 @@ def format_table(result: Any) -> str:
             "best at the time + its gap to it on the slice), below that best, and never wins; its task columns "
             "are its scores on the slice it saw"
         )
+    slices = getattr(result, "race_slices", None)
+    if slices and not any(t.stop for t in history):
+        lines.append(
+            "race: no candidate was stopped early (slices of " + "/".join(str(n) for n in slices) + " prompts): "
+            "every candidate saw every prompt, as in a full search"
+            + (
+                "; the first slice holds every prompt: too few prompts to race"
+                if slices[0] >= slices[-1]
+                else "; none trailed its side's best by more than the race's z standard errors on a slice"
+            )
+        )
     if any(t.clamped for t in history):
         lines.append("~c: an estimate outside the range of the per-prompt scores seen, clamped to that range")
     if with_se:
@@ -92,7 +121,7 @@ def format_table(result: Any) -> str:
     if shown_tasks and best.tasks:
         lines.append("best per task: " + ", ".join(f"{k} {v:.4g}" for k, v in best.tasks.items()))
     lines.append(
-        f"{len(history)} trials, budget {result.budget} (spent {result.spent:.3g}), "
+        f"{len(history)} trials, budget {result.budget} (spent {result.spent:.3g}), sampler {result.sampler}, "
         f"{result.statistics_passes} statistics "
         f"pass(es); merge {result.merge_seconds:.2f} s, evaluate {result.evaluate_seconds:.2f} s, "
         f"other {result.overhead_seconds:.2f} s"
