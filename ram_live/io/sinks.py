@@ -8,7 +8,6 @@ nothing behind.
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 from pathlib import Path
@@ -32,6 +31,7 @@ from .dtensor import local_tensor
 from ..errors import ConfigError, InvalidStateError
 from .memory import advise_hugepages, empty
 from .safetensors_io import SafetensorsWriter
+from .structure import structure_copy
 from ..types import Plan, TensorSpec
 
 __all__ = ["Sink", "ModuleSink", "StateDictSink", "SafetensorsSink"]
@@ -81,7 +81,7 @@ class ModuleSink:
                 memo[id(p)] = nn.Parameter(
                     advise_hugepages(torch.empty_like(p), MERGE_HUGEPAGES), requires_grad=p.requires_grad
                 )
-            self.module = copy.deepcopy(self.base, memo)
+            self.module = structure_copy(self.base, memo)
         self._tensors = self.module.state_dict(keep_vars=True)
 
     @property

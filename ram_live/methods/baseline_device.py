@@ -15,9 +15,10 @@ import torch
 from torch import Tensor
 
 from ..engine import checks
+from ..engine.ops import call_op
 from ..engine.stream import DeltaStream
-from ..kernels.device import linear as _linear  # noqa: F401 - registers torch.ops.ram_live.linear_merge_
-from ..kernels.device import ties as _ties  # noqa: F401 - registers torch.ops.ram_live.ties_merge_
+from ..kernels.device import linear as _linear  # registers torch.ops.ram_live.linear_merge_
+from ..kernels.device import ties as _ties  # registers torch.ops.ram_live.ties_merge_
 from ..kernels.device.common import INPUT_DTYPES
 from ..kernels.device.select import MagnitudeSelection
 from ..kernels.device.ties import DIVIDE, MAJORITY
@@ -54,7 +55,8 @@ def merge_linear(
 ) -> None:
     """θ₀ + scale · Σ_t w_t τ_t (DARE's drop first where ``densities`` are given) into ``flat``: one launch."""
     slot = stream.invalid_slot()
-    torch.ops.ram_live.linear_merge_(
+    call_op(
+        _linear.linear_merge_,
         flat,
         stream.base,
         list(stream.tensors),
@@ -79,7 +81,8 @@ def merge_ties(
     """TIES (``selection``: the trim's radix select) or DARE-TIES (``densities``/``seeds``) with ``config``'s
     election options into ``flat``: one launch."""
     slot = stream.invalid_slot()
-    torch.ops.ram_live.ties_merge_(
+    call_op(
+        _ties.ties_merge_,
         flat,
         stream.base,
         list(stream.tensors),

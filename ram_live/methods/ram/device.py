@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ...engine.counts import ADDED
+from ...engine.ops import call_op
 from ...engine.stream import DeltaStream
 from ...functional.activity import apply_activity_
 from ...functional.counting import ram_statistics
@@ -151,11 +152,25 @@ def merge_device(
 ) -> None:
     """One tensor merged by :func:`ram_merge_` into ``flat`` (the engine's ``kernel(stream, flat)``)."""
     slot = stream.invalid_slot()
-    lam = None if lambdas is None else lambdas.to(device=stream.device, dtype=torch.float32)
-    torch.ops.ram_live.ram_merge_(
-        flat, stream.base, list(stream.tensors), list(importances or ()), lam, eps, sign, slot
-    )
+    lam = None if lambdas is None else _float32_on(lambdas, stream.device)
+    call_op(ram_merge_, flat, stream.base, list(stream.tensors), list(importances or ()), lam, eps, sign, slot)
     stream.settle(slot, flat)
+
+
+#: The last λ converted by :func:`_float32_on`, its version, and its float32 copy on the device.
+_LAST_LAMBDAS: tuple[Tensor, int, Tensor] | None = None
+
+
+def _float32_on(lambdas: Tensor, device: torch.device) -> Tensor:
+    """``lambdas`` in float32 on ``device``, converted once per merge (a merge's tensors share one λ tensor): no
+    conversion launch per tensor."""
+    global _LAST_LAMBDAS
+    last = _LAST_LAMBDAS
+    if last is not None and last[0] is lambdas and last[1] == lambdas._version and last[2].device == device:
+        return last[2]
+    converted = lambdas.to(device=device, dtype=torch.float32)
+    _LAST_LAMBDAS = (lambdas, lambdas._version, converted)
+    return converted
 
 
 def device_statistics(stream: DeltaStream, k: int) -> RamStatistics:
@@ -167,6 +182,6 @@ def device_statistics(stream: DeltaStream, k: int) -> RamStatistics:
     counts = (
         stream.totals if stream.totals is not None else torch.zeros(3 * k + 1, dtype=torch.int64, device=stream.device)
     )
-    torch.ops.ram_live.ram_counts_(stream.base, list(stream.tensors), eps, counts, slot)
+    call_op(ram_counts_, stream.base, list(stream.tensors), eps, counts, slot)
     stream.settle(slot)
     return ADDED if counts is stream.totals else RamStatistics(counts[:k], counts[k : 2 * k], counts[2 * k :])

@@ -1,0 +1,124 @@
+"""structure_copy gives what copy.deepcopy gives a module: the same tree of new objects, ties and shared objects
+kept, parameters from the memo, buffers and other values copied, classes with their own copy deep-copied."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from ram_live.io.structure import structure_copy
+
+
+class Settings:
+    def __init__(self) -> None:
+        self.sizes = [3, 4]
+
+
+class OwnCopy(nn.Module):
+    copies = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(2))
+
+    def __deepcopy__(self, memo):
+        OwnCopy.copies += 1
+        new = OwnCopy()
+        memo[id(self)] = new
+        return new
+
+
+class Block(nn.Module):
+    def __init__(self, settings: Settings, shared: nn.Module) -> None:
+        super().__init__()
+        self.settings = settings  # one object shared by several modules (a model's config)
+        self.lin = nn.Linear(3, 4)
+        self.shared = shared
+        self.register_buffer("steps", torch.arange(3.0))
+        self.register_buffer("cache", torch.ones(2), persistent=False)
+        self.names = {"a": [1, 2]}
+        self.missing = None
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        settings, shared = Settings(), nn.Linear(4, 4)
+        self.blocks = nn.ModuleList([Block(settings, shared) for _ in range(2)])
+        self.head = nn.Linear(3, 4)
+        self.head.weight = self.blocks[0].lin.weight  # tied
+        self.own = OwnCopy()
+        self.blocks[1].register_forward_hook(lambda module, args, out: out)
+
+
+def _fresh(model: nn.Module) -> dict[int, nn.Parameter]:
+    return {id(p): nn.Parameter(torch.zeros_like(p), requires_grad=p.requires_grad) for p in model.parameters()}
+
+
+def test_matches_deepcopy():
+    model = Model()
+    memo_a, memo_b = _fresh(model), _fresh(model)
+    expected, got = copy.deepcopy(model, memo_a), structure_copy(model, memo_b)
+    pairs = list(zip(model.named_modules(remove_duplicate=False), expected.named_modules(remove_duplicate=False)))
+    assert [n for (n, _), _ in pairs] == [n for n, _ in got.named_modules(remove_duplicate=False)]
+    for ((name, orig), (_, want)), (_, have) in zip(pairs, got.named_modules(remove_duplicate=False)):
+        assert type(have) is type(want) and have is not orig, name
+        assert set(vars(have)) == set(vars(want)), name
+    # parameters are the memo's (OwnCopy's own copy makes its own), ties kept
+    for key, p in got.named_parameters(remove_duplicate=False):
+        if not key.startswith("own."):
+            assert any(p is q for q in memo_b.values()), key
+    assert got.head.weight is got.blocks[0].lin.weight
+    # shared objects copied once and shared in the copy
+    assert got.blocks[0].shared is got.blocks[1].shared is not model.blocks[0].shared
+    assert got.blocks[0].settings is got.blocks[1].settings is not model.blocks[0].settings
+    assert got.blocks[0].settings.sizes == [3, 4] and got.blocks[0].settings.sizes is not model.blocks[0].settings.sizes
+    assert got.blocks[0].names == {"a": [1, 2]} and got.blocks[0].names["a"] is not model.blocks[0].names["a"]
+    # buffers copied (values equal, new memory), the non-persistent set kept
+    for block, orig in zip(got.blocks, model.blocks):
+        assert torch.equal(block.steps, orig.steps) and block.steps.data_ptr() != orig.steps.data_ptr()
+        assert block._non_persistent_buffers_set == {"cache"}
+        assert block._non_persistent_buffers_set is not orig._non_persistent_buffers_set
+    # hooks: the same functions in new dicts
+    assert list(got.blocks[1]._forward_hooks.values()) == list(model.blocks[1]._forward_hooks.values())
+    assert got.blocks[1]._forward_hooks is not model.blocks[1]._forward_hooks
+    assert got.state_dict().keys() == expected.state_dict().keys()
+    x = torch.randn(2, 3)
+    got.head.weight.data.copy_(model.head.weight)
+    got.head.bias.data.copy_(model.head.bias)
+    assert torch.equal(got.head(x), model.head(x))
+
+
+def test_a_class_with_its_own_copy_is_deep_copied():
+    model = Model()
+    before = OwnCopy.copies
+    got = structure_copy(model, _fresh(model))
+    assert OwnCopy.copies == before + 1 and isinstance(got.own, OwnCopy) and got.own is not model.own
+
+
+def test_compiled_call_is_not_copied():
+    model = Model()
+    model.compile(backend="eager")
+    got = structure_copy(model, _fresh(model))
+    assert "_compiled_call_impl" not in vars(got)
+    assert "_compiled_call_impl" not in vars(copy.deepcopy(model, _fresh(model)))
+
+
+def test_a_transformers_model_matches_deepcopy():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        vocab_size=50, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    got, want = structure_copy(model, _fresh(model)), copy.deepcopy(model, _fresh(model))
+    assert repr(got) == repr(want)
+    assert got.config is not model.config and got.config.to_dict() == model.config.to_dict()
+    assert got.model.config is got.config
+    assert got.lm_head.weight is got.model.embed_tokens.weight
+    for name, buf in model.named_buffers():
+        assert torch.equal(dict(got.named_buffers())[name], buf)
+    got.load_state_dict(model.state_dict())
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(got(ids).logits, model(ids).logits)
