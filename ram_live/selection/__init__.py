@@ -7,6 +7,7 @@ winner). See ``docs/search.md``.
 """
 
 from ..errors import SearchError
+from .choice import ArbitraryChoiceWarning
 from .result import EXTRAPOLATION_FAR, ExtrapolationWarning, SearchResult, Trial, from_json, to_json
 from .run import search
 from .space import DEFAULT_SPACE
@@ -17,6 +18,7 @@ __all__ = [
     "Trial",
     "SearchError",
     "ExtrapolationWarning",
+    "ArbitraryChoiceWarning",
     "EXTRAPOLATION_FAR",
     "DEFAULT_SPACE",
     "from_json",

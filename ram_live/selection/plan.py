@@ -7,7 +7,9 @@ candidates, each ``n`` prompt-evaluations. A raced search stops candidates on sl
 buys depends on the scores: at least ``⌊N⌋`` candidates (all scored on every prompt), at most one scored on every
 prompt (the first of its side, the race's reference) and the rest each stopped on the smallest slice; it spends
 more than ``N − 1`` and at most ``N`` full evaluations' worth of prompts (a candidate starts only while one full
-evaluation fits). Both are "at most": a space with fewer candidates than the budget ends the search earlier.
+evaluation fits). Both are "at most": a space with fewer candidates than the budget ends the search earlier. A
+prompt set whose first slice is already every prompt (each task's slice holds at least one of its prompts) is too
+small to race: the plan gives no raced row, and says so.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ class PlanRow:
 @dataclass(frozen=True)
 class SearchPlan:
     """What ``budget`` buys with this evaluation (``search(..., plan=True)``). ``full`` and ``raced``: a
-    :class:`PlanRow` each (``raced`` None when the evaluation does not score prompts one by one, with ``note``
-    saying so); ``prompts``, ``samples``: the evaluation's prompts and completions a prompt (``prompts`` 0 without
-    the prompt protocol); ``seconds_per_candidate``: one full evaluation's time, if given."""
+    :class:`PlanRow` each (``raced`` None when the evaluation does not score prompts one by one, or has too few
+    prompts to race: its first slice would hold them all; ``note`` says which); ``prompts``, ``samples``: the
+    evaluation's prompts and completions a prompt (``prompts`` 0 without the prompt protocol);
+    ``seconds_per_candidate``: one full evaluation's time, if given."""
 
     budget: int | str
     prompts: int
@@ -126,6 +129,13 @@ def make_plan(
     race = halving or Halving()
     slices = nested_slices(scorer.tasks, race.fractions, race.seed)
     smallest = len(slices[0])
+    if smallest >= n:  # every slice is every prompt (a slice holds at least one prompt of each task)
+        note = (
+            f"{n} prompts are too few to race: with min_fraction={race.min_fraction:g} the first slice already "
+            "holds every prompt (at least one of each task), so a race stops no candidate and buys what the full "
+            "search buys"
+        )
+        return SearchPlan(budget, n, samples, full, None, seconds, note)
     # the most: one reference scored on every prompt, every other candidate stopped on the smallest slice, each
     # started while a full evaluation's worth is left
     most = 1 + (math.floor((units - 2) * n / smallest + 1e-9) + 1 if units >= 2 - 1e-9 else 0)

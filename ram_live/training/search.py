@@ -227,6 +227,8 @@ def record_of(setting: SearchSetting, result: Any, *, step: int, seconds: float)
             "score": setting.metric_value(float(baseline.score)),
         },
         "evaluations": len(result.scored),
+        "arbitrary": bool(getattr(result, "arbitrary", False)),  # every candidate scored the same: no real choice
+        "choice_causes": list(getattr(result, "choice_causes", [])),
         "agents": list(result.agents),
         "extrapolation": jsonable(result.best_trial.extrapolation),
         "seconds": {
@@ -245,6 +247,8 @@ def search_metrics(record: Mapping[str, Any], prefix: str = "ram/search/") -> di
     out = {f"{prefix}best_score": float(record["best_score"]), f"{prefix}evaluations": float(record["evaluations"])}
     if record.get("best_baseline") is not None:
         out[f"{prefix}best_baseline_score"] = float(record["best_baseline"]["score"])
+    if "arbitrary" in record:  # 1: the search could not choose (ram_live.selection.choice)
+        out[f"{prefix}arbitrary"] = float(bool(record["arbitrary"]))
     for key, value in record["seconds"].items():
         out[f"{prefix}{key}_seconds"] = float(value)
     for task, value in (record.get("best_tasks") or {}).items():

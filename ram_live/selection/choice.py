@@ -1,0 +1,141 @@
+"""Whether a search could choose: when every candidate scored the same (or within the winner's standard error), the
+winner is an arbitrary pick (the earliest of equal scores); the search says so with an :class:`ArbitraryChoiceWarning`
+naming the likely causes, the result carries it (``SearchResult.arbitrary``, ``choice_causes``), and the table
+shows it. A raced search also keeps its slices, so that its table can say when the race stopped no candidate.
+
+>>> result = search(agents, base=base, evaluate=evaluate, budget="20x")             # doctest: +SKIP
+>>> result.arbitrary, result.choice_causes                                         # doctest: +SKIP
+(True, ['the pass threshold 2 is above every weighted reward seen (at most 1): ...'])
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from ..errors import RamLiveWarning
+
+__all__ = ["ArbitraryChoiceWarning", "undecided", "likely_causes", "note_choice"]
+
+#: Scores this close (relative to the larger magnitude, at least absolute) are "the same" without a standard error.
+SAME = 1e-12
+
+
+class ArbitraryChoiceWarning(RamLiveWarning):
+    """A search could not choose: every candidate scored on every prompt scored the same, or within the winner's
+    standard error of it. The winner is an arbitrary pick among them; ``causes`` names the likely
+    reasons (a pass threshold above the rewards' range, completions cut short by ``max_new_tokens``, rewards that
+    are all zero, an evaluation that does not depend on the weights)."""
+
+    def __init__(self, message: str, *, causes: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.causes = causes
+
+
+def undecided(result: Any) -> bool:
+    """Whether ``result``'s winner is arbitrary: at least two candidates scored on every prompt, none stopped early
+    by a race (a stopped one was judged clearly worse), and the lowest of their scores is the winner's, or within
+    its standard error (where the evaluation scores prompts one by one), else equal up to :data:`SAME`."""
+    complete = result.complete
+    if len(complete) < 2 or any(t.stop for t in result.scored):
+        return False
+    best = result.best_trial
+    lowest = min(float(t.score) for t in complete)
+    noise = best.se if best.se is not None and math.isfinite(best.se) else 0.0
+    return float(best.score) - lowest <= noise + SAME * max(1.0, abs(float(best.score)))
+
+
+def likely_causes(result: Any, evaluate: Any) -> list[str]:
+    """Why every candidate may have scored the same, from the scores and what ``evaluate`` exposes (a
+    :func:`ram_live.evaluate.rewards` evaluation: its metric, pass threshold, ``max_new_tokens`` and the last
+    rewards it saw); the most specific first."""
+    complete = result.complete
+    scores = [float(t.score) for t in complete]
+    exact = max(scores) - min(scores) <= SAME * max(1.0, abs(max(scores)))
+    causes: list[str] = []
+    metric = getattr(evaluate, "metric", None)
+    seen = _weighted_range(evaluate)
+    all_zero = exact and all(s == 0.0 for s in scores)
+    if getattr(metric, "kind", None) == "pass":
+        threshold = float(metric.threshold)
+        if seen is not None and threshold > seen[1]:
+            causes.append(
+                f"the pass threshold {threshold:g} (pass_threshold=, --pass-threshold) is above every weighted "
+                f"reward seen (at most {seen[1]:g}): no completion can pass, whatever the merge"
+            )
+        elif all_zero:
+            causes.append(f"no completion reached the pass threshold {threshold:g} (pass_threshold=, --pass-threshold)")
+    if seen is not None and seen == (0.0, 0.0):
+        causes.append("every reward function returned 0 for every completion seen")
+    settings = getattr(evaluate, "settings", None)
+    tokens = getattr(settings, "max_new_tokens", None)
+    if isinstance(tokens, int) and (all_zero or seen is not None and seen[0] == seen[1]):
+        causes.append(
+            f"max_new_tokens={tokens} (--max-new-tokens) may be too few tokens for an answer: completions cut short "
+            "score alike"
+        )
+    if exact and not causes:
+        causes.append(
+            f"the evaluation returned {scores[0]:.6g} for every candidate: it may not depend on the merged weights "
+            "(or the agents may not differ from the base)"
+        )
+    best = result.best_trial
+    if not exact and best.se is not None:
+        causes.append(
+            f"the candidates differ by less than the evaluation's standard error ({best.se:.3g}): more prompts (or "
+            "samples) would tell them apart"
+        )
+    return causes
+
+
+def _weighted_range(evaluate: Any) -> tuple[float, float] | None:
+    """Bounds of the weighted rewards of the evaluation's last call (each function's rewards, weighted and summed
+    at their extremes: a completion's weighted reward lies within them), or None when it exposes none."""
+    rewards = getattr(evaluate, "function_rewards", None)
+    weights = getattr(evaluate, "weights", None)
+    if not callable(rewards) or not isinstance(weights, (list, tuple)):
+        return None
+    try:
+        columns = list(rewards().values())
+    except Exception:  # whatever the evaluation holds: no diagnosis from it
+        return None
+    if not any(columns) or len(columns) != len(weights):
+        return None
+    low = high = 0.0
+    for w, column in zip(weights, columns):
+        if column:
+            ends = (w * min(column), w * max(column))
+            low, high = low + min(ends), high + max(ends)
+    return (low, high) if math.isfinite(low) and math.isfinite(high) else None
+
+
+def note_choice(result: Any, evaluate: Any, slices: Any = None, stacklevel: int = 3) -> None:
+    """After a search: keep the race's slice sizes on ``result`` (``race_slices``), and when the winner is
+    arbitrary (:func:`undecided`) set ``result.choice_causes`` and warn with :class:`ArbitraryChoiceWarning`.
+
+    Args:
+        result: the :class:`~ram_live.selection.result.SearchResult`.
+        evaluate: the search's evaluation (read for :func:`likely_causes`).
+        slices: the race's slices (lists of prompt indices), or None without a race.
+        stacklevel: passed to :func:`warnings.warn` (the caller of ``search``).
+    """
+    result.race_slices = tuple(len(s) for s in slices) if slices else None
+    if not undecided(result):
+        return
+    causes = likely_causes(result, evaluate)
+    result.choice_causes = causes
+    best, scores = result.best_trial, [float(t.score) for t in result.complete]
+    if max(scores) - min(scores) <= SAME * max(1.0, abs(max(scores))):
+        spread, which = f"scored {scores[0]:.6g}", "the earliest"
+    else:
+        spread = f"scored {min(scores):.6g} to {max(scores):.6g}, within the winner's standard error ({best.se:.3g})"
+        which = "the highest, by less than its standard error"
+    warnings.warn(
+        ArbitraryChoiceWarning(
+            f"the search could not choose: all {len(scores)} candidates {spread}; the winner #{best.index} "
+            f"{best.label()} is an arbitrary pick ({which}). Likely causes: " + "; ".join(causes),
+            causes=tuple(causes),
+        ),
+        stacklevel=stacklevel,
+    )
