@@ -47,9 +47,11 @@ class Metric:
 
 
 def check_samples(samples: Any) -> int:
-    """``samples`` as an int >= 1 (a bool is refused)."""
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ConfigError(f"rewards: samples must be an int >= 1 (completions per prompt), got {short(samples)}")
+    """``samples`` as an int >= 1 and below 2**31 (a generator's count of sequences; a bool is refused)."""
+    if isinstance(samples, bool) or not isinstance(samples, int) or not 1 <= samples < 2**31:
+        raise ConfigError(
+            f"rewards: samples must be an int >= 1 and < 2**31 (completions per prompt), got {short(samples)}"
+        )
     return samples
 
 
@@ -79,15 +81,17 @@ def parse_metric(metric: Any, samples: int, pass_threshold: Any = 1.0) -> Metric
             f"rewards: metric must be 'mean@k' or 'pass@k' (or 'pass@K', K <= samples), got {short(metric)}"
         )
     kind, k = match.group(1), match.group(2)
-    number = samples if k in (None, "k") else int(k)
+    # a K of more digits than samples is above it (int() of thousands of digits raises)
+    digits = None if k in (None, "k") else k.lstrip("0") or "0"
+    number = samples if digits is None else int(digits) if len(digits) <= len(str(samples)) else samples + 1
     if kind == "mean" and number != samples:
         raise ConfigError(
-            f"rewards: metric {metric!r}: mean@k averages every sample; with samples={samples} write "
+            f"rewards: metric {short(metric)}: mean@k averages every sample; with samples={samples} write "
             f"'mean@k' or 'mean@{samples}'"
         )
     if not 1 <= number <= samples:
         raise ConfigError(
-            f"rewards: metric {metric!r} needs 1 <= K <= samples ({samples}); raise samples= to estimate pass@K"
+            f"rewards: metric {short(metric)} needs 1 <= K <= samples ({samples}); raise samples= to estimate pass@K"
         )
     return Metric(kind, number, threshold)
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError
-from ..option_checks import finite_float
+from ..option_checks import finite_float, shown
 
 __all__ = ["Halving", "Scored", "Scorer", "parse_budget", "parse_fidelity", "prompt_protocol"]
 
@@ -115,9 +115,15 @@ def parse_fidelity(fidelity: Any) -> Halving | None:
     raise ConfigError(f"fidelity must be None, 'full', 'halving' or a Halving(...), got {fidelity!r:.80}")
 
 
+#: The largest budget, in candidates or full evaluations: far more than any search spends.
+MAX_BUDGET = 10**18
+
+
 def parse_budget(budget: Any) -> tuple[float, bool]:
     """``search``'s ``budget=``: an int (candidates: each costs 1 whatever it saw) or ``"20x"`` (prompt-evaluations,
-    in full evaluations' worth). Returns ``(units, in_prompts)``."""
+    in full evaluations' worth), at most :data:`MAX_BUDGET`. Returns ``(units, in_prompts)``."""
+    if isinstance(budget, (int, str)) and not isinstance(budget, bool) and _beyond(budget):
+        raise ConfigError(f"budget={shown(budget)} is beyond what a search can spend: at most {MAX_BUDGET:.0e}")
     if isinstance(budget, str):
         text = budget.strip().lower()
         if text.endswith("x"):
@@ -133,11 +139,21 @@ def parse_budget(budget: Any) -> tuple[float, bool]:
                 )
         raise ConfigError(
             f"budget must be an int >= 1 (candidates) or a string like '20x' (twenty full "
-            f"evaluations' worth of prompts), got {budget!r:.80}"
+            f"evaluations' worth of prompts), got {shown(budget)}"
         )
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ConfigError(f"budget must be an int >= 1 (candidates) or a string like '20x', got {budget!r:.80}")
+        raise ConfigError(f"budget must be an int >= 1 (candidates) or a string like '20x', got {shown(budget)}")
     return float(budget), False
+
+
+def _beyond(budget: int | str) -> bool:
+    """Whether ``budget`` (an int or an ``"Nx"`` string) exceeds :data:`MAX_BUDGET`."""
+    if isinstance(budget, int):
+        return budget > MAX_BUDGET
+    try:
+        return float(budget.strip().lower().removesuffix("x")) > MAX_BUDGET
+    except ValueError:
+        return False
 
 
 def prompt_protocol(evaluate: Any) -> bool:

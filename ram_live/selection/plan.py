@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
 
+from ..errors import ConfigError
 from .fidelity import Halving, Scorer, nested_slices
 
 __all__ = ["PlanRow", "SearchPlan", "make_plan"]
@@ -109,7 +111,12 @@ def make_plan(
     """The plan of a search with ``scorer`` (its evaluation), ``units`` of ``budget`` (candidates or full
     evaluations), the race ``halving`` (None: the default :class:`Halving`) and ``seconds`` a full evaluation."""
     n, samples = scorer.n, samples_of(scorer.evaluate)
-    count = math.floor(units + 1e-9)
+    exact, fuzz = Fraction(units), Fraction(1, 10**9)  # exact: a budget of 10**16 keeps its ranges in order
+    count = math.floor(exact + fuzz)
+    if seconds is not None and not math.isfinite(seconds * units):
+        raise ConfigError(
+            f"seconds_per_candidate={seconds:g} × the budget's {units:g} evaluations is beyond float's range"
+        )
 
     def row(
         fidelity: str,
@@ -138,9 +145,9 @@ def make_plan(
         return SearchPlan(budget, n, samples, full, None, seconds, note)
     # the most: one reference scored on every prompt, every other candidate stopped on the smallest slice, each
     # started while a full evaluation's worth is left
-    most = 1 + (math.floor((units - 2) * n / smallest + 1e-9) + 1 if units >= 2 - 1e-9 else 0)
-    least_prompts = math.floor((units - 1) * n + 1e-9) + 1
-    most_prompts = math.floor(units * n + 1e-9)
+    most = 1 + (math.floor((exact - 2) * n / smallest + fuzz) + 1 if exact >= 2 - fuzz else 0)
+    least_prompts = math.floor((exact - 1) * n + fuzz) + 1
+    most_prompts = math.floor(exact * n + fuzz)
     note = None if isinstance(budget, str) else f"a raced search counts its budget in prompts: budget='{budget}x'"
     raced = row(
         "raced",
