@@ -3,17 +3,21 @@ folder of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 import uuid
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from ..io.dtensor import is_dtensor
 from ..engine.unchanged import warn_unchanged
+from ..training.failures import guarded
+from ..training.preflight import preflight
 from ..training.schedule import MergeResult, RAMSchedule
 from .metrics import logged_as
 
@@ -261,3 +265,30 @@ def save_generalist(
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.exists():
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def guarded_hook(
+    schedule: RAMSchedule, owner: str, what: str, step: int, log: Callable[[dict[str, float]], None]
+) -> Iterator[None]:
+    """A callback hook's snapshot or merge under the schedule's ``on_error``
+    (:func:`~ram_live.training.failures.guarded`); a failure turned into a warning logs ``ram/errors`` (the
+    failures so far) through ``log``."""
+    with guarded(schedule, owner, what, step) as outcome:
+        yield
+    if outcome.failed:
+        log({"ram/errors": float(schedule.errors)})
+
+
+def callback_preflight(schedule: RAMSchedule, model: Any, owner: str, evaluate: Any, merged_dir: Any) -> None:
+    """A callback's pre-flight at train begin (:func:`~ram_live.training.preflight.preflight`); a LoRA run's search
+    is checked as the adapter search it runs (:mod:`._lora_search`: over the live ``PeftModel``'s adapters, no
+    ``rank`` family when folding into the base)."""
+    adapters, space = None, None
+    if hasattr(schedule, "into_base"):  # a ._peft_agent.LoraSchedule
+        from ..selection.adapters import ADAPTER_SPACE
+
+        adapters = model
+        if schedule.search is not None and schedule.search.space is None and schedule.into_base:
+            space = {k: v for k, v in ADAPTER_SPACE.items() if k != "rank"}
+    preflight(schedule, model, owner, evaluate, merged_dir, adapters=adapters, space=space)

@@ -33,6 +33,7 @@ from ..peft.report import AdapterMergeReport
 from ..peft.sparsify import RelativeThreshold, TopK, sparsify_rule
 from ..peft.svd_options import SvdOptions
 from ..store import BaseMismatchError, LocalModel, fingerprint
+from ..training.failures import agreeing
 from ..training.schedule import MergeResult, RAMSchedule
 from ..training.tensors import _open_latest, swap_tensors
 from ._common import place_new
@@ -230,8 +231,8 @@ class LoraSchedule(RAMSchedule):
         if self.snapshot_before_merge and self.last_snapshot_step < step:
             self.snapshot(model, step, epoch)
         if self.async_write:
-            self.flush()
-            self.collective.barrier()
+            with agreeing(self.collective, "writing its snapshot"):  # rank 0's background write; a barrier too
+                self.flush()
         t0 = time.perf_counter()
         picks, sources = _open_latest(self, LocalModel.from_obj(self._live(), name=self.agent), step)
         adapters = adapter_set(self.store, picks, sources, self._meta, self.model_fingerprint, sorted(self._factors))

@@ -48,7 +48,7 @@ from ..training.search_record import save_next_to
 from ..store import LocalCollective, LocalModel, SnapshotStore, TorchCollective
 from ..engine.unchanged import quiet_unchanged
 from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
-from ._common import check_merged_dir, warn_single_agent, warn_unchanged_agents
+from ._common import callback_preflight, check_merged_dir, guarded_hook, warn_single_agent, warn_unchanged_agents
 from ._lightning_validation import validation_metrics
 from .metrics import logged_as
 
@@ -247,6 +247,9 @@ class RAMCallback(ScheduleAdapter, Callback):
         collective = TorchCollective() if trainer.world_size > 1 else LocalCollective()
         self._trainer = trainer  # the importances read trainer.optimizers[0] at each snapshot
         self.schedule.attach(pl_module, base=base, collective=collective)
+        # before the first step, what the merges' options allow checking (ram_live.training.preflight)
+        owner, evaluate = f"RAMCallback({self.agent!r})", self._evaluation(trainer, pl_module)
+        callback_preflight(self.schedule, pl_module, owner, evaluate, self.merged_dir)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -254,19 +257,25 @@ class RAMCallback(ScheduleAdapter, Callback):
         step, epoch = trainer.global_step, trainer.current_epoch
         s = self.schedule
         if step > s.last_snapshot_step and self.should_snapshot(step, epoch):
-            s.snapshot(pl_module, step, epoch)
+            with self._guard("snapshot", trainer):
+                s.snapshot(pl_module, step, epoch)
         if step > s.last_merge_step and self.should_merge(step, epoch):
-            self.merge_now(trainer, pl_module)
+            with self._guard("merge", trainer):
+                self.merge_now(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         step = trainer.global_step
-        if self.snapshot_on_train_end and step > 0 and self.schedule.last_snapshot_step < step:
-            self.schedule.snapshot(pl_module, step, trainer.current_epoch)
-        self.schedule.flush()
+        with self._guard("last snapshot", trainer):
+            if self.snapshot_on_train_end and step > 0 and self.schedule.last_snapshot_step < step:
+                self.schedule.snapshot(pl_module, step, trainer.current_epoch)
+            self.schedule.flush()
         if self.load_generalist and step > 0:
             if self.schedule.last_merge_step < step or self.last_result is None:
-                self.merge_now(trainer, pl_module)
-            assert self.last_result is not None
+                self.last_result = None  # not an older merge's, should this one fail
+                with self._guard("merge", trainer):
+                    self.merge_now(trainer, pl_module)
+            if self.last_result is None:  # the merge failed (on_error="warn"): the module keeps the agent's weights
+                return
             result = self.last_result
             # result now holds the agent's
             swap_tensors(LocalModel.from_obj(pl_module, name=self.agent), result.tensors)
@@ -328,18 +337,13 @@ class RAMCallback(ScheduleAdapter, Callback):
         Example:
             >>> metrics = callback.merge_now(trainer, model)  # doctest: +SKIP
         """
-        evaluate = self._evaluate
-        if evaluate is None and is_overridden("validation_step", pl_module):
-
-            def evaluate(module: pl.LightningModule) -> dict[str, float]:
-                return self._validate(trainer, module)
-
+        evaluate = self._evaluation(trainer, pl_module)
         with quiet_unchanged():  # an agent that changed nothing is named once, below
             metrics = self.schedule.merge_and_evaluate(
                 pl_module,
                 trainer.global_step,
                 trainer.current_epoch,
-                logged_as(evaluate if callable(evaluate) else None, "lightning"),
+                logged_as(evaluate, "lightning"),
             )
         result = self.last_result = self.schedule.last_result
         assert result is not None
@@ -353,6 +357,17 @@ class RAMCallback(ScheduleAdapter, Callback):
                     save_next_to(self.saved[-1], result.extra["search"], durable=self.schedule.durable)
         self._log(trainer, metrics)
         return metrics
+
+    def _evaluation(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Callable[[Any], Any] | None:
+        """The merges' evaluation: ``evaluate``, else the validation loop where the module has one, else None."""
+        if self._evaluate is None and is_overridden("validation_step", pl_module):
+            return lambda module: self._validate(trainer, module)
+        return self._evaluate if callable(self._evaluate) else None
+
+    def _guard(self, what: str, trainer: pl.Trainer) -> Any:  # on_error (a failure logs ram/errors)
+        return guarded_hook(
+            self.schedule, f"RAMCallback({self.agent!r})", what, trainer.global_step, lambda m: self._log(trainer, m)
+        )
 
     def _log(self, trainer: pl.Trainer, metrics: dict[str, float]) -> None:
         trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})

@@ -43,6 +43,7 @@ from ..store import SnapshotStore
 from ..engine.unchanged import quiet_unchanged
 from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
 from ._common import check_merged_dir, logged_as, warn_single_agent, warn_unchanged_agents
+from ._common import callback_preflight, guarded_hook
 from ._peft_agent import LoraSchedule, is_peft_model, lora_options
 from ._trl_weights import check_vllm_marker, force_vllm_resync, sharding_refusal, uses_vllm
 
@@ -290,6 +291,7 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         base = self.base
         if lora:
             self.schedule.attach(model, base=base)
+            self._preflight(model)
             return
         if base is None and self.schedule.base_fingerprint is None and state.global_step > 0:
             if not self.store.has_base():
@@ -299,6 +301,15 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
                 )
             base = "store"
         self.schedule.attach(model, base=base)
+        self._preflight(model)
+
+    def _preflight(self, model: Any) -> None:  # before the first step (ram_live.training.preflight)
+        owner, evaluate = f"RAMTrainerCallback({self.agent!r})", self.evaluate
+        if evaluate == "trainer":
+            if self.trainer is None:
+                raise ConfigError(f"{owner}: pre-flight: evaluate='trainer' needs the trainer: callback.bind(trainer)")
+            evaluate = self._trainer_evaluate
+        callback_preflight(self.schedule, model, owner, evaluate, self.merged_dir)
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
@@ -310,18 +321,21 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         if step > s.last_snapshot_step and (
             s.should_snapshot(step, epoch) or self.snapshot_on_save and control.should_save
         ):
-            s.snapshot(model, step, epoch)
+            with self._guard("snapshot", step, state):
+                s.snapshot(model, step, epoch)
         if step > s.last_merge_step and s.should_merge(step, epoch):
-            self.merge_now(model, state)
+            with self._guard("merge", step, state):
+                self.merge_now(model, state)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
     ) -> None:
         step = state.global_step
         self._optimizer = kwargs.get("optimizer") or self._optimizer
-        if self.snapshot_on_train_end and step > 0 and self.schedule.last_snapshot_step < step:
-            self.schedule.snapshot(model, step, int(state.epoch) if state.epoch is not None else None)
-        self.schedule.flush()
+        with self._guard("last snapshot", step, state):
+            if self.snapshot_on_train_end and step > 0 and self.schedule.last_snapshot_step < step:
+                self.schedule.snapshot(model, step, int(state.epoch) if state.epoch is not None else None)
+            self.schedule.flush()
 
     # ------------------------------------------------------------------------------------------- merging
 
@@ -391,6 +405,11 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
                 self.saved.append(str(save_generalist(self.schedule, model, result, folder, self._processor)))
             if "search" in result.extra:  # the search's record (the chosen options) next to the generalist
                 save_next_to(self.saved[-1], result.extra["search"], durable=self.schedule.durable)
+
+    def _guard(self, what: str, step: int, state: TrainerState) -> Any:  # on_error (a failure logs ram/errors)
+        return guarded_hook(
+            self.schedule, f"RAMTrainerCallback({self.agent!r})", what, step, lambda m: self._log(state, m)
+        )
 
     def _log(self, state: TrainerState, metrics: dict[str, float]) -> None:
         if self.trainer is not None:

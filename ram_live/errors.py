@@ -97,3 +97,15 @@ class UnchangedAgentWarning(RamLiveWarning):
     def __init__(self, message: str, *, agents: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.agents = agents
+
+
+class MergeFailedWarning(RamLiveWarning):
+    """A training callback's snapshot, merge, evaluation, search or save failed after training started; under
+    ``on_error="warn"`` (the default) training goes on, the failure is counted (``ram/errors``) and the next merge
+    tries again. ``step``, ``agent``, ``what`` (the job that failed) and ``error`` (its one line)."""
+
+    def __init__(
+        self, message: str, *, step: int | None = None, agent: str | None = None, what: str = "", error: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.step, self.agent, self.what, self.error = step, agent, what, error

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["SwappedPrompts", "candidate_evaluation", "swapped_in", "tensors_of"]
+__all__ = ["SwappedPrompts", "candidate_evaluation", "check_candidate_evaluation", "swapped_in", "tensors_of"]
 
 
 class SwappedPrompts:
@@ -49,14 +49,25 @@ class SwappedPrompts:
     def prompt_scores(self, merged: Any, indices: Any) -> list[float | None]:
         import torch
 
-        with swapped_in(self.live, {**tensors_of(merged), **self.extra}):
-            out = list(self.fn.prompt_scores(self.model, indices))
-        if self.c.world_size > 1:
+        from .failures import agreed_sum
+
+        if self.c.world_size <= 1:
+            with swapped_in(self.live, {**tensors_of(merged), **self.extra}):
+                return list(self.fn.prompt_scores(self.model, indices))
+        indices, out, failure = list(indices), [], None
+        try:  # a failure on any rank is raised on every rank after the all-reduce, none is left waiting in it
+            with swapped_in(self.live, {**tensors_of(merged), **self.extra}):
+                out = list(self.fn.prompt_scores(self.model, indices))
+        except Exception as exc:
+            failure = exc
+        given = torch.full((len(indices),), math.nan, dtype=torch.float64)
+        if failure is None:
             given = torch.tensor([math.nan if v is None else float(v) for v in out], dtype=torch.float64)
-            total = self.c.all_reduce_sum_(torch.nan_to_num(given, nan=0.0))
-            seen = self.c.all_reduce_sum_((~torch.isnan(given)).double())
-            out = [None if n == 0 else float(t) / float(n) for t, n in zip(total.tolist(), seen.tolist())]
-        return out
+        summed = agreed_sum(
+            self.c, torch.cat([given.nan_to_num(nan=0.0), (~given.isnan()).double()]), failure, "scoring prompts"
+        )
+        total, seen = summed[: len(indices)], summed[len(indices) :]
+        return [None if n == 0 else float(t) / float(n) for t, n in zip(total.tolist(), seen.tolist())]
 
 
 def candidate_evaluation(
@@ -83,25 +94,44 @@ def candidate_evaluation(
     """
     import torch
 
+    from .failures import agreed_sum
+
+    def evaluate(merged: Any) -> float:
+        if collective.world_size <= 1:
+            with swapped_in(live, {**tensors_of(merged), **(extra or {})}):  # scored while swapped in: maybe views
+                return setting.score(fn(model))
+        score, failure = math.nan, None
+        try:  # a failure on any rank is raised on every rank after the all-reduce, none is left waiting in it
+            with swapped_in(live, {**tensors_of(merged), **(extra or {})}):
+                score = setting.score(fn(model))
+        except Exception as exc:
+            failure = exc
+        total = agreed_sum(collective, torch.tensor([score], dtype=torch.float64), failure, "scoring a candidate")
+        return float(total.item()) / collective.world_size
+
+    if check_candidate_evaluation(setting, fn):
+        return SwappedPrompts(fn, evaluate, live, model, collective, extra)
+    return evaluate
+
+
+def check_candidate_evaluation(setting: Any, fn: Any) -> bool:
+    """Whether the search's candidates are scored prompt by prompt (``fn`` has the prompt protocol and
+    ``mode="max"``): what :func:`candidate_evaluation` builds, checked without a model (the pre-flight).
+
+    Raises:
+        ConfigError: a race (``fidelity``) without an evaluation scoring prompts one by one and ``mode="max"``.
+    """
     from ..errors import ConfigError
     from ..selection.fidelity import prompt_protocol
 
-    def evaluate(merged: Any) -> float:
-        with swapped_in(live, {**tensors_of(merged), **(extra or {})}):  # scored while swapped in: maybe views
-            score = setting.score(fn(model))
-        if collective.world_size > 1:
-            total = collective.all_reduce_sum_(torch.tensor([score], dtype=torch.float64))
-            score = float(total.item()) / collective.world_size
-        return score
-
     if prompt_protocol(fn) and setting.mode == "max":
-        return SwappedPrompts(fn, evaluate, live, model, collective, extra)
+        return True
     if setting.fidelity not in (None, "full"):
         raise ConfigError(
             f"search fidelity={setting.fidelity!r} needs an evaluation that scores prompts one by "
             "one (ram_live.evaluate.rewards) and mode='max'"
         )
-    return evaluate
+    return False
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..api import ram_merge
 from ..store import LocalModel
+from .failures import agreeing
 from .search import schedule_search, search_metrics
 from .tensors import MergeResult, _open_latest, _probe_numbers, _stored_importance, metric_float, swap_tensors
 
@@ -57,8 +58,8 @@ class ScheduleMerging:
         if self.snapshot_before_merge and self.last_snapshot_step < step:
             self.snapshot(model, step, epoch)
         if self.async_write:
-            self.flush()  # this agent's latest snapshot is on disk before anyone picks it
-            self.collective.barrier()
+            with agreeing(self.collective, "writing its snapshot"):  # on disk before anyone picks it; a barrier
+                self.flush()
         t0 = time.perf_counter()
         live = LocalModel.from_obj(model, name=self.agent)
         live.check_like(base, self.agent)
@@ -146,15 +147,22 @@ class ScheduleMerging:
         Returns:
             The metrics, ``ram/``-prefixed: the merge's numbers (:meth:`MergeResult.metrics`), the search's, and the
             evaluation's.
+
+        Raises:
+            RemoteRankError: under ``torch.distributed``, the merge or the evaluation failed on another rank (its
+                error is raised there); every rank leaves each of them together.
         """
         fn = evaluate or self.evaluate
-        result = self.last_result = self.merge(model, step, epoch, fn)
+        c = self.collective  # the ranks leave the merge and the evaluation together, failed or not
+        with agreeing(c, f"merging at step {step}"):
+            result = self.last_result = self.merge(model, step, epoch, fn)
         metrics = result.metrics()
         if "search" in result.extra:
             metrics.update(search_metrics(result.extra["search"]))
         if fn is not None:
-            with self.swapped(model, result):  # floats taken inside: a score may be a view of the weights
-                scores = {k: metric_float(v) for k, v in _as_metrics(fn, fn(model)).items()}
+            with agreeing(c, f"evaluating the merge of step {step}"):
+                with self.swapped(model, result):  # floats taken inside: a score may be a view of the weights
+                    scores = {k: metric_float(v) for k, v in _as_metrics(fn, fn(model)).items()}
             for key, value in scores.items():
                 metrics[key if key.startswith("ram/") else f"ram/{key}"] = value
         self.history.append({"step": float(step), **metrics})

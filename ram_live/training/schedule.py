@@ -37,17 +37,10 @@ from .tensors import (  # noqa: F401 (MergeResult, swap_tensors, metric_float: r
     metric_float,
 )
 from .attaching import attach_base
+from .failures import ON_ERROR, agreeing, check_on_error
 from .merging import ScheduleMerging
 from .search import SearchSetting
-from ..store import (
-    Collective,
-    LocalCollective,
-    LocalModel,
-    Snapshot,
-    SnapshotStore,
-    SnapshotWriter,
-    StoreError,
-)
+from ..store import Collective, LocalCollective, LocalModel, Snapshot, SnapshotStore, SnapshotWriter, StoreError
 from ..store.format import LEGACY_RUN
 
 __all__ = ["MergeResult", "RAMSchedule", "every"]
@@ -88,6 +81,9 @@ class RAMSchedule(ScheduleMerging):
         importance: None (default: plain RAM) or ``"stored"``: every merge (and search) weighs the shared entries
             by the importances stored with the picked snapshots (:meth:`snapshot`'s ``importance=``, or
             :attr:`importance_from`); a picked snapshot without them is a ConfigError naming its agent.
+        on_error: ``"warn"`` (default): once training has started, a snapshot, merge, evaluation, search or save
+            that fails in a callback's hook (:func:`~.failures.guarded`) is a ``MergeFailedWarning`` counted in
+            :attr:`errors` (``ram/errors``) and the next merge tries again; ``"raise"``: it ends training.
 
     Raises:
         ConfigError: an unknown option (RAM's go in ``ram=``) or an invalid value, naming it.
@@ -115,6 +111,7 @@ class RAMSchedule(ScheduleMerging):
         chunk_numel: int = DEFAULT_CHUNK_NUMEL,
         search: SearchSetting | Mapping[str, Any] | None = None,
         importance: str | None = None,
+        on_error: str = ON_ERROR[0],
         **unknown: Any,
     ) -> None:
         for name, value in (("snapshot_every", snapshot_every), ("merge_every", merge_every), ("keep", keep)):
@@ -144,6 +141,8 @@ class RAMSchedule(ScheduleMerging):
         self.search = SearchSetting.from_mapping(search)
         self.importance = check_importance_option(importance, "RAMSchedule")
         self.last_search: dict[str, Any] | None = None  # the record of the latest searched merge
+        self.on_error = check_on_error(on_error)
+        self.errors, self.last_error = 0, None  # failures turned into warnings (ram/errors); the latest's record
         # counters (state_dict)
         self.last_snapshot_step = self.last_merge_step = -1
         self.snapshots = self.merges = 0
@@ -164,9 +163,7 @@ class RAMSchedule(ScheduleMerging):
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
-        """Returns:
-        The constructor's keyword options (``ram`` among them).
-        """
+        """The constructor's keyword options (``ram`` among them)."""
         skip = {"self", "store", "agent", "unknown"}
         return tuple(n for n in inspect.signature(cls.__init__).parameters if n not in skip)
 
@@ -321,27 +318,28 @@ class RAMSchedule(ScheduleMerging):
         self._require()
         c = self.collective
         snap = None
-        self.flush()
+        with agreeing(c, "writing the previous snapshot"):  # async_write: rank 0's background write
+            self.flush()
         if importance is None and self.importance_from is not None:
             importance = self.importance_from(model)
         if self.sharded:
             snap = self._writer().snapshot(model, step, epoch=epoch, extra=extra, importance=importance)
             self._prune()
         else:
-            if c.rank == 0:
-                writer = self._writer()
-                local = LocalModel.from_obj(model, name=self.agent)
-                local.check_like(writer.base, self.agent)
-                capture = writer.capture(local, importance=importance)
-                if self.async_write:
-                    if self._executor is None:
-                        from concurrent.futures import ThreadPoolExecutor
+            with agreeing(c, f"writing {self.agent!r}'s snapshot of step {step}"):  # rank 0 writes; a barrier too
+                if c.rank == 0:
+                    writer = self._writer()
+                    local = LocalModel.from_obj(model, name=self.agent)
+                    local.check_like(writer.base, self.agent)
+                    capture = writer.capture(local, importance=importance)
+                    if self.async_write:
+                        if self._executor is None:
+                            from concurrent.futures import ThreadPoolExecutor
 
-                        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ram_live_write")
-                    self._pending = self._executor.submit(self._write, capture, step, epoch, extra)
-                else:
-                    snap = self._write(capture, step, epoch, extra)
-            c.barrier()
+                            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ram_live_write")
+                        self._pending = self._executor.submit(self._write, capture, step, epoch, extra)
+                    else:
+                        snap = self._write(capture, step, epoch, extra)
         self.last_snapshot_step = step
         self.snapshots += 1
         return snap
@@ -381,6 +379,7 @@ class RAMSchedule(ScheduleMerging):
             "snapshots": self.snapshots,
             "merges": self.merges,
             "last_search": self.last_search,
+            "errors": self.errors,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -402,3 +401,4 @@ class RAMSchedule(ScheduleMerging):
         self.snapshots = int(state.get("snapshots", 0))
         self.merges = int(state.get("merges", 0))
         self.last_search = state.get("last_search")
+        self.errors = int(state.get("errors", 0))

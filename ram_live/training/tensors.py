@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..io.distributed import RemoteRankError
 from ..methods.ram.rules import Given
 from ..store import (
     BaseMismatchError,
@@ -110,19 +111,30 @@ def _global_numel(base: LocalModel, agents: Sequence[Any], collective: Collectiv
 def _pick(sched: Any) -> dict[str, int]:
     """Rank 0 names the snapshot of every agent to merge; every rank gets the same names."""
     c = sched.collective
-    picks = runs = None
+    picks, runs, failure = None, None, None
     if c.rank == 0:
-        names = sched.agents if sched.agents is not None else sched.store.agents()
-        picks, runs = {}, {}
-        for name in names:  # this run's own snapshots; every other agent's from its current run
-            run = (sched.run if name == sched.agent else None) or sched.store.current_run(name)
-            steps = sched.store.steps(name, run=run) if run is not None else []
-            if steps:
-                picks[name], runs[name] = steps[-1], run
+        try:
+            names = sched.agents if sched.agents is not None else sched.store.agents()
+            picks, runs = {}, {}
+            for name in names:  # this run's own snapshots; every other agent's from its current run
+                run = (sched.run if name == sched.agent else None) or sched.store.current_run(name)
+                steps = sched.store.steps(name, run=run) if run is not None else []
+                if steps:
+                    picks[name], runs[name] = steps[-1], run
+        except Exception as exc:
+            if c.world_size == 1:
+                raise
+            failure = exc  # raised after the broadcast: the other ranks are not left waiting in it
     if c.world_size == 1:
         sched.picked_runs = runs
         return picks  # type: ignore[return-value]
-    shared = c.broadcast_json({"picks": picks, "runs": runs})
+    shared = c.broadcast_json({"picks": picks, "runs": runs, "failed": failure is not None})
+    if failure is not None:
+        raise failure
+    if shared["failed"]:
+        raise RemoteRankError(
+            f"rank {c.rank}: rank 0 failed picking the snapshots to merge (its error is raised there)"
+        )
     sched.picked_runs = shared["runs"]
     return shared["picks"]
 
@@ -134,7 +146,7 @@ def _open_latest(sched: Any, live: LocalModel, step: int) -> tuple[dict[str, int
     for _ in range(5):
         picks = _pick(sched)
         sources: dict[str, Any] = {}
-        ok = 1
+        ok, failure = 1, None
         try:
             for name, snap_step in picks.items():
                 if (
@@ -147,8 +159,17 @@ def _open_latest(sched: Any, live: LocalModel, step: int) -> tuple[dict[str, int
                     sources[name] = sched.store.open(name, snap_step, run=sched.picked_runs[name])
         except SnapshotNotFoundError:  # pruned between the pick and the open: pick again
             ok = 0
+        except Exception as exc:
+            if c.world_size == 1:
+                raise
+            failure = exc  # raised after the all-reduce, on every rank
         if c.world_size > 1:
-            ok = int(c.all_reduce_sum_(torch.tensor([1 - ok], dtype=torch.int64)).item() == 0)
+            flags = c.all_reduce_sum_(torch.tensor([1 - ok, int(failure is not None)], dtype=torch.int64)).tolist()
+            if failure is not None:
+                raise failure
+            if flags[1]:
+                raise RemoteRankError(f"rank {c.rank}: another rank failed opening the snapshots to merge")
+            ok = int(flags[0] == 0)
         if ok:
             if not picks:
                 raise SnapshotNotFoundError(f"{sched.store.root}: no snapshot of any agent to merge")
