@@ -54,7 +54,7 @@ from ._stats import mean as _mean
 from ._stats import std as _std
 from ._stats import weighted_moments
 
-__all__ = ["LAYOUTS", "evaluation_metrics", "logged_as", "resampled_extreme"]
+__all__ = ["LAYOUTS", "evaluation_metrics", "logged_as", "resampled_extreme", "search_task_key"]
 
 LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
     "verl": {
@@ -249,3 +249,26 @@ def logged_as(evaluate: Callable[..., Any] | None, layout: str) -> Any:
     if evaluate is None or not callable(getattr(evaluate, "function_rewards", None)):
         return evaluate
     return _LoggedAs(evaluate, layout)
+
+
+def search_task_key(task: str, metric: str | None, layout: str | None) -> str:
+    """The key, under ``ram/search/``, of the search winner's score on ``task``: the evaluation's own per-task key
+    in ``layout`` (``trl``: ``eval_tasks/{task}/{metric}``, so ``ram/search/eval_tasks/math/pass@4`` beside the
+    evaluation's ``ram/eval_tasks/math/pass@4``); ``eval/{task}`` without a layout or a metric name, as
+    ``rewards().logged_metrics()`` keys a task in a plain :class:`~ram_live.RAMSchedule`.
+
+    Args:
+        task: the task's name.
+        metric: the evaluation's metric (``"pass@4"``), or None.
+        layout: ``"verl"``, ``"trl"``, ``"lightning"`` or None.
+
+    Returns:
+        The key without its ``ram/search/`` prefix.
+
+    Example:
+        >>> search_task_key("math", "pass@4", "trl")
+        'eval_tasks/math/pass@4'
+    """
+    if layout in LAYOUTS and metric:
+        return LAYOUTS[layout]["task"][0].format(task=task, metric=metric)
+    return f"eval/{task}"

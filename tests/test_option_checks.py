@@ -90,7 +90,7 @@ def test_a_search_records_metrics_are_its_finite_numbers():
         "best_score": 0.5,
         "evaluations": 4.0,
         "total_seconds": 2.0,
-        "task/math": 0.25,
+        "eval/math": 0.25,
         "method/ties": 1.0,
         "option/density": 0.3,
         "option/scale": 1.5,

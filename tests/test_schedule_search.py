@@ -249,8 +249,8 @@ def test_a_prompt_budget_races_on_the_training_model_and_logs_each_task(setup):
     snaps = SnapshotStore(store).latest_all(["a", "b"])
     m = _net()
     m.load_state_dict(merge(snaps, base=base_sd, **load_choice(rec["file"])))
-    assert metrics["ram/search/task/math"] == pytest.approx(-_distance(m, target), rel=1e-12)
-    assert metrics["ram/search/task/code"] == pytest.approx(-_distance(m, other), rel=1e-12)
+    assert metrics["ram/search/eval/math"] == pytest.approx(-_distance(m, target), rel=1e-12)
+    assert metrics["ram/search/eval/code"] == pytest.approx(-_distance(m, other), rel=1e-12)
     body = json.loads(open(rec["file"]).read())
     assert any(t["fidelity"] < 1 for t in body["history"]["history"])  # the race stopped some candidates early
     plain = RAMSchedule(

@@ -198,7 +198,7 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
     if searched is not None:
         from ram_live.training.search import search_metrics
 
-        metrics.update(search_metrics(searched))
+        metrics.update(search_metrics(searched, layout="verl"))
     if ram.evaluate is not None:
         scores = ram.evaluate(str(final), step=step) or {}
         for k, v in scores.items():

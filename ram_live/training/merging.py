@@ -158,7 +158,7 @@ class ScheduleMerging:
             result = self.last_result = self.merge(model, step, epoch, fn)
         metrics = result.metrics()
         if "search" in result.extra:
-            metrics.update(search_metrics(result.extra["search"]))
+            metrics.update(search_metrics(result.extra["search"], layout=getattr(fn, "layout", None)))
         if fn is not None:
             with agreeing(c, f"evaluating the merge of step {step}"):
                 with self.swapped(model, result):  # floats taken inside: a score may be a view of the weights

@@ -50,7 +50,7 @@ class SearchSetting:
             with the prompt protocol, e.g. :func:`ram_live.evaluate.rewards`).
         fidelity: as in :func:`ram_live.search`: None or ``"halving"`` (the race; needs ``"20x"``-style budget and
             an evaluation with the prompt protocol). With that protocol the winner's per-task scores are logged
-            (``ram/search/task/<task>``).
+            under the evaluation's own per-task keys (TRL: ``ram/search/eval_tasks/<task>/<metric>``).
         space, seed: as in :func:`ram_live.search` (``None``: its default space).
         confirm, confirm_top: a second held-out evaluation (same kind as ``evaluate``) for the best
             ``confirm_top`` candidates, reported next to the selection score.
@@ -207,10 +207,16 @@ class SearchSetting:
 # ----------------------------------------------------------------------------------------------- the record
 
 
-def record_of(setting: SearchSetting, result: Any, *, step: int, seconds: float) -> dict[str, Any]:
+def record_of(
+    setting: SearchSetting, result: Any, *, step: int, seconds: float, evaluation: Any = None
+) -> dict[str, Any]:
     """What is kept of one search: the chosen options (``merge(**best)``), the metric's value of the best and of
-    the best baseline, evaluations and times. JSON-able (non-finite numbers as the strings 'inf' / '-inf')."""
+    the best baseline, evaluations and times, and the name of the evaluation's metric (``task_metric``:
+    ``"pass@4"`` for a :func:`ram_live.evaluate.rewards` evaluation, the metric of ``best_tasks``; ``evaluation``:
+    the search's evaluation, default ``setting.evaluate``). JSON-able (non-finite numbers as the strings 'inf' /
+    '-inf')."""
     baseline = result.best_baseline
+    metric = getattr(getattr(setting.evaluate if evaluation is None else evaluation, "metric", None), "name", None)
     return {
         "step": int(step),
         "metric": setting.metric,
@@ -219,6 +225,7 @@ def record_of(setting: SearchSetting, result: Any, *, step: int, seconds: float)
         "best": jsonable(dict(result.best)),
         "best_score": setting.metric_value(float(result.best_score)),
         "best_tasks": jsonable(result.best_trial.tasks),
+        "task_metric": metric if isinstance(metric, str) else None,
         "best_baseline": None
         if baseline is None
         else {
@@ -241,9 +248,16 @@ def record_of(setting: SearchSetting, result: Any, *, step: int, seconds: float)
     }
 
 
-def search_metrics(record: Mapping[str, Any], prefix: str = "ram/search/") -> dict[str, float]:
+def search_metrics(
+    record: Mapping[str, Any], prefix: str = "ram/search/", layout: str | None = None
+) -> dict[str, float]:
     """``ram/search/*`` floats of a record: best score, best baseline's score, evaluations, seconds, the chosen
-    method (``method/<name>`` = 1) and its numeric options (``option/<key>``, ``lambda/<agent>`` ...)."""
+    method (``method/<name>`` = 1) and its numeric options (``option/<key>``, ``lambda/<agent>`` ...), and the
+    winner's score on each task under the evaluation's own per-task key in ``layout`` (the trainer's: TRL's
+    ``ram/search/eval_tasks/<task>/<metric>`` beside ``ram/eval_tasks/<task>/<metric>``;
+    :func:`~ram_live.integrations.metrics.search_task_key`)."""
+    from ..integrations.metrics import search_task_key
+
     out = {f"{prefix}best_score": float(record["best_score"]), f"{prefix}evaluations": float(record["evaluations"])}
     if record.get("best_baseline") is not None:
         out[f"{prefix}best_baseline_score"] = float(record["best_baseline"]["score"])
@@ -252,7 +266,7 @@ def search_metrics(record: Mapping[str, Any], prefix: str = "ram/search/") -> di
     for key, value in record["seconds"].items():
         out[f"{prefix}{key}_seconds"] = float(value)
     for task, value in (record.get("best_tasks") or {}).items():
-        _put_finite(out, f"{prefix}task/{task}", value)
+        _put_finite(out, prefix + search_task_key(str(task), record.get("task_metric"), layout), value)
     _put_finite(out, f"{prefix}extrapolation", record.get("extrapolation"))
     best = dict(record["best"])
     out[f"{prefix}method/{best.pop('method')}"] = 1.0
@@ -315,7 +329,7 @@ def schedule_search(
     )
     seconds = time.perf_counter() - t0
     tensors, info = merge(dict(agents), base=base, return_info=True, chunk_numel=schedule.chunk_numel, **result.best)
-    record = record_of(setting, result, step=step, seconds=seconds)
+    record = record_of(setting, result, step=step, seconds=seconds, evaluation=setting.evaluation(fallback))
     path = Path(schedule.store.root) / "_search" / schedule.agent / f"step_{step}.json"
     record["file"] = str(path)
     if c.rank == 0:
