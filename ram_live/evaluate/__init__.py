@@ -14,6 +14,7 @@ from .harness import LmEval, lm_eval
 from .prompts import Prompts, load_prompts
 from .rewards import Rewards, rewards
 from .samples import pass_at_k
+from .vllm_engine import VLLMGenerate
 
 __all__ = [
     "rewards",
@@ -26,4 +27,5 @@ __all__ = [
     "GenerationSettings",
     "EvaluationError",
     "pass_at_k",
+    "VLLMGenerate",
 ]

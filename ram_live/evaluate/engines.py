@@ -28,7 +28,7 @@ from collections.abc import Mapping, Set
 from itertools import islice
 from typing import Any, Callable, Sequence
 
-from ..errors import EvaluationError
+from ..errors import EvaluationError, RamLiveError
 from .calling import FAILURES
 from .checks import existing_source, loadable_dtype, one_line, short, token_ids_in, usable_device, vocab_size
 from .decoding import cut_text, prompt_seed, texts_of
@@ -120,6 +120,8 @@ class Engine:
                 s,  # type: ignore[misc]
                 [prompt_seed(s.seed, i) for i in indices],
             )
+        except RamLiveError:  # the library's own engine (VLLMGenerate) names what is at fault itself
+            raise
         except FAILURES as exc:
             detail = one_line(exc)
             raise EvaluationError(

@@ -52,7 +52,7 @@ def rewards(
     stop: str | Sequence[str] | None = None,
     include_stop: bool = False,
     eos_token_id: int | Sequence[int] | None = None,
-    generate: Callable[..., Any] | None = None,
+    generate: Callable[..., Any] | str | None = None,
 ) -> Rewards:
     """An evaluation ``evaluate(model) -> float``: generate completions for each prompt, score them with the
     reward functions, return the objective over the tasks (higher is better).
@@ -77,7 +77,8 @@ def rewards(
         stop, include_stop, eos_token_id: stop strings (the completion ends before the first, or after it with
             ``include_stop``), and the token ids that end a completion (default: the tokenizer's and model's EOS).
         generate: ``fn(merged, prompts, settings, seeds) -> list[list[str]]``, the user's engine (vLLM, SGLang, a
-            server) in place of Hugging Face ``generate``: see ``docs/evaluate.md``.
+            server) in place of Hugging Face ``generate``, or ``"vllm"``: a :class:`~.VLLMGenerate` built from
+            ``model`` (a folder) in ``dtype``: see ``docs/evaluate.md``.
 
     Returns:
         A :class:`Rewards`: call it on a module, a state dict or an HF folder for the objective.
@@ -154,7 +155,7 @@ class Rewards:
         metric: Metric | None = None,
         device: Any = None,
         dtype: Any = None,
-        generate: Callable[..., Any] | None = None,
+        generate: Callable[..., Any] | str | None = None,
     ) -> None:
         funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         if not funcs:
@@ -176,10 +177,17 @@ class Rewards:
                     f"logged as reward/{clash[0]}; rename the function (its __name__) or pass task=None"
                 )
         self.resolver = checked_resolver(model, tokenizer, device, dtype, settings.eos_token_id)
+        if generate == "vllm":
+            from .vllm_engine import engine_for
+
+            generate = engine_for(model, tokenizer, dtype)
         if generate is not None and not callable(generate):
             raise ConfigError(
-                f"rewards: generate must be a callable fn(merged, prompts, settings, seeds), got {short(generate)}"
+                "rewards: generate must be a callable fn(merged, prompts, settings, seeds) or 'vllm', got "
+                f"{short(generate)}"
             )
+        if callable(getattr(generate, "check_settings", None)):
+            generate.check_settings(settings)  # an engine refuses what it cannot honour now, not at the first call
         self.engine = Engine(prompts, settings, self.resolver, generate)
         self.trainer_state: Any = None
         self.metrics: dict[str, float] = {}
