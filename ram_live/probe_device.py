@@ -20,8 +20,7 @@ from .kernels.probe import ProbeCounts
 
 __all__ = ["DeviceProbe"]
 
-#: Entries per step of each program's strided walk (its [BLOCK, K, K] products stay in registers).
-PROBE_BLOCK = 128
+#: Programs of the counting kernel per multiprocessor (each adds its sums once).
 PROGRAMS_PER_SM = 8
 #: Entries per step of the torch implementation.
 TORCH_STEP = 1 << 22
@@ -46,7 +45,7 @@ def _(base, agents, eps, counts, gram, invalid) -> None:
 def _triton_probe(base, agents, eps, counts, gram, invalid) -> None:
     from .kernels.device.counts_triton import launch_activity_counts
 
-    launch_activity_counts(base, agents, eps, counts, gram, invalid, block=PROBE_BLOCK, programs_per_sm=PROGRAMS_PER_SM)
+    launch_activity_counts(base, agents, eps, counts, gram, invalid, programs_per_sm=PROGRAMS_PER_SM)
 
 
 def _torch_probe(base, agents, eps, counts, gram, invalid) -> None:

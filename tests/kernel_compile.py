@@ -29,7 +29,7 @@ DTYPES = {
     torch.float64: "fp64",
     torch.uint8: "u8",
 }
-OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion")
+OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg")
 
 
 class Recorder:
@@ -42,16 +42,31 @@ class Recorder:
         return lambda *args, **kwargs: self.launches.append((args, kwargs))
 
 
+#: Every device kernel, stood in for by a recorder while a case's call runs (an op may launch two).
+KERNELS = (
+    ("ram_live.kernels.device.ram_triton", "ram_merge_kernel"),
+    ("ram_live.kernels.device.counts_triton", "activity_counts_kernel"),
+    ("ram_live.kernels.device.linear_triton", "linear_merge_kernel"),
+    ("ram_live.kernels.device.select_triton", "radix_histogram_kernel"),
+    ("ram_live.kernels.device.select_triton", "select_thresholds_kernel"),
+    ("ram_live.kernels.device.ties_triton", "ties_merge_kernel"),
+)
+
+
 @contextlib.contextmanager
 def recorded(module: str, name: str) -> Iterator[tuple[Any, Recorder]]:
-    """The real kernel ``module.name`` and a recorder standing in for it while the block runs."""
-    mod = importlib.import_module(module)
-    kernel, recorder = getattr(mod, name), Recorder()
-    setattr(mod, name, recorder)
+    """The real kernel ``module.name`` and a recorder standing in for it while the block runs (every other kernel
+    of :data:`KERNELS` stood in for by a recorder too)."""
+    modules = {m: importlib.import_module(m) for m, _ in KERNELS}
+    stubs = {(m, n): (modules[m], getattr(modules[m], n), Recorder()) for m, n in KERNELS}
+    for (_, n), (mod, _, recorder) in stubs.items():
+        setattr(mod, n, recorder)
     try:
+        _, kernel, recorder = stubs[(module, name)]
         yield kernel, recorder
     finally:
-        setattr(mod, name, kernel)
+        for (_, n), (mod, kernel, _) in stubs.items():
+            setattr(mod, n, kernel)
 
 
 def signature(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict, dict, dict]:
@@ -100,7 +115,7 @@ def specialization(kernel: Any, launch: tuple[tuple[Any, ...], dict[str, Any]], 
         return sig, {(kernel.arg_names.index(k),): v for k, v in constants.items()}, None, options
 
 
-def build(kernel: Any, launch: tuple[tuple[Any, ...], dict[str, Any]], arch: int) -> str:
+def build(kernel: Any, launch: tuple[tuple[Any, ...], dict[str, Any]], arch: int, ptx_file: str | None = None) -> str:
     """Compiles one recorded launch for ``sm_<arch>``; returns its cubin's size, registers and spills."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -110,7 +125,11 @@ def build(kernel: Any, launch: tuple[tuple[Any, ...], dict[str, Any]], arch: int
     sig, constexprs, attrs, options = specialization(kernel, launch, target)
     src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=target, options=options)
-    return f"{len(compiled.asm['cubin'])} B cubin, {resources(compiled.asm['cubin'])}, {rounding(compiled.asm['ptx'])}"
+    ptx = compiled.asm["ptx"]
+    if ptx_file:
+        with open(ptx_file, "w") as f:
+            f.write(ptx)
+    return f"{len(compiled.asm['cubin'])} B cubin, {resources(compiled.asm['cubin'])}, {rounding(ptx)}, {loads(ptx)}"
 
 
 def rounding(ptx: str) -> str:
@@ -119,6 +138,17 @@ def rounding(ptx: str) -> str:
     fma = len(re.findall(r"\bfma\.[a-z.]*f32\b", ptx))
     approx = len(re.findall(r"\b(?:div\.(?:full|approx)|rcp\.approx)\.[a-z.]*f32\b", ptx))
     return f"{fma} f32 fma, {approx} approximate f32 divisions"
+
+
+def loads(ptx: str) -> str:
+    """The global loads by width: 128-bit vectors (``ld.global.v4.b32``, ``.v2.b64``), 64-bit vectors, and scalar
+    loads of 16- and 32-bit entries (a 16-bit input read without vectors shows as scalar b16 loads)."""
+    found = re.findall(r"\bld\.global(?:\.[a-z0-9_:]+)*?(?:\.(v[248]))?\.([bfu](?:8|16|32|64))\b", ptx)
+    wide = sum(1 for v, t in found if (v, t) in (("v4", "b32"), ("v2", "b64"), ("v4", "f32"), ("v4", "u32")))
+    half = sum(1 for v, t in found if (v, t) in (("v2", "b32"), ("v2", "f32"), ("v2", "u32"), ("", "b64")))
+    narrow = sum(1 for v, t in found if not v and t in ("b16", "u16", "f16"))
+    scalar = sum(1 for v, t in found if not v and t in ("b32", "f32", "u32"))
+    return f"loads: {wide} x 128-bit, {half} x 64-bit, {scalar} x 32-bit, {narrow} x 16-bit"
 
 
 def resources(cubin: bytes) -> str:
@@ -140,12 +170,23 @@ def resources(cubin: bytes) -> str:
     return f"{fields.get('REG', '?')} registers, {fields.get('LOCAL', '?')} B local (spills)"
 
 
-def flat(k: int, dtype: torch.dtype, n: int = 4096) -> tuple[torch.Tensor, list[torch.Tensor]]:
+#: The tensors' entries and the row of a merge's buffers each launch gets: 4096 and the first row, or (for
+#: :func:`one_specialisation`) an odd size and the second row, whose address is 8 bytes off a 16-byte boundary.
+SHAPE = {"n": 4096, "row": 0}
+
+
+def flat(k: int, dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    n = SHAPE["n"]
     return torch.zeros(n, dtype=dtype), [torch.zeros(n, dtype=dtype) for _ in range(k)]
 
 
+def row(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """A row of a two-row buffer, as the merge's invalid slots and the probe's counts are."""
+    return torch.zeros(2, n, dtype=dtype)[SHAPE["row"]]
+
+
 def zero_slot() -> torch.Tensor:
-    return torch.zeros((), dtype=torch.int64)
+    return torch.zeros(2, dtype=torch.int64)[SHAPE["row"]]
 
 
 def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
@@ -165,7 +206,7 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
         (torch.bfloat16, 5, True, True, True, 0.0),
     ]:
         base, agents = flat(k, dtype)
-        imps = [torch.ones(4096, dtype=torch.float32) for _ in range(k)] if weighted else []
+        imps = [torch.ones(SHAPE["n"], dtype=torch.float32) for _ in range(k)] if weighted else []
         lambdas = torch.ones(k, dtype=torch.float32) if lam else None
 
         def call(base=base, agents=agents, imps=imps, lambdas=lambdas, eps=eps, sign=sign) -> None:
@@ -184,8 +225,8 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
         base, agents = flat(k, dtype)
 
         def call(base=base, agents=agents, eps=eps, k=k) -> None:
-            counts = torch.zeros(3 * k + 1 + k * k, dtype=torch.int64)
-            probe._triton_probe(base, agents, eps, counts, torch.zeros(k * k, dtype=torch.float64), zero_slot())
+            counts = row(3 * k + 1 + k * k, torch.int64)
+            probe._triton_probe(base, agents, eps, counts, row(k * k, torch.float64), zero_slot())
 
         out.append((f"probe {DTYPES[dtype]} K={k} eps={eps}", counts_mod, counts_name, call))
     lin_mod = "ram_live.kernels.device.linear_triton"
@@ -235,28 +276,64 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
 
         label = f"TIES {DTYPES[dtype]} K={k} trim={trim} dare={dare} majority={majority} weighted={weighted}"
         out.append((label + f" divide={divide}", ties_mod, "ties_merge_kernel", call))
+        if trim and dtype != torch.float16:
+            out.append((f"TIES thresholds K={k}", sel_mod, "select_thresholds_kernel", call))
     return out
+
+
+def one_specialisation() -> list[str]:
+    """Per case, whether a launch on tensors of an odd size with its slot (and the probe's rows) 8 bytes off a
+    16-byte boundary binds to the same specialisation (signature, constexprs, alignment hints) as the case's own:
+    every tensor of a merge then runs one compiled kernel per kernel and dtype. Returns a line per case."""
+    from triton.backends.compiler import GPUTarget
+
+    target = GPUTarget("cuda", 90, 32)
+    keys: dict[str, list] = {}
+    for shape in ({"n": 4096, "row": 0}, {"n": 4099, "row": 1}):
+        SHAPE.update(shape)
+        try:
+            for label, module, name, call in cases():
+                with recorded(module, name) as (kernel, recorder):
+                    call()
+                keys.setdefault(label, []).append(repr(specialization(kernel, recorder.launches[0], target)))
+        finally:
+            SHAPE.update({"n": 4096, "row": 0})
+    return [f"{'same' if a == b else 'DIFF'} {label}" for label, (a, b) in keys.items()]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[90], help="compute capabilities (90: H100/H200)")
+    parser.add_argument("--only", default="", help="only the cases whose label contains this text")
+    parser.add_argument("--ptx", default="", help="a folder to write each build's PTX into")
+    parser.add_argument(
+        "--specialisations", action="store_true", help="also check one specialisation per kernel and dtype"
+    )
     args = parser.parse_args()
+    if args.ptx:
+        os.makedirs(args.ptx, exist_ok=True)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: the interpreter's functions do not compile", file=sys.stderr)
         return 2
     failed = 0
-    for label, module, name, call in cases():
+    for index, (label, module, name, call) in enumerate(cases()):
+        if args.only not in label:
+            continue
         with recorded(module, name) as (kernel, recorder):
             call()
         for arch in args.arch:
             t0 = time.perf_counter()
             try:
-                built = build(kernel, recorder.launches[0], arch)
+                ptx_file = os.path.join(args.ptx, f"{index:02d}_sm{arch}.ptx") if args.ptx else None
+                built = build(kernel, recorder.launches[0], arch, ptx_file)
                 print(f"ok   sm_{arch} {label}: {built}, {time.perf_counter() - t0:.1f} s", flush=True)
             except Exception:  # noqa: BLE001 (every case is tried; the exit code says if any failed)
                 failed += 1
                 print(f"FAIL sm_{arch} {label}:\n{traceback.format_exc()}", flush=True)
+    if args.specialisations:
+        lines = one_specialisation()
+        print("\n".join(f"spec {line}" for line in lines), flush=True)
+        failed += sum(line.startswith("DIFF") for line in lines)
     return 1 if failed else 0
 
 

@@ -90,3 +90,17 @@ def test_fake_implementation_traces_without_data():
         base = torch.empty(1 << 20, dtype=torch.bfloat16)
         selection = select.select_magnitudes(base, [torch.empty_like(base)] * 3, [0.2, 0.2, 0.2])
     assert selection.ranks == (209715,) * 3 and selection.histograms.shape == (3, 3, select.NBINS)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_threshold_kernel_selects_kthvalue_once_per_tensor(dtype):
+    """The merge's thresholds, written by one program from the three histograms, are ``kthvalue``'s bits; agents
+    that select nothing keep what the tensor held."""
+    base, agents = _inputs(3000, dtype, seed=3)
+    densities = [0.3, 0.01, 1.0, 0.2]
+    selection = _run("triton", base, agents, densities)
+    got = select.triton_thresholds(selection.histograms, list(selection.ranks))
+    expected = _expected(base, agents, densities)
+    assert [got[t].item() for t in (0, 1, 3)] == [expected[t] for t in (0, 1, 3)]
+    assert expected[1] > 0 and selection.ranks[2] == -1

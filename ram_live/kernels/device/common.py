@@ -24,6 +24,7 @@ __all__ = [
     "MAX_NUMEL",
     "OUT_DTYPES",
     "agent_args",
+    "block_size",
     "device_guard",
     "device_programs",
     "kernel_out",
@@ -67,6 +68,12 @@ def triton_serves(device: torch.device) -> bool:
 def agent_args(tensors: Sequence[Tensor | None]) -> list[Tensor | None]:
     """``tensors`` padded with None to :data:`MAX_AGENTS` pointer arguments (a kernel reads the first K)."""
     return [*tensors, *([None] * (MAX_AGENTS - len(tensors)))]
+
+
+def block_size(inputs: Sequence[Tensor], num_warps: int) -> int:
+    """Entries per block of a kernel that reads ``inputs``: each thread one 16-byte vector of the narrowest of
+    them (8 entries of a 16-bit input, 4 of float32), so that every input is read with 128-bit loads."""
+    return 16 // min(t.element_size() for t in inputs) * 32 * num_warps
 
 
 def kernel_out(out: Tensor) -> tuple[Tensor, bool]:
@@ -151,8 +158,9 @@ def launch(kernel: str, takes: bool, triton: Callable[..., None], fallback: Call
     build that kernel on this machine, ``fallback(*args)``: the op's torch implementation of the same arithmetic.
     The kernel is launched with its tensors' device current (:func:`device_guard`).
     A kernel that fails to build is named once in a :class:`~ram_live.errors.DeviceKernelWarning`, and its op runs
-    the torch implementation for the rest of the process (:func:`unbuilt_kernels`). Each op's ``triton`` launches
-    one kernel, last, so a build error leaves its outputs untouched.
+    the torch implementation for the rest of the process (:func:`unbuilt_kernels`). Each op's ``triton`` writes
+    its outputs from its last launch only (an earlier one, as TIES' thresholds, fills scratch), so a build error
+    leaves its outputs untouched.
 
     Args:
         kernel: the kernel's name, as the warning and :func:`unbuilt_kernels` give it.

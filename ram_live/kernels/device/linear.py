@@ -12,14 +12,14 @@ import torch
 from torch import Tensor
 
 from ...functional.combine import task_arithmetic_combine
-from .common import MAX_AGENTS, OUT_DTYPES, agent_args, kernel_out, launch, triton_takes
+from .common import MAX_AGENTS, OUT_DTYPES, agent_args, block_size, kernel_out, launch, triton_takes
 from .philox import keep_mask
 from .select import TORCH_STEP
 
-__all__ = ["linear_merge_", "MERGE_BLOCK"]
+__all__ = ["linear_merge_", "MERGE_WARPS"]
 
-#: Entries per program of the merge kernel.
-MERGE_BLOCK = 1024
+#: Warps per program of the merge kernel (each program merges one block of the tensor).
+MERGE_WARPS = 4
 
 
 @torch.library.custom_op("ram_live::linear_merge_", mutates_args=("out", "invalid"))
@@ -62,10 +62,11 @@ def _triton_linear(out, base, agents, weights, scale, densities, seeds, invalid)
     written, bf16 = kernel_out(out)
     numel = base.numel()
     drop, seed_args, density_args = drop_arguments(densities, seeds)
-    linear_merge_kernel[(max(1, -(-numel // MERGE_BLOCK)),)](
+    block = block_size([base, *agents], MERGE_WARPS)
+    linear_merge_kernel[(max(1, -(-numel // block)),)](
         written, base, *agent_args(agents), weights, invalid, numel, float(scale), *seed_args, *density_args,
-        K=len(agents), DROP=drop, SCALED=scale != 1.0, OUT_BF16=bf16, BLOCK=MERGE_BLOCK, num_warps=4,
-        enable_fp_fusion=False,
+        K=len(agents), DROP=drop, SCALED=scale != 1.0, OUT_BF16=bf16, BLOCK=block, num_warps=MERGE_WARPS,
+        enable_fp_fusion=False, maxnreg=128,
     )  # fmt: skip
 
 

@@ -10,17 +10,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_common import add_invalid, pick, store_out
+from .triton_common import add_invalid, inside, load, pick, store_out
 
 __all__ = ["linear_merge_kernel", "load_delta", "dare_drop"]
 
 
 @triton.jit
-def load_delta(agent_ptr, offs, inb, b):
+def load_delta(agent_ptr, offs, inb, b, MASKED: tl.constexpr):
     """τ = agent − base in float32, and 1 where it is NaN/Inf (a non-finite base or agent, or an overflow)."""
-    d = tl.load(agent_ptr + offs, mask=inb, other=0.0).to(tl.float32) - b
-    bad = tl.where(tl.abs(d) < float("inf"), 0, 1) * inb.to(tl.int32)
-    return d, bad
+    d = load(agent_ptr, offs, inb, MASKED) - b
+    return d, inside(~(tl.abs(d) < float("inf")), inb, MASKED)
 
 
 @triton.jit
@@ -30,7 +29,10 @@ def dare_drop(d, seed, density, offs):
     return tl.math.div_rn(d * keep, density)
 
 
-@triton.jit(do_not_specialize=["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"])
+@triton.jit(
+    do_not_specialize=["numel", "s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"],
+    do_not_specialize_on_alignment=["bad_ptr"],
+)
 def linear_merge_kernel(
     out_ptr, base_ptr,
     a0, a1, a2, a3, a4, a5, a6, a7,
@@ -41,19 +43,44 @@ def linear_merge_kernel(
 ):  # fmt: skip
     """θ* = θ₀ + scale · Σ_t w_t τ_t (``w``: float64 ``[K]``, rounded to float32 as the CPU's ``.to``); agents of
     the ``DROP`` bitmask first drop entries with their seed ``s_t`` and density ``q_t``. Adds to ``bad`` the NaN/Inf
-    task vectors and outputs."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    task vectors and outputs. Every block but a partial last one unmasked."""
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
     inb = offs < numel
-    b = tl.load(base_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    if (pid + 1) * BLOCK <= numel:
+        invalid = _linear_block(
+            out_ptr, base_ptr, a0, a1, a2, a3, a4, a5, a6, a7, w_ptr, offs, inb, scale, s0, s1, s2, s3, s4, s5, s6,
+            s7, q0, q1, q2, q3, q4, q5, q6, q7, K, DROP, SCALED, OUT_BF16, BLOCK, False,
+        )  # fmt: skip
+    else:
+        invalid = _linear_block(
+            out_ptr, base_ptr, a0, a1, a2, a3, a4, a5, a6, a7, w_ptr, offs, inb, scale, s0, s1, s2, s3, s4, s5, s6,
+            s7, q0, q1, q2, q3, q4, q5, q6, q7, K, DROP, SCALED, OUT_BF16, BLOCK, True,
+        )  # fmt: skip
+    add_invalid(bad_ptr, invalid)
+
+
+@triton.jit
+def _linear_block(
+    out_ptr, base_ptr,
+    a0, a1, a2, a3, a4, a5, a6, a7,
+    w_ptr, offs, inb, scale,
+    s0, s1, s2, s3, s4, s5, s6, s7,
+    q0, q1, q2, q3, q4, q5, q6, q7,
+    K: tl.constexpr, DROP: tl.constexpr, SCALED: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK: tl.constexpr,
+    MASKED: tl.constexpr,
+):  # fmt: skip
+    """One block of :func:`linear_merge_kernel`; returns its invalid entries."""
+    b = load(base_ptr, offs, inb, MASKED)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     invalid = tl.zeros([BLOCK], dtype=tl.int32)
     for t in tl.static_range(K):
-        d, bad = load_delta(pick(t, a0, a1, a2, a3, a4, a5, a6, a7), offs, inb, b)
+        d, bad = load_delta(pick(t, a0, a1, a2, a3, a4, a5, a6, a7), offs, inb, b, MASKED)
         invalid += bad
         if (DROP >> t) & 1:
             d = dare_drop(d, pick(t, s0, s1, s2, s3, s4, s5, s6, s7), pick(t, q0, q1, q2, q3, q4, q5, q6, q7), offs)
         acc = acc + d * tl.load(w_ptr + t).to(tl.float32)
     if SCALED:
         acc = acc * scale
-    invalid += store_out(out_ptr, offs, inb, tl.where(acc != 0, acc + b, b), OUT_BF16)
-    add_invalid(bad_ptr, invalid)
+    invalid += store_out(out_ptr, offs, inb, tl.where(acc != 0, acc + b, b), OUT_BF16, MASKED)
+    return invalid

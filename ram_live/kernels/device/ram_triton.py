@@ -10,21 +10,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_common import add_invalid, pick, store_out
+from .common import agent_args, block_size, kernel_out
+from .triton_common import add_invalid, inside, load, pick, store_out
 
-__all__ = ["ram_merge_kernel"]
+__all__ = ["launch_ram_merge", "ram_merge_kernel"]
+
+#: Warps per program of the merge kernel (each program merges one block of the tensor).
+MERGE_WARPS = 4
 
 
 @triton.jit
-def _active_delta(agent_ptr, offs, inb, b, eps, EPS_ZERO: tl.constexpr):
+def _active_delta(agent_ptr, offs, inb, b, eps, EPS_ZERO: tl.constexpr, MASKED: tl.constexpr):
     """τ = agent − base in float32, zeroed where |τ| <= eps (``hardshrink``; kept NaN)."""
-    d = tl.load(agent_ptr + offs, mask=inb, other=0.0).to(tl.float32) - b
+    d = load(agent_ptr, offs, inb, MASKED) - b
     if not EPS_ZERO:
         d = tl.where((d >= -eps) & (d <= eps), 0.0, d)
     return d
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"], do_not_specialize_on_alignment=["bad_ptr"])
 def ram_merge_kernel(
     out_ptr, base_ptr,
     a0, a1, a2, a3, a4, a5, a6, a7,
@@ -34,24 +38,49 @@ def ram_merge_kernel(
     EPS_ZERO: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """θ* = θ₀ − m per entry, m the accumulator's negated τ* (Σ −τ over the active agents divided by their
-    count or weight, λ_t·(−τ_t) where one agent alone is active, the elected side's mean with ``SIGN``)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    count or weight, λ_t·(−τ_t) where one agent alone is active, the elected side's mean with ``SIGN``). Every
+    block but a partial last one unmasked."""
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
     inb = offs < numel
-    b = tl.load(base_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    if (pid + 1) * BLOCK <= numel:
+        invalid = _merge_block(
+            out_ptr, base_ptr, a0, a1, a2, a3, a4, a5, a6, a7, h0, h1, h2, h3, h4, h5, h6, h7, lam_ptr, offs, inb,
+            eps, K, SCALED, SIGN, WEIGHTED, EPS_ZERO, OUT_BF16, BLOCK, False,
+        )  # fmt: skip
+    else:
+        invalid = _merge_block(
+            out_ptr, base_ptr, a0, a1, a2, a3, a4, a5, a6, a7, h0, h1, h2, h3, h4, h5, h6, h7, lam_ptr, offs, inb,
+            eps, K, SCALED, SIGN, WEIGHTED, EPS_ZERO, OUT_BF16, BLOCK, True,
+        )  # fmt: skip
+    add_invalid(bad_ptr, invalid)
+
+
+@triton.jit
+def _merge_block(
+    out_ptr, base_ptr,
+    a0, a1, a2, a3, a4, a5, a6, a7,
+    h0, h1, h2, h3, h4, h5, h6, h7,
+    lam_ptr, offs, inb, eps,
+    K: tl.constexpr, SCALED: tl.constexpr, SIGN: tl.constexpr, WEIGHTED: tl.constexpr,
+    EPS_ZERO: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One block of :func:`ram_merge_kernel`; returns its invalid entries."""
+    b = load(base_ptr, offs, inb, MASKED)
     zero = tl.zeros([BLOCK], dtype=tl.float32)
     neg, cnt, lam_sum = zero, zero, zero
     p_neg, p_w, n_neg, n_w = zero, zero, zero, zero
     total, top = zero, zero
     invalid = tl.zeros([BLOCK], dtype=tl.int32)
     for t in tl.static_range(K):
-        d = _active_delta(pick(t, a0, a1, a2, a3, a4, a5, a6, a7), offs, inb, b, eps, EPS_ZERO)
+        d = _active_delta(pick(t, a0, a1, a2, a3, a4, a5, a6, a7), offs, inb, b, eps, EPS_ZERO, MASKED)
         m = (d != 0).to(tl.float32)
         cnt = cnt + m
         if SCALED:
             lam_sum = lam_sum + m * tl.load(lam_ptr + t)
         if WEIGHTED:
-            h = tl.load(pick(t, h0, h1, h2, h3, h4, h5, h6, h7) + offs, mask=inb, other=0.0).to(tl.float32)
-            invalid += ((~(h >= 0.0)) | (h == float("inf"))).to(tl.int32) * inb.to(tl.int32)
+            h = load(pick(t, h0, h1, h2, h3, h4, h5, h6, h7), offs, inb, MASKED)
+            invalid += inside((~(h >= 0.0)) | (h == float("inf")), inb, MASKED)
             if t == 0:
                 top = h * m
                 w = m
@@ -90,5 +119,17 @@ def ram_merge_kernel(
         mean = tl.where(neg < 0, tl.math.div_rn(p_neg, p_w), mean)
     if SCALED:
         mean = tl.where(cnt == 1.0, lam_sum * neg, mean)
-    invalid += store_out(out_ptr, offs, inb, b - mean, OUT_BF16)
-    add_invalid(bad_ptr, invalid)
+    invalid += store_out(out_ptr, offs, inb, b - mean, OUT_BF16, MASKED)
+    return invalid
+
+
+def launch_ram_merge(out, base, agents, importances, lambdas, eps, sign, invalid) -> None:
+    """:func:`ram_merge_kernel` over one flat tensor, one block per program (ram_live::ram_merge_'s arguments)."""
+    written, bf16 = kernel_out(out)
+    numel = base.numel()
+    block = block_size([base, *agents, *importances], MERGE_WARPS)
+    ram_merge_kernel[(max(1, -(-numel // block)),)](
+        written, base, *agent_args(agents), *agent_args(importances), lambdas, invalid, numel, float(eps),
+        K=len(agents), SCALED=lambdas is not None, SIGN=sign, WEIGHTED=bool(importances), EPS_ZERO=eps == 0,
+        OUT_BF16=bf16, BLOCK=block, num_warps=MERGE_WARPS, enable_fp_fusion=False, maxnreg=128,
+    )  # fmt: skip

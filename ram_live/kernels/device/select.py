@@ -16,17 +16,18 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from .common import MAX_AGENTS, device_programs, launch, triton_takes
+from .common import MAX_AGENTS, block_size, device_programs, launch, triton_takes
 
-__all__ = ["NBINS", "PASSES", "MagnitudeSelection", "select_magnitudes", "selection_rank"]
+__all__ = ["NBINS", "PASSES", "MagnitudeSelection", "select_magnitudes", "selection_rank", "triton_thresholds"]
 
 #: Bins of each pass's histogram.
 NBINS = 2048
 #: Per digit pass: the shift of its digit, the digit's mask, and the shift above which an entry's bits must equal
 #: those fixed by the earlier passes.
 PASSES = ((20, 2047, 31), (9, 2047, 20), (0, 511, 9))
-#: Entries each program of the histogram kernel reads per agent and step, and programs per multiprocessor.
-HIST_BLOCK = 4096
+#: Warps per program of the histogram kernel (each step a 16-byte vector of every input per thread), and programs
+#: per multiprocessor.
+HIST_WARPS = 8
 HIST_PROGRAMS_PER_SM = 2
 #: Entries per step of the torch implementation (bounds its scratch).
 TORCH_STEP = 1 << 22
@@ -70,11 +71,26 @@ def _triton_histogram(base: Tensor, agents: list[Tensor], ranks: list[int], pass
 
     k, numel = len(agents), base.numel()
     shift, digit_mask, match_shift = PASSES[pass_index]
-    radix_histogram_kernel[(device_programs(base.device, numel, HIST_BLOCK, HIST_PROGRAMS_PER_SM),)](
+    block = block_size([base, *agents], HIST_WARPS)
+    radix_histogram_kernel[(device_programs(base.device, numel, block, HIST_PROGRAMS_PER_SM),)](
         base, *agent_args(agents), hist, numel, *_padded(ranks, 0),
         K=k, KP=_pow2(k), ACTIVE=_bitmask(r > 0 for r in ranks), PASS=pass_index, SHIFT=shift,
-        DIGIT_MASK=digit_mask, MATCH_SHIFT=match_shift, BLOCK=HIST_BLOCK, num_warps=8,
+        DIGIT_MASK=digit_mask, MATCH_SHIFT=match_shift, BLOCK=block, num_warps=HIST_WARPS, maxnreg=128,
     )  # fmt: skip
+
+
+def triton_thresholds(hist: Tensor, ranks: Sequence[int]) -> Tensor:
+    """Each selecting agent's (rank > 0) threshold from the three passes' histograms, by one single-program launch
+    of :func:`.select_triton.select_thresholds_kernel`: a float32 ``[K]`` tensor on the histograms' device whose
+    other entries are undefined. For the merge kernels, once per tensor."""
+    from .select_triton import select_thresholds_kernel
+
+    k = len(ranks)
+    thresholds = torch.empty(k, dtype=torch.float32, device=hist.device)
+    select_thresholds_kernel[(1,)](
+        hist, thresholds, *_padded(ranks, 0), K=k, KP=_pow2(k), TRIM=_bitmask(r > 0 for r in ranks), num_warps=4
+    )
+    return thresholds
 
 
 def _padded(values: Sequence, fill) -> list:

@@ -14,9 +14,8 @@ import torch
 from torch import Tensor
 
 from ...functional.trimming import ties_combine, trim_
-from .common import MAX_AGENTS, OUT_DTYPES, agent_args, kernel_out
+from .common import OUT_DTYPES, agent_args, block_size, kernel_out, launch, triton_takes
 from .linear import drop_arguments, dropped_, stacked_deltas, write_merged
-from .common import device_programs, launch, triton_takes
 from .select import TORCH_STEP, MagnitudeSelection
 
 __all__ = ["ties_merge_", "MAJORITY", "DIVIDE"]
@@ -24,9 +23,8 @@ __all__ = ["ties_merge_", "MAJORITY", "DIVIDE"]
 #: The election and division options as the op takes them (their index).
 MAJORITY = ("total", "frequency")
 DIVIDE = ("count", "weights", "none")
-#: Entries per step of each program's walk, and programs per multiprocessor.
-MERGE_BLOCK = 1024
-MERGE_PROGRAMS_PER_SM = 8
+#: Warps per program of the merge kernel (each program merges one block of the tensor).
+MERGE_WARPS = 4
 
 
 @torch.library.custom_op("ram_live::ties_merge_", mutates_args=("out", "invalid"))
@@ -62,6 +60,7 @@ def _(out, base, agents, weights, histograms, ranks, densities, seeds, scale, ma
 def _triton_ties(
     out, base, agents, weights, hist, ranks, densities, seeds, scale, majority, weighted, divide, invalid
 ) -> None:
+    from .select import triton_thresholds
     from .ties_triton import ties_merge_kernel
 
     written, bf16 = kernel_out(out)
@@ -69,13 +68,14 @@ def _triton_ties(
     drop, seed_args, density_args = drop_arguments(densities, seeds)
     trim = sum(1 << t for t, r in enumerate(ranks) if r > 0) if hist is not None else 0
     none_kept = sum(1 << t for t, r in enumerate(ranks) if r == 0)
-    rank_args = [*ranks, *([0] * (MAX_AGENTS - len(ranks)))]
-    ties_merge_kernel[(device_programs(base.device, numel, MERGE_BLOCK, MERGE_PROGRAMS_PER_SM),)](
-        written, base, *agent_args(agents), weights, hist, invalid, numel, float(scale), *rank_args, *seed_args,
+    thresholds = triton_thresholds(hist, ranks) if trim else None  # once for the tensor
+    block = block_size([base, *agents], MERGE_WARPS)
+    ties_merge_kernel[(max(1, -(-numel // block)),)](
+        written, base, *agent_args(agents), weights, thresholds, invalid, numel, float(scale), *seed_args,
         *density_args,
-        K=k, KP=max(2, 1 << (k - 1).bit_length()), TRIM=trim, NONE_KEPT=none_kept, DROP=drop,
-        SCALED=scale != 1.0, FREQUENCY=majority == 1, WEIGHTED=weighted, DIVIDE=divide, OUT_BF16=bf16,
-        BLOCK=MERGE_BLOCK, num_warps=4, enable_fp_fusion=False,
+        K=k, TRIM=trim, NONE_KEPT=none_kept, DROP=drop, SCALED=scale != 1.0, FREQUENCY=majority == 1,
+        WEIGHTED=weighted, DIVIDE=divide, OUT_BF16=bf16, BLOCK=block, num_warps=MERGE_WARPS,
+        enable_fp_fusion=False, maxnreg=128,
     )  # fmt: skip
 
 

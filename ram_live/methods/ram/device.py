@@ -18,15 +18,12 @@ from ...engine.ops import call_op
 from ...engine.stream import DeltaStream
 from ...functional.activity import apply_activity_
 from ...functional.counting import ram_statistics
-from ...kernels.device.common import OUT_DTYPES, agent_args, kernel_out, launch, triton_takes
+from ...kernels.device.common import OUT_DTYPES, launch, triton_takes
 from ...types import RamStatistics
 from .accumulators import RamAccumulator, WeightedRamAccumulator
 
 __all__ = ["merge_device", "device_statistics"]
 
-#: Entries per program of the merge kernel, and of each step of the counting kernel's strided walk.
-MERGE_BLOCK = 1024
-COUNT_BLOCK = 512
 #: Programs of the counting kernel per multiprocessor (each adds its sums once).
 COUNT_PROGRAMS_PER_SM = 8
 #: Entries per step of the torch implementation (its float32 scratch is bounded by this, not by the tensor).
@@ -77,23 +74,15 @@ def _(base, agents, eps, counts, invalid) -> None:
 
 
 def _triton_merge(out, base, agents, importances, lambdas, eps, sign, invalid) -> None:
-    from ...kernels.device.ram_triton import ram_merge_kernel
+    from ...kernels.device.ram_triton import launch_ram_merge
 
-    written, bf16 = kernel_out(out)
-    numel = base.numel()
-    ram_merge_kernel[(max(1, -(-numel // MERGE_BLOCK)),)](
-        written, base, *agent_args(agents), *agent_args(importances), lambdas, invalid, numel, float(eps),
-        K=len(agents), SCALED=lambdas is not None, SIGN=sign, WEIGHTED=bool(importances), EPS_ZERO=eps == 0,
-        OUT_BF16=bf16, BLOCK=MERGE_BLOCK, num_warps=4, enable_fp_fusion=False,
-    )  # fmt: skip
+    launch_ram_merge(out, base, agents, importances, lambdas, eps, sign, invalid)
 
 
 def _triton_counts(base, agents, eps, counts, invalid) -> None:
     from ...kernels.device.counts_triton import launch_activity_counts
 
-    launch_activity_counts(
-        base, agents, eps, counts, None, invalid, block=COUNT_BLOCK, programs_per_sm=COUNT_PROGRAMS_PER_SM
-    )
+    launch_activity_counts(base, agents, eps, counts, None, invalid, programs_per_sm=COUNT_PROGRAMS_PER_SM)
 
 
 def _deltas(base_f: Tensor, agents: list[Tensor], start: int, end: int, eps: float):
