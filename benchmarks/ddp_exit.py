@@ -43,7 +43,9 @@ def worker(rank: int, root: Path, init: str, mode: str) -> None:
     rows = []
     for text in texts:
         ids = [VOCAB[c] for c in text][:8] + [0] * (8 - len(text[:8]))
-        rows.append({"input_ids": ids, "labels": [t if t else -100 for t in ids], "attention_mask": [int(t > 0) for t in ids]})
+        rows.append(
+            {"input_ids": ids, "labels": [t if t else -100 for t in ids], "attention_mask": [int(t > 0) for t in ids]}
+        )
     args = transformers.TrainingArguments(
         output_dir=str(root / f"run{rank}"),
         per_device_train_batch_size=2,
@@ -70,16 +72,44 @@ def worker(rank: int, root: Path, init: str, mode: str) -> None:
     )
     trainer.train()
     (root / f"trained{rank}").write_text("1")
+    if os.environ.get("RAM_DDP_EXIT_DUMP"):  # every thread's Python stack, should this rank still run by then
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["RAM_DDP_EXIT_DUMP"]), file=open(root / f"stack{rank}", "w"))
     torch.distributed.destroy_process_group()
 
 
-def one_run(mode: str, grace: float, deadline: float) -> str:
+def _dump(procs: list[subprocess.Popen], stuck: list[int], root: Path, dump: Path) -> None:
+    """The stuck ranks' native stacks (gdb) and Python stacks (faulthandler) into ``dump``."""
+    dump.mkdir(parents=True, exist_ok=True)
+    for r in stuck:
+        pid = procs[r].pid
+        gdb = subprocess.run(
+            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"], capture_output=True, text=True, timeout=120
+        )
+        (dump / f"rank{r}-{pid}.gdb.txt").write_text(gdb.stdout + gdb.stderr)
+        stack = root / f"stack{r}"
+        if stack.exists():
+            (dump / f"rank{r}-{pid}.py.txt").write_text(stack.read_text())
+
+
+def one_run(mode: str, grace: float, deadline: float, dump: Path | None = None) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         procs = [
             subprocess.Popen(
-                [sys.executable, __file__, "--worker", str(rank), "--root", tmp, "--init", str(root / "init"),
-                 "--mode", mode],
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    str(rank),
+                    "--root",
+                    tmp,
+                    "--init",
+                    str(root / "init"),
+                    "--mode",
+                    mode,
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=open(root / f"err{rank}", "w"),
             )
@@ -93,6 +123,8 @@ def one_run(mode: str, grace: float, deadline: float) -> str:
             late = trained_at is not None and time.monotonic() - trained_at > grace
             if late or time.monotonic() - start > deadline:
                 stuck = [r for r, p in enumerate(procs) if p.poll() is None]
+                if dump is not None:
+                    _dump(procs, stuck, root, dump)
                 for p in procs:
                     p.kill()
                 return f"hang (ranks {stuck} still running {'after training' if late else 'before training ended'})"
@@ -108,6 +140,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=["merges", "snapshots", "plain"], default="merges")
     parser.add_argument("--grace", type=float, default=60.0, help="seconds a rank may take to exit after training")
     parser.add_argument("--deadline", type=float, default=600.0)
+    parser.add_argument("--dump", type=Path, default=None, help="a folder for the stacks of hung ranks (gdb)")
     parser.add_argument("--worker", type=int, default=None)
     parser.add_argument("--root")
     parser.add_argument("--init")
@@ -118,7 +151,9 @@ def main() -> None:
     outcomes = []
     for i in range(a.runs):
         t0 = time.monotonic()
-        outcome = one_run(a.mode, a.grace, a.deadline)
+        if a.dump is not None:
+            os.environ["RAM_DDP_EXIT_DUMP"] = str(max(a.grace - 15.0, 5.0))
+        outcome = one_run(a.mode, a.grace, a.deadline, a.dump)
         outcomes.append(outcome)
         print(f"run {i + 1}/{a.runs} [{a.mode}]: {outcome} ({time.monotonic() - t0:.0f} s)", flush=True)
     hangs = sum(o.startswith("hang") for o in outcomes)

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from ram_live.errors import ConfigError
 
-__all__ = ["check_choice", "check_device", "check_int", "check_number", "integer_value"]
+__all__ = ["check_choice", "check_device", "check_int", "check_number", "integer_value", "preflight"]
 
 
 def check_choice(name: str, value: Any, allowed: Sequence[Any]) -> None:
@@ -73,3 +73,24 @@ def check_device(name: str, value: Any) -> str:
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(f"ram.{name}={value!r} is not a device ('cpu', 'cuda', 'cuda:0', ...): {exc}") from None
     return value
+
+
+def preflight(opts: Any) -> None:
+    """Before training, what the merges' options allow checking (:mod:`ram_live.training.preflight`): ``ram.search``
+    as :func:`ram_live.search` checks it (with the plain evaluation verl's search hands it), ``merged_dir`` written
+    to.
+
+    Raises:
+        ConfigError: naming the agent and "pre-flight".
+    """
+    from pathlib import Path
+
+    from ram_live.training.preflight import check_merged_dir_writable, check_search
+
+    try:
+        if opts.search is not None:
+            check_search(opts.search, None, plain=True)
+        if opts.merge_every is not None and opts.merged_dir:
+            check_merged_dir_writable(Path(opts.merged_dir), opts.agent)
+    except ConfigError as exc:
+        raise ConfigError(f"ram ({opts.agent!r}): pre-flight (before training): {exc}") from exc

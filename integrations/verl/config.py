@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from ram_live.errors import ConfigError
 from ram_live.methods.ram.config import FLAT_NAMES, RamConfig
+from ram_live.training.failures import ON_ERROR, check_on_error
 
 from .checks import check_choice, check_int, check_number
 from .dotted import get_dotted
@@ -119,6 +120,9 @@ class RAMVerlOptions:
             agent's snapshots carry importances (LoRA snapshots never do), and a ConfigError naming the agents
             without where only some do. ``null``: never, plain RAM.
         importance_bias_correction: divide ``exp_avg_sq`` by 1 − β₂^step (default false).
+        on_error: ``"warn"`` (default): a snapshot, merge, evaluation or search that fails at a checkpoint save is
+            a ``MergeFailedWarning`` and ``ram/errors`` (training goes on; the next merge tries again);
+            ``"raise"``: it ends training (:mod:`ram_live.training.failures`).
         save_freq, checkpoint_root: filled by :func:`options_from_verl` from verl's ``trainer.save_freq`` and
             ``trainer.default_local_dir`` (not ``ram.*`` keys).
 
@@ -154,6 +158,7 @@ class RAMVerlOptions:
     durable: bool = True
     importance: str | None = "adam"
     importance_bias_correction: bool = False
+    on_error: str = ON_ERROR[0]
     #: RAM's config (the ``ram.variant``, ``ram.r``, ... keys)
     ram: RamConfig = field(default_factory=RamConfig, repr=False)
     # filled from verl's config (not ram.* keys a user sets)
@@ -194,6 +199,7 @@ class RAMVerlOptions:
         check_choice("snapshot_activity", self.snapshot_activity, ("changed", "abs"))
         check_choice("importance", self.importance, ("adam", None))
         check_choice("importance_bias_correction", self.importance_bias_correction, (True, False))
+        check_on_error(self.on_error, "ram.on_error")
         for name in ("snapshot_every", "max_part_bytes"):
             check_int(name, getattr(self, name), minimum=1)
         for name in ("keep", "keep_merged", "merge_every", "lora_rank"):

@@ -27,10 +27,12 @@ import torch
 from ram_live.errors import ConfigError, RamLiveError
 from ram_live.io.sources import SafetensorsSource
 from ram_live.methods import Activity
-from ram_live.store import LocalTensor, SnapshotStore
+from ram_live.store import LocalCollective, LocalTensor, SnapshotStore
+from ram_live.training.failures import guarded
 from ram_live.store.runs import find_run_marker, write_run_marker
 
 from .checkpoint import LORA_RE, ActorCheckpoint, earlier_checkpoints
+from .checks import preflight
 from .common import DTYPE_OF, VerlIntegrationError, load_evaluate, resolve_base
 from .config import RAMVerlOptions
 from .evaluation import build_evaluations
@@ -83,6 +85,10 @@ class RAMVerl:
         self._run_started: float | None = None
         self._run_open = False
         self.reader = CheckpointReader(options)
+        # on_error (ram_live.training.failures): the driver alone snapshots and merges
+        self.on_error, self.errors, self.last_error, self.collective = options.on_error, 0, None, LocalCollective()
+        self.agent = options.agent
+        preflight(options)  # before training: the search setting, merged_dir
         if options.weights != "master":
             self.prepare(DTYPE_OF[options.weights])
         elif master_dtype is not None:
@@ -388,12 +394,17 @@ class RAMVerl:
         self.saves += 1
         index = self.save_index(global_step)
         metrics: dict[str, float] = {}
+        owner, errors = f"ram ({self.opts.agent!r})", self.errors
         if global_step > self.last_snapshot_step and (self.should_snapshot(index) or last):
-            metrics.update(self.snapshot(checkpoint_dir, global_step))
-        if global_step > self.last_merge_step and self.should_merge(index, last):
-            if self.last_snapshot_step != global_step:  # merge this step's weights, not an older snapshot's
+            with guarded(self, owner, "snapshot", global_step):  # on_error: a warning and ram/errors, or raise
                 metrics.update(self.snapshot(checkpoint_dir, global_step))
-            metrics.update(self.merge(global_step))
+        if global_step > self.last_merge_step and self.should_merge(index, last):
+            with guarded(self, owner, "merge", global_step):
+                if self.last_snapshot_step != global_step:  # merge this step's weights, not an older snapshot's
+                    metrics.update(self.snapshot(checkpoint_dir, global_step))
+                metrics.update(self.merge(global_step))
+        if self.errors > errors:
+            metrics["ram/errors"] = float(self.errors)
         if last:
             self.close()  # the run ends: the evaluation actor's GPU is freed
         if metrics:

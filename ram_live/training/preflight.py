@@ -71,7 +71,13 @@ def preflight(
 
 
 def check_search(
-    setting: Any, fallback: Callable[..., Any] | None, adapters: Any = None, space: Any = None, importance: Any = None
+    setting: Any,
+    fallback: Callable[..., Any] | None,
+    adapters: Any = None,
+    space: Any = None,
+    importance: Any = None,
+    *,
+    plain: bool = False,
 ) -> list[Callable[..., Any]]:
     """The search setting checked as :func:`ram_live.search` checks its options (``plan=True``: nothing merged or
     evaluated), with the evaluation the callback's search will get.
@@ -82,6 +88,8 @@ def check_search(
         adapters: the live ``PeftModel`` of a LoRA run (an adapter search), or None.
         space: overrides ``setting.space`` (a LoRA run folding into its base searches no rank).
         importance: the full-model search's ``importance=``.
+        plain: the search gets a plain evaluation whatever the setting names (verl's: each candidate written to a
+            folder and evaluated there); nothing is loaded, and nothing is returned to smoke-test.
 
     Returns:
         The search's evaluations (its ``evaluate`` and ``confirm``), to smoke-test.
@@ -93,8 +101,10 @@ def check_search(
     from ..selection import search
     from .candidates import check_candidate_evaluation
 
-    fn = setting.evaluation(fallback)
-    confirm = setting.confirmation()
+    if plain:
+        fn, confirm = _plain, _plain if setting.confirm is not None else None
+    else:
+        fn, confirm = setting.evaluation(fallback), setting.confirmation()
     check_candidate_evaluation(setting, fn)
     search(
         adapters if adapters is not None else {},
@@ -108,7 +118,11 @@ def check_search(
         importance=importance if adapters is None else None,
         plan=True,
     )
-    return [f for f in (fn, confirm) if f is not None]
+    return [] if plain else [f for f in (fn, confirm) if f is not None]
+
+
+def _plain(merged: Any) -> float:
+    return 0.0
 
 
 def smoke_test(fn: Any, model: Any) -> None:
