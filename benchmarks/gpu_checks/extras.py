@@ -57,6 +57,11 @@ def _peft_model() -> Any:
 
 def check_peft(device: torch.device, out: Outcome) -> None:
     """``ram_merge_adapters`` on the device (a new adapter, and folded into the base) against the same on CPU."""
+    import importlib.util
+
+    missing = [m for m in ("peft", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise Skip(f"{' and '.join(missing)} not installed here (nothing is downloaded)")
     from ram_live.peft import ram_merge_adapters
 
     names = ["code", "tool", "memory"]
@@ -209,22 +214,32 @@ def check_distributed(device: torch.device, out: Outcome, timeout: float) -> Non
 # ------------------------------------------------------------------------------------------------ pytest -m cuda
 
 
+#: The ``cuda``-marked tests a first run must see (about a minute with Triton's builds cold): every baseline
+#: kernel's options in bfloat16 against the CPU's bits (``dtype0``; float16 and float32 are the same kernels with
+#: other loads, left to ``pytest -m cuda``), TIES' thresholds, DARE's masks, a module merged on the device, and a
+#: PEFT merge that stays there.
+CUDA_TESTS = (
+    "tests/test_methods_baseline_device_cuda.py",
+    "tests/test_api.py::test_cuda_module_merges_on_cuda",
+    "tests/test_peft.py::test_cuda_merge_stays_on_the_device",
+)
+CUDA_DESELECTED = "not dtype1 and not dtype2"
+
+
 def check_cuda_tests(device: torch.device, out: Outcome, timeout: float) -> None:
-    """``pytest -m cuda`` over the test files that mark a test ``cuda``, in a subprocess: every selected test
+    """The first run's share of ``pytest -m cuda`` (:data:`CUDA_TESTS`), in a subprocess: every selected test
     must pass (none skipped on a CUDA host)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         raise Skip("skipped-no-device: the cuda-marked tests need a CUDA device")
-    files = sorted(
-        str(p.relative_to(ROOT))
-        for p in (ROOT / "tests").rglob("test_*.py")
-        if "mark.cuda" in p.read_text(errors="replace")
-    )  # only these: collecting all takes long
+    files = [t for t in CUDA_TESTS if (ROOT / t.split("::")[0]).exists()]
     out.result["files"] = files
     if not files:
-        raise Skip("no test file has a cuda-marked test")
-    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "-rs", *files]
+        raise Skip("none of the first run's cuda-marked tests is in this tree")
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-k", CUDA_DESELECTED, "-q", "-p", "no:cacheprovider"]
+    cmd += ["-rs", "-x", *files]
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         out.result["tail"] = (
             ((exc.stdout or b"")[-3000:]).decode(errors="replace")

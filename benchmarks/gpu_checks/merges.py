@@ -1,6 +1,8 @@
-"""The merge checks: the copy floor, RAM / RAM+ / curvature-aware RAM / TA / TIES / DARE-TIES (eager and
-``compile=True``) timed against it with their peak memory, and the probe; every result compared with the CPU's
-on a subset of tensors and with a float64 reference where the method has a closed form."""
+"""The merge checks: the copy floor, RAM / RAM+ / curvature-aware RAM / TA / TIES / DARE-TIES on a whole
+Qwen2.5-1.5B-shaped model (:func:`check_merge`) and on one 4096 x 4096 tensor (:func:`check_tensor`), timed
+against it with their peak memory and (on CUDA) the GPU's busy time beside the wall time (:mod:`.timing`: a missed
+target names the kernels or the host), and the probe (warmed up, then timed); every model result compared with
+the CPU's on a subset of tensors and with a float64 reference where the method has a closed form."""
 
 from __future__ import annotations
 
@@ -15,10 +17,10 @@ from torch import Tensor, nn
 
 from ram_live.kernels.device.common import unbuilt_kernels
 
-from gpu_checks import compare, inputs
+from gpu_checks import compare, inputs, timing
 from gpu_checks.runner import Outcome, Skip
 
-__all__ = ["METHODS", "Setup", "check_floor", "check_merge", "check_probe"]
+__all__ = ["METHODS", "Setup", "check_floor", "check_merge", "check_probe", "check_tensor"]
 
 #: label -> merge options (``importance=True``: the setup's importances). r and alpha are RAM+'s defaults.
 METHODS: dict[str, dict[str, Any]] = {
@@ -58,12 +60,14 @@ class Setup:
     bandwidth: float | None = None
     counts: dict[str, list[int]] | None = None
     eager: dict[str, dict[str, Tensor]] = field(default_factory=dict)
+    #: the single-tensor rows' inputs (built by the first of them): base, agents, importances
+    tensor: tuple[dict[str, Tensor], list[dict[str, Tensor]], dict[str, dict[str, Tensor]]] | None = None
 
     @classmethod
     def make(cls, device: torch.device, sizes: inputs.Sizes, reps: int, k: int = 3) -> Setup:
         base, agents = inputs.build(sizes, device, k)
         imps = inputs.importances(base, k)
-        keys = ["layers.0.weight", "norm"]
+        keys = list(inputs.SUBSET)
         s = cls(device, sizes, reps, base, agents, imps, keys)
         s.cpu_base = inputs.subset(base, keys)
         s.cpu_agents = [inputs.subset(a, keys) for a in agents]
@@ -213,6 +217,7 @@ def check_merge(setup: Setup, label: str, compiled: bool, small: bool, out: Outc
         extra_over_output=None if extra is None else extra / setup.model_bytes,
         others_cpu=share,
     )
+    kernel_s = _busy(call, dev, floor, out)
     ran = set(info.extra.get("kernels", {}))
     if dev.type == "cuda":  # one mechanism there: the fused device kernels, compile=True or not
         out.require(ran == {"device"}, f"the CUDA merge ran {info.extra.get('kernels')}, not the device kernels")
@@ -266,6 +271,72 @@ def check_merge(setup: Setup, label: str, compiled: bool, small: bool, out: Outc
         target = TARGET_FLOOR[label]
         out.targets[f"le_{target:g}x_floor"] = floor is not None and best <= target * floor
         out.targets["extra_le_output_plus_2_largest"] = extra is not None and extra <= setup.model_bytes + 2 * largest
+        out.result["bound_by"] = timing.verdict(best, kernel_s, floor, target)
+
+
+def _busy(call: Any, device: torch.device, floor: float | None, out: Outcome) -> float | None:
+    """The GPU's busy time of one more run of ``call`` and its slowest kernels, into ``out.result`` (None off
+    CUDA). The profiler is an aid: where it fails, the check says so and goes on."""
+    try:
+        table = timing.busy_time(call, device)
+    except Exception as exc:  # noqa: BLE001
+        out.result["kernel_time_error"] = f"{type(exc).__name__}: {exc}"
+        return None
+    if table is None:
+        return None
+    out.result.update(
+        kernel_s=table["kernel_s"],
+        kernel_x_floor=table["kernel_s"] / floor if floor else None,
+        device_launches=table["launches"],
+        kernels_top=table["top"],
+    )
+    return table["kernel_s"]
+
+
+def check_tensor(setup: Setup, label: str, out: Outcome) -> None:
+    """One method on one 4096 x 4096 bf16 tensor (K = 3; tiny models: 256 x 256): the kernels' own speed, one
+    launch per merge, against the floor of that tensor's bytes (warmed up first; best of the setup's runs; the
+    GPU's busy time apart)."""
+    from ram_live import merge
+
+    dev = setup.device
+    if setup.tensor is None:  # (tiny models: a tiny tensor)
+        shape = inputs.TENSOR_SHAPE if setup.sizes.hidden >= 1024 else (256, 256)
+        base, agents = inputs.build_tensor(dev, len(setup.agents), shape)
+        imps = {f"agent_{t}": {"w": torch.ones_like(base["w"])} for t in range(len(agents))}
+        setup.tensor = (base, agents, imps)
+    base, agents, imps = setup.tensor
+    kw = dict(METHODS[label])
+    if kw.pop("importance", False):
+        kw["importance"] = imps
+
+    def call() -> Any:
+        return merge(agents, base=base, return_info=True, **kw)
+
+    _, info = call()  # the warm-up: the kernels' builds
+    _sync(dev)
+    times, _, _ = bench_merge.timed(call, setup.reps, dev)
+    best = min(times)
+    moved = (len(agents) + 2 + (len(agents) if "importance" in kw else 0)) * base["w"].numel() * 2
+    floor = moved / setup.bandwidth if setup.bandwidth else None
+    out.result.update(
+        seconds=best,
+        times=times,
+        x_floor=best / floor if floor else None,
+        kernels=info.extra.get("kernels"),
+        numel=base["w"].numel(),
+    )
+    kernel_s = _busy(call, dev, floor, out)
+    if dev.type == "cuda":
+        out.require(set(info.extra.get("kernels", {})) == {"device"}, f"ran {info.extra.get('kernels')}")
+        _require_built(out)
+        if label == "RAM":  # compile=True takes the same device kernels (no compile rows on CUDA)
+            _, compiled = merge(agents, base=base, return_info=True, compile=True, **kw)
+            out.result["compile_true_kernels"] = compiled.extra.get("kernels")
+            out.require(set(compiled.extra.get("kernels", {})) == {"device"}, "compile=True left the device kernels")
+        target = TARGET_FLOOR[label]
+        out.targets[f"le_{target:g}x_floor"] = floor is not None and best <= target * floor
+        out.result["bound_by"] = timing.verdict(best, kernel_s, floor, target)
 
 
 def _check_counts(setup: Setup, info: Any, out: Outcome) -> None:
@@ -297,18 +368,20 @@ def check_probe(setup: Setup, out: Outcome) -> None:
     """The probe on the device: its counts equal the exact ones (whole model) and the CPU probe's (subset)."""
     from ram_live import probe
 
-    t0 = time.perf_counter()
-    report = probe(setup.agents, base=setup.base)
+    report = probe(setup.agents, base=setup.base)  # the warm-up: the counting kernel's builds
     _sync(setup.device)
-    seconds = time.perf_counter() - t0
+    times, _, _ = bench_merge.timed(lambda: probe(setup.agents, base=setup.base), setup.reps, setup.device)
+    seconds = min(times)
     if setup.counts is None:
         setup.counts = compare.exact_counts(setup.base, setup.agents)
     stats = report.statistics()
     got = {"active": stats.active.tolist(), "unique": stats.unique.tolist(), "histogram": stats.histogram.tolist()}
     floor = (len(setup.agents) + 1) * setup.model_bytes / setup.bandwidth if setup.bandwidth else None
-    out.result.update(seconds=seconds, x_floor=seconds / floor if floor else None, **got)
+    out.result.update(seconds=seconds, times=times, x_floor=seconds / floor if floor else None, **got)
+    kernel_s = _busy(lambda: probe(setup.agents, base=setup.base), setup.device, floor, out)
     if setup.device.type == "cuda" and floor:
         out.targets[f"le_{TARGET_PROBE:g}x_floor"] = seconds <= TARGET_PROBE * floor
+        out.result["bound_by"] = timing.verdict(seconds, kernel_s, floor, TARGET_PROBE)
     out.require(got == setup.counts, f"probe counts {got} != exact {setup.counts}")
     if setup.device.type == "cuda":
         _require_built(out)

@@ -1,5 +1,7 @@
 """Runs each check under a global time budget: every exception is caught (its traceback kept for the JSON), a
-check that cannot start before the budget is spent is reported as skipped, and the script goes on."""
+check that cannot start before the budget is spent is reported as skipped, and the script goes on. ``on_update``
+is called before each check starts (its status "running") and after it ends, so that the report can be written
+as it goes: a run stopped midway still says what passed and which check it was in."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Outcome", "Runner", "Skip"]
+__all__ = ["RUNNING", "Outcome", "Runner", "Skip"]
 
 STATUSES = ("pass", "fail", "error", "skipped")
+#: A check's status while it runs (what a report written midway shows for the check a stop cut short).
+RUNNING = "running"
 
 
 class Skip(Exception):
@@ -54,10 +58,15 @@ class Outcome:
 class Runner:
     """Runs checks in order while ``budget_s`` lasts (measured from construction)."""
 
-    def __init__(self, budget_s: float) -> None:
+    def __init__(self, budget_s: float, on_update: Callable[[Runner], None] | None = None) -> None:
         self.budget_s = budget_s
         self.t0 = time.perf_counter()
         self.outcomes: dict[str, Outcome] = {}
+        self.on_update = on_update
+
+    def _updated(self) -> None:
+        if self.on_update is not None:
+            self.on_update(self)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -69,7 +78,7 @@ class Runner:
     def run(self, name: str, fn: Callable[[Outcome], None], needs_s: float = 0.0) -> Outcome:
         """Run ``fn(outcome)``; it fills ``outcome.result`` and calls ``outcome.require``. Skipped when fewer than
         ``needs_s`` seconds of the budget are left."""
-        out = Outcome(name)
+        out = Outcome(name, status=RUNNING)
         self.outcomes[name] = out
         if self.left() < needs_s:
             out.status, out.reason = (
@@ -79,7 +88,9 @@ class Runner:
                     f"this check needs about {needs_s:.0f} s"
                 ),
             )
+            self._updated()
             return out
+        self._updated()
         t0 = time.perf_counter()
         try:
             fn(out)
@@ -87,14 +98,18 @@ class Runner:
         except Skip as exc:
             out.status, out.reason = "skipped", str(exc)
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):  # stopped: say where, then stop
+                out.status, out.reason = "error", f"stopped during this check ({type(exc).__name__})"
+                out.seconds = time.perf_counter() - t0
+                self._updated()
                 raise
             out.status, out.reason, out.traceback = "error", f"{type(exc).__name__}: {exc}", traceback.format_exc()
         out.seconds = time.perf_counter() - t0
+        self._updated()
         return out
 
     def summary(self) -> dict[str, int]:
         counts = dict.fromkeys(STATUSES, 0)
         for o in self.outcomes.values():
-            counts[o.status] += 1
+            counts[o.status] = counts.get(o.status, 0) + 1  # (RUNNING only while a check runs)
         return counts

@@ -37,16 +37,17 @@ def build_plan(base: TensorSource, agents: Sequence[TensorSource]) -> Plan:
                 key=(missing or extra)[0],
                 agent=agent.name,
             )
-    buffers = {k for k in base_keys if base.spec(k).is_buffer}
-    for agent in agents:
-        buffers |= {k for k in base_keys if k not in aliases and agent.spec(k).is_buffer}
+    kept = [k for k in base_keys if k not in aliases]
+    base_specs = {k: base.spec(k) for k in base_keys}
+    agent_specs = [{k: agent.spec(k) for k in kept} for agent in agents]  # one spec per tensor and input
+    buffers = {k for k, spec in base_specs.items() if spec.is_buffer}
+    for specs in agent_specs:
+        buffers |= {k for k, spec in specs.items() if spec.is_buffer}
     merge, copy, check = [], [], []
-    for key in base_keys:
-        if key in aliases:
-            continue
-        b = base.spec(key)
-        for agent in agents:
-            a = agent.spec(key)
+    for key in kept:
+        b = base_specs[key]
+        for agent, specs in zip(agents, agent_specs):
+            a = specs[key]
             if a.shape != b.shape:
                 raise InputMismatchError(
                     f"tensor {key!r}: agent {agent.name!r} has shape {list(a.shape)}, the base {list(b.shape)}",

@@ -26,6 +26,7 @@ class Reader:
         self.names = tuple(a.name for a in agents)
         self.device = device
         self.auxiliary = AuxiliaryInputs({}, None)
+        self._releasing: tuple[AuxiliaryInputs, list[Callable[[str], None]]] | None = None
 
     def stream(self, stream: DeltaStream) -> DeltaStream:
         """``stream`` with this key's auxiliary inputs attached."""
@@ -44,10 +45,11 @@ class Reader:
 
     def release(self, key: str) -> None:
         """Let sources that map files drop ``key``'s pages."""
-        for src in (self.base, *self.agents, *self.auxiliary.all_sources()):
-            release = getattr(src, "release", None)
-            if release is not None:
-                release(key)
+        if self._releasing is None or self._releasing[0] is not self.auxiliary:  # once per merge, not per tensor
+            sources = (self.base, *self.agents, *self.auxiliary.all_sources())
+            self._releasing = (self.auxiliary, [r for r in (getattr(s, "release", None) for s in sources) if r])
+        for release in self._releasing[1]:
+            release(key)
 
     def range_releaser(self, key: str, sink: Any = None) -> Callable[[int, int], None] | None:
         """A callback that drops the mapped pages of flat entries ``[start, stop)`` of ``key`` from the inputs
