@@ -110,9 +110,13 @@ def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
         ``{"ram/<key>": value}``; ``{}`` before the evaluation's first call.
 
     Raises:
-        ConfigError: an unknown ``layout``.
+        ConfigError: an unknown ``layout``; an ``evaluation`` that is not a :func:`ram_live.evaluate.rewards` one.
     """
     _check_layout(layout)
+    if not callable(getattr(evaluation, "function_rewards", None)):
+        raise ConfigError(
+            f"evaluation_metrics needs a ram_live.evaluate.rewards evaluation, got {type(evaluation).__name__}"
+        )
     if not evaluation.metrics:
         return {}
     keys, metric = LAYOUTS[layout], evaluation.metric.name

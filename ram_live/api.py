@@ -12,6 +12,7 @@ from .engine.run import run_merge
 from .engine.stream import DEFAULT_CHUNK_NUMEL
 from .types import MergeInfo
 from .errors import ConfigError, MissingBaseError, NoAgentsError
+from .option_checks import shown
 from .methods import RamStatistics, get_method, make_config, method_of_config
 from .methods.ram.config import RamConfig
 from .progress import ProgressHook, TerminalProgress
@@ -49,22 +50,22 @@ def check_run_options(device: Any, chunk_numel: Any, workers: Any) -> torch.devi
         if value is None and name == "workers":
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            raise ConfigError(f"{name} must be a positive integer, got {shown(value)}")
     if device is None:
         return None
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as exc:
-        raise ConfigError(f"device={device!r}: {exc}") from None
+        raise ConfigError(f"device={shown(device)}: {exc}") from None
     if dev.type == "meta":
         raise ConfigError("device='meta' holds no values: merge on the device the weights are on, or cpu/cuda")
     backend = getattr(torch, dev.type, None)
     if backend is None or not callable(getattr(backend, "is_available", None)) or not backend.is_available():
-        raise ConfigError(f"device={device!r}: no {dev.type} device is available here")
+        raise ConfigError(f"device={shown(device)}: no {dev.type} device is available here")
     count = backend.device_count() if callable(getattr(backend, "device_count", None)) else 1
     if dev.index is not None and dev.index >= count:
         raise ConfigError(
-            f"device={device!r}: there {'is' if count == 1 else 'are'} only {count} {dev.type} "
+            f"device={shown(device)}: there {'is' if count == 1 else 'are'} only {count} {dev.type} "
             f"device{'' if count == 1 else 's'} here"
         )
     return dev
@@ -238,7 +239,7 @@ def merge(
     if dtype is not None and (inplace or (out is None and isinstance(base, nn.Module))):
         raise ConfigError("dtype= applies to state-dict and file outputs only")
     if dtype is not None and dtype not in OUTPUT_DTYPES:
-        raise ConfigError(f"dtype= must be one of {', '.join(map(str, OUTPUT_DTYPES))}, got {dtype!r}")
+        raise ConfigError(f"dtype= must be one of {', '.join(map(str, OUTPUT_DTYPES))}, got {shown(dtype)}")
     dist = None
     if process_group is not None and process_group is not False:
         dist = Distributed(

@@ -7,9 +7,11 @@ names the culprit in its own error."""
 from __future__ import annotations
 
 import decimal
+import json
 import math
 import numbers
 import reprlib
+import sys
 from collections.abc import Collection, Mapping
 from typing import Any, Sequence
 
@@ -24,8 +26,10 @@ __all__ = [
     "check_lambdas",
     "check_names",
     "check_range",
+    "check_seed",
     "check_weights",
     "finite_float",
+    "parse_json",
     "shown",
 ]
 
@@ -84,6 +88,30 @@ def shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def parse_json(option: str, text: str, plain_text: bool = False) -> Any:
+    """``text``, the JSON an option was given as (``--space``, ``--lambdas``, ``-O KEY=VALUE``), parsed.
+
+    Args:
+        option: the option, for the error.
+        text: its value.
+        plain_text: ``text`` itself where it is not JSON (``-O method=ties``).
+
+    Raises:
+        ConfigError: naming ``option``: not JSON (unless ``plain_text``), nested too deeply for Python's parser, or
+            an int of more digits than Python converts.
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        if plain_text:
+            return text
+        raise ConfigError(f"{option} is not JSON: {_brief(exc)}; got {shown(text)}") from None
+    except RecursionError:
+        raise ConfigError(f"{option}: its JSON is nested too deeply to read") from None
+    except ValueError:  # an int of more digits than Python converts
+        raise ConfigError(f"{option}: holds an integer of more than {sys.get_int_max_str_digits()} digits") from None
+
+
 def _brief(exc: BaseException) -> str:
     """An exception's message on one line, cut short."""
     flat = " ".join(str(exc).split())
@@ -108,6 +136,14 @@ def check_range(name: str, value: float, low: float, high: float = math.inf) -> 
     if not low <= value <= high:
         bounds = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
         raise ConfigError(f"{name} must be {bounds}, got {shown(value)}")
+
+
+def check_seed(name: str, value: Any) -> int:
+    """``value`` as a seed: an int (not a bool) from -2**63 to 2**64 - 1 (what a generator takes); else
+    :class:`ConfigError` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not -(2**63) <= value < 2**64:
+        raise ConfigError(f"{name} must be an int from -2**63 to 2**64 - 1, got {shown(value)}")
+    return int(value)
 
 
 def check_names(option: str, names: Any) -> tuple[str, ...]:

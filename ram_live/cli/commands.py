@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -15,6 +16,7 @@ from ..io.jsonable import jsonable
 from .output import replacing
 from .parser import DTYPE_NAMES, ram_flags
 from ..errors import ConfigError
+from ..option_checks import parse_json
 
 __all__ = ["run", "agents_from_specs", "inputs"]
 
@@ -40,11 +42,7 @@ def _option(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise ConfigError(f"-O takes key=value, got {text!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return key, value
+    return key, parse_json(f"-O {key}", raw, plain_text=True)
 
 
 def method_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -169,7 +167,7 @@ def _merge(args: argparse.Namespace) -> int:
             out=args.out,
             device=args.device,
             dtype=_dtype(args.dtype),
-            max_shard_bytes=int(args.max_shard_size * 1e9),
+            max_shard_bytes=_shard_bytes(args.max_shard_size),
             progress=None if args.quiet else TerminalProgress(),
             return_info=True,
             process_group=True if args.distributed else None,
@@ -227,7 +225,7 @@ def _merge_config(args: argparse.Namespace) -> int:
         _, info = plan.merge(
             out=args.out,
             device=args.device,
-            max_shard_bytes=int(args.max_shard_size * 1e9),
+            max_shard_bytes=_shard_bytes(args.max_shard_size),
             progress=None if args.quiet else TerminalProgress(),
             return_info=True,
             **overrides,
@@ -240,6 +238,13 @@ def _merge_config(args: argparse.Namespace) -> int:
             f"in {info.seconds:.1f} s -> {args.out}"
         )
     return 0
+
+
+def _shard_bytes(gb: float) -> int:
+    """``--max-shard-size`` (GB) in bytes: at least one byte, and finite."""
+    if not (math.isfinite(gb) and 1 <= gb * 1e9 <= 2**63):
+        raise ConfigError(f"--max-shard-size must be a number of GB from 1e-9 to 9e9, got {gb!r}")
+    return int(gb * 1e9)
 
 
 def _sparsify(text: str) -> Any:

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..loading import load_callable
+from ..option_checks import parse_json
 from ..reward_options import REWARD_OPTIONS, SHARED_FLAGS
 
 __all__ = ["run_search"]
@@ -140,6 +141,8 @@ def _plan(args: argparse.Namespace) -> int:
         seed=args.seed,
         fidelity=getattr(args, "fidelity", "full"),
         device=args.device,
+        parallel=getattr(args, "parallel", 1),
+        confirm_top=args.confirm_top,
         plan=True,
         seconds_per_candidate=getattr(args, "seconds_per_candidate", None),
     )
@@ -153,10 +156,7 @@ def _space(args: argparse.Namespace) -> Any:
 
     if args.space is None:
         return None
-    try:
-        return from_json(json.loads(args.space))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--space is not JSON: {exc}") from None
+    return from_json(parse_json("--space", args.space))
 
 
 def _search_into(args: argparse.Namespace, out: Path) -> int:

@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import errno
 import json
+import numbers
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import ConfigError, OutOfSpaceError, OutputExistsError
+from ..option_checks import shown
 from .side_files import copy_side_files
 
 __all__ = [
@@ -177,11 +179,18 @@ def clean_stale(parent: Path, name: str | None = None, min_age: float = STALE_AG
         name: only the temporary folders of this output (its file or folder name), or None for any output.
         min_age: seconds a folder must have been unchanged (its writer locks it right after creating it).
 
+    Raises:
+        ConfigError: ``min_age`` is not a number of seconds >= 0 (NaN would remove a folder its writer has not
+            locked yet).
+
     Example:
         >>> clean_stale(Path("checkpoints"), "merged")                 # doctest: +SKIP
         [PosixPath('checkpoints/.merged.tmp-k2x9_q1a')]
     """
     import fcntl
+
+    if isinstance(min_age, bool) or not isinstance(min_age, numbers.Real) or not min_age >= 0:
+        raise ConfigError(f"min_age (--min-age) must be a number of seconds >= 0, got {shown(min_age)}")
 
     removed: list[Path] = []
     try:

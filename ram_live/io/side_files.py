@@ -63,7 +63,7 @@ def side_files(folder: Path | None, skip: Collection[str] = ()) -> dict[str, Pat
 
     Raises:
         ConfigError: a side file is a link that resolves outside ``folder`` (and outside a cache snapshot's
-            ``blobs/``), naming it.
+            ``blobs/``), or cannot be read, naming it.
     """
     if folder is None or not folder.is_dir():
         return {}
@@ -78,6 +78,7 @@ def side_files(folder: Path | None, skip: Collection[str] = ()) -> dict[str, Pat
                 f"base folder {folder}: {f.name} is a link to {real}, outside the folder; only files inside a base "
                 "folder are copied into a merged one (copy the file into the folder, or remove the link)"
             )
+        os.close(_open(real))  # unreadable: said now, not after the merge
         out[f.name] = real
     return out
 

@@ -29,6 +29,7 @@ from .outputs import (
 )
 from .dtensor import local_tensor
 from ..errors import ConfigError, InvalidStateError
+from ..option_checks import shown
 from .memory import advise_hugepages, empty
 from .safetensors_io import SafetensorsWriter
 from .structure import structure_copy
@@ -175,6 +176,8 @@ class SafetensorsSink:
         metadata: dict[str, str] | None = None,
         files: Mapping[str, bytes] | None = None,
     ) -> None:
+        if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1:
+            raise ConfigError(f"max_shard_bytes must be a positive integer (bytes), got {shown(max_shard_bytes)}")
         self.path = Path(path)
         self.files: dict[str, bytes] = dict(files or {})
         self.single = self.path.suffix == ".safetensors"

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from .. import functional as F
 from ..errors import ConfigError
-from ..option_checks import check_densities, check_finite, check_range, check_weights
+from ..option_checks import check_densities, check_finite, check_range, check_seed, check_weights
 from .base import MethodKernels, TensorContext, TensorView, agent_densities, agent_weights, scaled
 from .baseline_device import device_stream, merge_linear, merge_ties
 from .registry import register_method
@@ -53,6 +53,7 @@ class DareLinearConfig:
         check_densities(self.densities, positive=True)
         check_weights(self.weights)
         check_finite("scale", self.scale)
+        check_seed("seed", self.seed)
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ def parse_fidelity(fidelity: Any) -> Halving | None:
         return Halving()
     if isinstance(fidelity, Halving):
         return fidelity
-    raise ConfigError(f"fidelity must be None, 'full', 'halving' or a Halving(...), got {fidelity!r:.80}")
+    raise ConfigError(f"fidelity must be None, 'full', 'halving' or a Halving(...), got {shown(fidelity)}")
 
 
 #: The largest budget, in candidates or full evaluations: far more than any search spends.

@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any, Callable
 
 from ..errors import ConfigError, SearchError
-from ..option_checks import finite_float
+from ..option_checks import finite_float, shown
 from ..progress import SearchProgress
 from .effects import effect_key
 from .fidelity import Scored, Scorer
@@ -328,6 +328,7 @@ def _progress(progress: Any) -> tuple[Any, Callable[[Trial], Any] | None, Search
         return progress, None, None
     if not callable(progress):
         raise ConfigError(
-            f"progress must be None, True, False, a callable taking each Trial, or a ProgressHook; got {progress!r}"
+            "progress must be None, True, False, a callable taking each Trial, or a ProgressHook; got "
+            + shown(progress)
         )
     return None, progress, None

@@ -33,6 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from ..errors import ConfigError, SearchError
+from ..option_checks import shown
 from .fidelity import Scored, Scorer
 from .outcome import Outcome, run_candidate
 from .target import Merger
@@ -46,7 +47,7 @@ _STATE: dict[str, Any] = {}
 def check_parallel(parallel: Any) -> int:
     """``parallel=`` as a worker count (1: no pool)."""
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
-        raise ConfigError(f"parallel must be an int >= 1 (candidates scored at once), got {parallel!r:.80}")
+        raise ConfigError(f"parallel must be an int >= 1 (candidates scored at once), got {shown(parallel)}")
     return parallel
 
 
@@ -120,7 +121,7 @@ class Pool:
             self.payload = (*inputs, pickle.dumps(scorer, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception as exc:
             raise ConfigError(
-                f"parallel={n} sends evaluate to worker processes, but it cannot be pickled "
+                f"parallel={shown(n)} sends evaluate to worker processes, but it cannot be pickled "
                 f"({type(exc).__name__}: {exc}); pass a module-level function or an object "
                 "(not a lambda or a closure), or parallel=1"
             ) from None
@@ -157,13 +158,13 @@ class Pool:
             raise  # handled by score()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             raise ConfigError(
-                f"parallel={self.n} sends the agents, the base and evaluate to worker processes, and "
+                f"parallel={shown(self.n)} sends the agents, the base and evaluate to worker processes, and "
                 f"one of them cannot be pickled ({type(exc).__name__}: {exc}); use parallel=1"
             ) from None
         except RuntimeError as exc:
             if "Too many open files" in str(exc):
                 raise ConfigError(
-                    f"parallel={self.n}: sharing the in-memory inputs with the workers needs one file "
+                    f"parallel={shown(self.n)}: sharing the in-memory inputs with the workers needs one file "
                     "descriptor per tensor and hit the limit (raise it: ulimit -n; or pass the agents "
                     "and base as checkpoint folders, which each worker memory-maps)"
                 ) from None

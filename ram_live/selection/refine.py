@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 from ..methods import make_config
+from ..option_checks import FLOAT32_MAX
 from .result import Trial
 from .space import LOCAL_STEPS, Family, arm_of
 
@@ -150,8 +151,8 @@ def coordinate_ascent(
                 moved = False
                 while True:
                     value = round(values[i] + direction * step * mults[i], 12)
-                    if value < lower[i] or value > upper[i]:
-                        break
+                    if not max(lower[i], -FLOAT32_MAX) <= value <= min(upper[i], FLOAT32_MAX):
+                        break  # outside the bounds, or beyond float32's range (no option holds it: a huge step)
                     if prefetch is not None:  # this step, the next one if it improves, the other way if not
                         ahead = [value, round(value + direction * step * mults[i], 12)]
                         if not moved and direction > 0:

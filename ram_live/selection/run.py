@@ -23,7 +23,7 @@ from .loop import SearchRun
 from .plan import SearchPlan, make_plan
 from .sampler import parse_sampler, sampler_name
 from .optuna_storage import open_ledger
-from ..option_checks import finite_float
+from ..option_checks import check_seed, finite_float, shown
 from .adapters import adapter_agents, adapter_space, check_families
 
 __all__ = ["search"]
@@ -173,11 +173,10 @@ def search(
         )
     n_workers = check_parallel(parallel)
     if ray_address is not None and not isinstance(ray_address, str):
-        raise ConfigError(f"ray_address must be a string ('local' or a Ray address), got {ray_address!r:.80}")
+        raise ConfigError(f"ray_address must be a string ('local' or a Ray address), got {shown(ray_address)}")
     if not isinstance(confirm_top, numbers.Integral) or isinstance(confirm_top, bool) or confirm_top < 1:
-        raise ConfigError(f"confirm_top must be an int >= 1, got {confirm_top!r}")
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise ConfigError(f"seed must be an int, got {seed!r}")
+        raise ConfigError(f"confirm_top must be an int >= 1, got {shown(confirm_top)}")
+    check_seed("seed", seed)
     adapter_input = adapter_agents(models, base, adapters)  # None: full models
     if adapter_input is not None:
         space = adapter_space(space, importance)
@@ -194,7 +193,7 @@ def search(
     proposer = parse_sampler(sampler, int(seed), halving is not None, units)
     scorer = Scorer(evaluate, halving, in_prompts)
     if plan is not True and plan is not False:
-        raise ConfigError(f"plan must be True or False, got {plan!r:.80}")
+        raise ConfigError(f"plan must be True or False, got {shown(plan)}")
     if seconds_per_candidate is not None:
         try:
             seconds = finite_float(seconds_per_candidate)
@@ -203,7 +202,7 @@ def search(
         if not plan or seconds <= 0:
             raise ConfigError(
                 f"seconds_per_candidate must be a finite number of seconds > 0, with plan=True; got "
-                f"{seconds_per_candidate!r:.80}" + ("" if plan else " without plan=True")
+                f"{shown(seconds_per_candidate)}" + ("" if plan else " without plan=True")
             )
         seconds_per_candidate = seconds
     if plan:
@@ -282,7 +281,7 @@ def importance_variants(importance: Any) -> dict[str, Any]:
         return {STORED: STORED}
     if not isinstance(importance, Mapping) or not importance:
         raise ConfigError(
-            f"importance must be 'stored' or map agents (or variant labels) to importances, got {importance!r:.80}"
+            f"importance must be 'stored' or map agents (or variant labels) to importances, got {shown(importance)}"
         )
     if all(
         isinstance(v, str)

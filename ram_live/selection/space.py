@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..option_checks import shown
 from ..methods import RAM_METHODS, available_methods, make_config
 
 __all__ = ["Family", "DEFAULT_SPACE", "parse_space", "arm_of", "spread", "RAM_SIDE", "BASELINE_SIDE"]
@@ -278,7 +279,7 @@ def parse_space(space: Any) -> list[Family]:
                 _check_candidate(f"[{i}]", entry["method"], {k: v for k, v in entry.items() if k != "method"})
                 explicit.append(dict(entry))
             else:
-                raise ConfigError(f"space[{i}] must be a family name or a candidate dict, got {entry!r}")
+                raise ConfigError(f"space[{i}] must be a family name or a candidate dict, got {shown(entry)}")
         families = [
             Family(f"explicit:{side}", side, "explicit", grid=[e for e in explicit if side_of(e["method"]) == side])
             for side in (RAM_SIDE, BASELINE_SIDE)

@@ -102,3 +102,9 @@ def test_resampled_extreme_takes_any_sequence_of_numbers_and_any_draw_count():
 def test_resampled_extreme_refuses_what_is_not_rewards_or_a_draw_count(values, n, why):
     with pytest.raises(ConfigError, match=f"resampled_extreme: {why}"):
         resampled_extreme(values, n, largest=True)
+
+
+@pytest.mark.parametrize("evaluation", [None, lambda model: 0.5, 3.0], ids=["None", "callable", "float"])
+def test_metrics_of_what_is_not_a_rewards_evaluation_is_a_config_error(evaluation):
+    with pytest.raises(ConfigError, match="evaluation_metrics needs a ram_live.evaluate.rewards evaluation"):
+        evaluation_metrics(evaluation, "trl")

@@ -11,24 +11,20 @@ module imports no torch (``ram-live --help`` reads the fields' help, declared wi
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
 from ...errors import ConfigError
-from ...option_checks import check_lambdas, check_range
+from ...option_checks import check_lambdas, check_range, parse_json
 
 __all__ = ["Given", "Lam", "RAM_METHODS", "RULES", "RhoClip", "RhoSoft", "Unit", "option"]
 
 
 def _json_mapping(text: str) -> Any:
     """A ``--lambdas`` value: a JSON object ``{"agent": λ, ...}``."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f'lambdas must be a JSON object {{"agent": lambda, ...}}, got {text!r} ({exc})') from None
+    return parse_json('lambdas (a JSON object {"agent": lambda, ...})', text)
 
 
 def option(
