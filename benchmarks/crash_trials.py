@@ -78,15 +78,16 @@ def writer_main(store_dir: str, agent: str, keep: int | None, limit: int | None)
 
     store = SnapshotStore(store_dir)
     base = make_base()
-    writer = store.writer(agent, base)
-    step = (store.steps(agent) or [0])[-1] + 1
+    run = store.current_run(agent)  # a writer restarted after a crash continues its run (None: a new one)
+    writer = store.writer(agent, base, run=run)
+    step = (store.steps(agent, run=writer.run) or [0])[-1] + 1
     print("ready", flush=True)
     n = 0
     while limit is None or n < limit:
         writer.snapshot(expected(base, agent, step), step)
         print(f"committed {step}", flush=True)
         if keep is not None:
-            store.prune(keep, agent)
+            store.prune(keep, agent, run=writer.run)
         step += 1
         n += 1
 

@@ -180,10 +180,6 @@ class SnapshotStore(StoreWriting):
 
         Raises:
             ConfigError: ``agent`` is not a valid agent name.
-
-        Example:
-            >>> [(r.run, r.steps) for r in store.runs("coder")]              # doctest: +SKIP
-            [('legacy', (2, 4)), ('20261206-194641-3fa2c1', (2,))]
         """
         return self.run_index.runs(self.check_agent(agent))
 
@@ -208,6 +204,9 @@ class SnapshotStore(StoreWriting):
 
         Returns:
             The steps, ascending (empty when the run has none).
+
+        Raises:
+            ConfigError: ``agent`` or ``run`` is not valid.
         """
         self.check_agent(agent)
         if run is None:
