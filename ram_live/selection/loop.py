@@ -201,8 +201,9 @@ class SearchRun(Moves, Refinements):
         """The candidates announced next (:meth:`prefetch`) and not scored here: what a process waiting for another
         one's claim scores meanwhile (``storage=``)."""
         out = []
-        for key, candidate in self.planned:
-            if key in self.seen:
+        room = int(min(self.left, self.budget - self.used) + 1e-9)
+        for key, candidate in self.planned[: max(0, room)]:
+            if key in self.seen or effect_key(candidate, self.merger) in self.seen:
                 continue
             reference = side_reference(self.scorer, candidate)
             label = f"(ahead) {candidate['method']}"

@@ -37,6 +37,7 @@ __all__ = ["Ledger", "open_ledger", "STALE_SECONDS"]
 STALE_SECONDS = 3600.0
 #: How often a process waiting for another's candidate looks again (seconds).
 POLL_SECONDS = 0.2
+OPEN_TRIES = 5
 _KEY, _OUT, _OWNER, _AT = "ram_live:key", "ram_live:outcome", "ram_live:owner", "ram_live:claimed_at"
 
 
@@ -56,12 +57,16 @@ def open_ledger(storage: Any, study: str | None, settings: dict[str, Any]) -> Le
     if study is not None and (not isinstance(study, str) or not study):
         raise ConfigError(f"study must be a non-empty name, got {study!r:.80}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        handle = optuna.create_study(
-            storage=storage, study_name=study or "ram_live_search", load_if_exists=True, direction="maximize"
-        )
-    except Exception as exc:
-        raise ConfigError(f"storage={storage!r:.80}: Optuna could not open the study ({exc})") from None
+    for attempt in range(OPEN_TRIES):  # processes creating one new database at once: the losers see it made
+        try:
+            handle = optuna.create_study(
+                storage=storage, study_name=study or "ram_live_search", load_if_exists=True, direction="maximize"
+            )
+            break
+        except Exception as exc:
+            if attempt == OPEN_TRIES - 1:
+                raise ConfigError(f"storage={storage!r:.80}: Optuna could not open the study ({exc})") from None
+            time.sleep(POLL_SECONDS * (attempt + 1))
     return Ledger(handle, settings)
 
 
@@ -158,17 +163,25 @@ class Ledger:
 
     def _claim(self, lkey: str, candidate: dict[str, Any], family: str) -> Any:
         """A RUNNING trial for ``lkey``, or None when another process claimed it first (the lower number wins)."""
-        from optuna.trial import TrialState
+        import optuna
+        from optuna.trial import TrialState, create_trial
 
-        trial = self.study.ask()
-        trial.set_user_attr(_KEY, lkey)
-        trial.set_user_attr(_OWNER, self.owner)
-        trial.set_user_attr(_AT, time.time())
-        trial.set_user_attr("method", candidate["method"])
-        trial.set_user_attr("family", family)
-        trial.set_user_attr("options", _jsonable({k: v for k, v in candidate.items() if k != "method"}))
-        rivals = self._claims(lkey, self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-        if any(t.number < trial.number for t in rivals):
+        attrs = {
+            _KEY: lkey,
+            _OWNER: self.owner,
+            _AT: time.time(),
+            "method": candidate["method"],
+            "family": family,
+            "options": _jsonable({k: v for k, v in candidate.items() if k != "method"}),
+        }
+        # made with its key in one write, so that a rival that looks after it was made sees the key
+        template = create_trial(state=TrialState.RUNNING, user_attrs=attrs)
+        trial = optuna.Trial(self.study, self.study._storage.create_new_trial(self.study._study_id, template))
+        # an earlier claim, running or done since this process last looked, wins
+        rivals = self.study.get_trials(
+            deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
+        )
+        if any(t.number < trial.number and t.user_attrs.get(_KEY) == lkey for t in rivals):
             self.study.tell(trial, state=TrialState.FAIL)
             return None
         return trial

@@ -81,10 +81,10 @@ def _unit(dim: Dim, value: Any) -> float:
 
 class TPE:
     """The Tree-structured Parzen Estimator over a box: the observations split at the best ``GAMMA`` share into
-    good and bad; a Parzen window (Gaussian kernels on the unit box, bandwidth ``BANDWIDTH · m^(-1/(d+4))``, a wide prior
-    kernel at the centre) models each; of ``DRAWS`` points drawn from the good model, the one with the highest
-    good/bad density ratio is proposed (categorical dimensions: smoothed frequencies). With fewer than two
-    observations, a uniform draw. Seeded by the search's seed, the arm and the number of observations."""
+    good and bad; a Parzen window (Gaussian kernels on the unit box, bandwidth ``BANDWIDTH · m^(-1/(d+4))``, a
+    wide prior kernel at the centre) models each; of ``DRAWS`` points drawn from the good model, the one with the
+    highest good/bad density ratio is proposed (categorical dimensions: smoothed frequencies). With fewer than
+    two observations, a uniform draw. Seeded by the search's seed, the arm and the number of observations."""
 
     name = "tpe"
 

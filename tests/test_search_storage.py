@@ -1,0 +1,127 @@
+"""search(storage=..., study=...): a killed search resumes from the study without scoring a candidate again; two
+processes sharing a sqlite study split the work and both end with the trials of one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import ram_live
+from ram_live.errors import ConfigError, SearchError
+from sampler_problem import BlockEval, agents
+
+optuna = pytest.importorskip("optuna")
+HERE = Path(__file__).resolve().parent
+
+
+def _search(evaluate, **kwargs):
+    models, base = agents()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ram_live.ExtrapolationWarning)
+        return ram_live.search(models, base=base, evaluate=evaluate, progress=False, **kwargs)
+
+
+def _trials(result):
+    return [(t.family, t.method, t.to_dict()["options"], t.score, t.fidelity, t.stop) for t in result.history]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"budget": 14}, {"budget": "14x", "fidelity": "halving", "sampler": "tpe"}],
+    ids=["moves", "tpe-race"],
+)
+def test_a_killed_search_resumes_without_scoring_again(tmp_path, options):
+    whole = BlockEval()
+    reference = _search(whole, seed=2, **options)
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    killed = BlockEval(fail_after=whole.calls // 2)
+    with pytest.raises(SearchError):
+        _search(killed, seed=2, storage=url, study="s", **options)
+    resumed = BlockEval()
+    result = _search(resumed, seed=2, storage=url, study="s", **options)
+    assert _trials(result) == _trials(reference)
+    assert result.best == reference.best
+    # every call before the kill was kept: only the rest is scored again
+    assert resumed.calls == whole.calls - killed.fail_after
+    again = BlockEval()
+    assert _trials(_search(again, seed=2, storage=url, study="s", **options)) == _trials(reference)
+    assert again.calls == 0
+    study = optuna.load_study(study_name="s", storage=url)
+    states = {t.state.name for t in study.trials}
+    assert "COMPLETE" in states and "RUNNING" not in states
+
+
+def test_another_search_under_the_same_study_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    _search(BlockEval(), budget=3, seed=0, storage=url, study="s")
+    with pytest.raises(ConfigError, match="holds another search"):
+        _search(BlockEval(), budget=3, seed=1, storage=url, study="s")
+    with pytest.raises(ConfigError, match="needs storage="):
+        _search(BlockEval(), budget=3, study="s")
+    with pytest.raises(ConfigError, match="storage must be"):
+        _search(BlockEval(), budget=3, storage=3)
+
+
+WORKER = """
+import json, sys, time, warnings
+from pathlib import Path
+sys.path.insert(0, {here!r})
+import ram_live
+from sampler_problem import BlockEval, agents
+folder = Path({folder!r})
+(folder / f"ready{{sys.argv[1]}}").write_text("")
+while not (folder / "go").exists():
+    time.sleep(0.05)
+models, base = agents()
+ev = BlockEval(delay=0.15)
+warnings.simplefilter("ignore")
+r = ram_live.search(models, base=base, evaluate=ev, budget=16, seed=1, progress=False,
+                    storage="sqlite:///" + str(folder / "search.db"), study="shared")
+print(json.dumps({{"calls": ev.calls, "best": r.best, "trials": [t.to_dict()["options"] for t in r.history]}}))
+"""
+
+
+def test_two_processes_sharing_a_study_split_the_work(tmp_path):
+    alone = BlockEval()
+    reference = _search(alone, budget=16, seed=1)
+    script = WORKER.format(here=str(HERE), folder=str(tmp_path))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for i in range(2)
+    ]
+    import time
+
+    deadline = time.time() + 120
+    while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
+        assert time.time() < deadline, "the workers did not start"
+        time.sleep(0.1)
+    (tmp_path / "go").write_text("")
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()[-2000:]
+        outs.append(json.loads(out.decode().strip().splitlines()[-1]))
+    expected = [t.to_dict()["options"] for t in reference.history]
+    for o in outs:
+        assert o["trials"] == expected
+        assert o["best"] == json.loads(json.dumps(ram_live.selection.to_json(reference.best)))
+    calls = [o["calls"] for o in outs]
+    study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path / 'search.db'}")
+    scored = [t.user_attrs["ram_live:key"] for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert len(scored) == len(set(scored)) == sum(calls)  # no candidate scored twice
+    assert max(calls) < alone.calls and min(calls) >= 1  # both did part of it
+
+
+def test_parallel_workers_record_in_the_study_and_resume(tmp_path):
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    reference = _search(BlockEval(), budget=8, seed=3)
+    first = _search(BlockEval(), budget=8, seed=3, parallel=2, storage=url, study="p")
+    assert _trials(first) == _trials(reference)
+    again = BlockEval()
+    resumed = _search(again, budget=8, seed=3, storage=url, study="p")
+    assert _trials(resumed) == _trials(reference) and again.calls == 0
