@@ -9,11 +9,14 @@ Nothing is pickled: tensors are safetensors, everything else JSON.
 
 Layout of a store folder::
 
-    store.json                              {"format": "ram_live.store", "version": 1}
+    store.json                              {"format": "ram_live.store", "version": 2}
     _base/base.json                         the base's manifest (fingerprint, files, tensors, pieces)
     _base/base-<nonce>.p<rank>.safetensors  the base's tensors (dense)
-    <agent>/<step:012d>.json                one manifest per snapshot
+    <agent>/<step:012d>.<run>.json          one manifest per snapshot of run <run> (<step:012d>.json: "legacy")
     <agent>/<step:012d>-<nonce>.p<rank>.safetensors
+
+Each writer writes one run of its agent (:mod:`.runs`): a fresh run under a used name never replaces or removes
+another run's snapshot, and "an agent's latest snapshot" is taken from its current (latest-started) run.
 
 Manifests (format version 2) list every data file with its size and CRC-32; a reader checks a manifest in
 full (:mod:`.manifest`) before it opens or deletes a file it names, and a file's CRC-32 before its first tensor
@@ -23,7 +26,7 @@ load, with an :class:`UnverifiedSnapshotWarning`. Files follow the umask.
 Snapshots are :class:`~ram_live.io.sources.TensorSource` s that carry their base, so they merge straight away:
 
 >>> store = SnapshotStore("runs/ram")                                       # doctest: +SKIP
->>> writer = store.writer("coder", base=model)        # at train start: persists (or checks) the base
+>>> writer = store.writer("coder", base=model)        # at train start: a new run; persists (or checks) the base
 >>> writer.snapshot(model, step=50)                    # every n steps: diff on the weights' device
 >>> generalist = ram_merge(store.latest_all())         # any process: every agent's latest snapshot
 
@@ -35,7 +38,7 @@ tensors from pieces of any layout, or reads only one box (:meth:`Snapshot.restri
 The package, a module per job: :mod:`.format` (the on-disk format and names), :mod:`.manifest` (what a valid
 manifest is), :mod:`.checksum` (CRC-32 over threads), :mod:`.datafiles` (data files written with their
 checksum, opened and verified), :mod:`.files` (atomic writes, manifests read back, removals),
-:mod:`.maintenance` (prune and gc removals), :mod:`.verify` (the store's check),
+:mod:`.maintenance` (prune and gc removals), :mod:`.verify` (the store's check), :mod:`.runs` (runs listed),
 :mod:`.collective` (collectives), :mod:`.local` (a process's part of a model), :mod:`.hashing` (fingerprints),
 :mod:`.encoding` (change encodings), :mod:`.writer` (capture), :mod:`.committing` (part files written, the
 ranks' parts gathered, manifests committed), :mod:`.reading` (the base and snapshots read back),
@@ -70,6 +73,7 @@ from .hashing import fingerprint
 from .local import LocalModel, LocalTensor
 from .reading import BoxSource as BoxSource
 from .reading import Snapshot, SnapshotInfo, StoreBase
+from .runs import RunInfo
 from .shardwise import ram_statistics
 from .snapshot_store import SnapshotStore
 from .writer import Capture as Capture
@@ -84,6 +88,7 @@ __all__ = [
     "LocalCollective",
     "LocalModel",
     "LocalTensor",
+    "RunInfo",
     "Snapshot",
     "SnapshotInfo",
     "SnapshotNotFoundError",
