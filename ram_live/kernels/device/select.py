@@ -29,6 +29,8 @@ PASSES = ((20, 2047, 31), (9, 2047, 20), (0, 511, 9))
 #: per multiprocessor.
 HIST_WARPS = 8
 HIST_PROGRAMS_PER_SM = 2
+#: Warps of the single program that selects a tensor's thresholds (every agent's scan side by side).
+THRESHOLD_WARPS = 16
 #: Entries per step of the torch implementation (bounds its scratch).
 TORCH_STEP = 1 << 22
 
@@ -88,7 +90,13 @@ def triton_thresholds(hist: Tensor, ranks: Sequence[int]) -> Tensor:
     k = len(ranks)
     thresholds = torch.empty(k, dtype=torch.float32, device=hist.device)
     select_thresholds_kernel[(1,)](
-        hist, thresholds, *_padded(ranks, 0), K=k, KP=_pow2(k), TRIM=_bitmask(r > 0 for r in ranks), num_warps=4
+        hist,
+        thresholds,
+        *_padded(ranks, 0),
+        K=k,
+        KP=_pow2(k),
+        TRIM=_bitmask(r > 0 for r in ranks),
+        num_warps=THRESHOLD_WARPS,
     )
     return thresholds
 

@@ -71,6 +71,30 @@ def select_state(hist_ptr, ranks, K: tl.constexpr, KP: tl.constexpr, PASSES: tl.
 
 
 @triton.jit
+def select_state_all(hist_ptr, ranks, K: tl.constexpr, KP: tl.constexpr, PASSES: tl.constexpr):
+    """:func:`select_state` over every agent's row at once (``K x NBINS`` counts in registers, the agents' scans
+    side by side): for a single program with many warps, where the scans' latency is the launch's."""
+    rows = tl.arange(0, KP)
+    cols = tl.arange(0, NBINS)
+    prefix = tl.zeros([KP], dtype=tl.int32)
+    rank = ranks
+    for p in tl.static_range(PASSES):
+        # bins from the top: counts[r, i] = entries of row r in bin NBINS - 1 - i
+        counts = tl.load(
+            hist_ptr + (p * K + rows[:, None]) * NBINS + (NBINS - 1 - cols[None, :]), mask=rows[:, None] < K, other=0
+        )
+        at_or_above = tl.cumsum(counts, axis=1)
+        above = at_or_above < rank[:, None]
+        digit = NBINS - 1 - tl.sum(above.to(tl.int32), axis=1)
+        rank = rank - tl.sum(tl.where(above, counts, 0), axis=1)
+        if p == 2:
+            prefix = (prefix << 9) | digit
+        else:
+            prefix = (prefix << 11) | digit
+    return prefix, rank
+
+
+@triton.jit
 def _agent_histogram(
     acc, t: tl.constexpr, agent_ptr, offs, inb, b, prefix, K: tl.constexpr, KP: tl.constexpr,
     ACTIVE: tl.constexpr, PASS: tl.constexpr, SHIFT: tl.constexpr, DIGIT_MASK: tl.constexpr,
@@ -179,5 +203,5 @@ def select_thresholds_kernel(
     """``thr`` (float32 ``[K]``): the ``k_t``-th largest |τ| of each agent of the ``TRIM`` bitmask, from the three
     passes' histograms (one program); the other agents' entries are left as they are."""
     rows = tl.arange(0, KP)
-    bits, _ = select_state(hist_ptr, vector8(KP, k0, k1, k2, k3, k4, k5, k6, k7), K, KP, 3)
+    bits, _ = select_state_all(hist_ptr, vector8(KP, k0, k1, k2, k3, k4, k5, k6, k7), K, KP, 3)
     tl.store(thr_ptr + rows, bits.to(tl.float32, bitcast=True), mask=(rows < K) & (((TRIM >> rows) & 1) != 0))
