@@ -13,6 +13,7 @@ merged generalist (:mod:`.search_record`: :func:`~.search_record.save_record`, r
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -24,6 +25,7 @@ from torch import Tensor
 from ..errors import ConfigError
 from ..loading import load_callable
 from ..option_checks import finite_float
+from ..store.format import LEGACY_RUN
 from .candidates import candidate_evaluation, tensors_of
 from .search_record import jsonable, save_record
 
@@ -330,14 +332,28 @@ def schedule_search(
     seconds = time.perf_counter() - t0
     tensors, info = merge(dict(agents), base=base, return_info=True, chunk_numel=schedule.chunk_numel, **result.best)
     record = record_of(setting, result, step=step, seconds=seconds, evaluation=setting.evaluation(fallback))
-    path = Path(schedule.store.root) / "_search" / schedule.agent / f"step_{step}.json"
-    record["file"] = str(path)
+    path = record_path(Path(schedule.store.root), schedule.agent, step, schedule.run)
+    record["run"], record["file"] = schedule.run, str(path)
     if c.rank == 0:
         save_record(path, record, result, durable=schedule.durable)
     return tensors_of(tensors), info, record
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+
+
+def record_path(root: Path, agent: str, step: int, run: str | None) -> Path:
+    """Where a schedule's search record of ``step`` goes: ``<store>/_search/<agent>/step_<step>.json``, or
+    ``step_<step>.<run>.json`` where another run of the agent saved that name (a rerun never replaces an earlier
+    run's record; records without a run are the legacy run's)."""
+    plain = root / "_search" / agent / f"step_{step}.json"
+    try:
+        owner = json.loads(plain.read_text()).get("run", LEGACY_RUN)
+    except FileNotFoundError:
+        return plain
+    except (OSError, ValueError, AttributeError):
+        owner = None  # unreadable: another's, kept
+    return plain if run is None or owner == run else plain.with_name(f"step_{step}.{run}.json")
 
 
 def _is_path(value: Any) -> bool:
