@@ -190,3 +190,18 @@ def test_a_store_written_before_runs_reads_as_one_legacy_run(tmp_path, capsys):
     ]
     assert main(["stores", str(root), "--verify"]) == 0
     assert f"tools step 2 ({fresh.run})" in capsys.readouterr().out
+
+
+def test_a_run_whose_manifests_cannot_be_read_keeps_its_place(tmp_path):
+    store, base = SnapshotStore(tmp_path / "s", durable=False), _base()
+    first = store.writer("a", base, run="20261201-100000-aaaaaa")  # ids as new_run_id makes them
+    first.snapshot(_moved(base, 1), 1)
+    second = store.writer("a", base, run="20261202-100000-bbbbbb")
+    second.snapshot(_moved(base, 2), 1)
+    assert store.current_run("a") == second.run
+    (tmp_path / "s" / "a" / f"000000000001.{second.run}.json").write_text("{")  # damaged: its start unreadable
+    fresh = SnapshotStore(tmp_path / "s")
+    assert [r.run for r in fresh.runs("a")] == [first.run, second.run]  # the start its id carries
+    assert fresh.runs("a")[1].started == 1796205600.0  # 2026-12-02 10:00:00 UTC
+    with pytest.raises(CorruptSnapshotError):
+        fresh.latest("a")  # the current run's snapshot is damaged: an error, never the older run's instead

@@ -4,7 +4,8 @@ manifest committed last and atomically, so a snapshot becomes visible whole; als
 whole model against the base read from disk (:meth:`StoreWriting.snapshot`).
 
 >>> part = store.write_part("coder", 50, nonce, 0, tensors, pieces)                          # doctest: +SKIP
->>> snap = store.commit_snapshot("coder", 50, [part], local, fp, rule, totals, None, None)    # doctest: +SKIP
+>>> run, started = store.open_run("coder")                                                    # doctest: +SKIP
+>>> snap = store.commit_snapshot("coder", 50, [part], local, fp, rule, totals, None, None, run=run)  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from an older run's higher step.
 
 from __future__ import annotations
 
+import calendar
 import math
 import os
 import time
@@ -135,6 +136,15 @@ class RunIndex:
                 self._started[path] = (stamp, value)
             if value is not None:
                 return value
+        return _stamp_of(run)
+
+
+def _stamp_of(run: str) -> float | None:
+    """The start a generated run id (:func:`~.format.new_run_id`) carries, for a run none of whose manifests can
+    be read (else it would count as the oldest run)."""
+    try:
+        return float(calendar.timegm(time.strptime(run[:15], "%Y%m%d-%H%M%S")))
+    except ValueError:
         return None
 
 
