@@ -66,3 +66,12 @@ class BlockEval:
 
     def __call__(self, merged: dict[str, torch.Tensor]) -> float:
         return self.aggregate(dict(enumerate(self.prompt_scores(merged, range(len(self.tasks))))))[0]
+
+
+CALLS: list[int] = []
+
+
+def plain_score(merged: dict[str, torch.Tensor]) -> float:
+    """``BlockEval``'s objective as a plain function (what ``ram-live search --eval`` calls), counted in ``CALLS``."""
+    CALLS.append(1)
+    return BlockEval()(merged)

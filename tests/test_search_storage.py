@@ -125,3 +125,33 @@ def test_parallel_workers_record_in_the_study_and_resume(tmp_path):
     again = BlockEval()
     resumed = _search(again, budget=8, seed=3, storage=url, study="p")
     assert _trials(resumed) == _trials(reference) and again.calls == 0
+
+
+def test_the_command_line_resumes_from_its_storage(tmp_path, capsys):
+    import sampler_problem
+    from safetensors.torch import save_file
+
+    from ram_live.cli import main
+
+    models, base = agents()
+    for name, sd in {"base": base, **models}.items():
+        (tmp_path / name).mkdir()
+        save_file(sd, str(tmp_path / name / "model.safetensors"))
+    (tmp_path / "base" / "config.json").write_text('{"model_type": "tiny"}')
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    args = [*(f"{n}={tmp_path / n}" for n in models), "--base", str(tmp_path / "base")]
+    args += ["--eval", "sampler_problem:plain_score", "--budget", "10", "--storage", url, "--study", "cli"]
+    sampler_problem.CALLS.clear()
+    assert main(["search", *args, "--sampler", "optuna-tpe", "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    first = len(sampler_problem.CALLS)
+    assert first == 10
+    assert main(["search", *args, "--sampler", "optuna-tpe", "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    assert len(sampler_problem.CALLS) == first  # all of it taken from the study
+    a = json.loads((tmp_path / "a" / "search.json").read_text())
+    b = json.loads((tmp_path / "b" / "search.json").read_text())
+    timeless = [[{k: v for k, v in t.items() if not k.endswith("_seconds")} for t in run["history"]] for run in (a, b)]
+    assert a["sampler"] == b["sampler"] == "optuna:TPESampler" and timeless[0] == timeless[1]
+    assert any(t["family"].startswith("sampled:") for t in a["history"])
+    # another sampler is another search: refused under the same study
+    assert main(["search", *args, "--sampler", "tpe", "--out", str(tmp_path / "c"), "--quiet"]) == 2
+    assert "holds another search" in capsys.readouterr().err

@@ -28,6 +28,14 @@ __all__ = [
 METHOD_NAMES = tuple(sorted(("dare_linear", "dare_ties", "linear", "task_arithmetic", "ties", *RAM_METHODS)))
 _METHODS_HELP = ", ".join(METHOD_NAMES)
 #: The RAM options ``probe`` takes (it reports λ for every variant).
+#: ``search --sampler``'s Optuna samplers: flag value -> class in ``optuna.samplers`` (seeded by ``--seed``).
+OPTUNA_SAMPLERS = {
+    "optuna-tpe": "TPESampler",
+    "optuna-gp": "GPSampler",
+    "optuna-cmaes": "CmaEsSampler",
+    "optuna-random": "RandomSampler",
+    "optuna-nsga2": "NSGAIISampler",
+}
 PROBE_OPTIONS = ("r", "alpha", "eps", "activity")  # ram_live.probing.PROBE_OPTIONS (the parser imports no torch)
 
 
@@ -304,10 +312,10 @@ def _search(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None
     s.add_argument("--seed", type=int, default=0, help="orders the coordinate ascents, seeds DARE (default 0)")
     s.add_argument(
         "--sampler",
-        choices=("moves", "tpe"),
+        choices=("moves", "tpe", *OPTUNA_SAMPLERS),
         default=None,
-        help="what refines the arms: moves (coordinate ascents) or tpe (a model of the scores); default tpe in a "
-        "race of 20x or more, else moves",
+        help="what refines the arms: moves (coordinate ascents), tpe (a model of the scores) or an Optuna sampler "
+        "seeded by --seed (needs optuna); default tpe in a race of 20x or more, else moves",
     )
     s.add_argument(
         "--storage",

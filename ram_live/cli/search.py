@@ -36,6 +36,7 @@ from ..errors import ConfigError
 from ..loading import load_callable
 from ..option_checks import parse_json
 from ..reward_options import REWARD_OPTIONS, SHARED_FLAGS
+from .parser import OPTUNA_SAMPLERS
 
 __all__ = ["run_search"]
 
@@ -154,6 +155,20 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sampler(args: argparse.Namespace) -> Any:
+    """``--sampler``: ``moves``/``tpe`` as they are, ``optuna-*`` as that Optuna sampler seeded by ``--seed``."""
+    name = getattr(args, "sampler", None)
+    if name not in OPTUNA_SAMPLERS:
+        return name
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError(
+            f'--sampler {name} needs Optuna: pip install -e ".[optuna]" (or pip install optuna)'
+        ) from None
+    return getattr(optuna.samplers, OPTUNA_SAMPLERS[name])(seed=args.seed)
+
+
 def _space(args: argparse.Namespace) -> Any:
     """``--space`` as JSON (``"inf"`` for an uncapped alpha), or None."""
     from ..selection.result import from_json
@@ -189,7 +204,7 @@ def _search_into(args: argparse.Namespace, out: Path) -> int:
             fidelity=getattr(args, "fidelity", "full"),
             parallel=getattr(args, "parallel", 1),
             ray_address=getattr(args, "ray_address", None),
-            sampler=getattr(args, "sampler", None),
+            sampler=_sampler(args),
             storage=getattr(args, "storage", None),
             study=getattr(args, "study", None),
             progress=False if args.quiet else None,  # None: a line on stderr when it is a terminal
