@@ -39,7 +39,7 @@ def _bits(a, b):
     return all(torch.equal(a[k].view(-1).view(torch.uint8), b[k].view(-1).view(torch.uint8)) for k in a)
 
 
-def test_a_fresh_lightning_run_under_a_used_name_neither_overwrites_nor_mixes(tmp_path):
+def test_a_fresh_lightning_run_under_a_used_name_neither_overwrites_nor_mixes(tmp_path, caplog):
     store = tmp_path / "store"
     _trainer([_callback(store, "coder")], 2).fit(Net(), _loader(_data("c")))
     first = _callback(store, "tools")
@@ -47,12 +47,17 @@ def test_a_fresh_lightning_run_under_a_used_name_neither_overwrites_nor_mixes(tm
     before = _files(store / "tools")
     second = _callback(store, "tools")  # new learning rate, new data order: a fresh run, not a resume
     model = FastNet()
-    _trainer([second], 2).fit(model, _loader(_data("t", seed=5)))
+    with caplog.at_level("INFO", logger="ram_live.training"):
+        _trainer([second], 2).fit(model, _loader(_data("t", seed=5)))
     after = _files(store / "tools")
     assert {n: after[n] for n in before} == before  # nothing of the first run changed, byte for byte
     s = SnapshotStore(store)
     run1, run2 = first.schedule.run, second.schedule.run
     assert run1 != run2 and [(r.run, r.steps) for r in s.runs("tools")] == [(run1, (2, 4)), (run2, (2,))]
+    said = [r.getMessage() for r in caplog.records if r.name == "ram_live.training"]
+    assert (
+        len(said) == 1 and f"the latest: {run1}, last step 4); this run writes a new run, {run2}, kept apart" in said[0]
+    )
     # the second run's step-2 merge took its own step-2 snapshot, not the first run's step 4
     assert second.history[-1]["ram/tools/snapshot_step"] == 2.0
     snap = s.open("tools", 2, run=run2)
@@ -66,7 +71,7 @@ def test_a_fresh_lightning_run_under_a_used_name_neither_overwrites_nor_mixes(tm
     assert _bits({k: result.tensors[k] for k in merged}, merged)
 
 
-def test_a_resumed_lightning_run_continues_its_own_run(tmp_path):
+def test_a_resumed_lightning_run_continues_its_own_run(tmp_path, caplog):
     store = tmp_path / "store"
     _trainer([_callback(store, "coder")], 2).fit(Net(), _loader(_data("c")))
     first = _callback(store, "tools")
@@ -83,7 +88,9 @@ def test_a_resumed_lightning_run_continues_its_own_run(tmp_path):
     assert len(kept) == 2
     resumed = _callback(store, "tools")
     model = Net(seed=7)  # its weights come from the checkpoint
-    _trainer([resumed], 8).fit(model, _loader(_data("t")), ckpt_path=ckpt)
+    with caplog.at_level("INFO", logger="ram_live.training"):
+        _trainer([resumed], 8).fit(model, _loader(_data("t")), ckpt_path=ckpt)
+    assert f"'tools' continues its run {first.schedule.run}" in caplog.text and "last step 4" in caplog.text
     s = SnapshotStore(store)
     assert resumed.schedule.run == run1 and s.steps("tools", run=run1) == [2, 4, 6, 8]
     assert s.steps("tools", run=run2) == [2] and s.current_run("tools") == run2
