@@ -29,7 +29,7 @@ from ram_live.io.sources import SafetensorsSource
 from ram_live.methods import Activity
 from ram_live.store import LocalCollective, LocalTensor, SnapshotStore
 from ram_live.training.failures import guarded
-from ram_live.store.runs import find_run_marker, write_run_marker
+from ram_live.store.runs import find_run_marker, say_run, write_run_marker
 
 from .checkpoint import LORA_RE, ActorCheckpoint, earlier_checkpoints
 from .checks import preflight
@@ -199,6 +199,7 @@ class RAMVerl:
             run = self.run or find_run_marker(earlier_checkpoints(ckpt.path, step), self.store.root, self.opts.agent)
             self.run, self._run_started = self.store.open_run(self.opts.agent, run)
             self._run_open = True
+            say_run(self.store, self.opts.agent, self.run)
         writer = PieceWriter(
             self.store,
             self.opts.agent,

@@ -14,12 +14,14 @@ from an older run's higher step.
 from __future__ import annotations
 
 import calendar
+import logging
 import math
 import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import StoreError
 from .files import read_json, real_folder, write_json
@@ -34,7 +36,18 @@ from .format import (
     new_run_id,
 )
 
-__all__ = ["RUN_MARKER", "RunIndex", "RunInfo", "find_run_marker", "manifest_keys", "mark_runs", "write_run_marker"]
+__all__ = [
+    "RUN_MARKER",
+    "RunIndex",
+    "RunInfo",
+    "find_run_marker",
+    "manifest_keys",
+    "mark_runs",
+    "say_run",
+    "write_run_marker",
+]
+
+log = logging.getLogger("ram_live.training")  # where the training integrations log
 
 
 def mark_runs(root: Path, durable: bool) -> None:
@@ -178,3 +191,30 @@ def find_run_marker(folders: Iterable[Path], store_root: Path, agent: str) -> st
             if isinstance(run, str) and RUN_RE.match(run):
                 return run
     return None
+
+
+def say_run(store: Any, agent: str, run: str) -> None:
+    """One log line (logger ``ram_live.training``) when ``agent`` has other runs in ``store`` (a
+    :class:`~ram_live.store.SnapshotStore`): which run this one writes, and that they are kept apart (a fresh run
+    under a used name is the most common restart; nothing of the earlier run changes)."""
+    runs = store.runs(agent)
+    others = [r for r in runs if r.run != run]
+    if not others:
+        return
+    mine = [r for r in runs if r.run == run]
+    if mine:
+        log.info("ram_live: %r continues its run %s in %s (last step %d)", agent, run, store.root, mine[0].steps[-1])
+        return
+    last = others[-1]
+    log.warning(
+        "ram_live: agent %r has %d earlier run(s) in %s (the latest: %s, last step %d); this run writes a new run, "
+        "%s, kept apart: the earlier runs' snapshots stay as they are, and merges take this run's (to continue "
+        "an earlier run, resume its trainer from its checkpoint; `ram-live stores %s` lists the runs)",
+        agent,
+        len(others),
+        store.root,
+        last.run,
+        last.steps[-1],
+        run,
+        store.root,
+    )

@@ -5,7 +5,6 @@ the run its checkpoint recorded (``sched.run``, restored by ``load_state_dict``)
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ..store import (
@@ -13,17 +12,15 @@ from ..store import (
     Collective,
     LocalCollective,
     LocalModel,
-    SnapshotStore,
     SnapshotWriter,
     StoreError,
     default_collective,
     fingerprint,
 )
+from ..store.runs import say_run
 from .tensors import _like, _load_base
 
 __all__ = ["attach_base"]
-
-log = logging.getLogger("ram_live.training")
 
 
 def attach_base(sched: Any, model: Any, base: Any = None, collective: Collective | None = None) -> str:
@@ -86,34 +83,8 @@ def attach_base(sched: Any, model: Any, base: Any = None, collective: Collective
             if fp != sched.store.base_fingerprint:
                 raise BaseMismatchError(f"rank {c.rank}: this rank's base differs from the store's base")
     if c.rank == 0:
-        _say_run(sched.store, sched.agent, run)  # type: ignore[arg-type]
+        say_run(sched.store, sched.agent, run)  # type: ignore[arg-type]
     if resumed is not None and fp != resumed:
         raise BaseMismatchError(f"the base ({fp}) is not the one this run was trained against ({resumed})")
     sched.base_fingerprint, sched.run = fp, run
     return fp  # type: ignore[return-value]
-
-
-def _say_run(store: SnapshotStore, agent: str, run: str) -> None:
-    """One log line when the agent has other runs in the store: which run this one writes, and that they are
-    kept apart (a fresh run under a used name is the most common restart; nothing of the earlier run changes)."""
-    runs = store.runs(agent)
-    others = [r for r in runs if r.run != run]
-    if not others:
-        return
-    mine = [r for r in runs if r.run == run]
-    if mine:
-        log.info("ram_live: %r continues its run %s in %s (last step %d)", agent, run, store.root, mine[0].steps[-1])
-        return
-    last = others[-1]
-    log.warning(
-        "ram_live: agent %r has %d earlier run(s) in %s (the latest: %s, last step %d); this run writes a new run, "
-        "%s, kept apart: the earlier runs' snapshots stay as they are, and merges take this run's (to continue "
-        "an earlier run, resume its trainer from its checkpoint; `ram-live stores %s` lists the runs)",
-        agent,
-        len(others),
-        store.root,
-        last.run,
-        last.steps[-1],
-        run,
-        store.root,
-    )

@@ -47,7 +47,7 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-def test_fresh_resumed_and_offline_verl_runs_under_one_name(tmp_path):
+def test_fresh_resumed_and_offline_verl_runs_under_one_name(tmp_path, caplog):
     _ram(tmp_path, "coder").snapshot(_checkpoint(tmp_path / "coder_ckpts", 2, _moved(9)), step=2)
     first = _ram(tmp_path, "tools")
     a = tmp_path / "tools_v1"
@@ -56,7 +56,9 @@ def test_fresh_resumed_and_offline_verl_runs_under_one_name(tmp_path):
     assert (a / "global_step_4" / "actor" / RUN_MARKER).exists()
     before = _files(tmp_path / "store" / "tools")
     second = _ram(tmp_path, "tools")  # a new experiment folder: a fresh run
-    second.snapshot(_checkpoint(tmp_path / "tools_v2", 2, _moved(20)), step=2)
+    with caplog.at_level("INFO", logger="ram_live.training"):
+        second.snapshot(_checkpoint(tmp_path / "tools_v2", 2, _moved(20)), step=2)
+    assert f"(the latest: {first.run}, last step 4); this run writes a new run, {second.run}, kept apart" in caplog.text
     metrics = second.merge(step=2)
     after = _files(tmp_path / "store" / "tools")
     assert {n: after[n] for n in before} == before
