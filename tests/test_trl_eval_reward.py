@@ -142,7 +142,11 @@ def test_eval_reward_equals_grpo_trainers_own_on_the_same_completions(tmp_path: 
     # TRL computes in float32: equal to about 1e-6
     assert ours["ram/eval_reward"] == pytest.approx(theirs["eval_reward"], rel=1e-6, abs=1e-6)
     assert ours["ram/eval_reward_std"] == pytest.approx(theirs["eval_reward_std"], rel=1e-6, abs=1e-6)
+    assert ours["ram/eval_frac_reward_zero_std"] == pytest.approx(theirs["eval_frac_reward_zero_std"], abs=1e-12)
     for name in ("vowels", "letters"):
-        key = f"eval_rewards/{name}/mean"
-        assert ours[f"ram/{key}"] == pytest.approx(theirs[key], rel=1e-6, abs=1e-6), key
+        for stat in ("mean", "std"):
+            key = f"eval_rewards/{name}/{stat}"
+            assert ours[f"ram/{key}"] == pytest.approx(theirs[key], rel=1e-6, abs=1e-6), key
+    key = "eval_rewards/spaces_or_none/mean"  # scored only where a completion holds a space (NaN where none does)
+    assert ours[f"ram/{key}"] == pytest.approx(theirs[key], rel=1e-6, abs=1e-6, nan_ok=True)
     assert ours["ram/eval_reward"] == pytest.approx(sum(_by_hand(completions)) / 8, abs=1e-12)
