@@ -31,7 +31,9 @@ mean over a task's prompts of the std (``np.std``) of each prompt's weighted rew
 replacement, computed exactly (:func:`resampled_extreme`) where verl estimates them from 1,000 bootstrap resamples.
 As verl's, a prompt with m of its k rewards scored (2 ≤ m < k) gives ``std@{m}``, ``best@{n}`` and ``worst@{n}``
 for n up to m, each key the mean over the prompts that have it; ``best@{N}`` under ``val-core`` is at the task's
-largest m; prompts with fewer than two scored rewards are left out. ``maj@{n}`` needs a prediction per response
+largest m; prompts with fewer than two scored rewards are left out. With a ``mean@k`` metric the verl layout's
+per-task ``mean@{m}`` is verl's too: the mean over the task's prompts with m scored rewards of their mean (the
+objective still counts every scored prompt). ``maj@{n}`` needs a prediction per response
 and is not logged. TRL's ``reward`` (``ram/eval_reward``) is the mean over the scored completions of the weighted
 sum of the reward functions (``GRPOTrainer``'s ``nanmean`` of the ``nansum``, a completion no function scored left
 out), whatever the metric; the objective is ``ram/eval_reward/{metric}``. TRL's ``reward_std`` is the sample std
@@ -66,6 +68,7 @@ LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
         "func_std": ("val-aux/rewards/{func}/std",),
         "sample_std": ("val-aux/{task}/reward/std@{k}",),
         "extreme": ("{section}/{task}/reward/{which}@{n}/{stat}",),
+        "sample_mean": ("{section}/{task}/reward/mean@{n}",),
         "reward_mean": (),
         "reward_std": (),
         "zero_std": (),
@@ -79,6 +82,7 @@ LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
         "func_std": ("eval_rewards/{func}/std",),
         "sample_std": (),
         "extreme": (),
+        "sample_mean": (),
         "reward_mean": ("eval_reward",),
         "reward_std": ("eval_reward_std",),
         "zero_std": ("eval_frac_reward_zero_std",),
@@ -92,6 +96,7 @@ LAYOUTS: dict[str, dict[str, tuple[str, ...]]] = {
         "func_std": ("val/rewards/{func}/std",),
         "sample_std": ("val/{task}/reward/std@{k}",),
         "extreme": ("val/{task}/reward/{which}@{n}/{stat}",),
+        "sample_mean": (),
         "reward_mean": (),
         "reward_std": (),
         "zero_std": (),
@@ -131,8 +136,11 @@ def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
     for task, score in zip(evaluation.prompt_tasks(), evaluation.per_prompt):
         if score is not None:
             by_task.setdefault(task, []).append(score)
+    # verl keys a prompt's mean by its m scored responses (mean@m): with a mean@k metric its per-task keys are verl's
+    verl_mean = bool(keys["sample_mean"]) and evaluation.metric.kind == "mean"
     for task, scores in by_task.items():
-        put("task", evaluation.tasks.get(task, _mean(scores)), task=task)
+        if not verl_mean:
+            put("task", evaluation.tasks.get(task, _mean(scores)), task=task)
         put("std", _std(scores, ddof=0), task=task)
         put("prompts", len(scores), task=task)
     for func, values in evaluation.function_rewards().items():
@@ -142,6 +150,8 @@ def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
     k = evaluation.settings.samples
     per_task: dict[str, dict[tuple[str, int, str], list[float]]] = {}
     for task, scored in zip(evaluation.prompt_tasks(), groups):
+        if verl_mean and scored:
+            per_task.setdefault(task, {}).setdefault(("mean", len(scored), ""), []).append(_mean(scored))
         if len(scored) > 1:  # verl's std@n, best@n and worst@n: a prompt's m > 1 scored responses, keyed by m
             into = per_task.setdefault(task, {})
             m = len(scored)
@@ -157,6 +167,8 @@ def evaluation_metrics(evaluation: Any, layout: str) -> dict[str, float]:
             value = _mean(values)  # the mean over the prompts that have the key, as verl's
             if which == "std":
                 put("sample_std", value, task=task, k=str(n))
+            elif which == "mean":
+                put("sample_mean", value, task=task, n=str(n), section="val-core" if n == most else "val-aux")
             else:
                 section = "val-core" if which == "best" and n == most else "val-aux"
                 put("extreme", value, task=task, which=which, n=str(n), stat=stat, section=section)

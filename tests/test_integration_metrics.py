@@ -122,7 +122,12 @@ def test_one_task_is_all_and_unscored_prompts_are_not_counted(tok):
     evaluate(h.model(0))
     out = evaluation_metrics(evaluate, "verl")
     assert out["ram/val-aux/all/reward/prompts"] == 6.0  # prompt 3's samples are both empty: not scored
-    assert out["ram/val-core/all/reward/mean@2"] == out["ram/val-core/reward/mean@2"] == evaluate.metrics["reward"]
+    assert out["ram/val-core/reward/mean@2"] == evaluate.metrics["reward"] == 7.5 / 6  # the objective: every prompt
+    # verl's mean@m: a prompt's mean keyed by its m scored responses, each key the mean over the prompts that have
+    # it (val-core at the most): prompts 1, 2, 4, 6 have both (means 0.5, 1, 2, 1), prompts 0 and 5 one (2, 1)
+    assert out["ram/val-core/all/reward/mean@2"] == pytest.approx(4.5 / 4, abs=1e-12)
+    assert out["ram/val-aux/all/reward/mean@1"] == pytest.approx(1.5, abs=1e-12)
+    assert "ram/val-core/all/reward/mean@1" not in out and "ram/val/all/reward/mean@1" not in out
     # the samples' spread leaves the unscored ones out: a prompt with one scored sample has no std@2 (verl's std@n
     # is of n > 1) and no zero std (TRL's nanstd of one value is NaN); prompt 2 ("a", "a") alone has two equal
     scored = [[float(t.count("a")) for t in texts if t != ""] for texts in TEXTS]
