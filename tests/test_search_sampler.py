@@ -104,3 +104,9 @@ def test_the_raced_sampler_improves_on_its_screen_where_the_moves_are_exact():
         assert tpe.best_score > -1.5
         assert moves.best_score > -0.1
         assert tpe.best_trial.complete and tpe.best_trial.family.startswith("sampled:")
+
+
+def test_parallel_workers_give_the_sampler_the_one_process_trials():
+    one = _search(sampler="tpe", seed=2, budget="8x")
+    two = _search(sampler="tpe", seed=2, budget="8x", parallel=2)
+    assert _trials(two) == _trials(one)
