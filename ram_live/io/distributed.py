@@ -16,6 +16,7 @@ Errors on any rank reach every rank (a flag is all-reduced at each phase), so no
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
@@ -25,7 +26,19 @@ from .dtensor import counts_here, is_dtensor, local_tensor  # noqa: F401 - their
 from ..errors import RamLiveError
 from ..types import Plan, RamStatistics, TensorSpec
 
-__all__ = ["Distributed", "RemoteRankError", "is_dtensor"]
+__all__ = ["Distributed", "RemoteRankError", "is_dtensor", "kept_for_gloo"]
+
+#: the tensors of the latest collectives, kept alive (:func:`kept_for_gloo`)
+_KEPT: deque[Any] = deque(maxlen=64)
+
+
+def kept_for_gloo(*tensors: torch.Tensor) -> None:
+    """Keep the tensors a collective was handed alive in Python a while (the latest collectives' few tensors, small
+    counts and flags): gloo's worker thread drops its own references after the main thread saw the work done, and
+    the drop that frees a tensor whose Python object is gone takes the GIL, on that thread; while the main thread
+    holds the GIL and joins the workers (a process group shut down, or dropped by the DDP reducer at exit) that is
+    a deadlock (pytorch/pytorch#56297). Kept here, the last reference is Python's, dropped on the main thread."""
+    _KEPT.extend(tensors)
 
 
 class RemoteRankError(RamLiveError):
@@ -81,6 +94,7 @@ class Distributed:
     def all_ok(self, ok: bool) -> bool:
         flag = torch.tensor([0 if ok else 1], dtype=torch.int64, device=self.device)
         self._dist.all_reduce(flag, group=self.group)
+        kept_for_gloo(flag)
         return int(flag.item()) == 0
 
     def reduce_statistics(self, stats: RamStatistics | None, k: int) -> RamStatistics:
@@ -93,6 +107,7 @@ class Distributed:
             packed[k : 2 * k] = stats.unique
             packed[2 * k : 3 * k + 1] = stats.histogram
         self._dist.all_reduce(packed, group=self.group)
+        kept_for_gloo(packed)
         packed = packed.cpu()
         if int(packed[-1]):
             raise RemoteRankError(f"rank {self.rank}: another rank failed in the statistics pass (see its error)")
@@ -106,6 +121,7 @@ class Distributed:
         self._dist.broadcast(
             token, src=self._dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group
         )
+        kept_for_gloo(token)
         return f"{int(token.item()):x}"
 
     def barrier(self) -> None:
