@@ -166,7 +166,13 @@ def time_merges(base: torch.nn.Module, agents: list[torch.nn.Module], options: d
             times.append(time.thread_time() - t0)
             walls.append(time.perf_counter() - w0)
             del merged
+        with breakdown() as parts:
+            t0 = time.thread_time()
+            merged = merge(agents, base=base, **options)
+            parts["whole merge"] = time.thread_time() - t0
+            del merged
     return {
+        "parts_s": dict(parts),
         "median_s": statistics.median(times),
         "best_s": min(times),
         "wall_best_s": min(walls),
@@ -176,6 +182,46 @@ def time_merges(base: torch.nn.Module, agents: list[torch.nn.Module], options: d
         "specialisations": {k: len(v) for k, v in stub.specialisations.items()},
         "devices": dict(stub.devices),
     }
+
+
+#: The parts of a merge :func:`breakdown` times: ``(module, attribute)`` of a function, and its label.
+PARTS = (
+    ("ram_live.api", "input_sources", "sources"),
+    ("ram_live.engine.run", "build_plan", "plan"),
+    ("ram_live.io.sinks", "ModuleSink.begin", "module copy"),
+    ("ram_live.engine.run", "statistics_pass", "counting pass"),
+    ("ram_live.engine.passes", "merge_tensor", "merge per tensor"),
+)
+
+
+@contextlib.contextmanager
+def breakdown() -> Iterator[dict[str, float]]:
+    """CPU seconds of the merging thread spent in each of :data:`PARTS` while the block runs."""
+    import importlib
+
+    spent = dict.fromkeys((label for *_, label in PARTS), 0.0)
+    saved = []
+    for module_name, attr, label in PARTS:
+        owner: Any = importlib.import_module(module_name)
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        fn = getattr(owner, name)
+
+        def timed(*args: Any, _fn: Any = fn, _label: str = label, **kwargs: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                spent[_label] += time.thread_time() - t0
+
+        saved.append((owner, name, fn))
+        setattr(owner, name, timed)
+    try:
+        yield spent
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
 
 
 def profile_merge(base: torch.nn.Module, agents: list[torch.nn.Module], options: dict[str, Any]) -> None:
@@ -231,6 +277,13 @@ def main() -> None:
                 flush=True,
             )
         del base, agents
+    print("\nWhere the host time goes (CPU ms of one more merge; the counting pass includes its tensors):\n")
+    labels = [label for *_, label in PARTS] + ["whole merge"]
+    print("| model | method | " + " | ".join(labels) + " |")
+    print("|---|---|" + "---:|" * len(labels))
+    for row in rows:
+        cells = " | ".join(f"{row['parts_s'][label] * 1e3:.1f}" for label in labels)
+        print(f"| {row['model']} | {row['method']} | {cells} |")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         about = {"cpu": cpu_label(), "torch": torch.__version__, "k": K, "bandwidth_bytes_per_s": H100_BANDWIDTH}
