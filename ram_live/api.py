@@ -182,7 +182,8 @@ def merge(
         chunk_numel: entries per chunk (extra memory does not grow with the number of agents).
         max_shard_bytes: largest safetensors shard of ``out=``.
         return_info: also return a :class:`~ram_live.types.MergeInfo` (kernels, passes, λ and ρ, seconds).
-        progress: ``True`` draws a bar on stderr; or a :class:`~ram_live.progress.ProgressHook`.
+        progress: ``True`` draws a bar on stderr (plain log lines, logger ``ram_live.progress``, where stderr is
+            not a terminal); or a :class:`~ram_live.progress.ProgressHook`.
         workers: CPU threads that share each tensor's chunks (default: torch's thread count, at most 8).
         process_group: merge across the ranks of an initialised torch.distributed group (``True``: the default
             group): checkpoints are split tensor by tensor (each rank writes its shards of ``out=``, or returns a
