@@ -233,3 +233,25 @@ def test_a_training_search_record_and_its_metrics_carry_the_arbitrary_choice(tmp
     record = json.loads(open(sched.last_search["file"]).read())
     assert record["arbitrary"] is True and "may not depend on the merged weights" in record["choice_causes"][0]
     assert metrics["ram/search/arbitrary"] == 1.0
+
+
+def test_the_causes_are_read_through_a_training_searchs_wrapper(agents, tok):
+    """RAMSchedule's search scores candidates through a wrapper that keeps the evaluation as ``fn``: the causes
+    still name the pass threshold."""
+    from ram_live.selection.choice import likely_causes
+
+    models, base = agents
+    evaluate = rewards(
+        ["q0", "q1"], correct, tokenizer=tok, samples=4, metric="pass@4", pass_threshold=2, generate=_yes_no
+    )
+
+    class Wrapper:
+        fn = evaluate
+
+        def __call__(self, merged):
+            return evaluate(merged)
+
+    with pytest.warns(ArbitraryChoiceWarning):
+        result = search(models, base=base, evaluate=evaluate, budget="3x", progress=False)
+    causes = likely_causes(result, Wrapper())
+    assert causes == result.choice_causes and "the pass threshold 2" in causes[0]

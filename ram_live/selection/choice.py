@@ -50,6 +50,7 @@ def likely_causes(result: Any, evaluate: Any) -> list[str]:
     """Why every candidate may have scored the same, from the scores and what ``evaluate`` exposes (a
     :func:`ram_live.evaluate.rewards` evaluation: its metric, pass threshold, ``max_new_tokens`` and the last
     rewards it saw); the most specific first."""
+    evaluate = _unwrapped(evaluate)
     complete = result.complete
     scores = [float(t.score) for t in complete]
     exact = max(scores) - min(scores) <= SAME * max(1.0, abs(max(scores)))
@@ -87,6 +88,17 @@ def likely_causes(result: Any, evaluate: Any) -> list[str]:
             "samples) would tell them apart"
         )
     return causes
+
+
+def _unwrapped(evaluate: Any) -> Any:
+    """The evaluation a wrapper scores with (a training search's candidates swapped into the model keep the
+    evaluation as ``fn``), for its metric, settings and rewards."""
+    for _ in range(4):
+        inner = getattr(evaluate, "fn", None)
+        if hasattr(evaluate, "metric") or inner is None:
+            break
+        evaluate = inner
+    return evaluate
 
 
 def _weighted_range(evaluate: Any) -> tuple[float, float] | None:
