@@ -196,3 +196,13 @@ def test_every_kernel_launches_on_its_tensors_device(monkeypatch):
     cuda1 = {torch.device("cuda:1")}
     names = [name for _, name, _ in calls]
     assert launches == [(name, 1, cuda1) for name in [*names[:-1], thresholds, names[-1]]]
+
+
+def test_the_register_cap_goes_only_to_backends_that_take_it(monkeypatch):
+    """``maxnreg`` is an option of Triton's NVIDIA backend: AMD's (a ROCm torch's "cuda" device) and Intel's would
+    refuse a launch that passes it."""
+    assert common.register_cap(torch.device("cuda:1")) == {"maxnreg": common.MAX_REGISTERS} == {"maxnreg": 128}
+    assert common.register_cap(torch.device("cpu")) == {"maxnreg": 128}  # the interpreter and the compile check
+    assert common.register_cap(torch.device("xpu")) == {}
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert common.register_cap(torch.device("cuda")) == {}

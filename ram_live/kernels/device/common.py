@@ -22,6 +22,7 @@ __all__ = [
     "INPUT_DTYPES",
     "MAX_AGENTS",
     "MAX_NUMEL",
+    "MAX_REGISTERS",
     "OUT_DTYPES",
     "agent_args",
     "block_size",
@@ -29,6 +30,7 @@ __all__ = [
     "device_programs",
     "kernel_out",
     "launch",
+    "register_cap",
     "triton_serves",
     "unbuilt_kernels",
     "triton_takes",
@@ -74,6 +76,18 @@ def block_size(inputs: Sequence[Tensor], num_warps: int) -> int:
     """Entries per block of a kernel that reads ``inputs``: each thread one 16-byte vector of the narrowest of
     them (8 entries of a 16-bit input, 4 of float32), so that every input is read with 128-bit loads."""
     return 16 // min(t.element_size() for t in inputs) * 32 * num_warps
+
+
+#: The registers a thread of a streaming kernel may use: 128 leaves 16 warps per multiprocessor (NVIDIA).
+MAX_REGISTERS = 128
+
+
+def register_cap(device: torch.device) -> dict[str, int]:
+    """The launch option that caps a kernel's registers at :data:`MAX_REGISTERS` where Triton's backend takes it
+    (NVIDIA: ``maxnreg``; not AMD's or Intel's backends, which would refuse the option), else none."""
+    if device.type == "xpu" or (device.type == "cuda" and torch.version.hip is not None):
+        return {}
+    return {"maxnreg": MAX_REGISTERS}
 
 
 def kernel_out(out: Tensor) -> tuple[Tensor, bool]:

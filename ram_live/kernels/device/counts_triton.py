@@ -15,8 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import agent_args, block_size, device_programs
-from .triton_common import load
+from .common import agent_args, block_size, device_programs, register_cap
+from .triton_common import jit, load
 
 __all__ = ["activity_counts_kernel", "launch_activity_counts"]
 
@@ -87,7 +87,7 @@ def _step(
     return counted, tl.sum(bad.to(tl.int32), axis=1), r0, r1, r2, r3, r4, r5, r6, r7
 
 
-@triton.jit(do_not_specialize=["numel"], do_not_specialize_on_alignment=["counts_ptr", "gram_ptr", "bad_ptr"])
+@jit(do_not_specialize=["numel"], aligned_anyhow=("counts_ptr", "gram_ptr", "bad_ptr"))
 def activity_counts_kernel(
     base_ptr,
     a0, a1, a2, a3, a4, a5, a6, a7,
@@ -303,5 +303,6 @@ def launch_activity_counts(base, agents, eps, counts, gram, invalid, *, programs
     activity_counts_kernel[(device_programs(base.device, numel, block, programs_per_sm),)](
         base, *agent_args(agents), counts, gram, invalid, numel, float(eps),
         K=k, KP=max(2, 1 << (k - 1).bit_length()), NP=max(2, 1 << k), PAIRS=gram is not None, EPS_ZERO=eps == 0,
-        ROWS=32 * COUNT_WARPS, VEC=block // (32 * COUNT_WARPS), num_warps=COUNT_WARPS, maxnreg=128,
+        ROWS=32 * COUNT_WARPS, VEC=block // (32 * COUNT_WARPS), num_warps=COUNT_WARPS,
+        **register_cap(base.device),
     )  # fmt: skip

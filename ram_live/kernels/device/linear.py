@@ -12,7 +12,16 @@ import torch
 from torch import Tensor
 
 from ...functional.combine import task_arithmetic_combine
-from .common import MAX_AGENTS, OUT_DTYPES, agent_args, block_size, kernel_out, launch, triton_takes
+from .common import (
+    MAX_AGENTS,
+    OUT_DTYPES,
+    agent_args,
+    block_size,
+    kernel_out,
+    launch,
+    register_cap,
+    triton_takes,
+)
 from .philox import keep_mask
 from .select import TORCH_STEP
 
@@ -66,7 +75,7 @@ def _triton_linear(out, base, agents, weights, scale, densities, seeds, invalid)
     linear_merge_kernel[(max(1, -(-numel // block)),)](
         written, base, *agent_args(agents), weights, invalid, numel, float(scale), *seed_args, *density_args,
         K=len(agents), DROP=drop, SCALED=scale != 1.0, OUT_BF16=bf16, BLOCK=block, num_warps=MERGE_WARPS,
-        enable_fp_fusion=False, maxnreg=128,
+        enable_fp_fusion=False, **register_cap(base.device),
     )  # fmt: skip
 
 

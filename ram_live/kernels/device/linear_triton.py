@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_common import add_invalid, inside, load, pick, store_out
+from .triton_common import add_invalid, inside, jit, load, pick, store_out
 
 __all__ = ["linear_merge_kernel", "load_delta", "dare_drop"]
 
@@ -29,10 +29,7 @@ def dare_drop(d, seed, density, offs):
     return tl.math.div_rn(d * keep, density)
 
 
-@triton.jit(
-    do_not_specialize=["numel", "s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"],
-    do_not_specialize_on_alignment=["bad_ptr"],
-)
+@jit(do_not_specialize=["numel", "s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"], aligned_anyhow=("bad_ptr",))
 def linear_merge_kernel(
     out_ptr, base_ptr,
     a0, a1, a2, a3, a4, a5, a6, a7,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import agent_args, block_size, kernel_out
-from .triton_common import add_invalid, inside, load, pick, store_out
+from .common import agent_args, block_size, kernel_out, register_cap
+from .triton_common import add_invalid, inside, jit, load, pick, store_out
 
 __all__ = ["launch_ram_merge", "ram_merge_kernel"]
 
@@ -28,7 +28,7 @@ def _active_delta(agent_ptr, offs, inb, b, eps, EPS_ZERO: tl.constexpr, MASKED: 
     return d
 
 
-@triton.jit(do_not_specialize=["numel"], do_not_specialize_on_alignment=["bad_ptr"])
+@jit(do_not_specialize=["numel"], aligned_anyhow=("bad_ptr",))
 def ram_merge_kernel(
     out_ptr, base_ptr,
     a0, a1, a2, a3, a4, a5, a6, a7,
@@ -131,5 +131,6 @@ def launch_ram_merge(out, base, agents, importances, lambdas, eps, sign, invalid
     ram_merge_kernel[(max(1, -(-numel // block)),)](
         written, base, *agent_args(agents), *agent_args(importances), lambdas, invalid, numel, float(eps),
         K=len(agents), SCALED=lambdas is not None, SIGN=sign, WEIGHTED=bool(importances), EPS_ZERO=eps == 0,
-        OUT_BF16=bf16, BLOCK=block, num_warps=MERGE_WARPS, enable_fp_fusion=False, maxnreg=128,
+        OUT_BF16=bf16, BLOCK=block, num_warps=MERGE_WARPS, enable_fp_fusion=False,
+        **register_cap(base.device),
     )  # fmt: skip

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from .common import MAX_AGENTS, block_size, device_programs, launch, triton_takes
+from .common import MAX_AGENTS, block_size, device_programs, launch, register_cap, triton_takes
 
 __all__ = ["NBINS", "PASSES", "MagnitudeSelection", "select_magnitudes", "selection_rank", "triton_thresholds"]
 
@@ -77,7 +77,8 @@ def _triton_histogram(base: Tensor, agents: list[Tensor], ranks: list[int], pass
     radix_histogram_kernel[(device_programs(base.device, numel, block, HIST_PROGRAMS_PER_SM),)](
         base, *agent_args(agents), hist, numel, *_padded(ranks, 0),
         K=k, KP=_pow2(k), ACTIVE=_bitmask(r > 0 for r in ranks), PASS=pass_index, SHIFT=shift,
-        DIGIT_MASK=digit_mask, MATCH_SHIFT=match_shift, BLOCK=block, num_warps=HIST_WARPS, maxnreg=128,
+        DIGIT_MASK=digit_mask, MATCH_SHIFT=match_shift, BLOCK=block, num_warps=HIST_WARPS,
+        **register_cap(base.device),
     )  # fmt: skip
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ...functional.trimming import ties_combine, trim_
-from .common import OUT_DTYPES, agent_args, block_size, kernel_out, launch, triton_takes
+from .common import OUT_DTYPES, agent_args, block_size, kernel_out, launch, register_cap, triton_takes
 from .linear import drop_arguments, dropped_, stacked_deltas, write_merged
 from .select import TORCH_STEP, MagnitudeSelection
 
@@ -75,7 +75,7 @@ def _triton_ties(
         *density_args,
         K=k, TRIM=trim, NONE_KEPT=none_kept, DROP=drop, SCALED=scale != 1.0, FREQUENCY=majority == 1,
         WEIGHTED=weighted, DIVIDE=divide, OUT_BF16=bf16, BLOCK=block, num_warps=MERGE_WARPS,
-        enable_fp_fusion=False, maxnreg=128,
+        enable_fp_fusion=False, **register_cap(base.device),
     )  # fmt: skip
 
 

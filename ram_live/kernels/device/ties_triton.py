@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .linear_triton import dare_drop, load_delta
-from .triton_common import add_invalid, load, pick, store_out
+from .triton_common import add_invalid, jit, load, pick, store_out
 
 __all__ = ["ties_merge_kernel"]
 
@@ -42,9 +42,7 @@ def _agent_delta(
     return d, bad
 
 
-@triton.jit(
-    do_not_specialize=["numel", *(f"s{t}" for t in range(8))], do_not_specialize_on_alignment=["bad_ptr", "thr_ptr"]
-)
+@jit(do_not_specialize=["numel", *(f"s{t}" for t in range(8))], aligned_anyhow=("bad_ptr", "thr_ptr"))
 def ties_merge_kernel(
     out_ptr, base_ptr,
     a0, a1, a2, a3, a4, a5, a6, a7,

@@ -7,10 +7,23 @@ where Triton serves the device."""
 
 from __future__ import annotations
 
+import inspect
+
 import triton
 import triton.language as tl
 
-__all__ = ["add_invalid", "inside", "load", "pick", "store_out"]
+__all__ = ["add_invalid", "inside", "jit", "load", "pick", "store_out"]
+
+_ALIGNMENT_HINTS = "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters
+
+
+def jit(*, do_not_specialize: list[str], aligned_anyhow: tuple[str, ...] = ()):
+    """``triton.jit`` specialising on neither the values of ``do_not_specialize`` nor the alignment of the pointers
+    ``aligned_anyhow`` (one compiled kernel per kernel and dtype in a merge); a Triton without
+    ``do_not_specialize_on_alignment`` specialises on their alignment (the same results, more compiles)."""
+    if _ALIGNMENT_HINTS and aligned_anyhow:
+        return triton.jit(do_not_specialize=do_not_specialize, do_not_specialize_on_alignment=list(aligned_anyhow))
+    return triton.jit(do_not_specialize=do_not_specialize)
 
 
 @triton.jit
