@@ -161,3 +161,22 @@ def test_ram_live_search_into_a_file_logs_progress_unless_quiet(tmp_path, base_s
         assert progress[0].split(" ram_live ")[1].startswith("[search] 1 scored  spent 1/4 candidates")
         assert progress[-1].split(" ram_live ")[1].startswith("[search] 4 candidates scored in ")
         assert all("\r" not in line and "\x1b" not in line for line in progress)
+
+
+def test_ram_live_merge_into_a_file_logs_each_stage(tmp_path, base_sd):
+    from conftest import make_agents
+
+    args = [sys.executable, "-m", "ram_live", "merge"]
+    for name, sd in {"base": base_sd, **dict(zip(("a", "b"), make_agents(base_sd, [0.3, 0.3])))}.items():
+        (tmp_path / name).mkdir()
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / name / "model.safetensors"))
+        args += [f"{name}={tmp_path / name}"] if name != "base" else []
+    args += ["--base", str(tmp_path / "base"), "--method", "ram_plus", "--out", str(tmp_path / "out.safetensors")]
+    with open(tmp_path / "log.txt", "w") as log:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        done = subprocess.run(args, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=300)
+    text = (tmp_path / "log.txt").read_text()
+    assert done.returncode == 0, text
+    lines = [line.split(" ram_live ", 1)[1] for line in text.splitlines() if " ram_live [" in line]
+    assert lines and any(" tensors, " in line and " in " in line for line in lines)  # each stage's end
+    assert all("\r" not in line and "\x1b" not in line for line in lines)
