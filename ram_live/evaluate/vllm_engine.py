@@ -45,6 +45,10 @@ class VLLMGenerate:
         kv_cache_bytes: the KV cache in bytes (vLLM's ``kv_cache_memory_bytes``); None: on a CPU
             :data:`CPU_KV_CACHE_BYTES` (or what one sequence of the model's full length needs, twice, if more), on
             a GPU vLLM's share :data:`GPU_MEMORY_SHARE` (``gpu_memory_utilization=`` in ``llm_kwargs`` sets another).
+        llm: a ``vllm.LLM`` already running on ``model``'s structure (TRL's colocated engine,
+            ``trainer.vllm_generation.llm``): candidates are swapped into it instead of starting one; whoever owns it
+            writes its own weights back (TRL does at its next rollout once the callback forced a resync). Its dtype
+            and KV cache are its own.
         **llm_kwargs: more ``vllm.LLM`` options (``max_model_len``, ``tensor_parallel_size``, ``seed``,
             ``enforce_eager`` (default True on a CPU: no compile at start-up) ...).
 
@@ -65,6 +69,7 @@ class VLLMGenerate:
         dtype: Any = None,
         tokenizer: Any = None,
         kv_cache_bytes: int | None = None,
+        llm: Any = None,
         **llm_kwargs: Any,
     ) -> None:
         from .models import parse_dtype
@@ -83,12 +88,22 @@ class VLLMGenerate:
         self.kv_cache_bytes, self.llm_kwargs = kv_cache_bytes, llm_kwargs
         self._tokenizer_source = tokenizer if tokenizer is not None else self.folder
         self._tokenizer: Any = None
-        self._llm: Any = None
+        if llm is not None and (llm_kwargs or kv_cache_bytes is not None):
+            raise ConfigError(
+                f"VLLMGenerate: llm= is an engine already running; {sorted(llm_kwargs) or ['kv_cache_bytes']} "
+                "would start one"
+            )
+        if llm is not None and not callable(getattr(llm, "collective_rpc", None)):
+            raise ConfigError(f"VLLMGenerate: llm= must be a vllm.LLM, got {type(llm).__name__}")
+        self._llm: Any = llm
+        self._owned = llm is None
         self._reload: bool | None = None
         self.__name__ = "VLLMGenerate"
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without the engine (a search's worker process starts its own)."""
+        if not self._owned:
+            raise TypeError("VLLMGenerate(llm=...) holds an engine it did not start: it cannot go to another process")
         return {**self.__dict__, "_llm": None, "_reload": None}
 
     @property

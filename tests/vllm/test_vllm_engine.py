@@ -5,10 +5,13 @@ scores as in the full set."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
 from ram_live import merge
+from ram_live.errors import ConfigError
 from ram_live.evaluate import VLLMGenerate, rewards
 from vllm_helpers import PROMPTS, agents, base_state, count_a, module_with
 
@@ -103,13 +106,21 @@ def test_sampled_runs_repeat_and_a_prompt_subset_scores_as_in_the_full_set(base_
     assert other.completions != completions  # the seed is used
 
 
-def test_generate_vllm_builds_the_engine_of_the_evaluation_s_folder_and_dtype(base_dir, engine):
+def test_generate_vllm_builds_the_engine_of_the_evaluation_s_folder_and_dtype_or_takes_one_running(base_dir, engine):
     ev = rewards(PROMPTS, count_a, tokenizer=str(base_dir), model=str(base_dir), dtype="bfloat16", generate="vllm")
     built = ev.engine.generate
     assert isinstance(built, VLLMGenerate)
     assert built.folder == base_dir and built.dtype == torch.bfloat16 and built._llm is None  # not started yet
     ev = rewards(PROMPTS, count_a, model=str(base_dir), generate="vllm", max_new_tokens=MAX_NEW)
     assert ev.engine.generate.dtype == torch.float32  # the folder's config.json dtype, as transformers loads it
-    ev.engine.generate._llm, ev.engine.generate._reload = engine.llm, None  # the session's engine: one per process
-    hf, _ = _pair(base_dir, engine)
-    assert ev(str(base_dir)) == hf(str(base_dir)) and ev.completions == hf.completions
+    # an engine already running (TRL's colocated one, here the session's): candidates go into it
+    shared = VLLMGenerate(base_dir, llm=engine.llm, tokenizer=str(base_dir))
+    hf, vl = _pair(base_dir, shared)
+    assert _same(hf, vl, str(base_dir)) == _same(hf, vl, str(base_dir))
+    with pytest.raises(ConfigError, match="llm= is an engine already running"):
+        VLLMGenerate(base_dir, llm=engine.llm, max_model_len=64)
+    with pytest.raises(ConfigError, match="llm= must be a vllm.LLM"):
+        VLLMGenerate(base_dir, llm=object())
+    with pytest.raises(TypeError, match="cannot go to another process"):
+        pickle.dumps(shared)
+    assert pickle.loads(pickle.dumps(ev.engine.generate)).folder == base_dir  # without its engine
