@@ -119,3 +119,25 @@ def test_torch_compile_sees_one_op():
     torch.compile(merge, backend=backend, fullgraph=True)(out, *parts, count)
     assert len(graphs) == 1 and any("scaled_add_" in target for target in graphs[0])
     assert out.tolist() == [2.0, 4.0, 6.0, 8.0]
+
+
+@pytest.mark.parametrize("method", ["ram", "ram_plus", "task_arithmetic", "dare_ties"])
+def test_a_device_merge_calls_its_ops_directly(method, on_device, monkeypatch):
+    """A device merge of modules whose parameters require grad (the tensors reach the ops detached) calls each op
+    through call_op, which takes the implementation directly, with the same bits as through the dispatcher."""
+    from device_helpers import bits, module_agents
+
+    from ram_live import merge
+    from ram_live.engine import ops
+
+    base, agents = module_agents(torch.bfloat16)
+    assert all(p.requires_grad for p in base.parameters())
+    needed, decide = [], ops.dispatch_needed
+    monkeypatch.setattr(ops, "dispatch_needed", lambda args: needed.append(decide(args)) or needed[-1])
+    direct, info = merge(agents, base=base, method=method, return_info=True)
+    assert set(info.extra["kernels"]) == {"device"}
+    assert len(needed) >= info.tensors and not any(needed)  # every tensor's ops, none through the dispatcher
+    monkeypatch.setattr(ops, "dispatch_needed", lambda args: True)
+    via_dispatcher = merge(agents, base=base, method=method)
+    for key, p in direct.state_dict().items():
+        assert torch.equal(bits(p), bits(via_dispatcher.state_dict()[key])), key
