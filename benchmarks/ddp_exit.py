@@ -19,8 +19,30 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-TESTS = HERE.parent / "tests"
+
+VOCAB = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz ")}}
+
+
+def _model() -> object:
+    """The tiny Qwen2 of tests/test_transformers_callback.py (built from a config, no download)."""
+    import torch
+    import transformers
+
+    cfg = transformers.Qwen2Config(
+        vocab_size=len(VOCAB), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=1,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.Qwen2ForCausalLM(cfg)
+
+
+def _score(model: object) -> dict[str, float]:
+    import torch
+
+    ids = torch.tensor([[VOCAB[c] for c in "hello world"]])
+    with torch.no_grad():
+        return {"loglik": -float(model(input_ids=ids, labels=ids).loss)}
 
 
 def worker(rank: int, root: Path, init: str, mode: str) -> None:
@@ -28,11 +50,9 @@ def worker(rank: int, root: Path, init: str, mode: str) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
-    sys.path.insert(0, str(TESTS))
     import torch
     import transformers
     from peft import LoraConfig, get_peft_model
-    from test_transformers_callback import VOCAB, _model, _score
 
     from ram_live.integrations.transformers import RAMTrainerCallback
 

@@ -26,16 +26,7 @@ from ..engine.stream import DEFAULT_CHUNK_NUMEL
 from ..errors import ConfigError, InvalidStateError
 from ..importance.sources import check_importance_option
 from ..methods.ram.config import RamConfig
-from .tensors import (  # noqa: F401 (MergeResult, swap_tensors, metric_float: re-exported)
-    MergeResult,
-    _like,
-    _load_base,
-    _open_latest,
-    _probe_numbers,
-    _stored_importance,
-    swap_tensors,
-    metric_float,
-)
+from .tensors import MergeResult, metric_float, swap_tensors  # noqa: F401 (re-exported)
 from .attaching import attach_base
 from .failures import ON_ERROR, agreeing, check_on_error
 from .merging import ScheduleMerging
@@ -81,9 +72,8 @@ class RAMSchedule(ScheduleMerging):
         importance: None (default: plain RAM) or ``"stored"``: every merge (and search) weighs the shared entries
             by the importances stored with the picked snapshots (:meth:`snapshot`'s ``importance=``, or
             :attr:`importance_from`); a picked snapshot without them is a ConfigError naming its agent.
-        on_error: ``"warn"`` (default): once training has started, a snapshot, merge, evaluation, search or save
-            that fails in a callback's hook (:func:`~.failures.guarded`) is a ``MergeFailedWarning`` counted in
-            :attr:`errors` (``ram/errors``) and the next merge tries again; ``"raise"``: it ends training.
+        on_error: ``"warn"`` (default): a snapshot, merge, evaluation, search or save failing in a callback's hook is
+            a warning counted in :attr:`errors` (``ram/errors``; :mod:`.failures`); ``"raise"``: it ends training.
 
     Raises:
         ConfigError: an unknown option (RAM's go in ``ram=``) or an invalid value, naming it.
@@ -163,7 +153,7 @@ class RAMSchedule(ScheduleMerging):
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
-        """The constructor's keyword options (``ram`` among them)."""
+        """Returns: the constructor's keyword options (``ram`` among them)."""
         skip = {"self", "store", "agent", "unknown"}
         return tuple(n for n in inspect.signature(cls.__init__).parameters if n not in skip)
 
@@ -316,10 +306,7 @@ class RAMSchedule(ScheduleMerging):
             InputMismatchError: the model's tensors do not match the base's, or invalid importances.
         """
         self._require()
-        c = self.collective
-        snap = None
-        with agreeing(c, "writing the previous snapshot"):  # async_write: rank 0's background write
-            self.flush()
+        c, snap = self.collective, None
         if importance is None and self.importance_from is not None:
             importance = self.importance_from(model)
         if self.sharded:
@@ -328,6 +315,7 @@ class RAMSchedule(ScheduleMerging):
         else:
             with agreeing(c, f"writing {self.agent!r}'s snapshot of step {step}"):  # rank 0 writes; a barrier too
                 if c.rank == 0:
+                    self.flush()  # async_write: the previous snapshot's background write
                     writer = self._writer()
                     local = LocalModel.from_obj(model, name=self.agent)
                     local.check_like(writer.base, self.agent)
