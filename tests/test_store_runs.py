@@ -58,6 +58,10 @@ def test_a_fresh_run_under_a_used_name_keeps_the_first_run_whole(tmp_path):
     latest = store.latest("tools")
     assert (latest.run, latest.step) == (second.run, 2) and _same(latest.to_state_dict(), b2)
     assert store.latest_all()["tools"].run == second.run and store.steps("tools") == [2]
+    with pytest.raises(
+        SnapshotNotFoundError, match=f"step 4 in its current run '{second.run}'; run\\(s\\) {first.run} hold"
+    ):
+        store.open("tools", 4)  # not in the current run: says which run holds it
     # the first run stays readable by its id
     assert store.steps("tools", run=first.run) == [2, 4]
     assert _same(store.open("tools", 2, run=first.run).to_state_dict(), a2)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import StoreError
+from .errors import SnapshotNotFoundError, StoreError
 from .files import read_json, real_folder, write_json
 from .format import (
     LEGACY_RUN,
@@ -127,6 +127,16 @@ class RunIndex:
             return None
         steps = [s for s, r in manifest_keys(self.root / agent) if r == run]
         return self._run_started(self.root / agent, run, steps)
+
+    def elsewhere(self, agent: str, step: int, current: str) -> SnapshotNotFoundError | None:
+        """The error of a step missing in ``agent``'s ``current`` run that other runs hold (None where none does)."""
+        others = [r.run for r in self.runs(agent) if r.run != current and step in r.steps]
+        if not others:
+            return None
+        return SnapshotNotFoundError(
+            f"{self.root}: agent {agent!r} has no snapshot at step {step} in its current run {current!r}; run(s) "
+            f"{', '.join(others)} hold one (open(..., run=...))"
+        )
 
     def _run_started(self, folder: Path, run: str, steps: Iterable[int]) -> float | None:
         for step in sorted(steps, reverse=True):  # the newest readable manifest says it

@@ -261,12 +261,13 @@ class SnapshotStore(StoreWriting):
         folder = self.root / agent
         if folder.is_symlink():
             raise CorruptSnapshotError(f"{folder}: a symlink, not a folder of the store", agent=agent, step=step)
+        implicit, run = run is None, self.current_run(agent) if run is None else check_run(run)
         if run is None:
-            run = self.current_run(agent)
-            if run is None:
-                raise SnapshotNotFoundError(f"{self.root}: agent {agent!r} has no snapshot")
-        run = check_run(run)
-        manifest = read_json(folder / manifest_name(step, run))
+            raise SnapshotNotFoundError(f"{self.root}: agent {agent!r} has no snapshot")
+        try:
+            manifest = read_json(folder / manifest_name(step, run))
+        except SnapshotNotFoundError as exc:  # where other runs hold that step, say so
+            raise (self.run_index.elsewhere(agent, step, run) if implicit else None) or exc from None
         return Snapshot(self, agent, step, manifest, device, run=run)
 
     def importance_source(self, snapshot: Snapshot) -> ImportanceSource:
