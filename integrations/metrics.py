@@ -52,9 +52,9 @@ from typing import Any, Callable, Sequence
 from ram_live.errors import ConfigError
 from ram_live.option_checks import finite_float, shown
 
-from ._stats import mean as _mean
-from ._stats import std as _std
-from ._stats import weighted_moments
+from ram_live.evaluate.moments import mean as _mean
+from ram_live.evaluate.moments import std as _std
+from ram_live.evaluate.moments import weighted_moments
 
 __all__ = ["LAYOUTS", "evaluation_metrics", "logged_as", "resampled_extreme", "search_task_key"]
 

@@ -112,6 +112,14 @@ def parse_json(option: str, text: str, plain_text: bool = False) -> Any:
         raise ConfigError(f"{option}: holds an integer of more than {sys.get_int_max_str_digits()} digits") from None
 
 
+def _repr(value: Any) -> str:
+    """``repr(value)``, or :func:`shown` where that raises (an int beyond Python's string conversion limit)."""
+    try:
+        return repr(value)
+    except Exception:
+        return shown(value)
+
+
 def _brief(exc: BaseException) -> str:
     """An exception's message on one line, cut short."""
     flat = " ".join(str(exc).split())
@@ -121,13 +129,13 @@ def _brief(exc: BaseException) -> str:
 def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
     """:class:`ConfigError` unless ``value`` is one of ``choices``."""
     if value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}, got {shown(value)}")
+        raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}, got {_repr(value)}")
 
 
 def check_finite(name: str, value: Any) -> None:
     """:class:`ConfigError` unless ``value`` is a real number within float32's range."""
     if not (isinstance(value, numbers.Real) and abs(value) <= FLOAT32_MAX):
-        raise ConfigError(f"{name} must be a finite number (|x| <= {FLOAT32_MAX:.4g}), got {shown(value)}")
+        raise ConfigError(f"{name} must be a finite number (|x| <= {FLOAT32_MAX:.4g}), got {_repr(value)}")
 
 
 def check_range(name: str, value: float, low: float, high: float = math.inf) -> None:
@@ -135,7 +143,7 @@ def check_range(name: str, value: float, low: float, high: float = math.inf) -> 
     check_finite(name, value)
     if not low <= value <= high:
         bounds = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
-        raise ConfigError(f"{name} must be {bounds}, got {shown(value)}")
+        raise ConfigError(f"{name} must be {bounds}, got {_repr(value)}")
 
 
 def check_seed(name: str, value: Any) -> int:
@@ -149,7 +157,7 @@ def check_seed(name: str, value: Any) -> int:
 def check_names(option: str, names: Any) -> tuple[str, ...]:
     """``names`` as a tuple of agent names; :class:`ConfigError` for a string or non-string entries."""
     if isinstance(names, str) or not isinstance(names, Collection) or not all(isinstance(n, str) for n in names):
-        raise ConfigError(f"{option} must be a sequence of agent names, got {shown(names)}")
+        raise ConfigError(f"{option} must be a sequence of agent names, got {_repr(names)}")
     return tuple(names)
 
 
@@ -169,7 +177,7 @@ def check_lambdas(lambdas: Any) -> Lambdas:
     out = Lambdas()
     for name, value in lambdas.items():
         if not isinstance(name, str):
-            raise ConfigError(f"lambdas: agent names must be strings, got {shown(name)}")
+            raise ConfigError(f"lambdas: agent names must be strings, got {_repr(name)}")
         check_finite(f"lambdas[{name!r}]", value)
         out[name] = float(value)
     return out

@@ -18,6 +18,7 @@ from .calling import Batch, call_rewards
 from .checks import short, weight_list
 from .engines import Engine, checked_resolver, completions_of
 from .generation import GenerationSettings
+from .moments import mean
 from .prompts import Prompts, load_prompts
 from .samples import Metric, check_samples, parse_metric
 from .tasks import AUTO, Tasks, group
@@ -376,7 +377,7 @@ class Rewards:
             metrics.update({f"reward/{t}": s for t, s in table.items()})
         for name, col in zip(self.names, self._table):
             given = [r for r in col if r is not None]
-            metrics[f"reward/{name}"] = sum(given) / len(given) if given else math.nan
+            metrics[f"reward/{name}"] = mean(given)
         k = self.settings.samples
         _, completions, _, combined = self._last
         self.metrics, self.tasks, self.per_prompt = metrics, table, list(values)

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from ..errors import ConfigError
 from ..option_checks import finite_float
 from .checks import short
+from .moments import mean
 
 __all__ = ["Metric", "parse_metric", "pass_at_k", "check_samples"]
 
@@ -42,7 +43,7 @@ class Metric:
         if not scored:
             return None
         if self.kind == "mean":
-            return sum(scored) / len(scored)
+            return mean(scored)  # scaled: two rewards of -1.7e308 average to -1.7e308, not -inf
         return pass_at_k(len(values), sum(1 for v in scored if v >= self.threshold), self.k)
 
 

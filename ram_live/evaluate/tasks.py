@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..option_checks import finite_float
 from .checks import short
+from .moments import mean, weighted_moments
 from .prompts import Prompts
 
 __all__ = ["AUTO", "ONE_TASK", "OBJECTIVES", "Tasks", "group"]
@@ -57,7 +58,7 @@ class Tasks:
             v = values[i]
             if v is not None:
                 sums.setdefault(self.of[i], []).append(v)
-        table = {t: sum(sums[t]) / len(sums[t]) for t in self.names if t in sums}
+        table = {t: mean(sums[t]) for t in self.names if t in sums}  # scaled: huge scores average finitely
         if not table:
             return None, {}
         scores = list(table.values())
@@ -68,8 +69,8 @@ class Tasks:
             total = sum(w[t] for t in table)
             if total == 0:
                 return None, table
-            return sum(w[t] * s for t, s in table.items()) / total, table
-        return sum(scores) / len(scores), table
+            return weighted_moments([w[t] / total for t in table], scores)[0], table
+        return mean(scores), table
 
 
 def group(

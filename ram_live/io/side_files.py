@@ -2,8 +2,8 @@
 a merged folder (and a snapshot store, and verl's merged checkpoints) copy so that the output loads as the base does.
 
 Only regular files whose contents lie inside the base folder are copied. A side file that is a link must resolve
-inside the folder (in a Hugging Face cache snapshot, ``models--org--name/snapshots/<rev>/``, inside that
-repository's ``blobs/``, where the cache's own links point); any other link is a :class:`ConfigError` naming it,
+inside the folder, or to a Hugging Face cache file (``models--org--name/blobs/<hash>``, where the links of a cache
+snapshot and of a ``--local-dir`` download point); any other link is a :class:`ConfigError` naming it,
 raised where the base is read, before anything is written: a ``tokenizer_config.json`` linked to
 ``/proc/self/environ`` would otherwise put the merging process's environment (tokens included) into the output.
 
@@ -45,12 +45,10 @@ def is_side_file(name: str) -> bool:
     )
 
 
-def _roots(folder: Path) -> tuple[Path, ...]:
-    """Where ``folder``'s side files may lie once their links are resolved."""
-    real = folder.resolve()
-    if real.parent.name == "snapshots" and (real.parent.parent / "blobs").is_dir():
-        return real, (real.parent.parent / "blobs").resolve()  # a Hugging Face cache snapshot
-    return (real,)
+def _hub_blob(real: Path) -> bool:
+    """Whether ``real`` is a file of a Hugging Face cache (``models--org--name/blobs/<hash>``), where a cache
+    snapshot's links, and those of a folder ``huggingface-cli download --local-dir`` filled with links, point."""
+    return real.parent.name == "blobs" and real.parent.parent.name.startswith("models--")
 
 
 def side_files(folder: Path | None, skip: Collection[str] = ()) -> dict[str, Path]:
@@ -62,18 +60,18 @@ def side_files(folder: Path | None, skip: Collection[str] = ()) -> dict[str, Pat
         skip: names the caller writes itself.
 
     Raises:
-        ConfigError: a side file is a link that resolves outside ``folder`` (and outside a cache snapshot's
-            ``blobs/``), or cannot be read, naming it.
+        ConfigError: a side file is a link that resolves outside ``folder`` (and is no Hugging Face cache file),
+            or cannot be read, naming it.
     """
     if folder is None or not folder.is_dir():
         return {}
-    roots = _roots(folder)
+    root = folder.resolve()
     out = {}
     for f in sorted(folder.iterdir()):
         if not is_side_file(f.name) or f.name in skip or not f.is_file():
             continue  # a dangling link, a link loop, a folder or a device is not a side file
         real = f.resolve()
-        if not any(real.is_relative_to(root) for root in roots):
+        if not (real.is_relative_to(root) or _hub_blob(real)):
             raise ConfigError(
                 f"base folder {folder}: {f.name} is a link to {real}, outside the folder; only files inside a base "
                 "folder are copied into a merged one (copy the file into the folder, or remove the link)"

@@ -26,6 +26,7 @@ only while the budget could pay for all of its prompts, so no promising candidat
 
 from __future__ import annotations
 
+import decimal
 import math
 import random
 import statistics
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError
+from ..evaluate import moments
 from ..option_checks import finite_float, shown
 
 __all__ = ["Halving", "Scored", "Scorer", "parse_budget", "parse_fidelity", "prompt_protocol"]
@@ -151,9 +153,10 @@ def _beyond(budget: int | str) -> bool:
     if isinstance(budget, int):
         return budget > MAX_BUDGET
     try:
-        return float(budget.strip().lower().removesuffix("x")) > MAX_BUDGET
-    except ValueError:
+        value = decimal.Decimal(budget.strip().lower().removesuffix("x"))  # exact: "1e400" is no float
+    except decimal.InvalidOperation:
         return False
+    return value.is_finite() and value > MAX_BUDGET
 
 
 def prompt_protocol(evaluate: Any) -> bool:
@@ -263,7 +266,7 @@ class Scorer:
             for i in indices  # type: ignore[index, operator]
             if values[i] is not None and reference.values[i] is not None
         ]  # type: ignore[index]
-        se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+        se = _stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
         return gap < -self.halving.z * se  # type: ignore[union-attr]
 
     def _prompt_scores(self, merged: Any, indices: list[int]) -> list[float | None]:
@@ -338,9 +341,21 @@ def standard_error(
         thetas = [aggregate({i: v for i, v in values.items() if i not in out})[0] for out in groups]
     except Exception:  # a group held a whole task of weight: the objective without it is not defined
         return None
-    mean = sum(thetas) / g
-    se = math.sqrt((g - 1) / g * sum((t - mean) ** 2 for t in thetas))
+    try:
+        mean = sum(thetas) / g
+        se = math.sqrt((g - 1) / g * sum((t - mean) ** 2 for t in thetas))
+    except OverflowError:  # objectives near float's limit: the same, scaled (inf where it is beyond the range)
+        se = math.sqrt(g - 1) * moments.std(thetas, ddof=0)
     return se if math.isfinite(se) else None
+
+
+def _stdev(values: Sequence[float]) -> float:
+    """The sample std of ``values``: ``statistics.stdev``'s, and inf or NaN (not an OverflowError) for per-prompt
+    scores near float's limit."""
+    try:
+        return statistics.stdev(values)
+    except OverflowError:
+        return moments.std(values, ddof=1)
 
 
 def _real(x: Any) -> bool:

@@ -15,7 +15,7 @@ import pytest
 
 from ram_live.errors import ConfigError
 from ram_live.evaluate import rewards
-from ram_live.integrations._stats import mean, std, weighted_moments
+from ram_live.evaluate.moments import mean, std, weighted_moments
 from ram_live.integrations.metrics import LAYOUTS, evaluation_metrics, logged_as, resampled_extreme
 
 sys.path.insert(0, str(Path(__file__).parents[1]))

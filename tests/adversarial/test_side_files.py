@@ -103,6 +103,19 @@ def test_links_inside_the_folder_and_the_hub_cache_layout_are_copied(tmp_path, b
     assert sorted(side_files(snapshot)) == ["config.json", "tokenizer.json"]
     merge(agents(base_sd), base=str(snapshot), out=tmp_path / "out2")
     assert (tmp_path / "out2" / "tokenizer.json").read_text() == '{"version": "1.0"}'
+    # a --local-dir download that links its large files into the cache (huggingface_hub < 0.23)
+    local = tmp_path / "local"
+    local.mkdir()
+    save_file(base_sd, str(local / "model.safetensors"))
+    (local / "tokenizer.json").symlink_to(blobs / "blob-tokenizer.json")
+    merge(agents(base_sd), base=str(local), out=tmp_path / "out4")
+    assert (tmp_path / "out4" / "tokenizer.json").read_text() == '{"version": "1.0"}'
+    # a file in a folder merely named blobs is no cache file
+    (tmp_path / "x" / "blobs").mkdir(parents=True)
+    (tmp_path / "x" / "blobs" / "secret").write_text(SECRET)
+    (local / "tokenizer_config.json").symlink_to(tmp_path / "x" / "blobs" / "secret")
+    with pytest.raises(ConfigError, match="tokenizer_config.json is a link to"):
+        merge(agents(base_sd), base=str(local), out=tmp_path / "out5")
     # a blob that is itself a link out of the cache is refused
     (blobs / "blob-tokenizer.json").unlink()
     (blobs / "blob-tokenizer.json").symlink_to(tmp_path / "base" / "tokenizer.json")
