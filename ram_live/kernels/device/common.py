@@ -78,7 +78,7 @@ def block_size(inputs: Sequence[Tensor], num_warps: int) -> int:
     return 16 // min(t.element_size() for t in inputs) * 32 * num_warps
 
 
-#: The registers a thread of a streaming kernel may use: 128 leaves 16 warps per multiprocessor (NVIDIA).
+#: The registers a thread of a streaming kernel may use: a multiprocessor then holds half its most warps (NVIDIA).
 MAX_REGISTERS = 128
 
 
