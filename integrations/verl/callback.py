@@ -59,6 +59,8 @@ class RAMVerlHooks:
         self.config = config
         self.options = options_from_verl(config)
         self.ram = RAMVerl(self.options, master_dtype=_master_dtype(config))
+        # a fresh run that verl does not resume never continues the store run of older checkpoints in its folder
+        self.ram.resumes = str(get_dotted(config, "trainer.resume_mode") or "auto") != "disable"
 
     @property
     def history(self) -> list[dict[str, float]]:

@@ -84,6 +84,8 @@ class RAMVerl:
         self.run: str | None = None
         self._run_started: float | None = None
         self._run_open = False
+        #: look for the run in earlier checkpoints (False under verl's ``trainer.resume_mode=disable``: a fresh run)
+        self.resumes = True
         self.reader = CheckpointReader(options)
         # on_error (ram_live.training.failures): the driver alone snapshots and merges
         self.on_error, self.errors, self.last_error, self.collective = options.on_error, 0, None, LocalCollective()
@@ -196,7 +198,8 @@ class RAMVerl:
         base = self.store.base_source()
         specs = {k: (tuple(base.spec(k).shape), base.spec(k).dtype) for k in base.keys()}
         if not self._run_open:  # a resumed verl run continues the run its checkpoints record
-            run = self.run or find_run_marker(earlier_checkpoints(ckpt.path, step), self.store.root, self.opts.agent)
+            earlier = earlier_checkpoints(ckpt.path, step) if self.resumes else []
+            run = self.run or find_run_marker(earlier, self.store.root, self.opts.agent)
             self.run, self._run_started = self.store.open_run(self.opts.agent, run)
             self._run_open = True
             say_run(self.store, self.opts.agent, self.run)

@@ -79,3 +79,8 @@ def test_fresh_resumed_and_offline_verl_runs_under_one_name(tmp_path, caplog):
     argv = ["--ckpt-root", str(a), "--agent", "tools", "--store", str(tmp_path / "store"), "--weights", "fp32"]
     assert verl_snapshot(argv) == 0
     assert s.steps("tools", run=first.run) == [2, 4, 6, 8] and s.steps("tools", run=second.run) == [2]
+    # trainer.resume_mode=disable: a fresh run in the old run's folder never continues that run
+    fresh = _ram(tmp_path, "tools")
+    fresh.resumes = False
+    fresh.snapshot(_checkpoint(a, 10, _moved(10)), step=10)
+    assert fresh.run not in (first.run, second.run) and s.steps("tools", run=first.run) == [2, 4, 6, 8]
