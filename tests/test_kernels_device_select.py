@@ -104,3 +104,22 @@ def test_the_threshold_kernel_selects_kthvalue_once_per_tensor(dtype):
     expected = _expected(base, agents, densities)
     assert [got[t].item() for t in (0, 1, 3)] == [expected[t] for t in (0, 1, 3)]
     assert expected[1] > 0 and selection.ranks[2] == -1
+
+
+@needs_triton
+def test_histograms_with_several_steps_per_program(monkeypatch):
+    """Two programs for the tensor (one multiprocessor): each walks several whole blocks unmasked, one takes the
+    partial last block; every pass counts what the torch implementation counts."""
+    from ram_live.kernels.device import common
+
+    monkeypatch.setattr(common, "_multiprocessors", lambda device: 1)
+    n = 8 * 512 * 3 + 7
+    base, agents = _inputs(n, torch.float32, seed=6)
+    ranks = [select.selection_rank(d, n) for d in (0.2, 0.05, 0.5, 0.3)]
+    hists = []
+    for run in (select._triton_histogram, select._torch_histogram):
+        hist = torch.zeros(3, len(agents), select.NBINS, dtype=torch.int32)
+        for p in range(3):
+            run(base, agents, ranks, p, hist)
+        hists.append(hist)
+    assert torch.equal(hists[0], hists[1]) and int(hists[0][0].sum()) == 4 * n  # pass 0 counts every entry

@@ -95,3 +95,25 @@ def test_probe_shape_on_fake_cuda():
     small, large = per.values()
     assert large == small  # nothing grows with the tensor's size
     assert large[2] == 0 and large[0] <= 3  # no sync per tensor; the op and the digest's gather
+
+
+def test_probe_op_with_several_steps_per_program(monkeypatch):
+    """Few programs for the tensor (one multiprocessor): each walks several whole blocks unmasked, one takes the
+    partial last block; the counts are the torch implementation's, exactly."""
+    from ram_live.kernels.device import common
+
+    monkeypatch.setattr(common, "_multiprocessors", lambda device: 1)
+    k, n = 3, 8 * 1024 * 2 + 100
+    base, agents = _inputs(n, k, torch.bfloat16, seed=5)
+    agents[1][n - 3] = float("nan")  # in the partial last block
+    got = []
+    for run in (probe_device._triton_probe, probe_device._torch_probe):
+        counts, gram = torch.zeros(3 * k + 1 + k * k, dtype=torch.int64), torch.zeros(k * k, dtype=torch.float64)
+        invalid = torch.zeros((), dtype=torch.int64)
+        run(base, agents, 1e-3, counts, gram, invalid)
+        got.append((counts, gram, int(invalid)))
+    (counts, gram, invalid), (want, want_gram, want_invalid) = got
+    assert torch.equal(counts, want) and invalid == want_invalid == 1
+    finite = torch.isfinite(want_gram)  # agent 1's row and column hold the NaN
+    assert int(finite.sum()) == (k - 1) ** 2
+    torch.testing.assert_close(gram[finite], want_gram[finite], rtol=1e-12, atol=0)
