@@ -39,6 +39,21 @@ class Layout:
         except Exception as exc:  # UnsupportedInputError: no *.safetensors, a damaged index or header
             raise ConfigError(f"VLLMGenerate: cannot read the weights of {self.folder}: {exc}") from None
         self.shapes = {k: tuple(source.spec(k).shape) for k in source.keys()}
+        #: keys a module of this model has and its checkpoint need not (the output layer of tied embeddings)
+        self.tied = {"lm_head.weight"} if _tied_embeddings(self.folder) else set()
+
+
+def _tied_embeddings(folder: Path) -> bool:
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    return bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
 
 
 def _named(merged: Any) -> tuple[str, Mapping[str, Any]]:
@@ -89,8 +104,9 @@ class _Lazy(Mapping):
 def candidate_weights(merged: Any, layout: Layout) -> Iterator[tuple[str, Any]]:
     """``merged``'s tensors as ``(name, tensor)`` pairs for vLLM's reload, after checking them against ``layout``.
 
-    A key the checkpoint lacks is allowed only when its tensor is one of the candidate's other tensors (tied
-    weights: ``lm_head.weight`` of a model with ``tie_word_embeddings``, which its checkpoint does not hold).
+    A key the checkpoint lacks is allowed only when its tensor is one of the candidate's other tensors, or it is
+    the output layer of a model with ``tie_word_embeddings`` (tied weights, which a checkpoint does not hold and
+    vLLM does not load); it is not sent.
 
     Args:
         merged: the candidate (a module, a state dict, a folder or a cached id).
@@ -111,7 +127,7 @@ def candidate_weights(merged: Any, layout: Layout) -> Iterator[tuple[str, Any]]:
         shapes = {k: tuple(getattr(v, "shape", ())) for k, v in tensors.items()}
         pointers = {_pointer(tensors[k]) for k in tensors if k in own}
         tied = {k for k in tensors if k not in own and _pointer(tensors[k]) in pointers}
-    unexpected = sorted(set(shapes) - set(own) - tied)
+    unexpected = sorted(set(shapes) - set(own) - tied - layout.tied)
     if unexpected:
         raise EvaluationError(
             f"VLLMGenerate: {what} has keys the engine's model ({layout.folder}) lacks: {unexpected[:5]}"
