@@ -101,7 +101,8 @@ def read_side_file(real: Path) -> bytes:
 
 def copy_side_files(copy_from: Path | None, folder: Path, files: Mapping[str, bytes] | None = None) -> None:
     """The side files of the base folder ``copy_from`` (:func:`side_files`, checked again here) into ``folder``
-    under their names in the base folder, then ``files`` (name → content) written over them.
+    under their names in the base folder, with their mode and times, then ``files`` (name → content) written over
+    them.
 
     Raises:
         ConfigError: a side file links outside the base folder.
@@ -110,5 +111,8 @@ def copy_side_files(copy_from: Path | None, folder: Path, files: Mapping[str, by
     for name, real in side_files(copy_from, skip=files).items():
         with os.fdopen(_open(real), "rb") as src, open(folder / name, "wb") as dst:
             shutil.copyfileobj(src, dst)
+            st = os.fstat(src.fileno())
+        os.chmod(folder / name, stat.S_IMODE(st.st_mode))  # as shutil.copy2: the base's mode and times
+        os.utime(folder / name, ns=(st.st_atime_ns, st.st_mtime_ns))
     for name, data in files.items():
         (folder / name).write_bytes(data)

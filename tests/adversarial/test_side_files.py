@@ -170,3 +170,12 @@ def test_a_config_that_cannot_be_rewritten_for_dtype_is_a_config_error_naming_it
     assert not (tmp_path / "out").exists()
     merge(agents(base_sd), base=str(folder), out=tmp_path / "out")  # without dtype=: copied as it is
     assert (tmp_path / "out" / "config.json").read_text() == text
+
+
+def test_copied_side_files_keep_the_bases_mode_and_times(tmp_path, base_sd):
+    folder = base_folder(tmp_path, base_sd)
+    os.chmod(folder / "tokenizer.json", 0o640)
+    os.utime(folder / "tokenizer.json", (1_000_000_000, 1_000_000_000))
+    merge(agents(base_sd), base=str(folder), out=tmp_path / "out")
+    st = (tmp_path / "out" / "tokenizer.json").stat()
+    assert st.st_mode & 0o777 == 0o640 and st.st_mtime == 1_000_000_000
