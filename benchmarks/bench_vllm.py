@@ -4,7 +4,7 @@ generated in batches), on the same prompts and candidates, greedy or sampled. A 
 (head_dim 64), a WordLevel tokenizer of ``--vocab`` tokens, no downloads.
 
     python benchmarks/bench_vllm.py [--hidden 512] [--layers 8] [--vocab 8192] [--prompts 16] [--samples 4]
-        [--max-new-tokens 64] [--candidates 3] [--dtype float32] [--batch-size 64]
+        [--max-new-tokens 64] [--candidates 3] [--dtype float32] [--batch-size 64] [--json FILE]
 
 Needs vLLM (the ``.venv-vllm`` environment of ``scripts/test_vllm.sh`` on a CPU with AVX-512; the ``vllm`` extra on
 a GPU). Each engine runs in a process of its own (on a CPU vLLM leaves its process one torch thread), the Hugging
@@ -118,6 +118,7 @@ def main() -> None:
     p.add_argument("--candidates", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--json", metavar="FILE", help="also write the figures there (gpu_check.py reads them)")
     p.add_argument("--engine", choices=("hf", "vllm"), help=argparse.SUPPRESS)  # a child process's
     p.add_argument("--folder", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -147,9 +148,17 @@ def main() -> None:
         )
     ratio = statistics.median(out["hf"]["seconds"]) / statistics.median(out["vllm"]["seconds"])
     print(f"HF / vLLM: {ratio:.2f}x")
+    same = None
     if args.samples == 1:
         same = sum(a == b for a, b in zip(out["hf"]["completions"], out["vllm"]["completions"]))
         print(f"identical greedy completions: {same} of {len(out['hf']['completions'])}")
+    if args.json:
+        figures = {e: {k: out[e][k] for k in ("seconds", "start", "threads")} for e in out}
+        Path(args.json).write_text(
+            json.dumps(
+                {"cpu": cpu_label(), "model": params, "work": work, "ratio": ratio, "identical": same, **figures}
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ import bench_merge  # noqa: E402
 import torch  # noqa: E402
 from gpu_checks import baselines, extras, inputs, merges  # noqa: E402
 from gpu_checks.runner import Outcome, Runner, Skip  # noqa: E402
+from gpu_checks.vllm import check_vllm  # noqa: E402
 
 BUDGET_S = 270.0
 #: Caps on the subprocess checks, so that a hang (e.g. NCCL) cannot take the whole budget.
@@ -122,9 +123,7 @@ def run_all(args: argparse.Namespace, runner: Runner, device: torch.device, size
         for label in merges.COMPILED:
             runner.run(f"{label} compile", lambda o, lb=label: _compiled(s, lb, args, o), needs_s=60.0)
     holder.clear()
-    # ------------------------------------------------------------------------------------------------------------
-    # Reserved: a small vLLM check (another change adds it here, after every check above, under the same budget).
-    # ------------------------------------------------------------------------------------------------------------
+    runner.run("vllm", lambda o: check_vllm(device, o, timeout=max(60.0, runner.left() - 10)), needs_s=120.0)
 
 
 def _device(device: torch.device, out: Outcome) -> None:

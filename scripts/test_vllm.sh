@@ -20,6 +20,6 @@ _vllm_install() {
 }
 ram_live_venv "$venv" .ram-live-vllm-installed _vllm_install "$0"
 cd "$root"
-# vLLM's own logging at WARNING keeps the test log short; one OpenMP thread per core is vLLM's CPU default
-export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}"
+# vLLM's own logging at WARNING keeps the test log short; no usage report (nothing leaves the machine)
+export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}" VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 exec python -m pytest -q -p no:asyncio tests/vllm "$@"
