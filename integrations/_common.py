@@ -280,10 +280,17 @@ def guarded_hook(
         log({"ram/errors": float(schedule.errors)})
 
 
-def callback_preflight(schedule: RAMSchedule, model: Any, owner: str, evaluate: Any, merged_dir: Any) -> None:
+def callback_preflight(
+    schedule: RAMSchedule, model: Any, owner: str, evaluate: Any, merged_dir: Any, trainer_evaluate: Any = None
+) -> None:
     """A callback's pre-flight at train begin (:func:`~ram_live.training.preflight.preflight`); a LoRA run's search
     is checked as the adapter search it runs (:mod:`._lora_search`: over the live ``PeftModel``'s adapters, no
-    ``rank`` family when folding into the base)."""
+    ``rank`` family when folding into the base); ``evaluate="trainer"`` (transformers) needs ``trainer_evaluate``,
+    the bound trainer's evaluation."""
+    if evaluate == "trainer":
+        if trainer_evaluate is None:
+            raise ConfigError(f"{owner}: pre-flight: evaluate='trainer' needs the trainer: callback.bind(trainer)")
+        evaluate = trainer_evaluate
     adapters, space = None, None
     if hasattr(schedule, "into_base"):  # a ._peft_agent.LoraSchedule
         from ..selection.adapters import ADAPTER_SPACE

@@ -135,7 +135,9 @@ class RAMCallback(ScheduleAdapter, Callback):
             between agents matter, and agents at different steps are reweighted by it).
         **schedule_options: ``snapshot_activity``, ``snapshot_eps``, ``keep``, ``agents``, ``async_write``,
             ``durable``, ``search`` above, the other options of :class:`~ram_live.RAMSchedule`; any other name
-            (RAM's options among them: they go in ``ram=RamConfig(...)``) is a ``ConfigError``.
+            (RAM's options among them: they go in ``ram=RamConfig(...)``) is a ``ConfigError``. ``on_error``:
+            ``"warn"`` (default: a failure after training started is a ``MergeFailedWarning`` and ``ram/errors``,
+            training goes on) or ``"raise"``; a pre-flight at train start checks what it can (docs/callbacks.md).
 
     Raises:
         RamLiveError: ``evaluate=True`` (it takes a callable, None or False).

@@ -99,6 +99,9 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             ``snapshot_eps``, ``keep``, ``agents``, ``async_write``, ``durable``, ...; ``search``: a
             :class:`~ram_live.training.search.SearchSetting`, each merge the one :func:`ram_live.search` picks); any
             other name (RAM's options among them: they go in ``ram=RamConfig(...)``) is a ``ConfigError``.
+            ``on_error``: ``"warn"`` (default: a failure after training started is a ``MergeFailedWarning`` and
+            ``ram/errors``, training goes on) or ``"raise"``. At train begin a pre-flight checks what it can
+            (the search setting, a ``rewards()`` evaluation on the base's first prompts, ``merged_dir``).
 
     Raises:
         ConfigError: ``evaluate`` neither a callable, ``"trainer"`` nor None; an unknown option; an invalid
@@ -304,12 +307,10 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         self._preflight(model)
 
     def _preflight(self, model: Any) -> None:  # before the first step (ram_live.training.preflight)
-        owner, evaluate = f"RAMTrainerCallback({self.agent!r})", self.evaluate
-        if evaluate == "trainer":
-            if self.trainer is None:
-                raise ConfigError(f"{owner}: pre-flight: evaluate='trainer' needs the trainer: callback.bind(trainer)")
-            evaluate = self._trainer_evaluate
-        callback_preflight(self.schedule, model, owner, evaluate, self.merged_dir)
+        bound = self._trainer_evaluate if self.trainer is not None else None  # evaluate="trainer" needs it bound
+        callback_preflight(
+            self.schedule, model, f"RAMTrainerCallback({self.agent!r})", self.evaluate, self.merged_dir, bound
+        )
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any
