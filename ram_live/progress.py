@@ -3,7 +3,10 @@
 On a terminal a line is redrawn in place; elsewhere (a SLURM or Ray job's log, CI) progress is written as plain
 lines at a modest rate (every :data:`LOG_INTERVAL` seconds, every few candidates or a quarter of the tensors, and
 at the end) through :mod:`logging`, logger ``ram_live.progress`` (level INFO unless set), so that it can be routed
-or silenced like any log: with no handler configured anywhere they go to stderr, timestamped.
+or silenced like any log: with no handler configured anywhere they go to stderr, timestamped. A search says when
+it starts; the pace is checked as each candidate is scored, so a candidate slower than the interval gives its line
+when it ends. Under ``torch.distributed`` only rank 0 reports (every rank of a DDP job runs the same search, and
+their stderr usually shares one log): the others stay quiet unless given a stream of their own.
 
 >>> import logging
 >>> logging.getLogger("ram_live.progress").setLevel(logging.WARNING)   # no progress lines   # doctest: +SKIP
@@ -19,7 +22,7 @@ from typing import Callable, Protocol, TextIO
 
 __all__ = ["LOG_INTERVAL", "LOGGER", "ProgressHook", "SearchProgress", "TerminalProgress"]
 
-#: The most seconds between two progress lines off a terminal (a line is also written every few steps).
+#: Seconds after a progress line off a terminal from which the next step done writes another (also every few steps).
 LOG_INTERVAL = 30.0
 #: The logger progress lines off a terminal go through.
 LOGGER = "ram_live.progress"
@@ -67,6 +70,16 @@ def log_line(message: str) -> None:
         _FALLBACK.handle(logger.makeRecord(LOGGER, logging.INFO, __file__, 0, message, None, None))
 
 
+def _other_rank() -> bool:
+    """Whether this process is a rank other than 0 of an initialized ``torch.distributed`` group (not imported here:
+    a process that never loaded it has no group)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized() and dist.get_rank() != 0)
+    except Exception:  # a backend that cannot say: report as a single process does
+        return False
+
+
 class _Pace:
     """When a plain line is due: the first step, every ``every`` steps, ``interval`` seconds since the last line."""
 
@@ -97,10 +110,11 @@ def _is_terminal(stream: TextIO) -> bool:
 class TerminalProgress:
     """``[merge] 120/291 tensors  1.2 GB/2.9 GB  410.3 MB/s  model.layers.9.mlp.up_proj.weight``: redrawn at most
     ``fps`` times a second on a terminal; elsewhere plain lines (each quarter of the tensors, every ``interval``
-    seconds, and the stage's end): into ``stream`` when one is given, else through :func:`log_line`.
+    seconds, and the stage's end): into ``stream`` when one is given, else through :func:`log_line` (rank 0 only
+    under ``torch.distributed``).
 
     Args:
-        stream: where to write (None: stderr, or the log off a terminal).
+        stream: where to write (None: stderr, or the log off a terminal; nothing on a rank other than 0).
         fps: redraws a second on a terminal.
         interval: the most seconds between two plain lines.
         clock: the time source (``time.monotonic``), for tests.
@@ -121,10 +135,13 @@ class TerminalProgress:
         self.stage, self.total, self.total_bytes = stage, total, total_bytes
         self.done, self.bytes, self.t0 = 0, 0, self.clock()
         self.pace = _Pace(math.ceil(total / 4) if total else 1, self.log_interval, self.clock)
+        self.silent = self.to_log and _other_rank()
 
     def update(self, key: str, nbytes: int) -> None:
         self.done += 1
         self.bytes += nbytes
+        if self.silent:
+            return
         if self.live:
             now = self.clock()
             if now - self._last >= self.interval or self.done == self.total:
@@ -149,6 +166,8 @@ class TerminalProgress:
             self.stream.flush()
 
     def close(self) -> None:
+        if getattr(self, "silent", False):
+            return
         elapsed = self.clock() - self.t0
         rate = self.bytes / max(elapsed, 1e-9)
         line = (
@@ -166,12 +185,13 @@ class SearchProgress:
     """A search's progress: ``[search] 12 scored  spent 4.31x/20x (388/1800 prompts)  best 0.583 (#N)  3.1
     s/candidate  #N ...``. ``spent``: the budget used, in candidates, or in full evaluations' worth of prompts (and
     prompts) for a budget like ``"20x"``. On a terminal the line is redrawn as each candidate is scored; elsewhere
-    it is written as plain lines at a modest rate (the first candidate, every ``every`` candidates, at least every
-    ``interval`` seconds, and the end with the time taken): into ``stream`` when one is given, else through
-    :func:`log_line` (logger ``ram_live.progress``).
+    it is written as plain lines at a modest rate (the start, the first candidate, every ``every`` candidates, the
+    first candidate scored ``interval`` seconds or more after the last line, and the end with the time taken): into
+    ``stream`` when one is given, else through :func:`log_line` (logger ``ram_live.progress``; rank 0 only under
+    ``torch.distributed``).
 
     Args:
-        stream: where to write (None: stderr on a terminal, else the log).
+        stream: where to write (None: stderr on a terminal, else the log; nothing on a rank other than 0).
         live: True: redraw the line on ``stream`` whatever it is; False: plain lines even on a terminal; None
             (default): redraw on a terminal only.
         every: a plain line every this many candidates (None: a tenth of a budget in candidates, at least 5).
@@ -201,12 +221,16 @@ class SearchProgress:
         every = self.every if self.every is not None else max(5, math.ceil(budget / 10))
         self.pace = _Pace(every, self.interval, self.clock)
         self.best: str = "best -"
+        self.silent = self.to_log and _other_rank()
+        if not self.live and not self.silent:  # a job's log shows the search began, before its first candidate
+            unit = f"{budget:g}x" + (f" ({round(budget * prompts)} prompts)" if prompts else "")
+            self._plain(f"[search] started: budget {unit if in_prompts else f'{budget:g} candidates'}")
 
     def trial(self, index: int, label: str, spent: float, best: float | None, best_index: int | None) -> None:
         """Candidate ``index`` (``label``) scored; ``spent`` of the budget used; the best complete score so far."""
         self.count += 1
         self.best = "best -" if best is None else f"best {best:.4g} (#{best_index})"
-        if not self.live and not self.pace.due(self.count):
+        if self.silent or not self.live and not self.pace.due(self.count):
             return
         per = (self.clock() - self.t0) / self.count
         if self.in_prompts:
@@ -233,6 +257,8 @@ class SearchProgress:
     def end(self) -> None:
         """The search ended: the line stays (a last plain line off a terminal), with the time taken."""
         summary = f"[search] {self.count} candidates scored in {self.clock() - self.t0:.1f} s"
+        if self.silent:
+            return
         if self.live and self.drawn:
             self.stream.write(f"\r{summary}\x1b[K\n")
             self.stream.flush()

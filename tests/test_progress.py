@@ -40,8 +40,9 @@ def test_search_lines_every_few_candidates_and_at_the_end(caplog):
         bar.trial(i, f"ram_plus(r={i})", i + 1, 0.5, 0)
     bar.end()
     lines = _lines(caplog)
-    assert [line.split()[1] for line in lines[:-1]] == ["1", "3", "6", "9"]  # the first, then every 3
-    assert lines[1] == "[search] 3 scored  spent 3/10 candidates  best 0.5 (#0)  1 s/candidate  #2 ram_plus(r=2)"
+    assert lines[0] == "[search] started: budget 10 candidates"  # before the first candidate, however long it takes
+    assert [line.split()[1] for line in lines[1:-1]] == ["1", "3", "6", "9"]  # the first, then every 3
+    assert lines[2] == "[search] 3 scored  spent 3/10 candidates  best 0.5 (#0)  1 s/candidate  #2 ram_plus(r=2)"
     assert lines[-1] == "[search] 10 candidates scored in 10.0 s, best 0.5 (#0)"
     assert not any("\r" in line or "\x1b" in line for line in lines)
 
@@ -55,9 +56,10 @@ def test_search_lines_at_least_every_interval(caplog):
         clock.now += step
         bar.trial(i, "ties(density=0.5)", 0.5 * (i + 1), None, None)
     lines = _lines(caplog)
+    assert lines[0] == "[search] started: budget 1000x (200000 prompts)"
     # the first (t=10); t=20 and t=30 are under 30 s after it; t=61 is 51 s after (a line); t=66 is 5 s after
-    assert [line.split()[1] for line in lines] == ["1", "4"]
-    assert lines[0].startswith("[search] 1 scored  spent 0.5x/1000x (100/200000 prompts)  best -  10 s/candidate")
+    assert [line.split()[1] for line in lines[1:]] == ["1", "4"]
+    assert lines[1].startswith("[search] 1 scored  spent 0.5x/1000x (100/200000 prompts)  best -  10 s/candidate")
 
 
 def test_a_line_each_interval_exactly():
@@ -97,7 +99,7 @@ def test_a_given_stream_gets_the_plain_lines_and_a_silenced_logger_none(caplog):
     for i in range(4):
         bar.trial(i, "x", i + 1, 1.0, 0)
     bar.end()
-    assert [line.split()[1] for line in stream.getvalue().splitlines()] == ["1", "2", "4", "4"]
+    assert [line.split()[1] for line in stream.getvalue().splitlines()] == ["started:", "1", "2", "4", "4"]
     caplog.set_level(logging.WARNING, logger=LOGGER)
     log_line("not shown")
     assert _lines(caplog) == []
@@ -108,7 +110,8 @@ def test_the_search_logs_by_default_and_nothing_with_false(problem_search, caplo
     caplog.set_level(logging.INFO, logger=LOGGER)
     result = search(agents, base=base, evaluate=ev, budget=3)
     lines = _lines(caplog)
-    assert lines[0].startswith("[search] 1 scored  spent 1/3 candidates")
+    assert lines[0] == "[search] started: budget 3 candidates"
+    assert lines[1].startswith("[search] 1 scored  spent 1/3 candidates")
     assert lines[-1].startswith(f"[search] {len(result.history)} candidates scored in ")
     caplog.clear()
     search(agents, base=base, evaluate=ev, budget=3, progress=False)
@@ -158,7 +161,8 @@ def test_ram_live_search_into_a_file_logs_progress_unless_quiet(tmp_path, base_s
     if quiet:
         assert progress == [] and "[search]" not in text
     else:
-        assert progress[0].split(" ram_live ")[1].startswith("[search] 1 scored  spent 1/4 candidates")
+        assert progress[0].split(" ram_live ")[1] == "[search] started: budget 4 candidates"
+        assert progress[1].split(" ram_live ")[1].startswith("[search] 1 scored  spent 1/4 candidates")
         assert progress[-1].split(" ram_live ")[1].startswith("[search] 4 candidates scored in ")
         assert all("\r" not in line and "\x1b" not in line for line in progress)
 
@@ -180,3 +184,59 @@ def test_ram_live_merge_into_a_file_logs_each_stage(tmp_path, base_sd):
     lines = [line.split(" ram_live ", 1)[1] for line in text.splitlines() if " ram_live [" in line]
     assert lines and any(" tensors, " in line and " in " in line for line in lines)  # each stage's end
     assert all("\r" not in line and "\x1b" not in line for line in lines)
+
+
+def _rank_worker(rank: int, root: str) -> None:
+    """One rank of a two-process gloo group: progress with no stream of its own, logged into its own file."""
+    import torch.distributed as dist
+
+    handler = logging.FileHandler(os.path.join(root, f"rank{rank}.log"))
+    logging.getLogger(LOGGER).addHandler(handler)
+    dist.init_process_group("gloo", init_method=f"file://{root}/init", rank=rank, world_size=2)
+    try:
+        bar = SearchProgress(every=1, clock=Clock())
+        bar.begin(2, False, 0)
+        for i in range(2):
+            bar.trial(i, "x", i + 1, 1.0, 0)
+        bar.end()
+        tensors = TerminalProgress(clock=Clock())
+        tensors.start("merge", 2, 20)
+        for i in range(2):
+            tensors.update(f"t{i}", 10)
+        tensors.close()
+        mine = io.StringIO()  # a stream given: written on every rank
+        bar = SearchProgress(mine, every=1, clock=Clock())
+        bar.begin(1, False, 0)
+        bar.end()
+        with open(os.path.join(root, f"stream{rank}.txt"), "w") as fh:
+            fh.write(mine.getvalue())
+        handler.flush()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)  # as tests/test_distributed.py: skip the interpreter's teardown of gloo
+
+
+def test_under_torch_distributed_only_rank_0_reports(tmp_path):
+    """Every rank of a DDP job runs the same search (RAMSchedule's search=) and their stderr shares one log: rank 0
+    writes the progress lines, the others none, unless given a stream of their own."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs gloo")
+    import time
+
+    ctx = mp.start_processes(_rank_worker, args=(str(tmp_path),), nprocs=2, start_method="spawn", join=False)
+    end = time.monotonic() + 240
+    while not ctx.join(timeout=1):  # True once every rank has exited (an error in one is raised here)
+        if time.monotonic() > end:
+            for proc in ctx.processes:
+                proc.kill()
+            pytest.fail("the ranks did not finish within 240 s")
+    zero = (tmp_path / "rank0.log").read_text().splitlines()
+    assert zero[0] == "[search] started: budget 2 candidates" and zero[-1].startswith("[merge] 2/2 tensors, ")
+    assert [line.split()[1] for line in zero] == ["started:", "1", "2", "2", "1/2", "2/2"]
+    assert (tmp_path / "rank1.log").read_text() == ""
+    for rank in (0, 1):
+        assert (tmp_path / f"stream{rank}.txt").read_text().splitlines()[0] == "[search] started: budget 1 candidates"

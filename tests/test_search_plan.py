@@ -130,7 +130,8 @@ def test_the_progress_line_is_a_log_off_a_terminal_and_silent_with_false(problem
     caplog.set_level(logging.INFO, logger="ram_live.progress")
     search(agents, base=base, evaluate=ev, budget=3)
     assert plain.getvalue() == ""  # no line drawn: plain log lines instead (tests/test_progress.py)
-    assert [r.getMessage().split()[1] for r in caplog.records] == ["1", "3"]  # the first, and the end
+    # the start, the first, and the end
+    assert [r.getMessage().split()[1] for r in caplog.records] == ["started:", "1", "3"]
     monkeypatch.setattr("sys.stderr", tty)
     search(agents, base=base, evaluate=ev, budget=3, progress=False)
     assert tty.getvalue() == ""
