@@ -3,14 +3,15 @@ options as named dimensions, how a point becomes a candidate, and how a trial al
 
 The boxes come from the families of ``space=`` (declared once, :mod:`ram_live.selection.space`):
 
-- task arithmetic with ``ta_weights``: a weight per agent in ``[0, WEIGHT_HIGH]`` (``weights=[...]``, scale 1); a
-  uniform scale ``s`` reads as every weight ``s``; without ``ta_weights``: ``scale`` over its grid's range;
+- task arithmetic with ``ta_weights``: a weight per agent in ``[0, high]`` (``weights=[...]``, scale 1), ``high``
+  = ``WEIGHT_GROWTH`` × the largest weight of the arm's best trial when the sampler starts (at least 1), at most
+  ``WEIGHT_HIGH``; a uniform scale ``s`` reads as every weight ``s``; without ``ta_weights``: ``scale`` over its
+  grid's range;
 - TIES, DARE-TIES, DARE-linear (their default grids): ``density`` in ``[DENSITY_LOW, 1]`` × ``scale`` in
   ``[SCALE_LOW, SCALE_HIGH]`` (DARE's ``seed`` the search's);
-- RAM with ``lambdas`` or ``shared_weights``: λ per agent in ``[0, WEIGHT_HIGH]`` (with ``shared_weights`` also a
-  weight per agent in the shared mean in ``[0, SHARED_HIGH]``), on the best RAM-side candidate's activity rule;
-  every RAM-side trial with λ per agent (RAM+ records them) reads as a point; with only ``ram_plus``: ``r`` in
-  ``[0, R_HIGH]`` × ``alpha`` ∈ {2, ∞}.
+- RAM with ``lambdas`` or ``shared_weights``: λ per agent in ``[0, high]`` (``high`` as above, from the largest λ
+  of the best RAM-side candidate), on that candidate's activity rule; every RAM-side trial with λ per agent (RAM+
+  records them) reads as a point; with only ``ram_plus``: ``r`` in ``[0, R_HIGH]`` × ``alpha`` ∈ {2, ∞}.
 
 A family's ``high`` setting (``space={"ta_weights": {"high": 8}}``) sets the weights' upper bound.
 """
@@ -19,19 +20,20 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .result import Trial
 from .space import Family
 
-__all__ = ["Dim", "Box", "arm_box", "WEIGHT_HIGH", "SHARED_HIGH", "R_HIGH"]
+__all__ = ["Dim", "Box", "arm_box", "WEIGHT_HIGH", "WEIGHT_GROWTH", "R_HIGH"]
 
 #: Upper bound of a per-agent weight (task arithmetic) or λ (RAM): extrapolating past it is not searched.
 WEIGHT_HIGH = 6.0
-#: Upper bound of a per-agent weight in RAM's shared mean (relative weights: 1 everywhere is plain RAM).
-SHARED_HIGH = 2.0
+#: Below that, the box reaches this many times the largest weight of the arm's best trial (as the screen's probes
+#: try one agent at this many times the others' weight): on the RL demo's agents, whose best weights are about 1,
+#: most of a 0-6 box scored near zero and a sampler spent its draws there.
+WEIGHT_GROWTH = 3.0
 #: Upper bound of RAM+'s ``r``.
 R_HIGH = 3.0
 DENSITY_LOW, SCALE_LOW, SCALE_HIGH = 0.05, 0.25, 3.0
@@ -79,13 +81,23 @@ def _setting(families: list[Family], kind: str, default: float) -> float:
     return default
 
 
+def _high(families: list[Family], kinds: tuple[str, ...], best: float | None) -> float:
+    """The weights' upper bound: a family's ``high`` setting, else ``WEIGHT_GROWTH`` × the largest weight of the
+    arm's best trial so far (at least 1), at most ``WEIGHT_HIGH``."""
+    for kind in kinds:
+        given = _setting(families, kind, math.nan)
+        if not math.isnan(given):
+            return given
+    return min(WEIGHT_HIGH, WEIGHT_GROWTH * max(1.0, best or 0.0))
+
+
 def arm_box(arm: str, families: list[Family], run: Any) -> Box | None:
     """The box of ``arm`` (its families), or None when it has nothing continuous to search. ``run`` is the search
     loop (its merger's agents, its seed, its RAM-side start)."""
     kinds = {f.kind for f in families}
     names = list(run.merger.names)
     if arm == "task_arithmetic":
-        return _ta_box(families, kinds, names)
+        return _ta_box(families, kinds, names, run)
     if arm == "ram":
         return _ram_box(families, kinds, run)
     grids = [f for f in families if f.kind == "grid" and not f.user_grid and f.name == arm]
@@ -94,9 +106,14 @@ def arm_box(arm: str, families: list[Family], run: Any) -> Box | None:
     return None
 
 
-def _ta_box(families: list[Family], kinds: set[str], names: list[str]) -> Box | None:
+def _ta_box(families: list[Family], kinds: set[str], names: list[str], run: Any) -> Box | None:
     if "ta_weights" in kinds:
-        high = _setting(families, "ta_weights", WEIGHT_HIGH)
+        tas = [t for t in run.history if t.method == "task_arithmetic" and t.complete]
+        best = max(tas, key=lambda t: (t.score, -t.index)) if tas else None
+        largest = None
+        if best is not None:
+            largest = float(best.options.get("scale", 1.0)) * max(best.options.get("weights") or [1.0])
+        high = _high(families, ("ta_weights",), largest)
         dims = [Dim(f"w:{a}", 0.0, high) for a in names]
 
         def read(t: Trial) -> dict[str, Any] | None:
@@ -155,32 +172,18 @@ def _ram_box(families: list[Family], kinds: set[str], run: Any) -> Box | None:
             return None
         common = run._common(start)
         agents = list(start.lambdas)
-        high = _setting(families, "shared_weights", _setting(families, "lambdas", WEIGHT_HIGH))
-        shared = False  # (the weights in the shared mean double the box: measured to cost more than they find)
+        high = _high(families, ("shared_weights", "lambdas"), max(start.lambdas.values()))
         dims = [Dim(f"lam:{a}", 0.0, high) for a in agents]
-        if shared:
-            dims += [Dim(f"sw:{a}", 0.0, SHARED_HIGH) for a in agents]
 
         def build(p: dict[str, Any]) -> dict[str, Any]:
-            candidate = {"method": "ram", **common, "lambdas": {a: float(p[f"lam:{a}"]) for a in agents}}
-            if shared and len({p[f"sw:{a}"] for a in agents}) > 1:
-                candidate["importance"] = {a: float(p[f"sw:{a}"]) for a in agents}
-            return candidate
+            return {"method": "ram", **common, "lambdas": {a: float(p[f"lam:{a}"]) for a in agents}}
 
         def read(t: Trial) -> dict[str, Any] | None:
             if t.side != "ram" or t.lambdas is None or set(t.lambdas) != set(agents) or run._common(t) != common:
                 return None
-            given = t.options.get("importance")
-            if given is not None and not (
-                isinstance(given, Mapping) and all(isinstance(given.get(a), numbers.Real) for a in agents)
-            ):
-                return None  # importances given as tensors: not a point of this box
-            point = {f"lam:{a}": float(t.lambdas[a]) for a in agents}
-            if shared:
-                point.update({f"sw:{a}": float(given[a]) if given else 1.0 for a in agents})
-            elif given:
-                return None
-            return point
+            if t.options.get("importance") is not None:
+                return None  # weighted shared entries: not a point of this box
+            return {f"lam:{a}": float(t.lambdas[a]) for a in agents}
 
         return Box("ram", dims, build, read, common)
     if "grid" not in kinds or not any(f.name == "ram_plus" and not f.user_grid for f in families):
