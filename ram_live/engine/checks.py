@@ -31,16 +31,18 @@ class DeferredChecks:
     def __init__(self, keys: Sequence[str]) -> None:
         self.keys = list(keys)
         self._buffers: dict[torch.device, Tensor] = {}
+        self._slots: dict[torch.device, tuple[Tensor, ...]] = {}
 
     def slot(self, index: int, device: torch.device) -> Tensor | None:
         """The 0-d int64 slot of tensor ``index`` on ``device`` that its kernels add their invalid entries to,
         or None where checks are not deferred (the kernels then check and raise themselves)."""
         if not deferred_device(device):
             return None
-        buffer = self._buffers.get(device)
-        if buffer is None:
+        slots = self._slots.get(device)
+        if slots is None:
             buffer = self._buffers[device] = torch.zeros(len(self.keys), dtype=torch.int64, device=device)
-        return buffer[index]
+            slots = self._slots[device] = buffer.unbind(0)  # every slot's view at once, not an indexing per tensor
+        return slots[index]
 
     def raise_first(self, recheck: Callable[[str], None]) -> None:
         """Read every buffer (one device-to-host read per device) and call ``recheck(key)`` for the first tensor

@@ -27,6 +27,7 @@ class Reader:
         self.device = device
         self.auxiliary = AuxiliaryInputs({}, None)
         self._releasing: tuple[AuxiliaryInputs, list[Callable[[str], None]]] | None = None
+        self._ranging: tuple[AuxiliaryInputs, list[TensorSource]] | None = None
 
     def stream(self, stream: DeltaStream) -> DeltaStream:
         """``stream`` with this key's auxiliary inputs attached."""
@@ -55,11 +56,10 @@ class Reader:
         """A callback that drops the mapped pages of flat entries ``[start, stop)`` of ``key`` from the inputs
         (and from ``sink``'s output) once a range is merged, so that resident memory holds a few ranges rather than
         K + 2 whole tensors; None when no input maps files."""
-        sources = [
-            src
-            for src in (self.base, *self.agents, *self.auxiliary.all_sources())
-            if getattr(src, "releases_ranges", False)
-        ]
+        if self._ranging is None or self._ranging[0] is not self.auxiliary:  # once per merge, not per tensor
+            every = (self.base, *self.agents, *self.auxiliary.all_sources())
+            self._ranging = (self.auxiliary, [src for src in every if getattr(src, "releases_ranges", False)])
+        sources = self._ranging[1]
         out = getattr(sink, "release_range", None)
         if not sources and out is None:
             return None
