@@ -15,6 +15,12 @@ from torch import Tensor, nn
 __all__ = ["call_op", "dispatch_needed"]
 
 _PLAIN = (Tensor, nn.Parameter)
+#: torch's private checks of the modes and transforms on; a torch without one of them always dispatches.
+_MODE_CHECKS = tuple(
+    getattr(torch._C, name, None)
+    for name in ("_len_torch_dispatch_stack", "_len_torch_function_stack", "_are_functorch_transforms_active")
+)
+_CHECKABLE = all(check is not None for check in _MODE_CHECKS)
 
 
 def dispatch_needed(args: tuple[Any, ...]) -> bool:
@@ -26,12 +32,9 @@ def dispatch_needed(args: tuple[Any, ...]) -> bool:
         >>> dispatch_needed((torch.zeros(2), [torch.ones(2)], 1.0))
         False
     """
-    if (
-        torch.compiler.is_compiling()  # first: torch.compile traces this function and must not look further
-        or torch._C._len_torch_dispatch_stack()
-        or torch._C._len_torch_function_stack()
-        or torch._C._are_functorch_transforms_active()
-    ):
+    if torch.compiler.is_compiling():  # first: torch.compile traces this function and must not look further
+        return True
+    if not _CHECKABLE or any(check() for check in _MODE_CHECKS):
         return True
     grad = torch.is_grad_enabled()
     for arg in args:
@@ -61,7 +64,7 @@ def call_op(op: Any, *args: Any) -> None:
         >>> from ram_live.kernels.device import linear          # doctest: +SKIP
         >>> call_op(linear.linear_merge_, out, base, agents, weights, 1.0, [], [], invalid)  # doctest: +SKIP
     """
-    impl = getattr(op, "_init_fn", None)
+    impl = getattr(op, "_init_fn", None) if hasattr(op, "_opoverload") else None
     if (
         impl is None
         or any(key is not None for key in getattr(op, "_backend_fns", {None: impl}))
