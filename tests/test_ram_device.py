@@ -167,3 +167,14 @@ def test_reused_statistics_are_checked_against_the_inputs_on_the_device(on_devic
         agents[0].a.weight[0, 0] += 1.0
     with pytest.raises(ram_live.ConfigError, match="counted over other weights"):
         ram_live.merge(agents, base=base, method="ram_plus", statistics=info.statistics)
+
+
+def test_engine_device_path_under_inference_mode(on_device):
+    """λ made under ``torch.inference_mode`` (an inference tensor, without a version counter) merges on the device
+    path with the CPU merge's bits."""
+    base, agents = _agents(torch.bfloat16)
+    expected = ram_live.merge(agents, base=base, method="ram_plus")
+    with torch.inference_mode():
+        merged = ram_live.merge(agents, base=base, method="ram_plus")
+    for (name, p), q in zip(merged.state_dict().items(), expected.state_dict().values()):
+        assert torch.equal(_bits(p), _bits(q)), name

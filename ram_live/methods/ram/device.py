@@ -152,8 +152,11 @@ _LAST_LAMBDAS: tuple[Tensor, int, Tensor] | None = None
 
 def _float32_on(lambdas: Tensor, device: torch.device) -> Tensor:
     """``lambdas`` in float32 on ``device``, converted once per merge (a merge's tensors share one λ tensor): no
-    conversion launch per tensor."""
+    conversion launch per tensor. An inference tensor (made under ``torch.inference_mode``) has no version counter
+    to tell an in-place change, so it is converted every time."""
     global _LAST_LAMBDAS
+    if lambdas.is_inference():
+        return lambdas.to(device=device, dtype=torch.float32)
     last = _LAST_LAMBDAS
     if last is not None and last[0] is lambdas and last[1] == lambdas._version and last[2].device == device:
         return last[2]
