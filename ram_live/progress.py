@@ -1,12 +1,14 @@
 """Progress reporting for long merges and searches: a tiny protocol, and reporters that need no extra package.
 
 On a terminal a line is redrawn in place; elsewhere (a SLURM or Ray job's log, CI) progress is written as plain
-lines at a modest rate (every :data:`LOG_INTERVAL` seconds, every few candidates or a quarter of the tensors, and
-at the end) through :mod:`logging`, logger ``ram_live.progress`` (level INFO unless set), so that it can be routed
-or silenced like any log: with no handler configured anywhere they go to stderr, timestamped. A search says when
-it starts; the pace is checked as each candidate is scored, so a candidate slower than the interval gives its line
-when it ends. Under ``torch.distributed`` only rank 0 reports (every rank of a DDP job runs the same search, and
-their stderr usually shares one log): the others stay quiet unless given a stream of their own.
+lines at a modest rate (every few candidates or a quarter of the tensors, the next one done :data:`LOG_INTERVAL`
+seconds or more after the last line, and the end) through :mod:`logging`, logger ``ram_live.progress`` at INFO, so
+that it can be routed or silenced like any log: a level above INFO on that logger or on ``ram_live`` silences it
+(the root's level does not: it is on by default); with no handler configured anywhere the lines go to stderr,
+timestamped. A search says when it starts; the pace is checked as each candidate is scored, so a candidate slower
+than the interval gives its line when it ends. Under ``torch.distributed`` only rank 0 reports (every rank of a
+DDP job runs the same search, and their stderr usually shares one log): the others stay quiet unless given a
+stream of their own.
 
 >>> import logging
 >>> logging.getLogger("ram_live.progress").setLevel(logging.WARNING)   # no progress lines   # doctest: +SKIP
@@ -56,18 +58,31 @@ _FALLBACK = _Stderr()
 _FALLBACK.setFormatter(logging.Formatter("%(asctime)s ram_live %(message)s", "%Y-%m-%d %H:%M:%S"))
 
 
+def _enabled(logger: logging.Logger) -> bool:
+    """Whether INFO passes ``logger``: the level set on it or on a parent below the root (``ram_live``) decides;
+    none set, INFO passes whatever the root's level (progress is on by default, the root's WARNING included)."""
+    if logger.manager.disable >= logging.INFO:
+        return False
+    node: logging.Logger | None = logger
+    while node is not None and node.parent is not None:  # the root is not asked
+        if node.level != logging.NOTSET:
+            return node.level <= logging.INFO
+        node = node.parent if node.propagate else None
+    return True
+
+
 def log_line(message: str) -> None:
-    """Write one progress line through the ``ram_live.progress`` logger (INFO unless its level was set); with no
-    handler configured (``logging.basicConfig`` not called, none added), on stderr."""
+    """Write one progress line at INFO through the ``ram_live.progress`` logger (a level above INFO on it or on
+    ``ram_live`` silences it; the root's level does not); with no handler configured (``logging.basicConfig`` not
+    called, none added), on stderr."""
     logger = logging.getLogger(LOGGER)
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.INFO)
-    if not logger.isEnabledFor(logging.INFO):
+    if not _enabled(logger):
         return
+    record = logger.makeRecord(LOGGER, logging.INFO, __file__, 0, message, None, None)
     if logger.hasHandlers():
-        logger.info(message)
+        logger.handle(record)  # the handlers up the hierarchy, each with its own level
     else:
-        _FALLBACK.handle(logger.makeRecord(LOGGER, logging.INFO, __file__, 0, message, None, None))
+        _FALLBACK.handle(record)
 
 
 def _other_rank() -> bool:

@@ -240,3 +240,26 @@ def test_under_torch_distributed_only_rank_0_reports(tmp_path):
     assert (tmp_path / "rank1.log").read_text() == ""
     for rank in (0, 1):
         assert (tmp_path / f"stream{rank}.txt").read_text().splitlines()[0] == "[search] started: budget 1 candidates"
+
+
+def test_the_librarys_logger_at_warning_silences_progress_and_levels_are_left_alone(caplog):
+    """``logging.getLogger("ram_live").setLevel(WARNING)``, the usual way to quiet a library, silences the progress
+    lines; no level is set on any logger by writing one; with the root at WARNING (its default), they still show."""
+    caplog.set_level(logging.INFO)  # the root's capture handler takes INFO
+    parent, child = logging.getLogger("ram_live"), logging.getLogger(LOGGER)
+    before = (parent.level, child.level)
+    try:
+        parent.setLevel(logging.WARNING)
+        log_line("hidden")
+        assert _lines(caplog) == [] and child.level == logging.NOTSET
+        parent.setLevel(logging.NOTSET)
+        logging.getLogger().setLevel(logging.WARNING)
+        log_line("shown")
+        assert _lines(caplog) == ["shown"] and child.level == logging.NOTSET
+        child.setLevel(logging.DEBUG)  # a level set on the logger itself decides, below its parent's
+        parent.setLevel(logging.WARNING)
+        log_line("shown again")
+        assert _lines(caplog) == ["shown", "shown again"]
+    finally:
+        parent.setLevel(before[0])
+        child.setLevel(before[1])
