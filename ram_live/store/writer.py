@@ -193,9 +193,11 @@ class SnapshotWriter:
         self.agent = store.check_agent(agent)
         self.rule = activity_rule(activity, eps)
         self.collective = collective or LocalCollective()
-        opened = list(store.open_run(self.agent, run)) if self.collective.rank == 0 else None
         if self.collective.world_size > 1:  # every rank writes into rank 0's run
-            opened = self.collective.broadcast_json(opened)
+            mine = list(store.open_run(self.agent, run)) if self.collective.rank == 0 else None
+            opened = self.collective.broadcast_json(mine)
+        else:
+            opened = list(store.open_run(self.agent, run))
         #: this writer's run id, and when the run began (None: the legacy run)
         self.run: str = opened[0]  # type: ignore[index]
         self.run_started: float | None = opened[1]  # type: ignore[index]

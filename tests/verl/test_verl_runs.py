@@ -39,7 +39,13 @@ def _ram(tmp_path: Path, agent: str) -> RAMVerl:
     if not folder.exists():
         folder.mkdir()
         save_file(_weights(0), str(folder / "model.safetensors"))
-    opts = {"store": str(tmp_path / "store"), "agent": agent, "base": str(folder), "durable": False}
+    opts = {
+        "store": str(tmp_path / "store"),
+        "agent": agent,
+        "base": str(folder),
+        "durable": False,
+        "max_part_bytes": 64,
+    }
     return RAMVerl(options_from_mapping({**opts, "merged_dir": str(tmp_path / "merged"), "importance": None}))
 
 
@@ -68,6 +74,7 @@ def test_fresh_resumed_and_offline_verl_runs_under_one_name(tmp_path, caplog):
         (second.run, (2,)),
     ]
     assert metrics["ram/tools/snapshot_step"] == 2.0  # its own step 2, not the first run's step 4
+    assert len(s.latest("tools").manifest["files"]) > 1  # written in several parts (max_part_bytes), all in one run
     # verl resumed the first run from global_step_4: the next save continues that run
     resumed = _ram(tmp_path, "tools")
     resumed.snapshot(_checkpoint(a, 6, _moved(6)), step=6)
