@@ -190,9 +190,11 @@ def merge(
             state dict of its own tensors), DTensor-sharded modules merge their local shards.
         compile: ``True`` runs a method's ``torch.compile`` kernels (RAM's: compiled once per process and number
             of agents); ``"auto"`` (default) compiles merges of at least 4 G agent-entries where a toolchain is
-            there, except on CPU where the native C kernels are built (they are faster); ``False`` never. A
-            toolchain that fails falls back to torch ops with a warning before anything is written. Every kernel
-            of the RAM family gives the same bits (``RAM_LIVE_NATIVE=0`` turns the native ones off).
+            there, except on CPU where the native C kernels are built (they are faster); ``False`` never. Where
+            the method's fused device kernels merge (the RAM family on GPUs) nothing is compiled, whatever
+            ``compile`` says. A toolchain that fails falls back to torch ops with a warning before anything is
+            written. Every kernel of the RAM family gives the same bits (``RAM_LIVE_NATIVE=0`` turns the native
+            ones off).
         statistics: the counts of an earlier merge or probe of the same inputs (``info.statistics``,
             ``report.statistics()``), to skip RAM+'s counting pass, e.g. in a sweep over ``r``. Checked: the same
             agents (names, order), activity rule and tensors (and a digest of each tensor's first and last 64
