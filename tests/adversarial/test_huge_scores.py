@@ -61,6 +61,11 @@ def test_the_jackknife_of_objectives_near_the_limit_is_a_number_or_none():
 
     se = standard_error(mean_of, values, "a" * 30)
     assert se is None or (math.isfinite(se) and se > 0)
+    # objectives of ±1e300: the squared deviations overflow a float, the jackknife's se does not: scaled by 1e300,
+    # thetas are -1 (the group without prompt 0) and 1 (19 others), mean 0.9, se = sqrt(19/20 · 3.8) = 1.9
+    spread = standard_error(lambda v: (1e300 if 0 in v else -1e300, {}), {i: 0.0 for i in range(40)}, "a" * 40)
+    assert spread == pytest.approx(1.9e300, rel=1e-12)
+    assert standard_error(lambda v: (BIG if 0 in v else -BIG, {}), {i: 0.0 for i in range(40)}, "a" * 40) is None
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
