@@ -255,3 +255,24 @@ def test_the_causes_are_read_through_a_training_searchs_wrapper(agents, tok):
         result = search(models, base=base, evaluate=evaluate, budget="3x", progress=False)
     causes = likely_causes(result, Wrapper())
     assert causes == result.choice_causes and "the pass threshold 2" in causes[0]
+
+
+def test_a_race_that_compared_no_candidate_does_not_say_they_kept_up(agents):
+    """Each candidate the first of its side (a RAM-family one, then a baseline): nothing was raced, and the table
+    says so rather than that none trailed its side's best."""
+    models, base = agents
+    targets = {"math": merge(models, base=base, method="ram", lambdas=TARGET)}
+    result = search(
+        models,
+        base=base,
+        evaluate=PromptEval(targets, per_task=18),
+        budget="2x",
+        fidelity="halving",
+        space=["ram_plus", "task_arithmetic"],
+        progress=False,
+    )
+    assert [t.side for t in result.history] == ["ram", "baseline"] and all(t.fidelity == 1.0 for t in result.history)
+    (line,) = [line for line in result.table().splitlines() if line.startswith("race:")]
+    assert line.endswith(
+        "full search; none was raced: each was the first of its side (RAM family, baselines) scored on every prompt"
+    )

@@ -28,6 +28,17 @@ def within_one_se(result: Any) -> list[Any]:
     return sorted(close, key=lambda t: (-t.score, t.index))  # type: ignore[operator]
 
 
+def _raced_any(history: list[Any]) -> bool:
+    """Whether a candidate had one of its side scored on every prompt before it: what a race compares it with."""
+    seen: set[str] = set()
+    for t in history:
+        if t.side in seen and t.score is not None:
+            return True
+        if t.complete:
+            seen.add(t.side)
+    return False
+
+
 def _undecided_lines(result: Any) -> list[str]:
     """The table's word that the search could not choose (:attr:`SearchResult.arbitrary`), with the likely causes."""
     if not result.arbitrary:
@@ -105,14 +116,15 @@ def format_table(result: Any) -> str:
         )
     slices = getattr(result, "race_slices", None)
     if slices and not any(t.stop for t in history):
+        if slices[0] >= slices[-1]:
+            why = "the first slice holds every prompt: too few prompts to race"
+        elif not _raced_any(history):
+            why = "none was raced: each was the first of its side (RAM family, baselines) scored on every prompt"
+        else:
+            why = "none trailed its side's best by more than the race's z standard errors on a slice"
         lines.append(
             "race: no candidate was stopped early (slices of " + "/".join(str(n) for n in slices) + " prompts): "
-            "every candidate saw every prompt, as in a full search"
-            + (
-                "; the first slice holds every prompt: too few prompts to race"
-                if slices[0] >= slices[-1]
-                else "; none trailed its side's best by more than the race's z standard errors on a slice"
-            )
+            "every candidate saw every prompt, as in a full search; " + why
         )
     if any(t.clamped for t in history):
         lines.append("~c: an estimate outside the range of the per-prompt scores seen, clamped to that range")
