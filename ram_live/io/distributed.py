@@ -26,7 +26,7 @@ from .dtensor import counts_here, is_dtensor, local_tensor  # noqa: F401 - their
 from ..errors import RamLiveError
 from ..types import Plan, RamStatistics, TensorSpec
 
-__all__ = ["Distributed", "RemoteRankError", "is_dtensor", "kept_for_gloo"]
+__all__ = ["Distributed", "RemoteRankError", "is_dtensor", "kept_for_gloo", "settle_gloo"]
 
 #: the tensors of the latest collectives, kept alive (:func:`kept_for_gloo`)
 _KEPT: deque[Any] = deque(maxlen=64)
@@ -39,6 +39,23 @@ def kept_for_gloo(*tensors: torch.Tensor) -> None:
     holds the GIL and joins the workers (a process group shut down, or dropped by the DDP reducer at exit) that is
     a deadlock (pytorch/pytorch#56297). Kept here, the last reference is Python's, dropped on the main thread."""
     _KEPT.extend(tensors)
+
+
+def settle_gloo(collective: Any, rounds: int = 2) -> None:
+    """At train end, let gloo's worker thread drop the trainer's last collective before the script tears the
+    process group down. Seen in a hung rank (gdb): a transformers ``Trainer``'s last all-gather (``store_flos``, of
+    a Python tensor, just before ``on_train_end``) was still being freed on gloo's worker thread, which waited for
+    the GIL, while the main thread, freeing the DDP reducer at the script's ``return``, joined that thread holding
+    the GIL. The worker frees a work before it takes the next: ``rounds`` barriers (no Python tensor in them) wait
+    with the GIL released until it has, on every rank together. A no-op in one process.
+
+    Args:
+        collective: the ranks' collective (a ``TorchCollective``; anything with ``world_size`` 1 does nothing).
+        rounds: barriers, one per worker thread gloo may run (its default is at most 2).
+    """
+    if getattr(collective, "world_size", 1) > 1:
+        for _ in range(rounds):
+            collective.barrier()
 
 
 class RemoteRankError(RamLiveError):
