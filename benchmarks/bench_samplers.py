@@ -5,6 +5,7 @@ used for choosing.
 
     nice -n 5 python benchmarks/bench_samplers.py [--agents 3 5 8] [--budgets 10 20 60] [--seeds 0 1 2]
                                                  [--optuna] [--out runs/bench_samplers.json]
+    nice -n 5 python benchmarks/bench_samplers.py --rl-demo 3 8 --seeds 0     # the RL demo's agents instead
 
 The problem is small on purpose (a 2-core machine shared with other jobs): a two-layer MLP (``--dim`` inputs,
 ``--hidden`` units, ``--classes`` outputs) over state dicts; each task a random teacher on its own region of the
@@ -135,8 +136,14 @@ def one(problem: Problem, row: dict[str, Any], budget: int, seed: int) -> dict[s
         sampler = optuna.samplers.TPESampler(seed=seed)
     t0 = time.perf_counter()
     result = ram_live.search(
-        problem.agents, base=problem.base, evaluate=sel, budget=f"{budget}x", seed=seed, progress=False,
-        sampler=sampler, **kwargs,
+        problem.agents,
+        base=problem.base,
+        evaluate=sel,
+        budget=f"{budget}x",
+        seed=seed,
+        progress=False,
+        sampler=sampler,
+        **kwargs,
     )
     wall = time.perf_counter() - t0
     best = ram_live.merge(problem.agents, base=problem.base, **result.best)
@@ -148,6 +155,34 @@ def one(problem: Problem, row: dict[str, Any], budget: int, seed: int) -> dict[s
         "spent": result.spent,
         "wall": wall,
     }
+
+
+def rl_demo(agent_counts: list[int], seeds: list[int], folder: Path) -> list[dict[str, Any]]:
+    """The RL demo's dense agents (``--quick``, trained by ``bench_fidelity.py``'s code into ``folder`` where
+    missing): the race at 20x with the moves and with the TPE (the default), and today's 60 candidates; each
+    winner's mean accuracy on the demo's test prompts (``rl_demo.selection``)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import bench_fidelity as bf
+    from rl_demo.selection import PromptAccuracy, scored
+
+    rows = {
+        "20x race, moves": {"budget": "20x", "fidelity": "halving", "sampler": "moves"},
+        "20x race, tpe (default)": {"budget": "20x", "fidelity": "halving"},
+        "60, moves (today)": {"budget": 60},
+    }
+    out = []
+    for n in agent_counts:
+        for seed in seeds:
+            name = bf.run_name("dense", n, seed, True)
+            base, agents = bf.trained("dense", n, seed, True, 1, folder / name)
+            test, sel, _ = bf.splits("dense", n, seed, True, None)
+            for label, kwargs in rows.items():
+                evaluate = PromptAccuracy(sel)
+                r = ram_live.search(agents, base=base, evaluate=evaluate, seed=seed, progress=False, **kwargs)
+                won = scored(ram_live.merge(agents, base=base, **r.best), test)["mean"]
+                out.append({"agents": n, "seed": seed, "row": label, "selection": r.best_score, "test": won})
+                print(json.dumps(out[-1]), flush=True)
+    return out
 
 
 def main() -> None:
@@ -163,8 +198,21 @@ def main() -> None:
     parser.add_argument("--n-sel", type=int, default=60, help="selection prompts per task")
     parser.add_argument("--n-test", type=int, default=1000, help="test prompts per task")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_samplers.json")
+    parser.add_argument(
+        "--rl-demo",
+        nargs="*",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instead: the RL demo's dense agents (N agents each; trained into runs/bench_samplers_rl if missing)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.rl_demo is not None:
+        runs = rl_demo(args.rl_demo or [3, 8], args.seeds, ROOT / "runs" / "bench_samplers_rl")
+        rows = list(dict.fromkeys(r["row"] for r in runs))
+        print(table(runs, rows, [0], args.rl_demo or [3, 8], key="row"))
+        return
     rows = {k: ROWS[k] for k in args.rows}
     if args.optuna:
         rows["optuna TPE + race"] = {"sampler": "optuna-tpe", "fidelity": "halving"}
@@ -182,21 +230,23 @@ def main() -> None:
     print(table(runs, list(rows), args.budgets, args.agents))
 
 
-def table(runs: list[dict[str, Any]], rows: list[str], budgets: list[int], agents: list[int]) -> str:
-    """Test accuracy (%) of each row's winner, mean ± sample std over seeds."""
+def table(runs: list[dict[str, Any]], rows: list[str], budgets: list[int], agents: list[int], key: str = "") -> str:
+    """Test accuracy (%) of each row's winner, mean ± sample std over seeds (``key="row"``: rows carry their
+    budget)."""
     head = "| agents | budget | " + " | ".join(rows) + " |"
     lines = [head, "|" + "---|" * (len(rows) + 2)]
     for n in agents:
         for b in budgets:
             cells = []
             for r in rows:
-                xs = [100 * x["test"] for x in runs if x["agents"] == n and x["budget"] == b and x["row"] == r]
+                xs = [100 * x["test"] for x in runs if x["agents"] == n and (key or x["budget"] == b) and x["row"] == r]
                 if not xs:
                     cells.append("–")
                     continue
                 sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
                 cells.append(f"{statistics.mean(xs):.1f} ± {sd:.1f}")
-            lines.append(f"| {n} | {b}x | " + " | ".join(cells) + " |")
+            shown = "per row" if key else f"{b}x"
+            lines.append(f"| {n} | {shown} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
