@@ -155,3 +155,23 @@ def test_the_command_line_resumes_from_its_storage(tmp_path, capsys):
     # another sampler is another search: refused under the same study
     assert main(["search", *args, "--sampler", "tpe", "--out", str(tmp_path / "c"), "--quiet"]) == 2
     assert "holds another search" in capsys.readouterr().err
+
+
+def test_a_claim_left_by_a_killed_process_is_abandoned(tmp_path):
+    import socket
+
+    from optuna.trial import TrialState, create_trial
+
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    reference = _search(BlockEval(), budget=4, seed=0, storage=url, study="first")
+    first = reference.history[0]
+    key = next(t.user_attrs["ram_live:key"] for t in optuna.load_study(study_name="first", storage=url).trials)
+    # a study where a process (gone: no such pid on this host) claimed the first candidate and was killed
+    study = optuna.create_study(storage=url, study_name="second", direction="maximize")
+    dead = f"{socket.gethostname()}:99999999:gone"
+    study.add_trial(create_trial(state=TrialState.RUNNING, user_attrs={"ram_live:key": key, "ram_live:owner": dead}))
+    ev = BlockEval()
+    result = _search(ev, budget=4, seed=0, storage=url, study="second")
+    assert _trials(result) == _trials(reference) and result.history[0].score == first.score
+    states = [t.state for t in optuna.load_study(study_name="second", storage=url).trials]
+    assert states[0] == TrialState.FAIL and TrialState.RUNNING not in states
