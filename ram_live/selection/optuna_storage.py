@@ -30,6 +30,7 @@ from typing import Any, Callable
 from ..errors import ConfigError
 from .fidelity import Scored
 from .outcome import Outcome
+from .sampler import quiet_tell, quiet_optuna
 
 __all__ = ["Ledger", "open_ledger", "STALE_SECONDS"]
 
@@ -56,12 +57,12 @@ def open_ledger(storage: Any, study: str | None, settings: dict[str, Any]) -> Le
         raise ConfigError(f"storage must be an RDB URL such as 'sqlite:///search.db', got {storage!r:.80}")
     if study is not None and (not isinstance(study, str) or not study):
         raise ConfigError(f"study must be a non-empty name, got {study!r:.80}")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     for attempt in range(OPEN_TRIES):  # processes creating one new database at once: the losers see it made
         try:
-            handle = optuna.create_study(
-                storage=storage, study_name=study or "ram_live_search", load_if_exists=True, direction="maximize"
-            )
+            with quiet_optuna():
+                handle = optuna.create_study(
+                    storage=storage, study_name=study or "ram_live_search", load_if_exists=True, direction="maximize"
+                )
             break
         except Exception as exc:
             if attempt == OPEN_TRIES - 1:
@@ -182,7 +183,7 @@ class Ledger:
             deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
         )
         if any(t.number < trial.number and t.user_attrs.get(_KEY) == lkey for t in rivals):
-            self.study.tell(trial, state=TrialState.FAIL)
+            quiet_tell(self.study, trial, state=TrialState.FAIL)
             return None
         return trial
 
@@ -200,19 +201,19 @@ class Ledger:
         try:
             out = compute()
         except BaseException:
-            self.study.tell(trial, state=TrialState.FAIL)
+            quiet_tell(self.study, trial, state=TrialState.FAIL)
             raise
         if out.scored is None:  # failed merges and evaluations are not kept: a resumed search meets them again
-            self.study.tell(trial, state=TrialState.FAIL)
+            quiet_tell(self.study, trial, state=TrialState.FAIL)
             return out
         record = _record(out)
         trial.set_user_attr(_OUT, record)
         self.known[trial.user_attrs[_KEY]] = record
         if out.scored.fidelity >= 1.0:
-            self.study.tell(trial, out.scored.score)
+            quiet_tell(self.study, trial, out.scored.score)
         else:
             trial.report(out.scored.score, int(round(out.scored.fidelity * 1000)))
-            self.study.tell(trial, state=TrialState.PRUNED)
+            quiet_tell(self.study, trial, state=TrialState.PRUNED)
         return out
 
     def _help(self, ahead: list[tuple[str, Scored | None, Callable[[], Outcome], dict[str, Any]]]) -> bool:

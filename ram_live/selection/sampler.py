@@ -17,10 +17,11 @@ candidate (``fidelity="halving"``), the race's estimates fed back as the model's
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import random
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import ConfigError
 from .result import Trial
@@ -188,12 +189,12 @@ class OptunaProposer:
                 else optuna.distributions.FloatDistribution(d.low, d.high)
                 for d in box.dims
             }
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
-            study = optuna.create_study(
-                sampler=_copy(self.template),
-                directions=["maximize", "maximize"] if self.multi else ["maximize"],
-                study_name=f"ram_live:{box.arm}",
-            )
+            with quiet_optuna():  # (Optuna announces each study it creates)
+                study = optuna.create_study(
+                    sampler=_copy(self.template),
+                    directions=["maximize", "maximize"] if self.multi else ["maximize"],
+                    study_name=f"ram_live:{box.arm}",
+                )
             self.studies[box.arm] = (study, distributions, set())
         return self.studies[box.arm]
 
@@ -240,14 +241,33 @@ class OptunaProposer:
         arm, asked = pending
         study, _, told = self.studies[arm]
         if trial is None or trial.score is None:
-            study.tell(asked, state=TrialState.FAIL)
+            quiet_tell(study, asked, state=TrialState.FAIL)
             return
         told.add(trial.index)
         if trial.complete or self.multi:
-            study.tell(asked, self._values(trial))
+            quiet_tell(study, asked, self._values(trial))
         else:
             asked.report(float(trial.score), _step(trial))
-            study.tell(asked, state=TrialState.PRUNED)
+            quiet_tell(study, asked, state=TrialState.PRUNED)
+
+
+@contextlib.contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Optuna's INFO lines off while the search makes its studies; the caller's verbosity back after."""
+    import optuna
+
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(max(before, optuna.logging.WARNING))
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(before)
+
+
+def quiet_tell(study: Any, *args: Any, **kwargs: Any) -> None:
+    """``study.tell`` without Optuna's INFO line for each trial."""
+    with quiet_optuna():
+        study.tell(*args, **kwargs)
 
 
 def _copy(sampler: Any) -> Any:
