@@ -94,7 +94,7 @@ def worker(rank: int, root: Path, init: str, mode: str) -> None:
     (root / f"trained{rank}").write_text("1")
     if callbacks and os.environ.get("RAM_DDP_EXIT_LOG"):  # what the callback did: its merges' steps, its failures
         with open(os.environ["RAM_DDP_EXIT_LOG"], "a") as f:
-            steps, errors = [h["step"] for h in callbacks[0].history], callbacks[0].schedule.errors
+            steps, errors = [h["step"] for h in callbacks[0].history], getattr(callbacks[0].schedule, "errors", None)
             f.write(f"rank {rank}: merged at {steps}, errors {errors}\n")
     if os.environ.get("RAM_DDP_EXIT_DUMP"):  # every thread's Python stack, should this rank still run by then
         import faulthandler

@@ -41,21 +41,20 @@ def kept_for_gloo(*tensors: torch.Tensor) -> None:
     _KEPT.extend(tensors)
 
 
-def settle_gloo(collective: Any, rounds: int = 2) -> None:
-    """At train end, let gloo's worker thread drop the trainer's last collective before the script tears the
-    process group down. Seen in a hung rank (gdb): a transformers ``Trainer``'s last all-gather (``store_flos``, of
-    a Python tensor, just before ``on_train_end``) was still being freed on gloo's worker thread, which waited for
-    the GIL, while the main thread, freeing the DDP reducer at the script's ``return``, joined that thread holding
-    the GIL. The worker frees a work before it takes the next: ``rounds`` barriers (no Python tensor in them) wait
-    with the GIL released until it has, on every rank together. A no-op in one process.
+def settle_gloo(collective: Any) -> None:
+    """At train end, let gloo's worker thread free the trainer's last collective before the script tears the process
+    group down. Seen in hung ranks (gdb): a transformers ``Trainer``'s last all-gather (``store_flos``, of a Python
+    tensor, just before ``on_train_end``) was still being freed on gloo's worker thread, waiting for the GIL, while
+    the main thread, freeing the DDP reducer at the script's ``return``, joined that thread holding the GIL. The
+    worker frees a work before it takes the next; one all-reduce of a tensor kept alive here (:func:`kept_for_gloo`:
+    freeing its work takes no GIL) waits, with the GIL released, until it has. Not a barrier: gloo's barrier holds
+    the works before it, and freeing the barrier frees them on the worker. A no-op in one process.
 
     Args:
         collective: the ranks' collective (a ``TorchCollective``; anything with ``world_size`` 1 does nothing).
-        rounds: barriers, one per worker thread gloo may run (its default is at most 2).
     """
     if getattr(collective, "world_size", 1) > 1:
-        for _ in range(rounds):
-            collective.barrier()
+        collective.all_reduce_sum_(torch.zeros(1, dtype=torch.int64))  # kept by all_reduce_sum_'s kept_for_gloo
 
 
 class RemoteRankError(RamLiveError):
