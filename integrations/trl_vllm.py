@@ -14,7 +14,7 @@ engine is woken for the evaluation and put back to sleep after it, its weights m
 
 On a CPU, TRL's colocate mode does not run with vLLM 0.32's CPU build (TRL writes its weights with the model's
 ``load_weights``, which the CPU's re-packed layers refuse after start-up); the swap, the completions and the
-wake/sleep handling are tested there on a running vLLM engine (tests/vllm), TRL's own colocate loop is not.
+wake/sleep handling are tested there on a running vLLM engine (tests/vllm_engine), TRL's own colocate loop is not.
 """
 
 from __future__ import annotations

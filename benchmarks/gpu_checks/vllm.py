@@ -23,7 +23,7 @@ def check_vllm(device: torch.device, out: Outcome, timeout: float) -> None:
     if importlib.util.find_spec("vllm") is None:
         raise Skip("vLLM is not installed here (pip install -e '.[vllm]')")
     if device.type != "cuda":
-        raise Skip("the vLLM check times vLLM on a GPU (tests/vllm check it on a CPU)")
+        raise Skip("the vLLM check times vLLM on a GPU (tests/vllm_engine check it on a CPU)")
     with tempfile.TemporaryDirectory() as tmp:
         figures = Path(tmp) / "vllm.json"
         cmd = [sys.executable, str(BENCH), "--samples", "1", "--prompts", "64", "--hidden", "1024", "--layers", "12"]
