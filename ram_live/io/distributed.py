@@ -16,7 +16,6 @@ Errors on any rank reach every rank (a flag is all-reduced at each phase), so no
 from __future__ import annotations
 
 import os
-from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
@@ -26,35 +25,34 @@ from .dtensor import counts_here, is_dtensor, local_tensor  # noqa: F401 - their
 from ..errors import RamLiveError
 from ..types import Plan, RamStatistics, TensorSpec
 
-__all__ = ["Distributed", "RemoteRankError", "is_dtensor", "kept_for_gloo", "settle_gloo"]
-
-#: the tensors of the latest collectives, kept alive (:func:`kept_for_gloo`)
-_KEPT: deque[Any] = deque(maxlen=64)
+__all__ = ["Distributed", "RemoteRankError", "is_dtensor", "settle_gloo"]
 
 
-def kept_for_gloo(*tensors: torch.Tensor) -> None:
-    """Keep the tensors a collective was handed alive in Python a while (the latest collectives' few tensors, small
-    counts and flags): gloo's worker thread drops its own references after the main thread saw the work done, and
-    the drop that frees a tensor whose Python object is gone takes the GIL, on that thread; while the main thread
-    holds the GIL and joins the workers (a process group shut down, or dropped by the DDP reducer at exit) that is
-    a deadlock (pytorch/pytorch#56297). Kept here, the last reference is Python's, dropped on the main thread."""
-    _KEPT.extend(tensors)
-
-
-def settle_gloo(collective: Any) -> None:
-    """At train end, let gloo's worker thread free the trainer's last collective before the script tears the process
-    group down. Seen in hung ranks (gdb): a transformers ``Trainer``'s last all-gather (``store_flos``, of a Python
-    tensor, just before ``on_train_end``) was still being freed on gloo's worker thread, waiting for the GIL, while
-    the main thread, freeing the DDP reducer at the script's ``return``, joined that thread holding the GIL. The
-    worker frees a work before it takes the next; one all-reduce of a tensor kept alive here (:func:`kept_for_gloo`:
-    freeing its work takes no GIL) waits, with the GIL released, until it has. Not a barrier: gloo's barrier holds
-    the works before it, and freeing the barrier frees them on the worker. A no-op in one process.
+def settle_gloo(collective: Any, timeout: float = 10.0) -> None:
+    """At train end, wait until gloo's worker thread has let go of the trainer's last collectives, so that the
+    script's teardown cannot deadlock (pytorch/pytorch#56297). Seen in hung ranks (gdb): gloo's worker thread,
+    freeing a finished work (transformers' ``store_flos`` all-gather, just before ``on_train_end``), dropped its
+    reference to a Python-made tensor, which takes the GIL, while the main thread, freeing the DDP reducer at the
+    script's ``return``, joined that thread holding the GIL. The worker frees a work before it takes the next; one
+    all-reduce of a fresh tensor, then a wait (the GIL released) until the worker has let go of that tensor too (its
+    Python reference count is back), leaves it idle. Not a barrier: gloo's barrier holds the works before it and
+    frees them on the worker. A no-op in one process; gives up after ``timeout`` seconds.
 
     Args:
         collective: the ranks' collective (a ``TorchCollective``; anything with ``world_size`` 1 does nothing).
+        timeout: the most seconds to wait for the worker.
     """
-    if getattr(collective, "world_size", 1) > 1:
-        collective.all_reduce_sum_(torch.zeros(1, dtype=torch.int64))  # kept by all_reduce_sum_'s kept_for_gloo
+    if getattr(collective, "world_size", 1) <= 1:
+        return
+    import sys
+    import time
+
+    probe = torch.zeros(1, dtype=torch.int64)
+    alone = sys.getrefcount(probe)
+    collective.all_reduce_sum_(probe)
+    end = time.monotonic() + timeout
+    while sys.getrefcount(probe) > alone and time.monotonic() < end:
+        time.sleep(0.001)  # the GIL released: the worker's last drop takes it
 
 
 class RemoteRankError(RamLiveError):
@@ -110,7 +108,6 @@ class Distributed:
     def all_ok(self, ok: bool) -> bool:
         flag = torch.tensor([0 if ok else 1], dtype=torch.int64, device=self.device)
         self._dist.all_reduce(flag, group=self.group)
-        kept_for_gloo(flag)
         return int(flag.item()) == 0
 
     def reduce_statistics(self, stats: RamStatistics | None, k: int) -> RamStatistics:
@@ -123,7 +120,6 @@ class Distributed:
             packed[k : 2 * k] = stats.unique
             packed[2 * k : 3 * k + 1] = stats.histogram
         self._dist.all_reduce(packed, group=self.group)
-        kept_for_gloo(packed)
         packed = packed.cpu()
         if int(packed[-1]):
             raise RemoteRankError(f"rank {self.rank}: another rank failed in the statistics pass (see its error)")
@@ -137,7 +133,6 @@ class Distributed:
         self._dist.broadcast(
             token, src=self._dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group
         )
-        kept_for_gloo(token)
         return f"{int(token.item()):x}"
 
     def barrier(self) -> None:

@@ -9,8 +9,6 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from ..io.distributed import kept_for_gloo
-
 
 class Collective(Protocol):
     """The few collective operations the store and the schedule need (all ranks call each one together)."""
@@ -74,13 +72,11 @@ class TorchCollective:
         local = torch.tensor(list(values), dtype=torch.int64, device=self.device)
         out = [torch.empty_like(local) for _ in range(self.world_size)]
         self._dist.all_gather(out, local, group=self.group)
-        kept_for_gloo(local, *out)  # freed by Python, not by gloo's worker thread (io/distributed.py)
         return [o.tolist() for o in out]
 
     def all_reduce_sum_(self, tensor: Tensor) -> Tensor:
         moved = tensor.to(self.device)
         self._dist.all_reduce(moved, group=self.group)
-        kept_for_gloo(moved)
         if moved is not tensor:
             tensor.copy_(moved)
         return tensor
@@ -93,7 +89,6 @@ class TorchCollective:
         if self.rank == 0 and payload:
             buf.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
         self._dist.broadcast(buf, src=0, group=self.group)
-        kept_for_gloo(size, buf)
         return json.loads(bytes(buf.cpu().tolist()).decode())
 
 
