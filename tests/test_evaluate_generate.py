@@ -99,8 +99,10 @@ def test_a_generator_that_raises_and_a_generator_that_is_not_callable():
     with pytest.raises(EvaluationError, match="generate=broken raised RuntimeError: server down") as info:
         rewards(PROMPTS, count_a, generate=broken)(None)
     assert isinstance(info.value.__cause__, RuntimeError)
-    with pytest.raises(ConfigError, match="generate must be a callable"):
-        rewards(PROMPTS, count_a, generate="vllm")
+    with pytest.raises(ConfigError, match="generate must be a callable .* or 'vllm', got 'sglang'"):
+        rewards(PROMPTS, count_a, generate="sglang")
+    with pytest.raises(ConfigError, match="generate='vllm' starts vLLM from the base model's Hugging Face folder"):
+        rewards(PROMPTS, count_a, generate="vllm")  # no model= folder to start it from
 
 
 class Completions(dict):
