@@ -234,3 +234,42 @@ def test_an_eta_that_makes_too_many_slices_is_refused_at_once(problem):
     with pytest.raises(ConfigError, match="gives about 65 slices, more than 64; take eta >= 1.0355"):
         Halving(eta=1.0352)
     assert Halving(min_fraction=1.0).fractions == (1.0,) and Halving(eta=1e300).fractions == (1 / 9, 1.0)
+
+
+class Flip(PromptEval):
+    """One task of 9 prompts: each candidate's quality counts with a + sign on 8 prompts and a - sign on the one
+    prompt the race's first slice holds (slices of 1/3/9 prompts): behind there, ahead everywhere else."""
+
+    def __init__(self, targets):
+        super().__init__(targets, per_task=9)
+        self.first = nested_slices(self.tasks, Halving().fractions, 0)[0]
+
+    def prompt_scores(self, merged, indices):
+        exact = super().prompt_scores(merged, indices)
+        sign = {i: -1.0 if i in self.first else 1.0 for i in indices}
+        return [self.offsets[i] + sign[i] * (v - self.offsets[i]) for v, i in zip(exact, indices)]
+
+
+def test_the_race_stops_no_candidate_on_fewer_than_min_race_prompts(problem):
+    """A first slice of one prompt: a candidate behind there (ahead on the 8 others) went on to be the full
+    search's winner, and the race stops it on none of its 1- and 3-prompt slices (it stopped it before: the
+    standard error of one difference was taken as 0); the plan raises no raced row for a race that stops none."""
+    from ram_live.selection.fidelity import MIN_RACE_PROMPTS, Scored, Scorer
+
+    agents, base, _ = problem
+    targets = {"t": merge(agents, base=base, method="ram", lambdas={"coder": 0.3, "tools": 0.3, "memory": 0.3})}
+    assert [len(s) for s in nested_slices(["t"] * 9, Halving().fractions, 0)] == [1, 3, 9] and MIN_RACE_PROMPTS == 4
+    full = search(agents, base=base, evaluate=Flip(targets), budget=8, progress=False)
+    raced = search(agents, base=base, evaluate=Flip(targets), budget="8x", fidelity="halving", progress=False)
+    assert not any(t.stop for t in raced.history) and raced.race_slices == (1, 3, 9)
+    assert raced.best_trial.candidate == full.best_trial.candidate and raced.best_score == full.best_score
+    plan = search(agents, base=base, evaluate=Flip(targets), budget="8x", fidelity="halving", plan=True)
+    assert plan.raced is None and "no slice but the last holds 4 prompts" in plan.note
+    # the rule itself: equal shortfalls on 1, 2, 3 prompts go on, on 4 they stop (their paired se is 0)
+    scorer = Scorer(PromptEval({"t": targets["t"]}, per_task=8), Halving())
+    reference = Scored(1.0, 1.0, values={i: 1.0 for i in range(8)})
+    for k in range(1, 6):
+        behind = scorer._behind({i: 0.0 for i in range(k)}, reference, list(range(k)))
+        assert behind is (k >= MIN_RACE_PROMPTS)
+    # a None (not scored) prompt does not count: 4 prompts, 3 differences
+    assert not scorer._behind({0: 0.0, 1: 0.0, 2: 0.0, 3: None}, reference, [0, 1, 2, 3])

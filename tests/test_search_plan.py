@@ -11,7 +11,7 @@ import pytest
 
 from ram_live import ConfigError, merge, search
 from ram_live.progress import SearchProgress
-from ram_live.selection.fidelity import Halving, nested_slices
+from ram_live.selection.fidelity import MIN_RACE_PROMPTS, Halving, nested_slices
 from ram_live.selection.plan import SearchPlan
 
 from conftest import make_agents
@@ -69,8 +69,10 @@ def test_the_raced_plan_bounds_what_the_search_spends(problem, budget):
     slices = nested_slices(ev.tasks, Halving().fractions, 0)
     assert plan.raced.slices == tuple(len(s) for s in slices) == (2, 6, 18)
     # by hand: at least floor(B) candidates (all on every prompt); at most one reference on every prompt and the
-    # rest each on the smallest slice (2 of 18 prompts), started while 18 prompts are left
-    most = 1 + math.floor((units - 2) * n / 2) + 1
+    # rest each on the smallest slice the race stops on (6 of 18 prompts: the first, of 2, is below
+    # MIN_RACE_PROMPTS), started while 18 prompts are left
+    assert MIN_RACE_PROMPTS == 4
+    most = 1 + math.floor((units - 2) * n / 6) + 1
     assert plan.raced.candidates == (math.floor(units), most)
     assert plan.raced.prompt_evaluations == (math.floor((units - 1) * n) + 1, math.floor(units * n))
     assert plan.raced.generations == tuple(4 * p for p in plan.raced.prompt_evaluations)

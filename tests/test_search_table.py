@@ -20,10 +20,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::ram_live.ExtrapolationWarning")
 
 class PassAt:
     """pass@k-like per-prompt scores in [0, 1]: the first candidate passes the race's first slice and one more
-    prompt; every later one passes nothing, so its estimate (2/9 + 0 - 1) falls below 0."""
+    prompt; every later one passes nothing, so its estimate (5/36 + 0 - 1) falls below 0. 36 prompts: the first
+    slice holds 4, the fewest the race stops a candidate on (fidelity.MIN_RACE_PROMPTS)."""
 
     def __init__(self):
-        self.tasks = ["all"] * 9
+        self.tasks = ["all"] * 36
         self.first = nested_slices(self.tasks, Halving().fractions, 0)[0]
         self.calls = 0
 
@@ -32,7 +33,7 @@ class PassAt:
 
     def prompt_scores(self, merged, indices):
         self.calls += 1
-        passed = set(self.first) | {next(i for i in range(9) if i not in self.first)} if self.calls == 1 else set()
+        passed = set(self.first) | {next(i for i in range(36) if i not in self.first)} if self.calls == 1 else set()
         return [1.0 if i in passed else 0.0 for i in indices]
 
     def aggregate(self, values):
@@ -40,15 +41,16 @@ class PassAt:
         return sum(scored) / len(scored), {"all": sum(scored) / len(scored)}
 
     def __call__(self, merged):
-        return self.aggregate(dict(enumerate(self.prompt_scores(merged, range(9)))))[0]
+        return self.aggregate(dict(enumerate(self.prompt_scores(merged, range(36)))))[0]
 
 
 def test_an_estimate_below_the_metric_is_clamped_and_marked(base_sd):
     agents = dict(zip(TARGET, make_agents(base_sd, [0.3, 0.3, 0.3], scale=0.05)))
     result = search(agents, base=base_sd, evaluate=PassAt(), budget="2x", fidelity="halving", space=["ram_plus"])
     first, second = result.history[:2]
-    assert first.score == pytest.approx(2 / 9) and not first.clamped
-    assert second.stop == "race" and second.clamped and second.score == 0.0  # not 2/9 - 1
+    assert first.score == pytest.approx(5 / 36) and not first.clamped
+    assert second.stop == "race" and second.fidelity == 4 / 36 and second.clamped
+    assert second.score == 0.0  # not 5/36 - 1
     table = result.table()
     row = next(line for line in table.splitlines() if line.startswith("  1 "))
     assert "0~c" in row

@@ -1,7 +1,8 @@
-"""Whether a search could choose: when every candidate scored the same (or within the winner's standard error), the
-winner is an arbitrary pick (the earliest of equal scores); the search says so with an :class:`ArbitraryChoiceWarning`
-naming the likely causes, the result carries it (``SearchResult.arbitrary``, ``choice_causes``), and the table
-shows it. A raced search also keeps its slices, so that its table can say when the race stopped no candidate.
+"""Whether a search could choose: when every candidate scored the same (or, scored prompt by prompt, another one is
+within one standard error of the paired per-prompt differences from the winner), the winner is an arbitrary pick
+(the earliest of equal scores); the search says so with an :class:`ArbitraryChoiceWarning` naming the likely causes,
+the result carries it (``SearchResult.arbitrary``, ``choice_causes``), and the table shows it. A raced search also
+keeps its slices, so that its table can say when the race stopped no candidate.
 
 >>> result = search(agents, base=base, evaluate=evaluate, budget="20x")             # doctest: +SKIP
 >>> result.arbitrary, result.choice_causes                                         # doctest: +SKIP
@@ -15,18 +16,19 @@ import warnings
 from typing import Any
 
 from ..errors import RamLiveWarning
+from .fidelity import _stdev
 
-__all__ = ["ArbitraryChoiceWarning", "undecided", "likely_causes", "note_choice"]
+__all__ = ["ArbitraryChoiceWarning", "undecided", "paired", "rivals", "likely_causes", "note_choice"]
 
 #: Scores this close (relative to the larger magnitude, at least absolute) are "the same" without a standard error.
 SAME = 1e-12
 
 
 class ArbitraryChoiceWarning(RamLiveWarning):
-    """A search could not choose: every candidate scored on every prompt scored the same, or within the winner's
-    standard error of it. The winner is an arbitrary pick among them; ``causes`` names the likely
-    reasons (a pass threshold above the rewards' range, completions cut short by ``max_new_tokens``, rewards that
-    are all zero, an evaluation that does not depend on the weights)."""
+    """A search could not choose: every candidate scored on every prompt scored the same, or another one is within
+    one standard error of the paired per-prompt differences from the winner. The winner is an arbitrary pick among
+    them; ``causes`` names the likely reasons (a pass threshold above the rewards' range, completions cut short by
+    ``max_new_tokens``, rewards that are all zero, an evaluation that does not depend on the weights)."""
 
     def __init__(self, message: str, *, causes: tuple[str, ...] = ()) -> None:
         super().__init__(message)
@@ -34,16 +36,52 @@ class ArbitraryChoiceWarning(RamLiveWarning):
 
 
 def undecided(result: Any) -> bool:
-    """Whether ``result``'s winner is arbitrary: at least two candidates scored on every prompt, none stopped early
-    by a race (a stopped one was judged clearly worse), and the lowest of their scores is the winner's, or within
-    its standard error (where the evaluation scores prompts one by one), else equal up to :data:`SAME`."""
+    """Whether ``result``'s winner is arbitrary, judged on the candidates scored on every prompt (a candidate the
+    race stopped early does not count, for or against): at least two of them, and either all their scores equal
+    up to :data:`SAME`, or (where the evaluation scores prompts one by one) some other one of them is not told
+    apart from the winner by a paired comparison on the same prompts (:func:`rivals`)."""
     complete = result.complete
-    if len(complete) < 2 or any(t.stop for t in result.scored):
+    if len(complete) < 2:
         return False
+    if _all_same([float(t.score) for t in complete]):
+        return True
+    return bool(rivals(result))
+
+
+def paired(best: Any, other: Any) -> tuple[float, float] | None:
+    """``(lead, se)``: how far ``best`` scores above ``other``, and the standard error of the mean of their paired
+    per-prompt differences (``stdev(d) / sqrt(n)`` over the prompts both scored; 0 for one prompt); None when
+    either lacks per-prompt scores."""
+    if best.values is None or other.values is None:
+        return None
+    diffs = [
+        float(v) - float(other.values[i])
+        for i, v in best.values.items()
+        if v is not None and other.values.get(i) is not None
+    ]
+    if not diffs:
+        return None
+    se = _stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    return float(best.score) - float(other.score), se if math.isfinite(se) else math.inf
+
+
+def rivals(result: Any) -> list[tuple[Any, float, float]]:
+    """The candidates scored on every prompt that the winner does not clearly beat: ``(trial, lead, se)`` for each
+    whose lead is within one paired standard error (:func:`paired`; a zero lead always is), the closest first.
+    Empty for trials without per-prompt scores (their rule is equality, :func:`undecided`)."""
     best = result.best_trial
-    lowest = min(float(t.score) for t in complete)
-    noise = best.se if best.se is not None and math.isfinite(best.se) else 0.0
-    return float(best.score) - lowest <= noise + SAME * max(1.0, abs(float(best.score)))
+    out = []
+    for t in result.complete:
+        if t is best:
+            continue
+        pair = paired(best, t)
+        if pair is not None and pair[0] <= pair[1] + SAME * max(1.0, abs(float(best.score))):
+            out.append((t, *pair))
+    return sorted(out, key=lambda r: (r[1], r[0].index))
+
+
+def _all_same(scores: list[float]) -> bool:
+    return max(scores) - min(scores) <= SAME * max(1.0, abs(max(scores)))
 
 
 def likely_causes(result: Any, evaluate: Any) -> list[str]:
@@ -81,12 +119,16 @@ def likely_causes(result: Any, evaluate: Any) -> list[str]:
             f"the evaluation returned {scores[0]:.6g} for every candidate: it may not depend on the merged weights "
             "(or the agents may not differ from the base)"
         )
-    best = result.best_trial
-    if not exact and best.se is not None:
-        causes.append(
-            f"the candidates differ by less than the evaluation's standard error ({best.se:.3g}): more prompts (or "
-            "samples) would tell them apart"
-        )
+    close = rivals(result) if not exact else []
+    if close:
+        rival, lead, se = close[0]
+        if se == 0.0:  # the same score on every prompt both scored: more of such prompts would not help
+            causes.append(f"the winner and #{rival.index} scored the same on every prompt: the evaluation ties them")
+        else:
+            causes.append(
+                f"the winner leads #{rival.index} by {lead:.3g}, within the standard error of their paired "
+                f"per-prompt differences ({se:.3g}): more prompts (or samples) would tell them apart"
+            )
     return causes
 
 
@@ -138,14 +180,18 @@ def note_choice(result: Any, evaluate: Any, slices: Any = None, stacklevel: int 
     causes = likely_causes(result, evaluate)
     result.choice_causes = causes
     best, scores = result.best_trial, [float(t.score) for t in result.complete]
-    if max(scores) - min(scores) <= SAME * max(1.0, abs(max(scores))):
-        spread, which = f"scored {scores[0]:.6g}", "the earliest"
+    if _all_same(scores):
+        spread, which = f"all {len(scores)} candidates scored {scores[0]:.6g}", "the earliest"
     else:
-        spread = f"scored {min(scores):.6g} to {max(scores):.6g}, within the winner's standard error ({best.se:.3g})"
-        which = "the highest, by less than its standard error"
+        close = rivals(result)
+        spread = (
+            f"{len(close)} of the {len(scores)} candidates scored on every prompt are within one paired standard "
+            f"error of the winner (the closest, #{close[0][0].index}, by {close[0][1]:.3g} ± {close[0][2]:.3g})"
+        )
+        which = "the highest, by less than the paired standard error"
     warnings.warn(
         ArbitraryChoiceWarning(
-            f"the search could not choose: all {len(scores)} candidates {spread}; the winner #{best.index} "
+            f"the search could not choose: {spread}; the winner #{best.index} "
             f"{best.label()} is an arbitrary pick ({which}). Likely causes: " + "; ".join(causes),
             causes=tuple(causes),
         ),

@@ -17,8 +17,9 @@ twenty full evaluations' worth) and race.
 the first ``⌈f·n_task⌉`` (at least one) of each task at fraction ``f``; the fractions are ``min_fraction``,
 ``min_fraction·eta``, ... and 1. A candidate is scored on the smallest slice and compared, prompt by prompt, with
 the best full-scored candidate of its side (RAM or baseline) on the same prompts: it goes on to the next slice
-unless it is worse by more than ``z`` standard errors of the paired differences. A candidate stopped early keeps
-the estimate ``reference score + (its slice score − the reference's slice score)``, which is below the
+unless it is worse by more than ``z`` standard errors of the paired differences; never on a slice where fewer
+than :data:`MIN_RACE_PROMPTS` prompts were scored by both (it goes on to a larger one). A candidate stopped early
+keeps the estimate ``reference score + (its slice score − the reference's slice score)``, which is below the
 reference's score, so it never wins; the winner and every baseline the table calls best saw every prompt. The first
 candidate of each side, and every candidate without the protocol, is scored on every prompt. A candidate starts
 only while the budget could pay for all of its prompts, so no promising candidate is cut short by the budget.
@@ -89,6 +90,11 @@ class Halving:
     def fractions(self) -> tuple[float, ...]:
         return _rising(float(self.min_fraction), float(self.eta), MAX_RUNGS) or (1.0,)
 
+
+#: The fewest paired per-prompt differences on which the race stops a candidate: on fewer, one unlucky prompt
+#: (or two) would stop it, their standard error being 0 or taken from a single spread. Four equal shortfalls have
+#: a sign-test chance of 1/16 under no difference, about the one-sided chance of ``z=1`` (0.16) or less.
+MIN_RACE_PROMPTS = 4
 
 #: The most slices (rungs) a race may have: each is a round of scoring and comparison, and past a few dozen the
 #: slices differ by a prompt or none. ``Halving`` refuses an ``eta`` (with ``min_fraction``) that gives more.
@@ -255,7 +261,8 @@ class Scorer:
         return Scored(score, cost, fidelity, tasks, values, stop, se)
 
     def _behind(self, values: Values, reference: Scored, indices: Sequence[int]) -> bool:
-        """Whether the candidate trails ``reference`` on ``indices`` by more than ``z`` paired standard errors."""
+        """Whether the candidate trails ``reference`` on ``indices`` by more than ``z`` paired standard errors, on
+        at least :data:`MIN_RACE_PROMPTS` prompts both scored."""
         mine, theirs = (
             self._aggregate({i: values[i] for i in indices}),
             self._aggregate({i: reference.values[i] for i in indices}),
@@ -266,8 +273,9 @@ class Scorer:
             for i in indices  # type: ignore[index, operator]
             if values[i] is not None and reference.values[i] is not None
         ]  # type: ignore[index]
-        se = _stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
-        return gap < -self.halving.z * se  # type: ignore[union-attr]
+        if len(diffs) < MIN_RACE_PROMPTS:  # too few to tell a worse candidate from a bad draw: it goes on
+            return False
+        return gap < -self.halving.z * _stdev(diffs) / math.sqrt(len(diffs))  # type: ignore[union-attr]
 
     def _prompt_scores(self, merged: Any, indices: list[int]) -> list[float | None]:
         out = list(self.evaluate.prompt_scores(merged, indices))

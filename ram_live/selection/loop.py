@@ -166,7 +166,7 @@ class SearchRun(Moves, Refinements):
             None,
         )
         trial.fidelity, trial.tasks, trial.stop = scored.fidelity, scored.tasks, scored.stop
-        trial.se, trial.clamped = scored.se, scored.clamped
+        trial.se, trial.clamped, trial.values = scored.se, scored.clamped, scored.values
         self.seen[key] = trial
         effect = effect or effect_key(candidate, self.merger)  # the counts may be known now
         if effect is not None:

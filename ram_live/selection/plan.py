@@ -5,11 +5,13 @@ candidates, the prompt-evaluations and the generations (prompts × samples) of a
 A full search scores every candidate on every prompt: a budget of ``N`` candidates or ``"Nx"`` buys ``⌊N⌋``
 candidates, each ``n`` prompt-evaluations. A raced search stops candidates on slices of the prompts, so what it
 buys depends on the scores: at least ``⌊N⌋`` candidates (all scored on every prompt), at most one scored on every
-prompt (the first of its side, the race's reference) and the rest each stopped on the smallest slice; it spends
+prompt (the first of its side, the race's reference) and the rest each stopped on the smallest slice that holds
+at least ``MIN_RACE_PROMPTS`` prompts (:mod:`~ram_live.selection.fidelity`: fewer stop no candidate); it spends
 more than ``N − 1`` and at most ``N`` full evaluations' worth of prompts (a candidate starts only while one full
 evaluation fits). Both are "at most": a space with fewer candidates than the budget ends the search earlier. A
 prompt set whose first slice is already every prompt (each task's slice holds at least one of its prompts) is too
-small to race: the plan gives no raced row, and says so.
+small to race, and so is one where no slice but the last holds ``MIN_RACE_PROMPTS``: the plan gives no raced row,
+and says so.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from fractions import Fraction
 from typing import Any
 
 from ..errors import ConfigError
-from .fidelity import Halving, Scorer, nested_slices
+from .fidelity import MIN_RACE_PROMPTS, Halving, Scorer, nested_slices
 
 __all__ = ["PlanRow", "SearchPlan", "make_plan"]
 
@@ -135,14 +137,22 @@ def make_plan(
         return SearchPlan(budget, 0, samples, full, None, seconds, note)
     race = halving or Halving()
     slices = nested_slices(scorer.tasks, race.fractions, race.seed)
-    smallest = len(slices[0])
-    if smallest >= n:  # every slice is every prompt (a slice holds at least one prompt of each task)
+    if len(slices[0]) >= n:  # every slice is every prompt (a slice holds at least one prompt of each task)
         note = (
             f"{n} prompts are too few to race: with min_fraction={race.min_fraction:g} the first slice already "
             "holds every prompt (at least one of each task), so a race stops no candidate and buys what the full "
             "search buys"
         )
         return SearchPlan(budget, n, samples, full, None, seconds, note)
+    # the smallest slice a candidate can be stopped on: one before the last, of MIN_RACE_PROMPTS prompts or more
+    stops = [len(s) for s in slices[:-1] if len(s) >= MIN_RACE_PROMPTS and len(s) < n]
+    if not stops:
+        note = (
+            f"{n} prompts are too few to race: no slice but the last holds {MIN_RACE_PROMPTS} prompts, the fewest "
+            "the race stops a candidate on, so a race stops no candidate and buys what the full search buys"
+        )
+        return SearchPlan(budget, n, samples, full, None, seconds, note)
+    smallest = stops[0]
     # the most: one reference scored on every prompt, every other candidate stopped on the smallest slice, each
     # started while a full evaluation's worth is left
     most = 1 + (math.floor((exact - 2) * n / smallest + fuzz) + 1 if exact >= 2 - fuzz else 0)

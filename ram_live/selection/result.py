@@ -59,6 +59,9 @@ class Trial:
     se: float | None = None
     #: A stopped candidate's estimate fell outside the per-prompt scores seen, and was brought back to that range.
     clamped: bool = False
+    #: Its score on each prompt it saw (an evaluation with the prompt protocol), else None: the paired comparison
+    #: of :func:`~ram_live.selection.choice.undecided`.
+    values: dict[int, float | None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def complete(self) -> bool:
@@ -255,8 +258,9 @@ class SearchResult:
 
     @property
     def arbitrary(self) -> bool:
-        """True when the search could not choose: every candidate scored on every prompt scored the same, or within
-        the winner's standard error (:func:`~ram_live.selection.choice.undecided`): the winner is an arbitrary pick."""
+        """True when the search could not choose: every candidate scored on every prompt scored the same, or another
+        is within one paired standard error of the winner (:func:`~ram_live.selection.choice.undecided`): the winner
+        is an arbitrary pick."""
         return undecided(self)
 
     @property

@@ -150,8 +150,9 @@ def search(
         ConfigError: a bad ``budget``, ``confirm_top``, ``space`` entry, ``plan`` or ``seconds_per_candidate``.
 
     Warns:
-        ArbitraryChoiceWarning: every candidate scored the same, or within the winner's standard error: the winner
-            is an arbitrary pick (``result.arbitrary``), the likely causes named (``result.choice_causes``).
+        ArbitraryChoiceWarning: every candidate scored the same, or another is within one paired standard error of
+            the winner: the winner is an arbitrary pick (``result.arbitrary``), the likely causes named
+            (``result.choice_causes``).
         ExtrapolationWarning: the winner scales an agent's task vector past ``EXTRAPOLATION_FAR``.
 
     >>> result = search({"coder": coder, "tools": tools}, base=base, evaluate=held_out_score)  # doctest: +SKIP

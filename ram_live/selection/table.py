@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .choice import SAME
+from .choice import SAME, rivals
 
 __all__ = ["format_table", "within_one_se"]
 
@@ -45,9 +45,14 @@ def _undecided_lines(result: Any) -> list[str]:
         return []
     scores = [t.score for t in result.complete]
     same = max(scores) - min(scores) <= SAME * max(1.0, abs(max(scores)))
-    how = "the same score" if same else "scores within the winner's standard error"
-    pick = "the earliest of them" if same else "the highest, by less than its standard error"
-    lines = [f"arbitrary: all {len(scores)} candidates have {how}; the search could not choose, the winner is {pick}"]
+    if same:
+        head = f"all {len(scores)} candidates have the same score"
+        pick = "the earliest of them"
+    else:
+        close = rivals(result)
+        head = f"{len(close)} of the {len(scores)} candidates are within one paired standard error of the winner"
+        pick = "the highest, by less than the paired standard error"
+    lines = [f"arbitrary: {head}; the search could not choose, the winner is {pick}"]
     if result.choice_causes:
         lines.append("likely causes: " + "; ".join(result.choice_causes))
     return lines
@@ -55,7 +60,7 @@ def _undecided_lines(result: Any) -> list[str]:
 
 def format_table(result: Any) -> str:
     """The table as text: ``*`` the winner (``arbitrary:`` under the table when every candidate scored the same, or
-    within the winner's standard error, with the likely causes); ``!`` extrapolates past
+    another is within one paired standard error of the winner, with the likely causes); ``!`` extrapolates past
     :data:`~ram_live.selection.result.EXTRAPOLATION_FAR`; ``~`` (race) an estimate, its task columns the slice's
     scores; ``~c`` an estimate clamped to the range of the per-prompt scores; ``se`` the standard error."""
     history = result.history
