@@ -207,8 +207,8 @@ def test_each_slice_of_a_race_sees_the_merge_itself(base_sd):
             del merged["layers.0.w"]
             return out
 
-    ev = Rebinds(targets)
-    clean = PromptEval(targets)
+    ev = Rebinds(targets, per_task=36)  # slices of 4/12/36 prompts: the race stops none on fewer than 4
+    clean = PromptEval(targets, per_task=36)
     raced = search(agents, base=base_sd, evaluate=ev, budget="6x", fidelity="halving")
     reference = search(agents, base=base_sd, evaluate=clean, budget="6x", fidelity="halving")
     assert [(t.candidate, t.score, t.fidelity) for t in raced.history] == [
