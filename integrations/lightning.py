@@ -45,7 +45,6 @@ from ..methods.ram.config import RamConfig
 from ..training.tensors import ScheduleAdapter, swap_tensors
 from ..training.schedule import MergeResult, RAMSchedule
 from ..training.search_record import save_next_to
-from ..io.distributed import settle_gloo
 from ..store import LocalCollective, LocalModel, SnapshotStore, TorchCollective
 from ..engine.unchanged import quiet_unchanged
 from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
@@ -272,7 +271,6 @@ class RAMCallback(ScheduleAdapter, Callback):
             if self.snapshot_on_train_end and step > 0 and self.schedule.last_snapshot_step < step:
                 self.schedule.snapshot(pl_module, step, trainer.current_epoch)
             self.schedule.flush()
-        settle_gloo(self.schedule.collective)  # the trainer's last collective freed before the script's teardown
         if self.load_generalist and step > 0:
             if self.schedule.last_merge_step < step or self.last_result is None:
                 self.last_result = None  # not an older merge's, should this one fail

@@ -39,7 +39,6 @@ from ..training.tensors import ScheduleAdapter
 from ..methods.ram.config import RamConfig
 from ..training.schedule import MergeResult, RAMSchedule, metric_float
 from ..training.search_record import save_next_to
-from ..io.distributed import settle_gloo
 from ..store import SnapshotStore
 from ..engine.unchanged import quiet_unchanged
 from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
@@ -338,7 +337,6 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
             if self.snapshot_on_train_end and step > 0 and self.schedule.last_snapshot_step < step:
                 self.schedule.snapshot(model, step, int(state.epoch) if state.epoch is not None else None)
             self.schedule.flush()
-        settle_gloo(self.schedule.collective)  # the trainer's last gather freed before the script's teardown
 
     # ------------------------------------------------------------------------------------------- merging
 

@@ -25,34 +25,7 @@ from .dtensor import counts_here, is_dtensor, local_tensor  # noqa: F401 - their
 from ..errors import RamLiveError
 from ..types import Plan, RamStatistics, TensorSpec
 
-__all__ = ["Distributed", "RemoteRankError", "is_dtensor", "settle_gloo"]
-
-
-def settle_gloo(collective: Any, timeout: float = 10.0) -> None:
-    """At train end, wait until gloo's worker thread has let go of the trainer's last collectives, so that the
-    script's teardown cannot deadlock (pytorch/pytorch#56297). Seen in hung ranks (gdb): gloo's worker thread,
-    freeing a finished work (transformers' ``store_flos`` all-gather, just before ``on_train_end``), dropped its
-    reference to a Python-made tensor, which takes the GIL, while the main thread, freeing the DDP reducer at the
-    script's ``return``, joined that thread holding the GIL. The worker frees a work before it takes the next; one
-    all-reduce of a fresh tensor, then a wait (the GIL released) until the worker has let go of that tensor too (its
-    Python reference count is back), leaves it idle. Not a barrier: gloo's barrier holds the works before it and
-    frees them on the worker. A no-op in one process; gives up after ``timeout`` seconds.
-
-    Args:
-        collective: the ranks' collective (a ``TorchCollective``; anything with ``world_size`` 1 does nothing).
-        timeout: the most seconds to wait for the worker.
-    """
-    if getattr(collective, "world_size", 1) <= 1:
-        return
-    import sys
-    import time
-
-    probe = torch.zeros(1, dtype=torch.int64)
-    alone = sys.getrefcount(probe)
-    collective.all_reduce_sum_(probe)
-    end = time.monotonic() + timeout
-    while sys.getrefcount(probe) > alone and time.monotonic() < end:
-        time.sleep(0.001)  # the GIL released: the worker's last drop takes it
+__all__ = ["Distributed", "RemoteRankError", "is_dtensor"]
 
 
 class RemoteRankError(RamLiveError):
