@@ -262,6 +262,7 @@ def test_the_race_stops_no_candidate_on_fewer_than_min_race_prompts(problem):
     full = search(agents, base=base, evaluate=Flip(targets), budget=8, progress=False)
     raced = search(agents, base=base, evaluate=Flip(targets), budget="8x", fidelity="halving", progress=False)
     assert not any(t.stop for t in raced.history) and raced.race_slices == (1, 3, 9)
+    assert "no slice but the last holds 4 prompts, the fewest the race stops a candidate on" in raced.table()
     assert raced.best_trial.candidate == full.best_trial.candidate and raced.best_score == full.best_score
     plan = search(agents, base=base, evaluate=Flip(targets), budget="8x", fidelity="halving", plan=True)
     assert plan.raced is None and "no slice but the last holds 4 prompts" in plan.note

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .choice import SAME, rivals
+from .fidelity import MIN_RACE_PROMPTS
 
 __all__ = ["format_table", "within_one_se"]
 
@@ -123,6 +124,11 @@ def format_table(result: Any) -> str:
     if slices and not any(t.stop for t in history):
         if slices[0] >= slices[-1]:
             why = "the first slice holds every prompt: too few prompts to race"
+        elif all(n < MIN_RACE_PROMPTS for n in slices[:-1]):
+            why = (
+                f"no slice but the last holds {MIN_RACE_PROMPTS} prompts, the fewest the race stops a candidate on: "
+                "too few prompts to race"
+            )
         elif not _raced_any(history):
             why = "none was raced: each was the first of its side (RAM family, baselines) scored on every prompt"
         else:
