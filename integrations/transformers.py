@@ -37,14 +37,14 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..errors import ConfigError, RamLiveError
 from ..training.tensors import ScheduleAdapter
 from ..methods.ram.config import RamConfig
-from ..training.schedule import MergeResult, RAMSchedule, metric_float
-from ..training.search_record import save_next_to
+from ..training.schedule import MergeResult, RAMSchedule
 from ..store import SnapshotStore
 from ..engine.unchanged import quiet_unchanged
-from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option, save_generalist
+from ._common import AdamImportance, SingleAgentWarning, agent_folder, importance_option
 from ._common import check_merged_dir, logged_as, warn_single_agent, warn_unchanged_agents
 from ._common import callback_preflight, guarded_hook
 from ._peft_agent import LoraSchedule, is_peft_model, lora_options
+from ._trl_outputs import save_trl_generalist, trainer_evaluation
 from ._trl_weights import check_vllm_marker, force_vllm_resync, sharding_refusal, uses_vllm
 
 __all__ = ["RAMTrainerCallback", "SingleAgentWarning"]
@@ -385,27 +385,13 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         force_vllm_resync(self.trainer, f"RAMTrainerCallback({self.agent!r})")
 
     def _trainer_evaluate(self, model: Any) -> dict[str, float]:
-        if self.trainer is None:
-            raise ConfigError("evaluate='trainer' needs the trainer: callback.bind(trainer)")
-        metrics = self.trainer.evaluate(metric_key_prefix="ram_eval")
-        out = {}
-        for key, value in metrics.items():  # TRL trainers add their own eval_* metrics to the prefixed ones
-            name = key.removeprefix("ram_eval_").removeprefix("eval_")
-            if name != key and isinstance(value, (int, float)):
-                out[f"eval_{name}"] = metric_float(value)
-        return out
+        return trainer_evaluation(self.trainer)
 
     def _save(self, model: Any, result: MergeResult, state: TrainerState) -> None:
         """``merged_dir/<agent>/step-<N>`` (or ``-v<k>``): the generalist ``save_pretrained`` (main process)."""
-        if state.is_world_process_zero:
-            assert self.merged_dir is not None
+        if state.is_world_process_zero and self.merged_dir is not None:
             folder = agent_folder(self.merged_dir, self.agent)
-            if isinstance(self.schedule, LoraSchedule):  # a PEFT folder (a model folder with into_base=True)
-                self.saved.append(str(self.schedule.save(model, result, folder, self._processor)))
-            else:
-                self.saved.append(str(save_generalist(self.schedule, model, result, folder, self._processor)))
-            if "search" in result.extra:  # the search's record (the chosen options) next to the generalist
-                save_next_to(self.saved[-1], result.extra["search"], durable=self.schedule.durable)
+            self.saved.append(save_trl_generalist(self.schedule, model, result, folder, self._processor))
 
     def _guard(self, what: str, step: int, state: TrainerState) -> Any:  # on_error (a failure logs ram/errors)
         return guarded_hook(
