@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import StoreError, StoreWarning
+from .errors import SnapshotNotFoundError, StoreError, StoreWarning
 from .files import read_json, real_folder, remove_file
 from .format import AGENT_RE, BASE_DIR, LEGACY_RUN, data_step, is_base_data, is_store_temp, manifest_name, manifest_step
 
@@ -28,10 +28,15 @@ def remove_unreferenced(
     """Remove the data files ``names`` from ``folder``: each must be a data file name of ``step`` (``base``: of
     the base); others are left alone with a :class:`StoreWarning`. Returns what went."""
     removed, refused = [], []
+    # a file another manifest of the step names (one copied under another run's name) stays; an unreadable one
+    # of the step could name any: all stay, for gc
+    named = set() if base or step is None else _named_at(folder, step)
     for name in names:
         ok = isinstance(name, str) and (is_base_data(name) if base else data_step(name) == step)
         if not ok:
             refused.append(name)
+        elif named is None or name in named:
+            continue
         elif remove_file(folder / name):  # type: ignore[operator]
             removed.append(folder / name)  # type: ignore[operator]
     if refused:
@@ -43,6 +48,29 @@ def remove_unreferenced(
             stacklevel=3,
         )
     return removed
+
+
+def _named_at(folder: Path, step: int) -> set[str] | None:
+    """The data files the manifests of ``step`` (of every run) in ``folder`` name; None if one cannot be read."""
+    named: set[str] = set()
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return named
+    for name in names:
+        if manifest_step(name) != step:
+            continue
+        try:
+            manifest = read_json(folder / name)
+        except SnapshotNotFoundError:  # removed meanwhile
+            continue
+        except StoreError:
+            return None
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, list):
+            return None
+        named |= {f["name"] for f in files if isinstance(f, dict) and isinstance(f.get("name"), str)}
+    return named
 
 
 def remove_snapshot(folder: Path, step: int, run: str = LEGACY_RUN) -> None:
