@@ -213,7 +213,26 @@ def say_run(store: Any, agent: str, run: str) -> None:
         return
     mine = [r for r in runs if r.run == run]
     if mine:
-        log.info("ram_live: %r continues its run %s in %s (last step %d)", agent, run, store.root, mine[0].steps[-1])
+        later = runs[runs.index(mine[0]) + 1 :]
+        if not later:
+            log.info(
+                "ram_live: %r continues its run %s in %s (last step %d)", agent, run, store.root, mine[0].steps[-1]
+            )
+            return
+        log.warning(  # a resumed older run is not the agent's current run: other agents' merges take the later one
+            "ram_live: %r continues its run %s in %s (last step %d), but a later-started run, %s (last step %d), "
+            "stays its current run: merges of other agents, `ram-live merge` and store.latest(%r) take that run's "
+            "snapshots, not this run's (store.prune(0, %r, run=%r) removes it if it was abandoned)",
+            agent,
+            run,
+            store.root,
+            mine[0].steps[-1],
+            later[-1].run,
+            later[-1].steps[-1],
+            agent,
+            agent,
+            later[-1].run,
+        )
         return
     last = others[-1]
     log.warning(
