@@ -112,9 +112,12 @@ class RunIndex:
 
     def open_run(self, agent: str, run: str | None) -> tuple[str, float | None]:
         """What :meth:`SnapshotStore.open_run <ram_live.store.SnapshotStore.open_run>` returns (see there)."""
-        if run is None:
+        if run is None:  # after every run there: a fresh run is current even if another machine's clock is ahead
             now = time.time()
-            return new_run_id(now), now
+            runs = self.runs(agent)
+            latest = runs[-1].started if runs else None
+            started = now if latest is None or latest < now else math.nextafter(latest, math.inf)
+            return new_run_id(now), started
         run = check_run(run)
         if run == LEGACY_RUN:
             return run, None

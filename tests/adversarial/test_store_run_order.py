@@ -34,3 +34,16 @@ def test_resuming_an_older_run_warns_that_the_later_run_stays_current(tmp_path, 
     with caplog.at_level(logging.INFO, logger="ram_live.training"):
         say_run(store, "a", old.run)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING] and store.latest("a").step == 6
+
+
+def test_a_fresh_run_is_current_even_when_an_earlier_run_came_from_a_clock_ahead(tmp_path):
+    store = SnapshotStore(tmp_path)
+    store.set_base(_base())
+    ahead = store.writer("a", _base())
+    ahead.run_started += 3600.0  # its machine's clock ran an hour ahead
+    ahead.snapshot({"w": torch.ones(16)}, 8)
+    fresh = store.writer("a", _base())
+    fresh.snapshot({"w": torch.full((16,), 2.0)}, 2)
+    assert store.current_run("a") == fresh.run and fresh.run_started > ahead.run_started
+    assert store.latest("a").step == 2 and float(store.latest("a").get("w")[0]) == 2.0
+    assert [r.run for r in store.runs("a")] == [ahead.run, fresh.run]
