@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..io.dtensor import is_dtensor
 from ..engine.unchanged import warn_unchanged
 from ..training.failures import guarded
-from ..training.preflight import preflight
+from ..training.preflight import agent_folder, preflight
 from ..training.schedule import MergeResult, RAMSchedule
 from .metrics import logged_as
 
@@ -147,19 +147,6 @@ def warn_unchanged_agents(owner: str, result: MergeResult, warn: bool = True) ->
         if warn:
             warn_unchanged(unchanged, f"{owner}: ", force=True)
     return unchanged
-
-
-def agent_folder(merged_dir: Path, agent: str) -> Path:
-    """Where a run's generalists go: ``merged_dir/<agent>``, so that the runs of several agents sharing one
-    ``merged_dir`` never write the same name (agent names are checked folder names).
-
-    Raises:
-        ConfigError: ``merged_dir`` (or ``merged_dir/<agent>``) exists and is not a folder."""
-    folder = Path(merged_dir) / agent
-    for path in (Path(merged_dir), folder):
-        if path.exists() and not path.is_dir():
-            raise ConfigError(f"merged_dir: {path} exists and is not a folder; the generalists are saved in folders")
-    return folder
 
 
 def check_merged_dir(merged_dir: Path | None, store: str, owner: str) -> None:

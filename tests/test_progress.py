@@ -120,7 +120,7 @@ def test_the_search_logs_by_default_and_nothing_with_false(problem_search, caplo
 
 @pytest.fixture
 def problem_search(base_sd):
-    from conftest import make_agents
+    from tests.conftest import make_agents
 
     from ram_live import search
 
@@ -140,7 +140,7 @@ def score(merged):
 
 @pytest.mark.parametrize("quiet", [False, True])
 def test_ram_live_search_into_a_file_logs_progress_unless_quiet(tmp_path, base_sd, quiet):
-    from conftest import make_agents
+    from tests.conftest import make_agents
 
     paths = []
     for name, sd in {"base": base_sd, **dict(zip(("a", "b"), make_agents(base_sd, [0.3, 0.3])))}.items():
@@ -168,7 +168,7 @@ def test_ram_live_search_into_a_file_logs_progress_unless_quiet(tmp_path, base_s
 
 
 def test_ram_live_merge_into_a_file_logs_each_stage(tmp_path, base_sd):
-    from conftest import make_agents
+    from tests.conftest import make_agents
 
     args = [sys.executable, "-m", "ram_live", "merge"]
     for name, sd in {"base": base_sd, **dict(zip(("a", "b"), make_agents(base_sd, [0.3, 0.3])))}.items():

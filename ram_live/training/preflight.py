@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import ConfigError, EvaluationError, RamLiveError
 from .failures import agreeing, error_line
 
-__all__ = ["PREFLIGHT_PROMPTS", "check_merged_dir_writable", "check_search", "preflight"]
+__all__ = ["PREFLIGHT_PROMPTS", "agent_folder", "check_merged_dir_writable", "check_search", "preflight"]
 
 #: the prompts of the base an evaluation scoring prompts one by one scores in the pre-flight
 PREFLIGHT_PROMPTS = 2
@@ -152,8 +152,6 @@ def check_merged_dir_writable(merged_dir: Path, agent: str) -> None:
     Raises:
         ConfigError: naming ``merged_dir`` and the OS's error.
     """
-    from ..integrations._common import agent_folder
-
     folder = agent_folder(merged_dir, agent)
     probe = folder / f".ram-preflight-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -176,3 +174,16 @@ def _named(exc: ConfigError | EvaluationError, owner: str) -> RamLiveError:
         return type(exc)(message)
     except TypeError:  # a subclass with a constructor of its own
         return exc
+
+
+def agent_folder(merged_dir: Path, agent: str) -> Path:
+    """Where a run's generalists go: ``merged_dir/<agent>``, so that the runs of several agents sharing one
+    ``merged_dir`` never write the same name (agent names are checked folder names).
+
+    Raises:
+        ConfigError: ``merged_dir`` (or ``merged_dir/<agent>``) exists and is not a folder."""
+    folder = Path(merged_dir) / agent
+    for path in (Path(merged_dir), folder):
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"merged_dir: {path} exists and is not a folder; the generalists are saved in folders")
+    return folder

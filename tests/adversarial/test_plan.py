@@ -17,7 +17,7 @@ from ram_live import search
 from ram_live.cli import main
 from ram_live.errors import ConfigError
 from ram_live.evaluate import rewards
-from ram_live.selection.fidelity import MAX_BUDGET
+from ram_live.selection.fidelity import MAX_BUDGET, MIN_RACE_PROMPTS
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import evaluate_helpers as h  # noqa: E402
@@ -56,11 +56,15 @@ def test_a_budget_beyond_reason_is_a_config_error_naming_it(inputs, budget, why,
 @pytest.mark.parametrize("budget", [10**16, "10000000000000000x", MAX_BUDGET, 7, "2.5x"])
 def test_the_raced_plan_counts_exactly_at_any_budget(inputs, tok, budget):
     agents, base = inputs
-    evaluate = rewards(h.PROMPTS, h.count_a, tokenizer=tok, samples=2, model=h.model(0))
+    # 21 prompts: the race's first slice holds MIN_RACE_PROMPTS, so the plan has a raced row
+    evaluate = rewards(h.PROMPTS * 3, h.count_a, tokenizer=tok, samples=2, model=h.model(0))
     plan = search(agents, base=base, evaluate=evaluate, budget=budget, plan=True)
     n, units = plan.prompts, int(budget) if isinstance(budget, int) else float(budget[:-1])
-    raced, smallest = plan.raced, plan.raced.slices[0]
-    assert n == 7 and smallest < n
+    raced = plan.raced
+    assert raced is not None
+    # the smallest slice a candidate can be stopped on
+    smallest = min(s for s in raced.slices[:-1] if s >= MIN_RACE_PROMPTS)
+    assert n == 21 and smallest < n
     # more than N - 1 and at most N full evaluations' worth of prompts, counted in whole prompts
     full_n = math.floor(units * n)
     least, most = raced.prompt_evaluations
