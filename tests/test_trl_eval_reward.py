@@ -9,48 +9,18 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 transformers = pytest.importorskip("transformers")
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from ram_live.evaluate import rewards  # noqa: E402
 from ram_live.integrations.metrics import evaluation_metrics  # noqa: E402
+from test_transformers_callback import _model, _tokenizer  # noqa: E402
 
-CHARS = "abcdefghijklmnopqrstuvwxyz "
-VOCAB = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
 PROMPTS = ["ab", "cd", "ef", "gh"]
 WEIGHTS = [1.0, 0.5, -0.25]
-
-
-def _tokenizer() -> transformers.PreTrainedTokenizerFast:
-    tk = Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
-    )
-
-
-def _model() -> transformers.Qwen2ForCausalLM:
-    cfg = transformers.Qwen2Config(
-        vocab_size=len(VOCAB),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=1,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return transformers.Qwen2ForCausalLM(cfg)
 
 
 def vowels(completions: list[str], **kwargs: object) -> list[float]:
