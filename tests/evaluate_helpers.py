@@ -30,11 +30,12 @@ def tokenizer(pad: bool = True) -> transformers.PreTrainedTokenizerFast:
     return tok
 
 
-def config() -> transformers.LlamaConfig:
+def config(hidden: int = 32) -> transformers.LlamaConfig:
+    """A two-layer Llama of this vocabulary, ``hidden`` wide (head_dim ``hidden / 4``)."""
     return transformers.LlamaConfig(
         vocab_size=len(VOCAB),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -46,9 +47,9 @@ def config() -> transformers.LlamaConfig:
     )
 
 
-def model(seed: int = 0) -> transformers.LlamaForCausalLM:
+def model(seed: int = 0, hidden: int = 32) -> transformers.LlamaForCausalLM:
     torch.manual_seed(seed)
-    m = transformers.LlamaForCausalLM(config()).eval()
+    m = transformers.LlamaForCausalLM(config(hidden)).eval()
     with torch.no_grad():  # a sharper output layer: random models then rarely tie for the argmax
         m.lm_head.weight.mul_(8.0)
         # EOS wins wherever "=" would (a little more than it): completions end at different lengths

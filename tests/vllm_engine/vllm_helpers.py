@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from evaluate_helpers import VOCAB, tokenizer
+from evaluate_helpers import config, model, tokenizer
 
 #: Prompts: more than the race's slices need, of different lengths.
 PROMPTS = [
@@ -28,29 +28,12 @@ PROMPTS = [
 ]
 
 
-def config() -> transformers.LlamaConfig:
-    return transformers.LlamaConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=1,
-        tie_word_embeddings=False,
-    )
+#: the models' width: head_dim 32, the least vLLM's CPU attention takes
+HIDDEN = 128
 
 
 def base_model(seed: int = 0) -> transformers.LlamaForCausalLM:
-    torch.manual_seed(seed)
-    m = transformers.LlamaForCausalLM(config()).eval()
-    with torch.no_grad():  # a sharp output layer: the two engines' rounding never ties the argmax
-        m.lm_head.weight.mul_(8.0)
-        m.lm_head.weight[VOCAB["<eos>"]] = m.lm_head.weight[VOCAB["="]] * 1.05  # completions of several lengths
-    return m
+    return model(seed, HIDDEN)
 
 
 def save_base(folder: Path) -> Path:
@@ -79,7 +62,7 @@ def agents(base: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def module_with(state: dict[str, torch.Tensor]) -> transformers.LlamaForCausalLM:
-    m = transformers.LlamaForCausalLM(config()).eval()
+    m = transformers.LlamaForCausalLM(config(HIDDEN)).eval()
     m.load_state_dict(state)
     return m
 
