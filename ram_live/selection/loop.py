@@ -191,11 +191,8 @@ class SearchRun(Moves, Refinements):
         key = self.merger.count_key(candidate, config)
         if key in self.merger.statistics:
             return
-        _, info, seconds = self.merger.merge(candidate)
+        _, _, seconds = self.merger.merge(candidate)  # the merger keeps (and counts) the pass's statistics
         self.merge_seconds += seconds
-        if info.statistics is not None:
-            self.merger.statistics[key] = info.statistics
-            self.merger.statistics_passes += 1
 
     def _ahead(self) -> list[tuple[str, Scored | None, Callable[[], Outcome], dict[str, Any]]]:
         """The candidates announced next (:meth:`prefetch`) and not scored here: what a process waiting for another
