@@ -315,12 +315,12 @@ def schedule_search(
     def wrap(fn: Callable[..., Any]) -> Callable[[Any], float]:
         return candidate_evaluation(setting, fn, live, model, c)
 
-    confirm = setting.confirmation()
+    evaluation, confirm = setting.evaluation(fallback), setting.confirmation()  # a file's callable loaded once
     t0 = time.perf_counter()
     result = search(
         dict(agents),
         base=base,
-        evaluate=wrap(setting.evaluation(fallback)),
+        evaluate=wrap(evaluation),
         budget=setting.budget,
         space=setting.space,
         seed=setting.seed,
@@ -331,7 +331,7 @@ def schedule_search(
     )
     seconds = time.perf_counter() - t0
     tensors, info = merge(dict(agents), base=base, return_info=True, chunk_numel=schedule.chunk_numel, **result.best)
-    record = record_of(setting, result, step=step, seconds=seconds, evaluation=setting.evaluation(fallback))
+    record = record_of(setting, result, step=step, seconds=seconds, evaluation=evaluation)
     path = record_path(Path(schedule.store.root), schedule.agent, step, schedule.run)
     record["run"], record["file"] = schedule.run, str(path)
     if c.rank == 0:
