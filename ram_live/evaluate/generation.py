@@ -121,13 +121,20 @@ def _number_in(value: Any, ok: Callable[[float], bool]) -> bool:
 def eos_ids(model: Any, tokenizer: Any, settings: GenerationSettings | None = None) -> list[int]:
     """The tokens that end a completion: ``settings.eos_token_id`` when given, else the tokenizer's EOS and the
     model's generation config's."""
+    return end_tokens(
+        settings,
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    )
+
+
+def end_tokens(settings: GenerationSettings | None, *found: Any) -> list[int]:
+    """``settings.eos_token_id`` when given, else the ids in ``found`` (each an id, a list of them or None), each
+    once, in order: the one rule of every engine's end tokens."""
     if settings is not None and settings.eos_token_id is not None:
         return list(settings.eos_token_id)
     ids: list[int] = []
-    for value in (
-        getattr(tokenizer, "eos_token_id", None),
-        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-    ):
+    for value in found:
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if v is not None and int(v) not in ids:
                 ids.append(int(v))

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import ConfigError
 from ..io.hub import resolve_model
-from .generation import GenerationSettings, tokenize_prompts
+from .generation import GenerationSettings, end_tokens, tokenize_prompts
 from .vllm_weights import Layout, candidate_weights
 
 __all__ = ["VLLMGenerate", "engine_for", "CPU_KV_CACHE_BYTES", "GPU_MEMORY_SHARE"]
@@ -160,11 +160,11 @@ class VLLMGenerate:
         except ImportError:  # an older vLLM: its SamplingParams raise ValueError
             refused = ValueError
         try:
-            self._params(settings, 0)
+            self._params(settings, 0, self._eos(settings))
         except (refused, ValueError) as exc:
             raise ConfigError(f"rewards: vLLM refuses these generation settings: {exc}") from None
 
-    def _params(self, settings: GenerationSettings, seed: int) -> Any:
+    def _params(self, settings: GenerationSettings, seed: int, stop_ids: list[int]) -> Any:
         from vllm import SamplingParams
 
         sampled = settings.do_sample
@@ -177,7 +177,7 @@ class VLLMGenerate:
             top_k=int(settings.top_k) if sampled else 0,  # 0: no top-k cut
             stop=list(settings.stop) or None,
             include_stop_str_in_output=settings.include_stop,
-            stop_token_ids=self._eos(settings),
+            stop_token_ids=stop_ids,
             ignore_eos=True,  # the end tokens are stop_token_ids: exactly the Hugging Face path's set
             skip_special_tokens=True,
         )
@@ -185,14 +185,9 @@ class VLLMGenerate:
     def _eos(self, settings: GenerationSettings) -> list[int]:
         """The tokens that end a completion, as the Hugging Face path's ``eos_ids``: ``eos_token_id=`` when given,
         else the tokenizer's EOS and the folder's generation config's."""
-        if settings.eos_token_id is not None:
-            return list(settings.eos_token_id)
-        ids: list[int] = []
-        for value in (getattr(self.tokenizer, "eos_token_id", None), _generation_eos(self.folder)):
-            for v in value if isinstance(value, (list, tuple)) else [value]:
-                if v is not None and int(v) not in ids:
-                    ids.append(int(v))
-        return ids
+        if settings.eos_token_id is not None:  # the folder's files are not read
+            return end_tokens(settings)
+        return end_tokens(None, getattr(self.tokenizer, "eos_token_id", None), _generation_eos(self.folder))
 
     @property
     def tokenizer(self) -> Any:
@@ -238,7 +233,8 @@ class VLLMGenerate:
             return []
         conversational = isinstance(prompts[0], list)
         ids = tokenize_prompts(self.tokenizer, list(prompts), conversational)
-        params = [self._params(settings, int(seed)) for seed in seeds]
+        stop_ids = self._eos(settings)  # read once a call, not once a prompt
+        params = [self._params(settings, int(seed), stop_ids) for seed in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in ids], sampling_params=params, use_tqdm=False)
         decode = self.tokenizer.batch_decode
         return [decode([list(o.token_ids) for o in out.outputs], skip_special_tokens=True) for out in outputs]
@@ -314,7 +310,8 @@ def _config_dtype(folder: Path) -> Any:
 
     from .models import parse_dtype
 
-    name = _config(folder).get("dtype") or _config(folder).get("torch_dtype")
+    config = _config(folder)
+    name = config.get("dtype") or config.get("torch_dtype")
     try:
         return parse_dtype(name) if isinstance(name, str) and name != "auto" else torch.float32
     except ConfigError:
