@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import RamLiveWarning
 from .fidelity import _stdev
 
-__all__ = ["ArbitraryChoiceWarning", "undecided", "paired", "rivals", "likely_causes", "note_choice"]
+__all__ = ["ArbitraryChoiceWarning", "all_same", "undecided", "paired", "rivals", "likely_causes", "note_choice"]
 
 #: Scores this close (relative to the larger magnitude, at least absolute) are "the same" without a standard error.
 SAME = 1e-12
@@ -43,7 +43,7 @@ def undecided(result: Any) -> bool:
     complete = result.complete
     if len(complete) < 2:
         return False
-    if _all_same([float(t.score) for t in complete]):
+    if all_same([float(t.score) for t in complete]):
         return True
     return bool(rivals(result))
 
@@ -80,7 +80,8 @@ def rivals(result: Any) -> list[tuple[Any, float, float]]:
     return sorted(out, key=lambda r: (r[1], r[0].index))
 
 
-def _all_same(scores: list[float]) -> bool:
+def all_same(scores: list[float]) -> bool:
+    """Whether the scores are equal, up to float noise (``SAME`` relative to the largest, at least 1)."""
     return max(scores) - min(scores) <= SAME * max(1.0, abs(max(scores)))
 
 
@@ -91,7 +92,7 @@ def likely_causes(result: Any, evaluate: Any) -> list[str]:
     evaluate = _unwrapped(evaluate)
     complete = result.complete
     scores = [float(t.score) for t in complete]
-    exact = max(scores) - min(scores) <= SAME * max(1.0, abs(max(scores)))
+    exact = all_same(scores)
     causes: list[str] = []
     metric = getattr(evaluate, "metric", None)
     seen = _weighted_range(evaluate)
@@ -180,7 +181,7 @@ def note_choice(result: Any, evaluate: Any, slices: Any = None, stacklevel: int 
     causes = likely_causes(result, evaluate)
     result.choice_causes = causes
     best, scores = result.best_trial, [float(t.score) for t in result.complete]
-    if _all_same(scores):
+    if all_same(scores):
         spread, which = f"all {len(scores)} candidates scored {scores[0]:.6g}", "the earliest"
     else:
         close = rivals(result)

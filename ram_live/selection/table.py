@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .choice import SAME, rivals
+from .choice import all_same, rivals
 from .fidelity import MIN_RACE_PROMPTS
 
 __all__ = ["format_table", "within_one_se"]
@@ -45,8 +45,7 @@ def _undecided_lines(result: Any) -> list[str]:
     if not result.arbitrary:
         return []
     scores = [t.score for t in result.complete]
-    same = max(scores) - min(scores) <= SAME * max(1.0, abs(max(scores)))
-    if same:
+    if all_same(scores):
         head = f"all {len(scores)} candidates have the same score"
         pick = "the earliest of them"
     else:
