@@ -44,6 +44,7 @@ class SearchRun(Moves, Refinements):
         self.left = 0.0
         self.importance: dict[str, Any] = {}
         self.proposer: Any = None  # search's sampler= (ram_live.selection.sampler); None: the moves
+        self.boxes: dict[str, Any] = {}  # each sampled arm's box (sampler_box.arm_box; None: nothing to sample)
         self.ledger: Ledger | None = None  # search's storage= (ram_live.selection.optuna_storage)
         self.planned: list[tuple[str, dict[str, Any]]] = []
         self.arm_families: dict[str, list[Family]] = {}

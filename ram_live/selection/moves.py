@@ -27,6 +27,7 @@ class Moves:
     history: list[Trial]
     importance: dict[str, Any]  # label -> {agent: importances} (search's importance=)
     proposer: Any  # the model-based sampler (search's sampler=), None for the moves
+    boxes: dict[str, Any]  # each sampled arm's box
     arm_families: dict[str, list[Family]]  # arm -> its families (set by budget.spend with a sampler)
 
     def trial(self, candidate: dict[str, Any]) -> Trial | None:
@@ -168,10 +169,9 @@ class Moves:
         from .space import spread
 
         arm = family.name.split(":", 1)[1]
-        boxes = self.__dict__.setdefault("boxes", {})
-        if arm not in boxes:
-            boxes[arm] = arm_box(arm, self.arm_families[arm], self)
-        box = boxes[arm]
+        if arm not in self.boxes:
+            self.boxes[arm] = arm_box(arm, self.arm_families[arm], self)
+        box = self.boxes[arm]
         if box is None:
             return
         if sum(box.read(t) is not None for t in self.history) < 2:
