@@ -125,9 +125,9 @@ def merge_latest(ram: MergeHost, step: int) -> tuple[dict[str, float], Path]:
     root = agent_folder(Path(o.merged_dir), o.agent)
     root.mkdir(parents=True, exist_ok=True)
     building = root / f".global_step_{step}.building-{uuid.uuid4().hex[:8]}"
-    snaps = ram.store.latest_all(o.agents)
-    if ram.run is not None and o.agent in snaps:  # this run's own snapshot, even where a newer run of the agent began
-        snaps[o.agent] = ram.store.latest(o.agent, run=ram.run)
+    names = list(o.agents) if o.agents is not None else ram.store.agents()
+    # every agent's latest, and this run's own snapshot even where a newer run of the agent began (opened once)
+    snaps = {a: ram.store.latest(a, run=ram.run if a == o.agent else None) for a in names}
     if not snaps:
         raise VerlIntegrationError(f"{ram.store.root}: no snapshot to merge")
     searched = result = agents = rule = None
