@@ -20,7 +20,6 @@ back when training resumes from one (``trainer.train(resume_from_checkpoint=...)
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -45,15 +44,13 @@ from ._common import check_merged_dir, logged_as, warn_single_agent, warn_unchan
 from ._common import callback_preflight, guarded_hook
 from ._peft_agent import LoraSchedule, is_peft_model, lora_options
 from ._trl_outputs import save_trl_generalist, trainer_evaluation
+from ._trl_state import CallbackState
 from ._trl_weights import check_vllm_marker, force_vllm_resync, sharding_refusal, uses_vllm
 
 __all__ = ["RAMTrainerCallback", "SingleAgentWarning"]
 
-#: the live callback of each state key: transformers rebuilds a callback from its JSON args on resume
-_LIVE: "weakref.WeakValueDictionary[str, RAMTrainerCallback]" = weakref.WeakValueDictionary()
 
-
-class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
+class RAMTrainerCallback(CallbackState, ScheduleAdapter, TrainerCallback, ExportableState):
     r"""Snapshots of this run's agent into a shared :class:`~ram_live.store.SnapshotStore`; periodic RAM merges of
     the latest snapshot of every agent in it, evaluated, saved and logged under ``ram/``.
 
@@ -186,21 +183,9 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         self.last_result: MergeResult | None = None
         self._processor: Any = None
         self._restored: dict[str, Any] | None = None
-        key = self.state_key
-        live = _LIVE.get(key)
-        if _from_checkpoint and live is not None:
-            # transformers rebuilt this callback from its checkpoint args (restore_callback_states_from_checkpoint):
-            # take the objects JSON cannot hold from the instance it replaces
-            self.base, self.evaluate, self.trainer = live.base, live.evaluate, live.trainer
-            self.schedule.evaluate, self.schedule.search = live.schedule.evaluate, live.schedule.search
-        _LIVE[key] = self
+        self._register_live(_from_checkpoint)  # a callback rebuilt on resume: the one it replaces' objects
 
     # ------------------------------------------------------------------------------------------- conventions
-
-    @property
-    def state_key(self) -> str:
-        """``agent@store``, the store path resolved: ``run/store`` and its absolute path are the same store."""
-        return f"{self.agent}@{Path(self._args['store']).expanduser().resolve()}"
 
     def bind(self, trainer: Any) -> "RAMTrainerCallback":
         """Use ``trainer``: metrics are logged through ``trainer.log`` (every reporter sees them), and
@@ -217,44 +202,6 @@ class RAMTrainerCallback(ScheduleAdapter, TrainerCallback, ExportableState):
         """
         self.trainer = trainer
         return self
-
-    def state(self) -> dict[str, Any]:
-        """``ExportableState``: the JSON constructor arguments and the schedule's state, ``history`` and the saved
-        generalists, under this callback's :attr:`state_key`."""
-        return {
-            "args": {**self._args, "_from_checkpoint": True},
-            "attributes": {
-                "ram_state": {
-                    "key": self.state_key,
-                    "schedule": self.schedule.state_dict(),
-                    "history": self.history,
-                    "saved": list(self.saved),
-                }
-            },
-        }
-
-    @property
-    def ram_state(self) -> dict[str, Any] | None:
-        return self._restored
-
-    @ram_state.setter
-    def ram_state(self, value: dict[str, Any]) -> None:  # set by transformers' _load_callback_state
-        self._load(value)
-
-    def _load(self, value: Mapping[str, Any]) -> None:
-        self.schedule.load_state_dict(value["schedule"])
-        self.schedule.history[:] = [dict(h) for h in value.get("history", [])]
-        self.saved = list(value.get("saved", []))
-        self._restored = dict(value)
-
-    def _find_state(self, state: TrainerState) -> Mapping[str, Any] | None:
-        """This callback's entry of the resumed checkpoint's ``stateful_callbacks`` (matched by state key)."""
-        entries = (state.stateful_callbacks or {}).get(type(self).__name__)
-        for entry in entries if isinstance(entries, list) else [entries] if entries else []:
-            saved = (entry.get("attributes") or {}).get("ram_state")
-            if saved and saved.get("key") == self.state_key:
-                return saved
-        return None
 
     # ------------------------------------------------------------------------------------------- hooks
 
