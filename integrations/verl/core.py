@@ -10,7 +10,7 @@
 The jobs live in their own modules: :mod:`.snapshot` (a checkpoint's shards into a snapshot), :mod:`.lora`
 (ΔW of a LoRA checkpoint), :mod:`.merging` (the merge, its record and metrics), :mod:`.evaluation` (the
 evaluations, in this process or a Ray actor: :mod:`.remote`), :mod:`.common` (dtype names, the base folder, the
-evaluate function).
+evaluate function), :mod:`.store_base` (the store's base from ``ram.base``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ram_live.errors import ConfigError, RamLiveError
-from ram_live.io.sources import SafetensorsSource
 from ram_live.methods import Activity
-from ram_live.store import LocalCollective, LocalTensor, SnapshotStore
+from ram_live.store import LocalCollective, SnapshotStore
 from ram_live.training.failures import guarded
 from ram_live.store.runs import find_run_marker, say_run, write_run_marker
 
@@ -37,8 +35,9 @@ from .common import DTYPE_OF, VerlIntegrationError, load_evaluate, resolve_base
 from .config import RAMVerlOptions
 from .evaluation import build_evaluations
 from .merging import merge_latest
-from .pieces import BaseWriter, PieceWriter
+from .pieces import PieceWriter
 from .snapshot import CheckpointCounts, CheckpointReader
+from .store_base import base_folder_source, base_out_dtype, store_base_fingerprint, write_store_base
 
 __all__ = ["DTYPE_OF", "RAMVerl", "VerlIntegrationError", "load_evaluate", "resolve_base"]
 
@@ -98,14 +97,6 @@ class RAMVerl:
 
     # ------------------------------------------------------------------------------------------- base
 
-    def _base_source(self) -> SafetensorsSource:
-        if self.base_dir is None:
-            raise ConfigError("ram.base is not set and the store has no base yet: pass the base model's folder")
-        try:
-            return SafetensorsSource(self.base_dir, "base")
-        except RamLiveError as exc:
-            raise ConfigError(f"ram.base={str(self.base_dir)!r}: {exc}") from None
-
     def prepare(self, dtype: torch.dtype) -> str:
         """Set the store's base (the base model's weights cast to ``dtype``) or check it is the store's; once per run
         (later calls only check ``dtype``).
@@ -130,34 +121,10 @@ class RAMVerl:
                 )
             return self.fingerprint
         if self.base_dir is None and self.store.has_base():
-            base = self.store.base_source()
-            dtypes = {base.spec(k).dtype for k in base.keys() if base.spec(k).dtype.is_floating_point}
-            if dtypes != {dtype}:
-                raise VerlIntegrationError(
-                    f"{self.store.root}: the store's base is {sorted(map(str, dtypes))}, the "
-                    f"snapshots would be {dtype} (ram.weights={self.opts.weights!r})"
-                )
-            self.fingerprint, self.dtype = base.fingerprint, dtype
-            return base.fingerprint
-        src = self._base_source()
-        specs = {}
-        for k in src.keys():
-            s = src.spec(k)
-            specs[k] = (tuple(s.shape), dtype if s.dtype.is_floating_point else s.dtype)
-        writer = BaseWriter(self.store, specs)
-        group: dict[str, LocalTensor] = {}
-        size = 0
-        for k in src.keys():
-            t = src.get(k)
-            t = t.to(specs[k][1]) if t.dtype != specs[k][1] else t
-            group[k] = LocalTensor(t, tuple(t.shape), (0,) * t.dim(), True)
-            size += t.numel() * t.element_size()
-            if size >= self.opts.max_part_bytes:
-                writer.add(group)
-                group, size = {}, 0
-        if group or not writer.parts:
-            writer.add(group)
-        self.fingerprint = writer.finish()
+            self.fingerprint = store_base_fingerprint(self.store, dtype, self.opts.weights)
+        else:
+            src = base_folder_source(self.base_dir)
+            self.fingerprint = write_store_base(self.store, src, dtype, self.opts.max_part_bytes)
         self.dtype = dtype
         return self.fingerprint
 
@@ -290,14 +257,7 @@ class RAMVerl:
         Raises:
             ConfigError: ``"auto"`` and ``ram.base`` is no readable safetensors folder.
         """
-        if self.opts.merged_dtype != "auto":
-            return DTYPE_OF[self.opts.merged_dtype]
-        if self.base_dir is not None:
-            src = self._base_source()
-            for k in src.keys():
-                if src.spec(k).dtype.is_floating_point:
-                    return src.spec(k).dtype
-        return None
+        return base_out_dtype(self.opts.merged_dtype, self.base_dir)
 
     def merge(self, step: int) -> dict[str, float]:
         """Merge the latest snapshot of every agent (``ram.agents``) into ``merged_dir/<agent>/global_step_<step>`` (a
