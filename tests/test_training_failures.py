@@ -1,7 +1,7 @@
 """``ram_live.training.failures`` under torch.distributed (two CPU processes, gloo): a failure on one rank only (the
-evaluation, a search candidate's score, rank 0's snapshot write, rank 0's picks) reaches every rank at the next
-agreement, so every rank leaves the merge together, warns (``on_error="warn"``) and trains on, and the next merge
-succeeds on both; nothing is left waiting in a collective (a hang fails the test at its deadline)."""
+evaluation, a search candidate's score, rank 0's snapshot write, rank 0's picks, rank 1's opening them) reaches every
+rank at the next agreement, so every rank leaves the merge together, warns (``on_error="warn"``) and trains on, and
+the next merge succeeds on both; nothing is left waiting in a collective (a hang fails the test at its deadline)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ def _worker(rank: int, root: str, where: str) -> None:
         schedule = RAMSchedule(
             Path(root) / "store", "a", snapshot_every=2, merge_every=2, evaluate=evaluate,
             search=search if where.startswith("search") else None,
+            snapshot_activity="abs" if where.startswith("open") else "changed", snapshot_eps=0.0,
         )  # fmt: skip
         schedule.attach(model)
         write = SnapshotWriter.write
@@ -70,6 +71,11 @@ def _worker(rank: int, root: str, where: str) -> None:
             agents = schedule.store.agents
             schedule.store.agents = lambda: (
                 (_ for _ in ()).throw(OSError("stale NFS handle")) if _STEP[0] == 4 else agents()
+            )
+        if where == "open@1" and rank == 1:  # a lossy snapshot is opened from the store to merge it
+            open_ = schedule.store.open
+            schedule.store.open = lambda *a, **k: (
+                (_ for _ in ()).throw(OSError("bad sector")) if _STEP[0] == 4 else open_(*a, **k)
             )
         caught: list[str] = []
         with warnings.catch_warnings(record=True) as seen:
@@ -115,6 +121,7 @@ def _run(where: str) -> list[dict[str, Any]]:
         ("search@1", "rank 1's judge is down"),  # a search candidate's score, on rank 1 only (a SearchError)
         ("write@0", "No space left on device"),  # rank 0 writes the snapshot
         ("picks@0", "stale NFS handle"),  # rank 0 picks the snapshots to merge
+        ("open@1", "OSError: bad sector"),  # rank 1 opens the picked snapshots
     ],
 )
 def test_a_failure_on_one_rank_reaches_every_rank_and_training_goes_on(where: str, own: str) -> None:

@@ -58,6 +58,10 @@ def error_line(exc: BaseException, limit: int = 300) -> str:
     return f"{type(exc).__name__}: {flat}" if flat else type(exc).__name__
 
 
+#: what :func:`agreeing` sums besides the failure flag: nothing
+_NOTHING = torch.zeros(0, dtype=torch.float64)
+
+
 @contextlib.contextmanager
 def agreeing(collective: Any, what: str) -> Iterator[None]:
     """Every rank leaves the block together, failed or not: a failure on one rank is raised on every rank (its own
@@ -76,16 +80,10 @@ def agreeing(collective: Any, what: str) -> Iterator[None]:
         return
     try:
         yield
-    except Exception:
-        _failed_anywhere(collective, True)
+    except Exception as exc:
+        agreed_sum(collective, _NOTHING, exc, what)  # raises exc
         raise
-    if _failed_anywhere(collective, False):
-        raise RemoteRankError(f"rank {collective.rank}: another rank failed {what} (its error is raised there)")
-
-
-def _failed_anywhere(collective: Any, failed: bool) -> bool:
-    flag = torch.tensor([1 if failed else 0], dtype=torch.int64)
-    return int(collective.all_reduce_sum_(flag).item()) > 0
+    agreed_sum(collective, _NOTHING, None, what)
 
 
 def agreed_sum(collective: Any, values: torch.Tensor, failure: BaseException | None, what: str) -> torch.Tensor:

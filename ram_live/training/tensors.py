@@ -21,6 +21,7 @@ from ..store import (
     SnapshotStore,
     StoreError,
 )
+from .failures import agreed_sum
 
 __all__ = ["MergeResult", "ScheduleAdapter"]
 
@@ -146,7 +147,7 @@ def _open_latest(sched: Any, live: LocalModel, step: int) -> tuple[dict[str, int
     for _ in range(5):
         picks = _pick(sched)
         sources: dict[str, Any] = {}
-        ok, failure = 1, None
+        ok, failure = True, None
         try:
             for name, snap_step in picks.items():
                 if (
@@ -158,18 +159,14 @@ def _open_latest(sched: Any, live: LocalModel, step: int) -> tuple[dict[str, int
                 else:
                     sources[name] = sched.store.open(name, snap_step, run=sched.picked_runs[name])
         except SnapshotNotFoundError:  # pruned between the pick and the open: pick again
-            ok = 0
+            ok = False
         except Exception as exc:
             if c.world_size == 1:
                 raise
             failure = exc  # raised after the all-reduce, on every rank
-        if c.world_size > 1:
-            flags = c.all_reduce_sum_(torch.tensor([1 - ok, int(failure is not None)], dtype=torch.int64)).tolist()
-            if failure is not None:
-                raise failure
-            if flags[1]:
-                raise RemoteRankError(f"rank {c.rank}: another rank failed opening the snapshots to merge")
-            ok = int(flags[0] == 0)
+        if c.world_size > 1:  # a failure raised on every rank; every rank picks again where one missed a snapshot
+            missed = agreed_sum(c, torch.tensor([0.0 if ok else 1.0]), failure, "opening the snapshots to merge")
+            ok = float(missed[0]) == 0
         if ok:
             if not picks:
                 raise SnapshotNotFoundError(f"{sched.store.root}: no snapshot of any agent to merge")
