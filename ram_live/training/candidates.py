@@ -13,11 +13,16 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
+import torch
 from torch import Tensor
 
+from .failures import agreed_sum
+
 __all__ = ["SwappedPrompts", "candidate_evaluation", "check_candidate_evaluation", "swapped_in", "tensors_of"]
+
+T = TypeVar("T")
 
 
 class SwappedPrompts:
@@ -47,19 +52,15 @@ class SwappedPrompts:
         return self.fn.aggregate(values)
 
     def prompt_scores(self, merged: Any, indices: Any) -> list[float | None]:
-        import torch
+        indices = list(indices)
 
-        from .failures import agreed_sum
-
-        if self.c.world_size <= 1:
+        def scores() -> list[float | None]:
             with swapped_in(self.live, {**tensors_of(merged), **self.extra}):
                 return list(self.fn.prompt_scores(self.model, indices))
-        indices, out, failure = list(indices), [], None
-        try:  # a failure on any rank is raised on every rank after the all-reduce, none is left waiting in it
-            with swapped_in(self.live, {**tensors_of(merged), **self.extra}):
-                out = list(self.fn.prompt_scores(self.model, indices))
-        except Exception as exc:
-            failure = exc
+
+        out, failure = _attempt(self.c, scores, [])
+        if self.c.world_size <= 1:
+            return out
         given = torch.full((len(indices),), math.nan, dtype=torch.float64)
         if failure is None:
             given = torch.tensor([math.nan if v is None else float(v) for v in out], dtype=torch.float64)
@@ -92,21 +93,16 @@ def candidate_evaluation(
     Raises:
         ConfigError: a race (``fidelity``) without an evaluation scoring prompts one by one and ``mode="max"``.
     """
-    import torch
-
-    from .failures import agreed_sum
 
     def evaluate(merged: Any) -> float:
-        if collective.world_size <= 1:
+        def score() -> float:
             with swapped_in(live, {**tensors_of(merged), **(extra or {})}):  # scored while swapped in: maybe views
                 return setting.score(fn(model))
-        score, failure = math.nan, None
-        try:  # a failure on any rank is raised on every rank after the all-reduce, none is left waiting in it
-            with swapped_in(live, {**tensors_of(merged), **(extra or {})}):
-                score = setting.score(fn(model))
-        except Exception as exc:
-            failure = exc
-        total = agreed_sum(collective, torch.tensor([score], dtype=torch.float64), failure, "scoring a candidate")
+
+        value, failure = _attempt(collective, score, math.nan)
+        if collective.world_size <= 1:
+            return value
+        total = agreed_sum(collective, torch.tensor([value], dtype=torch.float64), failure, "scoring a candidate")
         return float(total.item()) / collective.world_size
 
     if check_candidate_evaluation(setting, fn):
@@ -132,6 +128,18 @@ def check_candidate_evaluation(setting: Any, fn: Any) -> bool:
             "one (ram_live.evaluate.rewards) and mode='max'"
         )
     return False
+
+
+def _attempt(collective: Any, block: Callable[[], T], failed: T) -> tuple[T, Exception | None]:
+    """``block()`` and no failure; under several ranks an exception it raises is returned with ``failed`` instead,
+    to be raised on every rank by :func:`~ram_live.training.failures.agreed_sum` (none is left waiting in its
+    all-reduce); in one process it propagates."""
+    try:
+        return block(), None
+    except Exception as exc:
+        if collective.world_size <= 1:
+            raise
+        return failed, exc
 
 
 @contextlib.contextmanager
