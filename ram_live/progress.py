@@ -122,7 +122,26 @@ def _is_terminal(stream: TextIO) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)())
 
 
-class TerminalProgress:
+class _Lines:
+    """Where a reporter writes: ``stream`` redrawn in place on a terminal, plain lines into it, or through
+    :func:`log_line` (``to_log``: no stream was given)."""
+
+    stream: TextIO
+    to_log: bool
+
+    def _plain(self, line: str) -> None:
+        if self.to_log:
+            log_line(line)
+        else:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def _redraw(self, line: str, end: str = "") -> None:
+        self.stream.write("\r" + line + "\x1b[K" + end)
+        self.stream.flush()
+
+
+class TerminalProgress(_Lines):
     """``[merge] 120/291 tensors  1.2 GB/2.9 GB  410.3 MB/s  model.layers.9.mlp.up_proj.weight``: redrawn at most
     ``fps`` times a second on a terminal; elsewhere plain lines (each quarter of the tensors, every ``interval``
     seconds, and the stage's end): into ``stream`` when one is given, else through :func:`log_line` (rank 0 only
@@ -161,8 +180,7 @@ class TerminalProgress:
             now = self.clock()
             if now - self._last >= self.interval or self.done == self.total:
                 self._last = now
-                self.stream.write("\r" + self._line(key, now)[:200] + "\x1b[K")
-                self.stream.flush()
+                self._redraw(self._line(key, now)[:200])
         elif self.done < self.total and self.pace.due(self.done):  # the last one: close() says it
             self._plain(self._line(key, self.clock()))
 
@@ -172,13 +190,6 @@ class TerminalProgress:
             f"[{self.stage}] {self.done}/{self.total} tensors  {_human(self.bytes)}/{_human(self.total_bytes)}"
             f"  {_human(rate)}/s  {key}"
         )
-
-    def _plain(self, line: str) -> None:
-        if self.to_log:
-            log_line(line)
-        else:
-            self.stream.write(line + "\n")
-            self.stream.flush()
 
     def close(self) -> None:
         if getattr(self, "silent", False):
@@ -190,13 +201,12 @@ class TerminalProgress:
             f"({_human(rate)}/s)"
         )
         if self.live:
-            self.stream.write("\r" + line + "\x1b[K\n")
-            self.stream.flush()
+            self._redraw(line, "\n")
         else:
             self._plain(line)
 
 
-class SearchProgress:
+class SearchProgress(_Lines):
     """A search's progress: ``[search] 12 scored  spent 4.31x/20x (388/1800 prompts)  best 0.583 (#N)  3.1
     s/candidate  #N ...``. ``spent``: the budget used, in candidates, or in full evaluations' worth of prompts (and
     prompts) for a budget like ``"20x"``. On a terminal the line is redrawn as each candidate is scored; elsewhere
@@ -256,18 +266,10 @@ class SearchProgress:
             cost = f"spent {spent:g}/{self.budget:g} candidates"
         line = f"[search] {self.count} scored  {cost}  {self.best}  {per:.3g} s/candidate  #{index} {label}"
         if self.live:
-            self.stream.write("\r" + line[:200] + "\x1b[K")
-            self.stream.flush()
+            self._redraw(line[:200])
             self.drawn = True
         else:
             self._plain(line[:300])
-
-    def _plain(self, line: str) -> None:
-        if self.to_log:
-            log_line(line)
-        else:
-            self.stream.write(line + "\n")
-            self.stream.flush()
 
     def end(self) -> None:
         """The search ended: the line stays (a last plain line off a terminal), with the time taken."""
@@ -275,7 +277,6 @@ class SearchProgress:
         if self.silent:
             return
         if self.live and self.drawn:
-            self.stream.write(f"\r{summary}\x1b[K\n")
-            self.stream.flush()
+            self._redraw(summary, "\n")
         elif not self.live:
             self._plain(f"{summary}, {self.best}")
