@@ -90,12 +90,8 @@ def lora_search(
     result = search(
         AdapterAgents(adapters, base, live=False, svd=svd),
         evaluate=wrap(setting.evaluation(fallback)),
-        budget=setting.budget,
-        space=space,
-        seed=setting.seed,
-        fidelity=setting.fidelity,
         confirm=wrap(confirm) if confirm is not None else None,
-        confirm_top=setting.confirm_top,
+        **{**setting.search_options(schedule.agent, step, getattr(schedule, "run", None)), "space": space},
     )
     seconds = time.perf_counter() - t0
     best = dict(result.best)

@@ -263,3 +263,78 @@ def test_a_prompt_budget_races_on_the_training_model_and_logs_each_task(setup):
     plain.attach(_net())
     with pytest.raises(ConfigError, match="fidelity='halving' needs an evaluation that scores prompts"):
         plain.on_step(b, 8)
+
+
+def test_sampler_storage_and_study_are_checked_like_the_other_options(tmp_path):
+    from ram_live.training.preflight import check_search, check_storage_ranks
+
+    for bad, match in (
+        ({"sampler": "random"}, "search sampler must be"),
+        ({"sampler": object()}, "search sampler must be"),
+        ({"study": "s"}, "needs storage="),
+        ({"storage": 3}, "storage must be"),
+        ({"storage": "sqlite:///s.db", "study": ""}, "study must be"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            SearchSetting(**bad)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    s = SearchSetting.from_mapping({"sampler": "optuna-tpe", "storage": url, "study": "grpo", "budget": 4})
+    assert s.study_name("coder", 200, "run1") == "grpo:coder:run1:step_200"
+    assert SearchSetting(storage=url).study_name("coder", 8) == "ram_live:coder:step_8"
+    assert SearchSetting().study_name("coder", 8) is None
+    options = s.search_options("coder", 200, "run1")
+    assert options["sampler"] == "optuna-tpe" and options["storage"] == url
+    assert options["study"] == "grpo:coder:run1:step_200" and options["budget"] == 4
+    described = SearchSetting(sampler=optuna_sampler()).describe()
+    assert described["sampler"] == "optuna:TPESampler" and described["storage"] is None
+    json.dumps(s.describe())
+    # the pre-flight: the storage opened once (a database that cannot be made fails now), one process only
+    assert check_search(s, lambda m: 1.0) and (tmp_path / "s.db").exists()
+    broken = SearchSetting(storage=f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 's.db'}")
+    with pytest.raises(ConfigError, match="could not open"):
+        check_search(broken, lambda m: 1.0)
+    check_storage_ranks(s, 1)
+    with pytest.raises(ConfigError, match="2 ranks"):
+        check_storage_ranks(s, 2)
+
+
+def optuna_sampler():
+    optuna = pytest.importorskip("optuna")
+    return optuna.samplers.TPESampler(seed=0)
+
+
+def test_storage_keeps_each_merge_in_a_study_of_its_own_and_a_resumed_run_scores_nothing_again(setup, tmp_path):
+    optuna = pytest.importorskip("optuna")
+    store, base_sd, b, target = setup
+    calls = []
+
+    def held_out(model):
+        calls.append(1)
+        return -_distance(model, target)
+
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    setting = SearchSetting(evaluate=held_out, budget=6, seed=1, sampler="tpe", storage=url, study="grpo")
+    first = RAMSchedule(store, "b", merge_every=4, search=setting, durable=False)
+    first.attach(_net())
+    first.on_step(b, 4)
+    scored, state = len(calls), first.state_dict()
+    assert scored == 6
+    # the job resumed from its checkpoint redoes the merge of step 4: its search is taken from the study
+    again = RAMSchedule(store, "b", merge_every=4, search=setting, durable=False)
+    again.load_state_dict(state)
+    again.attach(_net())
+    assert again.run == first.run
+    again.on_step(b, 4)
+    assert len(calls) == scored and again.last_search["best"] == first.last_search["best"]
+    # the next merge is a search (a study) of its own, scored anew
+    first.on_step(b, 8)
+    assert len(calls) == 2 * scored
+    names = sorted(optuna.get_all_study_names(url))
+    assert names == [f"grpo:b:{first.run}:step_4", f"grpo:b:{first.run}:step_8"]
+    study = optuna.load_study(study_name=names[0], storage=url)
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(done) == scored
+    # the per-agent weights of task arithmetic as the trials' params (what optuna-dashboard plots)
+    weights = [t for t in done if t.user_attrs["method"] == "task_arithmetic"]
+    assert weights and all(set(t.params) == {"w:a", "w:b"} for t in weights)
+    assert {(t.params["w:a"], t.params["w:b"]) for t in weights} >= {(1.0, 1.0), (3.0, 1.0)}

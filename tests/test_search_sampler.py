@@ -110,3 +110,35 @@ def test_parallel_workers_give_the_sampler_the_one_process_trials():
     one = _search(sampler="tpe", seed=2, budget="8x")
     two = _search(sampler="tpe", seed=2, budget="8x", parallel=2)
     assert _trials(two) == _trials(one)
+
+
+def test_an_arm_is_sampled_exactly_when_it_has_a_box(monkeypatch):
+    from ram_live.selection import space as space_module
+    from ram_live.selection.budget import arms_of, sampleable
+    from ram_live.selection.sampler_box import box_kind
+
+    for spec in (
+        None,
+        ["task_arithmetic"],
+        ["task_arithmetic", "ta_weights"],
+        {"task_arithmetic": {"scale": [1, 2]}},
+        ["ram_plus"],
+        ["ram", "lambdas"],
+        ["ties"],
+        {"ties": {"density": [0.5], "scale": [1.0]}},
+        ["linear"],
+    ):
+        for arm in arms_of(space_module.parse_space(spec))[1]:
+            assert sampleable(arm) == (box_kind(arm.name, arm.families) is not None), (spec, arm.name)
+    # a default task-arithmetic grid of one scale: nothing to sample; the arm keeps the moves and scores its grid
+    monkeypatch.setitem(space_module.DEFAULT_GRIDS, "task_arithmetic", [{"scale": 1.5}])
+    (arm,) = arms_of(space_module.parse_space(["task_arithmetic"]))[1]
+    assert not sampleable(arm) and box_kind(arm.name, arm.families) is None
+    result = _search(sampler="tpe", space=["task_arithmetic"], budget="3x")
+    assert [(t.method, t.options) for t in result.history] == [("task_arithmetic", {"scale": 1.5})]
+    assert result.best == {"method": "task_arithmetic", "scale": 1.5}
+    # beside other arms it is screened and stays in the race, its one candidate scored
+    result = _search(sampler="tpe", space=["task_arithmetic", "ties"], budget="6x")
+    assert ("task_arithmetic", {"scale": 1.5}) in [(t.method, t.options) for t in result.history]
+    assert not any(t.family == "sampled:task_arithmetic" for t in result.history)
+    assert any(t.family == "sampled:ties" for t in result.history)

@@ -178,3 +178,28 @@ def test_a_claim_left_by_a_killed_process_is_abandoned(tmp_path):
     assert _trials(result) == _trials(reference) and result.history[0].score == first.score
     states = [t.state for t in optuna.load_study(study_name="second", storage=url).trials]
     assert states[0] == TrialState.FAIL and TrialState.RUNNING not in states
+
+
+def test_the_trials_params_are_their_point_in_the_arms_box(tmp_path):
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    result = _search(
+        BlockEval(), budget="12x", fidelity="halving", sampler="optuna-tpe", seed=1, storage=url, study="p"
+    )
+    assert result.sampler == "optuna:TPESampler"
+    trials = {
+        json.dumps(t.user_attrs["options"], sort_keys=True): t
+        for t in optuna.load_study(study_name="p", storage=url).trials
+    }
+    names = list(agents()[0])
+    sampled = [t for t in result.history if t.family == "sampled:task_arithmetic"]
+    assert len(sampled) >= 3
+    for t in sampled:  # the sampler's per-agent weights, as Optuna params with the box's distribution
+        stored = trials[json.dumps(t.to_dict()["options"], sort_keys=True)]
+        assert stored.params == {f"w:{a}": pytest.approx(w) for a, w in zip(names, t.options["weights"])}
+        dist = stored.distributions[f"w:{names[0]}"]
+        assert isinstance(dist, optuna.distributions.FloatDistribution) and dist.low == 0.0 and dist.high >= 3.0
+    ties = [t for t in result.history if t.method == "ties"]
+    assert ties
+    for t in ties:  # a TIES screen point: density and scale
+        stored = trials[json.dumps(t.to_dict()["options"], sort_keys=True)]
+        assert stored.params == {"density": t.options["density"], "scale": t.options["scale"]}

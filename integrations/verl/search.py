@@ -67,13 +67,9 @@ def search_merge(
                 dict(snaps),
                 base=base,
                 evaluate=wrap(fn),
-                budget=setting.budget,
-                fidelity=setting.fidelity,
-                space=setting.space,
-                seed=setting.seed,
                 confirm=wrap(confirm) if confirm is not None else None,
-                confirm_top=setting.confirm_top,
                 importance=importance,
+                **setting.search_options(ram.opts.agent, step, getattr(ram, "run", None)),
             )
     finally:
         shutil.rmtree(candidate, ignore_errors=True)

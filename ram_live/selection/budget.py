@@ -137,10 +137,16 @@ def spend(run: Any, families: list[Family]) -> dict[str, int]:
     ``history`` and ``best_of(arm)``."""
     explicit, arms = arms_of(families)
     used: dict[str, int] = {}
-    if getattr(run, "proposer", None) is not None:
+    if getattr(run, "proposer", None) is not None or getattr(run, "ledger", None) is not None:
         run.arm_families = {a.name: a.families for a in arms}
+    if getattr(run, "ledger", None) is not None:  # the trials' params in the study: their arm's box's dimensions
+        from .sampler_box import trial_params
+
+        run.ledger.params_of = lambda candidate, outcome: trial_params(run, candidate, outcome)
+    if getattr(run, "proposer", None) is not None:
         for a in arms:
             a.sampled = sampleable(a)
+    boxes = getattr(run, "boxes", {})
 
     def go(family: Family, allowance: int, arm: str, phase: str) -> tuple[bool, int]:
         before, n0 = run.used, len(run.history)
@@ -154,7 +160,7 @@ def spend(run: Any, families: list[Family]) -> dict[str, int]:
         go(f, run.budget - run.used, "explicit", "explicit")
     # a candidate starts only while run.min_cost (one full evaluation) fits; under a race it may cost less
     if len(arms) == 1:
-        _refine(arms[0], run.budget - run.used, go)
+        _refine(arms[0], run.budget - run.used, go, boxes=boxes)
         return used
     k = len(run.merger.names)
     for arm, size in zip(arms, screen_sizes(arms, run.budget - run.used)):
@@ -168,7 +174,7 @@ def spend(run: Any, families: list[Family]) -> dict[str, int]:
                 if mine:
                     go(replace(f, grid=mine), size, arm.name, "screen")
         else:
-            _refine(arm, size, go, phase="screen")
+            _refine(arm, size, go, phase="screen", boxes=boxes)
     for arm in arms:  # after every arm's own screen: the probes never take an arm's screening evaluations
         if arm.probes and k >= 2 and arm.grid and run.budget - run.used >= run.min_cost - 1e-9:
             arm.probed = go(Family("ta_probe", arm.families[0].side, "ta_probe"), k, arm.name, "screen")[1] > 0
@@ -180,22 +186,20 @@ def spend(run: Any, families: list[Family]) -> dict[str, int]:
         keep = min(keep, len(alive))
         shares = refine_shares(len(alive), keep, run.budget - run.used)
         for arm, share in zip(alive, shares):
-            _refine(arm, share, go)
+            _refine(arm, share, go, boxes=boxes)
         keep = (keep + 1) // 2 if keep > 1 else 1
     return used
 
 
 def sampleable(arm: Arm) -> bool:
-    """Whether a sampler can refine ``arm`` (:func:`~ram_live.selection.sampler_box.arm_box` has a box for it):
-    task arithmetic with ``ta_weights`` or its default scale grid, RAM with ``lambdas``/``shared_weights`` or the
-    default RAM+ grid, a default density × scale grid."""
-    kinds = {f.kind for f in arm.families}
-    defaults = [f for f in arm.families if f.kind == "grid" and not f.user_grid]
-    if arm.name == "task_arithmetic":
-        return "ta_weights" in kinds or bool(defaults)
-    if arm.name == "ram":
-        return bool({"lambdas", "shared_weights"} & kinds) or any(f.name == "ram_plus" for f in defaults)
-    return any(f.name == arm.name and any({"density", "scale"} <= set(o) for o in f.grid) for f in defaults)
+    """Whether a sampler refines ``arm``: it has a box (:func:`~ram_live.selection.sampler_box.box_kind`, the one
+    rule ``arm_box`` follows too): task arithmetic with ``ta_weights`` or a default grid of two scales or more, RAM
+    with ``lambdas``/``shared_weights`` or the default RAM+ grid, a default density × scale grid. Any other arm
+    (a one-scale grid, user grids only) keeps the moves; so does a RAM arm whose λ box finds no start when its
+    sampler begins (:func:`_refine`)."""
+    from .sampler_box import box_kind
+
+    return box_kind(arm.name, arm.families) is not None
 
 
 def _rank(run: Any, arm: Arm) -> tuple[float, int]:
@@ -203,9 +207,11 @@ def _rank(run: Any, arm: Arm) -> tuple[float, int]:
     return (-best if best is not None else math.inf, arm.order)
 
 
-def _refine(arm: Arm, allowance: int, go: Any, phase: str = "refine") -> None:
+def _refine(arm: Arm, allowance: int, go: Any, phase: str = "refine", boxes: dict[str, Any] | None = None) -> None:
     """The arm's steps in order, with ``allowance`` new evaluations in all: a step that ran to its end is not run
-    again; a step cut off is run again next time (its tried candidates are free repeats)."""
+    again; a step cut off is run again next time (its tried candidates are free repeats). A sampled step that
+    found no box (``boxes[arm]`` None: RAM's λ box without a start) hands the arm back to the moves, which run
+    with what is left."""
     left = allowance
     for f in arm.steps:
         if left <= 0:
@@ -215,6 +221,10 @@ def _refine(arm: Arm, allowance: int, go: Any, phase: str = "refine") -> None:
             continue
         finished, spent = go(f, left, arm.name, phase)
         left -= spent
+        if f.kind == "sampled" and boxes is not None and arm.name in boxes and boxes[arm.name] is None:
+            arm.sampled = False
+            _refine(arm, left, go, phase, boxes)
+            return
         if finished:
             arm.finished.add(sid)
         else:

@@ -9,7 +9,10 @@ the same path until it reaches what nobody scored yet. Under the race the outcom
 against, so the study keys it by the candidate *and* the reference.
 
 Each candidate scored is one Optuna trial: ``COMPLETE`` with its score, or ``PRUNED`` (stopped by the race) with
-its estimate reported at the share of prompts it saw; its options, family and outcome in ``user_attrs``. Before
+its estimate reported at the share of prompts it saw; its options, family and outcome in ``user_attrs``; where
+the candidate is a point of its arm's box (:func:`~ram_live.selection.sampler_box.trial_params`: per-agent weights
+``w:<agent>``, λ ``lam:<agent>``, ``scale``, ``density``, RAM+'s ``r``/``alpha``) that point is the trial's
+``params``, with the box's distributions, so the dashboard's parameter plots show them. Before
 scoring, a process *claims* the candidate (a ``RUNNING`` trial naming it, its host and process); another process
 that needs the same candidate scores the candidates the search has announced next (a grid, the probes, both
 directions of an ascent step) while it waits, so two processes split that work and both end with the trials of
@@ -32,7 +35,7 @@ from .fidelity import Scored
 from .outcome import Outcome
 from .sampler import quiet_tell, quiet_optuna
 
-__all__ = ["Ledger", "open_ledger", "STALE_SECONDS"]
+__all__ = ["Ledger", "check_storage", "probe_storage", "open_ledger", "STALE_SECONDS"]
 
 #: A claim older than this (seconds) from another host is taken as abandoned.
 STALE_SECONDS = 3600.0
@@ -42,21 +45,62 @@ OPEN_TRIES = 5
 _KEY, _OUT, _OWNER, _AT = "ram_live:key", "ram_live:outcome", "ram_live:owner", "ram_live:claimed_at"
 
 
-def open_ledger(storage: Any, study: str | None, settings: dict[str, Any]) -> Ledger | None:
-    """The search's ledger in ``storage`` (an RDB URL such as ``"sqlite:///search.db"`` or an Optuna storage), or
-    None without one. ``settings`` (agents, budget, seed, ...) must match the study's if it exists."""
+def check_storage(storage: Any, study: Any) -> None:
+    """``storage=`` and ``study=`` checked without opening anything (what ``search(plan=True)`` and a training
+    callback's pre-flight check).
+
+    Args:
+        storage: None, an RDB URL such as ``"sqlite:///search.db"`` or an Optuna storage.
+        study: None or the study's name (needs ``storage``).
+
+    Raises:
+        ConfigError: ``study`` without ``storage``, a storage that is neither, an empty or non-str name, or no
+            Optuna installed.
+
+    Example:
+        >>> check_storage("sqlite:///search.db", "grpo")
+    """
     if storage is None:
         if study is not None:
             raise ConfigError(f"study={study!r} needs storage= (e.g. storage='sqlite:///search.db')")
-        return None
+        return
     try:
         import optuna
     except ImportError:
         raise ConfigError('storage= needs Optuna: pip install -e ".[optuna]" (or pip install optuna)') from None
-    if not isinstance(storage, (str, optuna.storages.BaseStorage)):
+    if not isinstance(storage, (str, optuna.storages.BaseStorage)) or isinstance(storage, str) and not storage:
         raise ConfigError(f"storage must be an RDB URL such as 'sqlite:///search.db', got {storage!r:.80}")
     if study is not None and (not isinstance(study, str) or not study):
         raise ConfigError(f"study must be a non-empty name, got {study!r:.80}")
+
+
+def probe_storage(storage: Any) -> None:
+    """``storage`` opened once (an RDB URL: its database made if new, its tables created), so that a URL that
+    cannot be used fails now, not at the first search (a training callback's pre-flight).
+
+    Raises:
+        ConfigError: Optuna could not open it (the message names the URL and Optuna's error).
+    """
+    check_storage(storage, None)
+    if storage is None or not isinstance(storage, str):
+        return
+    import optuna
+
+    try:
+        with quiet_optuna():
+            optuna.storages.get_storage(storage)
+    except Exception as exc:  # SQLAlchemy's and the drivers' errors, of many classes
+        raise ConfigError(f"storage={storage!r:.80}: Optuna could not open it ({exc})") from None
+
+
+def open_ledger(storage: Any, study: str | None, settings: dict[str, Any]) -> Ledger | None:
+    """The search's ledger in ``storage`` (an RDB URL such as ``"sqlite:///search.db"`` or an Optuna storage), or
+    None without one. ``settings`` (agents, budget, seed, ...) must match the study's if it exists."""
+    check_storage(storage, study)
+    if storage is None:
+        return None
+    import optuna
+
     for attempt in range(OPEN_TRIES):  # processes creating one new database at once: the losers see it made
         try:
             with quiet_optuna():
@@ -87,6 +131,9 @@ class Ledger:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.known: dict[str, dict[str, Any]] = {}
         self.reused = 0  # outcomes taken from the study instead of scored
+        #: ``params_of(candidate, outcome) -> {name: (value, distribution)}``: a scored candidate's Optuna params
+        #: (:func:`~ram_live.selection.sampler_box.trial_params`, set by the search), None: none recorded
+        self.params_of: Callable[[dict[str, Any], Outcome], dict[str, tuple[Any, Any]]] | None = None
         given = json.loads(json.dumps(settings, default=str))
         stored = study.user_attrs.get("ram_live:settings")
         if stored is None:
@@ -157,7 +204,7 @@ class Ledger:
             if not live:
                 mine = self._claim(lkey, candidate, family)
                 if mine is not None:
-                    return self._score(mine, compute)
+                    return self._score(mine, compute, candidate)
                 continue
             if not self._help(ahead()):
                 time.sleep(POLL_SECONDS)
@@ -195,7 +242,7 @@ class Ledger:
         except Exception:  # another process abandoned it first
             pass
 
-    def _score(self, trial: Any, compute: Callable[[], Outcome]) -> Outcome:
+    def _score(self, trial: Any, compute: Callable[[], Outcome], candidate: dict[str, Any]) -> Outcome:
         from optuna.trial import TrialState
 
         try:
@@ -207,6 +254,7 @@ class Ledger:
             quiet_tell(self.study, trial, state=TrialState.FAIL)
             return out
         record = _record(out)
+        self._params(trial, candidate, out)
         trial.set_user_attr(_OUT, record)
         self.known[trial.user_attrs[_KEY]] = record
         if out.scored.fidelity >= 1.0:
@@ -215,6 +263,17 @@ class Ledger:
             trial.report(out.scored.score, int(round(out.scored.fidelity * 1000)))
             quiet_tell(self.study, trial, state=TrialState.PRUNED)
         return out
+
+    def _params(self, trial: Any, candidate: dict[str, Any], out: Outcome) -> None:
+        """The candidate's point in its arm's box as the trial's params (``trial.params``, the dashboard's plots)."""
+        if self.params_of is None:
+            return
+        storage = self.study._storage
+        for name, (value, distribution) in self.params_of(candidate, out).items():
+            try:
+                storage.set_trial_param(trial._trial_id, name, distribution.to_internal_repr(value), distribution)
+            except ValueError:  # a name another trial holds with another kind of distribution: left out
+                pass
 
     def _help(self, ahead: list[tuple[str, Scored | None, Callable[[], Outcome], dict[str, Any]]]) -> bool:
         """Score one announced candidate nobody has claimed; False when there is none."""
@@ -225,7 +284,7 @@ class Ledger:
                 continue
             mine = self._claim(lkey, candidate, "ahead")
             if mine is not None:
-                self._score(mine, compute)
+                self._score(mine, compute, candidate)
                 return True
         return False
 

@@ -22,7 +22,7 @@ from .parallel import Pool, check_parallel, make_merger
 from .loop import SearchRun
 from .plan import SearchPlan, make_plan
 from .sampler import parse_sampler, sampler_name
-from .optuna_storage import open_ledger
+from .optuna_storage import check_storage, open_ledger
 from ..option_checks import check_seed, finite_float, shown
 from .adapters import adapter_agents, adapter_space, check_families
 
@@ -131,9 +131,10 @@ def search(
         sampler: what proposes the refinements of each arm (:mod:`ram_live.selection.sampler`): None (the
             default: ``"tpe"`` in a race of ``"20x"`` or more, else ``"moves"``; docs/search.md "Which
             sampler"), ``"moves"`` (the coordinate ascents and local steps),
-            ``"tpe"`` (the built-in TPE over the arm's per-agent weights and options, seeded by ``seed``) or any
-            Optuna sampler (``optuna.samplers.TPESampler(seed=0)``, ``GPSampler``, ``CmaEsSampler``,
-            ``NSGAIISampler``: score and worst task), by ask-and-tell. Raced like any candidate under
+            ``"tpe"`` (the built-in TPE over the arm's per-agent weights and options, seeded by ``seed``), an
+            Optuna sampler's name (``"optuna-tpe"``, ``"optuna-gp"``, ...: seeded by ``seed``) or any Optuna
+            sampler (``optuna.samplers.TPESampler(seed=0)``, ``GPSampler``, ``CmaEsSampler``, ``NSGAIISampler``:
+            score and worst task), by ask-and-tell. Raced like any candidate under
             ``fidelity="halving"``; ``result.sampler`` names it.
         storage, study: keep every scored candidate in an Optuna study (``storage="sqlite:///search.db"``, an RDB
             URL or an Optuna storage; ``study`` its name, default ``"ram_live_search"``;
@@ -192,6 +193,7 @@ def search(
                 raise ConfigError("space names the 'importance' family but search got no importance=")
             family.settings["variants"] = len(variants)
     proposer = parse_sampler(sampler, int(seed), halving is not None, units)
+    check_storage(storage, study)  # before plan= returns: a plan checks every option
     scorer = Scorer(evaluate, halving, in_prompts)
     if plan is not True and plan is not False:
         raise ConfigError(f"plan must be True or False, got {shown(plan)}")

@@ -8,6 +8,9 @@ candidate (``fidelity="halving"``), the race's estimates fed back as the model's
 - ``"moves"``: no model; the coordinate ascents and local steps (:mod:`ram_live.selection.moves`);
 - ``"tpe"``: the built-in Tree-structured Parzen Estimator (:class:`TPE`), pure Python, seeded by ``seed``: the
   same seed and scores give the same candidates on every machine; no extra needed;
+- ``"optuna-tpe"``, ``"optuna-gp"``, ``"optuna-cmaes"``, ``"optuna-random"``, ``"optuna-nsga2"`` (the names of
+  ``ram-live search --sampler``, for configs that hold text: verl's ``+ram.search.sampler``): that Optuna sampler,
+  seeded by ``seed``;
 - an Optuna sampler (``optuna.samplers.TPESampler(seed=0)``, ``GPSampler``, ``CmaEsSampler``, ``NSGAIISampler``,
   ...): ask-and-tell, one study per arm over the box as Optuna distributions; a candidate the race stopped is told
   ``PRUNED`` with its estimate reported at the prompts it saw; NSGA-II (and NSGA-III) search two objectives, the
@@ -27,7 +30,7 @@ from ..errors import ConfigError
 from .result import Trial
 from .sampler_box import Box, Dim
 
-__all__ = ["TPE", "OptunaProposer", "parse_sampler", "sampler_name", "TPE_FROM"]
+__all__ = ["TPE", "OptunaProposer", "parse_sampler", "sampler_name", "sampler_label", "TPE_FROM"]
 
 #: ``sampler=None``: the built-in TPE in a race (``fidelity="halving"``) of at least this many full evaluations'
 #: worth of prompts, the moves otherwise (where each won on benchmarks/bench_samplers.py; docs/search.md).
@@ -39,8 +42,11 @@ MULTI_OBJECTIVE = ("NSGAIISampler", "NSGAIIISampler")
 
 def parse_sampler(sampler: Any, seed: int, raced: bool = False, budget: float = 0.0) -> Any:
     """``search``'s ``sampler=``: None (the default: ``"tpe"`` in a race of a budget of at least :data:`TPE_FROM`
-    full evaluations, else ``"moves"``), ``"moves"``, ``"tpe"`` or an Optuna sampler. Returns None for the moves,
-    else a proposer (:class:`TPE` or :class:`OptunaProposer`)."""
+    full evaluations, else ``"moves"``), ``"moves"``, ``"tpe"``, an Optuna sampler's name (``"optuna-tpe"``, ...:
+    that sampler seeded by ``seed``) or an Optuna sampler. Returns None for the moves, else a proposer
+    (:class:`TPE` or :class:`OptunaProposer`)."""
+    from ..cli.parser import OPTUNA_SAMPLERS  # the names, declared once (the parser imports nothing heavy)
+
     if sampler is None:
         sampler = "tpe" if raced and budget >= TPE_FROM - 1e-9 else "moves"
     if isinstance(sampler, str):
@@ -48,7 +54,18 @@ def parse_sampler(sampler: Any, seed: int, raced: bool = False, budget: float = 
             return None
         if sampler == "tpe":
             return TPE(seed)
-        raise ConfigError(f"sampler must be 'moves', 'tpe' or an Optuna sampler, got {sampler!r:.80}")
+        if sampler in OPTUNA_SAMPLERS:
+            try:
+                import optuna
+            except ImportError:
+                raise ConfigError(
+                    f'sampler={sampler!r} needs Optuna: pip install -e ".[optuna]" (or pip install optuna)'
+                ) from None
+            return OptunaProposer(getattr(optuna.samplers, OPTUNA_SAMPLERS[sampler])(seed=seed))
+        raise ConfigError(
+            f"sampler must be 'moves', 'tpe', one of {', '.join(map(repr, OPTUNA_SAMPLERS))} or an Optuna "
+            f"sampler, got {sampler!r:.80}"
+        )
     module = type(sampler).__module__ or ""
     if module.startswith("optuna") or _is_optuna_sampler(sampler):
         return OptunaProposer(sampler)
@@ -56,6 +73,18 @@ def parse_sampler(sampler: Any, seed: int, raced: bool = False, budget: float = 
         f"sampler must be 'moves', 'tpe' or an Optuna sampler (optuna.samplers.TPESampler(seed=0), ...), "
         f"got {type(sampler).__name__}"
     )
+
+
+def sampler_label(sampler: Any) -> str | None:
+    """How a record names a ``sampler=`` as given, before any search: None, its text, or ``"optuna:<class>"``.
+
+    Example:
+        >>> sampler_label("tpe")
+        'tpe'
+    """
+    if sampler is None or isinstance(sampler, str):
+        return sampler
+    return f"optuna:{type(sampler).__name__}"
 
 
 def _is_optuna_sampler(sampler: Any) -> bool:

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .result import Trial
-from .space import Family
+from .space import Family, arm_of, side_of
 
-__all__ = ["Dim", "Box", "arm_box", "WEIGHT_HIGH", "WEIGHT_GROWTH", "R_HIGH"]
+__all__ = ["Dim", "Box", "arm_box", "box_kind", "trial_params", "WEIGHT_HIGH", "WEIGHT_GROWTH", "R_HIGH"]
 
 #: Upper bound of a per-agent weight (task arithmetic) or λ (RAM): extrapolating past it is not searched.
 WEIGHT_HIGH = 6.0
@@ -91,23 +91,115 @@ def _high(families: list[Family], kinds: tuple[str, ...], best: float | None) ->
     return min(WEIGHT_HIGH, WEIGHT_GROWTH * max(1.0, best or 0.0))
 
 
-def arm_box(arm: str, families: list[Family], run: Any) -> Box | None:
-    """The box of ``arm`` (its families), or None when it has nothing continuous to search. ``run`` is the search
-    loop (its merger's agents, its seed, its RAM-side start)."""
+def box_kind(arm: str, families: list[Family]) -> str | None:
+    """Which box ``arm`` has, from its families alone (the one rule :func:`arm_box` and
+    :func:`ram_live.selection.budget.sampleable` share): ``"ta_weights"`` (task arithmetic with ``ta_weights``),
+    ``"ta_scale"`` (its default scale grid, with two scales or more: one scale leaves nothing to search),
+    ``"ram_lambdas"`` (RAM with ``lambdas``/``shared_weights``), ``"ram_plus"`` (the default RAM+ grid),
+    ``"density"`` (a default density × scale grid), or None (the moves refine the arm).
+
+    Args:
+        arm: the arm's name (:attr:`Family.arm`).
+        families: its families.
+
+    Returns:
+        The kind of box, or None.
+
+    Example:
+        >>> from ram_live.selection.space import parse_space
+        >>> box_kind("task_arithmetic", parse_space(["task_arithmetic", "ta_weights"]))
+        'ta_weights'
+    """
     kinds = {f.kind for f in families}
-    names = list(run.merger.names)
+    defaults = [f for f in families if f.kind == "grid" and not f.user_grid]
     if arm == "task_arithmetic":
-        return _ta_box(families, kinds, names, run)
+        if "ta_weights" in kinds:
+            return "ta_weights"
+        scales = {float(o.get("scale", 1.0)) for f in defaults if f.name == arm for o in f.grid}
+        return "ta_scale" if len(scales) >= 2 else None
     if arm == "ram":
-        return _ram_box(families, kinds, run)
-    grids = [f for f in families if f.kind == "grid" and not f.user_grid and f.name == arm]
-    if grids and any({"density", "scale"} <= set(o) for o in grids[0].grid):
+        if {"lambdas", "shared_weights"} & kinds:
+            return "ram_lambdas"
+        return "ram_plus" if any(f.name == "ram_plus" for f in defaults) else None
+    if any(f.name == arm and any({"density", "scale"} <= set(o) for o in f.grid) for f in defaults):
+        return "density"
+    return None
+
+
+def arm_box(arm: str, families: list[Family], run: Any) -> Box | None:
+    """The box of ``arm`` (its families), or None when it has nothing continuous to search (:func:`box_kind`), or
+    when RAM's λ box has no start yet (no RAM-side trial with λ per agent). ``run`` is the search loop (its
+    merger's agents, its seed, its RAM-side start)."""
+    kind = box_kind(arm, families)
+    if kind in ("ta_weights", "ta_scale"):
+        return _ta_box(families, kind, list(run.merger.names), run)
+    if kind == "ram_lambdas":
+        return _ram_box(families, run)
+    if kind == "ram_plus":
+        return _ram_plus_box()
+    if kind == "density":
         return _density_box(arm, run)
     return None
 
 
-def _ta_box(families: list[Family], kinds: set[str], names: list[str], run: Any) -> Box | None:
-    if "ta_weights" in kinds:
+def trial_params(run: Any, candidate: dict[str, Any], outcome: Any) -> dict[str, tuple[Any, Any]]:
+    """A scored candidate as Optuna params (``storage=``: the study's trials then show them, and
+    ``optuna-dashboard`` plots them): its point in its arm's box, each dimension as ``name -> (value,
+    distribution)`` (``FloatDistribution`` over the box's range, widened to hold a value a move took past it;
+    choices as a ``CategoricalDistribution`` of their text); ``{}`` when the arm has no box or the candidate is no
+    point of it. RAM's λ box reads the λ per agent the merge reported (before the sampler makes that box, from
+    the candidate's own λ: nothing is merged for it).
+
+    Args:
+        run: the search loop (its ``arm_families``, ``boxes``, merger).
+        candidate: the candidate scored.
+        outcome: its :class:`~ram_live.selection.outcome.Outcome`.
+
+    Returns:
+        Param name -> (value as Optuna stores it, distribution).
+    """
+    import optuna
+
+    method = candidate["method"]
+    arm = arm_of(method)
+    families = getattr(run, "arm_families", {}).get(arm)
+    scored = getattr(outcome, "scored", None)
+    if families is None or scored is None:
+        return {}
+    kind = box_kind(arm, families)
+    options = {k: v for k, v in candidate.items() if k != "method"}
+    trial = Trial(-1, "", method, options, scored.score, 0.0, 0.0, math.nan, side_of(method), outcome.lambdas)
+    box = run.boxes.get(arm) if arm in run.boxes else None
+    if box is None and kind == "ram_lambdas":  # the sampler's box needs a RAM start: the λ per agent as they are
+        if trial.side != "ram" or not trial.lambdas or options.get("importance") is not None:
+            return {}
+        point = {f"lam:{a}": float(v) for a, v in trial.lambdas.items()}
+        dims = [Dim(name, 0.0, WEIGHT_HIGH) for name in point]
+    else:
+        if box is None and kind is not None:
+            box = arm_box(arm, families, run)
+        point = box.reader(trial) if box is not None else None
+        if point is None or box is None or set(point) != {d.name for d in box.dims}:
+            return {}
+        dims = box.dims
+    out: dict[str, tuple[Any, Any]] = {}
+    for d in dims:
+        value = point[d.name]
+        if d.choices is not None:
+            choices = [str(c) for c in d.choices]
+            if str(value) not in choices:
+                return {}
+            out[d.name] = (str(value), optuna.distributions.CategoricalDistribution(choices))
+        elif isinstance(value, numbers.Real) and math.isfinite(float(value)):
+            v = float(value)
+            out[d.name] = (v, optuna.distributions.FloatDistribution(min(d.low, v), max(d.high, v)))
+        else:
+            return {}
+    return out
+
+
+def _ta_box(families: list[Family], kind: str, names: list[str], run: Any) -> Box:
+    if kind == "ta_weights":
         tas = [t for t in run.history if t.method == "task_arithmetic" and t.complete]
         best = max(tas, key=lambda t: (t.score, -t.index)) if tas else None
         largest = None
@@ -130,11 +222,7 @@ def _ta_box(families: list[Family], kinds: set[str], names: list[str], run: Any)
             read,
         )
     grid = [f for f in families if f.kind == "grid" and f.name == "task_arithmetic" and not f.user_grid]
-    if not grid:
-        return None
-    scales = [float(o.get("scale", 1.0)) for o in grid[0].grid]
-    if len(set(scales)) < 2:
-        return None
+    scales = [float(o.get("scale", 1.0)) for f in grid for o in f.grid]
 
     def read_scale(t: Trial) -> dict[str, Any] | None:
         if t.method != "task_arithmetic" or set(t.options) - {"scale"}:
@@ -165,30 +253,29 @@ def _density_box(arm: str, run: Any) -> Box:
     )
 
 
-def _ram_box(families: list[Family], kinds: set[str], run: Any) -> Box | None:
-    if {"lambdas", "shared_weights"} & kinds:
-        start = run._ram_start()
-        if start is None or start.lambdas is None:
-            return None
-        common = run._common(start)
-        agents = list(start.lambdas)
-        high = _high(families, ("shared_weights", "lambdas"), max(start.lambdas.values()))
-        dims = [Dim(f"lam:{a}", 0.0, high) for a in agents]
-
-        def build(p: dict[str, Any]) -> dict[str, Any]:
-            return {"method": "ram", **common, "lambdas": {a: float(p[f"lam:{a}"]) for a in agents}}
-
-        def read(t: Trial) -> dict[str, Any] | None:
-            if t.side != "ram" or t.lambdas is None or set(t.lambdas) != set(agents) or run._common(t) != common:
-                return None
-            if t.options.get("importance") is not None:
-                return None  # weighted shared entries: not a point of this box
-            return {f"lam:{a}": float(t.lambdas[a]) for a in agents}
-
-        return Box("ram", dims, build, read, common)
-    if "grid" not in kinds or not any(f.name == "ram_plus" and not f.user_grid for f in families):
+def _ram_box(families: list[Family], run: Any) -> Box | None:
+    start = run._ram_start()
+    if start is None or start.lambdas is None:
         return None
+    common = run._common(start)
+    agents = list(start.lambdas)
+    high = _high(families, ("shared_weights", "lambdas"), max(start.lambdas.values()))
+    dims = [Dim(f"lam:{a}", 0.0, high) for a in agents]
 
+    def build(p: dict[str, Any]) -> dict[str, Any]:
+        return {"method": "ram", **common, "lambdas": {a: float(p[f"lam:{a}"]) for a in agents}}
+
+    def read(t: Trial) -> dict[str, Any] | None:
+        if t.side != "ram" or t.lambdas is None or set(t.lambdas) != set(agents) or run._common(t) != common:
+            return None
+        if t.options.get("importance") is not None:
+            return None  # weighted shared entries: not a point of this box
+        return {f"lam:{a}": float(t.lambdas[a]) for a in agents}
+
+    return Box("ram", dims, build, read, common)
+
+
+def _ram_plus_box() -> Box:
     def read_plus(t: Trial) -> dict[str, Any] | None:
         if t.method != "ram_plus" or set(t.options) - {"r", "alpha"}:
             return None

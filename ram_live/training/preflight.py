@@ -1,7 +1,8 @@
 """The checks a training callback runs before the first step (its pre-flight), so that what can fail at the first
 merge fails at step 0 instead, before any training is paid for: the search setting (every option, as
 :func:`ram_live.search` with ``plan=True`` checks them: ``space``, ``budget``, ``fidelity`` with the evaluation it
-gets, ``confirm``), an evaluation scoring prompts one by one (:func:`ram_live.evaluate.rewards`) run on a few
+gets, ``confirm``, ``sampler``, ``storage``/``study``: the storage opened once, and refused with several ranks), an
+evaluation scoring prompts one by one (:func:`ram_live.evaluate.rewards`) run on a few
 prompts of the base (a broken reward function raises now), and ``merged_dir`` written to. A failure raises on
 every rank (:func:`~.failures.agreeing`).
 
@@ -19,7 +20,14 @@ from typing import Any
 from ..errors import ConfigError, EvaluationError, RamLiveError
 from .failures import agreeing, error_line
 
-__all__ = ["PREFLIGHT_PROMPTS", "agent_folder", "check_merged_dir_writable", "check_search", "preflight"]
+__all__ = [
+    "PREFLIGHT_PROMPTS",
+    "agent_folder",
+    "check_merged_dir_writable",
+    "check_search",
+    "check_storage_ranks",
+    "preflight",
+]
 
 #: the prompts of the base an evaluation scoring prompts one by one scores in the pre-flight
 PREFLIGHT_PROMPTS = 2
@@ -56,6 +64,7 @@ def preflight(
             evaluations = [evaluate]
             if schedule.search is not None:
                 evaluations += check_search(schedule.search, evaluate, adapters, space, schedule.importance)
+                check_storage_ranks(schedule.search, schedule.collective.world_size)
             seen: set[int] = set()
             for fn in evaluations:
                 if fn is not None and id(fn) not in seen:
@@ -116,9 +125,39 @@ def check_search(
         confirm=confirm,
         confirm_top=setting.confirm_top,
         importance=importance if adapters is None else None,
+        sampler=setting.sampler,
+        storage=setting.storage,
+        study=setting.study_name("preflight", 0),
         plan=True,
     )
+    if setting.storage is not None:
+        from ..selection.optuna_storage import probe_storage
+
+        probe_storage(setting.storage)
     return [] if plain else [f for f in (fn, confirm) if f is not None]
+
+
+def check_storage_ranks(setting: Any, world_size: int) -> None:
+    """A search setting with ``storage=`` refused in a run of several ranks: their evaluations are collective
+    (scores averaged over the ranks), and a rank that takes a candidate's score from the study instead of
+    evaluating it would leave the others waiting in the collective.
+
+    Args:
+        setting: the :class:`~ram_live.training.search.SearchSetting`.
+        world_size: the ranks of the run.
+
+    Raises:
+        ConfigError: ``setting.storage`` is set and ``world_size > 1``.
+
+    Example:
+        >>> check_storage_ranks(SearchSetting(), 8)  # doctest: +SKIP
+    """
+    if getattr(setting, "storage", None) is not None and world_size > 1:
+        raise ConfigError(
+            f"search storage= needs a single process: this run has {world_size} ranks, whose evaluations are "
+            "collective (a rank taking a score from the study would leave the others waiting); drop storage= or "
+            "train on one process"
+        )
 
 
 def _plain(merged: Any) -> float:

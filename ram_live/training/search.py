@@ -56,6 +56,16 @@ class SearchSetting:
         space, seed: as in :func:`ram_live.search` (``None``: its default space).
         confirm, confirm_top: a second held-out evaluation (same kind as ``evaluate``) for the best
             ``confirm_top`` candidates, reported next to the selection score.
+        sampler: as in :func:`ram_live.search`: None (its default), ``"moves"``, ``"tpe"``, an Optuna sampler's
+            name (``"optuna-tpe"``, ``"optuna-gp"``, ``"optuna-cmaes"``, ``"optuna-random"``, ``"optuna-nsga2"``:
+            seeded by ``seed``; what a config such as verl's ``+ram.search.sampler`` holds) or an Optuna sampler.
+        storage, study: keep each merge's search in Optuna's storage (an RDB URL such as
+            ``"sqlite:///search.db"``): each periodic search is a study of its own, named by :meth:`study_name`
+            (``<study>:<agent>:<run>:step_<step>``, ``study`` default ``"ram_live"``), so a training job resumed
+            from its checkpoint resumes the interrupted merge's search without scoring again, a new run never
+            takes an earlier run's scores, and ``optuna-dashboard`` lists every merge. Not with several ranks
+            (DDP): their evaluations are collective, and a rank taking a score from the study would leave the
+            others waiting.
 
     Raises:
         ConfigError: an option is not valid (budget, fidelity, confirm_top, seed, mode, metric, or an evaluate /
@@ -76,13 +86,21 @@ class SearchSetting:
     seed: int = 0
     confirm: Callable[..., Any] | str | None = None
     confirm_top: int = 3
+    sampler: Any = None
+    storage: Any = None
+    study: str | None = None
 
     def __post_init__(self) -> None:
         from ..selection.fidelity import parse_budget, parse_fidelity
+        from ..selection.optuna_storage import check_storage
+        from ..selection.sampler import parse_sampler
 
         try:
             parse_budget(self.budget)
             parse_fidelity(self.fidelity)
+            if not isinstance(self.seed, bool) and isinstance(self.seed, int):
+                parse_sampler(self.sampler, self.seed)
+            check_storage(self.storage, self.study)
         except ConfigError as exc:
             raise ConfigError(f"search {exc}") from None
         if isinstance(self.confirm_top, bool) or not isinstance(self.confirm_top, int) or self.confirm_top < 1:
@@ -122,6 +140,54 @@ class SearchSetting:
         if unknown:
             raise ConfigError(f"unknown search option(s) {', '.join(unknown)}; the options are: {', '.join(allowed)}")
         return cls(**dict(values))
+
+    def study_name(self, agent: str, step: int, run: str | None = None) -> str | None:
+        """The study of the search at ``step`` in ``storage``: ``<study>:<agent>:<run>:step_<step>`` (``study``
+        default ``"ram_live"``; no ``<run>:`` part without a run), or None without ``storage``. Each merge is a
+        search of its own (the agents' snapshots differ from one merge to the next): one study for all of them
+        would hand a later merge the scores of an earlier one.
+
+        Args:
+            agent: the callback's agent.
+            step: the merge's training step.
+            run: the training run (a resumed job's is its checkpoint's), or None.
+
+        Returns:
+            The study's name, or None.
+
+        Example:
+            >>> SearchSetting(storage="sqlite:///s.db").study_name("coder", 200, "20260101-a1b2c3")
+            'ram_live:coder:20260101-a1b2c3:step_200'
+        """
+        if self.storage is None:
+            return None
+        parts = [self.study or "ram_live", agent] + ([run] if run else []) + [f"step_{int(step)}"]
+        return ":".join(parts)
+
+    def search_options(self, agent: str, step: int, run: str | None = None) -> dict[str, Any]:
+        """The keywords of :func:`ram_live.search` this setting gives (all but the evaluations and the agents),
+        the study named by :meth:`study_name`.
+
+        Args:
+            agent, step, run: as for :meth:`study_name`.
+
+        Returns:
+            ``budget``, ``space``, ``seed``, ``fidelity``, ``confirm_top``, ``sampler``, ``storage``, ``study``.
+
+        Example:
+            >>> sorted(SearchSetting(budget=20).search_options("coder", 200))[:3]
+            ['budget', 'confirm_top', 'fidelity']
+        """
+        return {
+            "budget": self.budget,
+            "space": self.space,
+            "seed": self.seed,
+            "fidelity": self.fidelity,
+            "confirm_top": self.confirm_top,
+            "sampler": self.sampler,
+            "storage": self.storage,
+            "study": self.study_name(agent, step, run),
+        }
 
     def evaluation(self, fallback: Callable[..., Any] | None = None) -> Callable[..., Any]:
         """The selection evaluation as a callable: ``evaluate`` (a dotted path loaded), else ``fallback``.
@@ -199,10 +265,17 @@ class SearchSetting:
         Returns:
             Option name → value (callables as ``module:qualname``).
         """
+        from ..selection.sampler import sampler_label
+
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            out[f.name] = _name_of(v) if callable(v) else jsonable(v)
+            if f.name == "sampler":
+                out[f.name] = sampler_label(v)
+            elif f.name == "storage" and v is not None and not isinstance(v, str):
+                out[f.name] = f"<{type(v).__name__}>"  # an Optuna storage object
+            else:
+                out[f.name] = _name_of(v) if callable(v) else jsonable(v)
         return out
 
 
@@ -302,6 +375,7 @@ def schedule_search(
     from ..api import merge
     from ..selection import search
     from ..store import LocalModel
+    from .preflight import check_storage_ranks
 
     setting: SearchSetting = schedule.search
     if schedule.sharded:
@@ -310,6 +384,7 @@ def schedule_search(
             "parameters are sharded (DTensor)"
         )
     c = schedule.collective
+    check_storage_ranks(setting, c.world_size)
     live = LocalModel.from_obj(model, name=schedule.agent)
 
     def wrap(fn: Callable[..., Any]) -> Callable[[Any], float]:
@@ -321,13 +396,9 @@ def schedule_search(
         dict(agents),
         base=base,
         evaluate=wrap(evaluation),
-        budget=setting.budget,
-        space=setting.space,
-        seed=setting.seed,
-        fidelity=setting.fidelity,
         confirm=wrap(confirm) if confirm is not None else None,
-        confirm_top=setting.confirm_top,
         importance=schedule.importance,
+        **setting.search_options(schedule.agent, step, schedule.run),
     )
     seconds = time.perf_counter() - t0
     tensors, info = merge(dict(agents), base=base, return_info=True, chunk_numel=schedule.chunk_numel, **result.best)
