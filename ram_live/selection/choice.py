@@ -16,9 +16,18 @@ import warnings
 from typing import Any
 
 from ..errors import RamLiveWarning
-from .fidelity import _stdev
+from .fidelity import paired_se
 
-__all__ = ["ArbitraryChoiceWarning", "all_same", "undecided", "paired", "rivals", "likely_causes", "note_choice"]
+__all__ = [
+    "ArbitraryChoiceWarning",
+    "all_same",
+    "undecided",
+    "paired",
+    "rivals",
+    "likely_causes",
+    "could_not_choose",
+    "note_choice",
+]
 
 #: Scores this close (relative to the larger magnitude, at least absolute) are "the same" without a standard error.
 SAME = 1e-12
@@ -54,15 +63,8 @@ def paired(best: Any, other: Any) -> tuple[float, float] | None:
     either lacks per-prompt scores."""
     if best.values is None or other.values is None:
         return None
-    diffs = [
-        float(v) - float(other.values[i])
-        for i, v in best.values.items()
-        if v is not None and other.values.get(i) is not None
-    ]
-    if not diffs:
-        return None
-    se = _stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
-    return float(best.score) - float(other.score), se if math.isfinite(se) else math.inf
+    n, se = paired_se(best.values, other.values, best.values)
+    return None if n == 0 else (float(best.score) - float(other.score), se)
 
 
 def rivals(result: Any) -> list[tuple[Any, float, float]]:
@@ -165,6 +167,34 @@ def _weighted_range(evaluate: Any) -> tuple[float, float] | None:
     return (low, high) if math.isfinite(low) and math.isfinite(high) else None
 
 
+def could_not_choose(result: Any, *, short: bool = False) -> tuple[str, str]:
+    """The words for a search that could not choose (:func:`undecided`): what its scores show and which of them
+    the winner is; as the :class:`ArbitraryChoiceWarning` says them, or ``short`` as the table does.
+
+    Args:
+        result: the :class:`~ram_live.selection.result.SearchResult`, undecided.
+        short: the table's shorter words.
+
+    Returns:
+        ``(spread, which)``, e.g. ``("all 5 candidates scored 0.25", "the earliest")``.
+    """
+    scores = [float(t.score) for t in result.complete]
+    if all_same(scores):
+        if short:
+            return f"all {len(scores)} candidates have the same score", "the earliest of them"
+        return f"all {len(scores)} candidates scored {scores[0]:.6g}", "the earliest"
+    close = rivals(result)
+    spread = f"{len(close)} of the {len(scores)} candidates"
+    if short:
+        spread += " are within one paired standard error of the winner"
+    else:
+        spread += (
+            f" scored on every prompt are within one paired standard error of the winner (the closest, "
+            f"#{close[0][0].index}, by {close[0][1]:.3g} ± {close[0][2]:.3g})"
+        )
+    return spread, "the highest, by less than the paired standard error"
+
+
 def note_choice(result: Any, evaluate: Any, slices: Any = None, stacklevel: int = 3) -> None:
     """After a search: keep the race's slice sizes on ``result`` (``race_slices``), and when the winner is
     arbitrary (:func:`undecided`) set ``result.choice_causes`` and warn with :class:`ArbitraryChoiceWarning`.
@@ -180,16 +210,8 @@ def note_choice(result: Any, evaluate: Any, slices: Any = None, stacklevel: int 
         return
     causes = likely_causes(result, evaluate)
     result.choice_causes = causes
-    best, scores = result.best_trial, [float(t.score) for t in result.complete]
-    if all_same(scores):
-        spread, which = f"all {len(scores)} candidates scored {scores[0]:.6g}", "the earliest"
-    else:
-        close = rivals(result)
-        spread = (
-            f"{len(close)} of the {len(scores)} candidates scored on every prompt are within one paired standard "
-            f"error of the winner (the closest, #{close[0][0].index}, by {close[0][1]:.3g} ± {close[0][2]:.3g})"
-        )
-        which = "the highest, by less than the paired standard error"
+    best = result.best_trial
+    spread, which = could_not_choose(result)
     warnings.warn(
         ArbitraryChoiceWarning(
             f"the search could not choose: {spread}; the winner #{best.index} "

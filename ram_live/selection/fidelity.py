@@ -32,13 +32,13 @@ import math
 import random
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..errors import ConfigError
 from ..evaluate import moments
 from ..option_checks import finite_float, shown
 
-__all__ = ["Halving", "Scored", "Scorer", "parse_budget", "parse_fidelity", "prompt_protocol"]
+__all__ = ["Halving", "Scored", "Scorer", "paired_se", "parse_budget", "parse_fidelity", "prompt_protocol"]
 
 Values = dict[int, "float | None"]
 
@@ -268,14 +268,10 @@ class Scorer:
             self._aggregate({i: reference.values[i] for i in indices}),
         )  # type: ignore[index]
         gap = mine[0] - theirs[0]
-        diffs = [
-            values[i] - reference.values[i]
-            for i in indices  # type: ignore[index, operator]
-            if values[i] is not None and reference.values[i] is not None
-        ]  # type: ignore[index]
-        if len(diffs) < MIN_RACE_PROMPTS:  # too few to tell a worse candidate from a bad draw: it goes on
+        n, se = paired_se(values, reference.values, indices)  # type: ignore[arg-type]
+        if n < MIN_RACE_PROMPTS:  # too few to tell a worse candidate from a bad draw: it goes on
             return False
-        return gap < -self.halving.z * _stdev(diffs) / math.sqrt(len(diffs))  # type: ignore[union-attr]
+        return gap < -self.halving.z * se  # type: ignore[union-attr]
 
     def _prompt_scores(self, merged: Any, indices: list[int]) -> list[float | None]:
         out = list(self.evaluate.prompt_scores(merged, indices))
@@ -355,6 +351,23 @@ def standard_error(
     except OverflowError:  # objectives near float's limit: the same, scaled (inf where it is beyond the range)
         se = math.sqrt(g - 1) * moments.std(thetas, ddof=0)
     return se if math.isfinite(se) else None
+
+
+def paired_se(
+    mine: Mapping[int, float | None], theirs: Mapping[int, float | None], indices: Iterable[int]
+) -> tuple[int, float]:
+    """``(n, se)``: how many of ``indices`` both scored, and the standard error of the mean of the paired per-prompt
+    differences ``mine − theirs`` on them (``stdev(d) / sqrt(n)``; 0 for one prompt, inf for none or where it is
+    not finite): how :func:`~ram_live.selection.choice.paired` and the race tell two candidates apart."""
+    diffs = [
+        float(a) - float(b)  # type: ignore[arg-type]
+        for i in indices
+        if (a := mine.get(i)) is not None and (b := theirs.get(i)) is not None
+    ]
+    if not diffs:
+        return 0, math.inf
+    se = _stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    return len(diffs), se if math.isfinite(se) else math.inf
 
 
 def _stdev(values: Sequence[float]) -> float:

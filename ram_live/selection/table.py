@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .choice import all_same, rivals
+from .choice import could_not_choose
 from .fidelity import MIN_RACE_PROMPTS
 
 __all__ = ["format_table", "within_one_se"]
@@ -44,14 +44,7 @@ def _undecided_lines(result: Any) -> list[str]:
     """The table's word that the search could not choose (:attr:`SearchResult.arbitrary`), with the likely causes."""
     if not result.arbitrary:
         return []
-    scores = [t.score for t in result.complete]
-    if all_same(scores):
-        head = f"all {len(scores)} candidates have the same score"
-        pick = "the earliest of them"
-    else:
-        close = rivals(result)
-        head = f"{len(close)} of the {len(scores)} candidates are within one paired standard error of the winner"
-        pick = "the highest, by less than the paired standard error"
+    head, pick = could_not_choose(result, short=True)
     lines = [f"arbitrary: {head}; the search could not choose, the winner is {pick}"]
     if result.choice_causes:
         lines.append("likely causes: " + "; ".join(result.choice_causes))
