@@ -124,3 +124,53 @@ def test_the_merges_importance_follows_what_the_snapshots_carry():
     assert stored_importance({"a": snap(None), "b": snap(None)}, adam) is None
     assert stored_importance({"a": snap(None, lora=True), "b": snap(None, lora=True)}, adam) is None
     assert stored_importance({"a": snap(object()), "b": snap(object())}, off) is None
+
+
+def test_the_sampler_and_storage_keys_reach_the_search(tmp_path):
+    optuna = pytest.importorskip("optuna")
+    base = _base()
+    folder = tmp_path / "base_model"
+    folder.mkdir()
+    save_file(base, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text('{"model_type": "toy"}')
+    agents = {"a": _agent(base, 1), "b": _agent(base, 2)}
+    calls = []
+
+    def held_out(merged_dir: str, step: int) -> float:
+        calls.append(step)
+        sd = load_file(f"{merged_dir}/model.safetensors")
+        return -float(sum(((sd[k] - 0.5 * agents["a"][k] - 0.5 * agents["b"][k]) ** 2).sum() for k in sd))
+
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    # as verl's +ram.search.sampler=tpe +ram.search.storage=... +ram.search.study=grpo give them
+    search = {"evaluate": held_out, "budget": 6, "sampler": "tpe", "storage": url, "study": "grpo"}
+    opts = options_from_mapping(
+        {
+            "store": str(tmp_path / "store"),
+            "agent": "a",
+            "base": str(folder),
+            "weights": "fp32",
+            "merge_every": 1,
+            "merged_dir": str(tmp_path / "merged"),
+            "search": search,
+        }
+    )
+    assert opts.search.sampler == "tpe" and opts.search.storage == url
+    ram = RAMVerl(opts)
+    store = SnapshotStore(tmp_path / "store", durable=False)
+    for name, sd in agents.items():
+        store.writer(name, base=base).snapshot(sd, 3)
+    ram.merge(step=3)
+    names = optuna.get_all_study_names(url)
+    assert names == [opts.search.study_name("a", 3, ram.run)] and names[0].startswith("grpo:a:")
+    trials = optuna.load_study(study_name=names[0], storage=url).trials
+    assert len([t for t in trials if t.state.name == "COMPLETE"]) == len(calls) >= 1
+    with pytest.raises(ConfigError, match="sampler must be"):
+        options_from_mapping(
+            {
+                "store": str(tmp_path / "s2"),
+                "agent": "a",
+                "merge_every": 1,
+                "search": {"evaluate": "math:sqrt", "sampler": "nope"},
+            }
+        )
