@@ -174,15 +174,20 @@ def _draw_choice(d: Dim, good: list[dict[str, Any]], rng: random.Random) -> Any:
 
 def _log_density(point: dict[str, Any], centres: list[dict[str, Any]], dims: list[Dim], width: float) -> float:
     """Log of the Parzen mixture at ``point``: the centres' kernels and the prior (centre 0.5, width 1), equally
-    weighted; a categorical dimension contributes its smoothed frequency."""
+    weighted; a categorical dimension contributes its smoothed frequency (the same for every kernel: counted once)."""
+    frequency = [
+        math.log((1.0 + sum(c[d.name] == point[d.name] for c in centres)) / (len(d.choices) + len(centres)))
+        if d.choices is not None
+        else 0.0
+        for d in dims
+    ]
     total = 0.0
     kernels = [(c, width) for c in centres] + [(None, 1.0)]
     for centre, w in kernels:
         log_k = 0.0
-        for d in dims:
+        for d, log_f in zip(dims, frequency):
             if d.choices is not None:
-                hits = sum(c[d.name] == point[d.name] for c in centres)
-                log_k += math.log((1.0 + hits) / (len(d.choices) + len(centres)))
+                log_k += log_f
             else:
                 mu = 0.5 if centre is None else _unit(d, centre[d.name])
                 z = (_unit(d, point[d.name]) - mu) / w
