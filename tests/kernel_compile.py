@@ -50,6 +50,7 @@ KERNELS = (
     ("ram_live.kernels.device.select_triton", "radix_histogram_kernel"),
     ("ram_live.kernels.device.select_triton", "select_thresholds_kernel"),
     ("ram_live.kernels.device.ties_triton", "ties_merge_kernel"),
+    ("ram_live.kernels.device.group_triton", "ram_merge_group_kernel"),
 )
 
 
@@ -214,6 +215,26 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
 
         label = f"RAM {DTYPES[dtype]} K={k} lambdas={lam} sign={sign} weighted={weighted} eps={eps}"
         out.append((label, ram_mod, ram_name, call))
+    group_mod, group_name = "ram_live.kernels.device.group_triton", "ram_merge_group_kernel"
+    for dtype, k, lam, sign, weighted, eps in [
+        (torch.bfloat16, 3, False, False, False, 1e-5),
+        (torch.float32, 8, True, True, True, 0.0),
+    ]:
+        base, agents = flat(k, dtype)
+        imps = [torch.ones(SHAPE["n"], dtype=torch.float32) for _ in range(k)] if weighted else []
+        lambdas = torch.ones(k, dtype=torch.float32) if lam else None
+
+        def call(base=base, agents=agents, imps=imps, lambdas=lambdas, eps=eps, sign=sign) -> None:
+            from ram_live.kernels.device.group_triton import launch_ram_merge_group
+
+            slots = torch.zeros(2, dtype=torch.int64)
+            outs = [torch.empty_like(base), torch.empty_like(base)]
+            launch_ram_merge_group(
+                outs, [base, base], [agents, agents], [imps, imps] if imps else [], lambdas, eps, sign, slots, [0, 1]
+            )
+
+        label = f"RAM group {DTYPES[dtype]} K={k} lambdas={lam} sign={sign} weighted={weighted} eps={eps}"
+        out.append((label, group_mod, group_name, call))
     for dtype, k, eps in [(torch.bfloat16, 3, 1e-5), (torch.float32, 8, 0.0)]:
         base, agents = flat(k, dtype)
 

@@ -40,9 +40,16 @@ class DeferredChecks:
             return None
         slots = self._slots.get(device)
         if slots is None:
-            buffer = self._buffers[device] = torch.zeros(len(self.keys), dtype=torch.int64, device=device)
-            slots = self._slots[device] = buffer.unbind(0)  # every slot's view at once, not an indexing per tensor
+            slots = self._slots[device] = self.buffer(device).unbind(0)  # every slot's view at once
         return slots[index]
+
+    def buffer(self, device: torch.device) -> Tensor:
+        """The int64 buffer of every slot on ``device`` (slot ``i`` at index ``i``), for kernels that merge many
+        tensors in one launch."""
+        buffer = self._buffers.get(device)
+        if buffer is None:
+            buffer = self._buffers[device] = torch.zeros(len(self.keys), dtype=torch.int64, device=device)
+        return buffer
 
     def raise_first(self, recheck: Callable[[str], None]) -> None:
         """Read every buffer (one device-to-host read per device) and call ``recheck(key)`` for the first tensor

@@ -17,6 +17,7 @@ from ..types import Activity, MergeInfo, Plan, RamStatistics, TensorSpec
 from .checks import DeferredChecks
 from .counts import ADDED
 from .dispatch import StreamView, count_tensor, merge_kernel
+from .grouped import merge_groups
 from .reader import Reader, check_equal
 from .stream import DeltaStream, digest_update
 from .threads import worker_count
@@ -170,8 +171,11 @@ def merge_pass(
     if progress:
         progress.start("merge", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     checks = DeferredChecks(plan.merge)
+    grouped, taken = merge_groups(job, plan, specs, run_state, checks, progress, digest)
     for index, key in enumerate(plan.merge):
-        merge_tensor(job, key, run_state, digest, checks=(checks, index))
+        if key in grouped:
+            continue
+        merge_tensor(job, key, run_state, digest, dest=taken.get(key), checks=(checks, index))
         if progress:
             progress.update(key, reader.nbytes(key))
     checks.raise_first(lambda key: recheck(reader, key, job.activity, job.chunk_numel))

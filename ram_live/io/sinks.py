@@ -45,7 +45,9 @@ MERGE_HUGEPAGES = False
 class Sink(Protocol):
     """Where merged tensors go. A sink may set ``revisable = True`` when its destinations are fresh tensors that
     stay in memory until :meth:`finish` and may be written again: then RAM+ reads its inputs once (see
-    :func:`ram_live.engine.run.run_merge`)."""
+    :func:`ram_live.engine.run.run_merge`). A sink sets ``holds_outputs = True`` when its destinations are the
+    outputs themselves, kept in memory, and ``commit`` reads none of their values: then a device merge may write
+    many of them in one launch after they are all taken (see :mod:`ram_live.engine.grouped`)."""
 
     def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None: ...
 
@@ -72,6 +74,8 @@ class ModuleSink:
         self.inplace = inplace
         self.module: nn.Module | None = None
         self._tensors: dict[str, Tensor] = {}
+
+    holds_outputs = True
 
     def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None:
         if self.inplace:
@@ -116,6 +120,7 @@ class StateDictSink:
     """A new state dict with the base's keys, dtypes and devices (or ``device``/``dtype`` when given)."""
 
     revisable = True
+    holds_outputs = True
 
     def __init__(self, device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
         self.device = device

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -15,6 +15,7 @@ from ..errors import ConfigError
 from ..types import Activity, RamStatistics
 
 __all__ = [
+    "GroupMerge",
     "RunContext",
     "TensorContext",
     "TensorView",
@@ -89,6 +90,9 @@ class MethodKernels:
             then does not compile on CPU).
         device: ``device(device) -> bool``: whether the method's fused device kernels merge on this device
             (``compile`` then builds nothing there: one mechanism per device).
+        group: ``group(run_state, activity) -> GroupMerge | None``: on a device, many tensors merged in one
+            launch, or None where this merge's tensors need their own launches. The engine groups the tensors a
+            sink holds in memory (:mod:`ram_live.engine.grouped`).
 
     Raises:
         ConfigError: a field that is neither a callable nor None (the former flags ``native=True``,
@@ -106,6 +110,7 @@ class MethodKernels:
     warm_up: Callable[[torch.device, int, bool], None] | None = None
     native: Callable[[], bool] | None = None
     device: Callable[[torch.device], bool] | None = None
+    group: Callable[[Any, Activity | None], Any] | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -115,6 +120,20 @@ class MethodKernels:
                     f"MethodKernels({f.name}={value!r}): each field is a callable the engine runs, or None "
                     "(a RAM-like method declares RAM's: kernels=ram_live.methods.ram.method.ram_kernels)"
                 )
+
+
+class GroupMerge(NamedTuple):
+    """A method's merge of many tensors in one launch (:attr:`MethodKernels.group`).
+
+    Args:
+        accepts: ``accepts(base, agents) -> bool``: whether a tensor of these flat inputs can join a group.
+        merge: ``merge(items, invalid)``: each item ``(slot, out, base, agents)`` of contiguous tensors that
+            :func:`~ram_live.kernels.device.common.group_key` puts in one group, merged into ``out``, its invalid
+            entries added to ``invalid[slot]``.
+    """
+
+    accepts: Callable[[Tensor, list[Tensor]], bool]
+    merge: Callable[[list, Tensor], None]
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ __all__ = [
     "block_size",
     "device_guard",
     "device_programs",
+    "group_key",
     "kernel_out",
     "launch",
     "register_cap",
@@ -107,6 +108,31 @@ def triton_takes(tensors: Sequence[Tensor], k: int) -> bool:
         and tensors[0].numel() < MAX_NUMEL
         and all(t.device == device and t.is_contiguous() and t.dtype in INPUT_DTYPES for t in tensors)
     )
+
+
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def group_key(out: Tensor, base: Tensor, agents: Sequence[Tensor]) -> tuple | None:
+    """What tensors merged in one launch share (their device, their dtypes, the number of agents), or None where a
+    tensor cannot join a group: a tensor subclass, not one device, not contiguous, an address off a 16-byte boundary
+    (a grouped kernel reads its pointers from a table, knowing only that they are aligned), a dtype the kernels do
+    not take, too many entries or agents.
+
+    Example:
+        >>> group_key(torch.empty(4), torch.zeros(4), [torch.ones(4)])[1:]
+        (torch.float32, torch.float32, torch.float32, 1)
+    """
+    k = len(agents)
+    if not 0 < k <= MAX_AGENTS or out.dtype not in OUT_DTYPES or base.numel() >= MAX_NUMEL:
+        return None
+    device, dtype = base.device, agents[0].dtype
+    for t in (out, base, *agents):
+        if type(t) not in _PLAIN or t.device != device or not t.is_contiguous() or t.data_ptr() % 16:
+            return None
+    if base.dtype not in INPUT_DTYPES or dtype not in INPUT_DTYPES or any(a.dtype != dtype for a in agents):
+        return None
+    return device, out.dtype, base.dtype, dtype, k
 
 
 @functools.cache

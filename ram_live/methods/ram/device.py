@@ -18,11 +18,12 @@ from ...engine.ops import call_op
 from ...engine.stream import DeltaStream
 from ...functional.activity import apply_activity_
 from ...functional.counting import ram_statistics
-from ...kernels.device.common import OUT_DTYPES, launch, triton_takes
+from ...kernels.device.common import OUT_DTYPES, group_key, launch, triton_serves, triton_takes
+from ..base import GroupMerge
 from ...types import RamStatistics
 from .accumulators import RamAccumulator, WeightedRamAccumulator
 
-__all__ = ["merge_device", "device_statistics"]
+__all__ = ["merge_device", "device_statistics", "group_runner"]
 
 #: Programs of the counting kernel per multiprocessor (each adds its sums once).
 COUNT_PROGRAMS_PER_SM = 8
@@ -58,6 +59,63 @@ def ram_merge_(
 @ram_merge_.register_fake
 def _(out, base, agents, importances, lambdas, eps, sign, invalid) -> None:
     return None
+
+
+@torch.library.custom_op("ram_live::ram_merge_group_", mutates_args=("outs", "invalid"))
+def ram_merge_group_(
+    outs: list[Tensor],
+    bases: list[Tensor],
+    agents: list[Tensor],
+    importances: list[Tensor],
+    lambdas: Optional[Tensor],
+    eps: float,
+    sign: bool,
+    invalid: Tensor,
+    slots: list[int],
+) -> None:
+    """:func:`ram_merge_` of many contiguous tensors in one launch: tensor ``i`` merges ``bases[i]`` and agents
+    ``agents[i*K:(i+1)*K]`` (importances likewise, or none) into ``outs[i]`` and adds its invalid entries to
+    ``invalid[slots[i]]``."""
+    k = len(agents) // len(bases)
+    per = [agents[i * k : (i + 1) * k] for i in range(len(bases))]
+    hs = [importances[i * k : (i + 1) * k] for i in range(len(bases))] if importances else []
+    takes = _group_takes(outs, bases, agents, importances, k)
+    launch("ram_merge_group_kernel", takes, _triton_group, _torch_group, outs, bases, per, hs, lambdas, eps, sign,
+           invalid, slots)  # fmt: skip
+
+
+@ram_merge_group_.register_fake
+def _(outs, bases, agents, importances, lambdas, eps, sign, invalid, slots) -> None:
+    return None
+
+
+def _group_takes(outs: list[Tensor], bases: list[Tensor], agents: list[Tensor], importances: list[Tensor], k: int):
+    """Whether the grouped kernel takes these: one :func:`group_key` for every tensor, on a device Triton serves,
+    and importances of one dtype, contiguous and aligned on that device."""
+    if not bases or len(agents) != k * len(bases) or not triton_serves(bases[0].device):
+        return False
+    key = group_key(outs[0], bases[0], agents[:k])
+    if key is None or any(
+        group_key(o, b, agents[i * k : (i + 1) * k]) != key for i, (o, b) in enumerate(zip(outs, bases))
+    ):
+        return False
+    return all(
+        h.dtype == importances[0].dtype and h.device == key[0] and h.is_contiguous() and not h.data_ptr() % 16
+        for h in importances
+    )
+
+
+def _triton_group(outs, bases, agents, importances, lambdas, eps, sign, invalid, slots) -> None:
+    from ...kernels.device.group_triton import launch_ram_merge_group
+
+    launch_ram_merge_group(outs, bases, agents, importances, lambdas, eps, sign, invalid, slots)
+
+
+def _torch_group(outs, bases, agents, importances, lambdas, eps, sign, invalid, slots) -> None:
+    for i, (out, base) in enumerate(zip(outs, bases)):
+        hs = [h.view(-1) for h in importances[i]] if importances else []
+        flat = [a.view(-1) for a in agents[i]]
+        _torch_merge(out.view(-1), base.view(-1), flat, hs, lambdas, eps, sign, invalid[slots[i]])
 
 
 @torch.library.custom_op("ram_live::ram_counts_", mutates_args=("counts", "invalid"))
@@ -144,6 +202,30 @@ def merge_device(
     lam = None if lambdas is None else _float32_on(lambdas, stream.device)
     call_op(ram_merge_, flat, stream.base, list(stream.tensors), list(importances or ()), lam, eps, sign, slot)
     stream.settle(slot, flat)
+
+
+def group_runner(config, run_state: Optional[Tensor], activity) -> Optional[GroupMerge]:
+    """RAM's grouped merge (:attr:`~ram_live.methods.base.MethodKernels.group`) for ``config``, with the merge's λ
+    (``run_state``) and activity rule, or None where tensors need their own λ (ρ counted per tensor) or the device
+    kernels take no tensor of this rule ("changed" between dtypes runs the CPU's paths)."""
+    lam = getattr(config, "lam", None)
+    if activity is None or lam is not None and lam.uses_rho and getattr(config, "rho_scope", "global") != "global":
+        return None
+    sign, eps = getattr(config, "shared", "mean") == "sign", activity.threshold
+
+    def merge(items: list, invalid: Tensor) -> None:
+        base0 = items[0][2]
+        lambdas = None if run_state is None else _float32_on(run_state, base0.device)
+        outs = [out for _, out, _, _ in items]
+        bases = [base for _, _, base, _ in items]
+        agents = [a for *_, ts in items for a in ts]
+        slots = [slot for slot, *_ in items]
+        call_op(ram_merge_group_, outs, bases, agents, [], lambdas, eps, sign, invalid, slots)
+
+    def accepts(base: Tensor, agents: list[Tensor]) -> bool:
+        return activity.rule != "changed" or agents[0].dtype == base.dtype
+
+    return GroupMerge(accepts, merge)
 
 
 #: The last λ converted by :func:`_float32_on`, its version, and its float32 copy on the device.

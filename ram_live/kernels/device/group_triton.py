@@ -1,0 +1,144 @@
+"""RAM's merge of many tensors in one launch (:func:`ram_merge_group_kernel`): each program reads its tensor's
+pointers from a table and merges :data:`SPAN` blocks of it with :func:`~.ram_triton.ram_merge_kernel`'s own block
+(the same operations, so the same bits). A model's hundreds of tensors then cost the host one launch and one table
+instead of a launch each: what makes a merge of a 1.5 B model bound by the GPU rather than by Python.
+
+The table (int64 ``[T, ROW]``, one row per tensor): the output's and the base's addresses, :data:`MAX_AGENTS`
+agents' and importances' addresses, the tensor's entries, its first program and its slot in the invalid-count
+buffer. The programs' tensors (int32 ``[P]``) depend only on the tensors' sizes, so they are kept between merges of
+the same model (:func:`program_tensors`)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .common import MAX_AGENTS, block_size, register_cap
+from .ram_triton import MERGE_WARPS, _merge_block
+from .triton_common import add_invalid, jit
+
+__all__ = ["SPAN", "ROW", "launch_ram_merge_group", "program_tensors", "ram_merge_group_kernel"]
+
+#: Blocks each program merges (one tensor's, in order).
+SPAN = 16
+#: Columns of a tensor's row in the table: out, base, 8 agents, 8 importances, entries, first program, slot.
+ROW = 2 + 2 * MAX_AGENTS + 3
+_NUMEL, _FIRST, _SLOT = ROW - 3, ROW - 2, ROW - 1
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.int16: tl.int16}
+
+
+@triton.jit
+def _address(row, col: tl.constexpr, T: tl.constexpr):
+    """Column ``col`` of a tensor's row as a pointer to ``T``, 16-byte aligned (the host groups only such; the
+    columns of absent agents hold 0, never read)."""
+    return tl.multiple_of(tl.load(row + col).to(tl.pointer_type(T)), 16)
+
+
+@jit(do_not_specialize=["eps"], aligned_anyhow=("bad_ptr",))
+def ram_merge_group_kernel(
+    table_ptr, program_ptr, lam_ptr, bad_ptr, eps,
+    K: tl.constexpr, SCALED: tl.constexpr, SIGN: tl.constexpr, WEIGHTED: tl.constexpr,
+    EPS_ZERO: tl.constexpr, OUT_BF16: tl.constexpr,
+    OUT_T: tl.constexpr, IN_T: tl.constexpr, AGENT_T: tl.constexpr, H_T: tl.constexpr,
+    BLOCK: tl.constexpr, SPAN_: tl.constexpr, ROW_: tl.constexpr,
+):  # fmt: skip
+    """:func:`~.ram_triton.ram_merge_kernel` over ``SPAN_`` blocks of the tensor ``program_ptr[pid]`` of the table;
+    every whole block unmasked, a partial last one masked."""
+    pid = tl.program_id(0)
+    row = table_ptr + tl.load(program_ptr + pid).to(tl.int64) * ROW_
+    numel = tl.load(row + ROW_ - 3)
+    start = (pid - tl.load(row + ROW_ - 2)) * (BLOCK * SPAN_)
+    out_ptr = _address(row, 0, OUT_T)
+    base_ptr = _address(row, 1, IN_T)
+    a0 = _address(row, 2, AGENT_T)
+    a1 = _address(row, 3, AGENT_T)
+    a2 = _address(row, 4, AGENT_T)
+    a3 = _address(row, 5, AGENT_T)
+    a4 = _address(row, 6, AGENT_T)
+    a5 = _address(row, 7, AGENT_T)
+    a6 = _address(row, 8, AGENT_T)
+    a7 = _address(row, 9, AGENT_T)
+    h0 = _address(row, 10, H_T)
+    h1 = _address(row, 11, H_T)
+    h2 = _address(row, 12, H_T)
+    h3 = _address(row, 13, H_T)
+    h4 = _address(row, 14, H_T)
+    h5 = _address(row, 15, H_T)
+    h6 = _address(row, 16, H_T)
+    h7 = _address(row, 17, H_T)
+    invalid = tl.zeros([BLOCK], dtype=tl.int32)
+    for j in range(SPAN_):
+        first = start + j * BLOCK
+        offs = first + tl.arange(0, BLOCK)
+        inb = offs < numel
+        if first + BLOCK <= numel:
+            invalid += _merge_block(
+                out_ptr, base_ptr, a0, a1, a2, a3, a4, a5, a6, a7, h0, h1, h2, h3, h4, h5, h6, h7, lam_ptr, offs,
+                inb, eps, K, SCALED, SIGN, WEIGHTED, EPS_ZERO, OUT_BF16, BLOCK, False,
+            )  # fmt: skip
+        elif first < numel:
+            invalid += _merge_block(
+                out_ptr, base_ptr, a0, a1, a2, a3, a4, a5, a6, a7, h0, h1, h2, h3, h4, h5, h6, h7, lam_ptr, offs,
+                inb, eps, K, SCALED, SIGN, WEIGHTED, EPS_ZERO, OUT_BF16, BLOCK, True,
+            )  # fmt: skip
+    add_invalid(bad_ptr + tl.load(row + ROW_ - 1), invalid)
+
+
+@functools.lru_cache(maxsize=8)
+def _programs(numels: tuple[int, ...], per_program: int, device: torch.device) -> tuple[Tensor, tuple[int, ...]]:
+    counts = torch.tensor([-(-n // per_program) for n in numels], dtype=torch.int64)
+    firsts = torch.cumsum(counts, 0) - counts
+    tensors = torch.repeat_interleave(torch.arange(len(numels), dtype=torch.int32), counts)
+    return tensors.to(device), tuple(firsts.tolist())
+
+
+def program_tensors(numels: Sequence[int], block: int, device: torch.device) -> tuple[Tensor, tuple[int, ...]]:
+    """The tensor of each program (int32 ``[P]`` on ``device``) and each tensor's first program, for tensors of
+    ``numels`` entries and :data:`SPAN` blocks of ``block`` per program; kept for the last few models' sizes.
+
+    Example:
+        >>> program_tensors([5, 40000], 1024, torch.device("cpu"))[0].tolist()
+        [0, 1, 1, 1]
+    """
+    return _programs(tuple(numels), block * SPAN, device)
+
+
+def launch_ram_merge_group(
+    outs: Sequence[Tensor],
+    bases: Sequence[Tensor],
+    agents: Sequence[Sequence[Tensor]],
+    importances: Sequence[Sequence[Tensor]],
+    lambdas: Tensor | None,
+    eps: float,
+    sign: bool,
+    invalid: Tensor,
+    slots: Sequence[int],
+) -> None:
+    """One launch of :func:`ram_merge_group_kernel` over contiguous tensors of one device and one dtype each for the
+    outputs, the bases, the agents and the importances (16-byte aligned, fewer than 2³¹ entries; the op checks),
+    tensor ``i`` adding its invalid entries to ``invalid[slots[i]]``."""
+    device = bases[0].device
+    k = len(agents[0])
+    block = block_size([bases[0], *agents[0], *(importances[0] if importances else ())], MERGE_WARPS)
+    programs, firsts = program_tensors([b.numel() for b in bases], block, device)
+    bf16 = outs[0].dtype == torch.bfloat16
+    pad = [0] * (MAX_AGENTS - k)
+    rows: list[int] = []
+    for i, (out, base) in enumerate(zip(outs, bases)):
+        hs = [h.data_ptr() for h in importances[i]] if importances else []
+        rows += [out.data_ptr(), base.data_ptr(), *(a.data_ptr() for a in agents[i]), *pad]
+        rows += [*hs, *([0] * (MAX_AGENTS - len(hs))), base.numel(), firsts[i], slots[i]]
+    table = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+    h_dtype = importances[0][0].dtype if importances else torch.float32
+    ram_merge_group_kernel[(programs.numel(),)](
+        table, programs, lambdas, invalid, float(eps),
+        K=k, SCALED=lambdas is not None, SIGN=sign, WEIGHTED=bool(importances), EPS_ZERO=eps == 0,
+        OUT_BF16=bf16, OUT_T=_TL_DTYPES[torch.int16 if bf16 else outs[0].dtype], IN_T=_TL_DTYPES[bases[0].dtype],
+        AGENT_T=_TL_DTYPES[agents[0][0].dtype], H_T=_TL_DTYPES[h_dtype], BLOCK=block, SPAN_=SPAN, ROW_=ROW,
+        num_warps=MERGE_WARPS, enable_fp_fusion=False, **register_cap(device),
+    )  # fmt: skip

@@ -1,0 +1,110 @@
+"""A device merge's tensors in one launch per device and dtypes (ram_live/engine/grouped.py), run on CPU tensors
+under Triton's interpreter: the CPU merge's bits, one launch per group, tensors that cannot join a group (an
+address off a 16-byte boundary, a sink that writes as it goes) merged one by one, and errors that still name the
+tensor and the agent."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from conftest import interpreter  # noqa: E402
+import ram_live  # noqa: E402
+from ram_live.engine import checks  # noqa: E402
+from ram_live.errors import NonFiniteError  # noqa: E402
+from ram_live.kernels.device import group_triton  # noqa: E402
+from device_helpers import bits  # noqa: E402
+
+pytestmark = interpreter
+
+
+def _state(seed: int, base: dict | None = None) -> dict:
+    """bfloat16 and float32 tensors of odd sizes, one of them an offset view (8 bytes off a 16-byte boundary)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"a": ((33, 17), torch.bfloat16), "b": ((1025,), torch.bfloat16), "c": ((7,), torch.float32),
+              "d": ((300, 41), torch.float32), "e": ((5000,), torch.bfloat16)}  # fmt: skip
+    out = {}
+    for key, (shape, dtype) in shapes.items():
+        if base is None:
+            out[key] = torch.randn(shape, generator=g).to(dtype)
+        else:
+            step = 0.01 * torch.randn(shape, generator=g) * (torch.rand(shape, generator=g) < 0.6)
+            out[key] = (base[key].float() + step).to(dtype)
+    holder = torch.zeros(18, dtype=torch.float32)  # "f": 12 bytes into its storage
+    holder[3:18] = torch.randn(15, generator=g) if base is None else base["f"] + 0.1
+    out["f"] = holder[3:18]
+    return out
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The grouped launches of the test: the number of tensors of each."""
+    seen = []
+    real = group_triton.launch_ram_merge_group
+
+    def counted(outs, *args):
+        seen.append(len(outs))
+        real(outs, *args)
+
+    monkeypatch.setattr(group_triton, "launch_ram_merge_group", counted)
+    return seen
+
+
+@pytest.mark.parametrize("method", ["ram", "ram_plus"])
+def test_grouped_merge_gives_the_cpu_merge_bits(method, launches, monkeypatch):
+    base = _state(0)
+    agents = {f"agent_{t}": _state(10 + t, base) for t in range(3)}
+    expected = ram_live.merge(agents, base=base, method=method)
+    monkeypatch.setattr(checks, "deferred_device", lambda dev: dev.type != "meta")
+    merged, info = ram_live.merge(agents, base=base, method=method, return_info=True)
+    assert info.extra["kernels"] == {"device": 6}
+    assert sorted(launches) == [2, 3]  # bfloat16 a, b, e in one launch; float32 c, d in another; f on its own
+    for key in expected:
+        assert torch.equal(bits(merged[key]), bits(expected[key])), key
+
+
+def test_grouped_merge_of_modules_with_shared_sign(launches, on_device):
+    from device_helpers import module_agents
+
+    base, agents = module_agents(torch.bfloat16)
+    merged = ram_live.merge(agents, base=base, method="ram", shared="sign")
+    assert launches == [3]
+    checks_off = pytest.MonkeyPatch()
+    checks_off.setattr(checks, "deferred_device", lambda dev: False)
+    try:
+        expected = ram_live.merge(agents, base=base, method="ram", shared="sign")
+    finally:
+        checks_off.undo()
+    for (key, p), q in zip(merged.state_dict().items(), expected.state_dict().values()):
+        assert torch.equal(bits(p), bits(q)), key
+
+
+def test_a_sink_that_writes_as_it_goes_merges_tensor_by_tensor(launches, on_device, tmp_path):
+    base = _state(0)
+    agents = {f"agent_{t}": _state(10 + t, base) for t in range(2)}
+    path = ram_live.merge(agents, base=base, method="ram", out=tmp_path / "merged.safetensors")
+    assert launches == []
+    from safetensors.torch import load_file
+
+    written = load_file(path)
+    in_memory = ram_live.merge(agents, base=base, method="ram")
+    assert sorted(launches) == [2, 3]
+    for key in base:
+        assert torch.equal(bits(written[key]), bits(in_memory[key])), key
+
+
+def test_an_invalid_entry_in_a_group_names_its_tensor_and_agent(launches, on_device):
+    base = _state(0)
+    agents = {f"agent_{t}": _state(10 + t, base) for t in range(3)}
+    agents["agent_2"]["b"][1024] = float("inf")
+    with pytest.raises(NonFiniteError, match="agent 'agent_2'") as caught:
+        ram_live.merge(agents, base=base, method="ram")
+    assert caught.value.key == "b" and launches
+
+
+def test_programs_cover_each_tensor_once():
+    per = 1024 * group_triton.SPAN
+    numels = [0, 1, per, per + 1, 3 * per - 5]
+    programs, firsts = group_triton.program_tensors(numels, 1024, torch.device("cpu"))
+    assert programs.tolist() == [1, 2, 3, 3, 4, 4, 4]
+    assert firsts == (0, 0, 1, 2, 4)
