@@ -326,6 +326,7 @@ def test_storage_keeps_each_merge_in_a_study_of_its_own_and_a_resumed_run_scores
     assert again.run == first.run
     again.on_step(b, 4)
     assert len(calls) == scored and again.last_search["best"] == first.last_search["best"]
+    assert first.last_search["sampler"] == "tpe" and first.last_search["setting"]["storage"] == url
     # the next merge is a search (a study) of its own, scored anew
     first.on_step(b, 8)
     assert len(calls) == 2 * scored

@@ -2,8 +2,8 @@
 :class:`~ram_live.RAMSchedule` (so the Lightning callback) and the verl integration (``ram.search``).
 
 At each merge the callback runs :func:`ram_live.search` over the latest snapshot of every agent with the user's
-evaluation on held-out data, merges the winner, logs ``ram/search/*`` and saves the chosen options next to the
-merged generalist (:mod:`.search_record`: :func:`~.search_record.save_record`, read back with
+evaluation on held-out data, merges the winner, logs ``ram/search/*`` (:mod:`.search_metrics`) and saves the chosen
+options next to the merged generalist (:mod:`.search_record`: :func:`~.search_record.save_record`, read back with
 :func:`~.search_record.load_choice`).
 
 >>> setting = SearchSetting(evaluate=lambda model: {"acc": held_out_accuracy(model)}, metric="acc",   # doctest: +SKIP
@@ -24,9 +24,9 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..loading import load_callable
-from ..option_checks import finite_float
 from ..store.format import LEGACY_RUN
 from .candidates import candidate_evaluation, tensors_of
+from .search_metrics import search_metrics
 from .search_record import jsonable, save_record
 
 __all__ = ["SearchSetting", "record_of", "search_metrics"]
@@ -142,10 +142,9 @@ class SearchSetting:
         return cls(**dict(values))
 
     def study_name(self, agent: str, step: int, run: str | None = None) -> str | None:
-        """The study of the search at ``step`` in ``storage``: ``<study>:<agent>:<run>:step_<step>`` (``study``
-        default ``"ram_live"``; no ``<run>:`` part without a run), or None without ``storage``. Each merge is a
-        search of its own (the agents' snapshots differ from one merge to the next): one study for all of them
-        would hand a later merge the scores of an earlier one.
+        """The study of the search at ``step``: ``<study>:<agent>:<run>:step_<step>`` (``study`` default
+        ``"ram_live"``; no ``<run>:`` without a run), or None without ``storage``. One study for all merges would
+        hand a later merge the scores of an earlier one, whose snapshots were other weights.
 
         Args:
             agent: the callback's agent.
@@ -178,16 +177,8 @@ class SearchSetting:
             >>> sorted(SearchSetting(budget=20).search_options("coder", 200))[:3]
             ['budget', 'confirm_top', 'fidelity']
         """
-        return {
-            "budget": self.budget,
-            "space": self.space,
-            "seed": self.seed,
-            "fidelity": self.fidelity,
-            "confirm_top": self.confirm_top,
-            "sampler": self.sampler,
-            "storage": self.storage,
-            "study": self.study_name(agent, step, run),
-        }
+        names = ("budget", "space", "seed", "fidelity", "confirm_top", "sampler", "storage")
+        return {**{k: getattr(self, k) for k in names}, "study": self.study_name(agent, step, run)}
 
     def evaluation(self, fallback: Callable[..., Any] | None = None) -> Callable[..., Any]:
         """The selection evaluation as a callable: ``evaluate`` (a dotted path loaded), else ``fallback``.
@@ -288,8 +279,8 @@ def record_of(
     """What is kept of one search: the chosen options (``merge(**best)``), the metric's value of the best and of
     the best baseline, evaluations and times, and the name of the evaluation's metric (``task_metric``:
     ``"pass@4"`` for a :func:`ram_live.evaluate.rewards` evaluation, the metric of ``best_tasks``; ``evaluation``:
-    the search's evaluation, default ``setting.evaluate``). JSON-able (non-finite numbers as the strings 'inf' /
-    '-inf')."""
+    the search's evaluation, default ``setting.evaluate``), the sampler that refined the arms. JSON-able
+    (non-finite numbers as the strings 'inf' / '-inf')."""
     baseline = result.best_baseline
     metric = getattr(getattr(setting.evaluate if evaluation is None else evaluation, "metric", None), "name", None)
     return {
@@ -309,6 +300,7 @@ def record_of(
             "score": setting.metric_value(float(baseline.score)),
         },
         "evaluations": len(result.scored),
+        "sampler": getattr(result, "sampler", None),  # what refined the arms: "moves", "tpe", "optuna:<class>"
         "arbitrary": bool(getattr(result, "arbitrary", False)),  # every candidate scored the same: no real choice
         "choice_causes": list(getattr(result, "choice_causes", [])),
         "agents": list(result.agents),
@@ -321,40 +313,6 @@ def record_of(
         },
         "setting": setting.describe(),
     }
-
-
-def search_metrics(
-    record: Mapping[str, Any], prefix: str = "ram/search/", layout: str | None = None
-) -> dict[str, float]:
-    """``ram/search/*`` floats of a record: best score, best baseline's score, evaluations, seconds, the chosen
-    method (``method/<name>`` = 1) and its numeric options (``option/<key>``, ``lambda/<agent>`` ...), and the
-    winner's score on each task under the evaluation's own per-task key in ``layout`` (the trainer's: TRL's
-    ``ram/search/eval_tasks/<task>/<metric>`` beside ``ram/eval_tasks/<task>/<metric>``;
-    :func:`~ram_live.integrations.metrics.search_task_key`)."""
-    from ..integrations.metrics import search_task_key
-
-    out = {f"{prefix}best_score": float(record["best_score"]), f"{prefix}evaluations": float(record["evaluations"])}
-    if record.get("best_baseline") is not None:
-        out[f"{prefix}best_baseline_score"] = float(record["best_baseline"]["score"])
-    if "arbitrary" in record:  # 1: the search could not choose (ram_live.selection.choice)
-        out[f"{prefix}arbitrary"] = float(bool(record["arbitrary"]))
-    for key, value in record["seconds"].items():
-        out[f"{prefix}{key}_seconds"] = float(value)
-    for task, value in (record.get("best_tasks") or {}).items():
-        _put_finite(out, prefix + search_task_key(str(task), record.get("task_metric"), layout), value)
-    _put_finite(out, f"{prefix}extrapolation", record.get("extrapolation"))
-    best = dict(record["best"])
-    out[f"{prefix}method/{best.pop('method')}"] = 1.0
-    agents = list(record.get("agents") or [])
-    for key, value in best.items():
-        if isinstance(value, list) and len(value) == len(agents):  # per-agent weights, in the agents' order
-            value = dict(zip(agents, value))
-        if isinstance(value, Mapping):
-            for name, v in value.items():
-                _put_finite(out, f"{prefix}{key.rstrip('s') if key == 'lambdas' else key}/{name}", v)
-        else:
-            _put_finite(out, f"{prefix}option/{key}", value)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------- RAMSchedule
@@ -433,12 +391,3 @@ def _is_path(value: Any) -> bool:
 
 def _name_of(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-def _put_finite(out: dict[str, float], key: str, value: Any) -> None:
-    """``out[key] = value`` as a float when it is a finite number; anything else (an option's string, NaN) is no
-    metric."""
-    try:
-        out[key] = finite_float(value)
-    except ValueError:
-        pass
