@@ -51,6 +51,7 @@ KERNELS = (
     ("ram_live.kernels.device.select_triton", "select_thresholds_kernel"),
     ("ram_live.kernels.device.ties_triton", "ties_merge_kernel"),
     ("ram_live.kernels.device.group_triton", "ram_merge_group_kernel"),
+    ("ram_live.kernels.device.group_triton", "linear_merge_group_kernel"),
 )
 
 
@@ -264,6 +265,17 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
             linear._triton_linear(torch.empty_like(base), base, agents, weights, scale, densities, seeds, zero_slot())
 
         out.append((f"linear {DTYPES[dtype]} K={k} scale={scale} dare={dare}", lin_mod, "linear_merge_kernel", call))
+    for dtype, k, scale in [(torch.bfloat16, 3, 1.0), (torch.float32, 8, 0.5)]:
+        base, agents = flat(k, dtype)
+
+        def call(base=base, agents=agents, k=k, scale=scale) -> None:
+            weights = torch.ones(k, dtype=torch.float64)
+            slots = torch.zeros(2, dtype=torch.int64)
+            outs = [torch.empty_like(base), torch.empty_like(base)]
+            linear._triton_group(outs, [base, base], [agents, agents], weights, scale, slots, [0, 1])
+
+        label = f"linear group {DTYPES[dtype]} K={k} scale={scale}"
+        out.append((label, group_mod, "linear_merge_group_kernel", call))
     sel_mod = "ram_live.kernels.device.select_triton"
     for dtype, k, ranks in [(torch.bfloat16, 3, [5, 0, 7]), (torch.float32, 8, [1] * 8)]:
         base, agents = flat(k, dtype)

@@ -40,23 +40,31 @@ def _state(seed: int, base: dict | None = None) -> dict:
 def launches(monkeypatch):
     """The grouped launches of the test: the number of tensors of each."""
     seen = []
-    real = group_triton.launch_ram_merge_group
+    for name in ("launch_ram_merge_group", "launch_linear_merge_group"):
 
-    def counted(outs, *args):
-        seen.append(len(outs))
-        real(outs, *args)
+        def counted(outs, *args, _real=getattr(group_triton, name)):
+            seen.append(len(outs))
+            _real(outs, *args)
 
-    monkeypatch.setattr(group_triton, "launch_ram_merge_group", counted)
+        monkeypatch.setattr(group_triton, name, counted)
     return seen
 
 
-@pytest.mark.parametrize("method", ["ram", "ram_plus"])
-def test_grouped_merge_gives_the_cpu_merge_bits(method, launches, monkeypatch):
+MERGES = [
+    {"method": "ram"},
+    {"method": "ram_plus"},
+    {"method": "task_arithmetic", "scale": 0.7, "weights": [0.5, 1.5, 1.0]},
+    {"method": "linear", "weights": [0.2, 0.3, 0.5]},
+]
+
+
+@pytest.mark.parametrize("options", MERGES, ids=lambda o: o["method"])
+def test_grouped_merge_gives_the_cpu_merge_bits(options, launches, monkeypatch):
     base = _state(0)
     agents = {f"agent_{t}": _state(10 + t, base) for t in range(3)}
-    expected = ram_live.merge(agents, base=base, method=method)
+    expected = ram_live.merge(agents, base=base, **options)
     monkeypatch.setattr(checks, "deferred_device", lambda dev: dev.type != "meta")
-    merged, info = ram_live.merge(agents, base=base, method=method, return_info=True)
+    merged, info = ram_live.merge(agents, base=base, return_info=True, **options)
     assert info.extra["kernels"] == {"device": 6}
     assert sorted(launches) == [2, 3]  # bfloat16 a, b, e in one launch; float32 c, d in another; f on its own
     for key in expected:

@@ -21,9 +21,10 @@ from ..kernels.device import linear as _linear  # registers torch.ops.ram_live.l
 from ..kernels.device import ties as _ties  # registers torch.ops.ram_live.ties_merge_
 from ..kernels.device.common import INPUT_DTYPES
 from ..kernels.device.select import MagnitudeSelection
+from .base import GroupMerge
 from ..kernels.device.ties import DIVIDE, MAJORITY
 
-__all__ = ["device_stream", "merge_linear", "merge_ties", "linear_merge_hook"]
+__all__ = ["device_stream", "merge_linear", "merge_ties", "linear_merge_hook", "linear_group"]
 
 
 def device_stream(view: Any) -> DeltaStream | None:
@@ -110,3 +111,22 @@ def linear_merge_hook(scale: float) -> Any:
         return "device", functools.partial(merge_linear, weights=state, scale=scale)
 
     return merge
+
+
+def linear_group(scale: float, weights: Tensor | None, activity: Any) -> GroupMerge | None:
+    """A ``MethodKernels.group`` for task arithmetic and linear: the merge's weights (the run state, a float64
+    tensor) for every tensor in one launch by ``torch.ops.ram_live.linear_merge_group_``; None with an activity rule
+    (the device path takes none)."""
+    if weights is None or activity is not None:
+        return None
+
+    def merge(items: list, invalid: Tensor) -> None:
+        outs = [out for _, out, _, _ in items]
+        bases = [base for _, _, base, _ in items]
+        agents = [a for *_, ts in items for a in ts]
+        on_device = weights.to(bases[0].device)
+        call_op(
+            _linear.linear_merge_group_, outs, bases, agents, on_device, float(scale), invalid, [i for i, *_ in items]
+        )
+
+    return GroupMerge(lambda base, agents: True, merge)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -13,7 +15,7 @@ from ..errors import ConfigError
 from .base import RunContext
 from ..option_checks import check_weights
 from .base import MethodKernels, agent_weights
-from .baseline_device import device_stream, linear_merge_hook
+from .baseline_device import device_stream, linear_group, linear_merge_hook
 from .registry import register_method
 
 __all__ = ["LinearConfig"]
@@ -57,6 +59,6 @@ register_method(
     lambda deltas, ctx, config: F.task_arithmetic_combine(deltas, ctx.run_state),
     setup=linear_setup,
     prepare=lambda config, view, weights: weights if device_stream(view) is not None else None,
-    kernels=lambda config: MethodKernels(merge=linear_merge_hook(1.0)),
+    kernels=lambda config: MethodKernels(merge=linear_merge_hook(1.0), group=functools.partial(linear_group, 1.0)),
     description="weighted average of the models",
 )

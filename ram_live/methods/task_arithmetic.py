@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Sequence
 
 from .. import functional as F
 from ..option_checks import check_finite, check_weights
 from .base import MethodKernels, agent_weights, scaled
-from .baseline_device import device_stream, linear_merge_hook
+from .baseline_device import device_stream, linear_group, linear_merge_hook
 from .registry import register_method
 
 __all__ = ["TaskArithmeticConfig"]
@@ -42,6 +44,8 @@ register_method(
     lambda deltas, ctx, config: scaled(F.task_arithmetic_combine(deltas, ctx.run_state), config.scale),
     setup=lambda config, ctx: agent_weights(config.weights, ctx),
     prepare=lambda config, view, weights: weights if device_stream(view) is not None else None,
-    kernels=lambda config: MethodKernels(merge=linear_merge_hook(config.scale)),
+    kernels=lambda config: MethodKernels(
+        merge=linear_merge_hook(config.scale), group=functools.partial(linear_group, config.scale)
+    ),
     description="base + scale × weighted sum of task vectors",
 )

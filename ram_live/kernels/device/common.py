@@ -29,6 +29,7 @@ __all__ = [
     "device_guard",
     "device_programs",
     "group_key",
+    "group_takes",
     "kernel_out",
     "launch",
     "register_cap",
@@ -133,6 +134,25 @@ def group_key(out: Tensor, base: Tensor, agents: Sequence[Tensor]) -> tuple | No
     if base.dtype not in INPUT_DTYPES or dtype not in INPUT_DTYPES or any(a.dtype != dtype for a in agents):
         return None
     return device, out.dtype, base.dtype, dtype, k
+
+
+def group_takes(
+    outs: Sequence[Tensor], bases: Sequence[Tensor], agents: Sequence[Tensor], importances: Sequence[Tensor], k: int
+) -> bool:
+    """Whether a grouped kernel takes these (``agents``: ``K`` per tensor, in order; ``importances``: none, or
+    likewise): one :func:`group_key` for every tensor, on a device Triton serves, and importances of one dtype,
+    contiguous and aligned on that device."""
+    if not bases or len(agents) != k * len(bases) or not triton_serves(bases[0].device):
+        return False
+    key = group_key(outs[0], bases[0], agents[:k])
+    if key is None or any(
+        group_key(o, b, agents[i * k : (i + 1) * k]) != key for i, (o, b) in enumerate(zip(outs, bases))
+    ):
+        return False
+    return all(
+        h.dtype == importances[0].dtype and h.device == key[0] and h.is_contiguous() and not h.data_ptr() % 16
+        for h in importances
+    )
 
 
 @functools.cache

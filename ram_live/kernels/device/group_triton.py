@@ -1,7 +1,8 @@
-"""RAM's merge of many tensors in one launch (:func:`ram_merge_group_kernel`): each program reads its tensor's
-pointers from a table and merges :data:`SPAN` blocks of it with :func:`~.ram_triton.ram_merge_kernel`'s own block
-(the same operations, so the same bits). A model's hundreds of tensors then cost the host one launch and one table
-instead of a launch each: what makes a merge of a 1.5 B model bound by the GPU rather than by Python.
+"""Many tensors merged in one launch: RAM's family (:func:`ram_merge_group_kernel`) and task arithmetic or linear
+(:func:`linear_merge_group_kernel`). Each program reads its tensor's pointers from a table and merges :data:`SPAN`
+blocks of it with the one-tensor kernel's own block (:func:`~.ram_triton.ram_merge_kernel`,
+:func:`~.linear_triton.linear_merge_kernel`: the same operations, so the same bits). A model's hundreds of
+tensors then cost the host one launch and one table instead of a launch each.
 
 The table (int64 ``[T, ROW]``, one row per tensor): the output's and the base's addresses, :data:`MAX_AGENTS`
 agents' and importances' addresses, the tensor's entries, its first program and its slot in the invalid-count
@@ -19,10 +20,19 @@ import triton.language as tl
 from torch import Tensor
 
 from .common import MAX_AGENTS, block_size, register_cap
+from .linear_triton import _linear_block
 from .ram_triton import MERGE_WARPS, _merge_block
 from .triton_common import add_invalid, jit
 
-__all__ = ["SPAN", "ROW", "launch_ram_merge_group", "program_tensors", "ram_merge_group_kernel"]
+__all__ = [
+    "SPAN",
+    "ROW",
+    "launch_linear_merge_group",
+    "launch_ram_merge_group",
+    "linear_merge_group_kernel",
+    "program_tensors",
+    "ram_merge_group_kernel",
+]
 
 #: Blocks each program merges (one tensor's, in order).
 SPAN = 16
@@ -39,6 +49,14 @@ def _address(row, col: tl.constexpr, T: tl.constexpr):
     return tl.multiple_of(tl.load(row + col).to(tl.pointer_type(T)), 16)
 
 
+@triton.jit
+def _tensor_of(table_ptr, program_ptr, BLOCK: tl.constexpr, SPAN_: tl.constexpr, ROW_: tl.constexpr):
+    """This program's row of the table, its tensor's entries and the first entry it merges."""
+    pid = tl.program_id(0)
+    row = table_ptr + tl.load(program_ptr + pid).to(tl.int64) * ROW_
+    return row, tl.load(row + ROW_ - 3), (pid - tl.load(row + ROW_ - 2)) * (BLOCK * SPAN_)
+
+
 @jit(do_not_specialize=["eps"], aligned_anyhow=("bad_ptr",))
 def ram_merge_group_kernel(
     table_ptr, program_ptr, lam_ptr, bad_ptr, eps,
@@ -49,10 +67,7 @@ def ram_merge_group_kernel(
 ):  # fmt: skip
     """:func:`~.ram_triton.ram_merge_kernel` over ``SPAN_`` blocks of the tensor ``program_ptr[pid]`` of the table;
     every whole block unmasked, a partial last one masked."""
-    pid = tl.program_id(0)
-    row = table_ptr + tl.load(program_ptr + pid).to(tl.int64) * ROW_
-    numel = tl.load(row + ROW_ - 3)
-    start = (pid - tl.load(row + ROW_ - 2)) * (BLOCK * SPAN_)
+    row, numel, start = _tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
     out_ptr = _address(row, 0, OUT_T)
     base_ptr = _address(row, 1, IN_T)
     a0 = _address(row, 2, AGENT_T)
@@ -89,6 +104,44 @@ def ram_merge_group_kernel(
     add_invalid(bad_ptr + tl.load(row + ROW_ - 1), invalid)
 
 
+@jit(do_not_specialize=["scale"], aligned_anyhow=("bad_ptr",))
+def linear_merge_group_kernel(
+    table_ptr, program_ptr, w_ptr, bad_ptr, scale,
+    K: tl.constexpr, SCALED: tl.constexpr, OUT_BF16: tl.constexpr,
+    OUT_T: tl.constexpr, IN_T: tl.constexpr, AGENT_T: tl.constexpr,
+    BLOCK: tl.constexpr, SPAN_: tl.constexpr, ROW_: tl.constexpr,
+):  # fmt: skip
+    """:func:`~.linear_triton.linear_merge_kernel` (no DARE drop: its seeds are per tensor) over ``SPAN_`` blocks
+    of the tensor ``program_ptr[pid]`` of the table."""
+    row, numel, start = _tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
+    out_ptr = _address(row, 0, OUT_T)
+    base_ptr = _address(row, 1, IN_T)
+    a0 = _address(row, 2, AGENT_T)
+    a1 = _address(row, 3, AGENT_T)
+    a2 = _address(row, 4, AGENT_T)
+    a3 = _address(row, 5, AGENT_T)
+    a4 = _address(row, 6, AGENT_T)
+    a5 = _address(row, 7, AGENT_T)
+    a6 = _address(row, 8, AGENT_T)
+    a7 = _address(row, 9, AGENT_T)
+    invalid = tl.zeros([BLOCK], dtype=tl.int32)
+    for j in range(SPAN_):
+        first = start + j * BLOCK
+        offs = first + tl.arange(0, BLOCK)
+        inb = offs < numel
+        if first + BLOCK <= numel:
+            invalid += _linear_block(
+                out_ptr, base_ptr, a0, a1, a2, a3, a4, a5, a6, a7, w_ptr, offs, inb, scale, 0, 0, 0, 0, 0, 0, 0, 0,
+                1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, K, 0, SCALED, OUT_BF16, BLOCK, False,
+            )  # fmt: skip
+        elif first < numel:
+            invalid += _linear_block(
+                out_ptr, base_ptr, a0, a1, a2, a3, a4, a5, a6, a7, w_ptr, offs, inb, scale, 0, 0, 0, 0, 0, 0, 0, 0,
+                1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, K, 0, SCALED, OUT_BF16, BLOCK, True,
+            )  # fmt: skip
+    add_invalid(bad_ptr + tl.load(row + ROW_ - 1), invalid)
+
+
 @functools.lru_cache(maxsize=8)
 def _programs(numels: tuple[int, ...], per_program: int, device: torch.device) -> tuple[Tensor, tuple[int, ...]]:
     counts = torch.tensor([-(-n // per_program) for n in numels], dtype=torch.int64)
@@ -108,6 +161,29 @@ def program_tensors(numels: Sequence[int], block: int, device: torch.device) -> 
     return _programs(tuple(numels), block * SPAN, device)
 
 
+def _table(outs, bases, agents, importances, firsts, slots, device) -> Tensor:
+    """The launch's table (see the module's doc) on ``device``."""
+    k = len(agents[0])
+    pad = [0] * (MAX_AGENTS - k)
+    rows: list[int] = []
+    for i, (out, base) in enumerate(zip(outs, bases)):
+        hs = [h.data_ptr() for h in importances[i]] if importances else []
+        rows += [out.data_ptr(), base.data_ptr(), *(a.data_ptr() for a in agents[i]), *pad]
+        rows += [*hs, *([0] * (MAX_AGENTS - len(hs))), base.numel(), firsts[i], slots[i]]
+    return torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+
+
+def _dtypes(outs: Sequence[Tensor], bases: Sequence[Tensor], agents: Sequence[Sequence[Tensor]]) -> dict:
+    """The constexprs that type the table's pointers; a bfloat16 output is written as its int16 bits."""
+    bf16 = outs[0].dtype == torch.bfloat16
+    return {
+        "OUT_BF16": bf16,
+        "OUT_T": _TL_DTYPES[torch.int16 if bf16 else outs[0].dtype],
+        "IN_T": _TL_DTYPES[bases[0].dtype],
+        "AGENT_T": _TL_DTYPES[agents[0][0].dtype],
+    }
+
+
 def launch_ram_merge_group(
     outs: Sequence[Tensor],
     bases: Sequence[Tensor],
@@ -119,26 +195,39 @@ def launch_ram_merge_group(
     invalid: Tensor,
     slots: Sequence[int],
 ) -> None:
-    """One launch of :func:`ram_merge_group_kernel` over contiguous tensors of one device and one dtype each for the
-    outputs, the bases, the agents and the importances (16-byte aligned, fewer than 2³¹ entries; the op checks),
+    """One launch of :func:`ram_merge_group_kernel` over contiguous tensors of one device and one dtype each for
+    the outputs, the bases, the agents and the importances (16-byte aligned, fewer than 2³¹ entries; the op checks),
     tensor ``i`` adding its invalid entries to ``invalid[slots[i]]``."""
     device = bases[0].device
-    k = len(agents[0])
     block = block_size([bases[0], *agents[0], *(importances[0] if importances else ())], MERGE_WARPS)
     programs, firsts = program_tensors([b.numel() for b in bases], block, device)
-    bf16 = outs[0].dtype == torch.bfloat16
-    pad = [0] * (MAX_AGENTS - k)
-    rows: list[int] = []
-    for i, (out, base) in enumerate(zip(outs, bases)):
-        hs = [h.data_ptr() for h in importances[i]] if importances else []
-        rows += [out.data_ptr(), base.data_ptr(), *(a.data_ptr() for a in agents[i]), *pad]
-        rows += [*hs, *([0] * (MAX_AGENTS - len(hs))), base.numel(), firsts[i], slots[i]]
-    table = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+    table = _table(outs, bases, agents, importances, firsts, slots, device)
     h_dtype = importances[0][0].dtype if importances else torch.float32
     ram_merge_group_kernel[(programs.numel(),)](
         table, programs, lambdas, invalid, float(eps),
-        K=k, SCALED=lambdas is not None, SIGN=sign, WEIGHTED=bool(importances), EPS_ZERO=eps == 0,
-        OUT_BF16=bf16, OUT_T=_TL_DTYPES[torch.int16 if bf16 else outs[0].dtype], IN_T=_TL_DTYPES[bases[0].dtype],
-        AGENT_T=_TL_DTYPES[agents[0][0].dtype], H_T=_TL_DTYPES[h_dtype], BLOCK=block, SPAN_=SPAN, ROW_=ROW,
-        num_warps=MERGE_WARPS, enable_fp_fusion=False, **register_cap(device),
+        K=len(agents[0]), SCALED=lambdas is not None, SIGN=sign, WEIGHTED=bool(importances), EPS_ZERO=eps == 0,
+        H_T=_TL_DTYPES[h_dtype], BLOCK=block, SPAN_=SPAN, ROW_=ROW, num_warps=MERGE_WARPS, enable_fp_fusion=False,
+        **_dtypes(outs, bases, agents), **register_cap(device),
+    )  # fmt: skip
+
+
+def launch_linear_merge_group(
+    outs: Sequence[Tensor],
+    bases: Sequence[Tensor],
+    agents: Sequence[Sequence[Tensor]],
+    weights: Tensor,
+    scale: float,
+    invalid: Tensor,
+    slots: Sequence[int],
+) -> None:
+    """One launch of :func:`linear_merge_group_kernel` (``weights``: float64 ``[K]`` on the device), as
+    :func:`launch_ram_merge_group`."""
+    device = bases[0].device
+    block = block_size([bases[0], *agents[0]], MERGE_WARPS)
+    programs, firsts = program_tensors([b.numel() for b in bases], block, device)
+    table = _table(outs, bases, agents, [], firsts, slots, device)
+    linear_merge_group_kernel[(programs.numel(),)](
+        table, programs, weights, invalid, float(scale),
+        K=len(agents[0]), SCALED=scale != 1.0, BLOCK=block, SPAN_=SPAN, ROW_=ROW, num_warps=MERGE_WARPS,
+        enable_fp_fusion=False, **_dtypes(outs, bases, agents), **register_cap(device),
     )  # fmt: skip

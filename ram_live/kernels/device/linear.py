@@ -17,6 +17,7 @@ from .common import (
     OUT_DTYPES,
     agent_args,
     block_size,
+    group_takes,
     kernel_out,
     launch,
     register_cap,
@@ -25,7 +26,7 @@ from .common import (
 from .philox import keep_mask
 from .select import TORCH_STEP
 
-__all__ = ["linear_merge_", "MERGE_WARPS"]
+__all__ = ["linear_merge_", "linear_merge_group_", "MERGE_WARPS"]
 
 #: Warps per program of the merge kernel (each program merges one block of the tensor).
 MERGE_WARPS = 4
@@ -53,6 +54,43 @@ def linear_merge_(
 @linear_merge_.register_fake
 def _(out, base, agents, weights, scale, densities, seeds, invalid) -> None:
     return None
+
+
+@torch.library.custom_op("ram_live::linear_merge_group_", mutates_args=("outs", "invalid"))
+def linear_merge_group_(
+    outs: list[Tensor],
+    bases: list[Tensor],
+    agents: list[Tensor],
+    weights: Tensor,
+    scale: float,
+    invalid: Tensor,
+    slots: list[int],
+) -> None:
+    """:func:`linear_merge_` (no DARE drop) of many contiguous tensors in one launch: tensor ``i`` merges
+    ``bases[i]`` and agents ``agents[i*K:(i+1)*K]`` into ``outs[i]`` and adds its invalid entries to
+    ``invalid[slots[i]]``."""
+    k = len(agents) // max(1, len(bases))
+    per = [agents[i * k : (i + 1) * k] for i in range(len(bases))]
+    takes = group_takes(outs, bases, agents, [], k)
+    launch("linear_merge_group_kernel", takes, _triton_group, _torch_group, outs, bases, per, weights, scale, invalid,
+           slots)  # fmt: skip
+
+
+@linear_merge_group_.register_fake
+def _(outs, bases, agents, weights, scale, invalid, slots) -> None:
+    return None
+
+
+def _triton_group(outs, bases, agents, weights, scale, invalid, slots) -> None:
+    from .group_triton import launch_linear_merge_group
+
+    launch_linear_merge_group(outs, bases, agents, weights, scale, invalid, slots)
+
+
+def _torch_group(outs, bases, agents, weights, scale, invalid, slots) -> None:
+    for i, (out, base) in enumerate(zip(outs, bases)):
+        flat = [a.view(-1) for a in agents[i]]
+        _torch_linear(out.view(-1), base.view(-1), flat, weights, scale, [], [], invalid[slots[i]])
 
 
 def drop_arguments(densities: list[float], seeds: list[int]) -> tuple[int, list[int], list[float]]:

@@ -18,7 +18,7 @@ from ...engine.ops import call_op
 from ...engine.stream import DeltaStream
 from ...functional.activity import apply_activity_
 from ...functional.counting import ram_statistics
-from ...kernels.device.common import OUT_DTYPES, group_key, launch, triton_serves, triton_takes
+from ...kernels.device.common import OUT_DTYPES, group_takes, launch, triton_takes
 from ..base import GroupMerge
 from ...types import RamStatistics
 from .accumulators import RamAccumulator, WeightedRamAccumulator
@@ -79,7 +79,7 @@ def ram_merge_group_(
     k = len(agents) // len(bases)
     per = [agents[i * k : (i + 1) * k] for i in range(len(bases))]
     hs = [importances[i * k : (i + 1) * k] for i in range(len(bases))] if importances else []
-    takes = _group_takes(outs, bases, agents, importances, k)
+    takes = group_takes(outs, bases, agents, importances, k)
     launch("ram_merge_group_kernel", takes, _triton_group, _torch_group, outs, bases, per, hs, lambdas, eps, sign,
            invalid, slots)  # fmt: skip
 
@@ -87,22 +87,6 @@ def ram_merge_group_(
 @ram_merge_group_.register_fake
 def _(outs, bases, agents, importances, lambdas, eps, sign, invalid, slots) -> None:
     return None
-
-
-def _group_takes(outs: list[Tensor], bases: list[Tensor], agents: list[Tensor], importances: list[Tensor], k: int):
-    """Whether the grouped kernel takes these: one :func:`group_key` for every tensor, on a device Triton serves,
-    and importances of one dtype, contiguous and aligned on that device."""
-    if not bases or len(agents) != k * len(bases) or not triton_serves(bases[0].device):
-        return False
-    key = group_key(outs[0], bases[0], agents[:k])
-    if key is None or any(
-        group_key(o, b, agents[i * k : (i + 1) * k]) != key for i, (o, b) in enumerate(zip(outs, bases))
-    ):
-        return False
-    return all(
-        h.dtype == importances[0].dtype and h.device == key[0] and h.is_contiguous() and not h.data_ptr() % 16
-        for h in importances
-    )
 
 
 def _triton_group(outs, bases, agents, importances, lambdas, eps, sign, invalid, slots) -> None:
