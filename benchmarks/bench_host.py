@@ -190,6 +190,7 @@ PARTS = (
     ("ram_live.engine.run", "build_plan", "plan"),
     ("ram_live.io.sinks", "ModuleSink.begin", "module copy"),
     ("ram_live.engine.run", "statistics_pass", "counting pass"),
+    ("ram_live.engine.passes", "merge_groups", "grouped merge"),
     ("ram_live.engine.passes", "merge_tensor", "merge per tensor"),
 )
 

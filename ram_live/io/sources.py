@@ -130,13 +130,18 @@ class _InMemorySource:
         self._tensors = {k: local_tensor(t) for k, t in tensors.items()}
         self._buffers = buffers
         self._aliases = _find_aliases(self._tensors)
+        self._specs: dict[str, TensorSpec] = {}  # a merge asks each key's spec several times
 
     def keys(self) -> list[str]:
         return list(self._tensors)
 
     def spec(self, key: str) -> TensorSpec:
-        t = self._tensors[key]
-        return TensorSpec(tuple(t.shape), t.dtype, t.device, key in self._buffers, key not in self._uncounted)
+        spec = self._specs.get(key)
+        if spec is None:
+            t = self._tensors[key]
+            spec = TensorSpec(tuple(t.shape), t.dtype, t.device, key in self._buffers, key not in self._uncounted)
+            self._specs[key] = spec
+        return spec
 
     def get(self, key: str) -> Tensor:
         return self._tensors[key].detach()
@@ -152,7 +157,7 @@ def _find_aliases(tensors: Mapping[str, Tensor]) -> dict[str, str]:
     for key, t in tensors.items():
         if t.numel() == 0:  # (meta tensors were refused before)
             continue
-        ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        ident = (t.data_ptr(), t.shape, t.stride(), t.dtype)  # one address: one storage, at one offset
         if ident in seen:
             aliases[key] = seen[ident]
         else:
