@@ -52,6 +52,7 @@ KERNELS = (
     ("ram_live.kernels.device.ties_triton", "ties_merge_kernel"),
     ("ram_live.kernels.device.group_triton", "ram_merge_group_kernel"),
     ("ram_live.kernels.device.group_triton", "linear_merge_group_kernel"),
+    ("ram_live.kernels.device.group_triton", "activity_counts_group_kernel"),
 )
 
 
@@ -236,6 +237,15 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
 
         label = f"RAM group {DTYPES[dtype]} K={k} lambdas={lam} sign={sign} weighted={weighted} eps={eps}"
         out.append((label, group_mod, group_name, call))
+    for dtype, k, eps in [(torch.bfloat16, 3, 1e-5), (torch.float32, 8, 0.0)]:
+        base, agents = flat(k, dtype)
+
+        def call(base=base, agents=agents, eps=eps, k=k) -> None:
+            counts, slots = torch.zeros(3 * k + 1, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+            ram._triton_counts_group([base, base], [agents, agents], eps, counts, slots, [0, 1])
+
+        label = f"RAM counts group {DTYPES[dtype]} K={k} eps={eps}"
+        out.append((label, group_mod, "activity_counts_group_kernel", call))
     for dtype, k, eps in [(torch.bfloat16, 3, 1e-5), (torch.float32, 8, 0.0)]:
         base, agents = flat(k, dtype)
 

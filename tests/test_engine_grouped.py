@@ -40,7 +40,7 @@ def _state(seed: int, base: dict | None = None) -> dict:
 def launches(monkeypatch):
     """The grouped launches of the test: the number of tensors of each."""
     seen = []
-    for name in ("launch_ram_merge_group", "launch_linear_merge_group"):
+    for name in ("launch_ram_merge_group", "launch_linear_merge_group", "launch_activity_counts_group"):
 
         def counted(outs, *args, _real=getattr(group_triton, name)):
             seen.append(len(outs))
@@ -66,7 +66,8 @@ def test_grouped_merge_gives_the_cpu_merge_bits(options, launches, monkeypatch):
     monkeypatch.setattr(checks, "deferred_device", lambda dev: dev.type != "meta")
     merged, info = ram_live.merge(agents, base=base, return_info=True, **options)
     assert info.extra["kernels"] == {"device": 6}
-    assert sorted(launches) == [2, 3]  # bfloat16 a, b, e in one launch; float32 c, d in another; f on its own
+    # bfloat16 a, b, e in one launch; float32 c, d in another; f on its own (RAM+: its counts likewise first)
+    assert sorted(launches) == ([2, 2, 3, 3] if options["method"] == "ram_plus" else [2, 3])
     for key in expected:
         assert torch.equal(bits(merged[key]), bits(expected[key])), key
 
@@ -110,9 +111,42 @@ def test_an_invalid_entry_in_a_group_names_its_tensor_and_agent(launches, on_dev
     assert caught.value.key == "b" and launches
 
 
+@pytest.mark.parametrize("eps", [0.0, 1e-3])
+def test_grouped_counts_are_the_one_tensor_counts(eps, launches, on_device, monkeypatch):
+    """The counts of one launch are those of a launch per tensor (the CPU's single read does not keep the
+    histogram), and the λ and the inputs' fingerprint are the CPU merge's."""
+    from ram_live.engine import passes
+
+    base = _state(0)
+    agents = {f"agent_{t}": _state(10 + t, base) for t in range(3)}
+    agents["agent_1"]["d"] = base["d"].clone()  # an agent that changed nothing there
+    _, info = ram_live.merge(agents, base=base, method="ram_plus", eps=eps, return_info=True)
+    assert sorted(launches) == [2, 2, 3, 3]
+    with monkeypatch.context() as m:
+        m.setattr(passes, "count_groups", lambda *args: set())
+        _, one_by_one = ram_live.merge(agents, base=base, method="ram_plus", eps=eps, return_info=True)
+        m.setattr(checks, "deferred_device", lambda dev: False)
+        _, cpu = ram_live.merge(agents, base=base, method="ram_plus", eps=eps, return_info=True)
+    for field in ("active", "unique", "histogram"):
+        assert getattr(info.statistics, field).tolist() == getattr(one_by_one.statistics, field).tolist(), field
+    assert info.statistics.histogram.sum() == sum(t.numel() for t in base.values())
+    assert info.statistics.active.tolist() == cpu.statistics.active.tolist()
+    assert info.statistics.fingerprint == cpu.statistics.fingerprint
+    assert info.lambdas == cpu.lambdas
+
+
+def test_an_invalid_entry_met_by_the_grouped_counts_names_its_tensor(launches, on_device):
+    base = _state(0)
+    agents = {f"agent_{t}": _state(10 + t, base) for t in range(3)}
+    agents["agent_0"]["e"][4999] = float("nan")
+    with pytest.raises(NonFiniteError, match="agent 'agent_0'") as caught:
+        ram_live.merge(agents, base=base, method="ram_plus")
+    assert caught.value.key == "e" and len(launches) == 2  # the counts' launches only: nothing merged
+
+
 def test_programs_cover_each_tensor_once():
     per = 1024 * group_triton.SPAN
     numels = [0, 1, per, per + 1, 3 * per - 5]
-    programs, firsts = group_triton.program_tensors(numels, 1024, torch.device("cpu"))
+    programs, firsts = group_triton.program_tensors(numels, per, torch.device("cpu"))
     assert programs.tolist() == [1, 2, 3, 3, 4, 4, 4]
     assert firsts == (0, 0, 1, 2, 4)

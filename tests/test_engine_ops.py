@@ -136,8 +136,8 @@ def test_a_device_merge_calls_its_ops_directly(method, on_device, monkeypatch):
     monkeypatch.setattr(ops, "dispatch_needed", lambda args: needed.append(decide(args)) or needed[-1])
     direct, info = merge(agents, base=base, method=method, return_info=True)
     assert set(info.extra["kernels"]) == {"device"}
-    # RAM's merge: one op for all tensors (ram_live/engine/grouped.py); RAM+ counts each tensor first
-    grouped = {"ram": 1, "ram_plus": 1 + info.tensors, "task_arithmetic": 1}.get(method)
+    # one op for all tensors (ram_live/engine/grouped.py); RAM+ counts them all in one op first
+    grouped = {"ram": 1, "ram_plus": 2, "task_arithmetic": 1}.get(method)
     assert len(needed) == grouped if grouped else len(needed) >= info.tensors  # every tensor's ops
     assert not any(needed)  # none through the dispatcher
     monkeypatch.setattr(ops, "dispatch_needed", lambda args: True)

@@ -1,13 +1,16 @@
-"""A device merge's tensors in few launches (:func:`merge_groups`): where the method merges many tensors in one
-launch (:attr:`~ram_live.methods.base.MethodKernels.group`) and the sink holds its outputs in memory, every tensor
-on an accelerator whose inputs and output :func:`~ram_live.kernels.device.common.group_key` admits is merged in
-one launch per device and dtypes, before the merge pass walks the rest one by one. Per tensor the host then only
-takes its inputs and its destination: a model of hundreds of tensors costs it one launch, not hundreds."""
+"""A device merge's tensors in few launches: where the method merges many tensors in one launch
+(:attr:`~ram_live.methods.base.MethodKernels.group`) and the sink holds its outputs in memory, every tensor on an
+accelerator whose inputs and output :func:`~ram_live.kernels.device.common.group_key` admits is merged in one
+launch per device and dtypes (:func:`merge_groups`), before the merge pass walks the rest one by one; the
+statistics pass counts likewise (:func:`count_groups`, :attr:`~ram_live.methods.base.MethodKernels.group_counts`).
+Per tensor the host then only takes its inputs and its destination: a model of hundreds of tensors costs it one
+launch, not hundreds."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
+import torch
 from torch import Tensor
 
 from ..kernels.device.common import group_key
@@ -16,7 +19,19 @@ from ..types import Plan, TensorSpec
 from . import checks as checks_mod
 from .checks import DeferredChecks
 
-__all__ = ["merge_groups"]
+__all__ = ["merge_groups", "count_groups"]
+
+
+def _members(reader: Any, plan: Plan, grouped: Any) -> Iterator[tuple[int, str, Any, Tensor, list[Tensor]]]:
+    """``(index, key, spec, base, agents)`` of the merged tensors on an accelerator, read where they are (no copy
+    to another device), that the method's grouped kernel ``accepts``."""
+    for index, key in enumerate(plan.merge):
+        spec = reader.base.spec(key)
+        if not checks_mod.deferred_device(spec.device) or (reader.device or spec.device) != spec.device:
+            continue
+        base, agents, _ = reader.read(key)
+        if grouped.accepts(base, agents):
+            yield index, key, spec, base, agents
 
 
 def merge_groups(
@@ -55,13 +70,7 @@ def merge_groups(
         return set(), {}
     groups: dict[tuple, list[tuple[int, Tensor, Tensor, list[Tensor], str]]] = {}
     taken: dict[str, Tensor] = {}
-    for index, key in enumerate(plan.merge):
-        spec = specs[key]
-        if not checks_mod.deferred_device(spec.device) or (reader.device or spec.device) != spec.device:
-            continue
-        base, agents, _ = reader.read(key)
-        if not grouped.accepts(base, agents):
-            continue
+    for index, key, spec, base, agents in _members(reader, plan, grouped):
         dest = sink.destination(key, spec)
         found = group_key(dest, base, agents)  # contiguous tensors: the kernels see them flat, no view is made
         if found is None:
@@ -81,3 +90,51 @@ def merge_groups(
             if progress:
                 progress.update(key, reader.nbytes(key))
     return merged, taken
+
+
+def count_groups(
+    reader: Any,
+    plan: Plan,
+    activity: Any,
+    kernels: Any,
+    checks: DeferredChecks,
+    totals: dict[torch.device, Tensor],
+    progress: ProgressHook | None,
+) -> set[str]:
+    """The statistics pass's counts of the tensors that join groups, added to the pass's running counts on their
+    device (``totals``, int64 ``[3K + 1]``, made where missing); returns their keys. Only counted tensors (not a
+    DTensor's replicated shards) and no auxiliary inputs.
+
+    Args:
+        reader: the pass's :class:`~ram_live.engine.reader.Reader`.
+        plan: the merge's plan.
+        activity: the method's activity rule.
+        kernels: the method's :class:`~ram_live.methods.base.MethodKernels`, or None.
+        checks: the pass's deferred checks.
+        totals: the pass's running counts per device.
+        progress: told of every counted tensor.
+    """
+    if kernels is None or kernels.group_counts is None or reader.auxiliary:
+        return set()
+    grouped = kernels.group_counts(activity)  # a GroupMerge
+    if grouped is None:
+        return set()
+    groups: dict[tuple, list[tuple[int, Tensor, list[Tensor], str]]] = {}
+    for index, key, spec, base, agents in _members(reader, plan, grouped):
+        found = group_key(None, base, agents) if spec.counted else None
+        if found is not None:
+            groups.setdefault(found, []).append((index, base, agents, key))
+    done: set[str] = set()
+    k = len(reader.agents)
+    for (device, *_), items in groups.items():
+        if device not in totals:
+            totals[device] = torch.zeros(3 * k + 1, dtype=torch.int64, device=device)
+        grouped.merge(
+            [(index, totals[device], base, agents) for index, base, agents, _ in items], checks.buffer(device)
+        )
+        for *_, key in items:
+            reader.release(key)
+            done.add(key)
+            if progress:
+                progress.update(key, reader.nbytes(key))
+    return done

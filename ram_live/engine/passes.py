@@ -17,7 +17,7 @@ from ..types import Activity, MergeInfo, Plan, RamStatistics, TensorSpec
 from .checks import DeferredChecks
 from .counts import ADDED
 from .dispatch import StreamView, count_tensor, merge_kernel
-from .grouped import merge_groups
+from .grouped import count_groups, merge_groups
 from .reader import Reader, check_equal
 from .stream import DeltaStream, digest_update
 from .threads import worker_count
@@ -66,7 +66,14 @@ def statistics_pass(
     checks = DeferredChecks(plan.merge)
     if progress:
         progress.start("statistics", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
+    plain = not compile and amax is None and not check_auxiliary
+    done = count_groups(reader, plan, activity, kernels, checks, totals, progress) if plain else set()
     for index, key in enumerate(plan.merge):
+        if key in done:
+            if digest is not None:  # fed in the plan's order, as every pass feeds it
+                base, agents, _ = reader.read(key)
+                digest.update([base.reshape(-1), *(a.reshape(-1) for a in agents)])
+            continue
         base, agents, device = reader.read(key)
         stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace, compile=compile)
         stream.deferred = checks.slot(index, device)

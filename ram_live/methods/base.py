@@ -93,6 +93,9 @@ class MethodKernels:
         group: ``group(run_state, activity) -> GroupMerge | None``: on a device, many tensors merged in one
             launch, or None where this merge's tensors need their own launches. The engine groups the tensors a
             sink holds in memory (:mod:`ram_live.engine.grouped`).
+        group_counts: ``group_counts(activity) -> GroupMerge | None``: on a device, many tensors' activity counts
+            in one launch (each item ``(slot, counts, base, agents)``: the statistics pass's running counts in place
+            of an output), or None.
 
     Raises:
         ConfigError: a field that is neither a callable nor None (the former flags ``native=True``,
@@ -111,6 +114,7 @@ class MethodKernels:
     native: Callable[[], bool] | None = None
     device: Callable[[torch.device], bool] | None = None
     group: Callable[[Any, Activity | None], Any] | None = None
+    group_counts: Callable[[Activity | None], Any] | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -114,39 +114,41 @@ def triton_takes(tensors: Sequence[Tensor], k: int) -> bool:
 _PLAIN = (Tensor, torch.nn.Parameter)
 
 
-def group_key(out: Tensor, base: Tensor, agents: Sequence[Tensor]) -> tuple | None:
-    """What tensors merged in one launch share (their device, their dtypes, the number of agents), or None where a
-    tensor cannot join a group: a tensor subclass, not one device, not contiguous, an address off a 16-byte boundary
-    (a grouped kernel reads its pointers from a table, knowing only that they are aligned), a dtype the kernels do
-    not take, too many entries or agents.
+def group_key(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> tuple | None:
+    """What tensors merged in one launch (``out`` None: counted) share (their device, their dtypes, the number of
+    agents), or None where a tensor cannot join a group: a tensor subclass, not one device, not contiguous, an address
+    off a 16-byte boundary (a grouped kernel reads its pointers from a table, knowing only that they are aligned), a
+    dtype the kernels do not take, too many entries or agents.
 
     Example:
         >>> group_key(torch.empty(4), torch.zeros(4), [torch.ones(4)])[1:]
         (torch.float32, torch.float32, torch.float32, 1)
     """
     k = len(agents)
-    if not 0 < k <= MAX_AGENTS or out.dtype not in OUT_DTYPES or base.numel() >= MAX_NUMEL:
+    if not 0 < k <= MAX_AGENTS or (out is not None and out.dtype not in OUT_DTYPES) or base.numel() >= MAX_NUMEL:
         return None
     device, dtype = base.device, agents[0].dtype
-    for t in (out, base, *agents):
+    for t in (base, *agents) if out is None else (out, base, *agents):
         if type(t) not in _PLAIN or t.device != device or not t.is_contiguous() or t.data_ptr() % 16:
             return None
     if base.dtype not in INPUT_DTYPES or dtype not in INPUT_DTYPES or any(a.dtype != dtype for a in agents):
         return None
-    return device, out.dtype, base.dtype, dtype, k
+    return device, None if out is None else out.dtype, base.dtype, dtype, k
 
 
 def group_takes(
     outs: Sequence[Tensor], bases: Sequence[Tensor], agents: Sequence[Tensor], importances: Sequence[Tensor], k: int
 ) -> bool:
-    """Whether a grouped kernel takes these (``agents``: ``K`` per tensor, in order; ``importances``: none, or
-    likewise): one :func:`group_key` for every tensor, on a device Triton serves, and importances of one dtype,
-    contiguous and aligned on that device."""
+    """Whether a grouped kernel takes these (``outs``: one per tensor, or none for counts; ``agents``: ``K`` per
+    tensor, in order; ``importances``: none, or likewise): one :func:`group_key` for every tensor, on a device
+    Triton serves, and importances of one dtype, contiguous and aligned on that device."""
     if not bases or len(agents) != k * len(bases) or not triton_serves(bases[0].device):
         return False
-    key = group_key(outs[0], bases[0], agents[:k])
+    if outs and len(outs) != len(bases):
+        return False
+    key = group_key(outs[0] if outs else None, bases[0], agents[:k])
     if key is None or any(
-        group_key(o, b, agents[i * k : (i + 1) * k]) != key for i, (o, b) in enumerate(zip(outs, bases))
+        group_key(outs[i] if outs else None, b, agents[i * k : (i + 1) * k]) != key for i, b in enumerate(bases)
     ):
         return False
     return all(

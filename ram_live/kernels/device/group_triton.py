@@ -1,8 +1,10 @@
 """Many tensors merged in one launch: RAM's family (:func:`ram_merge_group_kernel`) and task arithmetic or linear
-(:func:`linear_merge_group_kernel`). Each program reads its tensor's pointers from a table and merges :data:`SPAN`
-blocks of it with the one-tensor kernel's own block (:func:`~.ram_triton.ram_merge_kernel`,
-:func:`~.linear_triton.linear_merge_kernel`: the same operations, so the same bits). A model's hundreds of
-tensors then cost the host one launch and one table instead of a launch each.
+(:func:`linear_merge_group_kernel`); and RAM's activity counts of many tensors in one launch
+(:func:`activity_counts_group_kernel`). Each program reads its tensor's pointers from a table and works through
+:data:`SPAN` (counts: :data:`COUNT_SPAN`) blocks of it with the one-tensor kernel's own block
+(:func:`~.ram_triton.ram_merge_kernel`, :func:`~.linear_triton.linear_merge_kernel`,
+:func:`~.counts_triton.activity_counts_kernel`: the same operations, so the same bits and counts). A model's
+hundreds of tensors then cost the host one launch and one table instead of a launch each.
 
 The table (int64 ``[T, ROW]``, one row per tensor): the output's and the base's addresses, :data:`MAX_AGENTS`
 agents' and importances' addresses, the tensor's entries, its first program and its slot in the invalid-count
@@ -20,13 +22,17 @@ import triton.language as tl
 from torch import Tensor
 
 from .common import MAX_AGENTS, block_size, register_cap
+from .counts_triton import COUNT_WARPS, _flush_counts, _step
 from .linear_triton import _linear_block
 from .ram_triton import MERGE_WARPS, _merge_block
 from .triton_common import add_invalid, jit
 
 __all__ = [
+    "COUNT_SPAN",
     "SPAN",
     "ROW",
+    "activity_counts_group_kernel",
+    "launch_activity_counts_group",
     "launch_linear_merge_group",
     "launch_ram_merge_group",
     "linear_merge_group_kernel",
@@ -36,6 +42,9 @@ __all__ = [
 
 #: Blocks each program merges (one tensor's, in order).
 SPAN = 16
+#: Blocks each program counts: more than it merges, since each program adds its counts to one buffer at its end
+#: (fewer programs, fewer atomic adds on the same few addresses).
+COUNT_SPAN = 64
 #: Columns of a tensor's row in the table: out, base, 8 agents, 8 importances, entries, first program, slot.
 ROW = 2 + 2 * MAX_AGENTS + 3
 _NUMEL, _FIRST, _SLOT = ROW - 3, ROW - 2, ROW - 1
@@ -142,6 +151,48 @@ def linear_merge_group_kernel(
     add_invalid(bad_ptr + tl.load(row + ROW_ - 1), invalid)
 
 
+@jit(do_not_specialize=["eps"], aligned_anyhow=("counts_ptr", "bad_ptr"))
+def activity_counts_group_kernel(
+    table_ptr, program_ptr, counts_ptr, bad_ptr, eps,
+    K: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr, EPS_ZERO: tl.constexpr,
+    IN_T: tl.constexpr, AGENT_T: tl.constexpr,
+    ROWS: tl.constexpr, VEC: tl.constexpr, SPAN_: tl.constexpr, ROW_: tl.constexpr,
+):  # fmt: skip
+    """:func:`~.counts_triton.activity_counts_kernel`'s counts (no pairs) of ``SPAN_`` blocks of the tensor
+    ``program_ptr[pid]`` of the table, added to ``counts`` once at the program's end."""
+    BLOCK: tl.constexpr = ROWS * VEC
+    row, numel, start = _tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
+    base_ptr = _address(row, 1, IN_T)
+    a0 = _address(row, 2, AGENT_T)
+    a1 = _address(row, 3, AGENT_T)
+    a2 = _address(row, 4, AGENT_T)
+    a3 = _address(row, 5, AGENT_T)
+    a4 = _address(row, 6, AGENT_T)
+    a5 = _address(row, 7, AGENT_T)
+    a6 = _address(row, 8, AGENT_T)
+    a7 = _address(row, 9, AGENT_T)
+    lane = tl.arange(0, ROWS)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    patterns = tl.zeros([NP], dtype=tl.int32)
+    invalid = tl.zeros([ROWS], dtype=tl.int32)
+    for j in range(SPAN_):
+        first = start + j * BLOCK
+        offs = first + lane
+        if first + BLOCK <= numel:
+            counted, bad, r0, r1, r2, r3, r4, r5, r6, r7 = _step(
+                base_ptr, a0, a1, a2, a3, a4, a5, a6, a7, offs, offs < numel, eps, K, NP, EPS_ZERO, False
+            )
+            patterns += counted
+            invalid += bad
+        elif first < numel:
+            counted, bad, r0, r1, r2, r3, r4, r5, r6, r7 = _step(
+                base_ptr, a0, a1, a2, a3, a4, a5, a6, a7, offs, offs < numel, eps, K, NP, EPS_ZERO, True
+            )
+            patterns += counted
+            invalid += bad
+    _flush_counts(counts_ptr, patterns, K, KP, NP, False)
+    add_invalid(bad_ptr + tl.load(row + ROW_ - 1), invalid)
+
+
 @functools.lru_cache(maxsize=8)
 def _programs(numels: tuple[int, ...], per_program: int, device: torch.device) -> tuple[Tensor, tuple[int, ...]]:
     counts = torch.tensor([-(-n // per_program) for n in numels], dtype=torch.int64)
@@ -150,25 +201,25 @@ def _programs(numels: tuple[int, ...], per_program: int, device: torch.device) -
     return tensors.to(device), tuple(firsts.tolist())
 
 
-def program_tensors(numels: Sequence[int], block: int, device: torch.device) -> tuple[Tensor, tuple[int, ...]]:
+def program_tensors(numels: Sequence[int], per_program: int, device: torch.device) -> tuple[Tensor, tuple[int, ...]]:
     """The tensor of each program (int32 ``[P]`` on ``device``) and each tensor's first program, for tensors of
-    ``numels`` entries and :data:`SPAN` blocks of ``block`` per program; kept for the last few models' sizes.
+    ``numels`` entries and ``per_program`` entries a program; kept for the last few models' sizes.
 
     Example:
-        >>> program_tensors([5, 40000], 1024, torch.device("cpu"))[0].tolist()
+        >>> program_tensors([5, 40000], 16384, torch.device("cpu"))[0].tolist()
         [0, 1, 1, 1]
     """
-    return _programs(tuple(numels), block * SPAN, device)
+    return _programs(tuple(numels), per_program, device)
 
 
 def _table(outs, bases, agents, importances, firsts, slots, device) -> Tensor:
-    """The launch's table (see the module's doc) on ``device``."""
+    """The launch's table (see the module's doc) on ``device`` (``outs`` empty: no outputs, as for counts)."""
     k = len(agents[0])
     pad = [0] * (MAX_AGENTS - k)
     rows: list[int] = []
-    for i, (out, base) in enumerate(zip(outs, bases)):
+    for i, base in enumerate(bases):
         hs = [h.data_ptr() for h in importances[i]] if importances else []
-        rows += [out.data_ptr(), base.data_ptr(), *(a.data_ptr() for a in agents[i]), *pad]
+        rows += [outs[i].data_ptr() if outs else 0, base.data_ptr(), *(a.data_ptr() for a in agents[i]), *pad]
         rows += [*hs, *([0] * (MAX_AGENTS - len(hs))), base.numel(), firsts[i], slots[i]]
     return torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
 
@@ -200,7 +251,7 @@ def launch_ram_merge_group(
     tensor ``i`` adding its invalid entries to ``invalid[slots[i]]``."""
     device = bases[0].device
     block = block_size([bases[0], *agents[0], *(importances[0] if importances else ())], MERGE_WARPS)
-    programs, firsts = program_tensors([b.numel() for b in bases], block, device)
+    programs, firsts = program_tensors([b.numel() for b in bases], block * SPAN, device)
     table = _table(outs, bases, agents, importances, firsts, slots, device)
     h_dtype = importances[0][0].dtype if importances else torch.float32
     ram_merge_group_kernel[(programs.numel(),)](
@@ -224,10 +275,33 @@ def launch_linear_merge_group(
     :func:`launch_ram_merge_group`."""
     device = bases[0].device
     block = block_size([bases[0], *agents[0]], MERGE_WARPS)
-    programs, firsts = program_tensors([b.numel() for b in bases], block, device)
+    programs, firsts = program_tensors([b.numel() for b in bases], block * SPAN, device)
     table = _table(outs, bases, agents, [], firsts, slots, device)
     linear_merge_group_kernel[(programs.numel(),)](
         table, programs, weights, invalid, float(scale),
         K=len(agents[0]), SCALED=scale != 1.0, BLOCK=block, SPAN_=SPAN, ROW_=ROW, num_warps=MERGE_WARPS,
         enable_fp_fusion=False, **_dtypes(outs, bases, agents), **register_cap(device),
+    )  # fmt: skip
+
+
+def launch_activity_counts_group(
+    bases: Sequence[Tensor],
+    agents: Sequence[Sequence[Tensor]],
+    eps: float,
+    counts: Tensor,
+    invalid: Tensor,
+    slots: Sequence[int],
+) -> None:
+    """One launch of :func:`activity_counts_group_kernel`: every tensor's counts added to ``counts`` (int64
+    ``[3K + 1]``), tensor ``i``'s invalid entries to ``invalid[slots[i]]``; tensors as
+    :func:`launch_ram_merge_group` takes them."""
+    device, k = bases[0].device, len(agents[0])
+    block = block_size([bases[0], *agents[0]], COUNT_WARPS)
+    programs, firsts = program_tensors([b.numel() for b in bases], block * COUNT_SPAN, device)
+    table = _table([], bases, agents, [], firsts, slots, device)
+    activity_counts_group_kernel[(programs.numel(),)](
+        table, programs, counts, invalid, float(eps),
+        K=k, KP=max(2, 1 << (k - 1).bit_length()), NP=max(2, 1 << k), EPS_ZERO=eps == 0,
+        IN_T=_TL_DTYPES[bases[0].dtype], AGENT_T=_TL_DTYPES[agents[0][0].dtype], ROWS=32 * COUNT_WARPS,
+        VEC=block // (32 * COUNT_WARPS), SPAN_=COUNT_SPAN, ROW_=ROW, num_warps=COUNT_WARPS, **register_cap(device),
     )  # fmt: skip

@@ -8,6 +8,7 @@ per pass (:mod:`ram_live.engine.checks`): no host sync per tensor.
 Not ``from __future__ import annotations``: ``torch.library.custom_op`` reads the annotations as types.
 """
 
+import functools
 from typing import Optional
 
 import torch
@@ -23,7 +24,7 @@ from ..base import GroupMerge
 from ...types import RamStatistics
 from .accumulators import RamAccumulator, WeightedRamAccumulator
 
-__all__ = ["merge_device", "device_statistics", "group_runner"]
+__all__ = ["merge_device", "device_statistics", "group_runner", "count_group_runner"]
 
 #: Programs of the counting kernel per multiprocessor (each adds its sums once).
 COUNT_PROGRAMS_PER_SM = 8
@@ -113,6 +114,35 @@ def ram_counts_(base: Tensor, agents: list[Tensor], eps: float, counts: Tensor, 
 @ram_counts_.register_fake
 def _(base, agents, eps, counts, invalid) -> None:
     return None
+
+
+@torch.library.custom_op("ram_live::ram_counts_group_", mutates_args=("counts", "invalid"))
+def ram_counts_group_(
+    bases: list[Tensor], agents: list[Tensor], eps: float, counts: Tensor, invalid: Tensor, slots: list[int]
+) -> None:
+    """:func:`ram_counts_` of many contiguous tensors in one launch (agents ``agents[i*K:(i+1)*K]`` of
+    ``bases[i]``), all added to ``counts``; tensor ``i``'s invalid entries to ``invalid[slots[i]]``."""
+    k = len(agents) // max(1, len(bases))
+    per = [agents[i * k : (i + 1) * k] for i in range(len(bases))]
+    takes = group_takes([], bases, agents, [], k)
+    launch("activity_counts_group_kernel", takes, _triton_counts_group, _torch_counts_group, bases, per, eps, counts,
+           invalid, slots)  # fmt: skip
+
+
+@ram_counts_group_.register_fake
+def _(bases, agents, eps, counts, invalid, slots) -> None:
+    return None
+
+
+def _triton_counts_group(bases, agents, eps, counts, invalid, slots) -> None:
+    from ...kernels.device.group_triton import launch_activity_counts_group
+
+    launch_activity_counts_group(bases, agents, eps, counts, invalid, slots)
+
+
+def _torch_counts_group(bases, agents, eps, counts, invalid, slots) -> None:
+    for i, base in enumerate(bases):
+        _torch_counts(base.view(-1), [a.view(-1) for a in agents[i]], eps, counts, invalid[slots[i]])
 
 
 def _triton_merge(out, base, agents, importances, lambdas, eps, sign, invalid) -> None:
@@ -206,10 +236,29 @@ def group_runner(config, run_state: Optional[Tensor], activity) -> Optional[Grou
         slots = [slot for slot, *_ in items]
         call_op(ram_merge_group_, outs, bases, agents, [], lambdas, eps, sign, invalid, slots)
 
-    def accepts(base: Tensor, agents: list[Tensor]) -> bool:
-        return activity.rule != "changed" or agents[0].dtype == base.dtype
+    return GroupMerge(functools.partial(_accepts, activity), merge)
 
-    return GroupMerge(accepts, merge)
+
+def _accepts(activity, base: Tensor, agents: list[Tensor]) -> bool:
+    """Whether the device kernels take this tensor with ``activity``: not "changed" between dtypes (the CPU's
+    paths run it)."""
+    return activity.rule != "changed" or agents[0].dtype == base.dtype
+
+
+def count_group_runner(activity) -> Optional[GroupMerge]:
+    """RAM's grouped counts (:attr:`~ram_live.methods.base.MethodKernels.group_counts`): a
+    :class:`~ram_live.methods.base.GroupMerge` whose ``merge(items, invalid)`` takes items ``(slot, counts, base,
+    agents)`` (the pass's running counts on the device in place of an output), or None without an activity rule."""
+    if activity is None:
+        return None
+
+    def count(items: list, invalid: Tensor) -> None:
+        counts = items[0][1]
+        bases = [base for _, _, base, _ in items]
+        agents = [a for *_, ts in items for a in ts]
+        call_op(ram_counts_group_, bases, agents, activity.threshold, counts, invalid, [i for i, *_ in items])
+
+    return GroupMerge(functools.partial(_accepts, activity), count)
 
 
 #: The last λ converted by :func:`_float32_on`, its version, and its float32 copy on the device.

@@ -20,7 +20,7 @@ from .accumulators import RamAccumulator, WeightedRamAccumulator
 from . import native as ram_native
 from .config import RamConfig
 from .rules import RAM_METHODS, RULES, Given, Unit
-from .device import group_runner
+from .device import count_group_runner, group_runner
 from .fast import device_merges, merge_kernel, native_statistics, warm_up
 from .lambdas import given_lambdas, lambda_bound, lambdas_from_counts, rho
 from .reference import ram_combine
@@ -115,6 +115,7 @@ def ram_kernels(config: Any) -> MethodKernels:
         native=lambda: ram_native.kernels() is not None and cc.build_level() != "scalar",
         device=device_merges,
         group=functools.partial(group_runner, config),
+        group_counts=count_group_runner,
     )
 
 
