@@ -220,6 +220,7 @@ def check_distributed(device: torch.device, out: Outcome, timeout: float) -> Non
 #: PEFT merge that stays there.
 CUDA_TESTS = (
     "tests/test_methods_baseline_device_cuda.py",
+    "tests/test_engine_grouped_cuda.py",
     "tests/test_api.py::test_cuda_module_merges_on_cuda",
     "tests/test_peft.py::test_cuda_merge_stays_on_the_device",
 )
