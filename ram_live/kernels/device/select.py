@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from ...engine.ops import call_op
 from .common import MAX_AGENTS, block_size, device_programs, launch, register_cap, triton_takes
 
 __all__ = ["NBINS", "PASSES", "MagnitudeSelection", "select_magnitudes", "selection_rank", "triton_thresholds"]
@@ -192,5 +193,5 @@ def select_magnitudes(base: Tensor, agents: Sequence[Tensor], densities: Sequenc
         return MagnitudeSelection(ranks, None)
     hist = torch.zeros(3, len(agents), NBINS, dtype=torch.int32, device=base.device)
     for p in range(len(PASSES)):
-        torch.ops.ram_live.radix_histogram_(base, list(agents), list(ranks), p, hist)
+        call_op(radix_histogram_, base, list(agents), list(ranks), p, hist)
     return MagnitudeSelection(ranks, hist)
