@@ -37,12 +37,27 @@ from typing import Any
 
 from .space import ASCENTS, LOCAL_MIN_STEP, Family, spread
 
-__all__ = ["Arm", "arms_of", "sampleable", "screen_sizes", "refine_shares", "SCREEN_SHARE", "ROUND_SHARE", "spend"]
+__all__ = [
+    "Arm",
+    "arms_of",
+    "sampleable",
+    "screen_sizes",
+    "refine_shares",
+    "SCREEN_SHARE",
+    "ROUND_SHARE",
+    "AFTER_SAMPLER",
+    "spend",
+]
 
 #: Share of the budget the screening round uses (two arms or more).
 SCREEN_SHARE = 0.35
 #: Share of what is left that each refinement round before the last one spends.
 ROUND_SHARE = 1.0 / 3
+#: In a sampled arm, the moves that run after its sampler (only with budget left when it converged): run before
+#: it, they took the arm's first refinement round (RAM's leave-one-out and activity rules: up to K + 4
+#: evaluations), and an arm whose sampler had not started lost the ranking to one whose sampler had
+#: (benchmarks/bench_samplers.py: docs/search.md, "Which sampler").
+AFTER_SAMPLER = ("leave_one_out", "activity")
 
 
 @dataclass
@@ -66,10 +81,12 @@ class Arm:
         density × scale grid, and the coordinate ascents last (the joint λ/shared-weight ascent stands in for the
         λ ascent when both are in the space)."""
         names = {f.name for f in self.families}
-        if self.sampled:  # user grids and finite moves as they are; the sampler over the arm's box last
+        if self.sampled:  # user grids, importance variants, the sampler over the arm's box, the other moves
             kept = [f for f in self.families if f.kind not in ASCENTS and (f.kind != "grid" or f.user_grid)]
-            kept.sort(key=lambda f: f.kind not in ("grid", "importance"))
-            return kept + [Family(f"sampled:{self.name}", self.families[0].side, "sampled")]
+            first = [f for f in kept if f.kind in ("grid", "importance") or f.kind not in AFTER_SAMPLER]
+            first.sort(key=lambda f: f.kind not in ("grid", "importance"))
+            sampled = Family(f"sampled:{self.name}", self.families[0].side, "sampled")
+            return first + [sampled] + [f for f in kept if f.kind in AFTER_SAMPLER]
         out: list[Family] = []
         for f in self.families:
             if f.kind in ASCENTS or f.kind == "lambdas" and "shared_weights" in names:

@@ -165,7 +165,7 @@ class Moves:
         scored as any candidate (raced under ``fidelity="halving"``), then told to the sampler; runs until the
         allowance is spent or ``MAX_REPEATS`` proposals in a row were candidates already scored. An arm with fewer
         than two trials in its box first scores its default grid's first, middle and last points."""
-        from .sampler_box import arm_box
+        from .sampler_box import arm_box, grown
         from .space import spread
 
         arm = family.name.split(":", 1)[1]
@@ -184,6 +184,10 @@ class Moves:
         repeats = 0
         while repeats < MAX_REPEATS:
             observed = [(p, t) for t in self.history if (p := box.read(t)) is not None]
+            wider = grown(box, self.arm_families[arm], observed)
+            if wider is not box:  # the best point presses on the box's top: grown, the points it now holds read
+                box = self.boxes[arm] = wider
+                observed = [(p, t) for t in self.history if (p := box.read(t)) is not None]
             point = self.proposer.propose(box, observed)
             n = len(self.history)
             tried = self.trial(box.build(point))

@@ -200,9 +200,10 @@ def _log_density(point: dict[str, Any], centres: list[dict[str, Any]], dims: lis
 
 
 class OptunaProposer:
-    """Ask-and-tell with an Optuna sampler: one in-memory study per arm, over the arm's box as Optuna distributions
-    (floats as ``FloatDistribution``, choices as ``CategoricalDistribution`` of their text); the arm's trials
-    scored before (its screen, other steps) are added to the study as they appear, so the model sees them."""
+    """Ask-and-tell with an Optuna sampler: one in-memory study per arm and box (a box grown as the sampler learns:
+    a new study), over the box as Optuna distributions (floats as ``FloatDistribution``, choices as
+    ``CategoricalDistribution`` of their text); the arm's trials scored before (its screen, other steps) are added
+    to the study as they appear, so the model sees them."""
 
     def __init__(self, sampler: Any) -> None:
         import optuna  # noqa: F401  (the sampler is Optuna's: it is installed)
@@ -210,13 +211,14 @@ class OptunaProposer:
         self.template = sampler
         self.name = f"optuna:{type(sampler).__name__}"
         self.multi = type(sampler).__name__ in MULTI_OBJECTIVE
-        self.studies: dict[str, tuple[Any, dict[str, Any], set[int]]] = {}
+        self.studies: dict[tuple[Any, ...], tuple[Any, dict[str, Any], set[int]]] = {}
         self.pending: Any = None
 
     def _study(self, box: Box) -> tuple[Any, dict[str, Any], set[int]]:
         import optuna
 
-        if box.arm not in self.studies:
+        key = _box_key(box)
+        if key not in self.studies:
             distributions = {
                 d.name: optuna.distributions.CategoricalDistribution([str(c) for c in d.choices])
                 if d.choices is not None
@@ -229,8 +231,8 @@ class OptunaProposer:
                     directions=["maximize", "maximize"] if self.multi else ["maximize"],
                     study_name=f"ram_live:{box.arm}",
                 )
-            self.studies[box.arm] = (study, distributions, set())
-        return self.studies[box.arm]
+            self.studies[key] = (study, distributions, set())
+        return self.studies[key]
 
     def _values(self, trial: Trial) -> list[float]:
         score = float(trial.score)  # type: ignore[arg-type]
@@ -263,7 +265,7 @@ class OptunaProposer:
             asked = study.ask(distributions)
         except (ValueError, RuntimeError, optuna.exceptions.OptunaError) as exc:
             raise ConfigError(f"the Optuna sampler {self.name} cannot search this box: {exc}") from None
-        self.pending = (box.arm, asked)
+        self.pending = (_box_key(box), asked)
         return _decode(box, asked.params)
 
     def tell(self, point: dict[str, Any], trial: Trial | None) -> None:
@@ -272,8 +274,8 @@ class OptunaProposer:
         pending, self.pending = self.pending, None
         if pending is None:
             return
-        arm, asked = pending
-        study, _, told = self.studies[arm]
+        key, asked = pending
+        study, _, told = self.studies[key]
         if trial is None or trial.score is None:
             quiet_tell(study, asked, state=TrialState.FAIL)
             return
@@ -311,6 +313,13 @@ def _copy(sampler: Any) -> Any:
         return copy.deepcopy(sampler)
     except TypeError:
         return sampler
+
+
+def _box_key(box: Box) -> tuple[Any, ...]:
+    """A study's key: the arm and its box's dimensions (a box grown as the sampler learns,
+    :func:`~ram_live.selection.sampler_box.grown`, is a new study over the wider distributions, every point of the
+    arm told to it again)."""
+    return (box.arm, *((d.name, d.low, d.high, d.choices) for d in box.dims))
 
 
 def _step(trial: Trial) -> int:

@@ -26,7 +26,19 @@ from typing import Any, Callable
 from .result import Trial
 from .space import Family, arm_of, side_of
 
-__all__ = ["Dim", "Box", "arm_box", "box_kind", "trial_params", "WEIGHT_HIGH", "WEIGHT_GROWTH", "R_HIGH"]
+__all__ = [
+    "Dim",
+    "Box",
+    "arm_box",
+    "box_kind",
+    "grown",
+    "trial_params",
+    "WEIGHT_HIGH",
+    "WEIGHT_GROWTH",
+    "GROWN_FACTOR",
+    "GROWN_HIGH",
+    "R_HIGH",
+]
 
 #: Upper bound of a per-agent weight (task arithmetic) or λ (RAM): extrapolating past it is not searched.
 WEIGHT_HIGH = 6.0
@@ -34,6 +46,10 @@ WEIGHT_HIGH = 6.0
 #: try one agent at this many times the others' weight): on the RL demo's agents, whose best weights are about 1,
 #: most of a 0-6 box scored near zero and a sampler spent its draws there.
 WEIGHT_GROWTH = 3.0
+#: As the sampler learns (:func:`grown`), the weights' upper bound is kept at least this many times the largest
+#: weight of the best point so far, up to ``GROWN_HIGH`` (benchmarks/bench_samplers.py: at 3 agents an agent's λ
+#: won near 6 where the first box stopped at 3).
+GROWN_FACTOR, GROWN_HIGH = 2.0, 8.0
 #: Upper bound of RAM+'s ``r``.
 R_HIGH = 3.0
 DENSITY_LOW, SCALE_LOW, SCALE_HIGH = 0.05, 0.25, 3.0
@@ -72,6 +88,42 @@ class Box:
         if point is None or set(point) != {d.name for d in self.dims}:
             return None
         return point if all(d.contains(point[d.name]) for d in self.dims) else None
+
+
+def grown(box: Box, families: list[Family], observed: list[tuple[dict[str, Any], Trial]]) -> Box:
+    """The weights' box (task arithmetic's per agent, RAM's λ) grown as the evidence comes in: its upper bound
+    at least ``GROWN_FACTOR`` × the largest weight of the best point scored on every prompt, at most
+    ``GROWN_HIGH``; ``box`` itself when that is no higher, for any other box, or when a family's ``high`` setting
+    fixed the bound. A sampler's first box (``WEIGHT_GROWTH`` × the start's largest weight) can hold the
+    extrapolation the agents want only partly: an under-trained agent's weight climbs to the top of the box.
+
+    Args:
+        box: the arm's box so far.
+        families: the arm's families (their ``high`` settings).
+        observed: the arm's points and their trials.
+
+    Returns:
+        The box, grown or as it was.
+
+    Example:
+        >>> b = Box("task_arithmetic", [Dim("w:a", 0.0, 3.0)], dict, lambda t: None)
+        >>> t = Trial(0, "", "task_arithmetic", {}, 0.9, 0.0, 0.0, 1.0, "baseline")
+        >>> grown(b, [], [({"w:a": 2.5}, t)]).dims[0].high
+        5.0
+    """
+    if not box.dims or not all(d.choices is None and d.name.startswith(("w:", "lam:")) for d in box.dims):
+        return box
+    if any(f.kind in ("ta_weights", "lambdas", "shared_weights") and "high" in f.settings for f in families):
+        return box
+    complete = [(p, t) for p, t in observed if t.complete]
+    if not complete:
+        return box
+    point = max(complete, key=lambda pt: (pt[1].score, -pt[1].index))[0]  # type: ignore[operator]
+    high = box.dims[0].high
+    wanted = min(GROWN_HIGH, GROWN_FACTOR * max(float(v) for v in point.values()))
+    if wanted <= high + 1e-12:
+        return box
+    return Box(box.arm, [Dim(d.name, d.low, wanted) for d in box.dims], box.build, box.reader, box.common)
 
 
 def _setting(families: list[Family], kind: str, default: float) -> float:
