@@ -51,7 +51,8 @@ KERNELS = (
     ("ram_live.kernels.device.select_triton", "select_thresholds_kernel"),
     ("ram_live.kernels.device.ties_triton", "ties_merge_kernel"),
     ("ram_live.kernels.device.group_triton", "ram_merge_group_kernel"),
-    ("ram_live.kernels.device.group_triton", "linear_merge_group_kernel"),
+    ("ram_live.kernels.device.group_baseline_triton", "linear_merge_group_kernel"),
+    ("ram_live.kernels.device.group_baseline_triton", "dare_ties_group_kernel"),
     ("ram_live.kernels.device.group_triton", "activity_counts_group_kernel"),
 )
 
@@ -275,17 +276,31 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
             linear._triton_linear(torch.empty_like(base), base, agents, weights, scale, densities, seeds, zero_slot())
 
         out.append((f"linear {DTYPES[dtype]} K={k} scale={scale} dare={dare}", lin_mod, "linear_merge_kernel", call))
-    for dtype, k, scale in [(torch.bfloat16, 3, 1.0), (torch.float32, 8, 0.5)]:
+    baseline_mod = "ram_live.kernels.device.group_baseline_triton"
+    for dtype, k, scale, dare in [(torch.bfloat16, 3, 1.0, False), (torch.float32, 8, 0.5, True)]:
         base, agents = flat(k, dtype)
+        densities, seeds = ([0.4] * k, [list(range(k))] * 2) if dare else ([], [])
 
-        def call(base=base, agents=agents, k=k, scale=scale) -> None:
+        def call(base=base, agents=agents, k=k, scale=scale, densities=densities, seeds=seeds) -> None:
             weights = torch.ones(k, dtype=torch.float64)
             slots = torch.zeros(2, dtype=torch.int64)
             outs = [torch.empty_like(base), torch.empty_like(base)]
-            linear._triton_group(outs, [base, base], [agents, agents], weights, scale, slots, [0, 1])
+            linear._triton_group(outs, [base, base], [agents, agents], weights, scale, densities, seeds, slots, [0, 1])
 
-        label = f"linear group {DTYPES[dtype]} K={k} scale={scale}"
-        out.append((label, group_mod, "linear_merge_group_kernel", call))
+        label = f"linear group {DTYPES[dtype]} K={k} scale={scale} dare={dare}"
+        out.append((label, baseline_mod, "linear_merge_group_kernel", call))
+    for dtype, k, majority, weighted, divide in [(torch.bfloat16, 3, 0, False, 0), (torch.float16, 5, 1, True, 1)]:
+        base, agents = flat(k, dtype)
+
+        def call(base=base, agents=agents, k=k, majority=majority, weighted=weighted, divide=divide) -> None:
+            weights = torch.ones(k, dtype=torch.float64)
+            slots = torch.zeros(2, dtype=torch.int64)
+            outs = [torch.empty_like(base), torch.empty_like(base)]
+            ties._triton_group(outs, [base, base], [agents, agents], weights, [0.5] * k, [list(range(k))] * 2, 1.0,
+                               majority, weighted, divide, slots, [0, 1])  # fmt: skip
+
+        label = f"DARE-TIES group {DTYPES[dtype]} K={k} majority={majority} weighted={weighted} divide={divide}"
+        out.append((label, baseline_mod, "dare_ties_group_kernel", call))
     sel_mod = "ram_live.kernels.device.select_triton"
     for dtype, k, ranks in [(torch.bfloat16, 3, [5, 0, 7]), (torch.float32, 8, [1] * 8)]:
         base, agents = flat(k, dtype)

@@ -12,7 +12,7 @@ from conftest import interpreter  # noqa: E402
 import ram_live  # noqa: E402
 from ram_live.engine import checks  # noqa: E402
 from ram_live.errors import NonFiniteError  # noqa: E402
-from ram_live.kernels.device import group_triton  # noqa: E402
+from ram_live.kernels.device import group_baseline_triton, group_triton  # noqa: E402
 from device_helpers import bits  # noqa: E402
 
 pytestmark = interpreter
@@ -40,13 +40,18 @@ def _state(seed: int, base: dict | None = None) -> dict:
 def launches(monkeypatch):
     """The grouped launches of the test: the number of tensors of each."""
     seen = []
-    for name in ("launch_ram_merge_group", "launch_linear_merge_group", "launch_activity_counts_group"):
+    for module, name in [
+        (group_triton, "launch_ram_merge_group"),
+        (group_triton, "launch_activity_counts_group"),
+        (group_baseline_triton, "launch_linear_merge_group"),
+        (group_baseline_triton, "launch_dare_ties_group"),
+    ]:
 
-        def counted(outs, *args, _real=getattr(group_triton, name)):
-            seen.append(len(outs))
-            _real(outs, *args)
+        def counted(outs, bases, *args, _real=getattr(module, name)):
+            seen.append(len(bases))
+            _real(outs, bases, *args)
 
-        monkeypatch.setattr(group_triton, name, counted)
+        monkeypatch.setattr(module, name, counted)
     return seen
 
 
@@ -111,6 +116,32 @@ def test_an_invalid_entry_in_a_group_names_its_tensor_and_agent(launches, on_dev
     assert caught.value.key == "b" and launches
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"method": "dare_linear", "density": 0.4, "seed": 3},
+        {"method": "dare_ties", "densities": [0.3, 1.0, 0.6], "elect_on": "weighted", "divide_by": "weights"},
+        {"method": "dare_ties", "density": 0.5, "majority_sign": "frequency", "divide_by": "none", "scale": 0.5},
+    ],
+    ids=lambda o: "-".join(map(str, o.values()))[:40],
+)
+def test_grouped_dare_gives_the_one_tensor_launches_bits(options, launches, on_device, monkeypatch):
+    """DARE's device masks (Philox, seeded per agent and tensor) are the kernels' own, not the CPU's: a grouped launch
+    gives the bits of a launch per tensor."""
+    from ram_live.engine import passes
+
+    base = _state(0)
+    agents = {f"agent_{t}": _state(10 + t, base) for t in range(3)}
+    merged = ram_live.merge(agents, base=base, **options)
+    assert sorted(launches) == [2, 3]
+    with monkeypatch.context() as m:
+        m.setattr(passes, "merge_groups", lambda *args: (set(), {}))
+        one_by_one = ram_live.merge(agents, base=base, **options)
+    for key in base:
+        assert torch.equal(bits(merged[key]), bits(one_by_one[key])), key
+    assert not torch.equal(merged["d"], base["d"])
+
+
 @pytest.mark.parametrize("eps", [0.0, 1e-3])
 def test_grouped_counts_are_the_one_tensor_counts(eps, launches, on_device, monkeypatch):
     """The counts of one launch are those of a launch per tensor (the CPU's single read does not keep the
@@ -123,7 +154,7 @@ def test_grouped_counts_are_the_one_tensor_counts(eps, launches, on_device, monk
     _, info = ram_live.merge(agents, base=base, method="ram_plus", eps=eps, return_info=True)
     assert sorted(launches) == [2, 2, 3, 3]
     with monkeypatch.context() as m:
-        m.setattr(passes, "count_groups", lambda *args: set())
+        m.setattr(passes, "count_groups", lambda *args: {})
         _, one_by_one = ram_live.merge(agents, base=base, method="ram_plus", eps=eps, return_info=True)
         m.setattr(checks, "deferred_device", lambda dev: False)
         _, cpu = ram_live.merge(agents, base=base, method="ram_plus", eps=eps, return_info=True)

@@ -137,7 +137,7 @@ def test_a_device_merge_calls_its_ops_directly(method, on_device, monkeypatch):
     direct, info = merge(agents, base=base, method=method, return_info=True)
     assert set(info.extra["kernels"]) == {"device"}
     # one op for all tensors (ram_live/engine/grouped.py); RAM+ counts them all in one op first
-    grouped = {"ram": 1, "ram_plus": 2, "task_arithmetic": 1}.get(method)
+    grouped = {"ram": 1, "ram_plus": 2, "task_arithmetic": 1, "dare_ties": 1}.get(method)
     assert len(needed) == grouped if grouped else len(needed) >= info.tensors  # every tensor's ops
     assert not any(needed)  # none through the dispatcher
     monkeypatch.setattr(ops, "dispatch_needed", lambda args: True)

@@ -13,7 +13,8 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
-from ..kernels.device.common import group_key
+from ..kernels.device.common import PLAIN_TENSORS, group_key
+from ..methods.base import GroupItem
 from ..progress import ProgressHook
 from ..types import Plan, TensorSpec
 from . import checks as checks_mod
@@ -24,12 +25,15 @@ __all__ = ["merge_groups", "count_groups"]
 
 def _members(reader: Any, plan: Plan, grouped: Any) -> Iterator[tuple[int, str, Any, Tensor, list[Tensor]]]:
     """``(index, key, spec, base, agents)`` of the merged tensors on an accelerator, read where they are (no copy
-    to another device), that the method's grouped kernel ``accepts``."""
+    to another device), that the method's grouped kernel ``accepts``; none after a tensor subclass (whose tensors
+    the merge pass then reads one by one, as before)."""
     for index, key in enumerate(plan.merge):
         spec = reader.base.spec(key)
         if not checks_mod.deferred_device(spec.device) or (reader.device or spec.device) != spec.device:
             continue
         base, agents, _ = reader.read(key)
+        if type(base) not in PLAIN_TENSORS:  # a subclass (DTensor, FakeTensor): the pass's tensors all are
+            return
         if grouped.accepts(base, agents):
             yield index, key, spec, base, agents
 
@@ -65,7 +69,7 @@ def merge_groups(
         or not getattr(sink, "holds_outputs", False)
     ):
         return set(), {}
-    grouped = kernels.group(run_state, job.activity)  # a GroupMerge
+    grouped = kernels.group(run_state, job.activity, reader.names)  # a GroupMerge
     if grouped is None:
         return set(), {}
     groups: dict[tuple, list[tuple[int, Tensor, Tensor, list[Tensor], str]]] = {}
@@ -79,7 +83,8 @@ def merge_groups(
         groups.setdefault(found, []).append((index, dest, base, agents, key))
     merged: set[str] = set()
     for found, items in groups.items():
-        grouped.merge([(index, out, base, agents) for index, out, base, agents, _ in items], checks.buffer(found[0]))
+        grouped.merge([GroupItem(index, key, out, base, agents) for index, out, base, agents, key in items],
+                      checks.buffer(found[0]))  # fmt: skip
         for *_, key in items:
             sink.commit(key)
             reader.release(key)
@@ -100,9 +105,10 @@ def count_groups(
     checks: DeferredChecks,
     totals: dict[torch.device, Tensor],
     progress: ProgressHook | None,
-) -> set[str]:
+) -> dict[str, tuple[Tensor, list[Tensor]]]:
     """The statistics pass's counts of the tensors that join groups, added to the pass's running counts on their
-    device (``totals``, int64 ``[3K + 1]``, made where missing); returns their keys. Only counted tensors (not a
+    device (``totals``, int64 ``[3K + 1]``, made where missing); returns their inputs by key (the pass feeds its
+    digest with them, in its order). Only counted tensors (not a
     DTensor's replicated shards) and no auxiliary inputs.
 
     Args:
@@ -115,26 +121,27 @@ def count_groups(
         progress: told of every counted tensor.
     """
     if kernels is None or kernels.group_counts is None or reader.auxiliary:
-        return set()
+        return {}
     grouped = kernels.group_counts(activity)  # a GroupMerge
     if grouped is None:
-        return set()
+        return {}
     groups: dict[tuple, list[tuple[int, Tensor, list[Tensor], str]]] = {}
     for index, key, spec, base, agents in _members(reader, plan, grouped):
         found = group_key(None, base, agents) if spec.counted else None
         if found is not None:
             groups.setdefault(found, []).append((index, base, agents, key))
-    done: set[str] = set()
+    done: dict[str, tuple[Tensor, list[Tensor]]] = {}
     k = len(reader.agents)
     for (device, *_), items in groups.items():
         if device not in totals:
             totals[device] = torch.zeros(3 * k + 1, dtype=torch.int64, device=device)
         grouped.merge(
-            [(index, totals[device], base, agents) for index, base, agents, _ in items], checks.buffer(device)
+            [GroupItem(index, key, totals[device], base, agents) for index, base, agents, key in items],
+            checks.buffer(device),
         )
-        for *_, key in items:
+        for _, base, agents, key in items:
             reader.release(key)
-            done.add(key)
+            done[key] = (base, agents)
             if progress:
                 progress.update(key, reader.nbytes(key))
     return done

@@ -67,12 +67,12 @@ def statistics_pass(
     if progress:
         progress.start("statistics", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     plain = not compile and amax is None and not check_auxiliary
-    done = count_groups(reader, plan, activity, kernels, checks, totals, progress) if plain else set()
+    done = count_groups(reader, plan, activity, kernels, checks, totals, progress) if plain else {}
     for index, key in enumerate(plan.merge):
-        if key in done:
+        counted_inputs = done.get(key)
+        if counted_inputs is not None:
             if digest is not None:  # fed in the plan's order, as every pass feeds it
-                base, agents, _ = reader.read(key)
-                digest.update([base.reshape(-1), *(a.reshape(-1) for a in agents)])
+                digest.update([counted_inputs[0].reshape(-1), *(a.reshape(-1) for a in counted_inputs[1])])
             continue
         base, agents, device = reader.read(key)
         stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace, compile=compile)

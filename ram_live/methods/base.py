@@ -15,6 +15,8 @@ from ..errors import ConfigError
 from ..types import Activity, RamStatistics
 
 __all__ = [
+    "GroupItem",
+    "group_columns",
     "GroupMerge",
     "RunContext",
     "TensorContext",
@@ -90,12 +92,11 @@ class MethodKernels:
             then does not compile on CPU).
         device: ``device(device) -> bool``: whether the method's fused device kernels merge on this device
             (``compile`` then builds nothing there: one mechanism per device).
-        group: ``group(run_state, activity) -> GroupMerge | None``: on a device, many tensors merged in one
-            launch, or None where this merge's tensors need their own launches. The engine groups the tensors a
-            sink holds in memory (:mod:`ram_live.engine.grouped`).
+        group: ``group(run_state, activity, agents) -> GroupMerge | None`` (``agents``: their names): on a
+            device, many tensors merged in one launch, or None where this merge's tensors need their own launches.
+            The engine groups the tensors a sink holds in memory (:mod:`ram_live.engine.grouped`).
         group_counts: ``group_counts(activity) -> GroupMerge | None``: on a device, many tensors' activity counts
-            in one launch (each item ``(slot, counts, base, agents)``: the statistics pass's running counts in place
-            of an output), or None.
+            in one launch (each :class:`GroupItem`'s ``out`` the statistics pass's running counts), or None.
 
     Raises:
         ConfigError: a field that is neither a callable nor None (the former flags ``native=True``,
@@ -113,7 +114,7 @@ class MethodKernels:
     warm_up: Callable[[torch.device, int, bool], None] | None = None
     native: Callable[[], bool] | None = None
     device: Callable[[torch.device], bool] | None = None
-    group: Callable[[Any, Activity | None], Any] | None = None
+    group: Callable[[Any, Activity | None, tuple[str, ...]], Any] | None = None
     group_counts: Callable[[Activity | None], Any] | None = None
 
     def __post_init__(self) -> None:
@@ -126,18 +127,39 @@ class MethodKernels:
                 )
 
 
+class GroupItem(NamedTuple):
+    """One tensor of a grouped launch (:class:`GroupMerge`): its slot in the pass's invalid counts, its key, its
+    output (the statistics pass: its running counts), its base and its agents (contiguous tensors that
+    :func:`~ram_live.kernels.device.common.group_key` puts in one group)."""
+
+    slot: int
+    key: str
+    out: Tensor
+    base: Tensor
+    agents: list[Tensor]
+
+
 class GroupMerge(NamedTuple):
     """A method's merge of many tensors in one launch (:attr:`MethodKernels.group`).
 
     Args:
         accepts: ``accepts(base, agents) -> bool``: whether a tensor of these flat inputs can join a group.
-        merge: ``merge(items, invalid)``: each item ``(slot, out, base, agents)`` of contiguous tensors that
-            :func:`~ram_live.kernels.device.common.group_key` puts in one group, merged into ``out``, its invalid
-            entries added to ``invalid[slot]``.
+        merge: ``merge(items, invalid)``: each :class:`GroupItem` merged into its ``out``, its invalid entries
+            added to ``invalid[item.slot]``.
     """
 
     accepts: Callable[[Tensor, list[Tensor]], bool]
     merge: Callable[[list, Tensor], None]
+
+
+def group_columns(items: Sequence[GroupItem]) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[int]]:
+    """A grouped launch's outputs, bases, agents (``K`` per tensor, in order) and slots, as its op takes them."""
+    return (
+        [i.out for i in items],
+        [i.base for i in items],
+        [a for i in items for a in i.agents],
+        [i.slot for i in items],
+    )
 
 
 @dataclass(frozen=True)

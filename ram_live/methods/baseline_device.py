@@ -21,7 +21,8 @@ from ..kernels.device import linear as _linear  # registers torch.ops.ram_live.l
 from ..kernels.device import ties as _ties  # registers torch.ops.ram_live.ties_merge_
 from ..kernels.device.common import INPUT_DTYPES
 from ..kernels.device.select import MagnitudeSelection
-from .base import GroupMerge
+from ..functional import stable_seed
+from .base import GroupItem, GroupMerge, agent_densities, group_columns
 from ..kernels.device.ties import DIVIDE, MAJORITY
 
 __all__ = ["device_stream", "merge_linear", "merge_ties", "linear_merge_hook", "linear_group"]
@@ -113,20 +114,29 @@ def linear_merge_hook(scale: float) -> Any:
     return merge
 
 
-def linear_group(scale: float, weights: Tensor | None, activity: Any) -> GroupMerge | None:
-    """A ``MethodKernels.group`` for task arithmetic and linear: the merge's weights (the run state, a float64
-    tensor) for every tensor in one launch by ``torch.ops.ram_live.linear_merge_group_``; None with an activity rule
-    (the device path takes none)."""
+def linear_group(
+    scale: float, weights: Tensor | None, activity: Any, agents: Sequence[str] = (), dare: Any = None
+) -> GroupMerge | None:
+    """A ``MethodKernels.group`` for task arithmetic, linear, DARE-linear and DARE-TIES (``dare``: DARE's config,
+    whose ``seed`` and densities drop each tensor's entries as :func:`~ram_live.methods.dare.dare_prepare` seeds
+    them): the merge's weights (its run state, a float64 tensor) for every tensor, in one launch of
+    ``torch.ops.ram_live.linear_merge_group_`` (DARE-TIES: ``dare_ties_group_``). None with an activity rule (the
+    device path takes none)."""
     if weights is None or activity is not None:
         return None
+    densities = [] if dare is None else agent_densities(dare, agents)
+    elect = dare is not None and hasattr(dare, "majority_sign")
 
-    def merge(items: list, invalid: Tensor) -> None:
-        outs = [out for _, out, _, _ in items]
-        bases = [base for _, _, base, _ in items]
-        agents = [a for *_, ts in items for a in ts]
+    def merge(items: list[GroupItem], invalid: Tensor) -> None:
+        outs, bases, tensors, slots = group_columns(items)
         on_device = weights.to(bases[0].device)
-        call_op(
-            _linear.linear_merge_group_, outs, bases, agents, on_device, float(scale), invalid, [i for i, *_ in items]
-        )
+        seeds = [] if dare is None else [stable_seed("dare", dare.seed, a, i.key) for i in items for a in agents]
+        if elect:
+            options = (float(dare.scale), MAJORITY.index(dare.majority_sign), dare.elect_on == "weighted")
+            call_op(_ties.dare_ties_group_, outs, bases, tensors, on_device, densities, seeds, *options,
+                    DIVIDE.index(dare.divide_by), invalid, slots)  # fmt: skip
+        else:
+            call_op(_linear.linear_merge_group_, outs, bases, tensors, on_device, float(scale), densities, seeds,
+                    invalid, slots)  # fmt: skip
 
-    return GroupMerge(lambda base, agents: True, merge)
+    return GroupMerge(lambda base, tensors: True, merge)

@@ -13,7 +13,7 @@ from .. import functional as F
 from ..errors import ConfigError
 from ..option_checks import check_densities, check_finite, check_range, check_seed, check_weights
 from .base import MethodKernels, TensorContext, TensorView, agent_densities, agent_weights, scaled
-from .baseline_device import device_stream, merge_linear, merge_ties
+from .baseline_device import linear_group, device_stream, merge_linear, merge_ties
 from .registry import register_method
 from .ties import check_election, ties_elect
 
@@ -120,7 +120,8 @@ def _dare_kernels(config: DareLinearConfig) -> MethodKernels:
             return "device", functools.partial(merge_ties, config=config, **drop)
         return "device", functools.partial(merge_linear, scale=config.scale, **drop)
 
-    return MethodKernels(merge=merge)
+    scale = 1.0 if isinstance(config, DareTiesConfig) else config.scale
+    return MethodKernels(merge=merge, group=functools.partial(linear_group, scale, dare=config))
 
 
 def dare_drop(deltas: Tensor, ctx: TensorContext, config: DareLinearConfig) -> Tensor:

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_NUMEL",
     "MAX_REGISTERS",
     "OUT_DTYPES",
+    "PLAIN_TENSORS",
     "agent_args",
     "block_size",
     "device_guard",
@@ -111,7 +112,8 @@ def triton_takes(tensors: Sequence[Tensor], k: int) -> bool:
     )
 
 
-_PLAIN = (Tensor, torch.nn.Parameter)
+#: The tensor types a grouped launch takes (not a subclass: DTensor, FakeTensor).
+PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
 
 
 def group_key(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> tuple | None:
@@ -129,7 +131,7 @@ def group_key(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> tup
         return None
     device, dtype = base.device, agents[0].dtype
     for t in (base, *agents) if out is None else (out, base, *agents):
-        if type(t) not in _PLAIN or t.device != device or not t.is_contiguous() or t.data_ptr() % 16:
+        if type(t) not in PLAIN_TENSORS or t.device != device or not t.is_contiguous() or t.data_ptr() % 16:
             return None
     if base.dtype not in INPUT_DTYPES or dtype not in INPUT_DTYPES or any(a.dtype != dtype for a in agents):
         return None

@@ -1,15 +1,16 @@
-"""Many tensors merged in one launch: RAM's family (:func:`ram_merge_group_kernel`) and task arithmetic or linear
-(:func:`linear_merge_group_kernel`); and RAM's activity counts of many tensors in one launch
-(:func:`activity_counts_group_kernel`). Each program reads its tensor's pointers from a table and works through
+"""Many tensors in one launch: RAM's merge (:func:`ram_merge_group_kernel`) and activity counts
+(:func:`activity_counts_group_kernel`), and the table every grouped kernel reads (the baselines' grouped kernels are
+:mod:`.group_baseline_triton`'s). Each program reads its tensor's pointers from the table and works through
 :data:`SPAN` (counts: :data:`COUNT_SPAN`) blocks of it with the one-tensor kernel's own block
-(:func:`~.ram_triton.ram_merge_kernel`, :func:`~.linear_triton.linear_merge_kernel`,
-:func:`~.counts_triton.activity_counts_kernel`: the same operations, so the same bits and counts). A model's
-hundreds of tensors then cost the host one launch and one table instead of a launch each.
+(:func:`~.ram_triton.ram_merge_kernel`, :func:`~.counts_triton.activity_counts_kernel`: the same operations, so the
+same bits and counts). A model's hundreds of tensors then cost the host one launch and one table instead of a
+launch each.
 
-The table (int64 ``[T, ROW]``, one row per tensor): the output's and the base's addresses, :data:`MAX_AGENTS`
-agents' and importances' addresses, the tensor's entries, its first program and its slot in the invalid-count
-buffer. The programs' tensors (int32 ``[P]``) depend only on the tensors' sizes, so they are kept between merges of
-the same model (:func:`program_tensors`)."""
+The table (int64 ``[T, ROW]``, one row per tensor, built by :func:`group_table`): the output's and the base's
+addresses, :data:`MAX_AGENTS` agents' addresses, :data:`MAX_AGENTS` per-agent values (the importances' addresses,
+or DARE's seeds), the tensor's entries, its first program and its slot in the invalid-count buffer. The programs'
+tensors (int32 ``[P]``) depend only on the tensors' sizes, so they are kept between merges of the same model
+(:func:`program_tensors`)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from torch import Tensor
 
 from .common import MAX_AGENTS, block_size, register_cap
 from .counts_triton import COUNT_WARPS, _flush_counts, _step
-from .linear_triton import _linear_block
 from .ram_triton import MERGE_WARPS, _merge_block
 from .triton_common import add_invalid, jit
 
@@ -33,9 +33,11 @@ __all__ = [
     "ROW",
     "activity_counts_group_kernel",
     "launch_activity_counts_group",
-    "launch_linear_merge_group",
     "launch_ram_merge_group",
-    "linear_merge_group_kernel",
+    "address",
+    "group_dtypes",
+    "group_table",
+    "tensor_of",
     "program_tensors",
     "ram_merge_group_kernel",
 ]
@@ -52,14 +54,14 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.floa
 
 
 @triton.jit
-def _address(row, col: tl.constexpr, T: tl.constexpr):
+def address(row, col: tl.constexpr, T: tl.constexpr):
     """Column ``col`` of a tensor's row as a pointer to ``T``, 16-byte aligned (the host groups only such; the
     columns of absent agents hold 0, never read)."""
     return tl.multiple_of(tl.load(row + col).to(tl.pointer_type(T)), 16)
 
 
 @triton.jit
-def _tensor_of(table_ptr, program_ptr, BLOCK: tl.constexpr, SPAN_: tl.constexpr, ROW_: tl.constexpr):
+def tensor_of(table_ptr, program_ptr, BLOCK: tl.constexpr, SPAN_: tl.constexpr, ROW_: tl.constexpr):
     """This program's row of the table, its tensor's entries and the first entry it merges."""
     pid = tl.program_id(0)
     row = table_ptr + tl.load(program_ptr + pid).to(tl.int64) * ROW_
@@ -76,25 +78,25 @@ def ram_merge_group_kernel(
 ):  # fmt: skip
     """:func:`~.ram_triton.ram_merge_kernel` over ``SPAN_`` blocks of the tensor ``program_ptr[pid]`` of the table;
     every whole block unmasked, a partial last one masked."""
-    row, numel, start = _tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
-    out_ptr = _address(row, 0, OUT_T)
-    base_ptr = _address(row, 1, IN_T)
-    a0 = _address(row, 2, AGENT_T)
-    a1 = _address(row, 3, AGENT_T)
-    a2 = _address(row, 4, AGENT_T)
-    a3 = _address(row, 5, AGENT_T)
-    a4 = _address(row, 6, AGENT_T)
-    a5 = _address(row, 7, AGENT_T)
-    a6 = _address(row, 8, AGENT_T)
-    a7 = _address(row, 9, AGENT_T)
-    h0 = _address(row, 10, H_T)
-    h1 = _address(row, 11, H_T)
-    h2 = _address(row, 12, H_T)
-    h3 = _address(row, 13, H_T)
-    h4 = _address(row, 14, H_T)
-    h5 = _address(row, 15, H_T)
-    h6 = _address(row, 16, H_T)
-    h7 = _address(row, 17, H_T)
+    row, numel, start = tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
+    out_ptr = address(row, 0, OUT_T)
+    base_ptr = address(row, 1, IN_T)
+    a0 = address(row, 2, AGENT_T)
+    a1 = address(row, 3, AGENT_T)
+    a2 = address(row, 4, AGENT_T)
+    a3 = address(row, 5, AGENT_T)
+    a4 = address(row, 6, AGENT_T)
+    a5 = address(row, 7, AGENT_T)
+    a6 = address(row, 8, AGENT_T)
+    a7 = address(row, 9, AGENT_T)
+    h0 = address(row, 10, H_T)
+    h1 = address(row, 11, H_T)
+    h2 = address(row, 12, H_T)
+    h3 = address(row, 13, H_T)
+    h4 = address(row, 14, H_T)
+    h5 = address(row, 15, H_T)
+    h6 = address(row, 16, H_T)
+    h7 = address(row, 17, H_T)
     invalid = tl.zeros([BLOCK], dtype=tl.int32)
     for j in range(SPAN_):
         first = start + j * BLOCK
@@ -113,44 +115,6 @@ def ram_merge_group_kernel(
     add_invalid(bad_ptr + tl.load(row + ROW_ - 1), invalid)
 
 
-@jit(do_not_specialize=["scale"], aligned_anyhow=("bad_ptr",))
-def linear_merge_group_kernel(
-    table_ptr, program_ptr, w_ptr, bad_ptr, scale,
-    K: tl.constexpr, SCALED: tl.constexpr, OUT_BF16: tl.constexpr,
-    OUT_T: tl.constexpr, IN_T: tl.constexpr, AGENT_T: tl.constexpr,
-    BLOCK: tl.constexpr, SPAN_: tl.constexpr, ROW_: tl.constexpr,
-):  # fmt: skip
-    """:func:`~.linear_triton.linear_merge_kernel` (no DARE drop: its seeds are per tensor) over ``SPAN_`` blocks
-    of the tensor ``program_ptr[pid]`` of the table."""
-    row, numel, start = _tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
-    out_ptr = _address(row, 0, OUT_T)
-    base_ptr = _address(row, 1, IN_T)
-    a0 = _address(row, 2, AGENT_T)
-    a1 = _address(row, 3, AGENT_T)
-    a2 = _address(row, 4, AGENT_T)
-    a3 = _address(row, 5, AGENT_T)
-    a4 = _address(row, 6, AGENT_T)
-    a5 = _address(row, 7, AGENT_T)
-    a6 = _address(row, 8, AGENT_T)
-    a7 = _address(row, 9, AGENT_T)
-    invalid = tl.zeros([BLOCK], dtype=tl.int32)
-    for j in range(SPAN_):
-        first = start + j * BLOCK
-        offs = first + tl.arange(0, BLOCK)
-        inb = offs < numel
-        if first + BLOCK <= numel:
-            invalid += _linear_block(
-                out_ptr, base_ptr, a0, a1, a2, a3, a4, a5, a6, a7, w_ptr, offs, inb, scale, 0, 0, 0, 0, 0, 0, 0, 0,
-                1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, K, 0, SCALED, OUT_BF16, BLOCK, False,
-            )  # fmt: skip
-        elif first < numel:
-            invalid += _linear_block(
-                out_ptr, base_ptr, a0, a1, a2, a3, a4, a5, a6, a7, w_ptr, offs, inb, scale, 0, 0, 0, 0, 0, 0, 0, 0,
-                1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, K, 0, SCALED, OUT_BF16, BLOCK, True,
-            )  # fmt: skip
-    add_invalid(bad_ptr + tl.load(row + ROW_ - 1), invalid)
-
-
 @jit(do_not_specialize=["eps"], aligned_anyhow=("counts_ptr", "bad_ptr"))
 def activity_counts_group_kernel(
     table_ptr, program_ptr, counts_ptr, bad_ptr, eps,
@@ -161,16 +125,16 @@ def activity_counts_group_kernel(
     """:func:`~.counts_triton.activity_counts_kernel`'s counts (no pairs) of ``SPAN_`` blocks of the tensor
     ``program_ptr[pid]`` of the table, added to ``counts`` once at the program's end."""
     BLOCK: tl.constexpr = ROWS * VEC
-    row, numel, start = _tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
-    base_ptr = _address(row, 1, IN_T)
-    a0 = _address(row, 2, AGENT_T)
-    a1 = _address(row, 3, AGENT_T)
-    a2 = _address(row, 4, AGENT_T)
-    a3 = _address(row, 5, AGENT_T)
-    a4 = _address(row, 6, AGENT_T)
-    a5 = _address(row, 7, AGENT_T)
-    a6 = _address(row, 8, AGENT_T)
-    a7 = _address(row, 9, AGENT_T)
+    row, numel, start = tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
+    base_ptr = address(row, 1, IN_T)
+    a0 = address(row, 2, AGENT_T)
+    a1 = address(row, 3, AGENT_T)
+    a2 = address(row, 4, AGENT_T)
+    a3 = address(row, 5, AGENT_T)
+    a4 = address(row, 6, AGENT_T)
+    a5 = address(row, 7, AGENT_T)
+    a6 = address(row, 8, AGENT_T)
+    a7 = address(row, 9, AGENT_T)
     lane = tl.arange(0, ROWS)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     patterns = tl.zeros([NP], dtype=tl.int32)
     invalid = tl.zeros([ROWS], dtype=tl.int32)
@@ -212,20 +176,34 @@ def program_tensors(numels: Sequence[int], per_program: int, device: torch.devic
     return _programs(tuple(numels), per_program, device)
 
 
-def _table(outs, bases, agents, importances, firsts, slots, device) -> Tensor:
-    """The launch's table (see the module's doc) on ``device`` (``outs`` empty: no outputs, as for counts)."""
-    k = len(agents[0])
-    pad = [0] * (MAX_AGENTS - k)
+def group_table(
+    outs: Sequence[Tensor],
+    bases: Sequence[Tensor],
+    agents: Sequence[Sequence[Tensor]],
+    values: Sequence[Sequence[int]],
+    firsts: Sequence[int],
+    slots: Sequence[int],
+    device: torch.device,
+) -> Tensor:
+    """A launch's table (see the module's doc) on ``device``: ``outs`` empty for counts (no outputs); ``values``:
+    per tensor its agents' values (importances' addresses, DARE's seeds), or empty.
+
+    Example:
+        >>> t = torch.zeros(4)
+        >>> group_table([t], [t], [[t]], [], [0], [5], torch.device("cpu"))[0, -3:].tolist()
+        [4, 0, 5]
+    """
+    pad = [0] * (MAX_AGENTS - len(agents[0]))
     rows: list[int] = []
     for i, base in enumerate(bases):
-        hs = [h.data_ptr() for h in importances[i]] if importances else []
+        extra = list(values[i]) if values else []
         rows += [outs[i].data_ptr() if outs else 0, base.data_ptr(), *(a.data_ptr() for a in agents[i]), *pad]
-        rows += [*hs, *([0] * (MAX_AGENTS - len(hs))), base.numel(), firsts[i], slots[i]]
-    return torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+        rows += [*extra, *([0] * (MAX_AGENTS - len(extra))), base.numel(), firsts[i], slots[i]]
+    return torch.tensor(rows, dtype=torch.int64).view(len(bases), ROW).to(device, non_blocking=True)
 
 
-def _dtypes(outs: Sequence[Tensor], bases: Sequence[Tensor], agents: Sequence[Sequence[Tensor]]) -> dict:
-    """The constexprs that type the table's pointers; a bfloat16 output is written as its int16 bits."""
+def group_dtypes(outs: Sequence[Tensor], bases: Sequence[Tensor], agents: Sequence[Sequence[Tensor]]) -> dict:
+    """The constexprs that type a table's pointers; a bfloat16 output is written as its int16 bits."""
     bf16 = outs[0].dtype == torch.bfloat16
     return {
         "OUT_BF16": bf16,
@@ -252,35 +230,14 @@ def launch_ram_merge_group(
     device = bases[0].device
     block = block_size([bases[0], *agents[0], *(importances[0] if importances else ())], MERGE_WARPS)
     programs, firsts = program_tensors([b.numel() for b in bases], block * SPAN, device)
-    table = _table(outs, bases, agents, importances, firsts, slots, device)
+    hs = [[h.data_ptr() for h in row] for row in importances]
+    table = group_table(outs, bases, agents, hs, firsts, slots, device)
     h_dtype = importances[0][0].dtype if importances else torch.float32
     ram_merge_group_kernel[(programs.numel(),)](
         table, programs, lambdas, invalid, float(eps),
         K=len(agents[0]), SCALED=lambdas is not None, SIGN=sign, WEIGHTED=bool(importances), EPS_ZERO=eps == 0,
         H_T=_TL_DTYPES[h_dtype], BLOCK=block, SPAN_=SPAN, ROW_=ROW, num_warps=MERGE_WARPS, enable_fp_fusion=False,
-        **_dtypes(outs, bases, agents), **register_cap(device),
-    )  # fmt: skip
-
-
-def launch_linear_merge_group(
-    outs: Sequence[Tensor],
-    bases: Sequence[Tensor],
-    agents: Sequence[Sequence[Tensor]],
-    weights: Tensor,
-    scale: float,
-    invalid: Tensor,
-    slots: Sequence[int],
-) -> None:
-    """One launch of :func:`linear_merge_group_kernel` (``weights``: float64 ``[K]`` on the device), as
-    :func:`launch_ram_merge_group`."""
-    device = bases[0].device
-    block = block_size([bases[0], *agents[0]], MERGE_WARPS)
-    programs, firsts = program_tensors([b.numel() for b in bases], block * SPAN, device)
-    table = _table(outs, bases, agents, [], firsts, slots, device)
-    linear_merge_group_kernel[(programs.numel(),)](
-        table, programs, weights, invalid, float(scale),
-        K=len(agents[0]), SCALED=scale != 1.0, BLOCK=block, SPAN_=SPAN, ROW_=ROW, num_warps=MERGE_WARPS,
-        enable_fp_fusion=False, **_dtypes(outs, bases, agents), **register_cap(device),
+        **group_dtypes(outs, bases, agents), **register_cap(device),
     )  # fmt: skip
 
 
@@ -298,7 +255,7 @@ def launch_activity_counts_group(
     device, k = bases[0].device, len(agents[0])
     block = block_size([bases[0], *agents[0]], COUNT_WARPS)
     programs, firsts = program_tensors([b.numel() for b in bases], block * COUNT_SPAN, device)
-    table = _table([], bases, agents, [], firsts, slots, device)
+    table = group_table([], bases, agents, [], firsts, slots, device)
     activity_counts_group_kernel[(programs.numel(),)](
         table, programs, counts, invalid, float(eps),
         K=k, KP=max(2, 1 << (k - 1).bit_length()), NP=max(2, 1 << k), EPS_ZERO=eps == 0,

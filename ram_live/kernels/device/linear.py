@@ -63,34 +63,39 @@ def linear_merge_group_(
     agents: list[Tensor],
     weights: Tensor,
     scale: float,
+    densities: list[float],
+    seeds: list[int],
     invalid: Tensor,
     slots: list[int],
 ) -> None:
-    """:func:`linear_merge_` (no DARE drop) of many contiguous tensors in one launch: tensor ``i`` merges
-    ``bases[i]`` and agents ``agents[i*K:(i+1)*K]`` into ``outs[i]`` and adds its invalid entries to
-    ``invalid[slots[i]]``."""
+    """:func:`linear_merge_` of many contiguous tensors in one launch: tensor ``i`` merges ``bases[i]`` and agents
+    ``agents[i*K:(i+1)*K]`` (DARE: ``densities`` per agent, ``seeds[i*K:(i+1)*K]``; both empty: no drop) into
+    ``outs[i]`` and adds its invalid entries to ``invalid[slots[i]]``."""
     k = len(agents) // max(1, len(bases))
     per = [agents[i * k : (i + 1) * k] for i in range(len(bases))]
-    takes = group_takes(outs, bases, agents, [], k)
-    launch("linear_merge_group_kernel", takes, _triton_group, _torch_group, outs, bases, per, weights, scale, invalid,
-           slots)  # fmt: skip
+    per_seeds = [seeds[i * k : (i + 1) * k] for i in range(len(bases))] if seeds else []
+    takes = group_takes(outs, bases, agents, [], k) and len(seeds) in (0, len(agents))
+    args = (outs, bases, per, weights, scale, densities, per_seeds, invalid, slots)
+    launch("linear_merge_group_kernel", takes, _triton_group, _torch_group, *args)
 
 
 @linear_merge_group_.register_fake
-def _(outs, bases, agents, weights, scale, invalid, slots) -> None:
+def _(outs, bases, agents, weights, scale, densities, seeds, invalid, slots) -> None:
     return None
 
 
-def _triton_group(outs, bases, agents, weights, scale, invalid, slots) -> None:
-    from .group_triton import launch_linear_merge_group
+def _triton_group(outs, bases, agents, weights, scale, densities, seeds, invalid, slots) -> None:
+    from .group_baseline_triton import launch_linear_merge_group
 
-    launch_linear_merge_group(outs, bases, agents, weights, scale, invalid, slots)
+    drop, _, density_args = drop_arguments(densities, [])
+    launch_linear_merge_group(outs, bases, agents, weights, scale, seeds, drop, density_args, invalid, slots)
 
 
-def _torch_group(outs, bases, agents, weights, scale, invalid, slots) -> None:
+def _torch_group(outs, bases, agents, weights, scale, densities, seeds, invalid, slots) -> None:
     for i, (out, base) in enumerate(zip(outs, bases)):
         flat = [a.view(-1) for a in agents[i]]
-        _torch_linear(out.view(-1), base.view(-1), flat, weights, scale, [], [], invalid[slots[i]])
+        agent_seeds = list(seeds[i]) if seeds else []
+        _torch_linear(out.view(-1), base.view(-1), flat, weights, scale, densities, agent_seeds, invalid[slots[i]])
 
 
 def drop_arguments(densities: list[float], seeds: list[int]) -> tuple[int, list[int], list[float]]:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ...functional.trimming import ties_combine, trim_
-from .common import OUT_DTYPES, agent_args, block_size, kernel_out, launch, register_cap, triton_takes
+from .common import OUT_DTYPES, agent_args, block_size, group_takes, kernel_out, launch, register_cap, triton_takes
 from .linear import drop_arguments, dropped_, stacked_deltas, write_merged
 from .select import TORCH_STEP, MagnitudeSelection
 
@@ -55,6 +55,54 @@ def ties_merge_(
 @ties_merge_.register_fake
 def _(out, base, agents, weights, histograms, ranks, densities, seeds, scale, majority, weighted, divide, invalid):
     return None
+
+
+@torch.library.custom_op("ram_live::dare_ties_group_", mutates_args=("outs", "invalid"))
+def dare_ties_group_(
+    outs: list[Tensor],
+    bases: list[Tensor],
+    agents: list[Tensor],
+    weights: Tensor,
+    densities: list[float],
+    seeds: list[int],
+    scale: float,
+    majority: int,
+    weighted_election: bool,
+    divide: int,
+    invalid: Tensor,
+    slots: list[int],
+) -> None:
+    """:func:`ties_merge_` without the trim (DARE-TIES) of many contiguous tensors in one launch: tensor ``i`` merges
+    ``bases[i]`` and agents ``agents[i*K:(i+1)*K]`` with seeds ``seeds[i*K:(i+1)*K]`` into ``outs[i]`` and adds its
+    invalid entries to ``invalid[slots[i]]``."""
+    k = len(agents) // max(1, len(bases))
+    per = [agents[i * k : (i + 1) * k] for i in range(len(bases))]
+    per_seeds = [seeds[i * k : (i + 1) * k] for i in range(len(bases))] if seeds else []
+    takes = group_takes(outs, bases, agents, [], k) and len(seeds) in (0, len(agents))
+    args = (outs, bases, per, weights, densities, per_seeds, scale, majority, weighted_election, divide)
+    launch("dare_ties_group_kernel", takes, _triton_group, _torch_group, *args, invalid, slots)
+
+
+@dare_ties_group_.register_fake
+def _(outs, bases, agents, weights, densities, seeds, scale, majority, weighted, divide, invalid, slots):
+    return None
+
+
+def _triton_group(outs, bases, agents, weights, densities, seeds, scale, majority, weighted, divide, invalid, slots):
+    from .group_baseline_triton import launch_dare_ties_group
+
+    drop, _, density_args = drop_arguments(densities, [])
+    launch_dare_ties_group(
+        outs, bases, agents, weights, scale, seeds, drop, density_args, majority, weighted, divide, invalid, slots
+    )
+
+
+def _torch_group(outs, bases, agents, weights, densities, seeds, scale, majority, weighted, divide, invalid, slots):
+    for i, (out, base) in enumerate(zip(outs, bases)):
+        flat = [a.view(-1) for a in agents[i]]
+        agent_seeds = list(seeds[i]) if seeds else []
+        _torch_ties(out.view(-1), base.view(-1), flat, weights, None, [], densities, agent_seeds, scale, majority,
+                    weighted, divide, invalid[slots[i]])  # fmt: skip
 
 
 def _triton_ties(

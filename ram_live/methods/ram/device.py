@@ -20,7 +20,7 @@ from ...engine.stream import DeltaStream
 from ...functional.activity import apply_activity_
 from ...functional.counting import ram_statistics
 from ...kernels.device.common import OUT_DTYPES, group_takes, launch, triton_takes
-from ..base import GroupMerge
+from ..base import GroupItem, GroupMerge, group_columns
 from ...types import RamStatistics
 from .accumulators import RamAccumulator, WeightedRamAccumulator
 
@@ -218,7 +218,7 @@ def merge_device(
     stream.settle(slot, flat)
 
 
-def group_runner(config, run_state: Optional[Tensor], activity) -> Optional[GroupMerge]:
+def group_runner(config, run_state: Optional[Tensor], activity, agents: tuple = ()) -> Optional[GroupMerge]:
     """RAM's grouped merge (:attr:`~ram_live.methods.base.MethodKernels.group`) for ``config``, with the merge's λ
     (``run_state``) and activity rule, or None where tensors need their own λ (ρ counted per tensor) or the device
     kernels take no tensor of this rule ("changed" between dtypes runs the CPU's paths)."""
@@ -227,13 +227,9 @@ def group_runner(config, run_state: Optional[Tensor], activity) -> Optional[Grou
         return None
     sign, eps = getattr(config, "shared", "mean") == "sign", activity.threshold
 
-    def merge(items: list, invalid: Tensor) -> None:
-        base0 = items[0][2]
-        lambdas = None if run_state is None else _float32_on(run_state, base0.device)
-        outs = [out for _, out, _, _ in items]
-        bases = [base for _, _, base, _ in items]
-        agents = [a for *_, ts in items for a in ts]
-        slots = [slot for slot, *_ in items]
+    def merge(items: list[GroupItem], invalid: Tensor) -> None:
+        lambdas = None if run_state is None else _float32_on(run_state, items[0].base.device)
+        outs, bases, agents, slots = group_columns(items)
         call_op(ram_merge_group_, outs, bases, agents, [], lambdas, eps, sign, invalid, slots)
 
     return GroupMerge(functools.partial(_accepts, activity), merge)
@@ -247,16 +243,14 @@ def _accepts(activity, base: Tensor, agents: list[Tensor]) -> bool:
 
 def count_group_runner(activity) -> Optional[GroupMerge]:
     """RAM's grouped counts (:attr:`~ram_live.methods.base.MethodKernels.group_counts`): a
-    :class:`~ram_live.methods.base.GroupMerge` whose ``merge(items, invalid)`` takes items ``(slot, counts, base,
-    agents)`` (the pass's running counts on the device in place of an output), or None without an activity rule."""
+    :class:`~ram_live.methods.base.GroupMerge` whose items' ``out`` is the pass's running counts on the device, or
+    None without an activity rule."""
     if activity is None:
         return None
 
-    def count(items: list, invalid: Tensor) -> None:
-        counts = items[0][1]
-        bases = [base for _, _, base, _ in items]
-        agents = [a for *_, ts in items for a in ts]
-        call_op(ram_counts_group_, bases, agents, activity.threshold, counts, invalid, [i for i, *_ in items])
+    def count(items: list[GroupItem], invalid: Tensor) -> None:
+        _, bases, agents, slots = group_columns(items)
+        call_op(ram_counts_group_, bases, agents, activity.threshold, items[0].out, invalid, slots)
 
     return GroupMerge(functools.partial(_accepts, activity), count)
 
