@@ -364,3 +364,27 @@ def test_reused_statistics_of_changed_or_swapped_weights_are_refused_before_outp
         with pytest.raises(ConfigError, match="counted over other weights"):
             merge(models, base=base_sd, statistics=info.statistics, out=out)
         assert not out.exists()  # nothing written
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "ram"])
+def test_parameters_tied_by_storage_are_both_written(method):
+    """Two Parameters on one storage (tied by address, not by being one Parameter): the merged module's copy of
+    each holds the merged values (the copy makes them two tensors; only the canonical name is merged)."""
+    torch.manual_seed(0)
+
+    def tied() -> nn.Sequential:
+        net = nn.Sequential(nn.Linear(4, 4, bias=False), nn.ReLU(), nn.Linear(4, 4, bias=False))
+        net[2].weight = nn.Parameter(net[0].weight.data)
+        return net
+
+    base = tied()
+    agents = []
+    for t in range(2):
+        agent = tied()
+        with torch.no_grad():
+            agent[0].weight.copy_(base[0].weight + 0.1 * (t + 1))
+        agents.append(agent)
+    merged = merge(agents, base=base, method=method)
+    assert torch.equal(merged[2].weight, merged[0].weight)
+    moved = {"task_arithmetic": 0.1 + 0.2, "ram": (0.1 + 0.2) / 2}[method]  # the sum; the mean of the two
+    assert torch.allclose(merged[0].weight, base[0].weight + moved, atol=1e-6)

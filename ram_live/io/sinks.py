@@ -45,9 +45,10 @@ MERGE_HUGEPAGES = False
 class Sink(Protocol):
     """Where merged tensors go. A sink may set ``revisable = True`` when its destinations are fresh tensors that
     stay in memory until :meth:`finish` and may be written again: then RAM+ reads its inputs once (see
-    :func:`ram_live.engine.run.run_merge`). A sink sets ``holds_outputs = True`` when its destinations are the
-    outputs themselves, kept in memory, and ``commit`` reads none of their values: then a device merge may write
-    many of them in one launch after they are all taken (see :mod:`ram_live.engine.grouped`)."""
+    :func:`ram_live.engine.run.run_merge`). A sink class sets ``holds_outputs = True`` (in its own body: a subclass
+    does not inherit it) when its destinations are the outputs themselves, kept in memory, and ``commit`` reads none
+    of their values: then a device merge may write many of them in one launch after they are all taken (see
+    :mod:`ram_live.engine.grouped`)."""
 
     def begin(self, plan: "Plan", specs: Mapping[str, TensorSpec]) -> None: ...
 
@@ -105,7 +106,12 @@ class ModuleSink:
             target.copy_(tensor)
 
     def alias(self, alias: str, canonical: str) -> None:
-        pass  # the copy preserves ties: both names are one Parameter
+        # the structure copy keeps a tie of one Parameter under two names; two Parameters on one storage (tied by
+        # address) become two tensors, and only the canonical one was written
+        target = local_tensor(self._tensors[alias].detach())
+        source = local_tensor(self._tensors[canonical].detach())
+        if target.data_ptr() != source.data_ptr():
+            target.copy_(source)
 
     def finish(self) -> nn.Module:
         if self.module is None:
