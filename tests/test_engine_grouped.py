@@ -107,6 +107,34 @@ def test_a_sink_that_writes_as_it_goes_merges_tensor_by_tensor(launches, on_devi
         assert torch.equal(bits(written[key]), bits(in_memory[key])), key
 
 
+def test_sources_that_make_a_tensor_per_read_and_sink_subclasses_merge_tensor_by_tensor(launches, on_device):
+    """merge_task_vectors' zero base makes a tensor per read (held for a group, a model's worth would add up), and a
+    sink's subclass may write as it goes: neither is grouped, and both give the grouped merge's bits."""
+    from ram_live.io.sinks import StateDictSink
+
+    base = _state(0)
+    agents = {f"agent_{t}": _state(10 + t, base) for t in range(2)}
+    deltas = {name: {k: (a[k].float() - base[k].float()).to(a[k].dtype) for k in base} for name, a in agents.items()}
+    ram_live.merge_task_vectors(deltas, method="ram")
+    assert launches == []
+
+    class Writing(StateDictSink):
+        pass
+
+    from ram_live.api import input_sources
+    from ram_live.engine.run import run_merge
+    from ram_live.methods import get_method, make_config
+
+    sources, base_source = input_sources(agents, base)
+    sink = Writing()
+    run_merge(base_source, sources, get_method("ram"), make_config("ram"), sink)
+    assert launches == []
+    grouped = ram_live.merge(agents, base=base, method="ram")
+    assert sorted(launches) == [2, 3]
+    for key, value in sink.finish().items():
+        assert torch.equal(bits(value), bits(grouped[key])), key
+
+
 def test_an_invalid_entry_in_a_group_names_its_tensor_and_agent(launches, on_device):
     base = _state(0)
     agents = {f"agent_{t}": _state(10 + t, base) for t in range(3)}

@@ -41,7 +41,21 @@ def _state(seed: int, base: dict | None = None) -> dict:
 @pytest.mark.parametrize(
     "options", [{"method": "ram"}, {"method": "ram_plus"}, {"method": "task_arithmetic", "scale": 0.7}], ids=str
 )
-def test_cuda_grouped_merge_equals_cpu_merge(options):
+def test_cuda_grouped_merge_equals_cpu_merge(options, monkeypatch):
+    from ram_live.kernels.device import common, group_baseline_triton, group_triton
+
+    launched = []
+    for module, name in [
+        (group_triton, "launch_ram_merge_group"),
+        (group_triton, "launch_activity_counts_group"),
+        (group_baseline_triton, "launch_linear_merge_group"),
+    ]:
+
+        def counted(outs, bases, *args, _real=getattr(module, name)):
+            launched.append(len(bases))
+            _real(outs, bases, *args)
+
+        monkeypatch.setattr(module, name, counted)
     base = _state(0)
     agents = [_state(10 + t, base) for t in range(3)]
     expected, cpu = ram_live.merge(agents, base=base, return_info=True, **options)
@@ -50,6 +64,9 @@ def test_cuda_grouped_merge_equals_cpu_merge(options):
     gpu_base["f"] = torch.zeros(1002, device="cuda")[2:].copy_(base["f"])  # 8 bytes off a 16-byte boundary
     merged, info = ram_live.merge(on_gpu, base=gpu_base, return_info=True, **options)
     assert info.extra["kernels"] == {"device": 5}
+    # a, b in one bfloat16 launch; c, d in one float32 launch; f (off the boundary) its own; RAM+ counts likewise
+    assert sorted(launched) == ([2, 2, 2, 2] if options["method"] == "ram_plus" else [2, 2])
+    assert common.unbuilt_kernels() == {}  # Triton built every kernel: not the torch fallback's bits
     for key in expected:
         assert torch.equal(_bits(merged[key].cpu()), _bits(expected[key])), key
     if cpu.statistics is not None:

@@ -101,11 +101,11 @@ def test_a_merge_whose_kernel_cannot_be_built_gives_the_cpu_bits(monkeypatch):
     base, agents = module_agents(torch.bfloat16)
     expected = ram_live.merge(agents, base=base, method="task_arithmetic", scale=0.7)
     monkeypatch.setattr(checks, "deferred_device", lambda dev: dev.type != "meta")
-    monkeypatch.setattr(linear, "_triton_linear", Calls(BUILD_ERRORS[0]).run_triton)
+    monkeypatch.setattr(linear, "_triton_group", Calls(BUILD_ERRORS[0]).run_triton)  # its tensors in one launch
     with pytest.warns(DeviceKernelWarning) as caught:
         merged, info = ram_live.merge(agents, base=base, method="task_arithmetic", scale=0.7, return_info=True)
     assert len([w for w in caught if issubclass(w.category, DeviceKernelWarning)]) == 1
-    assert info.extra["kernels"] == {"device": 3} and set(common.unbuilt_kernels()) == {"linear_merge_kernel"}
+    assert info.extra["kernels"] == {"device": 3} and set(common.unbuilt_kernels()) == {"linear_merge_group_kernel"}
     for (name, p), q in zip(merged.state_dict().items(), expected.state_dict().values()):
         assert torch.equal(bits(p), bits(q)), name
 
@@ -196,6 +196,19 @@ def test_every_kernel_launches_on_its_tensors_device(monkeypatch):
     cuda1 = {torch.device("cuda:1")}
     names = [name for _, name, _ in calls]
     assert launches == [(name, 1, cuda1) for name in [*names[:-1], thresholds, names[-1]]]
+
+
+def test_a_grouped_op_launches_on_its_tensors_device(monkeypatch):
+    """A grouped op's first argument is a list of tensors (the outputs, or the bases of a count): its launch is made
+    with their device current too."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    devices = _Devices(monkeypatch, current=0)
+    seen = []
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        outs = [torch.empty(4, device="cuda:1"), torch.empty(8, device="cuda:1")]
+        common.launch("demo_group_kernel", True, lambda *args: seen.append(devices.current), None, outs, 1.0)
+    assert seen == [1] and devices.current == 0
 
 
 def test_the_register_cap_goes_only_to_backends_that_take_it(monkeypatch):

@@ -23,13 +23,21 @@ from .checks import DeferredChecks
 __all__ = ["merge_groups", "count_groups"]
 
 
+def _here(wanted: torch.device | None, device: torch.device) -> bool:
+    """Whether a tensor on ``device`` is read where it is for a merge on ``wanted`` (``cuda`` takes ``cuda:0``)."""
+    return wanted is None or wanted == device or (wanted.index is None and wanted.type == device.type)
+
+
 def _members(reader: Any, plan: Plan, grouped: Any) -> Iterator[tuple[int, str, Any, Tensor, list[Tensor]]]:
     """``(index, key, spec, base, agents)`` of the merged tensors on an accelerator, read where they are (no copy
-    to another device), that the method's grouped kernel ``accepts``; none after a tensor subclass (whose tensors
-    the merge pass then reads one by one, as before)."""
+    to another device), that the method's grouped kernel ``accepts``: none where a source makes a tensor per read
+    (held until their group's launch, a model's worth would add up), none after a tensor subclass (whose tensors the
+    merge pass then reads one by one, as before)."""
+    if not all(getattr(src, "stores_tensors", False) for src in (reader.base, *reader.agents)):
+        return  # a source that makes a tensor per read (a file mapped to a device, zeros): held, they would add up
     for index, key in enumerate(plan.merge):
         spec = reader.base.spec(key)
-        if not checks_mod.deferred_device(spec.device) or (reader.device or spec.device) != spec.device:
+        if not checks_mod.deferred_device(spec.device) or not _here(reader.device, spec.device):
             continue
         base, agents, _ = reader.read(key)
         if type(base) not in PLAIN_TENSORS:  # a subclass (DTensor, FakeTensor): the pass's tensors all are
@@ -66,7 +74,7 @@ def merge_groups(
         or job.compile
         or reader.auxiliary
         or digest is not None
-        or not getattr(sink, "holds_outputs", False)
+        or not type(sink).__dict__.get("holds_outputs", False)  # its own: a subclass may write as it goes
     ):
         return set(), {}
     grouped = kernels.group(run_state, job.activity, reader.names)  # a GroupMerge

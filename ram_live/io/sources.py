@@ -113,7 +113,10 @@ class TensorSource(Protocol):
 
 
 class _InMemorySource:
-    """A source over tensors already in memory (state dicts and modules)."""
+    """A source over tensors already in memory (state dicts and modules). ``get`` returns the stored tensor itself
+    (``stores_tensors``): holding what it returned costs no memory (a device merge may group many tensors)."""
+
+    stores_tensors = True
 
     def __init__(self, name: str, tensors: Mapping[str, Tensor], buffers: frozenset[str] = frozenset()) -> None:
         self.name = name
@@ -130,18 +133,13 @@ class _InMemorySource:
         self._tensors = {k: local_tensor(t) for k, t in tensors.items()}
         self._buffers = buffers
         self._aliases = _find_aliases(self._tensors)
-        self._specs: dict[str, TensorSpec] = {}  # a merge asks each key's spec several times
 
     def keys(self) -> list[str]:
         return list(self._tensors)
 
     def spec(self, key: str) -> TensorSpec:
-        spec = self._specs.get(key)
-        if spec is None:
-            t = self._tensors[key]
-            spec = TensorSpec(tuple(t.shape), t.dtype, t.device, key in self._buffers, key not in self._uncounted)
-            self._specs[key] = spec
-        return spec
+        t = self._tensors[key]  # read each time: a module's .half() or .to() swaps its parameters' data in place
+        return TensorSpec(tuple(t.shape), t.dtype, t.device, key in self._buffers, key not in self._uncounted)
 
     def get(self, key: str) -> Tensor:
         return self._tensors[key].detach()
