@@ -228,6 +228,27 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(runs, indent=1) + "\n")
     print(table(runs, list(rows), args.budgets, args.agents))
+    print(paired(runs, args.agents))
+
+
+def paired(runs: list[dict[str, Any]], agents: list[int], row: str = "tpe + race", budget: int = 20) -> str:
+    """The issue's test, seed by seed: ``row`` at ``budget``x (the default raced search) minus today's moves at 60
+    full evaluations, test points, mean ± standard error over the seeds (and in how many seeds it is ahead); ``""``
+    where the runs hold neither."""
+    lines = []
+    for n in agents:
+        mine = {x["seed"]: x["test"] for x in runs if (x["agents"], x["budget"], x["row"]) == (n, budget, row)}
+        today = {x["seed"]: x["test"] for x in runs if (x["agents"], x["budget"], x["row"]) == (n, 60, "moves (today)")}
+        diffs = [100 * (mine[s] - today[s]) for s in sorted(set(mine) & set(today))]
+        if not diffs:
+            continue
+        se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else 0.0
+        ahead = sum(d > 0 for d in diffs)
+        lines.append(
+            f"{n} agents: {row} at {budget}x minus moves (today) at 60x: {statistics.mean(diffs):+.2f} ± {se:.2f} "
+            f"test points (mean ± se over {len(diffs)} seeds; ahead in {ahead})"
+        )
+    return "\n".join(lines)
 
 
 def table(runs: list[dict[str, Any]], rows: list[str], budgets: list[int], agents: list[int], key: str = "") -> str:
