@@ -101,7 +101,7 @@ def likely_causes(result: Any, evaluate: Any) -> list[str]:
     all_zero = exact and all(s == 0.0 for s in scores)
     if getattr(metric, "kind", None) == "pass":
         threshold = float(metric.threshold)
-        if seen is not None and threshold > seen[1]:
+        if exact and seen is not None and threshold > seen[1]:  # (scores that differ: some completion passed)
             causes.append(
                 f"the pass threshold {threshold:g} (pass_threshold=, --pass-threshold) is above every weighted "
                 f"reward seen (at most {seen[1]:g}): no completion can pass, whatever the merge"
