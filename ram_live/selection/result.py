@@ -140,11 +140,6 @@ def describe(options: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _same_trials(a: list[tuple[Trial, Any, float]], b: list[tuple[Trial, Any, float]]) -> bool:
-    """Whether two lists of ``(trial, score, fidelity)`` name the same trial objects with the same scores."""
-    return len(a) == len(b) and all(x[0] is y[0] and x[1:] == y[1:] for x, y in zip(a, b))
-
-
 def _write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -265,13 +260,9 @@ class SearchResult:
     def arbitrary(self) -> bool:
         """True when the search could not choose: every candidate scored on every prompt scored the same, or another
         is within one paired standard error of the winner (:func:`~ram_live.selection.choice.undecided`): the winner
-        is an arbitrary pick. Judged once, and again only when the trials or their scores change (the cache is
-        no field: not in ``==``, ``repr`` or :meth:`to_dict`)."""
-        key = [(t, t.score, t.fidelity) for t in self.history]
-        cached = self.__dict__.get("_arbitrary")
-        if cached is None or not _same_trials(cached[0], key):
-            cached = self.__dict__["_arbitrary"] = (key, undecided(self))
-        return cached[1]
+        is an arbitrary pick. Judged on every read from the trials as they are (a race adds per-prompt scores to a
+        trial after its score is known)."""
+        return undecided(self)
 
     @property
     def total_seconds(self) -> float:
