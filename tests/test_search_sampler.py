@@ -86,9 +86,10 @@ def test_bad_samplers_are_refused():
         _search(sampler=object())
 
 
-def test_the_default_is_tpe_in_a_race_of_20x_and_the_moves_elsewhere():
+def test_the_default_is_tpe_in_a_race_of_10x_and_the_moves_elsewhere():
     assert _search(budget="20x").sampler == "tpe"
-    assert _search(budget="10x").sampler == "moves"
+    assert _search(budget="10x").sampler == "tpe"
+    assert _search(budget="5x").sampler == "moves"
     assert _search(budget=20, fidelity=None).sampler == "moves"
 
 

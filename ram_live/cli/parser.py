@@ -315,7 +315,7 @@ def _search(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None
         choices=("moves", "tpe", *OPTUNA_SAMPLERS),
         default=None,
         help="what refines the arms: moves (coordinate ascents), tpe (a model of the scores) or an Optuna sampler "
-        "seeded by --seed (needs optuna); default tpe in a race of 20x or more, else moves",
+        "seeded by --seed (needs optuna); default tpe in a race of 10x or more, else moves",
     )
     s.add_argument(
         "--storage",

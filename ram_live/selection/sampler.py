@@ -34,7 +34,7 @@ __all__ = ["TPE", "OptunaProposer", "parse_sampler", "sampler_name", "sampler_la
 
 #: ``sampler=None``: the built-in TPE in a race (``fidelity="halving"``) of at least this many full evaluations'
 #: worth of prompts, the moves otherwise (where each won on benchmarks/bench_samplers.py; docs/search.md).
-TPE_FROM = 20.0
+TPE_FROM = 10.0
 #: The built-in TPE: share of the observations that model the good region, candidates drawn from it per proposal.
 GAMMA, DRAWS, BANDWIDTH = 0.25, 48, 0.25
 MULTI_OBJECTIVE = ("NSGAIISampler", "NSGAIIISampler")
