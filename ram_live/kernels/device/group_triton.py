@@ -199,7 +199,10 @@ def group_table(
         extra = list(values[i]) if values else []
         rows += [outs[i].data_ptr() if outs else 0, base.data_ptr(), *(a.data_ptr() for a in agents[i]), *pad]
         rows += [*extra, *([0] * (MAX_AGENTS - len(extra))), base.numel(), firsts[i], slots[i]]
-    return torch.tensor(rows, dtype=torch.int64).view(len(bases), ROW).to(device, non_blocking=True)
+    table = torch.tensor(rows, dtype=torch.int64).view(len(bases), ROW)
+    if device.type == "cuda":  # from pinned memory the copy is queued; from pageable memory it may wait for the GPU
+        table = table.pin_memory()
+    return table.to(device, non_blocking=True)
 
 
 def group_dtypes(outs: Sequence[Tensor], bases: Sequence[Tensor], agents: Sequence[Sequence[Tensor]]) -> dict:
