@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from kernel_group_cases import group_cases
+
 DTYPES = {
     torch.float32: "fp32",
     torch.float16: "fp16",
@@ -53,6 +55,9 @@ KERNELS = (
     ("ram_live.kernels.device.group_triton", "ram_merge_group_kernel"),
     ("ram_live.kernels.device.group_baseline_triton", "linear_merge_group_kernel"),
     ("ram_live.kernels.device.group_baseline_triton", "dare_ties_group_kernel"),
+    ("ram_live.kernels.device.group_ties_triton", "radix_histogram_group_kernel"),
+    ("ram_live.kernels.device.group_ties_triton", "select_thresholds_group_kernel"),
+    ("ram_live.kernels.device.group_ties_triton", "ties_group_kernel"),
     ("ram_live.kernels.device.group_triton", "activity_counts_group_kernel"),
 )
 
@@ -218,35 +223,6 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
 
         label = f"RAM {DTYPES[dtype]} K={k} lambdas={lam} sign={sign} weighted={weighted} eps={eps}"
         out.append((label, ram_mod, ram_name, call))
-    group_mod, group_name = "ram_live.kernels.device.group_triton", "ram_merge_group_kernel"
-    for dtype, k, lam, sign, weighted, eps in [
-        (torch.bfloat16, 3, False, False, False, 1e-5),
-        (torch.float32, 8, True, True, True, 0.0),
-    ]:
-        base, agents = flat(k, dtype)
-        imps = [torch.ones(SHAPE["n"], dtype=torch.float32) for _ in range(k)] if weighted else []
-        lambdas = torch.ones(k, dtype=torch.float32) if lam else None
-
-        def call(base=base, agents=agents, imps=imps, lambdas=lambdas, eps=eps, sign=sign) -> None:
-            from ram_live.kernels.device.group_triton import launch_ram_merge_group
-
-            slots = torch.zeros(2, dtype=torch.int64)
-            outs = [torch.empty_like(base), torch.empty_like(base)]
-            launch_ram_merge_group(
-                outs, [base, base], [agents, agents], [imps, imps] if imps else [], lambdas, eps, sign, slots, [0, 1]
-            )
-
-        label = f"RAM group {DTYPES[dtype]} K={k} lambdas={lam} sign={sign} weighted={weighted} eps={eps}"
-        out.append((label, group_mod, group_name, call))
-    for dtype, k, eps in [(torch.bfloat16, 3, 1e-5), (torch.float32, 8, 0.0)]:
-        base, agents = flat(k, dtype)
-
-        def call(base=base, agents=agents, eps=eps, k=k) -> None:
-            counts, slots = torch.zeros(3 * k + 1, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
-            ram._triton_counts_group([base, base], [agents, agents], eps, counts, slots, [0, 1])
-
-        label = f"RAM counts group {DTYPES[dtype]} K={k} eps={eps}"
-        out.append((label, group_mod, "activity_counts_group_kernel", call))
     for dtype, k, eps in [(torch.bfloat16, 3, 1e-5), (torch.float32, 8, 0.0)]:
         base, agents = flat(k, dtype)
 
@@ -276,31 +252,7 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
             linear._triton_linear(torch.empty_like(base), base, agents, weights, scale, densities, seeds, zero_slot())
 
         out.append((f"linear {DTYPES[dtype]} K={k} scale={scale} dare={dare}", lin_mod, "linear_merge_kernel", call))
-    baseline_mod = "ram_live.kernels.device.group_baseline_triton"
-    for dtype, k, scale, dare in [(torch.bfloat16, 3, 1.0, False), (torch.float32, 8, 0.5, True)]:
-        base, agents = flat(k, dtype)
-        densities, seeds = ([0.4] * k, [list(range(k))] * 2) if dare else ([], [])
-
-        def call(base=base, agents=agents, k=k, scale=scale, densities=densities, seeds=seeds) -> None:
-            weights = torch.ones(k, dtype=torch.float64)
-            slots = torch.zeros(2, dtype=torch.int64)
-            outs = [torch.empty_like(base), torch.empty_like(base)]
-            linear._triton_group(outs, [base, base], [agents, agents], weights, scale, densities, seeds, slots, [0, 1])
-
-        label = f"linear group {DTYPES[dtype]} K={k} scale={scale} dare={dare}"
-        out.append((label, baseline_mod, "linear_merge_group_kernel", call))
-    for dtype, k, majority, weighted, divide in [(torch.bfloat16, 3, 0, False, 0), (torch.float16, 5, 1, True, 1)]:
-        base, agents = flat(k, dtype)
-
-        def call(base=base, agents=agents, k=k, majority=majority, weighted=weighted, divide=divide) -> None:
-            weights = torch.ones(k, dtype=torch.float64)
-            slots = torch.zeros(2, dtype=torch.int64)
-            outs = [torch.empty_like(base), torch.empty_like(base)]
-            ties._triton_group(outs, [base, base], [agents, agents], weights, [0.5] * k, [list(range(k))] * 2, 1.0,
-                               majority, weighted, divide, slots, [0, 1])  # fmt: skip
-
-        label = f"DARE-TIES group {DTYPES[dtype]} K={k} majority={majority} weighted={weighted} divide={divide}"
-        out.append((label, baseline_mod, "dare_ties_group_kernel", call))
+    out += group_cases(flat, DTYPES)
     sel_mod = "ram_live.kernels.device.select_triton"
     for dtype, k, ranks in [(torch.bfloat16, 3, [5, 0, 7]), (torch.float32, 8, [1] * 8)]:
         base, agents = flat(k, dtype)
@@ -339,6 +291,12 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
     return out
 
 
+def _nth(label: str) -> int:
+    """Which of the case's launches of its kernel to build: ``#n`` ends the label of a call that launches the
+    kernel several times (the grouped radix passes), else the first."""
+    return int(label.rsplit("#", 1)[1]) if "#" in label else 0
+
+
 def one_specialisation() -> list[str]:
     """Per case, whether a launch on tensors of an odd size with its slot (and the probe's rows) 8 bytes off a
     16-byte boundary binds to the same specialisation (signature, constexprs, alignment hints) as the case's own:
@@ -353,7 +311,7 @@ def one_specialisation() -> list[str]:
             for label, module, name, call in cases():
                 with recorded(module, name) as (kernel, recorder):
                     call()
-                keys.setdefault(label, []).append(repr(specialization(kernel, recorder.launches[0], target)))
+                keys.setdefault(label, []).append(repr(specialization(kernel, recorder.launches[_nth(label)], target)))
         finally:
             SHAPE.update({"n": 4096, "row": 0})
     return [f"{'same' if a == b else 'DIFF'} {label}" for label, (a, b) in keys.items()]
@@ -383,7 +341,7 @@ def main() -> int:
             t0 = time.perf_counter()
             try:
                 ptx_file = os.path.join(args.ptx, f"{index:02d}_sm{arch}.ptx") if args.ptx else None
-                built = build(kernel, recorder.launches[0], arch, ptx_file)
+                built = build(kernel, recorder.launches[_nth(label)], arch, ptx_file)
                 print(f"ok   sm_{arch} {label}: {built}, {time.perf_counter() - t0:.1f} s", flush=True)
             except Exception:  # noqa: BLE001 (every case is tried; the exit code says if any failed)
                 failed += 1

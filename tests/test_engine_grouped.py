@@ -12,7 +12,7 @@ from conftest import interpreter  # noqa: E402
 import ram_live  # noqa: E402
 from ram_live.engine import checks  # noqa: E402
 from ram_live.errors import NonFiniteError  # noqa: E402
-from ram_live.kernels.device import group_baseline_triton, group_triton  # noqa: E402
+from ram_live.kernels.device import group_baseline_triton, group_ties_triton, group_triton  # noqa: E402
 from device_helpers import bits  # noqa: E402
 
 pytestmark = interpreter
@@ -45,6 +45,7 @@ def launches(monkeypatch):
         (group_triton, "launch_activity_counts_group"),
         (group_baseline_triton, "launch_linear_merge_group"),
         (group_baseline_triton, "launch_dare_ties_group"),
+        (group_ties_triton, "launch_ties_group"),
     ]:
 
         def counted(outs, bases, *args, _real=getattr(module, name)):
@@ -60,6 +61,9 @@ MERGES = [
     {"method": "ram_plus"},
     {"method": "task_arithmetic", "scale": 0.7, "weights": [0.5, 1.5, 1.0]},
     {"method": "linear", "weights": [0.2, 0.3, 0.5]},
+    {"method": "ties", "density": 0.2},
+    {"method": "ties", "densities": [0.1, 1.0, 0.4], "elect_on": "weighted", "divide_by": "weights"},
+    {"method": "ties", "density": 0.3, "majority_sign": "frequency", "divide_by": "none", "scale": 0.5},
 ]
 
 
@@ -71,8 +75,12 @@ def test_grouped_merge_gives_the_cpu_merge_bits(options, launches, monkeypatch):
     monkeypatch.setattr(checks, "deferred_device", lambda dev: dev.type != "meta")
     merged, info = ram_live.merge(agents, base=base, return_info=True, **options)
     assert info.extra["kernels"] == {"device": 6}
-    # bfloat16 a, b, e in one launch; float32 c, d in another; f on its own (RAM+: its counts likewise first)
-    assert sorted(launches) == ([2, 2, 3, 3] if options["method"] == "ram_plus" else [2, 3])
+    # bfloat16 a, b, e in one launch; float32 c, d in another; f on its own (RAM+: its counts likewise first; TIES:
+    # c's 7 entries keep none at density 0.1, another trim pattern: its own group)
+    expected_launches = {"ram_plus": [2, 2, 3, 3], "ties": [2, 3]}.get(options["method"], [2, 3])
+    if options.get("densities") == [0.1, 1.0, 0.4]:
+        expected_launches = [1, 1, 3]
+    assert sorted(launches) == expected_launches
     for key in expected:
         assert torch.equal(bits(merged[key]), bits(expected[key])), key
 

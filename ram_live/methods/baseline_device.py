@@ -20,12 +20,12 @@ from ..engine.stream import DeltaStream
 from ..kernels.device import linear as _linear  # registers torch.ops.ram_live.linear_merge_
 from ..kernels.device import ties as _ties  # registers torch.ops.ram_live.ties_merge_
 from ..kernels.device.common import INPUT_DTYPES
-from ..kernels.device.select import MagnitudeSelection
+from ..kernels.device.select import MagnitudeSelection, selection_rank
 from ..functional import stable_seed
 from .base import GroupItem, GroupMerge, agent_densities, group_columns
 from ..kernels.device.ties import DIVIDE, MAJORITY
 
-__all__ = ["device_stream", "merge_linear", "merge_ties", "linear_merge_hook", "linear_group"]
+__all__ = ["device_stream", "merge_linear", "merge_ties", "linear_merge_hook", "linear_group", "ties_group"]
 
 
 def device_stream(view: Any) -> DeltaStream | None:
@@ -137,6 +137,30 @@ def linear_group(
                     DIVIDE.index(dare.divide_by), invalid, slots)  # fmt: skip
         else:
             call_op(_linear.linear_merge_group_, outs, bases, tensors, on_device, float(scale), densities, seeds,
+                    invalid, slots)  # fmt: skip
+
+    return GroupMerge(lambda base, tensors: True, merge)
+
+
+def ties_group(config: Any, weights: Tensor | None, activity: Any, agents: Sequence[str] = ()) -> GroupMerge | None:
+    """A ``MethodKernels.group`` for TIES: each tensor's ranks (its agents' densities of its entries), the tensors of
+    one trim pattern (which agents select, which keep nothing) in five launches of
+    ``torch.ops.ram_live.ties_group_``; None with an activity rule."""
+    if weights is None or activity is not None:
+        return None
+    densities = agent_densities(config, agents)
+    election = (MAJORITY.index(config.majority_sign), config.elect_on == "weighted", DIVIDE.index(config.divide_by))
+
+    def merge(items: list[GroupItem], invalid: Tensor) -> None:
+        patterns: dict[tuple, list[tuple[GroupItem, list[int]]]] = {}
+        for item in items:
+            ranks = [selection_rank(d, item.base.numel()) for d in densities]
+            patterns.setdefault(tuple((r > 0, r == 0) for r in ranks), []).append((item, ranks))
+        on_device = weights.to(items[0].base.device)
+        for group in patterns.values():
+            outs, bases, tensors, slots = group_columns([item for item, _ in group])
+            ranks = [r for _, row in group for r in row]
+            call_op(_ties.ties_group_, outs, bases, tensors, on_device, ranks, float(config.scale), *election,
                     invalid, slots)  # fmt: skip
 
     return GroupMerge(lambda base, tensors: True, merge)

@@ -12,7 +12,7 @@ from .. import functional as F
 from ..kernels.device.select import MagnitudeSelection, select_magnitudes
 from ..option_checks import check_choice, check_densities, check_finite, check_range, check_weights
 from .base import MethodKernels, TensorContext, TensorView, agent_densities, agent_weights, scaled
-from .baseline_device import device_stream, merge_ties
+from .baseline_device import device_stream, merge_ties, ties_group
 from .registry import register_method
 
 __all__ = ["TiesConfig", "TiesDeviceState", "ties_prepare", "ties_elect", "check_election"]
@@ -95,7 +95,7 @@ def _ties_kernels(config: TiesConfig) -> MethodKernels:
             return None
         return "device", functools.partial(merge_ties, weights=state.weights, config=config, selection=state.selection)
 
-    return MethodKernels(merge=merge)
+    return MethodKernels(merge=merge, group=functools.partial(ties_group, config))
 
 
 def ties_elect(deltas: Tensor, weights: Tensor, config: Any) -> Tensor:

@@ -16,9 +16,9 @@ from torch import Tensor
 from ...functional.trimming import ties_combine, trim_
 from .common import OUT_DTYPES, agent_args, block_size, group_takes, kernel_out, launch, register_cap, triton_takes
 from .linear import drop_arguments, dropped_, stacked_deltas, write_merged
-from .select import TORCH_STEP, MagnitudeSelection
+from .select import NBINS, PASSES, TORCH_STEP, MagnitudeSelection, _torch_histogram
 
-__all__ = ["ties_merge_", "MAJORITY", "DIVIDE"]
+__all__ = ["ties_merge_", "ties_group_", "dare_ties_group_", "MAJORITY", "DIVIDE"]
 
 #: The election and division options as the op takes them (their index).
 MAJORITY = ("total", "frequency")
@@ -103,6 +103,56 @@ def _torch_group(outs, bases, agents, weights, densities, seeds, scale, majority
         agent_seeds = list(seeds[i]) if seeds else []
         _torch_ties(out.view(-1), base.view(-1), flat, weights, None, [], densities, agent_seeds, scale, majority,
                     weighted, divide, invalid[slots[i]])  # fmt: skip
+
+
+@torch.library.custom_op("ram_live::ties_group_", mutates_args=("outs", "invalid"))
+def ties_group_(
+    outs: list[Tensor],
+    bases: list[Tensor],
+    agents: list[Tensor],
+    weights: Tensor,
+    ranks: list[int],
+    scale: float,
+    majority: int,
+    weighted_election: bool,
+    divide: int,
+    invalid: Tensor,
+    slots: list[int],
+) -> None:
+    """:func:`ties_merge_` with the trim (no DARE) of many contiguous tensors: tensor ``i`` merges ``bases[i]`` and
+    agents ``agents[i*K:(i+1)*K]`` trimmed to their ranks ``ranks[i*K:(i+1)*K]`` (:func:`.select.selection_rank`;
+    which agents select and which keep nothing is the same for every tensor) into ``outs[i]``, adding its invalid
+    entries to ``invalid[slots[i]]``: five launches for them all (three digit passes, the thresholds, the merge)."""
+    k = len(agents) // max(1, len(bases))
+    per = [agents[i * k : (i + 1) * k] for i in range(len(bases))]
+    per_ranks = [ranks[i * k : (i + 1) * k] for i in range(len(bases))]
+    pattern = {tuple((r > 0, r == 0) for r in row) for row in per_ranks}
+    takes = group_takes(outs, bases, agents, [], k) and len(ranks) == len(agents) and len(pattern) == 1
+    args = (outs, bases, per, weights, per_ranks, scale, majority, weighted_election, divide, invalid, slots)
+    launch("ties_group_kernel", takes, _triton_ties_group, _torch_ties_group, *args)
+
+
+@ties_group_.register_fake
+def _(outs, bases, agents, weights, ranks, scale, majority, weighted, divide, invalid, slots) -> None:
+    return None
+
+
+def _triton_ties_group(outs, bases, agents, weights, ranks, scale, majority, weighted, divide, invalid, slots):
+    from .group_ties_triton import launch_ties_group
+
+    launch_ties_group(outs, bases, agents, weights, ranks, scale, majority, weighted, divide, invalid, slots)
+
+
+def _torch_ties_group(outs, bases, agents, weights, ranks, scale, majority, weighted, divide, invalid, slots):
+    for i, (out, base) in enumerate(zip(outs, bases)):
+        flat_base, flat = base.view(-1), [a.view(-1) for a in agents[i]]
+        hist = None
+        if any(r > 0 for r in ranks[i]):
+            hist = torch.zeros(3, len(flat), NBINS, dtype=torch.int32, device=base.device)
+            for p in range(len(PASSES)):
+                _torch_histogram(flat_base, flat, list(ranks[i]), p, hist)
+        _torch_ties(out.view(-1), flat_base, flat, weights, hist, list(ranks[i]), [], [], scale, majority, weighted,
+                    divide, invalid[slots[i]])  # fmt: skip
 
 
 def _triton_ties(
