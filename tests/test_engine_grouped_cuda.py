@@ -39,16 +39,19 @@ def _state(seed: int, base: dict | None = None) -> dict:
 
 
 @pytest.mark.parametrize(
-    "options", [{"method": "ram"}, {"method": "ram_plus"}, {"method": "task_arithmetic", "scale": 0.7}], ids=str
+    "options",
+    [{"method": "ram"}, {"method": "ram_plus"}, {"method": "task_arithmetic", "scale": 0.7}, {"method": "ties"}],
+    ids=str,
 )
 def test_cuda_grouped_merge_equals_cpu_merge(options, monkeypatch):
-    from ram_live.kernels.device import common, group_baseline_triton, group_triton
+    from ram_live.kernels.device import common, group_baseline_triton, group_ties_triton, group_triton
 
     launched = []
     for module, name in [
         (group_triton, "launch_ram_merge_group"),
         (group_triton, "launch_activity_counts_group"),
         (group_baseline_triton, "launch_linear_merge_group"),
+        (group_ties_triton, "launch_ties_group"),
     ]:
 
         def counted(outs, bases, *args, _real=getattr(module, name)):
