@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from dataclasses import replace
 import torch
 from torch import nn
 
@@ -316,22 +317,31 @@ def test_storage_keeps_each_merge_in_a_study_of_its_own_and_a_resumed_run_scores
     setting = SearchSetting(evaluate=held_out, budget=6, seed=1, sampler="tpe", storage=url, study="grpo")
     first = RAMSchedule(store, "b", merge_every=4, search=setting, durable=False)
     first.attach(_net())
+    state = first.state_dict()  # the checkpoint before the merge of step 4 (a job killed during its search)
     first.on_step(b, 4)
-    scored, state = len(calls), first.state_dict()
+    scored = len(calls)
     assert scored == 6
-    # the job resumed from its checkpoint redoes the merge of step 4: its search is taken from the study
+    # the job resumed from that checkpoint redoes the merge of step 4: its search is taken from the study
     again = RAMSchedule(store, "b", merge_every=4, search=setting, durable=False)
     again.load_state_dict(state)
     again.attach(_net())
     assert again.run == first.run
     again.on_step(b, 4)
     assert len(calls) == scored and again.last_search["best"] == first.last_search["best"]
+    # without the study the same resumed job scores its candidates again (what the storage saved)
+    fresh = RAMSchedule(store, "b", merge_every=4, search=replace(setting, storage=None, study=None), durable=False)
+    fresh.load_state_dict(state)
+    fresh.attach(_net())
+    fresh.on_step(b, 4)
+    assert len(calls) == 2 * scored
+    calls.clear()
+    calls.extend([1] * scored)
     assert first.last_search["sampler"] == "tpe" and first.last_search["setting"]["storage"] == url
     # the next merge is a search (a study) of its own, scored anew
     first.on_step(b, 8)
     assert len(calls) == 2 * scored
     names = sorted(optuna.get_all_study_names(url))
-    assert names == [f"grpo:b:{first.run}:step_4", f"grpo:b:{first.run}:step_8"]
+    assert [n.rsplit(":", 1)[0] for n in names] == [f"grpo:b:{first.run}:step_4", f"grpo:b:{first.run}:step_8"]
     study = optuna.load_study(study_name=names[0], storage=url)
     done = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert len(done) == scored

@@ -66,6 +66,14 @@ def test_another_search_under_the_same_study_is_refused(tmp_path):
         _search(BlockEval(), budget=3, seed=1, storage=url, study="s")
     with pytest.raises(ConfigError, match="needs storage="):
         _search(BlockEval(), budget=3, study="s")
+    # the same settings over other weights (agents of the same names retrained): its scores are not theirs
+    models, base = agents()
+    models = {name: {"w": tensors["w"] * 3} for name, tensors in models.items()}
+    with pytest.raises(ConfigError, match="inputs differ"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ram_live.ExtrapolationWarning)
+        ram_live.search(
+            models, base=base, evaluate=BlockEval(), budget=3, seed=0, progress=False, storage=url, study="s"
+        )
     with pytest.raises(ConfigError, match="storage must be"):
         _search(BlockEval(), budget=3, storage=3)
 

@@ -101,7 +101,7 @@ class RAMVerlOptions:
             evaluated in a folder under ``merged_dir``; logs ``ram/search/*``; the chosen options go into the
             merged folder's ``ram_merge.json`` (``"search"``) and ``ram_search.json``. Its ``variant``/``r``/...
             above are then unused. ``+ram.search.sampler=optuna-tpe`` (``tpe``, ``moves``, ...), ``.storage=`` and
-            ``.study=NAME``: as the setting's (a study per merge, ``NAME:<agent>:<run>:step_<step>``).
+            ``.study=NAME``: as the setting's (a study per merge, ``NAME:<agent>:<run>:step_<step>:<inputs>``).
         rewards: the run's own reward on held-out prompts as the evaluation (instead of ``evaluate``; also what
             ``search`` uses, maximising ``reward``): ``+ram.rewards.prompts=held_out.jsonl`` (verl's rows),
             optional ``compute_score`` / ``reward`` (default: verl's ``custom_reward_function``, else its

@@ -69,7 +69,7 @@ def search_merge(
                 evaluate=wrap(fn),
                 confirm=wrap(confirm) if confirm is not None else None,
                 importance=importance,
-                **setting.search_options(ram.opts.agent, step, getattr(ram, "run", None)),
+                **setting.search_options(ram.opts.agent, step, getattr(ram, "run", None), inputs=(dict(snaps), base)),
             )
     finally:
         shutil.rmtree(candidate, ignore_errors=True)

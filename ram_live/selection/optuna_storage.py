@@ -28,7 +28,7 @@ import os
 import socket
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
 from .fidelity import Scored
@@ -91,6 +91,45 @@ def probe_storage(storage: Any) -> None:
             optuna.storages.get_storage(storage)
     except Exception as exc:  # SQLAlchemy's and the drivers' errors, of many classes
         raise ConfigError(f"storage={storage!r:.80}: Optuna could not open it ({exc})") from None
+
+
+def inputs_fingerprint(agents: Sequence[Any], base: Any) -> str:
+    """A digest of the search's inputs (the base's and every agent's tensors: names, shapes and their first and last
+    64 stored entries, :class:`~ram_live.engine.stream.InputsDigest`): a stored study's scores are taken only for the
+    weights they were scored on (a resumed job whose other agents published newer snapshots is another search).
+
+    Args:
+        agents: the agents' tensor sources, in order.
+        base: the base's source.
+    """
+    from ..engine.stream import inputs_digest
+
+    digest = inputs_digest()
+    names = hashlib.sha1()
+    for source in (base, *agents):
+        keys = sorted(source.keys())
+        names.update(
+            json.dumps([getattr(source, "name", ""), keys, [list(source.spec(k).shape) for k in keys]]).encode()
+        )
+        for key in keys:
+            digest.update([source.get(key).reshape(-1)])
+    names.update(digest.hexdigest().encode())
+    return names.hexdigest()
+
+
+def models_fingerprint(models: Any, base: Any) -> str:
+    """:func:`inputs_fingerprint` of models as :func:`ram_live.search` takes them (modules, state dicts, files,
+    snapshots).
+
+    Example:
+        >>> import torch
+        >>> len(models_fingerprint({"a": {"w": torch.ones(2)}}, {"w": torch.zeros(2)})) > 16
+        True
+    """
+    from ..api import input_sources
+
+    agents, base_source = input_sources(models, base)
+    return inputs_fingerprint(agents, base_source)
 
 
 def open_ledger(storage: Any, study: str | None, settings: dict[str, Any]) -> Ledger | None:

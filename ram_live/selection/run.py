@@ -22,7 +22,7 @@ from .parallel import Pool, check_parallel, make_merger
 from .loop import SearchRun
 from .plan import SearchPlan, make_plan
 from .sampler import parse_sampler, sampler_name
-from .optuna_storage import check_storage, open_ledger
+from .optuna_storage import check_storage, open_ledger, inputs_fingerprint
 from ..option_checks import check_seed, finite_float, shown
 from .adapters import adapter_agents, adapter_space, check_families
 
@@ -129,7 +129,7 @@ def search(
         seconds_per_candidate: with ``plan``: one full evaluation's time (e.g. timed on the base), for the
             plan's time.
         sampler: what proposes the refinements of each arm (:mod:`ram_live.selection.sampler`): None (the
-            default: ``"tpe"`` in a race of ``"20x"`` or more, else ``"moves"``; docs/search.md "Which
+            default: ``"tpe"`` in a race of ``"10x"`` or more, else ``"moves"``; docs/search.md "Which
             sampler"), ``"moves"`` (the coordinate ascents and local steps),
             ``"tpe"`` (the built-in TPE over the arm's per-agent weights and options, seeded by ``seed``), an
             Optuna sampler's name (``"optuna-tpe"``, ``"optuna-gp"``, ...: seeded by ``seed``) or any Optuna
@@ -228,6 +228,8 @@ def search(
             "space": repr(space),
             "fidelity": repr(halving),
             "sampler": sampler_name(proposer),
+            # the weights the study's scores belong to (computed only where there is a study)
+            **({"inputs": inputs_fingerprint(merger.agents, merger.base_src)} if storage is not None else {}),
         },
     )
     run.labels = {id(m): label for label, m in variants.items()}

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..loading import load_callable
+from ..selection.optuna_storage import models_fingerprint
 from ..store.format import LEGACY_RUN
 from .candidates import candidate_evaluation, tensors_of
 from .search_metrics import search_metrics
@@ -163,12 +164,14 @@ class SearchSetting:
         parts = [self.study or "ram_live", agent] + ([run] if run else []) + [f"step_{int(step)}"]
         return ":".join(parts)
 
-    def search_options(self, agent: str, step: int, run: str | None = None) -> dict[str, Any]:
+    def search_options(self, agent: str, step: int, run: str | None = None, inputs: Any = None) -> dict[str, Any]:
         """The keywords of :func:`ram_live.search` this setting gives (all but the evaluations and the agents),
-        the study named by :meth:`study_name`.
+        the study named by :meth:`study_name`, and with ``inputs`` the inputs' digest after it (a job resumed after
+        other agents published newer snapshots searches them in a study of its own).
 
         Args:
             agent, step, run: as for :meth:`study_name`.
+            inputs: ``(models, base)`` as the search gets them, or None.
 
         Returns:
             ``budget``, ``space``, ``seed``, ``fidelity``, ``confirm_top``, ``sampler``, ``storage``, ``study``.
@@ -178,7 +181,10 @@ class SearchSetting:
             ['budget', 'confirm_top', 'fidelity']
         """
         names = ("budget", "space", "seed", "fidelity", "confirm_top", "sampler", "storage")
-        return {**{k: getattr(self, k) for k in names}, "study": self.study_name(agent, step, run)}
+        study = self.study_name(agent, step, run)
+        if study is not None and inputs is not None:
+            study = f"{study}:{models_fingerprint(*inputs)[:16]}"
+        return {**{k: getattr(self, k) for k in names}, "study": study}
 
     def evaluation(self, fallback: Callable[..., Any] | None = None) -> Callable[..., Any]:
         """The selection evaluation as a callable: ``evaluate`` (a dotted path loaded), else ``fallback``.
@@ -356,7 +362,7 @@ def schedule_search(
         evaluate=wrap(evaluation),
         confirm=wrap(confirm) if confirm is not None else None,
         importance=schedule.importance,
-        **setting.search_options(schedule.agent, step, schedule.run),
+        **setting.search_options(schedule.agent, step, schedule.run, inputs=(dict(agents), base)),
     )
     seconds = time.perf_counter() - t0
     tensors, info = merge(dict(agents), base=base, return_info=True, chunk_numel=schedule.chunk_numel, **result.best)
