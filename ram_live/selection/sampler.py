@@ -4,7 +4,7 @@ candidate (``fidelity="halving"``), the race's estimates fed back as the model's
 
 ``search(sampler=...)``:
 
-- None (the default): ``"tpe"`` in a race (``fidelity="halving"``) of ``budget="20x"`` or more, else ``"moves"``;
+- None (the default): ``"tpe"`` in a race (``fidelity="halving"``) of ``budget="10x"`` or more, else ``"moves"``;
 - ``"moves"``: no model; the coordinate ascents and local steps (:mod:`ram_live.selection.moves`);
 - ``"tpe"``: the built-in Tree-structured Parzen Estimator (:class:`TPE`), pure Python, seeded by ``seed``: the
   same seed and scores give the same candidates on every machine; no extra needed;
@@ -38,6 +38,9 @@ TPE_FROM = 10.0
 #: The built-in TPE: share of the observations that model the good region, candidates drawn from it per proposal.
 GAMMA, DRAWS, BANDWIDTH = 0.25, 48, 0.25
 MULTI_OBJECTIVE = ("NSGAIISampler", "NSGAIIISampler")
+#: Optuna samplers that learn from complete trials only: a raced candidate is told to them as complete, with the
+#: race's estimate (as pruned, a race would leave the GP on its random start-up draws, CMA-ES on a few points).
+COMPLETE_ONLY = ("GPSampler", "CmaEsSampler", "QMCSampler")
 
 
 def parse_sampler(sampler: Any, seed: int, raced: bool = False, budget: float = 0.0) -> Any:
@@ -211,6 +214,7 @@ class OptunaProposer:
         self.template = sampler
         self.name = f"optuna:{type(sampler).__name__}"
         self.multi = type(sampler).__name__ in MULTI_OBJECTIVE
+        self.estimates = self.multi or type(sampler).__name__ in COMPLETE_ONLY  # raced trials told as complete
         self.studies: dict[tuple[Any, ...], tuple[Any, dict[str, Any], set[int]]] = {}
         self.pending: Any = None
 
@@ -250,7 +254,7 @@ class OptunaProposer:
                 continue
             told.add(trial.index)
             params = _encode(box, point)
-            if trial.complete or self.multi:
+            if trial.complete or self.estimates:
                 study.add_trial(create_trial(params=params, distributions=distributions, values=self._values(trial)))
             else:
                 study.add_trial(
@@ -280,7 +284,7 @@ class OptunaProposer:
             quiet_tell(study, asked, state=TrialState.FAIL)
             return
         told.add(trial.index)
-        if trial.complete or self.multi:
+        if trial.complete or self.estimates:
             quiet_tell(study, asked, self._values(trial))
         else:
             asked.report(float(trial.score), _step(trial))
@@ -307,12 +311,18 @@ def quiet_tell(study: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def _copy(sampler: Any) -> Any:
-    """A fresh copy of ``sampler`` (its seeded state as given); one that cannot be copied (NSGA-II holds a lock) is
-    used as it is."""
+    """A fresh copy of ``sampler`` (its seeded state as given). One that cannot be deep-copied (NSGA-II holds a lock)
+    is copied attribute by attribute: its random states and child samplers copied, what cannot be (the lock) shared."""
     try:
         return copy.deepcopy(sampler)
     except TypeError:
-        return sampler
+        clone = copy.copy(sampler)
+        for name, value in vars(sampler).items():
+            try:
+                vars(clone)[name] = copy.deepcopy(value)
+            except TypeError:
+                pass
+        return clone
 
 
 def _box_key(box: Box) -> tuple[Any, ...]:
