@@ -31,6 +31,7 @@ __all__ = [
     "device_programs",
     "group_key",
     "group_takes",
+    "per_tensor",
     "kernel_out",
     "launch",
     "register_cap",
@@ -138,12 +139,27 @@ def group_key(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> tup
     return device, None if out is None else out.dtype, base.dtype, dtype, k
 
 
+def per_tensor(flat: Sequence[Any], tensors: int) -> list[list[Any]]:
+    """A grouped op's per-agent list (``K`` per tensor, tensor by tensor: agents, importances, seeds, ranks) as one
+    list per tensor; empty where ``flat`` is.
+
+    Example:
+        >>> per_tensor([1, 2, 3, 4, 5, 6], 2)
+        [[1, 2, 3], [4, 5, 6]]
+    """
+    if not flat:
+        return []
+    k = len(flat) // max(1, tensors)
+    return [list(flat[i * k : (i + 1) * k]) for i in range(tensors)]
+
+
 def group_takes(
-    outs: Sequence[Tensor], bases: Sequence[Tensor], agents: Sequence[Tensor], importances: Sequence[Tensor], k: int
+    outs: Sequence[Tensor], bases: Sequence[Tensor], agents: Sequence[Tensor], importances: Sequence[Tensor]
 ) -> bool:
     """Whether a grouped kernel takes these (``outs``: one per tensor, or none for counts; ``agents``: ``K`` per
     tensor, in order; ``importances``: none, or likewise): one :func:`group_key` for every tensor, on a device
     Triton serves, and importances of one dtype, contiguous and aligned on that device."""
+    k = len(agents) // max(1, len(bases))
     if not bases or len(agents) != k * len(bases) or not triton_serves(bases[0].device):
         return False
     if outs and len(outs) != len(bases):

@@ -14,7 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .common import block_size, register_cap
-from .group_triton import ROW, SPAN, address, group_dtypes, group_table, program_tensors, tensor_of
+from .group_triton import ROW, SPAN, address, agent_addresses, group_dtypes, group_table, tensor_of
 from .linear_triton import _linear_block
 from .ram_triton import MERGE_WARPS
 from .ties_triton import _ties_block
@@ -42,21 +42,10 @@ def linear_merge_group_kernel(
 ):  # fmt: skip
     """:func:`~.linear_triton.linear_merge_kernel` over ``SPAN_`` blocks of the tensor ``program_ptr[pid]`` of the
     table (agents of the ``DROP`` bitmask drop with their seed from the table and their density ``q_t``)."""
-    row, numel, start = tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
+    _, row, numel, start = tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
     out_ptr = address(row, 0, OUT_T)
     base_ptr = address(row, 1, IN_T)
-    a0, a1, a2, a3 = (
-        address(row, 2, AGENT_T),
-        address(row, 3, AGENT_T),
-        address(row, 4, AGENT_T),
-        address(row, 5, AGENT_T),
-    )
-    a4, a5, a6, a7 = (
-        address(row, 6, AGENT_T),
-        address(row, 7, AGENT_T),
-        address(row, 8, AGENT_T),
-        address(row, 9, AGENT_T),
-    )
+    a0, a1, a2, a3, a4, a5, a6, a7 = agent_addresses(row, 2, AGENT_T)
     s0, s1, s2, s3 = _seed(row, 0, DROP), _seed(row, 1, DROP), _seed(row, 2, DROP), _seed(row, 3, DROP)
     s4, s5, s6, s7 = _seed(row, 4, DROP), _seed(row, 5, DROP), _seed(row, 6, DROP), _seed(row, 7, DROP)
     invalid = tl.zeros([BLOCK], dtype=tl.int32)
@@ -87,21 +76,10 @@ def dare_ties_group_kernel(
 ):  # fmt: skip
     """:func:`~.ties_triton.ties_merge_kernel` without the trim (DARE-TIES: DARE's drop, then TIES' election) over
     ``SPAN_`` blocks of the tensor ``program_ptr[pid]`` of the table."""
-    row, numel, start = tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
+    _, row, numel, start = tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
     out_ptr = address(row, 0, OUT_T)
     base_ptr = address(row, 1, IN_T)
-    a0, a1, a2, a3 = (
-        address(row, 2, AGENT_T),
-        address(row, 3, AGENT_T),
-        address(row, 4, AGENT_T),
-        address(row, 5, AGENT_T),
-    )
-    a4, a5, a6, a7 = (
-        address(row, 6, AGENT_T),
-        address(row, 7, AGENT_T),
-        address(row, 8, AGENT_T),
-        address(row, 9, AGENT_T),
-    )
+    a0, a1, a2, a3, a4, a5, a6, a7 = agent_addresses(row, 2, AGENT_T)
     s0, s1, s2, s3 = _seed(row, 0, DROP), _seed(row, 1, DROP), _seed(row, 2, DROP), _seed(row, 3, DROP)
     s4, s5, s6, s7 = _seed(row, 4, DROP), _seed(row, 5, DROP), _seed(row, 6, DROP), _seed(row, 7, DROP)
     invalid = tl.zeros([BLOCK], dtype=tl.int32)
@@ -128,8 +106,7 @@ def _launch(kernel, outs, bases, agents, seeds, drop, densities, weights, invali
     """One launch of a baseline's grouped ``kernel`` (its table, programs and shared arguments)."""
     device = bases[0].device
     block = block_size([bases[0], *agents[0]], MERGE_WARPS)
-    programs, firsts = program_tensors([b.numel() for b in bases], block * SPAN, device)
-    table = group_table(outs, bases, agents, seeds, firsts, slots, device)
+    programs, table = group_table(outs, bases, agents, seeds, slots, block * SPAN)
     kernel[(programs.numel(),)](
         table, programs, weights, invalid, float(constexprs.pop("scale")), *densities,
         K=len(agents[0]), DROP=drop, BLOCK=block, SPAN_=SPAN, ROW_=ROW, num_warps=MERGE_WARPS,

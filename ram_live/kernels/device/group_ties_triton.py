@@ -16,7 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .common import block_size, register_cap
-from .group_triton import ROW, SPAN, address, group_dtypes, group_table, program_tensors
+from .group_triton import ROW, SPAN, address, agent_addresses, group_dtypes, group_table, tensor_of
 from .ram_triton import MERGE_WARPS
 from .select_triton import NBINS, _flush, _histogram_step, select_state, select_state_all, vector8
 from .ties_triton import _ties_block
@@ -53,25 +53,10 @@ def radix_histogram_group_kernel(
 ):  # fmt: skip
     """:func:`~.select_triton.radix_histogram_kernel`'s pass ``PASS`` over ``SPAN_`` blocks of the tensor
     ``program_ptr[pid]``, added to that tensor's histograms (``hist_base`` + its index × 3 K NBINS)."""
-    pid = tl.program_id(0)
-    index = tl.load(program_ptr + pid).to(tl.int64)
-    row = table_ptr + index * ROW_
-    numel = tl.load(row + ROW_ - 3)
-    start = (pid - tl.load(row + ROW_ - 2)) * (BLOCK * SPAN_)
+    index, row, numel, start = tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
     hist_ptr = hist_base + index * (3 * K * NBINS)
     base_ptr = address(row, 1, IN_T)
-    a0, a1, a2, a3 = (
-        address(row, 2, AGENT_T),
-        address(row, 3, AGENT_T),
-        address(row, 4, AGENT_T),
-        address(row, 5, AGENT_T),
-    )
-    a4, a5, a6, a7 = (
-        address(row, 6, AGENT_T),
-        address(row, 7, AGENT_T),
-        address(row, 8, AGENT_T),
-        address(row, 9, AGENT_T),
-    )
+    a0, a1, a2, a3, a4, a5, a6, a7 = agent_addresses(row, 2, AGENT_T)
     lane = tl.arange(0, BLOCK)
     prefix = tl.zeros([KP], dtype=tl.int32)
     if PASS > 0:
@@ -129,26 +114,11 @@ def ties_group_kernel(
 ):  # fmt: skip
     """:func:`~.ties_triton.ties_merge_kernel` with the trim (no DARE) over ``SPAN_`` blocks of the tensor
     ``program_ptr[pid]``, its thresholds at ``thr_base`` + its index × K."""
-    pid = tl.program_id(0)
-    index = tl.load(program_ptr + pid).to(tl.int64)
-    row = table_ptr + index * ROW_
-    numel = tl.load(row + ROW_ - 3)
-    start = (pid - tl.load(row + ROW_ - 2)) * (BLOCK * SPAN_)
+    index, row, numel, start = tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
     thr_ptr = thr_base + index * K
     out_ptr = address(row, 0, OUT_T)
     base_ptr = address(row, 1, IN_T)
-    a0, a1, a2, a3 = (
-        address(row, 2, AGENT_T),
-        address(row, 3, AGENT_T),
-        address(row, 4, AGENT_T),
-        address(row, 5, AGENT_T),
-    )
-    a4, a5, a6, a7 = (
-        address(row, 6, AGENT_T),
-        address(row, 7, AGENT_T),
-        address(row, 8, AGENT_T),
-        address(row, 9, AGENT_T),
-    )
+    a0, a1, a2, a3, a4, a5, a6, a7 = agent_addresses(row, 2, AGENT_T)
     invalid = tl.zeros([BLOCK], dtype=tl.int32)
     for j in range(SPAN_):
         first = start + j * BLOCK
@@ -191,14 +161,12 @@ def launch_ties_group(
     trim = sum(1 << t for t, r in enumerate(ranks[0]) if r > 0)
     none_kept = sum(1 << t for t, r in enumerate(ranks[0]) if r == 0)
     kp = max(2, 1 << (k - 1).bit_length())
-    numels = [b.numel() for b in bases]
     dtypes = group_dtypes(outs, bases, agents)
     thresholds = torch.empty(len(bases), k, dtype=torch.float32, device=device)
     if trim:
         hist = torch.zeros(len(bases), 3, k, NBINS, dtype=torch.int32, device=device)
         hist_block = block_size([bases[0], *agents[0]], HIST_WARPS)
-        programs, firsts = program_tensors(numels, hist_block * HIST_SPAN, device)
-        table = group_table(outs, bases, agents, ranks, firsts, slots, device)
+        programs, table = group_table(outs, bases, agents, ranks, slots, hist_block * HIST_SPAN)
         for p, (shift, digit_mask, match_shift) in enumerate(PASSES):
             radix_histogram_group_kernel[(programs.numel(),)](
                 table, programs, hist, K=k, KP=kp, ACTIVE=trim, PASS=p, SHIFT=shift, DIGIT_MASK=digit_mask,
@@ -209,8 +177,7 @@ def launch_ties_group(
             table, hist, thresholds, K=k, KP=kp, TRIM=trim, ROW_=ROW, num_warps=THRESHOLD_WARPS
         )
     block = block_size([bases[0], *agents[0]], MERGE_WARPS)
-    programs, firsts = program_tensors(numels, block * SPAN, device)
-    table = group_table(outs, bases, agents, ranks, firsts, slots, device)
+    programs, table = group_table(outs, bases, agents, ranks, slots, block * SPAN)
     ties_group_kernel[(programs.numel(),)](
         table, programs, weights, thresholds, invalid, float(scale),
         K=k, TRIM=trim, NONE_KEPT=none_kept, SCALED=scale != 1.0, FREQUENCY=majority == 1, WEIGHTED=weighted,

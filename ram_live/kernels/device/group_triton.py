@@ -35,6 +35,7 @@ __all__ = [
     "launch_activity_counts_group",
     "launch_ram_merge_group",
     "address",
+    "agent_addresses",
     "group_dtypes",
     "group_table",
     "tensor_of",
@@ -49,7 +50,6 @@ SPAN = 16
 COUNT_SPAN = 64
 #: Columns of a tensor's row in the table: out, base, 8 agents, 8 importances, entries, first program, slot.
 ROW = 2 + 2 * MAX_AGENTS + 3
-_NUMEL, _FIRST, _SLOT = ROW - 3, ROW - 2, ROW - 1
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.int16: tl.int16}
 
 
@@ -62,10 +62,21 @@ def address(row, col: tl.constexpr, T: tl.constexpr):
 
 @triton.jit
 def tensor_of(table_ptr, program_ptr, BLOCK: tl.constexpr, SPAN_: tl.constexpr, ROW_: tl.constexpr):
-    """This program's row of the table, its tensor's entries and the first entry it merges."""
+    """This program's tensor: its index, its row of the table, its entries and the first entry this program
+    takes."""
     pid = tl.program_id(0)
-    row = table_ptr + tl.load(program_ptr + pid).to(tl.int64) * ROW_
-    return row, tl.load(row + ROW_ - 3), (pid - tl.load(row + ROW_ - 2)) * (BLOCK * SPAN_)
+    index = tl.load(program_ptr + pid).to(tl.int64)
+    row = table_ptr + index * ROW_
+    return index, row, tl.load(row + ROW_ - 3), (pid - tl.load(row + ROW_ - 2)) * (BLOCK * SPAN_)
+
+
+@triton.jit
+def agent_addresses(row, col: tl.constexpr, T: tl.constexpr):
+    """The eight per-agent pointers to ``T`` of a row from column ``col`` (agents at 2, importances at 10)."""
+    return (
+        address(row, col, T), address(row, col + 1, T), address(row, col + 2, T), address(row, col + 3, T),
+        address(row, col + 4, T), address(row, col + 5, T), address(row, col + 6, T), address(row, col + 7, T),
+    )  # fmt: skip
 
 
 @jit(do_not_specialize=["eps"], aligned_anyhow=("bad_ptr",))
@@ -78,25 +89,11 @@ def ram_merge_group_kernel(
 ):  # fmt: skip
     """:func:`~.ram_triton.ram_merge_kernel` over ``SPAN_`` blocks of the tensor ``program_ptr[pid]`` of the table;
     every whole block unmasked, a partial last one masked."""
-    row, numel, start = tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
+    _, row, numel, start = tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
     out_ptr = address(row, 0, OUT_T)
     base_ptr = address(row, 1, IN_T)
-    a0 = address(row, 2, AGENT_T)
-    a1 = address(row, 3, AGENT_T)
-    a2 = address(row, 4, AGENT_T)
-    a3 = address(row, 5, AGENT_T)
-    a4 = address(row, 6, AGENT_T)
-    a5 = address(row, 7, AGENT_T)
-    a6 = address(row, 8, AGENT_T)
-    a7 = address(row, 9, AGENT_T)
-    h0 = address(row, 10, H_T)
-    h1 = address(row, 11, H_T)
-    h2 = address(row, 12, H_T)
-    h3 = address(row, 13, H_T)
-    h4 = address(row, 14, H_T)
-    h5 = address(row, 15, H_T)
-    h6 = address(row, 16, H_T)
-    h7 = address(row, 17, H_T)
+    a0, a1, a2, a3, a4, a5, a6, a7 = agent_addresses(row, 2, AGENT_T)
+    h0, h1, h2, h3, h4, h5, h6, h7 = agent_addresses(row, 10, H_T)
     invalid = tl.zeros([BLOCK], dtype=tl.int32)
     for j in range(SPAN_):
         first = start + j * BLOCK
@@ -125,16 +122,9 @@ def activity_counts_group_kernel(
     """:func:`~.counts_triton.activity_counts_kernel`'s counts (no pairs) of ``SPAN_`` blocks of the tensor
     ``program_ptr[pid]`` of the table, added to ``counts`` once at the program's end."""
     BLOCK: tl.constexpr = ROWS * VEC
-    row, numel, start = tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
+    _, row, numel, start = tensor_of(table_ptr, program_ptr, BLOCK, SPAN_, ROW_)
     base_ptr = address(row, 1, IN_T)
-    a0 = address(row, 2, AGENT_T)
-    a1 = address(row, 3, AGENT_T)
-    a2 = address(row, 4, AGENT_T)
-    a3 = address(row, 5, AGENT_T)
-    a4 = address(row, 6, AGENT_T)
-    a5 = address(row, 7, AGENT_T)
-    a6 = address(row, 8, AGENT_T)
-    a7 = address(row, 9, AGENT_T)
+    a0, a1, a2, a3, a4, a5, a6, a7 = agent_addresses(row, 2, AGENT_T)
     lane = tl.arange(0, ROWS)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     patterns = tl.zeros([NP], dtype=tl.int32)
     invalid = tl.zeros([ROWS], dtype=tl.int32)
@@ -181,18 +171,20 @@ def group_table(
     bases: Sequence[Tensor],
     agents: Sequence[Sequence[Tensor]],
     values: Sequence[Sequence[int]],
-    firsts: Sequence[int],
     slots: Sequence[int],
-    device: torch.device,
-) -> Tensor:
-    """A launch's table (see the module's doc) on ``device``: ``outs`` empty for counts (no outputs); ``values``:
-    per tensor its agents' values (importances' addresses, DARE's seeds), or empty.
+    per_program: int,
+) -> tuple[Tensor, Tensor]:
+    """A launch's programs (:func:`program_tensors`, ``per_program`` entries each) and its table (see the module's
+    doc), both on the tensors' device: ``outs`` empty for counts (no outputs); ``values``: per tensor its agents'
+    values (importances' addresses, DARE's seeds, TIES' ranks), or empty.
 
     Example:
         >>> t = torch.zeros(4)
-        >>> group_table([t], [t], [[t]], [], [0], [5], torch.device("cpu"))[0, -3:].tolist()
+        >>> group_table([t], [t], [[t]], [], [5], 1024)[1][0, -3:].tolist()
         [4, 0, 5]
     """
+    device = bases[0].device
+    programs, firsts = program_tensors([b.numel() for b in bases], per_program, device)
     pad = [0] * (MAX_AGENTS - len(agents[0]))
     rows: list[int] = []
     for i, base in enumerate(bases):
@@ -202,7 +194,7 @@ def group_table(
     table = torch.tensor(rows, dtype=torch.int64).view(len(bases), ROW)
     if device.type == "cuda":  # from pinned memory the copy is queued; from pageable memory it may wait for the GPU
         table = table.pin_memory()
-    return table.to(device, non_blocking=True)
+    return programs, table.to(device, non_blocking=True)
 
 
 def group_dtypes(outs: Sequence[Tensor], bases: Sequence[Tensor], agents: Sequence[Sequence[Tensor]]) -> dict:
@@ -232,9 +224,8 @@ def launch_ram_merge_group(
     tensor ``i`` adding its invalid entries to ``invalid[slots[i]]``."""
     device = bases[0].device
     block = block_size([bases[0], *agents[0], *(importances[0] if importances else ())], MERGE_WARPS)
-    programs, firsts = program_tensors([b.numel() for b in bases], block * SPAN, device)
     hs = [[h.data_ptr() for h in row] for row in importances]
-    table = group_table(outs, bases, agents, hs, firsts, slots, device)
+    programs, table = group_table(outs, bases, agents, hs, slots, block * SPAN)
     h_dtype = importances[0][0].dtype if importances else torch.float32
     ram_merge_group_kernel[(programs.numel(),)](
         table, programs, lambdas, invalid, float(eps),
@@ -257,8 +248,7 @@ def launch_activity_counts_group(
     :func:`launch_ram_merge_group` takes them."""
     device, k = bases[0].device, len(agents[0])
     block = block_size([bases[0], *agents[0]], COUNT_WARPS)
-    programs, firsts = program_tensors([b.numel() for b in bases], block * COUNT_SPAN, device)
-    table = group_table([], bases, agents, [], firsts, slots, device)
+    programs, table = group_table([], bases, agents, [], slots, block * COUNT_SPAN)
     activity_counts_group_kernel[(programs.numel(),)](
         table, programs, counts, invalid, float(eps),
         K=k, KP=max(2, 1 << (k - 1).bit_length()), NP=max(2, 1 << k), EPS_ZERO=eps == 0,

@@ -18,6 +18,7 @@ from .common import (
     agent_args,
     block_size,
     group_takes,
+    per_tensor,
     kernel_out,
     launch,
     register_cap,
@@ -71,10 +72,8 @@ def linear_merge_group_(
     """:func:`linear_merge_` of many contiguous tensors in one launch: tensor ``i`` merges ``bases[i]`` and agents
     ``agents[i*K:(i+1)*K]`` (DARE: ``densities`` per agent, ``seeds[i*K:(i+1)*K]``; both empty: no drop) into
     ``outs[i]`` and adds its invalid entries to ``invalid[slots[i]]``."""
-    k = len(agents) // max(1, len(bases))
-    per = [agents[i * k : (i + 1) * k] for i in range(len(bases))]
-    per_seeds = [seeds[i * k : (i + 1) * k] for i in range(len(bases))] if seeds else []
-    takes = group_takes(outs, bases, agents, [], k) and len(seeds) in (0, len(agents))
+    per, per_seeds = per_tensor(agents, len(bases)), per_tensor(seeds, len(bases))
+    takes = group_takes(outs, bases, agents, []) and len(seeds) in (0, len(agents))
     args = (outs, bases, per, weights, scale, densities, per_seeds, invalid, slots)
     launch("linear_merge_group_kernel", takes, _triton_group, _torch_group, *args)
 

@@ -14,7 +14,17 @@ import torch
 from torch import Tensor
 
 from ...functional.trimming import ties_combine, trim_
-from .common import OUT_DTYPES, agent_args, block_size, group_takes, kernel_out, launch, register_cap, triton_takes
+from .common import (
+    OUT_DTYPES,
+    agent_args,
+    block_size,
+    group_takes,
+    kernel_out,
+    per_tensor,
+    launch,
+    register_cap,
+    triton_takes,
+)
 from .linear import drop_arguments, dropped_, stacked_deltas, write_merged
 from .select import NBINS, PASSES, TORCH_STEP, MagnitudeSelection, _torch_histogram
 
@@ -75,10 +85,8 @@ def dare_ties_group_(
     """:func:`ties_merge_` without the trim (DARE-TIES) of many contiguous tensors in one launch: tensor ``i`` merges
     ``bases[i]`` and agents ``agents[i*K:(i+1)*K]`` with seeds ``seeds[i*K:(i+1)*K]`` into ``outs[i]`` and adds its
     invalid entries to ``invalid[slots[i]]``."""
-    k = len(agents) // max(1, len(bases))
-    per = [agents[i * k : (i + 1) * k] for i in range(len(bases))]
-    per_seeds = [seeds[i * k : (i + 1) * k] for i in range(len(bases))] if seeds else []
-    takes = group_takes(outs, bases, agents, [], k) and len(seeds) in (0, len(agents))
+    per, per_seeds = per_tensor(agents, len(bases)), per_tensor(seeds, len(bases))
+    takes = group_takes(outs, bases, agents, []) and len(seeds) in (0, len(agents))
     args = (outs, bases, per, weights, densities, per_seeds, scale, majority, weighted_election, divide)
     launch("dare_ties_group_kernel", takes, _triton_group, _torch_group, *args, invalid, slots)
 
@@ -123,11 +131,9 @@ def ties_group_(
     agents ``agents[i*K:(i+1)*K]`` trimmed to their ranks ``ranks[i*K:(i+1)*K]`` (:func:`.select.selection_rank`;
     which agents select and which keep nothing is the same for every tensor) into ``outs[i]``, adding its invalid
     entries to ``invalid[slots[i]]``: five launches for them all (three digit passes, the thresholds, the merge)."""
-    k = len(agents) // max(1, len(bases))
-    per = [agents[i * k : (i + 1) * k] for i in range(len(bases))]
-    per_ranks = [ranks[i * k : (i + 1) * k] for i in range(len(bases))]
+    per, per_ranks = per_tensor(agents, len(bases)), per_tensor(ranks, len(bases))
     pattern = {tuple((r > 0, r == 0) for r in row) for row in per_ranks}
-    takes = group_takes(outs, bases, agents, [], k) and len(ranks) == len(agents) and len(pattern) == 1
+    takes = group_takes(outs, bases, agents, []) and len(ranks) == len(agents) and len(pattern) == 1
     args = (outs, bases, per, weights, per_ranks, scale, majority, weighted_election, divide, invalid, slots)
     launch("ties_group_kernel", takes, _triton_ties_group, _torch_ties_group, *args)
 

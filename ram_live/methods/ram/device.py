@@ -19,7 +19,7 @@ from ...engine.ops import call_op
 from ...engine.stream import DeltaStream
 from ...functional.activity import apply_activity_
 from ...functional.counting import ram_statistics
-from ...kernels.device.common import OUT_DTYPES, group_takes, launch, triton_takes
+from ...kernels.device.common import OUT_DTYPES, group_takes, launch, per_tensor, triton_takes
 from ..base import GroupItem, GroupMerge, group_columns
 from ...types import RamStatistics
 from .accumulators import RamAccumulator, WeightedRamAccumulator
@@ -77,10 +77,8 @@ def ram_merge_group_(
     """:func:`ram_merge_` of many contiguous tensors in one launch: tensor ``i`` merges ``bases[i]`` and agents
     ``agents[i*K:(i+1)*K]`` (importances likewise, or none) into ``outs[i]`` and adds its invalid entries to
     ``invalid[slots[i]]``."""
-    k = len(agents) // len(bases)
-    per = [agents[i * k : (i + 1) * k] for i in range(len(bases))]
-    hs = [importances[i * k : (i + 1) * k] for i in range(len(bases))] if importances else []
-    takes = group_takes(outs, bases, agents, importances, k)
+    per, hs = per_tensor(agents, len(bases)), per_tensor(importances, len(bases))
+    takes = group_takes(outs, bases, agents, importances)
     launch("ram_merge_group_kernel", takes, _triton_group, _torch_group, outs, bases, per, hs, lambdas, eps, sign,
            invalid, slots)  # fmt: skip
 
@@ -122,9 +120,8 @@ def ram_counts_group_(
 ) -> None:
     """:func:`ram_counts_` of many contiguous tensors in one launch (agents ``agents[i*K:(i+1)*K]`` of
     ``bases[i]``), all added to ``counts``; tensor ``i``'s invalid entries to ``invalid[slots[i]]``."""
-    k = len(agents) // max(1, len(bases))
-    per = [agents[i * k : (i + 1) * k] for i in range(len(bases))]
-    takes = group_takes([], bases, agents, [], k)
+    per = per_tensor(agents, len(bases))
+    takes = group_takes([], bases, agents, [])
     launch("activity_counts_group_kernel", takes, _triton_counts_group, _torch_counts_group, bases, per, eps, counts,
            invalid, slots)  # fmt: skip
 
