@@ -217,3 +217,33 @@ def test_programs_cover_each_tensor_once():
     programs, firsts = group_triton.program_tensors(numels, per, torch.device("cpu"))
     assert programs.tolist() == [1, 2, 3, 3, 4, 4, 4]
     assert firsts == (0, 0, 1, 2, 4)
+
+
+@pytest.mark.parametrize("as_module", [False, True], ids=["dict", "module"])
+def test_a_search_merges_its_candidates_in_grouped_launches(as_module, launches, on_device):
+    """The search's reused outputs (a scratch module, a dict of tensors) hold their outputs: each candidate is one
+    launch per group, RAM+ reusing the counts the first candidate took, with the one-shot merge's bits."""
+    from device_helpers import module_agents
+    from ram_live.selection.target import Merger
+
+    if as_module:
+        base, agents = module_agents(torch.bfloat16)
+        groups = [3]  # Net's three bfloat16 tensors
+    else:
+        whole = _state(0)
+        base = {k: v for k, v in whole.items() if k != "f"}
+        agents = {f"agent_{t}": {k: v for k, v in _state(10 + t, whole).items() if k != "f"} for t in range(3)}
+        groups = [2, 3]  # float32 c, d; bfloat16 a, b, e
+    merger = Merger(agents, base)
+    candidates = [{"method": "ram_plus", "r": 0.3}, {"method": "ram_plus", "r": 0.6}, {"method": "task_arithmetic"}]
+    for i, candidate in enumerate(candidates):
+        launches.clear()
+        merged, info, _ = merger.merge(candidate)
+        assert sorted(launches) == sorted(groups * (2 if i == 0 else 1)), candidate  # the first counts too
+        assert info.extra["kernels"] == {"device": sum(groups)}
+        expected = ram_live.merge(agents, base=base, **candidate)
+        if as_module:
+            merged, expected = merged.state_dict(), expected.state_dict()
+        for key, value in expected.items():
+            assert torch.equal(bits(merged[key]), bits(value)), (candidate, key)
+    assert merger.statistics_passes == 1

@@ -105,6 +105,23 @@ def _training_flag(m):
     m.layers.train(False)
 
 
+def _set_data_same_shape(m):
+    m.embed.weight.data = torch.zeros_like(m.embed.weight)
+
+
+def _set_data_transposed(m):
+    w = getattr(m.layers, "0").w
+    w.data = w.data.t()  # a square weight: same shape and dtype, other strides
+
+
+def _add_submodule(m):
+    m.extra = torch.nn.Linear(2, 2)
+
+
+def _register_parameter(m):
+    m.head.register_parameter("scale", torch.nn.Parameter(torch.ones(())))
+
+
 MODULE_EDITS = [
     _replace_parameter,
     _convert_dtype,
@@ -112,6 +129,10 @@ MODULE_EDITS = [
     _swap_submodule,
     _in_place_module,
     _training_flag,
+    _set_data_same_shape,
+    _set_data_transposed,
+    _add_submodule,
+    _register_parameter,
 ]
 
 
@@ -215,3 +236,28 @@ def test_each_slice_of_a_race_sees_the_merge_itself(base_sd):
         (t.candidate, t.score, t.fidelity) for t in reference.history
     ]
     assert any(t.fidelity < 1 for t in raced.history)
+
+
+class _TiedByStorage(torch.nn.Module):
+    """Two Parameters on one storage (tied by address, not one Parameter under two names)."""
+
+    def __init__(self, sd):
+        super().__init__()
+        self.inner = module_of(sd)
+        self.out = torch.nn.Parameter(torch.empty(0))
+        self.out.data = self.inner.embed.weight.data
+
+
+def test_a_weight_tied_by_storage_is_written_in_the_scratch_module(base_sd):
+    base = _TiedByStorage(base_sd)
+    agents = {n: _TiedByStorage(a) for n, a in zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6], scale=0.05))}
+    seen = []
+
+    def evaluate(module):
+        seen.append(snapshot(module))
+        return 0.0
+
+    result = search(agents, base=base, evaluate=evaluate, budget=3, space=SPACE[:3])
+    for trial, state in zip(result.history, seen):
+        assert torch.equal(state["out"], state["inner.embed.weight"]), trial.label()
+        assert torch.equal(state["out"], merge(agents, base=base, **trial.candidate).out), trial.label()

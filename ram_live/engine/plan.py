@@ -1,15 +1,16 @@
 """The plan of a merge: which keys are merged, copied from the base or tied (:func:`build_plan`, checked before
-anything is read), and which agents take part (:func:`kept_agents`)."""
+anything is read), which agents take part (:func:`kept_agents`), and what merges over unchanged sources share
+(:class:`PlanCache`)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..errors import ConfigError, InputMismatchError, NoAgentsError
 from ..io.sources import TensorSource
-from ..types import Plan
+from ..types import Plan, RamStatistics, TensorSpec
 
-__all__ = ["Plan", "build_plan", "kept_agents"]
+__all__ = ["Plan", "PlanCache", "build_plan", "kept_agents"]
 
 
 def build_plan(base: TensorSource, agents: Sequence[TensorSource]) -> Plan:
@@ -85,3 +86,38 @@ def kept_agents(agents: Sequence[TensorSource], exclude: Sequence[str]) -> Seque
     if not kept:
         raise ConfigError("exclude names every agent: at least one must be merged")
     return kept
+
+
+class PlanCache:
+    """What merges over the same sources share while the sources do not change (a search's candidates): the plan
+    and every tensor's spec, made once per base and set of agents, and the counts those merges took (reused
+    without the digest check that counts passed in with ``statistics=`` get: they were counted over these very
+    sources).
+
+    Example:
+        >>> cache = PlanCache()
+        >>> # run_merge(base, agents, method, config, sink, plans=cache)  # each merge after the first plans nothing
+    """
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[int, ...], tuple[tuple[Any, ...], Plan, dict[str, TensorSpec]]] = {}
+        self._counted: list[RamStatistics] = []
+
+    def plan(self, base: TensorSource, agents: Sequence[TensorSource]) -> tuple[Plan, dict[str, TensorSpec]]:
+        """:func:`build_plan` of ``base`` and ``agents`` and the base's spec of every key, made at the first call
+        with these sources (the cache holds them, so their ids are not reused)."""
+        sources = (base, *agents)
+        key = tuple(map(id, sources))
+        hit = self._plans.get(key)
+        if hit is None:
+            plan = build_plan(base, agents)
+            hit = self._plans[key] = (sources, plan, {k: base.spec(k) for k in plan.keys})
+        return hit[1], hit[2]
+
+    def counted(self, statistics: RamStatistics) -> None:
+        """``statistics`` were counted by a merge planned here."""
+        self._counted.append(statistics)
+
+    def trusts(self, statistics: RamStatistics) -> bool:
+        """Whether ``statistics`` are counts :meth:`counted` took (the object itself)."""
+        return any(s is statistics for s in self._counted)

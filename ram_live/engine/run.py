@@ -20,7 +20,7 @@ from ..types import Activity, MergeInfo, Plan, RamStatistics, TensorSpec
 from .compiling import compiler_works, resolve_compile
 from .dispatch import method_kernels
 from .passes import Job, dry_run, merge_pass, statistics_pass
-from .plan import build_plan, kept_agents
+from .plan import PlanCache, build_plan, kept_agents
 from .reader import Reader, check_ties_and_copies
 from .results import check_reusable, stamped
 from .stream import DEFAULT_CHUNK_NUMEL, inputs_digest
@@ -45,17 +45,22 @@ def run_merge(
     compile: bool | str = "auto",
     statistics: RamStatistics | None = None,
     auxiliary: Any = None,
+    plans: PlanCache | None = None,
 ) -> MergeInfo:
     """Merge ``agents`` onto ``base`` with ``method`` into ``sink``; see :func:`ram_live.merge`. ``statistics``:
     counts of an earlier pass over the same inputs, used instead of pass 1 (checked against the agents, the
     activity rule and the number of entries before the merge, and against the digest of the inputs' first and
     last entries after it, before the sink finishes; not with ``validate_first``, whose pass 1 validates).
     ``auxiliary``: the method's per-agent auxiliary inputs, ``{name: {agent name: TensorSource}}`` (RAM:
-    ``"importance"``), streamed like the agents (see :mod:`ram_live.auxiliary`)."""
+    ``"importance"``), streamed like the agents (see :mod:`ram_live.auxiliary`). ``plans``: a
+    :class:`~ram_live.engine.plan.PlanCache` shared by merges over these unchanged sources (a search's)."""
     t0 = time.perf_counter()
     agents = kept_agents(agents, getattr(config, "exclude", ()))
-    plan = build_plan(base, agents)
-    specs = {key: base.spec(key) for key in plan.keys}
+    if plans is not None:
+        plan, specs = plans.plan(base, agents)
+    else:
+        plan = build_plan(base, agents)
+        specs = {key: base.spec(key) for key in plan.keys}
     counted = sum(specs[key].numel for key in plan.merge if specs[key].counted)
     if dist is not None and not dist.sharded:
         owner = dist.owners(plan, specs)
@@ -94,6 +99,8 @@ def run_merge(
         digest = inputs_digest()
         counts, run_state = kernels.single_read(job, plan, specs, progress, run_device, digest)
         info.statistics = stamped(counts, names, activity, counted, digest)
+        if plans is not None:
+            plans.counted(info.statistics)
         if method.record is not None:
             method.record(config, info, run_state)
         report_unchanged(info, reader, plan.merge, f"{method.name}: ")
@@ -108,6 +115,8 @@ def run_merge(
             job, plan, activity, progress, dist, counted, amax if validate_first else None, validate_first
         )
         info.passes = 2
+        if plans is not None:
+            plans.counted(info.statistics)
     run_state = method.setup(config, RunContext(names, info.statistics, run_device)) if method.setup else None
     if method.record is not None:
         method.record(config, info, run_state)
@@ -117,6 +126,7 @@ def run_merge(
         _validate(job, plan, specs, run_state, amax, dist)
         info.passes += 1 if info.extra["dry_run"] else 0
     reused = reuse is not None and info.statistics is reuse and bool(reuse.fingerprint)
+    reused = reused and not (plans is not None and plans.trusts(reuse))  # counted over these very sources
     _write(job, plan, specs, run_state, progress, validate_first, reuse.fingerprint if reused else None, dist)
     info.seconds = time.perf_counter() - t0
     return info

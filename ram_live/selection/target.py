@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..api import Model, Models, input_sources
+from ..engine.plan import PlanCache
 from ..engine.run import run_merge
 from ..types import MergeInfo
 from ..errors import ConfigError
@@ -43,32 +44,18 @@ class ModuleTarget:
     and gradients are cleared: nothing an evaluation leaves behind reaches the next candidate."""
 
     revisable = True
+    holds_outputs = True
 
     def __init__(self, base: nn.Module) -> None:
         self._base = base
         self._sink = ModuleSink(base, inplace=False)
-        self._handed: dict[str, Any] | None = None
+        self._scratch: _Scratch | None = None
 
     def begin(self, plan: Any, specs: Mapping[str, TensorSpec]) -> None:
-        if self._handed is not None and not self._intact():
-            self._handed = None
-        if self._handed is None:
+        if self._scratch is None or self._sink.module is None or not self._scratch.intact():
             self._sink.begin(plan, specs)
-            self._handed = _fingerprint(self._sink.module)
-        module = self._sink.module
-        for scratch, base in zip(module.modules(), self._base.modules()):
-            scratch.training = base.training
-        with torch.no_grad():
-            base_buffers = dict(self._base.named_buffers())
-            for name, buf in module.named_buffers():
-                if name in base_buffers and name not in self._handed:  # non-persistent: not in the state dict
-                    buf.copy_(base_buffers[name])
-        for p in module.parameters():
-            p.grad = None
-
-    def _intact(self) -> bool:
-        module = self._sink.module
-        return module is not None and _fingerprint(module) == self._handed
+            self._scratch = _Scratch(self._sink.module, self._base)
+        self._scratch.reset()
 
     def destination(self, key: str, spec: TensorSpec) -> Tensor:
         return self._sink.destination(key, spec)
@@ -80,7 +67,7 @@ class ModuleTarget:
         self._sink.copy_from_base(key, tensor)
 
     def alias(self, alias: str, canonical: str) -> None:
-        pass
+        self._sink.alias(alias, canonical)
 
     def finish(self) -> nn.Module:
         return self._sink.finish()
@@ -99,18 +86,61 @@ _HOOKS = (
 )
 
 
-def _fingerprint(module: nn.Module) -> dict[str, Any]:
-    """Each state-dict entry's object, storage, dtype, device and shape, each non-persistent buffer's, and each
-    submodule's class and hooks: what must not change between merges."""
-    out: dict[str, Any] = {}
-    for key, t in module.state_dict(keep_vars=True).items():
-        data = t.detach()
-        out[key] = (id(t), data.data_ptr(), data.dtype, data.device, tuple(data.shape))
-    for key, t in module.named_buffers():
-        out.setdefault(f"buffer:{key}", (id(t), t.data_ptr(), t.dtype, t.device, tuple(t.shape)))
-    for name, sub in module.named_modules():
-        out[f"module:{name}"] = (id(sub), type(sub), tuple(len(getattr(sub, h, None) or ()) for h in _HOOKS))
-    return out
+def _structure(module: nn.Module) -> tuple[Any, ...]:
+    """What of one module must not change between merges: its submodules (the objects), how many parameters and
+    buffers it holds, which buffers are non-persistent, and how many hooks of each kind it has."""
+    hooks = tuple(len(getattr(module, h, None) or ()) for h in _HOOKS)
+    return (*module._modules.values(), len(module._parameters), len(module._buffers), hooks,
+            len(module._non_persistent_buffers_set))  # fmt: skip
+
+
+class _Scratch:
+    """A scratch module as a merge left it: each module's :func:`_structure`, and each parameter's and buffer's
+    object, address, dtype, shape and strides (``.data =``, ``.half()`` and ``.to()`` change one of them), taken
+    once, so that :meth:`intact` and :meth:`reset` walk flat lists rather than the module tree."""
+
+    def __init__(self, module: nn.Module, base: nn.Module) -> None:
+        pairs = list(zip(module.modules(), base.modules()))
+        self.modules = [m for m, _ in pairs]
+        self.structures = [_structure(m) for m in self.modules]
+        self.training = [(m, b.training) for m, b in pairs]
+        self.tensors = [
+            (held, name, t, _layout(t))
+            for m in self.modules
+            for held in (m._parameters, m._buffers)
+            for name, t in held.items()
+            if t is not None
+        ]
+        self.parameters = list(module.parameters())
+        base_buffers = dict(base.named_buffers())
+        persistent = set(module.state_dict(keep_vars=True))
+        self.buffers = [
+            (buf, base_buffers[name])
+            for name, buf in module.named_buffers()
+            if name in base_buffers and name not in persistent  # the persistent ones are copied by the merge
+        ]
+
+    def intact(self) -> bool:
+        """Whether every module, parameter and buffer is as the merge left it."""
+        if any(_structure(m) != s for m, s in zip(self.modules, self.structures)):
+            return False
+        return all(held.get(name) is t and _layout(t) == layout for held, name, t, layout in self.tensors)
+
+    def reset(self) -> None:
+        """Training flags as the base's, non-persistent buffers copied from the base, no gradients."""
+        for m, training in self.training:
+            if m.training != training:
+                m.training = training
+        with torch.no_grad():
+            for buf, base_buf in self.buffers:
+                buf.copy_(base_buf)
+        for p in self.parameters:
+            if p.grad is not None:
+                p.grad = None
+
+
+def _layout(t: Tensor) -> tuple[Any, ...]:
+    return t.data_ptr(), t.dtype, t.device, t.shape, t.stride()
 
 
 class DictTarget:
@@ -119,6 +149,7 @@ class DictTarget:
     evaluation that rebinds or deletes entries of the dict it was handed changes nothing for the next candidate."""
 
     revisable = True
+    holds_outputs = True
 
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device
@@ -193,6 +224,7 @@ class Merger:
         #: density tried (they depend on nothing else: not on scale, weights or the sign election).
         self.thresholds: dict[tuple[str, str, float], float | None] = {}
         self._ties: Any = None
+        self.plans = PlanCache()
 
     def _sources(self, models: Any, base: Any) -> tuple[list[Any], Any]:
         """The agents' and the base's sources (an adapter search: :mod:`ram_live.selection.adapters`)."""
@@ -238,6 +270,7 @@ class Merger:
             workers=self.workers,
             statistics=reuse,
             auxiliary=aux,
+            plans=self.plans,
         )
         merged = self.target.finish()
         seconds = time.perf_counter() - t0
