@@ -11,13 +11,20 @@ cache lookup, the grid) up to the driver call, which is left out (``cuLaunchKern
 the GPU's host: add ``launches`` x that to the figures). Nothing is computed: the inputs are the models' real
 shapes in bfloat16 on untouched memory (``torch.empty``: no page is written, so a 7 B model costs no RAM), and the
 kernels never write. The host work of a merge is per tensor, not per entry, so these are the figures a GPU run's
-host would pay (on a faster host core, less).
+host would pay (on a faster host core, less). A zero-filled buffer of a million entries or more (TIES' histograms)
+is made without writing it: on a GPU its memset is one more launch, not host work. Python's garbage collector is
+off while merges are timed, as ``timeit`` has it (a collection's pause grows with every object of the process, not
+with the merge: one took 190 ms of a 1.5 B merge here).
 
 The floor of a model is the bytes a merge must move at least, the base and K = 3 agents read and the output
 written, ``(K + 2) x parameters x 2 B``, over an H100 SXM's HBM3 bandwidth (3.35 TB/s): 1.5 B parameters, ~4.6 ms.
 A ratio below 1 means that the host issues a model's launches faster than the GPU can run them. "host ms" is the
 median CPU time of the merging thread (torch runs one thread here; a shared machine's load does not inflate it),
 "wall ms" the best wall time.
+
+A search merges each candidate into one reused output (:class:`ram_live.selection.target.Merger`: the scratch module
+made, the inputs planned and read, RAM+'s counts taken by its first merge): "candidate ms" is the host time of each
+merge after that first one, the figure a search pays per candidate.
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import gc
 import json
+import math
 import os
 import pstats
 import statistics
@@ -106,18 +115,30 @@ def device_path_on_cpu() -> Iterator[LaunchStub]:
     from ram_live.kernels.device import common
 
     stub = LaunchStub()
-    saved = (checks.deferred_device, common.triton_serves, triton_jit.JITFunction.run)
+    saved = (checks.deferred_device, common.triton_serves, triton_jit.JITFunction.run, torch.zeros)
     checks.deferred_device = lambda device: device.type != "meta"
     common.triton_serves = lambda device: device.type in ("cpu", "cuda")
+    zeros = torch.zeros
+
+    def device_zeros(*size: Any, **kwargs: Any) -> torch.Tensor:
+        shape = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        if kwargs.get("out") is None and math.prod(shape) >= 2**20:
+            return torch.empty(*size, **kwargs)  # a memset launch on a GPU, not host work
+        return zeros(*size, **kwargs)
+
+    torch.zeros = device_zeros
 
     def run(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
         return stub.run(fn, *args, grid=grid, warmup=warmup, **kwargs)
 
     triton_jit.JITFunction.run = run
+    gc.collect()
+    gc.disable()
     try:
         yield stub
     finally:
-        checks.deferred_device, common.triton_serves, triton_jit.JITFunction.run = saved
+        gc.enable()
+        checks.deferred_device, common.triton_serves, triton_jit.JITFunction.run, torch.zeros = saved
 
 
 def qwen_shaped(name: str) -> torch.nn.Module:
@@ -182,6 +203,26 @@ def time_merges(base: torch.nn.Module, agents: list[torch.nn.Module], options: d
         "specialisations": {k: len(v) for k, v in stub.specialisations.items()},
         "devices": dict(stub.devices),
     }
+
+
+def time_candidates(base: torch.nn.Module, agents: list[torch.nn.Module], options: dict[str, Any], reps: int) -> dict:
+    """A search's candidates: one first merge into the :class:`~ram_live.selection.target.Merger`'s reused output,
+    then ``reps`` timed ones (median and best CPU time of the merging thread, launches per candidate)."""
+    from ram_live.engine.unchanged import quiet_unchanged
+    from ram_live.selection.target import Merger
+
+    times = []
+    with device_path_on_cpu() as stub, quiet_unchanged(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        merger = Merger(agents, base)
+        merger.merge(options)
+        before = stub.launches
+        for _ in range(reps):
+            t0 = time.thread_time()
+            merger.merge(options)
+            times.append(time.thread_time() - t0)
+        launches = (stub.launches - before) // reps
+    return {"median_s": statistics.median(times), "best_s": min(times), "launches": launches}
 
 
 #: The parts of a merge :func:`breakdown` times: ``(module, attribute)`` of a function, and its label.
@@ -270,6 +311,8 @@ def main() -> None:
             r = time_merges(base, agents, METHODS[label], args.reps)
             row = {"model": f"Qwen2.5-{name.upper()}-shaped", "method": label, "floor_s": floor, **r}
             row["ratio"] = r["median_s"] / floor
+            row["candidate"] = time_candidates(base, agents, METHODS[label], args.reps)
+            row["candidate"]["ratio"] = row["candidate"]["median_s"] / floor
             rows.append(row)
             print(
                 f"| {row['model']} | {label} | {r['tensors']} | {r['launches']} | {r['median_s'] * 1e3:.1f} | "
@@ -278,6 +321,15 @@ def main() -> None:
                 flush=True,
             )
         del base, agents
+    print("\nA search's candidate (each merge into the reused output after the first):\n")
+    print("| model | method | launches | host ms | best ms | floor ms | host / floor |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for row in rows:
+        c = row["candidate"]
+        print(
+            f"| {row['model']} | {row['method']} | {c['launches']} | {c['median_s'] * 1e3:.2f} | "
+            f"{c['best_s'] * 1e3:.2f} | {row['floor_s'] * 1e3:.2f} | {c['ratio']:.2f} |"
+        )
     print("\nWhere the host time goes (CPU ms of one more merge; the counting pass includes its tensors):\n")
     labels = [label for *_, label in PARTS] + ["whole merge"]
     print("| model | method | " + " | ".join(labels) + " |")

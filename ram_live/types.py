@@ -175,11 +175,13 @@ class MergeInfo:
     parameters: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def count_kernel(self, kind: str) -> None:
-        """Record that one more tensor was merged by a kernel of ``kind`` (counted in ``extra["kernels"]``).
+    def count_kernel(self, kind: str, tensors: int = 1) -> None:
+        """Record that ``tensors`` more tensors were merged by a kernel of ``kind`` (counted in
+        ``extra["kernels"]``).
 
         Args:
-            kind: the kernel's kind: ``"native"``, ``"compiled"`` or ``"eager"``.
+            kind: the kernel's kind: ``"native"``, ``"compiled"``, ``"eager"`` or ``"device"``.
+            tensors: how many.
         """
         kernels = self.extra.setdefault("kernels", {})
-        kernels[kind] = kernels.get(kind, 0) + 1
+        kernels[kind] = kernels.get(kind, 0) + tensors

@@ -76,6 +76,8 @@ def test_stable_seed_is_stable():
     assert F.stable_seed("dare", 0, "a", "w") == F.stable_seed("dare", 0, "a", "w")
     assert F.stable_seed("dare", 0, "a", "w") != F.stable_seed("dare", 0, "b", "w")
     assert F.stable_seed(1, 2) == 5051128224166061352  # pinned: masks must not change across releases
+    # kept between merges, by type: 1, 1.0 and True are equal keys to a plain cache but other strings to the hash
+    assert len({F.stable_seed("dare", 1), F.stable_seed("dare", 1.0), F.stable_seed("dare", True)}) == 3
 
 
 # ----------------------------------------------------------------------------------------------- the counters' rule

@@ -219,3 +219,51 @@ def test_the_register_cap_goes_only_to_backends_that_take_it(monkeypatch):
     assert common.register_cap(torch.device("xpu")) == {}
     monkeypatch.setattr(torch.version, "hip", "6.2")
     assert common.register_cap(torch.device("cuda")) == {}
+
+
+def _group(k=2, numel=64, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    outs = [torch.empty(numel, dtype=dtype) for _ in range(3)]
+    bases = [torch.randn(numel, generator=g).to(dtype) for _ in range(3)]
+    agents = [torch.randn(numel, generator=g).to(dtype) for _ in range(3 * k)]
+    return outs, bases, agents
+
+
+def _off_boundary(t):
+    holder = torch.zeros(t.numel() + 4, dtype=t.dtype)
+    return holder[2 : 2 + t.numel()]  # 8 bytes (float32) off its storage's start
+
+
+def _subclass(t):
+    class Marked(torch.Tensor):
+        pass
+
+    return t.as_subclass(Marked)
+
+
+REFUSALS = {
+    "a misaligned output": lambda o, b, a, h: (o[:1] + [_off_boundary(o[1])] + o[2:], b, a, h),
+    "a misaligned agent": lambda o, b, a, h: (o, b, a[:-1] + [_off_boundary(a[-1])], h),
+    "a strided base": lambda o, b, a, h: (o, b[:2] + [torch.zeros(128)[::2]], a, h),
+    "an agent of another dtype": lambda o, b, a, h: (o, b, a[:3] + [a[3].double()] + a[4:], h),
+    "an output of another dtype": lambda o, b, a, h: (o[:2] + [o[2].double()], b, a, h),
+    "a base of another dtype": lambda o, b, a, h: (o, [b[0].half()] + b[1:], a, h),
+    "a tensor subclass": lambda o, b, a, h: (o, b, a[:2] + [_subclass(a[2])] + a[3:], h),
+    "a meta base": lambda o, b, a, h: (o, b[:1] + [torch.empty(64, device="meta")] + b[2:], a, h),
+    "agents not K a tensor": lambda o, b, a, h: (o, b, a[:-1], h),
+    "outputs not one a tensor": lambda o, b, a, h: (o[:2], b, a, h),
+    "importances of two dtypes": lambda o, b, a, h: (o, b, a, [x.clone() for x in a[:-1]] + [a[-1].double()]),
+    "importances not one an agent": lambda o, b, a, h: (o, b, a, [x.clone() for x in a[:-1]]),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_group_takes_refuses_any_tensor_a_grouped_kernel_cannot_read(case, monkeypatch):
+    """Checked a property at a time over all the tensors: one tensor off is enough to refuse the group (the op then
+    runs its torch implementation, tensor by tensor)."""
+    monkeypatch.setattr(common, "triton_serves", lambda device: device.type == "cpu")
+    outs, bases, agents = _group()
+    assert common.group_takes(outs, bases, agents, [])
+    assert common.group_takes([], bases, agents, [])  # counts: no outputs
+    assert common.group_takes(outs, bases, agents, [a.clone() for a in agents])
+    assert not common.group_takes(*REFUSALS[case](outs, bases, agents, []))

@@ -101,3 +101,20 @@ def test_invalid_inputs_and_outputs_are_counted(implementation):
 
 def _inputs(n: int, k: int, dtype: torch.dtype, seed: int = 0):
     return flat_inputs(n, k, dtype, seed, share=0.7)
+
+
+@pytest.mark.parametrize(
+    "ranks, k, one",
+    [
+        ([3, 0, -1, 5, 0, -1], 3, True),  # each agent: selects, keeps nothing, keeps all, in both tensors
+        ([3, 0, -1, 5, 1, -1], 3, False),  # the second agent keeps nothing in one tensor, selects in the other
+        ([-1, 2, 0, 2], 2, False),  # the first agent keeps all, then nothing
+        ([7, 7, 9, 1], 2, True),
+    ],
+)
+def test_a_grouped_ties_launch_takes_one_trim_pattern(ranks, k, one):
+    from ram_live.kernels.device.ties import _one_pattern
+
+    rows = [ranks[i : i + k] for i in range(0, len(ranks), k)]
+    assert _one_pattern(ranks, k) is one
+    assert one == (len({tuple((r > 0, r == 0) for r in row) for row in rows}) == 1)  # the rule it stands for

@@ -8,12 +8,12 @@ launch, not hundreds."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..kernels.device.common import PLAIN_TENSORS, group_key
+from ..kernels.device.common import PLAIN_TENSORS, group_key, output_key
 from ..methods.base import GroupItem
 from ..progress import ProgressHook
 from ..types import Plan, TensorSpec
@@ -28,22 +28,30 @@ def _here(wanted: torch.device | None, device: torch.device) -> bool:
     return wanted is None or wanted == device or (wanted.index is None and wanted.type == device.type)
 
 
-def _members(reader: Any, plan: Plan, grouped: Any) -> Iterator[tuple[int, str, Any, Tensor, list[Tensor]]]:
-    """``(index, key, spec, base, agents)`` of the merged tensors on an accelerator, read where they are (no copy
-    to another device), that the method's grouped kernel ``accepts``: none where a source makes a tensor per read
-    (held until their group's launch, a model's worth would add up), none after a tensor subclass (whose tensors the
-    merge pass then reads one by one, as before)."""
+def _members(reader: Any, plan: Plan) -> list[tuple[int, str, Any, Tensor, list[Tensor], tuple | None]]:
+    """``(index, key, spec, base, agents, inputs' group key)`` of the merged tensors on an accelerator, read where
+    they are (no copy to another device): none where a source makes a tensor per read (held until their group's
+    launch, a model's worth would add up), none after a tensor subclass (whose tensors the merge pass then reads one
+    by one, as before)."""
     if not all(getattr(src, "stores_tensors", False) for src in (reader.base, *reader.agents)):
-        return  # a source that makes a tensor per read (a file mapped to a device, zeros): held, they would add up
+        return []  # a source that makes a tensor per read (a file mapped to a device, zeros): held, they would add up
+    members = []
     for index, key in enumerate(plan.merge):
         spec = reader.base.spec(key)
         if not checks_mod.deferred_device(spec.device) or not _here(reader.device, spec.device):
             continue
         base, agents, _ = reader.read(key)
         if type(base) not in PLAIN_TENSORS:  # a subclass (DTensor, FakeTensor): the pass's tensors all are
-            return
-        if grouped.accepts(base, agents):
-            yield index, key, spec, base, agents
+            return []
+        members.append((index, key, spec, base, agents, group_key(None, base, agents)))
+    return members
+
+
+def _inputs(job: Any, plan: Plan) -> list[tuple[int, str, Any, Tensor, list[Tensor], tuple | None]]:
+    """:func:`_members`, read once for all the merges that share ``job.plans`` (their sources do not change)."""
+    if job.plans is None:
+        return _members(job.reader, plan)
+    return job.plans.kept(plan, ("grouped inputs", job.reader.device), lambda: _members(job.reader, plan))
 
 
 def merge_groups(
@@ -80,28 +88,29 @@ def merge_groups(
     grouped = kernels.group(run_state, job.activity, reader.names)  # a GroupMerge
     if grouped is None:
         return set(), {}
-    groups: dict[tuple, list[tuple[int, Tensor, Tensor, list[Tensor], str]]] = {}
+    groups: dict[tuple, list[GroupItem]] = {}
     taken: dict[str, Tensor] = {}
-    for index, key, spec, base, agents in _members(reader, plan, grouped):
+    for index, key, spec, base, agents, inputs in _inputs(job, plan):
+        if inputs is None or not grouped.accepts(base, agents):
+            continue
         dest = sink.destination(key, spec)
-        found = group_key(dest, base, agents)  # contiguous tensors: the kernels see them flat, no view is made
+        found = output_key(dest, inputs)  # contiguous tensors: the kernels see them flat, no view is made
         if found is None:
             taken[key] = dest
             continue
-        groups.setdefault(found, []).append((index, dest, base, agents, key))
+        groups.setdefault(found, []).append(GroupItem(index, key, dest, base, agents))
     merged: set[str] = set()
     for found, items in groups.items():
-        grouped.merge([GroupItem(index, key, out, base, agents) for index, out, base, agents, key in items],
-                      checks.buffer(found[0]))  # fmt: skip
-        for *_, key in items:
-            sink.commit(key)
-            reader.release(key)
-            job.info.count_kernel("device")
-            job.info.tensors += 1
-            job.info.parameters += specs[key].numel
-            merged.add(key)
+        grouped.merge(items, checks.buffer(found[0]))
+        for item in items:
+            sink.commit(item.key)
+            reader.release(item.key)
+            merged.add(item.key)
             if progress:
-                progress.update(key, reader.nbytes(key))
+                progress.update(item.key, reader.nbytes(item.key))
+        job.info.count_kernel("device", len(items))
+        job.info.tensors += len(items)
+        job.info.parameters += sum(specs[item.key].numel for item in items)
     return merged, taken
 
 
@@ -134,9 +143,8 @@ def count_groups(
     if grouped is None:
         return {}
     groups: dict[tuple, list[tuple[int, Tensor, list[Tensor], str]]] = {}
-    for index, key, spec, base, agents in _members(reader, plan, grouped):
-        found = group_key(None, base, agents) if spec.counted else None
-        if found is not None:
+    for index, key, spec, base, agents, found in _members(reader, plan):
+        if found is not None and spec.counted and grouped.accepts(base, agents):
             groups.setdefault(found, []).append((index, base, agents, key))
     done: dict[str, tuple[Tensor, list[Tensor]]] = {}
     k = len(reader.agents)

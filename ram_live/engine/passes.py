@@ -18,6 +18,7 @@ from .checks import DeferredChecks
 from .counts import ADDED
 from .dispatch import StreamView, count_tensor, merge_kernel
 from .grouped import count_groups, merge_groups
+from .plan import PlanCache
 from .reader import Reader, check_equal
 from .stream import DeltaStream, digest_update
 from .threads import worker_count
@@ -40,6 +41,7 @@ class Job:
     compile: bool = False
     kernels: MethodKernels | None = None  # the method's fast paths for this config
     workspace: dict[Any, Tensor] = field(default_factory=dict)
+    plans: PlanCache | None = None  # shared by merges over these unchanged sources
 
 
 def statistics_pass(

@@ -4,7 +4,7 @@ anything is read), which agents take part (:func:`kept_agents`), and what merges
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError, InputMismatchError, NoAgentsError
 from ..io.sources import TensorSource
@@ -102,6 +102,7 @@ class PlanCache:
     def __init__(self) -> None:
         self._plans: dict[tuple[int, ...], tuple[tuple[Any, ...], Plan, dict[str, TensorSpec]]] = {}
         self._counted: list[RamStatistics] = []
+        self._kept: dict[Any, Any] = {}
 
     def plan(self, base: TensorSource, agents: Sequence[TensorSource]) -> tuple[Plan, dict[str, TensorSpec]]:
         """:func:`build_plan` of ``base`` and ``agents`` and the base's spec of every key, made at the first call
@@ -113,6 +114,13 @@ class PlanCache:
             plan = build_plan(base, agents)
             hit = self._plans[key] = (sources, plan, {k: base.spec(k) for k in plan.keys})
         return hit[1], hit[2]
+
+    def kept(self, plan: Plan, what: Any, make: Callable[[], Any]) -> Any:
+        """``make()`` of a plan this cache made, kept under ``what`` (e.g. the inputs a grouped launch takes)."""
+        key = (id(plan), what)
+        if key not in self._kept:
+            self._kept[key] = make()
+        return self._kept[key]
 
     def counted(self, statistics: RamStatistics) -> None:
         """``statistics`` were counted by a merge planned here."""

@@ -81,6 +81,7 @@ def run_merge(
     if reader.auxiliary:
         info.extra["auxiliary"] = reader.auxiliary.names
     job = Job(reader, method, config, sink, method.activity(config), info, chunk_numel, workers, compile, kernels)
+    job.plans = plans
     activity = job.activity or Activity()
 
     if (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from typing import Literal, Sequence
@@ -89,7 +90,8 @@ def dare_drop_(deltas: Tensor, density: float, generators: Sequence[torch.Genera
     return deltas
 
 
+@functools.lru_cache(maxsize=1 << 16, typed=True)  # a model's tensors x agents, asked again by every merge
 def stable_seed(*parts: object) -> int:
-    """A 63-bit seed from its parts, stable across processes and Python versions (unlike ``hash``)."""
+    """A 63-bit seed from its parts (hashable), stable across processes and Python versions (unlike ``hash``)."""
     digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)

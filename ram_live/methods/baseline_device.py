@@ -153,9 +153,14 @@ def ties_group(config: Any, weights: Tensor | None, activity: Any, agents: Seque
 
     def merge(items: list[GroupItem], invalid: Tensor) -> None:
         patterns: dict[tuple, list[tuple[GroupItem, list[int]]]] = {}
+        by_size: dict[int, tuple[tuple, list[int]]] = {}  # a model's tensors come in few sizes
         for item in items:
-            ranks = [selection_rank(d, item.base.numel()) for d in densities]
-            patterns.setdefault(tuple((r > 0, r == 0) for r in ranks), []).append((item, ranks))
+            numel = item.base.numel()
+            if numel not in by_size:
+                ranks = [selection_rank(d, numel) for d in densities]
+                by_size[numel] = (tuple((r > 0, r == 0) for r in ranks), ranks)
+            pattern, ranks = by_size[numel]
+            patterns.setdefault(pattern, []).append((item, ranks))
         on_device = weights.to(items[0].base.device)
         for group in patterns.values():
             outs, bases, tensors, slots = group_columns([item for item, _ in group])

@@ -12,7 +12,9 @@ through ``statistics=``.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import time
+from itertools import repeat
 from typing import Any, Mapping
 
 import torch
@@ -89,28 +91,32 @@ _HOOKS = (
 def _structure(module: nn.Module) -> tuple[Any, ...]:
     """What of one module must not change between merges: its submodules (the objects), how many parameters and
     buffers it holds, which buffers are non-persistent, and how many hooks of each kind it has."""
-    hooks = tuple(len(getattr(module, h, None) or ()) for h in _HOOKS)
+    own = module.__dict__
+    hooks = tuple(map(len, map(own.get, _HOOKS, repeat(()))))
     return (*module._modules.values(), len(module._parameters), len(module._buffers), hooks,
             len(module._non_persistent_buffers_set))  # fmt: skip
 
 
 class _Scratch:
     """A scratch module as a merge left it: each module's :func:`_structure`, and each parameter's and buffer's
-    object, address, dtype, shape and strides (``.data =``, ``.half()`` and ``.to()`` change one of them), taken
-    once, so that :meth:`intact` and :meth:`reset` walk flat lists rather than the module tree."""
+    object, address, dtype, device, shape and strides (``.data =``, ``.half()`` and ``.to()`` change one of them),
+    taken once, so that :meth:`intact` and :meth:`reset` walk flat lists rather than the module tree."""
 
     def __init__(self, module: nn.Module, base: nn.Module) -> None:
         pairs = list(zip(module.modules(), base.modules()))
         self.modules = [m for m, _ in pairs]
-        self.structures = [_structure(m) for m in self.modules]
+        self.structures = list(map(_structure, self.modules))
         self.training = [(m, b.training) for m, b in pairs]
-        self.tensors = [
-            (held, name, t, _layout(t))
+        held = [
+            (d, name)
             for m in self.modules
-            for held in (m._parameters, m._buffers)
-            for name, t in held.items()
+            for d in (m._parameters, m._buffers)
+            for name, t in d.items()
             if t is not None
         ]
+        self.holders, self.names = [d for d, _ in held], [name for _, name in held]
+        self.tensors = list(map(dict.get, self.holders, self.names))
+        self.layout = _layouts(self.tensors)
         self.parameters = list(module.parameters())
         base_buffers = dict(base.named_buffers())
         persistent = set(module.state_dict(keep_vars=True))
@@ -122,9 +128,11 @@ class _Scratch:
 
     def intact(self) -> bool:
         """Whether every module, parameter and buffer is as the merge left it."""
-        if any(_structure(m) != s for m, s in zip(self.modules, self.structures)):
-            return False
-        return all(held.get(name) is t and _layout(t) == layout for held, name, t, layout in self.tensors)
+        return (
+            list(map(_structure, self.modules)) == self.structures
+            and all(map(operator.is_, map(dict.get, self.holders, self.names), self.tensors))
+            and _layouts(self.tensors) == self.layout
+        )
 
     def reset(self) -> None:
         """Training flags as the base's, non-persistent buffers copied from the base, no gradients."""
@@ -139,8 +147,18 @@ class _Scratch:
                 p.grad = None
 
 
-def _layout(t: Tensor) -> tuple[Any, ...]:
-    return t.data_ptr(), t.dtype, t.device, t.shape, t.stride()
+def _layouts(tensors: list[Tensor]) -> list[list[Any]]:
+    """Each tensor's address, dtype, device, shape and strides (a property at a time over them all)."""
+    return [
+        list(map(Tensor.data_ptr, tensors)),
+        list(map(_DTYPE, tensors)),
+        list(map(_DEVICE, tensors)),
+        list(map(_SHAPE, tensors)),
+        list(map(Tensor.stride, tensors)),
+    ]
+
+
+_DTYPE, _DEVICE, _SHAPE = operator.attrgetter("dtype"), operator.attrgetter("device"), operator.attrgetter("shape")
 
 
 class DictTarget:

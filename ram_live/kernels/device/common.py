@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import operator
 import os
 import threading
 import warnings
@@ -115,6 +116,8 @@ def triton_takes(tensors: Sequence[Tensor], k: int) -> bool:
 
 #: The tensor types a grouped launch takes (not a subclass: DTensor, FakeTensor).
 PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
+_PLAIN_SET = frozenset(PLAIN_TENSORS)
+_DEVICE, _DTYPE = operator.attrgetter("device"), operator.attrgetter("dtype")
 
 
 def group_key(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> tuple | None:
@@ -139,6 +142,22 @@ def group_key(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> tup
     return device, None if out is None else out.dtype, base.dtype, dtype, k
 
 
+def output_key(out: Tensor, inputs: tuple) -> tuple | None:
+    """:func:`group_key` of ``out`` with inputs whose own key (``group_key(None, base, agents)``) is ``inputs``: the
+    output checked alone (the inputs of a search's merges are checked once, their tensors do not change).
+
+    Example:
+        >>> output_key(torch.empty(4), group_key(None, torch.zeros(4), [torch.ones(4)]))[1:]
+        (torch.float32, torch.float32, torch.float32, 1)
+    """
+    device = inputs[0]
+    if type(out) not in PLAIN_TENSORS or out.dtype not in OUT_DTYPES or out.device != device:
+        return None
+    if not out.is_contiguous() or out.data_ptr() % 16:
+        return None
+    return device, out.dtype, *inputs[2:]
+
+
 def per_tensor(flat: Sequence[Any], tensors: int) -> list[list[Any]]:
     """A grouped op's per-agent list (``K`` per tensor, tensor by tensor: agents, importances, seeds, ranks) as one
     list per tensor; empty where ``flat`` is.
@@ -158,20 +177,28 @@ def group_takes(
 ) -> bool:
     """Whether a grouped kernel takes these (``outs``: one per tensor, or none for counts; ``agents``: ``K`` per
     tensor, in order; ``importances``: none, or likewise): one :func:`group_key` for every tensor, on a device
-    Triton serves, and importances of one dtype, contiguous and aligned on that device."""
+    Triton serves, and importances of one dtype, contiguous and aligned on that device. Checked a property at a
+    time over all the tensors (a model's thousands of tensors cost no Python loop per tensor)."""
     k = len(agents) // max(1, len(bases))
     if not bases or len(agents) != k * len(bases) or not triton_serves(bases[0].device):
         return False
-    if outs and len(outs) != len(bases):
+    if (outs and len(outs) != len(bases)) or (importances and len(importances) != len(agents)):
         return False
     key = group_key(outs[0] if outs else None, bases[0], agents[:k])
-    if key is None or any(
-        group_key(outs[i] if outs else None, b, agents[i * k : (i + 1) * k]) != key for i, b in enumerate(bases)
-    ):
+    if key is None:
         return False
-    return all(
-        h.dtype == importances[0].dtype and h.device == key[0] and h.is_contiguous() and not h.data_ptr() % 16
-        for h in importances
+    device, out_dtype, base_dtype, agent_dtype, _ = key
+    every = [*outs, *bases, *agents, *importances]
+    return (
+        set(map(type, every)) <= _PLAIN_SET
+        and set(map(_DEVICE, every)) == {device}
+        and all(map(Tensor.is_contiguous, every))
+        and not functools.reduce(operator.or_, map(Tensor.data_ptr, every)) % 16
+        and max(map(Tensor.numel, bases)) < MAX_NUMEL
+        and set(map(_DTYPE, bases)) == {base_dtype}
+        and set(map(_DTYPE, agents)) == {agent_dtype}
+        and (not outs or set(map(_DTYPE, outs)) == {out_dtype})
+        and len(set(map(_DTYPE, importances))) <= 1
     )
 
 

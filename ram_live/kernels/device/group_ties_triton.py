@@ -16,7 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .common import block_size, register_cap
-from .group_triton import ROW, SPAN, address, agent_addresses, group_dtypes, group_table, tensor_of
+from .group_triton import ROW, SPAN, address, agent_addresses, group_dtypes, group_tables, tensor_of
 from .ram_triton import MERGE_WARPS
 from .select_triton import NBINS, _flush, _histogram_step, select_state, select_state_all, vector8
 from .ties_triton import _ties_block
@@ -163,21 +163,23 @@ def launch_ties_group(
     kp = max(2, 1 << (k - 1).bit_length())
     dtypes = group_dtypes(outs, bases, agents)
     thresholds = torch.empty(len(bases), k, dtype=torch.float32, device=device)
+    block = block_size([bases[0], *agents[0]], MERGE_WARPS)
+    hist_block = block_size([bases[0], *agents[0]], HIST_WARPS)
+    *counting, (programs, table) = group_tables(
+        outs, bases, agents, ranks, slots, ([hist_block * HIST_SPAN] if trim else []) + [block * SPAN]
+    )
     if trim:
         hist = torch.zeros(len(bases), 3, k, NBINS, dtype=torch.int32, device=device)
-        hist_block = block_size([bases[0], *agents[0]], HIST_WARPS)
-        programs, table = group_table(outs, bases, agents, ranks, slots, hist_block * HIST_SPAN)
+        hist_programs, hist_table = counting[0]
         for p, (shift, digit_mask, match_shift) in enumerate(PASSES):
-            radix_histogram_group_kernel[(programs.numel(),)](
-                table, programs, hist, K=k, KP=kp, ACTIVE=trim, PASS=p, SHIFT=shift, DIGIT_MASK=digit_mask,
+            radix_histogram_group_kernel[(hist_programs.numel(),)](
+                hist_table, hist_programs, hist, K=k, KP=kp, ACTIVE=trim, PASS=p, SHIFT=shift, DIGIT_MASK=digit_mask,
                 MATCH_SHIFT=match_shift, IN_T=dtypes["IN_T"], AGENT_T=dtypes["AGENT_T"], BLOCK=hist_block,
                 SPAN_=HIST_SPAN, ROW_=ROW, num_warps=HIST_WARPS, **register_cap(device),
             )  # fmt: skip
         select_thresholds_group_kernel[(len(bases),)](
-            table, hist, thresholds, K=k, KP=kp, TRIM=trim, ROW_=ROW, num_warps=THRESHOLD_WARPS
+            hist_table, hist, thresholds, K=k, KP=kp, TRIM=trim, ROW_=ROW, num_warps=THRESHOLD_WARPS
         )
-    block = block_size([bases[0], *agents[0]], MERGE_WARPS)
-    programs, table = group_table(outs, bases, agents, ranks, slots, block * SPAN)
     ties_group_kernel[(programs.numel(),)](
         table, programs, weights, thresholds, invalid, float(scale),
         K=k, TRIM=trim, NONE_KEPT=none_kept, SCALED=scale != 1.0, FREQUENCY=majority == 1, WEIGHTED=weighted,

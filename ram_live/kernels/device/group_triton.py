@@ -15,6 +15,7 @@ tensors (int32 ``[P]``) depend only on the tensors' sizes, so they are kept betw
 from __future__ import annotations
 
 import functools
+from itertools import chain
 from typing import Sequence
 
 import torch
@@ -38,6 +39,7 @@ __all__ = [
     "agent_addresses",
     "group_dtypes",
     "group_table",
+    "group_tables",
     "tensor_of",
     "program_tensors",
     "ram_merge_group_kernel",
@@ -183,18 +185,49 @@ def group_table(
         >>> group_table([t], [t], [[t]], [], [5], 1024)[1][0, -3:].tolist()
         [4, 0, 5]
     """
-    device = bases[0].device
-    programs, firsts = program_tensors([b.numel() for b in bases], per_program, device)
-    pad = [0] * (MAX_AGENTS - len(agents[0]))
-    rows: list[int] = []
-    for i, base in enumerate(bases):
-        extra = list(values[i]) if values else []
-        rows += [outs[i].data_ptr() if outs else 0, base.data_ptr(), *(a.data_ptr() for a in agents[i]), *pad]
-        rows += [*extra, *([0] * (MAX_AGENTS - len(extra))), base.numel(), firsts[i], slots[i]]
-    table = torch.tensor(rows, dtype=torch.int64).view(len(bases), ROW)
-    if device.type == "cuda":  # from pinned memory the copy is queued; from pageable memory it may wait for the GPU
-        table = table.pin_memory()
-    return programs, table.to(device, non_blocking=True)
+    return group_tables(outs, bases, agents, values, slots, [per_program])[0]
+
+
+def group_tables(
+    outs: Sequence[Tensor],
+    bases: Sequence[Tensor],
+    agents: Sequence[Sequence[Tensor]],
+    values: Sequence[Sequence[int]],
+    slots: Sequence[int],
+    per_programs: Sequence[int],
+) -> list[tuple[Tensor, Tensor]]:
+    """:func:`group_table` for launches over the same tensors with ``per_programs`` entries a program each (TIES'
+    digit passes and its merge): the rows are built once, each table gets its own first programs.
+
+    Example:
+        >>> t = torch.zeros(4096)
+        >>> [table[:, -2].tolist() for _, table in group_tables([t, t], [t, t], [[t], [t]], [], [0, 1], [1024, 4096])]
+        [[0, 4], [0, 1]]
+    """
+    device, t, k = bases[0].device, len(bases), len(agents[0])
+    numels = list(map(Tensor.numel, bases))
+    table = torch.zeros(t, ROW, dtype=torch.int64)  # filled a column at a time: a model's rows cost no Python loop
+    if outs:
+        table[:, 0] = torch.tensor(list(map(Tensor.data_ptr, outs)), dtype=torch.int64)
+    table[:, 1] = torch.tensor(list(map(Tensor.data_ptr, bases)), dtype=torch.int64)
+    table[:, 2 : 2 + k] = torch.tensor(list(map(Tensor.data_ptr, chain.from_iterable(agents))), dtype=torch.int64).view(
+        t, k
+    )
+    if values:
+        v = len(values[0])
+        flat = torch.tensor([x for row in values for x in row], dtype=torch.int64)
+        table[:, 2 + MAX_AGENTS : 2 + MAX_AGENTS + v] = flat.view(t, v)
+    table[:, ROW - 3] = torch.tensor(numels, dtype=torch.int64)
+    table[:, ROW - 1] = torch.tensor(slots, dtype=torch.int64)
+    out = []
+    for i, per_program in enumerate(per_programs):
+        programs, firsts = program_tensors(numels, per_program, device)
+        placed = table if i == len(per_programs) - 1 else table.clone()
+        placed[:, ROW - 2] = torch.tensor(firsts, dtype=torch.int64)
+        if device.type == "cuda":  # from pinned memory the copy is queued; from pageable memory it may wait for the GPU
+            placed = placed.pin_memory()
+        out.append((programs, placed.to(device, non_blocking=True)))
+    return out
 
 
 def group_dtypes(outs: Sequence[Tensor], bases: Sequence[Tensor], agents: Sequence[Sequence[Tensor]]) -> dict:

@@ -132,10 +132,16 @@ def ties_group_(
     which agents select and which keep nothing is the same for every tensor) into ``outs[i]``, adding its invalid
     entries to ``invalid[slots[i]]``: five launches for them all (three digit passes, the thresholds, the merge)."""
     per, per_ranks = per_tensor(agents, len(bases)), per_tensor(ranks, len(bases))
-    pattern = {tuple((r > 0, r == 0) for r in row) for row in per_ranks}
-    takes = group_takes(outs, bases, agents, []) and len(ranks) == len(agents) and len(pattern) == 1
+    takes = group_takes(outs, bases, agents, []) and len(ranks) == len(agents) and _one_pattern(ranks, len(per[0]))
     args = (outs, bases, per, weights, per_ranks, scale, majority, weighted_election, divide, invalid, slots)
     launch("ties_group_kernel", takes, _triton_ties_group, _torch_ties_group, *args)
+
+
+def _one_pattern(ranks: list[int], k: int) -> bool:
+    """Whether every tensor's ranks (``k`` each, in order) have one trim pattern: each agent selects (rank > 0),
+    keeps nothing (0) or keeps all (-1) in every tensor."""
+    columns = [ranks[t::k] for t in range(k)]
+    return all(min(c) > 0 or min(c) == max(c) for c in columns)
 
 
 @ties_group_.register_fake
