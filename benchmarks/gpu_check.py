@@ -4,22 +4,22 @@
     python benchmarks/gpu_check.py --device cpu --small    # the same checks on CPU at tiny sizes (the test's run)
     python benchmarks/gpu_check.py --json gpu.json --params 500000000
 
-What it runs, in order, each check caught on its own (a traceback in the JSON, the script goes on) and skipped
-once the time budget (``--budget``, 270 s) is spent: the device (name, memory, versions); the copy floor
-(``copy_`` of every input into an output-sized destination, ``bench_merge.copy_bandwidth``); RAM, RAM+,
-curvature-aware RAM, TA, TIES and DARE-TIES on a live bf16 Qwen2.5-1.5B-shaped model built on the device
-(``gpu_checks.inputs``: 338 tensors, 141 of them small): best time as x the floor, on CUDA the GPU's busy time
-beside it (a missed target names the kernels or the host: ``bound_by``), peak extra memory against the output,
-and the result against the CPU's on a subset of tensors and against a float64 reference
-(``gpu_checks.compare``); the probe (warmed up, then timed); each method on one 4096 x 4096 tensor (the kernels'
-own speed); the obvious torch code on the same model; the ``cuda``-marked tests a first run must see; a PEFT
-adapter merge; the distributed merge (NCCL, or gloo on CPU). On CUDA the device kernels merge whether
-``compile=True`` or not, so the ``compile=True`` rows run off CUDA only (the RAM tensor row checks that
-``compile=True`` takes the device kernels). Prints a table and one JSON line; the JSON report
-(``--json``, default benchmarks/results/gpu_check.json) is rewritten after every check, so that a stopped run
-still reports what it measured and the check it was in. Exits 1 if a check failed.
-Targets and tolerances: docs/performance.md, "GPU readiness". Nothing is downloaded: the script runs the
-working tree's ram_live, and a check whose optional library (PEFT, transformers) is missing is skipped.
+What it runs, in order, each check caught on its own (a traceback in the JSON, the script goes on) and skipped once
+the time budget (``--budget``, 270 s) is spent: the device (name, memory, versions); the copy floor (``copy_`` of
+every input into an output-sized destination, ``bench_merge.copy_bandwidth``); RAM, RAM+, curvature-aware RAM, TA,
+TIES and DARE-TIES on a live bf16 Qwen2.5-1.5B-shaped model built on the device (``gpu_checks.inputs``: 338 tensors,
+141 of them small): best time as x the floor, on CUDA the GPU's busy time beside it (a missed target names the
+kernels or the host: ``bound_by``), peak extra memory against the output, and the result against the CPU's on a
+subset of tensors and against a float64 reference (``gpu_checks.compare``); each as a search's candidate, merged
+into the search's reused output (``gpu_checks.candidates``: the time a search pays per candidate); the probe (warmed
+up, then timed); each method on one 4096 x 4096 tensor (the kernels' own speed); the obvious torch code on the same
+model; the ``cuda``-marked tests a first run must see; a PEFT adapter merge; the distributed merge (NCCL, or gloo on
+CPU). On CUDA the device kernels merge whether ``compile=True`` or not, so the ``compile=True`` rows run off CUDA
+only (the RAM tensor row checks that ``compile=True`` takes the device kernels). Prints a table and one JSON line;
+the JSON report (``--json``, default benchmarks/results/gpu_check.json) is rewritten after every check, so that a
+stopped run still reports what it measured and the check it was in. Exits 1 if a check failed. Targets and
+tolerances: docs/performance.md, "GPU readiness". Nothing is downloaded: the script runs the working tree's
+ram_live, and a check whose optional library (PEFT, transformers) is missing is skipped.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]  # the benchmarks' helpers, and the
 import bench_merge  # noqa: E402
 import torch  # noqa: E402
 from gpu_checks import baselines, extras, inputs, merges  # noqa: E402
+from gpu_checks.candidates import check_candidate  # noqa: E402
 from gpu_checks.runner import Outcome, Runner, Skip  # noqa: E402
 from gpu_checks.vllm import check_vllm  # noqa: E402
 
@@ -103,6 +104,8 @@ def run_all(args: argparse.Namespace, runner: Runner, device: torch.device, size
         runner.run("floor", lambda o: merges.check_floor(s, o))
         for label in merges.METHODS:
             runner.run(f"{label} model", lambda o, lb=label: merges.check_merge(s, lb, False, args.small, o), 5.0)
+        for label in merges.METHODS:  # a search's candidates: the merge into its reused output
+            runner.run(f"{label} candidate", lambda o, lb=label: check_candidate(s, lb, args.small, o), 5.0)
         runner.run("probe", lambda o: merges.check_probe(s, o), needs_s=5.0)
         for label in merges.METHODS:
             runner.run(f"{label} tensor", lambda o, lb=label: merges.check_tensor(s, lb, o), needs_s=5.0)

@@ -26,6 +26,7 @@ ORDER = (
     "inputs",
     "floor",
     *(f"{m} model" for m in MERGES),
+    *(f"{m} candidate" for m in MERGES),
     "probe",
     *(f"{m} tensor" for m in MERGES),
     "plain RAM",
@@ -109,6 +110,9 @@ def test_ratios_finite_and_cpu_results_identical(cpu_run):
     assert probe["active"] == ram_plus["active"] and sum(probe["histogram"]) == cpu_run[0]["meta"]["params"]
     assert len(probe["times"]) >= 1  # timed after its warm-up
     assert checks["RAM tensor"]["result"]["kernels"] == {"native": 1}
+    for m in MERGES:  # a search's candidate: the one-shot merge's bits (else the check fails), its own time
+        r = checks[f"{m} candidate"]["result"]
+        assert math.isfinite(r["x_floor"]) and r["x_floor"] > 0 and "kernel_s" not in r, m
     assert checks["distributed"]["result"]["backend"] == "gloo"
 
 
@@ -222,7 +226,7 @@ def test_the_report_is_written_as_it_goes_and_a_stopped_run_still_reports(tmp_pa
 
 def test_on_cuda_the_targets_merges_run_first_and_no_compile_rows(monkeypatch):
     """The order a CUDA run takes (its checks stubbed: no GPU here): the whole-model merges, TIES and DARE-TIES
-    among them, before the probe, the single tensors and the slower extras; no compile=True rows (the device
+    among them, and the same as a search's candidates, before the probe, the single tensors and the slower extras; no compile=True rows (the device
     kernels merge either way)."""
     import gpu_check
     from gpu_checks import baselines, extras, merges
@@ -244,6 +248,7 @@ def test_on_cuda_the_targets_merges_run_first_and_no_compile_rows(monkeypatch):
     assert not [n for n in names if "compile" in n]
     assert names[:9] == ["device", "inputs", "floor", *(f"{m} model" for m in MERGES)]
     assert names[9:] == [
+        *(f"{m} candidate" for m in MERGES),
         "probe",
         *(f"{m} tensor" for m in MERGES),
         "plain RAM",
