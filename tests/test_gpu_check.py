@@ -226,8 +226,8 @@ def test_the_report_is_written_as_it_goes_and_a_stopped_run_still_reports(tmp_pa
 
 def test_on_cuda_the_targets_merges_run_first_and_no_compile_rows(monkeypatch):
     """The order a CUDA run takes (its checks stubbed: no GPU here): the whole-model merges, TIES and DARE-TIES
-    among them, and the same as a search's candidates, before the probe, the single tensors and the slower extras; no compile=True rows (the device
-    kernels merge either way)."""
+    among them, and the same as a search's candidates, before the probe, the single tensors and the slower extras;
+    no compile=True rows (the device kernels merge either way)."""
     import gpu_check
     from gpu_checks import baselines, extras, merges
 
