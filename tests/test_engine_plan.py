@@ -43,7 +43,8 @@ def test_counts_a_cache_took_skip_the_digest_check_and_counts_from_elsewhere_do_
     agents, base = input_sources(dict(zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6]))), base_sd)
     cache = PlanCache()
     _, info = _merge(base, agents, "ram_plus", plans=cache)
-    assert cache.trusts(info.statistics)
+    assert cache.trusts(info.statistics, base, agents)
+    assert not cache.trusts(info.statistics, base, agents[:2])  # counted over other sources
     digests = []
     real = run_mod.inputs_digest
     monkeypatch.setattr(run_mod, "inputs_digest", lambda: digests.append(1) or real())
@@ -52,7 +53,7 @@ def test_counts_a_cache_took_skip_the_digest_check_and_counts_from_elsewhere_do_
     fresh, _ = _merge(base, agents, "ram_plus", r=0.3)
     assert all(torch.equal(again[k], fresh[k]) for k in fresh)
     copy = dataclasses.replace(info.statistics)  # equal counts, not the object the cache took
-    assert not cache.trusts(copy)
+    assert not cache.trusts(copy, base, agents)
     digests.clear()
     _merge(base, agents, "ram_plus", plans=cache, statistics=copy, r=0.3)
     assert len(digests) == 1
@@ -61,3 +62,15 @@ def test_counts_a_cache_took_skip_the_digest_check_and_counts_from_elsewhere_do_
     agents2, base2 = input_sources(dict(zip("abc", make_agents(other, [0.2, 0.4, 0.6]))), other)
     with pytest.raises(ConfigError, match="other weights"):
         _merge(base2, agents2, "ram_plus", plans=PlanCache(), statistics=info.statistics, r=0.3)
+
+
+def test_a_cache_keeps_what_it_is_given_only_for_plans_it_made(base_sd):
+    agents, base = input_sources(dict(zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6]))), base_sd)
+    cache = PlanCache()
+    plan, _ = cache.plan(base, agents)
+    made = []
+    assert cache.kept(plan, "x", lambda: made.append(1) or "kept") == "kept"
+    assert cache.kept(plan, "x", lambda: made.append(1) or "again") == "kept" and made == [1]
+    other = plan_mod.build_plan(base, agents)  # equal, but not the cache's (a rank's share is a new plan each time)
+    assert cache.kept(other, "x", lambda: "fresh") == "fresh"
+    assert cache.kept(other, "x", lambda: "fresh again") == "fresh again"

@@ -40,6 +40,11 @@ def _clear(sd):
     sd.clear()
 
 
+def _free_storage(sd):
+    for v in sd.values():
+        v.untyped_storage().resize_(0)  # as an evaluation that offloads what it was handed might
+
+
 def _set_data_other_shape(sd):
     for k in list(sd):
         sd[k].data = torch.zeros(1)
@@ -55,7 +60,16 @@ def _requires_grad(sd):
         v.requires_grad_(True)
 
 
-DICT_EDITS = [_rebind_float64, _rebind_clone, _delete_keys, _clear, _set_data_other_shape, _in_place, _requires_grad]
+DICT_EDITS = [
+    _rebind_float64,
+    _rebind_clone,
+    _delete_keys,
+    _clear,
+    _free_storage,
+    _set_data_other_shape,
+    _in_place,
+    _requires_grad,
+]
 
 
 @pytest.mark.parametrize("edit", DICT_EDITS, ids=[f.__name__.strip("_") for f in DICT_EDITS])
@@ -122,6 +136,24 @@ def _register_parameter(m):
     m.head.register_parameter("scale", torch.nn.Parameter(torch.ones(())))
 
 
+def _replace_parameters_dict(m):
+    m.embed._parameters = {k: torch.nn.Parameter(torch.zeros_like(v)) for k, v in m.embed._parameters.items()}
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, x):
+        return 2 * x
+
+
+def _swap_class(m):
+    m.head.__class__ = _Doubled
+
+
+def _free_module_storage(m):
+    for p in m.parameters():
+        p.untyped_storage().resize_(0)
+
+
 MODULE_EDITS = [
     _replace_parameter,
     _convert_dtype,
@@ -133,6 +165,9 @@ MODULE_EDITS = [
     _set_data_transposed,
     _add_submodule,
     _register_parameter,
+    _replace_parameters_dict,
+    _swap_class,
+    _free_module_storage,
 ]
 
 
@@ -144,7 +179,7 @@ def test_an_evaluation_that_edits_the_module_it_is_handed_never_scores_a_stale_m
 
     def evaluate(module):
         seen.append(snapshot(module))
-        flags.append([m.training for m in module.modules()])
+        flags.append([type(m) for m in module.modules()] + [m.training for m in module.modules()])
         score = float(sum(p.detach().double().sum() for p in module.parameters()))
         edit(module)
         return score
@@ -154,7 +189,7 @@ def test_an_evaluation_that_edits_the_module_it_is_handed_never_scores_a_stale_m
         again = merge(agents, base=base, **trial.candidate).state_dict()
         assert sorted(state) == sorted(again)
         assert all(torch.equal(state[k], again[k]) and state[k].dtype == again[k].dtype for k in again), trial.label()
-    assert all(f == [m.training for m in base.modules()] for f in flags)
+    assert all(f == [type(m) for m in base.modules()] + [m.training for m in base.modules()] for f in flags)
     assert all(torch.equal(v, base_sd[k]) for k, v in base.state_dict().items())  # the base is untouched
 
 
@@ -261,3 +296,20 @@ def test_a_weight_tied_by_storage_is_written_in_the_scratch_module(base_sd):
     for trial, state in zip(result.history, seen):
         assert torch.equal(state["out"], state["inner.embed.weight"]), trial.label()
         assert torch.equal(state["out"], merge(agents, base=base, **trial.candidate).out), trial.label()
+
+
+def test_training_flags_and_buffers_follow_the_base_as_it_is_at_each_candidate(base_sd):
+    base = _Buffered(base_sd)
+    agents = {n: _Buffered(a) for n, a in zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6], scale=0.05))}
+    seen = []
+
+    def evaluate(module):
+        seen.append(([m.training for m in module.modules()], float(module.scale)))
+        base.train(len(seen) % 2 == 0)  # the next candidate: the base's flags as they are then
+        base.scale.fill_(float(len(seen) + 1))
+        return 0.0
+
+    search(agents, base=base, evaluate=evaluate, budget=len(SPACE), space=SPACE)
+    for i, (flags, scale) in enumerate(seen):
+        training = i == 0 or i % 2 == 0
+        assert flags == [training] * len(flags) and scale == (1.0 if i == 0 else float(i + 1)), i

@@ -43,6 +43,8 @@ def _members(reader: Any, plan: Plan) -> list[tuple[int, str, Any, Tensor, list[
         base, agents, _ = reader.read(key)
         if type(base) not in PLAIN_TENSORS:  # a subclass (DTensor, FakeTensor): the pass's tensors all are
             return []
+        if base.device != spec.device:  # copied to the merge's device: not held (the merge pass reads it)
+            continue
         members.append((index, key, spec, base, agents, group_key(None, base, agents)))
     return members
 

@@ -101,7 +101,8 @@ class PlanCache:
 
     def __init__(self) -> None:
         self._plans: dict[tuple[int, ...], tuple[tuple[Any, ...], Plan, dict[str, TensorSpec]]] = {}
-        self._counted: list[RamStatistics] = []
+        self._made: dict[int, Plan] = {}
+        self._counted: list[tuple[RamStatistics, tuple[int, ...]]] = []
         self._kept: dict[Any, Any] = {}
 
     def plan(self, base: TensorSource, agents: Sequence[TensorSource]) -> tuple[Plan, dict[str, TensorSpec]]:
@@ -113,19 +114,24 @@ class PlanCache:
         if hit is None:
             plan = build_plan(base, agents)
             hit = self._plans[key] = (sources, plan, {k: base.spec(k) for k in plan.keys})
+            self._made[id(plan)] = plan
         return hit[1], hit[2]
 
     def kept(self, plan: Plan, what: Any, make: Callable[[], Any]) -> Any:
-        """``make()`` of a plan this cache made, kept under ``what`` (e.g. the inputs a grouped launch takes)."""
+        """``make()`` kept under ``what`` for a plan this cache made (e.g. the inputs a grouped launch takes); made
+        anew for any other plan (a rank's share of a distributed plan is a new plan every merge)."""
+        if self._made.get(id(plan)) is not plan:
+            return make()
         key = (id(plan), what)
         if key not in self._kept:
             self._kept[key] = make()
         return self._kept[key]
 
-    def counted(self, statistics: RamStatistics) -> None:
-        """``statistics`` were counted by a merge planned here."""
-        self._counted.append(statistics)
+    def counted(self, statistics: RamStatistics, base: TensorSource, agents: Sequence[TensorSource]) -> None:
+        """``statistics`` were counted over ``base`` and ``agents`` by a merge planned here."""
+        self._counted.append((statistics, tuple(map(id, (base, *agents)))))
 
-    def trusts(self, statistics: RamStatistics) -> bool:
-        """Whether ``statistics`` are counts :meth:`counted` took (the object itself)."""
-        return any(s is statistics for s in self._counted)
+    def trusts(self, statistics: RamStatistics, base: TensorSource, agents: Sequence[TensorSource]) -> bool:
+        """Whether ``statistics`` are counts :meth:`counted` took (the object itself) over these sources."""
+        key = tuple(map(id, (base, *agents)))
+        return any(s is statistics and k == key for s, k in self._counted)

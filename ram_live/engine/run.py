@@ -101,7 +101,7 @@ def run_merge(
         counts, run_state = kernels.single_read(job, plan, specs, progress, run_device, digest)
         info.statistics = stamped(counts, names, activity, counted, digest)
         if plans is not None:
-            plans.counted(info.statistics)
+            plans.counted(info.statistics, base, agents)
         if method.record is not None:
             method.record(config, info, run_state)
         report_unchanged(info, reader, plan.merge, f"{method.name}: ")
@@ -117,7 +117,7 @@ def run_merge(
         )
         info.passes = 2
         if plans is not None:
-            plans.counted(info.statistics)
+            plans.counted(info.statistics, base, agents)
     run_state = method.setup(config, RunContext(names, info.statistics, run_device)) if method.setup else None
     if method.record is not None:
         method.record(config, info, run_state)
@@ -127,7 +127,7 @@ def run_merge(
         _validate(job, plan, specs, run_state, amax, dist)
         info.passes += 1 if info.extra["dry_run"] else 0
     reused = reuse is not None and info.statistics is reuse and bool(reuse.fingerprint)
-    reused = reused and not (plans is not None and plans.trusts(reuse))  # counted over these very sources
+    reused = reused and not (plans is not None and plans.trusts(reuse, base, agents))  # counted over these sources
     _write(job, plan, specs, run_state, progress, validate_first, reuse.fingerprint if reused else None, dist)
     info.seconds = time.perf_counter() - t0
     return info

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import time
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any, Mapping
 
 import torch
@@ -89,24 +89,29 @@ _HOOKS = (
 
 
 def _structure(module: nn.Module) -> tuple[Any, ...]:
-    """What of one module must not change between merges: its submodules (the objects), how many parameters and
-    buffers it holds, which buffers are non-persistent, and how many hooks of each kind it has."""
+    """What of one module must not change between merges: its class, its submodules (the objects), how many
+    parameters and buffers it holds, which buffers are non-persistent, and how many hooks of each kind it has."""
     own = module.__dict__
     hooks = tuple(map(len, map(own.get, _HOOKS, repeat(()))))
-    return (*module._modules.values(), len(module._parameters), len(module._buffers), hooks,
+    return (type(module), *module._modules.values(), len(module._parameters), len(module._buffers), hooks,
             len(module._non_persistent_buffers_set))  # fmt: skip
 
 
+_HELD = operator.attrgetter("_parameters", "_buffers", "_modules")
+
+
 class _Scratch:
-    """A scratch module as a merge left it: each module's :func:`_structure`, and each parameter's and buffer's
-    object, address, dtype, device, shape and strides (``.data =``, ``.half()`` and ``.to()`` change one of them),
-    taken once, so that :meth:`intact` and :meth:`reset` walk flat lists rather than the module tree."""
+    """A scratch module as a merge left it: each module's :func:`_structure` and the dicts that hold its
+    parameters, buffers and submodules (the objects), and each parameter's and buffer's object, address, storage
+    size, dtype, device, shape and strides (``.data =``, ``.half()``, ``.to()`` and a freed storage change one of
+    them), taken once, so that :meth:`intact` and :meth:`reset` walk flat lists rather than the module tree."""
 
     def __init__(self, module: nn.Module, base: nn.Module) -> None:
-        pairs = list(zip(module.modules(), base.modules()))
-        self.modules = [m for m, _ in pairs]
+        self.base = base
+        self.pairs = list(zip(module.modules(), base.modules()))
+        self.modules = [m for m, _ in self.pairs]
         self.structures = list(map(_structure, self.modules))
-        self.training = [(m, b.training) for m, b in pairs]
+        self.dicts = list(chain.from_iterable(map(_HELD, self.modules)))
         held = [
             (d, name)
             for m in self.modules
@@ -120,42 +125,50 @@ class _Scratch:
         self.parameters = list(module.parameters())
         base_buffers = dict(base.named_buffers())
         persistent = set(module.state_dict(keep_vars=True))
-        self.buffers = [
-            (buf, base_buffers[name])
-            for name, buf in module.named_buffers()
-            if name in base_buffers and name not in persistent  # the persistent ones are copied by the merge
+        self.buffers = [  # the persistent ones are copied by the merge
+            (buf, name) for name, buf in module.named_buffers() if name in base_buffers and name not in persistent
         ]
 
     def intact(self) -> bool:
         """Whether every module, parameter and buffer is as the merge left it."""
         return (
             list(map(_structure, self.modules)) == self.structures
+            and all(map(operator.is_, chain.from_iterable(map(_HELD, self.modules)), self.dicts))
             and all(map(operator.is_, map(dict.get, self.holders, self.names), self.tensors))
             and _layouts(self.tensors) == self.layout
         )
 
     def reset(self) -> None:
-        """Training flags as the base's, non-persistent buffers copied from the base, no gradients."""
-        for m, training in self.training:
-            if m.training != training:
-                m.training = training
+        """Training flags as the base's now, non-persistent buffers copied from the base's now, no gradients."""
+        for m, b in self.pairs:
+            if m.training != b.training:
+                m.training = b.training
         with torch.no_grad():
-            for buf, base_buf in self.buffers:
-                buf.copy_(base_buf)
+            for buf, name in self.buffers:
+                try:
+                    source = self.base.get_buffer(name)
+                except AttributeError:  # the base dropped it since: the scratch keeps what it has
+                    continue
+                buf.copy_(source)
         for p in self.parameters:
             if p.grad is not None:
                 p.grad = None
 
 
 def _layouts(tensors: list[Tensor]) -> list[list[Any]]:
-    """Each tensor's address, dtype, device, shape and strides (a property at a time over them all)."""
+    """Each tensor's address, storage size, dtype, device, shape and strides (a property at a time over them all)."""
     return [
         list(map(Tensor.data_ptr, tensors)),
+        list(map(_storage_bytes, tensors)),
         list(map(_DTYPE, tensors)),
         list(map(_DEVICE, tensors)),
         list(map(_SHAPE, tensors)),
         list(map(Tensor.stride, tensors)),
     ]
+
+
+def _storage_bytes(t: Tensor) -> int:
+    return t.untyped_storage().nbytes()
 
 
 _DTYPE, _DEVICE, _SHAPE = operator.attrgetter("dtype"), operator.attrgetter("device"), operator.attrgetter("shape")
@@ -206,6 +219,8 @@ class DictTarget:
 def _fits(t: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
     """``t`` can be written as the output of this shape, dtype and device (an evaluation may have set ``.data``)."""
     if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dtype or not t.is_contiguous() or t.requires_grad:
+        return False
+    if _storage_bytes(t) < (t.storage_offset() + t.numel()) * t.element_size():  # an evaluation freed or shrank it
         return False
     want = torch.device(device)
     return t.device.type == want.type and (want.index is None or t.device.index == want.index)
