@@ -275,6 +275,9 @@ def test_sampler_storage_and_study_are_checked_like_the_other_options(tmp_path):
         ({"study": "s"}, "needs storage="),
         ({"storage": 3}, "storage must be"),
         ({"storage": "sqlite:///s.db", "study": ""}, "study must be"),
+        ({"storage": "sqlite://"}, "in this process's memory"),  # a resumed job could not read it
+        ({"storage": "sqlite:///:memory:"}, "in this process's memory"),
+        ({"storage": "sqlite+pysqlite:///file:s?mode=memory&uri=true"}, "in this process's memory"),
     ):
         with pytest.raises(ConfigError, match=match):
             SearchSetting(**bad)
@@ -286,6 +289,8 @@ def test_sampler_storage_and_study_are_checked_like_the_other_options(tmp_path):
     options = s.search_options("coder", 200, "run1")
     assert options["sampler"] == "optuna-tpe" and options["storage"] == url
     assert options["study"] == "grpo:coder:run1:step_200" and options["budget"] == 4
+    with pytest.raises(ConfigError, match="in this process's memory"):
+        SearchSetting(storage=pytest.importorskip("optuna").storages.InMemoryStorage())
     described = SearchSetting(sampler=optuna_sampler()).describe()
     assert described["sampler"] == "optuna:TPESampler" and described["storage"] is None
     json.dumps(s.describe())

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import time
 import uuid
 from typing import Any, Callable, Sequence
@@ -72,6 +73,25 @@ def check_storage(storage: Any, study: Any) -> None:
         raise ConfigError(f"storage must be an RDB URL such as 'sqlite:///search.db', got {storage!r:.80}")
     if study is not None and (not isinstance(study, str) or not study):
         raise ConfigError(f"study must be a non-empty name, got {study!r:.80}")
+
+
+def in_memory(storage: Any) -> bool:
+    """Whether ``storage`` keeps its studies in this process's memory (an in-memory SQLite URL such as
+    ``"sqlite://"`` or ``"sqlite:///:memory:"``, or Optuna's ``InMemoryStorage``): nothing a resumed job or another
+    process can read.
+
+    Example:
+        >>> in_memory("sqlite://"), in_memory("sqlite:///:memory:"), in_memory("sqlite:///search.db")
+        (True, True, False)
+    """
+    if isinstance(storage, str):
+        scheme, sep, rest = storage.strip().partition("://")
+        if not sep or not scheme.lower().startswith("sqlite"):
+            return False
+        path, _, query = rest.partition("?")
+        return path in ("", "/") or ":memory:" in path or "mode=memory" in query
+    optuna = sys.modules.get("optuna")
+    return optuna is not None and isinstance(storage, optuna.storages.InMemoryStorage)
 
 
 def probe_storage(storage: Any) -> None:

@@ -93,7 +93,7 @@ class SearchSetting:
 
     def __post_init__(self) -> None:
         from ..selection.fidelity import parse_budget, parse_fidelity
-        from ..selection.optuna_storage import check_storage
+        from ..selection.optuna_storage import check_storage, in_memory
         from ..selection.sampler import parse_sampler
 
         try:
@@ -104,6 +104,11 @@ class SearchSetting:
             check_storage(self.storage, self.study)
         except ConfigError as exc:
             raise ConfigError(f"search {exc}") from None
+        if in_memory(self.storage):
+            raise ConfigError(
+                f"search storage={self.storage!r:.80} keeps the study in this process's memory: a resumed job "
+                "cannot read it; give a file (storage='sqlite:///search.db') or a database server's URL"
+            )
         if isinstance(self.confirm_top, bool) or not isinstance(self.confirm_top, int) or self.confirm_top < 1:
             raise ConfigError(f"search confirm_top must be an int >= 1, got {self.confirm_top!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
