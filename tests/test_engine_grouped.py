@@ -247,3 +247,20 @@ def test_a_search_merges_its_candidates_in_grouped_launches(as_module, launches,
         for key, value in expected.items():
             assert torch.equal(bits(merged[key]), bits(value)), (candidate, key)
     assert merger.statistics_passes == 1
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "one by one"])
+def test_a_merged_value_past_float16_names_float16(grouped, on_device, launches, tmp_path):
+    """Every input finite, the merged value past 65504: the recheck names the dtype the merge wrote, not the
+    float32 it computed in (a grouped launch, and a launch per tensor where the sink writes as it goes)."""
+    from ram_live.errors import NonFiniteError
+
+    base = {"w": torch.zeros(64, 16, dtype=torch.float16), "b": torch.zeros(16, dtype=torch.float16)}
+    agents = [{k: v.clone() for k, v in base.items()} for _ in range(2)]
+    for a in agents:
+        a["w"][3, 5] = 6e4
+    out = None if grouped else tmp_path / "m.safetensors"
+    with pytest.raises(NonFiniteError, match=r"tensor 'w': the merged value overflows torch\.float16") as err:
+        ram_live.merge(agents, base=base, method="task_arithmetic", scale=2.0, out=out)
+    assert err.value.key == "w"
+    assert bool(launches) is grouped

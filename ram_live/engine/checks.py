@@ -30,6 +30,8 @@ class DeferredChecks:
 
     def __init__(self, keys: Sequence[str]) -> None:
         self.keys = list(keys)
+        #: The dtype each tensor was written in (a merged value that overflows is named in it).
+        self.written: dict[str, torch.dtype] = {}
         self._buffers: dict[torch.device, Tensor] = {}
         self._slots: dict[torch.device, tuple[Tensor, ...]] = {}
 

@@ -103,6 +103,7 @@ def merge_groups(
         groups.setdefault(found, []).append(GroupItem(index, key, dest, base, agents))
     merged: set[str] = set()
     for found, items in groups.items():
+        checks.written.update((item.key, found[1]) for item in items)
         grouped.merge(items, checks.buffer(found[0]))
         for item in items:
             sink.commit(item.key)

@@ -109,12 +109,20 @@ def statistics_pass(
     return RamStatistics(*host)
 
 
-def recheck(reader: Reader, key: str, activity: Activity | None, chunk_numel: int, out: Tensor | None = None) -> None:
-    """Read ``key`` again and raise naming the input at fault (a device kernel counted invalid entries in it)."""
+def recheck(
+    reader: Reader,
+    key: str,
+    activity: Activity | None,
+    chunk_numel: int,
+    out: Tensor | None = None,
+    written: torch.dtype | None = None,
+) -> None:
+    """Read ``key`` again and raise naming the input at fault (a device kernel counted invalid entries in it);
+    ``written``: the dtype the merge wrote (where no input is at fault, the merged value overflowed it)."""
     base, agents, device = reader.read(key)
     stream = reader.stream(DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, {}))
     stream.validate_auxiliary()
-    stream.raise_nonfinite(0, stream.numel, out)
+    stream.raise_nonfinite(0, stream.numel, out, written)
 
 
 class _ScratchSink:
@@ -158,7 +166,9 @@ def dry_run(
         spec = specs[key]
         buffer = scratch[spec.device][: spec.numel * spec.dtype.itemsize]
         merge_tensor(dry, key, run_state, dest=buffer.view(spec.dtype).view(spec.shape), checks=(checks, index))
-    checks.raise_first(lambda key: recheck(job.reader, key, job.activity, job.chunk_numel))
+    checks.raise_first(
+        lambda key: recheck(job.reader, key, job.activity, job.chunk_numel, None, checks.written.get(key))
+    )
 
 
 def merge_pass(
@@ -187,7 +197,7 @@ def merge_pass(
         merge_tensor(job, key, run_state, digest, dest=taken.get(key), checks=(checks, index))
         if progress:
             progress.update(key, reader.nbytes(key))
-    checks.raise_first(lambda key: recheck(reader, key, job.activity, job.chunk_numel))
+    checks.raise_first(lambda key: recheck(reader, key, job.activity, job.chunk_numel, None, checks.written.get(key)))
     if progress:
         progress.close()
     finish_pass(reader, plan, sink)
@@ -218,6 +228,8 @@ def merge_tensor(
     state = method.prepare(config, StreamView(stream, job.kernels), run_state) if method.prepare else None
     if dest is None:
         dest = sink.destination(key, reader.base.spec(key))
+    if checks is not None:
+        checks[0].written[key] = dest.dtype
     flat = dest.view(-1) if dest.is_contiguous() else torch.empty(dest.numel(), dtype=dest.dtype, device=dest.device)
     kind, kernel = merge_kernel(
         method, config, state, run_state, stream, flat, worker_count(job.workers, dev), job.kernels

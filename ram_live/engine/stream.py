@@ -188,10 +188,13 @@ class DeltaStream:
                 same = agent.to(device=row.device, dtype=narrow) == base_chunk.to(device=row.device, dtype=narrow)
                 row.masked_fill_(same, 0.0)
 
-    def raise_nonfinite(self, start: int, end: int, out: Tensor | None = None) -> None:
+    def raise_nonfinite(
+        self, start: int, end: int, out: Tensor | None = None, written: torch.dtype | None = None
+    ) -> None:
         """Raise :class:`NonFiniteError` naming the first input of ``[start, end)`` that holds NaN/Inf, else the
         first task vector that overflows the compute dtype, else the first merged value in ``out`` (flat) that
-        does not fit its dtype."""
+        does not fit its dtype (without ``out``: a merged value overflows ``written``, the dtype it was written in,
+        or the compute dtype)."""
         candidates = [("base", "the base", self.base)]
         candidates += [(n, f"agent {n!r}", a) for n, a in zip(self.agents, self.tensors)]
         for name, who, tensor in candidates:
@@ -215,7 +218,8 @@ class DeltaStream:
         index = None if out is None else first_nonfinite(out[start:end])
         where = "" if index is None else f" at flat index {start + index}"
         raise NonFiniteError(
-            f"tensor {self.key!r}: the merged value{where} overflows {out.dtype if out is not None else self.dtype} "
+            f"tensor {self.key!r}: the merged value{where} overflows "
+            f"{out.dtype if out is not None else written or self.dtype} "
             "(every input and task vector is finite: the method's scaling or sum leaves the dtype's range)",
             key=self.key,
         )
