@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ram_live import merge
@@ -33,3 +34,15 @@ def test_a_mapping_names_sources_by_its_keys_even_two_snapshots_of_one_agent(tmp
     assert isinstance(wrapped, RenamedSource) and wrapped.name == "x"
     assert wrapped.keys() == snaps["coder_late"].keys()
     assert as_source(snaps["coder_late"], snaps["coder_late"].name) is snaps["coder_late"]
+
+
+@pytest.mark.parametrize(
+    "dtype, says", [(torch.float8_e4m3fn, "dequantise the checkpoints"), (torch.complex32, "does not merge or copy")]
+)
+def test_a_dtype_neither_merged_nor_copied_is_refused_naming_the_tensor(dtype, says):
+    from ram_live.errors import UnsupportedInputError
+    from ram_live.io.sources import StateDictSource
+
+    sd = {"a": torch.zeros(4), "b": torch.zeros(4, dtype=torch.float16), "c": torch.zeros(4).to(dtype)}
+    with pytest.raises(UnsupportedInputError, match=rf"coder: tensor 'c' is {dtype}.*{says}"):
+        StateDictSource(sd, "coder")

@@ -9,6 +9,7 @@ Module and state-dict sources hand out views of the live tensors (no copy); file
 
 from __future__ import annotations
 
+import operator
 import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol, runtime_checkable
@@ -55,6 +56,7 @@ COPIED_DTYPES = frozenset(
     }
 )
 _MAX_INDEX = 100_000_000
+_DEVICE, _DTYPE, _SHAPE = operator.attrgetter("device"), operator.attrgetter("dtype"), operator.attrgetter("shape")
 
 
 def check_dtype(source: str, key: str, dtype: torch.dtype) -> None:
@@ -120,17 +122,22 @@ class _InMemorySource:
 
     def __init__(self, name: str, tensors: Mapping[str, Tensor], buffers: frozenset[str] = frozenset()) -> None:
         self.name = name
-        for key, t in tensors.items():
-            if t.device.type == "meta":
-                raise UnsupportedInputError(
-                    f"{name}: tensor {key!r} is on the meta device (it holds no values): "
-                    "load or materialise the weights before merging"
-                )
-            check_dtype(name, key, t.dtype)
+        values = list(tensors.values())  # checked a property at a time: a model's hundreds of tensors, no loop each
+        if any(device.type == "meta" for device in set(map(_DEVICE, values))):
+            key = next(k for k, t in tensors.items() if t.device.type == "meta")
+            raise UnsupportedInputError(
+                f"{name}: tensor {key!r} is on the meta device (it holds no values): "
+                "load or materialise the weights before merging"
+            )
+        for dtype in set(map(_DTYPE, values)) - MERGED_DTYPES - COPIED_DTYPES:
+            check_dtype(name, next(k for k, t in tensors.items() if t.dtype == dtype), dtype)
         # DTensor (e.g. FSDP2) parameters: the engine works on this rank's local shard
-        self._uncounted = frozenset(k for k, t in tensors.items() if not counts_here(t))
-        self.sharded = any(is_dtensor(t) for t in tensors.values())
-        self._tensors = {k: local_tensor(t) for k, t in tensors.items()}
+        self.sharded = any(map(is_dtensor, values))
+        if self.sharded:
+            self._uncounted = frozenset(k for k, t in tensors.items() if not counts_here(t))
+            self._tensors = {k: local_tensor(t) for k, t in tensors.items()}
+        else:
+            self._uncounted, self._tensors = frozenset(), dict(tensors)
         self._buffers = buffers
         self._aliases = _find_aliases(self._tensors)
 
@@ -152,10 +159,12 @@ def _find_aliases(tensors: Mapping[str, Tensor]) -> dict[str, str]:
     """Names that are the same tensor as an earlier name (tied weights)."""
     seen: dict[tuple[Any, ...], str] = {}
     aliases: dict[str, str] = {}
-    for key, t in tensors.items():
-        if t.numel() == 0:  # (meta tensors were refused before)
+    values = list(tensors.values())
+    # one address, shape, strides and dtype: one tensor (empty ones have no address; meta ones were refused before)
+    idents = zip(map(Tensor.data_ptr, values), map(_SHAPE, values), map(Tensor.stride, values), map(_DTYPE, values))
+    for key, numel, ident in zip(tensors, map(Tensor.numel, values), idents):
+        if not numel:
             continue
-        ident = (t.data_ptr(), t.shape, t.stride(), t.dtype)  # one address: one storage, at one offset
         if ident in seen:
             aliases[key] = seen[ident]
         else:
