@@ -22,7 +22,8 @@ from .api import Model, Models, check_run_options, input_sources
 from .engine.passes import recheck
 from .engine.plan import build_plan
 from .engine.reader import Reader
-from .engine.stream import DEFAULT_CHUNK_NUMEL, DeltaStream, digest_update, inputs_digest
+from .engine.digest import digest_update, inputs_digest
+from .engine.stream import DEFAULT_CHUNK_NUMEL, DeltaStream
 from .engine.threads import in_native_workers, native_walk, worker_count
 from .errors import ConfigError
 from .methods.ram.rules import RAM_METHODS

@@ -59,6 +59,7 @@ KERNELS = (
     ("ram_live.kernels.device.group_ties_triton", "select_thresholds_group_kernel"),
     ("ram_live.kernels.device.group_ties_triton", "ties_group_kernel"),
     ("ram_live.kernels.device.group_triton", "activity_counts_group_kernel"),
+    ("ram_live.kernels.device.edges_triton", "edges_kernel"),
 )
 
 
@@ -288,6 +289,15 @@ def cases() -> list[tuple[str, str, str, Callable[[], None]]]:
         out.append((label + f" divide={divide}", ties_mod, "ties_merge_kernel", call))
         if trim and dtype != torch.float16:
             out.append((f"TIES thresholds K={k}", sel_mod, "select_thresholds_kernel", call))
+    base, agents = flat(3, torch.bfloat16)
+
+    def edges(tensors=[base, *agents, base, *agents]) -> None:
+        from ram_live.kernels.device.edges import edges_bytes
+        from ram_live.kernels.device.edges_triton import launch_edges
+
+        launch_edges(tensors, 4, torch.empty(edges_bytes(tensors), dtype=torch.uint8))
+
+    out.append(("inputs' edges K=3", "ram_live.kernels.device.edges_triton", "edges_kernel", edges))
     return out
 
 

@@ -20,7 +20,8 @@ from .dispatch import StreamView, count_tensor, merge_kernel
 from .grouped import count_groups, merge_groups
 from .plan import PlanCache
 from .reader import Reader, check_equal
-from .stream import DeltaStream, digest_update
+from .digest import digest_update
+from .stream import DeltaStream
 from .threads import worker_count
 
 __all__ = ["Job", "statistics_pass", "dry_run", "merge_pass", "merge_tensor", "finish_pass", "fits", "recheck"]
@@ -70,12 +71,16 @@ def statistics_pass(
         progress.start("statistics", len(plan.merge), sum(reader.nbytes(key) for key in plan.merge))
     plain = not compile and amax is None and not check_auxiliary
     done = count_groups(reader, plan, activity, kernels, checks, totals, progress) if plain else {}
+    run: list[list[Tensor]] = []  # counted tensors' inputs not yet fed to the digest: fed together, in order
     for index, key in enumerate(plan.merge):
         counted_inputs = done.get(key)
         if counted_inputs is not None:
             if digest is not None:  # fed in the plan's order, as every pass feeds it
-                digest.update([counted_inputs[0].reshape(-1), *(a.reshape(-1) for a in counted_inputs[1])])
+                run.append([counted_inputs[0], *counted_inputs[1]])
             continue
+        if run:
+            digest.update_many(run)
+            run = []
         base, agents, device = reader.read(key)
         stream = DeltaStream(key, base, agents, reader.names, device, chunk_numel, activity, workspace, compile=compile)
         stream.deferred = checks.slot(index, device)
@@ -99,6 +104,8 @@ def statistics_pass(
         reader.release(key)
         if progress:
             progress.update(key, reader.nbytes(key))
+    if run:
+        digest.update_many(run)
     checks.raise_first(lambda key: recheck(reader, key, activity, chunk_numel))
     for key in plan.check_equal:
         check_equal(reader, key)

@@ -23,7 +23,8 @@ from .passes import Job, dry_run, merge_pass, statistics_pass
 from .plan import PlanCache, build_plan, kept_agents
 from .reader import Reader, check_ties_and_copies
 from .results import check_reusable, stamped
-from .stream import DEFAULT_CHUNK_NUMEL, inputs_digest
+from .digest import inputs_digest
+from .stream import DEFAULT_CHUNK_NUMEL
 from .unchanged import report_unchanged
 
 __all__ = ["run_merge"]

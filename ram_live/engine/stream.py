@@ -1,5 +1,5 @@
 """One tensor's task vectors, chunk by chunk (:class:`DeltaStream`), and the checks on them: non-finite values
-named by input, the inputs' digest that reused statistics are checked against.
+named by input (the inputs' digest lives in :mod:`ram_live.engine.digest`).
 
 For each tensor the engine reads the base and each agent (views of live tensors, or one memory-mapped tensor
 from disk), and walks it in chunks: the agents' deltas of one chunk fill a float32 scratch ``[K, C]`` with
@@ -8,7 +8,6 @@ from disk), and walks it in chunks: the agents' deltas of one chunk fill a float
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -28,9 +27,6 @@ __all__ = [
     "DeltaStream",
     "first_nonfinite",
     "nonfinite",
-    "InputsDigest",
-    "inputs_digest",
-    "digest_update",
 ]
 
 #: Elements of the ``[K, C]`` float32 scratch of stacking methods (4 MiB); C = DEFAULT_CHUNK_NUMEL // K.
@@ -279,61 +275,3 @@ def nonfinite(stored: Tensor) -> Tensor:
     """How many entries of ``stored`` are NaN/Inf, as a tensor (no sync): checked on the values as written, so
     that a float32 result beyond a narrower output dtype's range (float16: 65504) counts too."""
     return (~torch.isfinite(stored)).sum()
-
-
-class InputsDigest:
-    """The digest a :class:`RamStatistics` ``fingerprint`` is: blake2b over the first and last 64 stored entries of
-    every input of every tensor (per tensor: the heads of the base and each agent, then their tails), in the
-    passes' order. Entries of device tensors are gathered on the device (one copy per tensor) and read once, at
-    :meth:`hexdigest`: the digest costs no host sync per tensor."""
-
-    def __init__(self) -> None:
-        self._hash = hashlib.blake2b(digest_size=16)
-        self._pending: list[Tensor] = []
-
-    def update(self, tensors: Sequence[Tensor]) -> None:
-        """Feed the edges of these flat tensors (base first, then each agent)."""
-        parts = [_edges(t) for t in tensors]
-        if len({p.device for p in parts}) > 1:
-            parts = [p.cpu() for p in parts]
-        gathered = torch.cat(parts, dim=1).view(-1)
-        if checks.deferred_device(gathered.device):
-            self._pending.append(gathered)
-            return
-        self._flush()
-        self._hash.update(bytes(gathered.tolist()))
-
-    def _flush(self) -> None:
-        if self._pending:
-            devices = {p.device for p in self._pending}
-            gathered = torch.cat(self._pending) if len(devices) == 1 else torch.cat([p.cpu() for p in self._pending])
-            self._hash.update(bytes(gathered.tolist()))  # one device-to-host read
-            self._pending = []
-
-    def hexdigest(self) -> str:
-        """The digest of everything fed so far."""
-        self._flush()
-        return self._hash.hexdigest()
-
-
-def _edges(flat: Tensor) -> Tensor:
-    """The bytes of the first and last 64 entries of a flat tensor as ``[2, bytes]`` (head, tail): one strided view
-    where the tensor is contiguous and long enough, so that a device merge spends one gather per tensor on its
-    digest."""
-    if flat.is_contiguous() and flat.numel() >= 128:
-        data = flat.view(torch.uint8)
-        width = 64 * flat.element_size()
-        return data.as_strided((2, width), (data.numel() - width, 1))
-    return torch.stack([p.contiguous().view(torch.uint8) for p in (flat[:64], flat[-64:])])
-
-
-def inputs_digest() -> InputsDigest:
-    """A fresh digest for :func:`digest_update` (what a :class:`RamStatistics` ``fingerprint`` is)."""
-    return InputsDigest()
-
-
-def digest_update(digest: InputsDigest, stream: DeltaStream) -> None:
-    """Feed the first and last 64 stored entries of the base's and every agent's flat tensor to ``digest``: two
-    pages per input and tensor, read while the passes read them anyway, so that reused statistics are checked
-    against the inputs they were counted over (a changed or swapped checkpoint changes some of them)."""
-    digest.update([stream.base, *stream.tensors])

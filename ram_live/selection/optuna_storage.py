@@ -115,14 +115,14 @@ def probe_storage(storage: Any) -> None:
 
 def inputs_fingerprint(agents: Sequence[Any], base: Any) -> str:
     """A digest of the search's inputs (the base's and every agent's tensors: names, shapes and their first and last
-    64 stored entries, :class:`~ram_live.engine.stream.InputsDigest`): a stored study's scores are taken only for the
+    64 stored entries, :class:`~ram_live.engine.digest.InputsDigest`): a stored study's scores are taken only for the
     weights they were scored on (a resumed job whose other agents published newer snapshots is another search).
 
     Args:
         agents: the agents' tensor sources, in order.
         base: the base's source.
     """
-    from ..engine.stream import inputs_digest
+    from ..engine.digest import inputs_digest
 
     digest = inputs_digest()
     names = hashlib.sha1()

@@ -10,6 +10,7 @@ launch that falls back where a kernel cannot be built), :mod:`.triton_common` (t
 counts), :mod:`.ram_triton` (RAM's merge) and :mod:`.counts_triton` (the activity counts of RAM's statistics pass
 and of the probe; their ops live in ``ram_live/methods/ram/device.py`` and ``ram_live/probe_device.py``),
 :mod:`.linear` (task arithmetic, linear, DARE-linear), :mod:`.select` (TIES' threshold by radix select),
-:mod:`.ties` (TIES and DARE-TIES), :mod:`.philox` (DARE's drop, the same in torch and Triton); each op's Triton
-code in ``<name>_triton.py``. Nothing here imports the engine or a method.
+:mod:`.ties` (TIES and DARE-TIES), :mod:`.philox` (DARE's drop, the same in torch and Triton), :mod:`.edges` (the
+inputs' first and last entries a pass's digest hashes, gathered in one launch); each op's Triton code in
+``<name>_triton.py`` (the grouped launches' in ``group_*_triton.py``). Nothing here imports the engine or a method.
 """

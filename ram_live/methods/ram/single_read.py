@@ -16,7 +16,8 @@ from ...engine.counts import native_counts
 from ...engine.dispatch import StreamView, count_tensor
 from ...engine.passes import Job, finish_pass, merge_tensor
 from ...engine.reader import check_equal
-from ...engine.stream import DeltaStream, digest_update
+from ...engine.digest import digest_update
+from ...engine.stream import DeltaStream
 from ...engine.threads import worker_count
 from ...io import memory
 from ...io.sinks import Sink
