@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("triton")
 
 from conftest import interpreter  # noqa: E402
-from ram_live.kernels.device import common, edges  # noqa: E402
+from ram_live.kernels.device import edges, edges_triton  # noqa: E402
 
 
 def _tensors():
@@ -32,7 +32,8 @@ def _by_hand(tensors, per_group):
 def test_the_kernel_and_torch_give_each_groups_heads_then_tails(per_group, monkeypatch):
     tensors = _tensors()
     kernel = edges.inputs_edges(tensors, per_group)
-    monkeypatch.setattr(common, "triton_serves", lambda device: False)
+    monkeypatch.setattr(edges, "triton_serves", lambda device: False)
+    monkeypatch.setattr(edges_triton, "launch_edges", None)  # the kernel must not run: the torch implementation
     fallback = edges.inputs_edges(tensors, per_group)
     assert bytes(kernel.tolist()) == bytes(fallback.tolist()) == _by_hand(tensors, per_group)
     assert kernel.numel() == edges.edges_bytes(tensors)
@@ -46,3 +47,11 @@ def test_the_fake_implementation_gives_the_shape_and_the_op_passes_torch_library
         fake = edges.inputs_edges([mode.from_tensor(t) for t in tensors], 2)
     assert fake.shape == (edges.edges_bytes(tensors),) and fake.dtype == torch.uint8
     torch.library.opcheck(edges.inputs_edges, (tensors, 2))
+
+
+@interpreter
+def test_entries_wider_than_the_kernels_edge_are_gathered_by_torch(monkeypatch):
+    tensors = [torch.randn(100, dtype=torch.complex128), torch.randn(100)]
+    launched = []
+    monkeypatch.setattr(edges_triton, "launch_edges", lambda *args: launched.append(1))
+    assert bytes(edges.inputs_edges(tensors, 2).tolist()) == _by_hand(tensors, 2) and launched == []

@@ -289,8 +289,14 @@ def test_sampler_storage_and_study_are_checked_like_the_other_options(tmp_path):
     options = s.search_options("coder", 200, "run1")
     assert options["sampler"] == "optuna-tpe" and options["storage"] == url
     assert options["study"] == "grpo:coder:run1:step_200" and options["budget"] == 4
-    with pytest.raises(ConfigError, match="in this process's memory"):
-        SearchSetting(storage=pytest.importorskip("optuna").storages.InMemoryStorage())
+    optuna = pytest.importorskip("optuna")
+    for storage in (
+        optuna.storages.InMemoryStorage(),
+        optuna.storages.RDBStorage("sqlite://"),
+        optuna.storages.get_storage("sqlite:///:memory:"),  # wrapped in Optuna's cache
+    ):
+        with pytest.raises(ConfigError, match="in this process's memory"):
+            SearchSetting(storage=storage)
     described = SearchSetting(sampler=optuna_sampler()).describe()
     assert described["sampler"] == "optuna:TPESampler" and described["storage"] is None
     json.dumps(s.describe())

@@ -313,3 +313,17 @@ def test_training_flags_and_buffers_follow_the_base_as_it_is_at_each_candidate(b
     for i, (flags, scale) in enumerate(seen):
         training = i == 0 or i % 2 == 0
         assert flags == [training] * len(flags) and scale == (1.0 if i == 0 else float(i + 1)), i
+
+
+def test_a_base_buffer_of_another_shape_makes_a_new_scratch_module(base_sd):
+    base = _Buffered(base_sd)
+    agents = {n: _Buffered(a) for n, a in zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6], scale=0.05))}
+    seen = []
+
+    def evaluate(module):
+        seen.append(module.scale.clone())
+        base.scale = torch.full((len(seen) + 1,), 2.0)  # the base's non-persistent buffer, rebound to a new shape
+        return 0.0
+
+    search(agents, base=base, evaluate=evaluate, budget=3, space=SPACE[:3])
+    assert [s.tolist() for s in seen] == [1.0, [2.0, 2.0], [2.0, 2.0, 2.0]]

@@ -46,3 +46,22 @@ def test_a_dtype_neither_merged_nor_copied_is_refused_naming_the_tensor(dtype, s
     sd = {"a": torch.zeros(4), "b": torch.zeros(4, dtype=torch.float16), "c": torch.zeros(4).to(dtype)}
     with pytest.raises(UnsupportedInputError, match=rf"coder: tensor 'c' is {dtype}.*{says}"):
         StateDictSource(sd, "coder")
+
+
+def test_the_first_tensor_at_fault_is_named_in_the_sources_order():
+    from ram_live.errors import UnsupportedInputError
+    from ram_live.io.sources import StateDictSource
+
+    sd = {
+        "ok": torch.zeros(2),
+        "fp8": torch.zeros(2).to(torch.float8_e4m3fn),
+        "meta": torch.empty(2, device="meta"),
+        "fp8b": torch.zeros(2).to(torch.float8_e5m2),
+        "c32": torch.zeros(2).to(torch.complex32),
+    }
+    for _ in range(5):  # not a set's order
+        with pytest.raises(UnsupportedInputError, match="tensor 'fp8' is torch.float8_e4m3fn"):
+            StateDictSource(sd, "coder")
+    del sd["fp8"]
+    with pytest.raises(UnsupportedInputError, match="tensor 'meta' is on the meta device"):
+        StateDictSource(sd, "coder")

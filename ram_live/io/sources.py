@@ -123,14 +123,15 @@ class _InMemorySource:
     def __init__(self, name: str, tensors: Mapping[str, Tensor], buffers: frozenset[str] = frozenset()) -> None:
         self.name = name
         values = list(tensors.values())  # checked a property at a time: a model's hundreds of tensors, no loop each
-        if any(device.type == "meta" for device in set(map(_DEVICE, values))):
-            key = next(k for k, t in tensors.items() if t.device.type == "meta")
-            raise UnsupportedInputError(
-                f"{name}: tensor {key!r} is on the meta device (it holds no values): "
-                "load or materialise the weights before merging"
-            )
-        for dtype in set(map(_DTYPE, values)) - MERGED_DTYPES - COPIED_DTYPES:
-            check_dtype(name, next(k for k, t in tensors.items() if t.dtype == dtype), dtype)
+        bad = set(map(_DTYPE, values)) - MERGED_DTYPES - COPIED_DTYPES
+        if bad or any(device.type == "meta" for device in set(map(_DEVICE, values))):
+            key, t = next((k, t) for k, t in tensors.items() if t.dtype in bad or t.device.type == "meta")
+            if t.device.type == "meta":
+                raise UnsupportedInputError(
+                    f"{name}: tensor {key!r} is on the meta device (it holds no values): "
+                    "load or materialise the weights before merging"
+                )
+            check_dtype(name, key, t.dtype)  # the first tensor at fault, in the source's order
         # DTensor (e.g. FSDP2) parameters: the engine works on this rank's local shard
         self.sharded = any(map(is_dtensor, values))
         if self.sharded:

@@ -77,8 +77,8 @@ def check_storage(storage: Any, study: Any) -> None:
 
 def in_memory(storage: Any) -> bool:
     """Whether ``storage`` keeps its studies in this process's memory (an in-memory SQLite URL such as
-    ``"sqlite://"`` or ``"sqlite:///:memory:"``, or Optuna's ``InMemoryStorage``): nothing a resumed job or another
-    process can read.
+    ``"sqlite://"`` or ``"sqlite:///:memory:"``, an Optuna ``RDBStorage`` of one, or Optuna's ``InMemoryStorage``):
+    nothing a resumed job or another process can read.
 
     Example:
         >>> in_memory("sqlite://"), in_memory("sqlite:///:memory:"), in_memory("sqlite:///search.db")
@@ -91,7 +91,12 @@ def in_memory(storage: Any) -> bool:
         path, _, query = rest.partition("?")
         return path in ("", "/") or ":memory:" in path or "mode=memory" in query
     optuna = sys.modules.get("optuna")
-    return optuna is not None and isinstance(storage, optuna.storages.InMemoryStorage)
+    if optuna is None:
+        return False
+    storage = getattr(storage, "_backend", storage)  # get_storage's cache around an RDB storage
+    if isinstance(storage, optuna.storages.RDBStorage):
+        return in_memory(str(storage.url))
+    return isinstance(storage, optuna.storages.InMemoryStorage)
 
 
 def probe_storage(storage: Any) -> None:

@@ -54,10 +54,11 @@ class ModuleTarget:
         self._scratch: _Scratch | None = None
 
     def begin(self, plan: Any, specs: Mapping[str, TensorSpec]) -> None:
-        if self._scratch is None or self._sink.module is None or not self._scratch.intact():
+        scratch = self._scratch
+        if scratch is None or self._sink.module is None or not scratch.intact() or not scratch.reset():
             self._sink.begin(plan, specs)
             self._scratch = _Scratch(self._sink.module, self._base)
-        self._scratch.reset()
+            self._scratch.reset()
 
     def destination(self, key: str, spec: TensorSpec) -> Tensor:
         return self._sink.destination(key, spec)
@@ -138,8 +139,9 @@ class _Scratch:
             and _layouts(self.tensors) == self.layout
         )
 
-    def reset(self) -> None:
-        """Training flags as the base's now, non-persistent buffers copied from the base's now, no gradients."""
+    def reset(self) -> bool:
+        """Training flags as the base's now, non-persistent buffers copied from the base's now, no gradients; False
+        where a base's buffer is no longer of its scratch twin's shape, dtype or device (a new scratch is made)."""
         for m, b in self.pairs:
             if m.training != b.training:
                 m.training = b.training
@@ -149,10 +151,13 @@ class _Scratch:
                     source = self.base.get_buffer(name)
                 except AttributeError:  # the base dropped it since: the scratch keeps what it has
                     continue
+                if source.shape != buf.shape or source.dtype != buf.dtype or source.device != buf.device:
+                    return False
                 buf.copy_(source)
         for p in self.parameters:
             if p.grad is not None:
                 p.grad = None
+        return True
 
 
 def _layouts(tensors: list[Tensor]) -> list[list[Any]]:

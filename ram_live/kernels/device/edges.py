@@ -45,6 +45,7 @@ def inputs_edges(tensors: list[Tensor], per_group: int) -> Tensor:
         and set(map(type, tensors)) <= set(PLAIN_TENSORS)
         and set(map(operator.attrgetter("device"), tensors)) == {device}
         and all(map(Tensor.is_contiguous, tensors))
+        and max(map(Tensor.element_size, tensors)) <= 8  # the kernel's edge: 64 entries of at most 8 bytes
     )
     launch("edges_kernel", takes, _triton_edges, _torch_edges, tensors, per_group, out)
     return out
