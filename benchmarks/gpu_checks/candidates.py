@@ -20,7 +20,7 @@ def check_candidate(setup: Setup, label: str, small: bool, out: Outcome) -> None
     from ram_live.selection.target import Merger
 
     candidate = setup.options(label)
-    merger = Merger(setup.agents, setup.base, device=setup.device)
+    merger = Merger(setup.agents, setup.base)  # as search() makes it: merged where the weights are
     _, info, _ = merger.merge(candidate)
     bench_merge.sync(setup.device)
 
