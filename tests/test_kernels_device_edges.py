@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("triton")
 
 from conftest import interpreter  # noqa: E402
-from ram_live.kernels.device import edges, edges_triton  # noqa: E402
+from ram_live.kernels.device import common, edges, edges_triton  # noqa: E402
 
 
 def _tensors():
@@ -32,7 +32,7 @@ def _by_hand(tensors, per_group):
 def test_the_kernel_and_torch_give_each_groups_heads_then_tails(per_group, monkeypatch):
     tensors = _tensors()
     kernel = edges.inputs_edges(tensors, per_group)
-    monkeypatch.setattr(edges, "triton_serves", lambda device: False)
+    monkeypatch.setattr(common, "triton_serves", lambda device: False)
     monkeypatch.setattr(edges_triton, "launch_edges", None)  # the kernel must not run: the torch implementation
     fallback = edges.inputs_edges(tensors, per_group)
     assert bytes(kernel.tolist()) == bytes(fallback.tolist()) == _by_hand(tensors, per_group)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..kernels.device.common import PLAIN_TENSORS
+from ..kernels.device.edges import edge_rows, inputs_edges
 from . import checks
 
 __all__ = ["InputsDigest", "inputs_digest", "digest_update"]
@@ -36,7 +37,7 @@ class InputsDigest:
 
     def update(self, tensors: Sequence[Tensor]) -> None:
         """Feed the edges of these flat tensors (base first, then each agent)."""
-        parts = [_edges(t) for t in tensors]
+        parts = [edge_rows(t) for t in tensors]
         if len({p.device for p in parts}) > 1:
             parts = [p.cpu() for p in parts]
         gathered = torch.cat(parts, dim=1).view(-1)
@@ -56,8 +57,6 @@ class InputsDigest:
             for group in groups:
                 self.update([t.reshape(-1) for t in group])
             return
-        from ..kernels.device.edges import inputs_edges
-
         self._pending.append(inputs_edges([t for group in groups for t in group], width))
 
     def _flush(self) -> None:
@@ -80,16 +79,6 @@ def _host_bytes(data: Tensor) -> bytes:
     if type(host) not in PLAIN_TENSORS or not host.is_contiguous():
         return bytes(host.tolist())
     return ctypes.string_at(host.data_ptr(), host.numel()) if host.numel() else b""
-
-
-def _edges(flat: Tensor) -> Tensor:
-    """The bytes of the first and last 64 entries of a flat tensor as ``[2, bytes]`` (head, tail): one strided view
-    where the tensor is contiguous and long enough."""
-    if flat.is_contiguous() and flat.numel() >= 128:
-        data = flat.view(torch.uint8)
-        width = 64 * flat.element_size()
-        return data.as_strided((2, width), (data.numel() - width, 1))
-    return torch.stack([p.contiguous().view(torch.uint8) for p in (flat[:64], flat[-64:])])
 
 
 def inputs_digest() -> InputsDigest:

@@ -101,26 +101,23 @@ class PlanCache:
 
     def __init__(self) -> None:
         self._plans: dict[tuple[int, ...], tuple[tuple[Any, ...], Plan, dict[str, TensorSpec]]] = {}
-        self._made: dict[int, Plan] = {}
         self._counted: list[tuple[RamStatistics, tuple[int, ...]]] = []
         self._kept: dict[Any, Any] = {}
 
     def plan(self, base: TensorSource, agents: Sequence[TensorSource]) -> tuple[Plan, dict[str, TensorSpec]]:
         """:func:`build_plan` of ``base`` and ``agents`` and the base's spec of every key, made at the first call
         with these sources (the cache holds them, so their ids are not reused)."""
-        sources = (base, *agents)
-        key = tuple(map(id, sources))
+        key = _sources_key(base, agents)
         hit = self._plans.get(key)
         if hit is None:
             plan = build_plan(base, agents)
-            hit = self._plans[key] = (sources, plan, {k: base.spec(k) for k in plan.keys})
-            self._made[id(plan)] = plan
+            hit = self._plans[key] = ((base, *agents), plan, {k: base.spec(k) for k in plan.keys})
         return hit[1], hit[2]
 
     def kept(self, plan: Plan, what: Any, make: Callable[[], Any]) -> Any:
         """``make()`` kept under ``what`` for a plan this cache made (e.g. the inputs a grouped launch takes); made
         anew for any other plan (a rank's share of a distributed plan is a new plan every merge)."""
-        if self._made.get(id(plan)) is not plan:
+        if not any(made is plan for _, made, _ in self._plans.values()):
             return make()
         key = (id(plan), what)
         if key not in self._kept:
@@ -129,9 +126,14 @@ class PlanCache:
 
     def counted(self, statistics: RamStatistics, base: TensorSource, agents: Sequence[TensorSource]) -> None:
         """``statistics`` were counted over ``base`` and ``agents`` by a merge planned here."""
-        self._counted.append((statistics, tuple(map(id, (base, *agents)))))
+        self._counted.append((statistics, _sources_key(base, agents)))
 
     def trusts(self, statistics: RamStatistics, base: TensorSource, agents: Sequence[TensorSource]) -> bool:
         """Whether ``statistics`` are counts :meth:`counted` took (the object itself) over these sources."""
-        key = tuple(map(id, (base, *agents)))
+        key = _sources_key(base, agents)
         return any(s is statistics and k == key for s, k in self._counted)
+
+
+def _sources_key(base: TensorSource, agents: Sequence[TensorSource]) -> tuple[int, ...]:
+    """The sources of a merge by identity (a cache that holds them: their ids are not reused)."""
+    return tuple(map(id, (base, *agents)))

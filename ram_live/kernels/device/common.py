@@ -20,6 +20,7 @@ from torch import Tensor
 from ...errors import DeviceKernelWarning
 
 __all__ = [
+    "EDGE",
     "INPUT_DTYPES",
     "MAX_AGENTS",
     "MAX_NUMEL",
@@ -33,6 +34,7 @@ __all__ = [
     "group_key",
     "group_takes",
     "per_tensor",
+    "plain_on",
     "kernel_out",
     "launch",
     "register_cap",
@@ -50,6 +52,8 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Some kernels index in int32 (and draw DARE's masks from 32-bit counters): tensors of at least this many entries
 #: take the torch implementations.
 MAX_NUMEL = 1 << 31
+#: Entries at each end of a tensor that the inputs' digest reads (``torch.ops.ram_live.inputs_edges``).
+EDGE = 64
 
 
 @functools.cache
@@ -142,6 +146,21 @@ def group_key(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> tup
     return device, None if out is None else out.dtype, base.dtype, dtype, k
 
 
+def plain_on(tensors: Sequence[Tensor], device: torch.device) -> bool:
+    """Whether ``tensors`` are plain (not a subclass), contiguous tensors on ``device``: a property at a time over
+    them all (a model's thousands of tensors cost no Python loop per tensor).
+
+    Example:
+        >>> plain_on([torch.zeros(4), torch.zeros(2, 2)], torch.device("cpu")), plain_on([torch.zeros(4)[::2]], "cpu")
+        (True, False)
+    """
+    return (
+        set(map(type, tensors)) <= _PLAIN_SET
+        and set(map(_DEVICE, tensors)) == {torch.device(device)}
+        and all(map(Tensor.is_contiguous, tensors))
+    )
+
+
 def output_key(out: Tensor, inputs: tuple) -> tuple | None:
     """:func:`group_key` of ``out`` with inputs whose own key (``group_key(None, base, agents)``) is ``inputs``: the
     output checked alone (the inputs of a search's merges are checked once, their tensors do not change).
@@ -190,9 +209,7 @@ def group_takes(
     device, out_dtype, base_dtype, agent_dtype, _ = key
     every = [*outs, *bases, *agents, *importances]
     return (
-        set(map(type, every)) <= _PLAIN_SET
-        and set(map(_DEVICE, every)) == {device}
-        and all(map(Tensor.is_contiguous, every))
+        plain_on(every, device)
         and not functools.reduce(operator.or_, map(Tensor.data_ptr, every)) % 16
         and max(map(Tensor.numel, bases)) < MAX_NUMEL
         and set(map(_DTYPE, bases)) == {base_dtype}

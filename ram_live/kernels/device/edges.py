@@ -13,12 +13,25 @@ from itertools import repeat
 import torch
 from torch import Tensor
 
-from .common import PLAIN_TENSORS, launch, triton_serves
+from . import common
+from .common import EDGE, launch, plain_on
 
-__all__ = ["inputs_edges", "edges_bytes"]
+__all__ = ["edge_rows", "edges_bytes", "inputs_edges"]
 
-#: Entries at each end of a tensor.
-EDGE = 64
+
+def edge_rows(flat: Tensor) -> Tensor:
+    """The bytes of a flat tensor's first and last ``min(64, numel)`` entries as ``[2, bytes]`` (head, tail): one
+    strided view where the tensor is contiguous and long enough.
+
+    Example:
+        >>> edge_rows(torch.arange(3, dtype=torch.uint8)).tolist()
+        [[0, 1, 2], [0, 1, 2]]
+    """
+    if flat.is_contiguous() and flat.numel() >= 2 * EDGE:
+        data = flat.view(torch.uint8)
+        width = EDGE * flat.element_size()
+        return data.as_strided((2, width), (data.numel() - width, 1))
+    return torch.stack([p.contiguous().view(torch.uint8) for p in (flat[:EDGE], flat[-EDGE:])])
 
 
 def edges_bytes(tensors: list[Tensor]) -> int:
@@ -37,14 +50,12 @@ def inputs_edges(tensors: list[Tensor], per_group: int) -> Tensor:
     """uint8 ``[edges_bytes(tensors)]`` on the tensors' device: for each group of ``per_group`` tensors in turn (a
     merged tensor's base, then its agents), the bytes of their first ``min(64, numel)`` stored entries, then of
     their last (a tensor shorter than 128 entries: its heads and tails overlap, as their slices do)."""
-    out = torch.empty(edges_bytes(tensors), dtype=torch.uint8, device=tensors[0].device)
     device = tensors[0].device
-    takes = (  # a property at a time over all the tensors: a model's thousands, no Python loop each
-        triton_serves(device)
+    out = torch.empty(edges_bytes(tensors), dtype=torch.uint8, device=device)
+    takes = (
+        common.triton_serves(device)  # read at the call, as the other ops' checks read it
         and len(tensors) % per_group == 0
-        and set(map(type, tensors)) <= set(PLAIN_TENSORS)
-        and set(map(operator.attrgetter("device"), tensors)) == {device}
-        and all(map(Tensor.is_contiguous, tensors))
+        and plain_on(tensors, device)
         and max(map(Tensor.element_size, tensors)) <= 8  # the kernel's edge: 64 entries of at most 8 bytes
     )
     launch("edges_kernel", takes, _triton_edges, _torch_edges, tensors, per_group, out)
@@ -63,10 +74,6 @@ def _triton_edges(tensors, per_group, out) -> None:
 
 
 def _torch_edges(tensors, per_group, out) -> None:
-    parts = []
-    for i in range(0, len(tensors), per_group):
-        group = [t.reshape(-1) for t in tensors[i : i + per_group]]
-        heads = [t[:EDGE].contiguous().view(torch.uint8) for t in group]
-        tails = [t[-EDGE:].contiguous().view(torch.uint8) for t in group]
-        parts += heads + tails
-    torch.cat(parts, out=out)
+    groups = range(0, len(tensors), per_group)
+    rows = [torch.cat([edge_rows(t.reshape(-1)) for t in tensors[i : i + per_group]], dim=1) for i in groups]
+    torch.cat([r.view(-1) for r in rows], out=out)

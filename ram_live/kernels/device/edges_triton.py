@@ -13,13 +13,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["EDGE", "MAX_EDGE_BYTES", "edges_kernel", "edge_table", "launch_edges"]
+from .common import EDGE
 
-#: Entries at each end of a tensor.
-EDGE = 64
+__all__ = ["MAX_EDGE_BYTES", "edges_kernel", "edge_table", "launch_edges"]
+
 #: The widest edge: 64 float64 entries.
 MAX_EDGE_BYTES = EDGE * 8
-COLUMNS = 5
 
 
 @triton.jit
