@@ -55,3 +55,11 @@ def test_entries_wider_than_the_kernels_edge_are_gathered_by_torch(monkeypatch):
     launched = []
     monkeypatch.setattr(edges_triton, "launch_edges", lambda *args: launched.append(1))
     assert bytes(edges.inputs_edges(tensors, 2).tolist()) == _by_hand(tensors, 2) and launched == []
+
+
+@pytest.mark.parametrize("count, per_group", [(0, 1), (3, 2), (2, 0)])
+def test_tensors_not_in_whole_groups_are_a_config_error(count, per_group):
+    from ram_live.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"got {count} tensor.*per_group={per_group}"):
+        edges.inputs_edges([torch.zeros(4)] * count, per_group)

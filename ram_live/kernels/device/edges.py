@@ -13,6 +13,7 @@ from itertools import repeat
 import torch
 from torch import Tensor
 
+from ...errors import ConfigError
 from . import common
 from .common import EDGE, launch, plain_on
 
@@ -50,11 +51,11 @@ def inputs_edges(tensors: list[Tensor], per_group: int) -> Tensor:
     """uint8 ``[edges_bytes(tensors)]`` on the tensors' device: for each group of ``per_group`` tensors in turn (a
     merged tensor's base, then its agents), the bytes of their first ``min(64, numel)`` stored entries, then of
     their last (a tensor shorter than 128 entries: its heads and tails overlap, as their slices do)."""
+    _check_groups(tensors, per_group)
     device = tensors[0].device
     out = torch.empty(edges_bytes(tensors), dtype=torch.uint8, device=device)
     takes = (
         common.triton_serves(device)  # read at the call, as the other ops' checks read it
-        and len(tensors) % per_group == 0
         and plain_on(tensors, device)
         and max(map(Tensor.element_size, tensors)) <= 8  # the kernel's edge: 64 entries of at most 8 bytes
     )
@@ -64,7 +65,16 @@ def inputs_edges(tensors: list[Tensor], per_group: int) -> Tensor:
 
 @inputs_edges.register_fake
 def _(tensors, per_group) -> Tensor:
+    _check_groups(tensors, per_group)
     return tensors[0].new_empty(edges_bytes(tensors), dtype=torch.uint8)
+
+
+def _check_groups(tensors: list[Tensor], per_group: int) -> None:
+    if not tensors or per_group < 1 or len(tensors) % per_group:
+        raise ConfigError(
+            f"inputs_edges takes tensors in whole groups of per_group >= 1 (a merged tensor's base and agents): "
+            f"got {len(tensors)} tensor(s), per_group={per_group}"
+        )
 
 
 def _triton_edges(tensors, per_group, out) -> None:
