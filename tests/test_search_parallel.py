@@ -134,6 +134,35 @@ def test_a_worker_that_dies_on_a_candidate_the_search_never_needed_costs_only_a_
     assert _rows(two) == _rows(one)
 
 
+def test_a_prefetch_after_a_worker_died_restarts_the_pool(problem, tmp_path):
+    """A worker that died on a prefetched candidate breaks the pool; the loop's next prefetch (before it asks for
+    any outcome) restarts it rather than raising BrokenProcessPool out of the search."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from ram_live.selection.fidelity import Scorer
+    from ram_live.selection.outcome import run_candidate
+    from ram_live.selection.parallel import Pool, make_merger
+
+    agents, base, ev, _ = problem
+    victim = {"method": "task_arithmetic", "scale": 0.7}
+    other = {"method": "task_arithmetic", "scale": 0.4}
+    merger = make_merger(agents, base, None, None)
+    merged, _, _ = merger.merge(victim)
+    mark = f"{float(merged['head.weight'].double().sum()):.12e}"
+    scorer = Scorer(KillOn(ev.targets, str(tmp_path / "log"), victim=mark))
+    expected = run_candidate(merger, Scorer(ev), other, None).scored.score
+    pool = Pool(2, (agents, base, None, None, scorer))
+    try:
+        pool.submit("victim", victim, None)
+        with pytest.raises(BrokenProcessPool):
+            pool.pending["victim"][0].result(timeout=120)
+        pool.submit("other", other, None)  # raised BrokenProcessPool
+        assert "victim" not in pool.pending
+        assert pool.score("other", other, None, "#1").scored.score == expected
+    finally:
+        pool.close(abort=True)
+
+
 def test_store_snapshots_and_checkpoint_files_go_to_the_workers_as_files(problem, tmp_path):
     """A store's snapshots (memory-mapped, checksummed files) and safetensors checkpoints are sent to the workers
     as where they lie: each worker opens them itself, and the search is the one-process search."""

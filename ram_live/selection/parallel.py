@@ -149,13 +149,15 @@ class Pool:
         self.discard([key])
         try:
             if self._executor is not None:
-                future = self._executor.submit(_work, candidate, reference)
+                try:
+                    future = self._executor.submit(_work, candidate, reference)
+                except BrokenProcessPool:  # a worker died on an earlier prefetch: what it held is scored anew
+                    self._restart()
+                    future = self._executor.submit(_work, candidate, reference)
             else:
                 actor = self._actors[self._next % len(self._actors)]
                 self._next += 1
                 future = actor.run.remote(candidate, reference)
-        except BrokenProcessPool:
-            raise  # handled by score()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             raise ConfigError(
                 f"parallel={shown(self.n)} sends the agents, the base and evaluate to worker processes, and "
@@ -184,8 +186,9 @@ class Pool:
 
     def score(self, key: str, candidate: dict[str, Any], reference: Scored | None, label: str) -> Outcome:
         """The outcome of ``candidate`` against ``reference``: prefetched, or computed by a worker now. A worker
-        that dies on a prefetched candidate (one the loop may never ask for) costs a restart of the pool, and this
-        candidate is scored again on its own; one that dies on it alone is a :class:`SearchError`."""
+        that dies on a prefetched candidate (one the loop may never ask for) costs a restart of the pool (here or
+        at the next :meth:`submit`), and this candidate is scored again on its own; one that dies on it alone is a
+        :class:`SearchError`."""
         try:
             outcome = self.take(key, reference, label)
             if outcome is None:
