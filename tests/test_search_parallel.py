@@ -163,6 +163,45 @@ def test_a_prefetch_after_a_worker_died_restarts_the_pool(problem, tmp_path):
         pool.close(abort=True)
 
 
+def test_a_ray_actor_that_died_is_replaced_and_what_it_held_scored_again(problem, tmp_path):
+    """On Ray, work queued on an actor that died (on a prefetched candidate) is scored again on a new actor in its
+    place; a candidate that kills its actor again is a SearchError naming it."""
+    ray = pytest.importorskip("ray")
+    from ram_live.selection.fidelity import Scorer
+    from ram_live.selection.outcome import run_candidate
+    from ram_live.selection.parallel import Pool, make_merger
+
+    agents, base, ev, _ = problem
+    victim = {"method": "task_arithmetic", "scale": 0.7}
+    others = [{"method": "task_arithmetic", "scale": s} for s in (0.4, 0.5)]
+    merger = make_merger(agents, base, None, None)
+    merged, _, _ = merger.merge(victim)
+    mark = f"{float(merged['head.weight'].double().sum()):.12e}"
+    expected = [run_candidate(merger, Scorer(ev), c, None).scored.score for c in others]
+    here = os.path.dirname(os.path.abspath(__file__))
+    ray.init(
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}},
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    try:
+        pool = Pool(2, (agents, base, None, None, Scorer(KillOn(ev.targets, str(tmp_path / "log"), victim=mark))))
+        first = pool._actors[0]
+        pool.submit("victim", victim, None)  # on actor 0
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(pool.pending["victim"][0], timeout=120)
+        pool.submit("a", others[0], None)  # on actor 1
+        pool.submit("b", others[1], None)  # queued on the dead actor 0
+        assert pool.pending["b"][2] is first
+        assert [pool.score(k, c, None, f"#{i}").scored.score for i, (k, c) in enumerate(zip("ab", others))] == expected
+        assert pool._actors[0] is not first
+        with pytest.raises(SearchError, match=r"a Ray evaluation worker died while scoring candidate #7: "):
+            pool.score("victim", victim, None, "#7")
+        pool.close()
+    finally:
+        ray.shutdown()
+
+
 def test_store_snapshots_and_checkpoint_files_go_to_the_workers_as_files(problem, tmp_path):
     """A store's snapshots (memory-mapped, checksummed files) and safetensors checkpoints are sent to the workers
     as where they lie: each worker opens them itself, and the search is the one-process search."""

@@ -109,7 +109,8 @@ class Pool:
 
         *inputs, scorer = payload
         self.n, self.ray_address = n, ray_address
-        self.pending: dict[str, tuple[Future | Any, Scored | None]] = {}
+        # key -> (its future, the reference it is raced against, the Ray actor running it or None)
+        self.pending: dict[str, tuple[Future | Any, Scored | None, Any]] = {}
         self.ray = _use_ray(ray_address)
         self._started_ray = False
         self._executor: ProcessPoolExecutor | None = None
@@ -127,7 +128,8 @@ class Pool:
             ) from None
         if self.ray is not None:
             self._started_ray = not self.ray.is_initialized()
-            self._actors = _ray_actors(self.ray, n, self.payload, ray_address)
+            self._new_actor = _ray_factory(self.ray, self.payload, ray_address)
+            self._actors = [self._new_actor(i) for i in range(n)]
             self._next = 0
         else:
             self._start()
@@ -143,7 +145,8 @@ class Pool:
             initargs=(ctx.Value("i", 0), self.payload, self.threads),
         )
 
-    def submit(self, key: str, candidate: dict[str, Any], reference: Scored | None) -> None:
+    def submit(self, key: str, candidate: dict[str, Any], reference: Scored | None, actor: Any = None) -> None:
+        """Start scoring ``candidate`` against ``reference`` (on Ray: on ``actor``, else the next one in turn)."""
         if key in self.pending and self.pending[key][1] is reference:
             return
         self.discard([key])
@@ -155,8 +158,9 @@ class Pool:
                     self._restart()
                     future = self._executor.submit(_work, candidate, reference)
             else:
-                actor = self._actors[self._next % len(self._actors)]
-                self._next += 1
+                if actor is None:
+                    actor = self._actors[self._next % len(self._actors)]
+                    self._next += 1
                 future = actor.run.remote(candidate, reference)
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             raise ConfigError(
@@ -171,12 +175,12 @@ class Pool:
                     "and base as checkpoint folders, which each worker memory-maps)"
                 ) from None
             raise
-        self.pending[key] = (future, reference)
+        self.pending[key] = (future, reference, actor)
 
     def discard(self, keys: Any) -> None:
         """Forget these prefetched candidates (the loop will not ask for them): cancelled if not started."""
         for key in list(keys):
-            future, _ = self.pending.pop(key, (None, None))
+            future, _, _ = self.pending.pop(key, (None, None, None))
             if future is None:
                 continue
             if self._executor is not None:
@@ -187,8 +191,9 @@ class Pool:
     def score(self, key: str, candidate: dict[str, Any], reference: Scored | None, label: str) -> Outcome:
         """The outcome of ``candidate`` against ``reference``: prefetched, or computed by a worker now. A worker
         that dies on a prefetched candidate (one the loop may never ask for) costs a restart of the pool (here or
-        at the next :meth:`submit`), and this candidate is scored again on its own; one that dies on it alone is a
-        :class:`SearchError`."""
+        at the next :meth:`submit`; on Ray, a new actor in the dead one's place), and this candidate is scored again
+        on its own; one that dies on it alone is a :class:`SearchError`."""
+        fresh = None
         try:
             outcome = self.take(key, reference, label)
             if outcome is None:
@@ -196,11 +201,15 @@ class Pool:
                 outcome = self.take(key, reference, label)
             return outcome  # type: ignore[return-value]
         except BrokenProcessPool:
-            pass
-        self._restart()
+            self._restart()
+        except _ActorDied as died:
+            fresh = self._replace(died.actor)
         try:
-            self.submit(key, candidate, reference)
+            self.submit(key, candidate, reference, actor=fresh)
             return self.take(key, reference, label)  # type: ignore[return-value]
+        except _ActorDied as died:
+            self._replace(died.actor)
+            raise SearchError(f"a Ray evaluation worker died while scoring candidate {label}: {died.reason}") from None
         except BrokenProcessPool:
             self._restart()
             raise SearchError(
@@ -216,23 +225,35 @@ class Pool:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._start()
 
+    def _replace(self, dead: Any) -> Any:
+        """A new Ray actor in ``dead``'s place (once: later failures of work queued on it find it replaced)."""
+        if dead not in self._actors:
+            return None
+        index = self._actors.index(dead)
+        try:
+            self.ray.kill(dead)
+        except Exception:  # already gone
+            pass
+        self._actors[index] = self._new_actor(index)
+        return self._actors[index]
+
     def take(self, key: str, reference: Scored | None, label: str) -> Outcome | None:
         if key not in self.pending:
             return None
-        future, used = self.pending.pop(key)
+        future, used, actor = self.pending.pop(key)
         try:
             outcome = future.result() if self._executor is not None else self.ray.get(future)
         except Exception as exc:  # (a BrokenProcessPool is passed on as it is: score() restarts the pool)
             if type(exc).__name__ in ("RayActorError", "WorkerCrashedError", "ActorDiedError"):
                 first = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines() or [type(exc).__name__]
-                raise SearchError(f"a Ray evaluation worker died while scoring candidate {label}: {first[0]}") from None
+                raise _ActorDied(actor, first[0]) from None
             raise
         return outcome if used is reference else None
 
     def close(self, abort: bool = False) -> None:
         """Stop the workers; ``abort`` (the search is failing or interrupted): without waiting for their work."""
         if self._executor is not None:
-            for future, _ in self.pending.values():
+            for future, _, _ in self.pending.values():
                 future.cancel()
             if abort:
                 for process in list(getattr(self._executor, "_processes", {}).values()):
@@ -261,7 +282,16 @@ def _use_ray(address: str | None) -> Any:
     return ray
 
 
-def _ray_actors(ray: Any, n: int, payload: tuple[Any, ...], address: str | None) -> list[Any]:
+class _ActorDied(Exception):
+    """A Ray actor died while it held a candidate (killed, out of memory, its node lost)."""
+
+    def __init__(self, actor: Any, reason: str) -> None:
+        super().__init__(reason)
+        self.actor, self.reason = actor, reason
+
+
+def _ray_factory(ray: Any, payload: tuple[Any, ...], address: str | None) -> Any:
+    """``make(index)``: a new Ray worker actor, from ``payload`` put in Ray's object store once."""
     if not ray.is_initialized():
         ray.init(
             address=None if address == "local" else address,
@@ -280,4 +310,4 @@ def _ray_actors(ray: Any, n: int, payload: tuple[Any, ...], address: str | None)
             return self.worker.run(candidate, reference)
 
     ref = ray.put(payload)
-    return [RayWorker.remote(i, ref) for i in range(n)]
+    return lambda index: RayWorker.remote(index, ref)
