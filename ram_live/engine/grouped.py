@@ -24,7 +24,8 @@ __all__ = ["merge_groups", "count_groups"]
 
 
 def _here(wanted: torch.device | None, device: torch.device) -> bool:
-    """Whether a tensor on ``device`` is read where it is for a merge on ``wanted`` (``cuda`` takes ``cuda:0``)."""
+    """Whether a tensor on ``device`` is read where it is for a merge on ``wanted`` (an index-less ``wanted``, of a
+    backend without a current device, is its type's one device)."""
     return wanted is None or wanted == device or (wanted.index is None and wanted.type == device.type)
 
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from ..api import Model, Models, input_sources
+from ..api import Model, Models, input_sources, on_current
 from ..engine.plan import PlanCache
 from ..engine.run import run_merge
 from ..types import MergeInfo
@@ -251,7 +251,8 @@ class Merger:
         self.agents, self.base_src = self._sources(models, base)
         self.names = tuple(a.name for a in self.agents)
         try:
-            self.device = torch.device(device) if device is not None else None
+            # resolved in each process (a search's worker may have another current device)
+            self.device = on_current(torch.device(device)) if device is not None else None
         except (RuntimeError, TypeError) as exc:
             raise ConfigError(f"device={device!r}: {exc}") from None
         self.workers = workers
