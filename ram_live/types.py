@@ -12,13 +12,21 @@ all take these types without importing each other.
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-__all__ = ["TensorSpec", "Plan", "Activity", "RamStatistics", "MergeInfo"]
+__all__ = ["TensorSpec", "Plan", "Activity", "RamStatistics", "MergeInfo", "DTYPE_OF", "DEVICE_OF", "SHAPE_OF"]
+
+#: A tensor's dtype, device and shape as functions: checked a property at a time over a model's tensors with ``map``.
+DTYPE_OF, DEVICE_OF, SHAPE_OF = (
+    operator.attrgetter("dtype"),
+    operator.attrgetter("device"),
+    operator.attrgetter("shape"),
+)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ Module and state-dict sources hand out views of the live tensors (no copy); file
 
 from __future__ import annotations
 
-import operator
 import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol, runtime_checkable
@@ -21,7 +20,7 @@ from ..errors import InputMismatchError, UnsupportedInputError
 from .dtensor import counts_here, is_dtensor, local_tensor
 from .st_header import read_regular, strict_json
 from .safetensors_io import MappedSafetensors
-from ..types import TensorSpec
+from ..types import DEVICE_OF, DTYPE_OF, SHAPE_OF, TensorSpec
 
 __all__ = [
     "TensorSpec",
@@ -56,7 +55,6 @@ COPIED_DTYPES = frozenset(
     }
 )
 _MAX_INDEX = 100_000_000
-_DEVICE, _DTYPE, _SHAPE = operator.attrgetter("device"), operator.attrgetter("dtype"), operator.attrgetter("shape")
 
 
 def check_dtype(source: str, key: str, dtype: torch.dtype) -> None:
@@ -123,8 +121,8 @@ class _InMemorySource:
     def __init__(self, name: str, tensors: Mapping[str, Tensor], buffers: frozenset[str] = frozenset()) -> None:
         self.name = name
         values = list(tensors.values())  # checked a property at a time: a model's hundreds of tensors, no loop each
-        bad = set(map(_DTYPE, values)) - MERGED_DTYPES - COPIED_DTYPES
-        if bad or any(device.type == "meta" for device in set(map(_DEVICE, values))):
+        bad = set(map(DTYPE_OF, values)) - MERGED_DTYPES - COPIED_DTYPES
+        if bad or any(device.type == "meta" for device in set(map(DEVICE_OF, values))):
             key, t = next((k, t) for k, t in tensors.items() if t.dtype in bad or t.device.type == "meta")
             if t.device.type == "meta":
                 raise UnsupportedInputError(
@@ -162,7 +160,7 @@ def _find_aliases(tensors: Mapping[str, Tensor]) -> dict[str, str]:
     aliases: dict[str, str] = {}
     values = list(tensors.values())
     # one address, shape, strides and dtype: one tensor (empty ones have no address; meta ones were refused before)
-    idents = zip(map(Tensor.data_ptr, values), map(_SHAPE, values), map(Tensor.stride, values), map(_DTYPE, values))
+    idents = zip(map(Tensor.data_ptr, values), map(SHAPE_OF, values), map(Tensor.stride, values), map(DTYPE_OF, values))
     for key, numel, ident in zip(tensors, map(Tensor.numel, values), idents):
         if not numel:
             continue

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from ..api import Model, Models, input_sources, on_current
 from ..engine.plan import PlanCache
 from ..engine.run import run_merge
-from ..types import MergeInfo
+from ..types import DEVICE_OF, DTYPE_OF, SHAPE_OF, MergeInfo
 from ..errors import ConfigError
 from ..importance import resolve_importance
 from .. import functional as F
@@ -165,18 +165,15 @@ def _layouts(tensors: list[Tensor]) -> list[list[Any]]:
     return [
         list(map(Tensor.data_ptr, tensors)),
         list(map(_storage_bytes, tensors)),
-        list(map(_DTYPE, tensors)),
-        list(map(_DEVICE, tensors)),
-        list(map(_SHAPE, tensors)),
+        list(map(DTYPE_OF, tensors)),
+        list(map(DEVICE_OF, tensors)),
+        list(map(SHAPE_OF, tensors)),
         list(map(Tensor.stride, tensors)),
     ]
 
 
 def _storage_bytes(t: Tensor) -> int:
     return t.untyped_storage().nbytes()
-
-
-_DTYPE, _DEVICE, _SHAPE = operator.attrgetter("dtype"), operator.attrgetter("device"), operator.attrgetter("shape")
 
 
 class DictTarget:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ...errors import DeviceKernelWarning
+from ...types import DEVICE_OF, DTYPE_OF
 
 __all__ = [
     "EDGE",
@@ -121,7 +122,6 @@ def triton_takes(tensors: Sequence[Tensor], k: int) -> bool:
 #: The tensor types a grouped launch takes (not a subclass: DTensor, FakeTensor).
 PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
 _PLAIN_SET = frozenset(PLAIN_TENSORS)
-_DEVICE, _DTYPE = operator.attrgetter("device"), operator.attrgetter("dtype")
 
 
 def group_key(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> tuple | None:
@@ -156,7 +156,7 @@ def plain_on(tensors: Sequence[Tensor], device: torch.device) -> bool:
     """
     return (
         set(map(type, tensors)) <= _PLAIN_SET
-        and set(map(_DEVICE, tensors)) == {torch.device(device)}
+        and set(map(DEVICE_OF, tensors)) == {torch.device(device)}
         and all(map(Tensor.is_contiguous, tensors))
     )
 
@@ -212,10 +212,10 @@ def group_takes(
         plain_on(every, device)
         and not functools.reduce(operator.or_, map(Tensor.data_ptr, every)) % 16
         and max(map(Tensor.numel, bases)) < MAX_NUMEL
-        and set(map(_DTYPE, bases)) == {base_dtype}
-        and set(map(_DTYPE, agents)) == {agent_dtype}
-        and (not outs or set(map(_DTYPE, outs)) == {out_dtype})
-        and len(set(map(_DTYPE, importances))) <= 1
+        and set(map(DTYPE_OF, bases)) == {base_dtype}
+        and set(map(DTYPE_OF, agents)) == {agent_dtype}
+        and (not outs or set(map(DTYPE_OF, outs)) == {out_dtype})
+        and len(set(map(DTYPE_OF, importances))) <= 1
     )
 
 
