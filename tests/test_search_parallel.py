@@ -5,6 +5,7 @@ library error."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -163,6 +164,18 @@ def test_a_prefetch_after_a_worker_died_restarts_the_pool(problem, tmp_path):
         pool.close(abort=True)
 
 
+def _kill(ray, actor):
+    """``ray.kill`` returns before the actor is dead: a call made at once may still be served."""
+    ray.kill(actor)
+    for _ in range(600):
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=60)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.1)
+    pytest.fail("the killed actor still answers")
+
+
 def test_a_ray_actor_that_died_is_replaced_and_what_it_held_scored_again(problem, tmp_path):
     """On Ray, work queued on an actor that died (on a prefetched candidate) is scored again on a new actor in its
     place; a candidate that kills its actor again is a SearchError naming it."""
@@ -192,11 +205,20 @@ def test_a_ray_actor_that_died_is_replaced_and_what_it_held_scored_again(problem
             ray.get(pool.pending["victim"][0], timeout=120)
         pool.submit("a", others[0], None)  # on actor 1
         pool.submit("b", others[1], None)  # queued on the dead actor 0
-        assert pool.pending["b"][2] is first
+        assert pool.pending["b"][2] == (0, first)
         assert [pool.score(k, c, None, f"#{i}").scored.score for i, (k, c) in enumerate(zip("ab", others))] == expected
         assert pool._actors[0] is not first
         with pytest.raises(SearchError, match=r"a Ray evaluation worker died while scoring candidate #7: "):
             pool.score("victim", victim, None, "#7")
+        # both actors lost at once (a node): work queued on either is scored again on its own slot's new actor
+        for actor in pool._actors:
+            _kill(ray, actor)
+        pool._next = 0
+        for key, candidate in zip("abc", [*others, others[0]]):
+            pool.submit(key, candidate, None)  # a -> slot 0, b -> slot 1, c -> slot 0
+        pool.discard(["b"])  # slot 1 keeps its dead actor
+        assert pool.score("a", others[0], None, "#0").scored.score == expected[0]  # slot 0 gets a new actor
+        assert pool.score("c", others[0], None, "#2").scored.score == expected[0]  # on it, not on slot 1's dead one
         pool.close()
     finally:
         ray.shutdown()

@@ -109,7 +109,7 @@ class Pool:
 
         *inputs, scorer = payload
         self.n, self.ray_address = n, ray_address
-        # key -> (its future, the reference it is raced against, the Ray actor running it or None)
+        # key -> (its future, the reference it is raced against, (index, actor) of the Ray actor running it or None)
         self.pending: dict[str, tuple[Future | Any, Scored | None, Any]] = {}
         self.ray = _use_ray(ray_address)
         self._started_ray = False
@@ -145,11 +145,13 @@ class Pool:
             initargs=(ctx.Value("i", 0), self.payload, self.threads),
         )
 
-    def submit(self, key: str, candidate: dict[str, Any], reference: Scored | None, actor: Any = None) -> None:
-        """Start scoring ``candidate`` against ``reference`` (on Ray: on ``actor``, else the next one in turn)."""
+    def submit(self, key: str, candidate: dict[str, Any], reference: Scored | None, slot: int | None = None) -> None:
+        """Start scoring ``candidate`` against ``reference`` (on Ray: on the actor of ``slot``, else the next one in
+        turn)."""
         if key in self.pending and self.pending[key][1] is reference:
             return
         self.discard([key])
+        where = None
         try:
             if self._executor is not None:
                 try:
@@ -158,10 +160,10 @@ class Pool:
                     self._restart()
                     future = self._executor.submit(_work, candidate, reference)
             else:
-                if actor is None:
-                    actor = self._actors[self._next % len(self._actors)]
-                    self._next += 1
-                future = actor.run.remote(candidate, reference)
+                if slot is None:
+                    slot, self._next = self._next % len(self._actors), self._next + 1
+                where = (slot, self._actors[slot])
+                future = where[1].run.remote(candidate, reference)
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             raise ConfigError(
                 f"parallel={shown(self.n)} sends the agents, the base and evaluate to worker processes, and "
@@ -175,7 +177,7 @@ class Pool:
                     "and base as checkpoint folders, which each worker memory-maps)"
                 ) from None
             raise
-        self.pending[key] = (future, reference, actor)
+        self.pending[key] = (future, reference, where)
 
     def discard(self, keys: Any) -> None:
         """Forget these prefetched candidates (the loop will not ask for them): cancelled if not started."""
@@ -193,7 +195,7 @@ class Pool:
         that dies on a prefetched candidate (one the loop may never ask for) costs a restart of the pool (here or
         at the next :meth:`submit`; on Ray, a new actor in the dead one's place), and this candidate is scored again
         on its own; one that dies on it alone is a :class:`SearchError`."""
-        fresh = None
+        slot = None
         try:
             outcome = self.take(key, reference, label)
             if outcome is None:
@@ -203,12 +205,12 @@ class Pool:
         except BrokenProcessPool:
             self._restart()
         except _ActorDied as died:
-            fresh = self._replace(died.actor)
+            slot = self._replace(*died.where)
         try:
-            self.submit(key, candidate, reference, actor=fresh)
+            self.submit(key, candidate, reference, slot=slot)
             return self.take(key, reference, label)  # type: ignore[return-value]
         except _ActorDied as died:
-            self._replace(died.actor)
+            self._replace(*died.where)
             raise SearchError(f"a Ray evaluation worker died while scoring candidate {label}: {died.reason}") from None
         except BrokenProcessPool:
             self._restart()
@@ -225,28 +227,27 @@ class Pool:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._start()
 
-    def _replace(self, dead: Any) -> Any:
-        """A new Ray actor in ``dead``'s place (once: later failures of work queued on it find it replaced)."""
-        if dead not in self._actors:
-            return None
-        index = self._actors.index(dead)
-        try:
-            self.ray.kill(dead)
-        except Exception:  # already gone
-            pass
-        self._actors[index] = self._new_actor(index)
-        return self._actors[index]
+    def _replace(self, slot: int, dead: Any) -> int:
+        """``slot`` with a new Ray actor in ``dead``'s place, unless an earlier failure of work queued on ``dead``
+        replaced it already; the retry goes to that slot's new actor (not the next in turn: another may be dead)."""
+        if self._actors[slot] is dead:
+            try:
+                self.ray.kill(dead)
+            except Exception:  # already gone
+                pass
+            self._actors[slot] = self._new_actor(slot)
+        return slot
 
     def take(self, key: str, reference: Scored | None, label: str) -> Outcome | None:
         if key not in self.pending:
             return None
-        future, used, actor = self.pending.pop(key)
+        future, used, where = self.pending.pop(key)
         try:
             outcome = future.result() if self._executor is not None else self.ray.get(future)
         except Exception as exc:  # (a BrokenProcessPool is passed on as it is: score() restarts the pool)
             if type(exc).__name__ in ("RayActorError", "WorkerCrashedError", "ActorDiedError"):
                 first = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines() or [type(exc).__name__]
-                raise _ActorDied(actor, first[0]) from None
+                raise _ActorDied(where, first[0]) from None
             raise
         return outcome if used is reference else None
 
@@ -285,9 +286,9 @@ def _use_ray(address: str | None) -> Any:
 class _ActorDied(Exception):
     """A Ray actor died while it held a candidate (killed, out of memory, its node lost)."""
 
-    def __init__(self, actor: Any, reason: str) -> None:
+    def __init__(self, where: tuple[int, Any], reason: str) -> None:
         super().__init__(reason)
-        self.actor, self.reason = actor, reason
+        self.where, self.reason = where, reason
 
 
 def _ray_factory(ray: Any, payload: tuple[Any, ...], address: str | None) -> Any:
