@@ -39,8 +39,7 @@ def check_run_options(device: Any, chunk_numel: Any, workers: Any) -> torch.devi
 
     Args:
         device: must exist here: its backend available (``torch.<type>.is_available()``), its index below the
-            device count (``"cuda:7"`` on a machine without 8 GPUs, ``"cpu:1"``, ``"xla"`` are refused); one named
-            without an index is the current one (:func:`on_current`).
+            device count (``"cuda:7"`` on a machine without 8 GPUs, ``"cpu:1"``, ``"xla"`` are refused).
         chunk_numel: a positive integer (not a bool or float).
         workers: None or a positive integer.
 
@@ -69,21 +68,7 @@ def check_run_options(device: Any, chunk_numel: Any, workers: Any) -> torch.devi
             f"device={shown(device)}: there {'is' if count == 1 else 'are'} only {count} {dev.type} "
             f"device{'' if count == 1 else 's'} here"
         )
-    return on_current(dev)
-
-
-def on_current(dev: torch.device) -> torch.device:
-    """``dev`` with its index: an accelerator named without one (``"cuda"``) is its type's current device, as torch's
-    ``.to("cuda")`` takes it (weights already on ``cuda:1`` while it is current are then merged where they are).
-    A backend without ``current_device`` keeps ``dev`` as it is."""
-    if dev.index is not None or dev.type in ("cpu", "meta"):
-        return dev
-    backend = getattr(torch, dev.type, None)
-    available, current = getattr(backend, "is_available", None), getattr(backend, "current_device", None)
-    if not (callable(available) and callable(current) and available()):
-        return dev
-    index = current()
-    return torch.device(dev.type, index) if isinstance(index, int) else dev
+    return dev
 
 
 def input_sources(models: Models, base: Model | None) -> tuple[list[TensorSource], TensorSource]:

@@ -388,25 +388,3 @@ def test_parameters_tied_by_storage_are_both_written(method):
     assert torch.equal(merged[2].weight, merged[0].weight)
     moved = {"task_arithmetic": 0.1 + 0.2, "ram": (0.1 + 0.2) / 2}[method]  # the sum; the mean of the two
     assert torch.allclose(merged[0].weight, base[0].weight + moved, atol=1e-6)
-
-
-def test_an_accelerator_named_without_an_index_is_the_current_one(monkeypatch, base_sd):
-    """``device="cuda"`` is resolved to the current device (as ``.to("cuda")`` takes it), in merge's checks and in
-    a search's merger (each process resolves its own), so weights on ``cuda:1`` while it is current are merged where
-    they are, not copied to ``cuda:0`` and back."""
-    from ram_live.api import check_run_options, on_current
-    from ram_live.engine.grouped import _here
-    from ram_live.selection.target import Merger
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    assert check_run_options("cuda", 2**20, None) == torch.device("cuda", 1)
-    assert check_run_options("cuda:0", 2**20, None) == torch.device("cuda", 0)
-    assert check_run_options("cpu", 2**20, None) == torch.device("cpu")
-    assert Merger({"a": base_sd, "b": base_sd}, base_sd, device="cuda").device == torch.device("cuda", 1)
-    assert not _here(on_current(torch.device("cuda")), torch.device("cuda", 0))
-    assert _here(on_current(torch.device("cuda")), torch.device("cuda", 1))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # never asked of a backend that is not here
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: pytest.fail("current_device asked"))
-    assert on_current(torch.device("cuda")) == torch.device("cuda")

@@ -33,7 +33,9 @@ def _members(reader: Any, plan: Plan) -> list[tuple[int, str, Any, Tensor, list[
     """``(index, key, spec, base, agents, inputs' group key)`` of the merged tensors on an accelerator, read where
     they are (no copy to another device): none where a source makes a tensor per read (held until their group's
     launch, a model's worth would add up), none after a tensor subclass (whose tensors the merge pass then reads one
-    by one, as before)."""
+    by one, as before). Read once per merge: its statistics pass and its merge pass share them."""
+    if reader.grouped is not None and reader.grouped[0] is plan:
+        return reader.grouped[1]
     if not all(getattr(src, "stores_tensors", False) for src in (reader.base, *reader.agents)):
         return []  # a source that makes a tensor per read (a file mapped to a device, zeros): held, they would add up
     members = []
@@ -47,6 +49,7 @@ def _members(reader: Any, plan: Plan) -> list[tuple[int, str, Any, Tensor, list[
         if base.device != spec.device:  # copied to the merge's device: not held (the merge pass reads it)
             continue
         members.append((index, key, spec, base, agents, group_key(None, base, agents)))
+    reader.grouped = (plan, members)
     return members
 
 

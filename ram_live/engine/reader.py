@@ -14,7 +14,27 @@ from ..io.sources import TensorSource
 from ..types import Plan
 from .stream import DeltaStream, first_nonfinite
 
-__all__ = ["Reader", "check_equal", "check_ties_and_copies"]
+__all__ = ["Reader", "check_equal", "check_ties_and_copies", "on_current"]
+
+
+def on_current(dev: torch.device) -> torch.device:
+    """``dev`` with its index: an accelerator named without one (``"cuda"``) is its type's current device, as
+    ``.to("cuda")`` takes it, asked when a merge starts (a search's worker may choose its GPU after its merger was
+    made), so weights already on ``cuda:1`` while it is current are merged where they are. A backend that is not
+    available or has no ``current_device`` keeps ``dev`` as it is.
+
+    Example:
+        >>> on_current(torch.device("cpu"))
+        device(type='cpu')
+    """
+    if dev.index is not None or dev.type in ("cpu", "meta"):
+        return dev
+    backend = getattr(torch, dev.type, None)
+    available, current = getattr(backend, "is_available", None), getattr(backend, "current_device", None)
+    if not (callable(available) and callable(current) and available()):
+        return dev
+    index = current()
+    return torch.device(dev.type, index) if isinstance(index, int) else dev
 
 
 class Reader:
@@ -28,6 +48,7 @@ class Reader:
         self.auxiliary = AuxiliaryInputs({}, None)
         self._releasing: tuple[AuxiliaryInputs, list[Callable[[str], None]]] | None = None
         self._ranging: tuple[AuxiliaryInputs, list[TensorSource]] | None = None
+        self.grouped: tuple[Any, list[Any]] | None = None  # (plan, the grouped launches' inputs read for it)
 
     def stream(self, stream: DeltaStream) -> DeltaStream:
         """``stream`` with this key's auxiliary inputs attached."""

@@ -21,7 +21,7 @@ from .compiling import compiler_works, resolve_compile
 from .dispatch import method_kernels
 from .passes import Job, dry_run, merge_pass, statistics_pass
 from .plan import PlanCache, build_plan, kept_agents
-from .reader import Reader, check_ties_and_copies
+from .reader import Reader, check_ties_and_copies, on_current
 from .results import check_reusable, stamped
 from .digest import inputs_digest
 from .stream import DEFAULT_CHUNK_NUMEL
@@ -56,6 +56,7 @@ def run_merge(
     ``"importance"``), streamed like the agents (see :mod:`ram_live.auxiliary`). ``plans``: a
     :class:`~ram_live.engine.plan.PlanCache` shared by merges over these unchanged sources (a search's)."""
     t0 = time.perf_counter()
+    device = on_current(device) if device is not None else None
     agents = kept_agents(agents, getattr(config, "exclude", ()))
     if plans is not None:
         plan, specs = plans.plan(base, agents)

@@ -20,8 +20,9 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from ..api import Model, Models, input_sources, on_current
+from ..api import Model, Models, input_sources
 from ..engine.plan import PlanCache
+from ..engine.reader import on_current
 from ..engine.run import run_merge
 from ..types import DEVICE_OF, DTYPE_OF, SHAPE_OF, MergeInfo
 from ..errors import ConfigError
@@ -186,14 +187,16 @@ class DictTarget:
 
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device
+        self.here = device  # ``device`` as this merge resolves it (``cuda``: the current one)
         self.out: dict[str, Tensor] = {}
         self.order: tuple[str, ...] = ()
 
     def begin(self, plan: Any, specs: Mapping[str, TensorSpec]) -> None:
         self.order = plan.keys
+        self.here = on_current(self.device) if self.device is not None else None
 
     def destination(self, key: str, spec: TensorSpec) -> Tensor:
-        device = self.device or spec.device
+        device = self.here or spec.device
         if not _fits(self.out.get(key), spec.shape, spec.dtype, device):
             self.out[key] = torch.empty(spec.shape, dtype=spec.dtype, device=device)
         return self.out[key]
@@ -202,7 +205,7 @@ class DictTarget:
         pass
 
     def copy_from_base(self, key: str, tensor: Tensor) -> None:
-        device = self.device or tensor.device
+        device = self.here or tensor.device
         if _fits(self.out.get(key), tuple(tensor.shape), tensor.dtype, device):
             self.out[key].copy_(tensor)
         else:
@@ -248,8 +251,7 @@ class Merger:
         self.agents, self.base_src = self._sources(models, base)
         self.names = tuple(a.name for a in self.agents)
         try:
-            # resolved in each process (a search's worker may have another current device)
-            self.device = on_current(torch.device(device)) if device is not None else None
+            self.device = torch.device(device) if device is not None else None
         except (RuntimeError, TypeError) as exc:
             raise ConfigError(f"device={device!r}: {exc}") from None
         self.workers = workers
