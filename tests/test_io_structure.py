@@ -1,5 +1,7 @@
 """structure_copy gives what copy.deepcopy gives a module: the same tree of new objects, ties and shared objects
-kept, parameters from the memo, buffers and other values copied, classes with their own copy deep-copied."""
+kept, parameters from the memo, buffers and other values copied, classes with their own copy deep-copied;
+state_tensors gives state_dict(keep_vars=True)'s tensors and which are buffers, whatever the module does to its state
+dict."""
 
 import copy
 
@@ -7,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from ram_live.io.structure import structure_copy
+from ram_live.io.structure import state_tensors, structure_copy
 
 
 class Settings:
@@ -122,3 +124,68 @@ def test_a_transformers_model_matches_deepcopy():
     got.load_state_dict(model.state_dict())
     ids = torch.tensor([[1, 2, 3]])
     assert torch.equal(got(ids).logits, model(ids).logits)
+
+
+def _by_state_dict(module):
+    """What state_tensors promises, as state_dict and named_parameters say it."""
+    tensors = {k: v for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)}
+    params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    return tensors, frozenset(k for k in tensors if k not in params)
+
+
+class TensorExtraState(nn.Linear):
+    def get_extra_state(self):
+        return torch.ones(1)
+
+    def set_extra_state(self, state):
+        pass
+
+
+class OwnSave(nn.Linear):
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "packed"] = torch.cat([self.weight.detach().flatten(), self.bias.detach()])
+
+
+def _models():
+    yield "model", Model()
+    bn = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    bn[1].running_var = None  # a None buffer
+    yield "batchnorm", bn
+    buffer_param = nn.Linear(2, 2)
+    buffer_param.register_buffer("frozen", nn.Parameter(torch.ones(2)))  # a Parameter registered as a buffer
+    yield "parameter as buffer", buffer_param
+    hooked = Model()
+    hooked.blocks[0]._register_state_dict_hook(lambda module, state, prefix, local: state.pop(prefix + "steps"))
+    yield "state-dict hook", hooked
+    pre = Model()
+    pre.blocks[1].register_state_dict_pre_hook(lambda module, prefix, keep_vars: None)
+    yield "state-dict pre-hook", pre
+    yield "extra state", nn.Sequential(nn.Linear(2, 2), TensorExtraState(2, 2))
+    yield "own save", nn.Sequential(nn.Linear(2, 2), OwnSave(2, 2))
+    compiled = Model()
+    compiled.compile(backend="eager")
+    yield "compiled", compiled
+    yield "optimized module", torch.compile(nn.Linear(2, 2), backend="eager")
+
+
+@pytest.mark.parametrize("name, module", list(_models()), ids=[n for n, _ in _models()])
+def test_state_tensors_are_the_state_dict(name, module):
+    want, want_buffers = _by_state_dict(module)
+    got, buffers = state_tensors(module)
+    assert list(got) == list(want), name  # state_dict's order
+    held = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
+    assert all(got[k] is want[k] for k in want if k in held), name  # the tensors themselves
+    assert all(torch.equal(got[k], want[k]) for k in want if k not in held), name  # what a class's state_dict made
+    assert buffers == want_buffers, name
+
+
+def test_a_transformers_models_state_tensors_are_the_state_dict():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        vocab_size=50, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config)
+    want, want_buffers = _by_state_dict(model)
+    got, buffers = state_tensors(model)
+    assert list(got) == list(want) and all(got[k] is want[k] for k in want) and buffers == want_buffers

@@ -32,7 +32,7 @@ from ..errors import ConfigError, InvalidStateError
 from ..option_checks import shown
 from .memory import advise_hugepages, empty
 from .safetensors_io import SafetensorsWriter
-from .structure import structure_copy
+from .structure import state_tensors, structure_copy
 from ..types import Plan, TensorSpec
 
 __all__ = ["Sink", "ModuleSink", "StateDictSink", "SafetensorsSink"]
@@ -88,7 +88,7 @@ class ModuleSink:
                     advise_hugepages(torch.empty_like(p), MERGE_HUGEPAGES), requires_grad=p.requires_grad
                 )
             self.module = structure_copy(self.base, memo)
-        self._tensors = self.module.state_dict(keep_vars=True)
+        self._tensors = state_tensors(self.module)[0]
 
     @property
     def revisable(self) -> bool:

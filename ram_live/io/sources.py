@@ -20,6 +20,7 @@ from ..errors import InputMismatchError, UnsupportedInputError
 from .dtensor import counts_here, is_dtensor, local_tensor
 from .st_header import read_regular, strict_json
 from .safetensors_io import MappedSafetensors
+from .structure import state_tensors
 from ..types import DEVICE_OF, DTYPE_OF, SHAPE_OF, TensorSpec
 
 __all__ = [
@@ -186,10 +187,8 @@ class ModuleSource(_InMemorySource):
 
     def __init__(self, module: nn.Module, name: str = "module") -> None:
         self.module = module
-        # extra state (get_extra_state) is not a tensor: a new module gets the base's with the deep copy
-        tensors = {k: v for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, Tensor)}
-        params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
-        super().__init__(name, tensors, frozenset(k for k in tensors if k not in params))
+        # extra state that is not a tensor is left out: a new module gets the base's with the deep copy
+        super().__init__(name, *state_tensors(module))
 
 
 class SafetensorsSource:

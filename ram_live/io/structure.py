@@ -1,7 +1,7 @@
 """A module's structure copied as ``copy.deepcopy`` copies it, without deepcopy's generic walk of every module
-(:func:`structure_copy`): a merge that returns a new module builds one per merge, and deepcopy's reduce and
-reconstruct of each of a transformer's hundreds of submodules costs the host more than a GPU takes to merge the
-weights."""
+(:func:`structure_copy`), and its state dict's tensors read without ``state_dict``'s (:func:`state_tensors`): a merge
+that returns a new module does both per merge, and the generic walks over a transformer's hundreds of submodules
+cost the host more than a GPU takes to merge the weights."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import copy
 from collections import OrderedDict
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
-__all__ = ["structure_copy"]
+__all__ = ["structure_copy", "state_tensors"]
 
 _ATOMIC = frozenset((type(None), int, float, bool, str, bytes, complex, range))
 _EMPTY_CONTAINERS = frozenset((dict, OrderedDict, set, list))
@@ -19,6 +19,9 @@ _EMPTY_CONTAINERS = frozenset((dict, OrderedDict, set, list))
 _NOT_COPIED = "_compiled_call_impl"
 _COPY_HOOKS = ("__deepcopy__", "__reduce_ex__", "__reduce__", "__getstate__", "__setstate__")
 _OWN_COPY: dict[type, bool] = {}
+#: What ``state_dict`` calls that a class may override (its result is then that class's own).
+_STATE_METHODS = ("state_dict", "_save_to_state_dict", "get_extra_state")
+_PLAIN_STATE: dict[type, bool] = {}
 
 
 def structure_copy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
@@ -77,3 +80,52 @@ def _copy(module: nn.Module, memo: dict[int, Any]) -> nn.Module:
     out.pop(_NOT_COPIED, None)
     new.__dict__.update(out)  # nn.Module.__setstate__'s update (its defaults are there: a live module's state)
     return new
+
+
+def state_tensors(module: nn.Module) -> tuple[dict[str, Tensor], frozenset[str]]:
+    """``module.state_dict(keep_vars=True)``'s tensors, in its order (the parameters and buffers themselves), and
+    which of those names are buffers (not a parameter's name). Read from the modules' own dicts where no module of
+    the tree changes what ``state_dict`` gives (a class overriding it, ``_save_to_state_dict`` or
+    ``get_extra_state``, or a state-dict hook, as FSDP's): then through ``state_dict`` itself.
+
+    Args:
+        module: the module to read.
+
+    Example:
+        >>> bn = nn.BatchNorm1d(2)
+        >>> tensors, buffers = state_tensors(bn)
+        >>> list(tensors) == list(bn.state_dict()) and sorted(buffers)
+        ['num_batches_tracked', 'running_mean', 'running_var']
+    """
+    tensors: dict[str, Tensor] = {}
+    buffers: set[str] = set()
+    if _walk(module, "", tensors, buffers):
+        return tensors, frozenset(buffers)
+    tensors = {k: v for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, Tensor)}
+    params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    return tensors, frozenset(k for k in tensors if k not in params)
+
+
+def _plain_state(cls: type) -> bool:
+    plain = _PLAIN_STATE.get(cls)
+    if plain is None:
+        plain = _PLAIN_STATE[cls] = all(getattr(cls, n, None) is getattr(nn.Module, n) for n in _STATE_METHODS)
+    return plain
+
+
+def _walk(module: nn.Module, prefix: str, tensors: dict[str, Tensor], buffers: set[str]) -> bool:
+    """``state_dict``'s order: a module's parameters, its persistent buffers, then its children (shared ones under
+    every name); False at the first module whose state ``state_dict`` must produce."""
+    if not _plain_state(type(module)) or module._state_dict_hooks or getattr(module, "_state_dict_pre_hooks", None):
+        return False
+    for name, param in module._parameters.items():
+        if param is not None:
+            tensors[prefix + name] = param
+    skipped = module._non_persistent_buffers_set
+    for name, buf in module._buffers.items():
+        if buf is not None and name not in skipped:
+            tensors[prefix + name] = buf
+            buffers.add(prefix + name)
+    return all(
+        child is None or _walk(child, f"{prefix}{name}.", tensors, buffers) for name, child in module._modules.items()
+    )
