@@ -126,6 +126,7 @@ def _walk(module: nn.Module, prefix: str, tensors: dict[str, Tensor], buffers: s
         if buf is not None and name not in skipped:
             tensors[prefix + name] = buf
             buffers.add(prefix + name)
-    return all(
-        child is None or _walk(child, f"{prefix}{name}.", tensors, buffers) for name, child in module._modules.items()
-    )
+    for name, child in module._modules.items():
+        if child is not None and not _walk(child, f"{prefix}{name}.", tensors, buffers):
+            return False
+    return True
