@@ -107,13 +107,17 @@ def test_compiled_call_is_not_copied():
     assert "_compiled_call_impl" not in vars(copy.deepcopy(model, _fresh(model)))
 
 
-def test_a_transformers_model_matches_deepcopy():
+def _tiny_qwen() -> nn.Module:
     transformers = pytest.importorskip("transformers")
     config = transformers.Qwen2Config(
         hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
         vocab_size=50, tie_word_embeddings=True,
     )  # fmt: skip
-    model = transformers.Qwen2ForCausalLM(config).eval()
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def test_a_transformers_model_matches_deepcopy():
+    model = _tiny_qwen()
     got, want = structure_copy(model, _fresh(model)), copy.deepcopy(model, _fresh(model))
     assert repr(got) == repr(want)
     assert got.config is not model.config and got.config.to_dict() == model.config.to_dict()
@@ -180,12 +184,7 @@ def test_state_tensors_are_the_state_dict(name, module):
 
 
 def test_a_transformers_models_state_tensors_are_the_state_dict():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-        vocab_size=50, tie_word_embeddings=True,
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(config)
+    model = _tiny_qwen()
     want, want_buffers = _by_state_dict(model)
     got, buffers = state_tensors(model)
     assert list(got) == list(want) and all(got[k] is want[k] for k in want) and buffers == want_buffers
