@@ -4,6 +4,7 @@ state_tensors gives state_dict(keep_vars=True)'s tensors and which are buffers, 
 dict."""
 
 import copy
+import types
 
 import pytest
 import torch
@@ -170,6 +171,9 @@ def _models():
     compiled.compile(backend="eager")
     yield "compiled", compiled
     yield "optimized module", torch.compile(nn.Linear(2, 2), backend="eager")
+    own_object = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))  # one object given its own (as quantisers do)
+    own_object[1]._save_to_state_dict = types.MethodType(OwnSave._save_to_state_dict, own_object[1])
+    yield "a module object's own save", own_object
 
 
 @pytest.mark.parametrize("name, module", list(_models()), ids=[n for n, _ in _models()])
@@ -188,3 +192,21 @@ def test_a_transformers_models_state_tensors_are_the_state_dict():
     want, want_buffers = _by_state_dict(model)
     got, buffers = state_tensors(model)
     assert list(got) == list(want) and all(got[k] is want[k] for k in want) and buffers == want_buffers
+
+
+def test_a_class_or_nn_module_patched_after_a_first_read_is_read_through_state_dict(monkeypatch):
+    class Late(nn.Linear):
+        pass
+
+    late = nn.Sequential(Late(2, 2))
+    assert list(state_tensors(late)[0]) == ["0.weight", "0.bias"]
+    monkeypatch.setattr(Late, "_save_to_state_dict", OwnSave._save_to_state_dict)
+    assert list(state_tensors(late)[0]) == list(late.state_dict()) == ["0.packed"]
+    monkeypatch.undo()
+
+    def without_bias(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.weight if keep_vars else self.weight.detach()
+
+    monkeypatch.setattr(nn.Module, "_save_to_state_dict", without_bias)
+    plain = nn.Linear(2, 2)
+    assert list(state_tensors(plain)[0]) == list(plain.state_dict()) == ["weight"]

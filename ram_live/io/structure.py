@@ -19,9 +19,9 @@ _EMPTY_CONTAINERS = frozenset((dict, OrderedDict, set, list))
 _NOT_COPIED = "_compiled_call_impl"
 _COPY_HOOKS = ("__deepcopy__", "__reduce_ex__", "__reduce__", "__getstate__", "__setstate__")
 _OWN_COPY: dict[type, bool] = {}
-#: What ``state_dict`` calls that a class may override (its result is then that class's own).
-_STATE_METHODS = ("state_dict", "_save_to_state_dict", "get_extra_state")
-_PLAIN_STATE: dict[type, bool] = {}
+#: ``nn.Module``'s own ``state_dict`` and what it calls, as imported: a class, a module object or a patch of
+#: ``nn.Module`` itself that replaces one makes ``state_dict`` give something of its own.
+_STATE_DICT, _SAVE, _EXTRA = nn.Module.state_dict, nn.Module._save_to_state_dict, nn.Module.get_extra_state
 
 
 def structure_copy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
@@ -86,7 +86,8 @@ def state_tensors(module: nn.Module) -> tuple[dict[str, Tensor], frozenset[str]]
     """``module.state_dict(keep_vars=True)``'s tensors, in its order (the parameters and buffers themselves), and
     which of those names are buffers (not a parameter's name). Read from the modules' own dicts where no module of
     the tree changes what ``state_dict`` gives (a class overriding it, ``_save_to_state_dict`` or
-    ``get_extra_state``, or a state-dict hook, as FSDP's): then through ``state_dict`` itself.
+    ``get_extra_state``, a module object given its own, or a state-dict hook, as FSDP's): then through
+    ``state_dict`` itself.
 
     Args:
         module: the module to read.
@@ -106,17 +107,19 @@ def state_tensors(module: nn.Module) -> tuple[dict[str, Tensor], frozenset[str]]
     return tensors, frozenset(k for k in tensors if k not in params)
 
 
-def _plain_state(cls: type) -> bool:
-    plain = _PLAIN_STATE.get(cls)
-    if plain is None:
-        plain = _PLAIN_STATE[cls] = all(getattr(cls, n, None) is getattr(nn.Module, n) for n in _STATE_METHODS)
-    return plain
-
-
 def _walk(module: nn.Module, prefix: str, tensors: dict[str, Tensor], buffers: set[str]) -> bool:
     """``state_dict``'s order: a module's parameters, its persistent buffers, then its children (shared ones under
     every name); False at the first module whose state ``state_dict`` must produce."""
-    if not _plain_state(type(module)) or module._state_dict_hooks or getattr(module, "_state_dict_pre_hooks", None):
+    cls, own = type(module), module.__dict__
+    if (
+        cls.state_dict is not _STATE_DICT
+        or cls._save_to_state_dict is not _SAVE
+        or cls.get_extra_state is not _EXTRA
+        or "state_dict" in own
+        or "_save_to_state_dict" in own
+        or module._state_dict_hooks
+        or own.get("_state_dict_pre_hooks")
+    ):
         return False
     for name, param in module._parameters.items():
         if param is not None:
