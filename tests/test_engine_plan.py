@@ -29,8 +29,8 @@ def _merge(base, agents, method, plans=None, statistics=None, **options):
 def test_a_cache_plans_once_per_set_of_agents_and_gives_a_fresh_plans_bits(base_sd, monkeypatch):
     agents, base = input_sources(dict(zip("abc", make_agents(base_sd, [0.2, 0.4, 0.6]))), base_sd)
     built = []
-    real = plan_mod.build_plan
-    monkeypatch.setattr(plan_mod, "build_plan", lambda b, a: built.append(len(a)) or real(b, a))
+    real = plan_mod.planned
+    monkeypatch.setattr(plan_mod, "planned", lambda b, a: built.append(len(a)) or real(b, a))
     cache = PlanCache()
     for options in ({"method": "ram"}, {"method": "ties", "density": 0.3}, {"method": "ram", "exclude": ["b"]}):
         cached, _ = _merge(base, agents, plans=cache, **options)

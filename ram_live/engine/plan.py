@@ -10,11 +10,17 @@ from ..errors import ConfigError, InputMismatchError, NoAgentsError
 from ..io.sources import TensorSource
 from ..types import Plan, RamStatistics, TensorSpec
 
-__all__ = ["Plan", "PlanCache", "build_plan", "kept_agents"]
+__all__ = ["Plan", "PlanCache", "build_plan", "planned", "kept_agents"]
 
 
 def build_plan(base: TensorSource, agents: Sequence[TensorSource]) -> Plan:
     """Check key sets, shapes and dtypes (nothing is read) and decide what happens to each key."""
+    return planned(base, agents)[0]
+
+
+def planned(base: TensorSource, agents: Sequence[TensorSource]) -> tuple[Plan, dict[str, TensorSpec]]:
+    """:func:`build_plan` of ``base`` and ``agents``, and the base's spec of every key it plans (the specs its
+    checks took)."""
     if not agents:
         raise NoAgentsError("no agents to merge: pass at least one model in `models`")
     base_keys = base.keys()
@@ -69,7 +75,8 @@ def build_plan(base: TensorSource, agents: Sequence[TensorSource]) -> Plan:
                 check.append(key)
         else:
             merge.append(key)
-    return Plan(tuple(merge), tuple(copy), {k: v for k, v in aliases.items()}, tuple(check))
+    plan = Plan(tuple(merge), tuple(copy), {k: v for k, v in aliases.items()}, tuple(check))
+    return plan, {key: base_specs[key] for key in plan.keys}
 
 
 def kept_agents(agents: Sequence[TensorSource], exclude: Sequence[str]) -> Sequence[TensorSource]:
@@ -110,8 +117,7 @@ class PlanCache:
         key = _sources_key(base, agents)
         hit = self._plans.get(key)
         if hit is None:
-            plan = build_plan(base, agents)
-            hit = self._plans[key] = ((base, *agents), plan, {k: base.spec(k) for k in plan.keys})
+            hit = self._plans[key] = ((base, *agents), *planned(base, agents))
         return hit[1], hit[2]
 
     def kept(self, plan: Plan, what: Any, make: Callable[[], Any]) -> Any:

@@ -20,7 +20,7 @@ from ..types import Activity, MergeInfo, Plan, RamStatistics, TensorSpec
 from .compiling import compiler_works, resolve_compile
 from .dispatch import method_kernels
 from .passes import Job, dry_run, merge_pass, statistics_pass
-from .plan import PlanCache, build_plan, kept_agents
+from .plan import PlanCache, kept_agents, planned
 from .reader import Reader, check_ties_and_copies, on_current
 from .results import check_reusable, stamped
 from .digest import inputs_digest
@@ -58,11 +58,7 @@ def run_merge(
     t0 = time.perf_counter()
     device = on_current(device) if device is not None else None
     agents = kept_agents(agents, getattr(config, "exclude", ()))
-    if plans is not None:
-        plan, specs = plans.plan(base, agents)
-    else:
-        plan = build_plan(base, agents)
-        specs = {key: base.spec(key) for key in plan.keys}
+    plan, specs = plans.plan(base, agents) if plans is not None else planned(base, agents)
     counted = sum(specs[key].numel for key in plan.merge if specs[key].counted)
     if dist is not None and not dist.sharded:
         owner = dist.owners(plan, specs)
