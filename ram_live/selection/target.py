@@ -30,6 +30,7 @@ from ..importance import resolve_importance
 from .. import functional as F
 from ..methods import RamStatistics, agent_densities, get_method, make_config, ties_prepare
 from ..io.sinks import ModuleSink
+from ..io.structure import state_tensors
 from ..io.sources import TensorSpec
 
 __all__ = ["ModuleTarget", "DictTarget", "Merger"]
@@ -126,7 +127,7 @@ class _Scratch:
         self.layout = _layouts(self.tensors)
         self.parameters = list(module.parameters())
         base_buffers = dict(base.named_buffers())
-        persistent = set(module.state_dict(keep_vars=True))
+        persistent = set(state_tensors(module)[0])
         self.buffers = [  # the persistent ones are copied by the merge
             (buf, name) for name, buf in module.named_buffers() if name in base_buffers and name not in persistent
         ]
