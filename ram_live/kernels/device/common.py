@@ -134,16 +134,19 @@ def group_key(out: Tensor | None, base: Tensor, agents: Sequence[Tensor]) -> tup
         >>> group_key(torch.empty(4), torch.zeros(4), [torch.ones(4)])[1:]
         (torch.float32, torch.float32, torch.float32, 1)
     """
+    if out is not None:  # the inputs' key, then the output checked against it
+        inputs = group_key(None, base, agents)
+        return None if inputs is None else output_key(out, inputs)
     k = len(agents)
-    if not 0 < k <= MAX_AGENTS or (out is not None and out.dtype not in OUT_DTYPES) or base.numel() >= MAX_NUMEL:
+    if not 0 < k <= MAX_AGENTS or base.numel() >= MAX_NUMEL:
         return None
     device, dtype = base.device, agents[0].dtype
-    for t in (base, *agents) if out is None else (out, base, *agents):
+    for t in (base, *agents):
         if type(t) not in PLAIN_TENSORS or t.device != device or not t.is_contiguous() or t.data_ptr() % 16:
             return None
     if base.dtype not in INPUT_DTYPES or dtype not in INPUT_DTYPES or any(a.dtype != dtype for a in agents):
         return None
-    return device, None if out is None else out.dtype, base.dtype, dtype, k
+    return device, None, base.dtype, dtype, k
 
 
 def plain_on(tensors: Sequence[Tensor], device: torch.device) -> bool:
